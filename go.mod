@@ -1,0 +1,3 @@
+module github.com/nftgate/nftgate
+
+go 1.26.8
