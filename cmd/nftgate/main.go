@@ -1,0 +1,6 @@
+// Command nftgate is the edge gateway for a Kubernetes cluster.
+package main
+
+import "fmt"
+
+func main() { fmt.Println("nftgate") }
