@@ -1,0 +1,226 @@
+// Command mkinstance renders the gokrazy instance of the nftgate appliance
+// from image/config.json.tmpl. The files that differ per installation (the
+// nftgate config, kubeconfig, manifests, network settings and the web
+// interface password) are referenced from where the user keeps them and
+// never committed to the repository.
+package main
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io/fs"
+	"log"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"text/template"
+
+	"github.com/nftgate/nftgate/image/network"
+)
+
+// params are the values the template sees.
+type params struct {
+	Hostname       string
+	HTTPPassword   string
+	MachineID      string
+	ConfigFile     string
+	KubeconfigFile string
+	ManifestsDir   string
+	NetworkFile    string
+	DHCPInterface  string
+}
+
+type options struct {
+	templatePath string
+	instanceDir  string
+	builddirSrc  string
+	hostname     string
+	config       string
+	kubeconfig   string
+	manifests    string
+	network      string
+	passwordFile string
+}
+
+func main() {
+	var o options
+	flag.StringVar(&o.templatePath, "template", "image/config.json.tmpl", "instance config template")
+	flag.StringVar(&o.instanceDir, "instance_dir", "build/gokrazy/nftgate", "gokrazy instance directory to write (parent_dir/instance)")
+	flag.StringVar(&o.builddirSrc, "builddir", "image/builddir", "pinned gokrazy builddir (go.mod/go.sum per package) copied into the instance")
+	flag.StringVar(&o.hostname, "hostname", "nftgate", "hostname of the appliance")
+	flag.StringVar(&o.config, "config", "", "nftgate config.toml to install as /etc/nftgate/config.toml")
+	flag.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig to install as /etc/nftgate/kubeconfig (empty: none, nftgate reads the manifests)")
+	flag.StringVar(&o.manifests, "manifests", "", "directory installed as /etc/nftgate/manifests")
+	flag.StringVar(&o.network, "network", "dhcp", `"dhcp" (DHCP on eth0) or a network.json file`)
+	flag.StringVar(&o.passwordFile, "password_file", "", "file holding the gokrazy web interface password; created with a random password when missing")
+	flag.Parse()
+	if err := run(o); err != nil {
+		log.Fatal(err)
+	}
+}
+
+var hostnameRE = regexp.MustCompile(`^[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?$`)
+
+func run(o options) error {
+	if !hostnameRE.MatchString(o.hostname) {
+		return fmt.Errorf("hostname: %q is not a valid host name (letters, digits and inner hyphens, at most 63)", o.hostname)
+	}
+	if o.passwordFile == "" {
+		return errors.New("password_file: must be set")
+	}
+	p := params{Hostname: o.hostname}
+	var err error
+	if p.ConfigFile, err = absFile("config", o.config, false); err != nil {
+		return err
+	}
+	if o.kubeconfig != "" {
+		if p.KubeconfigFile, err = absFile("kubeconfig", o.kubeconfig, false); err != nil {
+			return err
+		}
+	}
+	if p.ManifestsDir, err = absFile("manifests", o.manifests, true); err != nil {
+		return err
+	}
+
+	netcfg := network.DHCPConfig()
+	if o.network != "dhcp" {
+		if netcfg, err = network.Load(o.network); err != nil {
+			return fmt.Errorf("network: %w", err)
+		}
+	}
+	p.DHCPInterface = netcfg.DHCPInterface()
+
+	if err := os.MkdirAll(o.instanceDir, 0o755); err != nil {
+		return err
+	}
+	instanceDir, err := filepath.Abs(o.instanceDir)
+	if err != nil {
+		return err
+	}
+	// The validated configuration is what goes onto the image, so the
+	// appliance never sees a file that did not pass Validate.
+	netJSON, err := json.MarshalIndent(netcfg, "", "  ")
+	if err != nil {
+		return err
+	}
+	p.NetworkFile = filepath.Join(instanceDir, "network.json")
+	if err := writeIfChanged(p.NetworkFile, append(netJSON, '\n'), 0o644); err != nil {
+		return err
+	}
+
+	if p.HTTPPassword, err = readOrCreateSecret(o.passwordFile, 10); err != nil {
+		return fmt.Errorf("password_file: %w", err)
+	}
+	// One machine ID per instance directory, kept across rebuilds so that
+	// an update does not turn the box into a different machine.
+	if p.MachineID, err = readOrCreateSecret(filepath.Join(instanceDir, "machine-id"), 16); err != nil {
+		return err
+	}
+	p.MachineID += "\n"
+
+	if err := copyTree(o.builddirSrc, filepath.Join(instanceDir, "builddir")); err != nil {
+		return fmt.Errorf("builddir: %w", err)
+	}
+
+	tmpl, err := template.New(filepath.Base(o.templatePath)).Funcs(template.FuncMap{
+		"json": func(v any) (string, error) {
+			b, err := json.Marshal(v)
+			return string(b), err
+		},
+	}).ParseFiles(o.templatePath)
+	if err != nil {
+		return err
+	}
+	var buf bytes.Buffer
+	if err := tmpl.Execute(&buf, p); err != nil {
+		return err
+	}
+	// Catch a template that renders broken JSON here, not inside gok.
+	var check map[string]any
+	if err := json.Unmarshal(buf.Bytes(), &check); err != nil {
+		return fmt.Errorf("%s rendered invalid JSON: %w\n%s", o.templatePath, err, buf.String())
+	}
+	return writeIfChanged(filepath.Join(instanceDir, "config.json"), buf.Bytes(), 0o600)
+}
+
+// absFile checks that path names an existing file (or directory) and makes
+// it absolute: gok resolves ExtraFilePaths relative to the instance
+// directory, not to where make runs.
+func absFile(field, path string, dir bool) (string, error) {
+	if path == "" {
+		return "", fmt.Errorf("%s: must be set", field)
+	}
+	st, err := os.Stat(path)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", field, err)
+	}
+	if dir && !st.IsDir() {
+		return "", fmt.Errorf("%s: %q is not a directory", field, path)
+	}
+	if !dir && !st.Mode().IsRegular() {
+		return "", fmt.Errorf("%s: %q is not a regular file", field, path)
+	}
+	return filepath.Abs(path)
+}
+
+// readOrCreateSecret returns the first line of path, creating the file with
+// nbytes random bytes in hex when it does not exist.
+func readOrCreateSecret(path string, nbytes int) (string, error) {
+	b, err := os.ReadFile(path)
+	if err == nil {
+		s := strings.TrimSpace(strings.SplitN(string(b), "\n", 2)[0])
+		if s == "" {
+			return "", fmt.Errorf("%s is empty", path)
+		}
+		return s, nil
+	}
+	if !errors.Is(err, fs.ErrNotExist) {
+		return "", err
+	}
+	r := make([]byte, nbytes)
+	if _, err := rand.Read(r); err != nil {
+		return "", err
+	}
+	s := hex.EncodeToString(r)
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return "", err
+	}
+	return s, os.WriteFile(path, []byte(s+"\n"), 0o600)
+}
+
+// writeIfChanged leaves an unchanged file alone so that its mtime, which
+// gok reports and make compares, only moves when the content does.
+func writeIfChanged(path string, b []byte, mode os.FileMode) error {
+	if old, err := os.ReadFile(path); err == nil && bytes.Equal(old, b) {
+		return nil
+	}
+	return os.WriteFile(path, b, mode)
+}
+
+// copyTree copies the regular files below src into dst.
+func copyTree(src, dst string) error {
+	return filepath.WalkDir(src, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(src, path)
+		if err != nil {
+			return err
+		}
+		target := filepath.Join(dst, rel)
+		if d.IsDir() {
+			return os.MkdirAll(target, 0o755)
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		return writeIfChanged(target, b, 0o644)
+	})
+}

@@ -1,0 +1,70 @@
+# The nftgate appliance: a gokrazy image for PC x86-64, and its QEMU test.
+#
+#   make gok      build the pinned gok tool (build/gok), once
+#   make image    build/nftgate.img (full disk image, /perm formatted)
+#   make vmtest   boot an image in QEMU and check it answers
+#
+# Per-installation inputs (never committed):
+#   NFTGATE_CONFIG   nftgate config.toml            (default: ./config.toml, else image/demo/config.toml)
+#   KUBECONFIG_FILE  kubeconfig for the cluster     (default: none; nftgate reads MANIFESTS)
+#   MANIFESTS        directory of manifests         (default: image/demo/manifests)
+#   NETWORK          "dhcp" or a network.json file  (default: dhcp on eth0)
+#   GOKRAZY_PASSWORD_FILE  web interface password   (default: build/gokrazy-password.txt, created once)
+#   HOSTNAME_GW      host name of the appliance     (default: nftgate)
+#   IMAGE_NAME       image and instance name        (default: nftgate -> build/nftgate.img)
+
+GOK := $(BUILD)/gok
+GOK_SRC := $(CURDIR)/tools/gok
+
+NFTGATE_CONFIG ?= $(firstword $(wildcard $(CURDIR)/config.toml) $(CURDIR)/image/demo/config.toml)
+KUBECONFIG_FILE ?=
+MANIFESTS ?= $(CURDIR)/image/demo/manifests
+NETWORK ?= dhcp
+GOKRAZY_PASSWORD_FILE ?= $(BUILD)/gokrazy-password.txt
+HOSTNAME_GW ?= nftgate
+IMAGE_NAME ?= nftgate
+# 2 GiB: room for the A/B root partitions and a /perm partition for state.
+IMAGE_BYTES ?= 2147483648
+
+GOKRAZY_PARENT := $(BUILD)/gokrazy
+INSTANCE_DIR := $(GOKRAZY_PARENT)/$(IMAGE_NAME)
+IMAGE := $(BUILD)/$(IMAGE_NAME).img
+
+.PHONY: gok image image-instance vmtest vmtest-deps
+
+# The wrapper module has its own go.mod, so this is the only place its
+# dependencies are built; go's build cache makes a second run instant.
+$(GOK): $(GOK_SRC)/go.mod $(GOK_SRC)/go.sum $(GOK_SRC)/tools.go
+	cd $(GOK_SRC) && $(GO) build -o $(GOK) github.com/gokrazy/tools/cmd/gok
+gok: $(GOK)
+
+# Render the instance (config.json, network.json, pinned builddir) and let
+# gok add the local packages, which writes the replace directives that point
+# the builddir at this checkout.
+image-instance: $(GOK)
+	$(GO) run ./image/cmd/mkinstance \
+		-template image/config.json.tmpl -builddir image/builddir \
+		-instance_dir $(INSTANCE_DIR) -hostname $(HOSTNAME_GW) \
+		-config "$(NFTGATE_CONFIG)" -kubeconfig "$(KUBECONFIG_FILE)" \
+		-manifests "$(MANIFESTS)" -network "$(NETWORK)" \
+		-password_file "$(GOKRAZY_PASSWORD_FILE)"
+	@for pkg in ./cmd/nftgate ./image/cmd/netconfig; do \
+		$(GOK) --parent_dir $(GOKRAZY_PARENT) -i $(IMAGE_NAME) add $$pkg >$(INSTANCE_DIR)/add.log 2>&1 \
+			|| { cat $(INSTANCE_DIR)/add.log; exit 1; }; \
+	done
+
+# gok overwrite to a file leaves /perm unformatted; it prints the mkfs.ext4
+# line with the partition offset, which is run as printed.
+image: image-instance
+	@start=$$(date +%s.%N); \
+	rm -f $(IMAGE).tmp; \
+	$(GOK) --parent_dir $(GOKRAZY_PARENT) -i $(IMAGE_NAME) overwrite \
+		--full $(IMAGE).tmp --target_storage_bytes=$(IMAGE_BYTES) >$(INSTANCE_DIR)/overwrite.log 2>&1 \
+		|| { cat $(INSTANCE_DIR)/overwrite.log; exit 1; }; \
+	mkfs_args=$$(grep -o 'mkfs.ext4 -F -E offset=[0-9]* [^ ]* [0-9]*' $(INSTANCE_DIR)/overwrite.log | sed 's/^mkfs.ext4 //'); \
+	[ -n "$$mkfs_args" ] || { echo "gok did not print the mkfs.ext4 line for /perm"; cat $(INSTANCE_DIR)/overwrite.log; exit 1; }; \
+	mkfs.ext4 -q $$mkfs_args || exit 1; \
+	mv $(IMAGE).tmp $(IMAGE); \
+	end=$$(date +%s.%N); \
+	printf '%s: %s bytes apparent, %s on disk, built in %.1f s\n' $(IMAGE) \
+		$$(stat -c %s $(IMAGE)) $$(du -h $(IMAGE) | cut -f1) $$(awk "BEGIN{print $$end - $$start}")
