@@ -1,0 +1,336 @@
+package appliance
+
+import (
+	"bytes"
+	"cmp"
+	"embed"
+	"encoding/json"
+	"html/template"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// DefaultMaxSyncAge is how old the last successful sync may be before
+// /healthz fails, when Options.MaxSyncAge is zero.
+const DefaultMaxSyncAge = 2 * time.Minute
+
+// DefaultRefresh is how often the status page polls the API.
+const DefaultRefresh = 2 * time.Second
+
+// Options configure NewServer.
+type Options struct {
+	// Source supplies the data shown; required.
+	Source Source
+	// Metrics is served on /metrics; nil serves a registry with only the Go
+	// and process collectors.
+	Metrics *Metrics
+	// MaxSyncAge bounds the age of the last successful sync for /healthz;
+	// zero means DefaultMaxSyncAge, negative disables the check.
+	MaxSyncAge time.Duration
+	// Auth, when set, protects the page, its assets and /api/.
+	Auth *BasicAuth
+	// Refresh is the page's polling interval; zero means DefaultRefresh.
+	Refresh time.Duration
+	// Logger receives request errors; nil discards them.
+	Logger *slog.Logger
+	// Now is the clock, for tests; nil means time.Now.
+	Now func() time.Time
+}
+
+//go:embed web
+var webFS embed.FS
+
+var pageTemplate = template.Must(template.New("index.html").Funcs(template.FuncMap{
+	"ago": func(now, t time.Time) string {
+		if t.IsZero() {
+			return "never"
+		}
+		return humanDuration(now.Sub(t)) + " ago"
+	},
+}).ParseFS(webFS, "web/index.html"))
+
+type server struct {
+	opts    Options
+	maxAge  time.Duration
+	metrics *Metrics
+	log     *slog.Logger
+}
+
+// NewServer returns the handler for the gateway's HTTP listener:
+//
+//	/                                    status page (auth)
+//	/assets/                             its CSS and JavaScript (auth)
+//	/api/v1/status                       JSON status (auth)
+//	/api/v1/services                     JSON Services, ?q=&namespace=&type= filter (auth)
+//	/api/v1/services/{namespace}/{name}  one Service (auth)
+//	/api/v1/syncs                        recent syncs (auth)
+//	/healthz, /livez, /readyz            probes (open)
+//	/metrics                             Prometheus (open)
+//
+// It panics when opts.Source is nil, a programming error.
+func NewServer(opts Options) http.Handler {
+	if opts.Source == nil {
+		panic("appliance.NewServer: Options.Source is nil")
+	}
+	s := &server{opts: opts, maxAge: opts.MaxSyncAge, metrics: opts.Metrics, log: opts.Logger}
+	if s.maxAge == 0 {
+		s.maxAge = DefaultMaxSyncAge
+	}
+	if s.opts.Refresh <= 0 {
+		s.opts.Refresh = DefaultRefresh
+	}
+	if s.opts.Now == nil {
+		s.opts.Now = time.Now
+	}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	var metricsHandler http.Handler
+	if s.metrics != nil {
+		metricsHandler = s.metrics.Handler()
+	} else {
+		metricsHandler = NewMetrics("unknown").Handler()
+	}
+
+	assets, err := fs.Sub(webFS, "web/assets")
+	if err != nil {
+		panic(err)
+	}
+	auth := opts.Auth.wrap
+	mux := http.NewServeMux()
+	mux.Handle("GET /{$}", auth(http.HandlerFunc(s.page)))
+	mux.Handle("GET /assets/", auth(http.StripPrefix("/assets/", staticHeaders(http.FileServerFS(assets)))))
+	mux.Handle("GET /api/v1/status", auth(http.HandlerFunc(s.status)))
+	mux.Handle("GET /api/v1/services", auth(http.HandlerFunc(s.services)))
+	mux.Handle("GET /api/v1/services/{namespace}/{name}", auth(http.HandlerFunc(s.service)))
+	mux.Handle("GET /api/v1/syncs", auth(http.HandlerFunc(s.syncs)))
+	mux.Handle("/api/", auth(http.HandlerFunc(s.apiNotFound)))
+	mux.HandleFunc("GET /healthz", s.healthz)
+	mux.HandleFunc("GET /livez", s.livez)
+	mux.HandleFunc("GET /readyz", s.readyz)
+	mux.Handle("GET /metrics", metricsHandler)
+	return securityHeaders(mux)
+}
+
+// securityHeaders keeps the page self-contained: it may load nothing from
+// anywhere but this server, and no other site may frame it.
+func securityHeaders(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hd := w.Header()
+		hd.Set("X-Content-Type-Options", "nosniff")
+		hd.Set("Referrer-Policy", "no-referrer")
+		hd.Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; "+
+			"img-src 'self' data:; connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+		h.ServeHTTP(w, r)
+	})
+}
+
+func staticHeaders(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// The assets are part of the binary; a reload after an upgrade must
+		// not mix old JavaScript with a new API, so let browsers revalidate.
+		w.Header().Set("Cache-Control", "no-cache")
+		h.ServeHTTP(w, r)
+	})
+}
+
+type pageData struct {
+	Now       time.Time
+	Snap      Snapshot
+	Status    StatusJSON
+	RefreshMS int64
+	Title     string
+}
+
+func (s *server) page(w http.ResponseWriter, r *http.Request) {
+	now := s.opts.Now()
+	snap := s.opts.Source.Snapshot()
+	d := pageData{
+		Now: now, Snap: snap, Status: statusJSON(snap, now, s.maxAge),
+		RefreshMS: s.opts.Refresh.Milliseconds(), Title: "nftgate",
+	}
+	if snap.Identity.NodeName != "" {
+		d.Title = "nftgate · " + snap.Identity.NodeName
+	}
+	var buf bytes.Buffer
+	if err := pageTemplate.Execute(&buf, d); err != nil {
+		s.log.Error("render status page", "err", err)
+		http.Error(w, "internal error rendering the status page", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	_, _ = w.Write(buf.Bytes())
+}
+
+func (s *server) writeJSON(w http.ResponseWriter, code int, v any) {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		s.log.Error("encode API response", "err", err)
+		code, b = http.StatusInternalServerError, []byte(`{"error":"internal error encoding the response"}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(code)
+	_, _ = w.Write(append(b, '\n'))
+}
+
+func (s *server) status(w http.ResponseWriter, r *http.Request) {
+	now := s.opts.Now()
+	s.writeJSON(w, http.StatusOK, statusJSON(s.opts.Source.Snapshot(), now, s.maxAge))
+}
+
+// serviceFilter is the query of GET /api/v1/services.
+type serviceFilter struct {
+	q         string // case-insensitive substring of namespace/name, IPs, ports, node
+	namespace string
+	typ       string
+}
+
+func (f serviceFilter) match(svc *Service) bool {
+	if f.namespace != "" && svc.Namespace != f.namespace {
+		return false
+	}
+	if f.typ != "" && !strings.EqualFold(svc.Type, f.typ) {
+		return false
+	}
+	if f.q == "" {
+		return true
+	}
+	return strings.Contains(strings.ToLower(serviceSearchText(svc)), f.q)
+}
+
+// serviceSearchText is what the free-text filter looks in; the page's own
+// filter (web/assets/app.js) searches the same fields.
+func serviceSearchText(svc *Service) string {
+	var b strings.Builder
+	b.WriteString(svc.Namespace + "/" + svc.Name + " " + svc.Type)
+	for _, a := range svc.ClusterIPs {
+		b.WriteString(" " + a.String())
+	}
+	for _, a := range svc.ExternalIPs {
+		b.WriteString(" " + a.String())
+	}
+	for _, a := range svc.LoadBalancerIPs {
+		b.WriteString(" " + a.String())
+	}
+	for _, p := range svc.Ports {
+		b.WriteString(" " + strconv.Itoa(int(p.Port)) + "/" + p.Protocol + " " + p.Name)
+		if p.NodePort != 0 {
+			b.WriteString(" " + strconv.Itoa(int(p.NodePort)))
+		}
+	}
+	for _, e := range svc.Endpoints {
+		b.WriteString(" " + e.Addr.String() + " " + e.Node)
+	}
+	return b.String()
+}
+
+func (s *server) services(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	f := serviceFilter{
+		q:         strings.ToLower(strings.TrimSpace(q.Get("q"))),
+		namespace: q.Get("namespace"),
+		typ:       q.Get("type"),
+	}
+	snap := s.opts.Source.Snapshot()
+	idx := make([]int, 0, len(snap.Services))
+	for i := range snap.Services {
+		if f.match(&snap.Services[i]) {
+			idx = append(idx, i)
+		}
+	}
+	slices.SortFunc(idx, func(a, b int) int {
+		sa, sb := &snap.Services[a], &snap.Services[b]
+		return cmp.Or(cmp.Compare(sa.Namespace, sb.Namespace), cmp.Compare(sa.Name, sb.Name))
+	})
+	out := ServiceListJSON{
+		Revision: snap.Sync.ServicesRevision, Total: len(snap.Services), Matched: len(idx),
+		Services: make([]ServiceJSON, 0, len(idx)),
+	}
+	for _, i := range idx {
+		out.Services = append(out.Services, serviceJSON(&snap.Services[i]))
+	}
+	s.writeJSON(w, http.StatusOK, out)
+}
+
+func (s *server) service(w http.ResponseWriter, r *http.Request) {
+	ns, name := r.PathValue("namespace"), r.PathValue("name")
+	snap := s.opts.Source.Snapshot()
+	for i := range snap.Services {
+		if snap.Services[i].Namespace == ns && snap.Services[i].Name == name {
+			s.writeJSON(w, http.StatusOK, serviceJSON(&snap.Services[i]))
+			return
+		}
+	}
+	s.writeJSON(w, http.StatusNotFound, ErrorJSON{Error: "service " + strconv.Quote(ns+"/"+name) + " not found"})
+}
+
+func (s *server) syncs(w http.ResponseWriter, r *http.Request) {
+	s.writeJSON(w, http.StatusOK, syncsJSON(s.opts.Source.Snapshot()))
+}
+
+func (s *server) apiNotFound(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		w.Header().Set("Allow", "GET, HEAD")
+		s.writeJSON(w, http.StatusMethodNotAllowed, ErrorJSON{Error: "the API is read-only: method " + r.Method + " not allowed"})
+		return
+	}
+	s.writeJSON(w, http.StatusNotFound, ErrorJSON{Error: "no API endpoint " + strconv.Quote(r.URL.Path)})
+}
+
+func (s *server) probe(w http.ResponseWriter, code int, body string) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(code)
+	_, _ = w.Write([]byte(body + "\n"))
+}
+
+func (s *server) healthz(w http.ResponseWriter, r *http.Request) {
+	ok, reason := Health(s.opts.Source.Snapshot(), s.opts.Now(), s.maxAge)
+	code := http.StatusOK
+	if !ok {
+		code = http.StatusServiceUnavailable
+	}
+	if s.metrics != nil {
+		s.metrics.countProbe(s.metrics.healthzTotal, code)
+	}
+	s.probe(w, code, reason)
+}
+
+func (s *server) livez(w http.ResponseWriter, r *http.Request) {
+	if s.metrics != nil {
+		s.metrics.countProbe(s.metrics.livezTotal, http.StatusOK)
+	}
+	s.probe(w, http.StatusOK, "ok")
+}
+
+func (s *server) readyz(w http.ResponseWriter, r *http.Request) {
+	if !s.opts.Source.Snapshot().Sync.FirstSyncDone {
+		s.probe(w, http.StatusServiceUnavailable, "first sync not done yet")
+		return
+	}
+	s.probe(w, http.StatusOK, "ok")
+}
+
+// humanDuration prints d coarsely, the way a person reads an age.
+func humanDuration(d time.Duration) string {
+	switch {
+	case d < 0:
+		return "0s"
+	case d < time.Second:
+		return strconv.FormatInt(d.Milliseconds(), 10) + "ms"
+	case d < time.Minute:
+		return strconv.FormatInt(int64(d/time.Second), 10) + "s"
+	case d < time.Hour:
+		return strconv.FormatInt(int64(d/time.Minute), 10) + "m" + strconv.FormatInt(int64(d%time.Minute/time.Second), 10) + "s"
+	case d < 48*time.Hour:
+		return strconv.FormatInt(int64(d/time.Hour), 10) + "h" + strconv.FormatInt(int64(d%time.Hour/time.Minute), 10) + "m"
+	}
+	return strconv.FormatInt(int64(d/(24*time.Hour)), 10) + "d"
+}

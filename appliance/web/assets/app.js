@@ -1,0 +1,355 @@
+// Status page: polls the JSON API and redraws in place. All data goes into
+// the DOM through textContent, never as HTML.
+(function () {
+  'use strict';
+
+  var REFRESH = Number(document.body.dataset.refreshMs) || 2000;
+  var MAX_ROWS = 500;
+  var SVG = 'http://www.w3.org/2000/svg';
+
+  var services = [];
+  var servicesRevision = null;
+
+  function $(id) { return document.getElementById(id); }
+
+  function el(tag, cls, text) {
+    var e = document.createElement(tag);
+    if (cls) e.className = cls;
+    if (text !== undefined && text !== null) e.textContent = String(text);
+    return e;
+  }
+
+  function svgEl(tag, attrs) {
+    var e = document.createElementNS(SVG, tag);
+    for (var k in attrs) e.setAttribute(k, attrs[k]);
+    return e;
+  }
+
+  function setText(id, text, cls) {
+    var e = $(id);
+    if (!e) return;
+    e.textContent = text;
+    if (cls !== undefined) e.className = cls;
+  }
+
+  function fmtNum(n) { return Number(n || 0).toLocaleString('en-US'); }
+
+  function fmtSeconds(s) {
+    if (s === undefined || s === null) return '–';
+    if (s === 0) return '0';
+    if (s < 0.001) return (s * 1e6).toFixed(0) + ' µs';
+    if (s < 1) return (s * 1e3).toFixed(s < 0.01 ? 2 : 1) + ' ms';
+    if (s < 120) return s.toFixed(2) + ' s';
+    return fmtAge(s);
+  }
+
+  function fmtAge(s) {
+    if (s < 1) return 'just now';
+    if (s < 60) return Math.floor(s) + 's';
+    if (s < 3600) return Math.floor(s / 60) + 'm ' + Math.floor(s % 60) + 's';
+    if (s < 172800) return Math.floor(s / 3600) + 'h ' + Math.floor((s % 3600) / 60) + 'm';
+    return Math.floor(s / 86400) + 'd';
+  }
+
+  function ago(s) { return s === undefined || s === null ? 'never' : (s < 1 ? 'just now' : fmtAge(s) + ' ago'); }
+
+  function getJSON(path) {
+    return fetch(path, { cache: 'no-store', credentials: 'same-origin' }).then(function (r) {
+      if (!r.ok) throw new Error(path + ': HTTP ' + r.status);
+      return r.json();
+    });
+  }
+
+  // ---- status ----
+  function renderStatus(st) {
+    var state = st.healthy ? 'ok' : (st.ready ? 'bad' : 'wait');
+    $('state').className = 'state ' + state;
+    setText('state-word', st.healthy ? 'Healthy' : (st.ready ? 'Unhealthy' : 'Starting'));
+    setText('state-reason', st.healthy ? 'Rules are programmed and the kernel matches the desired state.' : st.reason);
+    var sy = st.sync;
+    setText('f-last-sync', ago(sy.lastSyncAgeSeconds));
+    setText('f-kernel-match', sy.firstSyncDone ? (sy.kernelMatches ? 'in sync' : 'drift') : '–');
+    setText('f-services', fmtNum(st.services.total));
+
+    setText('c-duration', sy.syncs ? fmtSeconds(sy.lastDurationSeconds) : '–');
+    setText('c-kind', sy.lastKind || '–');
+    setText('c-changes', fmtNum(sy.lastChanges));
+    setText('c-counts', fmtNum(sy.syncs) + ' / ' + fmtNum(sy.failures), sy.failing ? 'bad' : '');
+    setText('c-error', sy.lastError ? sy.lastError : 'none', sy.lastError ? (sy.failing ? 'err' : 'warn') : 'good');
+    setText('c-table', st.identity.table || '–', 'mono');
+    setText('c-chains', fmtNum(sy.chains));
+    setText('c-rules', fmtNum(sy.rules));
+    setText('c-elements', fmtNum(sy.mapElements));
+    setText('c-source', st.identity.source || '–', 'mono');
+    var kube = (st.identity.source || '') === 'kubernetes';
+    setText('c-api', kube ? (st.identity.apiConnected ? 'connected' : 'disconnected') : 'not used',
+      kube ? (st.identity.apiConnected ? 'good' : 'bad') : '');
+    setText('c-endpoints', fmtNum(st.services.endpoints));
+    setText('c-noeps', fmtNum(st.services.noEndpoints), st.services.noEndpoints ? 'warn' : '');
+    setText('c-rejected', fmtNum(st.services.rejected), st.services.rejected ? 'bad' : '');
+    var ct = st.conntrack;
+    setText('c-ct-cleanups', fmtNum(ct.cleanups));
+    setText('c-ct-deleted', fmtNum(ct.flowsDeleted));
+    setText('c-ct-duration', ct.cleanups ? fmtSeconds(ct.lastDurationSeconds) : '–');
+    setText('c-ct-errors', fmtNum(ct.errors), ct.errors ? 'bad' : '');
+    setText('c-uname', st.identity.kernel || '–', 'mono');
+    setText('c-uptime', fmtAge(st.identity.uptimeSeconds));
+    setText('node-name', st.identity.nodeName || '(unnamed node)', 'node');
+    setText('version', st.identity.version || '', 'muted');
+    document.title = 'nftgate' + (st.identity.nodeName ? ' · ' + st.identity.nodeName : '') +
+      (st.healthy ? '' : ' · ' + (st.ready ? 'UNHEALTHY' : 'starting'));
+  }
+
+  // ---- charts ----
+  function niceMax(v) {
+    if (!(v > 0)) return 1;
+    var p = Math.pow(10, Math.floor(Math.log10(v)));
+    var steps = [1, 2, 2.5, 5, 10];
+    for (var i = 0; i < steps.length; i++) if (steps[i] * p >= v) return steps[i] * p;
+    return 10 * p;
+  }
+
+  function chartFrame(box, maxV) {
+    var W = 600, H = 130, L = 56, T = 8, B = 16;
+    var svg = svgEl('svg', { viewBox: '0 0 ' + W + ' ' + H, preserveAspectRatio: 'none' });
+    for (var i = 0; i <= 2; i++) {
+      var y = T + (H - T - B) * (1 - i / 2);
+      svg.appendChild(svgEl('line', { x1: L, x2: W, y1: y, y2: y, class: 'grid' }));
+      var t = svgEl('text', { x: L - 6, y: y + 3, 'text-anchor': 'end', class: 'axis' });
+      t.textContent = fmtSeconds(maxV * i / 2);
+      svg.appendChild(t);
+    }
+    box.replaceChildren(svg);
+    return { svg: svg, W: W, H: H, L: L, T: T, B: B, ph: H - T - B, pw: W - L };
+  }
+
+  function noData(box, text) {
+    var svg = svgEl('svg', { viewBox: '0 0 600 130' });
+    var t = svgEl('text', { x: 300, y: 70, 'text-anchor': 'middle', class: 'none' });
+    t.textContent = text;
+    svg.appendChild(t);
+    box.replaceChildren(svg);
+  }
+
+  function renderCharts(data) {
+    var samples = data.samples || [];
+    var box = $('chart-duration');
+    if (!samples.length) {
+      noData(box, 'no syncs yet');
+    } else {
+      var maxD = niceMax(Math.max.apply(null, samples.map(function (s) { return s.durationSeconds; })));
+      var f = chartFrame(box, maxD);
+      var n = Math.max(samples.length, 30);
+      var bw = f.pw / n;
+      samples.forEach(function (s, i) {
+        var h = Math.max(1.5, f.ph * s.durationSeconds / maxD);
+        var kind = s.error ? 'failed' : (s.kind === 'full' ? 'full' : 'partial');
+        var r = svgEl('rect', {
+          x: f.L + (n - samples.length + i) * bw + bw * 0.15, y: f.T + f.ph - h,
+          width: Math.max(1, bw * 0.7), height: h, rx: 1.5, class: 'bar ' + kind
+        });
+        var title = svgEl('title', {});
+        title.textContent = new Date(s.time).toLocaleTimeString() + ' · ' + s.kind + ' · ' +
+          fmtSeconds(s.durationSeconds) + ' · ' + fmtNum(s.changes) + ' changes' + (s.error ? ' · ' + s.error : '');
+        r.appendChild(title);
+        f.svg.appendChild(r);
+      });
+    }
+
+    var lat = samples.filter(function (s) { return s.programmingLatencySeconds > 0; });
+    box = $('chart-latency');
+    if (!lat.length) {
+      noData(box, 'no measured changes yet');
+      return;
+    }
+    var maxL = niceMax(Math.max.apply(null, lat.map(function (s) { return s.programmingLatencySeconds; })));
+    var g = chartFrame(box, maxL);
+    var m = Math.max(lat.length, 30);
+    var step = g.pw / (m - 1 || 1);
+    var pts = lat.map(function (s, i) {
+      return [g.L + (m - lat.length + i) * step, g.T + g.ph * (1 - s.programmingLatencySeconds / maxL), s];
+    });
+    var d = pts.map(function (p, i) { return (i ? 'L' : 'M') + p[0].toFixed(1) + ' ' + p[1].toFixed(1); }).join(' ');
+    var base = (g.T + g.ph).toFixed(1);
+    g.svg.appendChild(svgEl('path', { d: d + ' L' + pts[pts.length - 1][0].toFixed(1) + ' ' + base + ' L' + pts[0][0].toFixed(1) + ' ' + base + ' Z', class: 'area' }));
+    g.svg.appendChild(svgEl('path', { d: d, class: 'line' }));
+    pts.forEach(function (p) {
+      var c = svgEl('circle', { cx: p[0], cy: p[1], r: 2.5, class: 'pt' });
+      var title = svgEl('title', {});
+      title.textContent = new Date(p[2].time).toLocaleTimeString() + ' · ' + fmtSeconds(p[2].programmingLatencySeconds);
+      c.appendChild(title);
+      g.svg.appendChild(c);
+    });
+  }
+
+  // ---- services ----
+  // searchText mirrors serviceSearchText in server.go.
+  function searchText(s) {
+    var parts = [s.namespace + '/' + s.name, s.type];
+    parts = parts.concat(s.clusterIPs, s.externalIPs, s.loadBalancerIPs);
+    s.ports.forEach(function (p) {
+      parts.push(p.port + '/' + p.protocol, p.name);
+      if (p.nodePort) parts.push(String(p.nodePort));
+    });
+    s.endpoints.forEach(function (e) { parts.push(e.addr, e.node || ''); });
+    return parts.join(' ').toLowerCase();
+  }
+
+  function usedCount(s) {
+    var n = 0;
+    s.endpoints.forEach(function (e) { if (e.used) n++; });
+    return n;
+  }
+
+  function hasProblem(s) {
+    return !!s.error || (s.type !== 'ExternalName' && usedCount(s) === 0);
+  }
+
+  function addrLine(label, addrs) {
+    var d = el('div', 'addr');
+    d.appendChild(el('span', 'lbl', label));
+    d.appendChild(document.createTextNode(addrs.join(', ')));
+    return d;
+  }
+
+  function serviceRow(s) {
+    var tr = el('tr', s.error ? 'rejected' : '');
+    tr.dataset.key = s.namespace + '/' + s.name;
+
+    var td = el('td');
+    td.appendChild(el('span', 'svc-ns', s.namespace + '/'));
+    td.appendChild(el('span', 'svc-name', s.name));
+    if (s.error) td.appendChild(el('div', 'svc-err', s.error));
+    tr.appendChild(td);
+
+    td = el('td');
+    td.appendChild(el('span', 'badge ' + s.type, s.type));
+    tr.appendChild(td);
+
+    td = el('td');
+    if (s.clusterIPs.length) td.appendChild(addrLine('cluster', s.clusterIPs));
+    if (s.externalIPs.length) td.appendChild(addrLine('external', s.externalIPs));
+    if (s.loadBalancerIPs.length) td.appendChild(addrLine('lb', s.loadBalancerIPs));
+    var ports = el('div', 'ports');
+    s.ports.forEach(function (p) {
+      var c = el('span', 'port', (p.name ? p.name + ' ' : '') + p.port + '/' + p.protocol);
+      if (p.nodePort) c.appendChild(el('span', 'np', ' · node ' + p.nodePort));
+      ports.appendChild(c);
+    });
+    td.appendChild(ports);
+    tr.appendChild(td);
+
+    td = el('td', 'pol');
+    var ext = el('div');
+    ext.appendChild(document.createTextNode('ext '));
+    ext.appendChild(el('span', s.externalTrafficPolicy === 'Local' ? 'local' : '', s.externalTrafficPolicy || '–'));
+    ext.appendChild(document.createTextNode(' · int '));
+    ext.appendChild(el('span', s.internalTrafficPolicy === 'Local' ? 'local' : '', s.internalTrafficPolicy || '–'));
+    td.appendChild(ext);
+    if (s.sessionAffinity === 'ClientIP') {
+      td.appendChild(el('div', '', 'affinity ClientIP' + (s.affinityTimeoutSeconds ? ' ' + fmtAge(s.affinityTimeoutSeconds) : '')));
+    }
+    if (s.loadBalancerSourceRanges.length) td.appendChild(el('div', 'mono', 'from ' + s.loadBalancerSourceRanges.join(', ')));
+    if (s.healthCheckNodePort) td.appendChild(el('div', 'muted', 'health :' + s.healthCheckNodePort));
+    tr.appendChild(td);
+
+    td = el('td');
+    var eps = el('div', 'eps');
+    var byAddr = {};
+    var order = [];
+    s.endpoints.forEach(function (e) {
+      var g = byAddr[e.addr];
+      if (!g) { g = byAddr[e.addr] = { e: e, ports: [], used: false }; order.push(e.addr); }
+      if (g.ports.indexOf(e.port) < 0) g.ports.push(e.port);
+      g.used = g.used || e.used;
+    });
+    order.forEach(function (a) {
+      var g = byAddr[a], e = g.e;
+      var state = g.used ? 'used' : (e.terminating ? 'term' : (e.ready || e.serving ? '' : 'down'));
+      var label = (a.indexOf(':') >= 0 ? '[' + a + ']' : a) + ':' + g.ports.join(',');
+      var chip = el('span', 'ep ' + state, label);
+      if (e.node) chip.appendChild(el('span', 'node', e.node));
+      chip.title = [g.used ? 'in use' : 'not in use', e.ready ? 'ready' : 'not ready',
+        e.serving ? 'serving' : 'not serving', e.terminating ? 'terminating' : '',
+        e.node ? 'node ' + e.node : '', e.zone ? 'zone ' + e.zone : ''].filter(Boolean).join(' · ');
+      eps.appendChild(chip);
+    });
+    if (!order.length && s.type !== 'ExternalName') eps.appendChild(el('span', 'none', 'no endpoints'));
+    else if (order.length && !usedCount(s) && s.type !== 'ExternalName') eps.appendChild(el('span', 'none', 'none usable'));
+    td.appendChild(eps);
+    tr.appendChild(td);
+    return tr;
+  }
+
+  function renderServices() {
+    var q = $('search').value.trim().toLowerCase();
+    var typ = $('type-filter').value;
+    var problems = $('problems').checked;
+    var rows = services.filter(function (s) {
+      if (typ && s.type !== typ) return false;
+      if (problems && !hasProblem(s)) return false;
+      return !q || s._text.indexOf(q) >= 0;
+    });
+    var body = $('svc-body');
+    var frag = document.createDocumentFragment();
+    rows.slice(0, MAX_ROWS).forEach(function (s) { frag.appendChild(serviceRow(s)); });
+    if (!rows.length) {
+      var tr = el('tr', 'empty');
+      var td = el('td', '', services.length ? 'No services match the filter.' : 'No services.');
+      td.colSpan = 5;
+      tr.appendChild(td);
+      frag.appendChild(tr);
+    } else if (rows.length > MAX_ROWS) {
+      var more = el('tr', 'more');
+      var mtd = el('td', '', 'Showing the first ' + MAX_ROWS + ' — refine the filter to see the other ' + fmtNum(rows.length - MAX_ROWS) + '.');
+      mtd.colSpan = 5;
+      more.appendChild(mtd);
+      frag.appendChild(more);
+    }
+    body.replaceChildren(frag);
+    setText('svc-count', (rows.length === services.length ? fmtNum(services.length) : fmtNum(rows.length) + ' of ' + fmtNum(services.length)) +
+      ' service' + (services.length === 1 ? '' : 's'), 'muted');
+  }
+
+  function setLive(ok, why) {
+    var live = $('live');
+    live.className = ok ? 'live' : 'live stale';
+    setText('live-text', ok ? 'live' : 'no answer from the gateway' + (why ? ' (' + why + ')' : ''));
+  }
+
+  function tick() {
+    getJSON('api/v1/status').then(function (st) {
+      renderStatus(st);
+      var jobs = [getJSON('api/v1/syncs').then(renderCharts)];
+      if (st.sync.servicesRevision !== servicesRevision) {
+        jobs.push(getJSON('api/v1/services').then(function (list) {
+          list.services.forEach(function (s) { s._text = searchText(s); });
+          services = list.services;
+          servicesRevision = list.revision;
+          renderServices();
+        }));
+      }
+      return Promise.all(jobs);
+    }).then(function () {
+      setLive(true);
+      document.body.dataset.loaded = 'true';
+    }, function (err) {
+      setLive(false, err && err.message);
+    }).then(function () {
+      setTimeout(tick, REFRESH);
+    });
+  }
+
+  var debounce = 0;
+  function onFilter() {
+    clearTimeout(debounce);
+    debounce = setTimeout(renderServices, 80);
+  }
+  $('search').addEventListener('input', onFilter);
+  $('type-filter').addEventListener('change', renderServices);
+  $('problems').addEventListener('change', renderServices);
+  document.addEventListener('keydown', function (e) {
+    if (e.key === '/' && document.activeElement !== $('search')) { e.preventDefault(); $('search').focus(); }
+  });
+  tick();
+})();
