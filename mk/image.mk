@@ -30,7 +30,7 @@ GOKRAZY_PARENT := $(BUILD)/gokrazy
 INSTANCE_DIR := $(GOKRAZY_PARENT)/$(IMAGE_NAME)
 IMAGE := $(BUILD)/$(IMAGE_NAME).img
 
-.PHONY: gok image image-instance vmtest vmtest-deps
+.PHONY: gok image image-instance vmtest vmtest-deps vmtest-image
 
 # The wrapper module has its own go.mod, so this is the only place its
 # dependencies are built; go's build cache makes a second run instant.
@@ -68,3 +68,23 @@ image: image-instance
 	end=$$(date +%s.%N); \
 	printf '%s: %s bytes apparent, %s on disk, built in %.1f s\n' $(IMAGE) \
 		$$(stat -c %s $(IMAGE)) $$(du -h $(IMAGE) | cut -f1) $$(awk "BEGIN{print $$end - $$start}")
+
+# QEMU for the VM test; installed only when missing.
+vmtest-deps:
+	@command -v qemu-system-x86_64 >/dev/null && [ -e /usr/share/OVMF/OVMF_CODE_4M.fd ] || { \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq qemu-system-x86 ovmf; }
+
+# The test image: the demo image with the static two-interface network the
+# test wires to its namespaces, and its own password file.
+VMTEST_IMAGE := $(BUILD)/nftgate-vmtest.img
+VMTEST_PASSWORD_FILE := $(BUILD)/vmtest-password.txt
+vmtest-image:
+	$(MAKE) --no-print-directory image IMAGE_NAME=nftgate-vmtest \
+		NETWORK=$(CURDIR)/vmtest/testdata/network.json \
+		GOKRAZY_PASSWORD_FILE=$(VMTEST_PASSWORD_FILE) \
+		NFTGATE_CONFIG=$(CURDIR)/image/demo/config.toml \
+		MANIFESTS=$(CURDIR)/image/demo/manifests KUBECONFIG_FILE=
+
+vmtest: vmtest-deps vmtest-image
+	NFTGATE_VMTEST_IMAGE=$(VMTEST_IMAGE) NFTGATE_VMTEST_PASSWORD_FILE=$(VMTEST_PASSWORD_FILE) \
+		$(GO) test -race -count=1 -v -timeout 10m ./vmtest/

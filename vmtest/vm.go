@@ -1,0 +1,245 @@
+package vmtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// NIC attaches one virtual network card of the VM to a tap device inside a
+// namespace. The guest names the cards eth0, eth1, … in the order given.
+type NIC struct {
+	Netns *Netns
+	Tap   string // tap device name inside Netns, at most 15 bytes
+	MAC   string // optional; QEMU picks one when empty
+}
+
+// Config describes a VM.
+type Config struct {
+	Image     string // raw disk image; never modified (QEMU runs with -snapshot)
+	NICs      []NIC
+	SerialLog string // file receiving the serial console (ttyS0)
+	MemoryMB  int    // default 1024
+	CPUs      int    // default 2
+	// Accel is QEMU's -accel value. Default "tcg,thread=multi": /dev/kvm
+	// on the build machines does not run guests. Override with the
+	// NFTGATE_VMTEST_ACCEL environment variable (e.g. "kvm").
+	Accel string
+	// UEFI boots through OVMF instead of the legacy BIOS (slower).
+	UEFI bool
+	// QEMU is the emulator binary; default qemu-system-x86_64.
+	QEMU string
+}
+
+// VM is a running QEMU process.
+type VM struct {
+	cfg     Config
+	cmd     *exec.Cmd
+	Started time.Time
+	done    chan struct{}
+	waitErr error
+	qemuLog *os.File
+}
+
+// Start launches QEMU. The VM is killed if the test process dies, and Stop
+// ends it.
+func Start(cfg Config) (*VM, error) {
+	if cfg.MemoryMB == 0 {
+		cfg.MemoryMB = 1024
+	}
+	if cfg.CPUs == 0 {
+		cfg.CPUs = 2
+	}
+	if cfg.Accel == "" {
+		cfg.Accel = os.Getenv("NFTGATE_VMTEST_ACCEL")
+	}
+	if cfg.Accel == "" {
+		cfg.Accel = "tcg,thread=multi"
+	}
+	if cfg.QEMU == "" {
+		cfg.QEMU = "qemu-system-x86_64"
+	}
+	if cfg.SerialLog == "" {
+		return nil, errors.New("vmtest: Config.SerialLog must be set")
+	}
+	if _, err := os.Stat(cfg.Image); err != nil {
+		return nil, fmt.Errorf("vmtest: image: %w", err)
+	}
+
+	args := []string{
+		"-name", "nftgate-vmtest",
+		"-nodefaults", "-display", "none", "-monitor", "none",
+		"-accel", cfg.Accel,
+		"-m", fmt.Sprint(cfg.MemoryMB),
+		"-smp", fmt.Sprint(cfg.CPUs),
+		"-drive", "file=" + cfg.Image + ",format=raw",
+		"-snapshot",
+		"-serial", "file:" + cfg.SerialLog,
+		// gokrazy pets this watchdog; a hung guest resets like real hardware.
+		"-device", "i6300esb",
+	}
+	if cfg.UEFI {
+		args = append(args,
+			"-drive", "if=pflash,format=raw,unit=0,readonly=on,file=/usr/share/OVMF/OVMF_CODE_4M.fd",
+			// -snapshot keeps the firmware variables from being written back.
+			"-drive", "if=pflash,format=raw,unit=1,file=/usr/share/OVMF/OVMF_VARS_4M.fd")
+	}
+
+	var taps []*os.File
+	closeTaps := func() {
+		for _, f := range taps {
+			f.Close()
+		}
+	}
+	for i, nic := range cfg.NICs {
+		f, err := nic.Netns.openTap(nic.Tap)
+		if err != nil {
+			closeTaps()
+			return nil, err
+		}
+		taps = append(taps, f)
+		// ExtraFiles[i] becomes descriptor 3+i in QEMU.
+		args = append(args, "-netdev", fmt.Sprintf("tap,id=net%d,fd=%d", i, 3+i))
+		dev := fmt.Sprintf("e1000,netdev=net%d", i)
+		if nic.MAC != "" {
+			dev += ",mac=" + nic.MAC
+		}
+		args = append(args, "-device", dev)
+	}
+
+	qemuLog, err := os.Create(cfg.SerialLog + ".qemu")
+	if err != nil {
+		closeTaps()
+		return nil, err
+	}
+	cmd := exec.Command(cfg.QEMU, args...)
+	cmd.ExtraFiles = taps
+	cmd.Stdout = qemuLog
+	cmd.Stderr = qemuLog
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	vm := &VM{cfg: cfg, cmd: cmd, done: make(chan struct{}), qemuLog: qemuLog}
+	started := make(chan error, 1)
+	go func() {
+		// Pdeathsig fires when the forking OS thread exits, not the
+		// process, and Go ends threads that a goroutine left locked (as
+		// Netns.Do does). Holding this thread until QEMU exits keeps the
+		// signal for when the test process really dies.
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		vm.Started = time.Now()
+		started <- nil
+		vm.waitErr = cmd.Wait()
+		qemuLog.Close()
+		close(vm.done)
+	}()
+	err = <-started
+	// QEMU holds the taps now; once it exits they disappear.
+	closeTaps()
+	if err != nil {
+		qemuLog.Close()
+		return nil, fmt.Errorf("starting %s: %w", cfg.QEMU, err)
+	}
+	return vm, nil
+}
+
+// Done is closed when QEMU has exited.
+func (vm *VM) Done() <-chan struct{} { return vm.done }
+
+// Stop ends QEMU: SIGTERM, then SIGKILL if it has not exited in 10 s.
+func (vm *VM) Stop() error {
+	select {
+	case <-vm.done:
+		return nil
+	default:
+	}
+	vm.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-vm.done:
+		return nil
+	case <-time.After(10 * time.Second):
+	}
+	vm.cmd.Process.Kill()
+	<-vm.done
+	return errors.New("vmtest: QEMU ignored SIGTERM and was killed")
+}
+
+// Console returns the last n bytes of the serial console and QEMU's own
+// output, for failure messages.
+func (vm *VM) Console(n int64) string {
+	var b strings.Builder
+	for _, p := range []string{vm.cfg.SerialLog, vm.cfg.SerialLog + ".qemu"} {
+		f, err := os.Open(p)
+		if err != nil {
+			fmt.Fprintf(&b, "[%s: %v]\n", p, err)
+			continue
+		}
+		if st, err := f.Stat(); err == nil && st.Size() > n {
+			f.Seek(st.Size()-n, io.SeekStart)
+		}
+		data, _ := io.ReadAll(f)
+		f.Close()
+		fmt.Fprintf(&b, "--- %s (tail) ---\n%s\n", p, data)
+	}
+	return b.String()
+}
+
+// HTTPCheck decides whether a response is the one WaitHTTP waits for.
+type HTTPCheck func(status int, body string) error
+
+// WaitHTTP requests url through client until check accepts a response, QEMU
+// exits or ctx ends. It returns the accepted body. user and password, when
+// user is non-empty, are sent as basic auth.
+func (vm *VM) WaitHTTP(ctx context.Context, client *http.Client, url, user, password string, check HTTPCheck) (string, error) {
+	var last error
+	retry := time.NewTicker(250 * time.Millisecond)
+	defer retry.Stop()
+	for {
+		body, err := get(ctx, client, url, user, password, check)
+		if err == nil {
+			return body, nil
+		}
+		last = err
+		select {
+		case <-ctx.Done():
+			return "", fmt.Errorf("%s did not answer as expected: %w (last attempt: %v)", url, ctx.Err(), last)
+		case <-vm.done:
+			return "", fmt.Errorf("QEMU exited (%v) before %s answered (last attempt: %v)", vm.waitErr, url, last)
+		case <-retry.C:
+		}
+	}
+}
+
+func get(ctx context.Context, client *http.Client, url, user, password string, check HTTPCheck) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return "", err
+	}
+	if user != "" {
+		req.SetBasicAuth(user, password)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return "", err
+	}
+	if err := check(resp.StatusCode, string(b)); err != nil {
+		return "", err
+	}
+	return string(b), nil
+}

@@ -1,0 +1,180 @@
+package vmtest
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The addresses of vmtest/testdata/network.json, which the test image is
+// built with: eth0 faces the client namespace, eth1 the cluster namespace.
+const (
+	vmClientAddr  = "10.123.1.1"
+	clientAddr    = "10.123.1.2/24"
+	vmClusterAddr = "10.123.2.1"
+	clusterAddr   = "10.123.2.2/24"
+	clusterIP     = "10.123.2.2"
+)
+
+// testImage returns the image and its web interface password. `make vmtest`
+// builds them and passes their paths in the environment; a plain `go test`
+// builds them through the same make target.
+func testImage(t *testing.T) (image, password string) {
+	t.Helper()
+	image = os.Getenv("NFTGATE_VMTEST_IMAGE")
+	pwFile := os.Getenv("NFTGATE_VMTEST_PASSWORD_FILE")
+	if image == "" {
+		root, err := filepath.Abs("..")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Stat(filepath.Join(root, "mk", "image.mk")); err != nil {
+			t.Fatalf("repository root not found above the vmtest package: %v", err)
+		}
+		cmd := exec.Command("make", "-C", root, "vmtest-image")
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("make vmtest-image: %v\n%s", err, out)
+		}
+		t.Logf("make vmtest-image:\n%s", out)
+		image = filepath.Join(root, "build", "nftgate-vmtest.img")
+		pwFile = filepath.Join(root, "build", "vmtest-password.txt")
+	}
+	pw, err := os.ReadFile(pwFile)
+	if err != nil {
+		t.Fatalf("gokrazy password (NFTGATE_VMTEST_PASSWORD_FILE): %v", err)
+	}
+	return image, strings.TrimSpace(string(pw))
+}
+
+func newNetns(t *testing.T, role string) *Netns {
+	t.Helper()
+	n, err := NewNetns(role)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := n.Close(); err != nil {
+			t.Errorf("removing namespace %s: %v", n.Name, err)
+		}
+	})
+	return n
+}
+
+// bootVM starts the image with eth0 in client and eth1 in cluster, and
+// stops it (showing the console on failure) when the test ends.
+func bootVM(t *testing.T, image string, client, cluster *Netns) *VM {
+	t.Helper()
+	vm, err := Start(Config{
+		Image:     image,
+		SerialLog: filepath.Join(t.TempDir(), "serial.log"),
+		NICs: []NIC{
+			{Netns: client, Tap: "vm-eth0", MAC: "52:54:00:12:01:01"},
+			{Netns: cluster, Tap: "vm-eth1", MAC: "52:54:00:12:02:01"},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() || os.Getenv("NFTGATE_VMTEST_SHOW_CONSOLE") != "" {
+			t.Logf("console:\n%s", vm.Console(8000))
+		}
+		if err := vm.Stop(); err != nil {
+			t.Error(err)
+		}
+	})
+	for _, step := range []error{
+		client.AddrAdd("vm-eth0", clientAddr),
+		client.RouteAdd("0.0.0.0/0", vmClientAddr),
+		cluster.AddrAdd("vm-eth1", clusterAddr),
+		cluster.RouteAdd("0.0.0.0/0", vmClusterAddr),
+	} {
+		if step != nil {
+			t.Fatal(step)
+		}
+	}
+	return vm
+}
+
+func TestApplianceBootsAndForwards(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: creates network namespaces and tap devices")
+	}
+	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
+		t.Fatalf("qemu-system-x86_64 not installed (make vmtest-deps installs it): %v", err)
+	}
+	image, password := testImage(t)
+	client := newNetns(t, "client")
+	cluster := newNetns(t, "cluster")
+	vm := bootVM(t, image, client, cluster)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+
+	// gokrazy's web interface lists the supervised programs: the image
+	// must contain nftgate and the network setup program.
+	status, err := vm.WaitHTTP(ctx, client.HTTPClient(5*time.Second), "http://"+vmClientAddr+"/", "gokrazy", password,
+		func(code int, body string) error {
+			if code != http.StatusOK {
+				return fmt.Errorf("status %d", code)
+			}
+			return nil
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("gokrazy web interface answered %.1f s after QEMU started", time.Since(vm.Started).Seconds())
+	for _, want := range []string{"/user/nftgate", "/user/netconfig"} {
+		if !strings.Contains(status, want) {
+			t.Errorf("gokrazy status page does not list %s", want)
+		}
+	}
+
+	// Without the password gokrazy refuses: the image's password is the
+	// one the build generated, not a default.
+	resp, err := client.HTTPClient(5 * time.Second).Get("http://" + vmClientAddr + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("without password: status %d, want 401", resp.StatusCode)
+	}
+
+	// A server in the cluster namespace, reached from the client namespace
+	// only through the VM: this holds only if netconfig configured eth1
+	// and switched on forwarding, which gokrazy boots with off.
+	ln, err := cluster.Listen("tcp", net.JoinHostPort(clusterIP, "8080"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "cluster saw "+r.RemoteAddr)
+	})}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+
+	body, err := vm.WaitHTTP(ctx, client.HTTPClient(5*time.Second), "http://"+net.JoinHostPort(clusterIP, "8080")+"/", "", "",
+		func(code int, body string) error {
+			if code != http.StatusOK {
+				return fmt.Errorf("status %d", code)
+			}
+			return nil
+		})
+	if err != nil {
+		t.Fatalf("forwarding through the VM: %v", err)
+	}
+	// No NAT on the way: the cluster side sees the client's own address.
+	if !strings.HasPrefix(body, "cluster saw 10.123.1.2:") {
+		t.Errorf("forwarded request: body %q, want it to come from 10.123.1.2", body)
+	}
+}
