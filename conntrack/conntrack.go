@@ -108,11 +108,14 @@ func WithNetNS(fd int) Option {
 	return func(o *options) { o.netNS = fd }
 }
 
-// WithMaxNarrowDumps sets how many filtered dumps per address family and
-// protocol one Clean may issue before it falls back to a single dump of that
-// family and protocol matched in user space. Each narrow dump walks the whole
-// kernel hash table, returning only matches; the broad dump walks it once but
-// returns every flow of the protocol. Default 32.
+// WithMaxNarrowDumps sets how many filtered dumps (one per stale
+// destination) per address family and protocol one Clean may issue before it
+// falls back to a single dump of that family and protocol, matched in user
+// space. Every dump walks the kernel's whole conntrack hash table (all
+// namespaces, every protocol); a narrow one returns only matches, the broad
+// one returns every flow of the protocol, which costs several narrow walks
+// when the table is large (see BenchmarkClean). Default 8; 0 always uses the
+// broad dump.
 func WithMaxNarrowDumps(n int) Option {
 	return func(o *options) { o.maxNarrow = n }
 }
@@ -130,7 +133,7 @@ type Cleaner struct {
 
 // New opens the netlink sockets of a Cleaner.
 func New(opts ...Option) (*Cleaner, error) {
-	o := options{maxNarrow: 32, deleteBatch: 128, receiveBytes: 1 << 20}
+	o := options{maxNarrow: 8, deleteBatch: 128, receiveBytes: 1 << 20}
 	for _, opt := range opts {
 		opt(&o)
 	}

@@ -189,9 +189,12 @@ func buildPlan(endpoints []StaleEndpoint, services []StaleService, maxNarrow int
 	return p, nil
 }
 
-// narrowFilters returns one kernel filter per stale destination, leaving out
-// endpoint filters that a stale-service filter of the same destination
-// already covers.
+// narrowFilters returns one kernel filter per stale destination. A
+// destination with a single stale endpoint also filters on the reply source,
+// so that only that endpoint's flows come back; with several, one walk of the
+// kernel table for the destination beats one walk per endpoint, and the
+// endpoints are told apart in user space. Endpoint filters that a stale
+// service of the same destination covers are left out.
 func narrowFilters(g *group) []kernelFilter {
 	var fs []kernelFilter
 	for _, dst := range sortedKeys(g.services, netip.AddrPort.Compare) {
@@ -200,21 +203,33 @@ func narrowFilters(g *group) []kernelFilter {
 	for _, port := range sortedKeys(g.nodeServices, cmp.Compare[uint16]) {
 		fs = append(fs, kernelFilter{dport: port})
 	}
-	for _, k := range sortedKeys(g.endpoints, func(a, b epKey) int {
-		return cmp.Or(a.dst.Compare(b.dst), a.endpoint.Compare(b.endpoint))
-	}) {
-		if _, ok := g.services[k.dst]; ok {
-			continue
+
+	byDst := map[netip.AddrPort][]netip.AddrPort{}
+	for k := range g.endpoints {
+		if _, ok := g.services[k.dst]; !ok {
+			byDst[k.dst] = append(byDst[k.dst], k.endpoint)
 		}
-		fs = append(fs, kernelFilter{dst: k.dst.Addr(), dport: k.dst.Port(), replySrc: k.endpoint})
 	}
-	for _, k := range sortedKeys(g.nodeEndpoints, func(a, b nodeEpKey) int {
-		return cmp.Or(cmp.Compare(a.port, b.port), a.endpoint.Compare(b.endpoint))
-	}) {
-		if _, ok := g.nodeServices[k.port]; ok {
-			continue
+	for _, dst := range sortedKeys(byDst, netip.AddrPort.Compare) {
+		f := kernelFilter{dst: dst.Addr(), dport: dst.Port()}
+		if eps := byDst[dst]; len(eps) == 1 {
+			f.replySrc = eps[0]
 		}
-		fs = append(fs, kernelFilter{dport: k.port, replySrc: k.endpoint})
+		fs = append(fs, f)
+	}
+
+	byPort := map[uint16][]netip.AddrPort{}
+	for k := range g.nodeEndpoints {
+		if _, ok := g.nodeServices[k.port]; !ok {
+			byPort[k.port] = append(byPort[k.port], k.endpoint)
+		}
+	}
+	for _, port := range sortedKeys(byPort, cmp.Compare[uint16]) {
+		f := kernelFilter{dport: port}
+		if eps := byPort[port]; len(eps) == 1 {
+			f.replySrc = eps[0]
+		}
+		fs = append(fs, f)
 	}
 	return fs
 }
