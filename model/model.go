@@ -1,0 +1,141 @@
+// Package model is nftgate's view of a cluster's Services: what the gateway
+// must proxy, stripped of everything Kubernetes-specific that the ruleset does
+// not need. Sources (the Kubernetes API, a directory of manifests) produce it;
+// the ruleset renderer consumes it. Nothing here talks to the kernel.
+package model
+
+import (
+	"fmt"
+	"net/netip"
+	"time"
+)
+
+// ServiceKey names a Service.
+type ServiceKey struct {
+	Namespace string
+	Name      string
+}
+
+func (k ServiceKey) String() string { return k.Namespace + "/" + k.Name }
+
+// Less orders keys by namespace, then name.
+func (k ServiceKey) Less(o ServiceKey) bool {
+	if k.Namespace != o.Namespace {
+		return k.Namespace < o.Namespace
+	}
+	return k.Name < o.Name
+}
+
+// Protocol is an IP protocol number of a Service port.
+type Protocol uint8
+
+// The protocols a Service port can carry.
+const (
+	TCP  Protocol = 6
+	UDP  Protocol = 17
+	SCTP Protocol = 132
+)
+
+func (p Protocol) String() string {
+	switch p {
+	case TCP:
+		return "tcp"
+	case UDP:
+		return "udp"
+	case SCTP:
+		return "sctp"
+	}
+	return fmt.Sprintf("proto-%d", uint8(p))
+}
+
+// ParseProtocol reads a Kubernetes protocol name ("TCP", "UDP", "SCTP"; empty
+// means TCP, as the API server defaults it).
+func ParseProtocol(s string) (Protocol, error) {
+	switch s {
+	case "", "TCP":
+		return TCP, nil
+	case "UDP":
+		return UDP, nil
+	case "SCTP":
+		return SCTP, nil
+	}
+	return 0, fmt.Errorf("unknown protocol %q (want TCP, UDP or SCTP)", s)
+}
+
+// Service is one proxied Service with the endpoints of all its slices merged.
+type Service struct {
+	Key  ServiceKey
+	Type string // ClusterIP, NodePort or LoadBalancer
+	// Created orders Services that claim the same address and port: the
+	// older one keeps it, as the API server's allocator would have it.
+	Created time.Time
+
+	ClusterIPs      []netip.Addr // empty when the gateway must not expose ClusterIPs
+	ExternalIPs     []netip.Addr
+	LoadBalancerIPs []netip.Addr // status ingress IPs, except ipMode Proxy
+	// SourceRanges restrict who may reach the LoadBalancer IPs; empty allows all.
+	SourceRanges []netip.Prefix
+
+	Ports []ServicePort
+
+	// AffinityTimeout is the ClientIP session affinity timeout; zero means
+	// no affinity.
+	AffinityTimeout time.Duration
+	// ExternalLocal is externalTrafficPolicy Local: NodePort, ExternalIP and
+	// LoadBalancer traffic goes only to endpoints on this gateway's node.
+	ExternalLocal bool
+	// InternalLocal is internalTrafficPolicy Local, the same for ClusterIPs.
+	InternalLocal       bool
+	HealthCheckNodePort uint16
+	TrafficDistribution string
+}
+
+// ServicePort is one port of a Service and the endpoints that serve it.
+type ServicePort struct {
+	Name      string
+	Protocol  Protocol
+	Port      uint16
+	NodePort  uint16 // zero when none
+	Endpoints []Endpoint
+}
+
+// Endpoint is one backend of a ServicePort, with the port resolved from its
+// EndpointSlice (named target ports can differ from slice to slice).
+type Endpoint struct {
+	Addr        netip.Addr
+	Port        uint16
+	NodeName    string
+	Zone        string
+	Ready       bool
+	Serving     bool
+	Terminating bool
+	ZoneHints   []string
+	NodeHints   []string
+}
+
+// AddrPort is the endpoint's address and port.
+func (e Endpoint) AddrPort() netip.AddrPort { return netip.AddrPortFrom(e.Addr, e.Port) }
+
+// ExternallyAccessible tells whether the Service is reachable from outside the
+// cluster through a NodePort, an ExternalIP or a LoadBalancer IP.
+func (s *Service) ExternallyAccessible() bool {
+	if len(s.ExternalIPs) > 0 || len(s.LoadBalancerIPs) > 0 {
+		return true
+	}
+	for _, p := range s.Ports {
+		if p.NodePort != 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// PortName is the readable identity of one Service port, as kube-proxy names
+// it: namespace/name/protocol/portname (the port number when unnamed).
+func (s *Service) PortName(p *ServicePort) string {
+	name := p.Name
+	if name == "" {
+		name = fmt.Sprint(p.Port)
+	}
+	return s.Key.Namespace + "/" + s.Key.Name + "/" + p.Protocol.String() + "/" + name
+}

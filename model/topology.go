@@ -1,0 +1,130 @@
+package model
+
+import "slices"
+
+// Node is where the gateway stands: the node name endpoints are compared with
+// for traffic policy Local, and the zone for topology hints.
+type Node struct {
+	Name string
+	Zone string
+}
+
+// EndpointSets are the endpoints one Service port may send traffic to, chosen
+// the way kube-proxy's topology code chooses them.
+type EndpointSets struct {
+	// Cluster serves traffic under policy Cluster: ready endpoints after
+	// topology filtering, else serving-and-terminating ones.
+	Cluster []Endpoint
+	// Local serves traffic under policy Local: this node's ready endpoints,
+	// else its serving-and-terminating ones.
+	Local []Endpoint
+	// Any tells whether the port has any usable endpoint anywhere, which
+	// decides between dropping (none here) and rejecting (none at all).
+	Any bool
+}
+
+// Categorize picks the endpoints of p for node, following kube-proxy's
+// CategorizeEndpoints: topology hints apply only when every ready endpoint
+// carries them and one matches; a port falls back to serving+terminating
+// endpoints when no ready one exists, so connections drain during rollouts.
+func Categorize(s *Service, p *ServicePort, node Node) EndpointSets {
+	var out EndpointSets
+	eps := p.Endpoints
+	externallyAccessible := s.ExternallyAccessible()
+	usesCluster := !s.InternalLocal || (externallyAccessible && !s.ExternalLocal)
+	usesLocal := s.InternalLocal || (externallyAccessible && s.ExternalLocal)
+
+	if usesCluster {
+		mode := topologyMode(eps, node)
+		out.Cluster = filter(eps, func(e *Endpoint) bool {
+			return e.Ready && availableForTopology(e, mode, node)
+		})
+		if len(out.Cluster) == 0 {
+			out.Cluster = filter(eps, func(e *Endpoint) bool {
+				return e.Serving && e.Terminating && availableForTopology(e, mode, node)
+			})
+		}
+		out.Any = len(out.Cluster) > 0
+		if !usesLocal {
+			return out
+		}
+	}
+
+	localReady, localTerminating := false, false
+	for i := range eps {
+		e := &eps[i]
+		switch {
+		case e.Ready:
+			out.Any = true
+			localReady = localReady || e.NodeName == node.Name
+		case e.Serving && e.Terminating:
+			out.Any = true
+			localTerminating = localTerminating || e.NodeName == node.Name
+		}
+	}
+	switch {
+	case localReady:
+		out.Local = filter(eps, func(e *Endpoint) bool { return e.NodeName == node.Name && e.Ready })
+	case localTerminating:
+		out.Local = filter(eps, func(e *Endpoint) bool {
+			return e.NodeName == node.Name && e.Serving && e.Terminating
+		})
+	}
+	return out
+}
+
+const (
+	preferSameNode = "PreferSameNode"
+	preferSameZone = "PreferSameZone"
+)
+
+// topologyMode decides whether hints are usable: only when every ready
+// endpoint has them and at least one names this node (or zone). Otherwise all
+// endpoints are used, so a half-rolled-out hint set never strands traffic.
+func topologyMode(eps []Endpoint, node Node) string {
+	allNode, forNode := true, false
+	allZone, forZone := true, false
+	for i := range eps {
+		e := &eps[i]
+		if !e.Ready {
+			continue
+		}
+		if len(e.NodeHints) == 0 {
+			allNode = false
+		} else if slices.Contains(e.NodeHints, node.Name) {
+			forNode = true
+		}
+		if len(e.ZoneHints) == 0 {
+			allZone = false
+		} else if slices.Contains(e.ZoneHints, node.Zone) {
+			forZone = true
+		}
+	}
+	if allNode && forNode {
+		return preferSameNode
+	}
+	if allZone && forZone && node.Zone != "" {
+		return preferSameZone
+	}
+	return ""
+}
+
+func availableForTopology(e *Endpoint, mode string, node Node) bool {
+	switch mode {
+	case preferSameNode:
+		return slices.Contains(e.NodeHints, node.Name)
+	case preferSameZone:
+		return slices.Contains(e.ZoneHints, node.Zone)
+	}
+	return true
+}
+
+func filter(eps []Endpoint, keep func(*Endpoint) bool) []Endpoint {
+	var out []Endpoint
+	for i := range eps {
+		if keep(&eps[i]) {
+			out = append(out, eps[i])
+		}
+	}
+	return out
+}

@@ -1,0 +1,169 @@
+package nft
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// batchConn sends nf_tables batches over a netlink socket of its own.
+//
+// google/nftables builds the messages; nftgate sends them itself because
+// google/nftables asks the kernel for an acknowledgement and an echo of every
+// message, and reads them back one receive at a time: at the size of a cold
+// start (hundreds of thousands of messages) the acknowledgements alone
+// overflow any receive buffer (ENOBUFS, google/nftables #103, #350) and the
+// reads dominate the sync. Here only the last message asks for an
+// acknowledgement; the kernel reports every failing message regardless, and
+// processes the whole batch inside the one sendmsg call, so by the time the
+// last acknowledgement arrives every error is already queued before it.
+type batchConn struct {
+	nl      *netlink.Conn
+	sndbuf  int
+	timeout time.Duration
+}
+
+func dialBatch(netnsFD int) (*batchConn, error) {
+	nl, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: netnsFD})
+	if err != nil {
+		return nil, fmt.Errorf("open nf_tables netlink socket: %w", err)
+	}
+	// Error messages carry the kernel's explanation when it has one.
+	_ = nl.SetOption(netlink.ExtendedAcknowledge, true)
+	b := &batchConn{nl: nl, timeout: 30 * time.Second}
+	if err := b.forceBuffer(unix.SO_RCVBUFFORCE, 4<<20); err != nil {
+		nl.Close()
+		return nil, err
+	}
+	return b, nil
+}
+
+func (b *batchConn) Close() error { return b.nl.Close() }
+
+func (b *batchConn) forceBuffer(opt, size int) error {
+	rc, err := b.nl.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, opt, size)
+	}); err != nil {
+		return err
+	}
+	if serr != nil {
+		return fmt.Errorf("set netlink socket buffer to %d bytes: %w", size, serr)
+	}
+	return nil
+}
+
+// BatchError is a batch the kernel refused; nothing of it was applied.
+type BatchError struct {
+	Failures []string // "what the message did: kernel error"
+}
+
+func (e *BatchError) Error() string {
+	const show = 5
+	msg := strings.Join(e.Failures[:min(show, len(e.Failures))], "; ")
+	if len(e.Failures) > show {
+		msg += fmt.Sprintf("; and %d more", len(e.Failures)-show)
+	}
+	return "nf_tables refused the batch, nothing was changed: " + msg
+}
+
+// send transmits msgs as one batch and waits for the kernel's verdict. what
+// describes each message, for error reports.
+func (b *batchConn) send(msgs []netlink.Message, what []string) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	if len(what) != len(msgs) {
+		what = nil // descriptions are a courtesy; never mislabel a failure
+	}
+	out := make([]netlink.Message, 0, len(msgs)+2)
+	out = append(out, netlink.Message{
+		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_MSG_BATCH_BEGIN), Flags: netlink.Request},
+		Data:   []byte{unix.AF_UNSPEC, unix.NFNETLINK_V0, 0, unix.NFNL_SUBSYS_NFTABLES},
+	})
+	size := 0
+	for i, m := range msgs {
+		m.Header.Sequence = 0
+		m.Header.Flags &^= netlink.Acknowledge | unix.NLM_F_ECHO
+		if i == len(msgs)-1 {
+			m.Header.Flags |= netlink.Acknowledge
+		}
+		size += 16 + len(m.Data) + 4
+		out = append(out, m)
+	}
+	out = append(out, netlink.Message{
+		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_MSG_BATCH_END), Flags: netlink.Request},
+		Data:   []byte{unix.AF_UNSPEC, unix.NFNETLINK_V0, 0, unix.NFNL_SUBSYS_NFTABLES},
+	})
+	// The whole batch is one datagram, which the socket's send buffer
+	// must hold.
+	if want := size + 64<<10; want > b.sndbuf {
+		if err := b.forceBuffer(unix.SO_SNDBUFFORCE, want); err != nil {
+			return err
+		}
+		b.sndbuf = want
+	}
+	sent, err := b.nl.SendMessages(out)
+	if err != nil {
+		return fmt.Errorf("send nf_tables batch of %d messages (%d bytes): %w", len(msgs), size, err)
+	}
+	first := sent[1].Header.Sequence
+	last := sent[len(sent)-2].Header.Sequence
+	describe := func(seq uint32) string {
+		if i := int(seq - first); what != nil && i >= 0 && i < len(what) {
+			return what[i]
+		}
+		return fmt.Sprintf("message %d", seq-first)
+	}
+
+	if err := b.nl.SetReadDeadline(time.Now().Add(b.timeout)); err != nil {
+		return err
+	}
+	var failures []string
+	for {
+		replies, err := b.nl.Receive()
+		var oe *netlink.OpError
+		if errors.As(err, &oe) && oe.Sequence != 0 {
+			if oe.Sequence-first > last-first {
+				continue // left over from an earlier batch that timed out
+			}
+			reason := oe.Err.Error()
+			if oe.Message != "" {
+				reason += " (" + oe.Message + ")"
+			}
+			failures = append(failures, describe(oe.Sequence)+": "+reason)
+			if oe.Sequence == last {
+				break
+			}
+			continue
+		}
+		if err != nil {
+			if errors.Is(err, syscall.ENOBUFS) {
+				return fmt.Errorf("nf_tables batch of %d messages: kernel replies overflowed the socket: %w", len(msgs), err)
+			}
+			return fmt.Errorf("nf_tables batch of %d messages: waiting for the kernel's answer: %w", len(msgs), err)
+		}
+		done := false
+		for _, r := range replies {
+			if r.Header.Type == netlink.Error && r.Header.Sequence == last {
+				done = true
+			}
+		}
+		if done {
+			break
+		}
+	}
+	if len(failures) > 0 {
+		return &BatchError{Failures: failures}
+	}
+	return nil
+}

@@ -1,0 +1,194 @@
+// Package nft is nftgate's ruleset: a pure function from the service model to
+// a small intermediate form of nftables objects (chains of rules, sets, verdict
+// map elements), a differ between two such forms, and the one place that
+// speaks netlink to nf_tables.
+//
+// The intermediate form is what makes the rest cheap: it prints as nft text
+// for people, replays packets in unit tests (Trace), compares by value for
+// the differ, and encodes to github.com/google/nftables expressions only for
+// what actually changes.
+package nft
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/nftgate/nftgate/model"
+)
+
+// Family is an nftables table family. nftgate keeps one table per family, as
+// kube-proxy does, so every key and address has one width.
+type Family uint8
+
+// The families nftgate programs.
+const (
+	IPv4 Family = 2  // NFPROTO_IPV4
+	IPv6 Family = 10 // NFPROTO_IPV6
+)
+
+// Families lists both, in programming order.
+var Families = []Family{IPv4, IPv6}
+
+func (f Family) String() string {
+	if f == IPv6 {
+		return "ip6"
+	}
+	return "ip"
+}
+
+// Of returns the family of an address.
+func Of(a netip.Addr) Family {
+	if a.Is4() {
+		return IPv4
+	}
+	return IPv6
+}
+
+func (f Family) addrLen() uint32 {
+	if f == IPv6 {
+		return 16
+	}
+	return 4
+}
+
+// VerdictKind is what a rule or a map element does with a packet.
+type VerdictKind uint8
+
+// Verdicts nftgate uses.
+const (
+	Goto VerdictKind = iota + 1
+	Jump
+	Return
+	Drop
+	Accept
+)
+
+// Verdict is a verdict with its target chain for Goto and Jump.
+type Verdict struct {
+	Kind  VerdictKind
+	Chain string
+}
+
+func (v Verdict) String() string {
+	switch v.Kind {
+	case Goto:
+		return "goto " + v.Chain
+	case Jump:
+		return "jump " + v.Chain
+	case Return:
+		return "return"
+	case Drop:
+		return "drop"
+	case Accept:
+		return "accept"
+	}
+	return "?"
+}
+
+// KeyShape is the layout of a verdict map's key.
+type KeyShape uint8
+
+// Key shapes of nftgate's maps.
+const (
+	KeyAddrProtoPort KeyShape = iota + 1 // daddr . l4proto . dport
+	KeyProtoPort                         // l4proto . dport (NodePorts)
+)
+
+// Key is one verdict map key. Addr is unset for KeyProtoPort maps.
+type Key struct {
+	Addr  netip.Addr
+	Proto model.Protocol
+	Port  uint16
+}
+
+func (k Key) String() string {
+	if !k.Addr.IsValid() {
+		return fmt.Sprintf("%s . %d", k.Proto, k.Port)
+	}
+	return fmt.Sprintf("%s . %s . %d", k.Addr, k.Proto, k.Port)
+}
+
+// Element is one element of a verdict map.
+type Element struct {
+	Map     string
+	Key     Key
+	Verdict Verdict
+}
+
+// ElemID identifies an element: its map and key.
+type ElemID struct {
+	Map string
+	Key Key
+}
+
+// ID returns the element's identity.
+func (e Element) ID() ElemID { return ElemID{e.Map, e.Key} }
+
+// Set is a named set or verdict map.
+type Set struct {
+	Name string
+	// Map sets are verdict maps keyed by Shape; other sets hold addresses.
+	Map   bool
+	Shape KeyShape
+	// Timeout, when set, makes the set dynamic with element timeouts (the
+	// session-affinity sets, filled by the packet path with `update`).
+	Timeout time.Duration
+}
+
+// Hook attaches a base chain to a netfilter hook.
+type Hook struct {
+	Type     string // "nat" or "filter"
+	Hook     string // prerouting, input, forward, output, postrouting
+	Priority int32
+}
+
+// Chain is a chain and its rules, in order.
+type Chain struct {
+	Name  string
+	Hook  *Hook // nil for regular chains
+	Rules []Rule
+}
+
+// Rule is a sequence of statements, evaluated left to right.
+type Rule []Stmt
+
+// Text renders the rule as nft syntax; it is also the rule's identity for the
+// differ and the source of its kernel fingerprint.
+func (r Rule) Text(f Family) string {
+	var b strings.Builder
+	for i, s := range r {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(s.text(f))
+	}
+	return b.String()
+}
+
+// Fragment is what one owner (the static skeleton, or one Service)
+// contributes to one family's table. Fragments of different owners never
+// share a chain or a set; they may claim the same map element, which the
+// programmer resolves.
+type Fragment struct {
+	Chains   []*Chain
+	Sets     []*Set
+	Elements []Element
+}
+
+// Empty tells whether the fragment has nothing in it.
+func (fr *Fragment) Empty() bool {
+	return fr == nil || (len(fr.Chains) == 0 && len(fr.Sets) == 0 && len(fr.Elements) == 0)
+}
+
+// ByFamily holds one fragment per family.
+type ByFamily [2]Fragment
+
+// Of returns the fragment of family f.
+func (b *ByFamily) Of(f Family) *Fragment {
+	if f == IPv6 {
+		return &b[1]
+	}
+	return &b[0]
+}

@@ -1,0 +1,88 @@
+package nft
+
+import (
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netns"
+
+	"github.com/nftgate/nftgate/model"
+)
+
+var nsCounter atomic.Int32
+
+// testNetNS creates an empty network namespace for one test and removes it
+// when the test ends.
+func testNetNS(t testing.TB) (name string, fd int) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for network namespaces")
+	}
+	name = fmt.Sprintf("nftgate-nfttest-%d-%d", os.Getpid(), nsCounter.Add(1))
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add %s: %v: %s", name, err, out)
+	}
+	h, err := netns.GetFromName(name)
+	if err != nil {
+		exec.Command("ip", "netns", "del", name).Run()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		h.Close()
+		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
+			t.Errorf("ip netns del %s: %v: %s", name, err, out)
+		}
+	})
+	return name, int(h)
+}
+
+func nftList(t testing.TB, ns string, args ...string) string {
+	t.Helper()
+	out, err := exec.Command("ip", append([]string{"netns", "exec", ns, "nft"}, args...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("nft %v: %v: %s", args, err, out)
+	}
+	return string(out)
+}
+
+func TestSmoke(t *testing.T) {
+	ns, fd := testNetNS(t)
+	cfg := Config{Table: "nftgate", Node: model.Node{Name: "gw"}, HashSeed: 1}
+	p, err := NewProgrammer(cfg, Options{NetNSFD: fd})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	svc := &model.Service{Key: model.ServiceKey{Namespace: "default", Name: "web"}, Type: "LoadBalancer",
+		ClusterIPs: []netip.Addr{netip.MustParseAddr("198.19.0.10"), netip.MustParseAddr("fd42:ff::10")}, LoadBalancerIPs: []netip.Addr{netip.MustParseAddr("198.19.1.1")},
+		SourceRanges: []netip.Prefix{netip.MustParsePrefix("198.18.1.0/24")},
+		AffinityTimeout: 30 * time.Second,
+		Ports: []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80, NodePort: 30080, Endpoints: []model.Endpoint{
+			{Addr: netip.MustParseAddr("198.18.2.10"), Port: 8080, Ready: true, Serving: true},
+			{Addr: netip.MustParseAddr("198.18.2.11"), Port: 8080, Ready: true, Serving: true},
+			{Addr: netip.MustParseAddr("fd42:2::10"), Port: 8080, Ready: true, Serving: true},
+		}}}}
+	empty := &model.Service{Key: model.ServiceKey{Namespace: "default", Name: "empty"}, Type: "ClusterIP",
+		ClusterIPs: []netip.Addr{netip.MustParseAddr("198.19.0.11")},
+		Ports: []model.ServicePort{{Protocol: model.UDP, Port: 53}}}
+	res, err := p.Full(map[model.ServiceKey]*model.Service{svc.Key: svc, empty.Key: empty})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%+v", res)
+	out := nftList(t, ns, "list", "ruleset")
+	t.Log(out)
+	if strings.Contains(out, "unknown") || strings.Contains(out, "invalid") {
+		t.Fatal("nft could not render")
+	}
+	res, err = p.Full(map[model.ServiceKey]*model.Service{svc.Key: svc, empty.Key: empty})
+	if err != nil || res.Counts.Changes() != 0 || len(res.Drift) != 0 {
+		t.Fatalf("second full sync: %+v %v", res, err)
+	}
+}

@@ -1,0 +1,237 @@
+package nft
+
+import (
+	"encoding/binary"
+	"fmt"
+	"hash/fnv"
+)
+
+// tableState is what nftgate knows one family's table to hold: every chain
+// with a fingerprint of its rules, every set, every map element. It is filled
+// from a committed batch, or from reading the kernel back.
+type tableState struct {
+	exists bool
+	chains map[string]uint64 // chain name -> chainFingerprint
+	sets   map[string]setDef
+	elems  map[ElemID]Verdict
+}
+
+func newTableState() *tableState {
+	return &tableState{chains: map[string]uint64{}, sets: map[string]setDef{}, elems: map[ElemID]Verdict{}}
+}
+
+// setDef is the part of a set's definition that the kernel cannot change in
+// place; a set whose definition differs is recreated.
+type setDef struct {
+	Map     bool
+	Shape   KeyShape
+	Timeout int64 // seconds
+}
+
+func defOf(s *Set) setDef {
+	return setDef{Map: s.Map, Shape: s.Shape, Timeout: int64(s.Timeout.Seconds())}
+}
+
+// ruleFingerprint identifies a rule by its nft text. It is stored in the
+// rule's user data in the kernel, so reading a table back tells whether each
+// rule is still the one nftgate wrote, without decoding bytecode.
+func ruleFingerprint(f Family, r Rule) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(r.Text(f)))
+	return h.Sum64()
+}
+
+// chainFingerprint combines the hook and the rule fingerprints of a chain.
+func chainFingerprint(hook *Hook, ruleFPs []uint64) uint64 {
+	h := fnv.New64a()
+	if hook != nil {
+		fmt.Fprintf(h, "%s/%s/%d|", hook.Type, hook.Hook, hook.Priority)
+	}
+	var b [8]byte
+	for _, fp := range ruleFPs {
+		binary.BigEndian.PutUint64(b[:], fp)
+		h.Write(b[:])
+	}
+	return h.Sum64()
+}
+
+// chainPlan is a chain with its rules' fingerprints computed once.
+type chainPlan struct {
+	chain   *Chain
+	ruleFPs []uint64
+	fp      uint64
+}
+
+func planChain(f Family, c *Chain) chainPlan {
+	fps := make([]uint64, len(c.Rules))
+	for i, r := range c.Rules {
+		fps[i] = ruleFingerprint(f, r)
+	}
+	return chainPlan{chain: c, ruleFPs: fps, fp: chainFingerprint(c.Hook, fps)}
+}
+
+// familyOps are the changes to one family's table, in the order a batch
+// must carry them so that nothing ever references a missing object:
+// sets and chains first, then rules, then map elements; removals last.
+type familyOps struct {
+	createTable   bool
+	addSets       []*Set
+	addChains     []chainPlan // new chains, with their rules
+	rewriteChains []chainPlan // existing chains whose rules changed: flush and refill
+	delElems      []Element
+	addElems      []Element
+	flushChains   []string // chains to remove: flushed first, so that chains
+	delChains     []string // referencing each other can all be deleted
+	delSets       []string
+	// recreateSets are sets whose definition changed: deleted (after the
+	// rules using them are flushed) and added again.
+	recreateSets []*Set
+}
+
+func (o *familyOps) empty() bool {
+	return !o.createTable && len(o.addSets) == 0 && len(o.addChains) == 0 && len(o.rewriteChains) == 0 &&
+		len(o.delElems) == 0 && len(o.addElems) == 0 && len(o.flushChains) == 0 && len(o.delChains) == 0 &&
+		len(o.delSets) == 0 && len(o.recreateSets) == 0
+}
+
+// Counts of what a sync changed, for logs and metrics.
+type Counts struct {
+	ChainsAdded, ChainsChanged, ChainsDeleted       int
+	SetsAdded, SetsDeleted                          int
+	ElementsAdded, ElementsChanged, ElementsDeleted int
+}
+
+// Changes is the total number of objects changed.
+func (c Counts) Changes() int {
+	return c.ChainsAdded + c.ChainsChanged + c.ChainsDeleted + c.SetsAdded + c.SetsDeleted +
+		c.ElementsAdded + c.ElementsChanged + c.ElementsDeleted
+}
+
+func (c *Counts) add(o *familyOps) {
+	c.ChainsAdded += len(o.addChains)
+	c.ChainsChanged += len(o.rewriteChains)
+	c.ChainsDeleted += len(o.delChains)
+	c.SetsAdded += len(o.addSets) + len(o.recreateSets)
+	c.SetsDeleted += len(o.delSets)
+	changed := 0
+	del := map[ElemID]bool{}
+	for _, e := range o.delElems {
+		del[e.ID()] = true
+	}
+	for _, e := range o.addElems {
+		if del[e.ID()] {
+			changed++
+		}
+	}
+	c.ElementsChanged += changed
+	c.ElementsAdded += len(o.addElems) - changed
+	c.ElementsDeleted += len(o.delElems) - changed
+}
+
+// differ accumulates the operations that bring a table from its state to
+// the desired objects it is shown, one object name at a time.
+type differ struct {
+	f     Family
+	state *tableState
+	ops   familyOps
+	seen  map[string]bool // chains and sets already decided in this plan
+	// rewriteAll rewrites every existing chain, because a set they may
+	// reference is being recreated.
+	rewriteAll bool
+}
+
+func newDiffer(f Family, st *tableState) *differ {
+	return &differ{f: f, state: st, seen: map[string]bool{}}
+}
+
+// chain decides one chain: desired nil means it must not exist.
+func (d *differ) chain(name string, desired *Chain) {
+	if d.seen["c/"+name] {
+		return
+	}
+	d.seen["c/"+name] = true
+	cur, exists := d.state.chains[name]
+	switch {
+	case desired == nil && exists:
+		d.ops.flushChains = append(d.ops.flushChains, name)
+		d.ops.delChains = append(d.ops.delChains, name)
+	case desired != nil && !exists:
+		d.ops.addChains = append(d.ops.addChains, planChain(d.f, desired))
+	case desired != nil && exists:
+		if p := planChain(d.f, desired); p.fp != cur || d.rewriteAll {
+			d.ops.rewriteChains = append(d.ops.rewriteChains, p)
+		}
+	}
+}
+
+// set decides one set: desired nil means it must not exist.
+func (d *differ) set(name string, desired *Set) {
+	if d.seen["s/"+name] {
+		return
+	}
+	d.seen["s/"+name] = true
+	cur, exists := d.state.sets[name]
+	switch {
+	case desired == nil && exists:
+		d.ops.delSets = append(d.ops.delSets, name)
+	case desired != nil && !exists:
+		d.ops.addSets = append(d.ops.addSets, desired)
+	case desired != nil && exists && cur != defOf(desired):
+		d.ops.recreateSets = append(d.ops.recreateSets, desired)
+		// The new set starts empty, and every rule using the old one
+		// must let go of it first.
+		for id := range d.state.elems {
+			if id.Map == name {
+				delete(d.state.elems, id)
+			}
+		}
+		d.rewriteAll = true
+	}
+}
+
+// element decides one map element: desired nil means it must not exist.
+func (d *differ) element(id ElemID, desired *Verdict) {
+	cur, exists := d.state.elems[id]
+	switch {
+	case desired == nil && exists:
+		d.ops.delElems = append(d.ops.delElems, Element{Map: id.Map, Key: id.Key, Verdict: cur})
+	case desired != nil && !exists:
+		d.ops.addElems = append(d.ops.addElems, Element{Map: id.Map, Key: id.Key, Verdict: *desired})
+	case desired != nil && exists && cur != *desired:
+		// Replacing a verdict is a delete and an add of the same key in
+		// one batch: the element never disappears for packets.
+		d.ops.delElems = append(d.ops.delElems, Element{Map: id.Map, Key: id.Key, Verdict: cur})
+		d.ops.addElems = append(d.ops.addElems, Element{Map: id.Map, Key: id.Key, Verdict: *desired})
+	}
+}
+
+// apply records a committed plan in the state.
+func (st *tableState) apply(o *familyOps) {
+	if o.createTable {
+		st.exists = true
+	}
+	for _, s := range o.addSets {
+		st.sets[s.Name] = defOf(s)
+	}
+	for _, s := range o.recreateSets {
+		st.sets[s.Name] = defOf(s)
+	}
+	for _, c := range o.addChains {
+		st.chains[c.chain.Name] = c.fp
+	}
+	for _, c := range o.rewriteChains {
+		st.chains[c.chain.Name] = c.fp
+	}
+	for _, e := range o.delElems {
+		delete(st.elems, e.ID())
+	}
+	for _, e := range o.addElems {
+		st.elems[e.ID()] = e.Verdict
+	}
+	for _, n := range o.delChains {
+		delete(st.chains, n)
+	}
+	for _, n := range o.delSets {
+		delete(st.sets, n)
+	}
+}

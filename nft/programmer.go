@@ -1,0 +1,520 @@
+package nft
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/google/nftables"
+
+	"github.com/nftgate/nftgate/model"
+)
+
+// Programmer keeps nftgate's tables in the kernel equal to the desired
+// ruleset. Every sync is one netlink batch: the kernel applies all of it or
+// none of it, and the Programmer's own record of the kernel changes only
+// when the kernel accepted the batch.
+type Programmer struct {
+	mu     sync.Mutex
+	cfg    Config
+	static ByFamily
+	batch  *batchConn
+	reader *reader
+
+	synced   bool
+	state    [2]*tableState
+	services map[model.ServiceKey]*model.Service // as programmed
+	claims   map[famElem]*claimSet
+}
+
+// Options locate the kernel to program.
+type Options struct {
+	// NetNSFD, when non-zero, is a network namespace to program instead
+	// of the process's own.
+	NetNSFD int
+}
+
+type famElem struct {
+	f  Family
+	id ElemID
+}
+
+// claim is one Service's wish for a map element.
+type claim struct {
+	svc     model.ServiceKey
+	created time.Time
+	verdict Verdict
+}
+
+// claimSet holds every claim on one element; the oldest Service wins, as the
+// API server's allocator would have kept the address for it.
+type claimSet []claim
+
+func (cs claimSet) winner() *claim {
+	var w *claim
+	for i := range cs {
+		c := &cs[i]
+		if w == nil || c.created.Before(w.created) || (c.created.Equal(w.created) && c.svc.Less(w.svc)) {
+			w = c
+		}
+	}
+	return w
+}
+
+// Result describes one sync.
+type Result struct {
+	Full     bool
+	Counts   Counts
+	Messages int
+	Duration time.Duration
+	// Drift describes how the kernel differed from what nftgate had
+	// programmed, when a full sync found it changed behind its back.
+	Drift []string
+	// Conflicts name elements claimed by more than one Service.
+	Conflicts []string
+}
+
+// NewProgrammer opens the netlink sockets. It changes nothing in the kernel.
+func NewProgrammer(cfg Config, opts Options) (*Programmer, error) {
+	if cfg.Table == "" {
+		return nil, errors.New("nft: table name is empty")
+	}
+	if cfg.MasqueradeBit == 0 {
+		cfg.MasqueradeBit = DefaultMasqueradeBit
+	}
+	b, err := dialBatch(opts.NetNSFD)
+	if err != nil {
+		return nil, err
+	}
+	r, err := newReader(opts.NetNSFD)
+	if err != nil {
+		b.Close()
+		return nil, err
+	}
+	p := &Programmer{cfg: cfg, batch: b, reader: r, services: map[model.ServiceKey]*model.Service{}, claims: map[famElem]*claimSet{}}
+	for i, f := range Families {
+		p.static[i] = Static(&p.cfg, f)
+	}
+	return p, nil
+}
+
+// Close closes the sockets. The rules stay in the kernel.
+func (p *Programmer) Close() error {
+	p.reader.Close()
+	return p.batch.Close()
+}
+
+// Config returns the ruleset configuration.
+func (p *Programmer) Config() Config { return p.cfg }
+
+// Full brings the kernel to exactly the given Services: it reads the tables
+// back, repairs whatever differs (someone deleted the table, flushed a chain,
+// edited an element), removes everything stale, and records the result. The
+// first sync after start is a Full one: rules already in place from an
+// earlier run are left untouched where they are right.
+func (p *Programmer) Full(services map[model.ServiceKey]*model.Service) (Result, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	start := time.Now()
+	res := Result{Full: true}
+
+	var observed [2]*tableState
+	for i, f := range Families {
+		st, err := p.reader.readTable(p.cfg.Table, f)
+		if err != nil {
+			return res, fmt.Errorf("read %s %s table back: %w", f, p.cfg.Table, err)
+		}
+		observed[i] = st
+		if p.synced {
+			res.Drift = append(res.Drift, compareStates(f, p.state[i], st)...)
+		}
+	}
+
+	claims := map[famElem]*claimSet{}
+	keys := make([]model.ServiceKey, 0, len(services))
+	for k := range services {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool { return keys[i].Less(keys[j]) })
+
+	var ds [2]*differ
+	for i, f := range Families {
+		ds[i] = newDiffer(f, observed[i])
+		ds[i].ops.createTable = !observed[i].exists
+		st := &p.static[i]
+		for _, s := range st.Sets {
+			ds[i].set(s.Name, s)
+		}
+		for _, c := range st.Chains {
+			ds[i].chain(c.Name, c)
+		}
+	}
+	for _, k := range keys {
+		svc := services[k]
+		r := RenderService(&p.cfg, svc)
+		for i, f := range Families {
+			fr := r.Of(f)
+			for _, s := range fr.Sets {
+				ds[i].set(s.Name, s)
+			}
+			for _, c := range fr.Chains {
+				ds[i].chain(c.Name, c)
+			}
+			for _, e := range fr.Elements {
+				addClaim(claims, famElem{f, e.ID()}, claim{svc: k, created: svc.Created, verdict: e.Verdict})
+			}
+		}
+	}
+	for i, f := range Families {
+		d := ds[i]
+		for name := range d.state.chains {
+			d.chain(name, nil)
+		}
+		for name := range d.state.sets {
+			d.set(name, nil)
+		}
+		for id := range d.state.elems {
+			if _, ok := claims[famElem{f, id}]; !ok {
+				d.element(id, nil)
+			}
+		}
+	}
+	for fe, cs := range claims {
+		w := cs.winner()
+		ds[familyIndex(fe.f)].element(fe.id, &w.verdict)
+		res.Conflicts = append(res.Conflicts, conflicts(fe, *cs)...)
+	}
+	sort.Strings(res.Conflicts)
+	sortOps(ds)
+
+	n, err := p.commit(ds)
+	res.Messages = n
+	res.Duration = time.Since(start)
+	if err != nil {
+		return res, err
+	}
+	for i := range ds {
+		observed[i].apply(&ds[i].ops)
+		res.Counts.add(&ds[i].ops)
+	}
+	p.state = observed
+	p.claims = claims
+	p.services = cloneServices(services)
+	p.synced = true
+	return res, nil
+}
+
+// Partial applies the changed Services (nil for a deleted one) on top of the
+// last sync, sending only what differs. It needs one Full sync first.
+func (p *Programmer) Partial(changes map[model.ServiceKey]*model.Service) (Result, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.synced {
+		return Result{}, errors.New("nft: partial sync before the first full sync")
+	}
+	start := time.Now()
+	res := Result{}
+	var ds [2]*differ
+	for i, f := range Families {
+		ds[i] = newDiffer(f, p.state[i])
+	}
+	undo := map[famElem]*claimSet{}
+	touch := func(fe famElem) {
+		if _, ok := undo[fe]; !ok {
+			if cs, ok := p.claims[fe]; ok {
+				c := append(claimSet(nil), *cs...)
+				undo[fe] = &c
+			} else {
+				undo[fe] = nil
+			}
+		}
+	}
+	for k, svc := range changes {
+		var oldR, newR ByFamily
+		if old := p.services[k]; old != nil {
+			oldR = RenderService(&p.cfg, old)
+		}
+		if svc != nil {
+			newR = RenderService(&p.cfg, svc)
+		}
+		for i, f := range Families {
+			d := ds[i]
+			o, n := oldR.Of(f), newR.Of(f)
+			newChains := make(map[string]bool, len(n.Chains))
+			for _, c := range n.Chains {
+				newChains[c.Name] = true
+				d.chain(c.Name, c)
+			}
+			for _, c := range o.Chains {
+				if !newChains[c.Name] {
+					d.chain(c.Name, nil)
+				}
+			}
+			newSets := make(map[string]bool, len(n.Sets))
+			for _, s := range n.Sets {
+				newSets[s.Name] = true
+				d.set(s.Name, s)
+			}
+			for _, s := range o.Sets {
+				if !newSets[s.Name] {
+					d.set(s.Name, nil)
+				}
+			}
+			for _, e := range o.Elements {
+				fe := famElem{f, e.ID()}
+				touch(fe)
+				removeClaim(p.claims, fe, k)
+			}
+			for _, e := range n.Elements {
+				fe := famElem{f, e.ID()}
+				touch(fe)
+				addClaim(p.claims, fe, claim{svc: k, created: svc.Created, verdict: e.Verdict})
+			}
+		}
+	}
+	for fe := range undo {
+		d := ds[familyIndex(fe.f)]
+		if cs, ok := p.claims[fe]; ok {
+			w := cs.winner()
+			d.element(fe.id, &w.verdict)
+			res.Conflicts = append(res.Conflicts, conflicts(fe, *cs)...)
+		} else {
+			d.element(fe.id, nil)
+		}
+	}
+	sortOps(ds)
+
+	n, err := p.commit(ds)
+	res.Messages = n
+	res.Duration = time.Since(start)
+	if err != nil {
+		for fe, cs := range undo {
+			if cs == nil {
+				delete(p.claims, fe)
+			} else {
+				p.claims[fe] = cs
+			}
+		}
+		return res, err
+	}
+	for i := range ds {
+		p.state[i].apply(&ds[i].ops)
+		res.Counts.add(&ds[i].ops)
+	}
+	for k, svc := range changes {
+		if svc == nil {
+			delete(p.services, k)
+		} else {
+			p.services[k] = svc
+		}
+	}
+	return res, nil
+}
+
+// commit encodes both families' operations into one batch and sends it.
+func (p *Programmer) commit(ds [2]*differ) (int, error) {
+	rec, err := newRecorder()
+	if err != nil {
+		return 0, err
+	}
+	var what []string
+	for i, f := range Families {
+		if ds[i].ops.empty() {
+			continue
+		}
+		e := &encoder{conn: rec.conn, f: f, sets: map[string]*nftables.Set{},
+			table: &nftables.Table{Name: p.cfg.Table, Family: nftFamily(f)}}
+		e.encode(&ds[i].ops)
+		if e.err != nil {
+			return 0, fmt.Errorf("encode %s ruleset: %w", f, e.err)
+		}
+		what = append(what, e.describe...)
+	}
+	msgs, err := rec.take()
+	if err != nil {
+		return 0, fmt.Errorf("encode ruleset: %w", err)
+	}
+	return len(msgs), p.batch.send(msgs, what)
+}
+
+// Cleanup deletes nftgate's tables, and with them everything nftgate made.
+func Cleanup(table string, opts Options) error {
+	b, err := dialBatch(opts.NetNSFD)
+	if err != nil {
+		return err
+	}
+	defer b.Close()
+	r, err := newReader(opts.NetNSFD)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	rec, err := newRecorder()
+	if err != nil {
+		return err
+	}
+	var what []string
+	for _, f := range Families {
+		exists, err := r.tableExists(table, f)
+		if err != nil {
+			return err
+		}
+		if exists {
+			rec.conn.DelTable(&nftables.Table{Name: table, Family: nftFamily(f)})
+			what = append(what, fmt.Sprintf("delete table %s %s", f, table))
+		}
+	}
+	msgs, err := rec.take()
+	if err != nil {
+		return err
+	}
+	return b.send(msgs, what)
+}
+
+func familyIndex(f Family) int {
+	if f == IPv6 {
+		return 1
+	}
+	return 0
+}
+
+func addClaim(m map[famElem]*claimSet, fe famElem, c claim) {
+	cs, ok := m[fe]
+	if !ok {
+		cs = &claimSet{}
+		m[fe] = cs
+	}
+	for _, x := range *cs {
+		if x.svc == c.svc {
+			return // a Service listing the same key twice keeps its first
+		}
+	}
+	*cs = append(*cs, c)
+}
+
+func removeClaim(m map[famElem]*claimSet, fe famElem, svc model.ServiceKey) {
+	cs, ok := m[fe]
+	if !ok {
+		return
+	}
+	out := (*cs)[:0]
+	for _, x := range *cs {
+		if x.svc != svc {
+			out = append(out, x)
+		}
+	}
+	if len(out) == 0 {
+		delete(m, fe)
+		return
+	}
+	*cs = out
+}
+
+func conflicts(fe famElem, cs claimSet) []string {
+	if len(cs) < 2 {
+		return nil
+	}
+	w := cs.winner()
+	var out []string
+	for _, c := range cs {
+		if c.svc != w.svc {
+			out = append(out, fmt.Sprintf("service %s: %s %s in %s is already used by service %s, which keeps it",
+				c.svc, fe.f, fe.id.Key, fe.id.Map, w.svc))
+		}
+	}
+	return out
+}
+
+// sortOps makes batches deterministic, which keeps them comparable in tests
+// and logs.
+func sortOps(ds [2]*differ) {
+	for _, d := range ds {
+		o := &d.ops
+		sort.Slice(o.addChains, func(i, j int) bool { return o.addChains[i].chain.Name < o.addChains[j].chain.Name })
+		sort.Slice(o.rewriteChains, func(i, j int) bool {
+			return o.rewriteChains[i].chain.Name < o.rewriteChains[j].chain.Name
+		})
+		sort.Strings(o.flushChains)
+		sort.Strings(o.delChains)
+		sort.Strings(o.delSets)
+		sort.Slice(o.addSets, func(i, j int) bool { return o.addSets[i].Name < o.addSets[j].Name })
+		less := func(s []Element) func(i, j int) bool {
+			return func(i, j int) bool {
+				if s[i].Map != s[j].Map {
+					return s[i].Map < s[j].Map
+				}
+				return s[i].Key.String() < s[j].Key.String()
+			}
+		}
+		sort.Slice(o.addElems, less(o.addElems))
+		sort.Slice(o.delElems, less(o.delElems))
+	}
+}
+
+func cloneServices(m map[model.ServiceKey]*model.Service) map[model.ServiceKey]*model.Service {
+	out := make(map[model.ServiceKey]*model.Service, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}
+
+// compareStates describes how the kernel's table differs from what nftgate
+// last committed.
+func compareStates(f Family, want, got *tableState) []string {
+	if want == nil {
+		return nil
+	}
+	if want.exists && !got.exists {
+		return []string{fmt.Sprintf("%s table is missing", f)}
+	}
+	var out []string
+	missing, changed, extra := 0, 0, 0
+	for n, fp := range want.chains {
+		g, ok := got.chains[n]
+		switch {
+		case !ok:
+			missing++
+		case g != fp:
+			changed++
+		}
+	}
+	for n := range got.chains {
+		if _, ok := want.chains[n]; !ok {
+			extra++
+		}
+	}
+	if missing+changed+extra > 0 {
+		out = append(out, fmt.Sprintf("%s chains: %d missing, %d with changed rules, %d unknown", f, missing, changed, extra))
+	}
+	missing, changed, extra = 0, 0, 0
+	for id, v := range want.elems {
+		g, ok := got.elems[id]
+		switch {
+		case !ok:
+			missing++
+		case g != v:
+			changed++
+		}
+	}
+	for id := range got.elems {
+		if _, ok := want.elems[id]; !ok {
+			extra++
+		}
+	}
+	if missing+changed+extra > 0 {
+		out = append(out, fmt.Sprintf("%s map elements: %d missing, %d changed, %d unknown", f, missing, changed, extra))
+	}
+	missing = 0
+	for n := range want.sets {
+		if _, ok := got.sets[n]; !ok {
+			missing++
+		}
+	}
+	if missing > 0 {
+		out = append(out, fmt.Sprintf("%s sets: %d missing", f, missing))
+	}
+	return out
+}

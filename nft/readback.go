@@ -1,0 +1,252 @@
+package nft
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/nftgate/nftgate/model"
+)
+
+// reader reads nftgate's tables back from the kernel into a tableState. It
+// decodes no rule bytecode: each rule's identity is the fingerprint nftgate
+// stored in its user data, so a rule edited or added by hand (which carries
+// none, or another) shows up as a changed chain.
+type reader struct {
+	conn *nftables.Conn
+	nl   *netlink.Conn
+}
+
+func newReader(netnsFD int) (*reader, error) {
+	conn, err := nftables.New(nftables.AsLasting(), nftables.WithNetNSFd(netnsFD))
+	if err != nil {
+		return nil, fmt.Errorf("open nf_tables netlink socket: %w", err)
+	}
+	nl, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: netnsFD})
+	if err != nil {
+		conn.CloseLasting()
+		return nil, fmt.Errorf("open nf_tables netlink socket: %w", err)
+	}
+	return &reader{conn: conn, nl: nl}, nil
+}
+
+func (r *reader) Close() {
+	r.conn.CloseLasting()
+	r.nl.Close()
+}
+
+func (r *reader) tableExists(name string, f Family) (bool, error) {
+	tables, err := r.conn.ListTablesOfFamily(nftFamily(f))
+	if err != nil {
+		return false, err
+	}
+	for _, t := range tables {
+		if t.Name == name {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+var hookNames = map[nftables.ChainHook]string{
+	*nftables.ChainHookPrerouting:  "prerouting",
+	*nftables.ChainHookInput:       "input",
+	*nftables.ChainHookForward:     "forward",
+	*nftables.ChainHookOutput:      "output",
+	*nftables.ChainHookPostrouting: "postrouting",
+}
+
+func (r *reader) readTable(name string, f Family) (*tableState, error) {
+	st := newTableState()
+	exists, err := r.tableExists(name, f)
+	if err != nil || !exists {
+		return st, err
+	}
+	st.exists = true
+	table := &nftables.Table{Name: name, Family: nftFamily(f)}
+
+	chains, err := r.conn.ListChainsOfTableFamily(nftFamily(f))
+	if err != nil {
+		return nil, fmt.Errorf("list chains: %w", err)
+	}
+	hooks := map[string]*Hook{}
+	for _, c := range chains {
+		if c.Table == nil || c.Table.Name != name {
+			continue
+		}
+		var h *Hook
+		if c.Hooknum != nil && c.Priority != nil {
+			h = &Hook{Type: string(c.Type), Hook: hookNames[*c.Hooknum], Priority: int32(*c.Priority)}
+		}
+		hooks[c.Name] = h
+	}
+	rules, err := r.ruleFingerprints(name, f)
+	if err != nil {
+		return nil, fmt.Errorf("list rules: %w", err)
+	}
+	for c, h := range hooks {
+		st.chains[c] = chainFingerprint(h, rules[c])
+	}
+
+	sets, err := r.conn.GetSets(table)
+	if err != nil {
+		return nil, fmt.Errorf("list sets: %w", err)
+	}
+	for _, s := range sets {
+		if s.Anonymous {
+			continue // bound to a rule; goes with it
+		}
+		def := setDef{Map: s.IsMap}
+		if s.IsMap {
+			// google/nftables does not decode concatenated key types, so
+			// the shape comes from the name, and is checked against the
+			// keys below.
+			def.Shape = mapShape(s.Name)
+		}
+		if s.HasTimeout {
+			def.Timeout = int64(s.Timeout.Seconds())
+		}
+		st.sets[s.Name] = def
+		if !s.IsMap {
+			continue
+		}
+		elems, err := r.conn.GetSetElements(s)
+		if err != nil {
+			return nil, fmt.Errorf("list elements of map %s: %w", s.Name, err)
+		}
+		for _, e := range elems {
+			if e.VerdictData == nil {
+				e.VerdictData = verdictFromData(e.Val)
+			}
+			k, ok := keyFromBytes(f, def.Shape, e.Key)
+			if !ok {
+				// Keys of another shape: the map is not what nftgate
+				// made, so it is recreated.
+				def.Shape = 0
+				st.sets[s.Name] = def
+				break
+			}
+			st.elems[ElemID{Map: s.Name, Key: k}] = verdictFromExpr(e.VerdictData)
+		}
+	}
+	return st, nil
+}
+
+// ruleFingerprints dumps every rule of the table in one request and returns
+// each chain's rule fingerprints in order. A rule without nftgate's
+// fingerprint gets a value no real rule has.
+func (r *reader) ruleFingerprints(table string, f Family) (map[string][]uint64, error) {
+	attrs, err := netlink.MarshalAttributes([]netlink.Attribute{{Type: unix.NFTA_RULE_TABLE, Data: []byte(table + "\x00")}})
+	if err != nil {
+		return nil, err
+	}
+	msgs, err := r.nl.Execute(netlink.Message{
+		Header: netlink.Header{
+			Type:  netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETRULE),
+			Flags: netlink.Request | netlink.Dump,
+		},
+		Data: append([]byte{byte(f), unix.NFNETLINK_V0, 0, 0}, attrs...),
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := map[string][]uint64{}
+	for _, m := range msgs {
+		if len(m.Data) < 4 {
+			continue
+		}
+		ad, err := netlink.NewAttributeDecoder(m.Data[4:])
+		if err != nil {
+			return nil, err
+		}
+		var chain string
+		fp := uint64(0xdeadbeefdeadbeef)
+		for ad.Next() {
+			switch ad.Type() {
+			case unix.NFTA_RULE_CHAIN:
+				chain = ad.String()
+			case unix.NFTA_RULE_USERDATA:
+				if v, ok := fingerprintFromUserData(ad.Bytes()); ok {
+					fp = v
+				}
+			}
+		}
+		if err := ad.Err(); err != nil {
+			return nil, err
+		}
+		out[chain] = append(out[chain], fp)
+	}
+	return out, nil
+}
+
+func keyFromBytes(f Family, shape KeyShape, b []byte) (Key, bool) {
+	var k Key
+	n := 0
+	if shape == KeyAddrProtoPort {
+		n = int(f.addrLen())
+	}
+	if len(b) != n+8 {
+		return k, false
+	}
+	if n > 0 {
+		a, _ := netip.AddrFromSlice(b[:n])
+		k.Addr = a
+		b = b[n:]
+	}
+	k.Proto = model.Protocol(b[0])
+	k.Port = uint16(b[4])<<8 | uint16(b[5])
+	return k, true
+}
+
+func verdictFromExpr(v *expr.Verdict) Verdict {
+	if v == nil {
+		return Verdict{}
+	}
+	switch v.Kind {
+	case expr.VerdictGoto:
+		return Verdict{Kind: Goto, Chain: v.Chain}
+	case expr.VerdictJump:
+		return Verdict{Kind: Jump, Chain: v.Chain}
+	case expr.VerdictReturn:
+		return Verdict{Kind: Return}
+	case expr.VerdictDrop:
+		return Verdict{Kind: Drop}
+	case expr.VerdictAccept:
+		return Verdict{Kind: Accept}
+	}
+	return Verdict{}
+}
+
+// verdictFromData decodes an element's verdict data (NFTA_VERDICT_CODE and
+// NFTA_VERDICT_CHAIN), which google/nftables leaves undecoded when it does
+// not recognise the map's data type.
+func verdictFromData(b []byte) *expr.Verdict {
+	ad, err := netlink.NewAttributeDecoder(b)
+	if err != nil {
+		return nil
+	}
+	var v *expr.Verdict
+	for ad.Next() {
+		switch ad.Type() {
+		case unix.NFTA_VERDICT_CODE:
+			if v == nil {
+				v = &expr.Verdict{}
+			}
+			v.Kind = expr.VerdictKind(int32(binary.BigEndian.Uint32(ad.Bytes())))
+		case unix.NFTA_VERDICT_CHAIN:
+			if v == nil {
+				v = &expr.Verdict{}
+			}
+			v.Chain = ad.String()
+		}
+	}
+	if ad.Err() != nil {
+		return nil
+	}
+	return v
+}

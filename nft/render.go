@@ -1,0 +1,366 @@
+package nft
+
+import (
+	"crypto/sha256"
+	"encoding/base32"
+	"fmt"
+	"net/netip"
+
+	"github.com/nftgate/nftgate/model"
+)
+
+// Config is what the ruleset depends on besides the Services.
+type Config struct {
+	// Table is the name of nftgate's table in each family.
+	Table string
+	// Node is this gateway's node name and zone, for traffic policy Local
+	// and topology hints.
+	Node model.Node
+	// ClusterCIDRs are the sources that keep their address on Cluster
+	// policy traffic; all other clients are masqueraded, so that replies
+	// come back through the gateway. Empty: every client is masqueraded.
+	ClusterCIDRs []netip.Prefix
+	// NodePortAddresses limit NodePorts to the gateway's addresses inside
+	// these prefixes. Empty: every local address but loopback.
+	NodePortAddresses []netip.Prefix
+	// MasqueradeBit is the packet mark bit that asks for masquerade.
+	MasqueradeBit uint32
+	// HashSeed seeds the endpoint choice; gateways sharing a seed choose
+	// the same endpoint for the same flow.
+	HashSeed uint32
+}
+
+// DefaultMasqueradeBit is kube-proxy's masquerade mark bit.
+const DefaultMasqueradeBit = 0x4000
+
+// Names of the static objects in each table.
+const (
+	MapServiceIPs          = "service-ips"
+	MapServiceNodePorts    = "service-nodeports"
+	MapNoEndpointServices  = "no-endpoint-services"
+	MapNoEndpointNodePorts = "no-endpoint-nodeports"
+	MapFirewallIPs         = "firewall-ips"
+
+	ChainServices          = "services"
+	ChainNodePorts         = "nodeports"
+	ChainFirewallCheck     = "firewall-check"
+	ChainServiceEPCheck    = "service-endpoints-check"
+	ChainNodePortEPCheck   = "nodeport-endpoints-check"
+	ChainNodePortEPLookup  = "nodeport-endpoints-lookup"
+	ChainMasquerading      = "masquerading"
+	ChainMarkForMasquerade = "mark-for-masquerade"
+	ChainMasqueradeOutside = "mark-for-masquerade-outside-cluster"
+	ChainReject            = "reject-chain"
+)
+
+// Netfilter hook priorities (from the kernel's netfilter headers).
+const (
+	prioDstNAT = -100
+	prioFilter = 0
+	prioSrcNAT = 100
+)
+
+// Static renders the skeleton of family f's table: base chains on the hooks,
+// the dispatch chains and the verdict maps that Services fill.
+func Static(cfg *Config, f Family) Fragment {
+	bit := cfg.MasqueradeBit
+	jump := func(c string) Verdict { return Verdict{Kind: Jump, Chain: c} }
+	vmap := func(m string, shape KeyShape) Rule { return Rule{VmapDispatch{Map: m, Shape: shape}} }
+
+	fr := Fragment{
+		Sets: []*Set{
+			{Name: MapServiceIPs, Map: true, Shape: KeyAddrProtoPort},
+			{Name: MapServiceNodePorts, Map: true, Shape: KeyProtoPort},
+			{Name: MapNoEndpointServices, Map: true, Shape: KeyAddrProtoPort},
+			{Name: MapNoEndpointNodePorts, Map: true, Shape: KeyProtoPort},
+			{Name: MapFirewallIPs, Map: true, Shape: KeyAddrProtoPort},
+		},
+	}
+	base := func(name, typ, hook string, prio int32, rules ...Rule) {
+		fr.Chains = append(fr.Chains, &Chain{Name: name, Hook: &Hook{Type: typ, Hook: hook, Priority: prio}, Rules: rules})
+	}
+	regular := func(name string, rules ...Rule) {
+		fr.Chains = append(fr.Chains, &Chain{Name: name, Rules: rules})
+	}
+	// NAT: every new connection, forwarded or from the gateway itself,
+	// goes through the service dispatch; marked ones are masqueraded.
+	base("nat-prerouting", "nat", "prerouting", prioDstNAT, Rule{jump(ChainServices)})
+	base("nat-output", "nat", "output", prioDstNAT, Rule{jump(ChainServices)})
+	base("nat-postrouting", "nat", "postrouting", prioSrcNAT, Rule{jump(ChainMasquerading)})
+	// Source ranges are checked before DNAT rewrites the destination.
+	base("filter-prerouting-pre-dnat", "filter", "prerouting", prioDstNAT-10, Rule{MatchCtNew{}, jump(ChainFirewallCheck)})
+	base("filter-output-pre-dnat", "filter", "output", prioDstNAT-10, Rule{MatchCtNew{}, jump(ChainFirewallCheck)})
+	// Services without endpoints were not DNATed: reject them where they
+	// would otherwise be delivered or forwarded.
+	base("filter-input", "filter", "input", prioFilter-1,
+		Rule{MatchCtNew{}, jump(ChainNodePortEPCheck)},
+		Rule{MatchCtNew{}, jump(ChainServiceEPCheck)})
+	base("filter-forward", "filter", "forward", prioFilter-1, Rule{MatchCtNew{}, jump(ChainServiceEPCheck)})
+	base("filter-output", "filter", "output", prioFilter-1,
+		Rule{MatchCtNew{}, jump(ChainNodePortEPCheck)},
+		Rule{MatchCtNew{}, jump(ChainServiceEPCheck)})
+
+	regular(ChainServices,
+		vmap(MapServiceIPs, KeyAddrProtoPort),
+		Rule{MatchLocal{Dir: Dst}, jump(ChainNodePorts)})
+	regular(ChainNodePorts, nodePortRules(cfg, f, MapServiceNodePorts)...)
+	regular(ChainFirewallCheck, vmap(MapFirewallIPs, KeyAddrProtoPort))
+	regular(ChainServiceEPCheck, vmap(MapNoEndpointServices, KeyAddrProtoPort))
+	regular(ChainNodePortEPCheck, Rule{MatchLocal{Dir: Dst}, jump(ChainNodePortEPLookup)})
+	regular(ChainNodePortEPLookup, nodePortRules(cfg, f, MapNoEndpointNodePorts)...)
+	regular(ChainMasquerading,
+		Rule{MatchMarkUnset{Bit: bit}, Verdict{Kind: Return}},
+		Rule{SetMark{Bit: bit, Xor: true}, Masquerade{}})
+	regular(ChainMarkForMasquerade, Rule{SetMark{Bit: bit}})
+	var outside []Rule
+	for _, p := range cfg.ClusterCIDRs {
+		if Of(p.Addr()) == f {
+			outside = append(outside, Rule{MatchAddr{Dir: Src, Prefix: p}, Verdict{Kind: Return}})
+		}
+	}
+	regular(ChainMasqueradeOutside, append(outside, Rule{SetMark{Bit: bit}})...)
+	regular(ChainReject, Rule{Reject{}})
+	return fr
+}
+
+// nodePortRules dispatch on l4proto . dport for traffic to the gateway's own
+// addresses, limited to NodePortAddresses when they are configured. Loopback
+// never carries NodePorts.
+func nodePortRules(cfg *Config, f Family, m string) []Rule {
+	loop := netip.MustParsePrefix("127.0.0.0/8")
+	if f == IPv6 {
+		loop = netip.MustParsePrefix("::1/128")
+	}
+	dispatch := VmapDispatch{Map: m, Shape: KeyProtoPort}
+	if len(cfg.NodePortAddresses) == 0 {
+		return []Rule{{MatchAddr{Dir: Dst, Prefix: loop, Not: true}, dispatch}}
+	}
+	var rules []Rule
+	for _, p := range cfg.NodePortAddresses {
+		if Of(p.Addr()) == f {
+			rules = append(rules, Rule{MatchAddr{Dir: Dst, Prefix: p}, dispatch})
+		}
+	}
+	return rules
+}
+
+// chainName builds a readable, unique object name: prefix, a hash that keeps
+// names unique whatever the readable part holds, and the readable part for
+// admins reading `nft list ruleset`.
+func chainName(prefix, readable string) string {
+	sum := sha256.Sum256([]byte(prefix + "/" + readable))
+	return prefix + "-" + base32.StdEncoding.EncodeToString(sum[:])[:8] + "-" + readable
+}
+
+// RenderService renders everything one Service contributes to both tables.
+// It is a pure function of the Service and the config, so rendering the
+// Service's previous state again yields exactly what was programmed for it.
+func RenderService(cfg *Config, svc *model.Service) ByFamily {
+	var out ByFamily
+	for pi := range svc.Ports {
+		renderPort(cfg, svc, &svc.Ports[pi], &out)
+	}
+	return out
+}
+
+func renderPort(cfg *Config, svc *model.Service, p *model.ServicePort, out *ByFamily) {
+	portName := svc.PortName(p)
+	sets := model.Categorize(svc, p, cfg.Node)
+	for _, f := range Families {
+		fr := out.Of(f)
+		famEps := func(eps []model.Endpoint) []model.Endpoint {
+			var r []model.Endpoint
+			for _, e := range eps {
+				if Of(e.Addr) == f {
+					r = append(r, e)
+				}
+			}
+			return r
+		}
+		cluster, local := famEps(sets.Cluster), famEps(sets.Local)
+		// Whether any endpoint could serve is decided per family: a
+		// dual-stack Service whose IPv6 endpoints are all gone rejects
+		// IPv6 clients even while IPv4 works.
+		anyEps := false
+		for _, e := range famEps(p.Endpoints) {
+			anyEps = anyEps || e.Ready || (e.Serving && e.Terminating)
+		}
+
+		var clusterIPs, externalAddrs, lbIPs []netip.Addr
+		for _, a := range svc.ClusterIPs {
+			if Of(a) == f {
+				clusterIPs = append(clusterIPs, a)
+			}
+		}
+		for _, a := range svc.ExternalIPs {
+			if Of(a) == f {
+				externalAddrs = append(externalAddrs, a)
+			}
+		}
+		for _, a := range svc.LoadBalancerIPs {
+			if Of(a) == f {
+				lbIPs = append(lbIPs, a)
+			}
+		}
+		hasNodePort := p.NodePort != 0 && familyHasNodePorts(cfg, f)
+		if len(clusterIPs) == 0 && len(externalAddrs) == 0 && len(lbIPs) == 0 && !hasNodePort {
+			continue
+		}
+
+		clusterChain := chainName("svc", portName)
+		localChain := chainName("local", portName)
+		externalChain := chainName("ext", portName)
+		fwChain := chainName("fw", portName)
+
+		// Endpoint chains, one per endpoint in use.
+		epChain := map[netip.AddrPort]string{}
+		affinitySet := map[netip.AddrPort]string{}
+		addEndpoint := func(e model.Endpoint) {
+			ap := e.AddrPort()
+			if _, ok := epChain[ap]; ok {
+				return
+			}
+			readable := portName + "__" + ap.Addr().String() + "/" + fmt.Sprint(ap.Port())
+			name := chainName("ep", readable)
+			epChain[ap] = name
+			var rules []Rule
+			// Hairpin: an endpoint reaching itself through the Service
+			// must be masqueraded or it would answer itself directly.
+			rules = append(rules, Rule{MatchAddr{Dir: Src, Prefix: netip.PrefixFrom(ap.Addr(), ap.Addr().BitLen())},
+				Verdict{Kind: Jump, Chain: ChainMarkForMasquerade}})
+			if svc.AffinityTimeout > 0 {
+				// The timeout is part of the set's name: a changed timeout
+				// is a new set, never an in-place edit the kernel refuses.
+				set := chainName("aff", fmt.Sprintf("%s@%ds", readable, int64(svc.AffinityTimeout.Seconds())))
+				affinitySet[ap] = set
+				fr.Sets = append(fr.Sets, &Set{Name: set, Timeout: svc.AffinityTimeout})
+				rules = append(rules, Rule{UpdateAffinity{Set: set}})
+			}
+			rules = append(rules, Rule{DNAT{Proto: p.Protocol, To: ap}})
+			fr.Chains = append(fr.Chains, &Chain{Name: name, Rules: rules})
+		}
+		for _, e := range cluster {
+			addEndpoint(e)
+		}
+		for _, e := range local {
+			addEndpoint(e)
+		}
+		dispatch := func(eps []model.Endpoint) []Rule {
+			var rules []Rule
+			for _, e := range eps {
+				if set, ok := affinitySet[e.AddrPort()]; ok {
+					rules = append(rules, Rule{MatchAddrInSet{Dir: Src, Set: set}, Verdict{Kind: Goto, Chain: epChain[e.AddrPort()]}})
+				}
+			}
+			if len(eps) == 1 {
+				return append(rules, Rule{Verdict{Kind: Goto, Chain: epChain[eps[0].AddrPort()]}})
+			}
+			targets := make([]string, len(eps))
+			for i, e := range eps {
+				targets[i] = epChain[e.AddrPort()]
+			}
+			return append(rules, Rule{HashDispatch{Seed: cfg.HashSeed, Targets: targets}})
+		}
+		if len(cluster) > 0 {
+			rules := []Rule{{Verdict{Kind: Jump, Chain: ChainMasqueradeOutside}}}
+			fr.Chains = append(fr.Chains, &Chain{Name: clusterChain, Rules: append(rules, dispatch(cluster)...)})
+		}
+		if len(local) > 0 {
+			fr.Chains = append(fr.Chains, &Chain{Name: localChain, Rules: dispatch(local)})
+		}
+
+		// internalVerdict is where ClusterIP traffic goes; ok is false
+		// when it must be rejected for lack of endpoints.
+		internalVerdict, internalOK := Verdict{Kind: Goto, Chain: clusterChain}, len(cluster) > 0
+		if svc.InternalLocal {
+			switch {
+			case len(local) > 0:
+				internalVerdict, internalOK = Verdict{Kind: Goto, Chain: localChain}, true
+			case anyEps:
+				internalVerdict, internalOK = Verdict{Kind: Drop}, true
+			default:
+				internalOK = false
+			}
+		}
+		externalOK := len(cluster) > 0
+		if svc.ExternalLocal {
+			externalOK = anyEps
+		}
+		externalVerdict := Verdict{Kind: Goto, Chain: externalChain}
+		if externalOK && (len(externalAddrs) > 0 || len(lbIPs) > 0 || hasNodePort) {
+			var rules []Rule
+			if svc.ExternalLocal {
+				if len(cluster) > 0 {
+					// The gateway's own traffic has no "local" client to
+					// preserve: it uses the cluster-wide endpoints.
+					rules = append(rules,
+						Rule{MatchLocal{Dir: Src}, Verdict{Kind: Jump, Chain: ChainMarkForMasquerade}},
+						Rule{MatchLocal{Dir: Src}, Verdict{Kind: Goto, Chain: clusterChain}})
+				}
+				if len(local) > 0 {
+					rules = append(rules, Rule{Verdict{Kind: Goto, Chain: localChain}})
+				} else {
+					rules = append(rules, Rule{Verdict{Kind: Drop}})
+				}
+			} else {
+				rules = append(rules,
+					Rule{Verdict{Kind: Jump, Chain: ChainMarkForMasquerade}},
+					Rule{Verdict{Kind: Goto, Chain: clusterChain}})
+			}
+			fr.Chains = append(fr.Chains, &Chain{Name: externalChain, Rules: rules})
+		}
+
+		rejectV := Verdict{Kind: Goto, Chain: ChainReject}
+		key := func(a netip.Addr, port uint16) Key { return Key{Addr: a, Proto: p.Protocol, Port: port} }
+		for _, a := range clusterIPs {
+			if internalOK {
+				fr.Elements = append(fr.Elements, Element{Map: MapServiceIPs, Key: key(a, p.Port), Verdict: internalVerdict})
+			} else {
+				fr.Elements = append(fr.Elements, Element{Map: MapNoEndpointServices, Key: key(a, p.Port), Verdict: rejectV})
+			}
+		}
+		for _, a := range append(externalAddrs, lbIPs...) {
+			if externalOK {
+				fr.Elements = append(fr.Elements, Element{Map: MapServiceIPs, Key: key(a, p.Port), Verdict: externalVerdict})
+			} else {
+				fr.Elements = append(fr.Elements, Element{Map: MapNoEndpointServices, Key: key(a, p.Port), Verdict: rejectV})
+			}
+		}
+		if hasNodePort {
+			k := Key{Proto: p.Protocol, Port: p.NodePort}
+			if externalOK {
+				fr.Elements = append(fr.Elements, Element{Map: MapServiceNodePorts, Key: k, Verdict: externalVerdict})
+			} else {
+				fr.Elements = append(fr.Elements, Element{Map: MapNoEndpointNodePorts, Key: k, Verdict: rejectV})
+			}
+		}
+		// loadBalancerSourceRanges guard the LoadBalancer IPs only.
+		if len(svc.SourceRanges) > 0 && len(lbIPs) > 0 {
+			var rules []Rule
+			for _, r := range svc.SourceRanges {
+				if Of(r.Addr()) == f {
+					rules = append(rules, Rule{MatchAddr{Dir: Src, Prefix: r}, Verdict{Kind: Return}})
+				}
+			}
+			rules = append(rules, Rule{Verdict{Kind: Drop}})
+			fr.Chains = append(fr.Chains, &Chain{Name: fwChain, Rules: rules})
+			for _, a := range lbIPs {
+				fr.Elements = append(fr.Elements, Element{Map: MapFirewallIPs, Key: key(a, p.Port), Verdict: Verdict{Kind: Goto, Chain: fwChain}})
+			}
+		}
+	}
+}
+
+// familyHasNodePorts tells whether family f carries NodePorts at all: with
+// NodePortAddresses configured, only the families they name do.
+func familyHasNodePorts(cfg *Config, f Family) bool {
+	if len(cfg.NodePortAddresses) == 0 {
+		return true
+	}
+	for _, p := range cfg.NodePortAddresses {
+		if Of(p.Addr()) == f {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,363 @@
+package nft
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+
+	"github.com/nftgate/nftgate/model"
+)
+
+// Stmt is one statement of a rule: a match, an action or a verdict. The set
+// of statements is closed: each knows its nft text and its bytecode, and the
+// tracer knows what each does to a packet.
+type Stmt interface {
+	text(f Family) string
+	encode(f Family, e *encoder) []expr.Any
+}
+
+// Register numbers as nft allocates them, so that `nft --debug=netlink` of a
+// rule written by hand and of the same rule written by nftgate agree.
+const (
+	reg1   = 1  // 128-bit register 1
+	reg2   = 2  // 128-bit register 2
+	reg3   = 3  // 128-bit register 3
+	reg32a = 9  // second 32-bit slot of register 1
+	reg32b = 10 // third 32-bit slot of register 1
+	reg32c = 13 // second 32-bit slot of register 2
+)
+
+func saddrOffset(f Family) uint32 {
+	if f == IPv6 {
+		return 8
+	}
+	return 12
+}
+
+func daddrOffset(f Family) uint32 {
+	if f == IPv6 {
+		return 24
+	}
+	return 16
+}
+
+// Dir selects the source or destination address of a packet.
+type Dir uint8
+
+// Address directions.
+const (
+	Src Dir = iota
+	Dst
+)
+
+func (d Dir) word() string {
+	if d == Src {
+		return "saddr"
+	}
+	return "daddr"
+}
+
+func loadAddr(f Family, d Dir, reg, length uint32) *expr.Payload {
+	off := saddrOffset(f)
+	if d == Dst {
+		off = daddrOffset(f)
+	}
+	return &expr.Payload{DestRegister: reg, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: length}
+}
+
+// MatchAddr matches the source or destination address against a prefix (a
+// single address is a full-length prefix).
+type MatchAddr struct {
+	Dir    Dir
+	Prefix netip.Prefix
+	Not    bool
+}
+
+func (m MatchAddr) text(f Family) string {
+	op := ""
+	if m.Not {
+		op = "!= "
+	}
+	v := m.Prefix.String()
+	if m.Prefix.IsSingleIP() {
+		v = m.Prefix.Addr().String()
+	}
+	return fmt.Sprintf("%s %s %s%s", f, m.Dir.word(), op, v)
+}
+
+func (m MatchAddr) encode(f Family, _ *encoder) []expr.Any {
+	op := expr.CmpOpEq
+	if m.Not {
+		op = expr.CmpOpNeq
+	}
+	bits := m.Prefix.Bits()
+	addr := m.Prefix.Addr().AsSlice()
+	if bits%8 == 0 {
+		// Whole bytes: load just those, as nft does.
+		n := uint32(bits / 8)
+		return []expr.Any{
+			loadAddr(f, m.Dir, reg1, n),
+			&expr.Cmp{Op: op, Register: reg1, Data: addr[:n]},
+		}
+	}
+	mask := make([]byte, len(addr))
+	for i := 0; i < bits; i++ {
+		mask[i/8] |= 0x80 >> (i % 8)
+	}
+	return []expr.Any{
+		loadAddr(f, m.Dir, reg1, f.addrLen()),
+		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: f.addrLen(), Mask: mask, Xor: make([]byte, len(addr))},
+		&expr.Cmp{Op: op, Register: reg1, Data: addr},
+	}
+}
+
+// MatchAddrInSet matches the source address against a named address set.
+type MatchAddrInSet struct {
+	Dir Dir
+	Set string
+}
+
+func (m MatchAddrInSet) text(f Family) string {
+	return fmt.Sprintf("%s %s @%s", f, m.Dir.word(), m.Set)
+}
+
+func (m MatchAddrInSet) encode(f Family, e *encoder) []expr.Any {
+	s := e.set(m.Set)
+	return []expr.Any{
+		loadAddr(f, m.Dir, reg1, f.addrLen()),
+		&expr.Lookup{SourceRegister: reg1, SetName: s.Name, SetID: s.ID},
+	}
+}
+
+// MatchLocal matches when the source or destination address is one of the
+// gateway's own (fib ... type local). Excluding loopback keeps NodePorts off
+// 127.0.0.1, as kube-proxy's nftables mode does.
+type MatchLocal struct {
+	Dir Dir
+}
+
+func (m MatchLocal) text(Family) string { return "fib " + m.Dir.word() + " type local" }
+
+func (m MatchLocal) encode(Family, *encoder) []expr.Any {
+	return []expr.Any{
+		&expr.Fib{Register: reg1, ResultADDRTYPE: true, FlagSADDR: m.Dir == Src, FlagDADDR: m.Dir == Dst},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL)},
+	}
+}
+
+// MatchCtNew matches the first packet of a connection.
+type MatchCtNew struct{}
+
+func (MatchCtNew) text(Family) string { return "ct state new" }
+
+func (MatchCtNew) encode(Family, *encoder) []expr.Any {
+	return []expr.Any{
+		&expr.Ct{Register: reg1, Key: expr.CtKeySTATE},
+		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4,
+			Mask: binaryutil.NativeEndian.PutUint32(expr.CtStateBitNEW), Xor: make([]byte, 4)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: make([]byte, 4)},
+	}
+}
+
+// MatchMarkUnset matches packets without the masquerade mark bit.
+type MatchMarkUnset struct{ Bit uint32 }
+
+func (m MatchMarkUnset) text(Family) string {
+	return fmt.Sprintf("meta mark & %#08x == 0", m.Bit)
+}
+
+func (m MatchMarkUnset) encode(Family, *encoder) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
+		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4,
+			Mask: binaryutil.NativeEndian.PutUint32(m.Bit), Xor: make([]byte, 4)},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: make([]byte, 4)},
+	}
+}
+
+// SetMark sets (Or) or toggles (Xor) a mark bit.
+type SetMark struct {
+	Bit uint32
+	Xor bool
+}
+
+func (m SetMark) text(Family) string {
+	if m.Xor {
+		return fmt.Sprintf("meta mark set meta mark ^ %#08x", m.Bit)
+	}
+	return fmt.Sprintf("meta mark set meta mark | %#08x", m.Bit)
+}
+
+func (m SetMark) encode(Family, *encoder) []expr.Any {
+	mask := ^m.Bit
+	if m.Xor {
+		mask = 0xffffffff
+	}
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
+		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4,
+			Mask: binaryutil.NativeEndian.PutUint32(mask), Xor: binaryutil.NativeEndian.PutUint32(m.Bit)},
+		&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1, SourceRegister: true},
+	}
+}
+
+// Masquerade rewrites the source to the outgoing interface's address, with
+// fully random ports so many clients never collide on one backend.
+type Masquerade struct{}
+
+func (Masquerade) text(Family) string { return "masquerade fully-random" }
+
+func (Masquerade) encode(Family, *encoder) []expr.Any {
+	return []expr.Any{&expr.Masq{FullyRandom: true}}
+}
+
+// Reject answers with ICMP port unreachable, so a client of a Service with no
+// endpoint fails at once instead of waiting for a timeout.
+type Reject struct{}
+
+func (Reject) text(Family) string { return "reject" }
+
+func (Reject) encode(f Family, _ *encoder) []expr.Any {
+	code := uint8(3) // ICMP port unreachable
+	if f == IPv6 {
+		code = 4 // ICMPv6 port unreachable
+	}
+	return []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: code}}
+}
+
+// Verdicts as statements.
+func (v Verdict) text(Family) string { return v.String() }
+
+func (v Verdict) encode(Family, *encoder) []expr.Any {
+	var k expr.VerdictKind
+	switch v.Kind {
+	case Goto:
+		k = expr.VerdictGoto
+	case Jump:
+		k = expr.VerdictJump
+	case Return:
+		k = expr.VerdictReturn
+	case Drop:
+		k = expr.VerdictDrop
+	case Accept:
+		k = expr.VerdictAccept
+	}
+	return []expr.Any{&expr.Verdict{Kind: k, Chain: v.Chain}}
+}
+
+// VmapDispatch looks the packet up in a verdict map: by destination address,
+// protocol and port, or by protocol and port alone (NodePorts).
+type VmapDispatch struct {
+	Map   string
+	Shape KeyShape
+}
+
+func (d VmapDispatch) text(f Family) string {
+	if d.Shape == KeyProtoPort {
+		return "meta l4proto . th dport vmap @" + d.Map
+	}
+	return fmt.Sprintf("%s daddr . meta l4proto . th dport vmap @%s", f, d.Map)
+}
+
+func (d VmapDispatch) encode(f Family, e *encoder) []expr.Any {
+	s := e.set(d.Map)
+	lookup := &expr.Lookup{SourceRegister: reg1, SetName: s.Name, SetID: s.ID, DestRegister: 0, IsDestRegSet: true}
+	dport := &expr.Payload{Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2}
+	if d.Shape == KeyProtoPort {
+		dport.DestRegister = reg32a
+		return []expr.Any{&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1}, dport, lookup}
+	}
+	protoReg := uint32(reg32a)
+	dport.DestRegister = reg32b
+	if f == IPv6 {
+		protoReg, dport.DestRegister = reg2, reg32c
+	}
+	return []expr.Any{
+		loadAddr(f, Dst, reg1, f.addrLen()),
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: protoReg},
+		dport,
+		lookup,
+	}
+}
+
+// HashDispatch spreads new flows over endpoint chains by a Jenkins hash of the
+// client's address and port, modulo the number of endpoints. It replaces
+// kube-proxy's `numgen random`, which the appliance kernel lacks, and makes
+// every gateway that sees a flow choose the same endpoint.
+type HashDispatch struct {
+	Seed    uint32
+	Targets []string // endpoint chains, in hash bucket order
+}
+
+func (h HashDispatch) text(f Family) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "jhash %s saddr . th sport mod %d seed %#x vmap { ", f, len(h.Targets), h.Seed)
+	for i, t := range h.Targets {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%d : goto %s", i, t)
+	}
+	b.WriteString(" }")
+	return b.String()
+}
+
+func (h HashDispatch) encode(f Family, e *encoder) []expr.Any {
+	sportReg, length := uint32(reg32c), uint32(8)
+	if f == IPv6 {
+		sportReg, length = reg3, 20
+	}
+	m := e.anonymousVmap(h.Targets)
+	return []expr.Any{
+		loadAddr(f, Src, reg2, f.addrLen()),
+		&expr.Payload{DestRegister: sportReg, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 2},
+		&expr.Hash{SourceRegister: reg2, DestRegister: reg1, Length: length, Modulus: uint32(len(h.Targets)),
+			Seed: h.Seed, Type: expr.HashTypeJenkins},
+		&expr.Lookup{SourceRegister: reg1, SetName: m.Name, SetID: m.ID, DestRegister: 0, IsDestRegSet: true},
+	}
+}
+
+// UpdateAffinity records the client's address in an endpoint's affinity set,
+// refreshing its timeout.
+type UpdateAffinity struct{ Set string }
+
+func (u UpdateAffinity) text(f Family) string {
+	return fmt.Sprintf("update @%s { %s saddr }", u.Set, f)
+}
+
+func (u UpdateAffinity) encode(f Family, e *encoder) []expr.Any {
+	s := e.set(u.Set)
+	return []expr.Any{
+		loadAddr(f, Src, reg1, f.addrLen()),
+		&expr.Dynset{SrcRegKey: reg1, SetName: s.Name, SetID: s.ID, Operation: unix.NFT_DYNSET_OP_UPDATE},
+	}
+}
+
+// DNAT sends the packet to an endpoint. It carries its protocol because a
+// port rewrite needs a transport protocol match first.
+type DNAT struct {
+	Proto model.Protocol
+	To    netip.AddrPort
+}
+
+func (d DNAT) text(f Family) string {
+	return fmt.Sprintf("meta l4proto %s dnat to %s", d.Proto, d.To)
+}
+
+func (d DNAT) encode(f Family, _ *encoder) []expr.Any {
+	fam := uint32(unix.NFPROTO_IPV4)
+	if f == IPv6 {
+		fam = unix.NFPROTO_IPV6
+	}
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{byte(d.Proto)}},
+		&expr.Immediate{Register: reg1, Data: d.To.Addr().AsSlice()},
+		&expr.Immediate{Register: reg2, Data: binaryutil.BigEndian.PutUint16(d.To.Port())},
+		&expr.NAT{Type: expr.NATTypeDestNAT, Family: fam, RegAddrMin: reg1, RegProtoMin: reg2, Specified: true},
+	}
+}

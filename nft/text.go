@@ -1,0 +1,97 @@
+package nft
+
+import (
+	"fmt"
+	"io"
+	"sort"
+	"time"
+)
+
+// WriteText writes family f's table, built from the given fragments, as an
+// nft script (`nft -f` reads it). It is for people and for tests; the kernel
+// is always programmed over netlink.
+func WriteText(w io.Writer, table string, f Family, frags ...*Fragment) error {
+	var chains []*Chain
+	var sets []*Set
+	elems := map[string][]Element{}
+	for _, fr := range frags {
+		chains = append(chains, fr.Chains...)
+		sets = append(sets, fr.Sets...)
+		for _, e := range fr.Elements {
+			elems[e.Map] = append(elems[e.Map], e)
+		}
+	}
+	sort.SliceStable(chains, func(i, j int) bool {
+		if (chains[i].Hook != nil) != (chains[j].Hook != nil) {
+			return chains[i].Hook != nil
+		}
+		return chains[i].Name < chains[j].Name
+	})
+	sort.SliceStable(sets, func(i, j int) bool { return sets[i].Name < sets[j].Name })
+
+	ew := &errWriter{w: w}
+	ew.printf("table %s %s {\n", f, table)
+	for _, s := range sets {
+		ew.printf("\t%s %s {\n\t\ttype %s\n", map[bool]string{true: "map", false: "set"}[s.Map], s.Name, setType(f, s))
+		if s.Timeout > 0 {
+			ew.printf("\t\tflags dynamic,timeout\n\t\ttimeout %s\n", nftDuration(s.Timeout))
+		}
+		if es := elems[s.Name]; len(es) > 0 {
+			sort.Slice(es, func(i, j int) bool { return es[i].Key.String() < es[j].Key.String() })
+			ew.printf("\t\telements = {")
+			for i, e := range es {
+				sep := ","
+				if i == len(es)-1 {
+					sep = " }"
+				}
+				ew.printf("\n\t\t\t%s : %s%s", e.Key, e.Verdict, sep)
+			}
+			ew.printf("\n")
+		}
+		ew.printf("\t}\n\n")
+	}
+	for i, c := range chains {
+		ew.printf("\tchain %s {\n", c.Name)
+		if h := c.Hook; h != nil {
+			ew.printf("\t\ttype %s hook %s priority %d; policy accept;\n", h.Type, h.Hook, h.Priority)
+		}
+		for _, r := range c.Rules {
+			ew.printf("\t\t%s\n", r.Text(f))
+		}
+		ew.printf("\t}\n")
+		if i < len(chains)-1 {
+			ew.printf("\n")
+		}
+	}
+	ew.printf("}\n")
+	return ew.err
+}
+
+func setType(f Family, s *Set) string {
+	addr := "ipv4_addr"
+	if f == IPv6 {
+		addr = "ipv6_addr"
+	}
+	if !s.Map {
+		return addr
+	}
+	if s.Shape == KeyProtoPort {
+		return "inet_proto . inet_service : verdict"
+	}
+	return addr + " . inet_proto . inet_service : verdict"
+}
+
+func nftDuration(d time.Duration) string {
+	return fmt.Sprintf("%ds", int64(d/time.Second))
+}
+
+type errWriter struct {
+	w   io.Writer
+	err error
+}
+
+func (e *errWriter) printf(format string, args ...any) {
+	if e.err == nil {
+		_, e.err = fmt.Fprintf(e.w, format, args...)
+	}
+}
