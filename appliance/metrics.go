@@ -152,6 +152,10 @@ func NewMetrics(version string) *Metrics {
 	for _, r := range []string{DriftMissing, DriftUnexpected, DriftModified, DriftTable, DriftOther} {
 		m.driftRepairs.WithLabelValues(r)
 	}
+	for _, code := range []int{http.StatusOK, http.StatusServiceUnavailable} {
+		m.healthzTotal.WithLabelValues(httpCode(code))
+	}
+	m.livezTotal.WithLabelValues(httpCode(http.StatusOK))
 	m.buildInfo.WithLabelValues(version).Set(1)
 	return m
 }

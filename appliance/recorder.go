@@ -42,7 +42,8 @@ type SyncResult struct {
 	// ProgrammingLatencies has, for each Service or EndpointSlice change this
 	// sync programmed, the time from the change in the source to now.
 	ProgrammingLatencies []time.Duration
-	// Programmed objects in the table after a successful sync.
+	// Totals of objects in the table after a successful sync, reported on
+	// every successful sync, partial ones too.
 	Chains, Rules, MapElements int
 }
 
