@@ -12,9 +12,9 @@
 // are, for IPv4 UDP, exactly the ones that get deleted; memory is bounded by
 // one socket buffer of messages, whatever the table size. When one sync
 // brings many stale destinations of one protocol, one dump filtered by family
-// and protocol replaces many narrow ones, so a sync never walks the table
-// more than a bounded number of times. See filter.go for what the kernel can
-// and cannot filter.
+// and protocol replaces many narrow ones, so a sync walks the kernel table at
+// most WithMaxNarrowDumps times per family and protocol. See filter.go for
+// what the kernel can and cannot filter.
 package conntrack
 
 import (
@@ -85,8 +85,9 @@ type Result struct {
 	// Returned counts entries the kernel returned to user space. With
 	// filters the kernel applies exactly it equals the matched entries.
 	Returned int
-	// Failed counts dumps or deletes that failed; the joined error of Clean
-	// names each one.
+	// Failed counts stale destinations (requests) whose dump or deletes
+	// failed, the rest going ahead; the joined error of Clean names each
+	// one with the reason.
 	Failed   int
 	Duration time.Duration
 }
@@ -225,7 +226,6 @@ func (c *Cleaner) cleanOne(g *group, f kernelFilter, local localSet, res *Result
 		n, err := c.deleteBatch(g.key.family, pending)
 		res.Deleted += n
 		if err != nil {
-			res.Failed++
 			delErrs = append(delErrs, err)
 		}
 		pending = pending[:0]

@@ -58,22 +58,40 @@ func requireRoot(t testing.TB) {
 // leak between test processes.
 func newNetNS(t testing.TB) netns.NsHandle {
 	t.Helper()
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		t.Fatal(err)
+	type result struct {
+		ns  netns.NsHandle
+		err error
 	}
-	defer orig.Close()
-	ns, err := netns.New()
-	if err != nil {
-		t.Fatalf("create network namespace: %v", err)
+	done := make(chan result, 1)
+	// netns.New switches the calling thread, so it runs on a thread of its
+	// own that is discarded (left locked) if switching back fails.
+	go func() {
+		runtime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			done <- result{err: err}
+			return
+		}
+		defer orig.Close()
+		ns, err := netns.New()
+		if err != nil {
+			done <- result{err: fmt.Errorf("create network namespace: %w", err)}
+			return
+		}
+		if err := netns.Set(orig); err != nil {
+			ns.Close()
+			done <- result{err: fmt.Errorf("return to original namespace: %w", err)}
+			return
+		}
+		runtime.UnlockOSThread()
+		done <- result{ns: ns}
+	}()
+	r := <-done
+	if r.err != nil {
+		t.Fatal(r.err)
 	}
-	if err := netns.Set(orig); err != nil {
-		t.Fatalf("return to original namespace: %v", err)
-	}
-	t.Cleanup(func() { ns.Close() })
-	return ns
+	t.Cleanup(func() { r.ns.Close() })
+	return r.ns
 }
 
 // inNS runs fn on a thread switched into ns. Sockets and processes created
@@ -201,8 +219,12 @@ func newLab(t *testing.T, a labAddrs) *lab {
 // programs nftables over netlink.
 func (l *lab) nft(t *testing.T, script string) {
 	t.Helper()
+	nftPath, err := exec.LookPath("nft")
+	if err != nil {
+		t.Fatalf("the lab needs the nft CLI (Debian package nftables; make conntrack-deps): %v", err)
+	}
 	inNS(t, l.gw, func() error {
-		cmd := exec.Command("nft", "-f", "-")
+		cmd := exec.Command(nftPath, "-f", "-")
 		cmd.Stdin = strings.NewReader(script)
 		out, err := cmd.CombinedOutput()
 		if err != nil {

@@ -2,6 +2,7 @@ package conntrack
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -247,5 +248,21 @@ func TestPlanFilters(t *testing.T) {
 	// Over the limit: one broad dump of the family and protocol.
 	if fs := filters(t, manyDst, nil, 4); len(fs) != 1 || fs[0] != (kernelFilter{}) {
 		t.Errorf("over the limit: want one broad filter, got %+v", fs)
+	}
+}
+
+func TestCleanStopsOnCancelledContext(t *testing.T) {
+	requireRoot(t)
+	ns := newNetNS(t)
+	c, err := New(WithNetNS(int(ns)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	res, err := c.Clean(ctx, nil, []StaleService{{Protocol: UDP, VIP: mustAddr("10.96.0.1"), Port: 53}})
+	if !errors.Is(err, context.Canceled) || res.Requests != 0 {
+		t.Errorf("got %+v, %v; want no request and context.Canceled", res, err)
 	}
 }
