@@ -35,7 +35,11 @@ func (f *fakeSource) set(s Snapshot) {
 
 func newTestServer(t *testing.T, snap Snapshot, opts Options) (*httptest.Server, *fakeSource) {
 	t.Helper()
-	src := &fakeSource{snap: snap}
+	return newTestServerWithSource(t, &fakeSource{snap: snap}, opts)
+}
+
+func newTestServerWithSource(t *testing.T, src *fakeSource, opts Options) (*httptest.Server, *fakeSource) {
+	t.Helper()
 	opts.Source = src
 	if opts.Now == nil {
 		opts.Now = func() time.Time { return fixtureNow }

@@ -68,7 +68,8 @@
     setText('state-reason', st.healthy ? 'Rules are programmed and the kernel matches the desired state.' : st.reason);
     var sy = st.sync;
     setText('f-last-sync', ago(sy.lastSyncAgeSeconds));
-    setText('f-kernel-match', sy.firstSyncDone ? (sy.kernelMatches ? 'in sync' : 'drift') : '–');
+    setText('f-kernel-match', sy.firstSyncDone ? (sy.kernelMatches ? 'in sync' : 'drift') : '–',
+      sy.firstSyncDone && !sy.kernelMatches ? 'bad' : '');
     setText('f-services', fmtNum(st.services.total));
 
     setText('c-duration', sy.syncs ? fmtSeconds(sy.lastDurationSeconds) : '–');
@@ -212,6 +213,20 @@
     return d;
   }
 
+  function policyCell(td, s) {
+    var ext = el('div');
+    ext.appendChild(document.createTextNode('ext '));
+    ext.appendChild(el('span', s.externalTrafficPolicy === 'Local' ? 'local' : '', s.externalTrafficPolicy || '–'));
+    ext.appendChild(document.createTextNode(' · int '));
+    ext.appendChild(el('span', s.internalTrafficPolicy === 'Local' ? 'local' : '', s.internalTrafficPolicy || '–'));
+    td.appendChild(ext);
+    if (s.sessionAffinity === 'ClientIP') {
+      td.appendChild(el('div', '', 'affinity ClientIP' + (s.affinityTimeoutSeconds ? ' ' + fmtAge(s.affinityTimeoutSeconds) : '')));
+    }
+    if (s.loadBalancerSourceRanges.length) td.appendChild(el('div', 'mono', 'from ' + s.loadBalancerSourceRanges.join(', ')));
+    if (s.healthCheckNodePort) td.appendChild(el('div', 'muted', 'health :' + s.healthCheckNodePort));
+  }
+
   function serviceRow(s) {
     var tr = el('tr', s.error ? 'rejected' : '');
     tr.dataset.key = s.namespace + '/' + s.name;
@@ -240,17 +255,8 @@
     tr.appendChild(td);
 
     td = el('td', 'pol');
-    var ext = el('div');
-    ext.appendChild(document.createTextNode('ext '));
-    ext.appendChild(el('span', s.externalTrafficPolicy === 'Local' ? 'local' : '', s.externalTrafficPolicy || '–'));
-    ext.appendChild(document.createTextNode(' · int '));
-    ext.appendChild(el('span', s.internalTrafficPolicy === 'Local' ? 'local' : '', s.internalTrafficPolicy || '–'));
-    td.appendChild(ext);
-    if (s.sessionAffinity === 'ClientIP') {
-      td.appendChild(el('div', '', 'affinity ClientIP' + (s.affinityTimeoutSeconds ? ' ' + fmtAge(s.affinityTimeoutSeconds) : '')));
-    }
-    if (s.loadBalancerSourceRanges.length) td.appendChild(el('div', 'mono', 'from ' + s.loadBalancerSourceRanges.join(', ')));
-    if (s.healthCheckNodePort) td.appendChild(el('div', 'muted', 'health :' + s.healthCheckNodePort));
+    if (s.type === 'ExternalName') td.appendChild(el('span', 'muted', 'DNS alias, not proxied'));
+    else policyCell(td, s);
     tr.appendChild(td);
 
     td = el('td');
