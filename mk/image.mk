@@ -12,6 +12,7 @@
 #   GOKRAZY_PASSWORD_FILE  web interface password   (default: build/gokrazy-password.txt, created once)
 #   HOSTNAME_GW      host name of the appliance     (default: nftgate)
 #   IMAGE_NAME       image and instance name        (default: nftgate -> build/nftgate.img)
+#   UPDATE_HOST      where `make image-update` reaches the box (default: HOSTNAME_GW)
 
 GOK := $(BUILD)/gok
 GOK_SRC := $(CURDIR)/tools/gok
@@ -23,6 +24,7 @@ NETWORK ?= dhcp
 GOKRAZY_PASSWORD_FILE ?= $(BUILD)/gokrazy-password.txt
 HOSTNAME_GW ?= nftgate
 IMAGE_NAME ?= nftgate
+UPDATE_HOST ?=
 # 2 GiB: room for the A/B root partitions and a /perm partition for state.
 IMAGE_BYTES ?= 2147483648
 
@@ -30,7 +32,7 @@ GOKRAZY_PARENT := $(BUILD)/gokrazy
 INSTANCE_DIR := $(GOKRAZY_PARENT)/$(IMAGE_NAME)
 IMAGE := $(BUILD)/$(IMAGE_NAME).img
 
-.PHONY: gok image image-instance vmtest vmtest-deps vmtest-image
+.PHONY: gok image image-instance image-update vmtest vmtest-deps vmtest-image vmtest-update
 
 # The wrapper module has its own go.mod, so this is the only place its
 # dependencies are built; go's build cache makes a second run instant.
@@ -40,17 +42,20 @@ gok: $(GOK)
 
 # Render the instance (config.json, network.json, pinned builddir) and let
 # gok add the local packages, which writes the replace directives that point
-# the builddir at this checkout.
+# the builddir at this checkout. The main module's go.sum goes along so the
+# builddir needs no checksum lookups for what the repository already pins.
 image-instance: $(GOK)
 	$(GO) run ./image/cmd/mkinstance \
 		-template image/config.json.tmpl -builddir image/builddir \
-		-instance_dir $(INSTANCE_DIR) -hostname $(HOSTNAME_GW) \
+		-instance_dir $(INSTANCE_DIR) -hostname $(HOSTNAME_GW) -update_host "$(UPDATE_HOST)" \
 		-config "$(NFTGATE_CONFIG)" -kubeconfig "$(KUBECONFIG_FILE)" \
 		-manifests "$(MANIFESTS)" -network "$(NETWORK)" \
 		-password_file "$(GOKRAZY_PASSWORD_FILE)"
-	@for pkg in ./cmd/nftgate ./image/cmd/netconfig; do \
-		$(GOK) --parent_dir $(GOKRAZY_PARENT) -i $(IMAGE_NAME) add $$pkg >$(INSTANCE_DIR)/add.log 2>&1 \
+	@for pkg in cmd/nftgate image/cmd/netconfig; do \
+		$(GOK) --parent_dir $(GOKRAZY_PARENT) -i $(IMAGE_NAME) add ./$$pkg >$(INSTANCE_DIR)/add.log 2>&1 \
 			|| { cat $(INSTANCE_DIR)/add.log; exit 1; }; \
+		sums=$(INSTANCE_DIR)/builddir/github.com/nftgate/nftgate/$$pkg/go.sum; \
+		cat go.sum $$([ -f $$sums ] && echo $$sums) | sort -u > $$sums.new && mv $$sums.new $$sums; \
 	done
 
 # gok overwrite to a file leaves /perm unformatted; it prints the mkfs.ext4
@@ -69,6 +74,11 @@ image: image-instance
 	printf '%s: %s bytes apparent, %s on disk, built in %.1f s\n' $(IMAGE) \
 		$$(stat -c %s $(IMAGE)) $$(du -h $(IMAGE) | cut -f1) $$(awk "BEGIN{print $$end - $$start}")
 
+# Build and install on a running appliance over HTTP (A/B root switch and
+# reboot); the same inputs as `make image` must be given again.
+image-update: image-instance
+	$(GOK) --parent_dir $(GOKRAZY_PARENT) -i $(IMAGE_NAME) update
+
 # QEMU for the VM test; installed only when missing.
 vmtest-deps:
 	@command -v qemu-system-x86_64 >/dev/null && [ -e /usr/share/OVMF/OVMF_CODE_4M.fd ] || { \
@@ -78,12 +88,18 @@ vmtest-deps:
 # test wires to its namespaces, and its own password file.
 VMTEST_IMAGE := $(BUILD)/nftgate-vmtest.img
 VMTEST_PASSWORD_FILE := $(BUILD)/vmtest-password.txt
+VMTEST_VARS := IMAGE_NAME=nftgate-vmtest \
+	NETWORK=$(CURDIR)/vmtest/testdata/network.json \
+	GOKRAZY_PASSWORD_FILE=$(VMTEST_PASSWORD_FILE) \
+	NFTGATE_CONFIG=$(CURDIR)/image/demo/config.toml \
+	MANIFESTS=$(CURDIR)/image/demo/manifests KUBECONFIG_FILE=
 vmtest-image:
-	$(MAKE) --no-print-directory image IMAGE_NAME=nftgate-vmtest \
-		NETWORK=$(CURDIR)/vmtest/testdata/network.json \
-		GOKRAZY_PASSWORD_FILE=$(VMTEST_PASSWORD_FILE) \
-		NFTGATE_CONFIG=$(CURDIR)/image/demo/config.toml \
-		MANIFESTS=$(CURDIR)/image/demo/manifests KUBECONFIG_FILE=
+	$(MAKE) --no-print-directory image $(VMTEST_VARS)
+
+# Used by the VM test (run inside the namespace that reaches the VM) to
+# exercise gok update; UPDATE_HOST is the VM's address.
+vmtest-update:
+	$(MAKE) --no-print-directory image-update $(VMTEST_VARS) UPDATE_HOST=$(UPDATE_HOST)
 
 vmtest: vmtest-deps vmtest-image
 	NFTGATE_VMTEST_IMAGE=$(VMTEST_IMAGE) NFTGATE_VMTEST_PASSWORD_FILE=$(VMTEST_PASSWORD_FILE) \

@@ -243,3 +243,29 @@ func get(ctx context.Context, client *http.Client, url, user, password string, c
 	}
 	return string(b), nil
 }
+
+// WaitConsole waits until the serial console, from byte offset from on,
+// contains want, and returns the offset just past the match, so that a
+// caller can wait for the next occurrence (after a reboot) from there.
+func (vm *VM) WaitConsole(ctx context.Context, from int64, want string) (int64, error) {
+	retry := time.NewTicker(200 * time.Millisecond)
+	defer retry.Stop()
+	for {
+		b, err := os.ReadFile(vm.cfg.SerialLog)
+		if err != nil {
+			return 0, err
+		}
+		if from < int64(len(b)) {
+			if i := strings.Index(string(b[from:]), want); i >= 0 {
+				return from + int64(i+len(want)), nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return 0, fmt.Errorf("console never showed %q: %w", want, ctx.Err())
+		case <-vm.done:
+			return 0, fmt.Errorf("QEMU exited (%v) before the console showed %q", vm.waitErr, want)
+		case <-retry.C:
+		}
+	}
+}

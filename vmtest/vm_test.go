@@ -105,7 +105,10 @@ func bootVM(t *testing.T, image string, client, cluster *Netns) *VM {
 	return vm
 }
 
-func TestApplianceBootsAndForwards(t *testing.T) {
+// TestAppliance boots the image, checks the web interface and forwarding,
+// then updates the running VM over the network with gok and checks that it
+// comes back from the other root partition and still forwards.
+func TestAppliance(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: creates network namespaces and tap devices")
 	}
@@ -117,18 +120,12 @@ func TestApplianceBootsAndForwards(t *testing.T) {
 	cluster := newNetns(t, "cluster")
 	vm := bootVM(t, image, client, cluster)
 
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 
 	// gokrazy's web interface lists the supervised programs: the image
 	// must contain nftgate and the network setup program.
-	status, err := vm.WaitHTTP(ctx, client.HTTPClient(5*time.Second), "http://"+vmClientAddr+"/", "gokrazy", password,
-		func(code int, body string) error {
-			if code != http.StatusOK {
-				return fmt.Errorf("status %d", code)
-			}
-			return nil
-		})
+	status, err := vm.WaitHTTP(ctx, client.HTTPClient(5*time.Second), "http://"+vmClientAddr+"/", "gokrazy", password, statusOK)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,14 +159,63 @@ func TestApplianceBootsAndForwards(t *testing.T) {
 	})}
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Close() })
+	checkForwarding(ctx, t, vm, client)
 
-	body, err := vm.WaitHTTP(ctx, client.HTTPClient(5*time.Second), "http://"+net.JoinHostPort(clusterIP, "8080")+"/", "", "",
-		func(code int, body string) error {
-			if code != http.StatusOK {
-				return fmt.Errorf("status %d", code)
-			}
-			return nil
-		})
+	// gokrazy logs which root partition the next update goes to.
+	const nextRoot = "update handler will be called with inactiveRootPartition = "
+	off, err := vm.WaitConsole(ctx, 0, nextRoot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := consoleAt(t, vm, off)
+
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	update := exec.CommandContext(ctx, "ip", "netns", "exec", client.Name,
+		"make", "-C", root, "vmtest-update", "UPDATE_HOST="+vmClientAddr)
+	if out, err := update.CombinedOutput(); err != nil {
+		t.Fatalf("gok update: %v\n%s", err, out)
+	}
+	// After the reboot the other partition is the inactive one.
+	off, err = vm.WaitConsole(ctx, off, nextRoot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after := consoleAt(t, vm, off); after == before {
+		t.Errorf("inactive root partition still %s after the update: no A/B switch", after)
+	}
+	if _, err := vm.WaitHTTP(ctx, client.HTTPClient(5*time.Second), "http://"+vmClientAddr+"/", "gokrazy", password, statusOK); err != nil {
+		t.Fatalf("after update: %v", err)
+	}
+	t.Logf("gok update until the web interface answered again: %.1f s", time.Since(start).Seconds())
+	checkForwarding(ctx, t, vm, client)
+}
+
+func statusOK(code int, body string) error {
+	if code != http.StatusOK {
+		return fmt.Errorf("status %d", code)
+	}
+	return nil
+}
+
+// consoleAt returns the rest of the console line starting at off.
+func consoleAt(t *testing.T, vm *VM, off int64) string {
+	t.Helper()
+	b, err := os.ReadFile(vm.cfg.SerialLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	line, _, _ := strings.Cut(string(b[off:]), "\n")
+	return strings.TrimSpace(line)
+}
+
+// checkForwarding fetches from the cluster namespace's server through the VM.
+func checkForwarding(ctx context.Context, t *testing.T, vm *VM, client *Netns) {
+	t.Helper()
+	body, err := vm.WaitHTTP(ctx, client.HTTPClient(5*time.Second), "http://"+net.JoinHostPort(clusterIP, "8080")+"/", "", "", statusOK)
 	if err != nil {
 		t.Fatalf("forwarding through the VM: %v", err)
 	}

@@ -27,6 +27,7 @@ import (
 // params are the values the template sees.
 type params struct {
 	Hostname       string
+	UpdateHost     string
 	HTTPPassword   string
 	MachineID      string
 	ConfigFile     string
@@ -41,6 +42,7 @@ type options struct {
 	instanceDir  string
 	builddirSrc  string
 	hostname     string
+	updateHost   string
 	config       string
 	kubeconfig   string
 	manifests    string
@@ -54,6 +56,7 @@ func main() {
 	flag.StringVar(&o.instanceDir, "instance_dir", "build/gokrazy/nftgate", "gokrazy instance directory to write (parent_dir/instance)")
 	flag.StringVar(&o.builddirSrc, "builddir", "image/builddir", "pinned gokrazy builddir (go.mod/go.sum per package) copied into the instance")
 	flag.StringVar(&o.hostname, "hostname", "nftgate", "hostname of the appliance")
+	flag.StringVar(&o.updateHost, "update_host", "", "address gok update reaches the appliance at (default: its host name)")
 	flag.StringVar(&o.config, "config", "", "nftgate config.toml to install as /etc/nftgate/config.toml")
 	flag.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig to install as /etc/nftgate/kubeconfig (empty: none, nftgate reads the manifests)")
 	flag.StringVar(&o.manifests, "manifests", "", "directory installed as /etc/nftgate/manifests")
@@ -74,7 +77,7 @@ func run(o options) error {
 	if o.passwordFile == "" {
 		return errors.New("password_file: must be set")
 	}
-	p := params{Hostname: o.hostname}
+	p := params{Hostname: o.hostname, UpdateHost: o.updateHost}
 	var err error
 	if p.ConfigFile, err = absFile("config", o.config, false); err != nil {
 		return err

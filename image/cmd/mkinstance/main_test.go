@@ -1,0 +1,178 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// instanceConfig is the part of gokrazy's config.json this test inspects.
+type instanceConfig struct {
+	Hostname      string
+	Update        struct{ Hostname, HTTPPassword string }
+	Packages      []string
+	PackageConfig map[string]struct {
+		CommandLineFlags  []string
+		Environment       []string
+		ExtraFilePaths    map[string]string
+		ExtraFileContents map[string]string
+		DontStart         bool
+	}
+	KernelPackage, FirmwarePackage, EEPROMPackage *string
+	SerialConsole                                 string
+	KernelExtraArgs                               []string
+}
+
+func writeFile(t *testing.T, path, content string) string {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func render(t *testing.T, o options) instanceConfig {
+	t.Helper()
+	if err := run(o); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(o.instanceDir, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c instanceConfig
+	if err := json.Unmarshal(b, &c); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func baseOptions(t *testing.T) options {
+	dir := t.TempDir()
+	manifests := filepath.Join(dir, "manifests")
+	writeFile(t, filepath.Join(manifests, "svc.yaml"), "kind: Service\n")
+	return options{
+		templatePath: "../../config.json.tmpl",
+		builddirSrc:  "../../builddir",
+		instanceDir:  filepath.Join(dir, "instance"),
+		hostname:     "gw1",
+		config:       writeFile(t, filepath.Join(dir, "config.toml"), "# demo\n"),
+		manifests:    manifests,
+		network:      "dhcp",
+		passwordFile: filepath.Join(dir, "secret", "pw.txt"),
+	}
+}
+
+func TestRenderDemoInstance(t *testing.T) {
+	o := baseOptions(t)
+	c := render(t, o)
+
+	if c.Hostname != "gw1" || c.Update.Hostname != "" {
+		t.Errorf("Hostname = %q, Update.Hostname = %q", c.Hostname, c.Update.Hostname)
+	}
+	if c.KernelPackage == nil || *c.KernelPackage != "github.com/gokrazy/kernel.amd64" ||
+		c.FirmwarePackage == nil || *c.FirmwarePackage != "github.com/gokrazy/kernel.amd64" ||
+		c.EEPROMPackage == nil || *c.EEPROMPackage != "" {
+		t.Errorf("kernel/firmware/eeprom packages not set for PC x86-64")
+	}
+	if c.SerialConsole != "ttyS0,115200" || strings.Join(c.KernelExtraArgs, " ") != "rootdelay=1" {
+		t.Errorf("SerialConsole %q, KernelExtraArgs %v", c.SerialConsole, c.KernelExtraArgs)
+	}
+	pw, err := os.ReadFile(o.passwordFile)
+	if err != nil {
+		t.Fatalf("password file not created: %v", err)
+	}
+	if c.Update.HTTPPassword == "" || c.Update.HTTPPassword != strings.TrimSpace(string(pw)) {
+		t.Errorf("HTTPPassword %q does not match the password file %q", c.Update.HTTPPassword, pw)
+	}
+
+	nftgate := c.PackageConfig["github.com/nftgate/nftgate/cmd/nftgate"]
+	if got := strings.Join(nftgate.CommandLineFlags, " "); got != "--config /etc/nftgate/config.toml --listen :9180" {
+		t.Errorf("nftgate flags = %q", got)
+	}
+	absConfig, _ := filepath.Abs(o.config)
+	if nftgate.ExtraFilePaths["/etc/nftgate/config.toml"] != absConfig {
+		t.Errorf("config.toml source = %q, want %q", nftgate.ExtraFilePaths["/etc/nftgate/config.toml"], absConfig)
+	}
+	if _, ok := nftgate.ExtraFilePaths["/etc/nftgate/kubeconfig"]; ok {
+		t.Errorf("kubeconfig installed although none was given")
+	}
+	for _, e := range nftgate.Environment {
+		if strings.HasPrefix(e, "KUBECONFIG=") {
+			t.Errorf("KUBECONFIG set although no kubeconfig was given")
+		}
+	}
+	if dhcp := c.PackageConfig["github.com/gokrazy/gokrazy/cmd/dhcp"]; dhcp.DontStart ||
+		strings.Join(dhcp.CommandLineFlags, " ") != "-interface=eth0" {
+		t.Errorf("dhcp config = %+v, want it running on eth0", dhcp)
+	}
+	netFile := c.PackageConfig["github.com/nftgate/nftgate/image/cmd/netconfig"].ExtraFilePaths["/etc/nftgate/network.json"]
+	if b, err := os.ReadFile(netFile); err != nil || !strings.Contains(string(b), `"dhcp": true`) {
+		t.Errorf("network.json %s: %v %s", netFile, err, b)
+	}
+	if _, err := os.Stat(filepath.Join(o.instanceDir, "builddir/github.com/gokrazy/gokrazy/go.mod")); err != nil {
+		t.Errorf("pinned builddir not copied: %v", err)
+	}
+
+	// A rebuild keeps the password and the machine ID.
+	again := render(t, o)
+	if again.Update.HTTPPassword != c.Update.HTTPPassword {
+		t.Errorf("password changed across rebuilds")
+	}
+	machineID := "/etc/machine-id"
+	if again.PackageConfig["github.com/gokrazy/gokrazy/cmd/randomd"].ExtraFileContents[machineID] !=
+		c.PackageConfig["github.com/gokrazy/gokrazy/cmd/randomd"].ExtraFileContents[machineID] {
+		t.Errorf("machine ID changed across rebuilds")
+	}
+}
+
+func TestRenderStaticNetworkAndKubeconfig(t *testing.T) {
+	o := baseOptions(t)
+	dir := filepath.Dir(o.config)
+	o.kubeconfig = writeFile(t, filepath.Join(dir, "kubeconfig"), "apiVersion: v1\n")
+	o.network = writeFile(t, filepath.Join(dir, "network.json"),
+		`{"interfaces":[{"name":"eth0","addresses":["192.0.2.10/24"],"routes":[{"to":"0.0.0.0/0","via":"192.0.2.1"}]}]}`)
+	o.updateHost = "192.0.2.10"
+	c := render(t, o)
+	if c.Update.Hostname != "192.0.2.10" {
+		t.Errorf("Update.Hostname = %q, want 192.0.2.10", c.Update.Hostname)
+	}
+	if dhcp := c.PackageConfig["github.com/gokrazy/gokrazy/cmd/dhcp"]; !dhcp.DontStart {
+		t.Errorf("dhcp runs although every interface is static")
+	}
+	nftgate := c.PackageConfig["github.com/nftgate/nftgate/cmd/nftgate"]
+	if nftgate.ExtraFilePaths["/etc/nftgate/kubeconfig"] != o.kubeconfig {
+		t.Errorf("kubeconfig source = %q", nftgate.ExtraFilePaths["/etc/nftgate/kubeconfig"])
+	}
+	if !strings.Contains(strings.Join(nftgate.Environment, " "), "KUBECONFIG=/etc/nftgate/kubeconfig") {
+		t.Errorf("Environment %v lacks KUBECONFIG", nftgate.Environment)
+	}
+}
+
+func TestBadInputsNameTheField(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		modify func(*options)
+		want   string
+	}{
+		{"missing config", func(o *options) { o.config = "/nonexistent/config.toml" }, "config: stat /nonexistent/config.toml"},
+		{"manifests not a dir", func(o *options) { o.manifests = o.config }, "manifests: "},
+		{"missing kubeconfig", func(o *options) { o.kubeconfig = "/nonexistent/kc" }, "kubeconfig: stat /nonexistent/kc"},
+		{"bad hostname", func(o *options) { o.hostname = "gw_1" }, `hostname: "gw_1" is not a valid host name`},
+		{"bad network", func(o *options) { o.network = "/nonexistent/network.json" }, "network: open /nonexistent/network.json"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := baseOptions(t)
+			tc.modify(&o)
+			err := run(o)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("run = %v, want error containing %q", err, tc.want)
+			}
+		})
+	}
+}
