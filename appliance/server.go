@@ -3,6 +3,7 @@ package appliance
 import (
 	"bytes"
 	"cmp"
+	"compress/gzip"
 	"embed"
 	"encoding/json"
 	"html/template"
@@ -168,21 +169,45 @@ func (s *server) page(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(buf.Bytes())
 }
 
-func (s *server) writeJSON(w http.ResponseWriter, code int, v any) {
-	b, err := json.MarshalIndent(v, "", "  ")
+func (s *server) writeJSON(w http.ResponseWriter, r *http.Request, code int, v any) {
+	s.writeJSONIndent(w, r, code, v, true)
+}
+
+// writeJSONIndent indents small answers for people using curl; the full
+// Service list goes out compact, as it runs to megabytes at 10,000 Services.
+func (s *server) writeJSONIndent(w http.ResponseWriter, r *http.Request, code int, v any, indent bool) {
+	var b []byte
+	var err error
+	if indent {
+		b, err = json.MarshalIndent(v, "", "  ")
+	} else {
+		b, err = json.Marshal(v)
+	}
 	if err != nil {
 		s.log.Error("encode API response", "err", err)
 		code, b = http.StatusInternalServerError, []byte(`{"error":"internal error encoding the response"}`)
 	}
+	b = append(b, '\n')
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Add("Vary", "Accept-Encoding")
+	// A large Service list compresses about tenfold; small answers are not
+	// worth the CPU.
+	if len(b) > 16<<10 && strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
+		w.Header().Set("Content-Encoding", "gzip")
+		w.WriteHeader(code)
+		zw, _ := gzip.NewWriterLevel(w, gzip.BestSpeed)
+		_, _ = zw.Write(b)
+		_ = zw.Close()
+		return
+	}
 	w.WriteHeader(code)
-	_, _ = w.Write(append(b, '\n'))
+	_, _ = w.Write(b)
 }
 
 func (s *server) status(w http.ResponseWriter, r *http.Request) {
 	now := s.opts.Now()
-	s.writeJSON(w, http.StatusOK, statusJSON(s.opts.Source.Snapshot(), now, s.maxAge))
+	s.writeJSON(w, r, http.StatusOK, statusJSON(s.opts.Source.Snapshot(), now, s.maxAge))
 }
 
 // serviceFilter is the query of GET /api/v1/services.
@@ -256,7 +281,7 @@ func (s *server) services(w http.ResponseWriter, r *http.Request) {
 	for _, i := range idx {
 		out.Services = append(out.Services, serviceJSON(&snap.Services[i]))
 	}
-	s.writeJSON(w, http.StatusOK, out)
+	s.writeJSONIndent(w, r, http.StatusOK, out, len(out.Services) <= 50)
 }
 
 func (s *server) service(w http.ResponseWriter, r *http.Request) {
@@ -264,24 +289,24 @@ func (s *server) service(w http.ResponseWriter, r *http.Request) {
 	snap := s.opts.Source.Snapshot()
 	for i := range snap.Services {
 		if snap.Services[i].Namespace == ns && snap.Services[i].Name == name {
-			s.writeJSON(w, http.StatusOK, serviceJSON(&snap.Services[i]))
+			s.writeJSON(w, r, http.StatusOK, serviceJSON(&snap.Services[i]))
 			return
 		}
 	}
-	s.writeJSON(w, http.StatusNotFound, ErrorJSON{Error: "service " + strconv.Quote(ns+"/"+name) + " not found"})
+	s.writeJSON(w, r, http.StatusNotFound, ErrorJSON{Error: "service " + strconv.Quote(ns+"/"+name) + " not found"})
 }
 
 func (s *server) syncs(w http.ResponseWriter, r *http.Request) {
-	s.writeJSON(w, http.StatusOK, syncsJSON(s.opts.Source.Snapshot()))
+	s.writeJSON(w, r, http.StatusOK, syncsJSON(s.opts.Source.Snapshot()))
 }
 
 func (s *server) apiNotFound(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		w.Header().Set("Allow", "GET, HEAD")
-		s.writeJSON(w, http.StatusMethodNotAllowed, ErrorJSON{Error: "the API is read-only: method " + r.Method + " not allowed"})
+		s.writeJSON(w, r, http.StatusMethodNotAllowed, ErrorJSON{Error: "the API is read-only: method " + r.Method + " not allowed"})
 		return
 	}
-	s.writeJSON(w, http.StatusNotFound, ErrorJSON{Error: "no API endpoint " + strconv.Quote(r.URL.Path)})
+	s.writeJSON(w, r, http.StatusNotFound, ErrorJSON{Error: "no API endpoint " + strconv.Quote(r.URL.Path)})
 }
 
 func (s *server) probe(w http.ResponseWriter, code int, body string) {

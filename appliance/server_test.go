@@ -167,6 +167,28 @@ func TestServicesAPI(t *testing.T) {
 	}
 }
 
+func TestServicesAPILargeIsCompressed(t *testing.T) {
+	snap := healthySnapshot()
+	snap.Services = manyServices(2000)
+	ts, _ := newTestServer(t, snap, Options{})
+	// The default transport asks for gzip and decompresses transparently.
+	resp, err := http.Get(ts.URL + "/api/v1/services")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if !resp.Uncompressed {
+		t.Error("large service list was not gzip-compressed")
+	}
+	var l ServiceListJSON
+	if err := json.NewDecoder(resp.Body).Decode(&l); err != nil {
+		t.Fatal(err)
+	}
+	if l.Total != 2000 || len(l.Services) != 2000 || l.Services[0].Namespace != "ns-00" {
+		t.Errorf("total=%d len=%d first=%s", l.Total, len(l.Services), l.Services[0].Namespace)
+	}
+}
+
 func TestServiceAPI(t *testing.T) {
 	ts, _ := newTestServer(t, healthySnapshot(), Options{})
 	var s ServiceJSON
