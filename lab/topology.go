@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+
+	"github.com/vishvananda/netlink"
 )
 
 // The gateway topology's address plan. Everything lies in 198.18.0.0/15
@@ -39,10 +41,19 @@ type GatewayOptions struct {
 //	                  │ (HostLink) 198.18.0.2/30 ── machine 198.18.0.1/30
 //
 // The client and backend route everything (including the VIP ranges) via
-// the gateway, which forwards IPv4 and IPv6. The gateway has no route for
-// the VIP ranges: a VIP flow it neither translates nor drops is answered
-// with ICMP network unreachable (IsRefused). Traffic the gateway itself sends
-// to a VIP therefore fails with ENETUNREACH unless a test adds a route.
+// the gateway, which forwards IPv4 and IPv6. The gateway routes the VIP
+// ranges into a sink interface ("vips"), standing in for an upstream router
+// that knows nothing of them: a VIP flow that no rule translates or rejects
+// is silently lost (IsTimeout), never answered by the lab itself, so a
+// rejection a test sees always comes from the rules under test. Because the
+// route exists, forwarded VIP traffic passes the forward hook (where
+// no-endpoint rejects live) and traffic the gateway itself sends to a VIP
+// passes the output hook, as on a node with a default route.
+//
+// Other unrouted destinations (e.g. 198.18.3.0/24) get ICMP network
+// unreachable from the gateway; for IPv4 the kernel limits those errors per
+// source address (a burst of 5, then 1 per second) with a limiter outside
+// the namespaces' reach.
 //
 // IPv6 addresses mirror the IPv4 ones digit for digit: 198.18.2.N pairs with
 // fd42:2::N (N written in decimal digits, so fd42:2::10 .. fd42:2::29).
@@ -62,10 +73,12 @@ type Topology struct {
 	HostIPv4, GatewayHostIPv4 netip.Addr
 
 	// Interface names. In the client and backend the interface towards the
-	// gateway is "gateway"; in the gateway they are "client", "backend"
-	// and, with HostLink, "host". HostIface is the root-namespace end.
+	// gateway is "gateway"; in the gateway they are "client", "backend",
+	// "vips" (the sink the VIP ranges are routed into) and, with HostLink,
+	// "host". HostIface is the root-namespace end.
 	ClientIface, GatewayClientIface   string
 	GatewayBackendIface, BackendIface string
+	GatewayVIPIface                   string
 	HostIface, GatewayHostIface       string
 }
 
@@ -153,6 +166,10 @@ func buildGateway(l *Lab, opts GatewayOptions) (*Topology, error) {
 		}
 	}
 
+	if t.GatewayVIPIface, err = addVIPSink(t.Gateway); err != nil {
+		return nil, err
+	}
+
 	if opts.HostLink {
 		t.HostIPv4 = netip.MustParseAddr("198.18.0.1")
 		t.GatewayHostIPv4 = netip.MustParseAddr("198.18.0.2")
@@ -177,4 +194,35 @@ func prefixes(addrs []netip.Addr, net4, net6 netip.Prefix) []netip.Prefix {
 		out = append(out, netip.PrefixFrom(a, bits))
 	}
 	return out
+}
+
+// addVIPSink routes the VIP ranges on h into an interface that silently
+// loses whatever reaches it: one end of a veth pair whose other end stays
+// down, so it has no carrier and its queue discards packets. ARP is off on
+// it so that no neighbour lookup can time out into an ICMP error. (A dummy
+// device would do the same, but not every kernel has one.)
+func addVIPSink(h *Host) (string, error) {
+	name := h.reserveIface("vips")
+	peer := h.reserveIface("vips-off")
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: peer}
+	if err := h.nl.LinkAdd(veth); err != nil {
+		return "", fmt.Errorf("lab: %s: veth %s: %w", h.short, name, err)
+	}
+	link, err := h.nl.LinkByName(name)
+	if err != nil {
+		return "", fmt.Errorf("lab: %s: find %s: %w", h.short, name, err)
+	}
+	if err := h.nl.LinkSetARPOff(link); err != nil {
+		return "", fmt.Errorf("lab: %s: arp off on %s: %w", h.short, name, err)
+	}
+	if err := h.nl.LinkSetUp(link); err != nil {
+		return "", fmt.Errorf("lab: %s: set %s up: %w", h.short, name, err)
+	}
+	for _, p := range []netip.Prefix{VIPNet4, VIPNet6} {
+		r := &netlink.Route{Dst: prefixToIPNet(p), LinkIndex: link.Attrs().Index}
+		if err := h.nl.RouteAdd(r); err != nil {
+			return "", fmt.Errorf("lab: %s: route %s dev %s: %w", h.short, p, name, err)
+		}
+	}
+	return name, nil
 }
