@@ -158,7 +158,7 @@ func run(nftgatePath, manifestDir, httpAddr string, extra []string) error {
 		if err != nil {
 			return fmt.Errorf("nftgate exited: %w", err)
 		}
-		return errors.New("nftgate exited")
+		return errors.New("nftgate exited by itself (status 0)")
 	case <-ctx.Done():
 		fmt.Println("\nstopping nftgate")
 		_ = cmd.Process.Signal(syscall.SIGTERM)
