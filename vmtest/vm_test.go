@@ -76,6 +76,9 @@ func bootVM(t *testing.T, image string, client, cluster *Netns) *VM {
 	vm, err := Start(Config{
 		Image:     image,
 		SerialLog: filepath.Join(t.TempDir(), "serial.log"),
+		// Legacy BIOS by default (faster); NFTGATE_VMTEST_UEFI=1 boots
+		// through OVMF like most current PC hardware.
+		UEFI: os.Getenv("NFTGATE_VMTEST_UEFI") == "1",
 		NICs: []NIC{
 			{Netns: client, Tap: "vm-eth0", MAC: "52:54:00:12:01:01"},
 			{Netns: cluster, Tap: "vm-eth1", MAC: "52:54:00:12:02:01"},
