@@ -1,0 +1,183 @@
+package sync
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	stdsync "sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/nftgate/nftgate/model"
+)
+
+// KubeSource watches Services and EndpointSlices in the Kubernetes API with
+// client-go informers.
+type KubeSource struct {
+	Config *rest.Config
+	Log    *slog.Logger
+	// Resync is the informers' resync period; zero disables it (the
+	// Syncer's reconcile repairs the kernel independently).
+	Resync time.Duration
+
+	mu        stdsync.Mutex
+	connected bool
+	lastErr   string
+}
+
+// LoadKubeConfig finds the cluster: an explicit kubeconfig path, then
+// $KUBECONFIG, then the in-cluster service account. ok is false when none
+// is configured.
+func LoadKubeConfig(path string) (cfg *rest.Config, ok bool, err error) {
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	if path != "" {
+		rules.ExplicitPath = path
+	} else if len(rules.Precedence) == 0 || !anyExists(rules.Precedence) {
+		c, err := rest.InClusterConfig()
+		if err == rest.ErrNotInCluster {
+			return nil, false, nil
+		}
+		if err != nil {
+			return nil, false, fmt.Errorf("in-cluster config: %w", err)
+		}
+		return c, true, nil
+	}
+	c, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, nil).ClientConfig()
+	if err != nil {
+		return nil, false, fmt.Errorf("kubeconfig: %w", err)
+	}
+	return c, true, nil
+}
+
+func anyExists(paths []string) bool {
+	for _, p := range paths {
+		if _, err := os.Stat(p); err == nil {
+			return true
+		}
+	}
+	return false
+}
+
+// Describe implements Source.
+func (k *KubeSource) Describe() string { return "kubernetes:" + k.Config.Host }
+
+// Problems implements Source.
+func (k *KubeSource) Problems() []string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.lastErr != "" {
+		return []string{k.lastErr}
+	}
+	return nil
+}
+
+// Connected tells whether the last API request succeeded.
+func (k *KubeSource) Connected() bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.connected
+}
+
+// stripForCache drops what nftgate never reads from the objects it keeps,
+// which is most of their memory at scale.
+func stripForCache(obj any) (any, error) {
+	if m, ok := obj.(metav1.Object); ok {
+		m.SetManagedFields(nil)
+		ann := m.GetAnnotations()
+		if t, ok := ann[corev1.EndpointsLastChangeTriggerTime]; ok {
+			m.SetAnnotations(map[string]string{corev1.EndpointsLastChangeTriggerTime: t})
+		} else {
+			m.SetAnnotations(nil)
+		}
+	}
+	return obj, nil
+}
+
+// Run implements Source.
+func (k *KubeSource) Run(ctx context.Context, t *Tracker) error {
+	log := k.Log
+	if log == nil {
+		log = slog.Default()
+	}
+	cfg := rest.CopyConfig(k.Config)
+	cfg.UserAgent = "nftgate"
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return fmt.Errorf("kubernetes client: %w", err)
+	}
+	factory := informers.NewSharedInformerFactoryWithOptions(client, k.Resync,
+		informers.WithTransform(stripForCache),
+		// Headless Services are never proxied; let the server filter them.
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.LabelSelector = "!" + model.LabelHeadless
+		}))
+	svcInf := factory.Core().V1().Services().Informer()
+	sliceInf := factory.Discovery().V1().EndpointSlices().Informer()
+	watchErr := func(_ *cache.Reflector, err error) {
+		k.mu.Lock()
+		k.connected = false
+		k.lastErr = err.Error()
+		k.mu.Unlock()
+		log.Warn("kubernetes watch failed; the rules in the kernel stay as they are", "err", err)
+	}
+	if err := svcInf.SetWatchErrorHandler(watchErr); err != nil {
+		return err
+	}
+	if err := sliceInf.SetWatchErrorHandler(watchErr); err != nil {
+		return err
+	}
+	seen := func() {
+		k.mu.Lock()
+		k.connected, k.lastErr = true, ""
+		k.mu.Unlock()
+	}
+	if _, err := svcInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { seen(); t.SetService(o.(*corev1.Service)) },
+		UpdateFunc: func(_, o any) { seen(); t.SetService(o.(*corev1.Service)) },
+		DeleteFunc: func(o any) {
+			seen()
+			if d, ok := o.(cache.DeletedFinalStateUnknown); ok {
+				o = d.Obj
+			}
+			if s, ok := o.(*corev1.Service); ok {
+				t.DeleteService(model.ServiceKey{Namespace: s.Namespace, Name: s.Name})
+			}
+		},
+	}); err != nil {
+		return err
+	}
+	if _, err := sliceInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { seen(); t.SetSlice(o.(*discoveryv1.EndpointSlice)) },
+		UpdateFunc: func(_, o any) { seen(); t.SetSlice(o.(*discoveryv1.EndpointSlice)) },
+		DeleteFunc: func(o any) {
+			seen()
+			if d, ok := o.(cache.DeletedFinalStateUnknown); ok {
+				o = d.Obj
+			}
+			if s, ok := o.(*discoveryv1.EndpointSlice); ok {
+				t.DeleteSlice(s.Namespace, s.Name)
+			}
+		},
+	}); err != nil {
+		return err
+	}
+	factory.Start(ctx.Done())
+	defer factory.Shutdown()
+	log.Info("waiting for the kubernetes API's complete view before changing anything", "server", cfg.Host)
+	if !cache.WaitForCacheSync(ctx.Done(), svcInf.HasSynced, sliceInf.HasSynced) {
+		return nil // ctx ended
+	}
+	seen()
+	t.SetSynced()
+	<-ctx.Done()
+	return nil
+}

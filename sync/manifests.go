@@ -1,0 +1,360 @@
+package sync
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"reflect"
+	"sort"
+	"strings"
+	stdsync "sync"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+
+	"github.com/nftgate/nftgate/model"
+)
+
+// Source delivers Service and EndpointSlice objects into a Tracker until
+// its context ends. It calls Tracker.SetSynced once its first complete view
+// is in.
+type Source interface {
+	Run(ctx context.Context, t *Tracker) error
+	// Describe names the source for logs and the status page.
+	Describe() string
+	// Problems lists what the source could not read, right now.
+	Problems() []string
+}
+
+// ManifestSource reads Service and EndpointSlice manifests (YAML or JSON,
+// several documents per file, or a List, as `kubectl apply -f` takes them)
+// from a directory, and follows changes to it.
+type ManifestSource struct {
+	Dir string
+	Log *slog.Logger
+	// Rescan is a safety net for missed file events; zero means 30 s.
+	Rescan time.Duration
+
+	mu       stdsync.Mutex
+	problems map[string]string // file -> why it is not applied
+	// lastGood keeps each file's objects from its last good read: a file
+	// that becomes malformed keeps its previous content in effect.
+	lastGood map[string][]runtime.Object
+	current  map[objectKey]runtime.Object
+}
+
+type objectKey struct {
+	kind, namespace, name string
+}
+
+// Describe implements Source.
+func (m *ManifestSource) Describe() string { return "manifests:" + m.Dir }
+
+// Problems implements Source.
+func (m *ManifestSource) Problems() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []string
+	for _, p := range m.problems {
+		out = append(out, p)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Run implements Source.
+func (m *ManifestSource) Run(ctx context.Context, t *Tracker) error {
+	log := m.Log
+	if log == nil {
+		log = slog.Default()
+	}
+	if st, err := os.Stat(m.Dir); err != nil {
+		return fmt.Errorf("manifests directory: %w", err)
+	} else if !st.IsDir() {
+		return fmt.Errorf("manifests directory: %s is not a directory", m.Dir)
+	}
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return fmt.Errorf("watch manifests directory: %w", err)
+	}
+	defer w.Close()
+	if err := w.Add(m.Dir); err != nil {
+		return fmt.Errorf("watch manifests directory %s: %w", m.Dir, err)
+	}
+	m.scan(t, log)
+	t.SetSynced()
+
+	rescan := m.Rescan
+	if rescan == 0 {
+		rescan = 30 * time.Second
+	}
+	ticker := time.NewTicker(rescan)
+	defer ticker.Stop()
+	// Editors write files in several steps; settle briefly before reading.
+	var settle <-chan time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case ev, ok := <-w.Events:
+			if !ok {
+				return errors.New("manifests watcher closed")
+			}
+			if ev.Has(fsnotify.Chmod) && !ev.Has(fsnotify.Write) {
+				continue
+			}
+			if settle == nil {
+				settle = time.After(50 * time.Millisecond)
+			}
+		case err, ok := <-w.Errors:
+			if !ok {
+				return errors.New("manifests watcher closed")
+			}
+			log.Warn("manifests watcher", "err", err)
+		case <-settle:
+			settle = nil
+			m.scan(t, log)
+		case <-ticker.C:
+			m.scan(t, log)
+		}
+	}
+}
+
+// scan reads the directory and tells the tracker what changed.
+func (m *ManifestSource) scan(t *Tracker, log *slog.Logger) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.lastGood == nil {
+		m.lastGood = map[string][]runtime.Object{}
+		m.current = map[objectKey]runtime.Object{}
+	}
+	files, err := manifestFiles(m.Dir)
+	if err != nil {
+		log.Warn("manifests directory unreadable, keeping what is programmed", "dir", m.Dir, "err", err)
+		m.problems = map[string]string{m.Dir: err.Error()}
+		return
+	}
+	problems := map[string]string{}
+	present := map[string]bool{}
+	for _, f := range files {
+		present[f] = true
+		objs, err := ReadManifestFile(f)
+		if err != nil {
+			problems[f] = err.Error()
+			if m.problems[f] != err.Error() {
+				log.Warn("manifest not applied; its previous content stays in effect", "file", f, "err", err)
+			}
+			continue
+		}
+		m.lastGood[f] = objs
+	}
+	for f := range m.lastGood {
+		if !present[f] {
+			delete(m.lastGood, f)
+		}
+	}
+	m.problems = problems
+
+	next := map[objectKey]runtime.Object{}
+	owner := map[objectKey]string{}
+	for _, f := range files {
+		for _, o := range m.lastGood[f] {
+			k := keyOf(o)
+			if prev, dup := owner[k]; dup {
+				log.Warn("object defined twice; the later file wins", "object", k.kind+" "+k.namespace+"/"+k.name, "first", prev, "second", f)
+			}
+			owner[k] = f
+			next[k] = o
+		}
+	}
+	for k, o := range next {
+		if old, ok := m.current[k]; ok && reflect.DeepEqual(old, o) {
+			continue
+		}
+		switch obj := o.(type) {
+		case *corev1.Service:
+			t.SetService(obj)
+		case *discoveryv1.EndpointSlice:
+			t.SetSlice(obj)
+		}
+	}
+	for k := range m.current {
+		if _, ok := next[k]; ok {
+			continue
+		}
+		switch k.kind {
+		case "Service":
+			t.DeleteService(model.ServiceKey{Namespace: k.namespace, Name: k.name})
+		case "EndpointSlice":
+			t.DeleteSlice(k.namespace, k.name)
+		}
+	}
+	m.current = next
+}
+
+func keyOf(o runtime.Object) objectKey {
+	switch obj := o.(type) {
+	case *corev1.Service:
+		return objectKey{"Service", obj.Namespace, obj.Name}
+	case *discoveryv1.EndpointSlice:
+		return objectKey{"EndpointSlice", obj.Namespace, obj.Name}
+	}
+	return objectKey{}
+}
+
+func manifestFiles(dir string) ([]string, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, e := range entries {
+		name := e.Name()
+		if strings.HasPrefix(name, ".") {
+			continue // editor swap files, and ..data of mounted ConfigMaps
+		}
+		switch strings.ToLower(filepath.Ext(name)) {
+		case ".yaml", ".yml", ".json":
+		default:
+			continue
+		}
+		p := filepath.Join(dir, name)
+		if st, err := os.Stat(p); err != nil || st.IsDir() {
+			continue
+		}
+		out = append(out, p)
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+var (
+	manifestScheme = runtime.NewScheme()
+	manifestCodecs serializer.CodecFactory
+)
+
+func init() {
+	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, discoveryv1.AddToScheme} {
+		if err := add(manifestScheme); err != nil {
+			panic(err)
+		}
+	}
+	manifestCodecs = serializer.NewCodecFactory(manifestScheme, serializer.EnableStrict)
+}
+
+// ReadManifestFile decodes every Service and EndpointSlice in a file.
+// Objects of other kinds are skipped, as a directory of an application's
+// manifests holds Deployments too. Any malformed document fails the whole
+// file, with its name, the document's position and the reason.
+func ReadManifestFile(path string) ([]runtime.Object, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+	var out []runtime.Object
+	for doc := 1; ; doc++ {
+		raw, err := r.Read()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s: document %d: %w", path, doc, err)
+		}
+		if len(bytes.TrimSpace(raw)) == 0 || isOnlyComments(raw) {
+			continue
+		}
+		objs, err := decodeDocument(raw)
+		if err != nil {
+			return nil, fmt.Errorf("%s: document %d: %w", path, doc, err)
+		}
+		out = append(out, objs...)
+	}
+	return out, nil
+}
+
+func isOnlyComments(doc []byte) bool {
+	for _, line := range bytes.Split(doc, []byte("\n")) {
+		l := bytes.TrimSpace(line)
+		if len(l) > 0 && l[0] != '#' && !bytes.Equal(l, []byte("---")) {
+			return false
+		}
+	}
+	return true
+}
+
+// typeMeta is what every document must have, read before full decoding so
+// that unrelated kinds are skipped without error.
+type typeMeta struct {
+	APIVersion string            `json:"apiVersion"`
+	Kind       string            `json:"kind"`
+	Items      []json.RawMessage `json:"items"`
+}
+
+func decodeDocument(raw []byte) ([]runtime.Object, error) {
+	jsonDoc, err := utilyaml.ToJSON(raw)
+	if err != nil {
+		return nil, fmt.Errorf("not YAML or JSON: %w", err)
+	}
+	var tm typeMeta
+	if err := json.Unmarshal(jsonDoc, &tm); err != nil {
+		return nil, fmt.Errorf("not a Kubernetes object: %w", err)
+	}
+	switch {
+	case tm.Kind == "":
+		return nil, errors.New("kind is missing")
+	case tm.APIVersion == "":
+		return nil, fmt.Errorf("%s: apiVersion is missing", tm.Kind)
+	case strings.HasSuffix(tm.Kind, "List"):
+		var out []runtime.Object
+		for i, item := range tm.Items {
+			objs, err := decodeDocument(item)
+			if err != nil {
+				return nil, fmt.Errorf("items[%d]: %w", i, err)
+			}
+			out = append(out, objs...)
+		}
+		return out, nil
+	}
+	wanted := (tm.APIVersion == "v1" && tm.Kind == "Service") ||
+		(tm.APIVersion == "discovery.k8s.io/v1" && tm.Kind == "EndpointSlice")
+	if !wanted {
+		return nil, nil
+	}
+	obj, _, err := manifestCodecs.UniversalDeserializer().Decode(jsonDoc, nil, nil)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", tm.Kind, err)
+	}
+	switch o := obj.(type) {
+	case *corev1.Service:
+		if o.Namespace == "" {
+			o.Namespace = "default"
+		}
+		if o.Name == "" {
+			return nil, errors.New("Service: metadata.name is missing")
+		}
+	case *discoveryv1.EndpointSlice:
+		if o.Namespace == "" {
+			o.Namespace = "default"
+		}
+		if o.Name == "" {
+			return nil, errors.New("EndpointSlice: metadata.name is missing")
+		}
+		if _, ok := SliceService(o); !ok {
+			return nil, fmt.Errorf("EndpointSlice %s: label %s is missing", o.Name, model.LabelServiceName)
+		}
+	}
+	return []runtime.Object{obj}, nil
+}

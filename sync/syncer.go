@@ -1,0 +1,331 @@
+package sync
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sort"
+	stdsync "sync"
+	"time"
+
+	"github.com/nftgate/nftgate/model"
+	"github.com/nftgate/nftgate/nft"
+)
+
+// Programmer is what the Syncer drives: nft.Programmer in production.
+type Programmer interface {
+	Full(map[model.ServiceKey]*model.Service) (nft.Result, error)
+	Partial(map[model.ServiceKey]*model.Service) (nft.Result, error)
+}
+
+// Event reports one sync attempt to observers (metrics, status page, logs,
+// conntrack cleanup).
+type Event struct {
+	Full    bool
+	Start   time.Time
+	Result  nft.Result
+	Err     error
+	Changed int // Services whose model changed
+	// Before and After hold the models of the changed Services (nil where
+	// a Service did not exist), for observers that act on differences.
+	Before, After map[model.ServiceKey]*model.Service
+}
+
+// ServiceState is one Service as the Syncer sees it.
+type ServiceState struct {
+	Key     model.ServiceKey
+	Model   *model.Service // as programmed; nil if never programmed
+	Skipped string         // why it is not proxied at all
+	Error   string         // why its latest objects were not applied
+}
+
+// Syncer turns tracked changes into ruleset syncs.
+type Syncer struct {
+	Tracker    *Tracker
+	Programmer Programmer
+	Options    model.Options
+	Log        *slog.Logger
+	// MinInterval is the least time between two syncs: changes arriving
+	// meanwhile are coalesced into the next one.
+	MinInterval time.Duration
+	// Reconcile is how often a full sync reads the kernel back and repairs
+	// drift; zero disables it.
+	Reconcile time.Duration
+	// Observers are told of every sync attempt, in order, from the
+	// Syncer's goroutine.
+	Observers []func(Event)
+
+	mu         stdsync.Mutex
+	programmed map[model.ServiceKey]*model.Service
+	errs       map[model.ServiceKey]string
+	skipped    map[model.ServiceKey]string
+	firstDone  bool
+}
+
+// Run syncs until ctx ends. It changes nothing in the kernel before the
+// tracker's source has delivered its complete initial view.
+func (s *Syncer) Run(ctx context.Context) error {
+	log := s.Log
+	if log == nil {
+		log = slog.Default()
+	}
+	s.mu.Lock()
+	s.programmed = map[model.ServiceKey]*model.Service{}
+	s.errs = map[model.ServiceKey]string{}
+	s.skipped = map[model.ServiceKey]string{}
+	s.mu.Unlock()
+
+	for !s.Tracker.Synced() {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-s.Tracker.Changed():
+		}
+	}
+
+	var reconcile <-chan time.Time
+	if s.Reconcile > 0 {
+		t := time.NewTicker(s.Reconcile)
+		defer t.Stop()
+		reconcile = t.C
+	}
+	needFull := true
+	var backoff time.Duration
+	var last, nextFull time.Time
+	for {
+		if needFull && !time.Now().Before(nextFull) {
+			err := s.full(log)
+			last = time.Now()
+			if err != nil {
+				backoff = nextBackoff(backoff)
+				nextFull = last.Add(backoff)
+				log.Error("full sync failed; the rules in the kernel are unchanged", "err", err, "retry_in", backoff)
+			} else {
+				needFull, backoff = false, 0
+			}
+		}
+		var retry <-chan time.Time
+		if needFull {
+			retry = time.After(time.Until(nextFull))
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-retry:
+			continue
+		case <-reconcile:
+			needFull = true
+			continue
+		case <-s.Tracker.Changed():
+			if needFull {
+				continue // the pending full sync will carry it
+			}
+		}
+		if wait := s.MinInterval - time.Since(last); wait > 0 {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(wait):
+			}
+		}
+		err := s.partial(log)
+		last = time.Now()
+		if err != nil {
+			// The kernel refused the batch and is unchanged; the next
+			// attempt reads it back and syncs everything.
+			needFull = true
+			backoff = nextBackoff(backoff)
+			nextFull = last.Add(backoff)
+			log.Error("sync failed; the rules in the kernel are unchanged", "err", err, "retry_in", backoff)
+		}
+	}
+}
+
+func nextBackoff(d time.Duration) time.Duration {
+	switch {
+	case d == 0:
+		return 100 * time.Millisecond
+	case d >= 30*time.Second:
+		return 30 * time.Second
+	}
+	return d * 2
+}
+
+// build makes the model of one Service from its objects. ok is false when
+// the objects are invalid: the Service's last good state stays programmed.
+func (s *Syncer) build(k model.ServiceKey, o Objects) (m *model.Service, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.skipped, k)
+	if o.Service == nil {
+		delete(s.errs, k)
+		return nil, true
+	}
+	if why := model.Skip(o.Service, s.Options); why != "" {
+		delete(s.errs, k)
+		s.skipped[k] = why
+		return nil, true
+	}
+	m, err := model.FromKubernetes(o.Service, o.Slices, s.Options)
+	if err != nil {
+		s.errs[k] = err.Error()
+		return nil, false
+	}
+	if s.Options.ExternalOnly && !m.ExternallyAccessible() {
+		s.skipped[k] = "not externally reachable, and the gateway serves only external traffic"
+		delete(s.errs, k)
+		return nil, true
+	}
+	delete(s.errs, k)
+	return m, true
+}
+
+func (s *Syncer) full(log *slog.Logger) error {
+	start := time.Now()
+	all := s.Tracker.All()
+	desired := make(map[model.ServiceKey]*model.Service, len(all))
+	s.mu.Lock()
+	before := s.programmed
+	s.mu.Unlock()
+	for k, o := range all {
+		m, ok := s.build(k, o)
+		if !ok {
+			m = before[k] // keep the last good state of a Service gone bad
+			log.Warn("service not applied; its previous state stays in effect", "service", k, "err", s.errorOf(k))
+		}
+		if m != nil {
+			desired[k] = m
+		}
+	}
+	res, err := s.Programmer.Full(desired)
+	ev := Event{Full: true, Start: start, Result: res, Err: err}
+	if err == nil {
+		ev.Before, ev.After = map[model.ServiceKey]*model.Service{}, map[model.ServiceKey]*model.Service{}
+		for k, m := range desired {
+			if before[k] != m {
+				ev.Before[k], ev.After[k] = before[k], m
+			}
+		}
+		for k, m := range before {
+			if _, ok := desired[k]; !ok {
+				ev.Before[k], ev.After[k] = m, nil
+			}
+		}
+		ev.Changed = len(ev.After)
+		s.mu.Lock()
+		s.programmed = desired
+		s.firstDone = true
+		s.mu.Unlock()
+		for _, d := range res.Drift {
+			log.Warn("kernel ruleset had drifted; repaired", "drift", d)
+		}
+		for _, c := range res.Conflicts {
+			log.Warn("address conflict", "detail", c)
+		}
+		log.Info("full sync", "services", len(desired), "changes", res.Counts.Changes(), "messages", res.Messages, "duration", res.Duration)
+	}
+	s.notify(ev)
+	return err
+}
+
+func (s *Syncer) partial(log *slog.Logger) error {
+	start := time.Now()
+	dirty := s.Tracker.TakeDirty()
+	if len(dirty) == 0 {
+		return nil
+	}
+	changes := map[model.ServiceKey]*model.Service{}
+	s.mu.Lock()
+	before := s.programmed
+	s.mu.Unlock()
+	for k, o := range dirty {
+		m, ok := s.build(k, o)
+		if !ok {
+			log.Warn("service not applied; its previous state stays in effect", "service", k, "err", s.errorOf(k))
+			continue
+		}
+		if m == nil && before[k] == nil {
+			continue
+		}
+		changes[k] = m
+	}
+	if len(changes) == 0 {
+		return nil
+	}
+	res, err := s.Programmer.Partial(changes)
+	ev := Event{Start: start, Result: res, Err: err, Changed: len(changes)}
+	if err != nil {
+		keys := make([]model.ServiceKey, 0, len(dirty))
+		for k := range dirty {
+			keys = append(keys, k)
+		}
+		s.Tracker.MarkDirty(keys)
+	} else {
+		ev.Before, ev.After = map[model.ServiceKey]*model.Service{}, changes
+		next := make(map[model.ServiceKey]*model.Service, len(before)+len(changes))
+		for k, m := range before {
+			next[k] = m
+		}
+		for k, m := range changes {
+			ev.Before[k] = before[k]
+			if m == nil {
+				delete(next, k)
+			} else {
+				next[k] = m
+			}
+		}
+		s.mu.Lock()
+		s.programmed = next
+		s.mu.Unlock()
+		for _, c := range res.Conflicts {
+			log.Warn("address conflict", "detail", c)
+		}
+		log.Debug("sync", "services", len(changes), "changes", res.Counts.Changes(), "messages", res.Messages, "duration", res.Duration)
+	}
+	s.notify(ev)
+	return err
+}
+
+func (s *Syncer) notify(ev Event) {
+	for _, o := range s.Observers {
+		o(ev)
+	}
+}
+
+func (s *Syncer) errorOf(k model.ServiceKey) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.errs[k]
+}
+
+// FirstSyncDone tells whether the kernel holds a complete view.
+func (s *Syncer) FirstSyncDone() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.firstDone
+}
+
+// Services lists every Service known to the Syncer, in name order.
+func (s *Syncer) Services() []ServiceState {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	keys := map[model.ServiceKey]bool{}
+	for k := range s.programmed {
+		keys[k] = true
+	}
+	for k := range s.errs {
+		keys[k] = true
+	}
+	for k := range s.skipped {
+		keys[k] = true
+	}
+	out := make([]ServiceState, 0, len(keys))
+	for k := range keys {
+		out = append(out, ServiceState{Key: k, Model: s.programmed[k], Error: s.errs[k], Skipped: s.skipped[k]})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Key.Less(out[j].Key) })
+	return out
+}
+
+// ErrNotSynced is returned by operations that need a first sync.
+var ErrNotSynced = errors.New("not synced yet")

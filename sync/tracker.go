@@ -1,0 +1,200 @@
+// Package sync watches the sources of Services and EndpointSlices (the
+// Kubernetes API, or a directory of manifests), tracks what changed,
+// coalesces bursts of changes, and drives the ruleset programmer.
+//
+// Data flows one way: a Source writes API objects into the Tracker; the
+// Syncer takes the Services whose objects changed, builds their model, and
+// hands the changes to nft.Programmer in one batch.
+package sync
+
+import (
+	stdsync "sync"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"github.com/nftgate/nftgate/model"
+)
+
+// Tracker holds the latest Service and EndpointSlice objects from a source
+// and remembers which Services changed since the Syncer last looked.
+type Tracker struct {
+	mu       stdsync.Mutex
+	services map[model.ServiceKey]*corev1.Service
+	slices   map[model.ServiceKey]map[string]*discoveryv1.EndpointSlice
+	dirty    map[model.ServiceKey]struct{}
+	synced   bool
+	// changed is signalled (without blocking) whenever dirty grows or the
+	// source becomes synced; one pending signal covers any number of
+	// changes, which is what coalesces bursts.
+	changed chan struct{}
+}
+
+// NewTracker returns an empty tracker.
+func NewTracker() *Tracker {
+	return &Tracker{
+		services: map[model.ServiceKey]*corev1.Service{},
+		slices:   map[model.ServiceKey]map[string]*discoveryv1.EndpointSlice{},
+		dirty:    map[model.ServiceKey]struct{}{},
+		changed:  make(chan struct{}, 1),
+	}
+}
+
+// Changed is signalled when there is something new to sync.
+func (t *Tracker) Changed() <-chan struct{} { return t.changed }
+
+func (t *Tracker) signal() {
+	select {
+	case t.changed <- struct{}{}:
+	default:
+	}
+}
+
+func (t *Tracker) markLocked(k model.ServiceKey) {
+	t.dirty[k] = struct{}{}
+	t.signal()
+}
+
+// SetService records a Service's current object.
+func (t *Tracker) SetService(svc *corev1.Service) {
+	k := model.ServiceKey{Namespace: svc.Namespace, Name: svc.Name}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.services[k] = svc
+	t.markLocked(k)
+}
+
+// DeleteService records that a Service is gone.
+func (t *Tracker) DeleteService(k model.ServiceKey) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, ok := t.services[k]; !ok {
+		return
+	}
+	delete(t.services, k)
+	t.markLocked(k)
+}
+
+// SliceService returns the Service an EndpointSlice belongs to, from its
+// kubernetes.io/service-name label.
+func SliceService(sl *discoveryv1.EndpointSlice) (model.ServiceKey, bool) {
+	name, ok := sl.Labels[model.LabelServiceName]
+	if !ok || name == "" {
+		return model.ServiceKey{}, false
+	}
+	return model.ServiceKey{Namespace: sl.Namespace, Name: name}, true
+}
+
+// SetSlice records an EndpointSlice's current object. A slice that moved to
+// another Service (its label changed) is removed from the old one.
+func (t *Tracker) SetSlice(sl *discoveryv1.EndpointSlice) {
+	k, ok := SliceService(sl)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for other, m := range t.slices {
+		if other == k {
+			continue
+		}
+		if old, found := m[sl.Name]; found && old.Namespace == sl.Namespace {
+			delete(m, sl.Name)
+			if len(m) == 0 {
+				delete(t.slices, other)
+			}
+			t.markLocked(other)
+		}
+	}
+	if !ok {
+		return
+	}
+	m := t.slices[k]
+	if m == nil {
+		m = map[string]*discoveryv1.EndpointSlice{}
+		t.slices[k] = m
+	}
+	m[sl.Name] = sl
+	t.markLocked(k)
+}
+
+// DeleteSlice records that an EndpointSlice is gone.
+func (t *Tracker) DeleteSlice(namespace, name string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for k, m := range t.slices {
+		if k.Namespace != namespace {
+			continue
+		}
+		if _, ok := m[name]; ok {
+			delete(m, name)
+			if len(m) == 0 {
+				delete(t.slices, k)
+			}
+			t.markLocked(k)
+		}
+	}
+}
+
+// SetSynced records that the source has delivered its complete initial
+// state. Until then the Syncer changes nothing in the kernel, so a restart
+// never publishes a partial view.
+func (t *Tracker) SetSynced() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.synced = true
+	t.signal()
+}
+
+// Synced tells whether the initial state is complete.
+func (t *Tracker) Synced() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.synced
+}
+
+// Objects are one Service's API objects.
+type Objects struct {
+	Service *corev1.Service // nil when the Service does not exist
+	Slices  []*discoveryv1.EndpointSlice
+}
+
+// TakeDirty returns the objects of every Service that changed since the
+// last call, and forgets that they changed.
+func (t *Tracker) TakeDirty() map[model.ServiceKey]Objects {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make(map[model.ServiceKey]Objects, len(t.dirty))
+	for k := range t.dirty {
+		out[k] = t.objectsLocked(k)
+	}
+	clear(t.dirty)
+	return out
+}
+
+// All returns the objects of every Service, and forgets pending changes:
+// they are all included.
+func (t *Tracker) All() map[model.ServiceKey]Objects {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make(map[model.ServiceKey]Objects, len(t.services))
+	for k := range t.services {
+		out[k] = t.objectsLocked(k)
+	}
+	clear(t.dirty)
+	return out
+}
+
+// MarkDirty queues Services again, after a failed sync.
+func (t *Tracker) MarkDirty(keys []model.ServiceKey) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, k := range keys {
+		t.markLocked(k)
+	}
+}
+
+func (t *Tracker) objectsLocked(k model.ServiceKey) Objects {
+	o := Objects{Service: t.services[k]}
+	for _, sl := range t.slices[k] {
+		o.Slices = append(o.Slices, sl)
+	}
+	return o
+}
