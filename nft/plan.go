@@ -11,13 +11,20 @@ import (
 // from a committed batch, or from reading the kernel back.
 type tableState struct {
 	exists bool
-	chains map[string]uint64 // chain name -> chainFingerprint
+	chains map[string]chainInfo
 	sets   map[string]setDef
 	elems  map[ElemID]Verdict
 }
 
 func newTableState() *tableState {
-	return &tableState{chains: map[string]uint64{}, sets: map[string]setDef{}, elems: map[ElemID]Verdict{}}
+	return &tableState{chains: map[string]chainInfo{}, sets: map[string]setDef{}, elems: map[ElemID]Verdict{}}
+}
+
+// chainInfo is what the state keeps of a chain: the fingerprint of its hook
+// and rules, and how many rules it has.
+type chainInfo struct {
+	fp    uint64
+	rules int32
 }
 
 // setDef is the part of a set's definition that the kernel cannot change in
@@ -158,7 +165,7 @@ func (d *differ) chain(name string, desired *Chain) {
 	case desired != nil && !exists:
 		d.ops.addChains = append(d.ops.addChains, planChain(d.f, desired))
 	case desired != nil && exists:
-		if p := planChain(d.f, desired); p.fp != cur || d.rewriteAll {
+		if p := planChain(d.f, desired); p.fp != cur.fp || d.rewriteAll {
 			d.ops.rewriteChains = append(d.ops.rewriteChains, p)
 		}
 	}
@@ -217,10 +224,10 @@ func (st *tableState) apply(o *familyOps) {
 		st.sets[s.Name] = defOf(s)
 	}
 	for _, c := range o.addChains {
-		st.chains[c.chain.Name] = c.fp
+		st.chains[c.chain.Name] = chainInfo{c.fp, int32(len(c.ruleFPs))}
 	}
 	for _, c := range o.rewriteChains {
-		st.chains[c.chain.Name] = c.fp
+		st.chains[c.chain.Name] = chainInfo{c.fp, int32(len(c.ruleFPs))}
 	}
 	for _, e := range o.delElems {
 		delete(st.elems, e.ID())

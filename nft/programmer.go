@@ -106,6 +106,27 @@ func (p *Programmer) Close() error {
 	return p.batch.Close()
 }
 
+// Totals counts what nftgate's tables hold, as of the last sync.
+type Totals struct{ Chains, Rules, Elements int }
+
+// Totals returns the size of the programmed ruleset.
+func (p *Programmer) Totals() Totals {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var t Totals
+	for _, st := range p.state {
+		if st == nil {
+			continue
+		}
+		t.Chains += len(st.chains)
+		t.Elements += len(st.elems)
+		for _, c := range st.chains {
+			t.Rules += int(c.rules)
+		}
+	}
+	return t
+}
+
 // Config returns the ruleset configuration.
 func (p *Programmer) Config() Config { return p.cfg }
 
@@ -472,12 +493,12 @@ func compareStates(f Family, want, got *tableState) []string {
 	}
 	var out []string
 	missing, changed, extra := 0, 0, 0
-	for n, fp := range want.chains {
+	for n, c := range want.chains {
 		g, ok := got.chains[n]
 		switch {
 		case !ok:
 			missing++
-		case g != fp:
+		case g.fp != c.fp:
 			changed++
 		}
 	}

@@ -90,7 +90,7 @@ func (r *reader) readTable(name string, f Family) (*tableState, error) {
 		return nil, fmt.Errorf("list rules: %w", err)
 	}
 	for c, h := range hooks {
-		st.chains[c] = chainFingerprint(h, rules[c])
+		st.chains[c] = chainInfo{chainFingerprint(h, rules[c]), int32(len(rules[c]))}
 	}
 
 	sets, err := r.conn.GetSets(table)

@@ -5,6 +5,7 @@ import (
 	"encoding/base32"
 	"fmt"
 	"net/netip"
+	"strings"
 
 	"github.com/nftgate/nftgate/model"
 )
@@ -152,6 +153,20 @@ func chainName(prefix, readable string) string {
 	return prefix + "-" + base32.StdEncoding.EncodeToString(sum[:])[:8] + "-" + readable
 }
 
+// nameAddr writes an address for an object name. nft's grammar takes no
+// colon in a name, so IPv6 addresses are written with dots instead; the
+// names stay readable and `nft -f` can read a listing back.
+func nameAddr(a netip.Addr) string {
+	return strings.ReplaceAll(a.String(), ":", ".")
+}
+
+// setName is chainName for a set whose identity also depends on extra,
+// which changes the hash but not the readable part.
+func setName(prefix, readable, extra string) string {
+	sum := sha256.Sum256([]byte(prefix + "/" + readable + "/" + extra))
+	return prefix + "-" + base32.StdEncoding.EncodeToString(sum[:])[:8] + "-" + readable
+}
+
 // RenderService renders everything one Service contributes to both tables.
 // It is a pure function of the Service and the config, so rendering the
 // Service's previous state again yields exactly what was programmed for it.
@@ -220,7 +235,7 @@ func renderPort(cfg *Config, svc *model.Service, p *model.ServicePort, out *ByFa
 			if _, ok := epChain[ap]; ok {
 				return
 			}
-			readable := portName + "__" + ap.Addr().String() + "/" + fmt.Sprint(ap.Port())
+			readable := portName + "__" + nameAddr(ap.Addr()) + "/" + fmt.Sprint(ap.Port())
 			name := chainName("ep", readable)
 			epChain[ap] = name
 			var rules []Rule
@@ -231,7 +246,7 @@ func renderPort(cfg *Config, svc *model.Service, p *model.ServicePort, out *ByFa
 			if svc.AffinityTimeout > 0 {
 				// The timeout is part of the set's name: a changed timeout
 				// is a new set, never an in-place edit the kernel refuses.
-				set := chainName("aff", fmt.Sprintf("%s@%ds", readable, int64(svc.AffinityTimeout.Seconds())))
+				set := setName("aff", readable, fmt.Sprintf("timeout=%ds", int64(svc.AffinityTimeout.Seconds())))
 				affinitySet[ap] = set
 				fr.Sets = append(fr.Sets, &Set{Name: set, Timeout: svc.AffinityTimeout})
 				rules = append(rules, Rule{UpdateAffinity{Set: set}})

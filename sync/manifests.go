@@ -140,7 +140,7 @@ func (m *ManifestSource) scan(t *Tracker, log *slog.Logger) {
 		m.lastGood = map[string][]runtime.Object{}
 		m.current = map[objectKey]runtime.Object{}
 	}
-	files, err := manifestFiles(m.Dir)
+	files, err := ManifestFiles(m.Dir)
 	if err != nil {
 		log.Warn("manifests directory unreadable, keeping what is programmed", "dir", m.Dir, "err", err)
 		m.problems = map[string]string{m.Dir: err.Error()}
@@ -214,7 +214,8 @@ func keyOf(o runtime.Object) objectKey {
 	return objectKey{}
 }
 
-func manifestFiles(dir string) ([]string, error) {
+// ManifestFiles lists the manifest files of a directory, in name order.
+func ManifestFiles(dir string) ([]string, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, err
@@ -357,4 +358,16 @@ func decodeDocument(raw []byte) ([]runtime.Object, error) {
 		}
 	}
 	return []runtime.Object{obj}, nil
+}
+
+// Feed records decoded objects in a tracker, as a source would.
+func Feed(t *Tracker, objs []runtime.Object) {
+	for _, o := range objs {
+		switch obj := o.(type) {
+		case *corev1.Service:
+			t.SetService(obj)
+		case *discoveryv1.EndpointSlice:
+			t.SetSlice(obj)
+		}
+	}
 }

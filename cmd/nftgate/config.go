@@ -1,0 +1,232 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/BurntSushi/toml"
+)
+
+// Config is nftgate's configuration: config.toml at the repository root
+// documents every key and its default. Flags override the file.
+type Config struct {
+	NodeName          string   `toml:"node_name"`
+	Zone              string   `toml:"zone"`
+	Table             string   `toml:"table"`
+	Kubeconfig        string   `toml:"kubeconfig"`
+	Manifests         string   `toml:"manifests"`
+	Listen            string   `toml:"listen"`
+	ClusterCIDRs      []string `toml:"cluster_cidrs"`
+	NodePortAddresses []string `toml:"nodeport_addresses"`
+	ProxyName         string   `toml:"proxy_name"`
+	ExternalOnly      bool     `toml:"external_only"`
+	MinSyncInterval   Duration `toml:"min_sync_interval"`
+	ReconcileInterval Duration `toml:"reconcile_interval"`
+	HealthzMaxAge     Duration `toml:"healthz_max_sync_age"`
+	MasqueradeBit     uint32   `toml:"masquerade_bit"`
+	HashSeed          uint32   `toml:"hash_seed"`
+	LogLevel          string   `toml:"log_level"`
+	LogFormat         string   `toml:"log_format"`
+	AuthUser          string   `toml:"auth_user"`
+	AuthPasswordFile  string   `toml:"auth_password_file"`
+
+	// Parsed forms, filled by validate.
+	clusterCIDRs      []netip.Prefix
+	nodePortAddresses []netip.Prefix
+}
+
+// DefaultManifests is where the gateway looks for manifests when no cluster
+// is configured.
+const DefaultManifests = "/etc/nftgate/manifests"
+
+func defaults() Config {
+	return Config{
+		Table:             "nftgate",
+		Listen:            "127.0.0.1:9180",
+		MinSyncInterval:   Duration(10 * time.Millisecond),
+		ReconcileInterval: Duration(time.Minute),
+		HealthzMaxAge:     Duration(2 * time.Minute),
+		MasqueradeBit:     0x4000,
+		LogLevel:          "info",
+		LogFormat:         "text",
+	}
+}
+
+// Duration is a time.Duration written as "10ms", "1m" in TOML.
+type Duration time.Duration
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (d *Duration) UnmarshalText(b []byte) error {
+	v, err := time.ParseDuration(string(b))
+	if err != nil {
+		return fmt.Errorf("%q is not a duration (like 10ms, 30s, 1m)", b)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+func (d Duration) String() string { return time.Duration(d).String() }
+
+// Set implements flag.Value.
+func (d *Duration) Set(s string) error { return d.UnmarshalText([]byte(s)) }
+
+// listFlag is a repeatable flag; the first use replaces the file's list.
+type listFlag struct {
+	dst *[]string
+	set bool
+}
+
+func (l *listFlag) String() string {
+	if l.dst == nil {
+		return ""
+	}
+	return strings.Join(*l.dst, ",")
+}
+
+func (l *listFlag) Set(s string) error {
+	if !l.set {
+		*l.dst, l.set = nil, true
+	}
+	for _, v := range strings.Split(s, ",") {
+		if v = strings.TrimSpace(v); v != "" {
+			*l.dst = append(*l.dst, v)
+		}
+	}
+	return nil
+}
+
+// loadConfig reads the config file named by --config (if any), then applies
+// the other flags over it, and checks every value. Nothing touches the
+// kernel before this succeeds.
+func loadConfig(name string, args []string) (*Config, *flag.FlagSet, error) {
+	// The file comes first, so that flags override it: find --config in a
+	// first pass.
+	path := ""
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		switch {
+		case a == "--config" || a == "-config":
+			if i+1 < len(args) {
+				path = args[i+1]
+			}
+		case strings.HasPrefix(a, "--config=") || strings.HasPrefix(a, "-config="):
+			path = a[strings.Index(a, "=")+1:]
+		}
+	}
+	cfg := defaults()
+	if path != "" {
+		md, err := toml.DecodeFile(path, &cfg)
+		if err != nil {
+			return nil, nil, fmt.Errorf("config %s: %w", path, err)
+		}
+		if und := md.Undecoded(); len(und) > 0 {
+			keys := make([]string, len(und))
+			for i, k := range und {
+				keys[i] = k.String()
+			}
+			return nil, nil, fmt.Errorf("config %s: unknown key %s", path, strings.Join(keys, ", "))
+		}
+	}
+
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.String("config", path, "TOML configuration `file` (see config.toml for every key)")
+	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", cfg.Kubeconfig, "kubeconfig `path` of the cluster to serve (default: $KUBECONFIG, then in-cluster)")
+	fs.StringVar(&cfg.Manifests, "manifests", cfg.Manifests, "`directory` of Service and EndpointSlice manifests to serve instead of a cluster")
+	fs.StringVar(&cfg.NodeName, "node-name", cfg.NodeName, "this gateway's node `name`, for traffic policy Local (default: hostname)")
+	fs.StringVar(&cfg.Zone, "zone", cfg.Zone, "this gateway's topology `zone`, for topology hints")
+	fs.Var(&listFlag{dst: &cfg.ClusterCIDRs}, "cluster-cidr", "`CIDR` of the cluster's pods; traffic from elsewhere is masqueraded (repeatable)")
+	fs.Var(&listFlag{dst: &cfg.NodePortAddresses}, "nodeport-addresses", "`CIDR` limiting which local addresses serve NodePorts (repeatable)")
+	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "`host:port` of the status page, API, health and metrics")
+	fs.StringVar(&cfg.Table, "table", cfg.Table, "`name` of nftgate's nftables tables")
+	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
+	fs.StringVar(&cfg.LogFormat, "log-format", cfg.LogFormat, "text or json")
+	fs.Var(&cfg.MinSyncInterval, "min-sync-interval", "least `time` between two syncs; changes meanwhile are coalesced")
+	fs.Var(&cfg.ReconcileInterval, "reconcile-interval", "how often the kernel is read back and drift repaired (`duration`, 0 disables)")
+	if err := fs.Parse(args); err != nil {
+		return nil, fs, flagError{err}
+	}
+	if fs.NArg() > 0 {
+		return nil, fs, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, fs, err
+	}
+	return &cfg, fs, nil
+}
+
+func (c *Config) validate() error {
+	var errs []error
+	bad := func(key string, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: "+format, append([]any{key}, args...)...))
+	}
+	if c.NodeName == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			bad("node_name", "empty, and the hostname is unknown: %v", err)
+		}
+		c.NodeName = h
+	}
+	if c.Table == "" || len(c.Table) > 64 || strings.ContainsAny(c.Table, " \t\n/\"") {
+		bad("table", "%q is not a usable table name", c.Table)
+	}
+	if c.Listen != "" {
+		if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+			bad("listen", "%q is not host:port", c.Listen)
+		}
+	}
+	parse := func(key string, vals []string) []netip.Prefix {
+		var out []netip.Prefix
+		for i, v := range vals {
+			p, err := netip.ParsePrefix(v)
+			if err != nil {
+				if a, aerr := netip.ParseAddr(v); aerr == nil {
+					p = netip.PrefixFrom(a, a.BitLen())
+				} else {
+					bad(fmt.Sprintf("%s[%d]", key, i), "%q is not a CIDR", v)
+					continue
+				}
+			}
+			out = append(out, p.Masked())
+		}
+		return out
+	}
+	c.clusterCIDRs = parse("cluster_cidrs", c.ClusterCIDRs)
+	c.nodePortAddresses = parse("nodeport_addresses", c.NodePortAddresses)
+	if c.MinSyncInterval < 0 {
+		bad("min_sync_interval", "%s is negative", c.MinSyncInterval)
+	}
+	if c.ReconcileInterval < 0 {
+		bad("reconcile_interval", "%s is negative", c.ReconcileInterval)
+	}
+	if c.MasqueradeBit == 0 || c.MasqueradeBit&(c.MasqueradeBit-1) != 0 {
+		bad("masquerade_bit", "%#x is not a single bit", c.MasqueradeBit)
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		bad("log_level", "%q is not debug, info, warn or error", c.LogLevel)
+	}
+	switch c.LogFormat {
+	case "text", "json":
+	default:
+		bad("log_format", "%q is not text or json", c.LogFormat)
+	}
+	if (c.AuthUser == "") != (c.AuthPasswordFile == "") {
+		bad("auth_user", "auth_user and auth_password_file go together")
+	}
+	if c.Kubeconfig != "" && c.Manifests != "" {
+		bad("manifests", "both a kubeconfig (%s) and a manifests directory (%s) are given; choose one source", c.Kubeconfig, c.Manifests)
+	}
+	return errors.Join(errs...)
+}
+
+// flagError is a command line the flag package already reported, with usage.
+type flagError struct{ error }
+
+func (e flagError) Unwrap() error { return e.error }

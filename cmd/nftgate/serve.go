@@ -1,0 +1,244 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/nftgate/nftgate/appliance"
+	"github.com/nftgate/nftgate/appliance/notify"
+	"github.com/nftgate/nftgate/model"
+	"github.com/nftgate/nftgate/nft"
+	gsync "github.com/nftgate/nftgate/sync"
+)
+
+func (c *Config) ruleset() nft.Config {
+	return nft.Config{
+		Table:             c.Table,
+		Node:              model.Node{Name: c.NodeName, Zone: c.Zone},
+		ClusterCIDRs:      c.clusterCIDRs,
+		NodePortAddresses: c.nodePortAddresses,
+		MasqueradeBit:     c.MasqueradeBit,
+		HashSeed:          c.HashSeed,
+	}
+}
+
+// source picks where Services come from: an explicit manifests directory or
+// kubeconfig, else $KUBECONFIG or the in-cluster account, else the default
+// manifests directory.
+func (c *Config) source(log *slog.Logger) (gsync.Source, error) {
+	if c.Manifests != "" {
+		return &gsync.ManifestSource{Dir: c.Manifests, Log: log}, nil
+	}
+	rc, ok, err := gsync.LoadKubeConfig(c.Kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	if ok {
+		return &gsync.KubeSource{Config: rc, Log: log}, nil
+	}
+	return &gsync.ManifestSource{Dir: DefaultManifests, Log: log}, nil
+}
+
+func serve(ctx context.Context, cfg *Config) error {
+	log, err := appliance.NewLogger(cfg.LogLevel, cfg.LogFormat, os.Stderr)
+	if err != nil {
+		return err
+	}
+	var auth *appliance.BasicAuth
+	if cfg.AuthUser != "" {
+		if auth, err = appliance.BasicAuthFromFile(cfg.AuthUser, cfg.AuthPasswordFile); err != nil {
+			return fmt.Errorf("auth_password_file: %w", err)
+		}
+	}
+	src, err := cfg.source(log)
+	if err != nil {
+		return err
+	}
+	// Listen before touching the kernel: a port in use is a configuration
+	// error, reported before anything changes.
+	var ln net.Listener
+	if cfg.Listen != "" {
+		if ln, err = net.Listen("tcp", cfg.Listen); err != nil {
+			return fmt.Errorf("listen: %w", err)
+		}
+		defer ln.Close()
+	}
+	prog, err := nft.NewProgrammer(cfg.ruleset(), nft.Options{})
+	if err != nil {
+		return err
+	}
+	defer prog.Close()
+
+	metrics := appliance.NewMetrics(version)
+	rec := appliance.NewRecorder(appliance.Identity{
+		NodeName: cfg.NodeName, Version: version, StartTime: time.Now(),
+		Kernel: kernelRelease(), Table: cfg.Table, Source: src.Describe(),
+	}, metrics, 0)
+	notifier, err := notify.New(log)
+	if err != nil {
+		return err
+	}
+
+	tracker := gsync.NewTracker()
+	syncer := &gsync.Syncer{
+		Tracker:     tracker,
+		Programmer:  prog,
+		Options:     model.Options{ProxyName: cfg.ProxyName, ExternalOnly: cfg.ExternalOnly},
+		Log:         log,
+		MinInterval: time.Duration(cfg.MinSyncInterval),
+		Reconcile:   time.Duration(cfg.ReconcileInterval),
+	}
+	status := newStatusPublisher(syncer, rec)
+	syncer.Observers = append(syncer.Observers, func(ev gsync.Event) {
+		kind := appliance.SyncPartial
+		if ev.Full {
+			kind = appliance.SyncFull
+		}
+		t := prog.Totals()
+		r := appliance.SyncResult{Kind: kind, Duration: ev.Result.Duration, Messages: ev.Result.Messages, Err: ev.Err,
+			KernelMatches: ev.Err == nil, Chains: t.Chains, Rules: t.Rules, MapElements: t.Elements}
+		rec.RecordSync(r)
+		if ev.Err == nil && ev.Full {
+			for _, d := range ev.Result.Drift {
+				metrics.DriftRepaired(driftReason(d))
+			}
+			_ = notifier.Ready(fmt.Sprintf("serving %d services", len(syncer.Services())))
+		}
+		if ev.Changed > 0 {
+			metrics.ServiceChanged(ev.Changed)
+			status.markDirty()
+		}
+	})
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, 3)
+	go func() { errc <- src.Run(ctx, tracker) }()
+	go func() { errc <- syncer.Run(ctx) }()
+	go status.run(ctx)
+	go notifier.Watchdog(ctx, func() error {
+		if ok, why := appliance.Health(rec.Snapshot(), time.Now(), time.Duration(cfg.HealthzMaxAge)); !ok && syncer.FirstSyncDone() {
+			return errors.New(why)
+		}
+		return nil
+	})
+	var srv *http.Server
+	if ln != nil {
+		srv = &http.Server{
+			Handler: appliance.NewServer(appliance.Options{Source: status, Metrics: metrics,
+				MaxSyncAge: time.Duration(cfg.HealthzMaxAge), Auth: auth, Logger: log}),
+			ReadHeaderTimeout: 10 * time.Second,
+		}
+		go func() {
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				errc <- fmt.Errorf("http: %w", err)
+			}
+		}()
+	}
+	log.Info("nftgate started", "version", version, "node", cfg.NodeName, "table", cfg.Table, "source", src.Describe(), "listen", cfg.Listen)
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case runErr = <-errc:
+	}
+	_ = notifier.Stopping()
+	cancel()
+	if srv != nil {
+		sctx, scancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_ = srv.Shutdown(sctx)
+		scancel()
+	}
+	// The rules stay in the kernel: traffic keeps flowing while nftgate
+	// restarts or is updated.
+	log.Info("nftgate stopped; the rules stay in place", "table", cfg.Table)
+	return runErr
+}
+
+func driftReason(d string) string {
+	switch {
+	case strings.Contains(d, "table is missing"):
+		return appliance.DriftTable
+	case strings.Contains(d, "missing"):
+		return appliance.DriftMissing
+	case strings.Contains(d, "unknown"):
+		return appliance.DriftUnexpected
+	}
+	return appliance.DriftModified
+}
+
+func kernelRelease() string {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return ""
+	}
+	return unix.ByteSliceToString(u.Release[:])
+}
+
+func cleanup(cfg *Config) error {
+	return nft.Cleanup(cfg.Table, nft.Options{})
+}
+
+// render prints the ruleset the gateway would program for its source, as
+// an nft script, without touching the kernel. It reads manifests only.
+func render(ctx context.Context, cfg *Config, w io.Writer) error {
+	dir := cfg.Manifests
+	if dir == "" {
+		dir = DefaultManifests
+	}
+	tracker := gsync.NewTracker()
+	files, err := gsync.ManifestFiles(dir)
+	if err != nil {
+		return fmt.Errorf("manifests: %w", err)
+	}
+	for _, f := range files {
+		objs, err := gsync.ReadManifestFile(f)
+		if err != nil {
+			return err
+		}
+		gsync.Feed(tracker, objs)
+	}
+	rc := cfg.ruleset()
+	all := tracker.All()
+	keys := make([]model.ServiceKey, 0, len(all))
+	for k := range all {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool { return keys[i].Less(keys[j]) })
+	opts := model.Options{ProxyName: cfg.ProxyName, ExternalOnly: cfg.ExternalOnly}
+	var frags []nft.ByFamily
+	for _, k := range keys {
+		o := all[k]
+		if o.Service == nil || model.Skip(o.Service, opts) != "" {
+			continue
+		}
+		m, err := model.FromKubernetes(o.Service, o.Slices, opts)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "nftgate: skipping:", err)
+			continue
+		}
+		frags = append(frags, nft.RenderService(&rc, m))
+	}
+	for _, f := range nft.Families {
+		static := nft.Static(&rc, f)
+		list := []*nft.Fragment{&static}
+		for i := range frags {
+			list = append(list, frags[i].Of(f))
+		}
+		if err := nft.WriteText(w, cfg.Table, f, list...); err != nil {
+			return err
+		}
+	}
+	return ctx.Err()
+}

@@ -1,0 +1,92 @@
+package main
+
+import (
+	"context"
+	"sync/atomic"
+	"time"
+
+	"github.com/nftgate/nftgate/appliance"
+	gsync "github.com/nftgate/nftgate/sync"
+)
+
+// statusPublisher feeds the status page. The Services table is rebuilt at
+// most once a second, and only after a change: at ten thousand Services a
+// rebuild per sync would cost more than the sync itself.
+type statusPublisher struct {
+	syncer *gsync.Syncer
+	rec    *appliance.Recorder
+	dirty  atomic.Bool
+	wake   chan struct{}
+}
+
+func newStatusPublisher(s *gsync.Syncer, rec *appliance.Recorder) *statusPublisher {
+	return &statusPublisher{syncer: s, rec: rec, wake: make(chan struct{}, 1)}
+}
+
+// Snapshot implements appliance.Source.
+func (p *statusPublisher) Snapshot() appliance.Snapshot { return p.rec.Snapshot() }
+
+func (p *statusPublisher) markDirty() {
+	p.dirty.Store(true)
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (p *statusPublisher) run(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-p.wake:
+		}
+		if p.dirty.Swap(false) {
+			p.rec.SetServices(servicesView(p.syncer.Services()))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+func servicesView(states []gsync.ServiceState) []appliance.Service {
+	out := make([]appliance.Service, 0, len(states))
+	for _, st := range states {
+		v := appliance.Service{Namespace: st.Key.Namespace, Name: st.Key.Name, Error: st.Error}
+		if st.Skipped != "" && st.Model == nil {
+			continue // not proxied at all: not the gateway's business
+		}
+		if m := st.Model; m != nil {
+			v.Type = m.Type
+			v.ClusterIPs, v.ExternalIPs, v.LoadBalancerIPs = m.ClusterIPs, m.ExternalIPs, m.LoadBalancerIPs
+			v.ExternalPolicy, v.InternalPolicy = policy(m.ExternalLocal), policy(m.InternalLocal)
+			v.Affinity = "None"
+			if m.AffinityTimeout > 0 {
+				v.Affinity, v.AffinityTimeout = "ClientIP", m.AffinityTimeout
+			}
+			v.SourceRanges = m.SourceRanges
+			v.HealthCheckNodePort = m.HealthCheckNodePort
+			for pi := range m.Ports {
+				p := &m.Ports[pi]
+				v.Ports = append(v.Ports, appliance.ServicePort{Name: p.Name, Protocol: p.Protocol.String(), Port: p.Port, NodePort: p.NodePort})
+				for _, e := range p.Endpoints {
+					v.Endpoints = append(v.Endpoints, appliance.Endpoint{PortName: p.Name, Addr: e.Addr, Port: e.Port,
+						Ready: e.Ready, Serving: e.Serving, Terminating: e.Terminating, Node: e.NodeName, Zone: e.Zone,
+						Used: e.Ready || (e.Serving && e.Terminating)})
+				}
+			}
+		}
+		out = append(out, v)
+	}
+	return out
+}
+
+func policy(local bool) string {
+	if local {
+		return "Local"
+	}
+	return "Cluster"
+}
