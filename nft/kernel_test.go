@@ -61,7 +61,7 @@ func TestSmoke(t *testing.T) {
 	defer p.Close()
 	svc := &model.Service{Key: model.ServiceKey{Namespace: "default", Name: "web"}, Type: "LoadBalancer",
 		ClusterIPs: []netip.Addr{netip.MustParseAddr("198.19.0.10"), netip.MustParseAddr("fd42:ff::10")}, LoadBalancerIPs: []netip.Addr{netip.MustParseAddr("198.19.1.1")},
-		SourceRanges: []netip.Prefix{netip.MustParsePrefix("198.18.1.0/24")},
+		SourceRanges:    []netip.Prefix{netip.MustParsePrefix("198.18.1.0/24")},
 		AffinityTimeout: 30 * time.Second,
 		Ports: []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80, NodePort: 30080, Endpoints: []model.Endpoint{
 			{Addr: netip.MustParseAddr("198.18.2.10"), Port: 8080, Ready: true, Serving: true},
@@ -70,7 +70,7 @@ func TestSmoke(t *testing.T) {
 		}}}}
 	empty := &model.Service{Key: model.ServiceKey{Namespace: "default", Name: "empty"}, Type: "ClusterIP",
 		ClusterIPs: []netip.Addr{netip.MustParseAddr("198.19.0.11")},
-		Ports: []model.ServicePort{{Protocol: model.UDP, Port: 53}}}
+		Ports:      []model.ServicePort{{Protocol: model.UDP, Port: 53}}}
 	res, err := p.Full(map[model.ServiceKey]*model.Service{svc.Key: svc, empty.Key: empty})
 	if err != nil {
 		t.Fatal(err)

@@ -65,6 +65,9 @@ const (
 // the dispatch chains and the verdict maps that Services fill.
 func Static(cfg *Config, f Family) Fragment {
 	bit := cfg.MasqueradeBit
+	if bit == 0 {
+		bit = DefaultMasqueradeBit
+	}
 	jump := func(c string) Verdict { return Verdict{Kind: Jump, Chain: c} }
 	vmap := func(m string, shape KeyShape) Rule { return Rule{VmapDispatch{Map: m, Shape: shape}} }
 

@@ -1,0 +1,406 @@
+package nft
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math/rand"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/nftgate/nftgate/model"
+)
+
+// randomWorld is a set of Services that a test mutates at random.
+type randomWorld struct {
+	r        *rand.Rand
+	services map[model.ServiceKey]*model.Service
+	next     int
+	// unique gives every Service its own external addresses; otherwise
+	// they come from a small pool and sometimes collide.
+	unique bool
+}
+
+func (w *randomWorld) poolAddr(net byte) netip.Addr {
+	if w.unique {
+		return w.addr4(net, w.next)
+	}
+	return w.addr4(net, w.r.Intn(20))
+}
+
+func (w *randomWorld) addr4(net byte, n int) netip.Addr {
+	return netip.AddrFrom4([4]byte{198, net, byte(n / 250), byte(1 + n%250)})
+}
+
+func (w *randomWorld) newService() *model.Service {
+	w.next++
+	n := w.next
+	k := model.ServiceKey{Namespace: fmt.Sprintf("ns%d", n%3), Name: fmt.Sprintf("svc%d", n)}
+	s := &model.Service{Key: k, Type: "ClusterIP", Created: time.Unix(int64(n), 0)}
+	s.ClusterIPs = []netip.Addr{w.addr4(19, n)}
+	if w.r.Intn(3) == 0 {
+		s.ClusterIPs = append(s.ClusterIPs, netip.MustParseAddr(fmt.Sprintf("fd42:ff::%x", n)))
+	}
+	switch w.r.Intn(4) {
+	case 1:
+		s.Type = "NodePort"
+	case 2:
+		s.Type = "LoadBalancer"
+		// A small pool, so that Services sometimes claim the same IP.
+		s.LoadBalancerIPs = []netip.Addr{w.poolAddr(20)}
+		if w.r.Intn(2) == 0 {
+			s.SourceRanges = []netip.Prefix{netip.MustParsePrefix("198.18.1.0/24")}
+		}
+	}
+	if w.r.Intn(5) == 0 {
+		s.ExternalIPs = []netip.Addr{w.poolAddr(21)}
+	}
+	if w.r.Intn(4) == 0 {
+		s.AffinityTimeout = time.Duration(10+w.r.Intn(3)) * time.Second
+	}
+	s.ExternalLocal = w.r.Intn(4) == 0
+	s.InternalLocal = w.r.Intn(8) == 0
+	nports := 1 + w.r.Intn(2)
+	for i := 0; i < nports; i++ {
+		p := model.ServicePort{Name: fmt.Sprintf("p%d", i), Protocol: []model.Protocol{model.TCP, model.UDP, model.SCTP}[w.r.Intn(3)], Port: uint16(80 + i)}
+		if s.Type != "ClusterIP" {
+			p.NodePort = uint16(30000 + n*2 + i)
+		}
+		p.Endpoints = w.endpoints()
+		s.Ports = append(s.Ports, p)
+	}
+	return s
+}
+
+func (w *randomWorld) endpoints() []model.Endpoint {
+	var eps []model.Endpoint
+	for j, n := 0, w.r.Intn(5); j < n; j++ {
+		e := model.Endpoint{Addr: w.addr4(18, 10+w.r.Intn(40)), Port: uint16(8080 + w.r.Intn(2)), Ready: w.r.Intn(6) != 0}
+		e.Serving = e.Ready || w.r.Intn(2) == 0
+		e.Terminating = !e.Ready && w.r.Intn(2) == 0
+		if w.r.Intn(2) == 0 {
+			e.NodeName = "gw"
+		}
+		if w.r.Intn(4) == 0 {
+			e.Addr = netip.MustParseAddr(fmt.Sprintf("fd42:2::%x", 10+w.r.Intn(40)))
+		}
+		dup := false
+		for _, x := range eps {
+			dup = dup || x.AddrPort() == e.AddrPort()
+		}
+		if !dup {
+			eps = append(eps, e)
+		}
+	}
+	return eps
+}
+
+// mutate changes one random Service and returns its key and new model (nil
+// when deleted).
+func (w *randomWorld) mutate() (model.ServiceKey, *model.Service) {
+	if len(w.services) == 0 || w.r.Intn(6) == 0 {
+		s := w.newService()
+		w.services[s.Key] = s
+		return s.Key, s
+	}
+	keys := make([]model.ServiceKey, 0, len(w.services))
+	for k := range w.services {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool { return keys[i].Less(keys[j]) })
+	k := keys[w.r.Intn(len(keys))]
+	old := w.services[k]
+	c := *old
+	c.Ports = append([]model.ServicePort(nil), old.Ports...)
+	switch w.r.Intn(7) {
+	case 0:
+		delete(w.services, k)
+		return k, nil
+	case 1:
+		if c.AffinityTimeout == 0 {
+			c.AffinityTimeout = 7 * time.Second
+		} else {
+			c.AffinityTimeout = 0
+		}
+	case 2:
+		c.ExternalLocal = !c.ExternalLocal
+	case 3:
+		c.ClusterIPs = []netip.Addr{w.addr4(19, 200+w.r.Intn(50))}
+	default:
+		i := w.r.Intn(len(c.Ports))
+		c.Ports[i].Endpoints = w.endpoints()
+	}
+	w.services[k] = &c
+	return k, &c
+}
+
+// TestRandomChangesLeaveNoDrift applies a long random sequence of partial
+// syncs, then checks that the kernel holds exactly what one fresh full sync
+// of the final state programs, and what nft itself programs from the
+// rendered text: no drift, no leftovers, and bytecode as nft writes it.
+func TestRandomChangesLeaveNoDrift(t *testing.T) {
+	nsA, fdA := testNetNS(t)
+	nsB, fdB := testNetNS(t)
+	cfg := Config{Table: "nftgate", Node: model.Node{Name: "gw"}, HashSeed: 7,
+		ClusterCIDRs:      []netip.Prefix{netip.MustParsePrefix("198.18.2.0/24")},
+		NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("198.18.1.1/32"), netip.MustParsePrefix("fd42:1::1/128")}}
+
+	w := &randomWorld{r: rand.New(rand.NewSource(1)), services: map[model.ServiceKey]*model.Service{}}
+	for i := 0; i < 40; i++ {
+		s := w.newService()
+		w.services[s.Key] = s
+	}
+	pa, err := NewProgrammer(cfg, Options{NetNSFD: fdA})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pa.Close()
+	if _, err := pa.Full(cloneServices(w.services)); err != nil {
+		t.Fatal(err)
+	}
+	for step := 0; step < 300; step++ {
+		changes := map[model.ServiceKey]*model.Service{}
+		for j, n := 0, 1+w.r.Intn(3); j < n; j++ {
+			k, s := w.mutate()
+			changes[k] = s
+		}
+		if _, err := pa.Partial(changes); err != nil {
+			t.Fatalf("step %d: %v", step, err)
+		}
+	}
+	// Nothing to repair: the state nftgate believes in is the kernel's.
+	res, err := pa.Full(cloneServices(w.services))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Drift) != 0 || res.Counts.Changes() != 0 {
+		t.Fatalf("full sync after partial ones changed something: drift %v, counts %+v", res.Drift, res.Counts)
+	}
+
+	pb, err := NewProgrammer(cfg, Options{NetNSFD: fdB})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pb.Close()
+	if _, err := pb.Full(cloneServices(w.services)); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, fam := range []string{"ip", "ip6"} {
+		a := normalizedTable(t, nsA, fam, cfg.Table)
+		b := normalizedTable(t, nsB, fam, cfg.Table)
+		if a != b {
+			t.Errorf("%s table after random partial syncs differs from a fresh full sync:\n%s", fam, firstDifference(a, b))
+		}
+	}
+	if len(res.Conflicts) == 0 {
+		t.Error("the random world never made two Services claim one address: the test lost its reach")
+	}
+}
+
+// TestNetlinkMatchesNft programs a varied ruleset over netlink and the same
+// ruleset, as text, with nft itself: the kernel must end up with the same
+// objects and bytecode, which is what makes `nft list ruleset` show exactly
+// what nftgate meant.
+func TestNetlinkMatchesNft(t *testing.T) {
+	nsA, fdA := testNetNS(t)
+	nsC, _ := testNetNS(t)
+	cfg := Config{Table: "nftgate", Node: model.Node{Name: "gw"}, HashSeed: 7,
+		ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("198.18.2.0/24"), netip.MustParsePrefix("fd42:2::/64")}}
+	w := &randomWorld{r: rand.New(rand.NewSource(2)), services: map[model.ServiceKey]*model.Service{}, unique: true}
+	for i := 0; i < 60; i++ {
+		s := w.newService()
+		w.services[s.Key] = s
+	}
+	pa, err := NewProgrammer(cfg, Options{NetNSFD: fdA})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pa.Close()
+	res, err := pa.Full(cloneServices(w.services))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Conflicts) > 0 {
+		t.Fatalf("conflicts in a world without shared addresses: %v", res.Conflicts)
+	}
+	var text bytes.Buffer
+	for _, f := range Families {
+		st := Static(&cfg, f)
+		frags := []*Fragment{&st}
+		for _, s := range w.services {
+			r := RenderService(&cfg, s)
+			frags = append(frags, r.Of(f))
+		}
+		if err := WriteText(&text, cfg.Table, f, frags...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	file := filepath.Join(t.TempDir(), "ruleset.nft")
+	if err := os.WriteFile(file, text.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("ip", "netns", "exec", nsC, "nft", "-f", file).CombinedOutput(); err != nil {
+		t.Fatalf("nft -f of the rendered ruleset: %v\n%s", err, out)
+	}
+	for _, fam := range []string{"ip", "ip6"} {
+		a := normalizedTable(t, nsA, fam, cfg.Table)
+		c := normalizedTable(t, nsC, fam, cfg.Table)
+		if a != c {
+			t.Errorf("%s table programmed over netlink differs from nft's own programming of the same text:\n%s", fam, firstDifference(a, c))
+		}
+	}
+}
+
+// normalizedTable lists a table as JSON and sorts away what carries no
+// meaning: handles, the order of chains, sets and elements. Rule order
+// within a chain is kept.
+func normalizedTable(t *testing.T, ns, family, table string) string {
+	t.Helper()
+	out, err := exec.Command("ip", "netns", "exec", ns, "nft", "-j", "list", "table", family, table).Output()
+	if err != nil {
+		t.Fatalf("nft -j list table %s %s: %v", family, table, err)
+	}
+	var doc struct {
+		Nftables []map[string]json.RawMessage `json:"nftables"`
+	}
+	if err := json.Unmarshal(out, &doc); err != nil {
+		t.Fatal(err)
+	}
+	var objs []string
+	rules := map[string][]string{}
+	for _, o := range doc.Nftables {
+		for kind, raw := range o {
+			var v any
+			if err := json.Unmarshal(raw, &v); err != nil {
+				t.Fatal(err)
+			}
+			m, _ := v.(map[string]any)
+			if m == nil || kind == "metainfo" {
+				continue
+			}
+			delete(m, "handle")
+			if el, ok := m["elem"].([]any); ok {
+				sort.Slice(el, func(i, j int) bool { return jsonString(el[i]) < jsonString(el[j]) })
+			}
+			if kind == "rule" {
+				chain, _ := m["chain"].(string)
+				rules[chain] = append(rules[chain], jsonString(stripAnonymous(m["expr"])))
+				continue
+			}
+			objs = append(objs, kind+" "+jsonString(m))
+		}
+	}
+	for chain, rs := range rules {
+		objs = append(objs, fmt.Sprintf("rules of %s: %v", chain, rs))
+	}
+	sort.Strings(objs)
+	var b bytes.Buffer
+	for _, o := range objs {
+		b.WriteString(o)
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+// stripAnonymous sorts the elements of anonymous maps inside rules.
+func stripAnonymous(v any) any {
+	switch x := v.(type) {
+	case []any:
+		for i := range x {
+			x[i] = stripAnonymous(x[i])
+		}
+		return x
+	case map[string]any:
+		for k := range x {
+			x[k] = stripAnonymous(x[k])
+		}
+		if s, ok := x["set"].([]any); ok {
+			sort.Slice(s, func(i, j int) bool { return jsonString(s[i]) < jsonString(s[j]) })
+		}
+		return x
+	}
+	return v
+}
+
+func jsonString(v any) string {
+	b, _ := json.Marshal(v)
+	return string(b)
+}
+
+func firstDifference(a, b string) string {
+	al, bl := bytes.Split([]byte(a), []byte("\n")), bytes.Split([]byte(b), []byte("\n"))
+	for i := 0; i < len(al) || i < len(bl); i++ {
+		var x, y []byte
+		if i < len(al) {
+			x = al[i]
+		}
+		if i < len(bl) {
+			y = bl[i]
+		}
+		if !bytes.Equal(x, y) {
+			return fmt.Sprintf("line %d:\n  got:  %s\n  want: %s", i, x, y)
+		}
+	}
+	return ""
+}
+
+// TestFullRepairsHandEdits changes the kernel behind the programmer's back
+// and checks that a full sync notices and repairs each change.
+func TestFullRepairsHandEdits(t *testing.T) {
+	ns, fd := testNetNS(t)
+	cfg := Config{Table: "nftgate", Node: model.Node{Name: "gw"}}
+	w := &randomWorld{r: rand.New(rand.NewSource(3)), services: map[model.ServiceKey]*model.Service{}, unique: true}
+	for i := 0; i < 10; i++ {
+		s := w.newService()
+		w.services[s.Key] = s
+	}
+	p, err := NewProgrammer(cfg, Options{NetNSFD: fd})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if _, err := p.Full(cloneServices(w.services)); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"ip": normalizedTable(t, ns, "ip", cfg.Table), "ip6": normalizedTable(t, ns, "ip6", cfg.Table)}
+	nft := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command("ip", append([]string{"netns", "exec", ns, "nft"}, args...)...).CombinedOutput(); err != nil {
+			t.Fatalf("nft %v: %v: %s", args, err, out)
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		edit func()
+	}{
+		{"table deleted", func() { nft("delete", "table", "ip", cfg.Table) }},
+		{"table flushed", func() { nft("flush", "table", "ip", cfg.Table) }},
+		{"chain flushed", func() { nft("flush", "chain", "ip", cfg.Table, ChainServices) }},
+		{"rule added", func() { nft("add", "rule", "ip", cfg.Table, ChainServices, "ip", "daddr", "1.2.3.4", "drop") }},
+		{"element edited", func() {
+			nft("flush", "map", "ip", cfg.Table, MapServiceIPs)
+			nft("add", "element", "ip", cfg.Table, MapServiceIPs, "{ 198.19.9.9 . tcp . 80 : drop }")
+		}},
+		{"chain added", func() { nft("add", "chain", "ip", cfg.Table, "intruder") }},
+	} {
+		tc.edit()
+		res, err := p.Full(cloneServices(w.services))
+		if err != nil {
+			t.Fatalf("%s: repair failed: %v", tc.name, err)
+		}
+		if len(res.Drift) == 0 {
+			t.Errorf("%s: the full sync reported no drift", tc.name)
+		}
+		for fam, w := range want {
+			if got := normalizedTable(t, ns, fam, cfg.Table); got != w {
+				t.Errorf("%s: %s table not repaired:\n%s", tc.name, fam, firstDifference(got, w))
+			}
+		}
+	}
+}

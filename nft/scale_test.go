@@ -1,0 +1,355 @@
+package nft
+
+// Synthetic clusters for scale tests and benchmarks: a realistic mix of
+// Service shapes at any size, what the kernel must hold for them (computed
+// from the model, not from the renderer, so that the check can disagree with
+// the renderer), and a check of a namespace's tables against it.
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/mdlayher/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/nftgate/nftgate/model"
+)
+
+// scaleConfig is the ruleset configuration of every scale test: a gateway
+// node that no synthetic endpoint lives on.
+func scaleConfig() Config {
+	return Config{
+		Table:         "nftgate",
+		Node:          model.Node{Name: "gw", Zone: "zone-a"},
+		ClusterCIDRs:  []netip.Prefix{netip.MustParsePrefix("10.128.0.0/9")},
+		MasqueradeBit: DefaultMasqueradeBit,
+		HashSeed:      7,
+	}
+}
+
+// Address plan of the synthetic cluster. Nothing is ever sent to these
+// addresses: they only fill map keys and DNAT targets inside test namespaces.
+var (
+	scaleClusterIPBase = netip.MustParseAddr("10.96.0.0")  // /12: a million ClusterIPs
+	scaleLBIPBase      = netip.MustParseAddr("198.18.0.0") // /15: LoadBalancer ingress
+	scaleEndpointBase  = netip.MustParseAddr("10.128.0.0") // pods
+	scaleReplaceBase   = netip.MustParseAddr("10.200.0.0") // endpoints that replace others
+	scaleSourceRange   = netip.MustParsePrefix("203.0.113.0/24")
+	scaleFirstNodePort = uint16(30000)
+	scaleLastNodePort  = uint16(32767) // the API server's default range
+)
+
+func addrPlus(base netip.Addr, n uint32) netip.Addr {
+	b := base.As4()
+	v := binary.BigEndian.Uint32(b[:]) + n
+	binary.BigEndian.PutUint32(b[:], v)
+	return netip.AddrFrom4(b)
+}
+
+// scaleCluster is a synthetic cluster and what it must program.
+type scaleCluster struct {
+	Services map[model.ServiceKey]*model.Service
+	Keys     []model.ServiceKey // in creation order, for picking Services to change
+	Want     scaleExpect
+}
+
+// scaleExpect counts what the IPv4 table must hold for a cluster in which
+// every Service port has ready endpoints and none lives on the gateway.
+type scaleExpect struct {
+	ServiceIPs   int // elements of service-ips
+	NodePorts    int // elements of service-nodeports
+	FirewallIPs  int // elements of firewall-ips
+	Chains       int // chains, static ones included
+	AffinitySets int
+}
+
+// newScaleCluster builds n Services with eps endpoints per port. The mix,
+// by Service index modulo 20:
+//
+//	0-13  ClusterIP, one TCP port (70%)
+//	14-15 ClusterIP, DNS-like UDP 53 + TCP 53 (10%)
+//	16    ClusterIP, TCP 80 + 443 (5%)
+//	17    NodePort, TCP 80 (5%)
+//	18    LoadBalancer, TCP 443, externalTrafficPolicy Local (5%)
+//	19    LoadBalancer, TCP 80 + UDP 8125, loadBalancerSourceRanges (5%)
+//
+// and one Service in ten (index modulo 10 == 3) has ClientIP affinity.
+// NodePorts come from the default 30000-32767 range; once it is used up,
+// later Services get none (LoadBalancers then behave as with
+// allocateLoadBalancerNodePorts false, NodePort ones as ClusterIP).
+func newScaleCluster(n, eps int) *scaleCluster {
+	c := &scaleCluster{Services: make(map[model.ServiceKey]*model.Service, n), Keys: make([]model.ServiceKey, 0, n)}
+	nextNodePort := scaleFirstNodePort
+	nodePort := func() uint16 {
+		if nextNodePort > scaleLastNodePort {
+			return 0
+		}
+		nextNodePort++
+		return nextNodePort - 1
+	}
+	lbIndex := uint32(0)
+	created := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for i := range n {
+		key := model.ServiceKey{Namespace: fmt.Sprintf("ns-%d", i/50), Name: fmt.Sprintf("svc-%d", i)}
+		svc := &model.Service{
+			Key:        key,
+			Type:       "ClusterIP",
+			Created:    created.Add(time.Duration(i) * time.Second),
+			ClusterIPs: []netip.Addr{addrPlus(scaleClusterIPBase, uint32(i)+1)},
+		}
+		epBase := uint32(i * eps)
+		endpoints := func(port uint16) []model.Endpoint {
+			out := make([]model.Endpoint, eps)
+			for j := range out {
+				out[j] = model.Endpoint{Addr: addrPlus(scaleEndpointBase, epBase+uint32(j)), Port: port,
+					NodeName: fmt.Sprintf("node-%d", (i+j)%100), Ready: true, Serving: true}
+			}
+			return out
+		}
+		port := func(name string, proto model.Protocol, p, target uint16, np uint16) model.ServicePort {
+			return model.ServicePort{Name: name, Protocol: proto, Port: p, NodePort: np, Endpoints: endpoints(target)}
+		}
+		lbIP := func() netip.Addr {
+			lbIndex++
+			return addrPlus(scaleLBIPBase, lbIndex)
+		}
+		switch kind := i % 20; {
+		case kind <= 13:
+			svc.Ports = []model.ServicePort{port("http", model.TCP, 80, 8080, 0)}
+		case kind <= 15:
+			svc.Ports = []model.ServicePort{port("dns", model.UDP, 53, 53, 0), port("dns-tcp", model.TCP, 53, 53, 0)}
+		case kind == 16:
+			svc.Ports = []model.ServicePort{port("http", model.TCP, 80, 8080, 0), port("https", model.TCP, 443, 8443, 0)}
+		case kind == 17:
+			svc.Type = "NodePort"
+			svc.Ports = []model.ServicePort{port("http", model.TCP, 80, 8080, nodePort())}
+		case kind == 18:
+			svc.Type = "LoadBalancer"
+			svc.ExternalLocal = true
+			svc.LoadBalancerIPs = []netip.Addr{lbIP()}
+			svc.Ports = []model.ServicePort{port("https", model.TCP, 443, 8443, nodePort())}
+		default:
+			svc.Type = "LoadBalancer"
+			svc.LoadBalancerIPs = []netip.Addr{lbIP()}
+			svc.SourceRanges = []netip.Prefix{scaleSourceRange}
+			svc.Ports = []model.ServicePort{port("http", model.TCP, 80, 8080, nodePort()),
+				port("statsd", model.UDP, 8125, 8125, nodePort())}
+		}
+		if i%10 == 3 {
+			svc.AffinityTimeout = 3 * time.Hour
+		}
+		c.Services[key] = svc
+		c.Keys = append(c.Keys, key)
+		c.Want.add(svc, eps)
+	}
+	cfg := scaleConfig()
+	c.Want.Chains += len(Static(&cfg, IPv4).Chains)
+	return c
+}
+
+func (w *scaleExpect) add(svc *model.Service, eps int) {
+	for _, p := range svc.Ports {
+		w.ServiceIPs += len(svc.ClusterIPs) + len(svc.ExternalIPs) + len(svc.LoadBalancerIPs)
+		w.Chains += eps + 1 // one chain per endpoint and the Service port's chain
+		external := p.NodePort != 0 || len(svc.ExternalIPs) > 0 || len(svc.LoadBalancerIPs) > 0
+		if external {
+			w.Chains++
+		}
+		if p.NodePort != 0 {
+			w.NodePorts++
+		}
+		if len(svc.SourceRanges) > 0 && len(svc.LoadBalancerIPs) > 0 {
+			w.Chains++
+			w.FirewallIPs += len(svc.LoadBalancerIPs)
+		}
+		if svc.AffinityTimeout > 0 {
+			w.AffinitySets += eps
+		}
+	}
+}
+
+// withReplacedEndpoint returns a copy of svc in which endpoint j of every
+// port has moved to a new address: one rollout step of one pod. The copy
+// shares nothing mutable with svc, which the Programmer keeps as programmed.
+func withReplacedEndpoint(svc *model.Service, j int, newAddr netip.Addr) *model.Service {
+	c := *svc
+	c.Ports = make([]model.ServicePort, len(svc.Ports))
+	for pi, p := range svc.Ports {
+		p.Endpoints = append([]model.Endpoint(nil), p.Endpoints...)
+		p.Endpoints[j%len(p.Endpoints)].Addr = newAddr
+		c.Ports[pi] = p
+	}
+	return &c
+}
+
+var scaleNSCounter atomic.Int32
+
+// scaleNetNS creates an empty network namespace, removed when tb ends.
+func scaleNetNS(tb testing.TB) (name string, fd int) {
+	tb.Helper()
+	if os.Geteuid() != 0 {
+		tb.Skip("needs root for network namespaces")
+	}
+	name = fmt.Sprintf("nftgate-nftbench-%d-%d", os.Getpid(), scaleNSCounter.Add(1))
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		tb.Fatalf("ip netns add %s: %v: %s", name, err, out)
+	}
+	h, err := netns.GetFromName(name)
+	if err != nil {
+		exec.Command("ip", "netns", "del", name).Run()
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		h.Close()
+		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
+			tb.Errorf("ip netns del %s: %v: %s", name, err, out)
+		}
+	})
+	return name, int(h)
+}
+
+func scaleNft(tb testing.TB, ns string, args ...string) string {
+	tb.Helper()
+	out, err := exec.Command("ip", append([]string{"netns", "exec", ns, "nft"}, args...)...).CombinedOutput()
+	if err != nil {
+		tb.Fatalf("nft %s: %v: %.2000s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// checkKernel compares the IPv4 table in namespace ns with what the cluster
+// must program, through the nft CLI: an independent reader of the kernel.
+func checkKernel(tb testing.TB, ns, table string, want scaleExpect) {
+	tb.Helper()
+	countIn := func(what, sub string, args ...string) int {
+		return strings.Count(scaleNft(tb, ns, args...), sub)
+	}
+	got := scaleExpect{
+		ServiceIPs:   countIn("service-ips", ": goto ", "list", "map", "ip", table, MapServiceIPs),
+		NodePorts:    countIn("service-nodeports", ": goto ", "list", "map", "ip", table, MapServiceNodePorts),
+		FirewallIPs:  countIn("firewall-ips", ": goto ", "list", "map", "ip", table, MapFirewallIPs),
+		Chains:       countIn("chains", "\tchain ", "list", "chains", "ip"),
+		AffinitySets: countIn("sets", "\tset aff-", "list", "sets", "ip"),
+	}
+	if got != want {
+		tb.Fatalf("kernel table ip %s holds %+v, want %+v", table, got, want)
+	}
+	if v6 := countIn("ip6 chains", "\tchain ", "list", "chains", "ip6"); v6 != len(Static(&Config{}, IPv6).Chains) {
+		tb.Fatalf("ip6 table has %d chains, want only the %d static ones", v6, len(Static(&Config{}, IPv6).Chains))
+	}
+}
+
+// planCold is the user-space half of a cold Full sync, without a kernel:
+// render every Service, diff against empty tables, encode the batch. It
+// mirrors Programmer.Full minus the readback, the claim arbitration (the
+// synthetic clusters have no conflicting claims) and the send.
+func planCold(tb testing.TB, cfg *Config, services map[model.ServiceKey]*model.Service) ([2]*differ, []netlink.Message) {
+	var ds [2]*differ
+	for i, f := range Families {
+		ds[i] = newDiffer(f, newTableState())
+		ds[i].ops.createTable = true
+		st := Static(cfg, f)
+		for _, s := range st.Sets {
+			ds[i].set(s.Name, s)
+		}
+		for _, c := range st.Chains {
+			ds[i].chain(c.Name, c)
+		}
+	}
+	for _, svc := range services {
+		r := RenderService(cfg, svc)
+		for i, f := range Families {
+			fr := r.Of(f)
+			for _, s := range fr.Sets {
+				ds[i].set(s.Name, s)
+			}
+			for _, c := range fr.Chains {
+				ds[i].chain(c.Name, c)
+			}
+			for _, e := range fr.Elements {
+				v := e.Verdict
+				ds[i].element(e.ID(), &v)
+			}
+		}
+	}
+	sortOps(ds)
+	return ds, encodeOps(tb, cfg, ds)
+}
+
+// planChange is the user-space half of a Partial sync of one changed
+// Service against state: render old and new, diff, encode. It mirrors
+// Programmer.Partial minus the claim bookkeeping and the send.
+func planChange(tb testing.TB, cfg *Config, state [2]*tableState, old, svc *model.Service) ([2]*differ, []netlink.Message) {
+	var ds [2]*differ
+	oldR, newR := RenderService(cfg, old), RenderService(cfg, svc)
+	for i, f := range Families {
+		d := newDiffer(f, state[i])
+		ds[i] = d
+		o, n := oldR.Of(f), newR.Of(f)
+		newChains := map[string]bool{}
+		for _, c := range n.Chains {
+			newChains[c.Name] = true
+			d.chain(c.Name, c)
+		}
+		for _, c := range o.Chains {
+			if !newChains[c.Name] {
+				d.chain(c.Name, nil)
+			}
+		}
+		newSets := map[string]bool{}
+		for _, s := range n.Sets {
+			newSets[s.Name] = true
+			d.set(s.Name, s)
+		}
+		for _, s := range o.Sets {
+			if !newSets[s.Name] {
+				d.set(s.Name, nil)
+			}
+		}
+		newElems := map[ElemID]bool{}
+		for _, e := range n.Elements {
+			newElems[e.ID()] = true
+			v := e.Verdict
+			d.element(e.ID(), &v)
+		}
+		for _, e := range o.Elements {
+			if !newElems[e.ID()] {
+				d.element(e.ID(), nil)
+			}
+		}
+	}
+	sortOps(ds)
+	return ds, encodeOps(tb, cfg, ds)
+}
+
+// encodeOps encodes both families' operations as Programmer.commit does.
+func encodeOps(tb testing.TB, cfg *Config, ds [2]*differ) []netlink.Message {
+	rec, err := newRecorder()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for i, f := range Families {
+		if ds[i].ops.empty() {
+			continue
+		}
+		e := &encoder{conn: rec.conn, f: f, sets: map[string]*nftables.Set{},
+			table: &nftables.Table{Name: cfg.Table, Family: nftFamily(f)}}
+		e.encode(&ds[i].ops)
+		if e.err != nil {
+			tb.Fatal(e.err)
+		}
+	}
+	msgs, err := rec.take()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return msgs
+}
