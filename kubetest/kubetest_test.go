@@ -287,8 +287,15 @@ func TestControlPlaneInNetNS(t *testing.T) {
 		}
 	})
 
+	// A non-loopback address, so kube-apiserver publishes itself as the
+	// endpoint of the kubernetes Service as in a real cluster.
+	const addr = "192.0.2.10"
+	if out, err := exec.Command("ip", "-n", ns, "addr", "add", addr+"/32", "dev", "lo").CombinedOutput(); err != nil {
+		t.Fatalf("ip addr add: %v: %s", err, out)
+	}
+
 	begin := time.Now()
-	cp := StartForTest(t, Options{NetNS: ns})
+	cp := StartForTest(t, Options{NetNS: ns, Address: addr})
 	t.Logf("control plane in netns %s ready after %v at %s", ns, time.Since(begin).Round(time.Millisecond), cp.URL())
 
 	// From this process the config reaches the server through the namespace.
@@ -296,6 +303,11 @@ func TestControlPlaneInNetNS(t *testing.T) {
 	if _, err := cp.Client().CoreV1().Namespaces().Get(ctx, "default", metav1.GetOptions{}); err != nil {
 		t.Fatalf("client through the namespace: %v", err)
 	}
+
+	if !strings.HasPrefix(cp.URL(), "https://"+addr+":") {
+		t.Errorf("URL = %s, want it on %s", cp.URL(), addr)
+	}
+	waitKubernetesEndpoint(t, ctx, cp, addr)
 
 	// The server listens only inside the namespace.
 	host, port, _ := net.SplitHostPort(strings.TrimPrefix(cp.URL(), "https://"))
@@ -337,6 +349,36 @@ func TestControlPlaneInNetNS(t *testing.T) {
 	if err == nil || !strings.Contains(string(out), "forbidden") {
 		t.Errorf("ServiceAccount without rights listing services: err=%v, output:\n%s\nwant forbidden", err, out)
 	}
+}
+
+// waitKubernetesEndpoint waits until the EndpointSlice of the kubernetes
+// Service, written by kube-apiserver's endpoint reconciler, names addr and
+// the server's port.
+func waitKubernetesEndpoint(t *testing.T, ctx context.Context, cp *ControlPlane, addr string) {
+	t.Helper()
+	_, port, _ := net.SplitHostPort(strings.TrimPrefix(cp.URL(), "https://"))
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	w, err := cp.Client().DiscoveryV1().EndpointSlices("default").Watch(ctx, metav1.ListOptions{
+		LabelSelector: discoveryv1.LabelServiceName + "=kubernetes",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	var last string
+	for ev := range w.ResultChan() {
+		slice, ok := ev.Object.(*discoveryv1.EndpointSlice)
+		if !ok {
+			continue
+		}
+		last = fmt.Sprintf("%+v %+v", slice.Endpoints, slice.Ports)
+		if len(slice.Endpoints) == 1 && len(slice.Endpoints[0].Addresses) == 1 && slice.Endpoints[0].Addresses[0] == addr &&
+			len(slice.Ports) == 1 && slice.Ports[0].Port != nil && strconv.Itoa(int(*slice.Ports[0].Port)) == port {
+			return
+		}
+	}
+	t.Fatalf("EndpointSlice of the kubernetes Service never became %s:%s; last seen: %s", addr, port, last)
 }
 
 func readNetNSOf(pid int) (string, error) {
@@ -398,6 +440,25 @@ func TestBinDirEnv(t *testing.T) {
 	t.Setenv(EnvBinDir, dir)
 	if got, err := BinDir(); err != nil || got != dir {
 		t.Errorf("BinDir = %q, %v; want %q", got, err, dir)
+	}
+}
+
+func TestStartErrorMarksPortRace(t *testing.T) {
+	t.Parallel()
+	log := filepath.Join(t.TempDir(), "server.log")
+	p, err := startProcess("server", "", log, "/bin/sh",
+		[]string{"-c", "echo 'listen tcp 127.0.0.1:1: bind: address already in use' >&2; exit 1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-p.done
+	cp := &ControlPlane{}
+	err = cp.startError("server", errors.New("exited"), p)
+	if !errors.Is(err, errAddrInUse) {
+		t.Errorf("startError = %v, want it to wrap errAddrInUse", err)
+	}
+	if !strings.Contains(err.Error(), "bind: address already in use") || !strings.Contains(err.Error(), log) {
+		t.Errorf("startError = %q, want the log tail and path", err)
 	}
 }
 
