@@ -1,0 +1,515 @@
+package nft
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/nftgate/nftgate/model"
+)
+
+// Packet is the first packet of a new connection, as Trace replays it.
+type Packet struct {
+	Src, Dst         netip.Addr
+	Proto            model.Protocol
+	SrcPort, DstPort uint16
+	// Hook is where the packet enters the gateway: "prerouting" for
+	// traffic that arrives from a network (to be forwarded, or addressed to
+	// the gateway), "output" for the gateway's own traffic.
+	Hook string
+	// SrcLocal and DstLocal are what `fib saddr/daddr type local` answer:
+	// whether the address is one of the gateway's own. A destination
+	// rewritten by DNAT is an endpoint and never local.
+	SrcLocal, DstLocal bool
+	// AffinityHit names the affinity sets that already hold the source
+	// address (a client seen before).
+	AffinityHit map[string]bool
+}
+
+// Fate is what finally happens to a packet on one path through the rules.
+type Fate uint8
+
+// Fates of a packet.
+const (
+	Accepted Fate = iota + 1 // forwarded or delivered, DNATed or not
+	Dropped
+	Rejected
+)
+
+func (f Fate) String() string {
+	switch f {
+	case Accepted:
+		return "accept"
+	case Dropped:
+		return "drop"
+	case Rejected:
+		return "reject"
+	}
+	return "?"
+}
+
+// Outcome is one possible path of the packet through the ruleset.
+type Outcome struct {
+	Fate Fate
+	// DNAT is the endpoint the packet was sent to; zero when not DNATed.
+	DNAT netip.AddrPort
+	// Local is set when the packet was delivered to the gateway itself.
+	Local bool
+	// Marked tells that the masquerade mark bit was set when the packet
+	// reached postrouting; Masqueraded that postrouting masqueraded it.
+	Marked, Masqueraded bool
+	// Affinity lists the affinity sets the path recorded the client in.
+	Affinity []string
+	// Path is every rule that acted on the packet, as "chain: rule".
+	Path []string
+}
+
+func (o Outcome) String() string {
+	var s string
+	if o.Fate == Accepted && o.DNAT.IsValid() {
+		s = "dnat " + o.DNAT.String()
+	} else {
+		s = o.Fate.String()
+	}
+	if o.Masqueraded {
+		s += " masq"
+	}
+	return s
+}
+
+// TraceResult is every way the packet can go. Trace follows each branch of a
+// HashDispatch, so a Service with N endpoints has (at least) N outcomes.
+type TraceResult struct {
+	Outcomes []Outcome
+	// Err reports a ruleset the tracer cannot follow: a jump to a missing
+	// chain, a lookup in a missing map, a loop, conflicting elements.
+	Err error
+}
+
+// Targets are the distinct endpoints the packet may be DNATed to, in order.
+func (r TraceResult) Targets() []netip.AddrPort {
+	var out []netip.AddrPort
+	for _, o := range r.Outcomes {
+		if o.DNAT.IsValid() && !slices.Contains(out, o.DNAT) {
+			out = append(out, o.DNAT)
+		}
+	}
+	slices.SortFunc(out, func(a, b netip.AddrPort) int { return a.Compare(b) })
+	return out
+}
+
+// Dropped tells whether some path drops the packet.
+func (r TraceResult) Dropped() bool { return r.any(func(o Outcome) bool { return o.Fate == Dropped }) }
+
+// Rejected tells whether some path rejects the packet.
+func (r TraceResult) Rejected() bool {
+	return r.any(func(o Outcome) bool { return o.Fate == Rejected })
+}
+
+// AcceptedUnchanged tells whether some path lets the packet through without
+// DNAT.
+func (r TraceResult) AcceptedUnchanged() bool {
+	return r.any(func(o Outcome) bool { return o.Fate == Accepted && !o.DNAT.IsValid() })
+}
+
+// Masqueraded tells whether some path masqueraded the packet.
+func (r TraceResult) Masqueraded() bool { return r.any(func(o Outcome) bool { return o.Masqueraded }) }
+
+func (r TraceResult) any(p func(Outcome) bool) bool { return slices.ContainsFunc(r.Outcomes, p) }
+
+// Summary lists the distinct outcomes, sorted, as "dnat 10.0.0.1:80 masq,
+// drop": a compact value for table tests to compare.
+func (r TraceResult) Summary() string {
+	if r.Err != nil {
+		return "error: " + r.Err.Error()
+	}
+	var s []string
+	for _, o := range r.Outcomes {
+		if t := o.String(); !slices.Contains(s, t) {
+			s = append(s, t)
+		}
+	}
+	sort.Strings(s)
+	return strings.Join(s, ", ")
+}
+
+// Paths writes every outcome with the rules it took, for failure messages.
+func (r TraceResult) Paths() string {
+	var b strings.Builder
+	for i, o := range r.Outcomes {
+		fmt.Fprintf(&b, "outcome %d: %s\n", i, o)
+		for _, p := range o.Path {
+			fmt.Fprintf(&b, "\t%s\n", p)
+		}
+	}
+	return b.String()
+}
+
+// Trace replays the first packet of a new connection through family f's
+// ruleset, made of frags (nft.Static's skeleton and the Services'
+// fragments), as the kernel would: the base chains of each hook in priority
+// order, jumps, gotos, returns, verdict maps, and every branch of a
+// HashDispatch. It is test infrastructure: the semantics of a ruleset checked
+// in microseconds, without a kernel.
+//
+// The kernel's path for a new connection: a packet from a network passes
+// prerouting, then input when its (possibly DNATed) destination is local, or
+// forward and postrouting otherwise. The gateway's own packet passes output
+// and postrouting, and when addressed to itself comes back in over loopback
+// through prerouting and input, where NAT no longer applies because the
+// connection's NAT is already set up.
+func Trace(cfg *Config, f Family, frags []*Fragment, pkt Packet) TraceResult {
+	t := &tracer{f: f, pkt: pkt, bit: cfg.MasqueradeBit, chains: map[string]*Chain{},
+		sets: map[string]*Set{}, elems: map[string]map[Key]Verdict{}, hooks: map[string][]*Chain{}}
+	if err := t.index(frags); err != nil {
+		return TraceResult{Err: err}
+	}
+	if !pkt.Src.IsValid() || !pkt.Dst.IsValid() || Of(pkt.Src) != f || Of(pkt.Dst) != f {
+		return TraceResult{Err: fmt.Errorf("packet %s -> %s is not of family %s", pkt.Src, pkt.Dst, f)}
+	}
+	start := state{dst: pkt.Dst, dport: pkt.DstPort, dstLocal: pkt.DstLocal}
+	switch pkt.Hook {
+	case "prerouting":
+		for _, st := range t.hook(start, "prerouting", true) {
+			if st.dstLocal {
+				for _, st := range t.hook(st, "input", true) {
+					t.finish(st, false)
+				}
+				continue
+			}
+			for _, st := range t.hook(st, "forward", true) {
+				t.finish(t.postrouting(st), true)
+			}
+		}
+	case "output":
+		for _, st := range t.hook(start, "output", true) {
+			st = t.postrouting(st)
+			if t.err != nil || !st.dstLocal {
+				t.finish(st, true)
+				continue
+			}
+			for _, st := range t.hook(st, "prerouting", false) {
+				for _, st := range t.hook(st, "input", false) {
+					t.finish(st, false)
+				}
+			}
+		}
+	default:
+		return TraceResult{Err: fmt.Errorf("packet hook %q: want prerouting or output", pkt.Hook)}
+	}
+	if t.err != nil {
+		return TraceResult{Err: t.err}
+	}
+	return TraceResult{Outcomes: t.out}
+}
+
+type tracer struct {
+	f      Family
+	pkt    Packet
+	bit    uint32
+	chains map[string]*Chain
+	sets   map[string]*Set
+	elems  map[string]map[Key]Verdict
+	hooks  map[string][]*Chain // base chains per hook, by priority
+	out    []Outcome
+	err    error
+}
+
+// state is what the rules may change about a packet on one path.
+type state struct {
+	dst         netip.Addr
+	dport       uint16
+	dstLocal    bool
+	mark        uint32
+	dnat        netip.AddrPort
+	marked      bool // mark bit seen at postrouting
+	masqueraded bool
+	affinity    []string
+	path        []string
+}
+
+func (st state) log(chain string, r Rule, f Family, note string) state {
+	line := chain + ": " + r.Text(f)
+	if note != "" {
+		line += "  => " + note
+	}
+	st.path = append(slices.Clip(st.path), line)
+	return st
+}
+
+func (t *tracer) index(frags []*Fragment) error {
+	for _, fr := range frags {
+		for _, s := range fr.Sets {
+			if _, dup := t.sets[s.Name]; dup {
+				return fmt.Errorf("set %q defined twice", s.Name)
+			}
+			t.sets[s.Name] = s
+			if s.Map {
+				t.elems[s.Name] = map[Key]Verdict{}
+			}
+		}
+	}
+	for _, fr := range frags {
+		for _, c := range fr.Chains {
+			if _, dup := t.chains[c.Name]; dup {
+				return fmt.Errorf("chain %q defined twice", c.Name)
+			}
+			t.chains[c.Name] = c
+			if c.Hook != nil {
+				t.hooks[c.Hook.Hook] = append(t.hooks[c.Hook.Hook], c)
+			}
+		}
+		for _, e := range fr.Elements {
+			m, ok := t.elems[e.Map]
+			if !ok {
+				return fmt.Errorf("element %s in missing map %q", e.Key, e.Map)
+			}
+			if v, dup := m[e.Key]; dup && v != e.Verdict {
+				return fmt.Errorf("map %s: key %s claimed by %q and %q", e.Map, e.Key, v, e.Verdict)
+			}
+			m[e.Key] = e.Verdict
+		}
+	}
+	for _, cs := range t.hooks {
+		sort.SliceStable(cs, func(i, j int) bool { return cs[i].Hook.Priority < cs[j].Hook.Priority })
+	}
+	return nil
+}
+
+func (t *tracer) fail(format string, args ...any) {
+	if t.err == nil {
+		t.err = fmt.Errorf(format, args...)
+	}
+}
+
+// hook runs the base chains of one hook in priority order and returns the
+// paths that survive it; dropped and rejected paths become outcomes. NAT
+// chains run only while the connection has no NAT for this hook yet (and
+// not at all when nat is false): the kernel consults them for the first
+// packet only, and stops once one of them set up the translation.
+func (t *tracer) hook(st state, hook string, nat bool) []state {
+	live := []state{st}
+	for _, c := range t.hooks[hook] {
+		var next []state
+		for _, st := range live {
+			if c.Hook.Type == "nat" && (!nat || natDone(hook, st)) {
+				next = append(next, st)
+				continue
+			}
+			for _, e := range t.runChain(st, c.Name, 0) {
+				switch e.kind {
+				case endDrop:
+					t.end(e.st, Dropped, false)
+				case endReject:
+					t.end(e.st, Rejected, false)
+				default: // accept, return or the end of a base chain: policy accept
+					next = append(next, e.st)
+				}
+			}
+		}
+		live = next
+	}
+	return live
+}
+
+// natDone tells whether the connection already has its NAT for the hook:
+// destination NAT on prerouting and output, source NAT on the others.
+func natDone(hook string, st state) bool {
+	if hook == "prerouting" || hook == "output" {
+		return st.dnat.IsValid()
+	}
+	return st.masqueraded
+}
+
+func (t *tracer) postrouting(st state) state {
+	st.marked = st.mark&t.bit != 0
+	live := t.hook(st, "postrouting", true)
+	if len(live) != 1 {
+		// Postrouting only masquerades here; a branch or a drop there
+		// would be a ruleset the outcomes cannot describe.
+		t.fail("postrouting left %d paths, want 1", len(live))
+		return st
+	}
+	return live[0]
+}
+
+func (t *tracer) finish(st state, forwarded bool) {
+	t.end(st, Accepted, !forwarded)
+}
+
+func (t *tracer) end(st state, fate Fate, local bool) {
+	t.out = append(t.out, Outcome{Fate: fate, DNAT: st.dnat, Local: local && fate == Accepted,
+		Marked: st.marked, Masqueraded: st.masqueraded, Affinity: st.affinity, Path: st.path})
+}
+
+type endKind uint8
+
+const (
+	endNext   endKind = iota // the rule is done: go on with the next one
+	endReturn                // return to the calling chain (also: end of chain)
+	endAccept
+	endDrop
+	endReject
+)
+
+type end struct {
+	st   state
+	kind endKind
+}
+
+const maxDepth = 32
+
+func (t *tracer) runChain(st state, name string, depth int) []end {
+	if depth > maxDepth {
+		t.fail("chain %q: jumps nest deeper than %d (a loop?)", name, maxDepth)
+		return nil
+	}
+	c, ok := t.chains[name]
+	if !ok {
+		t.fail("jump to missing chain %q", name)
+		return nil
+	}
+	return t.runRules(st, c, 0, depth)
+}
+
+func (t *tracer) runRules(st state, c *Chain, i, depth int) []end {
+	if i == len(c.Rules) {
+		return []end{{st, endReturn}}
+	}
+	var out []end
+	for _, e := range t.runRule(st, c, i, depth) {
+		if e.kind == endNext {
+			out = append(out, t.runRules(e.st, c, i+1, depth)...)
+		} else {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// runRule evaluates one rule's statements left to right. A failing match
+// ends the rule; changes made before it stay, as in the kernel.
+func (t *tracer) runRule(st state, c *Chain, i, depth int) []end {
+	r := c.Rules[i]
+	for _, s := range r {
+		switch s := s.(type) {
+		case MatchAddr:
+			a := t.pkt.Src
+			if s.Dir == Dst {
+				a = st.dst
+			}
+			if s.Prefix.Contains(a) == s.Not {
+				return []end{{st, endNext}}
+			}
+		case MatchAddrInSet:
+			if _, ok := t.sets[s.Set]; !ok {
+				t.fail("chain %s: lookup in missing set %q", c.Name, s.Set)
+				return nil
+			}
+			if s.Dir != Src {
+				t.fail("chain %s: destination set lookups are not traced", c.Name)
+				return nil
+			}
+			if !t.pkt.AffinityHit[s.Set] {
+				return []end{{st, endNext}}
+			}
+		case MatchLocal:
+			local := t.pkt.SrcLocal
+			if s.Dir == Dst {
+				local = st.dstLocal
+			}
+			if !local {
+				return []end{{st, endNext}}
+			}
+		case MatchCtNew:
+			// Trace replays the first packet of a connection.
+		case MatchMarkUnset:
+			if st.mark&s.Bit != 0 {
+				return []end{{st, endNext}}
+			}
+		case SetMark:
+			if s.Xor {
+				st.mark ^= s.Bit
+			} else {
+				st.mark |= s.Bit
+			}
+		case UpdateAffinity:
+			if _, ok := t.sets[s.Set]; !ok {
+				t.fail("chain %s: update of missing set %q", c.Name, s.Set)
+				return nil
+			}
+			st.affinity = append(slices.Clip(st.affinity), s.Set)
+		case DNAT:
+			if t.pkt.Proto != s.Proto {
+				return []end{{st, endNext}}
+			}
+			if Of(s.To.Addr()) != t.f {
+				t.fail("chain %s: dnat to %s in family %s", c.Name, s.To, t.f)
+				return nil
+			}
+			// NAT statements end the chain with accept; later chains
+			// of the hook already see the new destination.
+			st.dnat, st.dst, st.dport, st.dstLocal = s.To, s.To.Addr(), s.To.Port(), false
+			return []end{{st.log(c.Name, r, t.f, ""), endAccept}}
+		case Masquerade:
+			st.masqueraded = true
+			return []end{{st.log(c.Name, r, t.f, ""), endAccept}}
+		case Reject:
+			return []end{{st.log(c.Name, r, t.f, ""), endReject}}
+		case Verdict:
+			return t.verdict(st.log(c.Name, r, t.f, ""), s, depth)
+		case VmapDispatch:
+			m, ok := t.elems[s.Map]
+			if !ok {
+				t.fail("chain %s: lookup in missing map %q", c.Name, s.Map)
+				return nil
+			}
+			k := Key{Proto: t.pkt.Proto, Port: st.dport}
+			if s.Shape == KeyAddrProtoPort {
+				k.Addr = st.dst
+			}
+			v, hit := m[k]
+			if !hit {
+				return []end{{st, endNext}}
+			}
+			return t.verdict(st.log(c.Name, r, t.f, "element "+k.String()+" : "+v.String()), v, depth)
+		case HashDispatch:
+			var out []end
+			for _, target := range s.Targets {
+				v := Verdict{Kind: Goto, Chain: target}
+				out = append(out, t.verdict(st.log(c.Name, r, t.f, v.String()), v, depth)...)
+			}
+			return out
+		default:
+			t.fail("chain %s: statement %T is not traced", c.Name, s)
+			return nil
+		}
+	}
+	return []end{{st.log(c.Name, r, t.f, ""), endNext}}
+}
+
+func (t *tracer) verdict(st state, v Verdict, depth int) []end {
+	switch v.Kind {
+	case Accept:
+		return []end{{st, endAccept}}
+	case Drop:
+		return []end{{st, endDrop}}
+	case Return:
+		return []end{{st, endReturn}}
+	case Jump:
+		ends := t.runChain(st, v.Chain, depth+1)
+		for i := range ends {
+			if ends[i].kind == endReturn {
+				ends[i].kind = endNext // back in the caller, after the jump
+			}
+		}
+		return ends
+	case Goto:
+		// A return from the target returns to this chain's caller.
+		return t.runChain(st, v.Chain, depth+1)
+	}
+	t.fail("verdict %v is not traced", v)
+	return nil
+}

@@ -1,0 +1,665 @@
+package nft_test
+
+import (
+	"bytes"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/nftgate/nftgate/model"
+	"github.com/nftgate/nftgate/nft"
+)
+
+// The test world: pods in 10.0.0.0/8 and fd00:10::/48 (the cluster CIDRs),
+// Service IPs in 172.30/16 and fd00:30::/64, the gateway on 192.168.0.2 and
+// 2001:db8:1::2, external clients in 203.0.113/24, 198.18/15 and 2001:db8:9::/48.
+var gatewayAddrs = []netip.Addr{
+	addr("192.168.0.2"), addr("192.168.0.3"), addr("10.99.0.1"), addr("127.0.0.1"),
+	addr("2001:db8:1::2"), addr("::1"),
+}
+
+func addr(s string) netip.Addr     { return netip.MustParseAddr(s) }
+func prefix(s string) netip.Prefix { return netip.MustParsePrefix(s) }
+
+func addrs(ss ...string) []netip.Addr {
+	var out []netip.Addr
+	for _, s := range ss {
+		out = append(out, addr(s))
+	}
+	return out
+}
+
+func testConfig() *nft.Config {
+	return &nft.Config{
+		Table:         "nftgate",
+		Node:          model.Node{Name: "gw", Zone: "zone-a"},
+		ClusterCIDRs:  []netip.Prefix{prefix("10.0.0.0/8"), prefix("fd00:10::/48")},
+		MasqueradeBit: nft.DefaultMasqueradeBit,
+		HashSeed:      7,
+	}
+}
+
+func ready(a string, port uint16) model.Endpoint {
+	return model.Endpoint{Addr: addr(a), Port: port, Ready: true, Serving: true}
+}
+
+func terminating(a string, port uint16) model.Endpoint {
+	return model.Endpoint{Addr: addr(a), Port: port, Serving: true, Terminating: true}
+}
+
+func on(node string, e model.Endpoint) model.Endpoint { e.NodeName = node; return e }
+
+func zoneHints(e model.Endpoint, zones ...string) model.Endpoint { e.ZoneHints = zones; return e }
+
+func nodeHints(e model.Endpoint, nodes ...string) model.Endpoint { e.NodeHints = nodes; return e }
+
+// web is a LoadBalancer Service reachable every way: ClusterIP, NodePort,
+// a non-local and a local ExternalIP, a LoadBalancer IP.
+func web(eps ...model.Endpoint) *model.Service {
+	return &model.Service{
+		Key:             model.ServiceKey{Namespace: "ns1", Name: "web"},
+		Type:            "LoadBalancer",
+		ClusterIPs:      addrs("172.30.0.41"),
+		ExternalIPs:     addrs("192.168.99.11", "192.168.0.3"),
+		LoadBalancerIPs: addrs("198.51.100.1"),
+		Ports:           []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80, NodePort: 30080, Endpoints: eps}},
+	}
+}
+
+// flow is one new connection and what must happen to it.
+type flow struct {
+	name     string
+	src, dst string // dst as addr:port
+	proto    model.Protocol
+	output   bool     // sent by the gateway itself
+	affinity []string // affinity sets that hold the source
+	want     string   // TraceResult.Summary
+}
+
+func fragments(cfg *nft.Config, f nft.Family, svcs []*model.Service) []*nft.Fragment {
+	static := nft.Static(cfg, f)
+	frags := []*nft.Fragment{&static}
+	for _, s := range svcs {
+		byFam := nft.RenderService(cfg, s)
+		frags = append(frags, byFam.Of(f))
+	}
+	return frags
+}
+
+func trace(t *testing.T, cfg *nft.Config, svcs []*model.Service, fl flow) (nft.TraceResult, []*nft.Fragment) {
+	t.Helper()
+	dst := netip.MustParseAddrPort(fl.dst)
+	pkt := nft.Packet{
+		Src: addr(fl.src), Dst: dst.Addr(), Proto: fl.proto, SrcPort: 40123, DstPort: dst.Port(),
+		Hook: "prerouting", SrcLocal: slices.Contains(gatewayAddrs, addr(fl.src)), DstLocal: slices.Contains(gatewayAddrs, dst.Addr()),
+	}
+	if pkt.Proto == 0 {
+		pkt.Proto = model.TCP
+	}
+	if fl.output {
+		pkt.Hook = "output"
+		if !pkt.SrcLocal {
+			t.Fatalf("flow %q: the gateway's own traffic must come from one of its addresses, not %s", fl.name, pkt.Src)
+		}
+	}
+	if len(fl.affinity) > 0 {
+		pkt.AffinityHit = map[string]bool{}
+		for _, s := range fl.affinity {
+			pkt.AffinityHit[s] = true
+		}
+	}
+	f := nft.Of(pkt.Dst)
+	frags := fragments(cfg, f, svcs)
+	return nft.Trace(cfg, f, frags, pkt), frags
+}
+
+func runFlows(t *testing.T, cfg *nft.Config, svcs []*model.Service, flows []flow) {
+	t.Helper()
+	for _, fl := range flows {
+		t.Run(fl.name, func(t *testing.T) {
+			res, frags := trace(t, cfg, svcs, fl)
+			if got := res.Summary(); got != fl.want {
+				var text bytes.Buffer
+				nft.WriteText(&text, cfg.Table, nft.Of(addr(fl.src)), frags...)
+				t.Errorf("%s -> %s: got %q, want %q\n%s\nruleset:\n%s", fl.src, fl.dst, got, fl.want, res.Paths(), text.String())
+			}
+			for _, o := range res.Outcomes {
+				// The masquerading chain must act on exactly the marked packets.
+				if o.Marked != o.Masqueraded {
+					t.Errorf("outcome %s: marked=%v but masqueraded=%v\n%s", o, o.Marked, o.Masqueraded, res.Paths())
+				}
+			}
+		})
+	}
+}
+
+func TestTraceClusterIPProtocols(t *testing.T) {
+	eps := func(port uint16) []model.Endpoint {
+		return []model.Endpoint{ready("10.180.0.1", port), ready("10.180.1.1", port), ready("10.180.2.1", port)}
+	}
+	svc := &model.Service{
+		Key: model.ServiceKey{Namespace: "ns1", Name: "multi"}, Type: "ClusterIP", ClusterIPs: addrs("172.30.0.50"),
+		Ports: []model.ServicePort{
+			{Name: "http", Protocol: model.TCP, Port: 80, Endpoints: eps(8080)},
+			{Name: "dns", Protocol: model.UDP, Port: 53, Endpoints: eps(5353)},
+			{Name: "sig", Protocol: model.SCTP, Port: 3868, Endpoints: eps(3869)},
+		},
+	}
+	runFlows(t, testConfig(), []*model.Service{svc}, []flow{
+		{name: "tcp spreads over all endpoints", src: "10.1.2.3", dst: "172.30.0.50:80",
+			want: "dnat 10.180.0.1:8080, dnat 10.180.1.1:8080, dnat 10.180.2.1:8080"},
+		{name: "udp", src: "10.1.2.3", dst: "172.30.0.50:53", proto: model.UDP,
+			want: "dnat 10.180.0.1:5353, dnat 10.180.1.1:5353, dnat 10.180.2.1:5353"},
+		{name: "sctp", src: "10.1.2.3", dst: "172.30.0.50:3868", proto: model.SCTP,
+			want: "dnat 10.180.0.1:3869, dnat 10.180.1.1:3869, dnat 10.180.2.1:3869"},
+		{name: "udp to the tcp port is not the service", src: "10.1.2.3", dst: "172.30.0.50:80", proto: model.UDP,
+			want: "reject"},
+		{name: "from the gateway itself", src: "192.168.0.2", dst: "172.30.0.50:80", output: true,
+			want: "dnat 10.180.0.1:8080 masq, dnat 10.180.1.1:8080 masq, dnat 10.180.2.1:8080 masq"},
+		{name: "other address is untouched", src: "10.1.2.3", dst: "172.30.0.99:80", want: "accept"},
+	})
+}
+
+// kube-proxy rejects new connections to a ClusterIP on a port that no
+// Service port serves (its cluster-ips set, "Reject traffic to invalid
+// ports of ClusterIPs"), in filter forward and output.
+func TestTraceClusterIPUnknownPortRejected(t *testing.T) {
+	svc := web(ready("10.180.0.1", 8080))
+	runFlows(t, testConfig(), []*model.Service{svc}, []flow{
+		{name: "forwarded", src: "10.1.2.3", dst: "172.30.0.41:81", want: "reject"},
+		{name: "from the gateway", src: "192.168.0.2", dst: "172.30.0.41:81", output: true, want: "reject"},
+	})
+}
+
+func TestTraceNodePorts(t *testing.T) {
+	svcs := []*model.Service{web(ready("10.180.0.1", 8080), ready("10.180.1.1", 8080))}
+	both := "dnat 10.180.0.1:8080 masq, dnat 10.180.1.1:8080 masq"
+	runFlows(t, testConfig(), svcs, []flow{
+		{name: "on the node address", src: "203.0.113.5", dst: "192.168.0.2:30080", want: both},
+		{name: "on another local address", src: "203.0.113.5", dst: "10.99.0.1:30080", want: both},
+		{name: "from a pod", src: "10.1.2.3", dst: "192.168.0.2:30080", want: both},
+		{name: "from the gateway itself", src: "192.168.0.2", dst: "192.168.0.2:30080", output: true, want: both},
+		{name: "not on loopback", src: "127.0.0.1", dst: "127.0.0.1:30080", output: true, want: "accept"},
+		{name: "not on a forwarded address", src: "203.0.113.5", dst: "203.0.113.99:30080", want: "accept"},
+		{name: "wrong protocol", src: "203.0.113.5", dst: "192.168.0.2:30080", proto: model.UDP, want: "accept"},
+	})
+
+	cfg := testConfig()
+	cfg.NodePortAddresses = []netip.Prefix{prefix("192.168.0.0/24")}
+	runFlows(t, cfg, svcs, []flow{
+		{name: "limited: inside NodePortAddresses", src: "203.0.113.5", dst: "192.168.0.2:30080", want: both},
+		{name: "limited: local address outside them", src: "203.0.113.5", dst: "10.99.0.1:30080", want: "accept"},
+		{name: "limited: no IPv6 NodePorts without an IPv6 prefix", src: "2001:db8:9::5", dst: "[2001:db8:1::2]:30080", want: "accept"},
+	})
+}
+
+func TestTraceExternalAndLoadBalancerIPs(t *testing.T) {
+	svcs := []*model.Service{web(ready("10.180.0.1", 8080), ready("10.180.1.1", 8080))}
+	both := "dnat 10.180.0.1:8080 masq, dnat 10.180.1.1:8080 masq"
+	runFlows(t, testConfig(), svcs, []flow{
+		{name: "externalIP routed to the gateway", src: "203.0.113.5", dst: "192.168.99.11:80", want: both},
+		{name: "externalIP that is a local address", src: "203.0.113.5", dst: "192.168.0.3:80", want: both},
+		{name: "externalIP from a pod is masqueraded too", src: "10.1.2.3", dst: "192.168.99.11:80", want: both},
+		{name: "externalIP other port", src: "203.0.113.5", dst: "192.168.99.11:81", want: "accept"},
+		{name: "LoadBalancer IP", src: "203.0.113.5", dst: "198.51.100.1:80", want: both},
+		{name: "LoadBalancer IP from the gateway", src: "192.168.0.2", dst: "198.51.100.1:80", output: true, want: both},
+		{name: "LoadBalancer IP other port", src: "203.0.113.5", dst: "198.51.100.1:443", want: "accept"},
+	})
+}
+
+func TestTraceLoadBalancerSourceRanges(t *testing.T) {
+	svc := web(ready("10.180.0.1", 8080))
+	svc.SourceRanges = []netip.Prefix{prefix("203.0.113.0/24"), prefix("198.19.7.7/32")}
+	one := "dnat 10.180.0.1:8080 masq"
+	runFlows(t, testConfig(), []*model.Service{svc}, []flow{
+		{name: "LB IP from inside a range", src: "203.0.113.5", dst: "198.51.100.1:80", want: one},
+		{name: "LB IP from a single-address range", src: "198.19.7.7", dst: "198.51.100.1:80", want: one},
+		{name: "LB IP from outside", src: "198.18.0.1", dst: "198.51.100.1:80", want: "drop"},
+		{name: "LB IP from a pod outside", src: "10.1.2.3", dst: "198.51.100.1:80", want: "drop"},
+		{name: "LB IP from the gateway outside", src: "192.168.0.2", dst: "198.51.100.1:80", output: true, want: "drop"},
+		{name: "NodePort is not subject to ranges", src: "198.18.0.1", dst: "192.168.0.2:30080", want: one},
+		{name: "externalIP is not subject to ranges", src: "198.18.0.1", dst: "192.168.99.11:80", want: one},
+		{name: "ClusterIP is not subject to ranges", src: "198.18.0.1", dst: "172.30.0.41:80", want: one},
+		{name: "other LB port is not subject to ranges", src: "198.18.0.1", dst: "198.51.100.1:81", want: "accept"},
+	})
+}
+
+func TestTraceNoEndpointsRejects(t *testing.T) {
+	notReady := model.Endpoint{Addr: addr("10.180.0.1"), Port: 8080}
+	for name, eps := range map[string][]model.Endpoint{
+		"none":                     nil,
+		"only not ready":           {notReady},
+		"only terminating, unused": {{Addr: addr("10.180.0.1"), Port: 8080, Terminating: true}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			svc := web(eps...)
+			udp := &model.Service{Key: model.ServiceKey{Namespace: "ns1", Name: "dns"}, Type: "NodePort",
+				ClusterIPs: addrs("172.30.0.53"), Ports: []model.ServicePort{{Protocol: model.UDP, Port: 53, NodePort: 30053, Endpoints: eps}}}
+			runFlows(t, testConfig(), []*model.Service{svc, udp}, []flow{
+				{name: "ClusterIP", src: "10.1.2.3", dst: "172.30.0.41:80", want: "reject"},
+				{name: "ClusterIP from the gateway", src: "192.168.0.2", dst: "172.30.0.41:80", output: true, want: "reject"},
+				{name: "NodePort", src: "203.0.113.5", dst: "192.168.0.2:30080", want: "reject"},
+				{name: "NodePort from the gateway", src: "192.168.0.2", dst: "192.168.0.2:30080", output: true, want: "reject"},
+				{name: "externalIP", src: "203.0.113.5", dst: "192.168.99.11:80", want: "reject"},
+				{name: "local externalIP", src: "203.0.113.5", dst: "192.168.0.3:80", want: "reject"},
+				{name: "LoadBalancer IP", src: "203.0.113.5", dst: "198.51.100.1:80", want: "reject"},
+				{name: "UDP ClusterIP", src: "10.1.2.3", dst: "172.30.0.53:53", proto: model.UDP, want: "reject"},
+				{name: "UDP NodePort", src: "203.0.113.5", dst: "192.168.0.2:30053", proto: model.UDP, want: "reject"},
+			})
+		})
+	}
+}
+
+func TestTraceExternalTrafficPolicyLocal(t *testing.T) {
+	local := func(name, cip, lb string, nodePort uint16, eps ...model.Endpoint) *model.Service {
+		return &model.Service{
+			Key: model.ServiceKey{Namespace: "ns1", Name: name}, Type: "LoadBalancer", ExternalLocal: true,
+			ClusterIPs: addrs(cip), LoadBalancerIPs: addrs(lb),
+			Ports: []model.ServicePort{{Protocol: model.TCP, Port: 80, NodePort: nodePort, Endpoints: eps}},
+		}
+	}
+	svcs := []*model.Service{
+		local("both", "172.30.0.42", "198.51.100.2", 30081, on("gw", ready("10.180.0.2", 8080)), on("other", ready("10.180.1.2", 8080))),
+		local("remote", "172.30.0.43", "198.51.100.3", 30082, on("other", ready("10.180.1.3", 8080)), on("other", ready("10.180.2.3", 8080))),
+		local("none", "172.30.0.44", "198.51.100.4", 30083),
+		local("draining", "172.30.0.45", "198.51.100.5", 30084, on("gw", terminating("10.180.0.5", 8080)), on("other", ready("10.180.1.5", 8080))),
+	}
+	runFlows(t, testConfig(), svcs, []flow{
+		{name: "LB IP: local endpoint only, client kept", src: "203.0.113.5", dst: "198.51.100.2:80", want: "dnat 10.180.0.2:8080"},
+		{name: "NodePort: local endpoint only, client kept", src: "203.0.113.5", dst: "192.168.0.2:30081", want: "dnat 10.180.0.2:8080"},
+		{name: "ClusterIP keeps Cluster policy", src: "203.0.113.5", dst: "172.30.0.42:80",
+			want: "dnat 10.180.0.2:8080 masq, dnat 10.180.1.2:8080 masq"},
+		{name: "gateway's own traffic to LB IP uses all endpoints", src: "192.168.0.2", dst: "198.51.100.2:80", output: true,
+			want: "dnat 10.180.0.2:8080 masq, dnat 10.180.1.2:8080 masq"},
+		{name: "gateway's own traffic to its NodePort uses all endpoints", src: "192.168.0.2", dst: "192.168.0.2:30081", output: true,
+			want: "dnat 10.180.0.2:8080 masq, dnat 10.180.1.2:8080 masq"},
+		// kube-proxy short-circuits traffic from the cluster CIDR to the
+		// Cluster endpoints ("short-circuit pod traffic"): a pod reaching
+		// an LB IP is not subject to the Local policy.
+		{name: "pod to LB IP is not subject to Local policy", src: "10.1.2.3", dst: "198.51.100.2:80",
+			want: "dnat 10.180.0.2:8080, dnat 10.180.1.2:8080"},
+
+		{name: "no local endpoint: LB IP drops", src: "203.0.113.5", dst: "198.51.100.3:80", want: "drop"},
+		{name: "no local endpoint: NodePort drops", src: "203.0.113.5", dst: "192.168.0.2:30082", want: "drop"},
+		{name: "no local endpoint: gateway still reaches the Service", src: "192.168.0.2", dst: "198.51.100.3:80", output: true,
+			want: "dnat 10.180.1.3:8080 masq, dnat 10.180.2.3:8080 masq"},
+		{name: "no local endpoint: ClusterIP works", src: "10.1.2.3", dst: "172.30.0.43:80",
+			want: "dnat 10.180.1.3:8080, dnat 10.180.2.3:8080"},
+
+		{name: "no endpoint at all: LB IP rejects", src: "203.0.113.5", dst: "198.51.100.4:80", want: "reject"},
+		{name: "no endpoint at all: NodePort rejects", src: "203.0.113.5", dst: "192.168.0.2:30083", want: "reject"},
+
+		{name: "local endpoint terminating: still used for Local", src: "203.0.113.5", dst: "198.51.100.5:80", want: "dnat 10.180.0.5:8080"},
+		{name: "local endpoint terminating: Cluster uses the ready one", src: "10.1.2.3", dst: "172.30.0.45:80", want: "dnat 10.180.1.5:8080"},
+	})
+}
+
+func TestTraceInternalTrafficPolicyLocal(t *testing.T) {
+	itp := func(name, cip string, nodePort uint16, eps ...model.Endpoint) *model.Service {
+		return &model.Service{
+			Key: model.ServiceKey{Namespace: "ns1", Name: name}, Type: "NodePort", InternalLocal: true,
+			ClusterIPs: addrs(cip), Ports: []model.ServicePort{{Protocol: model.TCP, Port: 80, NodePort: nodePort, Endpoints: eps}},
+		}
+	}
+	svcs := []*model.Service{
+		itp("both", "172.30.0.46", 30086, on("gw", ready("10.180.0.6", 8080)), on("other", ready("10.180.1.6", 8080))),
+		itp("remote", "172.30.0.47", 30087, on("other", ready("10.180.1.7", 8080))),
+		itp("none", "172.30.0.48", 30088),
+	}
+	runFlows(t, testConfig(), svcs, []flow{
+		{name: "ClusterIP goes to the local endpoint", src: "10.1.2.3", dst: "172.30.0.46:80", want: "dnat 10.180.0.6:8080"},
+		{name: "NodePort keeps Cluster policy", src: "203.0.113.5", dst: "192.168.0.2:30086",
+			want: "dnat 10.180.0.6:8080 masq, dnat 10.180.1.6:8080 masq"},
+		// kube-proxy marks every ClusterIP connection from outside the
+		// cluster CIDR in its services chain, whatever the policy.
+		{name: "ClusterIP from outside the cluster is masqueraded", src: "203.0.113.5", dst: "172.30.0.46:80", want: "dnat 10.180.0.6:8080 masq"},
+		{name: "no local endpoint: ClusterIP drops", src: "10.1.2.3", dst: "172.30.0.47:80", want: "drop"},
+		{name: "no local endpoint: NodePort works", src: "203.0.113.5", dst: "192.168.0.2:30087", want: "dnat 10.180.1.7:8080 masq"},
+		{name: "no endpoint at all: ClusterIP rejects", src: "10.1.2.3", dst: "172.30.0.48:80", want: "reject"},
+	})
+}
+
+func TestTraceMasquerade(t *testing.T) {
+	svcs := []*model.Service{web(ready("10.180.0.1", 8080))}
+	runFlows(t, testConfig(), svcs, []flow{
+		{name: "ClusterIP from inside the cluster CIDR", src: "10.1.2.3", dst: "172.30.0.41:80", want: "dnat 10.180.0.1:8080"},
+		{name: "ClusterIP from outside", src: "203.0.113.5", dst: "172.30.0.41:80", want: "dnat 10.180.0.1:8080 masq"},
+		{name: "ClusterIP from the gateway", src: "192.168.0.2", dst: "172.30.0.41:80", output: true, want: "dnat 10.180.0.1:8080 masq"},
+		{name: "unrelated forwarded traffic", src: "203.0.113.5", dst: "198.18.0.1:80", want: "accept"},
+	})
+	cfg := testConfig()
+	cfg.ClusterCIDRs = nil
+	runFlows(t, cfg, svcs, []flow{
+		{name: "no cluster CIDRs: everyone is masqueraded", src: "10.1.2.3", dst: "172.30.0.41:80", want: "dnat 10.180.0.1:8080 masq"},
+	})
+}
+
+func TestTraceHairpin(t *testing.T) {
+	single := web(ready("10.180.0.9", 8080))
+	runFlows(t, testConfig(), []*model.Service{single}, []flow{
+		{name: "endpoint to its own service", src: "10.180.0.9", dst: "172.30.0.41:80", want: "dnat 10.180.0.9:8080 masq"},
+		{name: "another pod", src: "10.180.0.10", dst: "172.30.0.41:80", want: "dnat 10.180.0.9:8080"},
+	})
+	two := web(ready("10.180.0.1", 8080), ready("10.180.1.1", 8080))
+	t.Run("only the path back to itself", func(t *testing.T) {
+		res, _ := trace(t, testConfig(), []*model.Service{two}, flow{src: "10.180.0.1", dst: "172.30.0.41:80"})
+		if got, want := res.Summary(), "dnat 10.180.0.1:8080 masq, dnat 10.180.1.1:8080"; got != want {
+			t.Errorf("got %q, want %q\n%s", got, want, res.Paths())
+		}
+	})
+}
+
+func TestTraceSessionAffinity(t *testing.T) {
+	svc := web(ready("10.180.0.1", 8080), ready("10.180.1.1", 8080), ready("10.180.2.1", 8080))
+	svc.AffinityTimeout = 3 * time.Hour
+	svcs := []*model.Service{svc}
+	cfg := testConfig()
+
+	// A first connection may go anywhere and records the client in the
+	// chosen endpoint's own set.
+	first, _ := trace(t, cfg, svcs, flow{src: "10.1.2.3", dst: "172.30.0.41:80"})
+	if len(first.Targets()) != 3 {
+		t.Fatalf("first connection: %s", first.Summary())
+	}
+	setOf := map[netip.AddrPort]string{}
+	for _, o := range first.Outcomes {
+		if len(o.Affinity) != 1 {
+			t.Fatalf("outcome %s records affinity in %v, want one set\n%s", o, o.Affinity, first.Paths())
+		}
+		if prev, ok := setOf[o.DNAT]; ok && prev != o.Affinity[0] {
+			t.Fatalf("endpoint %s records in two sets", o.DNAT)
+		}
+		setOf[o.DNAT] = o.Affinity[0]
+	}
+	seen := map[string]bool{}
+	for _, s := range setOf {
+		if seen[s] {
+			t.Fatalf("endpoints share affinity set %s", s)
+		}
+		seen[s] = true
+	}
+
+	second := addr("10.180.1.1")
+	secondSet := setOf[netip.AddrPortFrom(second, 8080)]
+	runFlows(t, cfg, svcs, []flow{
+		{name: "known client sticks to its endpoint", src: "10.1.2.3", dst: "172.30.0.41:80", affinity: []string{secondSet},
+			want: "dnat 10.180.1.1:8080"},
+		{name: "sticks through the LB IP too", src: "203.0.113.5", dst: "198.51.100.1:80", affinity: []string{secondSet},
+			want: "dnat 10.180.1.1:8080 masq"},
+		{name: "sticks through the NodePort too", src: "203.0.113.5", dst: "192.168.0.2:30080", affinity: []string{secondSet},
+			want: "dnat 10.180.1.1:8080 masq"},
+		{name: "unknown client spreads", src: "10.1.2.4", dst: "172.30.0.41:80",
+			want: "dnat 10.180.0.1:8080, dnat 10.180.1.1:8080, dnat 10.180.2.1:8080"},
+	})
+
+	// The sticky path refreshes the same set.
+	res, _ := trace(t, cfg, svcs, flow{src: "10.1.2.3", dst: "172.30.0.41:80", affinity: []string{secondSet}})
+	if len(res.Outcomes) != 1 || !slices.Equal(res.Outcomes[0].Affinity, []string{secondSet}) {
+		t.Errorf("sticky connection updated %v, want [%s]\n%s", res.Outcomes, secondSet, res.Paths())
+	}
+}
+
+func TestTraceTerminatingAndNotReady(t *testing.T) {
+	notReady := func(a string) model.Endpoint { return model.Endpoint{Addr: addr(a), Port: 8080} }
+	servingNotReady := func(a string) model.Endpoint { return model.Endpoint{Addr: addr(a), Port: 8080, Serving: true} }
+	terminatingNotServing := func(a string) model.Endpoint {
+		return model.Endpoint{Addr: addr(a), Port: 8080, Terminating: true}
+	}
+	for _, tc := range []struct {
+		name string
+		eps  []model.Endpoint
+		want string
+	}{
+		{"ready ones only while any is ready",
+			[]model.Endpoint{ready("10.180.0.1", 8080), terminating("10.180.1.1", 8080), notReady("10.180.2.1")},
+			"dnat 10.180.0.1:8080"},
+		{"serving terminating ones when none is ready",
+			[]model.Endpoint{terminating("10.180.1.1", 8080), terminating("10.180.1.2", 8080), terminatingNotServing("10.180.1.3"), notReady("10.180.2.1")},
+			"dnat 10.180.1.1:8080, dnat 10.180.1.2:8080"},
+		{"not ready never", []model.Endpoint{notReady("10.180.2.1"), notReady("10.180.2.2")}, "reject"},
+		{"serving but not ready and not terminating never", []model.Endpoint{servingNotReady("10.180.2.1")}, "reject"},
+		{"terminating and not serving never", []model.Endpoint{terminatingNotServing("10.180.1.3")}, "reject"},
+	} {
+		runFlows(t, testConfig(), []*model.Service{web(tc.eps...)}, []flow{
+			{name: tc.name, src: "10.1.2.3", dst: "172.30.0.41:80", want: tc.want},
+		})
+	}
+}
+
+func TestTraceTopology(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		eps  []model.Endpoint
+		want string
+	}{
+		{"zone hints pick this zone",
+			[]model.Endpoint{zoneHints(ready("10.180.0.1", 80), "zone-a"), zoneHints(ready("10.180.1.1", 80), "zone-b"), zoneHints(ready("10.180.2.1", 80), "zone-a")},
+			"dnat 10.180.0.1:80, dnat 10.180.2.1:80"},
+		{"an endpoint without hints disables them",
+			[]model.Endpoint{zoneHints(ready("10.180.0.1", 80), "zone-a"), ready("10.180.1.1", 80)},
+			"dnat 10.180.0.1:80, dnat 10.180.1.1:80"},
+		{"no hint for this zone falls back to all",
+			[]model.Endpoint{zoneHints(ready("10.180.0.1", 80), "zone-b"), zoneHints(ready("10.180.1.1", 80), "zone-c")},
+			"dnat 10.180.0.1:80, dnat 10.180.1.1:80"},
+		{"hints of not-ready endpoints do not count",
+			[]model.Endpoint{zoneHints(model.Endpoint{Addr: addr("10.180.0.1"), Port: 80}, "zone-a"), zoneHints(ready("10.180.1.1", 80), "zone-b")},
+			"dnat 10.180.1.1:80"},
+		{"node hints pick this node",
+			[]model.Endpoint{nodeHints(zoneHints(ready("10.180.0.1", 80), "zone-a"), "gw"), nodeHints(zoneHints(ready("10.180.1.1", 80), "zone-a"), "other")},
+			"dnat 10.180.0.1:80"},
+		{"incomplete node hints fall back to zone hints",
+			[]model.Endpoint{nodeHints(zoneHints(ready("10.180.0.1", 80), "zone-a"), "gw"), zoneHints(ready("10.180.1.1", 80), "zone-a"), zoneHints(ready("10.180.2.1", 80), "zone-b")},
+			"dnat 10.180.0.1:80, dnat 10.180.1.1:80"},
+	} {
+		runFlows(t, testConfig(), []*model.Service{web(tc.eps...)}, []flow{
+			{name: tc.name, src: "10.1.2.3", dst: "172.30.0.41:80", want: tc.want},
+		})
+	}
+	cfg := testConfig()
+	cfg.Node.Zone = ""
+	runFlows(t, cfg, []*model.Service{web(zoneHints(ready("10.180.0.1", 80), "zone-a"), zoneHints(ready("10.180.1.1", 80), "zone-b"))}, []flow{
+		{name: "gateway without a zone ignores zone hints", src: "10.1.2.3", dst: "172.30.0.41:80", want: "dnat 10.180.0.1:80, dnat 10.180.1.1:80"},
+	})
+}
+
+func TestTraceDualStack(t *testing.T) {
+	dual := func(eps ...model.Endpoint) *model.Service {
+		return &model.Service{
+			Key: model.ServiceKey{Namespace: "ns1", Name: "dual"}, Type: "LoadBalancer",
+			ClusterIPs:      addrs("172.30.0.60", "fd00:30::60"),
+			LoadBalancerIPs: addrs("198.51.100.6", "2001:db8:ff::6"),
+			Ports:           []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80, NodePort: 30060, Endpoints: eps}},
+		}
+	}
+	svc := dual(ready("10.180.0.6", 8080), ready("10.180.1.6", 8080), ready("fd00:10::6", 8080), ready("fd00:10:1::6", 8080))
+	v6both := "dnat [fd00:10:1::6]:8080 masq, dnat [fd00:10::6]:8080 masq"
+	runFlows(t, testConfig(), []*model.Service{svc}, []flow{
+		{name: "IPv4 ClusterIP goes to IPv4 endpoints", src: "10.1.2.3", dst: "172.30.0.60:80", want: "dnat 10.180.0.6:8080, dnat 10.180.1.6:8080"},
+		{name: "IPv6 ClusterIP from a pod", src: "fd00:10::99", dst: "[fd00:30::60]:80", want: "dnat [fd00:10:1::6]:8080, dnat [fd00:10::6]:8080"},
+		{name: "IPv6 ClusterIP from outside", src: "2001:db8:9::5", dst: "[fd00:30::60]:80", want: v6both},
+		{name: "IPv6 NodePort", src: "2001:db8:9::5", dst: "[2001:db8:1::2]:30060", want: v6both},
+		{name: "IPv6 NodePort not on loopback", src: "::1", dst: "[::1]:30060", output: true, want: "accept"},
+		{name: "IPv6 LB IP", src: "2001:db8:9::5", dst: "[2001:db8:ff::6]:80", want: v6both},
+		{name: "IPv6 hairpin", src: "fd00:10::6", dst: "[fd00:30::60]:80", want: "dnat [fd00:10:1::6]:8080, dnat [fd00:10::6]:8080 masq"},
+	})
+
+	noV6 := dual(ready("10.180.0.6", 8080))
+	runFlows(t, testConfig(), []*model.Service{noV6}, []flow{
+		{name: "IPv6 without IPv6 endpoints rejects", src: "fd00:10::99", dst: "[fd00:30::60]:80", want: "reject"},
+		{name: "IPv4 still works", src: "10.1.2.3", dst: "172.30.0.60:80", want: "dnat 10.180.0.6:8080"},
+	})
+
+	// kube-proxy runs one proxier per family: the fallback to terminating
+	// endpoints is decided per family, so IPv6 clients reach the draining
+	// IPv6 endpoint although IPv4 has a ready one.
+	draining := dual(ready("10.180.0.6", 8080), terminating("fd00:10::7", 8080))
+	runFlows(t, testConfig(), []*model.Service{draining}, []flow{
+		{name: "terminating fallback is per family", src: "fd00:10::99", dst: "[fd00:30::60]:80", want: "dnat [fd00:10::7]:8080"},
+		{name: "IPv4 uses its ready endpoint", src: "10.1.2.3", dst: "172.30.0.60:80", want: "dnat 10.180.0.6:8080"},
+	})
+
+	// kube-proxy's IPv6 proxier ignores a Service without an IPv6
+	// ClusterIP: the NodePort of an IPv4-only Service on an IPv6 address
+	// is not the Service's (nor rejected as one without endpoints).
+	v4only := web(ready("10.180.0.1", 8080))
+	cfg := testConfig()
+	cfg.NodePortAddresses = []netip.Prefix{prefix("192.168.0.0/24"), prefix("2001:db8:1::/64")}
+	runFlows(t, cfg, []*model.Service{v4only}, []flow{
+		{name: "IPv4-only NodePort on IPv4", src: "203.0.113.5", dst: "192.168.0.2:30080", want: "dnat 10.180.0.1:8080 masq"},
+		{name: "IPv4-only NodePort is not on IPv6", src: "2001:db8:9::5", dst: "[2001:db8:1::2]:30080", want: "accept"},
+	})
+
+	// kube-proxy filters loadBalancerSourceRanges by family: a family
+	// without any range is not firewalled.
+	ranged := dual(ready("10.180.0.6", 8080), ready("fd00:10::6", 8080))
+	ranged.SourceRanges = []netip.Prefix{prefix("203.0.113.0/24")}
+	runFlows(t, testConfig(), []*model.Service{ranged}, []flow{
+		{name: "IPv4 ranges apply to IPv4", src: "198.18.0.1", dst: "198.51.100.6:80", want: "drop"},
+		{name: "IPv4 ranges leave IPv6 open", src: "2001:db8:9::5", dst: "[2001:db8:ff::6]:80", want: "dnat [fd00:10::6]:8080 masq"},
+	})
+}
+
+// TestTraceFromKubernetes runs API objects through model.FromKubernetes and
+// the renderer: named target ports resolve per slice.
+func TestTraceFromKubernetes(t *testing.T) {
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns1", Name: "named"},
+		Spec: corev1.ServiceSpec{
+			Type: corev1.ServiceTypeNodePort, ClusterIP: "172.30.0.70", ClusterIPs: []string{"172.30.0.70"},
+			Ports: []corev1.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80, NodePort: 30070}},
+		},
+	}
+	slice := func(name string, port int32, ip string, ready bool) *discoveryv1.EndpointSlice {
+		return &discoveryv1.EndpointSlice{
+			ObjectMeta:  metav1.ObjectMeta{Namespace: "ns1", Name: name, Labels: map[string]string{model.LabelServiceName: "named"}},
+			AddressType: discoveryv1.AddressTypeIPv4,
+			Ports:       []discoveryv1.EndpointPort{{Name: ptr("http"), Protocol: ptr(corev1.ProtocolTCP), Port: ptr(port)}},
+			Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{ip}, Conditions: discoveryv1.EndpointConditions{Ready: ptr(ready)}}},
+		}
+	}
+	m, err := model.FromKubernetes(svc, []*discoveryv1.EndpointSlice{
+		slice("named-a", 8080, "10.180.0.1", true),
+		slice("named-b", 9090, "10.180.1.1", true),
+		slice("named-c", 7070, "10.180.2.1", false),
+	}, model.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runFlows(t, testConfig(), []*model.Service{m}, []flow{
+		{name: "ClusterIP", src: "10.1.2.3", dst: "172.30.0.70:80", want: "dnat 10.180.0.1:8080, dnat 10.180.1.1:9090"},
+		{name: "NodePort", src: "203.0.113.5", dst: "192.168.0.2:30070", want: "dnat 10.180.0.1:8080 masq, dnat 10.180.1.1:9090 masq"},
+	})
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// The tracer's own semantics, on small hand-written rulesets.
+func TestTraceSemantics(t *testing.T) {
+	cfg := &nft.Config{MasqueradeBit: 0x4000}
+	jump := func(c string) nft.Verdict { return nft.Verdict{Kind: nft.Jump, Chain: c} }
+	gotoV := func(c string) nft.Verdict { return nft.Verdict{Kind: nft.Goto, Chain: c} }
+	ret := nft.Verdict{Kind: nft.Return}
+	dnat := func(s string) nft.DNAT { return nft.DNAT{Proto: model.TCP, To: netip.MustParseAddrPort(s)} }
+	base := func(name, typ, hook string, prio int32, rules ...nft.Rule) *nft.Chain {
+		return &nft.Chain{Name: name, Hook: &nft.Hook{Type: typ, Hook: hook, Priority: prio}, Rules: rules}
+	}
+	chain := func(name string, rules ...nft.Rule) *nft.Chain { return &nft.Chain{Name: name, Rules: rules} }
+	pkt := nft.Packet{Src: addr("198.18.0.1"), Dst: addr("198.18.1.1"), Proto: model.TCP, SrcPort: 1000, DstPort: 80, Hook: "prerouting"}
+	src := func(p string) nft.MatchAddr { return nft.MatchAddr{Dir: nft.Src, Prefix: prefix(p)} }
+
+	for _, tc := range []struct {
+		name   string
+		chains []*nft.Chain
+		pkt    nft.Packet
+		want   string
+	}{
+		{"return goes back after the jump", []*nft.Chain{
+			base("pre", "nat", "prerouting", -100, nft.Rule{jump("a")}, nft.Rule{dnat("10.0.0.2:80")}),
+			chain("a", nft.Rule{ret}, nft.Rule{dnat("10.0.0.1:80")}),
+		}, pkt, "dnat 10.0.0.2:80"},
+		{"return after goto skips the goto's chain", []*nft.Chain{
+			base("pre", "nat", "prerouting", -100, nft.Rule{jump("a")}, nft.Rule{dnat("10.0.0.2:80")}),
+			chain("a", nft.Rule{gotoV("b")}, nft.Rule{dnat("10.0.0.1:80")}),
+			chain("b", nft.Rule{ret}),
+		}, pkt, "dnat 10.0.0.2:80"},
+		{"end of a jumped chain returns", []*nft.Chain{
+			base("pre", "nat", "prerouting", -100, nft.Rule{jump("a")}, nft.Rule{dnat("10.0.0.2:80")}),
+			chain("a", nft.Rule{src("10.0.0.0/8"), dnat("10.0.0.1:80")}),
+		}, pkt, "dnat 10.0.0.2:80"},
+		{"failed match skips the rest of the rule", []*nft.Chain{
+			base("pre", "filter", "prerouting", -110, nft.Rule{src("10.0.0.0/8"), nft.Verdict{Kind: nft.Drop}}),
+		}, pkt, "accept"},
+		{"negated match", []*nft.Chain{
+			base("pre", "filter", "prerouting", -110, nft.Rule{nft.MatchAddr{Dir: nft.Src, Prefix: prefix("10.0.0.0/8"), Not: true}, nft.Verdict{Kind: nft.Drop}}),
+		}, pkt, "drop"},
+		{"accept ends only its base chain", []*nft.Chain{
+			base("f1", "filter", "forward", -10, nft.Rule{nft.Verdict{Kind: nft.Accept}}),
+			base("f2", "filter", "forward", 0, nft.Rule{nft.Reject{}}),
+		}, pkt, "reject"},
+		{"priorities order the chains of a hook", []*nft.Chain{
+			base("late", "filter", "prerouting", 10, nft.Rule{nft.Reject{}}),
+			base("early", "filter", "prerouting", -10, nft.Rule{nft.Verdict{Kind: nft.Drop}}),
+		}, pkt, "drop"},
+		{"filter after dnat sees the new destination", []*nft.Chain{
+			base("pre", "nat", "prerouting", -100, nft.Rule{dnat("10.0.0.1:80")}),
+			base("fwd", "filter", "forward", 0, nft.Rule{nft.MatchAddr{Dir: nft.Dst, Prefix: prefix("10.0.0.1/32")}, nft.Verdict{Kind: nft.Drop}}),
+		}, pkt, "drop"},
+		{"local destination is delivered, not forwarded", []*nft.Chain{
+			base("fwd", "filter", "forward", 0, nft.Rule{nft.Verdict{Kind: nft.Drop}}),
+			base("post", "nat", "postrouting", 100, nft.Rule{nft.Masquerade{}}),
+		}, nft.Packet{Src: pkt.Src, Dst: pkt.Dst, Proto: model.TCP, DstPort: 80, Hook: "prerouting", DstLocal: true}, "accept"},
+		{"dnat needs its protocol", []*nft.Chain{
+			base("pre", "nat", "prerouting", -100, nft.Rule{dnat("10.0.0.1:80")}),
+		}, nft.Packet{Src: pkt.Src, Dst: pkt.Dst, Proto: model.UDP, DstPort: 80, Hook: "prerouting"}, "accept"},
+		{"mark set before postrouting masquerades", []*nft.Chain{
+			base("pre", "nat", "prerouting", -100, nft.Rule{nft.SetMark{Bit: 0x4000}}),
+			base("post", "nat", "postrouting", 100, nft.Rule{nft.MatchMarkUnset{Bit: 0x4000}, ret}, nft.Rule{nft.SetMark{Bit: 0x4000, Xor: true}, nft.Masquerade{}}),
+		}, pkt, "accept masq"},
+		{"own traffic passes output, not prerouting", []*nft.Chain{
+			base("pre", "filter", "prerouting", 0, nft.Rule{nft.Verdict{Kind: nft.Drop}}),
+			base("out", "nat", "output", -100, nft.Rule{dnat("10.0.0.1:80")}),
+		}, nft.Packet{Src: addr("192.168.0.2"), SrcLocal: true, Dst: pkt.Dst, Proto: model.TCP, DstPort: 80, Hook: "output"}, "dnat 10.0.0.1:80"},
+		{"own traffic to itself loops back through prerouting filters", []*nft.Chain{
+			base("pre", "filter", "prerouting", 0, nft.Rule{nft.Reject{}}),
+		}, nft.Packet{Src: addr("192.168.0.2"), SrcLocal: true, Dst: addr("192.168.0.2"), DstLocal: true, Proto: model.TCP, DstPort: 80, Hook: "output"}, "reject"},
+		{"hash dispatch follows every branch", []*nft.Chain{
+			base("pre", "nat", "prerouting", -100, nft.Rule{nft.HashDispatch{Targets: []string{"a", "b"}}}),
+			chain("a", nft.Rule{dnat("10.0.0.1:80")}),
+			chain("b", nft.Rule{nft.Verdict{Kind: nft.Drop}}),
+		}, pkt, "dnat 10.0.0.1:80, drop"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res := nft.Trace(cfg, nft.IPv4, []*nft.Fragment{{Chains: tc.chains}}, tc.pkt)
+			if got := res.Summary(); got != tc.want {
+				t.Errorf("got %q, want %q\n%s", got, tc.want, res.Paths())
+			}
+		})
+	}
+
+	for _, tc := range []struct {
+		name string
+		fr   nft.Fragment
+		pkt  nft.Packet
+		want string
+	}{
+		{"missing chain", nft.Fragment{Chains: []*nft.Chain{base("pre", "nat", "prerouting", -100, nft.Rule{jump("nowhere")})}}, pkt, `missing chain "nowhere"`},
+		{"missing map", nft.Fragment{Chains: []*nft.Chain{base("pre", "nat", "prerouting", -100, nft.Rule{nft.VmapDispatch{Map: "m", Shape: nft.KeyProtoPort}})}}, pkt, `missing map "m"`},
+		{"loop", nft.Fragment{Chains: []*nft.Chain{base("pre", "nat", "prerouting", -100, nft.Rule{jump("a")}), chain("a", nft.Rule{jump("a")})}}, pkt, "loop"},
+		{"element of a missing map", nft.Fragment{Elements: []nft.Element{{Map: "m", Key: nft.Key{Proto: model.TCP, Port: 1}}}}, pkt, `missing map "m"`},
+		{"family mismatch", nft.Fragment{}, nft.Packet{Src: addr("::1"), Dst: addr("::1"), Hook: "prerouting"}, "not of family"},
+		{"bad hook", nft.Fragment{}, nft.Packet{Src: pkt.Src, Dst: pkt.Dst, Hook: "input"}, "want prerouting or output"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res := nft.Trace(cfg, nft.IPv4, []*nft.Fragment{&tc.fr}, tc.pkt)
+			if res.Err == nil || !strings.Contains(res.Err.Error(), tc.want) {
+				t.Errorf("error %v, want one containing %q", res.Err, tc.want)
+			}
+		})
+	}
+}
