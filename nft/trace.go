@@ -161,7 +161,11 @@ func (r TraceResult) Paths() string {
 // through prerouting and input, where NAT no longer applies because the
 // connection's NAT is already set up.
 func Trace(cfg *Config, f Family, frags []*Fragment, pkt Packet) TraceResult {
-	t := &tracer{f: f, pkt: pkt, bit: cfg.MasqueradeBit, chains: map[string]*Chain{},
+	bit := cfg.MasqueradeBit
+	if bit == 0 {
+		bit = DefaultMasqueradeBit // as Static has it
+	}
+	t := &tracer{f: f, pkt: pkt, bit: bit, chains: map[string]*Chain{},
 		sets: map[string]*Set{}, elems: map[string]map[Key]Verdict{}, hooks: map[string][]*Chain{}}
 	if err := t.index(frags); err != nil {
 		return TraceResult{Err: err}
