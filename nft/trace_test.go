@@ -269,7 +269,9 @@ func TestTraceExternalTrafficPolicyLocal(t *testing.T) {
 		local("remote", "172.30.0.43", "198.51.100.3", 30082, on("other", ready("10.180.1.3", 8080)), on("other", ready("10.180.2.3", 8080))),
 		local("none", "172.30.0.44", "198.51.100.4", 30083),
 		local("draining", "172.30.0.45", "198.51.100.5", 30084, on("gw", terminating("10.180.0.5", 8080)), on("other", ready("10.180.1.5", 8080))),
+		local("both-policies", "172.30.0.46", "198.51.100.6", 30085, on("other", ready("10.180.1.6", 8080))),
 	}
+	svcs[4].InternalLocal = true
 	runFlows(t, testConfig(), svcs, []flow{
 		{name: "LB IP: local endpoint only, client kept", src: "203.0.113.5", dst: "198.51.100.2:80", want: "dnat 10.180.0.2:8080"},
 		{name: "NodePort: local endpoint only, client kept", src: "203.0.113.5", dst: "192.168.0.2:30081", want: "dnat 10.180.0.2:8080"},
@@ -296,6 +298,14 @@ func TestTraceExternalTrafficPolicyLocal(t *testing.T) {
 		{name: "no endpoint at all: NodePort rejects", src: "203.0.113.5", dst: "192.168.0.2:30083", want: "reject"},
 
 		{name: "local endpoint terminating: still used for Local", src: "203.0.113.5", dst: "198.51.100.5:80", want: "dnat 10.180.0.5:8080"},
+		// Both policies Local: the gateway's own traffic to an external
+		// address still short-circuits to the cluster endpoints (kube-proxy
+		// keeps Cluster endpoints for any externally reachable Service).
+		{name: "iTP and eTP Local: gateway's own traffic to LB IP", src: "192.168.0.2", dst: "198.51.100.6:80", output: true,
+			want: "dnat 10.180.1.6:8080 masq"},
+		{name: "iTP and eTP Local: external client dropped", src: "203.0.113.5", dst: "198.51.100.6:80", want: "drop"},
+		{name: "iTP and eTP Local: ClusterIP dropped", src: "10.1.2.3", dst: "172.30.0.46:80", want: "drop"},
+
 		{name: "local endpoint terminating: Cluster uses the ready one", src: "10.1.2.3", dst: "172.30.0.45:80", want: "dnat 10.180.1.5:8080"},
 	})
 }
