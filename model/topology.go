@@ -31,7 +31,7 @@ func Categorize(s *Service, p *ServicePort, node Node) EndpointSets {
 	var out EndpointSets
 	eps := p.Endpoints
 	externallyAccessible := s.ExternallyAccessible()
-	usesCluster := !s.InternalLocal || (externallyAccessible && !s.ExternalLocal)
+	usesCluster := !s.InternalLocal || externallyAccessible
 	usesLocal := s.InternalLocal || (externallyAccessible && s.ExternalLocal)
 
 	if usesCluster {
