@@ -5,11 +5,8 @@ import (
 	"fmt"
 
 	"github.com/google/nftables"
-	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
-	"github.com/google/nftables/userdata"
 	"github.com/mdlayher/netlink"
-	"golang.org/x/sys/unix"
 )
 
 // udataFingerprint is the user-data TLV type carrying a rule's fingerprint.
@@ -106,20 +103,6 @@ func (e *encoder) addSet(s *Set) {
 	e.fail(e.conn.AddSet(ns, nil))
 	e.sets[s.Name] = ns
 	e.note("add set %s %s %s", e.f, e.table.Name, s.Name)
-}
-
-func (e *encoder) anonymousVmap(targets []string) *nftables.Set {
-	s := &nftables.Set{Table: e.table, Anonymous: true, Constant: true, IsMap: true,
-		KeyType: nftables.TypeInteger, DataType: nftables.TypeVerdict, KeyByteOrder: binaryutil.NativeEndian}
-	elems := make([]nftables.SetElement, len(targets))
-	for i, t := range targets {
-		elems[i] = nftables.SetElement{Key: binaryutil.NativeEndian.PutUint32(uint32(i)),
-			VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: t}}
-	}
-	e.fail(e.conn.AddSet(s, elems))
-	e.note("add anonymous map for %d endpoints", len(targets))
-	e.note("add %d elements to an anonymous map", len(targets))
-	return s
 }
 
 var hookNums = map[string]*nftables.ChainHook{
@@ -304,50 +287,5 @@ func (r *recorder) take() ([]netlink.Message, error) {
 	if len(msgs) >= 2 {
 		msgs = msgs[1 : len(msgs)-1] // drop BATCH_BEGIN and BATCH_END
 	}
-	for i := range msgs {
-		if msgs[i].Header.Type == newSetType {
-			msgs[i].Data = hostOrderAnonymousKeys(msgs[i].Data)
-		}
-	}
 	return msgs, nil
-}
-
-var newSetType = netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_NEWSET)
-
-// hostOrderAnonymousKeys marks the keys of an anonymous map as host byte
-// order in the set's user data. The only anonymous maps nftgate makes are
-// keyed by a jhash result, which the kernel produces in host order; the
-// packet path only compares bytes, but nft reads this note to print the
-// keys, and google/nftables always writes "big endian" for anonymous sets,
-// so `nft list ruleset` would show bucket 1 as 16777216.
-func hostOrderAnonymousKeys(data []byte) []byte {
-	if len(data) < 4 {
-		return data
-	}
-	ad, err := netlink.NewAttributeDecoder(data[4:])
-	if err != nil {
-		return data
-	}
-	var attrs []netlink.Attribute
-	anonymous := false
-	for ad.Next() {
-		a := netlink.Attribute{Type: ad.Type(), Data: ad.Bytes()}
-		if a.Type == unix.NFTA_SET_FLAGS && len(a.Data) == 4 && binary.BigEndian.Uint32(a.Data)&unix.NFT_SET_ANONYMOUS != 0 {
-			anonymous = true
-		}
-		attrs = append(attrs, a)
-	}
-	if ad.Err() != nil || !anonymous {
-		return data
-	}
-	for i, a := range attrs {
-		if a.Type == unix.NFTA_SET_USERDATA {
-			attrs[i].Data = userdata.AppendUint32(nil, userdata.NFTNL_UDATA_SET_KEYBYTEORDER, 1)
-		}
-	}
-	b, err := netlink.MarshalAttributes(attrs)
-	if err != nil {
-		return data
-	}
-	return append(append([]byte(nil), data[:4]...), b...)
 }

@@ -273,11 +273,11 @@ func renderPort(cfg *Config, svc *model.Service, p *model.ServicePort, out *ByFa
 			if len(eps) == 1 {
 				return append(rules, Rule{Verdict{Kind: Goto, Chain: epChain[eps[0].AddrPort()]}})
 			}
-			targets := make([]string, len(eps))
 			for i, e := range eps {
-				targets[i] = epChain[e.AddrPort()]
+				rules = append(rules, Rule{HashBucket{Seed: cfg.HashSeed, Modulus: uint32(len(eps)), Bucket: uint32(i)},
+					Verdict{Kind: Goto, Chain: epChain[e.AddrPort()]}})
 			}
-			return append(rules, Rule{HashDispatch{Seed: cfg.HashSeed, Targets: targets}})
+			return rules
 		}
 		if len(cluster) > 0 {
 			rules := []Rule{{Verdict{Kind: Jump, Chain: ChainMasqueradeOutside}}}
