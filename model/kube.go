@@ -215,10 +215,10 @@ func mergeSlice(s *Service, sl *discoveryv1.EndpointSlice) error {
 					return fmt.Errorf("endpointslice %s: endpoints[%d].addresses[0]: %s does not match addressType %s", sl.Name, ei, a, sl.AddressType)
 				}
 				e := Endpoint{Addr: a, Port: uint16(*port.Port)}
-				// The API's rules: a nil ready means ready, a nil serving
-				// means what ready says, a nil terminating means not.
+				// The API's rules: a nil ready or serving means true, a nil
+				// terminating means false.
 				e.Ready = ep.Conditions.Ready == nil || *ep.Conditions.Ready
-				e.Serving = e.Ready
+				e.Serving = true
 				if ep.Conditions.Serving != nil {
 					e.Serving = *ep.Conditions.Serving
 				}
