@@ -2,6 +2,7 @@ package nft
 
 import (
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"sort"
@@ -80,7 +81,8 @@ func (o Outcome) String() string {
 }
 
 // TraceResult is every way the packet can go. Trace follows each branch of a
-// HashDispatch, so a Service with N endpoints has (at least) N outcomes.
+// hash of the client's address and port (HashBucket) over all its values, so
+// a Service with N endpoints has (at least) N outcomes.
 type TraceResult struct {
 	Outcomes []Outcome
 	// Err reports a ruleset the tracer cannot follow: a jump to a missing
@@ -150,8 +152,8 @@ func (r TraceResult) Paths() string {
 // Trace replays the first packet of a new connection through family f's
 // ruleset, made of frags (nft.Static's skeleton and the Services'
 // fragments), as the kernel would: the base chains of each hook in priority
-// order, jumps, gotos, returns, verdict maps, and every branch of a
-// HashDispatch. It is test infrastructure: the semantics of a ruleset checked
+// order, jumps, gotos, returns, verdict maps, and every value a hash of the
+// client's address and port can take (HashBucket). It is test infrastructure: the semantics of a ruleset checked
 // in microseconds, without a kernel.
 //
 // The kernel's path for a new connection: a packet from a network passes
@@ -232,6 +234,9 @@ type state struct {
 	masqueraded bool
 	affinity    []string
 	path        []string
+	// buckets holds the hash bucket this flow falls in, per seed and
+	// modulus, once a HashBucket match has forked the trace over them.
+	buckets map[[2]uint32]uint32
 }
 
 func (st state) log(chain string, r Rule, f Family, note string) state {
@@ -397,6 +402,7 @@ func (t *tracer) runRules(st state, c *Chain, i, depth int) []end {
 // ends the rule; changes made before it stay, as in the kernel.
 func (t *tracer) runRule(st state, c *Chain, i, depth int) []end {
 	r := c.Rules[i]
+	orig := st
 	for _, s := range r {
 		switch s := s.(type) {
 		case MatchAddr:
@@ -479,13 +485,31 @@ func (t *tracer) runRule(st state, c *Chain, i, depth int) []end {
 				return []end{{st, endNext}}
 			}
 			return t.verdict(st.log(c.Name, r, t.f, "element "+k.String()+" : "+v.String()), v, depth)
-		case HashDispatch:
-			var out []end
-			for _, target := range s.Targets {
-				v := Verdict{Kind: Goto, Chain: target}
-				out = append(out, t.verdict(st.log(c.Name, r, t.f, v.String()), v, depth)...)
+		case HashBucket:
+			if s.Modulus == 0 {
+				t.fail("chain %s: hash modulus 0", c.Name)
+				return nil
 			}
-			return out
+			key := [2]uint32{s.Seed, s.Modulus}
+			chosen, ok := st.buckets[key]
+			if !ok {
+				// The first bucket match of a flow forks the trace: one
+				// outcome per bucket, each replaying this rule.
+				var out []end
+				for b := uint32(0); b < s.Modulus; b++ {
+					o := orig
+					o.buckets = maps.Clone(orig.buckets)
+					if o.buckets == nil {
+						o.buckets = map[[2]uint32]uint32{}
+					}
+					o.buckets[key] = b
+					out = append(out, t.runRule(o, c, i, depth)...)
+				}
+				return out
+			}
+			if chosen != s.Bucket {
+				return []end{{st, endNext}}
+			}
 		default:
 			t.fail("chain %s: statement %T is not traced", c.Name, s)
 			return nil

@@ -638,11 +638,23 @@ func TestTraceSemantics(t *testing.T) {
 		{"own traffic to itself loops back through prerouting filters", []*nft.Chain{
 			base("pre", "filter", "prerouting", 0, nft.Rule{nft.Reject{}}),
 		}, nft.Packet{Src: addr("192.168.0.2"), SrcLocal: true, Dst: addr("192.168.0.2"), DstLocal: true, Proto: model.TCP, DstPort: 80, Hook: "output"}, "reject"},
-		{"hash dispatch follows every branch", []*nft.Chain{
-			base("pre", "nat", "prerouting", -100, nft.Rule{nft.HashDispatch{Targets: []string{"a", "b"}}}),
+		{"hash buckets: every value is taken", []*nft.Chain{
+			base("pre", "nat", "prerouting", -100,
+				nft.Rule{nft.HashBucket{Seed: 1, Modulus: 3, Bucket: 0}, gotoV("a")},
+				nft.Rule{nft.HashBucket{Seed: 1, Modulus: 3, Bucket: 1}, gotoV("b")}),
 			chain("a", nft.Rule{dnat("10.0.0.1:80")}),
 			chain("b", nft.Rule{nft.Verdict{Kind: nft.Drop}}),
-		}, pkt, "dnat 10.0.0.1:80, drop"},
+		}, pkt, "accept, dnat 10.0.0.1:80, drop"},
+		{"hash buckets: one value per path", []*nft.Chain{
+			// The same seed and modulus hash the same flow alike: no path
+			// matches bucket 0 in one rule and bucket 1 in another.
+			base("pre", "nat", "prerouting", -100,
+				nft.Rule{nft.HashBucket{Seed: 1, Modulus: 2, Bucket: 0}, nft.SetMark{Bit: 0x4000}},
+				nft.Rule{nft.HashBucket{Seed: 1, Modulus: 2, Bucket: 0}, dnat("10.0.0.1:80")},
+				nft.Rule{nft.HashBucket{Seed: 1, Modulus: 2, Bucket: 1}, dnat("10.0.0.2:80")},
+				nft.Rule{nft.Verdict{Kind: nft.Drop}}),
+			base("post", "nat", "postrouting", 100, nft.Rule{nft.MatchMarkUnset{Bit: 0x4000}, ret}, nft.Rule{nft.Masquerade{}}),
+		}, pkt, "dnat 10.0.0.1:80 masq, dnat 10.0.0.2:80"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			res := nft.Trace(cfg, nft.IPv4, []*nft.Fragment{{Chains: tc.chains}}, tc.pkt)
