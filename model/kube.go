@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -114,7 +115,7 @@ func FromKubernetes(svc *corev1.Service, sliceList []*discoveryv1.EndpointSlice,
 			s.LoadBalancerIPs = append(s.LoadBalancerIPs, a)
 		}
 		for i, r := range svc.Spec.LoadBalancerSourceRanges {
-			p, err := netip.ParsePrefix(r)
+			p, err := netip.ParsePrefix(strings.TrimSpace(r))
 			if err != nil {
 				return nil, errf("spec.loadBalancerSourceRanges[%d]: invalid CIDR %q", i, r)
 			}
@@ -158,6 +159,22 @@ func FromKubernetes(svc *corev1.Service, sliceList []*discoveryv1.EndpointSlice,
 		s.Ports = append(s.Ports, sp)
 	}
 
+	for _, fam := range svc.Spec.IPFamilies {
+		switch fam {
+		case corev1.IPv4Protocol:
+			s.IPv4 = true
+		case corev1.IPv6Protocol:
+			s.IPv6 = true
+		}
+	}
+	for _, a := range s.ClusterIPs {
+		s.IPv4, s.IPv6 = s.IPv4 || a.Is4(), s.IPv6 || a.Is6()
+	}
+	if !s.IPv4 && !s.IPv6 {
+		// No ClusterIP and no families given (a manifest written by
+		// hand): the Service is wherever its addresses are.
+		s.IPv4, s.IPv6 = true, true
+	}
 	if opts.ExternalOnly {
 		s.ClusterIPs = nil
 	}

@@ -97,7 +97,7 @@ func TestFromKubernetes(t *testing.T) {
 			check: func(t *testing.T, s *model.Service) {
 				want := &model.Service{
 					Key: model.ServiceKey{Namespace: "ns1", Name: "web"}, Type: "ClusterIP", Created: time.Unix(1700000000, 0),
-					ClusterIPs: []netip.Addr{mAddr("172.30.0.41")},
+					IPv4: true, ClusterIPs: []netip.Addr{mAddr("172.30.0.41")},
 					// A ClusterIP Service has no NodePort, whatever the field says.
 					Ports: []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80}, {Name: "dns", Protocol: model.UDP, Port: 53}},
 				}

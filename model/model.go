@@ -70,6 +70,10 @@ type Service struct {
 	// older one keeps it, as the API server's allocator would have it.
 	Created time.Time
 
+	// IPv4 and IPv6 tell which families the Service has (spec.ipFamilies).
+	// A family it lacks gets nothing from it, NodePorts included.
+	IPv4, IPv6 bool
+
 	ClusterIPs      []netip.Addr // empty when the gateway must not expose ClusterIPs
 	ExternalIPs     []netip.Addr
 	LoadBalancerIPs []netip.Addr // status ingress IPs, except ipMode Proxy
@@ -138,4 +142,15 @@ func (s *Service) PortName(p *ServicePort) string {
 		name = fmt.Sprint(p.Port)
 	}
 	return s.Key.Namespace + "/" + s.Key.Name + "/" + p.Protocol.String() + "/" + name
+}
+
+// HasFamily tells whether the Service exists in IPv6 (or IPv4).
+func (s *Service) HasFamily(ipv6 bool) bool {
+	if !s.IPv4 && !s.IPv6 {
+		return true // families not known: wherever its addresses are
+	}
+	if ipv6 {
+		return s.IPv6
+	}
+	return s.IPv4
 }

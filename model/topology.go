@@ -9,6 +9,10 @@ type Node struct {
 	Zone string
 }
 
+// isLocal tells whether an endpoint runs on this node. A gateway without a
+// node name has no local endpoints, whatever the endpoints say.
+func (n Node) isLocal(e *Endpoint) bool { return n.Name != "" && e.NodeName == n.Name }
+
 // EndpointSets are the endpoints one Service port may send traffic to, chosen
 // the way kube-proxy's topology code chooses them.
 type EndpointSets struct {
@@ -56,18 +60,18 @@ func Categorize(s *Service, p *ServicePort, node Node) EndpointSets {
 		switch {
 		case e.Ready:
 			out.Any = true
-			localReady = localReady || e.NodeName == node.Name
+			localReady = localReady || node.isLocal(e)
 		case e.Serving && e.Terminating:
 			out.Any = true
-			localTerminating = localTerminating || e.NodeName == node.Name
+			localTerminating = localTerminating || node.isLocal(e)
 		}
 	}
 	switch {
 	case localReady:
-		out.Local = filter(eps, func(e *Endpoint) bool { return e.NodeName == node.Name && e.Ready })
+		out.Local = filter(eps, func(e *Endpoint) bool { return node.isLocal(e) && e.Ready })
 	case localTerminating:
 		out.Local = filter(eps, func(e *Endpoint) bool {
-			return e.NodeName == node.Name && e.Serving && e.Terminating
+			return node.isLocal(e) && e.Serving && e.Terminating
 		})
 	}
 	return out

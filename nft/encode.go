@@ -147,24 +147,37 @@ func keyBytes(f Family, k Key) []byte {
 	if k.Addr.IsValid() {
 		b = append(b, k.Addr.AsSlice()...)
 	}
+	if k.Proto == 0 && k.Port == 0 {
+		return b // a plain address
+	}
 	b = append(b, byte(k.Proto), 0, 0, 0)
 	b = append(b, byte(k.Port>>8), byte(k.Port), 0, 0)
 	return b
 }
 
-func (e *encoder) mapSet(name string) *nftables.Set {
-	return e.setDefinition(&Set{Name: name, Map: true, Shape: mapShape(name)})
+func (e *encoder) elementSet(name string) *nftables.Set {
+	shape := setShape(name)
+	return e.setDefinition(&Set{Name: name, Map: shape != KeyAddr, Shape: shape})
 }
 
-// mapShape is the key shape of each of nftgate's verdict maps.
-func mapShape(name string) KeyShape {
-	if name == MapServiceNodePorts || name == MapNoEndpointNodePorts {
+// setShape is the key shape of each set whose elements nftgate writes, and
+// zero for the sets the packet path fills.
+func setShape(name string) KeyShape {
+	switch name {
+	case MapServiceNodePorts, MapNoEndpointNodePorts:
 		return KeyProtoPort
+	case MapServiceIPs, MapNoEndpointServices, MapFirewallIPs:
+		return KeyAddrProtoPort
+	case SetClusterIPs:
+		return KeyAddr
 	}
-	return KeyAddrProtoPort
+	return 0
 }
 
 func elementOf(f Family, el Element) nftables.SetElement {
+	if el.Verdict.Kind == 0 {
+		return nftables.SetElement{Key: keyBytes(f, el.Key)}
+	}
 	v := el.Verdict.encode(f, nil)[0].(*expr.Verdict)
 	return nftables.SetElement{Key: keyBytes(f, el.Key), VerdictData: v}
 }
@@ -180,7 +193,7 @@ func (e *encoder) elements(els []Element, del bool) {
 		byMap[el.Map] = append(byMap[el.Map], elementOf(e.f, el))
 	}
 	for _, m := range order {
-		s := e.mapSet(m)
+		s := e.elementSet(m)
 		// Elements travel in messages of bounded size: the kernel caps one
 		// netlink attribute at 64 KiB.
 		for chunk := range chunks(byMap[m], 500) {

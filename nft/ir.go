@@ -94,6 +94,7 @@ type KeyShape uint8
 const (
 	KeyAddrProtoPort KeyShape = iota + 1 // daddr . l4proto . dport
 	KeyProtoPort                         // l4proto . dport (NodePorts)
+	KeyAddr                              // an address (plain address sets)
 )
 
 // Key is one verdict map key. Addr is unset for KeyProtoPort maps.
@@ -104,6 +105,9 @@ type Key struct {
 }
 
 func (k Key) String() string {
+	if k.Proto == 0 && k.Port == 0 {
+		return k.Addr.String()
+	}
 	if !k.Addr.IsValid() {
 		return fmt.Sprintf("%s . %d", k.Proto, k.Port)
 	}
@@ -129,7 +133,9 @@ func (e Element) ID() ElemID { return ElemID{e.Map, e.Key} }
 // Set is a named set or verdict map.
 type Set struct {
 	Name string
-	// Map sets are verdict maps keyed by Shape; other sets hold addresses.
+	// Map sets are verdict maps keyed by Shape; other sets hold addresses
+	// (Shape KeyAddr when nftgate fills them, none when the packet path
+	// does).
 	Map   bool
 	Shape KeyShape
 	// Timeout, when set, makes the set dynamic with element timeouts (the

@@ -101,19 +101,15 @@ func (r *reader) readTable(name string, f Family) (*tableState, error) {
 		if s.Anonymous {
 			continue // bound to a rule; goes with it
 		}
-		def := setDef{Map: s.IsMap}
-		if s.IsMap {
-			// google/nftables does not decode concatenated key types, so
-			// the shape comes from the name, and is checked against the
-			// keys below.
-			def.Shape = mapShape(s.Name)
-		}
+		// google/nftables does not decode concatenated key types, so the
+		// shape comes from the name, and is checked against the keys below.
+		def := setDef{Map: s.IsMap, Shape: setShape(s.Name)}
 		if s.HasTimeout {
 			def.Timeout = int64(s.Timeout.Seconds())
 		}
 		st.sets[s.Name] = def
-		if !s.IsMap {
-			continue
+		if def.Shape == 0 {
+			continue // filled by the packet path, or not nftgate's
 		}
 		elems, err := r.conn.GetSetElements(s)
 		if err != nil {
@@ -187,8 +183,12 @@ func (r *reader) ruleFingerprints(table string, f Family) (map[string][]uint64, 
 func keyFromBytes(f Family, shape KeyShape, b []byte) (Key, bool) {
 	var k Key
 	n := 0
-	if shape == KeyAddrProtoPort {
+	if shape == KeyAddrProtoPort || shape == KeyAddr {
 		n = int(f.addrLen())
+	}
+	if shape == KeyAddr {
+		a, ok := netip.AddrFromSlice(b)
+		return Key{Addr: a}, ok && len(b) == n
 	}
 	if len(b) != n+8 {
 		return k, false

@@ -34,6 +34,19 @@ type Config struct {
 // DefaultMasqueradeBit is kube-proxy's masquerade mark bit.
 const DefaultMasqueradeBit = 0x4000
 
+// DefaultHashSeed is the endpoint-choice seed when Config.HashSeed is zero.
+// Zero itself cannot be used: the kernel takes a hash without a seed as a
+// request for a random one, different in every rule, and the bucket rules
+// of a Service would then not partition its flows.
+const DefaultHashSeed = 0x6e667467
+
+func (c *Config) hashSeed() uint32 {
+	if c.HashSeed == 0 {
+		return DefaultHashSeed
+	}
+	return c.HashSeed
+}
+
 // Names of the static objects in each table.
 const (
 	MapServiceIPs          = "service-ips"
@@ -41,6 +54,7 @@ const (
 	MapNoEndpointServices  = "no-endpoint-services"
 	MapNoEndpointNodePorts = "no-endpoint-nodeports"
 	MapFirewallIPs         = "firewall-ips"
+	SetClusterIPs          = "cluster-ips"
 
 	ChainServices          = "services"
 	ChainNodePorts         = "nodeports"
@@ -52,6 +66,7 @@ const (
 	ChainMarkForMasquerade = "mark-for-masquerade"
 	ChainMasqueradeOutside = "mark-for-masquerade-outside-cluster"
 	ChainReject            = "reject-chain"
+	ChainClusterIPsCheck   = "cluster-ips-check"
 )
 
 // Netfilter hook priorities (from the kernel's netfilter headers).
@@ -78,6 +93,7 @@ func Static(cfg *Config, f Family) Fragment {
 			{Name: MapNoEndpointServices, Map: true, Shape: KeyAddrProtoPort},
 			{Name: MapNoEndpointNodePorts, Map: true, Shape: KeyProtoPort},
 			{Name: MapFirewallIPs, Map: true, Shape: KeyAddrProtoPort},
+			{Name: SetClusterIPs, Shape: KeyAddr},
 		},
 	}
 	base := func(name, typ, hook string, prio int32, rules ...Rule) {
@@ -99,12 +115,19 @@ func Static(cfg *Config, f Family) Fragment {
 	base("filter-input", "filter", "input", prioFilter-1,
 		Rule{MatchCtNew{}, jump(ChainNodePortEPCheck)},
 		Rule{MatchCtNew{}, jump(ChainServiceEPCheck)})
-	base("filter-forward", "filter", "forward", prioFilter-1, Rule{MatchCtNew{}, jump(ChainServiceEPCheck)})
+	// So are ClusterIPs on ports no Service has, as kube-proxy does.
+	base("filter-forward", "filter", "forward", prioFilter-1,
+		Rule{MatchCtNew{}, jump(ChainServiceEPCheck)},
+		Rule{MatchCtNew{}, jump(ChainClusterIPsCheck)})
 	base("filter-output", "filter", "output", prioFilter-1,
 		Rule{MatchCtNew{}, jump(ChainNodePortEPCheck)},
-		Rule{MatchCtNew{}, jump(ChainServiceEPCheck)})
+		Rule{MatchCtNew{}, jump(ChainServiceEPCheck)},
+		Rule{MatchCtNew{}, jump(ChainClusterIPsCheck)})
 
 	regular(ChainServices,
+		// Every ClusterIP connection from outside the cluster is
+		// masqueraded, whatever its Service's traffic policy.
+		Rule{MatchAddrInSet{Dir: Dst, Set: SetClusterIPs}, jump(ChainMasqueradeOutside)},
 		vmap(MapServiceIPs, KeyAddrProtoPort),
 		Rule{MatchLocal{Dir: Dst}, jump(ChainNodePorts)})
 	regular(ChainNodePorts, nodePortRules(cfg, f, MapServiceNodePorts)...)
@@ -124,6 +147,7 @@ func Static(cfg *Config, f Family) Fragment {
 	}
 	regular(ChainMasqueradeOutside, append(outside, Rule{SetMark{Bit: bit}})...)
 	regular(ChainReject, Rule{Reject{}})
+	regular(ChainClusterIPsCheck, Rule{MatchAddrInSet{Dir: Dst, Set: SetClusterIPs}, Reject{}})
 	return fr
 }
 
@@ -178,31 +202,34 @@ func RenderService(cfg *Config, svc *model.Service) ByFamily {
 	for pi := range svc.Ports {
 		renderPort(cfg, svc, &svc.Ports[pi], &out)
 	}
+	// Its ClusterIPs, for the masquerade decision and for rejecting ports
+	// no Service has.
+	for _, a := range svc.ClusterIPs {
+		fr := out.Of(Of(a))
+		fr.Elements = append(fr.Elements, Element{Map: SetClusterIPs, Key: Key{Addr: a}})
+	}
 	return out
 }
 
 func renderPort(cfg *Config, svc *model.Service, p *model.ServicePort, out *ByFamily) {
 	portName := svc.PortName(p)
-	sets := model.Categorize(svc, p, cfg.Node)
 	for _, f := range Families {
+		if !svc.HasFamily(f == IPv6) {
+			continue // not even NodePorts: kube-proxy ignores the family too
+		}
 		fr := out.Of(f)
-		famEps := func(eps []model.Endpoint) []model.Endpoint {
-			var r []model.Endpoint
-			for _, e := range eps {
-				if Of(e.Addr) == f {
-					r = append(r, e)
-				}
+		// Endpoints are chosen per family, as kube-proxy does: a
+		// dual-stack Service whose IPv6 endpoints are all terminating
+		// falls back to them for IPv6 while IPv4 uses its ready ones.
+		famPort := *p
+		famPort.Endpoints = nil
+		for _, e := range p.Endpoints {
+			if Of(e.Addr) == f {
+				famPort.Endpoints = append(famPort.Endpoints, e)
 			}
-			return r
 		}
-		cluster, local := famEps(sets.Cluster), famEps(sets.Local)
-		// Whether any endpoint could serve is decided per family: a
-		// dual-stack Service whose IPv6 endpoints are all gone rejects
-		// IPv6 clients even while IPv4 works.
-		anyEps := false
-		for _, e := range famEps(p.Endpoints) {
-			anyEps = anyEps || e.Ready || (e.Serving && e.Terminating)
-		}
+		sets := model.Categorize(svc, &famPort, cfg.Node)
+		cluster, local, anyEps := sets.Cluster, sets.Local, sets.Any
 
 		var clusterIPs, externalAddrs, lbIPs []netip.Addr
 		for _, a := range svc.ClusterIPs {
@@ -274,14 +301,13 @@ func renderPort(cfg *Config, svc *model.Service, p *model.ServicePort, out *ByFa
 				return append(rules, Rule{Verdict{Kind: Goto, Chain: epChain[eps[0].AddrPort()]}})
 			}
 			for i, e := range eps {
-				rules = append(rules, Rule{HashBucket{Seed: cfg.HashSeed, Modulus: uint32(len(eps)), Bucket: uint32(i)},
+				rules = append(rules, Rule{HashBucket{Seed: cfg.hashSeed(), Modulus: uint32(len(eps)), Bucket: uint32(i)},
 					Verdict{Kind: Goto, Chain: epChain[e.AddrPort()]}})
 			}
 			return rules
 		}
 		if len(cluster) > 0 {
-			rules := []Rule{{Verdict{Kind: Jump, Chain: ChainMasqueradeOutside}}}
-			fr.Chains = append(fr.Chains, &Chain{Name: clusterChain, Rules: append(rules, dispatch(cluster)...)})
+			fr.Chains = append(fr.Chains, &Chain{Name: clusterChain, Rules: dispatch(cluster)})
 		}
 		if len(local) > 0 {
 			fr.Chains = append(fr.Chains, &Chain{Name: localChain, Rules: dispatch(local)})
@@ -309,6 +335,13 @@ func renderPort(cfg *Config, svc *model.Service, p *model.ServicePort, out *ByFa
 			var rules []Rule
 			if svc.ExternalLocal {
 				if len(cluster) > 0 {
+					// Clients inside the cluster are not subject to the
+					// Local policy: they reach every endpoint, unmasqueraded.
+					for _, c := range cfg.ClusterCIDRs {
+						if Of(c.Addr()) == f {
+							rules = append(rules, Rule{MatchAddr{Dir: Src, Prefix: c}, Verdict{Kind: Goto, Chain: clusterChain}})
+						}
+					}
 					// The gateway's own traffic has no "local" client to
 					// preserve: it uses the cluster-wide endpoints.
 					rules = append(rules,
@@ -352,14 +385,18 @@ func renderPort(cfg *Config, svc *model.Service, p *model.ServicePort, out *ByFa
 				fr.Elements = append(fr.Elements, Element{Map: MapNoEndpointNodePorts, Key: k, Verdict: rejectV})
 			}
 		}
-		// loadBalancerSourceRanges guard the LoadBalancer IPs only.
-		if len(svc.SourceRanges) > 0 && len(lbIPs) > 0 {
-			var rules []Rule
-			for _, r := range svc.SourceRanges {
-				if Of(r.Addr()) == f {
-					rules = append(rules, Rule{MatchAddr{Dir: Src, Prefix: r}, Verdict{Kind: Return}})
-				}
+		// loadBalancerSourceRanges guard the LoadBalancer IPs only, and
+		// only in the families they name; a range of all addresses is no
+		// restriction.
+		var rules []Rule
+		open := false
+		for _, r := range svc.SourceRanges {
+			if Of(r.Addr()) == f {
+				open = open || r.Bits() == 0
+				rules = append(rules, Rule{MatchAddr{Dir: Src, Prefix: r}, Verdict{Kind: Return}})
 			}
+		}
+		if len(rules) > 0 && !open && len(lbIPs) > 0 {
 			rules = append(rules, Rule{Verdict{Kind: Drop}})
 			fr.Chains = append(fr.Chains, &Chain{Name: fwChain, Rules: rules})
 			for _, a := range lbIPs {

@@ -44,7 +44,11 @@ func WriteText(w io.Writer, table string, f Family, frags ...*Fragment) error {
 				if i == len(es)-1 {
 					sep = " }"
 				}
-				ew.printf("\n\t\t\t%s : %s%s", e.Key, e.Verdict, sep)
+				if e.Verdict.Kind == 0 {
+					ew.printf("\n\t\t\t%s%s", e.Key, sep)
+				} else {
+					ew.printf("\n\t\t\t%s : %s%s", e.Key, e.Verdict, sep)
+				}
 			}
 			ew.printf("\n")
 		}

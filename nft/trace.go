@@ -255,7 +255,7 @@ func (t *tracer) index(frags []*Fragment) error {
 				return fmt.Errorf("set %q defined twice", s.Name)
 			}
 			t.sets[s.Name] = s
-			if s.Map {
+			if s.Map || s.Shape == KeyAddr {
 				t.elems[s.Name] = map[Key]Verdict{}
 			}
 		}
@@ -418,11 +418,19 @@ func (t *tracer) runRule(st state, c *Chain, i, depth int) []end {
 				t.fail("chain %s: lookup in missing set %q", c.Name, s.Set)
 				return nil
 			}
-			if s.Dir != Src {
-				t.fail("chain %s: destination set lookups are not traced", c.Name)
+			if elems, filled := t.elems[s.Set]; filled {
+				// An address set nftgate fills.
+				a := t.pkt.Src
+				if s.Dir == Dst {
+					a = st.dst
+				}
+				if _, hit := elems[Key{Addr: a}]; !hit {
+					return []end{{st, endNext}}
+				}
+			} else if s.Dir != Src {
+				t.fail("chain %s: destination lookups in dynamic sets are not traced", c.Name)
 				return nil
-			}
-			if !t.pkt.AffinityHit[s.Set] {
+			} else if !t.pkt.AffinityHit[s.Set] {
 				return []end{{st, endNext}}
 			}
 		case MatchLocal:

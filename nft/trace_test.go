@@ -518,6 +518,7 @@ func TestTraceDualStack(t *testing.T) {
 	// ClusterIP: the NodePort of an IPv4-only Service on an IPv6 address
 	// is not the Service's (nor rejected as one without endpoints).
 	v4only := web(ready("10.180.0.1", 8080))
+	v4only.IPv4 = true // spec.ipFamilies: [IPv4]
 	cfg := testConfig()
 	cfg.NodePortAddresses = []netip.Prefix{prefix("192.168.0.0/24"), prefix("2001:db8:1::/64")}
 	runFlows(t, cfg, []*model.Service{v4only}, []flow{
