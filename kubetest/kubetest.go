@@ -216,7 +216,7 @@ func (cp *ControlPlane) startOnce(ctx context.Context) error {
 	cp.apiPort = ports[2]
 	// Fail with a clear error when the address is not on an interface of
 	// the namespace, rather than in kube-apiserver's log.
-	if _, err := freePortsAt(cp.nsPath, cp.bindIP, cp.apiPort); err != nil {
+	if err := canListen(cp.nsPath, cp.bindIP, cp.apiPort); err != nil {
 		return fmt.Errorf("kubetest: Options.Address %s: cannot listen there: %w", cp.bindIP, err)
 	}
 
@@ -235,6 +235,14 @@ func (cp *ControlPlane) startOnce(ctx context.Context) error {
 		// elect itself in ~0.1 s instead of ~1 s.
 		"--heartbeat-interval=10",
 		"--election-timeout=100",
+		// kube-apiserver asks etcd for the current revision before serving
+		// a watch or consistent list from its cache, and waits (up to 3 s,
+		// then fails with "Too large resource version") until the cache of
+		// that resource has caught up. Debian's etcd (3.4.23) is older than
+		// 3.4.31, so kube-apiserver cannot request progress on demand, and
+		// the cache of a resource nobody writes only moves on periodic
+		// progress notifications: every 10 min by default.
+		"--experimental-watch-progress-notify-interval=100ms",
 		"--logger=zap",
 		"--log-outputs=stderr",
 	}
@@ -258,21 +266,34 @@ func (cp *ControlPlane) startOnce(ctx context.Context) error {
 	if err := cp.setupClients(); err != nil {
 		return err
 	}
-	return cp.startAPIServer(ctx)
+	if err := cp.startAPIServer(ctx); err != nil {
+		return err
+	}
+	// kube-apiserver creates the default/kubernetes Service in the
+	// background, possibly after /readyz is ok. Wait for it, so that every
+	// test starts from the same objects and none sees it appear later.
+	cp.mu.Lock()
+	apiserver := cp.apiserver
+	cp.mu.Unlock()
+	err = waitUntil(ctx, []*process{etcd, apiserver}, func(ctx context.Context) error {
+		_, err := cp.client.CoreV1().Services("default").Get(ctx, "kubernetes", metav1.GetOptions{})
+		return err
+	})
+	if err != nil {
+		return cp.startError("default/kubernetes Service", err, etcd, apiserver)
+	}
+	return nil
 }
 
-// freePortsAt checks that port can be bound on ip in the namespace.
-func freePortsAt(nsPath string, ip net.IP, port int) (net.Addr, error) {
-	var addr net.Addr
-	err := inNetNS(nsPath, func() error {
+// canListen checks that port can be bound on ip in the namespace.
+func canListen(nsPath string, ip net.IP, port int) error {
+	return inNetNS(nsPath, func() error {
 		l, err := net.Listen("tcp", net.JoinHostPort(ip.String(), strconv.Itoa(port)))
 		if err != nil {
 			return err
 		}
-		addr = l.Addr()
 		return l.Close()
 	})
-	return addr, err
 }
 
 // firstServiceIP is the ClusterIP kube-apiserver gives the "kubernetes"

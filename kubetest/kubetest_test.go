@@ -21,6 +21,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 )
@@ -74,6 +76,11 @@ func TestControlPlane(t *testing.T) {
 	client := cp.Client()
 	etcdPID, apiPID := cp.EtcdPID(), cp.APIServerPID()
 	dataDir := cp.DataDir()
+
+	// First, while nothing has written an EndpointSlice yet.
+	t.Run("WatchIdleResource", func(t *testing.T) {
+		watchSeesCreate(t, ctx, client)
+	})
 
 	t.Run("ServiceAndEndpointSlice", func(t *testing.T) {
 		createAndReadBack(t, ctx, client)
@@ -217,6 +224,33 @@ func createAndReadBack(t *testing.T, ctx context.Context, client kubernetes.Inte
 	}
 }
 
+// watchSeesCreate watches EndpointSlices, creates one and expects the watch
+// to deliver it. A watch on a resource nobody has written is what breaks
+// when kube-apiserver's watch cache cannot learn etcd's current revision.
+func watchSeesCreate(t *testing.T, ctx context.Context, client kubernetes.Interface) {
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	w, err := client.DiscoveryV1().EndpointSlices("default").Watch(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	slice := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Name: "watch-probe", Namespace: "default"},
+		AddressType: discoveryv1.AddressTypeIPv4,
+	}
+	if _, err := client.DiscoveryV1().EndpointSlices("default").Create(ctx, slice, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for ev := range w.ResultChan() {
+		if got, ok := ev.Object.(*discoveryv1.EndpointSlice); ok && ev.Type == watch.Added && got.Name == "watch-probe" {
+			return
+		}
+		t.Fatalf("watch delivered %s %v, want ADDED watch-probe", ev.Type, ev.Object)
+	}
+	t.Fatalf("watch ended without the created EndpointSlice: %v", ctx.Err())
+}
+
 func ptr[T any](v T) *T { return &v }
 
 // checkServiceAccount grants a ServiceAccount read access to Services and
@@ -357,28 +391,27 @@ func TestControlPlaneInNetNS(t *testing.T) {
 func waitKubernetesEndpoint(t *testing.T, ctx context.Context, cp *ControlPlane, addr string) {
 	t.Helper()
 	_, port, _ := net.SplitHostPort(strings.TrimPrefix(cp.URL(), "https://"))
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	w, err := cp.Client().DiscoveryV1().EndpointSlices("default").Watch(ctx, metav1.ListOptions{
-		LabelSelector: discoveryv1.LabelServiceName + "=kubernetes",
+	var last string
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		slices, err := cp.Client().DiscoveryV1().EndpointSlices("default").List(ctx, metav1.ListOptions{
+			LabelSelector: discoveryv1.LabelServiceName + "=kubernetes",
+		})
+		if err != nil {
+			last = err.Error()
+			return false, nil
+		}
+		last = fmt.Sprintf("%+v", slices.Items)
+		for _, slice := range slices.Items {
+			if len(slice.Endpoints) == 1 && len(slice.Endpoints[0].Addresses) == 1 && slice.Endpoints[0].Addresses[0] == addr &&
+				len(slice.Ports) == 1 && slice.Ports[0].Port != nil && strconv.Itoa(int(*slice.Ports[0].Port)) == port {
+				return true, nil
+			}
+		}
+		return false, nil
 	})
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("EndpointSlice of the kubernetes Service never became %s:%s: %v; last seen: %s", addr, port, err, last)
 	}
-	defer w.Stop()
-	var last string
-	for ev := range w.ResultChan() {
-		slice, ok := ev.Object.(*discoveryv1.EndpointSlice)
-		if !ok {
-			continue
-		}
-		last = fmt.Sprintf("%+v %+v", slice.Endpoints, slice.Ports)
-		if len(slice.Endpoints) == 1 && len(slice.Endpoints[0].Addresses) == 1 && slice.Endpoints[0].Addresses[0] == addr &&
-			len(slice.Ports) == 1 && slice.Ports[0].Port != nil && strconv.Itoa(int(*slice.Ports[0].Port)) == port {
-			return
-		}
-	}
-	t.Fatalf("EndpointSlice of the kubernetes Service never became %s:%s; last seen: %s", addr, port, last)
 }
 
 func readNetNSOf(pid int) (string, error) {

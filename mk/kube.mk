@@ -9,7 +9,9 @@ KUBE_BUILD_SCRIPT := $(CURDIR)/tools/k8s/build.sh
 # Changes name when the version changes, which makes the binaries out of date.
 KUBE_STAMP := $(BUILD)/.kube-version-$(KUBE_VERSION)
 
-.PHONY: kube-bin kube-deps
+.PHONY: kube-bin kube-deps kube-test
+# The tests of every package may start a control plane (package kubetest).
+test: kube-bin kube-deps
 kube-bin: $(BUILD)/kube-apiserver $(BUILD)/kube-proxy
 
 $(KUBE_STAMP):
@@ -28,3 +30,6 @@ kube-deps:
 	@dpkg -s etcd-server >/dev/null 2>&1 || { \
 		echo "installing: etcd-server"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server; }
+
+kube-test: kube-bin kube-deps
+	$(GO) test -race ./kubetest/
