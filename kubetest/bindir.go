@@ -97,3 +97,16 @@ func lookEtcd(path string) (string, error) {
 	}
 	return p, nil
 }
+
+// KubeProxy returns the path of the kube-proxy binary built next to
+// kube-apiserver, for side-by-side comparisons.
+func KubeProxy() (string, error) {
+	dir, err := BinDir()
+	if err != nil {
+		return "", err
+	}
+	if err := checkBin(dir, "kube-proxy"); err != nil {
+		return "", fmt.Errorf("kubetest: %w; run `make kube-bin`", err)
+	}
+	return filepath.Join(dir, "kube-proxy"), nil
+}

@@ -474,6 +474,9 @@ func TestBinDirEnv(t *testing.T) {
 	if got, err := BinDir(); err != nil || got != dir {
 		t.Errorf("BinDir = %q, %v; want %q", got, err, dir)
 	}
+	if _, err := KubeProxy(); !errors.Is(err, ErrBinariesMissing) {
+		t.Errorf("KubeProxy without kube-proxy in %s: %v, want ErrBinariesMissing", dir, err)
+	}
 }
 
 func TestStartErrorMarksPortRace(t *testing.T) {
