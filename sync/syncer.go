@@ -26,6 +26,9 @@ type Event struct {
 	Result  nft.Result
 	Err     error
 	Changed int // Services whose model changed
+	// Triggers are when the EndpointSlice changes this sync carried
+	// happened in the cluster (their last-change-trigger-time).
+	Triggers []time.Time
 	// Before and After hold the models of the changed Services (nil where
 	// a Service did not exist), for observers that act on differences.
 	Before, After map[model.ServiceKey]*model.Service
@@ -182,7 +185,7 @@ func (s *Syncer) build(k model.ServiceKey, o Objects) (m *model.Service, ok bool
 
 func (s *Syncer) full(log *slog.Logger) error {
 	start := time.Now()
-	all := s.Tracker.All()
+	all, triggers := s.Tracker.All()
 	desired := make(map[model.ServiceKey]*model.Service, len(all))
 	s.mu.Lock()
 	before := s.programmed
@@ -198,7 +201,7 @@ func (s *Syncer) full(log *slog.Logger) error {
 		}
 	}
 	res, err := s.Programmer.Full(desired)
-	ev := Event{Full: true, Start: start, Result: res, Err: err}
+	ev := Event{Full: true, Start: start, Result: res, Err: err, Triggers: triggers}
 	if err == nil {
 		ev.Before, ev.After = map[model.ServiceKey]*model.Service{}, map[model.ServiceKey]*model.Service{}
 		for k, m := range desired {
@@ -230,7 +233,7 @@ func (s *Syncer) full(log *slog.Logger) error {
 
 func (s *Syncer) partial(log *slog.Logger) error {
 	start := time.Now()
-	dirty := s.Tracker.TakeDirty()
+	dirty, triggers := s.Tracker.TakeDirty()
 	if len(dirty) == 0 {
 		return nil
 	}
@@ -253,13 +256,13 @@ func (s *Syncer) partial(log *slog.Logger) error {
 		return nil
 	}
 	res, err := s.Programmer.Partial(changes)
-	ev := Event{Start: start, Result: res, Err: err, Changed: len(changes)}
+	ev := Event{Start: start, Result: res, Err: err, Changed: len(changes), Triggers: triggers}
 	if err != nil {
 		keys := make([]model.ServiceKey, 0, len(dirty))
 		for k := range dirty {
 			keys = append(keys, k)
 		}
-		s.Tracker.MarkDirty(keys)
+		s.Tracker.MarkDirty(keys, triggers)
 	} else {
 		ev.Before, ev.After = map[model.ServiceKey]*model.Service{}, changes
 		next := make(map[model.ServiceKey]*model.Service, len(before)+len(changes))

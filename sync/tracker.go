@@ -9,6 +9,7 @@ package sync
 
 import (
 	stdsync "sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -23,6 +24,10 @@ type Tracker struct {
 	services map[model.ServiceKey]*corev1.Service
 	slices   map[model.ServiceKey]map[string]*discoveryv1.EndpointSlice
 	dirty    map[model.ServiceKey]struct{}
+	// triggers are the last-change-trigger-time annotations of the
+	// EndpointSlice changes not synced yet: when the change that led to
+	// them happened, for the network programming latency.
+	triggers []time.Time
 	synced   bool
 	// changed is signalled (without blocking) whenever dirty grows or the
 	// source becomes synced; one pending signal covers any number of
@@ -112,6 +117,11 @@ func (t *Tracker) SetSlice(sl *discoveryv1.EndpointSlice) {
 		t.slices[k] = m
 	}
 	m[sl.Name] = sl
+	if ts, ok := sl.Annotations[corev1.EndpointsLastChangeTriggerTime]; ok {
+		if tt, err := time.Parse(time.RFC3339Nano, ts); err == nil {
+			t.triggers = append(t.triggers, tt)
+		}
+	}
 	t.markLocked(k)
 }
 
@@ -157,8 +167,8 @@ type Objects struct {
 }
 
 // TakeDirty returns the objects of every Service that changed since the
-// last call, and forgets that they changed.
-func (t *Tracker) TakeDirty() map[model.ServiceKey]Objects {
+// last call and the trigger times of those changes, and forgets them.
+func (t *Tracker) TakeDirty() (map[model.ServiceKey]Objects, []time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	out := make(map[model.ServiceKey]Objects, len(t.dirty))
@@ -166,12 +176,14 @@ func (t *Tracker) TakeDirty() map[model.ServiceKey]Objects {
 		out[k] = t.objectsLocked(k)
 	}
 	clear(t.dirty)
-	return out
+	triggers := t.triggers
+	t.triggers = nil
+	return out, triggers
 }
 
 // All returns the objects of every Service, and forgets pending changes:
 // they are all included.
-func (t *Tracker) All() map[model.ServiceKey]Objects {
+func (t *Tracker) All() (map[model.ServiceKey]Objects, []time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	out := make(map[model.ServiceKey]Objects, len(t.services))
@@ -179,13 +191,17 @@ func (t *Tracker) All() map[model.ServiceKey]Objects {
 		out[k] = t.objectsLocked(k)
 	}
 	clear(t.dirty)
-	return out
+	triggers := t.triggers
+	t.triggers = nil
+	return out, triggers
 }
 
-// MarkDirty queues Services again, after a failed sync.
-func (t *Tracker) MarkDirty(keys []model.ServiceKey) {
+// MarkDirty queues Services again, with their trigger times, after a
+// failed sync.
+func (t *Tracker) MarkDirty(keys []model.ServiceKey, triggers []time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.triggers = append(t.triggers, triggers...)
 	for _, k := range keys {
 		t.markLocked(k)
 	}

@@ -108,6 +108,14 @@ func serve(ctx context.Context, cfg *Config) error {
 		t := prog.Totals()
 		r := appliance.SyncResult{Kind: kind, Duration: ev.Result.Duration, Messages: ev.Result.Messages, Err: ev.Err,
 			KernelMatches: ev.Err == nil, Chains: t.Chains, Rules: t.Rules, MapElements: t.Elements}
+		if ev.Err == nil {
+			// Network programming latency, as kube-proxy measures it:
+			// from the change in the cluster to the batch committed.
+			now := time.Now()
+			for _, tr := range ev.Triggers {
+				r.ProgrammingLatencies = append(r.ProgrammingLatencies, now.Sub(tr))
+			}
+		}
 		rec.RecordSync(r)
 		if ev.Err == nil && ev.Full {
 			for _, d := range ev.Result.Drift {
@@ -210,7 +218,7 @@ func render(ctx context.Context, cfg *Config, w io.Writer) error {
 		gsync.Feed(tracker, objs)
 	}
 	rc := cfg.ruleset()
-	all := tracker.All()
+	all, _ := tracker.All()
 	keys := make([]model.ServiceKey, 0, len(all))
 	for k := range all {
 		keys = append(keys, k)
