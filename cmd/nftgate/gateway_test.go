@@ -35,9 +35,21 @@ func wantBackends(t *testing.T, seen map[string]int, want ...string) {
 	}
 }
 
-// TestServicesAnswer programs one set of manifests and checks each kind of
-// Service with real traffic.
-func TestServicesAnswer(t *testing.T) {
+// newGateway prepares nftgate on one kind of source.
+type newGateway func(testing.TB, *lab.Topology, ...string) *gatewaytest.Gateway
+
+// eachSource runs a test once with Services and EndpointSlices written as
+// manifest files, and once with them written to a real kube-apiserver.
+func eachSource(t *testing.T, test func(t *testing.T, newGW newGateway)) {
+	t.Run("manifests", func(t *testing.T) { test(t, gatewaytest.New) })
+	t.Run("kubernetes", func(t *testing.T) { test(t, gatewaytest.NewWithAPI) })
+}
+
+// TestServicesAnswer programs one set of Services and checks each kind
+// with real traffic.
+func TestServicesAnswer(t *testing.T) { eachSource(t, testServicesAnswer) }
+
+func testServicesAnswer(t *testing.T, newGW newGateway) {
 	topo := labtest.Gateway(t)
 	for _, a := range []string{"198.18.2.10:8080", "198.18.2.11:8080", "198.18.2.12:8080", "198.18.2.13:8080", "198.18.2.14:9090"} {
 		gatewaytest.Serve(t, topo.Backend, "tcp", ap(a))
@@ -45,7 +57,7 @@ func TestServicesAnswer(t *testing.T) {
 	for _, a := range []string{"198.18.2.10:5353", "198.18.2.11:5353"} {
 		gatewaytest.Serve(t, topo.Backend, "udp", ap(a))
 	}
-	g := gatewaytest.New(t, topo)
+	g := newGW(t, topo)
 
 	web := gatewaytest.Service("default", "web", "ClusterIP", []string{"198.19.0.10"},
 		gatewaytest.Port{Name: "http", Port: 80}, gatewaytest.Port{Name: "dns", Protocol: corev1.ProtocolUDP, Port: 53})
@@ -140,10 +152,12 @@ func TestServicesAnswer(t *testing.T) {
 
 // TestClusterCIDRKeepsClientAddress checks that a client inside the cluster
 // CIDRs keeps its address under policy Cluster.
-func TestClusterCIDRKeepsClientAddress(t *testing.T) {
+func TestClusterCIDRKeepsClientAddress(t *testing.T) { eachSource(t, testClusterCIDRKeepsClientAddress) }
+
+func testClusterCIDRKeepsClientAddress(t *testing.T, newGW newGateway) {
 	topo := labtest.Gateway(t)
 	gatewaytest.Serve(t, topo.Backend, "tcp", ap("198.18.2.10:8080"))
-	g := gatewaytest.New(t, topo, "--cluster-cidr", "198.18.1.0/24")
+	g := newGW(t, topo, "--cluster-cidr", "198.18.1.0/24")
 	g.Write("web.yaml", gatewaytest.Service("default", "web", "ClusterIP", []string{"198.19.0.10"}, gatewaytest.Port{Name: "http", Port: 80}),
 		gatewaytest.Slice("default", "web-1", "web", "http", "", 8080, gatewaytest.Endpoint{Addr: "198.18.2.10"}))
 	g.Start()
@@ -158,10 +172,12 @@ func TestClusterCIDRKeepsClientAddress(t *testing.T) {
 
 // TestChangesReachTheKernel moves a Service's traffic to a new endpoint and
 // then deletes the Service.
-func TestChangesReachTheKernel(t *testing.T) {
+func TestChangesReachTheKernel(t *testing.T) { eachSource(t, testChangesReachTheKernel) }
+
+func testChangesReachTheKernel(t *testing.T, newGW newGateway) {
 	topo := labtest.Gateway(t)
 	gatewaytest.Serve(t, topo.Backend, "tcp", ap("198.18.2.10:8080"), ap("198.18.2.11:8080"), ap("198.18.2.12:8080"))
-	g := gatewaytest.New(t, topo)
+	g := newGW(t, topo)
 	svc := gatewaytest.Service("shop", "cart", "ClusterIP", []string{"198.19.0.20"}, gatewaytest.Port{Name: "http", Port: 80})
 	g.Write("cart.yaml", svc, gatewaytest.Slice("shop", "cart-1", "cart", "http", "", 8080,
 		gatewaytest.Endpoint{Addr: "198.18.2.10"}, gatewaytest.Endpoint{Addr: "198.18.2.11"}))
@@ -210,10 +226,12 @@ func TestChangesReachTheKernel(t *testing.T) {
 // TestRestartKeepsTraffic kills nftgate and starts it again while a client
 // keeps opening connections: none fails, because the rules stay in the
 // kernel and a restart changes only what differs.
-func TestRestartKeepsTraffic(t *testing.T) {
+func TestRestartKeepsTraffic(t *testing.T) { eachSource(t, testRestartKeepsTraffic) }
+
+func testRestartKeepsTraffic(t *testing.T, newGW newGateway) {
 	topo := labtest.Gateway(t)
 	gatewaytest.Serve(t, topo.Backend, "tcp", ap("198.18.2.10:8080"), ap("198.18.2.11:8080"))
-	g := gatewaytest.New(t, topo)
+	g := newGW(t, topo)
 	g.Write("web.yaml", gatewaytest.Service("default", "web", "ClusterIP", []string{"198.19.0.10"}, gatewaytest.Port{Name: "http", Port: 80}),
 		gatewaytest.Slice("default", "web-1", "web", "http", "", 8080, gatewaytest.Endpoint{Addr: "198.18.2.10"}, gatewaytest.Endpoint{Addr: "198.18.2.11"}))
 	g.Start()

@@ -23,8 +23,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
 
+	"github.com/nftgate/nftgate/kubetest"
 	"github.com/nftgate/nftgate/lab"
 )
 
@@ -64,6 +66,10 @@ type Gateway struct {
 	Topo *lab.Topology
 	Dir  string // the manifests directory it serves
 	Args []string
+	// API is the control plane when the gateway serves one (NewWithAPI).
+	API    *kubetest.ControlPlane
+	client kubernetes.Interface
+	files  map[string][]objKey // objects written per "file", in API mode
 
 	cmd   *exec.Cmd
 	done  chan struct{}
@@ -91,6 +97,13 @@ func New(t testing.TB, topo *lab.Topology, extra ...string) *Gateway {
 // sync done).
 func (g *Gateway) Start() {
 	g.t.Helper()
+	g.Launch()
+	g.WaitReady()
+}
+
+// Launch runs the process without waiting for it.
+func (g *Gateway) Launch() {
+	g.t.Helper()
 	bin := Binary(g.t)
 	g.cmd = g.Topo.Gateway.Command(context.Background(), bin, g.Args...)
 	g.cmd.Stdout = lockedWriter{g}
@@ -103,7 +116,12 @@ func (g *Gateway) Start() {
 		_ = cmd.Wait()
 		close(done)
 	}(g.cmd, g.done)
-	err := lab.EventuallyWithin(15*time.Second, func() error {
+}
+
+// WaitReady waits until the process reports ready.
+func (g *Gateway) WaitReady() {
+	g.t.Helper()
+	err := lab.EventuallyWithin(30*time.Second, func() error {
 		select {
 		case <-g.done:
 			return fmt.Errorf("nftgate exited")
@@ -203,6 +221,10 @@ func (g *Gateway) Nft(args ...string) string {
 // gateway never reads half a file.
 func (g *Gateway) Write(name string, objs ...any) {
 	g.t.Helper()
+	if g.client != nil {
+		g.apiWrite(name, objs)
+		return
+	}
 	var b bytes.Buffer
 	for _, o := range objs {
 		y, err := yaml.Marshal(o)
@@ -218,6 +240,9 @@ func (g *Gateway) Write(name string, objs ...any) {
 // WriteRaw replaces one manifest file with the given text.
 func (g *Gateway) WriteRaw(name, text string) {
 	g.t.Helper()
+	if g.client != nil {
+		g.t.Fatal("gatewaytest: WriteRaw writes manifest files; this gateway serves an API")
+	}
 	tmp := filepath.Join(g.Dir, "."+name+".tmp")
 	if err := os.WriteFile(tmp, []byte(text), 0o644); err != nil {
 		g.t.Fatal(err)
@@ -230,6 +255,10 @@ func (g *Gateway) WriteRaw(name, text string) {
 // Remove deletes a manifest file.
 func (g *Gateway) Remove(name string) {
 	g.t.Helper()
+	if g.client != nil {
+		g.apiRemove(name)
+		return
+	}
 	if err := os.Remove(filepath.Join(g.Dir, name)); err != nil {
 		g.t.Fatal(err)
 	}
