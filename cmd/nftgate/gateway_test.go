@@ -152,7 +152,9 @@ func testServicesAnswer(t *testing.T, newGW newGateway) {
 
 // TestClusterCIDRKeepsClientAddress checks that a client inside the cluster
 // CIDRs keeps its address under policy Cluster.
-func TestClusterCIDRKeepsClientAddress(t *testing.T) { eachSource(t, testClusterCIDRKeepsClientAddress) }
+func TestClusterCIDRKeepsClientAddress(t *testing.T) {
+	eachSource(t, testClusterCIDRKeepsClientAddress)
+}
 
 func testClusterCIDRKeepsClientAddress(t *testing.T, newGW newGateway) {
 	topo := labtest.Gateway(t)
