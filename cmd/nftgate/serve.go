@@ -17,6 +17,7 @@ import (
 
 	"github.com/nftgate/nftgate/appliance"
 	"github.com/nftgate/nftgate/appliance/notify"
+	"github.com/nftgate/nftgate/conntrack"
 	"github.com/nftgate/nftgate/model"
 	"github.com/nftgate/nftgate/nft"
 	gsync "github.com/nftgate/nftgate/sync"
@@ -131,6 +132,19 @@ func serve(ctx context.Context, cfg *Config) error {
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+
+	// Stale conntrack cleanup: after each sync, on its own goroutine.
+	if ct, err := conntrack.New(); err != nil {
+		log.Error("conntrack cleaner unavailable: running WITHOUT stale UDP/SCTP flow cleanup", "err", err)
+	} else {
+		cleaner := &gsync.ConntrackCleaner{Cleaner: ct, Ruleset: cfg.ruleset(), Log: log,
+			Report: func(r gsync.ConntrackReport) { rec.RecordConntrack(r.Result.Deleted, r.Result.Duration, r.Err) }}
+		syncer.Observers = append(syncer.Observers, cleaner.Observe)
+		ctDone := make(chan struct{})
+		go func() { cleaner.Run(ctx); close(ctDone) }()
+		defer func() { cancel(); <-ctDone; ct.Close() }()
+	}
+
 	errc := make(chan error, 3)
 	go func() { errc <- src.Run(ctx, tracker) }()
 	go func() { errc <- syncer.Run(ctx) }()
