@@ -49,7 +49,7 @@ func defaults() Config {
 	return Config{
 		Table:             "nftgate",
 		Listen:            "127.0.0.1:9180",
-		MinSyncInterval:   Duration(10 * time.Millisecond),
+		MinSyncInterval:   Duration(50 * time.Millisecond),
 		ReconcileInterval: Duration(time.Minute),
 		HealthzMaxAge:     Duration(2 * time.Minute),
 		MasqueradeBit:     0x4000,

@@ -249,3 +249,31 @@ func TestConntrackLeavesTCPAlone(t *testing.T) {
 		t.Fatalf("the established connection answered from %q, want its original endpoint 198.18.2.10:8080", line)
 	}
 }
+
+// TestConntrackNewServiceTakesOverUntranslatedFlow has a client send to a
+// service address before any Service has it: the gateway forwards the
+// datagrams untranslated (into the lab's sink), and conntrack remembers the
+// flow as such. Once the Service exists, the flow's next datagram must be
+// translated to the endpoint, not follow the old entry for as long as the
+// client keeps sending.
+func TestConntrackNewServiceTakesOverUntranslatedFlow(t *testing.T) {
+	topo := labtest.Gateway(t)
+	gatewaytest.Serve(t, topo.Backend, "udp", ap("198.18.2.10:5353"))
+	g := gatewaytest.New(t, topo)
+	g.Write("other.yaml", gatewaytest.Service("dns", "other", "ClusterIP", []string{"198.19.0.99"},
+		gatewaytest.Port{Name: "dns", Protocol: corev1.ProtocolUDP, Port: 53}))
+	g.Start()
+
+	flow := udpFlow{"ClusterIP v4", netip.AddrPortFrom(topo.ClientIPv4[0], 40053), ap("198.19.0.54:53")}
+	if r, err := flow.send(topo.Client); !lab.IsTimeout(err) {
+		t.Fatalf("before the Service exists: got %+v %v, want no answer", r, err)
+	}
+	before := conntrackMetric(t, g, metricDeleted)
+	g.Write("resolver.yaml", gatewaytest.Service("dns", "resolver", "ClusterIP", []string{"198.19.0.54"},
+		gatewaytest.Port{Name: "dns", Protocol: corev1.ProtocolUDP, Port: 53}),
+		gatewaytest.Slice("dns", "resolver-1", "resolver", "dns", corev1.ProtocolUDP, 5353, gatewaytest.Endpoint{Addr: "198.18.2.10"}))
+	waitDeleted(t, g, before, 1)
+	if r, err := flow.send(topo.Client); err != nil || r.Backend != "198.18.2.10:5353" {
+		t.Fatalf("after the Service appeared: got %+v %v, want an answer from 198.18.2.10:5353", r, err)
+	}
+}

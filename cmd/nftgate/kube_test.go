@@ -1,0 +1,274 @@
+package main_test
+
+// Tests of nftgate as a watcher of a real kube-apiserver: slices, bursts,
+// outages, restarts and drift.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/nftgate/nftgate/lab"
+	"github.com/nftgate/nftgate/lab/gatewaytest"
+	"github.com/nftgate/nftgate/lab/labtest"
+)
+
+// metric returns the sum of a Prometheus series' samples on /metrics.
+func metric(t *testing.T, g *gatewaytest.Gateway, name string) float64 {
+	t.Helper()
+	code, body, err := g.Get("/metrics")
+	if err != nil || code != 200 {
+		t.Fatalf("/metrics: %d %v", code, err)
+	}
+	re := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(name) + `(\{[^}]*\})? ([0-9.e+-]+)$`)
+	total := 0.0
+	for _, m := range re.FindAllStringSubmatch(body, -1) {
+		v, _ := strconv.ParseFloat(m[2], 64)
+		total += v
+	}
+	return total
+}
+
+// TestSlicesOfOneService spreads a Service over three EndpointSlices, one
+// of them with another number for the named port, then deletes one slice.
+func TestSlicesOfOneService(t *testing.T) {
+	topo := labtest.Gateway(t)
+	gatewaytest.Serve(t, topo.Backend, "tcp", ap("198.18.2.10:8080"), ap("198.18.2.11:8080"), ap("198.18.2.12:9090"))
+	g := gatewaytest.NewWithAPI(t, topo)
+	svc := gatewaytest.Service("default", "web", "ClusterIP", []string{"198.19.0.10"}, gatewaytest.Port{Name: "http", Port: 80})
+	g.Write("web.yaml", svc,
+		gatewaytest.Slice("default", "web-a", "web", "http", "", 8080, gatewaytest.Endpoint{Addr: "198.18.2.10"}),
+		gatewaytest.Slice("default", "web-b", "web", "http", "", 8080, gatewaytest.Endpoint{Addr: "198.18.2.11"}),
+		gatewaytest.Slice("default", "web-c", "web", "http", "", 9090, gatewaytest.Endpoint{Addr: "198.18.2.12"}))
+	g.Start()
+	wantBackends(t, gatewaytest.Backends(t, topo.Client, "tcp", ap("198.19.0.10:80"), 40),
+		"198.18.2.10:8080", "198.18.2.11:8080", "198.18.2.12:9090")
+
+	g.Write("web.yaml", svc,
+		gatewaytest.Slice("default", "web-a", "web", "http", "", 8080, gatewaytest.Endpoint{Addr: "198.18.2.10"}),
+		gatewaytest.Slice("default", "web-c", "web", "http", "", 9090, gatewaytest.Endpoint{Addr: "198.18.2.12"}))
+	err := lab.EventuallyWithin(10*time.Second, func() error {
+		seen := gatewaytest.Backends(t, topo.Client, "tcp", ap("198.19.0.10:80"), 30)
+		if len(seen) != 2 || seen["198.18.2.10:8080"] == 0 || seen["198.18.2.12:9090"] == 0 {
+			return fmt.Errorf("answers from %v", seen)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("deleting one slice: %v", err)
+	}
+}
+
+// TestBurstIsCoalesced creates 1,000 Services at once: all are served, in
+// far fewer syncs than Services.
+func TestBurstIsCoalesced(t *testing.T) {
+	topo := labtest.Gateway(t)
+	gatewaytest.Serve(t, topo.Backend, "tcp", ap("198.18.2.10:8080"))
+	g := gatewaytest.NewWithAPI(t, topo)
+	g.Start()
+	syncsBefore := metric(t, g, "nftgate_sync_proxy_rules_duration_seconds_count")
+
+	const n = 1000
+	client := g.Client()
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	sem := make(chan struct{}, 16)
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func(i int) {
+			defer wg.Done()
+			defer func() { <-sem }()
+			name := fmt.Sprintf("burst-%d", i)
+			ip := fmt.Sprintf("198.19.%d.%d", 10+i/250, 1+i%250)
+			svc := gatewaytest.Service("default", name, "ClusterIP", []string{ip}, gatewaytest.Port{Name: "http", Port: 80})
+			svc.CreationTimestamp = metav1.Time{}
+			if _, err := client.CoreV1().Services("default").Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+				errs <- err
+				return
+			}
+			sl := gatewaytest.Slice("default", name, name, "http", "", 8080, gatewaytest.Endpoint{Addr: "198.18.2.10"})
+			if _, err := client.DiscoveryV1().EndpointSlices("default").Create(ctx, sl, metav1.CreateOptions{}); err != nil {
+				errs <- err
+			}
+		}(i)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	// The last Service answers once everything is programmed.
+	err := lab.EventuallyWithin(30*time.Second, func() error {
+		for _, dst := range []string{"198.19.10.1:80", "198.19.13.250:80"} {
+			if _, err := topo.Client.Dial("tcp", ap(dst), lab.DialOpts{Timeout: 300 * time.Millisecond}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("burst not served: %v", err)
+	}
+	for i := 0; i < n; i += 97 {
+		dst := netip.AddrPortFrom(netip.MustParseAddr(fmt.Sprintf("198.19.%d.%d", 10+i/250, 1+i%250)), 80)
+		if _, err := topo.Client.Dial("tcp", dst, lab.DialOpts{}); err != nil {
+			t.Errorf("service %d (%s): %v", i, dst, err)
+		}
+	}
+	syncs := metric(t, g, "nftgate_sync_proxy_rules_duration_seconds_count") - syncsBefore
+	t.Logf("%d Services and %d EndpointSlices arrived in %.0f syncs", n, n, syncs)
+	if syncs > n/5 {
+		t.Errorf("%.0f syncs for %d Services: changes were not coalesced", syncs, n)
+	}
+}
+
+// TestAPIOutage stops kube-apiserver for 20 s while a client keeps
+// connecting, then checks that a change made after it is back reaches the
+// kernel, and that /healthz stayed healthy through a short outage.
+func TestAPIOutage(t *testing.T) {
+	topo := labtest.Gateway(t)
+	gatewaytest.Serve(t, topo.Backend, "tcp", ap("198.18.2.10:8080"), ap("198.18.2.11:8080"))
+	g := gatewaytest.NewWithAPI(t, topo, "--reconcile-interval", "2s")
+	svc := gatewaytest.Service("default", "web", "ClusterIP", []string{"198.19.0.10"}, gatewaytest.Port{Name: "http", Port: 80})
+	g.Write("web.yaml", svc, gatewaytest.Slice("default", "web-1", "web", "http", "", 8080, gatewaytest.Endpoint{Addr: "198.18.2.10"}))
+	g.Start()
+
+	if err := g.API.StopAPIServer(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	n := 0
+	for time.Now().Before(deadline) {
+		r, err := topo.Client.Dial("tcp", ap("198.19.0.10:80"), lab.DialOpts{})
+		if err != nil {
+			t.Fatalf("connection %d during the API outage: %v", n, err)
+		}
+		if r.Backend != "198.18.2.10:8080" {
+			t.Fatalf("answered by %s", r.Backend)
+		}
+		n++
+		if code, body, err := g.Get("/healthz"); err != nil || code != 200 {
+			t.Fatalf("/healthz during a 20 s outage: %d %q %v", code, body, err)
+		}
+	}
+	t.Logf("%d connections served during the outage", n)
+	if err := g.API.StartAPIServer(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	g.Write("web.yaml", svc, gatewaytest.Slice("default", "web-1", "web", "http", "", 8080, gatewaytest.Endpoint{Addr: "198.18.2.11"}))
+	err := lab.EventuallyWithin(60*time.Second, func() error {
+		r, err := topo.Client.Dial("tcp", ap("198.19.0.10:80"), lab.DialOpts{})
+		if err != nil {
+			return err
+		}
+		if r.Backend != "198.18.2.11:8080" {
+			return fmt.Errorf("still answered by %s", r.Backend)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("a change after the API came back did not apply: %v", err)
+	}
+}
+
+// TestRestartWhileAPIDown restarts nftgate while kube-apiserver is down:
+// the rules already in place keep serving, nothing is changed until the
+// API's complete view is known, and it syncs when the API returns.
+func TestRestartWhileAPIDown(t *testing.T) {
+	topo := labtest.Gateway(t)
+	gatewaytest.Serve(t, topo.Backend, "tcp", ap("198.18.2.10:8080"), ap("198.18.2.11:8080"))
+	g := gatewaytest.NewWithAPI(t, topo)
+	svc := gatewaytest.Service("default", "web", "ClusterIP", []string{"198.19.0.10"}, gatewaytest.Port{Name: "http", Port: 80})
+	g.Write("web.yaml", svc, gatewaytest.Slice("default", "web-1", "web", "http", "", 8080, gatewaytest.Endpoint{Addr: "198.18.2.10"}))
+	g.Start()
+
+	g.Stop()
+	if err := g.API.StopAPIServer(); err != nil {
+		t.Fatal(err)
+	}
+	g.Launch()
+	var served atomic.Int64
+	err := lab.EventuallyWithin(10*time.Second, func() error {
+		if _, err := topo.Client.Dial("tcp", ap("198.19.0.10:80"), lab.DialOpts{}); err != nil {
+			t.Fatalf("the rules stopped serving while nftgate restarted without its API: %v", err)
+		}
+		if served.Add(1) < 20 {
+			return fmt.Errorf("%d connections", served.Load())
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, _, _ := g.Get("/readyz"); code == 200 {
+		t.Fatal("ready without ever having seen the API")
+	}
+	if err := g.API.StartAPIServer(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	g.WaitReady()
+	g.Write("web.yaml", svc, gatewaytest.Slice("default", "web-1", "web", "http", "", 8080, gatewaytest.Endpoint{Addr: "198.18.2.11"}))
+	err = lab.EventuallyWithin(30*time.Second, func() error {
+		r, err := topo.Client.Dial("tcp", ap("198.19.0.10:80"), lab.DialOpts{})
+		if err != nil {
+			return err
+		}
+		if r.Backend != "198.18.2.11:8080" {
+			return fmt.Errorf("answered by %s", r.Backend)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestDriftIsRepaired deletes nftgate's table by hand: traffic comes back
+// within one reconcile period, and the repair is counted.
+func TestDriftIsRepaired(t *testing.T) {
+	topo := labtest.Gateway(t)
+	gatewaytest.Serve(t, topo.Backend, "tcp", ap("198.18.2.10:8080"))
+	g := gatewaytest.NewWithAPI(t, topo, "--reconcile-interval", "1s")
+	g.Write("web.yaml", gatewaytest.Service("default", "web", "ClusterIP", []string{"198.19.0.10"}, gatewaytest.Port{Name: "http", Port: 80}),
+		gatewaytest.Slice("default", "web-1", "web", "http", "", 8080, gatewaytest.Endpoint{Addr: "198.18.2.10"}))
+	g.Start()
+	before := metric(t, g, "nftgate_drift_repairs_total")
+	g.Nft("delete", "table", "ip", "nftgate")
+	start := time.Now()
+	err := lab.EventuallyWithin(5*time.Second, func() error {
+		_, err := topo.Client.Dial("tcp", ap("198.19.0.10:80"), lab.DialOpts{Timeout: 200 * time.Millisecond})
+		return err
+	})
+	if err != nil {
+		t.Fatalf("traffic not restored: %v", err)
+	}
+	t.Logf("restored %s after the table was deleted", time.Since(start).Round(time.Millisecond))
+	if after := metric(t, g, "nftgate_drift_repairs_total"); after <= before {
+		t.Errorf("drift repairs went from %v to %v", before, after)
+	}
+	if !strings.Contains(g.Logs(), "drift") {
+		t.Errorf("no log line about the repair:\n%s", g.Logs())
+	}
+	var status struct {
+		Sync struct {
+			KernelMatches bool `json:"kernelMatches"`
+		} `json:"sync"`
+	}
+	_, body, _ := g.Get("/api/v1/status")
+	if err := json.Unmarshal([]byte(body), &status); err != nil || !status.Sync.KernelMatches {
+		t.Errorf("status after repair: %v %s", err, body)
+	}
+}
+
