@@ -181,3 +181,17 @@ func (k *KubeSource) Run(ctx context.Context, t *Tracker) error {
 	<-ctx.Done()
 	return nil
 }
+
+// NodeZone reads the topology zone label of the named Node, for a gateway
+// that runs as (or next to) that node and has no zone configured.
+func (k *KubeSource) NodeZone(ctx context.Context, node string) (string, error) {
+	client, err := kubernetes.NewForConfig(k.Config)
+	if err != nil {
+		return "", err
+	}
+	n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+	if err != nil {
+		return "", err
+	}
+	return n.Labels[corev1.LabelTopologyZone], nil
+}

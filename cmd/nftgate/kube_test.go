@@ -8,6 +8,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -16,7 +18,12 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/yaml"
 
 	"github.com/nftgate/nftgate/lab"
 	"github.com/nftgate/nftgate/lab/gatewaytest"
@@ -272,3 +279,93 @@ func TestDriftIsRepaired(t *testing.T) {
 	}
 }
 
+// TestLeastPrivilege runs nftgate with the ServiceAccount of
+// deploy/rbac.yaml: its rights are enough to serve, and no more.
+func TestLeastPrivilege(t *testing.T) {
+	topo := labtest.Gateway(t)
+	gatewaytest.Serve(t, topo.Backend, "tcp", ap("198.18.2.10:8080"))
+	g := gatewaytest.NewWithAPI(t, topo)
+	ctx := context.Background()
+	if err := applyFile(ctx, g, filepath.Join("..", "..", "deploy", "rbac.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := g.API.ServiceAccountConfig(ctx, "nftgate", "nftgate")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubeconfig := filepath.Join(t.TempDir(), "gateway.kubeconfig")
+	if err := g.API.WriteKubeconfig(kubeconfig, sa); err != nil {
+		t.Fatal(err)
+	}
+	for i, a := range g.Args {
+		if a == "--kubeconfig" {
+			g.Args[i+1] = kubeconfig
+		}
+	}
+	g.Write("web.yaml", gatewaytest.Service("default", "web", "ClusterIP", []string{"198.19.0.10"}, gatewaytest.Port{Name: "http", Port: 80}),
+		gatewaytest.Slice("default", "web-1", "web", "http", "", 8080, gatewaytest.Endpoint{Addr: "198.18.2.10"}))
+	g.Start()
+	if _, err := topo.Client.Dial("tcp", ap("198.19.0.10:80"), lab.DialOpts{}); err != nil {
+		t.Fatalf("not served with the least-privilege account: %v", err)
+	}
+	saClient, err := kubernetes.NewForConfig(sa)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := saClient.CoreV1().Secrets("default").List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
+		t.Errorf("the gateway's account can list Secrets: %v", err)
+	}
+	if _, err := saClient.CoreV1().Services("default").Create(ctx, gatewaytest.Service("default", "x", "ClusterIP", nil), metav1.CreateOptions{}); !apierrors.IsForbidden(err) {
+		t.Errorf("the gateway's account can create Services: %v", err)
+	}
+}
+
+// applyFile creates the RBAC objects of a manifest file (the token Secret
+// is left out: no controller here fills it in).
+func applyFile(ctx context.Context, g *gatewaytest.Gateway, path string) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	c := g.Client()
+	for _, doc := range strings.Split(string(data), "\n---") {
+		var tm metav1.TypeMeta
+		if err := yaml.Unmarshal([]byte(doc), &tm); err != nil {
+			return err
+		}
+		switch tm.Kind {
+		case "Namespace":
+			var o corev1.Namespace
+			if err := yaml.Unmarshal([]byte(doc), &o); err != nil {
+				return err
+			}
+			_, err = c.CoreV1().Namespaces().Create(ctx, &o, metav1.CreateOptions{})
+		case "ServiceAccount":
+			var o corev1.ServiceAccount
+			if err := yaml.Unmarshal([]byte(doc), &o); err != nil {
+				return err
+			}
+			_, err = c.CoreV1().ServiceAccounts(o.Namespace).Create(ctx, &o, metav1.CreateOptions{})
+		case "ClusterRole":
+			var o rbacv1.ClusterRole
+			if err := yaml.Unmarshal([]byte(doc), &o); err != nil {
+				return err
+			}
+			_, err = c.RbacV1().ClusterRoles().Create(ctx, &o, metav1.CreateOptions{})
+		case "ClusterRoleBinding":
+			var o rbacv1.ClusterRoleBinding
+			if err := yaml.Unmarshal([]byte(doc), &o); err != nil {
+				return err
+			}
+			_, err = c.RbacV1().ClusterRoleBindings().Create(ctx, &o, metav1.CreateOptions{})
+		case "Secret":
+			continue
+		default:
+			return fmt.Errorf("%s: unexpected kind %q", path, tm.Kind)
+		}
+		if err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("%s: %s: %w", path, tm.Kind, err)
+		}
+	}
+	return nil
+}

@@ -75,6 +75,18 @@ func serve(ctx context.Context, cfg *Config) error {
 		}
 		defer ln.Close()
 	}
+	if ks, ok := src.(*gsync.KubeSource); ok && cfg.Zone == "" {
+		zctx, zcancel := context.WithTimeout(ctx, 5*time.Second)
+		zone, err := ks.NodeZone(zctx, cfg.NodeName)
+		zcancel()
+		switch {
+		case err != nil:
+			log.Info("no zone configured and the Node's zone label is not readable; topology hints by zone are off", "node", cfg.NodeName, "err", err)
+		case zone != "":
+			cfg.Zone = zone
+			log.Info("zone from the Node's label", "node", cfg.NodeName, "zone", zone)
+		}
+	}
 	prog, err := nft.NewProgrammer(cfg.ruleset(), nft.Options{})
 	if err != nil {
 		return err
