@@ -73,6 +73,12 @@ type StaleService struct {
 	VIP      netip.Addr
 	Port     uint16
 	NodePort bool
+	// Untranslated limits the deletion to the flows that no service rule
+	// translated: their reply comes from the destination itself. A client
+	// that sent to the destination before it had endpoints left such an
+	// entry, and its later datagrams would follow it, untranslated, for as
+	// long as it keeps sending.
+	Untranslated bool
 }
 
 // Result reports one Clean call.

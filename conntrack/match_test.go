@@ -79,7 +79,8 @@ func remaining(t testing.TB, c *ct.Conn) []string {
 // TestCleanExact checks, per family and protocol and with both the narrow
 // and the broad kernel filter, that exactly the stale entries go and that
 // near misses (other port, other VIP, other endpoint, other target port,
-// TCP, non-local node port destination) stay. SCTP and IPv6 matter here:
+// TCP, non-local node port destination, a translated flow where only
+// untranslated ones are stale) stay. SCTP and IPv6 matter here:
 // the kernel does not filter their ports and addresses exactly.
 func TestCleanExact(t *testing.T) {
 	requireRoot(t)
@@ -113,6 +114,8 @@ func TestCleanExact(t *testing.T) {
 						{p, client(4), ap(f.vip3, 53), ap(f.ep2, 5353)},
 						{p, client(5), ap(f.local, 30053), ap(f.ep1, 5353)},
 						{p, client(6), ap(f.local, 30060), ap(f.local, 30060)},
+						{p, client(7), ap(f.vip2, 55), ap(f.vip2, 55)},
+						{p, client(8), ap(f.local, 30070), ap(f.local, 30070)},
 					}
 					keep := []synthFlow{
 						{p, client(11), ap(f.vip1, 53), ap(f.ep2, 5353)},
@@ -125,6 +128,9 @@ func TestCleanExact(t *testing.T) {
 						{p, client(18), ap(f.remote, 30053), ap(f.ep1, 5353)},
 						{p, client(19), ap(f.local, 30054), ap(f.ep1, 5353)},
 						{p, client(20), ap(f.remote, 30060), ap(f.remote, 30060)},
+						{p, client(21), ap(f.vip2, 55), ap(f.ep1, 5353)},
+						{p, client(22), ap(f.local, 30070), ap(f.ep1, 5353)},
+						{p, client(23), ap(f.remote, 30070), ap(f.remote, 30070)},
 					}
 					conn := ctConn(t, ns)
 					createFlows(t, conn, append(slices.Clone(del), keep...))
@@ -143,6 +149,8 @@ func TestCleanExact(t *testing.T) {
 						[]StaleService{
 							{Protocol: proto, VIP: f.vip3, Port: 53},
 							{Protocol: proto, NodePort: true, Port: 30060},
+							{Protocol: proto, VIP: f.vip2, Port: 55, Untranslated: true},
+							{Protocol: proto, NodePort: true, Port: 30070, Untranslated: true},
 						})
 					if err != nil {
 						t.Fatalf("Clean: %v", err)
@@ -160,11 +168,13 @@ func TestCleanExact(t *testing.T) {
 						t.Errorf("remaining entries:\n got %q\nwant %q", got, want)
 					}
 					// Where the kernel filter is exact (IPv4 UDP), nothing but
-					// the stale entries crosses into user space, except the two
-					// node port flows to a non-local address: the kernel cannot
-					// tell local destinations.
-					if maxNarrow > 0 && f.name == "ipv4" && proto == UDP && res.Returned != res.Deleted+2 {
-						t.Errorf("kernel returned %d entries for %d deletions, want %d: the filter should be exact", res.Returned, res.Deleted, res.Deleted+2)
+					// the stale entries crosses into user space, except three
+					// node port flows to a non-local address (the kernel cannot
+					// tell local destinations) and the translated flow to the
+					// node port whose untranslated flows go (nor can it compare
+					// the reply source with the destination).
+					if maxNarrow > 0 && f.name == "ipv4" && proto == UDP && res.Returned != res.Deleted+4 {
+						t.Errorf("kernel returned %d entries for %d deletions, want %d: the filter should be exact", res.Returned, res.Deleted, res.Deleted+4)
 					}
 				})
 			}
@@ -236,6 +246,25 @@ func TestPlanFilters(t *testing.T) {
 	// The service is gone as a whole: its filter covers the endpoints.
 	if fs := filters(t, sameDst[:1], []StaleService{{Protocol: UDP, VIP: vip, Port: 53}}, 8); len(fs) != 1 || fs[0] != (kernelFilter{dst: vip, dport: 53}) {
 		t.Errorf("stale service and endpoint: got %+v", fs)
+	}
+
+	// Untranslated flows of a service address answer from the address
+	// itself; those of a node port from any local address.
+	if fs := filters(t, nil, []StaleService{{Protocol: UDP, VIP: vip, Port: 53, Untranslated: true}}, 8); len(fs) != 1 ||
+		fs[0] != (kernelFilter{dst: vip, dport: 53, replySrc: netip.AddrPortFrom(vip, 53)}) {
+		t.Errorf("untranslated service address: got %+v", fs)
+	}
+	np, err := buildPlan(nil, []StaleService{{Protocol: UDP, NodePort: true, Port: 30053, Untranslated: true}}, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(np.groups) != 2 || !np.needsLocal() {
+		t.Fatalf("untranslated node port: want both families and the local addresses, got %d groups", len(np.groups))
+	}
+	for _, g := range np.groups {
+		if len(g.filters) != 1 || g.filters[0] != (kernelFilter{dport: 30053}) {
+			t.Errorf("untranslated node port, family %d: got %+v", g.key.family, g.filters)
+		}
 	}
 
 	var manyDst []StaleEndpoint

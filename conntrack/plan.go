@@ -34,7 +34,10 @@ type group struct {
 	nodeServices  map[uint16]struct{}
 	endpoints     map[epKey]struct{}
 	nodeEndpoints map[nodeEpKey]struct{}
-	filters       []kernelFilter
+	// nodeUntranslated holds node ports whose untranslated flows (reply
+	// source equal to the original destination) are stale.
+	nodeUntranslated map[uint16]struct{}
+	filters          []kernelFilter
 }
 
 // matches is the authoritative decision; kernel filters only narrow what
@@ -50,10 +53,13 @@ func (g *group) matches(e *entry, local localSet) bool {
 	if _, ok := g.endpoints[epKey{dst, e.replySrc}]; ok {
 		return true
 	}
-	if len(g.nodeServices) == 0 && len(g.nodeEndpoints) == 0 || !local.has(dst.Addr()) {
+	if len(g.nodeServices) == 0 && len(g.nodeEndpoints) == 0 && len(g.nodeUntranslated) == 0 || !local.has(dst.Addr()) {
 		return false
 	}
 	if _, ok := g.nodeServices[dst.Port()]; ok {
+		return true
+	}
+	if _, ok := g.nodeUntranslated[dst.Port()]; ok && e.replySrc == dst {
 		return true
 	}
 	_, ok := g.nodeEndpoints[nodeEpKey{dst.Port(), e.replySrc}]
@@ -69,7 +75,7 @@ func (p *plan) empty() bool { return len(p.groups) == 0 }
 
 func (p *plan) needsLocal() bool {
 	for _, g := range p.groups {
-		if len(g.nodeServices) > 0 || len(g.nodeEndpoints) > 0 {
+		if len(g.nodeServices) > 0 || len(g.nodeEndpoints) > 0 || len(g.nodeUntranslated) > 0 {
 			return true
 		}
 	}
@@ -125,6 +131,8 @@ func buildPlan(endpoints []StaleEndpoint, services []StaleService, maxNarrow int
 				nodeServices:  map[uint16]struct{}{},
 				endpoints:     map[epKey]struct{}{},
 				nodeEndpoints: map[nodeEpKey]struct{}{},
+
+				nodeUntranslated: map[uint16]struct{}{},
 			}
 			groups[k] = g
 		}
@@ -142,12 +150,24 @@ func buildPlan(endpoints []StaleEndpoint, services []StaleService, maxNarrow int
 		if s.NodePort {
 			// A node port is open on every local address of both families.
 			for _, fam := range []uint8{unix.AF_INET, unix.AF_INET6} {
-				get(groupKey{fam, s.Protocol}).nodeServices[s.Port] = struct{}{}
+				g := get(groupKey{fam, s.Protocol})
+				if s.Untranslated {
+					g.nodeUntranslated[s.Port] = struct{}{}
+				} else {
+					g.nodeServices[s.Port] = struct{}{}
+				}
 			}
 			continue
 		}
 		vip := s.VIP.Unmap()
-		get(groupKey{familyOf(vip), s.Protocol}).services[netip.AddrPortFrom(vip, s.Port)] = struct{}{}
+		dst := netip.AddrPortFrom(vip, s.Port)
+		g := get(groupKey{familyOf(vip), s.Protocol})
+		if s.Untranslated {
+			// The reply of an untranslated flow comes from the destination.
+			g.endpoints[epKey{dst, dst}] = struct{}{}
+		} else {
+			g.services[dst] = struct{}{}
+		}
 	}
 
 	for i, e := range endpoints {
@@ -222,6 +242,13 @@ func narrowFilters(g *group) []kernelFilter {
 	for k := range g.nodeEndpoints {
 		if _, ok := g.nodeServices[k.port]; !ok {
 			byPort[k.port] = append(byPort[k.port], k.endpoint)
+		}
+	}
+	// Untranslated node port flows answer from whichever local address
+	// they were sent to: no reply source to filter on (the invalid one).
+	for port := range g.nodeUntranslated {
+		if _, ok := g.nodeServices[port]; !ok {
+			byPort[port] = append(byPort[port], netip.AddrPort{})
 		}
 	}
 	for _, port := range sortedKeys(byPort, cmp.Compare[uint16]) {

@@ -152,12 +152,12 @@ func familyHasNodePorts(cfg *nft.Config, f nft.Family) bool {
 //     families in the kernel's eyes; when only one family loses all its
 //     endpoints, its old endpoints are named one by one instead, so the
 //     other family's flows stay.
-//   - A service address that had no endpoint before and has some after:
-//     flows sent to it meanwhile were not translated (reply source is the
-//     address itself) and would keep bypassing the new rules for as long as
-//     the client keeps sending; they are stale too. (The same can happen
-//     to a node port, but its flows cannot be told apart by address here:
-//     they are left to time out.)
+//   - A destination that had no endpoint before and has some after: flows
+//     sent to it meanwhile were not translated (reply source is the
+//     destination itself) and would keep bypassing the new rules for as
+//     long as the client keeps sending; those are stale too
+//     (StaleService.Untranslated). Flows rejected for lack of endpoints
+//     leave no entry; these come from before the destination existed.
 //
 // Destinations are compared across all the changed Services, so an address
 // and port that moves from one Service to another in one sync is judged by
@@ -206,12 +206,8 @@ func StaleFlows(cfg *nft.Config, before, after map[model.ServiceKey]*model.Servi
 		}
 	}
 	for dst, cur := range now {
-		if dst.nodePort || len(cur) == 0 || len(was[dst]) > 0 {
-			continue
-		}
-		self := netip.AddrPortFrom(dst.vip, dst.port)
-		if _, ok := cur[self]; !ok {
-			staleEndpoint(dst, self)
+		if len(cur) > 0 && len(was[dst]) == 0 {
+			svcSet[conntrack.StaleService{Protocol: dst.proto, VIP: dst.vip, Port: dst.port, NodePort: dst.nodePort, Untranslated: true}] = struct{}{}
 		}
 	}
 	eps := make([]conntrack.StaleEndpoint, 0, len(epSet))
@@ -232,7 +228,8 @@ func compareStaleService(a, b conntrack.StaleService) int {
 		cmp.Compare(a.Protocol, b.Protocol),
 		compareBool(a.NodePort, b.NodePort),
 		a.VIP.Compare(b.VIP),
-		cmp.Compare(a.Port, b.Port))
+		cmp.Compare(a.Port, b.Port),
+		compareBool(a.Untranslated, b.Untranslated))
 }
 
 func compareStaleEndpoint(a, b conntrack.StaleEndpoint) int {

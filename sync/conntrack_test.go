@@ -95,6 +95,11 @@ func staleNode(port uint16) conntrack.StaleService {
 	return conntrack.StaleService{Protocol: conntrack.UDP, Port: port, NodePort: true}
 }
 
+func untranslated(s conntrack.StaleService) conntrack.StaleService {
+	s.Untranslated = true
+	return s
+}
+
 func one(s *model.Service) map[model.ServiceKey]*model.Service {
 	if s == nil {
 		return map[model.ServiceKey]*model.Service{dnsKey: nil}
@@ -190,21 +195,19 @@ func TestStaleFlows(t *testing.T) {
 			before: one(svc(eps(ep("10.0.0.1")))),
 			after:  one(svc(eps(ep("10.0.0.1")), func(s *model.Service) { s.Ports[0].Port = 54 })),
 			// Flows sent to the new port before it existed went untranslated.
-			wantEPs:  []conntrack.StaleEndpoint{staleEP("10.96.0.10", 54, "10.96.0.10:54")},
-			wantSvcs: []conntrack.StaleService{staleSvc("10.96.0.10", 53)},
+			wantSvcs: []conntrack.StaleService{staleSvc("10.96.0.10", 53), untranslated(staleSvc("10.96.0.10", 54))},
 		},
 		{
 			name:     "ClusterIP changed",
 			before:   one(svc(eps(ep("10.0.0.1")))),
 			after:    one(svc(eps(ep("10.0.0.1")), func(s *model.Service) { s.ClusterIPs = []netip.Addr{netip.MustParseAddr("10.96.0.11")} })),
-			wantEPs:  []conntrack.StaleEndpoint{staleEP("10.96.0.11", 53, "10.96.0.11:53")},
-			wantSvcs: []conntrack.StaleService{staleSvc("10.96.0.10", 53)},
+			wantSvcs: []conntrack.StaleService{staleSvc("10.96.0.10", 53), untranslated(staleSvc("10.96.0.11", 53))},
 		},
 		{
-			name:    "new Service with endpoints: untranslated flows to its address",
-			before:  one(nil),
-			after:   one(svc(eps(ep("10.0.0.1")), withNodePort(30053))),
-			wantEPs: []conntrack.StaleEndpoint{staleEP("10.96.0.10", 53, "10.96.0.10:53")},
+			name:     "new Service with endpoints: untranslated flows to its address and node port",
+			before:   one(nil),
+			after:    one(svc(eps(ep("10.0.0.1")), withNodePort(30053))),
+			wantSvcs: []conntrack.StaleService{untranslated(staleSvc("10.96.0.10", 53)), untranslated(staleNode(30053))},
 		},
 		{
 			name:   "new Service without endpoints",
@@ -212,10 +215,10 @@ func TestStaleFlows(t *testing.T) {
 			after:  one(svc(nil)),
 		},
 		{
-			name:    "back up from zero",
-			before:  one(svc(nil)),
-			after:   one(svc(eps(ep("10.0.0.2")))),
-			wantEPs: []conntrack.StaleEndpoint{staleEP("10.96.0.10", 53, "10.96.0.10:53")},
+			name:     "back up from zero",
+			before:   one(svc(nil)),
+			after:    one(svc(eps(ep("10.0.0.2")))),
+			wantSvcs: []conntrack.StaleService{untranslated(staleSvc("10.96.0.10", 53))},
 		},
 		{
 			name:   "TCP is never cleaned",

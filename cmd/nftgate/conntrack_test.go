@@ -250,13 +250,14 @@ func TestConntrackLeavesTCPAlone(t *testing.T) {
 	}
 }
 
-// TestConntrackNewServiceTakesOverUntranslatedFlow has a client send to a
-// service address before any Service has it: the gateway forwards the
-// datagrams untranslated (into the lab's sink), and conntrack remembers the
-// flow as such. Once the Service exists, the flow's next datagram must be
-// translated to the endpoint, not follow the old entry for as long as the
-// client keeps sending.
-func TestConntrackNewServiceTakesOverUntranslatedFlow(t *testing.T) {
+// TestConntrackNewServiceTakesOverUntranslatedFlows has clients send to a
+// service address and a node port before any Service has them: the gateway
+// forwards the first flow untranslated (into the lab's sink) and answers
+// the second itself with port unreachable, and conntrack remembers both
+// flows as untranslated. Once the Service exists, each flow's next datagram
+// must be translated to the endpoint, not follow the old entry for as long
+// as the client keeps sending.
+func TestConntrackNewServiceTakesOverUntranslatedFlows(t *testing.T) {
 	topo := labtest.Gateway(t)
 	gatewaytest.Serve(t, topo.Backend, "udp", ap("198.18.2.10:5353"))
 	g := gatewaytest.New(t, topo)
@@ -264,16 +265,22 @@ func TestConntrackNewServiceTakesOverUntranslatedFlow(t *testing.T) {
 		gatewaytest.Port{Name: "dns", Protocol: corev1.ProtocolUDP, Port: 53}))
 	g.Start()
 
-	flow := udpFlow{"ClusterIP v4", netip.AddrPortFrom(topo.ClientIPv4[0], 40053), ap("198.19.0.54:53")}
-	if r, err := flow.send(topo.Client); !lab.IsTimeout(err) {
-		t.Fatalf("before the Service exists: got %+v %v, want no answer", r, err)
+	vip := udpFlow{"ClusterIP", netip.AddrPortFrom(topo.ClientIPv4[0], 40053), ap("198.19.0.54:53")}
+	if r, err := vip.send(topo.Client); !lab.IsTimeout(err) {
+		t.Fatalf("%s before the Service exists: got %+v %v, want no answer", vip.name, r, err)
+	}
+	nodePort := udpFlow{"NodePort", netip.AddrPortFrom(topo.ClientIPv4[1], 40053), netip.AddrPortFrom(topo.GatewayClientIPv4, 30054)}
+	if r, err := nodePort.send(topo.Client); !lab.IsRefused(err) {
+		t.Fatalf("%s before the Service exists: got %+v %v, want port unreachable", nodePort.name, r, err)
 	}
 	before := conntrackMetric(t, g, metricDeleted)
-	g.Write("resolver.yaml", gatewaytest.Service("dns", "resolver", "ClusterIP", []string{"198.19.0.54"},
-		gatewaytest.Port{Name: "dns", Protocol: corev1.ProtocolUDP, Port: 53}),
+	g.Write("resolver.yaml", gatewaytest.Service("dns", "resolver", "NodePort", []string{"198.19.0.54"},
+		gatewaytest.Port{Name: "dns", Protocol: corev1.ProtocolUDP, Port: 53, NodePort: 30054}),
 		gatewaytest.Slice("dns", "resolver-1", "resolver", "dns", corev1.ProtocolUDP, 5353, gatewaytest.Endpoint{Addr: "198.18.2.10"}))
-	waitDeleted(t, g, before, 1)
-	if r, err := flow.send(topo.Client); err != nil || r.Backend != "198.18.2.10:5353" {
-		t.Fatalf("after the Service appeared: got %+v %v, want an answer from 198.18.2.10:5353", r, err)
+	waitDeleted(t, g, before, 2)
+	for _, f := range []udpFlow{vip, nodePort} {
+		if r, err := f.send(topo.Client); err != nil || r.Backend != "198.18.2.10:5353" {
+			t.Errorf("%s after the Service appeared: got %+v %v, want an answer from 198.18.2.10:5353", f.name, r, err)
+		}
 	}
 }
