@@ -1,0 +1,32 @@
+# bench: nftgate against kube-proxy (nftables and iptables modes), side by
+# side on this machine, against one real kube-apiserver in one run.
+#
+#   make bench                          N = 1,000 and 10,000 Services x 4 endpoints
+#   make bench BENCH_SIZES=1000,10000,50000,100000
+#   make bench BENCH_ARGS="--changes 40"   extra flags (see bench/README.md)
+#
+# Results (markdown table, PNG plot, raw JSON) land in bench/results/.
+.PHONY: bench bench-build bench-deps
+
+BENCH_SIZES ?= 1000,10000
+BENCH_ARGS ?=
+BENCH_OUT ?= $(CURDIR)/bench/results
+
+# kube-proxy's iptables mode needs iptables, iptables-restore and
+# iptables-save; its nftables mode and the cleanup between runs need nft;
+# the conntrack table is flushed between proxiers with conntrack(8).
+BENCH_APT_PACKAGES := iptables nftables conntrack iproute2 etcd-server
+bench-deps:
+	@missing=""; for p in $(BENCH_APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
+
+bench-build:
+	$(GO) build -o $(BUILD)/nftgate ./cmd/nftgate
+	$(GO) build -o $(BUILD)/nftgate-bench ./bench/cmd/nftgate-bench
+
+bench: bench-deps kube-bin bench-build
+	$(BUILD)/nftgate-bench --nftgate $(BUILD)/nftgate --kube-proxy $(BUILD)/kube-proxy \
+		--sizes $(BENCH_SIZES) --out $(BENCH_OUT) $(BENCH_ARGS)
