@@ -79,6 +79,9 @@ func (e *encoder) setDefinition(s *Set) *nftables.Set {
 		} else {
 			ns.KeyType = nftables.MustConcatSetType(addr, nftables.TypeInetProto, nftables.TypeInetService)
 		}
+	case s.Shape == KeyAddrPair:
+		ns.Concatenation = true
+		ns.KeyType = nftables.MustConcatSetType(addr, addr)
 	default:
 		ns.KeyType = addr
 		if s.Timeout > 0 {
@@ -142,10 +145,13 @@ func (e *encoder) addRules(p chainPlan) {
 	}
 }
 
-func keyBytes(f Family, k Key) []byte {
+func keyBytes(f Family, shape KeyShape, k Key) []byte {
 	var b []byte
 	if k.Addr.IsValid() {
 		b = append(b, k.Addr.AsSlice()...)
+	}
+	if shape == KeyAddrPair {
+		return append(b, k.Addr.AsSlice()...)
 	}
 	if k.Proto == 0 && k.Port == 0 {
 		return b // a plain address
@@ -157,7 +163,7 @@ func keyBytes(f Family, k Key) []byte {
 
 func (e *encoder) elementSet(name string) *nftables.Set {
 	shape := setShape(name)
-	return e.setDefinition(&Set{Name: name, Map: shape != KeyAddr, Shape: shape})
+	return e.setDefinition(&Set{Name: name, Map: shape != KeyAddr && shape != KeyAddrPair, Shape: shape})
 }
 
 // setShape is the key shape of each set whose elements nftgate writes, and
@@ -170,16 +176,19 @@ func setShape(name string) KeyShape {
 		return KeyAddrProtoPort
 	case SetClusterIPs:
 		return KeyAddr
+	case SetHairpin:
+		return KeyAddrPair
 	}
 	return 0
 }
 
 func elementOf(f Family, el Element) nftables.SetElement {
+	key := keyBytes(f, setShape(el.Map), el.Key)
 	if el.Verdict.Kind == 0 {
-		return nftables.SetElement{Key: keyBytes(f, el.Key)}
+		return nftables.SetElement{Key: key}
 	}
 	v := el.Verdict.encode(f, nil)[0].(*expr.Verdict)
-	return nftables.SetElement{Key: keyBytes(f, el.Key), VerdictData: v}
+	return nftables.SetElement{Key: key, VerdictData: v}
 }
 
 // elements adds or deletes map elements, grouped per map into one message.

@@ -95,6 +95,7 @@ const (
 	KeyAddrProtoPort KeyShape = iota + 1 // daddr . l4proto . dport
 	KeyProtoPort                         // l4proto . dport (NodePorts)
 	KeyAddr                              // an address (plain address sets)
+	KeyAddrPair                          // saddr . daddr, both the Key's Addr (hairpin set)
 )
 
 // Key is one verdict map key. Addr is unset for KeyProtoPort maps.

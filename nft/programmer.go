@@ -438,6 +438,13 @@ func conflicts(fe famElem, cs claimSet) []string {
 		return nil
 	}
 	w := cs.winner()
+	same := true
+	for _, c := range cs {
+		same = same && c.verdict == w.verdict
+	}
+	if same {
+		return nil // Services agreeing on an element (shared endpoints) is no conflict
+	}
 	var out []string
 	for _, c := range cs {
 		if c.svc != w.svc {

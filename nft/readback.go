@@ -1,6 +1,7 @@
 package nft
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"net/netip"
@@ -189,6 +190,14 @@ func keyFromBytes(f Family, shape KeyShape, b []byte) (Key, bool) {
 	if shape == KeyAddr {
 		a, ok := netip.AddrFromSlice(b)
 		return Key{Addr: a}, ok && len(b) == n
+	}
+	if shape == KeyAddrPair {
+		n = int(f.addrLen())
+		if len(b) != 2*n || !bytes.Equal(b[:n], b[n:]) {
+			return k, false
+		}
+		a, ok := netip.AddrFromSlice(b[:n])
+		return Key{Addr: a}, ok
 	}
 	if len(b) != n+8 {
 		return k, false

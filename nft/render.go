@@ -5,6 +5,7 @@ import (
 	"encoding/base32"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 
 	"github.com/nftgate/nftgate/model"
@@ -55,6 +56,7 @@ const (
 	MapNoEndpointNodePorts = "no-endpoint-nodeports"
 	MapFirewallIPs         = "firewall-ips"
 	SetClusterIPs          = "cluster-ips"
+	SetHairpin             = "hairpin-endpoints"
 
 	ChainServices          = "services"
 	ChainNodePorts         = "nodeports"
@@ -94,6 +96,7 @@ func Static(cfg *Config, f Family) Fragment {
 			{Name: MapNoEndpointNodePorts, Map: true, Shape: KeyProtoPort},
 			{Name: MapFirewallIPs, Map: true, Shape: KeyAddrProtoPort},
 			{Name: SetClusterIPs, Shape: KeyAddr},
+			{Name: SetHairpin, Shape: KeyAddrPair},
 		},
 	}
 	base := func(name, typ, hook string, prio int32, rules ...Rule) {
@@ -136,6 +139,9 @@ func Static(cfg *Config, f Family) Fragment {
 	regular(ChainNodePortEPCheck, Rule{MatchLocal{Dir: Dst}, jump(ChainNodePortEPLookup)})
 	regular(ChainNodePortEPLookup, nodePortRules(cfg, f, MapNoEndpointNodePorts)...)
 	regular(ChainMasquerading,
+		// Hairpin: an endpoint that reached itself through a Service
+		// must be masqueraded, or it would answer itself directly.
+		Rule{MatchAddrPairInSet{Set: SetHairpin}, SetMark{Bit: bit}},
 		Rule{MatchMarkUnset{Bit: bit}, Verdict{Kind: Return}},
 		Rule{SetMark{Bit: bit, Xor: true}, Masquerade{}})
 	regular(ChainMarkForMasquerade, Rule{SetMark{Bit: bit}})
@@ -199,8 +205,22 @@ func setName(prefix, readable, extra string) string {
 // Service's previous state again yields exactly what was programmed for it.
 func RenderService(cfg *Config, svc *model.Service) ByFamily {
 	var out ByFamily
+	var hairpin addrSet
 	for pi := range svc.Ports {
-		renderPort(cfg, svc, &svc.Ports[pi], &out)
+		renderPort(cfg, svc, &svc.Ports[pi], &out, &hairpin)
+	}
+	// Its endpoints' addresses, for hairpin masquerade, in address order
+	// so that the rendering is stable.
+	for i, f := range Families {
+		addrs := make([]netip.Addr, 0, len(hairpin[i]))
+		for a := range hairpin[i] {
+			addrs = append(addrs, a)
+		}
+		slices.SortFunc(addrs, netip.Addr.Compare)
+		fr := out.Of(f)
+		for _, a := range addrs {
+			fr.Elements = append(fr.Elements, Element{Map: SetHairpin, Key: Key{Addr: a}})
+		}
 	}
 	// Its ClusterIPs, for the masquerade decision and for rejecting ports
 	// no Service has.
@@ -211,7 +231,18 @@ func RenderService(cfg *Config, svc *model.Service) ByFamily {
 	return out
 }
 
-func renderPort(cfg *Config, svc *model.Service, p *model.ServicePort, out *ByFamily) {
+// addrSet collects the addresses of one Service per family, once each.
+type addrSet [2]map[netip.Addr]bool
+
+func (s *addrSet) add(f Family, a netip.Addr) {
+	i := familyIndex(f)
+	if s[i] == nil {
+		s[i] = map[netip.Addr]bool{}
+	}
+	s[i][a] = true
+}
+
+func renderPort(cfg *Config, svc *model.Service, p *model.ServicePort, out *ByFamily, hairpin *addrSet) {
 	portName := svc.PortName(p)
 	for _, f := range Families {
 		if !svc.HasFamily(f == IPv6) {
@@ -257,32 +288,37 @@ func renderPort(cfg *Config, svc *model.Service, p *model.ServicePort, out *ByFa
 		externalChain := chainName("ext", portName)
 		fwChain := chainName("fw", portName)
 
-		// Endpoint chains, one per endpoint in use.
+		// An endpoint is DNATed right in the rule that chooses it. Only
+		// with session affinity does it get a chain of its own, which
+		// also records the client in the endpoint's affinity set: fewer
+		// objects is what keeps a cold sync of many Services fast.
 		epChain := map[netip.AddrPort]string{}
 		affinitySet := map[netip.AddrPort]string{}
 		addEndpoint := func(e model.Endpoint) {
 			ap := e.AddrPort()
-			if _, ok := epChain[ap]; ok {
+			hairpin.add(f, ap.Addr())
+			if _, ok := epChain[ap]; ok || svc.AffinityTimeout == 0 {
 				return
 			}
 			readable := portName + "__" + nameAddr(ap.Addr()) + "/" + fmt.Sprint(ap.Port())
 			name := chainName("ep", readable)
 			epChain[ap] = name
-			var rules []Rule
-			// Hairpin: an endpoint reaching itself through the Service
-			// must be masqueraded or it would answer itself directly.
-			rules = append(rules, Rule{MatchAddr{Dir: Src, Prefix: netip.PrefixFrom(ap.Addr(), ap.Addr().BitLen())},
-				Verdict{Kind: Jump, Chain: ChainMarkForMasquerade}})
-			if svc.AffinityTimeout > 0 {
-				// The timeout is part of the set's name: a changed timeout
-				// is a new set, never an in-place edit the kernel refuses.
-				set := setName("aff", readable, fmt.Sprintf("timeout=%ds", int64(svc.AffinityTimeout.Seconds())))
-				affinitySet[ap] = set
-				fr.Sets = append(fr.Sets, &Set{Name: set, Timeout: svc.AffinityTimeout})
-				rules = append(rules, Rule{UpdateAffinity{Set: set}})
+			// The timeout is part of the set's name: a changed timeout is
+			// a new set, never an in-place edit the kernel refuses.
+			set := setName("aff", readable, fmt.Sprintf("timeout=%ds", int64(svc.AffinityTimeout.Seconds())))
+			affinitySet[ap] = set
+			fr.Sets = append(fr.Sets, &Set{Name: set, Timeout: svc.AffinityTimeout})
+			fr.Chains = append(fr.Chains, &Chain{Name: name, Rules: []Rule{
+				{UpdateAffinity{Set: set}},
+				{DNAT{Proto: p.Protocol, To: ap}},
+			}})
+		}
+		// send is the action that sends a flow to endpoint e.
+		send := func(e model.Endpoint) Stmt {
+			if c, ok := epChain[e.AddrPort()]; ok {
+				return Verdict{Kind: Goto, Chain: c}
 			}
-			rules = append(rules, Rule{DNAT{Proto: p.Protocol, To: ap}})
-			fr.Chains = append(fr.Chains, &Chain{Name: name, Rules: rules})
+			return DNAT{Proto: p.Protocol, To: e.AddrPort()}
 		}
 		for _, e := range cluster {
 			addEndpoint(e)
@@ -298,11 +334,10 @@ func renderPort(cfg *Config, svc *model.Service, p *model.ServicePort, out *ByFa
 				}
 			}
 			if len(eps) == 1 {
-				return append(rules, Rule{Verdict{Kind: Goto, Chain: epChain[eps[0].AddrPort()]}})
+				return append(rules, Rule{send(eps[0])})
 			}
 			for i, e := range eps {
-				rules = append(rules, Rule{HashBucket{Seed: cfg.hashSeed(), Modulus: uint32(len(eps)), Bucket: uint32(i)},
-					Verdict{Kind: Goto, Chain: epChain[e.AddrPort()]}})
+				rules = append(rules, Rule{HashBucket{Seed: cfg.hashSeed(), Modulus: uint32(len(eps)), Bucket: uint32(i)}, send(e)})
 			}
 			return rules
 		}

@@ -158,7 +158,10 @@ func newScaleCluster(n, eps int) *scaleCluster {
 func (w *scaleExpect) add(svc *model.Service, eps int) {
 	for _, p := range svc.Ports {
 		w.ServiceIPs += len(svc.ClusterIPs) + len(svc.ExternalIPs) + len(svc.LoadBalancerIPs)
-		w.Chains += eps + 1 // one chain per endpoint and the Service port's chain
+		w.Chains++ // the Service port's chain
+		if svc.AffinityTimeout > 0 {
+			w.Chains += eps // endpoints get chains only for session affinity
+		}
 		external := p.NodePort != 0 || len(svc.ExternalIPs) > 0 || len(svc.LoadBalancerIPs) > 0
 		if external {
 			w.Chains++

@@ -132,6 +132,30 @@ func (m MatchAddrInSet) encode(f Family, e *encoder) []expr.Any {
 	}
 }
 
+// MatchAddrPairInSet matches a packet whose source and destination address
+// pair is in a set: the hairpin set holds "A . A" for every endpoint A, so
+// after DNAT it finds the endpoints that are talking to themselves.
+type MatchAddrPairInSet struct {
+	Set string
+}
+
+func (m MatchAddrPairInSet) text(f Family) string {
+	return fmt.Sprintf("%s saddr . %s daddr @%s", f, f, m.Set)
+}
+
+func (m MatchAddrPairInSet) encode(f Family, e *encoder) []expr.Any {
+	s := e.set(m.Set)
+	daddrReg := uint32(reg32a)
+	if f == IPv6 {
+		daddrReg = reg2
+	}
+	return []expr.Any{
+		loadAddr(f, Src, reg1, f.addrLen()),
+		loadAddr(f, Dst, daddrReg, f.addrLen()),
+		&expr.Lookup{SourceRegister: reg1, SetName: s.Name, SetID: s.ID},
+	}
+}
+
 // MatchLocal matches when the source or destination address is one of the
 // gateway's own (fib ... type local). Excluding loopback keeps NodePorts off
 // 127.0.0.1, as kube-proxy's nftables mode does.

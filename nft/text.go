@@ -44,7 +44,9 @@ func WriteText(w io.Writer, table string, f Family, frags ...*Fragment) error {
 				if i == len(es)-1 {
 					sep = " }"
 				}
-				if e.Verdict.Kind == 0 {
+				if s.Shape == KeyAddrPair {
+					ew.printf("\n\t\t\t%s . %s%s", e.Key, e.Key, sep)
+				} else if e.Verdict.Kind == 0 {
 					ew.printf("\n\t\t\t%s%s", e.Key, sep)
 				} else {
 					ew.printf("\n\t\t\t%s : %s%s", e.Key, e.Verdict, sep)
@@ -75,6 +77,9 @@ func setType(f Family, s *Set) string {
 	addr := "ipv4_addr"
 	if f == IPv6 {
 		addr = "ipv6_addr"
+	}
+	if s.Shape == KeyAddrPair {
+		return addr + " . " + addr
 	}
 	if !s.Map {
 		return addr

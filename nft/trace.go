@@ -255,7 +255,7 @@ func (t *tracer) index(frags []*Fragment) error {
 				return fmt.Errorf("set %q defined twice", s.Name)
 			}
 			t.sets[s.Name] = s
-			if s.Map || s.Shape == KeyAddr {
+			if s.Map || s.Shape == KeyAddr || s.Shape == KeyAddrPair {
 				t.elems[s.Name] = map[Key]Verdict{}
 			}
 		}
@@ -431,6 +431,15 @@ func (t *tracer) runRule(st state, c *Chain, i, depth int) []end {
 				t.fail("chain %s: destination lookups in dynamic sets are not traced", c.Name)
 				return nil
 			} else if !t.pkt.AffinityHit[s.Set] {
+				return []end{{st, endNext}}
+			}
+		case MatchAddrPairInSet:
+			elems, ok := t.elems[s.Set]
+			if !ok {
+				t.fail("chain %s: lookup in missing set %q", c.Name, s.Set)
+				return nil
+			}
+			if _, hit := elems[Key{Addr: t.pkt.Src}]; !hit || t.pkt.Src != st.dst {
 				return []end{{st, endNext}}
 			}
 		case MatchLocal:

@@ -130,8 +130,10 @@ func runFlows(t *testing.T, cfg *nft.Config, svcs []*model.Service, flows []flow
 				t.Errorf("%s -> %s: got %q, want %q\n%s\nruleset:\n%s", fl.src, fl.dst, got, fl.want, res.Paths(), text.String())
 			}
 			for _, o := range res.Outcomes {
-				// The masquerading chain must act on exactly the marked packets.
-				if o.Marked != o.Masqueraded {
+				// The masquerading chain must act on exactly the marked
+				// packets and the hairpin ones (an endpoint reaching itself).
+				hairpin := o.DNAT.IsValid() && o.DNAT.Addr() == addr(fl.src)
+				if (o.Marked || hairpin) != o.Masqueraded {
 					t.Errorf("outcome %s: marked=%v but masqueraded=%v\n%s", o, o.Marked, o.Masqueraded, res.Paths())
 				}
 			}
