@@ -87,6 +87,11 @@ func serve(ctx context.Context, cfg *Config) error {
 			log.Info("zone from the Node's label", "node", cfg.NodeName, "zone", zone)
 		}
 	}
+	// A kernel without a feature the ruleset uses fails here, naming it,
+	// not at the first sync with a bare netlink error.
+	if err := checkKernel(); err != nil {
+		return err
+	}
 	prog, err := nft.NewProgrammer(cfg.ruleset(), nft.Options{})
 	if err != nil {
 		return err
