@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"net/netip"
 	"reflect"
 	"testing"
@@ -361,6 +363,7 @@ func TestStaleFlows(t *testing.T) {
 type cleanCall struct {
 	eps  []conntrack.StaleEndpoint
 	svcs []conntrack.StaleService
+	at   time.Time
 }
 
 // fakeCleaner stands in for the kernel: it records every call, and answer
@@ -376,7 +379,7 @@ func newFakeCleaner(answer func(n int, c cleanCall) (conntrack.Result, error)) *
 }
 
 func (f *fakeCleaner) Clean(ctx context.Context, eps []conntrack.StaleEndpoint, svcs []conntrack.StaleService) (conntrack.Result, error) {
-	c := cleanCall{eps: eps, svcs: svcs}
+	c := cleanCall{eps: eps, svcs: svcs, at: time.Now()}
 	f.calls <- c
 	f.n++
 	return f.answer(f.n, c)
@@ -420,6 +423,7 @@ func runCleaner(t *testing.T, c *gsync.ConntrackCleaner) <-chan gsync.ConntrackR
 	t.Helper()
 	reports := make(chan gsync.ConntrackReport, 100)
 	c.Report = func(r gsync.ConntrackReport) { reports <- r }
+	c.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
@@ -528,14 +532,13 @@ func TestConntrackCleanerRetriesWithBackoff(t *testing.T) {
 	var last time.Time
 	for i := 1; i <= 3; i++ {
 		got := fc.next(t)
-		now := time.Now()
 		if !reflect.DeepEqual(got.eps, want) {
 			t.Fatalf("attempt %d got %v, want %v", i, got.eps, want)
 		}
-		if i > 1 && now.Sub(last) < 20*time.Millisecond {
-			t.Errorf("attempt %d came %s after the previous one, want a backoff of at least 20ms", i, now.Sub(last))
+		if i > 1 && got.at.Sub(last) < 20*time.Millisecond {
+			t.Errorf("attempt %d came %s after the previous one, want a backoff of at least 20ms", i, got.at.Sub(last))
 		}
-		last = now
+		last = got.at
 		r := nextReport(t, reports)
 		if (i <= 2) != (r.Err != nil) {
 			t.Errorf("report %d: err %v", i, r.Err)
