@@ -231,8 +231,8 @@ func BenchmarkKernelPartialEndpointChange(b *testing.B) {
 				if err != nil {
 					b.Fatalf("partial sync of %s: %v", k, err)
 				}
-				if res.Counts.ChainsAdded == 0 || res.Counts.ChainsDeleted == 0 {
-					b.Fatalf("endpoint change of %s programmed %+v, want an endpoint chain added and one deleted", k, res.Counts)
+				if res.Counts.Changes() == 0 {
+					b.Fatalf("endpoint change of %s programmed nothing", k)
 				}
 				current[k] = svc
 				msgs += res.Messages
@@ -245,7 +245,10 @@ func BenchmarkKernelPartialEndpointChange(b *testing.B) {
 			// The last change is in the kernel: its new endpoint is a DNAT
 			// target there.
 			svc := current[lastKey]
-			chain := chainName("ep", svc.PortName(&svc.Ports[0])+"__"+nameAddr(lastAddr)+"/"+strconv.Itoa(int(svc.Ports[0].Endpoints[0].Port)))
+			chain := chainName("svc", svc.PortName(&svc.Ports[0]))
+			if svc.AffinityTimeout > 0 {
+				chain = chainName("ep", svc.PortName(&svc.Ports[0])+"__"+nameAddr(lastAddr)+"/"+strconv.Itoa(int(svc.Ports[0].Endpoints[0].Port)))
+			}
 			if out := scaleNft(b, ns, "list", "chain", "ip", p.Config().Table, chain); !strings.Contains(out, "dnat to "+lastAddr.String()) {
 				b.Fatalf("chain %s after the last change:\n%s", chain, out)
 			}

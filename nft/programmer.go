@@ -3,6 +3,7 @@ package nft
 import (
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"sort"
 	"sync"
 	"time"
@@ -23,11 +24,16 @@ type Programmer struct {
 	batch  *batchConn
 	reader *reader
 
-	synced   bool
-	state    [2]*tableState
-	services map[model.ServiceKey]*model.Service // as programmed
-	claims   map[famElem]*claimSet
+	synced       bool
+	reconciles   uint32
+	staticChains map[string]bool
+	state        [2]*tableState
+	services     map[model.ServiceKey]*model.Service // as programmed
+	claims       map[famElem]*claimSet
 }
+
+// reconcileRounds is how many full syncs it takes to read every rule back.
+const reconcileRounds = 8
 
 // Options locate the kernel to program.
 type Options struct {
@@ -94,8 +100,12 @@ func NewProgrammer(cfg Config, opts Options) (*Programmer, error) {
 		return nil, err
 	}
 	p := &Programmer{cfg: cfg, batch: b, reader: r, services: map[model.ServiceKey]*model.Service{}, claims: map[famElem]*claimSet{}}
+	p.staticChains = map[string]bool{}
 	for i, f := range Families {
 		p.static[i] = Static(&p.cfg, f)
+		for _, c := range p.static[i].Chains {
+			p.staticChains[c.Name] = true
+		}
 	}
 	return p, nil
 }
@@ -141,16 +151,36 @@ func (p *Programmer) Full(services map[model.ServiceKey]*model.Service) (Result,
 	start := time.Now()
 	res := Result{Full: true}
 
+	// Every full sync reads chains, sets and elements, and the rules of
+	// the skeleton's chains and of one eighth of the others, in turn: a
+	// hand edit of a Service's rule is found within eight reconciles, any
+	// other drift at once, and then everything is read for an exact repair.
+	p.reconciles++
+	sampled := func(chain string) bool {
+		if p.staticChains[chain] {
+			return true
+		}
+		h := fnv.New32a()
+		h.Write([]byte(chain))
+		return h.Sum32()%reconcileRounds == p.reconciles%reconcileRounds
+	}
 	var observed [2]*tableState
 	for i, f := range Families {
-		st, err := p.reader.readTable(p.cfg.Table, f)
+		var believed *tableState
+		if p.synced {
+			believed = p.state[i]
+		}
+		st, err := p.reader.readTable(p.cfg.Table, f, believed, sampled)
+		if err == nil && believed != nil {
+			if drift := compareStates(f, believed, st); len(drift) > 0 {
+				res.Drift = append(res.Drift, drift...)
+				st, err = p.reader.readTable(p.cfg.Table, f, nil, nil)
+			}
+		}
 		if err != nil {
 			return res, fmt.Errorf("read %s %s table back: %w", f, p.cfg.Table, err)
 		}
 		observed[i] = st
-		if p.synced {
-			res.Drift = append(res.Drift, compareStates(f, p.state[i], st)...)
-		}
 	}
 
 	claims := map[famElem]*claimSet{}
