@@ -78,7 +78,7 @@ func (e *BatchError) Error() string {
 
 // send transmits msgs as one batch and waits for the kernel's verdict. what
 // describes each message, for error reports.
-func (b *batchConn) send(msgs []netlink.Message, what []string) error {
+func (b *batchConn) send(msgs []netlink.Message, what []note) error {
 	if len(msgs) == 0 {
 		return nil
 	}
@@ -120,7 +120,7 @@ func (b *batchConn) send(msgs []netlink.Message, what []string) error {
 	last := sent[len(sent)-2].Header.Sequence
 	describe := func(seq uint32) string {
 		if i := int(seq - first); what != nil && i >= 0 && i < len(what) {
-			return what[i]
+			return what[i].String()
 		}
 		return fmt.Sprintf("message %d", seq-first)
 	}

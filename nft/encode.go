@@ -35,6 +35,22 @@ func fingerprintFromUserData(b []byte) (uint64, bool) {
 	return 0, false
 }
 
+// note describes one message of a batch, formatted on demand.
+type note struct {
+	format string
+	args   []any
+}
+
+func (n note) String() string { return fmt.Sprintf(n.format, n.args...) }
+
+// ruleText prints a rule when a note is formatted.
+type ruleText struct {
+	f Family
+	r Rule
+}
+
+func (t ruleText) String() string { return t.r.Text(t.f) }
+
 // encoder turns planned operations into google/nftables calls on a Conn
 // that only records messages (see batch.go), in the order that keeps every
 // reference valid inside the batch.
@@ -44,12 +60,14 @@ type encoder struct {
 	f     Family
 	sets  map[string]*nftables.Set // sets referenced or created in this batch
 	err   error
-	// describe records what each message does, for error reports.
-	describe []string
+	// describe records what each message does, for error reports. It is
+	// formatted only when the kernel refuses a message: at the size of a
+	// cold sync, formatting every message would be most of the garbage.
+	describe []note
 }
 
 func (e *encoder) note(format string, args ...any) {
-	e.describe = append(e.describe, fmt.Sprintf(format, args...))
+	e.describe = append(e.describe, note{format, args})
 }
 
 func (e *encoder) fail(err error) {
@@ -141,7 +159,7 @@ func (e *encoder) addRules(p chainPlan) {
 			exprs = append(exprs, s.encode(e.f, e)...)
 		}
 		e.conn.AddRule(&nftables.Rule{Table: e.table, Chain: ref, Exprs: exprs, UserData: fingerprintUserData(p.ruleFPs[i])})
-		e.note("add rule %s %s %s %s", e.f, e.table.Name, p.chain.Name, r.Text(e.f))
+		e.note("add rule %s %s %s %s", e.f, e.table.Name, p.chain.Name, ruleText{e.f, r})
 	}
 }
 

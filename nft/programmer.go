@@ -370,7 +370,7 @@ func (p *Programmer) commit(ds [2]*differ) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	var what []string
+	var what []note
 	for i, f := range Families {
 		if ds[i].ops.empty() {
 			continue
@@ -406,7 +406,7 @@ func Cleanup(table string, opts Options) error {
 	if err != nil {
 		return err
 	}
-	var what []string
+	var what []note
 	for _, f := range Families {
 		exists, err := r.tableExists(table, f)
 		if err != nil {
@@ -414,7 +414,7 @@ func Cleanup(table string, opts Options) error {
 		}
 		if exists {
 			rec.conn.DelTable(&nftables.Table{Name: table, Family: nftFamily(f)})
-			what = append(what, fmt.Sprintf("delete table %s %s", f, table))
+			what = append(what, note{"delete table %s %s", []any{f, table}})
 		}
 	}
 	msgs, err := rec.take()

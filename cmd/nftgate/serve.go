@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"runtime/debug"
 	"sort"
 	"strings"
 	"time"
@@ -135,6 +136,12 @@ func serve(ctx context.Context, cfg *Config) error {
 			}
 		}
 		rec.RecordSync(r)
+		if ev.Err == nil && ev.Result.Messages > 20000 {
+			// A cold sync of thousands of Services builds a batch of tens
+			// of megabytes; give that memory back now rather than keep
+			// the peak resident until the runtime gets round to it.
+			debug.FreeOSMemory()
+		}
 		if ev.Err == nil && ev.Full {
 			for _, d := range ev.Result.Drift {
 				metrics.DriftRepaired(driftReason(d))
