@@ -153,7 +153,7 @@ func BenchmarkKernelColdFull(b *testing.B) {
 			var durs []time.Duration
 			for i := range b.N {
 				b.StopTimer()
-				ns, fd := scaleNetNS(b)
+				ns, fd := testNetNS(b)
 				p, err := NewProgrammer(scaleConfig(), Options{NetNSFD: fd})
 				if err != nil {
 					b.Fatal(err)
@@ -267,7 +267,7 @@ func BenchmarkKernelPartialEndpointChange(b *testing.B) {
 // result.
 func coldProgrammer(b *testing.B, c *scaleCluster) (ns string, p *Programmer) {
 	b.Helper()
-	ns, fd := scaleNetNS(b)
+	ns, fd := testNetNS(b)
 	p, err := NewProgrammer(scaleConfig(), Options{NetNSFD: fd})
 	if err != nil {
 		b.Fatal(err)
@@ -293,7 +293,7 @@ func BenchmarkKernelMemory(b *testing.B) {
 			c := clusterOf(n)
 			var retained, peak, rss float64
 			for range b.N {
-				_, fd := scaleNetNS(b)
+				_, fd := testNetNS(b)
 				before := liveHeap()
 				p, err := NewProgrammer(scaleConfig(), Options{NetNSFD: fd})
 				if err != nil {
@@ -438,7 +438,7 @@ func TestScaleCluster(t *testing.T) {
 // checks that a Full sync then finds nothing to do.
 func TestScaleColdAndPartial(t *testing.T) {
 	c := newScaleCluster(2_000, scaleEndpoints)
-	ns, fd := scaleNetNS(t)
+	ns, fd := testNetNS(t)
 	p, err := NewProgrammer(scaleConfig(), Options{NetNSFD: fd})
 	if err != nil {
 		t.Fatal(err)

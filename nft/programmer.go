@@ -183,6 +183,30 @@ func (p *Programmer) Full(services map[model.ServiceKey]*model.Service) (Result,
 		observed[i] = st
 	}
 
+	ds, claims, conflicts := planFull(&p.cfg, &p.static, observed, services)
+	res.Conflicts = conflicts
+
+	n, err := p.commit(ds)
+	res.Messages = n
+	res.Duration = time.Since(start)
+	if err != nil {
+		return res, err
+	}
+	for i := range ds {
+		observed[i].apply(&ds[i].ops)
+		res.Counts.add(&ds[i].ops)
+	}
+	p.state = observed
+	p.claims = claims
+	p.services = cloneServices(services)
+	p.synced = true
+	return res, nil
+}
+
+// planFull decides everything a full sync changes: the tables must hold
+// the skeleton and every Service, and nothing else. It is pure: observed is
+// what the kernel holds (an empty state for a cold start).
+func planFull(cfg *Config, static *ByFamily, observed [2]*tableState, services map[model.ServiceKey]*model.Service) ([2]*differ, map[famElem]*claimSet, []string) {
 	claims := map[famElem]*claimSet{}
 	keys := make([]model.ServiceKey, 0, len(services))
 	for k := range services {
@@ -194,7 +218,7 @@ func (p *Programmer) Full(services map[model.ServiceKey]*model.Service) (Result,
 	for i, f := range Families {
 		ds[i] = newDiffer(f, observed[i])
 		ds[i].ops.createTable = !observed[i].exists
-		st := &p.static[i]
+		st := static.Of(f)
 		for _, s := range st.Sets {
 			ds[i].set(s.Name, s)
 		}
@@ -204,7 +228,7 @@ func (p *Programmer) Full(services map[model.ServiceKey]*model.Service) (Result,
 	}
 	for _, k := range keys {
 		svc := services[k]
-		r := RenderService(&p.cfg, svc)
+		r := RenderService(cfg, svc)
 		for i, f := range Families {
 			fr := r.Of(f)
 			for _, s := range fr.Sets {
@@ -232,29 +256,15 @@ func (p *Programmer) Full(services map[model.ServiceKey]*model.Service) (Result,
 			}
 		}
 	}
+	var conflictList []string
 	for fe, cs := range claims {
 		w := cs.winner()
 		ds[familyIndex(fe.f)].element(fe.id, &w.verdict)
-		res.Conflicts = append(res.Conflicts, conflicts(fe, *cs)...)
+		conflictList = append(conflictList, conflicts(fe, *cs)...)
 	}
-	sort.Strings(res.Conflicts)
+	sort.Strings(conflictList)
 	sortOps(ds)
-
-	n, err := p.commit(ds)
-	res.Messages = n
-	res.Duration = time.Since(start)
-	if err != nil {
-		return res, err
-	}
-	for i := range ds {
-		observed[i].apply(&ds[i].ops)
-		res.Counts.add(&ds[i].ops)
-	}
-	p.state = observed
-	p.claims = claims
-	p.services = cloneServices(services)
-	p.synced = true
-	return res, nil
+	return ds, claims, conflictList
 }
 
 // Partial applies the changed Services (nil for a deleted one) on top of the
@@ -267,14 +277,50 @@ func (p *Programmer) Partial(changes map[model.ServiceKey]*model.Service) (Resul
 	}
 	start := time.Now()
 	res := Result{}
+	ds, undo, conflicts := planPartial(&p.cfg, p.state, p.claims, p.services, changes)
+	res.Conflicts = conflicts
+
+	n, err := p.commit(ds)
+	res.Messages = n
+	res.Duration = time.Since(start)
+	if err != nil {
+		for fe, cs := range undo {
+			if cs == nil {
+				delete(p.claims, fe)
+			} else {
+				p.claims[fe] = cs
+			}
+		}
+		return res, err
+	}
+	for i := range ds {
+		p.state[i].apply(&ds[i].ops)
+		res.Counts.add(&ds[i].ops)
+	}
+	for k, svc := range changes {
+		if svc == nil {
+			delete(p.services, k)
+		} else {
+			p.services[k] = svc
+		}
+	}
+	return res, nil
+}
+
+// planPartial decides what changing some Services changes in the tables,
+// given what is programmed. It updates claims in place and returns, for
+// each element it touched, the claims as they were (nil where there were
+// none), so that a refused batch can be undone.
+func planPartial(cfg *Config, state [2]*tableState, claims map[famElem]*claimSet, programmed, changes map[model.ServiceKey]*model.Service) ([2]*differ, map[famElem]*claimSet, []string) {
+	var conflictList []string
 	var ds [2]*differ
 	for i, f := range Families {
-		ds[i] = newDiffer(f, p.state[i])
+		ds[i] = newDiffer(f, state[i])
 	}
 	undo := map[famElem]*claimSet{}
 	touch := func(fe famElem) {
 		if _, ok := undo[fe]; !ok {
-			if cs, ok := p.claims[fe]; ok {
+			if cs, ok := claims[fe]; ok {
 				c := append(claimSet(nil), *cs...)
 				undo[fe] = &c
 			} else {
@@ -284,11 +330,11 @@ func (p *Programmer) Partial(changes map[model.ServiceKey]*model.Service) (Resul
 	}
 	for k, svc := range changes {
 		var oldR, newR ByFamily
-		if old := p.services[k]; old != nil {
-			oldR = RenderService(&p.cfg, old)
+		if old := programmed[k]; old != nil {
+			oldR = RenderService(cfg, old)
 		}
 		if svc != nil {
-			newR = RenderService(&p.cfg, svc)
+			newR = RenderService(cfg, svc)
 		}
 		for i, f := range Families {
 			d := ds[i]
@@ -316,52 +362,27 @@ func (p *Programmer) Partial(changes map[model.ServiceKey]*model.Service) (Resul
 			for _, e := range o.Elements {
 				fe := famElem{f, e.ID()}
 				touch(fe)
-				removeClaim(p.claims, fe, k)
+				removeClaim(claims, fe, k)
 			}
 			for _, e := range n.Elements {
 				fe := famElem{f, e.ID()}
 				touch(fe)
-				addClaim(p.claims, fe, claim{svc: k, created: svc.Created, verdict: e.Verdict})
+				addClaim(claims, fe, claim{svc: k, created: svc.Created, verdict: e.Verdict})
 			}
 		}
 	}
 	for fe := range undo {
 		d := ds[familyIndex(fe.f)]
-		if cs, ok := p.claims[fe]; ok {
+		if cs, ok := claims[fe]; ok {
 			w := cs.winner()
 			d.element(fe.id, &w.verdict)
-			res.Conflicts = append(res.Conflicts, conflicts(fe, *cs)...)
+			conflictList = append(conflictList, conflicts(fe, *cs)...)
 		} else {
 			d.element(fe.id, nil)
 		}
 	}
 	sortOps(ds)
-
-	n, err := p.commit(ds)
-	res.Messages = n
-	res.Duration = time.Since(start)
-	if err != nil {
-		for fe, cs := range undo {
-			if cs == nil {
-				delete(p.claims, fe)
-			} else {
-				p.claims[fe] = cs
-			}
-		}
-		return res, err
-	}
-	for i := range ds {
-		p.state[i].apply(&ds[i].ops)
-		res.Counts.add(&ds[i].ops)
-	}
-	for k, svc := range changes {
-		if svc == nil {
-			delete(p.services, k)
-		} else {
-			p.services[k] = svc
-		}
-	}
-	return res, nil
+	return ds, undo, conflictList
 }
 
 // commit encodes both families' operations into one batch and sends it.

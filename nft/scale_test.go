@@ -9,16 +9,13 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/netip"
-	"os"
 	"os/exec"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/nftables"
 	"github.com/mdlayher/netlink"
-	"github.com/vishvananda/netns"
 
 	"github.com/nftgate/nftgate/model"
 )
@@ -193,32 +190,6 @@ func withReplacedEndpoint(svc *model.Service, j int, newAddr netip.Addr) *model.
 	return &c
 }
 
-var scaleNSCounter atomic.Int32
-
-// scaleNetNS creates an empty network namespace, removed when tb ends.
-func scaleNetNS(tb testing.TB) (name string, fd int) {
-	tb.Helper()
-	if os.Geteuid() != 0 {
-		tb.Skip("needs root for network namespaces")
-	}
-	name = fmt.Sprintf("nftgate-nftbench-%d-%d", os.Getpid(), scaleNSCounter.Add(1))
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		tb.Fatalf("ip netns add %s: %v: %s", name, err, out)
-	}
-	h, err := netns.GetFromName(name)
-	if err != nil {
-		exec.Command("ip", "netns", "del", name).Run()
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() {
-		h.Close()
-		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
-			tb.Errorf("ip netns del %s: %v: %s", name, err, out)
-		}
-	})
-	return name, int(h)
-}
-
 func scaleNft(tb testing.TB, ns string, args ...string) string {
 	tb.Helper()
 	out, err := exec.Command("ip", append([]string{"netns", "exec", ns, "nft"}, args...)...).CombinedOutput()
@@ -251,85 +222,21 @@ func checkKernel(tb testing.TB, ns, table string, want scaleExpect) {
 }
 
 // planCold is the user-space half of a cold Full sync, without a kernel:
-// render every Service, diff against empty tables, encode the batch. It
-// mirrors Programmer.Full minus the readback, the claim arbitration (the
-// synthetic clusters have no conflicting claims) and the send.
+// render every Service, diff against empty tables, encode the batch.
 func planCold(tb testing.TB, cfg *Config, services map[model.ServiceKey]*model.Service) ([2]*differ, []netlink.Message) {
-	var ds [2]*differ
+	var static ByFamily
 	for i, f := range Families {
-		ds[i] = newDiffer(f, newTableState())
-		ds[i].ops.createTable = true
-		st := Static(cfg, f)
-		for _, s := range st.Sets {
-			ds[i].set(s.Name, s)
-		}
-		for _, c := range st.Chains {
-			ds[i].chain(c.Name, c)
-		}
+		static[i] = Static(cfg, f)
 	}
-	for _, svc := range services {
-		r := RenderService(cfg, svc)
-		for i, f := range Families {
-			fr := r.Of(f)
-			for _, s := range fr.Sets {
-				ds[i].set(s.Name, s)
-			}
-			for _, c := range fr.Chains {
-				ds[i].chain(c.Name, c)
-			}
-			for _, e := range fr.Elements {
-				v := e.Verdict
-				ds[i].element(e.ID(), &v)
-			}
-		}
-	}
-	sortOps(ds)
+	ds, _, _ := planFull(cfg, &static, [2]*tableState{newTableState(), newTableState()}, services)
 	return ds, encodeOps(tb, cfg, ds)
 }
 
 // planChange is the user-space half of a Partial sync of one changed
-// Service against state: render old and new, diff, encode. It mirrors
-// Programmer.Partial minus the claim bookkeeping and the send.
+// Service against state: render old and new, diff, encode.
 func planChange(tb testing.TB, cfg *Config, state [2]*tableState, old, svc *model.Service) ([2]*differ, []netlink.Message) {
-	var ds [2]*differ
-	oldR, newR := RenderService(cfg, old), RenderService(cfg, svc)
-	for i, f := range Families {
-		d := newDiffer(f, state[i])
-		ds[i] = d
-		o, n := oldR.Of(f), newR.Of(f)
-		newChains := map[string]bool{}
-		for _, c := range n.Chains {
-			newChains[c.Name] = true
-			d.chain(c.Name, c)
-		}
-		for _, c := range o.Chains {
-			if !newChains[c.Name] {
-				d.chain(c.Name, nil)
-			}
-		}
-		newSets := map[string]bool{}
-		for _, s := range n.Sets {
-			newSets[s.Name] = true
-			d.set(s.Name, s)
-		}
-		for _, s := range o.Sets {
-			if !newSets[s.Name] {
-				d.set(s.Name, nil)
-			}
-		}
-		newElems := map[ElemID]bool{}
-		for _, e := range n.Elements {
-			newElems[e.ID()] = true
-			v := e.Verdict
-			d.element(e.ID(), &v)
-		}
-		for _, e := range o.Elements {
-			if !newElems[e.ID()] {
-				d.element(e.ID(), nil)
-			}
-		}
-	}
-	sortOps(ds)
+	programmed := map[model.ServiceKey]*model.Service{old.Key: old}
+	ds, _, _ := planPartial(cfg, state, map[famElem]*claimSet{}, programmed, map[model.ServiceKey]*model.Service{svc.Key: svc})
 	return ds, encodeOps(tb, cfg, ds)
 }
 
