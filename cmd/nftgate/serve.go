@@ -19,6 +19,7 @@ import (
 	"github.com/nftgate/nftgate/appliance"
 	"github.com/nftgate/nftgate/appliance/notify"
 	"github.com/nftgate/nftgate/conntrack"
+	"github.com/nftgate/nftgate/healthcheck"
 	"github.com/nftgate/nftgate/model"
 	"github.com/nftgate/nftgate/nft"
 	gsync "github.com/nftgate/nftgate/sync"
@@ -168,6 +169,21 @@ func serve(ctx context.Context, cfg *Config) error {
 		go func() { cleaner.Run(ctx); close(ctDone) }()
 		defer func() { cancel(); <-ctDone; ct.Close() }()
 	}
+
+	// Health check node ports of Services with externalTrafficPolicy
+	// Local: fed by each sync, opened and closed on their own goroutine.
+	hc := &healthcheck.Server{NodeName: cfg.NodeName, Log: log, Healthy: func() bool {
+		ok, _ := appliance.Health(rec.Snapshot(), time.Now(), time.Duration(cfg.HealthzMaxAge))
+		return ok
+	}}
+	syncer.Observers = append(syncer.Observers, func(ev gsync.Event) {
+		if ev.Err == nil {
+			hc.Update(ev.After)
+		}
+	})
+	hcDone := make(chan struct{})
+	go func() { hc.Run(ctx); close(hcDone) }()
+	defer func() { cancel(); <-hcDone }()
 
 	errc := make(chan error, 3)
 	go func() { errc <- src.Run(ctx, tracker) }()
