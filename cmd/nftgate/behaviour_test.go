@@ -177,7 +177,9 @@ func (l *behaviourLab) eventuallyHealth(t *testing.T, svc model.ServiceKey, port
 }
 
 // ep builds a slice endpoint; node "" leaves nodeName unset.
-func ep(addr, node string) gatewaytest.Endpoint { return gatewaytest.Endpoint{Addr: addr, NodeName: node} }
+func ep(addr, node string) gatewaytest.Endpoint {
+	return gatewaytest.Endpoint{Addr: addr, NodeName: node}
+}
 
 // withHints sets zone hints on a slice's endpoints, one list per endpoint
 // (nil: no hints), and node hints where nodes[i] is not empty.
