@@ -9,14 +9,19 @@ package main_test
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -799,4 +804,181 @@ func TestServiceBehaviourAPI(t *testing.T) {
 		l.eventuallyHealth(t, model.ServiceKey{Namespace: "default", Name: "hc"}, uint16(port), http.StatusOK, 1)
 		l.g.Remove("hc.yaml")
 	})
+}
+
+// TestSCTP sends SCTP through the gateway. The kernel here has SCTP
+// conntrack and NAT but no SCTP sockets (CONFIG_IP_SCTP is off, and Go has
+// no SCTP API anyway), so client and backend speak SCTP through raw IP
+// sockets: the client sends an INIT to the Service, the backend must see
+// it translated to the endpoint and answers with an INIT-ACK, which must
+// come back to the client from the Service's address and port. That is
+// the gateway's whole part in an association: DNAT of the first packet,
+// conntrack state, and the reverse translation of the reply.
+func TestSCTP(t *testing.T) {
+	topo := labtest.Gateway(t)
+	l := &behaviourLab{topo: topo}
+	l.g = gatewaytest.New(t, topo)
+	svc := gatewaytest.Service("default", "diameter", "NodePort", []string{"198.19.0.99"},
+		gatewaytest.Port{Name: "diameter", Protocol: corev1.ProtocolSCTP, Port: 3868, NodePort: 30099})
+	l.g.Write("sctp.yaml", svc, gatewaytest.Slice("default", "diameter-1", "diameter", "diameter", corev1.ProtocolSCTP, 3869, ep("198.18.2.12", "")))
+	l.g.Start()
+	backend := netip.AddrPortFrom(topo.BackendIPv4[2], 3869)
+	for i, dst := range []netip.AddrPort{ap("198.19.0.99:3868"), l.nodePort4(30099)} {
+		seen, err := sctpExchange(topo.Client, topo.Backend, dst, backend, uint16(40000+i))
+		if err != nil {
+			t.Fatalf("SCTP to %s: %v", dst, err)
+		}
+		if seen != topo.GatewayBackendIPv4 {
+			t.Errorf("SCTP to %s: the backend saw %s, want the gateway's %s (masqueraded)", dst, seen, topo.GatewayBackendIPv4)
+		}
+	}
+}
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// sctpPacket builds an SCTP packet with one chunk; the checksum is
+// CRC32c, stored little-endian as the kernel does.
+func sctpPacket(sport, dport uint16, vtag uint32, chunkType byte, body []byte) []byte {
+	b := make([]byte, 12+4+len(body))
+	binary.BigEndian.PutUint16(b[0:], sport)
+	binary.BigEndian.PutUint16(b[2:], dport)
+	binary.BigEndian.PutUint32(b[4:], vtag)
+	b[12] = chunkType
+	binary.BigEndian.PutUint16(b[14:], uint16(4+len(body)))
+	copy(b[16:], body)
+	binary.LittleEndian.PutUint32(b[8:], crc32.Checksum(b, castagnoli))
+	return b
+}
+
+// initBody is the fixed part of an INIT or INIT-ACK chunk, plus params.
+func initBody(tag uint32, params ...byte) []byte {
+	b := make([]byte, 16, 16+len(params))
+	binary.BigEndian.PutUint32(b[0:], tag)      // initiate tag
+	binary.BigEndian.PutUint32(b[4:], 65536)    // a_rwnd
+	binary.BigEndian.PutUint16(b[8:], 1)        // outbound streams
+	binary.BigEndian.PutUint16(b[10:], 1)       // inbound streams
+	binary.BigEndian.PutUint32(b[12:], tag+100) // initial TSN
+	return append(b, params...)
+}
+
+// sctpIn is one received SCTP packet.
+type sctpIn struct {
+	src, dst     netip.Addr
+	sport, dport uint16
+	vtag         uint32
+	chunk        byte
+	initTag      uint32
+}
+
+// rawSCTP opens an IPv4 raw socket for SCTP in h, with a receive timeout so
+// that reads wake up to check their deadline.
+func rawSCTP(h *lab.Host) (int, error) {
+	fd := -1
+	err := h.Do(func() error {
+		var err error
+		fd, err = unix.Socket(unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_SCTP)
+		return err
+	})
+	if err != nil {
+		return -1, err
+	}
+	tv := unix.NsecToTimeval((100 * time.Millisecond).Nanoseconds())
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	return fd, nil
+}
+
+// recvSCTP reads packets until one satisfies match or the deadline passes.
+func recvSCTP(fd int, deadline time.Time, match func(sctpIn) bool) (sctpIn, error) {
+	buf := make([]byte, 2048)
+	for time.Now().Before(deadline) {
+		n, _, err := unix.Recvfrom(fd, buf, 0)
+		if err == unix.EAGAIN || err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return sctpIn{}, err
+		}
+		ihl := int(buf[0]&0x0f) * 4
+		if n < ihl+20 {
+			continue
+		}
+		p := buf[ihl:n]
+		in := sctpIn{
+			src: netip.AddrFrom4([4]byte(buf[12:16])), dst: netip.AddrFrom4([4]byte(buf[16:20])),
+			sport: binary.BigEndian.Uint16(p[0:]), dport: binary.BigEndian.Uint16(p[2:]),
+			vtag: binary.BigEndian.Uint32(p[4:]), chunk: p[12],
+			initTag: binary.BigEndian.Uint32(p[16:]),
+		}
+		if match(in) {
+			return in, nil
+		}
+	}
+	return sctpIn{}, fmt.Errorf("nothing matching before the deadline: %w", os.ErrDeadlineExceeded)
+}
+
+// sctpExchange sends an INIT from client port sport to dst and expects it
+// at backend; the backend answers with an INIT-ACK, which must reach the
+// client from dst. It returns the source address the backend saw.
+func sctpExchange(client, backendHost *lab.Host, dst, backend netip.AddrPort, sport uint16) (netip.Addr, error) {
+	cfd, err := rawSCTP(client)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	defer unix.Close(cfd)
+	bfd, err := rawSCTP(backendHost)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	defer unix.Close(bfd)
+	// The reply must come from the endpoint's own address, which is not
+	// the backend host's first one.
+	if err := unix.Bind(bfd, &unix.SockaddrInet4{Addr: backend.Addr().As4()}); err != nil {
+		return netip.Addr{}, err
+	}
+
+	deadline := time.Now().Add(5 * time.Second)
+	const clientTag, backendTag = 0x1234abcd, 0x5678ef01
+	type result struct {
+		seen netip.Addr
+		err  error
+	}
+	got := make(chan result, 1)
+	go func() {
+		in, err := recvSCTP(bfd, deadline, func(in sctpIn) bool {
+			return in.dst == backend.Addr() && in.dport == backend.Port() && in.chunk == 1
+		})
+		if err != nil {
+			got <- result{err: fmt.Errorf("the backend got no INIT at %s: %w", backend, err)}
+			return
+		}
+		if in.vtag != 0 || in.initTag != clientTag {
+			got <- result{err: fmt.Errorf("the INIT arrived altered: vtag %#x, initiate tag %#x", in.vtag, in.initTag)}
+			return
+		}
+		cookie := []byte{0, 7, 0, 8, 'c', 'o', 'o', 'k'} // State Cookie parameter
+		ack := sctpPacket(backend.Port(), in.sport, in.initTag, 2, initBody(backendTag, cookie...))
+		to := &unix.SockaddrInet4{Addr: in.src.As4()}
+		got <- result{seen: in.src, err: unix.Sendto(bfd, ack, 0, to)}
+	}()
+
+	init := sctpPacket(sport, dst.Port(), 0, 1, initBody(clientTag))
+	if err := unix.Sendto(cfd, init, 0, &unix.SockaddrInet4{Addr: dst.Addr().As4()}); err != nil {
+		return netip.Addr{}, err
+	}
+	r := <-got
+	if r.err != nil {
+		return netip.Addr{}, r.err
+	}
+	in, err := recvSCTP(cfd, deadline, func(in sctpIn) bool { return in.chunk == 2 && in.dport == sport })
+	if err != nil {
+		return r.seen, fmt.Errorf("the client got no INIT-ACK: %w", err)
+	}
+	if in.src != dst.Addr() || in.sport != dst.Port() || in.vtag != clientTag || in.initTag != backendTag {
+		return r.seen, fmt.Errorf("INIT-ACK from %s:%d vtag %#x tag %#x, want from %s with vtag %#x tag %#x",
+			in.src, in.sport, in.vtag, in.initTag, dst, clientTag, backendTag)
+	}
+	return r.seen, nil
 }
