@@ -94,7 +94,14 @@ func (r *Recorder) SetIdentity(id Identity) {
 func (r *Recorder) SetAPIConnected(ok bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.snap.Identity.APIConnected = ok
+	id := &r.snap.Identity
+	switch {
+	case ok:
+		id.APILostAt = time.Time{}
+	case id.APIConnected || id.APILostAt.IsZero():
+		id.APILostAt = time.Now()
+	}
+	id.APIConnected = ok
 }
 
 // SetServices replaces the Services shown. The Recorder takes ownership of

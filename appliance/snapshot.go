@@ -57,6 +57,9 @@ type Identity struct {
 	// APIConnected tells whether the Kubernetes API watch is established
 	// (always false for a manifests source).
 	APIConnected bool
+	// APILostAt is when the gateway lost contact with the Kubernetes API;
+	// zero while connected, or when it serves manifests.
+	APILostAt time.Time
 }
 
 // SyncState summarises the sync loop.
@@ -92,7 +95,10 @@ type SyncState struct {
 	ServicesRevision uint64
 }
 
-// Service is one Kubernetes Service as the gateway sees it.
+// Service is one Kubernetes Service as the gateway sees it. A Service the
+// gateway rejected before it ever programmed it carries only Namespace, Name
+// and Error: its Type is empty, and it counts as rejected, not as a Service
+// without endpoints.
 type Service struct {
 	Namespace string
 	Name      string
@@ -193,6 +199,11 @@ func Health(s Snapshot, now time.Time, maxAge time.Duration) (ok bool, reason st
 		return false, r
 	case !s.Sync.KernelMatches:
 		return false, "kernel ruleset differs from the desired one"
+	case maxAge > 0 && !s.Identity.APILostAt.IsZero() && now.Sub(s.Identity.APILostAt) > maxAge:
+		// The rules still serve, but changes in the cluster no longer
+		// reach them: an upstream balancer should know.
+		return false, fmt.Sprintf("no contact with the Kubernetes API for %s (max %s); the last rules stay in place",
+			now.Sub(s.Identity.APILostAt).Round(time.Second), maxAge)
 	}
 	return true, "ok"
 }

@@ -80,6 +80,34 @@ func (k *KubeSource) Problems() []string {
 	return nil
 }
 
+// probe checks the API every few seconds: a quiet watch says nothing about
+// whether the server is still there.
+func (k *KubeSource) probe(ctx context.Context, client kubernetes.Interface, log *slog.Logger) {
+	t := time.NewTicker(5 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		_, err := client.CoreV1().RESTClient().Get().AbsPath("/version").Do(pctx).Raw()
+		cancel()
+		if err != nil && ctx.Err() == nil {
+			log.Debug("kubernetes API probe failed", "err", err)
+		}
+		k.mu.Lock()
+		k.connected = err == nil
+		if err != nil {
+			k.lastErr = err.Error()
+		} else {
+			k.lastErr = ""
+		}
+		k.mu.Unlock()
+	}
+}
+
 // Connected tells whether the last API request succeeded.
 func (k *KubeSource) Connected() bool {
 	k.mu.Lock()
@@ -172,6 +200,7 @@ func (k *KubeSource) Run(ctx context.Context, t *Tracker) error {
 	}
 	factory.Start(ctx.Done())
 	defer factory.Shutdown()
+	go k.probe(ctx, client, log)
 	log.Info("waiting for the kubernetes API's complete view before changing anything", "server", cfg.Host)
 	if !cache.WaitForCacheSync(ctx.Done(), svcInf.HasSynced, sliceInf.HasSynced) {
 		return nil // ctx ended

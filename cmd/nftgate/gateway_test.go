@@ -5,6 +5,7 @@ package main_test
 // namespace with echo servers; real TCP and UDP between them.
 
 import (
+	"context"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -331,5 +332,34 @@ func TestMalformedManifest(t *testing.T) {
 	r, err := topo.Client.Dial("tcp", ap("198.19.0.11:80"), lab.DialOpts{})
 	if err != nil || r.Backend != "198.18.2.10:8080" {
 		t.Errorf("the Service with a bad update lost its previous state: %v %v", r.Backend, err)
+	}
+}
+
+// TestStopKeepsRulesAndCleanupRemovesThem: a stopped gateway keeps serving
+// from the kernel; `nftgate cleanup` removes everything it made.
+func TestStopKeepsRulesAndCleanupRemovesThem(t *testing.T) {
+	topo := labtest.Gateway(t)
+	gatewaytest.Serve(t, topo.Backend, "tcp", ap("198.18.2.10:8080"))
+	g := gatewaytest.New(t, topo)
+	g.Write("web.yaml", gatewaytest.Service("default", "web", "ClusterIP", []string{"198.19.0.10"}, gatewaytest.Port{Name: "http", Port: 80}),
+		gatewaytest.Slice("default", "web-1", "web", "http", "", 8080, gatewaytest.Endpoint{Addr: "198.18.2.10"}))
+	g.Start()
+	g.Stop()
+	if _, err := topo.Client.Dial("tcp", ap("198.19.0.10:80"), lab.DialOpts{}); err != nil {
+		t.Fatalf("the rules stopped serving when nftgate stopped: %v", err)
+	}
+	out, err := topo.Gateway.Command(context.Background(), gatewaytest.Binary(t), "cleanup").CombinedOutput()
+	if err != nil {
+		t.Fatalf("nftgate cleanup: %v\n%s", err, out)
+	}
+	if tables := g.Nft("list", "tables"); strings.Contains(tables, "nftgate") {
+		t.Errorf("tables left after cleanup:\n%s", tables)
+	}
+	if _, err := topo.Client.Dial("tcp", ap("198.19.0.10:80"), lab.DialOpts{Timeout: 300 * time.Millisecond}); err == nil {
+		t.Error("the Service still answers after cleanup")
+	}
+	// A second cleanup has nothing to do, and says so by succeeding.
+	if out, err := topo.Gateway.Command(context.Background(), gatewaytest.Binary(t), "cleanup").CombinedOutput(); err != nil {
+		t.Errorf("second cleanup: %v\n%s", err, out)
 	}
 }

@@ -189,6 +189,20 @@ func serve(ctx context.Context, cfg *Config) error {
 	go func() { errc <- src.Run(ctx, tracker) }()
 	go func() { errc <- syncer.Run(ctx) }()
 	go status.run(ctx)
+	if ks, ok := src.(*gsync.KubeSource); ok {
+		go func() {
+			t := time.NewTicker(time.Second)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+					rec.SetAPIConnected(ks.Connected())
+				}
+			}
+		}()
+	}
 	go notifier.Watchdog(ctx, func() error {
 		if ok, why := appliance.Health(rec.Snapshot(), time.Now(), time.Duration(cfg.HealthzMaxAge)); !ok && syncer.FirstSyncDone() {
 			return errors.New(why)

@@ -1,0 +1,102 @@
+package main
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+func writeConfig(t *testing.T, text string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "config.toml")
+	if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// The documented config.toml holds every key, each at its default.
+func TestDocumentedConfigIsTheDefault(t *testing.T) {
+	cfg, _, err := loadConfig("nftgate", []string{"--config", filepath.Join("..", "..", "config.toml"), "--node-name", "n"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := defaults()
+	want.NodeName = "n"
+	if err := want.validate(); err != nil {
+		t.Fatal(err)
+	}
+	// An empty list in the file is the default's absent list.
+	if len(cfg.ClusterCIDRs) == 0 && len(cfg.NodePortAddresses) == 0 {
+		cfg.ClusterCIDRs, cfg.NodePortAddresses = nil, nil
+	}
+	if !reflect.DeepEqual(cfg, &want) {
+		t.Errorf("config.toml differs from the defaults:\n got %+v\nwant %+v", *cfg, want)
+	}
+}
+
+func TestFlagsOverrideTheFile(t *testing.T) {
+	p := writeConfig(t, "table = \"fromfile\"\ncluster_cidrs = [\"10.0.0.0/8\"]\nmin_sync_interval = \"1s\"\n")
+	cfg, _, err := loadConfig("nftgate", []string{"--config", p, "--table", "fromflag", "--cluster-cidr", "10.1.0.0/16", "--cluster-cidr", "fd00::/64", "--node-name", "n"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Table != "fromflag" || time.Duration(cfg.MinSyncInterval) != time.Second {
+		t.Errorf("got table %q, min_sync_interval %s", cfg.Table, cfg.MinSyncInterval)
+	}
+	if got := strings.Join(cfg.ClusterCIDRs, ","); got != "10.1.0.0/16,fd00::/64" {
+		t.Errorf("cluster CIDRs %s: the flag must replace the file's list", got)
+	}
+}
+
+// Every bad input is an error that names the key or flag and the value.
+func TestBadConfigNamesTheField(t *testing.T) {
+	for _, tc := range []struct {
+		file string
+		args []string
+		want []string
+	}{
+		{file: "bogus = 1\n", want: []string{"unknown key bogus"}},
+		{file: "min_sync_interval = \"soon\"\n", want: []string{"min_sync_interval", "soon"}},
+		{file: "cluster_cidrs = [\"10.0.0.0/33\"]\n", want: []string{"cluster_cidrs[0]", "10.0.0.0/33"}},
+		{args: []string{"--nodeport-addresses", "nonsense"}, want: []string{"nodeport_addresses[0]", "nonsense"}},
+		{args: []string{"--listen", "9180"}, want: []string{"listen", "9180"}},
+		{args: []string{"--log-level", "loud"}, want: []string{"log_level", "loud"}},
+		{args: []string{"--log-format", "xml"}, want: []string{"log_format", "xml"}},
+		{args: []string{"--table", "a b"}, want: []string{"table", "a b"}},
+		{file: "masquerade_bit = 3\n", want: []string{"masquerade_bit", "0x3"}},
+		{args: []string{"--kubeconfig", "k", "--manifests", "d"}, want: []string{"manifests", "kubeconfig"}},
+		{args: []string{"stray"}, want: []string{"unexpected argument", "stray"}},
+		{args: []string{"--reconcile-interval", "-1s"}, want: []string{"reconcile_interval", "-1s"}},
+	} {
+		args := append([]string{"--node-name", "n"}, tc.args...)
+		if tc.file != "" {
+			args = append(args, "--config", writeConfig(t, tc.file))
+		}
+		_, _, err := loadConfig("nftgate", args)
+		if err == nil {
+			t.Errorf("%q %v: accepted", tc.file, tc.args)
+			continue
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%q %v: error %q does not name %q", tc.file, tc.args, err, w)
+			}
+		}
+	}
+}
+
+func TestUnknownFlagIsAFlagError(t *testing.T) {
+	_, fs, err := loadConfig("nftgate", []string{"--bogus"})
+	var fe flagError
+	if !errors.As(err, &fe) || fs == nil {
+		t.Fatalf("got %v", err)
+	}
+	if code := run([]string{"--bogus"}); code != 2 {
+		t.Errorf("exit code %d, want 2", code)
+	}
+}
