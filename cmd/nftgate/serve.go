@@ -203,9 +203,14 @@ func serve(ctx context.Context, cfg *Config) error {
 			}
 		}()
 	}
+	// The watchdog asks whether the sync loop is alive, not whether the
+	// gateway is healthy: a restart cures a stuck loop, but not a lost API
+	// or a refused batch, and would only add a restart to the trouble.
 	go notifier.Watchdog(ctx, func() error {
-		if ok, why := appliance.Health(rec.Snapshot(), time.Now(), time.Duration(cfg.HealthzMaxAge)); !ok && syncer.FirstSyncDone() {
-			return errors.New(why)
+		reconcile := time.Duration(cfg.ReconcileInterval)
+		last := rec.Snapshot().Sync.LastAttempt
+		if reconcile > 0 && syncer.FirstSyncDone() && time.Since(last) > 3*reconcile+time.Minute {
+			return fmt.Errorf("no sync attempted for %s", time.Since(last).Round(time.Second))
 		}
 		return nil
 	})
