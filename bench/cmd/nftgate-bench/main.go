@@ -1,0 +1,239 @@
+// Command nftgate-bench runs nftgate and kube-proxy (nftables and iptables
+// modes) one after the other in the same lab gateway namespace, against the
+// same real kube-apiserver and the same Services, and measures what an
+// operator feels: cold start, endpoint change latency, resident memory, CPU
+// time and the data-plane cost of a ClusterIP.
+//
+//	nftgate-bench --nftgate build/nftgate --kube-proxy build/kube-proxy \
+//	    --sizes 1000,10000 --out bench/results
+//
+// See bench/README.md for the method. It needs root (network namespaces,
+// nftables) and the binaries `make kube-bin` builds.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/nftgate/nftgate/kubetest"
+	"github.com/nftgate/nftgate/lab"
+)
+
+// Config is what the command line sets.
+type Config struct {
+	NftgateBin   string
+	KubeProxyBin string
+	Sizes        []int
+	Endpoints    int
+	Changes      int
+	ChangeGap    time.Duration
+	LatencyN     int
+	LoadWorkers  int
+	Proxiers     []string
+	Out          string
+	KeepLogs     bool
+	Timeout      time.Duration
+	// Rerender names a results.json to render results.md and results.png
+	// from again, without measuring.
+	Rerender string
+}
+
+func main() {
+	cfg, err := parseFlags(os.Args[1:])
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "nftgate-bench:", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if cfg.Rerender != "" {
+		err = rerender(cfg.Rerender)
+	} else {
+		err = run(ctx, cfg)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "nftgate-bench:", err)
+		os.Exit(1)
+	}
+}
+
+func parseFlags(args []string) (*Config, error) {
+	fs := flag.NewFlagSet("nftgate-bench", flag.ContinueOnError)
+	cfg := &Config{}
+	var sizes, proxiers string
+	fs.StringVar(&cfg.NftgateBin, "nftgate", "build/nftgate", "nftgate binary")
+	fs.StringVar(&cfg.KubeProxyBin, "kube-proxy", "", "kube-proxy binary (default: the one `make kube-bin` built)")
+	fs.StringVar(&sizes, "sizes", "1000,10000", "comma-separated numbers of Services N")
+	fs.IntVar(&cfg.Endpoints, "endpoints", 4, "endpoints per Service K")
+	fs.IntVar(&cfg.Changes, "changes", 20, "endpoint changes measured per proxier and size")
+	fs.DurationVar(&cfg.ChangeGap, "change-gap", 1500*time.Millisecond,
+		"pause before each endpoint change, longer than kube-proxy's 1 s minimum sync period so changes are not back to back")
+	fs.IntVar(&cfg.LatencyN, "latency-samples", 1000, "connections measured through the ClusterIP and directly, each")
+	fs.IntVar(&cfg.LoadWorkers, "load-workers", 32, "concurrent API writers while loading Services")
+	fs.StringVar(&proxiers, "proxiers", strings.Join(allProxiers, ","), "comma-separated proxiers to run")
+	fs.StringVar(&cfg.Out, "out", "bench/results", "directory for results.md, results.json and results.png")
+	fs.BoolVar(&cfg.KeepLogs, "keep-logs", false, "keep the proxiers' logs (their directory is printed)")
+	fs.DurationVar(&cfg.Timeout, "timeout", 10*time.Minute, "bound on each proxier's cold start and on each endpoint change")
+	fs.StringVar(&cfg.Rerender, "rerender", "", "results.json to render results.md and results.png from again (no measuring)")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if cfg.Rerender != "" {
+		return cfg, nil
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	for _, s := range strings.Split(sizes, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n < minServices || n > maxServices {
+			return nil, fmt.Errorf("--sizes: %q: want whole numbers from %d to %d", s, minServices, maxServices)
+		}
+		cfg.Sizes = append(cfg.Sizes, n)
+	}
+	slices.Sort(cfg.Sizes)
+	cfg.Sizes = slices.Compact(cfg.Sizes)
+	for _, p := range strings.Split(proxiers, ",") {
+		p = strings.TrimSpace(p)
+		if !slices.Contains(allProxiers, p) {
+			return nil, fmt.Errorf("--proxiers: %q: want one of %s", p, strings.Join(allProxiers, ", "))
+		}
+		cfg.Proxiers = append(cfg.Proxiers, p)
+	}
+	switch {
+	case cfg.Endpoints < 1 || cfg.Endpoints > maxEndpoints:
+		return nil, fmt.Errorf("--endpoints: %d: want 1 to %d", cfg.Endpoints, maxEndpoints)
+	case cfg.Changes < 1:
+		return nil, fmt.Errorf("--changes: %d: want at least 1", cfg.Changes)
+	case cfg.LatencyN < 1:
+		return nil, fmt.Errorf("--latency-samples: %d: want at least 1", cfg.LatencyN)
+	case cfg.LoadWorkers < 1:
+		return nil, fmt.Errorf("--load-workers: %d: want at least 1", cfg.LoadWorkers)
+	case cfg.ChangeGap < 0:
+		return nil, fmt.Errorf("--change-gap: %v: want zero or more", cfg.ChangeGap)
+	case cfg.Timeout <= 0:
+		return nil, fmt.Errorf("--timeout: %v: want more than zero", cfg.Timeout)
+	}
+	var err error
+	if cfg.NftgateBin, err = filepath.Abs(cfg.NftgateBin); err != nil {
+		return nil, err
+	}
+	if cfg.KubeProxyBin == "" {
+		if cfg.KubeProxyBin, err = kubetest.KubeProxy(); err != nil {
+			return nil, fmt.Errorf("--kube-proxy: %w", err)
+		}
+	}
+	for _, bin := range []string{cfg.NftgateBin, cfg.KubeProxyBin} {
+		if fi, err := os.Stat(bin); err != nil || fi.IsDir() {
+			return nil, fmt.Errorf("binary %s: not found (run `make bench-build kube-bin`)", bin)
+		}
+	}
+	return cfg, nil
+}
+
+// run builds the lab and the control plane once, then for each size loads
+// the Services and measures every proxier in turn.
+func run(ctx context.Context, cfg *Config) error {
+	if os.Geteuid() != 0 {
+		return errors.New("needs root: network namespaces and nftables")
+	}
+	if _, err := lab.RemoveStale(); err != nil {
+		logf("removing namespaces of dead processes: %v", err)
+	}
+	logDir, err := os.MkdirTemp("", "nftgate-bench-logs-")
+	if err != nil {
+		return err
+	}
+	failed := true
+	defer func() {
+		if cfg.KeepLogs || failed {
+			logf("proxier logs kept in %s", logDir)
+			return
+		}
+		os.RemoveAll(logDir)
+	}()
+
+	machine := describeMachine(cfg)
+	logf("machine: %s", machine.Summary())
+
+	topo, err := lab.NewGateway("bench", lab.GatewayOptions{})
+	if err != nil {
+		return err
+	}
+	defer topo.Close()
+	startCtx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	cp, err := kubetest.Start(startCtx, kubetest.Options{NetNS: topo.Gateway.Name()})
+	cancel()
+	if err != nil {
+		return err
+	}
+	defer cp.Stop()
+
+	env := &Env{Cfg: cfg, Topo: topo, API: cp, Client: cp.Client(), LogDir: logDir}
+	if err := env.Setup(ctx); err != nil {
+		return err
+	}
+
+	report := &Report{Machine: machine, Started: time.Now().UTC(), Endpoints: cfg.Endpoints, Changes: cfg.Changes,
+		ChangeGap: cfg.ChangeGap.String(), LatencySamples: cfg.LatencyN}
+	for _, n := range cfg.Sizes {
+		took, err := env.LoadTo(ctx, n)
+		if err != nil {
+			return err
+		}
+		logf("N=%d: %d Services x %d endpoints in the API (loading took %v)", n, n, cfg.Endpoints, took.Round(time.Millisecond))
+		report.LoadSeconds = append(report.LoadSeconds, LoadTime{Services: n, Seconds: took.Seconds()})
+		for _, name := range cfg.Proxiers {
+			res, err := env.Measure(ctx, proxierByName(name, env), n)
+			if err != nil {
+				return fmt.Errorf("%s at N=%d: %w", name, n, err)
+			}
+			logf("%s", res.Summary())
+			report.Results = append(report.Results, res)
+			// Written after every proxier, so a run stopped half way
+			// still leaves what it measured.
+			if err := report.Write(cfg.Out); err != nil {
+				logf("writing results: %v", err)
+			}
+		}
+	}
+	report.Finished = time.Now().UTC()
+	report.Machine.LoadAvgEnd = loadAvg()
+	if err := report.Write(cfg.Out); err != nil {
+		return err
+	}
+	logf("results in %s", cfg.Out)
+	failed = false
+	return nil
+}
+
+// rerender writes results.md and results.png next to a results.json.
+func rerender(path string) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	var r Report
+	if err := json.Unmarshal(data, &r); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return r.Write(filepath.Dir(path))
+}
+
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05.000")}, args...)...)
+}
