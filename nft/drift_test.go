@@ -139,6 +139,26 @@ func (w *randomWorld) mutate() (model.ServiceKey, *model.Service) {
 	return k, &c
 }
 
+// programWorld makes a random world of n Services and programs it with a
+// full sync into the namespace fd.
+func programWorld(t *testing.T, cfg Config, fd int, seed int64, n int, unique bool) (*randomWorld, *Programmer) {
+	t.Helper()
+	w := &randomWorld{r: rand.New(rand.NewSource(seed)), services: map[model.ServiceKey]*model.Service{}, unique: unique}
+	for i := 0; i < n; i++ {
+		s := w.newService()
+		w.services[s.Key] = s
+	}
+	p, err := NewProgrammer(cfg, Options{NetNSFD: fd})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	if _, err := p.Full(cloneServices(w.services)); err != nil {
+		t.Fatal(err)
+	}
+	return w, p
+}
+
 // TestRandomChangesLeaveNoDrift applies a long random sequence of partial
 // syncs, then checks that the kernel holds exactly what one fresh full sync
 // of the final state programs, and what nft itself programs from the
@@ -150,19 +170,7 @@ func TestRandomChangesLeaveNoDrift(t *testing.T) {
 		ClusterCIDRs:      []netip.Prefix{netip.MustParsePrefix("198.18.2.0/24")},
 		NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("198.18.1.1/32"), netip.MustParsePrefix("fd42:1::1/128")}}
 
-	w := &randomWorld{r: rand.New(rand.NewSource(1)), services: map[model.ServiceKey]*model.Service{}}
-	for i := 0; i < 40; i++ {
-		s := w.newService()
-		w.services[s.Key] = s
-	}
-	pa, err := NewProgrammer(cfg, Options{NetNSFD: fdA})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pa.Close()
-	if _, err := pa.Full(cloneServices(w.services)); err != nil {
-		t.Fatal(err)
-	}
+	w, pa := programWorld(t, cfg, fdA, 1, 40, false)
 	for step := 0; step < 300; step++ {
 		changes := map[model.ServiceKey]*model.Service{}
 		for j, n := 0, 1+w.r.Intn(3); j < n; j++ {
@@ -212,16 +220,7 @@ func TestNetlinkMatchesNft(t *testing.T) {
 	nsC, _ := testNetNS(t)
 	cfg := Config{Table: "nftgate", Node: model.Node{Name: "gw"}, HashSeed: 7,
 		ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("198.18.2.0/24"), netip.MustParsePrefix("fd42:2::/64")}}
-	w := &randomWorld{r: rand.New(rand.NewSource(2)), services: map[model.ServiceKey]*model.Service{}, unique: true}
-	for i := 0; i < 60; i++ {
-		s := w.newService()
-		w.services[s.Key] = s
-	}
-	pa, err := NewProgrammer(cfg, Options{NetNSFD: fdA})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pa.Close()
+	w, pa := programWorld(t, cfg, fdA, 2, 60, true)
 	res, err := pa.Full(cloneServices(w.services))
 	if err != nil {
 		t.Fatal(err)
@@ -355,19 +354,7 @@ func firstDifference(a, b string) string {
 func TestFullRepairsHandEdits(t *testing.T) {
 	ns, fd := testNetNS(t)
 	cfg := Config{Table: "nftgate", Node: model.Node{Name: "gw"}}
-	w := &randomWorld{r: rand.New(rand.NewSource(3)), services: map[model.ServiceKey]*model.Service{}, unique: true}
-	for i := 0; i < 10; i++ {
-		s := w.newService()
-		w.services[s.Key] = s
-	}
-	p, err := NewProgrammer(cfg, Options{NetNSFD: fd})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	if _, err := p.Full(cloneServices(w.services)); err != nil {
-		t.Fatal(err)
-	}
+	w, p := programWorld(t, cfg, fd, 3, 10, true)
 	want := map[string]string{"ip": normalizedTable(t, ns, "ip", cfg.Table), "ip6": normalizedTable(t, ns, "ip6", cfg.Table)}
 	nft := func(args ...string) {
 		t.Helper()

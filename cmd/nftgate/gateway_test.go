@@ -36,6 +36,21 @@ func wantBackends(t *testing.T, seen map[string]int, want ...string) {
 	}
 }
 
+// awaitBackend waits until connections to dst are answered by want.
+func awaitBackend(t *testing.T, client *lab.Host, dst netip.AddrPort, want string, within time.Duration) error {
+	t.Helper()
+	return lab.EventuallyWithin(within, func() error {
+		r, err := client.Dial("tcp", dst, lab.DialOpts{})
+		if err != nil {
+			return err
+		}
+		if r.Backend != want {
+			return fmt.Errorf("answered by %s", r.Backend)
+		}
+		return nil
+	})
+}
+
 // newGateway prepares nftgate on one kind of source.
 type newGateway func(testing.TB, *lab.Topology, ...string) *gatewaytest.Gateway
 
@@ -309,17 +324,7 @@ func TestMalformedManifest(t *testing.T) {
 	// A good change after them still applies.
 	g.Write("web.yaml", web, gatewaytest.Slice("default", "web-1", "web", "http", "", 8080, gatewaytest.Endpoint{Addr: "198.18.2.11"}))
 
-	err := lab.EventuallyWithin(5*time.Second, func() error {
-		r, err := topo.Client.Dial("tcp", ap("198.19.0.10:80"), lab.DialOpts{})
-		if err != nil {
-			return err
-		}
-		if r.Backend != "198.18.2.11:8080" {
-			return fmt.Errorf("web answered by %s", r.Backend)
-		}
-		return nil
-	})
-	if err != nil {
+	if err := awaitBackend(t, topo.Client, ap("198.19.0.10:80"), "198.18.2.11:8080", 5*time.Second); err != nil {
 		t.Fatalf("a good change did not apply next to broken manifests: %v", err)
 	}
 	logs := g.Logs()

@@ -195,17 +195,7 @@ func TestAPIOutage(t *testing.T) {
 	g.Write("web.yaml", svc, gatewaytest.Slice("default", "web-1", "web", "http", "", 8080, gatewaytest.Endpoint{Addr: "198.18.2.11"}))
 	// client-go's informers retry with a backoff that reaches 30 s during
 	// a long outage: the change applies when their next attempt succeeds.
-	err := lab.EventuallyWithin(90*time.Second, func() error {
-		r, err := topo.Client.Dial("tcp", ap("198.19.0.10:80"), lab.DialOpts{})
-		if err != nil {
-			return err
-		}
-		if r.Backend != "198.18.2.11:8080" {
-			return fmt.Errorf("still answered by %s", r.Backend)
-		}
-		return nil
-	})
-	if err != nil {
+	if err := awaitBackend(t, topo.Client, ap("198.19.0.10:80"), "198.18.2.11:8080", 90*time.Second); err != nil {
 		t.Fatalf("a change after the API came back did not apply: %v", err)
 	}
 	if err := lab.EventuallyWithin(15*time.Second, func() error {
@@ -256,17 +246,7 @@ func TestRestartWhileAPIDown(t *testing.T) {
 	}
 	g.WaitReady()
 	g.Write("web.yaml", svc, gatewaytest.Slice("default", "web-1", "web", "http", "", 8080, gatewaytest.Endpoint{Addr: "198.18.2.11"}))
-	err = lab.EventuallyWithin(30*time.Second, func() error {
-		r, err := topo.Client.Dial("tcp", ap("198.19.0.10:80"), lab.DialOpts{})
-		if err != nil {
-			return err
-		}
-		if r.Backend != "198.18.2.11:8080" {
-			return fmt.Errorf("answered by %s", r.Backend)
-		}
-		return nil
-	})
-	if err != nil {
+	if err := awaitBackend(t, topo.Client, ap("198.19.0.10:80"), "198.18.2.11:8080", 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
 }
