@@ -71,7 +71,7 @@ type SummaryJSON struct {
 	Total int `json:"total"`
 	// Rejected Services carry an Error.
 	Rejected int `json:"rejected"`
-	// NoEndpoints Services have no endpoint in use.
+	// NoEndpoints Services are programmed and have no endpoint in use.
 	NoEndpoints int `json:"noEndpoints"`
 	Endpoints   int `json:"endpoints"`
 }
@@ -204,7 +204,7 @@ func statusJSON(s Snapshot, now time.Time, maxAge time.Duration) StatusJSON {
 				used++
 			}
 		}
-		if used == 0 && svc.Type != "ExternalName" {
+		if used == 0 && svc.Type != "ExternalName" && svc.Type != "" {
 			out.Services.NoEndpoints++
 		}
 		out.Services.Endpoints += len(svc.Endpoints)

@@ -102,6 +102,18 @@ func TestStatusAPI(t *testing.T) {
 	}
 }
 
+// A Service rejected before it was ever programmed has no state: it is
+// counted as rejected only, not as a Service without endpoints.
+func TestStatusSummaryOfUnprogrammedService(t *testing.T) {
+	s := healthySnapshot()
+	s.Services = append(s.Services, Service{Namespace: "legacy", Name: "never", Error: `spec.clusterIPs[0]: invalid IP address "10.96.0.300"`})
+	got := statusJSON(s, fixtureNow, 0).Services
+	want := SummaryJSON{Total: 6, Rejected: 2, NoEndpoints: 2, Endpoints: 5}
+	if got != want {
+		t.Errorf("services summary = %+v, want %+v", got, want)
+	}
+}
+
 func TestStatusAPIRawFields(t *testing.T) {
 	// Fields absent before they happen: a fresh gateway has no lastSync.
 	ts, _ := newTestServer(t, Snapshot{Identity: Identity{NodeName: "n"}}, Options{})

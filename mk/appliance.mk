@@ -3,10 +3,13 @@
 #
 #   make appliance-deps   install Debian's chromium when missing (the page test drives it)
 #   make appliance-test   the package tests, browser test included
+#   make appliance-page-test  the page of the real nftgate binary in a lab
+#                         gateway namespace, driven in Chromium (root)
 #
-# The browser test writes screenshots to build/test-artifacts/appliance/
-# (or $$NFTGATE_TEST_ARTIFACTS/appliance/) and prints their paths with -v.
-.PHONY: appliance-deps appliance-test
+# The browser tests write screenshots to build/test-artifacts/appliance/ and
+# build/test-artifacts/nftgate/ (or under $$NFTGATE_TEST_ARTIFACTS/) and print
+# their paths with -v.
+.PHONY: appliance-deps appliance-test appliance-page-test
 
 APPLIANCE_APT := chromium
 
@@ -19,6 +22,9 @@ appliance-deps:
 
 appliance-test: appliance-deps
 	$(GO) test -race -count=1 ./appliance/...
+
+appliance-page-test: appliance-deps
+	$(GO) test -race -count=1 -run 'TestPageOfRunningGateway' -v ./cmd/nftgate/
 
 # `make deps` and `make test` prepare the browser too, so the page test runs
 # (and, with CI=true, must run) wherever the whole suite runs.

@@ -111,7 +111,9 @@
   }
 
   function chartFrame(box, maxV) {
-    var W = 600, H = 130, L = 56, T = 8, B = 16;
+    // R keeps the newest point clear of the right edge, where half of its
+    // marker would be cut off.
+    var W = 600, H = 130, L = 56, R = 6, T = 8, B = 16;
     var svg = svgEl('svg', { viewBox: '0 0 ' + W + ' ' + H, preserveAspectRatio: 'none' });
     for (var i = 0; i <= 2; i++) {
       var y = T + (H - T - B) * (1 - i / 2);
@@ -121,7 +123,7 @@
       svg.appendChild(t);
     }
     box.replaceChildren(svg);
-    return { svg: svg, W: W, H: H, L: L, T: T, B: B, ph: H - T - B, pw: W - L };
+    return { svg: svg, W: W, H: H, L: L, T: T, B: B, ph: H - T - B, pw: W - L - R };
   }
 
   function noData(box, text) {
@@ -202,6 +204,10 @@
     return n;
   }
 
+  // A Service the gateway rejected before it ever programmed it comes with
+  // only its name and the error: there is no state to show.
+  function programmed(s) { return !!s.type; }
+
   function hasProblem(s) {
     return !!s.error || (s.type !== 'ExternalName' && usedCount(s) === 0);
   }
@@ -238,7 +244,8 @@
     tr.appendChild(td);
 
     td = el('td');
-    td.appendChild(el('span', 'badge ' + s.type, s.type));
+    if (programmed(s)) td.appendChild(el('span', 'badge ' + s.type, s.type));
+    else td.appendChild(el('span', 'muted', '–'));
     tr.appendChild(td);
 
     td = el('td');
@@ -255,7 +262,8 @@
     tr.appendChild(td);
 
     td = el('td', 'pol');
-    if (s.type === 'ExternalName') td.appendChild(el('span', 'muted', 'DNS alias, not proxied'));
+    if (!programmed(s)) td.appendChild(el('span', 'muted', 'not programmed'));
+    else if (s.type === 'ExternalName') td.appendChild(el('span', 'muted', 'DNS alias, not proxied'));
     else policyCell(td, s);
     tr.appendChild(td);
 
@@ -280,8 +288,9 @@
         e.node ? 'node ' + e.node : '', e.zone ? 'zone ' + e.zone : ''].filter(Boolean).join(' · ');
       eps.appendChild(chip);
     });
-    if (!order.length && s.type !== 'ExternalName') eps.appendChild(el('span', 'none', 'no endpoints'));
-    else if (order.length && !usedCount(s) && s.type !== 'ExternalName') eps.appendChild(el('span', 'none', 'none usable'));
+    var proxied = programmed(s) && s.type !== 'ExternalName';
+    if (!order.length && proxied) eps.appendChild(el('span', 'none', 'no endpoints'));
+    else if (order.length && !usedCount(s) && proxied) eps.appendChild(el('span', 'none', 'none usable'));
     td.appendChild(eps);
     tr.appendChild(td);
     return tr;
