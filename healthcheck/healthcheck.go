@@ -50,13 +50,11 @@ type Server struct {
 	once     sync.Once
 }
 
-// service is one Service's health check: what it wants and what runs.
+// service is one Service's health check: its port and its local ready
+// endpoints per family.
 type service struct {
 	port           uint16
-	localEndpoints int
-
-	// Owned by Run's goroutine.
-	running *instance
+	local4, local6 int
 }
 
 // instance is one open listener and its HTTP server.
@@ -82,7 +80,7 @@ func (s *Server) Update(changed map[model.ServiceKey]*model.Service) {
 	s.init()
 	s.mu.Lock()
 	for k, m := range changed {
-		port, count := Wanted(m, s.NodeName)
+		port, local4, local6 := Wanted(m, s.NodeName)
 		if port == 0 {
 			delete(s.services, k)
 			continue
@@ -92,7 +90,7 @@ func (s *Server) Update(changed map[model.ServiceKey]*model.Service) {
 			cur = &service{}
 			s.services[k] = cur
 		}
-		cur.port, cur.localEndpoints = port, count
+		cur.port, cur.local4, cur.local6 = port, local4, local6
 	}
 	s.mu.Unlock()
 	select {
@@ -102,26 +100,31 @@ func (s *Server) Update(changed map[model.ServiceKey]*model.Service) {
 }
 
 // Wanted tells which health check port a Service needs (zero: none) and how
-// many ready endpoints it has on node. As in kube-proxy only LoadBalancer
+// many ready endpoints of each family it has on node. As in kube-proxy only LoadBalancer
 // Services with externalTrafficPolicy Local have one (a healthCheckNodePort
 // on another type, possible in a hand-written manifest, is ignored), and it
-// counts distinct
-// addresses over all ports, and only ready ones: a node whose local
-// endpoints are all terminating fails the check, so that the load balancer
-// drains it.
-func Wanted(m *model.Service, node string) (port uint16, localEndpoints int) {
+// counts distinct addresses over all ports, and only ready ones: a node
+// whose local endpoints are all terminating fails the check, so that the
+// load balancer drains it. Families are counted apart because kube-proxy
+// runs one proxier per family: a check over IPv4 reports IPv4 endpoints.
+func Wanted(m *model.Service, node string) (port uint16, local4, local6 int) {
 	if m == nil || m.HealthCheckNodePort == 0 || !m.ExternalLocal || m.Type != "LoadBalancer" {
-		return 0, 0
+		return 0, 0, 0
 	}
 	seen := map[netip.Addr]bool{}
 	for _, p := range m.Ports {
 		for _, e := range p.Endpoints {
-			if e.Ready && node != "" && e.NodeName == node {
+			if e.Ready && node != "" && e.NodeName == node && !seen[e.Addr] {
 				seen[e.Addr] = true
+				if e.Addr.Is4() {
+					local4++
+				} else {
+					local6++
+				}
 			}
 		}
 	}
-	return m.HealthCheckNodePort, len(seen)
+	return m.HealthCheckNodePort, local4, local6
 }
 
 // Run opens and closes listeners as Updates arrive, retrying ports that
@@ -247,9 +250,9 @@ func (s *Server) logger() *slog.Logger {
 	return slog.Default()
 }
 
-// Local returns the local endpoint count reported for a Service, and
-// whether it has a health check at all.
-func (s *Server) Local(k model.ServiceKey) (int, bool) {
+// Local returns the local endpoint count reported for a Service to checks
+// over IPv6 (or IPv4), and whether it has a health check at all.
+func (s *Server) Local(k model.ServiceKey, ipv6 bool) (int, bool) {
 	s.init()
 	s.mu.RLock()
 	defer s.mu.RUnlock()
@@ -257,7 +260,10 @@ func (s *Server) Local(k model.ServiceKey) (int, bool) {
 	if !ok {
 		return 0, false
 	}
-	return svc.localEndpoints, true
+	if ipv6 {
+		return svc.local6, true
+	}
+	return svc.local4, true
 }
 
 type handler struct {
@@ -267,8 +273,14 @@ type handler struct {
 
 // ServeHTTP answers as kube-proxy's service health server does, byte for
 // byte: load balancers and their tests parse this body.
-func (h handler) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
-	count, _ := h.s.Local(h.key) // a Service just removed reports 0
+func (h handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	// The family the check came in on; an IPv4 client on the dual-stack
+	// socket shows as an IPv4-mapped address.
+	ipv6 := false
+	if a, ok := r.Context().Value(http.LocalAddrContextKey).(*net.TCPAddr); ok {
+		ipv6 = a.IP.To4() == nil
+	}
+	count, _ := h.s.Local(h.key, ipv6) // a Service just removed reports 0
 	healthy := h.s.Healthy == nil || h.s.Healthy()
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("X-Content-Type-Options", "nosniff")

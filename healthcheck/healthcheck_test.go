@@ -35,36 +35,38 @@ func ep(a, node string, ready bool) model.Endpoint {
 
 func TestWanted(t *testing.T) {
 	for _, tc := range []struct {
-		name      string
-		svc       *model.Service
-		port      uint16
-		endpoints int
+		name           string
+		svc            *model.Service
+		port           uint16
+		local4, local6 int
 	}{
-		{"nil", nil, 0, 0},
+		{"nil", nil, 0, 0, 0},
 		{"local ready endpoints counted once per address over all ports",
-			svc("a", "b", 31000, ep("10.0.0.1", "gw", true), ep("10.0.0.2", "gw", true), ep("10.0.0.3", "other", true)), 31000, 2},
+			svc("a", "b", 31000, ep("10.0.0.1", "gw", true), ep("10.0.0.2", "gw", true), ep("10.0.0.3", "other", true)), 31000, 2, 0},
+		{"families apart",
+			svc("a", "b", 31000, ep("10.0.0.1", "gw", true), ep("fd00::1", "gw", true), ep("fd00::2", "gw", true)), 31000, 1, 2},
 		{"terminating local endpoints do not count",
-			svc("a", "b", 31000, ep("10.0.0.1", "gw", false), ep("10.0.0.3", "other", true)), 31000, 0},
-		{"no port", svc("a", "b", 0, ep("10.0.0.1", "gw", true)), 0, 0},
+			svc("a", "b", 31000, ep("10.0.0.1", "gw", false), ep("10.0.0.3", "other", true)), 31000, 0, 0},
+		{"no port", svc("a", "b", 0, ep("10.0.0.1", "gw", true)), 0, 0, 0},
 		{"policy Cluster has none", func() *model.Service {
 			s := svc("a", "b", 31000, ep("10.0.0.1", "gw", true))
 			s.ExternalLocal = false
 			return s
-		}(), 0, 0},
+		}(), 0, 0, 0},
 		{"only LoadBalancer Services have one", func() *model.Service {
 			s := svc("a", "b", 31000, ep("10.0.0.1", "gw", true))
 			s.Type = "NodePort"
 			return s
-		}(), 0, 0},
+		}(), 0, 0, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			port, n := healthcheck.Wanted(tc.svc, "gw")
-			if port != tc.port || n != tc.endpoints {
-				t.Errorf("got port %d, %d endpoints; want %d, %d", port, n, tc.port, tc.endpoints)
+			port, n4, n6 := healthcheck.Wanted(tc.svc, "gw")
+			if port != tc.port || n4 != tc.local4 || n6 != tc.local6 {
+				t.Errorf("got port %d, %d+%d endpoints; want %d, %d+%d", port, n4, n6, tc.port, tc.local4, tc.local6)
 			}
 		})
 	}
-	if _, n := healthcheck.Wanted(svc("a", "b", 31000, ep("10.0.0.1", "", true)), ""); n != 0 {
+	if _, n, _ := healthcheck.Wanted(svc("a", "b", 31000, ep("10.0.0.1", "", true)), ""); n != 0 {
 		t.Errorf("a gateway without a node name has no local endpoints, got %d", n)
 	}
 }

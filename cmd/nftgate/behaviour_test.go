@@ -421,9 +421,12 @@ func (l *behaviourLab) testHealthCheckNodePort(t *testing.T) {
 		gatewaytest.Slice("default", "hc-remote-1", "hc-remote", "http", "", 8080, ep("198.18.2.16", "other")))
 	l.eventuallyHealth(t, local, 31033, http.StatusOK, 2)
 	l.eventuallyHealth(t, remote, 31034, http.StatusServiceUnavailable, 0)
-	// Every address of the gateway serves it, IPv6 too.
-	if code, _, _, err := l.healthCheck(l.topo.GatewayClientIPv6, 31033); err != nil || code != http.StatusOK {
-		t.Errorf("health check on %s: %d %v", l.topo.GatewayClientIPv6, code, err)
+	// Every address of the gateway serves it, IPv6 too; each family
+	// reports its own endpoints, as kube-proxy's per-family proxiers do,
+	// and this Service has no IPv6 ones.
+	if code, body, _, err := l.healthCheck(l.topo.GatewayClientIPv6, 31033); err != nil ||
+		code != http.StatusServiceUnavailable || body != healthcheck.Body(local, 0, true) {
+		t.Errorf("health check on %s: %d %q %v", l.topo.GatewayClientIPv6, code, body, err)
 	}
 
 	// Local endpoints terminate: they still take Local traffic, but the
