@@ -119,7 +119,7 @@ func serve(ctx context.Context, cfg *Config) error {
 		MinInterval: time.Duration(cfg.MinSyncInterval),
 		Reconcile:   time.Duration(cfg.ReconcileInterval),
 	}
-	status := newStatusPublisher(syncer, rec)
+	status := newStatusPublisher(syncer, rec, cfg.ruleset().Node)
 	syncer.Observers = append(syncer.Observers, func(ev gsync.Event) {
 		kind := appliance.SyncPartial
 		if ev.Full {

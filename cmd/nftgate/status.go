@@ -2,10 +2,13 @@ package main
 
 import (
 	"context"
+	"net/netip"
+	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/nftgate/nftgate/appliance"
+	"github.com/nftgate/nftgate/model"
 	gsync "github.com/nftgate/nftgate/sync"
 )
 
@@ -15,12 +18,13 @@ import (
 type statusPublisher struct {
 	syncer *gsync.Syncer
 	rec    *appliance.Recorder
+	node   model.Node
 	dirty  atomic.Bool
 	wake   chan struct{}
 }
 
-func newStatusPublisher(s *gsync.Syncer, rec *appliance.Recorder) *statusPublisher {
-	return &statusPublisher{syncer: s, rec: rec, wake: make(chan struct{}, 1)}
+func newStatusPublisher(s *gsync.Syncer, rec *appliance.Recorder, node model.Node) *statusPublisher {
+	return &statusPublisher{syncer: s, rec: rec, node: node, wake: make(chan struct{}, 1)}
 }
 
 // Snapshot implements appliance.Source.
@@ -42,7 +46,7 @@ func (p *statusPublisher) run(ctx context.Context) {
 		case <-p.wake:
 		}
 		if p.dirty.Swap(false) {
-			p.rec.SetServices(servicesView(p.syncer.Services()))
+			p.rec.SetServices(servicesView(p.syncer.Services(), p.node))
 		}
 		select {
 		case <-ctx.Done():
@@ -52,7 +56,10 @@ func (p *statusPublisher) run(ctx context.Context) {
 	}
 }
 
-func servicesView(states []gsync.ServiceState) []appliance.Service {
+// servicesView turns the sync loop's state into the page's rows. An endpoint
+// is Used when the rules send traffic to it: the same choice the ruleset makes
+// (model.Categorize), under either traffic policy.
+func servicesView(states []gsync.ServiceState, node model.Node) []appliance.Service {
 	out := make([]appliance.Service, 0, len(states))
 	for _, st := range states {
 		v := appliance.Service{Namespace: st.Key.Namespace, Name: st.Key.Name, Error: st.Error}
@@ -71,11 +78,16 @@ func servicesView(states []gsync.ServiceState) []appliance.Service {
 			v.HealthCheckNodePort = m.HealthCheckNodePort
 			for pi := range m.Ports {
 				p := &m.Ports[pi]
-				v.Ports = append(v.Ports, appliance.ServicePort{Name: p.Name, Protocol: p.Protocol.String(), Port: p.Port, NodePort: p.NodePort})
+				v.Ports = append(v.Ports, appliance.ServicePort{Name: p.Name, Protocol: strings.ToUpper(p.Protocol.String()), Port: p.Port, NodePort: p.NodePort})
+				sets := model.Categorize(m, p, node)
+				used := make(map[netip.AddrPort]bool, len(sets.Cluster)+len(sets.Local))
+				for _, e := range append(sets.Cluster, sets.Local...) {
+					used[e.AddrPort()] = true
+				}
 				for _, e := range p.Endpoints {
 					v.Endpoints = append(v.Endpoints, appliance.Endpoint{PortName: p.Name, Addr: e.Addr, Port: e.Port,
 						Ready: e.Ready, Serving: e.Serving, Terminating: e.Terminating, Node: e.NodeName, Zone: e.Zone,
-						Used: e.Ready || (e.Serving && e.Terminating)})
+						Used: used[e.AddrPort()]})
 				}
 			}
 		}
