@@ -264,21 +264,18 @@ func (s *Syncer) partial(log *slog.Logger) error {
 		}
 		s.Tracker.MarkDirty(keys, triggers)
 	} else {
+		// Only the changed Services are touched: copying the whole map
+		// on every sync would cost as much as the sync at scale.
 		ev.Before, ev.After = map[model.ServiceKey]*model.Service{}, changes
-		next := make(map[model.ServiceKey]*model.Service, len(before)+len(changes))
-		for k, m := range before {
-			next[k] = m
-		}
+		s.mu.Lock()
 		for k, m := range changes {
-			ev.Before[k] = before[k]
+			ev.Before[k] = s.programmed[k]
 			if m == nil {
-				delete(next, k)
+				delete(s.programmed, k)
 			} else {
-				next[k] = m
+				s.programmed[k] = m
 			}
 		}
-		s.mu.Lock()
-		s.programmed = next
 		s.mu.Unlock()
 		for _, c := range res.Conflicts {
 			log.Warn("address conflict", "detail", c)

@@ -35,6 +35,7 @@ type Config struct {
 	LogFormat         string   `toml:"log_format"`
 	AuthUser          string   `toml:"auth_user"`
 	AuthPasswordFile  string   `toml:"auth_password_file"`
+	Pprof             bool     `toml:"pprof"`
 
 	// Parsed forms, filled by validate.
 	clusterCIDRs      []netip.Prefix
@@ -147,6 +148,7 @@ func loadConfig(name string, args []string) (*Config, *flag.FlagSet, error) {
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&cfg.LogFormat, "log-format", cfg.LogFormat, "text or json")
 	fs.Var(&cfg.MinSyncInterval, "min-sync-interval", "least `time` between two syncs; changes meanwhile are coalesced")
+	fs.BoolVar(&cfg.Pprof, "pprof", cfg.Pprof, "serve Go's profiler under /debug/pprof/ on the listen address")
 	fs.Var(&cfg.ReconcileInterval, "reconcile-interval", "how often the kernel is read back and drift repaired (`duration`, 0 disables)")
 	if err := fs.Parse(args); err != nil {
 		return nil, fs, flagError{err}

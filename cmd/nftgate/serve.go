@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"runtime/debug"
 	"sort"
@@ -100,6 +101,7 @@ func serve(ctx context.Context, cfg *Config) error {
 	}
 	defer prog.Close()
 
+	started := time.Now()
 	metrics := appliance.NewMetrics(version)
 	rec := appliance.NewRecorder(appliance.Identity{
 		NodeName: cfg.NodeName, Version: version, StartTime: time.Now(),
@@ -130,10 +132,14 @@ func serve(ctx context.Context, cfg *Config) error {
 			KernelMatches: ev.Err == nil, Chains: t.Chains, Rules: t.Rules, MapElements: t.Elements}
 		if ev.Err == nil {
 			// Network programming latency, as kube-proxy measures it:
-			// from the change in the cluster to the batch committed.
+			// from the change in the cluster to the batch committed. As
+			// there, changes older than this process are not counted: the
+			// first sync would report the age of the cluster.
 			now := time.Now()
 			for _, tr := range ev.Triggers {
-				r.ProgrammingLatencies = append(r.ProgrammingLatencies, now.Sub(tr))
+				if tr.After(started) {
+					r.ProgrammingLatencies = append(r.ProgrammingLatencies, now.Sub(tr))
+				}
 			}
 		}
 		rec.RecordSync(r)
@@ -216,11 +222,12 @@ func serve(ctx context.Context, cfg *Config) error {
 	})
 	var srv *http.Server
 	if ln != nil {
-		srv = &http.Server{
-			Handler: appliance.NewServer(appliance.Options{Source: status, Metrics: metrics,
-				MaxSyncAge: time.Duration(cfg.HealthzMaxAge), Auth: auth, Logger: log}),
-			ReadHeaderTimeout: 10 * time.Second,
+		var handler http.Handler = appliance.NewServer(appliance.Options{Source: status, Metrics: metrics,
+			MaxSyncAge: time.Duration(cfg.HealthzMaxAge), Auth: auth, Logger: log})
+		if cfg.Pprof {
+			handler = withPprof(handler, auth)
 		}
+		srv = &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
 		go func() {
 			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				errc <- fmt.Errorf("http: %w", err)
@@ -322,4 +329,30 @@ func render(ctx context.Context, cfg *Config, w io.Writer) error {
 		}
 	}
 	return ctx.Err()
+}
+
+// withPprof adds Go's profiler under /debug/pprof/, behind the status page's
+// authentication when it has one.
+func withPprof(next http.Handler, auth *appliance.BasicAuth) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !strings.HasPrefix(r.URL.Path, "/debug/pprof/") {
+			next.ServeHTTP(w, r)
+			return
+		}
+		if auth != nil {
+			user, pass, ok := r.BasicAuth()
+			if !ok || !auth.Check(user, pass) {
+				w.Header().Set("WWW-Authenticate", `Basic realm="nftgate"`)
+				http.Error(w, "unauthorized", http.StatusUnauthorized)
+				return
+			}
+		}
+		mux.ServeHTTP(w, r)
+	})
 }
