@@ -7,6 +7,20 @@
 // for people, replays packets in unit tests (Trace), compares by value for
 // the differ, and encodes to github.com/google/nftables expressions only for
 // what actually changes.
+//
+// The shape of the ruleset is chosen for what the kernel does with it:
+//   - no maps inside rules: the kernel finds an anonymous set by scanning
+//     the whole transaction, so one per Service makes a cold sync
+//     quadratic; an endpoint is chosen by one jhash bucket rule per
+//     endpoint instead, which DNATs directly;
+//   - few objects per Service: endpoint chains exist only for session
+//     affinity, hairpin traffic is found with one set of endpoint address
+//     pairs, and the masquerade decision for ClusterIPs is made once in the
+//     dispatch chain;
+//   - every commit that adds a rule or a jump makes the kernel validate
+//     every chain reachable from the base chains, which is what a partial
+//     sync costs at scale; rules are read back one chain at a time, since
+//     a dump of a whole table's rules is quadratic.
 package nft
 
 import (
