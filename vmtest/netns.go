@@ -178,3 +178,42 @@ func (n *Netns) openTap(name string) (*os.File, error) {
 	}
 	return tap.Fds[0], nil
 }
+
+// AddBridge creates a bridge in the namespace, sets it up and gives it the
+// CIDR addresses. Servers can bind those addresses at once; a VM's tap
+// joins later (NIC.Bridge).
+func (n *Netns) AddBridge(name string, cidrs ...string) error {
+	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: name}}
+	if err := n.nl.LinkAdd(br); err != nil {
+		return fmt.Errorf("bridge %s in %s: %w", name, n.Name, err)
+	}
+	for _, c := range cidrs {
+		if err := n.AddrAdd(name, c); err != nil {
+			return err
+		}
+	}
+	l, err := n.nl.LinkByName(name)
+	if err == nil {
+		err = n.nl.LinkSetUp(l)
+	}
+	if err != nil {
+		return fmt.Errorf("bridge %s in %s: %w", name, n.Name, err)
+	}
+	return nil
+}
+
+// SetMaster makes link a port of bridge.
+func (n *Netns) SetMaster(link, bridge string) error {
+	l, err := n.nl.LinkByName(link)
+	if err != nil {
+		return fmt.Errorf("%s in %s: %w", link, n.Name, err)
+	}
+	br, err := n.nl.LinkByName(bridge)
+	if err != nil {
+		return fmt.Errorf("%s in %s: %w", bridge, n.Name, err)
+	}
+	if err := n.nl.LinkSetMaster(l, br); err != nil {
+		return fmt.Errorf("%s into bridge %s in %s: %w", link, bridge, n.Name, err)
+	}
+	return nil
+}

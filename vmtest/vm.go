@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"runtime"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -20,15 +21,25 @@ type NIC struct {
 	Netns *Netns
 	Tap   string // tap device name inside Netns, at most 15 bytes
 	MAC   string // optional; QEMU picks one when empty
+	// Bridge, when set, is a bridge in Netns (see Netns.AddBridge) the tap
+	// joins, so that the VM shares one network with several addresses
+	// of the namespace that exist before the VM starts.
+	Bridge string
 }
 
 // Config describes a VM.
 type Config struct {
-	Image     string // raw disk image; never modified (QEMU runs with -snapshot)
-	NICs      []NIC
-	SerialLog string // file receiving the serial console (ttyS0)
-	MemoryMB  int    // default 1024
-	CPUs      int    // default 2
+	Image string // raw disk image; never modified (QEMU runs with -snapshot)
+	NICs  []NIC
+	// SerialLog is the file receiving the serial console (ttyS0). Input
+	// goes through a pipe (see Shell).
+	SerialLog string
+	MemoryMB  int // default 1024
+	// CPUs is the number of virtual CPUs, default 1. Under emulation on
+	// a busy host two vCPUs wait on each other: with the host loaded
+	// the guest kernel stalled in early boot for minutes with 2, and
+	// booted in 46 s with 1.
+	CPUs int
 	// Accel is QEMU's -accel value. Default "tcg,thread=multi": /dev/kvm
 	// on the build machines does not run guests. Override with the
 	// NFTGATE_VMTEST_ACCEL environment variable (e.g. "kvm").
@@ -47,6 +58,10 @@ type VM struct {
 	done    chan struct{}
 	waitErr error
 	qemuLog *os.File
+
+	shellMu     sync.Mutex
+	shellSeq    int
+	serialInput *os.File // the serial console's input
 }
 
 // Start launches QEMU. The VM is killed if the test process dies, and Stop
@@ -56,7 +71,7 @@ func Start(cfg Config) (*VM, error) {
 		cfg.MemoryMB = 1024
 	}
 	if cfg.CPUs == 0 {
-		cfg.CPUs = 2
+		cfg.CPUs = 1
 	}
 	if cfg.Accel == "" {
 		cfg.Accel = os.Getenv("NFTGATE_VMTEST_ACCEL")
@@ -82,7 +97,11 @@ func Start(cfg Config) (*VM, error) {
 		"-smp", fmt.Sprint(cfg.CPUs),
 		"-drive", "file=" + cfg.Image + ",format=raw",
 		"-snapshot",
-		"-serial", "file:" + cfg.SerialLog,
+		// The serial console on QEMU's stdin and stdout: stdout is the
+		// log file itself, so the guest never waits for a reader, and
+		// stdin is a pipe that Shell writes to.
+		"-chardev", "stdio,id=serial0,signal=off",
+		"-serial", "chardev:serial0",
 		// gokrazy pets this watchdog; a hung guest resets like real hardware.
 		"-device", "i6300esb",
 	}
@@ -106,6 +125,12 @@ func Start(cfg Config) (*VM, error) {
 			return nil, err
 		}
 		taps = append(taps, f)
+		if nic.Bridge != "" {
+			if err := nic.Netns.SetMaster(nic.Tap, nic.Bridge); err != nil {
+				closeTaps()
+				return nil, err
+			}
+		}
 		// ExtraFiles[i] becomes descriptor 3+i in QEMU.
 		args = append(args, "-netdev", fmt.Sprintf("tap,id=net%d,fd=%d", i, 3+i))
 		dev := fmt.Sprintf("e1000,netdev=net%d", i)
@@ -120,12 +145,26 @@ func Start(cfg Config) (*VM, error) {
 		closeTaps()
 		return nil, err
 	}
+	serialLog, err := os.Create(cfg.SerialLog)
+	if err != nil {
+		closeTaps()
+		qemuLog.Close()
+		return nil, err
+	}
+	serialIn, serialInput, err := os.Pipe()
+	if err != nil {
+		closeTaps()
+		qemuLog.Close()
+		serialLog.Close()
+		return nil, err
+	}
 	cmd := exec.Command(cfg.QEMU, args...)
 	cmd.ExtraFiles = taps
-	cmd.Stdout = qemuLog
+	cmd.Stdin = serialIn
+	cmd.Stdout = serialLog
 	cmd.Stderr = qemuLog
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	vm := &VM{cfg: cfg, cmd: cmd, done: make(chan struct{}), qemuLog: qemuLog}
+	vm := &VM{cfg: cfg, cmd: cmd, done: make(chan struct{}), qemuLog: qemuLog, serialInput: serialInput}
 	started := make(chan error, 1)
 	go func() {
 		// Pdeathsig fires when the forking OS thread exits, not the
@@ -142,13 +181,18 @@ func Start(cfg Config) (*VM, error) {
 		started <- nil
 		vm.waitErr = cmd.Wait()
 		qemuLog.Close()
+		serialInput.Close()
 		close(vm.done)
 	}()
 	err = <-started
-	// QEMU holds the taps now; once it exits they disappear.
+	// QEMU holds the taps and its ends of the console now; once it exits
+	// the taps disappear.
 	closeTaps()
+	serialIn.Close()
+	serialLog.Close()
 	if err != nil {
 		qemuLog.Close()
+		serialInput.Close()
 		return nil, fmt.Errorf("starting %s: %w", cfg.QEMU, err)
 	}
 	return vm, nil
@@ -268,4 +312,61 @@ func (vm *VM) WaitConsole(ctx context.Context, from int64, want string) (int64, 
 		case <-retry.C:
 		}
 	}
+}
+
+// Shell runs a command line in the busybox shell that gokrazy starts on the
+// serial console upon input (the image includes serial-busybox), and
+// returns its output with the line endings the tty added removed. Output
+// of the kernel or of gokrazy's own logs that lands on the console at the
+// same time is included too; callers pick out the lines they expect.
+func (vm *VM) Shell(ctx context.Context, cmdline string) (string, error) {
+	vm.shellMu.Lock()
+	defer vm.shellMu.Unlock()
+	for {
+		// The markers are written split in the command so that the
+		// tty's echo of the typed line never matches them.
+		vm.shellSeq++
+		begin := fmt.Sprintf("@@vmtest-begin-%d@@", vm.shellSeq)
+		end := fmt.Sprintf("@@vmtest-end-%d@@", vm.shellSeq)
+		split := func(m string) string { return m[:4] + "''" + m[4:] }
+		from := vm.consoleSize()
+		line := fmt.Sprintf("\necho %s; %s; echo %s\n", split(begin), cmdline, split(end))
+		if _, err := io.WriteString(vm.serialInput, line); err != nil {
+			return "", fmt.Errorf("serial console: %w", err)
+		}
+		// The first input only starts the shell, and the line may be
+		// lost until its prompt: it is sent again, with new markers,
+		// when the shell has not started it within a few seconds.
+		wait, cancel := context.WithTimeout(ctx, 5*time.Second)
+		start, err := vm.WaitConsole(wait, from, begin)
+		cancel()
+		if err == nil {
+			stop, err := vm.WaitConsole(ctx, start, end)
+			if err != nil {
+				return "", err
+			}
+			b, err := os.ReadFile(vm.cfg.SerialLog)
+			if err != nil {
+				return "", err
+			}
+			out := strings.ReplaceAll(string(b[start:stop-int64(len(end))]), "\r", "")
+			return strings.TrimSpace(out), nil
+		}
+		if ctx.Err() != nil {
+			return "", fmt.Errorf("serial shell never ran %q: %w", cmdline, ctx.Err())
+		}
+		select {
+		case <-vm.done:
+			return "", fmt.Errorf("QEMU exited (%v) before the serial shell answered", vm.waitErr)
+		default:
+		}
+	}
+}
+
+func (vm *VM) consoleSize() int64 {
+	st, err := os.Stat(vm.cfg.SerialLog)
+	if err != nil {
+		return 0
+	}
+	return st.Size()
 }
