@@ -149,37 +149,26 @@ cluster_cidrs = ["10.123.2.0/24"]
 	}
 	password := strings.TrimSpace(string(pw))
 
-	vm, err := Start(Config{
-		Image:     filepath.Join(root, "build", "nftgate-vmtest-api.img"),
-		SerialLog: filepath.Join(t.TempDir(), "serial.log"),
-		UEFI:      os.Getenv("NFTGATE_VMTEST_UEFI") == "1",
+	// The client reaches the Service range and the LoadBalancer IP only
+	// through the VM; it has no other route off its link.
+	vm := startVM(t, Config{
+		Image: filepath.Join(root, "build", "nftgate-vmtest-api.img"),
 		NICs: []NIC{
 			{Netns: client, Tap: "vm-eth0", MAC: "52:54:00:12:01:01"},
 			{Netns: cluster, Tap: "vm-eth1", MAC: "52:54:00:12:02:01", Bridge: "br-inside"},
 		},
+	}, func() error {
+		for _, step := range []error{
+			client.AddrAdd("vm-eth0", clientAddr),
+			client.RouteAdd(kubetest.ServiceCIDR, vmClientAddr),
+			client.RouteAdd(lbIP+"/32", vmClientAddr),
+		} {
+			if step != nil {
+				return step
+			}
+		}
+		return nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() || os.Getenv("NFTGATE_VMTEST_SHOW_CONSOLE") != "" {
-			t.Logf("console:\n%s", vm.Console(12000))
-		}
-		if err := vm.Stop(); err != nil {
-			t.Error(err)
-		}
-	})
-	// The client reaches the Service range and the LoadBalancer IP only
-	// through the VM; it has no other route off its link.
-	for _, step := range []error{
-		client.AddrAdd("vm-eth0", clientAddr),
-		client.RouteAdd(kubetest.ServiceCIDR, vmClientAddr),
-		client.RouteAdd(lbIP+"/32", vmClientAddr),
-	} {
-		if step != nil {
-			t.Fatal(step)
-		}
-	}
 
 	clusterAddr := net.JoinHostPort(clusterIP, "80")
 	first := waitServed(ctx, t, vm, client, clusterAddr, firstBackends...)

@@ -5,6 +5,7 @@ package vmtest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -31,17 +32,14 @@ type Netns struct {
 // processes never collide. Close removes it.
 func NewNetns(role string) (*Netns, error) {
 	name := fmt.Sprintf("nftgate-vm-%s-%d-%d", role, os.Getpid(), nsSeq.Add(1))
-	errc := make(chan error, 1)
 	var h netns.NsHandle
-	go func() {
-		// netns.NewNamed moves the calling thread into the new namespace;
-		// that thread is never unlocked, so Go discards it afterwards.
-		runtime.LockOSThread()
-		var err error
+	// netns.NewNamed moves the calling thread into the new namespace;
+	// onThread moves it back.
+	err := onThread(func() (err error) {
 		h, err = netns.NewNamed(name)
-		errc <- err
-	}()
-	if err := <-errc; err != nil {
+		return err
+	})
+	if err != nil {
 		return nil, fmt.Errorf("creating namespace %s: %w", name, err)
 	}
 	nl, err := netlink.NewHandleAt(h)
@@ -75,16 +73,40 @@ func (n *Netns) Netlink() *netlink.Handle { return n.nl }
 // Do runs f on an OS thread inside the namespace. Sockets f creates stay in
 // the namespace and may be used from any goroutine afterwards.
 func (n *Netns) Do(f func() error) error {
+	return onThread(func() error {
+		if err := netns.Set(n.handle); err != nil {
+			return fmt.Errorf("entering %s: %w", n.Name, err)
+		}
+		return f()
+	})
+}
+
+// onThread runs f on a locked OS thread and then returns the thread to its
+// original network namespace and to the runtime. A thread is discarded
+// (left locked when its goroutine ends) only when it cannot go back.
+//
+// Discarding threads is not harmless: a child started with Pdeathsig (as
+// QEMU here, etcd and kube-apiserver in package kubetest) is killed when
+// the thread that forked it ends, and the runtime may have forked it on
+// any thread, this one included.
+func onThread(f func() error) error {
 	errc := make(chan error, 1)
 	go func() {
-		// The thread stays locked and is discarded when the goroutine
-		// ends, so no other goroutine ever runs in the wrong namespace.
 		runtime.LockOSThread()
-		if err := netns.Set(n.handle); err != nil {
-			errc <- fmt.Errorf("entering %s: %w", n.Name, err)
+		orig, err := netns.Get()
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("current network namespace: %w", err)
 			return
 		}
-		errc <- f()
+		defer orig.Close()
+		ferr := f()
+		if err := netns.Set(orig); err != nil {
+			errc <- errors.Join(ferr, fmt.Errorf("returning to the original network namespace: %w", err))
+			return
+		}
+		runtime.UnlockOSThread()
+		errc <- ferr
 	}()
 	return <-errc
 }

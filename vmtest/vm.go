@@ -168,9 +168,9 @@ func Start(cfg Config) (*VM, error) {
 	started := make(chan error, 1)
 	go func() {
 		// Pdeathsig fires when the forking OS thread exits, not the
-		// process, and Go ends threads that a goroutine left locked (as
-		// Netns.Do does). Holding this thread until QEMU exits keeps the
-		// signal for when the test process really dies.
+		// process, and Go ends threads that a goroutine left locked.
+		// Holding this thread until QEMU exits keeps the signal for
+		// when the test process really dies.
 		runtime.LockOSThread()
 		defer runtime.UnlockOSThread()
 		if err := cmd.Start(); err != nil {
