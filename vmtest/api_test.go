@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"html"
 	"net"
 	"os"
 	"os/exec"
@@ -199,8 +198,6 @@ cluster_cidrs = ["10.123.2.0/24"]
 	if !strings.Contains(gk, "/user/nftgate") {
 		t.Errorf("gokrazy does not list nftgate")
 	}
-	// nftgate's own log on the VM shows where its start spent the time.
-	t.Logf("nftgate's log on the VM (from gokrazy):\n%s", programLog(ctx, t, vm, client, password, "/user/nftgate"))
 
 	// Every way in reaches both backends, masqueraded to the VM's
 	// inside address.
@@ -552,26 +549,4 @@ func checkKernelConfig(ctx context.Context, t *testing.T, vm *VM) {
 	if v := opts["CONFIG_NFT_NUMGEN"]; v == "y" {
 		t.Logf("note: this kernel now has CONFIG_NFT_NUMGEN=y")
 	}
-}
-
-var htmlTag = regexp.MustCompile(`<[^>]*>`)
-
-// programLog returns the last log lines gokrazy's web interface shows for
-// a supervised program.
-func programLog(ctx context.Context, t *testing.T, vm *VM, ns *Netns, password, path string) string {
-	t.Helper()
-	page, err := vm.WaitHTTP(ctx, ns.HTTPClient(5*time.Second), "http://"+vmClientAddr+"/status?path="+path, "gokrazy", password, statusOK)
-	if err != nil {
-		return fmt.Sprintf("[%v]", err)
-	}
-	var lines []string
-	for _, l := range strings.Split(html.UnescapeString(htmlTag.ReplaceAllString(page, "")), "\n") {
-		if strings.Contains(l, "level") || strings.Contains(l, "nftgate:") {
-			lines = append(lines, strings.TrimSpace(l))
-		}
-	}
-	if len(lines) > 40 {
-		lines = lines[len(lines)-40:]
-	}
-	return strings.Join(lines, "\n")
 }
