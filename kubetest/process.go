@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"runtime"
 	"strings"
 	"syscall"
 	"time"
@@ -48,14 +49,26 @@ func startProcess(name, nsPath, logPath string, bin string, args []string) (*pro
 		// servers with it instead of leaving them running.
 		Pdeathsig: syscall.SIGKILL,
 	}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s: %w", name, err)
-	}
 	p := &process{name: name, cmd: cmd, logPath: logPath, done: make(chan struct{})}
+	started := make(chan error, 1)
 	go func() {
+		// Pdeathsig fires when the forking OS thread exits, not the test
+		// process, and Go ends a thread that a goroutine left locked (as
+		// network namespace code does on purpose). Holding this thread
+		// until the server exits keeps the signal for a real death.
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
 		p.err = cmd.Wait()
 		close(p.done)
 	}()
+	if err := <-started; err != nil {
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
 	return p, nil
 }
 
