@@ -57,6 +57,9 @@ type Syncer struct {
 	// Observers are told of every sync attempt, in order, from the
 	// Syncer's goroutine.
 	Observers []func(Event)
+	// Touched, when set, is told which Services' state (model, error,
+	// skip reason) may have changed: nil after a full sync means all.
+	Touched func(keys []model.ServiceKey)
 
 	mu         stdsync.Mutex
 	programmed map[model.ServiceKey]*model.Service
@@ -202,6 +205,9 @@ func (s *Syncer) full(log *slog.Logger) error {
 	}
 	res, err := s.Programmer.Full(desired)
 	ev := Event{Full: true, Start: start, Result: res, Err: err, Triggers: triggers}
+	if s.Touched != nil {
+		defer s.Touched(nil)
+	}
 	if err == nil {
 		ev.Before, ev.After = map[model.ServiceKey]*model.Service{}, map[model.ServiceKey]*model.Service{}
 		for k, m := range desired {
@@ -236,6 +242,15 @@ func (s *Syncer) partial(log *slog.Logger) error {
 	dirty, triggers := s.Tracker.TakeDirty()
 	if len(dirty) == 0 {
 		return nil
+	}
+	if s.Touched != nil {
+		defer func() {
+			keys := make([]model.ServiceKey, 0, len(dirty))
+			for k := range dirty {
+				keys = append(keys, k)
+			}
+			s.Touched(keys)
+		}()
 	}
 	changes := map[model.ServiceKey]*model.Service{}
 	s.mu.Lock()
@@ -296,6 +311,14 @@ func (s *Syncer) errorOf(k model.ServiceKey) string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.errs[k]
+}
+
+// Service returns one Service as the Syncer sees it.
+func (s *Syncer) Service(k model.ServiceKey) (ServiceState, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := ServiceState{Key: k, Model: s.programmed[k], Error: s.errs[k], Skipped: s.skipped[k]}
+	return st, st.Model != nil || st.Error != "" || st.Skipped != ""
 }
 
 // FirstSyncDone tells whether the kernel holds a complete view.

@@ -122,6 +122,7 @@ func serve(ctx context.Context, cfg *Config) error {
 		Reconcile:   time.Duration(cfg.ReconcileInterval),
 	}
 	status := newStatusPublisher(syncer, rec, cfg.ruleset().Node)
+	syncer.Touched = status.touch
 	syncer.Observers = append(syncer.Observers, func(ev gsync.Event) {
 		kind := appliance.SyncPartial
 		if ev.Full {
@@ -157,7 +158,6 @@ func serve(ctx context.Context, cfg *Config) error {
 		}
 		if ev.Changed > 0 {
 			metrics.ServiceChanged(ev.Changed)
-			status.markDirty()
 		}
 	})
 

@@ -3,8 +3,9 @@ package main
 import (
 	"context"
 	"net/netip"
+	"sort"
 	"strings"
-	"sync/atomic"
+	stdsync "sync"
 	"time"
 
 	"github.com/nftgate/nftgate/appliance"
@@ -12,26 +13,40 @@ import (
 	gsync "github.com/nftgate/nftgate/sync"
 )
 
-// statusPublisher feeds the status page. The Services table is rebuilt at
-// most once a second, and only after a change: at ten thousand Services a
-// rebuild per sync would cost more than the sync itself.
+// statusPublisher feeds the status page. Rows are rebuilt only for the
+// Services a sync touched, at most once a second: at ten thousand Services
+// rebuilding every row after each change cost more than the sync itself.
 type statusPublisher struct {
 	syncer *gsync.Syncer
 	rec    *appliance.Recorder
 	node   model.Node
-	dirty  atomic.Bool
 	wake   chan struct{}
+
+	mu      stdsync.Mutex
+	all     bool // rebuild every row
+	touched map[model.ServiceKey]struct{}
+
+	rows map[model.ServiceKey]appliance.Service // owned by run
 }
 
 func newStatusPublisher(s *gsync.Syncer, rec *appliance.Recorder, node model.Node) *statusPublisher {
-	return &statusPublisher{syncer: s, rec: rec, node: node, wake: make(chan struct{}, 1)}
+	return &statusPublisher{syncer: s, rec: rec, node: node, wake: make(chan struct{}, 1),
+		touched: map[model.ServiceKey]struct{}{}, rows: map[model.ServiceKey]appliance.Service{}}
 }
 
 // Snapshot implements appliance.Source.
 func (p *statusPublisher) Snapshot() appliance.Snapshot { return p.rec.Snapshot() }
 
-func (p *statusPublisher) markDirty() {
-	p.dirty.Store(true)
+// touch records Services whose row may have changed; nil means all of them.
+func (p *statusPublisher) touch(keys []model.ServiceKey) {
+	p.mu.Lock()
+	if keys == nil {
+		p.all = true
+	}
+	for _, k := range keys {
+		p.touched[k] = struct{}{}
+	}
+	p.mu.Unlock()
 	select {
 	case p.wake <- struct{}{}:
 	default:
@@ -45,8 +60,38 @@ func (p *statusPublisher) run(ctx context.Context) {
 			return
 		case <-p.wake:
 		}
-		if p.dirty.Swap(false) {
-			p.rec.SetServices(servicesView(p.syncer.Services(), p.node))
+		p.mu.Lock()
+		all, touched := p.all, p.touched
+		p.all, p.touched = false, map[model.ServiceKey]struct{}{}
+		p.mu.Unlock()
+		if all {
+			clear(p.rows)
+			for _, st := range p.syncer.Services() {
+				if row, ok := serviceRow(st, p.node); ok {
+					p.rows[st.Key] = row
+				}
+			}
+		} else {
+			for k := range touched {
+				st, _ := p.syncer.Service(k)
+				if row, ok := serviceRow(st, p.node); ok {
+					p.rows[k] = row
+				} else {
+					delete(p.rows, k)
+				}
+			}
+		}
+		if all || len(touched) > 0 {
+			keys := make([]model.ServiceKey, 0, len(p.rows))
+			for k := range p.rows {
+				keys = append(keys, k)
+			}
+			sort.Slice(keys, func(i, j int) bool { return keys[i].Less(keys[j]) })
+			list := make([]appliance.Service, len(keys))
+			for i, k := range keys {
+				list[i] = p.rows[k]
+			}
+			p.rec.SetServices(list)
 		}
 		select {
 		case <-ctx.Done():
@@ -56,44 +101,41 @@ func (p *statusPublisher) run(ctx context.Context) {
 	}
 }
 
-// servicesView turns the sync loop's state into the page's rows. An endpoint
-// is Used when the rules send traffic to it: the same choice the ruleset makes
-// (model.Categorize), under either traffic policy.
-func servicesView(states []gsync.ServiceState, node model.Node) []appliance.Service {
-	out := make([]appliance.Service, 0, len(states))
-	for _, st := range states {
-		v := appliance.Service{Namespace: st.Key.Namespace, Name: st.Key.Name, Error: st.Error}
-		if st.Skipped != "" && st.Model == nil {
-			continue // not proxied at all: not the gateway's business
-		}
-		if m := st.Model; m != nil {
-			v.Type = m.Type
-			v.ClusterIPs, v.ExternalIPs, v.LoadBalancerIPs = m.ClusterIPs, m.ExternalIPs, m.LoadBalancerIPs
-			v.ExternalPolicy, v.InternalPolicy = policy(m.ExternalLocal), policy(m.InternalLocal)
-			v.Affinity = "None"
-			if m.AffinityTimeout > 0 {
-				v.Affinity, v.AffinityTimeout = "ClientIP", m.AffinityTimeout
-			}
-			v.SourceRanges = m.SourceRanges
-			v.HealthCheckNodePort = m.HealthCheckNodePort
-			for pi := range m.Ports {
-				p := &m.Ports[pi]
-				v.Ports = append(v.Ports, appliance.ServicePort{Name: p.Name, Protocol: strings.ToUpper(p.Protocol.String()), Port: p.Port, NodePort: p.NodePort})
-				sets := model.Categorize(m, p, node)
-				used := make(map[netip.AddrPort]bool, len(sets.Cluster)+len(sets.Local))
-				for _, e := range append(sets.Cluster, sets.Local...) {
-					used[e.AddrPort()] = true
-				}
-				for _, e := range p.Endpoints {
-					v.Endpoints = append(v.Endpoints, appliance.Endpoint{PortName: p.Name, Addr: e.Addr, Port: e.Port,
-						Ready: e.Ready, Serving: e.Serving, Terminating: e.Terminating, Node: e.NodeName, Zone: e.Zone,
-						Used: used[e.AddrPort()]})
-				}
-			}
-		}
-		out = append(out, v)
+// serviceRow turns one Service's state into its row on the page; ok is
+// false for a Service that is not proxied at all (not the gateway's
+// business) or gone. An endpoint is Used when the rules send traffic to it:
+// the same choice the ruleset makes (model.Categorize), under either policy.
+func serviceRow(st gsync.ServiceState, node model.Node) (appliance.Service, bool) {
+	v := appliance.Service{Namespace: st.Key.Namespace, Name: st.Key.Name, Error: st.Error}
+	if st.Model == nil && st.Error == "" {
+		return v, false
 	}
-	return out
+	if m := st.Model; m != nil {
+		v.Type = m.Type
+		v.ClusterIPs, v.ExternalIPs, v.LoadBalancerIPs = m.ClusterIPs, m.ExternalIPs, m.LoadBalancerIPs
+		v.ExternalPolicy, v.InternalPolicy = policy(m.ExternalLocal), policy(m.InternalLocal)
+		v.Affinity = "None"
+		if m.AffinityTimeout > 0 {
+			v.Affinity, v.AffinityTimeout = "ClientIP", m.AffinityTimeout
+		}
+		v.SourceRanges = m.SourceRanges
+		v.HealthCheckNodePort = m.HealthCheckNodePort
+		for pi := range m.Ports {
+			p := &m.Ports[pi]
+			v.Ports = append(v.Ports, appliance.ServicePort{Name: p.Name, Protocol: strings.ToUpper(p.Protocol.String()), Port: p.Port, NodePort: p.NodePort})
+			sets := model.Categorize(m, p, node)
+			used := make(map[netip.AddrPort]bool, len(sets.Cluster)+len(sets.Local))
+			for _, e := range append(sets.Cluster, sets.Local...) {
+				used[e.AddrPort()] = true
+			}
+			for _, e := range p.Endpoints {
+				v.Endpoints = append(v.Endpoints, appliance.Endpoint{PortName: p.Name, Addr: e.Addr, Port: e.Port,
+					Ready: e.Ready, Serving: e.Serving, Terminating: e.Terminating, Node: e.NodeName, Zone: e.Zone,
+					Used: used[e.AddrPort()]})
+			}
+		}
+	}
+	return v, true
 }
 
 func policy(local bool) string {
