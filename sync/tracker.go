@@ -171,14 +171,7 @@ type Objects struct {
 func (t *Tracker) TakeDirty() (map[model.ServiceKey]Objects, []time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	out := make(map[model.ServiceKey]Objects, len(t.dirty))
-	for k := range t.dirty {
-		out[k] = t.objectsLocked(k)
-	}
-	clear(t.dirty)
-	triggers := t.triggers
-	t.triggers = nil
-	return out, triggers
+	return takeLocked(t, t.dirty)
 }
 
 // All returns the objects of every Service, and forgets pending changes:
@@ -186,8 +179,14 @@ func (t *Tracker) TakeDirty() (map[model.ServiceKey]Objects, []time.Time) {
 func (t *Tracker) All() (map[model.ServiceKey]Objects, []time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	out := make(map[model.ServiceKey]Objects, len(t.services))
-	for k := range t.services {
+	return takeLocked(t, t.services)
+}
+
+// takeLocked returns the objects of the Services keyed in keys, with the
+// pending trigger times, and clears what is pending.
+func takeLocked[V any](t *Tracker, keys map[model.ServiceKey]V) (map[model.ServiceKey]Objects, []time.Time) {
+	out := make(map[model.ServiceKey]Objects, len(keys))
+	for k := range keys {
 		out[k] = t.objectsLocked(k)
 	}
 	clear(t.dirty)
