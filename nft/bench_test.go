@@ -113,7 +113,8 @@ func BenchmarkPlanEndpointChange(b *testing.B) {
 		b.Run(sizeName(n), func(b *testing.B) {
 			c := clusterOf(n)
 			ds, _ := planCold(b, &cfg, c.Services)
-			var state [2]*tableState
+			ts := newTableSet(&cfg)
+			state := make([]*tableState, len(ds))
 			for i := range ds {
 				state[i] = newTableState()
 				state[i].apply(&ds[i].ops)
@@ -129,7 +130,7 @@ func BenchmarkPlanEndpointChange(b *testing.B) {
 					old = c.Services[k]
 				}
 				svc := withReplacedEndpoint(old, i, addrPlus(scaleReplaceBase, uint32(i)))
-				ds, m := planChange(b, &cfg, state, old, svc)
+				ds, m := planChange(b, &cfg, ts, state, old, svc)
 				for f := range ds {
 					state[f].apply(&ds[f].ops)
 				}
@@ -168,7 +169,7 @@ func BenchmarkKernelColdFull(b *testing.B) {
 				msgs = res.Messages
 				durs = append(durs, res.Duration)
 				if i == 0 {
-					checkKernel(b, ns, p.Config().Table, c.Want)
+					checkKernel(b, ns, p.Config(), c.Want)
 				}
 				p.Close()
 				b.StartTimer()
@@ -249,7 +250,7 @@ func BenchmarkKernelPartialEndpointChange(b *testing.B) {
 			if svc.AffinityTimeout > 0 {
 				chain = chainName("ep", svc.PortName(&svc.Ports[0])+"__"+nameAddr(lastAddr)+"/"+strconv.Itoa(int(svc.Ports[0].Endpoints[0].Port)))
 			}
-			if out := scaleNft(b, ns, "list", "chain", "ip", p.Config().Table, chain); !strings.Contains(out, "dnat to "+lastAddr.String()) {
+			if out := scaleNft(b, ns, "list", "chain", "ip", p.Config().TableOf(lastKey), chain); !strings.Contains(out, "dnat to "+lastAddr.String()) {
 				b.Fatalf("chain %s after the last change:\n%s", chain, out)
 			}
 			res, err := p.Full(current)
@@ -276,7 +277,7 @@ func coldProgrammer(b *testing.B, c *scaleCluster) (ns string, p *Programmer) {
 	if _, err := p.Full(c.Services); err != nil {
 		b.Fatalf("cold full sync of %d Services: %v", len(c.Services), err)
 	}
-	checkKernel(b, ns, p.Config().Table, c.Want)
+	checkKernel(b, ns, p.Config(), c.Want)
 	return ns, p
 }
 
@@ -406,22 +407,26 @@ func TestScaleCluster(t *testing.T) {
 	}
 	cfg := scaleConfig()
 	ds, msgs := planCold(t, &cfg, c.Services)
-	st := newTableState()
-	st.apply(&ds[0].ops)
-	got := scaleExpect{Chains: len(st.chains)}
-	for id := range st.elems {
-		switch id.Map {
-		case MapServiceIPs:
-			got.ServiceIPs++
-		case MapServiceNodePorts:
-			got.NodePorts++
-		case MapFirewallIPs:
-			got.FirewallIPs++
+	var got scaleExpect
+	ts := newTableSet(&cfg)
+	for _, slot := range ts.slots(IPv4) {
+		st := newTableState()
+		st.apply(&ds[slot].ops)
+		got.Chains += len(st.chains)
+		for id := range st.elems {
+			switch id.Map {
+			case MapServiceIPs:
+				got.ServiceIPs++
+			case MapServiceNodePorts:
+				got.NodePorts++
+			case MapFirewallIPs:
+				got.FirewallIPs++
+			}
 		}
-	}
-	for name := range st.sets {
-		if strings.HasPrefix(name, "aff-") {
-			got.AffinitySets++
+		for name := range st.sets {
+			if strings.HasPrefix(name, "aff-") {
+				got.AffinitySets++
+			}
 		}
 	}
 	if got != c.Want {
@@ -448,7 +453,7 @@ func TestScaleColdAndPartial(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkKernel(t, ns, p.Config().Table, c.Want)
+	checkKernel(t, ns, p.Config(), c.Want)
 	k := c.Keys[3] // one with affinity
 	newAddr := addrPlus(scaleReplaceBase, 1)
 	svc := withReplacedEndpoint(c.Services[k], 0, newAddr)
@@ -460,8 +465,8 @@ func TestScaleColdAndPartial(t *testing.T) {
 	if pres.Counts.ChainsAdded != 1 || pres.Counts.ChainsDeleted != 1 || pres.Counts.SetsAdded != 1 || pres.Counts.SetsDeleted != 1 {
 		t.Fatalf("endpoint change of %s: %+v, want one endpoint chain and one affinity set replaced", k, pres.Counts)
 	}
-	checkKernel(t, ns, p.Config().Table, want)
-	if out := scaleNft(t, ns, "list", "table", "ip", p.Config().Table); !strings.Contains(out, "dnat to "+newAddr.String()+":8080") {
+	checkKernel(t, ns, p.Config(), want)
+	if out := scaleNft(t, ns, "list", "table", "ip", p.Config().TableOf(k)); !strings.Contains(out, "dnat to "+newAddr.String()+":8080") {
 		t.Fatalf("no DNAT to the new endpoint %s after the partial sync", newAddr)
 	}
 	current := map[model.ServiceKey]*model.Service{}

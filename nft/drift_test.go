@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -166,7 +167,7 @@ func programWorld(t *testing.T, cfg Config, fd int, seed int64, n int, unique bo
 func TestRandomChangesLeaveNoDrift(t *testing.T) {
 	nsA, fdA := testNetNS(t)
 	nsB, fdB := testNetNS(t)
-	cfg := Config{Table: "nftgate", Node: model.Node{Name: "gw"}, HashSeed: 7,
+	cfg := Config{Table: "nftgate", Node: model.Node{Name: "gw"}, HashSeed: 7, Shards: 4,
 		ClusterCIDRs:      []netip.Prefix{netip.MustParsePrefix("198.18.2.0/24")},
 		NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("198.18.1.1/32"), netip.MustParsePrefix("fd42:1::1/128")}}
 
@@ -200,10 +201,10 @@ func TestRandomChangesLeaveNoDrift(t *testing.T) {
 	}
 
 	for _, fam := range []string{"ip", "ip6"} {
-		a := normalizedTable(t, nsA, fam, cfg.Table)
-		b := normalizedTable(t, nsB, fam, cfg.Table)
+		a := normalizedTables(t, nsA, fam, cfg)
+		b := normalizedTables(t, nsB, fam, cfg)
 		if a != b {
-			t.Errorf("%s table after random partial syncs differs from a fresh full sync:\n%s", fam, firstDifference(a, b))
+			t.Errorf("%s tables after random partial syncs differ from a fresh full sync:\n%s", fam, firstDifference(a, b))
 		}
 	}
 	if len(res.Conflicts) == 0 {
@@ -218,7 +219,7 @@ func TestRandomChangesLeaveNoDrift(t *testing.T) {
 func TestNetlinkMatchesNft(t *testing.T) {
 	nsA, fdA := testNetNS(t)
 	nsC, _ := testNetNS(t)
-	cfg := Config{Table: "nftgate", Node: model.Node{Name: "gw"}, HashSeed: 7,
+	cfg := Config{Table: "nftgate", Node: model.Node{Name: "gw"}, HashSeed: 7, Shards: 4,
 		ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("198.18.2.0/24"), netip.MustParsePrefix("fd42:2::/64")}}
 	w, pa := programWorld(t, cfg, fdA, 2, 60, true)
 	res, err := pa.Full(cloneServices(w.services))
@@ -230,13 +231,11 @@ func TestNetlinkMatchesNft(t *testing.T) {
 	}
 	var text bytes.Buffer
 	for _, f := range Families {
-		st := Static(&cfg, f)
-		frags := []*Fragment{&st}
+		var svcs []*model.Service
 		for _, s := range w.services {
-			r := RenderService(&cfg, s)
-			frags = append(frags, r.Of(f))
+			svcs = append(svcs, s)
 		}
-		if err := WriteText(&text, cfg.Table, f, frags...); err != nil {
+		if err := WriteTables(&text, f, Layout(&cfg, f, svcs)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -248,12 +247,23 @@ func TestNetlinkMatchesNft(t *testing.T) {
 		t.Fatalf("nft -f of the rendered ruleset: %v\n%s", err, out)
 	}
 	for _, fam := range []string{"ip", "ip6"} {
-		a := normalizedTable(t, nsA, fam, cfg.Table)
-		c := normalizedTable(t, nsC, fam, cfg.Table)
+		a := normalizedTables(t, nsA, fam, cfg)
+		c := normalizedTables(t, nsC, fam, cfg)
 		if a != c {
-			t.Errorf("%s table programmed over netlink differs from nft's own programming of the same text:\n%s", fam, firstDifference(a, c))
+			t.Errorf("%s tables programmed over netlink differ from nft's own programming of the same text:\n%s", fam, firstDifference(a, c))
 		}
 	}
+}
+
+// normalizedTables is normalizedTable of each of nftgate's tables of a
+// family, main first.
+func normalizedTables(t *testing.T, ns, family string, cfg Config) string {
+	t.Helper()
+	out := normalizedTable(t, ns, family, cfg.Table)
+	for i := range cfg.shards() {
+		out += "\n" + normalizedTable(t, ns, family, cfg.ShardTable(i))
+	}
+	return out
 }
 
 // normalizedTable lists a table as JSON and sorts away what carries no
@@ -353,9 +363,10 @@ func firstDifference(a, b string) string {
 // and checks that a full sync notices and repairs each change.
 func TestFullRepairsHandEdits(t *testing.T) {
 	ns, fd := testNetNS(t)
-	cfg := Config{Table: "nftgate", Node: model.Node{Name: "gw"}}
+	cfg := Config{Table: "nftgate", Node: model.Node{Name: "gw"}, Shards: 3}
 	w, p := programWorld(t, cfg, fd, 3, 10, true)
-	want := map[string]string{"ip": normalizedTable(t, ns, "ip", cfg.Table), "ip6": normalizedTable(t, ns, "ip6", cfg.Table)}
+	want := map[string]string{"ip": normalizedTables(t, ns, "ip", cfg), "ip6": normalizedTables(t, ns, "ip6", cfg)}
+	shard := cfg.ShardTable(1)
 	nft := func(args ...string) {
 		t.Helper()
 		if out, err := exec.Command("ip", append([]string{"netns", "exec", ns, "nft"}, args...)...).CombinedOutput(); err != nil {
@@ -368,13 +379,20 @@ func TestFullRepairsHandEdits(t *testing.T) {
 	}{
 		{"table deleted", func() { nft("delete", "table", "ip", cfg.Table) }},
 		{"table flushed", func() { nft("flush", "table", "ip", cfg.Table) }},
-		{"chain flushed", func() { nft("flush", "chain", "ip", cfg.Table, ChainServices) }},
-		{"rule added", func() { nft("add", "rule", "ip", cfg.Table, ChainServices, "ip", "daddr", "1.2.3.4", "drop") }},
+		{"shard table deleted", func() { nft("delete", "table", "ip", shard) }},
+		{"shard table flushed", func() { nft("flush", "table", "ip6", shard) }},
+		{"chain flushed", func() { nft("flush", "chain", "ip", shard, ChainServices) }},
+		{"rule added", func() { nft("add", "rule", "ip", shard, ChainServices, "ip", "daddr", "1.2.3.4", "drop") }},
 		{"element edited", func() {
-			nft("flush", "map", "ip", cfg.Table, MapServiceIPs)
-			nft("add", "element", "ip", cfg.Table, MapServiceIPs, "{ 198.19.9.9 . tcp . 80 : drop }")
+			nft("flush", "map", "ip", shard, MapServiceIPs)
+			nft("add", "element", "ip", shard, MapServiceIPs, "{ 198.19.9.9 . tcp . 80 : drop }")
 		}},
+		{"hairpin element removed", func() { nft("flush", "set", "ip", cfg.Table, SetHairpin) }},
 		{"chain added", func() { nft("add", "chain", "ip", cfg.Table, "intruder") }},
+		{"shard table of another shard count", func() {
+			nft("add", "table", "ip", cfg.ShardTable(7))
+			nft("add", "chain", "ip", cfg.ShardTable(7), "nat-prerouting", "{ type nat hook prerouting priority -100; }")
+		}},
 	} {
 		tc.edit()
 		res, err := p.Full(cloneServices(w.services))
@@ -385,9 +403,56 @@ func TestFullRepairsHandEdits(t *testing.T) {
 			t.Errorf("%s: the full sync reported no drift", tc.name)
 		}
 		for fam, w := range want {
-			if got := normalizedTable(t, ns, fam, cfg.Table); got != w {
-				t.Errorf("%s: %s table not repaired:\n%s", tc.name, fam, firstDifference(got, w))
+			if got := normalizedTables(t, ns, fam, cfg); got != w {
+				t.Errorf("%s: %s tables not repaired:\n%s", tc.name, fam, firstDifference(got, w))
 			}
+		}
+		if out, err := exec.Command("ip", "netns", "exec", ns, "nft", "list", "tables").CombinedOutput(); err != nil || strings.Contains(string(out), cfg.ShardTable(7)) {
+			t.Errorf("%s: tables after the repair (%v):\n%s", tc.name, err, out)
+		}
+	}
+}
+
+// TestUpgradeFromOneTable starts from the ruleset of an nftgate that kept
+// every Service in its main table (testdata/upgrade-one-table.nft, loaded
+// with nft): the first full sync must move everything into the shard
+// tables in one batch and leave exactly what a fresh start programs.
+func TestUpgradeFromOneTable(t *testing.T) {
+	nsA, fdA := testNetNS(t)
+	nsB, fdB := testNetNS(t)
+	if out, err := exec.Command("ip", "netns", "exec", nsA, "nft", "-f", filepath.Join("testdata", "upgrade-one-table.nft")).CombinedOutput(); err != nil {
+		t.Fatalf("load the one-table ruleset: %v\n%s", err, out)
+	}
+	cfg := Config{Table: "nftgate", Node: model.Node{Name: "gw", Zone: "zone-a"}, HashSeed: 7, Shards: 2,
+		ClusterCIDRs:      []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("fd00:10::/48")},
+		NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("192.168.0.0/24"), netip.MustParsePrefix("2001:db8:1::/64")}}
+	ready := func(a string, port uint16) model.Endpoint {
+		return model.Endpoint{Addr: netip.MustParseAddr(a), Port: port, Ready: true, Serving: true}
+	}
+	api := &model.Service{Key: model.ServiceKey{Namespace: "ns1", Name: "api"}, Type: "ClusterIP",
+		ClusterIPs: []netip.Addr{netip.MustParseAddr("172.30.0.10")},
+		Ports: []model.ServicePort{
+			{Name: "https", Protocol: model.TCP, Port: 443, Endpoints: []model.Endpoint{ready("10.180.0.10", 6443), ready("10.180.1.10", 6443), ready("10.180.2.10", 6443)}},
+			{Name: "sig", Protocol: model.SCTP, Port: 3868, Endpoints: []model.Endpoint{ready("10.180.0.10", 3868)}},
+		}}
+	services := map[model.ServiceKey]*model.Service{api.Key: api}
+	for i, fd := range []int{fdA, fdB} {
+		p, err := NewProgrammer(cfg, Options{NetNSFD: fd})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		if _, err := p.Full(cloneServices(services)); err != nil {
+			t.Fatalf("programmer %d: %v", i, err)
+		}
+		res, err := p.Full(cloneServices(services))
+		if err != nil || res.Counts.Changes() != 0 || len(res.Drift) != 0 {
+			t.Fatalf("programmer %d: second full sync: %+v %v", i, res, err)
+		}
+	}
+	for _, fam := range []string{"ip", "ip6"} {
+		if a, b := normalizedTables(t, nsA, fam, cfg), normalizedTables(t, nsB, fam, cfg); a != b {
+			t.Errorf("%s tables after the upgrade differ from a fresh start:\n%s", fam, firstDifference(a, b))
 		}
 	}
 }

@@ -18,9 +18,11 @@
 //     pairs, and the masquerade decision for ClusterIPs is made once in the
 //     dispatch chain;
 //   - every commit that adds a rule or a jump makes the kernel validate
-//     every chain reachable from the base chains, which is what a partial
-//     sync costs at scale; rules are read back one chain at a time, since
-//     a dump of a whole table's rules is quadratic.
+//     every chain reachable from the base chains of that table, which is
+//     what a partial sync costs at scale: so Services are spread over
+//     shard tables and a change validates only its shard (layout.go);
+//   - rules are read back one chain at a time, since a dump of a whole
+//     table's rules is quadratic.
 package nft
 
 import (
@@ -32,7 +34,7 @@ import (
 	"github.com/nftgate/nftgate/model"
 )
 
-// Family is an nftables table family. nftgate keeps one table per family, as
+// Family is an nftables table family. nftgate keeps its tables per family, as
 // kube-proxy does, so every key and address has one width.
 type Family uint8
 

@@ -148,15 +148,28 @@ type differ struct {
 }
 
 func newDiffer(f Family, st *tableState) *differ {
-	return &differ{f: f, state: st, seen: map[string]bool{}}
+	return &differ{f: f, state: st}
+}
+
+// decided marks an object as decided in this plan and tells whether it
+// already was. The map is made on first use: a partial sync has a differ
+// for every table and touches two or three.
+func (d *differ) decided(key string) bool {
+	if d.seen[key] {
+		return true
+	}
+	if d.seen == nil {
+		d.seen = map[string]bool{}
+	}
+	d.seen[key] = true
+	return false
 }
 
 // chain decides one chain: desired nil means it must not exist.
 func (d *differ) chain(name string, desired *Chain) {
-	if d.seen["c/"+name] {
+	if d.decided("c/" + name) {
 		return
 	}
-	d.seen["c/"+name] = true
 	cur, exists := d.state.chains[name]
 	switch {
 	case desired == nil && exists:
@@ -173,10 +186,9 @@ func (d *differ) chain(name string, desired *Chain) {
 
 // set decides one set: desired nil means it must not exist.
 func (d *differ) set(name string, desired *Set) {
-	if d.seen["s/"+name] {
+	if d.decided("s/" + name) {
 		return
 	}
-	d.seen["s/"+name] = true
 	cur, exists := d.state.sets[name]
 	switch {
 	case desired == nil && exists:

@@ -20,14 +20,14 @@ import (
 type Programmer struct {
 	mu     sync.Mutex
 	cfg    Config
-	static ByFamily
+	tables *tableSet
 	batch  *batchConn
 	reader *reader
 
 	synced       bool
 	reconciles   uint32
 	staticChains map[string]bool
-	state        [2]*tableState
+	state        []*tableState                       // per table of p.tables
 	services     map[model.ServiceKey]*model.Service // as programmed
 	claims       map[famElem]*claimSet
 }
@@ -100,10 +100,10 @@ func NewProgrammer(cfg Config, opts Options) (*Programmer, error) {
 		return nil, err
 	}
 	p := &Programmer{cfg: cfg, batch: b, reader: r, services: map[model.ServiceKey]*model.Service{}, claims: map[famElem]*claimSet{}}
+	p.tables = newTableSet(&p.cfg)
 	p.staticChains = map[string]bool{}
-	for i, f := range Families {
-		p.static[i] = Static(&p.cfg, f)
-		for _, c := range p.static[i].Chains {
+	for _, fr := range p.tables.static {
+		for _, c := range fr.Chains {
 			p.staticChains[c.Name] = true
 		}
 	}
@@ -164,37 +164,49 @@ func (p *Programmer) Full(services map[model.ServiceKey]*model.Service) (Result,
 		h.Write([]byte(chain))
 		return h.Sum32()%reconcileRounds == p.reconciles%reconcileRounds
 	}
-	var observed [2]*tableState
-	for i, f := range Families {
-		var believed *tableState
+	observed := make([]*tableState, len(p.tables.refs))
+	var drop []tableRef
+	for _, f := range Families {
+		slots := p.tables.slots(f)
+		var believed []*tableState
 		if p.synced {
-			believed = p.state[i]
+			believed = p.state[slots[0] : slots[len(slots)-1]+1]
 		}
-		st, err := p.reader.readTable(p.cfg.Table, f, believed, sampled)
+		sts, extra, err := p.reader.readFamily(&p.cfg, f, p.tables.names(f), believed, sampled)
 		if err == nil && believed != nil {
-			if drift := compareStates(f, believed, st); len(drift) > 0 {
+			var drift []string
+			for i, slot := range slots {
+				drift = append(drift, compareStates(p.tables.refs[slot], believed[i], sts[i])...)
+			}
+			if len(drift) > 0 {
 				res.Drift = append(res.Drift, drift...)
-				st, err = p.reader.readTable(p.cfg.Table, f, nil, nil)
+				sts, extra, err = p.reader.readFamily(&p.cfg, f, p.tables.names(f), nil, nil)
 			}
 		}
 		if err != nil {
-			return res, fmt.Errorf("read %s %s table back: %w", f, p.cfg.Table, err)
+			return res, fmt.Errorf("read %s tables back: %w", f, err)
 		}
-		observed[i] = st
+		for i, slot := range slots {
+			observed[slot] = sts[i]
+		}
+		for _, name := range extra {
+			drop = append(drop, tableRef{f: f, name: name})
+			res.Drift = append(res.Drift, fmt.Sprintf("%s table %s is from another shard count: deleted", f, name))
+		}
 	}
 
-	ds, claims, conflicts := planFull(&p.cfg, &p.static, observed, services)
+	ds, claims, conflicts := planFull(&p.cfg, p.tables, observed, services)
 	res.Conflicts = conflicts
 
-	n, err := p.commit(ds)
+	n, err := p.commit(ds, drop)
 	res.Messages = n
 	res.Duration = time.Since(start)
 	if err != nil {
 		return res, err
 	}
-	for i := range ds {
-		observed[i].apply(&ds[i].ops)
-		res.Counts.add(&ds[i].ops)
+	for slot, d := range ds {
+		observed[slot].apply(&d.ops)
+		res.Counts.add(&d.ops)
 	}
 	p.state = observed
 	p.claims = claims
@@ -205,8 +217,8 @@ func (p *Programmer) Full(services map[model.ServiceKey]*model.Service) (Result,
 
 // planFull decides everything a full sync changes: the tables must hold
 // the skeleton and every Service, and nothing else. It is pure: observed is
-// what the kernel holds (an empty state for a cold start).
-func planFull(cfg *Config, static *ByFamily, observed [2]*tableState, services map[model.ServiceKey]*model.Service) ([2]*differ, map[famElem]*claimSet, []string) {
+// what the kernel holds, per table of ts (an empty state for a cold start).
+func planFull(cfg *Config, ts *tableSet, observed []*tableState, services map[model.ServiceKey]*model.Service) ([]*differ, map[famElem]*claimSet, []string) {
 	claims := map[famElem]*claimSet{}
 	keys := make([]model.ServiceKey, 0, len(services))
 	for k := range services {
@@ -214,36 +226,53 @@ func planFull(cfg *Config, static *ByFamily, observed [2]*tableState, services m
 	}
 	sort.Slice(keys, func(i, j int) bool { return keys[i].Less(keys[j]) })
 
-	var ds [2]*differ
-	for i, f := range Families {
-		ds[i] = newDiffer(f, observed[i])
-		ds[i].ops.createTable = !observed[i].exists
-		st := static.Of(f)
+	ds := make([]*differ, len(ts.refs))
+	for slot, ref := range ts.refs {
+		d := newDiffer(ref.f, observed[slot])
+		d.ops.createTable = !observed[slot].exists
+		st := &ts.static[slot]
 		for _, s := range st.Sets {
-			ds[i].set(s.Name, s)
+			d.set(s.Name, s)
 		}
 		for _, c := range st.Chains {
-			ds[i].chain(c.Name, c)
+			d.chain(c.Name, c)
 		}
+		ds[slot] = d
 	}
 	for _, k := range keys {
 		svc := services[k]
 		r := RenderService(cfg, svc)
-		for i, f := range Families {
+		for _, f := range Families {
 			fr := r.Of(f)
+			main, shard := ds[ts.main(f)], ds[ts.shard(f, k)]
 			for _, s := range fr.Sets {
-				ds[i].set(s.Name, s)
+				shard.set(s.Name, s)
 			}
 			for _, c := range fr.Chains {
-				ds[i].chain(c.Name, c)
+				if mainChain(c.Name) {
+					main.chain(c.Name, c)
+				} else {
+					shard.chain(c.Name, c)
+				}
 			}
 			for _, e := range fr.Elements {
 				addClaim(claims, famElem{f, e.ID()}, claim{svc: k, created: svc.Created, verdict: e.Verdict})
 			}
 		}
 	}
-	for i, f := range Families {
-		d := ds[i]
+	var conflictList []string
+	want := make([]map[ElemID]bool, len(ds))
+	for slot := range ds {
+		want[slot] = map[ElemID]bool{}
+	}
+	for fe, cs := range claims {
+		w := cs.winner()
+		slot := ts.elem(fe, w.svc)
+		want[slot][fe.id] = true
+		ds[slot].element(fe.id, &w.verdict)
+		conflictList = append(conflictList, conflicts(fe, *cs)...)
+	}
+	for slot, d := range ds {
 		for name := range d.state.chains {
 			d.chain(name, nil)
 		}
@@ -251,16 +280,10 @@ func planFull(cfg *Config, static *ByFamily, observed [2]*tableState, services m
 			d.set(name, nil)
 		}
 		for id := range d.state.elems {
-			if _, ok := claims[famElem{f, id}]; !ok {
+			if !want[slot][id] {
 				d.element(id, nil)
 			}
 		}
-	}
-	var conflictList []string
-	for fe, cs := range claims {
-		w := cs.winner()
-		ds[familyIndex(fe.f)].element(fe.id, &w.verdict)
-		conflictList = append(conflictList, conflicts(fe, *cs)...)
 	}
 	sort.Strings(conflictList)
 	sortOps(ds)
@@ -277,10 +300,10 @@ func (p *Programmer) Partial(changes map[model.ServiceKey]*model.Service) (Resul
 	}
 	start := time.Now()
 	res := Result{}
-	ds, undo, conflicts := planPartial(&p.cfg, p.state, p.claims, p.services, changes)
+	ds, undo, conflicts := planPartial(&p.cfg, p.tables, p.state, p.claims, p.services, changes)
 	res.Conflicts = conflicts
 
-	n, err := p.commit(ds)
+	n, err := p.commit(ds, nil)
 	res.Messages = n
 	res.Duration = time.Since(start)
 	if err != nil {
@@ -293,9 +316,9 @@ func (p *Programmer) Partial(changes map[model.ServiceKey]*model.Service) (Resul
 		}
 		return res, err
 	}
-	for i := range ds {
-		p.state[i].apply(&ds[i].ops)
-		res.Counts.add(&ds[i].ops)
+	for slot, d := range ds {
+		p.state[slot].apply(&d.ops)
+		res.Counts.add(&d.ops)
 	}
 	for k, svc := range changes {
 		if svc == nil {
@@ -311,11 +334,11 @@ func (p *Programmer) Partial(changes map[model.ServiceKey]*model.Service) (Resul
 // given what is programmed. It updates claims in place and returns, for
 // each element it touched, the claims as they were (nil where there were
 // none), so that a refused batch can be undone.
-func planPartial(cfg *Config, state [2]*tableState, claims map[famElem]*claimSet, programmed, changes map[model.ServiceKey]*model.Service) ([2]*differ, map[famElem]*claimSet, []string) {
+func planPartial(cfg *Config, ts *tableSet, state []*tableState, claims map[famElem]*claimSet, programmed, changes map[model.ServiceKey]*model.Service) ([]*differ, map[famElem]*claimSet, []string) {
 	var conflictList []string
-	var ds [2]*differ
-	for i, f := range Families {
-		ds[i] = newDiffer(f, state[i])
+	ds := make([]*differ, len(ts.refs))
+	for slot, ref := range ts.refs {
+		ds[slot] = newDiffer(ref.f, state[slot])
 	}
 	undo := map[famElem]*claimSet{}
 	touch := func(fe famElem) {
@@ -336,27 +359,33 @@ func planPartial(cfg *Config, state [2]*tableState, claims map[famElem]*claimSet
 		if svc != nil {
 			newR = RenderService(cfg, svc)
 		}
-		for i, f := range Families {
-			d := ds[i]
+		for _, f := range Families {
+			main, shard := ds[ts.main(f)], ds[ts.shard(f, k)]
+			in := func(chain string) *differ {
+				if mainChain(chain) {
+					return main
+				}
+				return shard
+			}
 			o, n := oldR.Of(f), newR.Of(f)
 			newChains := make(map[string]bool, len(n.Chains))
 			for _, c := range n.Chains {
 				newChains[c.Name] = true
-				d.chain(c.Name, c)
+				in(c.Name).chain(c.Name, c)
 			}
 			for _, c := range o.Chains {
 				if !newChains[c.Name] {
-					d.chain(c.Name, nil)
+					in(c.Name).chain(c.Name, nil)
 				}
 			}
 			newSets := make(map[string]bool, len(n.Sets))
 			for _, s := range n.Sets {
 				newSets[s.Name] = true
-				d.set(s.Name, s)
+				shard.set(s.Name, s)
 			}
 			for _, s := range o.Sets {
 				if !newSets[s.Name] {
-					d.set(s.Name, nil)
+					shard.set(s.Name, nil)
 				}
 			}
 			for _, e := range o.Elements {
@@ -372,37 +401,49 @@ func planPartial(cfg *Config, state [2]*tableState, claims map[famElem]*claimSet
 		}
 	}
 	for fe := range undo {
-		d := ds[familyIndex(fe.f)]
+		want := -1
 		if cs, ok := claims[fe]; ok {
 			w := cs.winner()
-			d.element(fe.id, &w.verdict)
+			want = ts.elem(fe, w.svc)
+			ds[want].element(fe.id, &w.verdict)
 			conflictList = append(conflictList, conflicts(fe, *cs)...)
-		} else {
-			d.element(fe.id, nil)
+		}
+		// The element leaves every other table it may be in: a shard
+		// map's element moves when another Service's claim wins it.
+		for _, slot := range ts.holders(fe) {
+			if slot != want {
+				ds[slot].element(fe.id, nil)
+			}
 		}
 	}
 	sortOps(ds)
 	return ds, undo, conflictList
 }
 
-// commit encodes both families' operations into one batch and sends it.
-func (p *Programmer) commit(ds [2]*differ) (int, error) {
+// commit encodes the operations of every table, and the deletion of the
+// tables in drop, into one batch and sends it.
+func (p *Programmer) commit(ds []*differ, drop []tableRef) (int, error) {
 	rec, err := newRecorder()
 	if err != nil {
 		return 0, err
 	}
 	var what []note
-	for i, f := range Families {
-		if ds[i].ops.empty() {
+	for slot, d := range ds {
+		if d.ops.empty() {
 			continue
 		}
-		e := &encoder{conn: rec.conn, f: f, sets: map[string]*nftables.Set{},
-			table: &nftables.Table{Name: p.cfg.Table, Family: nftFamily(f)}}
-		e.encode(&ds[i].ops)
+		ref := p.tables.refs[slot]
+		e := &encoder{conn: rec.conn, f: ref.f, sets: map[string]*nftables.Set{},
+			table: &nftables.Table{Name: ref.name, Family: nftFamily(ref.f)}}
+		e.encode(&d.ops)
 		if e.err != nil {
-			return 0, fmt.Errorf("encode %s ruleset: %w", f, e.err)
+			return 0, fmt.Errorf("encode %s %s table: %w", ref.f, ref.name, e.err)
 		}
 		what = append(what, e.describe...)
+	}
+	for _, t := range drop {
+		rec.conn.DelTable(&nftables.Table{Name: t.name, Family: nftFamily(t.f)})
+		what = append(what, note{"delete table %s %s", []any{t.f, t.name}})
 	}
 	msgs, err := rec.take()
 	if err != nil {
@@ -411,7 +452,8 @@ func (p *Programmer) commit(ds [2]*differ) (int, error) {
 	return len(msgs), p.batch.send(msgs, what)
 }
 
-// Cleanup deletes nftgate's tables, and with them everything nftgate made.
+// Cleanup deletes nftgate's tables (the main table and every service
+// shard, whatever their count), and with them everything nftgate made.
 func Cleanup(table string, opts Options) error {
 	b, err := dialBatch(opts.NetNSFD)
 	if err != nil {
@@ -427,15 +469,18 @@ func Cleanup(table string, opts Options) error {
 	if err != nil {
 		return err
 	}
+	cfg := Config{Table: table}
 	var what []note
 	for _, f := range Families {
-		exists, err := r.tableExists(table, f)
+		names, err := r.tableNames(f)
 		if err != nil {
 			return err
 		}
-		if exists {
-			rec.conn.DelTable(&nftables.Table{Name: table, Family: nftFamily(f)})
-			what = append(what, note{"delete table %s %s", []any{f, table}})
+		for _, name := range names {
+			if name == table || cfg.isShardTable(name) {
+				rec.conn.DelTable(&nftables.Table{Name: name, Family: nftFamily(f)})
+				what = append(what, note{"delete table %s %s", []any{f, name}})
+			}
 		}
 	}
 	msgs, err := rec.take()
@@ -508,7 +553,7 @@ func conflicts(fe famElem, cs claimSet) []string {
 
 // sortOps makes batches deterministic, which keeps them comparable in tests
 // and logs.
-func sortOps(ds [2]*differ) {
+func sortOps(ds []*differ) {
 	for _, d := range ds {
 		o := &d.ops
 		sort.Slice(o.addChains, func(i, j int) bool { return o.addChains[i].chain.Name < o.addChains[j].chain.Name })
@@ -542,12 +587,13 @@ func cloneServices(m map[model.ServiceKey]*model.Service) map[model.ServiceKey]*
 
 // compareStates describes how the kernel's table differs from what nftgate
 // last committed.
-func compareStates(f Family, want, got *tableState) []string {
+func compareStates(t tableRef, want, got *tableState) []string {
 	if want == nil {
 		return nil
 	}
+	f := t.f
 	if want.exists && !got.exists {
-		return []string{fmt.Sprintf("%s table is missing", f)}
+		return []string{fmt.Sprintf("%s table %s is missing", f, t.name)}
 	}
 	var out []string
 	missing, changed, extra := 0, 0, 0
@@ -566,7 +612,7 @@ func compareStates(f Family, want, got *tableState) []string {
 		}
 	}
 	if missing+changed+extra > 0 {
-		out = append(out, fmt.Sprintf("%s chains: %d missing, %d with changed rules, %d unknown", f, missing, changed, extra))
+		out = append(out, fmt.Sprintf("%s %s chains: %d missing, %d with changed rules, %d unknown", f, t.name, missing, changed, extra))
 	}
 	missing, changed, extra = 0, 0, 0
 	for id, v := range want.elems {
@@ -584,7 +630,7 @@ func compareStates(f Family, want, got *tableState) []string {
 		}
 	}
 	if missing+changed+extra > 0 {
-		out = append(out, fmt.Sprintf("%s map elements: %d missing, %d changed, %d unknown", f, missing, changed, extra))
+		out = append(out, fmt.Sprintf("%s %s map elements: %d missing, %d changed, %d unknown", f, t.name, missing, changed, extra))
 	}
 	missing = 0
 	for n := range want.sets {
@@ -593,7 +639,7 @@ func compareStates(f Family, want, got *tableState) []string {
 		}
 	}
 	if missing > 0 {
-		out = append(out, fmt.Sprintf("%s sets: %d missing", f, missing))
+		out = append(out, fmt.Sprintf("%s %s sets: %d missing", f, t.name, missing))
 	}
 	return out
 }

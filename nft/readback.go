@@ -41,17 +41,17 @@ func (r *reader) Close() {
 	r.nl.Close()
 }
 
-func (r *reader) tableExists(name string, f Family) (bool, error) {
+// tableNames lists family f's tables.
+func (r *reader) tableNames(f Family) ([]string, error) {
 	tables, err := r.conn.ListTablesOfFamily(nftFamily(f))
 	if err != nil {
-		return false, err
+		return nil, err
 	}
+	var out []string
 	for _, t := range tables {
-		if t.Name == name {
-			return true, nil
-		}
+		out = append(out, t.Name)
 	}
-	return false, nil
+	return out, nil
 }
 
 var hookNames = map[nftables.ChainHook]string{
@@ -62,52 +62,80 @@ var hookNames = map[nftables.ChainHook]string{
 	*nftables.ChainHookPostrouting: "postrouting",
 }
 
-// readTable reads one family's table. Reading every rule is what costs at
-// scale, so when believed (what nftgate last committed) is given, only the
-// chains for which readRules says so have their rules read; the others are
-// taken to hold what nftgate believes. Chains, sets and map elements are
-// always read in full.
-func (r *reader) readTable(name string, f Family, believed *tableState, readRules func(chain string) bool) (*tableState, error) {
-	st := newTableState()
-	exists, err := r.tableExists(name, f)
-	if err != nil || !exists {
-		return st, err
+// readFamily reads family f's tables named in names (main first) and
+// returns their states in that order, and the names of shard tables of
+// another shard count, which do not belong. Reading every rule is what
+// costs at scale, so when believed (what nftgate last committed, per table)
+// is given, only the chains for which readRules says so have their rules
+// read; the others are taken to hold what nftgate believes. Chains, sets
+// and map elements are always read in full.
+func (r *reader) readFamily(cfg *Config, f Family, names []string, believed []*tableState, readRules func(chain string) bool) ([]*tableState, []string, error) {
+	present, err := r.tableNames(f)
+	if err != nil {
+		return nil, nil, fmt.Errorf("list tables: %w", err)
 	}
-	st.exists = true
-	table := &nftables.Table{Name: name, Family: nftFamily(f)}
-
+	slot := map[string]int{}
+	for i, n := range names {
+		slot[n] = i
+	}
+	out := make([]*tableState, len(names))
+	for i := range out {
+		out[i] = newTableState()
+	}
+	var extra []string
+	for _, n := range present {
+		if i, ok := slot[n]; ok {
+			out[i].exists = true
+		} else if cfg.isShardTable(n) {
+			extra = append(extra, n)
+		}
+	}
+	// One dump of the family's chains serves every table.
 	chains, err := r.conn.ListChainsOfTableFamily(nftFamily(f))
 	if err != nil {
-		return nil, fmt.Errorf("list chains: %w", err)
+		return nil, nil, fmt.Errorf("list chains: %w", err)
 	}
-	hooks := map[string]*Hook{}
 	for _, c := range chains {
-		if c.Table == nil || c.Table.Name != name {
+		if c.Table == nil {
+			continue
+		}
+		i, ok := slot[c.Table.Name]
+		if !ok {
 			continue
 		}
 		var h *Hook
 		if c.Hooknum != nil && c.Priority != nil {
 			h = &Hook{Type: string(c.Type), Hook: hookNames[*c.Hooknum], Priority: int32(*c.Priority)}
 		}
-		hooks[c.Name] = h
-	}
-	for c, h := range hooks {
-		if believed != nil && !readRules(c) {
-			if info, ok := believed.chains[c]; ok {
-				st.chains[c] = info
+		if believed != nil && believed[i] != nil && !readRules(c.Name) {
+			if info, ok := believed[i].chains[c.Name]; ok {
+				out[i].chains[c.Name] = info
 				continue
 			}
 		}
-		rules, err := r.ruleFingerprints(name, f, c)
+		rules, err := r.ruleFingerprints(c.Table.Name, f, c.Name)
 		if err != nil {
-			return nil, fmt.Errorf("list rules of chain %s: %w", c, err)
+			return nil, nil, fmt.Errorf("list rules of chain %s %s: %w", c.Table.Name, c.Name, err)
 		}
-		st.chains[c] = chainInfo{chainFingerprint(h, rules), int32(len(rules))}
+		out[i].chains[c.Name] = chainInfo{chainFingerprint(h, rules), int32(len(rules))}
 	}
+	for i, n := range names {
+		if !out[i].exists {
+			continue
+		}
+		if err := r.readSets(n, f, out[i]); err != nil {
+			return nil, nil, fmt.Errorf("table %s: %w", n, err)
+		}
+	}
+	return out, extra, nil
+}
 
+// readSets reads a table's sets and the elements of the maps nftgate fills.
+func (r *reader) readSets(name string, f Family, st *tableState) error {
+	table := &nftables.Table{Name: name, Family: nftFamily(f)}
 	sets, err := r.conn.GetSets(table)
 	if err != nil {
-		return nil, fmt.Errorf("list sets: %w", err)
+		return fmt.Errorf("list sets: %w", err)
 	}
 	for _, s := range sets {
 		if s.Anonymous {
@@ -125,7 +153,7 @@ func (r *reader) readTable(name string, f Family, believed *tableState, readRule
 		}
 		elems, err := r.conn.GetSetElements(s)
 		if err != nil {
-			return nil, fmt.Errorf("list elements of map %s: %w", s.Name, err)
+			return fmt.Errorf("list elements of map %s: %w", s.Name, err)
 		}
 		for _, e := range elems {
 			if e.VerdictData == nil {
@@ -142,7 +170,7 @@ func (r *reader) readTable(name string, f Family, believed *tableState, readRule
 			st.elems[ElemID{Map: s.Name, Key: k}] = verdictFromExpr(e.VerdictData)
 		}
 	}
-	return st, nil
+	return nil
 }
 
 // ruleFingerprints dumps the rules of one chain and returns their

@@ -30,6 +30,9 @@ type Config struct {
 	// HashSeed seeds the endpoint choice; gateways sharing a seed choose
 	// the same endpoint for the same flow.
 	HashSeed uint32
+	// Shards is the number of service shard tables per family (see
+	// layout.go); zero means DefaultShards.
+	Shards int
 }
 
 // DefaultMasqueradeBit is kube-proxy's masquerade mark bit.
@@ -78,20 +81,15 @@ const (
 	prioSrcNAT = 100
 )
 
-// Static renders the skeleton of family f's table: base chains on the hooks,
-// the dispatch chains and the verdict maps that Services fill.
+// Static renders the skeleton of family f's main table: the filter hooks,
+// masquerading, and the maps and sets shared by every Service.
 func Static(cfg *Config, f Family) Fragment {
-	bit := cfg.MasqueradeBit
-	if bit == 0 {
-		bit = DefaultMasqueradeBit
-	}
+	bit := masqueradeBit(cfg)
 	jump := func(c string) Verdict { return Verdict{Kind: Jump, Chain: c} }
 	vmap := func(m string, shape KeyShape) Rule { return Rule{VmapDispatch{Map: m, Shape: shape}} }
 
 	fr := Fragment{
 		Sets: []*Set{
-			{Name: MapServiceIPs, Map: true, Shape: KeyAddrProtoPort},
-			{Name: MapServiceNodePorts, Map: true, Shape: KeyProtoPort},
 			{Name: MapNoEndpointServices, Map: true, Shape: KeyAddrProtoPort},
 			{Name: MapNoEndpointNodePorts, Map: true, Shape: KeyProtoPort},
 			{Name: MapFirewallIPs, Map: true, Shape: KeyAddrProtoPort},
@@ -105,10 +103,12 @@ func Static(cfg *Config, f Family) Fragment {
 	regular := func(name string, rules ...Rule) {
 		fr.Chains = append(fr.Chains, &Chain{Name: name, Rules: rules})
 	}
-	// NAT: every new connection, forwarded or from the gateway itself,
-	// goes through the service dispatch; marked ones are masqueraded.
-	base("nat-prerouting", "nat", "prerouting", prioDstNAT, Rule{jump(ChainServices)})
-	base("nat-output", "nat", "output", prioDstNAT, Rule{jump(ChainServices)})
+	// NAT: every new ClusterIP connection from outside the cluster is
+	// masqueraded, whatever its Service's traffic policy. The mark is set
+	// here, just before the shards' NAT chains dispatch the connection.
+	markOutside := Rule{MatchAddrInSet{Dir: Dst, Set: SetClusterIPs}, jump(ChainMasqueradeOutside)}
+	base("nat-prerouting-mark", "nat", "prerouting", prioDstNAT-1, markOutside)
+	base("nat-output-mark", "nat", "output", prioDstNAT-1, markOutside)
 	base("nat-postrouting", "nat", "postrouting", prioSrcNAT, Rule{jump(ChainMasquerading)})
 	// Source ranges are checked before DNAT rewrites the destination.
 	base("filter-prerouting-pre-dnat", "filter", "prerouting", prioDstNAT-10, Rule{MatchCtNew{}, jump(ChainFirewallCheck)})
@@ -127,13 +127,6 @@ func Static(cfg *Config, f Family) Fragment {
 		Rule{MatchCtNew{}, jump(ChainServiceEPCheck)},
 		Rule{MatchCtNew{}, jump(ChainClusterIPsCheck)})
 
-	regular(ChainServices,
-		// Every ClusterIP connection from outside the cluster is
-		// masqueraded, whatever its Service's traffic policy.
-		Rule{MatchAddrInSet{Dir: Dst, Set: SetClusterIPs}, jump(ChainMasqueradeOutside)},
-		vmap(MapServiceIPs, KeyAddrProtoPort),
-		Rule{MatchLocal{Dir: Dst}, jump(ChainNodePorts)})
-	regular(ChainNodePorts, nodePortRules(cfg, f, MapServiceNodePorts)...)
 	regular(ChainFirewallCheck, vmap(MapFirewallIPs, KeyAddrProtoPort))
 	regular(ChainServiceEPCheck, vmap(MapNoEndpointServices, KeyAddrProtoPort))
 	regular(ChainNodePortEPCheck, Rule{MatchLocal{Dir: Dst}, jump(ChainNodePortEPLookup)})
@@ -144,7 +137,6 @@ func Static(cfg *Config, f Family) Fragment {
 		Rule{MatchAddrPairInSet{Set: SetHairpin}, SetMark{Bit: bit}},
 		Rule{MatchMarkUnset{Bit: bit}, Verdict{Kind: Return}},
 		Rule{SetMark{Bit: bit, Xor: true}, Masquerade{}})
-	regular(ChainMarkForMasquerade, Rule{SetMark{Bit: bit}})
 	var outside []Rule
 	for _, p := range cfg.ClusterCIDRs {
 		if Of(p.Addr()) == f {
@@ -155,6 +147,42 @@ func Static(cfg *Config, f Family) Fragment {
 	regular(ChainReject, Rule{Reject{}})
 	regular(ChainClusterIPsCheck, Rule{MatchAddrInSet{Dir: Dst, Set: SetClusterIPs}, Reject{}})
 	return fr
+}
+
+// StaticShard renders the skeleton of each of family f's service shard
+// tables: NAT base chains that dispatch new connections through the shard's
+// maps to the chains of its Services.
+func StaticShard(cfg *Config, f Family) Fragment {
+	jump := func(c string) Verdict { return Verdict{Kind: Jump, Chain: c} }
+	fr := Fragment{
+		Sets: []*Set{
+			{Name: MapServiceIPs, Map: true, Shape: KeyAddrProtoPort},
+			{Name: MapServiceNodePorts, Map: true, Shape: KeyProtoPort},
+		},
+	}
+	base := func(name, hook string, rules ...Rule) {
+		fr.Chains = append(fr.Chains, &Chain{Name: name, Hook: &Hook{Type: "nat", Hook: hook, Priority: prioDstNAT}, Rules: rules})
+	}
+	regular := func(name string, rules ...Rule) {
+		fr.Chains = append(fr.Chains, &Chain{Name: name, Rules: rules})
+	}
+	// Every new connection, forwarded or from the gateway itself, goes
+	// through the service dispatch.
+	base("nat-prerouting", "prerouting", Rule{jump(ChainServices)})
+	base("nat-output", "output", Rule{jump(ChainServices)})
+	regular(ChainServices,
+		Rule{VmapDispatch{Map: MapServiceIPs, Shape: KeyAddrProtoPort}},
+		Rule{MatchLocal{Dir: Dst}, jump(ChainNodePorts)})
+	regular(ChainNodePorts, nodePortRules(cfg, f, MapServiceNodePorts)...)
+	regular(ChainMarkForMasquerade, Rule{SetMark{Bit: masqueradeBit(cfg)}})
+	return fr
+}
+
+func masqueradeBit(cfg *Config) uint32 {
+	if cfg.MasqueradeBit == 0 {
+		return DefaultMasqueradeBit
+	}
+	return cfg.MasqueradeBit
 }
 
 // nodePortRules dispatch on l4proto . dport for traffic to the gateway's own

@@ -148,7 +148,7 @@ func newScaleCluster(n, eps int) *scaleCluster {
 		c.Want.add(svc, eps)
 	}
 	cfg := scaleConfig()
-	c.Want.Chains += len(Static(&cfg, IPv4).Chains)
+	c.Want.Chains += staticChains(&cfg, IPv4)
 	return c
 }
 
@@ -199,60 +199,70 @@ func scaleNft(tb testing.TB, ns string, args ...string) string {
 	return string(out)
 }
 
-// checkKernel compares the IPv4 table in namespace ns with what the cluster
-// must program, through the nft CLI: an independent reader of the kernel.
-func checkKernel(tb testing.TB, ns, table string, want scaleExpect) {
+// staticChains counts family f's skeleton chains in all its tables.
+func staticChains(cfg *Config, f Family) int {
+	return len(Static(cfg, f).Chains) + cfg.shards()*len(StaticShard(cfg, f).Chains)
+}
+
+// checkKernel compares the IPv4 tables in namespace ns with what the
+// cluster must program, through the nft CLI: an independent reader of the
+// kernel.
+func checkKernel(tb testing.TB, ns string, cfg Config, want scaleExpect) {
 	tb.Helper()
-	countIn := func(what, sub string, args ...string) int {
+	countIn := func(sub string, args ...string) int {
 		return strings.Count(scaleNft(tb, ns, args...), sub)
 	}
 	got := scaleExpect{
-		ServiceIPs:   countIn("service-ips", ": goto ", "list", "map", "ip", table, MapServiceIPs),
-		NodePorts:    countIn("service-nodeports", ": goto ", "list", "map", "ip", table, MapServiceNodePorts),
-		FirewallIPs:  countIn("firewall-ips", ": goto ", "list", "map", "ip", table, MapFirewallIPs),
-		Chains:       countIn("chains", "\tchain ", "list", "chains", "ip"),
-		AffinitySets: countIn("sets", "\tset aff-", "list", "sets", "ip"),
+		FirewallIPs:  countIn(": goto ", "list", "map", "ip", cfg.Table, MapFirewallIPs),
+		Chains:       countIn("\tchain ", "list", "chains", "ip"),
+		AffinitySets: countIn("\tset aff-", "list", "sets", "ip"),
+	}
+	for i := range cfg.shards() {
+		got.ServiceIPs += countIn(": goto ", "list", "map", "ip", cfg.ShardTable(i), MapServiceIPs)
+		got.NodePorts += countIn(": goto ", "list", "map", "ip", cfg.ShardTable(i), MapServiceNodePorts)
 	}
 	if got != want {
-		tb.Fatalf("kernel table ip %s holds %+v, want %+v", table, got, want)
+		tb.Fatalf("kernel tables ip %s* hold %+v, want %+v", cfg.Table, got, want)
 	}
-	if v6 := countIn("ip6 chains", "\tchain ", "list", "chains", "ip6"); v6 != len(Static(&Config{}, IPv6).Chains) {
-		tb.Fatalf("ip6 table has %d chains, want only the %d static ones", v6, len(Static(&Config{}, IPv6).Chains))
+	if v6 := countIn("\tchain ", "list", "chains", "ip6"); v6 != staticChains(&cfg, IPv6) {
+		tb.Fatalf("ip6 tables have %d chains, want only the %d static ones", v6, staticChains(&cfg, IPv6))
 	}
 }
 
 // planCold is the user-space half of a cold Full sync, without a kernel:
 // render every Service, diff against empty tables, encode the batch.
-func planCold(tb testing.TB, cfg *Config, services map[model.ServiceKey]*model.Service) ([2]*differ, []netlink.Message) {
-	var static ByFamily
-	for i, f := range Families {
-		static[i] = Static(cfg, f)
+func planCold(tb testing.TB, cfg *Config, services map[model.ServiceKey]*model.Service) ([]*differ, []netlink.Message) {
+	ts := newTableSet(cfg)
+	empty := make([]*tableState, len(ts.refs))
+	for i := range empty {
+		empty[i] = newTableState()
 	}
-	ds, _, _ := planFull(cfg, &static, [2]*tableState{newTableState(), newTableState()}, services)
-	return ds, encodeOps(tb, cfg, ds)
+	ds, _, _ := planFull(cfg, ts, empty, services)
+	return ds, encodeOps(tb, ts, ds)
 }
 
 // planChange is the user-space half of a Partial sync of one changed
 // Service against state: render old and new, diff, encode.
-func planChange(tb testing.TB, cfg *Config, state [2]*tableState, old, svc *model.Service) ([2]*differ, []netlink.Message) {
+func planChange(tb testing.TB, cfg *Config, ts *tableSet, state []*tableState, old, svc *model.Service) ([]*differ, []netlink.Message) {
 	programmed := map[model.ServiceKey]*model.Service{old.Key: old}
-	ds, _, _ := planPartial(cfg, state, map[famElem]*claimSet{}, programmed, map[model.ServiceKey]*model.Service{svc.Key: svc})
-	return ds, encodeOps(tb, cfg, ds)
+	ds, _, _ := planPartial(cfg, ts, state, map[famElem]*claimSet{}, programmed, map[model.ServiceKey]*model.Service{svc.Key: svc})
+	return ds, encodeOps(tb, ts, ds)
 }
 
-// encodeOps encodes both families' operations as Programmer.commit does.
-func encodeOps(tb testing.TB, cfg *Config, ds [2]*differ) []netlink.Message {
+// encodeOps encodes every table's operations as Programmer.commit does.
+func encodeOps(tb testing.TB, ts *tableSet, ds []*differ) []netlink.Message {
 	rec, err := newRecorder()
 	if err != nil {
 		tb.Fatal(err)
 	}
-	for i, f := range Families {
-		if ds[i].ops.empty() {
+	for slot, d := range ds {
+		if d.ops.empty() {
 			continue
 		}
-		e := &encoder{conn: rec.conn, f: f, sets: map[string]*nftables.Set{},
-			table: &nftables.Table{Name: cfg.Table, Family: nftFamily(f)}}
-		e.encode(&ds[i].ops)
+		ref := ts.refs[slot]
+		e := &encoder{conn: rec.conn, f: ref.f, sets: map[string]*nftables.Set{},
+			table: &nftables.Table{Name: ref.name, Family: nftFamily(ref.f)}}
+		e.encode(&d.ops)
 		if e.err != nil {
 			tb.Fatal(e.err)
 		}

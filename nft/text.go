@@ -104,3 +104,19 @@ func (e *errWriter) printf(format string, args ...any) {
 		_, e.err = fmt.Fprintf(e.w, format, args...)
 	}
 }
+
+// WriteTables writes family f's tables, as Layout lays them out, as one nft
+// script.
+func WriteTables(w io.Writer, f Family, tables []Table) error {
+	for i := range tables {
+		if i > 0 {
+			if _, err := io.WriteString(w, "\n"); err != nil {
+				return err
+			}
+		}
+		if err := WriteText(w, tables[i].Name, f, &tables[i].Fragment); err != nil {
+			return err
+		}
+	}
+	return nil
+}

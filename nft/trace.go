@@ -162,15 +162,15 @@ func (r TraceResult) Paths() string {
 // and postrouting, and when addressed to itself comes back in over loopback
 // through prerouting and input, where NAT no longer applies because the
 // connection's NAT is already set up.
-func Trace(cfg *Config, f Family, frags []*Fragment, pkt Packet) TraceResult {
-	bit := cfg.MasqueradeBit
-	if bit == 0 {
-		bit = DefaultMasqueradeBit // as Static has it
+func Trace(cfg *Config, f Family, tables []Table, pkt Packet) TraceResult {
+	t := &tracer{f: f, pkt: pkt, bit: masqueradeBit(cfg), hooks: map[string][]baseChain{}}
+	for i := range tables {
+		if err := t.index(&tables[i]); err != nil {
+			return TraceResult{Err: fmt.Errorf("table %s: %w", tables[i].Name, err)}
+		}
 	}
-	t := &tracer{f: f, pkt: pkt, bit: bit, chains: map[string]*Chain{},
-		sets: map[string]*Set{}, elems: map[string]map[Key]Verdict{}, hooks: map[string][]*Chain{}}
-	if err := t.index(frags); err != nil {
-		return TraceResult{Err: err}
+	for _, cs := range t.hooks {
+		sort.SliceStable(cs, func(i, j int) bool { return cs[i].chain.Hook.Priority < cs[j].chain.Hook.Priority })
 	}
 	if !pkt.Src.IsValid() || !pkt.Dst.IsValid() || Of(pkt.Src) != f || Of(pkt.Dst) != f {
 		return TraceResult{Err: fmt.Errorf("packet %s -> %s is not of family %s", pkt.Src, pkt.Dst, f)}
@@ -215,12 +215,24 @@ type tracer struct {
 	f      Family
 	pkt    Packet
 	bit    uint32
+	tables []*traceTable
+	hooks  map[string][]baseChain // base chains of every table per hook, by priority
+	out    []Outcome
+	err    error
+}
+
+// traceTable is one table's objects by name: a jump or a lookup never
+// leaves its table.
+type traceTable struct {
+	name   string
 	chains map[string]*Chain
 	sets   map[string]*Set
 	elems  map[string]map[Key]Verdict
-	hooks  map[string][]*Chain // base chains per hook, by priority
-	out    []Outcome
-	err    error
+}
+
+type baseChain struct {
+	table *traceTable
+	chain *Chain
 }
 
 // state is what the rules may change about a packet on one path.
@@ -248,41 +260,36 @@ func (st state) log(chain string, r Rule, f Family, note string) state {
 	return st
 }
 
-func (t *tracer) index(frags []*Fragment) error {
-	for _, fr := range frags {
-		for _, s := range fr.Sets {
-			if _, dup := t.sets[s.Name]; dup {
-				return fmt.Errorf("set %q defined twice", s.Name)
-			}
-			t.sets[s.Name] = s
-			if s.Map || s.Shape == KeyAddr || s.Shape == KeyAddrPair {
-				t.elems[s.Name] = map[Key]Verdict{}
-			}
+func (t *tracer) index(table *Table) error {
+	tt := &traceTable{name: table.Name, chains: map[string]*Chain{}, sets: map[string]*Set{}, elems: map[string]map[Key]Verdict{}}
+	t.tables = append(t.tables, tt)
+	for _, s := range table.Sets {
+		if _, dup := tt.sets[s.Name]; dup {
+			return fmt.Errorf("set %q defined twice", s.Name)
+		}
+		tt.sets[s.Name] = s
+		if s.Map || s.Shape == KeyAddr || s.Shape == KeyAddrPair {
+			tt.elems[s.Name] = map[Key]Verdict{}
 		}
 	}
-	for _, fr := range frags {
-		for _, c := range fr.Chains {
-			if _, dup := t.chains[c.Name]; dup {
-				return fmt.Errorf("chain %q defined twice", c.Name)
-			}
-			t.chains[c.Name] = c
-			if c.Hook != nil {
-				t.hooks[c.Hook.Hook] = append(t.hooks[c.Hook.Hook], c)
-			}
+	for _, c := range table.Chains {
+		if _, dup := tt.chains[c.Name]; dup {
+			return fmt.Errorf("chain %q defined twice", c.Name)
 		}
-		for _, e := range fr.Elements {
-			m, ok := t.elems[e.Map]
-			if !ok {
-				return fmt.Errorf("element %s in missing map %q", e.Key, e.Map)
-			}
-			if v, dup := m[e.Key]; dup && v != e.Verdict {
-				return fmt.Errorf("map %s: key %s claimed by %q and %q", e.Map, e.Key, v, e.Verdict)
-			}
-			m[e.Key] = e.Verdict
+		tt.chains[c.Name] = c
+		if c.Hook != nil {
+			t.hooks[c.Hook.Hook] = append(t.hooks[c.Hook.Hook], baseChain{tt, c})
 		}
 	}
-	for _, cs := range t.hooks {
-		sort.SliceStable(cs, func(i, j int) bool { return cs[i].Hook.Priority < cs[j].Hook.Priority })
+	for _, e := range table.Elements {
+		m, ok := tt.elems[e.Map]
+		if !ok {
+			return fmt.Errorf("element %s in missing map %q", e.Key, e.Map)
+		}
+		if v, dup := m[e.Key]; dup && v != e.Verdict {
+			return fmt.Errorf("map %s: key %s claimed by %q and %q", e.Map, e.Key, v, e.Verdict)
+		}
+		m[e.Key] = e.Verdict
 	}
 	return nil
 }
@@ -300,14 +307,14 @@ func (t *tracer) fail(format string, args ...any) {
 // packet only, and stops once one of them set up the translation.
 func (t *tracer) hook(st state, hook string, nat bool) []state {
 	live := []state{st}
-	for _, c := range t.hooks[hook] {
+	for _, bc := range t.hooks[hook] {
 		var next []state
 		for _, st := range live {
-			if c.Hook.Type == "nat" && (!nat || natDone(hook, st)) {
+			if bc.chain.Hook.Type == "nat" && (!nat || natDone(hook, st)) {
 				next = append(next, st)
 				continue
 			}
-			for _, e := range t.runChain(st, c.Name, 0) {
+			for _, e := range t.runChain(st, bc.table, bc.chain.Name, 0) {
 				switch e.kind {
 				case endDrop:
 					t.end(e.st, Dropped, false)
@@ -370,27 +377,27 @@ type end struct {
 
 const maxDepth = 32
 
-func (t *tracer) runChain(st state, name string, depth int) []end {
+func (t *tracer) runChain(st state, tt *traceTable, name string, depth int) []end {
 	if depth > maxDepth {
 		t.fail("chain %q: jumps nest deeper than %d (a loop?)", name, maxDepth)
 		return nil
 	}
-	c, ok := t.chains[name]
+	c, ok := tt.chains[name]
 	if !ok {
-		t.fail("jump to missing chain %q", name)
+		t.fail("jump to missing chain %q in table %s", name, tt.name)
 		return nil
 	}
-	return t.runRules(st, c, 0, depth)
+	return t.runRules(st, tt, c, 0, depth)
 }
 
-func (t *tracer) runRules(st state, c *Chain, i, depth int) []end {
+func (t *tracer) runRules(st state, tt *traceTable, c *Chain, i, depth int) []end {
 	if i == len(c.Rules) {
 		return []end{{st, endReturn}}
 	}
 	var out []end
-	for _, e := range t.runRule(st, c, i, depth) {
+	for _, e := range t.runRule(st, tt, c, i, depth) {
 		if e.kind == endNext {
-			out = append(out, t.runRules(e.st, c, i+1, depth)...)
+			out = append(out, t.runRules(e.st, tt, c, i+1, depth)...)
 		} else {
 			out = append(out, e)
 		}
@@ -400,7 +407,7 @@ func (t *tracer) runRules(st state, c *Chain, i, depth int) []end {
 
 // runRule evaluates one rule's statements left to right. A failing match
 // ends the rule; changes made before it stay, as in the kernel.
-func (t *tracer) runRule(st state, c *Chain, i, depth int) []end {
+func (t *tracer) runRule(st state, tt *traceTable, c *Chain, i, depth int) []end {
 	r := c.Rules[i]
 	orig := st
 	for _, s := range r {
@@ -414,11 +421,11 @@ func (t *tracer) runRule(st state, c *Chain, i, depth int) []end {
 				return []end{{st, endNext}}
 			}
 		case MatchAddrInSet:
-			if _, ok := t.sets[s.Set]; !ok {
+			if _, ok := tt.sets[s.Set]; !ok {
 				t.fail("chain %s: lookup in missing set %q", c.Name, s.Set)
 				return nil
 			}
-			if elems, filled := t.elems[s.Set]; filled {
+			if elems, filled := tt.elems[s.Set]; filled {
 				// An address set nftgate fills.
 				a := t.pkt.Src
 				if s.Dir == Dst {
@@ -434,7 +441,7 @@ func (t *tracer) runRule(st state, c *Chain, i, depth int) []end {
 				return []end{{st, endNext}}
 			}
 		case MatchAddrPairInSet:
-			elems, ok := t.elems[s.Set]
+			elems, ok := tt.elems[s.Set]
 			if !ok {
 				t.fail("chain %s: lookup in missing set %q", c.Name, s.Set)
 				return nil
@@ -463,7 +470,7 @@ func (t *tracer) runRule(st state, c *Chain, i, depth int) []end {
 				st.mark |= s.Bit
 			}
 		case UpdateAffinity:
-			if _, ok := t.sets[s.Set]; !ok {
+			if _, ok := tt.sets[s.Set]; !ok {
 				t.fail("chain %s: update of missing set %q", c.Name, s.Set)
 				return nil
 			}
@@ -486,9 +493,9 @@ func (t *tracer) runRule(st state, c *Chain, i, depth int) []end {
 		case Reject:
 			return []end{{st.log(c.Name, r, t.f, ""), endReject}}
 		case Verdict:
-			return t.verdict(st.log(c.Name, r, t.f, ""), s, depth)
+			return t.verdict(st.log(c.Name, r, t.f, ""), tt, s, depth)
 		case VmapDispatch:
-			m, ok := t.elems[s.Map]
+			m, ok := tt.elems[s.Map]
 			if !ok {
 				t.fail("chain %s: lookup in missing map %q", c.Name, s.Map)
 				return nil
@@ -501,7 +508,7 @@ func (t *tracer) runRule(st state, c *Chain, i, depth int) []end {
 			if !hit {
 				return []end{{st, endNext}}
 			}
-			return t.verdict(st.log(c.Name, r, t.f, "element "+k.String()+" : "+v.String()), v, depth)
+			return t.verdict(st.log(c.Name, r, t.f, "element "+k.String()+" : "+v.String()), tt, v, depth)
 		case HashBucket:
 			if s.Modulus == 0 {
 				t.fail("chain %s: hash modulus 0", c.Name)
@@ -520,7 +527,7 @@ func (t *tracer) runRule(st state, c *Chain, i, depth int) []end {
 						o.buckets = map[[2]uint32]uint32{}
 					}
 					o.buckets[key] = b
-					out = append(out, t.runRule(o, c, i, depth)...)
+					out = append(out, t.runRule(o, tt, c, i, depth)...)
 				}
 				return out
 			}
@@ -535,7 +542,7 @@ func (t *tracer) runRule(st state, c *Chain, i, depth int) []end {
 	return []end{{st.log(c.Name, r, t.f, ""), endNext}}
 }
 
-func (t *tracer) verdict(st state, v Verdict, depth int) []end {
+func (t *tracer) verdict(st state, tt *traceTable, v Verdict, depth int) []end {
 	switch v.Kind {
 	case Accept:
 		return []end{{st, endAccept}}
@@ -544,7 +551,7 @@ func (t *tracer) verdict(st state, v Verdict, depth int) []end {
 	case Return:
 		return []end{{st, endReturn}}
 	case Jump:
-		ends := t.runChain(st, v.Chain, depth+1)
+		ends := t.runChain(st, tt, v.Chain, depth+1)
 		for i := range ends {
 			if ends[i].kind == endReturn {
 				ends[i].kind = endNext // back in the caller, after the jump
@@ -553,7 +560,7 @@ func (t *tracer) verdict(st state, v Verdict, depth int) []end {
 		return ends
 	case Goto:
 		// A return from the target returns to this chain's caller.
-		return t.runChain(st, v.Chain, depth+1)
+		return t.runChain(st, tt, v.Chain, depth+1)
 	}
 	t.fail("verdict %v is not traced", v)
 	return nil

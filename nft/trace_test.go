@@ -82,17 +82,7 @@ type flow struct {
 	want     string   // TraceResult.Summary
 }
 
-func fragments(cfg *nft.Config, f nft.Family, svcs []*model.Service) []*nft.Fragment {
-	static := nft.Static(cfg, f)
-	frags := []*nft.Fragment{&static}
-	for _, s := range svcs {
-		byFam := nft.RenderService(cfg, s)
-		frags = append(frags, byFam.Of(f))
-	}
-	return frags
-}
-
-func trace(t *testing.T, cfg *nft.Config, svcs []*model.Service, fl flow) (nft.TraceResult, []*nft.Fragment) {
+func trace(t *testing.T, cfg *nft.Config, svcs []*model.Service, fl flow) (nft.TraceResult, []nft.Table) {
 	t.Helper()
 	dst := netip.MustParseAddrPort(fl.dst)
 	pkt := nft.Packet{
@@ -115,18 +105,18 @@ func trace(t *testing.T, cfg *nft.Config, svcs []*model.Service, fl flow) (nft.T
 		}
 	}
 	f := nft.Of(pkt.Dst)
-	frags := fragments(cfg, f, svcs)
-	return nft.Trace(cfg, f, frags, pkt), frags
+	tables := nft.Layout(cfg, f, svcs)
+	return nft.Trace(cfg, f, tables, pkt), tables
 }
 
 func runFlows(t *testing.T, cfg *nft.Config, svcs []*model.Service, flows []flow) {
 	t.Helper()
 	for _, fl := range flows {
 		t.Run(fl.name, func(t *testing.T) {
-			res, frags := trace(t, cfg, svcs, fl)
+			res, tables := trace(t, cfg, svcs, fl)
 			if got := res.Summary(); got != fl.want {
 				var text bytes.Buffer
-				nft.WriteText(&text, cfg.Table, nft.Of(addr(fl.src)), frags...)
+				nft.WriteTables(&text, nft.Of(addr(fl.src)), tables)
 				t.Errorf("%s -> %s: got %q, want %q\n%s\nruleset:\n%s", fl.src, fl.dst, got, fl.want, res.Paths(), text.String())
 			}
 			for _, o := range res.Outcomes {
@@ -660,7 +650,7 @@ func TestTraceSemantics(t *testing.T) {
 		}, pkt, "dnat 10.0.0.1:80 masq, dnat 10.0.0.2:80"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			res := nft.Trace(cfg, nft.IPv4, []*nft.Fragment{{Chains: tc.chains}}, tc.pkt)
+			res := nft.Trace(cfg, nft.IPv4, []nft.Table{{Name: "t", Fragment: nft.Fragment{Chains: tc.chains}}}, tc.pkt)
 			if got := res.Summary(); got != tc.want {
 				t.Errorf("got %q, want %q\n%s", got, tc.want, res.Paths())
 			}
@@ -681,7 +671,7 @@ func TestTraceSemantics(t *testing.T) {
 		{"bad hook", nft.Fragment{}, nft.Packet{Src: pkt.Src, Dst: pkt.Dst, Hook: "input"}, "want prerouting or output"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			res := nft.Trace(cfg, nft.IPv4, []*nft.Fragment{&tc.fr}, tc.pkt)
+			res := nft.Trace(cfg, nft.IPv4, []nft.Table{{Name: "t", Fragment: tc.fr}}, tc.pkt)
 			if res.Err == nil || !strings.Contains(res.Err.Error(), tc.want) {
 				t.Errorf("error %v, want one containing %q", res.Err, tc.want)
 			}

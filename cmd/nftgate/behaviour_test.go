@@ -33,6 +33,7 @@ import (
 	"github.com/nftgate/nftgate/lab/gatewaytest"
 	"github.com/nftgate/nftgate/lab/labtest"
 	"github.com/nftgate/nftgate/model"
+	"github.com/nftgate/nftgate/nft"
 )
 
 // behaviourLab is one gateway shared by the subtests of a behaviour test;
@@ -635,7 +636,7 @@ func (l *behaviourLab) testEdgeCases(t *testing.T) {
 		l.g.Write("nonp.yaml", svc, gatewaytest.Slice("default", "nonp-1", "nonp", "http", "", 8080, ep("198.18.2.17", "")))
 		l.eventuallyBackends(t, "tcp", ap("198.19.2.91:80"), 3, l.b4(7, 8080))
 		l.eventuallyBackends(t, "tcp", ap("198.19.0.91:80"), 3, l.b4(7, 8080))
-		out := l.g.Nft("list", "map", "ip", "nftgate", "service-nodeports")
+		out := l.g.Nft("list", "map", "ip", serviceTable("default", "nonp"), "service-nodeports")
 		if strings.Contains(out, "default/nonp") {
 			t.Errorf("a LoadBalancer without node ports has a node port element:\n%s", out)
 		}
@@ -650,7 +651,7 @@ func (l *behaviourLab) testEdgeCases(t *testing.T) {
 			gatewaytest.Slice("default", "dup-a", "dup", "http", "", 8080, ep("198.18.2.10", ""), ep("198.18.2.11", "")),
 			gatewaytest.Slice("default", "dup-b", "dup", "http", "", 8080, gatewaytest.Endpoint{Addr: "198.18.2.10", NotReady: true}, ep("198.18.2.12", "")))
 		l.eventuallyBackends(t, "tcp", ap("198.19.0.92:80"), 40, l.b4(0, 8080), l.b4(1, 8080), l.b4(2, 8080))
-		out := l.g.Nft("list", "chain", "ip", "nftgate", chainOf(t, l.g, "198.19.0.92 . tcp . 80"))
+		out := l.g.Nft("list", "chain", "ip", serviceTable("default", "dup"), chainOf(t, l.g, serviceTable("default", "dup"), "198.19.0.92 . tcp . 80"))
 		if n := strings.Count(out, "dnat to 198.18.2.10:8080"); n != 1 {
 			t.Errorf("the endpoint listed in two slices has %d dnat rules, want 1:\n%s", n, out)
 		}
@@ -688,11 +689,17 @@ func (l *behaviourLab) testEdgeCases(t *testing.T) {
 	})
 }
 
+// serviceTable is the shard table holding a Service's chains and dispatch
+// elements, at the default shard count the tests run nftgate with.
+func serviceTable(namespace, name string) string {
+	return nft.Config{Table: "nftgate"}.TableOf(model.ServiceKey{Namespace: namespace, Name: name})
+}
+
 // chainOf returns the chain a service-ips element (key as nft prints it)
-// points to.
-func chainOf(t *testing.T, g *gatewaytest.Gateway, key string) string {
+// of a shard table points to.
+func chainOf(t *testing.T, g *gatewaytest.Gateway, table, key string) string {
 	t.Helper()
-	out := g.Nft("list", "map", "ip", "nftgate", "service-ips")
+	out := g.Nft("list", "map", "ip", table, "service-ips")
 	for _, line := range strings.Split(out, "\n") {
 		if i := strings.Index(line, key+" : goto "); i >= 0 {
 			return strings.TrimRight(strings.TrimSpace(line[i+len(key+" : goto "):]), ",}")
@@ -723,7 +730,7 @@ func TestServiceBehaviourAPI(t *testing.T) {
 		cip, np, lb := ap("198.19.0.95:80"), l.nodePort4(30095), ap("198.19.2.95:80")
 		leftovers := func(t *testing.T, absent ...string) {
 			t.Helper()
-			out := l.g.Nft("list", "table", "ip", "nftgate")
+			out := l.g.Nft("list", "ruleset", "ip")
 			for _, a := range absent {
 				if strings.Contains(out, a) {
 					t.Errorf("table still holds %q:\n%s", a, out)
@@ -786,7 +793,7 @@ func TestServiceBehaviourAPI(t *testing.T) {
 		}
 		l.g.Write("new.yaml", fresh, gatewaytest.Slice("default", "new-1", "new", "http", "", 8080, ep("198.18.2.13", "")))
 		l.eventuallyBackends(t, "tcp", dst, 20, l.b4(3, 8080))
-		out := l.g.Nft("list", "table", "ip", "nftgate")
+		out := l.g.Nft("list", "ruleset", "ip")
 		if strings.Contains(out, "default/old/") {
 			t.Errorf("the deleted Service left chains behind:\n%s", out)
 		}

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/BurntSushi/toml"
+
+	"github.com/nftgate/nftgate/nft"
 )
 
 // Config is nftgate's configuration: config.toml at the repository root
@@ -31,6 +33,7 @@ type Config struct {
 	HealthzMaxAge     Duration `toml:"healthz_max_sync_age"`
 	MasqueradeBit     uint32   `toml:"masquerade_bit"`
 	HashSeed          uint32   `toml:"hash_seed"`
+	Shards            int      `toml:"shards"`
 	LogLevel          string   `toml:"log_level"`
 	LogFormat         string   `toml:"log_format"`
 	AuthUser          string   `toml:"auth_user"`
@@ -54,6 +57,7 @@ func defaults() Config {
 		ReconcileInterval: Duration(time.Minute),
 		HealthzMaxAge:     Duration(2 * time.Minute),
 		MasqueradeBit:     0x4000,
+		Shards:            nft.DefaultShards,
 		LogLevel:          "info",
 		LogFormat:         "text",
 	}
@@ -145,6 +149,7 @@ func loadConfig(name string, args []string) (*Config, *flag.FlagSet, error) {
 	fs.Var(&listFlag{dst: &cfg.NodePortAddresses}, "nodeport-addresses", "`CIDR` limiting which local addresses serve NodePorts (repeatable)")
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "`host:port` of the status page, API, health and metrics")
 	fs.StringVar(&cfg.Table, "table", cfg.Table, "`name` of nftgate's nftables tables")
+	fs.IntVar(&cfg.Shards, "shards", cfg.Shards, "`number` of service shard tables per family (see config.toml)")
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&cfg.LogFormat, "log-format", cfg.LogFormat, "text or json")
 	fs.Var(&cfg.MinSyncInterval, "min-sync-interval", "least `time` between two syncs; changes meanwhile are coalesced")
@@ -205,6 +210,9 @@ func (c *Config) validate() error {
 	}
 	if c.ReconcileInterval < 0 {
 		bad("reconcile_interval", "%s is negative", c.ReconcileInterval)
+	}
+	if c.Shards < 1 || c.Shards > nft.MaxShards {
+		bad("shards", "%d is not between 1 and %d", c.Shards, nft.MaxShards)
 	}
 	if c.MasqueradeBit == 0 || c.MasqueradeBit&(c.MasqueradeBit-1) != 0 {
 		bad("masquerade_bit", "%#x is not a single bit", c.MasqueradeBit)

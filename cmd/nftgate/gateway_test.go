@@ -231,7 +231,7 @@ func testChangesReachTheKernel(t *testing.T, newGW newGateway) {
 		t.Fatal(err)
 	}
 	for _, fam := range []string{"ip", "ip6"} {
-		out := g.Nft("list", "table", fam, "nftgate")
+		out := g.Nft("list", "ruleset", fam)
 		if strings.Contains(out, "shop/cart") || strings.Contains(out, "198.19.0.20") {
 			t.Errorf("the deleted Service left traces in the %s table:\n%s", fam, out)
 		}

@@ -261,7 +261,10 @@ func TestDriftIsRepaired(t *testing.T) {
 		gatewaytest.Slice("default", "web-1", "web", "http", "", 8080, gatewaytest.Endpoint{Addr: "198.18.2.10"}))
 	g.Start()
 	before := metric(t, g, "nftgate_drift_repairs_total")
+	// The Service's shard table carries its DNAT: without it the
+	// ClusterIP does not answer until the repair.
 	g.Nft("delete", "table", "ip", "nftgate")
+	g.Nft("delete", "table", "ip", serviceTable("default", "web"))
 	start := time.Now()
 	err := lab.EventuallyWithin(5*time.Second, func() error {
 		_, err := topo.Client.Dial("tcp", ap("198.19.0.10:80"), lab.DialOpts{Timeout: 200 * time.Millisecond})

@@ -34,6 +34,7 @@ func (c *Config) ruleset() nft.Config {
 		NodePortAddresses: c.nodePortAddresses,
 		MasqueradeBit:     c.MasqueradeBit,
 		HashSeed:          c.HashSeed,
+		Shards:            c.Shards,
 	}
 }
 
@@ -305,7 +306,7 @@ func render(ctx context.Context, cfg *Config, w io.Writer) error {
 	}
 	sort.Slice(keys, func(i, j int) bool { return keys[i].Less(keys[j]) })
 	opts := model.Options{ProxyName: cfg.ProxyName, ExternalOnly: cfg.ExternalOnly}
-	var frags []nft.ByFamily
+	var svcs []*model.Service
 	for _, k := range keys {
 		o := all[k]
 		if o.Service == nil || model.Skip(o.Service, opts) != "" {
@@ -316,15 +317,13 @@ func render(ctx context.Context, cfg *Config, w io.Writer) error {
 			fmt.Fprintln(os.Stderr, "nftgate: skipping:", err)
 			continue
 		}
-		frags = append(frags, nft.RenderService(&rc, m))
+		svcs = append(svcs, m)
 	}
-	for _, f := range nft.Families {
-		static := nft.Static(&rc, f)
-		list := []*nft.Fragment{&static}
-		for i := range frags {
-			list = append(list, frags[i].Of(f))
+	for i, f := range nft.Families {
+		if i > 0 {
+			fmt.Fprintln(w)
 		}
-		if err := nft.WriteText(w, cfg.Table, f, list...); err != nil {
+		if err := nft.WriteTables(w, f, nft.Layout(&rc, f, svcs)); err != nil {
 			return err
 		}
 	}
