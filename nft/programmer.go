@@ -29,7 +29,7 @@ type Programmer struct {
 	staticChains map[string]bool
 	state        []*tableState                       // per table of p.tables
 	services     map[model.ServiceKey]*model.Service // as programmed
-	claims       map[famElem]*claimSet
+	claims       *claimBook
 }
 
 // reconcileRounds is how many full syncs it takes to read every rule back.
@@ -69,6 +69,26 @@ func (cs claimSet) winner() *claim {
 	return w
 }
 
+// claimBook records which Services want which elements.
+type claimBook struct {
+	// verdicts are the claims on map elements: the oldest Service wins.
+	verdicts map[famElem]*claimSet
+	// plain counts the Services that want each element of a plain
+	// address set (ClusterIPs, hairpin pairs): every claim on one is the
+	// same, so a count is all it takes. Most elements are of this kind.
+	plain map[famElem]int32
+}
+
+func newClaimBook() *claimBook {
+	return &claimBook{verdicts: map[famElem]*claimSet{}, plain: map[famElem]int32{}}
+}
+
+// plainSet tells whether a set's elements carry no verdict.
+func plainSet(name string) bool {
+	shape := setShape(name)
+	return shape == KeyAddr || shape == KeyAddrPair
+}
+
 // Result describes one sync.
 type Result struct {
 	Full     bool
@@ -99,7 +119,7 @@ func NewProgrammer(cfg Config, opts Options) (*Programmer, error) {
 		b.Close()
 		return nil, err
 	}
-	p := &Programmer{cfg: cfg, batch: b, reader: r, services: map[model.ServiceKey]*model.Service{}, claims: map[famElem]*claimSet{}}
+	p := &Programmer{cfg: cfg, batch: b, reader: r, services: map[model.ServiceKey]*model.Service{}, claims: newClaimBook()}
 	p.tables = newTableSet(&p.cfg)
 	p.staticChains = map[string]bool{}
 	for _, fr := range p.tables.static {
@@ -218,8 +238,9 @@ func (p *Programmer) Full(services map[model.ServiceKey]*model.Service) (Result,
 // planFull decides everything a full sync changes: the tables must hold
 // the skeleton and every Service, and nothing else. It is pure: observed is
 // what the kernel holds, per table of ts (an empty state for a cold start).
-func planFull(cfg *Config, ts *tableSet, observed []*tableState, services map[model.ServiceKey]*model.Service) ([]*differ, map[famElem]*claimSet, []string) {
-	claims := map[famElem]*claimSet{}
+func planFull(cfg *Config, ts *tableSet, observed []*tableState, services map[model.ServiceKey]*model.Service) ([]*differ, *claimBook, []string) {
+	book := newClaimBook()
+	claims := book.verdicts
 	keys := make([]model.ServiceKey, 0, len(services))
 	for k := range services {
 		keys = append(keys, k)
@@ -256,7 +277,11 @@ func planFull(cfg *Config, ts *tableSet, observed []*tableState, services map[mo
 				}
 			}
 			for _, e := range fr.Elements {
-				addClaim(claims, famElem{f, e.ID()}, claim{svc: k, created: svc.Created, verdict: e.Verdict})
+				if plainSet(e.Map) {
+					book.plain[famElem{f, e.ID()}]++
+				} else {
+					addClaim(claims, famElem{f, e.ID()}, claim{svc: k, created: svc.Created, verdict: e.Verdict})
+				}
 			}
 		}
 	}
@@ -271,6 +296,11 @@ func planFull(cfg *Config, ts *tableSet, observed []*tableState, services map[mo
 		want[slot][fe.id] = true
 		ds[slot].element(fe.id, &w.verdict)
 		conflictList = append(conflictList, conflicts(fe, *cs)...)
+	}
+	for fe := range book.plain {
+		slot := ts.main(fe.f)
+		want[slot][fe.id] = true
+		ds[slot].element(fe.id, &Verdict{})
 	}
 	for slot, d := range ds {
 		for name := range d.state.chains {
@@ -287,7 +317,7 @@ func planFull(cfg *Config, ts *tableSet, observed []*tableState, services map[mo
 	}
 	sort.Strings(conflictList)
 	sortOps(ds)
-	return ds, claims, conflictList
+	return ds, book, conflictList
 }
 
 // Partial applies the changed Services (nil for a deleted one) on top of the
@@ -307,11 +337,18 @@ func (p *Programmer) Partial(changes map[model.ServiceKey]*model.Service) (Resul
 	res.Messages = n
 	res.Duration = time.Since(start)
 	if err != nil {
-		for fe, cs := range undo {
+		for fe, cs := range undo.verdicts {
 			if cs == nil {
-				delete(p.claims, fe)
+				delete(p.claims.verdicts, fe)
 			} else {
-				p.claims[fe] = cs
+				p.claims.verdicts[fe] = cs
+			}
+		}
+		for fe, n := range undo.plain {
+			if n == 0 {
+				delete(p.claims.plain, fe)
+			} else {
+				p.claims.plain[fe] = n
 			}
 		}
 		return res, err
@@ -334,13 +371,29 @@ func (p *Programmer) Partial(changes map[model.ServiceKey]*model.Service) (Resul
 // given what is programmed. It updates claims in place and returns, for
 // each element it touched, the claims as they were (nil where there were
 // none), so that a refused batch can be undone.
-func planPartial(cfg *Config, ts *tableSet, state []*tableState, claims map[famElem]*claimSet, programmed, changes map[model.ServiceKey]*model.Service) ([]*differ, map[famElem]*claimSet, []string) {
+func planPartial(cfg *Config, ts *tableSet, state []*tableState, book *claimBook, programmed, changes map[model.ServiceKey]*model.Service) ([]*differ, *claimBook, []string) {
+	claims := book.verdicts
 	var conflictList []string
 	ds := make([]*differ, len(ts.refs))
 	for slot, ref := range ts.refs {
 		ds[slot] = newDiffer(ref.f, state[slot])
 	}
 	undo := map[famElem]*claimSet{}
+	undoPlain := map[famElem]int32{}
+	count := func(fe famElem, delta int32) {
+		n, ok := book.plain[fe]
+		if _, seen := undoPlain[fe]; !seen {
+			undoPlain[fe] = n
+		}
+		if !ok && delta < 0 {
+			return
+		}
+		if n += delta; n > 0 {
+			book.plain[fe] = n
+		} else {
+			delete(book.plain, fe)
+		}
+	}
 	touch := func(fe famElem) {
 		if _, ok := undo[fe]; !ok {
 			if cs, ok := claims[fe]; ok {
@@ -390,11 +443,19 @@ func planPartial(cfg *Config, ts *tableSet, state []*tableState, claims map[famE
 			}
 			for _, e := range o.Elements {
 				fe := famElem{f, e.ID()}
+				if plainSet(e.Map) {
+					count(fe, -1)
+					continue
+				}
 				touch(fe)
 				removeClaim(claims, fe, k)
 			}
 			for _, e := range n.Elements {
 				fe := famElem{f, e.ID()}
+				if plainSet(e.Map) {
+					count(fe, +1)
+					continue
+				}
 				touch(fe)
 				addClaim(claims, fe, claim{svc: k, created: svc.Created, verdict: e.Verdict})
 			}
@@ -416,8 +477,16 @@ func planPartial(cfg *Config, ts *tableSet, state []*tableState, claims map[famE
 			}
 		}
 	}
+	for fe := range undoPlain {
+		d := ds[ts.main(fe.f)]
+		if book.plain[fe] > 0 {
+			d.element(fe.id, &Verdict{})
+		} else {
+			d.element(fe.id, nil)
+		}
+	}
 	sortOps(ds)
-	return ds, undo, conflictList
+	return ds, &claimBook{verdicts: undo, plain: undoPlain}, conflictList
 }
 
 // commit encodes the operations of every table, and the deletion of the

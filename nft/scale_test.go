@@ -245,7 +245,7 @@ func planCold(tb testing.TB, cfg *Config, services map[model.ServiceKey]*model.S
 // Service against state: render old and new, diff, encode.
 func planChange(tb testing.TB, cfg *Config, ts *tableSet, state []*tableState, old, svc *model.Service) ([]*differ, []netlink.Message) {
 	programmed := map[model.ServiceKey]*model.Service{old.Key: old}
-	ds, _, _ := planPartial(cfg, ts, state, map[famElem]*claimSet{}, programmed, map[model.ServiceKey]*model.Service{svc.Key: svc})
+	ds, _, _ := planPartial(cfg, ts, state, newClaimBook(), programmed, map[model.ServiceKey]*model.Service{svc.Key: svc})
 	return ds, encodeOps(tb, ts, ds)
 }
 
