@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // Apply sets the sysctls (below procSys, normally /proc/sys, as seen from
@@ -24,6 +25,11 @@ func (c Config) Apply(ctx context.Context, h *netlink.Handle, procSys string) er
 		}
 	}
 	for _, ifc := range c.Interfaces {
+		if ifc.VLAN != nil {
+			if err := ensureVLAN(ctx, h, ifc.Name, *ifc.VLAN); err != nil {
+				return err
+			}
+		}
 		link, err := waitForLink(ctx, h, ifc.Name)
 		if err != nil {
 			return err
@@ -31,6 +37,44 @@ func (c Config) Apply(ctx context.Context, h *netlink.Handle, procSys string) er
 		if err := applyInterface(h, link, ifc); err != nil {
 			return fmt.Errorf("interface %s: %w", ifc.Name, err)
 		}
+	}
+	return nil
+}
+
+// ensureVLAN creates the VLAN interface name on v.Link, once the parent
+// exists, and sets the parent up: a VLAN passes no traffic on a parent that
+// is down, and the parent may have no settings of its own. An existing
+// interface of that name must already be this VLAN.
+func ensureVLAN(ctx context.Context, h *netlink.Handle, name string, v VLAN) error {
+	parent, err := waitForLink(ctx, h, v.Link)
+	if err != nil {
+		return fmt.Errorf("VLAN %s: parent %w", name, err)
+	}
+	if err := h.LinkSetUp(parent); err != nil {
+		return fmt.Errorf("VLAN %s: parent %s up: %w", name, v.Link, err)
+	}
+	existing, err := h.LinkByName(name)
+	if err == nil {
+		vl, ok := existing.(*netlink.Vlan)
+		if !ok || vl.VlanId != v.ID || vl.Attrs().ParentIndex != parent.Attrs().Index {
+			return fmt.Errorf("VLAN %s: an interface of that name exists and is not VLAN %d on %s", name, v.ID, v.Link)
+		}
+		return nil
+	}
+	var notFound netlink.LinkNotFoundError
+	if !errors.As(err, &notFound) {
+		return fmt.Errorf("VLAN %s: %w", name, err)
+	}
+	vl := &netlink.Vlan{
+		LinkAttrs:    netlink.LinkAttrs{Name: name, ParentIndex: parent.Attrs().Index},
+		VlanId:       v.ID,
+		VlanProtocol: netlink.VLAN_PROTOCOL_8021Q,
+	}
+	if err := h.LinkAdd(vl); err != nil {
+		if errors.Is(err, unix.EOPNOTSUPP) {
+			return fmt.Errorf("VLAN %s (id %d on %s): the kernel has no 802.1Q VLAN support (CONFIG_VLAN_8021Q; build the image with KERNEL=custom): %w", name, v.ID, v.Link, err)
+		}
+		return fmt.Errorf("VLAN %s (id %d on %s): %w", name, v.ID, v.Link, err)
 	}
 	return nil
 }

@@ -40,6 +40,19 @@ type Interface struct {
 	Routes []Route `json:"routes,omitempty"`
 	// MTU, when non-zero, is set on the link.
 	MTU int `json:"mtu,omitempty"`
+	// VLAN, when set, makes this interface an 802.1Q VLAN on another
+	// link, which netconfig creates at boot. The kernel needs
+	// CONFIG_VLAN_8021Q: the kernel package of `make kernel` has it, the
+	// stock gokrazy kernel does not.
+	VLAN *VLAN `json:"vlan,omitempty"`
+}
+
+// VLAN names the parent link and the VLAN id of a VLAN interface.
+type VLAN struct {
+	// Link is the interface carrying the tagged frames (eth1).
+	Link string `json:"link"`
+	// ID is the 802.1Q VLAN id, 1..4094.
+	ID int `json:"id"`
 }
 
 // Route is a static route. To is a prefix (0.0.0.0/0 for a default route);
@@ -99,6 +112,7 @@ var sysctlRE = regexp.MustCompile(`^[a-z0-9_\-]+(\.[a-zA-Z0-9_\-]+)+$`)
 // Validate checks every field and names the first bad one.
 func (c Config) Validate() error {
 	seen := map[string]bool{}
+	vlans := map[VLAN]string{}
 	dhcp := ""
 	for i, ifc := range c.Interfaces {
 		field := fmt.Sprintf("interfaces[%d]", i)
@@ -116,8 +130,23 @@ func (c Config) Validate() error {
 			}
 			dhcp = ifc.Name
 		}
-		if !ifc.DHCP && len(ifc.Addresses) == 0 && len(ifc.Routes) == 0 && ifc.MTU == 0 {
-			return fmt.Errorf("%s: neither dhcp, addresses, routes nor mtu set", field)
+		if v := ifc.VLAN; v != nil {
+			if !ifnameRE.MatchString(v.Link) {
+				return fmt.Errorf("%s.vlan.link: invalid interface name %q", field, v.Link)
+			}
+			if v.Link == ifc.Name {
+				return fmt.Errorf("%s.vlan.link: %q is the VLAN interface itself, want its parent link", field, v.Link)
+			}
+			if v.ID < 1 || v.ID > 4094 {
+				return fmt.Errorf("%s.vlan.id: %d is outside 1..4094", field, v.ID)
+			}
+			if other, dup := vlans[*v]; dup {
+				return fmt.Errorf("%s.vlan: VLAN %d on %s is already interface %q", field, v.ID, v.Link, other)
+			}
+			vlans[*v] = ifc.Name
+		}
+		if !ifc.DHCP && len(ifc.Addresses) == 0 && len(ifc.Routes) == 0 && ifc.MTU == 0 && ifc.VLAN == nil {
+			return fmt.Errorf("%s: neither dhcp, addresses, routes, mtu nor vlan set", field)
 		}
 		for j, a := range ifc.Addresses {
 			if _, err := netip.ParsePrefix(a); err != nil {

@@ -39,6 +39,23 @@ func TestParseValid(t *testing.T) {
 	}
 }
 
+func TestParseVLAN(t *testing.T) {
+	c, err := Parse([]byte(`{"interfaces": [
+		{"name": "eth1", "addresses": ["10.0.2.1/24"]},
+		{"name": "eth1.100", "vlan": {"link": "eth1", "id": 100}, "addresses": ["10.0.100.1/24"]},
+		{"name": "eth1.200", "vlan": {"link": "eth1", "id": 200}}
+	]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := c.Interfaces[1].VLAN; v == nil || *v != (VLAN{Link: "eth1", ID: 100}) {
+		t.Errorf("interfaces[1].vlan = %+v, want eth1 id 100", v)
+	}
+	if c.Interfaces[0].VLAN != nil {
+		t.Errorf("interfaces[0].vlan = %+v, want none", c.Interfaces[0].VLAN)
+	}
+}
+
 func TestDefaultIsDHCPOnEth0(t *testing.T) {
 	c := DHCPConfig()
 	if err := c.Validate(); err != nil {
@@ -58,12 +75,18 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{"long name", `{"interfaces":[{"name":"abcdefghijklmnop","dhcp":true}]}`, `invalid interface name "abcdefghijklmnop"`},
 		{"duplicate", `{"interfaces":[{"name":"eth0","dhcp":true},{"name":"eth0","mtu":1500}]}`, `interfaces[1] (eth0).name: interface "eth0" listed twice`},
 		{"two dhcp", `{"interfaces":[{"name":"eth0","dhcp":true},{"name":"eth1","dhcp":true}]}`, `interfaces[1] (eth1).dhcp: only one interface can use DHCP, "eth0" already does`},
-		{"empty", `{"interfaces":[{"name":"eth0"}]}`, `interfaces[0] (eth0): neither dhcp, addresses, routes nor mtu set`},
+		{"empty", `{"interfaces":[{"name":"eth0"}]}`, `interfaces[0] (eth0): neither dhcp, addresses, routes, mtu nor vlan set`},
 		{"bad address", `{"interfaces":[{"name":"eth1","addresses":["10.0.0.1"]}]}`, `interfaces[0] (eth1).addresses[0]: "10.0.0.1" is not an address in CIDR form`},
 		{"bad route", `{"interfaces":[{"name":"eth1","routes":[{"to":"default"}]}]}`, `interfaces[0] (eth1).routes[0].to: "default" is not a prefix`},
 		{"bad via", `{"interfaces":[{"name":"eth1","routes":[{"to":"0.0.0.0/0","via":"10.0.0"}]}]}`, `interfaces[0] (eth1).routes[0].via: "10.0.0" is not an address`},
 		{"mixed family", `{"interfaces":[{"name":"eth1","routes":[{"to":"0.0.0.0/0","via":"fd00::1"}]}]}`, `routes[0].via: gateway fd00::1 is not of the same family as 0.0.0.0/0`},
 		{"bad mtu", `{"interfaces":[{"name":"eth1","mtu":20}]}`, `interfaces[0] (eth1).mtu: 20 is outside 68..65535`},
+		{"vlan without link", `{"interfaces":[{"name":"eth1.7","vlan":{"id":7}}]}`, `interfaces[0] (eth1.7).vlan.link: invalid interface name ""`},
+		{"vlan on itself", `{"interfaces":[{"name":"eth1","vlan":{"link":"eth1","id":7}}]}`, `interfaces[0] (eth1).vlan.link: "eth1" is the VLAN interface itself`},
+		{"vlan id 0", `{"interfaces":[{"name":"eth1.0","vlan":{"link":"eth1","id":0}}]}`, `interfaces[0] (eth1.0).vlan.id: 0 is outside 1..4094`},
+		{"vlan id 4095", `{"interfaces":[{"name":"eth1.x","vlan":{"link":"eth1","id":4095}}]}`, `interfaces[0] (eth1.x).vlan.id: 4095 is outside 1..4094`},
+		{"vlan twice", `{"interfaces":[{"name":"a","vlan":{"link":"eth1","id":7}},{"name":"b","vlan":{"link":"eth1","id":7}}]}`, `interfaces[1] (b).vlan: VLAN 7 on eth1 is already interface "a"`},
+		{"vlan unknown field", `{"interfaces":[{"name":"a","vlan":{"link":"eth1","vid":7}}]}`, `unknown field "vid"`},
 		{"bad sysctl", `{"interfaces":[],"sysctls":{"../../etc/passwd":"1"}}`, `sysctls: invalid sysctl name "../../etc/passwd"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

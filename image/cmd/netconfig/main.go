@@ -8,6 +8,7 @@ package main
 import (
 	"context"
 	"flag"
+	"fmt"
 	"log"
 	"os"
 	"time"
@@ -39,7 +40,11 @@ func main() {
 		log.Printf("sysctl %s=%s", s.Name, s.Value)
 	}
 	for _, ifc := range c.Interfaces {
-		log.Printf("interface %s: dhcp=%v addresses=%v routes=%v", ifc.Name, ifc.DHCP, ifc.Addresses, ifc.Routes)
+		vlan := ""
+		if ifc.VLAN != nil {
+			vlan = fmt.Sprintf(" vlan=%d on %s", ifc.VLAN.ID, ifc.VLAN.Link)
+		}
+		log.Printf("interface %s:%s dhcp=%v addresses=%v routes=%v", ifc.Name, vlan, ifc.DHCP, ifc.Addresses, ifc.Routes)
 	}
 	// 125 tells gokrazy's supervisor not to restart this program.
 	os.Exit(125)
