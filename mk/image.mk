@@ -13,6 +13,9 @@
 #   HOSTNAME_GW      host name of the appliance     (default: nftgate)
 #   IMAGE_NAME       image and instance name        (default: nftgate -> build/nftgate.img)
 #   UPDATE_HOST      where `make image-update` reaches the box (default: HOSTNAME_GW)
+#   KERNEL           "stock" (github.com/gokrazy/kernel.amd64) or "custom": the
+#                    kernel package of `make kernel` (mk/kernel.mk), built first
+#                    when missing (default: stock)
 
 GOK := $(BUILD)/gok
 GOK_SRC := $(CURDIR)/tools/gok
@@ -25,6 +28,9 @@ GOKRAZY_PASSWORD_FILE ?= $(BUILD)/gokrazy-password.txt
 HOSTNAME_GW ?= nftgate
 IMAGE_NAME ?= nftgate
 UPDATE_HOST ?=
+KERNEL ?= stock
+IMAGE_KERNEL_DEPS := $(if $(filter custom,$(KERNEL)),kernel)
+IMAGE_KERNEL_DIR = $(if $(filter custom,$(KERNEL)),$(KERNEL_PKG_DIR))
 # 2 GiB: room for the A/B root partitions and a /perm partition for state.
 IMAGE_BYTES ?= 2147483648
 
@@ -45,13 +51,14 @@ gok: $(GOK)
 # gok add the local packages, which writes the replace directives that point
 # the builddir at this checkout. The main module's go.sum goes along so the
 # builddir needs no checksum lookups for what the repository already pins.
-image-instance: $(GOK)
+image-instance: $(GOK) $(IMAGE_KERNEL_DEPS)
+	@case "$(KERNEL)" in stock|custom) ;; *) echo 'KERNEL="$(KERNEL)": want "stock" or "custom"'; exit 1;; esac
 	$(GO) run ./image/cmd/mkinstance \
 		-template image/config.json.tmpl -builddir image/builddir \
 		-instance_dir $(INSTANCE_DIR) -hostname $(HOSTNAME_GW) -update_host "$(UPDATE_HOST)" \
 		-config "$(NFTGATE_CONFIG)" -kubeconfig "$(KUBECONFIG_FILE)" \
 		-manifests "$(MANIFESTS)" -network "$(NETWORK)" \
-		-password_file "$(GOKRAZY_PASSWORD_FILE)"
+		-password_file "$(GOKRAZY_PASSWORD_FILE)" -kernel_dir "$(IMAGE_KERNEL_DIR)"
 	@for pkg in cmd/nftgate image/cmd/netconfig; do \
 		$(GOK) --parent_dir $(GOKRAZY_PARENT) -i $(IMAGE_NAME) add ./$$pkg >$(INSTANCE_DIR)/add.log 2>&1 \
 			|| { cat $(INSTANCE_DIR)/add.log; exit 1; }; \

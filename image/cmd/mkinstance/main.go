@@ -35,7 +35,13 @@ type params struct {
 	ManifestsDir   string
 	NetworkFile    string
 	DHCPInterface  string
+	// KernelPackage is the Go package gok takes vmlinuz and cmdline.txt
+	// from: the stock gokrazy kernel, or the module of -kernel_dir.
+	KernelPackage string
 }
+
+// stockKernel is the kernel package pinned in image/builddir.
+const stockKernel = "github.com/gokrazy/kernel.amd64"
 
 type options struct {
 	templatePath string
@@ -48,6 +54,7 @@ type options struct {
 	manifests    string
 	network      string
 	passwordFile string
+	kernelDir    string
 }
 
 func main() {
@@ -62,6 +69,7 @@ func main() {
 	flag.StringVar(&o.manifests, "manifests", "", "directory installed as /etc/nftgate/manifests")
 	flag.StringVar(&o.network, "network", "dhcp", `"dhcp" (DHCP on eth0) or a network.json file`)
 	flag.StringVar(&o.passwordFile, "password_file", "", "file holding the gokrazy web interface password; created with a random password when missing")
+	flag.StringVar(&o.kernelDir, "kernel_dir", "", "local gokrazy kernel package (make kernel: build/kernel/pkg) used instead of the stock kernel; empty: stock")
 	flag.Parse()
 	if err := run(o); err != nil {
 		log.Fatal(err)
@@ -130,6 +138,12 @@ func run(o options) error {
 	if err := copyTree(o.builddirSrc, filepath.Join(instanceDir, "builddir")); err != nil {
 		return fmt.Errorf("builddir: %w", err)
 	}
+	p.KernelPackage = stockKernel
+	if o.kernelDir != "" {
+		if p.KernelPackage, err = localKernel(o.kernelDir, filepath.Join(instanceDir, "builddir")); err != nil {
+			return err
+		}
+	}
 
 	tmpl, err := template.New(filepath.Base(o.templatePath)).Funcs(template.FuncMap{
 		"json": func(v any) (string, error) {
@@ -150,6 +164,43 @@ func run(o options) error {
 		return fmt.Errorf("%s rendered invalid JSON: %w\n%s", o.templatePath, err, buf.String())
 	}
 	return writeIfChanged(filepath.Join(instanceDir, "config.json"), buf.Bytes(), 0o600)
+}
+
+// localKernel points the instance at the kernel package in dir: gok finds
+// a package's directory with `go list` in builddir/<package path>, so a
+// go.mod there that requires the package's module and replaces it with
+// dir makes gok read vmlinuz from dir. It returns the package path.
+func localKernel(dir, builddir string) (string, error) {
+	dir, err := filepath.Abs(dir)
+	if err != nil {
+		return "", err
+	}
+	for _, f := range []string{"vmlinuz", "cmdline.txt"} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			return "", fmt.Errorf("kernel_dir: %q is not a kernel package (make kernel builds one): %w", dir, err)
+		}
+	}
+	gomod, err := os.ReadFile(filepath.Join(dir, "go.mod"))
+	if err != nil {
+		return "", fmt.Errorf("kernel_dir: %w", err)
+	}
+	m := regexp.MustCompile(`(?m)^module\s+(\S+)\s*$`).FindSubmatch(gomod)
+	if m == nil {
+		return "", fmt.Errorf("kernel_dir: %s has no module line", filepath.Join(dir, "go.mod"))
+	}
+	module := string(m[1])
+	if module == stockKernel {
+		return "", fmt.Errorf("kernel_dir: module %s of %q is the stock kernel's path; a local kernel needs its own", module, dir)
+	}
+	content := fmt.Sprintf("module gokrazy/build/kernel\n\ngo 1.22\n\nrequire %s v0.0.0-00010101000000-000000000000\n\nreplace %s => %s\n", module, module, dir)
+	modDir := filepath.Join(builddir, filepath.FromSlash(module))
+	if err := os.MkdirAll(modDir, 0o755); err != nil {
+		return "", err
+	}
+	if err := writeIfChanged(filepath.Join(modDir, "go.mod"), []byte(content), 0o644); err != nil {
+		return "", err
+	}
+	return module, nil
 }
 
 // absFile checks that path names an existing file (or directory) and makes

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -165,6 +166,10 @@ func TestBadInputsNameTheField(t *testing.T) {
 		{"missing kubeconfig", func(o *options) { o.kubeconfig = "/nonexistent/kc" }, "kubeconfig: stat /nonexistent/kc"},
 		{"bad hostname", func(o *options) { o.hostname = "gw_1" }, `hostname: "gw_1" is not a valid host name`},
 		{"bad network", func(o *options) { o.network = "/nonexistent/network.json" }, "network: open /nonexistent/network.json"},
+		{"kernel_dir without vmlinuz", func(o *options) { o.kernelDir = filepath.Dir(o.config) }, "is not a kernel package (make kernel builds one)"},
+		{"kernel_dir with the stock path", func(o *options) {
+			o.kernelDir = kernelPackage(t, "github.com/gokrazy/kernel.amd64")
+		}, "kernel_dir: module github.com/gokrazy/kernel.amd64 of"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := baseOptions(t)
@@ -174,5 +179,47 @@ func TestBadInputsNameTheField(t *testing.T) {
 				t.Fatalf("run = %v, want error containing %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// kernelPackage writes a directory laid out like the output of make kernel.
+func kernelPackage(t *testing.T, module string) string {
+	t.Helper()
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "vmlinuz"), "not really a kernel")
+	writeFile(t, filepath.Join(dir, "cmdline.txt"), "root=/dev/sda2 init=/gokrazy/init\n")
+	writeFile(t, filepath.Join(dir, "go.mod"), "module "+module+"\n\ngo 1.22\n")
+	writeFile(t, filepath.Join(dir, "kernel.go"), "package kernel\n")
+	return dir
+}
+
+// With kernel_dir the instance names the local kernel package, and gok's
+// way of finding a package's directory (go list in builddir/<package>)
+// leads to kernel_dir. The firmware package stays the stock one.
+func TestRenderCustomKernel(t *testing.T) {
+	o := baseOptions(t)
+	o.kernelDir = kernelPackage(t, "github.com/nftgate/kernel.amd64")
+	c := render(t, o)
+	if c.KernelPackage == nil || *c.KernelPackage != "github.com/nftgate/kernel.amd64" {
+		t.Errorf("KernelPackage = %v, want github.com/nftgate/kernel.amd64", c.KernelPackage)
+	}
+	if c.FirmwarePackage == nil || *c.FirmwarePackage != "github.com/gokrazy/kernel.amd64" {
+		t.Errorf("FirmwarePackage = %v, want the stock package", c.FirmwarePackage)
+	}
+	cmd := exec.Command("go", "list", "-mod=mod", "-f", "{{ .Dir }}", "github.com/nftgate/kernel.amd64")
+	cmd.Dir = filepath.Join(o.instanceDir, "builddir", "github.com", "nftgate", "kernel.amd64")
+	cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod", "GOPROXY=off")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list in the kernel's builddir: %v\n%s", err, out)
+	}
+	if got := strings.TrimSpace(string(out)); got != o.kernelDir {
+		t.Errorf("kernel package directory = %q, want %q", got, o.kernelDir)
+	}
+
+	// Without kernel_dir the same instance goes back to the stock kernel.
+	o.kernelDir = ""
+	if c := render(t, o); c.KernelPackage == nil || *c.KernelPackage != "github.com/gokrazy/kernel.amd64" {
+		t.Errorf("KernelPackage after switching back = %v, want the stock package", c.KernelPackage)
 	}
 }
