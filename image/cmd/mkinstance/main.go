@@ -169,13 +169,15 @@ func run(o options) error {
 // localKernel points the instance at the kernel package in dir: gok finds
 // a package's directory with `go list` in builddir/<package path>, so a
 // go.mod there that requires the package's module and replaces it with
-// dir makes gok read vmlinuz from dir. It returns the package path.
+// dir makes gok read vmlinuz from dir. gok reads cmdline.txt and config.txt
+// (the Raspberry Pi's, empty here) too and fails without them. It returns
+// the package path.
 func localKernel(dir, builddir string) (string, error) {
 	dir, err := filepath.Abs(dir)
 	if err != nil {
 		return "", err
 	}
-	for _, f := range []string{"vmlinuz", "cmdline.txt"} {
+	for _, f := range []string{"vmlinuz", "cmdline.txt", "config.txt"} {
 		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
 			return "", fmt.Errorf("kernel_dir: %q is not a kernel package (make kernel builds one): %w", dir, err)
 		}

@@ -188,6 +188,7 @@ func kernelPackage(t *testing.T, module string) string {
 	dir := t.TempDir()
 	writeFile(t, filepath.Join(dir, "vmlinuz"), "not really a kernel")
 	writeFile(t, filepath.Join(dir, "cmdline.txt"), "root=/dev/sda2 init=/gokrazy/init\n")
+	writeFile(t, filepath.Join(dir, "config.txt"), "")
 	writeFile(t, filepath.Join(dir, "go.mod"), "module "+module+"\n\ngo 1.22\n")
 	writeFile(t, filepath.Join(dir, "kernel.go"), "package kernel\n")
 	return dir
