@@ -83,6 +83,18 @@ func newClaimBook() *claimBook {
 	return &claimBook{verdicts: map[famElem]*claimSet{}, plain: map[famElem]int32{}}
 }
 
+// conflicts lists every element claimed by Services that disagree.
+func (b *claimBook) conflicts() []string {
+	var out []string
+	for fe, cs := range b.verdicts {
+		if len(*cs) > 1 {
+			out = append(out, conflicts(fe, *cs)...)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
 // plainSet tells whether a set's elements carry no verdict.
 func plainSet(name string) bool {
 	shape := setShape(name)
@@ -215,6 +227,18 @@ func (p *Programmer) Full(services map[model.ServiceKey]*model.Service) (Result,
 		}
 	}
 
+	if p.synced && len(res.Drift) == 0 {
+		// The kernel holds what nftgate believes: only the Services that
+		// changed since the last sync need planning, as in a partial sync.
+		// Rendering all of them again is most of a full sync's cost, and
+		// would change nothing.
+		res, err := p.partialLocked(start, res, changedServices(p.services, services))
+		if err == nil {
+			res.Conflicts = p.claims.conflicts()
+		}
+		return res, err
+	}
+
 	ds, claims, conflicts := planFull(&p.cfg, p.tables, observed, services)
 	res.Conflicts = conflicts
 
@@ -328,8 +352,28 @@ func (p *Programmer) Partial(changes map[model.ServiceKey]*model.Service) (Resul
 	if !p.synced {
 		return Result{}, errors.New("nft: partial sync before the first full sync")
 	}
-	start := time.Now()
-	res := Result{}
+	return p.partialLocked(time.Now(), Result{}, changes)
+}
+
+// changedServices lists the Services of want that differ from programmed
+// (by pointer: the caller passes the same *model.Service for a Service
+// that did not change), and those gone from it, as nil.
+func changedServices(programmed, want map[model.ServiceKey]*model.Service) map[model.ServiceKey]*model.Service {
+	changes := map[model.ServiceKey]*model.Service{}
+	for k, s := range want {
+		if programmed[k] != s {
+			changes[k] = s
+		}
+	}
+	for k := range programmed {
+		if _, ok := want[k]; !ok {
+			changes[k] = nil
+		}
+	}
+	return changes
+}
+
+func (p *Programmer) partialLocked(start time.Time, res Result, changes map[model.ServiceKey]*model.Service) (Result, error) {
 	ds, undo, conflicts := planPartial(&p.cfg, p.tables, p.state, p.claims, p.services, changes)
 	res.Conflicts = conflicts
 

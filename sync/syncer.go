@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"reflect"
 	"sort"
 	stdsync "sync"
 	"time"
@@ -198,6 +199,11 @@ func (s *Syncer) full(log *slog.Logger) error {
 		if !ok {
 			m = before[k] // keep the last good state of a Service gone bad
 			log.Warn("service not applied; its previous state stays in effect", "service", k, "err", s.errorOf(k))
+		} else if prev := before[k]; m != nil && prev != nil && reflect.DeepEqual(m, prev) {
+			// The same Service as programmed: keeping its pointer tells
+			// the Programmer and the observers that nothing changed, so a
+			// periodic full sync costs a read-back, not a re-render.
+			m = prev
 		}
 		if m != nil {
 			desired[k] = m
