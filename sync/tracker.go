@@ -198,7 +198,9 @@ func takeLocked[V any](t *Tracker, keys map[model.ServiceKey]V) (map[model.Servi
 	for k := range keys {
 		out[k] = t.objectsLocked(k)
 	}
-	clear(t.dirty)
+	// A new map, not clear: a cleared map keeps the table it grew to,
+	// which after the first sync holds every Service.
+	t.dirty = map[model.ServiceKey]struct{}{}
 	triggers := t.triggers
 	t.triggers = nil
 	return out, triggers
