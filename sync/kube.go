@@ -150,18 +150,51 @@ func (k *KubeSource) Connected() bool {
 
 // stripForCache trims the objects the informers keep to what the model
 // reads: at ten thousand Services the objects as the API sends them were
-// the biggest part of the gateway's memory. It is idempotent, as client-go
-// asks of a transform.
+// the biggest part of the gateway's memory. An EndpointSlice is kept as a
+// cachedSlice. It is idempotent, as client-go asks of a transform.
 func stripForCache(obj any) (any, error) {
 	switch o := obj.(type) {
 	case *corev1.Service:
 		model.TrimService(o)
 	case *discoveryv1.EndpointSlice:
-		model.TrimEndpointSlice(o)
+		return newCachedSlice(o), nil
+	case *cachedSlice:
 	case metav1.Object:
 		o.SetManagedFields(nil)
 	}
 	return obj, nil
+}
+
+// cachedSlice is an EndpointSlice as the informer keeps it: trimmed, with
+// the two things read from its label and annotation (its Service and when
+// its change was triggered) held as values. Two maps of one entry each
+// cost more than the rest of a trimmed slice.
+type cachedSlice struct {
+	slice      *discoveryv1.EndpointSlice // without labels and annotations
+	service    model.ServiceKey
+	hasService bool
+	trigger    time.Time
+}
+
+func newCachedSlice(sl *discoveryv1.EndpointSlice) *cachedSlice {
+	k, ok := SliceService(sl)
+	c := &cachedSlice{slice: sl, service: k, hasService: ok, trigger: triggerTime(sl)}
+	model.TrimEndpointSlice(sl)
+	sl.Labels, sl.Annotations = nil, nil
+	return c
+}
+
+// GetObjectMeta gives the informer the slice's name and namespace, its keys.
+func (c *cachedSlice) GetObjectMeta() metav1.Object { return &c.slice.ObjectMeta }
+
+// GetObjectKind implements runtime.Object.
+func (c *cachedSlice) GetObjectKind() schema.ObjectKind { return schema.EmptyObjectKind }
+
+// DeepCopyObject implements runtime.Object.
+func (c *cachedSlice) DeepCopyObject() runtime.Object {
+	cp := *c
+	cp.slice = c.slice.DeepCopy()
+	return &cp
 }
 
 // Run implements Source.
@@ -233,15 +266,15 @@ func (k *KubeSource) Run(ctx context.Context, t *Tracker) error {
 		return err
 	}
 	if _, err := sliceInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(o any) { seen(); t.SetSlice(o.(*discoveryv1.EndpointSlice)) },
-		UpdateFunc: func(_, o any) { seen(); t.SetSlice(o.(*discoveryv1.EndpointSlice)) },
+		AddFunc:    func(o any) { seen(); setCachedSlice(t, o) },
+		UpdateFunc: func(_, o any) { seen(); setCachedSlice(t, o) },
 		DeleteFunc: func(o any) {
 			seen()
 			if d, ok := o.(cache.DeletedFinalStateUnknown); ok {
 				o = d.Obj
 			}
-			if s, ok := o.(*discoveryv1.EndpointSlice); ok {
-				t.DeleteSlice(s.Namespace, s.Name)
+			if c, ok := o.(*cachedSlice); ok {
+				t.DeleteSlice(c.slice.Namespace, c.slice.Name)
 			}
 		},
 	}); err != nil {
@@ -262,6 +295,12 @@ func (k *KubeSource) Run(ctx context.Context, t *Tracker) error {
 	t.SetSynced()
 	<-ctx.Done()
 	return nil
+}
+
+func setCachedSlice(t *Tracker, o any) {
+	if c, ok := o.(*cachedSlice); ok {
+		t.setSlice(c.slice, c.service, c.hasService, c.trigger)
+	}
 }
 
 // NodeZone reads the topology zone label of the named Node, for a gateway

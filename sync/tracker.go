@@ -105,6 +105,23 @@ type sliceKey struct{ namespace, name string }
 // another Service (its label changed) is removed from the old one.
 func (t *Tracker) SetSlice(sl *discoveryv1.EndpointSlice) {
 	k, ok := SliceService(sl)
+	t.setSlice(sl, k, ok, triggerTime(sl))
+}
+
+// triggerTime reads a slice's last-change-trigger-time annotation; zero
+// when it has none.
+func triggerTime(sl *discoveryv1.EndpointSlice) time.Time {
+	if ts, ok := sl.Annotations[corev1.EndpointsLastChangeTriggerTime]; ok {
+		if tt, err := time.Parse(time.RFC3339Nano, ts); err == nil {
+			return tt
+		}
+	}
+	return time.Time{}
+}
+
+// setSlice records a slice of Service k (of none when ok is false), whose
+// change was triggered at trigger (zero: unknown).
+func (t *Tracker) setSlice(sl *discoveryv1.EndpointSlice, k model.ServiceKey, ok bool, trigger time.Time) {
 	sk := sliceKey{sl.Namespace, sl.Name}
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -122,10 +139,8 @@ func (t *Tracker) SetSlice(sl *discoveryv1.EndpointSlice) {
 	} else {
 		t.slices[k] = append(list, sl)
 	}
-	if ts, ok := sl.Annotations[corev1.EndpointsLastChangeTriggerTime]; ok {
-		if tt, err := time.Parse(time.RFC3339Nano, ts); err == nil {
-			t.triggers = append(t.triggers, tt)
-		}
+	if !trigger.IsZero() {
+		t.triggers = append(t.triggers, trigger)
 	}
 	t.markLocked(k)
 }
