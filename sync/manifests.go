@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -52,7 +53,15 @@ type ManifestSource struct {
 	// lastGood keeps each file's objects from its last good read: a file
 	// that becomes malformed keeps its previous content in effect.
 	lastGood map[string][]runtime.Object
-	current  map[objectKey]runtime.Object
+	// read is each file's content hash and error at its last read: an
+	// unchanged file is not decoded again on every rescan.
+	read    map[string]fileRead
+	current map[objectKey]runtime.Object
+}
+
+type fileRead struct {
+	sum [sha256.Size]byte
+	err error
 }
 
 type objectKey struct {
@@ -138,6 +147,7 @@ func (m *ManifestSource) scan(t *Tracker, log *slog.Logger) {
 	defer m.mu.Unlock()
 	if m.lastGood == nil {
 		m.lastGood = map[string][]runtime.Object{}
+		m.read = map[string]fileRead{}
 		m.current = map[objectKey]runtime.Object{}
 	}
 	files, err := ManifestFiles(m.Dir)
@@ -150,7 +160,7 @@ func (m *ManifestSource) scan(t *Tracker, log *slog.Logger) {
 	present := map[string]bool{}
 	for _, f := range files {
 		present[f] = true
-		objs, err := ReadManifestFile(f)
+		objs, err := m.readChanged(f)
 		if err != nil {
 			problems[f] = err.Error()
 			if m.problems[f] != err.Error() {
@@ -158,11 +168,18 @@ func (m *ManifestSource) scan(t *Tracker, log *slog.Logger) {
 			}
 			continue
 		}
-		m.lastGood[f] = objs
+		if objs != nil {
+			m.lastGood[f] = objs
+		}
 	}
 	for f := range m.lastGood {
 		if !present[f] {
 			delete(m.lastGood, f)
+		}
+	}
+	for f := range m.read {
+		if !present[f] {
+			delete(m.read, f)
 		}
 	}
 	m.problems = problems
@@ -202,6 +219,38 @@ func (m *ManifestSource) scan(t *Tracker, log *slog.Logger) {
 		}
 	}
 	m.current = next
+}
+
+// readChanged reads a file and decodes it if its content changed since the
+// last read, trimming the objects to what the model reads. objs is nil
+// when the content is the same; err repeats the last error then.
+func (m *ManifestSource) readChanged(path string) (objs []runtime.Object, err error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		delete(m.read, path)
+		return nil, err
+	}
+	sum := sha256.Sum256(data)
+	if prev, ok := m.read[path]; ok && prev.sum == sum {
+		return nil, prev.err
+	}
+	objs, err = decodeManifest(path, data)
+	m.read[path] = fileRead{sum: sum, err: err}
+	if err != nil {
+		return nil, err
+	}
+	for _, o := range objs {
+		switch obj := o.(type) {
+		case *corev1.Service:
+			model.TrimService(obj)
+		case *discoveryv1.EndpointSlice:
+			model.TrimEndpointSlice(obj)
+		}
+	}
+	if objs == nil {
+		objs = []runtime.Object{} // a file without objects is still read
+	}
+	return objs, nil
 }
 
 func keyOf(o runtime.Object) objectKey {
@@ -264,6 +313,11 @@ func ReadManifestFile(path string) ([]runtime.Object, error) {
 	if err != nil {
 		return nil, err
 	}
+	return decodeManifest(path, data)
+}
+
+// decodeManifest decodes the content of the manifest file path.
+func decodeManifest(path string, data []byte) ([]runtime.Object, error) {
 	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
 	var out []runtime.Object
 	for doc := 1; ; doc++ {

@@ -8,6 +8,7 @@
 package sync
 
 import (
+	"slices"
 	stdsync "sync"
 	"time"
 
@@ -22,8 +23,14 @@ import (
 type Tracker struct {
 	mu       stdsync.Mutex
 	services map[model.ServiceKey]*corev1.Service
-	slices   map[model.ServiceKey]map[string]*discoveryv1.EndpointSlice
-	dirty    map[model.ServiceKey]struct{}
+	// slices lists each Service's EndpointSlices (most have one), and
+	// sliceOwner tells under which Service a slice is listed: a slice
+	// change or deletion finds its entry without a walk over every
+	// Service, which at ten thousand Services made the first sync
+	// quadratic.
+	slices     map[model.ServiceKey][]*discoveryv1.EndpointSlice
+	sliceOwner map[sliceKey]model.ServiceKey
+	dirty      map[model.ServiceKey]struct{}
 	// triggers are the last-change-trigger-time annotations of the
 	// EndpointSlice changes not synced yet: when the change that led to
 	// them happened, for the network programming latency.
@@ -38,10 +45,11 @@ type Tracker struct {
 // NewTracker returns an empty tracker.
 func NewTracker() *Tracker {
 	return &Tracker{
-		services: map[model.ServiceKey]*corev1.Service{},
-		slices:   map[model.ServiceKey]map[string]*discoveryv1.EndpointSlice{},
-		dirty:    map[model.ServiceKey]struct{}{},
-		changed:  make(chan struct{}, 1),
+		services:   map[model.ServiceKey]*corev1.Service{},
+		slices:     map[model.ServiceKey][]*discoveryv1.EndpointSlice{},
+		sliceOwner: map[sliceKey]model.ServiceKey{},
+		dirty:      map[model.ServiceKey]struct{}{},
+		changed:    make(chan struct{}, 1),
 	}
 }
 
@@ -90,56 +98,72 @@ func SliceService(sl *discoveryv1.EndpointSlice) (model.ServiceKey, bool) {
 	return model.ServiceKey{Namespace: sl.Namespace, Name: name}, true
 }
 
+// sliceKey names an EndpointSlice.
+type sliceKey struct{ namespace, name string }
+
 // SetSlice records an EndpointSlice's current object. A slice that moved to
 // another Service (its label changed) is removed from the old one.
 func (t *Tracker) SetSlice(sl *discoveryv1.EndpointSlice) {
 	k, ok := SliceService(sl)
+	t.setSlice(sl, k, ok, triggerTime(sl))
+}
+
+// triggerTime reads a slice's last-change-trigger-time annotation; zero
+// when it has none.
+func triggerTime(sl *discoveryv1.EndpointSlice) time.Time {
+	if ts, ok := sl.Annotations[corev1.EndpointsLastChangeTriggerTime]; ok {
+		if tt, err := time.Parse(time.RFC3339Nano, ts); err == nil {
+			return tt
+		}
+	}
+	return time.Time{}
+}
+
+// setSlice records a slice of Service k (of none when ok is false), whose
+// change was triggered at trigger (zero: unknown).
+func (t *Tracker) setSlice(sl *discoveryv1.EndpointSlice, k model.ServiceKey, ok bool, trigger time.Time) {
+	sk := sliceKey{sl.Namespace, sl.Name}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for other, m := range t.slices {
-		if other == k {
-			continue
-		}
-		if old, found := m[sl.Name]; found && old.Namespace == sl.Namespace {
-			delete(m, sl.Name)
-			if len(m) == 0 {
-				delete(t.slices, other)
-			}
-			t.markLocked(other)
-		}
+	if old, found := t.sliceOwner[sk]; found && (!ok || old != k) {
+		t.removeSliceLocked(old, sk)
 	}
 	if !ok {
 		return
 	}
-	m := t.slices[k]
-	if m == nil {
-		m = map[string]*discoveryv1.EndpointSlice{}
-		t.slices[k] = m
+	t.sliceOwner[sk] = k
+	list := t.slices[k]
+	i := slices.IndexFunc(list, func(o *discoveryv1.EndpointSlice) bool { return o.Name == sl.Name })
+	if i >= 0 {
+		list[i] = sl
+	} else {
+		t.slices[k] = append(list, sl)
 	}
-	m[sl.Name] = sl
-	if ts, ok := sl.Annotations[corev1.EndpointsLastChangeTriggerTime]; ok {
-		if tt, err := time.Parse(time.RFC3339Nano, ts); err == nil {
-			t.triggers = append(t.triggers, tt)
-		}
+	if !trigger.IsZero() {
+		t.triggers = append(t.triggers, trigger)
+	}
+	t.markLocked(k)
+}
+
+// removeSliceLocked takes a slice off the list of Service k.
+func (t *Tracker) removeSliceLocked(k model.ServiceKey, sk sliceKey) {
+	delete(t.sliceOwner, sk)
+	list := slices.DeleteFunc(t.slices[k], func(o *discoveryv1.EndpointSlice) bool { return o.Name == sk.name })
+	if len(list) == 0 {
+		delete(t.slices, k)
+	} else {
+		t.slices[k] = list
 	}
 	t.markLocked(k)
 }
 
 // DeleteSlice records that an EndpointSlice is gone.
 func (t *Tracker) DeleteSlice(namespace, name string) {
+	sk := sliceKey{namespace, name}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for k, m := range t.slices {
-		if k.Namespace != namespace {
-			continue
-		}
-		if _, ok := m[name]; ok {
-			delete(m, name)
-			if len(m) == 0 {
-				delete(t.slices, k)
-			}
-			t.markLocked(k)
-		}
+	if k, ok := t.sliceOwner[sk]; ok {
+		t.removeSliceLocked(k, sk)
 	}
 }
 
@@ -189,7 +213,9 @@ func takeLocked[V any](t *Tracker, keys map[model.ServiceKey]V) (map[model.Servi
 	for k := range keys {
 		out[k] = t.objectsLocked(k)
 	}
-	clear(t.dirty)
+	// A new map, not clear: a cleared map keeps the table it grew to,
+	// which after the first sync holds every Service.
+	t.dirty = map[model.ServiceKey]struct{}{}
 	triggers := t.triggers
 	t.triggers = nil
 	return out, triggers
@@ -207,9 +233,5 @@ func (t *Tracker) MarkDirty(keys []model.ServiceKey, triggers []time.Time) {
 }
 
 func (t *Tracker) objectsLocked(k model.ServiceKey) Objects {
-	o := Objects{Service: t.services[k]}
-	for _, sl := range t.slices[k] {
-		o.Slices = append(o.Slices, sl)
-	}
-	return o
+	return Objects{Service: t.services[k], Slices: slices.Clone(t.slices[k])}
 }

@@ -4,9 +4,11 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"net"
 	"net/netip"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -39,6 +41,7 @@ type Config struct {
 	AuthUser          string   `toml:"auth_user"`
 	AuthPasswordFile  string   `toml:"auth_password_file"`
 	Pprof             bool     `toml:"pprof"`
+	MemoryLimit       ByteSize `toml:"memory_limit"`
 
 	// Parsed forms, filled by validate.
 	clusterCIDRs      []netip.Prefix
@@ -60,8 +63,12 @@ func defaults() Config {
 		Shards:            nft.DefaultShards,
 		LogLevel:          "info",
 		LogFormat:         "text",
+		MemoryLimit:       DefaultMemoryLimit,
 	}
 }
+
+// DefaultMemoryLimit is memory_limit's default: see config.toml for why.
+const DefaultMemoryLimit = 128 << 20
 
 // Duration is a time.Duration written as "10ms", "1m" in TOML.
 type Duration time.Duration
@@ -80,6 +87,45 @@ func (d Duration) String() string { return time.Duration(d).String() }
 
 // Set implements flag.Value.
 func (d *Duration) Set(s string) error { return d.UnmarshalText([]byte(s)) }
+
+// ByteSize is an amount of memory written as "96MiB", "1GiB", "65536" (bytes)
+// in TOML and on the command line.
+type ByteSize int64
+
+var byteUnits = []struct {
+	suffix string
+	size   int64
+}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"B", 1}}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (b *ByteSize) UnmarshalText(text []byte) error {
+	s := strings.TrimSpace(string(text))
+	num, unit := s, int64(1)
+	for _, u := range byteUnits {
+		if strings.HasSuffix(s, u.suffix) {
+			num, unit = strings.TrimSpace(strings.TrimSuffix(s, u.suffix)), u.size
+			break
+		}
+	}
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || n < 0 || n > math.MaxInt64/unit {
+		return fmt.Errorf("%q is not a size (like 96MiB or 1GiB; 0 for none)", text)
+	}
+	*b = ByteSize(n * unit)
+	return nil
+}
+
+func (b ByteSize) String() string {
+	for _, u := range byteUnits[:3] { // the largest unit that divides it
+		if b != 0 && int64(b)%u.size == 0 {
+			return strconv.FormatInt(int64(b)/u.size, 10) + u.suffix
+		}
+	}
+	return strconv.FormatInt(int64(b), 10)
+}
+
+// Set implements flag.Value.
+func (b *ByteSize) Set(s string) error { return b.UnmarshalText([]byte(s)) }
 
 // listFlag is a repeatable flag; the first use replaces the file's list.
 type listFlag struct {
@@ -154,6 +200,7 @@ func loadConfig(name string, args []string) (*Config, *flag.FlagSet, error) {
 	fs.StringVar(&cfg.LogFormat, "log-format", cfg.LogFormat, "text or json")
 	fs.Var(&cfg.MinSyncInterval, "min-sync-interval", "least `time` between two syncs; changes meanwhile are coalesced")
 	fs.BoolVar(&cfg.Pprof, "pprof", cfg.Pprof, "serve Go's profiler under /debug/pprof/ on the listen address")
+	fs.Var(&cfg.MemoryLimit, "memory-limit", "soft limit of the Go runtime's memory (`size` like 128MiB; 0 for none)")
 	fs.Var(&cfg.ReconcileInterval, "reconcile-interval", "how often the kernel is read back and drift repaired (`duration`, 0 disables)")
 	if err := fs.Parse(args); err != nil {
 		return nil, fs, flagError{err}

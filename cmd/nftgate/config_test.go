@@ -72,6 +72,9 @@ func TestBadConfigNamesTheField(t *testing.T) {
 		{args: []string{"--kubeconfig", "k", "--manifests", "d"}, want: []string{"manifests", "kubeconfig"}},
 		{args: []string{"stray"}, want: []string{"unexpected argument", "stray"}},
 		{args: []string{"--reconcile-interval", "-1s"}, want: []string{"reconcile_interval", "-1s"}},
+		{file: "memory_limit = \"96MB\"\n", want: []string{"memory_limit", "96MB"}},
+		{file: "memory_limit = \"-1MiB\"\n", want: []string{"memory_limit", "-1MiB"}},
+		{args: []string{"--memory-limit", "lots"}, want: []string{"memory-limit", "lots"}},
 	} {
 		args := append([]string{"--node-name", "n"}, tc.args...)
 		if tc.file != "" {
@@ -98,5 +101,24 @@ func TestUnknownFlagIsAFlagError(t *testing.T) {
 	}
 	if code := run([]string{"--bogus"}); code != 2 {
 		t.Errorf("exit code %d, want 2", code)
+	}
+}
+
+func TestMemoryLimitSizes(t *testing.T) {
+	for in, want := range map[string]ByteSize{
+		"0": 0, "96MiB": 96 << 20, "1GiB": 1 << 30, "512 KiB": 512 << 10, "65536": 65536, "100B": 100,
+	} {
+		cfg, _, err := loadConfig("nftgate", []string{"--node-name", "n", "--config", writeConfig(t, "memory_limit = \""+in+"\"\n")})
+		if err != nil {
+			t.Errorf("memory_limit %q: %v", in, err)
+			continue
+		}
+		if cfg.MemoryLimit != want {
+			t.Errorf("memory_limit %q = %d, want %d", in, cfg.MemoryLimit, want)
+		}
+	}
+	cfg, _, err := loadConfig("nftgate", []string{"--node-name", "n", "--memory-limit", "2GiB"})
+	if err != nil || cfg.MemoryLimit != 2<<30 || cfg.MemoryLimit.String() != "2GiB" {
+		t.Errorf("--memory-limit 2GiB: %v, %v", cfg, err)
 	}
 }

@@ -26,12 +26,15 @@ type statusPublisher struct {
 	all     bool // rebuild every row
 	touched map[model.ServiceKey]struct{}
 
-	rows map[model.ServiceKey]appliance.Service // owned by run
+	// rows are the rows last published, in name order: the Recorder owns
+	// the slice and it is never modified, only replaced. One copy of the
+	// rows, not a map of them besides, as they hold every endpoint.
+	rows []appliance.Service // owned by run
 }
 
 func newStatusPublisher(s *gsync.Syncer, rec *appliance.Recorder, node model.Node) *statusPublisher {
 	return &statusPublisher{syncer: s, rec: rec, node: node, wake: make(chan struct{}, 1),
-		touched: map[model.ServiceKey]struct{}{}, rows: map[model.ServiceKey]appliance.Service{}}
+		touched: map[model.ServiceKey]struct{}{}}
 }
 
 // Snapshot implements appliance.Source.
@@ -65,33 +68,21 @@ func (p *statusPublisher) run(ctx context.Context) {
 		p.all, p.touched = false, map[model.ServiceKey]struct{}{}
 		p.mu.Unlock()
 		if all {
-			clear(p.rows)
-			for _, st := range p.syncer.Services() {
+			states := p.syncer.Services() // in name order
+			rows := make([]appliance.Service, 0, len(states))
+			for _, st := range states {
 				if row, ok := serviceRow(st, p.node); ok {
-					p.rows[st.Key] = row
+					rows = append(rows, row)
 				}
 			}
-		} else {
-			for k := range touched {
+			p.rows = rows
+			p.rec.SetServices(rows)
+		} else if len(touched) > 0 {
+			p.rows = mergeRows(p.rows, touched, func(k model.ServiceKey) (appliance.Service, bool) {
 				st, _ := p.syncer.Service(k)
-				if row, ok := serviceRow(st, p.node); ok {
-					p.rows[k] = row
-				} else {
-					delete(p.rows, k)
-				}
-			}
-		}
-		if all || len(touched) > 0 {
-			keys := make([]model.ServiceKey, 0, len(p.rows))
-			for k := range p.rows {
-				keys = append(keys, k)
-			}
-			sort.Slice(keys, func(i, j int) bool { return keys[i].Less(keys[j]) })
-			list := make([]appliance.Service, len(keys))
-			for i, k := range keys {
-				list[i] = p.rows[k]
-			}
-			p.rec.SetServices(list)
+				return serviceRow(st, p.node)
+			})
+			p.rec.SetServices(p.rows)
 		}
 		select {
 		case <-ctx.Done():
@@ -99,6 +90,37 @@ func (p *statusPublisher) run(ctx context.Context) {
 		case <-time.After(time.Second):
 		}
 	}
+}
+
+// mergeRows returns a new list of rows in name order: the rows of old, with
+// those of the touched Services replaced by what row returns for them
+// (removed where it returns false). old is left as it is: the Recorder
+// may be showing it.
+func mergeRows(old []appliance.Service, touched map[model.ServiceKey]struct{}, row func(model.ServiceKey) (appliance.Service, bool)) []appliance.Service {
+	keys := make([]model.ServiceKey, 0, len(touched))
+	for k := range touched {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool { return keys[i].Less(keys[j]) })
+	out := make([]appliance.Service, 0, len(old)+len(keys))
+	i := 0
+	for _, k := range keys {
+		for i < len(old) && rowKey(&old[i]).Less(k) {
+			out = append(out, old[i])
+			i++
+		}
+		if i < len(old) && rowKey(&old[i]) == k {
+			i++ // replaced (or removed) below
+		}
+		if r, ok := row(k); ok {
+			out = append(out, r)
+		}
+	}
+	return append(out, old[i:]...)
+}
+
+func rowKey(r *appliance.Service) model.ServiceKey {
+	return model.ServiceKey{Namespace: r.Namespace, Name: r.Name}
 }
 
 // serviceRow turns one Service's state into its row on the page; ok is
