@@ -2,9 +2,13 @@ package main
 
 import (
 	"errors"
+	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"reflect"
+	"runtime"
+	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
@@ -121,4 +125,23 @@ func TestMemoryLimitSizes(t *testing.T) {
 	if err != nil || cfg.MemoryLimit != 2<<30 || cfg.MemoryLimit.String() != "2GiB" {
 		t.Errorf("--memory-limit 2GiB: %v, %v", cfg, err)
 	}
+}
+
+// TestMemoryLimitFollowsLiveData checks that the soft limit never stays
+// below the live data a full sync leaves: with a floor far under this test
+// process's own heap, the limit is raised to one and a half times it.
+func TestMemoryLimitFollowsLiveData(t *testing.T) {
+	t.Setenv("GOMEMLIMIT", "")
+	defer debug.SetMemoryLimit(math.MaxInt64)
+	keep := make([]byte, 8<<20) // live data well above the floor
+	m := newMemoryLimit(1<<20, slog.New(slog.DiscardHandler))
+	if got := debug.SetMemoryLimit(-1); got != 2<<20 {
+		t.Fatalf("limit before the first full sync = %d, want twice the floor", got)
+	}
+	runtime.GC()
+	m.fullSyncDone()
+	if got := debug.SetMemoryLimit(-1); got < int64(len(keep))/2*3 {
+		t.Errorf("limit after the full sync = %d, want at least 1.5 x %d live bytes", got, len(keep))
+	}
+	runtime.KeepAlive(keep)
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"net"
 	"net/http"
 	"net/http/pprof"
@@ -15,7 +14,6 @@ import (
 	"runtime/metrics"
 	"sort"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -156,8 +154,7 @@ func serve(ctx context.Context, cfg *Config) error {
 			debug.FreeOSMemory()
 		}
 		if ev.Err == nil && ev.Full {
-			memLimit.firstSyncDone()
-			warnLiveHeapNearLimit(log)
+			memLimit.fullSyncDone()
 			for _, d := range ev.Result.Drift {
 				metrics.DriftRepaired(driftReason(d))
 			}
@@ -261,18 +258,21 @@ func serve(ctx context.Context, cfg *Config) error {
 	return runErr
 }
 
-// memoryLimit makes memory_limit the Go runtime's soft memory limit: the
-// collector then runs before the heap grows past it, instead of letting
-// it reach twice the live data, and returns freed memory to the kernel
-// sooner. The first full sync builds the whole ruleset at once and holds
-// about twice the data of the steady state meanwhile: under the limit
-// itself the collector would run almost without pause through it (cold
-// start 1 s to 4.5 s at 10,000 Services), so until it is done the limit
-// is twice as high. A GOMEMLIMIT in the environment wins, as the runtime
-// documents.
+// memoryLimit makes memory_limit the floor of the Go runtime's soft memory
+// limit: the collector then runs before the heap grows past it, instead of
+// letting it reach twice the live data, and returns freed memory to the
+// kernel sooner. The limit follows the cluster: after every full sync it
+// is at least one and a half times the live data, so a larger cluster
+// never has the collector running without pause (past the limit it costs
+// up to half the CPU). The first full sync builds the whole ruleset at
+// once and holds about twice the data of the steady state meanwhile: under
+// the limit itself the collector would run almost without pause through it
+// (cold start 1 s to 4.5 s at 10,000 Services), so until it is done the
+// limit is twice as high. A GOMEMLIMIT in the environment wins, as the
+// runtime documents.
 type memoryLimit struct {
-	limit ByteSize
-	done  atomic.Bool
+	floor ByteSize
+	log   *slog.Logger
 }
 
 func newMemoryLimit(limit ByteSize, log *slog.Logger) *memoryLimit {
@@ -283,34 +283,22 @@ func newMemoryLimit(limit ByteSize, log *slog.Logger) *memoryLimit {
 	if limit > 0 {
 		debug.SetMemoryLimit(2 * int64(limit))
 	}
-	return &memoryLimit{limit: limit}
+	return &memoryLimit{floor: limit, log: log}
 }
 
-// firstSyncDone lowers the limit to memory_limit, once.
-func (m *memoryLimit) firstSyncDone() {
-	if m.limit > 0 && m.done.CompareAndSwap(false, true) {
-		debug.SetMemoryLimit(int64(m.limit))
-	}
-}
-
-var heapWarned atomic.Bool
-
-// warnLiveHeapNearLimit says, once, when the data nftgate keeps nears the
-// soft memory limit: past it the collector runs almost without pause and
-// costs up to half the CPU, so the limit must grow with the cluster.
-func warnLiveHeapNearLimit(log *slog.Logger) {
-	limit := debug.SetMemoryLimit(-1)
-	if limit == math.MaxInt64 || heapWarned.Load() {
+// fullSyncDone sets the limit from the live data the full sync left.
+func (m *memoryLimit) fullSyncDone() {
+	if m.floor <= 0 {
 		return
 	}
 	sample := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
 	metrics.Read(sample)
-	if sample[0].Value.Kind() != metrics.KindUint64 {
-		return
+	limit := int64(m.floor)
+	if sample[0].Value.Kind() == metrics.KindUint64 {
+		limit = max(limit, int64(sample[0].Value.Uint64())/2*3)
 	}
-	if live := sample[0].Value.Uint64(); live > uint64(limit)/4*3 && heapWarned.CompareAndSwap(false, true) {
-		log.Warn("live data is near the memory limit; raise memory_limit, or the collector will cost much CPU",
-			"live_heap", fmt.Sprintf("%.0fMiB", float64(live)/(1<<20)), "memory_limit", ByteSize(limit).String())
+	if old := debug.SetMemoryLimit(limit); old != limit && limit > int64(m.floor) {
+		m.log.Info("memory limit raised with the live data", "memory_limit", ByteSize(limit).String())
 	}
 }
 
