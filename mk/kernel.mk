@@ -11,7 +11,8 @@
 
 KERNEL_WORK ?= $(BUILD)/kernel
 KERNEL_PKG_DIR ?= $(KERNEL_WORK)/pkg
-# Debian series of linux-source; 6.1 also works.
+# Debian series of linux-source (6.12 is what was built and tested; 6.1 is
+# also in Debian, untried).
 KERNEL_SOURCE_SERIES ?= 6.12
 KERNEL_JOBS ?= 2
 KERNEL_BUILD_PACKAGES := build-essential bc bison flex libelf-dev libssl-dev cpio kmod xz-utils \
