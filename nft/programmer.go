@@ -682,7 +682,7 @@ func sortOps(ds []*differ) {
 				if s[i].Map != s[j].Map {
 					return s[i].Map < s[j].Map
 				}
-				return s[i].Key.String() < s[j].Key.String()
+				return s[i].Key.compare(s[j].Key) < 0
 			}
 		}
 		sort.Slice(o.addElems, less(o.addElems))
