@@ -139,7 +139,7 @@ func TestMemoryLimitFollowsLiveData(t *testing.T) {
 		t.Fatalf("limit before the first full sync = %d, want none", got)
 	}
 	runtime.GC()
-	m.fullSyncDone()
+	m.synced()
 	if got := debug.SetMemoryLimit(-1); got < int64(len(keep))/2*3 {
 		t.Errorf("limit after the full sync = %d, want at least 1.5 x %d live bytes", got, len(keep))
 	}

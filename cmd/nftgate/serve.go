@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"os"
+	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
 	"sort"
@@ -153,8 +154,10 @@ func serve(ctx context.Context, cfg *Config) error {
 			// the peak resident until the runtime gets round to it.
 			debug.FreeOSMemory()
 		}
+		if ev.Err == nil {
+			memLimit.synced()
+		}
 		if ev.Err == nil && ev.Full {
-			memLimit.fullSyncDone()
 			for _, d := range ev.Result.Drift {
 				metrics.DriftRepaired(driftReason(d))
 			}
@@ -271,8 +274,9 @@ func serve(ctx context.Context, cfg *Config) error {
 // twice that), so there is none until it is done. A GOMEMLIMIT in the
 // environment wins, as the runtime documents.
 type memoryLimit struct {
-	floor ByteSize
-	log   *slog.Logger
+	floor    ByteSize
+	log      *slog.Logger
+	measured bool // only the sync loop's goroutine calls synced
 }
 
 func newMemoryLimit(limit ByteSize, log *slog.Logger) *memoryLimit {
@@ -283,10 +287,16 @@ func newMemoryLimit(limit ByteSize, log *slog.Logger) *memoryLimit {
 	return &memoryLimit{floor: limit, log: log}
 }
 
-// fullSyncDone sets the limit from the live data the full sync left.
-func (m *memoryLimit) fullSyncDone() {
+// synced sets the limit from the live data a sync left. The first time,
+// after the cold sync, a collection first measures that data exactly: the
+// last automatic one ran in the middle of the sync.
+func (m *memoryLimit) synced() {
 	if m.floor <= 0 {
 		return
+	}
+	if !m.measured {
+		m.measured = true
+		runtime.GC()
 	}
 	sample := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
 	metrics.Read(sample)
@@ -294,8 +304,9 @@ func (m *memoryLimit) fullSyncDone() {
 	if sample[0].Value.Kind() == metrics.KindUint64 {
 		limit = max(limit, int64(sample[0].Value.Uint64())/2*3)
 	}
-	if old := debug.SetMemoryLimit(limit); old != limit && limit > int64(m.floor) {
-		m.log.Info("memory limit raised with the live data", "memory_limit", ByteSize(limit).String())
+	old := debug.SetMemoryLimit(limit)
+	if limit > int64(m.floor) && (old < limit*9/10 || old > limit*11/10) {
+		m.log.Info("memory limit follows the live data", "memory_limit", ByteSize(limit).String())
 	}
 }
 
