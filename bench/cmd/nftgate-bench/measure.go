@@ -61,7 +61,7 @@ type Latency struct {
 	ConnectP50us  float64 `json:"connect_p50_us"`
 	ExchangeP50us float64 `json:"exchange_p50_us"`
 	ExchangeP90us float64 `json:"exchange_p90_us"`
-	// Failed attempts, retried: no answer within 2 s.
+	// Failed attempts, retried: refused, or no answer within 2 s.
 	Failed int `json:"failed"`
 }
 
@@ -290,8 +290,10 @@ func (e *Env) waitBackendPort(ctx context.Context, proc *Proc, dst netip.AddrPor
 
 // connectionLatency times n exchanges with the echo server at direct and n
 // through the ClusterIP via, alternating, from one thread in the client
-// namespace. An attempt that fails is retried (and counted); more than 1%
-// failures is an error.
+// namespace. An attempt that fails is retried and counted, and the report
+// shows the count: a proxier that refuses some connections now and then
+// (kube-proxy's nftables mode did, at 10,000 Services, during its syncs)
+// is a finding, not a reason to lose the run. More than 10% is an error.
 func (e *Env) connectionLatency(direct, via netip.AddrPort, n int) (Latency, Latency, error) {
 	var dConn, dAll, vConn, vAll []float64
 	failed := map[netip.AddrPort]int{}
@@ -303,7 +305,7 @@ func (e *Env) connectionLatency(direct, via netip.AddrPort, n int) (Latency, Lat
 			}
 			_, conn, all, err := exchange(dst, 2*time.Second)
 			if err != nil {
-				if failed[dst]++; failed[dst] > n/100+1 {
+				if failed[dst]++; failed[dst] > n/10+1 {
 					return fmt.Errorf("latency probes to %s: %d failed, last: %w", dst, failed[dst], err)
 				}
 				continue

@@ -177,18 +177,19 @@ func (r *Report) Markdown() string {
 // Table is the main markdown table.
 func (r *Report) Table() string {
 	var b bytes.Buffer
-	b.WriteString("| Proxier | N | cold start | change p50 | change p90 | change max | RSS | CPU cold start | CPU per change | exchange via ClusterIP | direct | overhead |\n")
-	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| Proxier | N | cold start | change p50 | change p90 | change max | RSS | CPU cold start | CPU per change | exchange via ClusterIP | direct | overhead | failed via ClusterIP |\n")
+	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, res := range r.Results {
 		if res.TimedOut != "" {
-			fmt.Fprintf(&b, "| %s | %s | > %s | – | – | – | %.0f MiB | > %.0f s | – | – | – | – |\n",
+			fmt.Fprintf(&b, "| %s | %s | > %s | – | – | – | %.0f MiB | > %.0f s | – | – | – | – | – |\n",
 				res.Proxier, thousands(res.Services), seconds(res.ColdStartSeconds), res.RSSMiB, res.CPUColdSeconds)
 			continue
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %.0f MiB | %.2f s | %.0f ms | %.0f µs | %.0f µs | %+.0f µs |\n",
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %.0f MiB | %.2f s | %.0f ms | %.0f µs | %.0f µs | %+.0f µs | %d of %d |\n",
 			res.Proxier, thousands(res.Services), seconds(res.ColdStartSeconds), millis(res.ChangeP50Ms),
 			millis(res.ChangeP90Ms), millis(res.ChangeMaxMs), res.RSSMiB, res.CPUColdSeconds, res.CPUPerChangeMs,
-			res.Service.ExchangeP50us, res.Direct.ExchangeP50us, res.Service.ExchangeP50us-res.Direct.ExchangeP50us)
+			res.Service.ExchangeP50us, res.Direct.ExchangeP50us, res.Service.ExchangeP50us-res.Direct.ExchangeP50us,
+			res.Service.Failed, res.Service.Failed+r.LatencySamples)
 	}
 	return b.String()
 }
