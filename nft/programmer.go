@@ -310,21 +310,23 @@ func planFull(cfg *Config, ts *tableSet, observed []*tableState, services map[mo
 		}
 	}
 	var conflictList []string
-	want := make([]map[ElemID]bool, len(ds))
-	for slot := range ds {
-		want[slot] = map[ElemID]bool{}
-	}
 	for fe, cs := range claims {
 		w := cs.winner()
-		slot := ts.elem(fe, w.svc)
-		want[slot][fe.id] = true
-		ds[slot].element(fe.id, &w.verdict)
+		ds[ts.elem(fe, w.svc)].element(fe.id, &w.verdict)
 		conflictList = append(conflictList, conflicts(fe, *cs)...)
 	}
 	for fe := range book.plain {
-		slot := ts.main(fe.f)
-		want[slot][fe.id] = true
-		ds[slot].element(fe.id, &Verdict{})
+		ds[ts.main(fe.f)].element(fe.id, &Verdict{})
+	}
+	// wanted tells whether an element belongs in the table of slot.
+	wanted := func(slot int, fe famElem) bool {
+		if _, ok := book.plain[fe]; ok {
+			return slot == ts.main(fe.f)
+		}
+		if cs, ok := claims[fe]; ok {
+			return slot == ts.elem(fe, cs.winner().svc)
+		}
+		return false
 	}
 	for slot, d := range ds {
 		for name := range d.state.chains {
@@ -334,7 +336,7 @@ func planFull(cfg *Config, ts *tableSet, observed []*tableState, services map[mo
 			d.set(name, nil)
 		}
 		for id := range d.state.elems {
-			if !want[slot][id] {
+			if !wanted(slot, famElem{d.f, id}) {
 				d.element(id, nil)
 			}
 		}
