@@ -15,10 +15,11 @@ import (
 // The kernel validates a table as a whole in every commit that adds a rule
 // or a jump into it: it walks every chain reachable from each of the table's
 // base chains. With every Service in one table, moving one endpoint at
-// 10,000 Services costs ~60 ms of that walk; with the Services spread over
-// 16 tables it walks one sixteenth of them (~3 ms). So each Service's chains
-// live in one shard table, chosen by a hash of its name, and each shard has
-// its own NAT base chains and dispatch maps. What is shared by all Services
+// 10,000 Services costs 63 ms of that walk; with the Services spread over
+// 16 tables it walks one sixteenth of them: 4.7 ms (both measured by
+// BenchmarkKernelPartialEndpointChange). So each Service's chains live in
+// one shard table, chosen by a hash of its name, and each shard has its own
+// NAT base chains and dispatch maps. What is shared by all Services
 // and rarely changes stays in the main table: the filter hooks (rejecting
 // Services without endpoints, source ranges), masquerading, the hairpin set.
 //
