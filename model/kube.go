@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unique"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -34,17 +35,7 @@ type Options struct {
 
 // Skip tells why a Service is not proxied at all, or "" when it is.
 func Skip(svc *corev1.Service, opts Options) string {
-	if name, ok := svc.Labels[LabelServiceProxyName]; ok && name != opts.ProxyName {
-		return fmt.Sprintf("label %s=%q names another proxy", LabelServiceProxyName, name)
-	}
-	switch svc.Spec.Type {
-	case corev1.ServiceTypeExternalName:
-		return "type ExternalName is resolved by DNS, not proxied"
-	}
-	if svc.Spec.ClusterIP == corev1.ClusterIPNone {
-		return "headless (clusterIP None)"
-	}
-	return ""
+	return NewServiceObject(svc).Skip(opts)
 }
 
 // FromKubernetes builds the model of one Service from its API object and all
@@ -52,12 +43,62 @@ func Skip(svc *corev1.Service, opts Options) string {
 // names the field and the value; the caller keeps serving the Service's last
 // good state, and every other Service, meanwhile.
 func FromKubernetes(svc *corev1.Service, sliceList []*discoveryv1.EndpointSlice, opts Options) (*Service, error) {
-	key := ServiceKey{Namespace: svc.Namespace, Name: svc.Name}
+	objs := make([]*SliceObject, len(sliceList))
+	for i, sl := range sliceList {
+		objs[i] = NewSliceObject(sl)
+	}
+	return Build(NewServiceObject(svc), objs, opts)
+}
+
+// ServiceObject is what nftgate keeps of a Service object between syncs:
+// its model without endpoints, or why it is not proxied, or what is wrong
+// with it. Sources convert each object as it arrives and keep only this: at
+// ten thousand Services the API objects, even trimmed, were the largest
+// part of the gateway's memory. A ServiceObject is never modified.
+type ServiceObject struct {
+	Key ServiceKey
+	// proxyName is the service-proxy-name label, when hasProxyName.
+	proxyName    string
+	hasProxyName bool
+	// skip is why the Service is never proxied, whatever the options.
+	skip string
+	// base is the model without endpoints; nil when skip or err is set.
+	base *Service
+	err  error
+}
+
+// NewServiceObject converts a Service object. It never fails: an invalid
+// Service keeps its error, for Build to report.
+func NewServiceObject(svc *corev1.Service) *ServiceObject {
+	o := &ServiceObject{Key: ServiceKey{Namespace: svc.Namespace, Name: svc.Name}}
+	if o.Key.Namespace == "" {
+		o.Key.Namespace = "default"
+	}
+	o.proxyName, o.hasProxyName = svc.Labels[LabelServiceProxyName]
+	switch {
+	case svc.Spec.Type == corev1.ServiceTypeExternalName:
+		o.skip = "type ExternalName is resolved by DNS, not proxied"
+	case svc.Spec.ClusterIP == corev1.ClusterIPNone:
+		o.skip = "headless (clusterIP None)"
+	default:
+		o.base, o.err = serviceBase(svc, o.Key)
+	}
+	return o
+}
+
+// Skip tells why the Service is not proxied at all, or "" when it is.
+func (o *ServiceObject) Skip(opts Options) string {
+	if o.hasProxyName && o.proxyName != opts.ProxyName {
+		return fmt.Sprintf("label %s=%q names another proxy", LabelServiceProxyName, o.proxyName)
+	}
+	return o.skip
+}
+
+// serviceBase reads every field of a Service that the model holds, except
+// its endpoints.
+func serviceBase(svc *corev1.Service, key ServiceKey) (*Service, error) {
 	if svc.Name == "" {
 		return nil, fmt.Errorf("service in namespace %q: metadata.name is empty", svc.Namespace)
-	}
-	if svc.Namespace == "" {
-		key.Namespace = "default"
 	}
 	errf := func(format string, args ...any) error {
 		return fmt.Errorf("service %s: "+format, append([]any{key}, args...)...)
@@ -175,31 +216,131 @@ func FromKubernetes(svc *corev1.Service, sliceList []*discoveryv1.EndpointSlice,
 		// hand): the Service is wherever its addresses are.
 		s.IPv4, s.IPv6 = true, true
 	}
+
+	return s, nil
+}
+
+// Build makes the model of one Service from what is kept of its object and
+// of every EndpointSlice labelled with its name. A malformed field is an
+// error that names the field and the value; the caller keeps serving the
+// Service's last good state, and every other Service, meanwhile.
+func Build(o *ServiceObject, sliceList []*SliceObject, opts Options) (*Service, error) {
+	if o.err != nil {
+		return nil, o.err
+	}
+	if o.base == nil {
+		return nil, fmt.Errorf("service %s: %s", o.Key, o.skip)
+	}
+	s := new(Service)
+	*s = *o.base // its slices are shared, and never modified
+	s.Ports = slices.Clone(o.base.Ports)
 	if opts.ExternalOnly {
 		s.ClusterIPs = nil
 	}
-
-	// Slices in name order, so that an endpoint listed twice resolves the
-	// same way on every sync.
-	ordered := slices.Clone(sliceList)
-	slices.SortFunc(ordered, func(a, b *discoveryv1.EndpointSlice) int { return cmp.Compare(a.Name, b.Name) })
-	for _, sl := range ordered {
-		if err := mergeSlice(s, sl); err != nil {
-			return nil, errf("%v", err)
+	for _, sl := range sliceList {
+		if sl.err != nil {
+			return nil, fmt.Errorf("service %s: %v", o.Key, sl.err)
 		}
 	}
+	// Slices in name order, so that an endpoint listed twice resolves the
+	// same way on every sync.
+	ordered := sliceList
+	if len(sliceList) > 1 {
+		ordered = slices.Clone(sliceList)
+		slices.SortFunc(ordered, func(a, b *SliceObject) int { return cmp.Compare(a.Name, b.Name) })
+	}
 	for i := range s.Ports {
-		eps := s.Ports[i].Endpoints
-		slices.SortFunc(eps, func(a, b Endpoint) int { return a.AddrPort().Compare(b.AddrPort()) })
+		sp := &s.Ports[i]
+		if sl := onlySlice(sp, ordered); sl != nil {
+			// Shared with the slice: neither is ever modified.
+			sp.Endpoints = sl.endpoints
+			continue
+		}
+		for _, sl := range ordered {
+			mergeSlice(sp, sl)
+		}
+		slices.SortFunc(sp.Endpoints, func(a, b Endpoint) int { return a.AddrPort().Compare(b.AddrPort()) })
 	}
 	return s, nil
 }
 
-func mergeSlice(s *Service, sl *discoveryv1.EndpointSlice) error {
+// onlySlice returns the slice that alone serves the Service port, if it has
+// no other port: its endpoints are then the port's, as they are.
+func onlySlice(sp *ServicePort, sliceList []*SliceObject) *SliceObject {
+	var only *SliceObject
+	for _, sl := range sliceList {
+		if sl.fqdn {
+			continue
+		}
+		for _, port := range sl.ports {
+			if port.name == sp.Name && port.proto == sp.Protocol {
+				if only != nil || len(sl.ports) != 1 {
+					return nil
+				}
+				only = sl
+			}
+		}
+	}
+	if only == nil || len(only.endpoints) == 0 {
+		return nil
+	}
+	return only
+}
+
+// SliceObject is what nftgate keeps of an EndpointSlice object between
+// syncs: its endpoints with their ports unresolved, the Service it belongs
+// to, or what is wrong with it. A SliceObject is never modified.
+type SliceObject struct {
+	Namespace, Name string
+	// Service is the Service the slice belongs to, from its
+	// kubernetes.io/service-name label; HasService is false without one.
+	Service    ServiceKey
+	HasService bool
+	// Trigger is the slice's last-change-trigger-time annotation: when
+	// the change that led to it happened; zero when unknown.
+	Trigger time.Time
+
+	fqdn  bool        // addressType FQDN: not proxied
+	ports []slicePort // the ports with a number
+	// endpoints are the slice's endpoints, each address once, in address
+	// order. With one port (as most slices have) their Port is set, and a
+	// Service port served by this slice alone shares the array instead of
+	// copying it; with several, mergeSlice sets it per port.
+	endpoints []Endpoint
+	err       error
+}
+
+type slicePort struct {
+	name  string
+	proto Protocol
+	port  uint16
+}
+
+// NewSliceObject converts an EndpointSlice object. It never fails: an
+// invalid slice keeps its error, for Build to report for its Service.
+func NewSliceObject(sl *discoveryv1.EndpointSlice) *SliceObject {
+	o := &SliceObject{Namespace: sl.Namespace, Name: sl.Name}
+	if name, ok := sl.Labels[LabelServiceName]; ok && name != "" {
+		o.Service, o.HasService = ServiceKey{Namespace: sl.Namespace, Name: name}, true
+	}
+	if ts, ok := sl.Annotations[corev1.EndpointsLastChangeTriggerTime]; ok {
+		if tt, err := time.Parse(time.RFC3339Nano, ts); err == nil {
+			o.Trigger = tt
+		}
+	}
+	o.err = o.read(sl)
+	if o.err != nil {
+		o.ports, o.endpoints = nil, nil
+	}
+	return o
+}
+
+func (o *SliceObject) read(sl *discoveryv1.EndpointSlice) error {
 	switch sl.AddressType {
 	case discoveryv1.AddressTypeIPv4, discoveryv1.AddressTypeIPv6:
 	case discoveryv1.AddressTypeFQDN:
-		return nil // kube-proxy ignores FQDN slices as well
+		o.fqdn = true // kube-proxy ignores FQDN slices as well
+		return nil
 	default:
 		return fmt.Errorf("endpointslice %s: addressType: unknown value %q", sl.Name, sl.AddressType)
 	}
@@ -214,51 +355,87 @@ func mergeSlice(s *Service, sl *discoveryv1.EndpointSlice) error {
 		if *port.Port <= 0 || *port.Port > 65535 {
 			return fmt.Errorf("endpointslice %s: ports[%d].port: %d is not a port", sl.Name, pi, *port.Port)
 		}
-		name := ptrString(port.Name)
-		for spi := range s.Ports {
-			sp := &s.Ports[spi]
-			if sp.Name != name || sp.Protocol != proto {
-				continue
+		o.ports = append(o.ports, slicePort{name: ptrString(port.Name), proto: proto, port: uint16(*port.Port)})
+	}
+	o.endpoints = make([]Endpoint, 0, len(sl.Endpoints))
+	for ei, ep := range sl.Endpoints {
+		if len(ep.Addresses) == 0 {
+			return fmt.Errorf("endpointslice %s: endpoints[%d].addresses is empty", sl.Name, ei)
+		}
+		a, err := parseAddr(ep.Addresses[0])
+		if err != nil {
+			return fmt.Errorf("endpointslice %s: endpoints[%d].addresses[0]: %v", sl.Name, ei, err)
+		}
+		if a.Is4() != (sl.AddressType == discoveryv1.AddressTypeIPv4) {
+			return fmt.Errorf("endpointslice %s: endpoints[%d].addresses[0]: %s does not match addressType %s", sl.Name, ei, a, sl.AddressType)
+		}
+		e := Endpoint{Addr: a}
+		// The API's rules: a nil ready or serving means true, a nil
+		// terminating means false.
+		e.Ready = ep.Conditions.Ready == nil || *ep.Conditions.Ready
+		e.Serving = true
+		if ep.Conditions.Serving != nil {
+			e.Serving = *ep.Conditions.Serving
+		}
+		e.Terminating = ep.Conditions.Terminating != nil && *ep.Conditions.Terminating
+		// Node and zone names repeat across thousands of endpoints: one
+		// copy of each.
+		if ep.NodeName != nil {
+			e.NodeName = unique.Make(*ep.NodeName).Value()
+		}
+		if ep.Zone != nil {
+			e.Zone = unique.Make(*ep.Zone).Value()
+		}
+		if h := ep.Hints; h != nil && (len(h.ForZones) > 0 || len(h.ForNodes) > 0) {
+			e.Hints = &Hints{}
+			for _, z := range h.ForZones {
+				e.Hints.Zones = append(e.Hints.Zones, unique.Make(z.Name).Value())
 			}
-			for ei, ep := range sl.Endpoints {
-				if len(ep.Addresses) == 0 {
-					return fmt.Errorf("endpointslice %s: endpoints[%d].addresses is empty", sl.Name, ei)
-				}
-				a, err := parseAddr(ep.Addresses[0])
-				if err != nil {
-					return fmt.Errorf("endpointslice %s: endpoints[%d].addresses[0]: %v", sl.Name, ei, err)
-				}
-				if a.Is4() != (sl.AddressType == discoveryv1.AddressTypeIPv4) {
-					return fmt.Errorf("endpointslice %s: endpoints[%d].addresses[0]: %s does not match addressType %s", sl.Name, ei, a, sl.AddressType)
-				}
-				e := Endpoint{Addr: a, Port: uint16(*port.Port)}
-				// The API's rules: a nil ready or serving means true, a nil
-				// terminating means false.
-				e.Ready = ep.Conditions.Ready == nil || *ep.Conditions.Ready
-				e.Serving = true
-				if ep.Conditions.Serving != nil {
-					e.Serving = *ep.Conditions.Serving
-				}
-				e.Terminating = ep.Conditions.Terminating != nil && *ep.Conditions.Terminating
-				if ep.NodeName != nil {
-					e.NodeName = *ep.NodeName
-				}
-				if ep.Zone != nil {
-					e.Zone = *ep.Zone
-				}
-				if ep.Hints != nil {
-					for _, z := range ep.Hints.ForZones {
-						e.ZoneHints = append(e.ZoneHints, z.Name)
-					}
-					for _, n := range ep.Hints.ForNodes {
-						e.NodeHints = append(e.NodeHints, n.Name)
-					}
-				}
-				addEndpoint(sp, e)
+			for _, n := range h.ForNodes {
+				e.Hints.Nodes = append(e.Hints.Nodes, unique.Make(n.Name).Value())
 			}
 		}
+		if len(o.ports) == 1 {
+			e.Port = o.ports[0].port
+		}
+		o.addEndpoint(e)
 	}
+	slices.SortFunc(o.endpoints, func(a, b Endpoint) int { return a.Addr.Compare(b.Addr) })
 	return nil
+}
+
+// addEndpoint adds e unless its address is listed already; a ready listing
+// wins over a not-ready one, as in addEndpoint.
+func (o *SliceObject) addEndpoint(e Endpoint) {
+	for i := range o.endpoints {
+		if o.endpoints[i].Addr == e.Addr {
+			if e.Ready && !o.endpoints[i].Ready {
+				o.endpoints[i] = e
+			}
+			return
+		}
+	}
+	o.endpoints = append(o.endpoints, e)
+}
+
+// mergeSlice adds the endpoints of a slice to the Service port, with the
+// port number the slice gives it, if the slice names that port.
+func mergeSlice(sp *ServicePort, sl *SliceObject) {
+	if sl.fqdn {
+		return
+	}
+	for _, port := range sl.ports {
+		if sp.Name != port.name || sp.Protocol != port.proto {
+			continue
+		}
+		if sp.Endpoints == nil {
+			sp.Endpoints = make([]Endpoint, 0, len(sl.endpoints))
+		}
+		for _, e := range sl.endpoints {
+			e.Port = port.port
+			addEndpoint(sp, e)
+		}
+	}
 }
 
 // addEndpoint merges e into the port, once per address and port: the same

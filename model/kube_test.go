@@ -206,7 +206,7 @@ func TestFromKubernetes(t *testing.T) {
 				sliceEP{addr: "10.180.0.1", node: "n1", zone: "zone-a", zoneHints: []string{"zone-a", "zone-b"}, nodeHints: []string{"n1"}})},
 			check: func(t *testing.T, s *model.Service) {
 				want := model.Endpoint{Addr: mAddr("10.180.0.1"), Port: 8080, Ready: true, Serving: true, NodeName: "n1", Zone: "zone-a",
-					ZoneHints: []string{"zone-a", "zone-b"}, NodeHints: []string{"n1"}}
+					Hints: &model.Hints{Zones: []string{"zone-a", "zone-b"}, Nodes: []string{"n1"}}}
 				if !reflect.DeepEqual(s.Ports[0].Endpoints, []model.Endpoint{want}) {
 					t.Errorf("endpoints %+v", s.Ports[0].Endpoints)
 				}
@@ -433,5 +433,49 @@ func TestSkip(t *testing.T) {
 				t.Errorf("reason %q, want one naming %q", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestBuildFromObjects: the model built from what is kept of the objects
+// lists each endpoint once (a ready listing wins), in address order, with
+// the port each slice gives; building again gives the same model, so
+// nothing Build shares between models is modified.
+func TestBuildFromObjects(t *testing.T) {
+	svc := service(func(s *corev1.Service) {
+		s.Spec.Ports = append(s.Spec.Ports, corev1.ServicePort{Name: "metrics", Protocol: corev1.ProtocolTCP, Port: 9090})
+	})
+	http := []discoveryv1.EndpointPort{port("http", corev1.ProtocolTCP, 8080)}
+	both := []discoveryv1.EndpointPort{port("http", corev1.ProtocolTCP, 8081), port("metrics", corev1.ProtocolTCP, 9100)}
+	one := model.NewSliceObject(slice("web-a", discoveryv1.AddressTypeIPv4, http,
+		sliceEP{addr: "10.180.0.3"}, sliceEP{addr: "10.180.0.1", ready: ptr(false)}, sliceEP{addr: "10.180.0.1"}))
+	two := model.NewSliceObject(slice("web-b", discoveryv1.AddressTypeIPv4, both, sliceEP{addr: "10.180.0.2"}))
+	obj := model.NewServiceObject(svc)
+
+	alone, err := model.Build(obj, []*model.SliceObject{one}, model.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ready := model.Endpoint{Ready: true, Serving: true}
+	at := func(a string, p uint16) model.Endpoint { e := ready; e.Addr, e.Port = mAddr(a), p; return e }
+	if want := []model.Endpoint{at("10.180.0.1", 8080), at("10.180.0.3", 8080)}; !reflect.DeepEqual(alone.Ports[0].Endpoints, want) {
+		t.Errorf("one slice: endpoints %+v, want %+v", alone.Ports[0].Endpoints, want)
+	}
+	if len(alone.Ports[1].Endpoints) != 0 {
+		t.Errorf("one slice: metrics endpoints %+v, want none", alone.Ports[1].Endpoints)
+	}
+
+	merged, err := model.Build(obj, []*model.SliceObject{two, one}, model.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []model.Endpoint{at("10.180.0.1", 8080), at("10.180.0.2", 8081), at("10.180.0.3", 8080)}; !reflect.DeepEqual(merged.Ports[0].Endpoints, want) {
+		t.Errorf("two slices: http endpoints %+v, want %+v", merged.Ports[0].Endpoints, want)
+	}
+	if want := []model.Endpoint{at("10.180.0.2", 9100)}; !reflect.DeepEqual(merged.Ports[1].Endpoints, want) {
+		t.Errorf("two slices: metrics endpoints %+v, want %+v", merged.Ports[1].Endpoints, want)
+	}
+	again, err := model.Build(obj, []*model.SliceObject{one}, model.Options{})
+	if err != nil || !reflect.DeepEqual(again, alone) {
+		t.Errorf("built again: %+v, %v; want %+v", again, err, alone)
 	}
 }

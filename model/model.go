@@ -108,13 +108,37 @@ type ServicePort struct {
 type Endpoint struct {
 	Addr        netip.Addr
 	Port        uint16
-	NodeName    string
-	Zone        string
 	Ready       bool
 	Serving     bool
 	Terminating bool
-	ZoneHints   []string
-	NodeHints   []string
+	NodeName    string
+	Zone        string
+	// Hints are the endpoint's topology hints; nil when it has none, as
+	// most have (a pointer keeps every endpoint 40 bytes smaller).
+	Hints *Hints
+}
+
+// Hints are where an endpoint should receive traffic from (its
+// EndpointSlice's hints.forZones and hints.forNodes).
+type Hints struct {
+	Zones []string
+	Nodes []string
+}
+
+// ZoneHints are the zones the endpoint is meant for, if any.
+func (e *Endpoint) ZoneHints() []string {
+	if e.Hints == nil {
+		return nil
+	}
+	return e.Hints.Zones
+}
+
+// NodeHints are the nodes the endpoint is meant for, if any.
+func (e *Endpoint) NodeHints() []string {
+	if e.Hints == nil {
+		return nil
+	}
+	return e.Hints.Nodes
 }
 
 // AddrPort is the endpoint's address and port.

@@ -93,14 +93,14 @@ func topologyMode(eps []Endpoint, node Node) string {
 		if !e.Ready {
 			continue
 		}
-		if len(e.NodeHints) == 0 {
+		if len(e.NodeHints()) == 0 {
 			allNode = false
-		} else if slices.Contains(e.NodeHints, node.Name) {
+		} else if slices.Contains(e.NodeHints(), node.Name) {
 			forNode = true
 		}
-		if len(e.ZoneHints) == 0 {
+		if len(e.ZoneHints()) == 0 {
 			allZone = false
-		} else if slices.Contains(e.ZoneHints, node.Zone) {
+		} else if slices.Contains(e.ZoneHints(), node.Zone) {
 			forZone = true
 		}
 	}
@@ -116,9 +116,9 @@ func topologyMode(eps []Endpoint, node Node) string {
 func availableForTopology(e *Endpoint, mode string, node Node) bool {
 	switch mode {
 	case preferSameNode:
-		return slices.Contains(e.NodeHints, node.Name)
+		return slices.Contains(e.NodeHints(), node.Name)
 	case preferSameZone:
-		return slices.Contains(e.ZoneHints, node.Zone)
+		return slices.Contains(e.ZoneHints(), node.Zone)
 	}
 	return true
 }

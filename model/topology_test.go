@@ -19,7 +19,10 @@ type ep struct {
 func (e ep) endpoint() model.Endpoint {
 	ap := netip.MustParseAddrPort(e.addr)
 	m := model.Endpoint{Addr: ap.Addr(), Port: ap.Port(), Ready: e.ready, Serving: e.serving || e.ready,
-		Terminating: e.terminating, ZoneHints: e.zones, NodeHints: e.nodes, NodeName: "other"}
+		Terminating: e.terminating, NodeName: "other"}
+	if e.zones != nil || e.nodes != nil {
+		m.Hints = &model.Hints{Zones: e.zones, Nodes: e.nodes}
+	}
 	if e.local {
 		m.NodeName = "gw"
 	}

@@ -55,9 +55,15 @@ func terminating(a string, port uint16) model.Endpoint {
 
 func on(node string, e model.Endpoint) model.Endpoint { e.NodeName = node; return e }
 
-func zoneHints(e model.Endpoint, zones ...string) model.Endpoint { e.ZoneHints = zones; return e }
+func zoneHints(e model.Endpoint, zones ...string) model.Endpoint {
+	e.Hints = &model.Hints{Zones: zones, Nodes: e.NodeHints()}
+	return e
+}
 
-func nodeHints(e model.Endpoint, nodes ...string) model.Endpoint { e.NodeHints = nodes; return e }
+func nodeHints(e model.Endpoint, nodes ...string) model.Endpoint {
+	e.Hints = &model.Hints{Zones: e.ZoneHints(), Nodes: nodes}
+	return e
+}
 
 // web is a LoadBalancer Service reachable every way: ClusterIP, NodePort,
 // a non-local and a local ExternalIP, a LoadBalancer IP.

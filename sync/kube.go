@@ -148,54 +148,50 @@ func (k *KubeSource) Connected() bool {
 	return k.connected
 }
 
-// stripForCache trims the objects the informers keep to what the model
-// reads: at ten thousand Services the objects as the API sends them were
-// the biggest part of the gateway's memory. An EndpointSlice is kept as a
-// cachedSlice. It is idempotent, as client-go asks of a transform.
-func stripForCache(obj any) (any, error) {
+// convertForCache converts the objects the informers keep to what the
+// model reads of them (model.ServiceObject, model.SliceObject): at ten
+// thousand Services the API objects, even trimmed, were the largest part of
+// the gateway's memory. The tracker keeps the same converted objects, so
+// each is held once. It is idempotent, as client-go asks of a transform.
+func convertForCache(obj any) (any, error) {
 	switch o := obj.(type) {
 	case *corev1.Service:
-		model.TrimService(o)
+		return &cachedService{model.NewServiceObject(o)}, nil
 	case *discoveryv1.EndpointSlice:
-		return newCachedSlice(o), nil
-	case *cachedSlice:
-	case metav1.Object:
-		o.SetManagedFields(nil)
+		return &cachedSlice{model.NewSliceObject(o)}, nil
 	}
 	return obj, nil
 }
 
-// cachedSlice is an EndpointSlice as the informer keeps it: trimmed, with
-// the two things read from its label and annotation (its Service and when
-// its change was triggered) held as values. Two maps of one entry each
-// cost more than the rest of a trimmed slice.
-type cachedSlice struct {
-	slice      *discoveryv1.EndpointSlice // without labels and annotations
-	service    model.ServiceKey
-	hasService bool
-	trigger    time.Time
+// cachedService is a Service as the informer keeps it.
+type cachedService struct{ *model.ServiceObject }
+
+// GetObjectMeta gives the informer the Service's name and namespace, its
+// keys; nothing else of the metadata is kept.
+func (c *cachedService) GetObjectMeta() metav1.Object {
+	return &metav1.ObjectMeta{Namespace: c.Key.Namespace, Name: c.Key.Name}
 }
 
-func newCachedSlice(sl *discoveryv1.EndpointSlice) *cachedSlice {
-	k, ok := SliceService(sl)
-	c := &cachedSlice{slice: sl, service: k, hasService: ok, trigger: triggerTime(sl)}
-	model.TrimEndpointSlice(sl)
-	sl.Labels, sl.Annotations = nil, nil
-	return c
-}
+// GetObjectKind implements runtime.Object.
+func (c *cachedService) GetObjectKind() schema.ObjectKind { return schema.EmptyObjectKind }
 
-// GetObjectMeta gives the informer the slice's name and namespace, its keys.
-func (c *cachedSlice) GetObjectMeta() metav1.Object { return &c.slice.ObjectMeta }
+// DeepCopyObject implements runtime.Object. The converted object is never
+// modified, so a copy may share it.
+func (c *cachedService) DeepCopyObject() runtime.Object { cp := *c; return &cp }
+
+// cachedSlice is an EndpointSlice as the informer keeps it.
+type cachedSlice struct{ *model.SliceObject }
+
+// GetObjectMeta gives the informer the slice's name and namespace.
+func (c *cachedSlice) GetObjectMeta() metav1.Object {
+	return &metav1.ObjectMeta{Namespace: c.Namespace, Name: c.Name}
+}
 
 // GetObjectKind implements runtime.Object.
 func (c *cachedSlice) GetObjectKind() schema.ObjectKind { return schema.EmptyObjectKind }
 
 // DeepCopyObject implements runtime.Object.
-func (c *cachedSlice) DeepCopyObject() runtime.Object {
-	cp := *c
-	cp.slice = c.slice.DeepCopy()
-	return &cp
-}
+func (c *cachedSlice) DeepCopyObject() runtime.Object { cp := *c; return &cp }
 
 // Run implements Source.
 func (k *KubeSource) Run(ctx context.Context, t *Tracker) error {
@@ -228,7 +224,7 @@ func (k *KubeSource) Run(ctx context.Context, t *Tracker) error {
 		cache.NewFilteredListWatchFromClient(discovery, "endpointslices", metav1.NamespaceAll, func(*metav1.ListOptions) {}),
 		&discoveryv1.EndpointSlice{}, cache.SharedIndexInformerOptions{ResyncPeriod: k.Resync})
 	for _, inf := range []cache.SharedIndexInformer{svcInf, sliceInf} {
-		if err := inf.SetTransform(stripForCache); err != nil {
+		if err := inf.SetTransform(convertForCache); err != nil {
 			return err
 		}
 	}
@@ -251,15 +247,15 @@ func (k *KubeSource) Run(ctx context.Context, t *Tracker) error {
 		k.mu.Unlock()
 	}
 	if _, err := svcInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(o any) { seen(); t.SetService(o.(*corev1.Service)) },
-		UpdateFunc: func(_, o any) { seen(); t.SetService(o.(*corev1.Service)) },
+		AddFunc:    func(o any) { seen(); setCachedService(t, o) },
+		UpdateFunc: func(_, o any) { seen(); setCachedService(t, o) },
 		DeleteFunc: func(o any) {
 			seen()
 			if d, ok := o.(cache.DeletedFinalStateUnknown); ok {
 				o = d.Obj
 			}
-			if s, ok := o.(*corev1.Service); ok {
-				t.DeleteService(model.ServiceKey{Namespace: s.Namespace, Name: s.Name})
+			if c, ok := o.(*cachedService); ok {
+				t.DeleteService(c.Key)
 			}
 		},
 	}); err != nil {
@@ -274,7 +270,7 @@ func (k *KubeSource) Run(ctx context.Context, t *Tracker) error {
 				o = d.Obj
 			}
 			if c, ok := o.(*cachedSlice); ok {
-				t.DeleteSlice(c.slice.Namespace, c.slice.Name)
+				t.DeleteSlice(c.Namespace, c.Name)
 			}
 		},
 	}); err != nil {
@@ -297,9 +293,15 @@ func (k *KubeSource) Run(ctx context.Context, t *Tracker) error {
 	return nil
 }
 
+func setCachedService(t *Tracker, o any) {
+	if c, ok := o.(*cachedService); ok {
+		t.SetServiceObject(c.ServiceObject)
+	}
+}
+
 func setCachedSlice(t *Tracker, o any) {
 	if c, ok := o.(*cachedSlice); ok {
-		t.setSlice(c.slice, c.service, c.hasService, c.trigger)
+		t.SetSliceObject(c.SliceObject)
 	}
 }
 

@@ -12,13 +12,14 @@ import (
 	"github.com/nftgate/nftgate/model"
 )
 
-// The informer keeps slices as cachedSlice: it must still find their keys,
-// and the tracker must still learn their Service and trigger time.
+// The informer keeps Services and slices converted (cachedService,
+// cachedSlice): it must still find their keys, and the tracker must still
+// learn a slice's Service and trigger time.
 func TestCachedSlice(t *testing.T) {
 	sl := trackedSlice("shop", "web-1", "web")
 	sl.Annotations = map[string]string{corev1.EndpointsLastChangeTriggerTime: "2026-11-22T04:00:00.5Z", "other": "x"}
 	sl.Endpoints = []discoveryv1.Endpoint{{Addresses: []string{"10.1.0.1"}, TargetRef: &corev1.ObjectReference{Name: "pod"}}}
-	obj, err := stripForCache(sl)
+	obj, err := convertForCache(sl)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -29,14 +30,18 @@ func TestCachedSlice(t *testing.T) {
 	if key, err := cache.MetaNamespaceKeyFunc(obj); err != nil || key != "shop/web-1" {
 		t.Errorf("informer key = %q, %v; want shop/web-1", key, err)
 	}
-	if c.slice.Labels != nil || c.slice.Annotations != nil || c.slice.Endpoints[0].TargetRef != nil {
-		t.Errorf("cached slice keeps what nobody reads: %+v", c.slice)
-	}
-	if again, _ := stripForCache(obj); again != obj {
+	if again, _ := convertForCache(obj); again != obj {
 		t.Errorf("transform of a cachedSlice gave %v, want it unchanged", again)
 	}
-	if cp := c.DeepCopyObject().(*cachedSlice); cp.slice == c.slice || cp.service != c.service || !cp.trigger.Equal(c.trigger) {
+	if cp := c.DeepCopyObject().(*cachedSlice); cp == c || cp.SliceObject != c.SliceObject {
 		t.Errorf("deep copy %+v of %+v", cp, c)
+	}
+	svcObj, err := convertForCache(&corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if key, err := cache.MetaNamespaceKeyFunc(svcObj); err != nil || key != "shop/web" {
+		t.Errorf("informer key of the Service = %q, %v; want shop/web", key, err)
 	}
 
 	tr := NewTracker()
@@ -51,7 +56,7 @@ func TestCachedSlice(t *testing.T) {
 	}
 
 	// Relabelled to no Service: it leaves shop/web.
-	unlabelled, _ := stripForCache(&discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web-1"}})
+	unlabelled, _ := convertForCache(&discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web-1"}})
 	setCachedSlice(tr, unlabelled)
 	if dirty, _ := tr.TakeDirty(); len(dirty) != 1 || len(dirty[web].Slices) != 0 {
 		t.Errorf("after the label went: %v, want shop/web without slices", dirty)

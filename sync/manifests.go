@@ -50,13 +50,14 @@ type ManifestSource struct {
 
 	mu       stdsync.Mutex
 	problems map[string]string // file -> why it is not applied
-	// lastGood keeps each file's objects from its last good read: a file
-	// that becomes malformed keeps its previous content in effect.
-	lastGood map[string][]runtime.Object
+	// lastGood keeps each file's objects from its last good read, as
+	// *model.ServiceObject and *model.SliceObject: a file that becomes
+	// malformed keeps its previous content in effect.
+	lastGood map[string][]any
 	// read is each file's content hash and error at its last read: an
 	// unchanged file is not decoded again on every rescan.
 	read    map[string]fileRead
-	current map[objectKey]runtime.Object
+	current map[objectKey]any
 }
 
 type fileRead struct {
@@ -146,9 +147,9 @@ func (m *ManifestSource) scan(t *Tracker, log *slog.Logger) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.lastGood == nil {
-		m.lastGood = map[string][]runtime.Object{}
+		m.lastGood = map[string][]any{}
 		m.read = map[string]fileRead{}
-		m.current = map[objectKey]runtime.Object{}
+		m.current = map[objectKey]any{}
 	}
 	files, err := ManifestFiles(m.Dir)
 	if err != nil {
@@ -184,7 +185,7 @@ func (m *ManifestSource) scan(t *Tracker, log *slog.Logger) {
 	}
 	m.problems = problems
 
-	next := map[objectKey]runtime.Object{}
+	next := map[objectKey]any{}
 	owner := map[objectKey]string{}
 	for _, f := range files {
 		for _, o := range m.lastGood[f] {
@@ -201,10 +202,10 @@ func (m *ManifestSource) scan(t *Tracker, log *slog.Logger) {
 			continue
 		}
 		switch obj := o.(type) {
-		case *corev1.Service:
-			t.SetService(obj)
-		case *discoveryv1.EndpointSlice:
-			t.SetSlice(obj)
+		case *model.ServiceObject:
+			t.SetServiceObject(obj)
+		case *model.SliceObject:
+			t.SetSliceObject(obj)
 		}
 	}
 	for k := range m.current {
@@ -222,9 +223,9 @@ func (m *ManifestSource) scan(t *Tracker, log *slog.Logger) {
 }
 
 // readChanged reads a file and decodes it if its content changed since the
-// last read, trimming the objects to what the model reads. objs is nil
-// when the content is the same; err repeats the last error then.
-func (m *ManifestSource) readChanged(path string) (objs []runtime.Object, err error) {
+// last read, converting the objects to what the model reads of them. objs
+// is nil when the content is the same; err repeats the last error then.
+func (m *ManifestSource) readChanged(path string) (objs []any, err error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		delete(m.read, path)
@@ -234,30 +235,28 @@ func (m *ManifestSource) readChanged(path string) (objs []runtime.Object, err er
 	if prev, ok := m.read[path]; ok && prev.sum == sum {
 		return nil, prev.err
 	}
-	objs, err = decodeManifest(path, data)
+	decoded, err := decodeManifest(path, data)
 	m.read[path] = fileRead{sum: sum, err: err}
 	if err != nil {
 		return nil, err
 	}
-	for _, o := range objs {
+	objs = make([]any, 0, len(decoded)) // a file without objects is still read
+	for _, o := range decoded {
 		switch obj := o.(type) {
 		case *corev1.Service:
-			model.TrimService(obj)
+			objs = append(objs, model.NewServiceObject(obj))
 		case *discoveryv1.EndpointSlice:
-			model.TrimEndpointSlice(obj)
+			objs = append(objs, model.NewSliceObject(obj))
 		}
-	}
-	if objs == nil {
-		objs = []runtime.Object{} // a file without objects is still read
 	}
 	return objs, nil
 }
 
-func keyOf(o runtime.Object) objectKey {
+func keyOf(o any) objectKey {
 	switch obj := o.(type) {
-	case *corev1.Service:
-		return objectKey{"Service", obj.Namespace, obj.Name}
-	case *discoveryv1.EndpointSlice:
+	case *model.ServiceObject:
+		return objectKey{"Service", obj.Key.Namespace, obj.Key.Name}
+	case *model.SliceObject:
 		return objectKey{"EndpointSlice", obj.Namespace, obj.Name}
 	}
 	return objectKey{}

@@ -61,6 +61,10 @@ type Syncer struct {
 	// Touched, when set, is told which Services' state (model, error,
 	// skip reason) may have changed: nil after a full sync means all.
 	Touched func(keys []model.ServiceKey)
+	// BeforeFull, when set, is called before every full sync, from the
+	// Syncer's goroutine: a full sync holds the whole ruleset, built or
+	// read back from the kernel, for a moment.
+	BeforeFull func()
 
 	mu         stdsync.Mutex
 	programmed map[model.ServiceKey]*model.Service
@@ -168,12 +172,12 @@ func (s *Syncer) build(k model.ServiceKey, o Objects) (m *model.Service, ok bool
 		delete(s.errs, k)
 		return nil, true
 	}
-	if why := model.Skip(o.Service, s.Options); why != "" {
+	if why := o.Service.Skip(s.Options); why != "" {
 		delete(s.errs, k)
 		s.skipped[k] = why
 		return nil, true
 	}
-	m, err := model.FromKubernetes(o.Service, o.Slices, s.Options)
+	m, err := model.Build(o.Service, o.Slices, s.Options)
 	if err != nil {
 		s.errs[k] = err.Error()
 		return nil, false
@@ -188,6 +192,9 @@ func (s *Syncer) build(k model.ServiceKey, o Objects) (m *model.Service, ok bool
 }
 
 func (s *Syncer) full(log *slog.Logger) error {
+	if s.BeforeFull != nil {
+		s.BeforeFull()
+	}
 	start := time.Now()
 	all, triggers := s.Tracker.All()
 	desired := make(map[model.ServiceKey]*model.Service, len(all))

@@ -18,17 +18,19 @@ import (
 	"github.com/nftgate/nftgate/model"
 )
 
-// Tracker holds the latest Service and EndpointSlice objects from a source
-// and remembers which Services changed since the Syncer last looked.
+// Tracker holds what the model needs of the latest Service and
+// EndpointSlice objects from a source (model.ServiceObject and
+// model.SliceObject, not the objects themselves) and remembers which
+// Services changed since the Syncer last looked.
 type Tracker struct {
 	mu       stdsync.Mutex
-	services map[model.ServiceKey]*corev1.Service
+	services map[model.ServiceKey]*model.ServiceObject
 	// slices lists each Service's EndpointSlices (most have one), and
 	// sliceOwner tells under which Service a slice is listed: a slice
 	// change or deletion finds its entry without a walk over every
 	// Service, which at ten thousand Services made the first sync
 	// quadratic.
-	slices     map[model.ServiceKey][]*discoveryv1.EndpointSlice
+	slices     map[model.ServiceKey][]*model.SliceObject
 	sliceOwner map[sliceKey]model.ServiceKey
 	dirty      map[model.ServiceKey]struct{}
 	// triggers are the last-change-trigger-time annotations of the
@@ -45,8 +47,8 @@ type Tracker struct {
 // NewTracker returns an empty tracker.
 func NewTracker() *Tracker {
 	return &Tracker{
-		services:   map[model.ServiceKey]*corev1.Service{},
-		slices:     map[model.ServiceKey][]*discoveryv1.EndpointSlice{},
+		services:   map[model.ServiceKey]*model.ServiceObject{},
+		slices:     map[model.ServiceKey][]*model.SliceObject{},
 		sliceOwner: map[sliceKey]model.ServiceKey{},
 		dirty:      map[model.ServiceKey]struct{}{},
 		changed:    make(chan struct{}, 1),
@@ -70,11 +72,15 @@ func (t *Tracker) markLocked(k model.ServiceKey) {
 
 // SetService records a Service's current object.
 func (t *Tracker) SetService(svc *corev1.Service) {
-	k := model.ServiceKey{Namespace: svc.Namespace, Name: svc.Name}
+	t.SetServiceObject(model.NewServiceObject(svc))
+}
+
+// SetServiceObject records a Service's current object, converted.
+func (t *Tracker) SetServiceObject(o *model.ServiceObject) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.services[k] = svc
-	t.markLocked(k)
+	t.services[o.Key] = o
+	t.markLocked(o.Key)
 }
 
 // DeleteService records that a Service is gone.
@@ -104,25 +110,13 @@ type sliceKey struct{ namespace, name string }
 // SetSlice records an EndpointSlice's current object. A slice that moved to
 // another Service (its label changed) is removed from the old one.
 func (t *Tracker) SetSlice(sl *discoveryv1.EndpointSlice) {
-	k, ok := SliceService(sl)
-	t.setSlice(sl, k, ok, triggerTime(sl))
+	t.SetSliceObject(model.NewSliceObject(sl))
 }
 
-// triggerTime reads a slice's last-change-trigger-time annotation; zero
-// when it has none.
-func triggerTime(sl *discoveryv1.EndpointSlice) time.Time {
-	if ts, ok := sl.Annotations[corev1.EndpointsLastChangeTriggerTime]; ok {
-		if tt, err := time.Parse(time.RFC3339Nano, ts); err == nil {
-			return tt
-		}
-	}
-	return time.Time{}
-}
-
-// setSlice records a slice of Service k (of none when ok is false), whose
-// change was triggered at trigger (zero: unknown).
-func (t *Tracker) setSlice(sl *discoveryv1.EndpointSlice, k model.ServiceKey, ok bool, trigger time.Time) {
+// SetSliceObject records an EndpointSlice's current object, converted.
+func (t *Tracker) SetSliceObject(sl *model.SliceObject) {
 	sk := sliceKey{sl.Namespace, sl.Name}
+	k, ok, trigger := sl.Service, sl.HasService, sl.Trigger
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if old, found := t.sliceOwner[sk]; found && (!ok || old != k) {
@@ -133,7 +127,7 @@ func (t *Tracker) setSlice(sl *discoveryv1.EndpointSlice, k model.ServiceKey, ok
 	}
 	t.sliceOwner[sk] = k
 	list := t.slices[k]
-	i := slices.IndexFunc(list, func(o *discoveryv1.EndpointSlice) bool { return o.Name == sl.Name })
+	i := slices.IndexFunc(list, func(o *model.SliceObject) bool { return o.Name == sl.Name })
 	if i >= 0 {
 		list[i] = sl
 	} else {
@@ -148,7 +142,7 @@ func (t *Tracker) setSlice(sl *discoveryv1.EndpointSlice, k model.ServiceKey, ok
 // removeSliceLocked takes a slice off the list of Service k.
 func (t *Tracker) removeSliceLocked(k model.ServiceKey, sk sliceKey) {
 	delete(t.sliceOwner, sk)
-	list := slices.DeleteFunc(t.slices[k], func(o *discoveryv1.EndpointSlice) bool { return o.Name == sk.name })
+	list := slices.DeleteFunc(t.slices[k], func(o *model.SliceObject) bool { return o.Name == sk.name })
 	if len(list) == 0 {
 		delete(t.slices, k)
 	} else {
@@ -184,10 +178,10 @@ func (t *Tracker) Synced() bool {
 	return t.synced
 }
 
-// Objects are one Service's API objects.
+// Objects are what is kept of one Service's API objects.
 type Objects struct {
-	Service *corev1.Service // nil when the Service does not exist
-	Slices  []*discoveryv1.EndpointSlice
+	Service *model.ServiceObject // nil when the Service does not exist
+	Slices  []*model.SliceObject
 }
 
 // TakeDirty returns the objects of every Service that changed since the
