@@ -198,21 +198,17 @@ func statusJSON(s Snapshot, now time.Time, maxAge time.Duration) StatusJSON {
 		if svc.Error != "" {
 			out.Services.Rejected++
 		}
-		used := 0
-		for _, ep := range svc.Endpoints {
-			if ep.Used {
-				used++
-			}
-		}
+		total, used := svc.endpointCounts()
 		if used == 0 && svc.Type != "ExternalName" && svc.Type != "" {
 			out.Services.NoEndpoints++
 		}
-		out.Services.Endpoints += len(svc.Endpoints)
+		out.Services.Endpoints += total
 	}
 	return out
 }
 
 func serviceJSON(s *Service) ServiceJSON {
+	endpoints := s.EndpointList()
 	out := ServiceJSON{
 		Namespace: s.Namespace, Name: s.Name, Type: s.Type,
 		ClusterIPs: orEmpty(s.ClusterIPs), ExternalIPs: orEmpty(s.ExternalIPs),
@@ -221,12 +217,12 @@ func serviceJSON(s *Service) ServiceJSON {
 		SessionAffinity: s.Affinity, AffinityTimeoutSeconds: s.AffinityTimeout.Seconds(),
 		HealthCheckNodePort: s.HealthCheckNodePort, Error: s.Error,
 		Ports:     make([]PortJSON, 0, len(s.Ports)),
-		Endpoints: make([]EndpointJSON, 0, len(s.Endpoints)),
+		Endpoints: make([]EndpointJSON, 0, len(endpoints)),
 	}
 	for _, p := range s.Ports {
 		out.Ports = append(out.Ports, PortJSON{Name: p.Name, Protocol: p.Protocol, Port: p.Port, NodePort: p.NodePort})
 	}
-	for _, e := range s.Endpoints {
+	for _, e := range endpoints {
 		out.Endpoints = append(out.Endpoints, EndpointJSON{
 			PortName: e.PortName, Addr: e.Addr, Port: e.Port,
 			Ready: e.Ready, Serving: e.Serving, Terminating: e.Terminating,

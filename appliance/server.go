@@ -250,7 +250,7 @@ func serviceSearchText(svc *Service) string {
 			b.WriteString(" " + strconv.Itoa(int(p.NodePort)))
 		}
 	}
-	for _, e := range svc.Endpoints {
+	for _, e := range svc.EndpointList() {
 		b.WriteString(" " + e.Addr.String() + " " + e.Node)
 	}
 	return b.String()

@@ -236,6 +236,41 @@ func TestServiceAPI(t *testing.T) {
 	}
 }
 
+// A Source may give a Service's endpoints as a function with their
+// counts: the summary counts them without making them, the API and the
+// search make them.
+func TestServiceEndpointsFunc(t *testing.T) {
+	snap := healthySnapshot()
+	made := 0
+	for i := range snap.Services {
+		svc := &snap.Services[i]
+		if svc.Namespace+"/"+svc.Name != "shop/web" {
+			continue
+		}
+		eps := svc.Endpoints
+		svc.Endpoints = nil
+		svc.EndpointCount, svc.UsedCount = len(eps), 2
+		svc.EndpointsFunc = func() []Endpoint { made++; return eps }
+	}
+	if got, want := statusJSON(snap, fixtureNow, 0).Services, (SummaryJSON{Total: 5, Rejected: 1, NoEndpoints: 2, Endpoints: 5}); got != want {
+		t.Errorf("services summary = %+v, want %+v", got, want)
+	}
+	if made != 0 {
+		t.Errorf("the summary made the endpoints %d times, want none", made)
+	}
+	ts, _ := newTestServer(t, snap, Options{})
+	var s ServiceJSON
+	getJSON(t, ts.URL+"/api/v1/services/shop/web", 200, &s)
+	if len(s.Endpoints) != 3 || !s.Endpoints[0].Used || s.Endpoints[2].Zone != "z2" {
+		t.Errorf("endpoints = %+v", s.Endpoints)
+	}
+	var l ServiceListJSON
+	getJSON(t, ts.URL+"/api/v1/services?q="+s.Endpoints[2].Addr.String(), 200, &l)
+	if len(l.Services) != 1 || l.Services[0].Name != "web" {
+		t.Errorf("search by an endpoint address found %+v, want shop/web", l.Services)
+	}
+}
+
 func TestSyncsAPI(t *testing.T) {
 	ts, _ := newTestServer(t, healthySnapshot(), Options{})
 	var s SyncsJSON

@@ -117,9 +117,39 @@ type Service struct {
 	// SourceRanges are the loadBalancerSourceRanges.
 	SourceRanges        []netip.Prefix
 	HealthCheckNodePort uint16
-	Endpoints           []Endpoint
+	// Endpoints are the Service's endpoints. A Source of thousands of
+	// Services sets EndpointsFunc instead, which makes them when they are
+	// shown, and counts them in EndpointCount and UsedCount: a copy of
+	// every endpoint kept for a page nobody may be looking at was a tenth
+	// of the gateway's memory.
+	Endpoints     []Endpoint
+	EndpointsFunc func() []Endpoint
+	EndpointCount int
+	UsedCount     int
 	// Error is set when the gateway rejected the Service; it says why.
 	Error string
+}
+
+// EndpointList returns the Service's endpoints, made now if the Source
+// gave EndpointsFunc.
+func (s *Service) EndpointList() []Endpoint {
+	if s.EndpointsFunc != nil {
+		return s.EndpointsFunc()
+	}
+	return s.Endpoints
+}
+
+// endpointCounts counts the Service's endpoints and those in use.
+func (s *Service) endpointCounts() (total, used int) {
+	if s.EndpointsFunc != nil {
+		return s.EndpointCount, s.UsedCount
+	}
+	for _, e := range s.Endpoints {
+		if e.Used {
+			used++
+		}
+	}
+	return len(s.Endpoints), used
 }
 
 // ServicePort is one port of a Service.

@@ -71,7 +71,7 @@ func (p *statusPublisher) run(ctx context.Context) {
 			states := p.syncer.Services() // in name order
 			rows := make([]appliance.Service, 0, len(states))
 			for _, st := range states {
-				if row, ok := serviceRow(st, p.node); ok {
+				if row, ok := serviceRow(st, &p.node); ok {
 					rows = append(rows, row)
 				}
 			}
@@ -80,7 +80,7 @@ func (p *statusPublisher) run(ctx context.Context) {
 		} else if len(touched) > 0 {
 			p.rows = mergeRows(p.rows, touched, func(k model.ServiceKey) (appliance.Service, bool) {
 				st, _ := p.syncer.Service(k)
-				return serviceRow(st, p.node)
+				return serviceRow(st, &p.node)
 			})
 			p.rec.SetServices(p.rows)
 		}
@@ -125,9 +125,11 @@ func rowKey(r *appliance.Service) model.ServiceKey {
 
 // serviceRow turns one Service's state into its row on the page; ok is
 // false for a Service that is not proxied at all (not the gateway's
-// business) or gone. An endpoint is Used when the rules send traffic to it:
-// the same choice the ruleset makes (model.Categorize), under either policy.
-func serviceRow(st gsync.ServiceState, node model.Node) (appliance.Service, bool) {
+// business) or gone. The row counts the endpoints and makes their list only
+// when the page shows it (endpointRows), from the programmed model, which
+// never changes: rows holding a copy of every endpoint were a tenth of the
+// gateway's memory at ten thousand Services.
+func serviceRow(st gsync.ServiceState, node *model.Node) (appliance.Service, bool) {
 	v := appliance.Service{Namespace: st.Key.Namespace, Name: st.Key.Name, Error: st.Error}
 	if st.Model == nil && st.Error == "" {
 		return v, false
@@ -142,22 +144,42 @@ func serviceRow(st gsync.ServiceState, node model.Node) (appliance.Service, bool
 		}
 		v.SourceRanges = m.SourceRanges
 		v.HealthCheckNodePort = m.HealthCheckNodePort
+		v.Ports = make([]appliance.ServicePort, 0, len(m.Ports))
 		for pi := range m.Ports {
 			p := &m.Ports[pi]
 			v.Ports = append(v.Ports, appliance.ServicePort{Name: p.Name, Protocol: strings.ToUpper(p.Protocol.String()), Port: p.Port, NodePort: p.NodePort})
-			sets := model.Categorize(m, p, node)
-			used := make(map[netip.AddrPort]bool, len(sets.Cluster)+len(sets.Local))
-			for _, e := range append(sets.Cluster, sets.Local...) {
-				used[e.AddrPort()] = true
-			}
-			for _, e := range p.Endpoints {
-				v.Endpoints = append(v.Endpoints, appliance.Endpoint{PortName: p.Name, Addr: e.Addr, Port: e.Port,
-					Ready: e.Ready, Serving: e.Serving, Terminating: e.Terminating, Node: e.NodeName, Zone: e.Zone,
-					Used: used[e.AddrPort()]})
+		}
+		eps := endpointRows(m, node)
+		v.EndpointCount = len(eps)
+		for _, e := range eps {
+			if e.Used {
+				v.UsedCount++
 			}
 		}
+		v.EndpointsFunc = func() []appliance.Endpoint { return endpointRows(m, node) }
 	}
 	return v, true
+}
+
+// endpointRows lists a Service's endpoints for the page. An endpoint is
+// Used when the rules send traffic to it: the same choice the ruleset
+// makes (model.Categorize), under either policy.
+func endpointRows(m *model.Service, node *model.Node) []appliance.Endpoint {
+	var out []appliance.Endpoint
+	for pi := range m.Ports {
+		p := &m.Ports[pi]
+		sets := model.Categorize(m, p, *node)
+		used := make(map[netip.AddrPort]bool, len(sets.Cluster)+len(sets.Local))
+		for _, e := range append(sets.Cluster, sets.Local...) {
+			used[e.AddrPort()] = true
+		}
+		for _, e := range p.Endpoints {
+			out = append(out, appliance.Endpoint{PortName: p.Name, Addr: e.Addr, Port: e.Port,
+				Ready: e.Ready, Serving: e.Serving, Terminating: e.Terminating, Node: e.NodeName, Zone: e.Zone,
+				Used: used[e.AddrPort()]})
+		}
+	}
+	return out
 }
 
 func policy(local bool) string {
