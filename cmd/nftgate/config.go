@@ -68,7 +68,7 @@ func defaults() Config {
 }
 
 // DefaultMemoryLimit is memory_limit's default: see config.toml for why.
-const DefaultMemoryLimit = 64 << 20
+const DefaultMemoryLimit = 40 << 20
 
 // Duration is a time.Duration written as "10ms", "1m" in TOML.
 type Duration time.Duration

@@ -128,8 +128,9 @@ func TestMemoryLimitSizes(t *testing.T) {
 }
 
 // TestMemoryLimitFollowsLiveData checks that the soft limit never stays
-// below the live data a full sync leaves: with a floor far under this test
-// process's own heap, the limit is raised to one and a half times it.
+// below the live data a sync leaves, and that a full sync runs without it:
+// with a floor far under this test process's own heap, the limit is raised
+// to leave minHeadroom above it.
 func TestMemoryLimitFollowsLiveData(t *testing.T) {
 	t.Setenv("GOMEMLIMIT", "")
 	defer debug.SetMemoryLimit(math.MaxInt64)
@@ -138,10 +139,19 @@ func TestMemoryLimitFollowsLiveData(t *testing.T) {
 	if got := debug.SetMemoryLimit(-1); got != math.MaxInt64 {
 		t.Fatalf("limit before the first full sync = %d, want none", got)
 	}
-	runtime.GC()
-	m.synced()
-	if got := debug.SetMemoryLimit(-1); got < int64(len(keep))/2*3 {
-		t.Errorf("limit after the full sync = %d, want at least 1.5 x %d live bytes", got, len(keep))
+	m.beforeFull()
+	m.synced(true)
+	got := debug.SetMemoryLimit(-1)
+	if got < int64(len(keep))+minHeadroom {
+		t.Errorf("limit after the full sync = %d, want at least %d live bytes + %d", got, len(keep), minHeadroom)
+	}
+	m.beforeFull()
+	if during := debug.SetMemoryLimit(-1); during != math.MaxInt64 {
+		t.Errorf("limit during a full sync = %d, want none", during)
+	}
+	m.synced(false)
+	if after := debug.SetMemoryLimit(-1); after < int64(len(keep))+minHeadroom || after > 2*got {
+		t.Errorf("limit after a partial sync = %d, want about %d again", after, got)
 	}
 	runtime.KeepAlive(keep)
 }

@@ -6,11 +6,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/http/pprof"
 	"os"
-	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
 	"sort"
@@ -125,6 +125,7 @@ func serve(ctx context.Context, cfg *Config) error {
 		MinInterval: time.Duration(cfg.MinSyncInterval),
 		Reconcile:   time.Duration(cfg.ReconcileInterval),
 	}
+	syncer.BeforeFull = memLimit.beforeFull
 	status := newStatusPublisher(syncer, rec, cfg.ruleset().Node)
 	syncer.Touched = status.touch
 	syncer.Observers = append(syncer.Observers, func(ev gsync.Event) {
@@ -148,15 +149,7 @@ func serve(ctx context.Context, cfg *Config) error {
 			}
 		}
 		rec.RecordSync(r)
-		if ev.Err == nil && ev.Result.Messages > 20000 {
-			// A cold sync of thousands of Services builds a batch of tens
-			// of megabytes; give that memory back now rather than keep
-			// the peak resident until the runtime gets round to it.
-			debug.FreeOSMemory()
-		}
-		if ev.Err == nil {
-			memLimit.synced()
-		}
+		memLimit.synced(ev.Full)
 		if ev.Err == nil && ev.Full {
 			for _, d := range ev.Result.Drift {
 				metrics.DriftRepaired(driftReason(d))
@@ -264,20 +257,28 @@ func serve(ctx context.Context, cfg *Config) error {
 // memoryLimit makes memory_limit the floor of the Go runtime's soft memory
 // limit: the collector then runs before the heap grows past it, instead of
 // letting it reach twice the live data, and returns freed memory to the
-// kernel sooner. The limit follows the cluster: after every full sync it
-// is at least one and a half times the live data, so a larger cluster
-// never has the collector running without pause (past the limit it costs
-// up to half the CPU). The first full sync builds the whole ruleset at
-// once and holds several times the data of the steady state meanwhile:
-// under a limit the collector would run almost without pause through it
-// (cold start 1 s to 4.5 s at 10,000 Services with 128 MiB, 3.4 s with
-// twice that), so there is none until it is done. A GOMEMLIMIT in the
-// environment wins, as the runtime documents.
+// kernel sooner. The limit follows the cluster: after every sync it leaves
+// room above the live data for minHeadroom or a quarter of the live data,
+// whichever is more, so a larger cluster never has the collector running
+// without pause (past the limit it costs up to half the CPU).
+//
+// A full sync holds, for a moment, several times the data of the steady
+// state: the whole ruleset built (the first one) or read back from the
+// kernel (every reconcile). Under the limit the collector would run almost
+// without pause through it (a cold start of 1 s took 4.5 s at 10,000
+// Services under a 128 MiB limit), so the limit is lifted while a full
+// sync runs, and after it the memory it used is handed back to the kernel
+// at once. A GOMEMLIMIT in the environment wins, as the runtime documents.
 type memoryLimit struct {
-	floor    ByteSize
-	log      *slog.Logger
-	measured bool // only the sync loop's goroutine calls synced
+	floor ByteSize
+	log   *slog.Logger
+	last  int64 // the limit set after the last sync; 0 before the first
 }
+
+// minHeadroom is the least room the memory limit leaves above the live
+// data: more than a partial sync allocates at ten thousand Services, so
+// that the collector runs less than once per sync.
+const minHeadroom = 12 << 20
 
 func newMemoryLimit(limit ByteSize, log *slog.Logger) *memoryLimit {
 	if env := os.Getenv("GOMEMLIMIT"); env != "" {
@@ -287,27 +288,36 @@ func newMemoryLimit(limit ByteSize, log *slog.Logger) *memoryLimit {
 	return &memoryLimit{floor: limit, log: log}
 }
 
-// synced sets the limit from the live data a sync left. The first time,
-// after the cold sync, a collection first measures that data exactly: the
-// last automatic one ran in the middle of the sync.
-func (m *memoryLimit) synced() {
+// beforeFull lifts the limit for a full sync. Only the sync loop's
+// goroutine calls beforeFull and synced.
+func (m *memoryLimit) beforeFull() {
+	if m.floor > 0 {
+		debug.SetMemoryLimit(math.MaxInt64)
+	}
+}
+
+// synced sets the limit from the live data a sync left. After a full sync
+// a collection first measures that data exactly (the last automatic one
+// ran in the middle of the sync) and returns what the sync used.
+func (m *memoryLimit) synced(full bool) {
 	if m.floor <= 0 {
 		return
 	}
-	if !m.measured {
-		m.measured = true
-		runtime.GC()
+	if full {
+		debug.FreeOSMemory()
 	}
 	sample := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
 	metrics.Read(sample)
 	limit := int64(m.floor)
 	if sample[0].Value.Kind() == metrics.KindUint64 {
-		limit = max(limit, int64(sample[0].Value.Uint64())/2*3)
+		live := int64(sample[0].Value.Uint64())
+		limit = max(limit, live+max(minHeadroom, live/4))
 	}
-	old := debug.SetMemoryLimit(limit)
-	if limit > int64(m.floor) && (old < limit*9/10 || old > limit*11/10) {
+	debug.SetMemoryLimit(limit)
+	if limit > int64(m.floor) && (m.last < limit*9/10 || m.last > limit*11/10) {
 		m.log.Info("memory limit follows the live data", "memory_limit", ByteSize(limit).String())
 	}
+	m.last = limit
 }
 
 func driftReason(d string) string {
@@ -364,10 +374,10 @@ func render(ctx context.Context, cfg *Config, w io.Writer) error {
 	var svcs []*model.Service
 	for _, k := range keys {
 		o := all[k]
-		if o.Service == nil || model.Skip(o.Service, opts) != "" {
+		if o.Service == nil || o.Service.Skip(opts) != "" {
 			continue
 		}
-		m, err := model.FromKubernetes(o.Service, o.Slices, opts)
+		m, err := model.Build(o.Service, o.Slices, opts)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "nftgate: skipping:", err)
 			continue
