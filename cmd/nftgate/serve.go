@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"os"
+	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
 	"sort"
@@ -298,26 +299,40 @@ func (m *memoryLimit) beforeFull() {
 
 // synced sets the limit from the live data a sync left. After a full sync
 // a collection first measures that data exactly (the last automatic one
-// ran in the middle of the sync) and returns what the sync used.
+// ran in the middle of the sync) and returns what the sync used. After a
+// partial sync the last collection's figure may include what was in use at
+// that moment (a status page rebuilt, a manifest decoded): the limit is
+// only raised, after a collection measures exactly, when that figure
+// nears it, as when the cluster grows between two full syncs.
 func (m *memoryLimit) synced(full bool) {
 	if m.floor <= 0 {
 		return
 	}
 	if full {
 		debug.FreeOSMemory()
+	} else if m.last > 0 && liveHeap()+minHeadroom/2 < m.last {
+		debug.SetMemoryLimit(m.last) // as it was
+		return
+	} else {
+		runtime.GC()
 	}
-	sample := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
-	metrics.Read(sample)
-	limit := int64(m.floor)
-	if sample[0].Value.Kind() == metrics.KindUint64 {
-		live := int64(sample[0].Value.Uint64())
-		limit = max(limit, live+max(minHeadroom, live/4))
-	}
+	live := liveHeap()
+	limit := max(int64(m.floor), live+max(minHeadroom, live/4))
 	debug.SetMemoryLimit(limit)
 	if limit > int64(m.floor) && (m.last < limit*9/10 || m.last > limit*11/10) {
 		m.log.Info("memory limit follows the live data", "memory_limit", ByteSize(limit).String())
 	}
 	m.last = limit
+}
+
+// liveHeap is the heap the last collection found in use.
+func liveHeap() int64 {
+	sample := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
+	metrics.Read(sample)
+	if sample[0].Value.Kind() != metrics.KindUint64 {
+		return 0
+	}
+	return int64(sample[0].Value.Uint64())
 }
 
 func driftReason(d string) string {
