@@ -23,14 +23,14 @@ import (
 // model.SliceObject, not the objects themselves) and remembers which
 // Services changed since the Syncer last looked.
 type Tracker struct {
-	mu       stdsync.Mutex
-	services map[model.ServiceKey]*model.ServiceObject
-	// slices lists each Service's EndpointSlices (most have one), and
-	// sliceOwner tells under which Service a slice is listed: a slice
-	// change or deletion finds its entry without a walk over every
+	mu stdsync.Mutex
+	// services holds each Service and its EndpointSlices (most have one),
+	// in one map: at ten thousand Services every map keyed by Service is
+	// a megabyte. sliceOwner tells under which Service a slice is listed:
+	// a slice change or deletion finds its entry without a walk over every
 	// Service, which at ten thousand Services made the first sync
 	// quadratic.
-	slices     map[model.ServiceKey][]*model.SliceObject
+	services   map[model.ServiceKey]tracked
 	sliceOwner map[sliceKey]model.ServiceKey
 	dirty      map[model.ServiceKey]struct{}
 	// triggers are the last-change-trigger-time annotations of the
@@ -47,8 +47,7 @@ type Tracker struct {
 // NewTracker returns an empty tracker.
 func NewTracker() *Tracker {
 	return &Tracker{
-		services:   map[model.ServiceKey]*model.ServiceObject{},
-		slices:     map[model.ServiceKey][]*model.SliceObject{},
+		services:   map[model.ServiceKey]tracked{},
 		sliceOwner: map[sliceKey]model.ServiceKey{},
 		dirty:      map[model.ServiceKey]struct{}{},
 		changed:    make(chan struct{}, 1),
@@ -79,7 +78,9 @@ func (t *Tracker) SetService(svc *corev1.Service) {
 func (t *Tracker) SetServiceObject(o *model.ServiceObject) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.services[o.Key] = o
+	e := t.services[o.Key]
+	e.svc = o
+	t.services[o.Key] = e
 	t.markLocked(o.Key)
 }
 
@@ -87,10 +88,12 @@ func (t *Tracker) SetServiceObject(o *model.ServiceObject) {
 func (t *Tracker) DeleteService(k model.ServiceKey) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if _, ok := t.services[k]; !ok {
+	e, ok := t.services[k]
+	if !ok || e.svc == nil {
 		return
 	}
-	delete(t.services, k)
+	e.svc = nil
+	t.putLocked(k, e)
 	t.markLocked(k)
 }
 
@@ -126,12 +129,13 @@ func (t *Tracker) SetSliceObject(sl *model.SliceObject) {
 		return
 	}
 	t.sliceOwner[sk] = k
-	list := t.slices[k]
-	i := slices.IndexFunc(list, func(o *model.SliceObject) bool { return o.Name == sl.Name })
+	e := t.services[k]
+	i := slices.IndexFunc(e.slices, func(o *model.SliceObject) bool { return o.Name == sl.Name })
 	if i >= 0 {
-		list[i] = sl
+		e.slices[i] = sl
 	} else {
-		t.slices[k] = append(list, sl)
+		e.slices = append(e.slices, sl)
+		t.services[k] = e
 	}
 	if !trigger.IsZero() {
 		t.triggers = append(t.triggers, trigger)
@@ -142,12 +146,12 @@ func (t *Tracker) SetSliceObject(sl *model.SliceObject) {
 // removeSliceLocked takes a slice off the list of Service k.
 func (t *Tracker) removeSliceLocked(k model.ServiceKey, sk sliceKey) {
 	delete(t.sliceOwner, sk)
-	list := slices.DeleteFunc(t.slices[k], func(o *model.SliceObject) bool { return o.Name == sk.name })
-	if len(list) == 0 {
-		delete(t.slices, k)
-	} else {
-		t.slices[k] = list
+	e := t.services[k]
+	e.slices = slices.DeleteFunc(e.slices, func(o *model.SliceObject) bool { return o.Name == sk.name })
+	if len(e.slices) == 0 {
+		e.slices = nil
 	}
+	t.putLocked(k, e)
 	t.markLocked(k)
 }
 
@@ -197,7 +201,13 @@ func (t *Tracker) TakeDirty() (map[model.ServiceKey]Objects, []time.Time) {
 func (t *Tracker) All() (map[model.ServiceKey]Objects, []time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return takeLocked(t, t.services)
+	existing := make(map[model.ServiceKey]struct{}, len(t.services))
+	for k, e := range t.services {
+		if e.svc != nil {
+			existing[k] = struct{}{}
+		}
+	}
+	return takeLocked(t, existing)
 }
 
 // takeLocked returns the objects of the Services keyed in keys, with the
@@ -227,5 +237,22 @@ func (t *Tracker) MarkDirty(keys []model.ServiceKey, triggers []time.Time) {
 }
 
 func (t *Tracker) objectsLocked(k model.ServiceKey) Objects {
-	return Objects{Service: t.services[k], Slices: slices.Clone(t.slices[k])}
+	e := t.services[k]
+	return Objects{Service: e.svc, Slices: slices.Clone(e.slices)}
+}
+
+// tracked is one Service's objects: its own (nil while only slices that
+// name it are known) and its slices.
+type tracked struct {
+	svc    *model.ServiceObject
+	slices []*model.SliceObject
+}
+
+// putLocked stores a Service's entry, or removes it when it holds nothing.
+func (t *Tracker) putLocked(k model.ServiceKey, e tracked) {
+	if e.svc == nil && len(e.slices) == 0 {
+		delete(t.services, k)
+		return
+	}
+	t.services[k] = e
 }
