@@ -26,6 +26,7 @@ type batchConn struct {
 	nl      *netlink.Conn
 	sndbuf  int
 	timeout time.Duration
+	seq     uint32 // last sequence number used
 }
 
 func dialBatch(netnsFD int) (*batchConn, error) {
@@ -44,6 +45,24 @@ func dialBatch(netnsFD int) (*batchConn, error) {
 }
 
 func (b *batchConn) Close() error { return b.nl.Close() }
+
+// write sends one datagram to the kernel. The kernel processes a batch
+// inside this call.
+func (b *batchConn) write(p []byte) error {
+	rc, err := b.nl.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	err = rc.Write(func(fd uintptr) bool {
+		serr = unix.Sendto(int(fd), p, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK})
+		return serr != unix.EAGAIN
+	})
+	if err != nil {
+		return err
+	}
+	return serr
+}
 
 func (b *batchConn) forceBuffer(opt, size int) error {
 	rc, err := b.nl.SyscallConn()
@@ -76,48 +95,33 @@ func (e *BatchError) Error() string {
 	return "nf_tables refused the batch, nothing was changed: " + msg
 }
 
-// send transmits msgs as one batch and waits for the kernel's verdict. what
+// send transmits a batch and waits for the kernel's verdict. what
 // describes each message, for error reports.
-func (b *batchConn) send(msgs []netlink.Message, what []note) error {
-	if len(msgs) == 0 {
+func (b *batchConn) send(w *wire, what []note) error {
+	if w.count == 0 {
 		return nil
 	}
-	if len(what) != len(msgs) {
+	if w.err != nil {
+		return fmt.Errorf("encode nf_tables batch: %w", w.err)
+	}
+	if len(what) != w.count {
 		what = nil // descriptions are a courtesy; never mislabel a failure
 	}
-	out := make([]netlink.Message, 0, len(msgs)+2)
-	out = append(out, netlink.Message{
-		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_MSG_BATCH_BEGIN), Flags: netlink.Request},
-		Data:   []byte{unix.AF_UNSPEC, unix.NFNETLINK_V0, 0, unix.NFNL_SUBSYS_NFTABLES},
-	})
-	size := 0
-	for i, m := range msgs {
-		m.Header.Sequence = 0
-		m.Header.Flags &^= netlink.Acknowledge | unix.NLM_F_ECHO
-		if i == len(msgs)-1 {
-			m.Header.Flags |= netlink.Acknowledge
-		}
-		size += 16 + len(m.Data) + 4
-		out = append(out, m)
-	}
-	out = append(out, netlink.Message{
-		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_MSG_BATCH_END), Flags: netlink.Request},
-		Data:   []byte{unix.AF_UNSPEC, unix.NFNETLINK_V0, 0, unix.NFNL_SUBSYS_NFTABLES},
-	})
+	// Sequence numbers only tell this batch's answers from those of an
+	// earlier one that timed out.
+	first, last := w.seal(b.seq+1, b.nl.PID())
+	b.seq = last + 1
 	// The whole batch is one datagram, which the socket's send buffer
 	// must hold.
-	if want := size + 64<<10; want > b.sndbuf {
+	if want := len(w.b) + 64<<10; want > b.sndbuf {
 		if err := b.forceBuffer(unix.SO_SNDBUFFORCE, want); err != nil {
 			return err
 		}
 		b.sndbuf = want
 	}
-	sent, err := b.nl.SendMessages(out)
-	if err != nil {
-		return fmt.Errorf("send nf_tables batch of %d messages (%d bytes): %w", len(msgs), size, err)
+	if err := b.write(w.b); err != nil {
+		return fmt.Errorf("send nf_tables batch of %d messages (%d bytes): %w", w.count, len(w.b), err)
 	}
-	first := sent[1].Header.Sequence
-	last := sent[len(sent)-2].Header.Sequence
 	describe := func(seq uint32) string {
 		if i := int(seq - first); what != nil && i >= 0 && i < len(what) {
 			return what[i].String()
@@ -148,9 +152,9 @@ func (b *batchConn) send(msgs []netlink.Message, what []note) error {
 		}
 		if err != nil {
 			if errors.Is(err, syscall.ENOBUFS) {
-				return fmt.Errorf("nf_tables batch of %d messages: kernel replies overflowed the socket: %w", len(msgs), err)
+				return fmt.Errorf("nf_tables batch of %d messages: kernel replies overflowed the socket: %w", w.count, err)
 			}
-			return fmt.Errorf("nf_tables batch of %d messages: waiting for the kernel's answer: %w", len(msgs), err)
+			return fmt.Errorf("nf_tables batch of %d messages: waiting for the kernel's answer: %w", w.count, err)
 		}
 		done := false
 		for _, r := range replies {

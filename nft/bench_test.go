@@ -97,7 +97,7 @@ func BenchmarkPlanCold(b *testing.B) {
 			var msgs int
 			for range b.N {
 				_, m := planCold(b, &cfg, c.Services)
-				msgs = len(m)
+				msgs = m.count
 			}
 			b.ReportMetric(float64(msgs), "msgs/op")
 		})
@@ -135,7 +135,7 @@ func BenchmarkPlanEndpointChange(b *testing.B) {
 					state[f].apply(&ds[f].ops)
 				}
 				current[k] = svc
-				msgs += len(m)
+				msgs += m.count
 			}
 			b.ReportMetric(float64(msgs)/float64(b.N), "msgs/op")
 		})
@@ -432,10 +432,10 @@ func TestScaleCluster(t *testing.T) {
 	if got != c.Want {
 		t.Fatalf("planned %+v, want %+v", got, c.Want)
 	}
-	if len(msgs) == 0 {
+	if msgs.count == 0 {
 		t.Fatal("cold plan encoded no messages")
 	}
-	t.Logf("2000 Services: %+v, %d messages", got, len(msgs))
+	t.Logf("2000 Services: %+v, %d messages", got, msgs.count)
 }
 
 // TestScaleColdAndPartial programs a mid-size cluster into a namespace,

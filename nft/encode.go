@@ -7,17 +7,16 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // udataFingerprint is the user-data TLV type carrying a rule's fingerprint.
 // nft ignores TLV types it does not know, so `nft list ruleset` is unchanged.
 const udataFingerprint = 0xf0
 
-func fingerprintUserData(fp uint64) []byte {
-	b := make([]byte, 2+8)
-	b[0], b[1] = udataFingerprint, 8
-	binary.BigEndian.PutUint64(b[2:], fp)
-	return b
+// appendFingerprint appends the user data of a rule with fingerprint fp.
+func appendFingerprint(b []byte, fp uint64) []byte {
+	return binary.BigEndian.AppendUint64(append(b, udataFingerprint, 8), fp)
 }
 
 // fingerprintFromUserData returns the fingerprint nftgate stored, if any.
@@ -35,44 +34,119 @@ func fingerprintFromUserData(b []byte) (uint64, bool) {
 	return 0, false
 }
 
-// note describes one message of a batch, formatted on demand.
+// noteOp is what one message of a batch does.
+type noteOp uint8
+
+const (
+	noteAddTable noteOp = iota + 1
+	noteDelTable
+	noteAddSet
+	noteDelSet
+	noteAddChain
+	noteFlushChain
+	noteDelChain
+	noteAddRule
+	noteAddElems
+	noteDelElems
+)
+
+// note describes one message of a batch. It is formatted only when the
+// kernel refuses that message: at the size of a cold sync, formatting (or
+// even boxing the arguments of) every message would be much of the garbage.
 type note struct {
-	format string
-	args   []any
-}
-
-func (n note) String() string { return fmt.Sprintf(n.format, n.args...) }
-
-// ruleText prints a rule when a note is formatted.
-type ruleText struct {
-	f Family
-	r Rule
-}
-
-func (t ruleText) String() string { return t.r.Text(t.f) }
-
-// encoder turns planned operations into google/nftables calls on a Conn
-// that only records messages (see batch.go), in the order that keeps every
-// reference valid inside the batch.
-type encoder struct {
-	conn  *nftables.Conn
-	table *nftables.Table
+	op    noteOp
 	f     Family
-	sets  map[string]*nftables.Set // sets referenced or created in this batch
-	err   error
-	// describe records what each message does, for error reports. It is
-	// formatted only when the kernel refuses a message: at the size of a
-	// cold sync, formatting every message would be most of the garbage.
-	describe []note
+	table string
+	name  string // chain, set or map
+	rule  Rule
+	n     int // elements
 }
 
-func (e *encoder) note(format string, args ...any) {
-	e.describe = append(e.describe, note{format, args})
+func (n note) String() string {
+	switch n.op {
+	case noteAddTable:
+		return fmt.Sprintf("add table %s %s", n.f, n.table)
+	case noteDelTable:
+		return fmt.Sprintf("delete table %s %s", n.f, n.table)
+	case noteAddSet:
+		return fmt.Sprintf("add set %s %s %s", n.f, n.table, n.name)
+	case noteDelSet:
+		return fmt.Sprintf("delete set %s %s %s", n.f, n.table, n.name)
+	case noteAddChain:
+		return fmt.Sprintf("add chain %s %s %s", n.f, n.table, n.name)
+	case noteFlushChain:
+		return fmt.Sprintf("flush chain %s %s %s", n.f, n.table, n.name)
+	case noteDelChain:
+		return fmt.Sprintf("delete chain %s %s %s", n.f, n.table, n.name)
+	case noteAddRule:
+		return fmt.Sprintf("add rule %s %s %s %s", n.f, n.table, n.name, n.rule.Text(n.f))
+	case noteAddElems:
+		return fmt.Sprintf("add %d elements to map %s %s %s", n.n, n.f, n.table, n.name)
+	case noteDelElems:
+		return fmt.Sprintf("delete %d elements from map %s %s %s", n.n, n.f, n.table, n.name)
+	}
+	return "?"
+}
+
+// setRefs resolves the set names in one table's rules to google/nftables
+// sets: the sets created in the same batch carry the ID the kernel also
+// knows them by.
+type setRefs struct {
+	table *nftables.Table
+	sets  map[string]*nftables.Set
+}
+
+func newSetRefs(name string, f Family) setRefs {
+	return setRefs{table: &nftables.Table{Name: name, Family: nftFamily(f)}, sets: map[string]*nftables.Set{}}
+}
+
+// set returns the set of that name for references from rules.
+func (r *setRefs) set(name string) *nftables.Set {
+	if s, ok := r.sets[name]; ok {
+		return s
+	}
+	s := &nftables.Set{Table: r.table, Name: name}
+	r.sets[name] = s
+	return s
+}
+
+// encoder writes planned operations for one table into a batch, in the
+// order that keeps every reference valid inside the batch. Rules, chains
+// and map elements are written straight into the batch (wire.go); tables
+// and sets are made by google/nftables on a Conn that only records them.
+type encoder struct {
+	setRefs
+	w   *wire
+	rec *recorder
+	f   Family
+	err error
+	// describe records what each message does, for error reports.
+	describe []note
+	exprs    []expr.Any // scratch for one rule
+}
+
+func newEncoder(w *wire, rec *recorder, name string, f Family) *encoder {
+	return &encoder{setRefs: newSetRefs(name, f), w: w, rec: rec, f: f}
+}
+
+func (e *encoder) note(n note) {
+	n.f, n.table = e.f, e.table.Name
+	e.describe = append(e.describe, n)
 }
 
 func (e *encoder) fail(err error) {
 	if e.err == nil && err != nil {
 		e.err = err
+	}
+}
+
+// recorded moves what google/nftables recorded into the batch, so that it
+// keeps its place among the messages written directly.
+func (e *encoder) recorded() {
+	msgs, err := e.rec.take()
+	e.fail(err)
+	for _, m := range msgs {
+		e.w.message(m)
 	}
 }
 
@@ -83,10 +157,10 @@ func nftFamily(f Family) nftables.TableFamily {
 	return nftables.TableFamilyIPv4
 }
 
-func (e *encoder) setDefinition(s *Set) *nftables.Set {
-	ns := &nftables.Set{Table: e.table, Name: s.Name}
+func setDefinition(table *nftables.Table, f Family, s *Set) *nftables.Set {
+	ns := &nftables.Set{Table: table, Name: s.Name}
 	addr := nftables.TypeIPAddr
-	if e.f == IPv6 {
+	if f == IPv6 {
 		addr = nftables.TypeIP6Addr
 	}
 	switch {
@@ -109,62 +183,85 @@ func (e *encoder) setDefinition(s *Set) *nftables.Set {
 	return ns
 }
 
-// set returns the set of that name for references from rules.
-func (e *encoder) set(name string) *nftables.Set {
-	if s, ok := e.sets[name]; ok {
-		return s
-	}
-	s := &nftables.Set{Table: e.table, Name: name}
-	e.sets[name] = s
-	return s
-}
-
 func (e *encoder) addSet(s *Set) {
-	ns := e.setDefinition(s)
-	e.fail(e.conn.AddSet(ns, nil))
+	ns := setDefinition(e.table, e.f, s)
+	ns.ID = e.rec.setID()
+	e.fail(e.rec.conn.AddSet(ns, nil))
+	e.recorded()
 	e.sets[s.Name] = ns
-	e.note("add set %s %s %s", e.f, e.table.Name, s.Name)
+	e.note(note{op: noteAddSet, name: s.Name})
 }
 
-var hookNums = map[string]*nftables.ChainHook{
-	"prerouting":  nftables.ChainHookPrerouting,
-	"input":       nftables.ChainHookInput,
-	"forward":     nftables.ChainHookForward,
-	"output":      nftables.ChainHookOutput,
-	"postrouting": nftables.ChainHookPostrouting,
+var hookNums = map[string]nftables.ChainHook{
+	"prerouting":  *nftables.ChainHookPrerouting,
+	"input":       *nftables.ChainHookInput,
+	"forward":     *nftables.ChainHookForward,
+	"output":      *nftables.ChainHookOutput,
+	"postrouting": *nftables.ChainHookPostrouting,
 }
 
-func (e *encoder) chainRef(name string) *nftables.Chain {
-	return &nftables.Chain{Table: e.table, Name: name}
+// Message flags as google/nftables sets them, less the acknowledgement and
+// echo that batch.go asks for only once per batch.
+const (
+	flagsCreate = netlink.Request | netlink.Create
+	flagsAppend = netlink.Request | netlink.Create | unix.NLM_F_APPEND
+)
+
+// chainMessage writes a message naming one chain of the table.
+func (e *encoder) chainMessage(typ uint16, flags netlink.HeaderFlags, tableAttr, nameAttr uint16, name string) {
+	w := e.w
+	w.begin(typ, flags, byte(e.table.Family))
+	w.str(tableAttr, e.table.Name)
+	w.str(nameAttr, name)
+	w.end()
 }
 
 func (e *encoder) addChain(c *Chain) {
-	nc := e.chainRef(c.Name)
+	w := e.w
+	w.begin(unix.NFT_MSG_NEWCHAIN, flagsCreate, byte(e.table.Family))
+	w.str(unix.NFTA_CHAIN_TABLE, e.table.Name)
+	w.str(unix.NFTA_CHAIN_NAME, c.Name)
 	if h := c.Hook; h != nil {
-		nc.Type = nftables.ChainType(h.Type)
-		nc.Hooknum = hookNums[h.Hook]
-		nc.Priority = nftables.ChainPriorityRef(nftables.ChainPriority(h.Priority))
-		accept := nftables.ChainPolicyAccept
-		nc.Policy = &accept
+		num, ok := hookNums[h.Hook]
+		if !ok {
+			e.fail(fmt.Errorf("chain %s: unknown hook %q", c.Name, h.Hook))
+		}
+		at := w.nest(unix.NFTA_CHAIN_HOOK)
+		w.u32(unix.NFTA_HOOK_HOOKNUM, uint32(num))
+		w.u32(unix.NFTA_HOOK_PRIORITY, uint32(h.Priority))
+		w.close(at)
+		w.u32(unix.NFTA_CHAIN_POLICY, uint32(nftables.ChainPolicyAccept))
+		w.str(unix.NFTA_CHAIN_TYPE, h.Type)
 	}
-	e.conn.AddChain(nc)
-	e.note("add chain %s %s %s", e.f, e.table.Name, c.Name)
+	w.end()
+	e.note(note{op: noteAddChain, name: c.Name})
 }
 
 func (e *encoder) addRules(p chainPlan) {
-	ref := e.chainRef(p.chain.Name)
+	w := e.w
+	fam := byte(e.table.Family)
 	for i, r := range p.chain.Rules {
-		var exprs []expr.Any
+		w.begin(unix.NFT_MSG_NEWRULE, flagsAppend, fam)
+		w.str(unix.NFTA_RULE_TABLE, e.table.Name)
+		w.str(unix.NFTA_RULE_CHAIN, p.chain.Name)
+		at := w.nest(unix.NFTA_RULE_EXPRESSIONS)
 		for _, s := range r {
-			exprs = append(exprs, s.encode(e.f, e)...)
+			e.exprs = append(e.exprs[:0], s.encode(e.f, &e.setRefs)...)
+			for _, x := range e.exprs {
+				w.expr(fam, x)
+			}
 		}
-		e.conn.AddRule(&nftables.Rule{Table: e.table, Chain: ref, Exprs: exprs, UserData: fingerprintUserData(p.ruleFPs[i])})
-		e.note("add rule %s %s %s %s", e.f, e.table.Name, p.chain.Name, ruleText{e.f, r})
+		w.close(at)
+		var ud [10]byte
+		w.attr(unix.NFTA_RULE_USERDATA, appendFingerprint(ud[:0], p.ruleFPs[i]))
+		w.end()
+		e.note(note{op: noteAddRule, name: p.chain.Name, rule: r})
 	}
 }
 
-func keyBytes(f Family, shape KeyShape, k Key) []byte {
-	var b []byte
+// appendKey appends a map key as the kernel stores it: each field of a
+// concatenation padded to four bytes.
+func appendKey(b []byte, shape KeyShape, k Key) []byte {
 	if k.Addr.IsValid() {
 		b = append(b, k.Addr.AsSlice()...)
 	}
@@ -177,11 +274,6 @@ func keyBytes(f Family, shape KeyShape, k Key) []byte {
 	b = append(b, byte(k.Proto), 0, 0, 0)
 	b = append(b, byte(k.Port>>8), byte(k.Port), 0, 0)
 	return b
-}
-
-func (e *encoder) elementSet(name string) *nftables.Set {
-	shape := setShape(name)
-	return e.setDefinition(&Set{Name: name, Map: shape != KeyAddr && shape != KeyAddrPair, Shape: shape})
 }
 
 // setShape is the key shape of each set whose elements nftgate writes, and
@@ -200,38 +292,53 @@ func setShape(name string) KeyShape {
 	return 0
 }
 
-func elementOf(f Family, el Element) nftables.SetElement {
-	key := keyBytes(f, setShape(el.Map), el.Key)
-	if el.Verdict.Kind == 0 {
-		return nftables.SetElement{Key: key}
-	}
-	v := el.Verdict.encode(f, nil)[0].(*expr.Verdict)
-	return nftables.SetElement{Key: key, VerdictData: v}
-}
+// elementsPerMessage bounds the elements of one message: the kernel caps a
+// netlink attribute, the list of them, at 64 KiB.
+const elementsPerMessage = 500
 
-// elements adds or deletes map elements, grouped per map into one message.
+// elements adds or deletes map elements, grouped per map into messages of
+// bounded size.
 func (e *encoder) elements(els []Element, del bool) {
-	byMap := map[string][]nftables.SetElement{}
-	var order []string
-	for _, el := range els {
-		if _, ok := byMap[el.Map]; !ok {
-			order = append(order, el.Map)
-		}
-		byMap[el.Map] = append(byMap[el.Map], elementOf(e.f, el))
+	typ, op := uint16(unix.NFT_MSG_NEWSETELEM), noteAddElems
+	if del {
+		typ, op = unix.NFT_MSG_DELSETELEM, noteDelElems
 	}
-	for _, m := range order {
-		s := e.elementSet(m)
-		// Elements travel in messages of bounded size: the kernel caps one
-		// netlink attribute at 64 KiB.
-		for chunk := range chunks(byMap[m], 500) {
-			if del {
-				e.fail(e.conn.SetDeleteElements(s, chunk))
-				e.note("delete %d elements from map %s %s %s", len(chunk), e.f, e.table.Name, m)
-			} else {
-				e.fail(e.conn.SetAddElements(s, chunk))
-				e.note("add %d elements to map %s %s %s", len(chunk), e.f, e.table.Name, m)
+	w := e.w
+	fam := byte(e.table.Family)
+	var key []byte
+	for len(els) > 0 {
+		m := els[0].Map
+		shape := setShape(m)
+		w.begin(typ, flagsCreate, fam)
+		w.str(unix.NFTA_SET_ELEM_LIST_SET, m)
+		w.u32(unix.NFTA_SET_ELEM_LIST_SET_ID, 0)
+		w.str(unix.NFTA_SET_ELEM_LIST_TABLE, e.table.Name)
+		list := w.nest(unix.NFTA_SET_ELEM_LIST_ELEMENTS)
+		n := 0
+		// Stay clear of the attribute limit whatever the chain names' length.
+		for n < elementsPerMessage && n < len(els) && els[n].Map == m && len(w.b)-list < maxAttrLen-1024 {
+			el := &els[n]
+			n++
+			item := w.nest(uint16(n))
+			key = appendKey(key[:0], shape, el.Key)
+			w.value(unix.NFTA_SET_ELEM_KEY, key)
+			if el.Verdict.Kind != 0 {
+				v := el.Verdict.encode(e.f, nil)[0].(*expr.Verdict)
+				data := w.nest(unix.NFTA_SET_ELEM_DATA)
+				verdict := w.nest(unix.NFTA_DATA_VERDICT)
+				w.u32(unix.NFTA_VERDICT_CODE, uint32(v.Kind))
+				if v.Chain != "" {
+					w.str(unix.NFTA_VERDICT_CHAIN, v.Chain)
+				}
+				w.close(verdict)
+				w.close(data)
 			}
+			w.close(item)
 		}
+		w.close(list)
+		w.end()
+		e.note(note{op: op, name: m, n: n})
+		els = els[n:]
 	}
 }
 
@@ -250,8 +357,9 @@ func chunks[T any](s []T, n int) func(func([]T) bool) {
 // encode appends one family's operations to the batch.
 func (e *encoder) encode(o *familyOps) {
 	if o.createTable {
-		e.conn.AddTable(e.table)
-		e.note("add table %s %s", e.f, e.table.Name)
+		e.rec.conn.AddTable(e.table)
+		e.recorded()
+		e.note(note{op: noteAddTable})
 	}
 	for _, s := range o.addSets {
 		e.addSet(s)
@@ -262,16 +370,17 @@ func (e *encoder) encode(o *familyOps) {
 	// Chains being removed and chains being rewritten are flushed before
 	// any set they use is recreated or deleted.
 	for _, c := range o.rewriteChains {
-		e.conn.FlushChain(e.chainRef(c.chain.Name))
-		e.note("flush chain %s %s %s", e.f, e.table.Name, c.chain.Name)
+		e.chainMessage(unix.NFT_MSG_DELRULE, netlink.Request, unix.NFTA_RULE_TABLE, unix.NFTA_RULE_CHAIN, c.chain.Name)
+		e.note(note{op: noteFlushChain, name: c.chain.Name})
 	}
 	for _, n := range o.flushChains {
-		e.conn.FlushChain(e.chainRef(n))
-		e.note("flush chain %s %s %s", e.f, e.table.Name, n)
+		e.chainMessage(unix.NFT_MSG_DELRULE, netlink.Request, unix.NFTA_RULE_TABLE, unix.NFTA_RULE_CHAIN, n)
+		e.note(note{op: noteFlushChain, name: n})
 	}
 	for _, s := range o.recreateSets {
-		e.conn.DelSet(e.setDefinition(s))
-		e.note("delete set %s %s %s", e.f, e.table.Name, s.Name)
+		e.rec.conn.DelSet(setDefinition(e.table, e.f, s))
+		e.recorded()
+		e.note(note{op: noteDelSet, name: s.Name})
 		e.addSet(s)
 	}
 	for _, c := range o.addChains {
@@ -283,21 +392,32 @@ func (e *encoder) encode(o *familyOps) {
 	e.elements(o.delElems, true)
 	e.elements(o.addElems, false)
 	for _, n := range o.delChains {
-		e.conn.DelChain(e.chainRef(n))
-		e.note("delete chain %s %s %s", e.f, e.table.Name, n)
+		e.chainMessage(unix.NFT_MSG_DELCHAIN, netlink.Request, unix.NFTA_CHAIN_TABLE, unix.NFTA_CHAIN_NAME, n)
+		e.note(note{op: noteDelChain, name: n})
 	}
 	for _, n := range o.delSets {
-		e.conn.DelSet(&nftables.Set{Table: e.table, Name: n})
-		e.note("delete set %s %s %s", e.f, e.table.Name, n)
+		e.rec.conn.DelSet(&nftables.Set{Table: e.table, Name: n})
+		e.recorded()
+		e.note(note{op: noteDelSet, name: n})
 	}
+	e.fail(e.w.err)
 }
 
 // recorder is a google/nftables Conn whose transport only records the
 // messages it would send, so that nftgate can send them in one batch of its
 // own (see batch.go).
 type recorder struct {
-	conn *nftables.Conn
-	msgs []netlink.Message
+	conn   *nftables.Conn
+	msgs   []netlink.Message
+	lastID uint32
+}
+
+// setID numbers the sets a batch creates, by which the kernel finds them
+// within the batch. nftgate numbers them itself: google/nftables counts in
+// a package variable that concurrent batches would share unguarded.
+func (r *recorder) setID() uint32 {
+	r.lastID++
+	return r.lastID
 }
 
 func newRecorder() (*recorder, error) {

@@ -107,6 +107,9 @@ type Result struct {
 	Counts   Counts
 	Messages int
 	Duration time.Duration
+	// Kernel is the part of Duration between sending the batch and the
+	// kernel's answer: nf_tables checking and applying it.
+	Kernel time.Duration
 	// Drift describes how the kernel differed from what nftgate had
 	// programmed, when a full sync found it changed behind its back.
 	Drift []string
@@ -242,8 +245,8 @@ func (p *Programmer) Full(services map[model.ServiceKey]*model.Service) (Result,
 	ds, claims, conflicts := planFull(&p.cfg, p.tables, observed, services)
 	res.Conflicts = conflicts
 
-	n, err := p.commit(ds, drop)
-	res.Messages = n
+	n, kernel, err := p.commit(ds, drop)
+	res.Messages, res.Kernel = n, kernel
 	res.Duration = time.Since(start)
 	if err != nil {
 		return res, err
@@ -379,8 +382,8 @@ func (p *Programmer) partialLocked(start time.Time, res Result, changes map[mode
 	ds, undo, conflicts := planPartial(&p.cfg, p.tables, p.state, p.claims, p.services, changes)
 	res.Conflicts = conflicts
 
-	n, err := p.commit(ds, nil)
-	res.Messages = n
+	n, kernel, err := p.commit(ds, nil)
+	res.Messages, res.Kernel = n, kernel
 	res.Duration = time.Since(start)
 	if err != nil {
 		for fe, cs := range undo.verdicts {
@@ -536,35 +539,49 @@ func planPartial(cfg *Config, ts *tableSet, state []*tableState, book *claimBook
 }
 
 // commit encodes the operations of every table, and the deletion of the
-// tables in drop, into one batch and sends it.
-func (p *Programmer) commit(ds []*differ, drop []tableRef) (int, error) {
+// tables in drop, into one batch and sends it. It returns the number of
+// messages and how long the kernel took to answer.
+func (p *Programmer) commit(ds []*differ, drop []tableRef) (int, time.Duration, error) {
 	rec, err := newRecorder()
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
+	w := newWire()
 	var what []note
 	for slot, d := range ds {
 		if d.ops.empty() {
 			continue
 		}
 		ref := p.tables.refs[slot]
-		e := &encoder{conn: rec.conn, f: ref.f, sets: map[string]*nftables.Set{},
-			table: &nftables.Table{Name: ref.name, Family: nftFamily(ref.f)}}
+		e := newEncoder(w, rec, ref.name, ref.f)
 		e.encode(&d.ops)
 		if e.err != nil {
-			return 0, fmt.Errorf("encode %s %s table: %w", ref.f, ref.name, e.err)
+			return 0, 0, fmt.Errorf("encode %s %s table: %w", ref.f, ref.name, e.err)
 		}
 		what = append(what, e.describe...)
 	}
 	for _, t := range drop {
-		rec.conn.DelTable(&nftables.Table{Name: t.name, Family: nftFamily(t.f)})
-		what = append(what, note{"delete table %s %s", []any{t.f, t.name}})
+		what = append(what, deleteTable(w, rec, t.f, t.name))
 	}
+	if w.err != nil {
+		return 0, 0, fmt.Errorf("encode ruleset: %w", w.err)
+	}
+	start := time.Now()
+	err = p.batch.send(w, what)
+	return w.count, time.Since(start), err
+}
+
+// deleteTable adds the deletion of a table to a batch.
+func deleteTable(w *wire, rec *recorder, f Family, name string) note {
+	rec.conn.DelTable(&nftables.Table{Name: name, Family: nftFamily(f)})
 	msgs, err := rec.take()
 	if err != nil {
-		return 0, fmt.Errorf("encode ruleset: %w", err)
+		w.fail(err)
 	}
-	return len(msgs), p.batch.send(msgs, what)
+	for _, m := range msgs {
+		w.message(m)
+	}
+	return note{op: noteDelTable, f: f, table: name}
 }
 
 // Cleanup deletes nftgate's tables (the main table and every service
@@ -585,6 +602,7 @@ func Cleanup(table string, opts Options) error {
 		return err
 	}
 	cfg := Config{Table: table}
+	w := newWire()
 	var what []note
 	for _, f := range Families {
 		names, err := r.tableNames(f)
@@ -593,16 +611,11 @@ func Cleanup(table string, opts Options) error {
 		}
 		for _, name := range names {
 			if name == table || cfg.isShardTable(name) {
-				rec.conn.DelTable(&nftables.Table{Name: name, Family: nftFamily(f)})
-				what = append(what, note{"delete table %s %s", []any{f, name}})
+				what = append(what, deleteTable(w, rec, f, name))
 			}
 		}
 	}
-	msgs, err := rec.take()
-	if err != nil {
-		return err
-	}
-	return b.send(msgs, what)
+	return b.send(w, what)
 }
 
 func familyIndex(f Family) int {

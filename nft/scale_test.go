@@ -14,9 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/nftables"
-	"github.com/mdlayher/netlink"
-
 	"github.com/nftgate/nftgate/model"
 )
 
@@ -231,7 +228,7 @@ func checkKernel(tb testing.TB, ns string, cfg Config, want scaleExpect) {
 
 // planCold is the user-space half of a cold Full sync, without a kernel:
 // render every Service, diff against empty tables, encode the batch.
-func planCold(tb testing.TB, cfg *Config, services map[model.ServiceKey]*model.Service) ([]*differ, []netlink.Message) {
+func planCold(tb testing.TB, cfg *Config, services map[model.ServiceKey]*model.Service) ([]*differ, *wire) {
 	ts := newTableSet(cfg)
 	empty := make([]*tableState, len(ts.refs))
 	for i := range empty {
@@ -243,33 +240,29 @@ func planCold(tb testing.TB, cfg *Config, services map[model.ServiceKey]*model.S
 
 // planChange is the user-space half of a Partial sync of one changed
 // Service against state: render old and new, diff, encode.
-func planChange(tb testing.TB, cfg *Config, ts *tableSet, state []*tableState, old, svc *model.Service) ([]*differ, []netlink.Message) {
+func planChange(tb testing.TB, cfg *Config, ts *tableSet, state []*tableState, old, svc *model.Service) ([]*differ, *wire) {
 	programmed := map[model.ServiceKey]*model.Service{old.Key: old}
 	ds, _, _ := planPartial(cfg, ts, state, newClaimBook(), programmed, map[model.ServiceKey]*model.Service{svc.Key: svc})
 	return ds, encodeOps(tb, ts, ds)
 }
 
 // encodeOps encodes every table's operations as Programmer.commit does.
-func encodeOps(tb testing.TB, ts *tableSet, ds []*differ) []netlink.Message {
+func encodeOps(tb testing.TB, ts *tableSet, ds []*differ) *wire {
 	rec, err := newRecorder()
 	if err != nil {
 		tb.Fatal(err)
 	}
+	w := newWire()
 	for slot, d := range ds {
 		if d.ops.empty() {
 			continue
 		}
 		ref := ts.refs[slot]
-		e := &encoder{conn: rec.conn, f: ref.f, sets: map[string]*nftables.Set{},
-			table: &nftables.Table{Name: ref.name, Family: nftFamily(ref.f)}}
+		e := newEncoder(w, rec, ref.name, ref.f)
 		e.encode(&d.ops)
 		if e.err != nil {
 			tb.Fatal(e.err)
 		}
 	}
-	msgs, err := rec.take()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return msgs
+	return w
 }

@@ -16,7 +16,7 @@ import (
 // tracer knows what each does to a packet.
 type Stmt interface {
 	text(f Family) string
-	encode(f Family, e *encoder) []expr.Any
+	encode(f Family, e *setRefs) []expr.Any
 }
 
 // Register numbers as nft allocates them, so that `nft --debug=netlink` of a
@@ -88,7 +88,7 @@ func (m MatchAddr) text(f Family) string {
 	return fmt.Sprintf("%s %s %s%s", f, m.Dir.word(), op, v)
 }
 
-func (m MatchAddr) encode(f Family, _ *encoder) []expr.Any {
+func (m MatchAddr) encode(f Family, _ *setRefs) []expr.Any {
 	op := expr.CmpOpEq
 	if m.Not {
 		op = expr.CmpOpNeq
@@ -124,7 +124,7 @@ func (m MatchAddrInSet) text(f Family) string {
 	return fmt.Sprintf("%s %s @%s", f, m.Dir.word(), m.Set)
 }
 
-func (m MatchAddrInSet) encode(f Family, e *encoder) []expr.Any {
+func (m MatchAddrInSet) encode(f Family, e *setRefs) []expr.Any {
 	s := e.set(m.Set)
 	return []expr.Any{
 		loadAddr(f, m.Dir, reg1, f.addrLen()),
@@ -143,7 +143,7 @@ func (m MatchAddrPairInSet) text(f Family) string {
 	return fmt.Sprintf("%s saddr . %s daddr @%s", f, f, m.Set)
 }
 
-func (m MatchAddrPairInSet) encode(f Family, e *encoder) []expr.Any {
+func (m MatchAddrPairInSet) encode(f Family, e *setRefs) []expr.Any {
 	s := e.set(m.Set)
 	daddrReg := uint32(reg32a)
 	if f == IPv6 {
@@ -165,7 +165,7 @@ type MatchLocal struct {
 
 func (m MatchLocal) text(Family) string { return "fib " + m.Dir.word() + " type local" }
 
-func (m MatchLocal) encode(Family, *encoder) []expr.Any {
+func (m MatchLocal) encode(Family, *setRefs) []expr.Any {
 	return []expr.Any{
 		&expr.Fib{Register: reg1, ResultADDRTYPE: true, FlagSADDR: m.Dir == Src, FlagDADDR: m.Dir == Dst},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL)},
@@ -177,7 +177,7 @@ type MatchCtNew struct{}
 
 func (MatchCtNew) text(Family) string { return "ct state new" }
 
-func (MatchCtNew) encode(Family, *encoder) []expr.Any {
+func (MatchCtNew) encode(Family, *setRefs) []expr.Any {
 	return []expr.Any{
 		&expr.Ct{Register: reg1, Key: expr.CtKeySTATE},
 		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4,
@@ -193,7 +193,7 @@ func (m MatchMarkUnset) text(Family) string {
 	return fmt.Sprintf("meta mark & %#08x == 0", m.Bit)
 }
 
-func (m MatchMarkUnset) encode(Family, *encoder) []expr.Any {
+func (m MatchMarkUnset) encode(Family, *setRefs) []expr.Any {
 	return []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
 		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4,
@@ -215,7 +215,7 @@ func (m SetMark) text(Family) string {
 	return fmt.Sprintf("meta mark set meta mark | %#08x", m.Bit)
 }
 
-func (m SetMark) encode(Family, *encoder) []expr.Any {
+func (m SetMark) encode(Family, *setRefs) []expr.Any {
 	mask := ^m.Bit
 	if m.Xor {
 		mask = 0xffffffff
@@ -234,7 +234,7 @@ type Masquerade struct{}
 
 func (Masquerade) text(Family) string { return "masquerade fully-random" }
 
-func (Masquerade) encode(Family, *encoder) []expr.Any {
+func (Masquerade) encode(Family, *setRefs) []expr.Any {
 	return []expr.Any{&expr.Masq{FullyRandom: true}}
 }
 
@@ -244,7 +244,7 @@ type Reject struct{}
 
 func (Reject) text(Family) string { return "reject" }
 
-func (Reject) encode(f Family, _ *encoder) []expr.Any {
+func (Reject) encode(f Family, _ *setRefs) []expr.Any {
 	code := uint8(3) // ICMP port unreachable
 	if f == IPv6 {
 		code = 4 // ICMPv6 port unreachable
@@ -255,7 +255,7 @@ func (Reject) encode(f Family, _ *encoder) []expr.Any {
 // Verdicts as statements.
 func (v Verdict) text(Family) string { return v.String() }
 
-func (v Verdict) encode(Family, *encoder) []expr.Any {
+func (v Verdict) encode(Family, *setRefs) []expr.Any {
 	var k expr.VerdictKind
 	switch v.Kind {
 	case Goto:
@@ -286,7 +286,7 @@ func (d VmapDispatch) text(f Family) string {
 	return fmt.Sprintf("%s daddr . meta l4proto . th dport vmap @%s", f, d.Map)
 }
 
-func (d VmapDispatch) encode(f Family, e *encoder) []expr.Any {
+func (d VmapDispatch) encode(f Family, e *setRefs) []expr.Any {
 	s := e.set(d.Map)
 	lookup := &expr.Lookup{SourceRegister: reg1, SetName: s.Name, SetID: s.ID, DestRegister: 0, IsDestRegSet: true}
 	dport := &expr.Payload{Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2}
@@ -327,7 +327,7 @@ func (h HashBucket) text(f Family) string {
 	return fmt.Sprintf("jhash %s saddr . th sport mod %d seed %#x %d", f, h.Modulus, h.Seed, h.Bucket)
 }
 
-func (h HashBucket) encode(f Family, _ *encoder) []expr.Any {
+func (h HashBucket) encode(f Family, _ *setRefs) []expr.Any {
 	sportReg, length := uint32(reg32c), uint32(8)
 	if f == IPv6 {
 		sportReg, length = reg3, 20
@@ -349,7 +349,7 @@ func (u UpdateAffinity) text(f Family) string {
 	return fmt.Sprintf("update @%s { %s saddr }", u.Set, f)
 }
 
-func (u UpdateAffinity) encode(f Family, e *encoder) []expr.Any {
+func (u UpdateAffinity) encode(f Family, e *setRefs) []expr.Any {
 	s := e.set(u.Set)
 	return []expr.Any{
 		loadAddr(f, Src, reg1, f.addrLen()),
@@ -368,7 +368,7 @@ func (d DNAT) text(f Family) string {
 	return fmt.Sprintf("meta l4proto %s dnat to %s", d.Proto, d.To)
 }
 
-func (d DNAT) encode(f Family, _ *encoder) []expr.Any {
+func (d DNAT) encode(f Family, _ *setRefs) []expr.Any {
 	fam := uint32(unix.NFPROTO_IPV4)
 	if f == IPv6 {
 		fam = unix.NFPROTO_IPV6
