@@ -95,15 +95,15 @@ func (e *BatchError) Error() string {
 	return "nf_tables refused the batch, nothing was changed: " + msg
 }
 
-// send transmits a batch and waits for the kernel's verdict. what
-// describes each message, for error reports.
-func (b *batchConn) send(w *wire, what []note) error {
+// send transmits a batch and waits for the kernel's verdict.
+func (b *batchConn) send(w *wire) error {
 	if w.count == 0 {
 		return nil
 	}
 	if w.err != nil {
 		return fmt.Errorf("encode nf_tables batch: %w", w.err)
 	}
+	what := w.notes
 	if len(what) != w.count {
 		what = nil // descriptions are a courtesy; never mislabel a failure
 	}

@@ -116,13 +116,11 @@ func (r *setRefs) set(name string) *nftables.Set {
 // and sets are made by google/nftables on a Conn that only records them.
 type encoder struct {
 	setRefs
-	w   *wire
-	rec *recorder
-	f   Family
-	err error
-	// describe records what each message does, for error reports.
-	describe []note
-	exprs    []expr.Any // scratch for one rule
+	w     *wire
+	rec   *recorder
+	f     Family
+	err   error
+	exprs []expr.Any // scratch for one rule
 }
 
 func newEncoder(w *wire, rec *recorder, name string, f Family) *encoder {
@@ -131,7 +129,7 @@ func newEncoder(w *wire, rec *recorder, name string, f Family) *encoder {
 
 func (e *encoder) note(n note) {
 	n.f, n.table = e.f, e.table.Name
-	e.describe = append(e.describe, n)
+	e.w.notes = append(e.w.notes, n)
 }
 
 func (e *encoder) fail(err error) {
@@ -183,11 +181,12 @@ func setDefinition(table *nftables.Table, f Family, s *Set) *nftables.Set {
 	return ns
 }
 
+// addSet has google/nftables record a new set; recorded moves it into
+// the batch.
 func (e *encoder) addSet(s *Set) {
 	ns := setDefinition(e.table, e.f, s)
 	ns.ID = e.rec.setID()
 	e.fail(e.rec.conn.AddSet(ns, nil))
-	e.recorded()
 	e.sets[s.Name] = ns
 	e.note(note{op: noteAddSet, name: s.Name})
 }
@@ -355,15 +354,21 @@ func chunks[T any](s []T, n int) func(func([]T) bool) {
 }
 
 // encode appends one family's operations to the batch.
-func (e *encoder) encode(o *familyOps) {
+// head has the table and its new sets recorded. The heads of all tables
+// come first in a batch, and are moved into it together: each move costs
+// google/nftables a Flush.
+func (e *encoder) head(o *familyOps) {
 	if o.createTable {
 		e.rec.conn.AddTable(e.table)
-		e.recorded()
 		e.note(note{op: noteAddTable})
 	}
 	for _, s := range o.addSets {
 		e.addSet(s)
 	}
+}
+
+// body writes the rest of the table's operations, after every head.
+func (e *encoder) body(o *familyOps) {
 	for _, c := range o.addChains {
 		e.addChain(c.chain)
 	}
@@ -379,9 +384,9 @@ func (e *encoder) encode(o *familyOps) {
 	}
 	for _, s := range o.recreateSets {
 		e.rec.conn.DelSet(setDefinition(e.table, e.f, s))
-		e.recorded()
 		e.note(note{op: noteDelSet, name: s.Name})
 		e.addSet(s)
+		e.recorded()
 	}
 	for _, c := range o.addChains {
 		e.addRules(c)
@@ -397,10 +402,73 @@ func (e *encoder) encode(o *familyOps) {
 	}
 	for _, n := range o.delSets {
 		e.rec.conn.DelSet(&nftables.Set{Table: e.table, Name: n})
-		e.recorded()
 		e.note(note{op: noteDelSet, name: n})
 	}
+	if len(o.delSets) > 0 {
+		e.recorded()
+	}
 	e.fail(e.w.err)
+}
+
+// encodeBatch encodes the operations of every table of ts, and the
+// deletion of the tables in drop, into one batch.
+func encodeBatch(ts *tableSet, ds []*differ, drop []tableRef) (*wire, error) {
+	rec, err := newRecorder()
+	if err != nil {
+		return nil, err
+	}
+	size, count := 0, 0
+	for _, d := range ds {
+		b, n := d.ops.estimate()
+		size, count = size+b, count+n
+	}
+	w := newWire(size, count)
+	encs := make([]*encoder, len(ds))
+	heads := false
+	for slot, d := range ds {
+		if !d.ops.empty() {
+			ref := ts.refs[slot]
+			encs[slot] = newEncoder(w, rec, ref.name, ref.f)
+			encs[slot].head(&d.ops)
+			heads = heads || d.ops.createTable || len(d.ops.addSets) > 0
+		}
+	}
+	if heads {
+		msgs, err := rec.take()
+		if err != nil {
+			return nil, err
+		}
+		for _, m := range msgs {
+			w.message(m)
+		}
+	}
+	for slot, e := range encs {
+		if e == nil {
+			continue
+		}
+		e.body(&ds[slot].ops)
+		if e.err != nil {
+			ref := ts.refs[slot]
+			return nil, fmt.Errorf("encode %s %s table: %w", ref.f, ref.name, e.err)
+		}
+	}
+	for _, t := range drop {
+		rec.conn.DelTable(&nftables.Table{Name: t.name, Family: nftFamily(t.f)})
+		w.notes = append(w.notes, note{op: noteDelTable, f: t.f, table: t.name})
+	}
+	if len(drop) > 0 {
+		msgs, err := rec.take()
+		if err != nil {
+			return nil, err
+		}
+		for _, m := range msgs {
+			w.message(m)
+		}
+	}
+	if w.err != nil {
+		return nil, fmt.Errorf("encode ruleset: %w", w.err)
+	}
+	return w, nil
 }
 
 // recorder is a google/nftables Conn whose transport only records the

@@ -28,7 +28,6 @@ package nft
 import (
 	"fmt"
 	"net/netip"
-	"strings"
 	"time"
 
 	"github.com/nftgate/nftgate/model"
@@ -192,15 +191,27 @@ type Rule []Stmt
 
 // Text renders the rule as nft syntax; it is also the rule's identity for the
 // differ and the source of its kernel fingerprint.
-func (r Rule) Text(f Family) string {
-	var b strings.Builder
+func (r Rule) Text(f Family) string { return string(r.appendText(nil, f)) }
+
+// textAppender is a statement that appends its text to a buffer; the
+// statements of every Service's rules are, so that fingerprinting a cold
+// sync's rules formats no strings.
+type textAppender interface {
+	appendText(b []byte, f Family) []byte
+}
+
+func (r Rule) appendText(b []byte, f Family) []byte {
 	for i, s := range r {
 		if i > 0 {
-			b.WriteByte(' ')
+			b = append(b, ' ')
 		}
-		b.WriteString(s.text(f))
+		if a, ok := s.(textAppender); ok {
+			b = a.appendText(b, f)
+		} else {
+			b = append(b, s.text(f)...)
+		}
 	}
-	return b.String()
+	return b
 }
 
 // Fragment is what one owner (the static skeleton, or one Service)

@@ -8,8 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/google/nftables"
-
 	"github.com/nftgate/nftgate/model"
 )
 
@@ -542,46 +540,13 @@ func planPartial(cfg *Config, ts *tableSet, state []*tableState, book *claimBook
 // tables in drop, into one batch and sends it. It returns the number of
 // messages and how long the kernel took to answer.
 func (p *Programmer) commit(ds []*differ, drop []tableRef) (int, time.Duration, error) {
-	rec, err := newRecorder()
+	w, err := encodeBatch(p.tables, ds, drop)
 	if err != nil {
 		return 0, 0, err
 	}
-	w := newWire()
-	var what []note
-	for slot, d := range ds {
-		if d.ops.empty() {
-			continue
-		}
-		ref := p.tables.refs[slot]
-		e := newEncoder(w, rec, ref.name, ref.f)
-		e.encode(&d.ops)
-		if e.err != nil {
-			return 0, 0, fmt.Errorf("encode %s %s table: %w", ref.f, ref.name, e.err)
-		}
-		what = append(what, e.describe...)
-	}
-	for _, t := range drop {
-		what = append(what, deleteTable(w, rec, t.f, t.name))
-	}
-	if w.err != nil {
-		return 0, 0, fmt.Errorf("encode ruleset: %w", w.err)
-	}
 	start := time.Now()
-	err = p.batch.send(w, what)
+	err = p.batch.send(w)
 	return w.count, time.Since(start), err
-}
-
-// deleteTable adds the deletion of a table to a batch.
-func deleteTable(w *wire, rec *recorder, f Family, name string) note {
-	rec.conn.DelTable(&nftables.Table{Name: name, Family: nftFamily(f)})
-	msgs, err := rec.take()
-	if err != nil {
-		w.fail(err)
-	}
-	for _, m := range msgs {
-		w.message(m)
-	}
-	return note{op: noteDelTable, f: f, table: name}
 }
 
 // Cleanup deletes nftgate's tables (the main table and every service
@@ -597,13 +562,8 @@ func Cleanup(table string, opts Options) error {
 		return err
 	}
 	defer r.Close()
-	rec, err := newRecorder()
-	if err != nil {
-		return err
-	}
 	cfg := Config{Table: table}
-	w := newWire()
-	var what []note
+	var drop []tableRef
 	for _, f := range Families {
 		names, err := r.tableNames(f)
 		if err != nil {
@@ -611,11 +571,15 @@ func Cleanup(table string, opts Options) error {
 		}
 		for _, name := range names {
 			if name == table || cfg.isShardTable(name) {
-				what = append(what, deleteTable(w, rec, f, name))
+				drop = append(drop, tableRef{f, name})
 			}
 		}
 	}
-	return b.send(w, what)
+	w, err := encodeBatch(&tableSet{}, nil, drop)
+	if err != nil {
+		return err
+	}
+	return b.send(w)
 }
 
 func familyIndex(f Family) int {

@@ -149,6 +149,36 @@ func newScaleCluster(n, eps int) *scaleCluster {
 	return c
 }
 
+// newPlainCluster builds n ClusterIP Services of one TCP port each, all
+// sending to the same eps ready endpoints: the shape of the manifests the
+// cold start of the nftgate binary is measured with.
+func newPlainCluster(n, eps int) *scaleCluster {
+	c := &scaleCluster{Services: make(map[model.ServiceKey]*model.Service, n), Keys: make([]model.ServiceKey, 0, n)}
+	endpoints := make([]model.Endpoint, eps)
+	for j := range endpoints {
+		endpoints[j] = model.Endpoint{Addr: addrPlus(scaleEndpointBase, uint32(j)), Port: 9000,
+			NodeName: fmt.Sprintf("node-%d", j), Ready: true, Serving: true}
+	}
+	created := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for i := range n {
+		key := model.ServiceKey{Namespace: "bench", Name: fmt.Sprintf("svc-%06d", i)}
+		svc := &model.Service{
+			Key:        key,
+			Type:       "ClusterIP",
+			Created:    created.Add(time.Duration(i) * time.Second),
+			ClusterIPs: []netip.Addr{addrPlus(scaleClusterIPBase, uint32(i)+2)},
+			Ports: []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80,
+				Endpoints: append([]model.Endpoint(nil), endpoints...)}},
+		}
+		c.Services[key] = svc
+		c.Keys = append(c.Keys, key)
+		c.Want.add(svc, eps)
+	}
+	cfg := scaleConfig()
+	c.Want.Chains += staticChains(&cfg, IPv4)
+	return c
+}
+
 func (w *scaleExpect) add(svc *model.Service, eps int) {
 	for _, p := range svc.Ports {
 		w.ServiceIPs += len(svc.ClusterIPs) + len(svc.ExternalIPs) + len(svc.LoadBalancerIPs)
@@ -248,21 +278,9 @@ func planChange(tb testing.TB, cfg *Config, ts *tableSet, state []*tableState, o
 
 // encodeOps encodes every table's operations as Programmer.commit does.
 func encodeOps(tb testing.TB, ts *tableSet, ds []*differ) *wire {
-	rec, err := newRecorder()
+	w, err := encodeBatch(ts, ds, nil)
 	if err != nil {
 		tb.Fatal(err)
-	}
-	w := newWire()
-	for slot, d := range ds {
-		if d.ops.empty() {
-			continue
-		}
-		ref := ts.refs[slot]
-		e := newEncoder(w, rec, ref.name, ref.f)
-		e.encode(&d.ops)
-		if e.err != nil {
-			tb.Fatal(e.err)
-		}
 	}
 	return w
 }

@@ -3,6 +3,7 @@ package nft
 import (
 	"fmt"
 	"net/netip"
+	"strconv"
 
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
@@ -120,8 +121,14 @@ type MatchAddrInSet struct {
 	Set string
 }
 
-func (m MatchAddrInSet) text(f Family) string {
-	return fmt.Sprintf("%s %s @%s", f, m.Dir.word(), m.Set)
+func (m MatchAddrInSet) text(f Family) string { return string(m.appendText(nil, f)) }
+
+func (m MatchAddrInSet) appendText(b []byte, f Family) []byte {
+	b = append(b, f.String()...)
+	b = append(b, ' ')
+	b = append(b, m.Dir.word()...)
+	b = append(b, " @"...)
+	return append(b, m.Set...)
 }
 
 func (m MatchAddrInSet) encode(f Family, e *setRefs) []expr.Any {
@@ -255,6 +262,16 @@ func (Reject) encode(f Family, _ *setRefs) []expr.Any {
 // Verdicts as statements.
 func (v Verdict) text(Family) string { return v.String() }
 
+func (v Verdict) appendText(b []byte, _ Family) []byte {
+	switch v.Kind {
+	case Goto:
+		return append(append(b, "goto "...), v.Chain...)
+	case Jump:
+		return append(append(b, "jump "...), v.Chain...)
+	}
+	return append(b, v.String()...)
+}
+
 func (v Verdict) encode(Family, *setRefs) []expr.Any {
 	var k expr.VerdictKind
 	switch v.Kind {
@@ -323,8 +340,18 @@ type HashBucket struct {
 	Bucket  uint32
 }
 
-func (h HashBucket) text(f Family) string {
-	return fmt.Sprintf("jhash %s saddr . th sport mod %d seed %#x %d", f, h.Modulus, h.Seed, h.Bucket)
+func (h HashBucket) text(f Family) string { return string(h.appendText(nil, f)) }
+
+// appendText writes "jhash ip saddr . th sport mod 4 seed 0x7 0".
+func (h HashBucket) appendText(b []byte, f Family) []byte {
+	b = append(b, "jhash "...)
+	b = append(b, f.String()...)
+	b = append(b, " saddr . th sport mod "...)
+	b = strconv.AppendUint(b, uint64(h.Modulus), 10)
+	b = append(b, " seed 0x"...)
+	b = strconv.AppendUint(b, uint64(h.Seed), 16)
+	b = append(b, ' ')
+	return strconv.AppendUint(b, uint64(h.Bucket), 10)
 }
 
 func (h HashBucket) encode(f Family, _ *setRefs) []expr.Any {
@@ -345,8 +372,14 @@ func (h HashBucket) encode(f Family, _ *setRefs) []expr.Any {
 // refreshing its timeout.
 type UpdateAffinity struct{ Set string }
 
-func (u UpdateAffinity) text(f Family) string {
-	return fmt.Sprintf("update @%s { %s saddr }", u.Set, f)
+func (u UpdateAffinity) text(f Family) string { return string(u.appendText(nil, f)) }
+
+func (u UpdateAffinity) appendText(b []byte, f Family) []byte {
+	b = append(b, "update @"...)
+	b = append(b, u.Set...)
+	b = append(b, " { "...)
+	b = append(b, f.String()...)
+	return append(b, " saddr }"...)
 }
 
 func (u UpdateAffinity) encode(f Family, e *setRefs) []expr.Any {
@@ -364,8 +397,15 @@ type DNAT struct {
 	To    netip.AddrPort
 }
 
-func (d DNAT) text(f Family) string {
-	return fmt.Sprintf("meta l4proto %s dnat to %s", d.Proto, d.To)
+func (d DNAT) text(f Family) string { return string(d.appendText(nil, f)) }
+
+// appendText writes "meta l4proto tcp dnat to 10.0.0.1:80" (or
+// "[fd00::1]:80").
+func (d DNAT) appendText(b []byte, _ Family) []byte {
+	b = append(b, "meta l4proto "...)
+	b = append(b, d.Proto.String()...)
+	b = append(b, " dnat to "...)
+	return d.To.AppendTo(b)
 }
 
 func (d DNAT) encode(f Family, _ *setRefs) []expr.Any {

@@ -25,7 +25,9 @@ type wire struct {
 	b []byte
 	// count of messages, and the offset of the last one.
 	count, last int
-	err         error
+	// notes describe the messages, one each, for error reports.
+	notes []note
+	err   error
 }
 
 const (
@@ -35,9 +37,9 @@ const (
 	maxAttrLen = 0xffff
 )
 
-// newWire starts a batch.
-func newWire() *wire {
-	w := &wire{}
+// newWire starts a batch of about size bytes and count messages.
+func newWire(size, count int) *wire {
+	w := &wire{b: make([]byte, 0, size), notes: make([]note, 0, count)}
 	w.marker(unix.NFNL_MSG_BATCH_BEGIN)
 	return w
 }

@@ -29,13 +29,35 @@ func refEncode(t *testing.T, ts *tableSet, ds []*differ) []byte {
 		t.Fatal(err)
 	}
 	c := rec.conn
+	// Every table and its new sets first, then the rest, table by table.
+	refsOf := make([]setRefs, len(ds))
 	for slot, d := range ds {
 		o := &d.ops
 		if o.empty() {
 			continue
 		}
 		ref := ts.refs[slot]
-		refs := newSetRefs(ref.name, ref.f)
+		refsOf[slot] = newSetRefs(ref.name, ref.f)
+		refs := &refsOf[slot]
+		if o.createTable {
+			c.AddTable(refs.table)
+		}
+		for _, s := range o.addSets {
+			ns := setDefinition(refs.table, ref.f, s)
+			ns.ID = rec.setID()
+			if err := c.AddSet(ns, nil); err != nil {
+				t.Fatal(err)
+			}
+			refs.sets[s.Name] = ns
+		}
+	}
+	for slot, d := range ds {
+		o := &d.ops
+		if o.empty() {
+			continue
+		}
+		ref := ts.refs[slot]
+		refs := &refsOf[slot]
 		table := refs.table
 		chain := func(name string) *nftables.Chain { return &nftables.Chain{Table: table, Name: name} }
 		addSet := func(s *Set) {
@@ -50,7 +72,7 @@ func refEncode(t *testing.T, ts *tableSet, ds []*differ) []byte {
 			for i, r := range p.chain.Rules {
 				var exprs []expr.Any
 				for _, s := range r {
-					exprs = append(exprs, s.encode(ref.f, &refs)...)
+					exprs = append(exprs, s.encode(ref.f, refs)...)
 				}
 				c.AddRule(&nftables.Rule{Table: table, Chain: chain(p.chain.Name), Exprs: exprs, UserData: appendFingerprint(nil, p.ruleFPs[i])})
 			}
@@ -82,12 +104,6 @@ func refEncode(t *testing.T, ts *tableSet, ds []*differ) []byte {
 					}
 				}
 			}
-		}
-		if o.createTable {
-			c.AddTable(table)
-		}
-		for _, s := range o.addSets {
-			addSet(s)
 		}
 		for _, p := range o.addChains {
 			nc := chain(p.chain.Name)
@@ -312,5 +328,32 @@ func TestWireAttributeLimit(t *testing.T) {
 	w.close(at)
 	if w.err == nil {
 		t.Fatal("nested attribute of 80,000 bytes encoded without an error")
+	}
+}
+
+// TestRuleTextFormats checks the statements that write their own text
+// against the formats they had when they used fmt: the text is hashed into
+// every rule's fingerprint in the kernel, so a rule programmed by an older
+// nftgate must keep its fingerprint.
+func TestRuleTextFormats(t *testing.T) {
+	for _, f := range Families {
+		for _, c := range []struct {
+			s    Stmt
+			want string
+		}{
+			{HashBucket{Seed: 0, Modulus: 1, Bucket: 0}, fmt.Sprintf("jhash %s saddr . th sport mod %d seed %#x %d", f, 1, uint32(0), 0)},
+			{HashBucket{Seed: 0xdeadbeef, Modulus: 17, Bucket: 16}, fmt.Sprintf("jhash %s saddr . th sport mod %d seed %#x %d", f, 17, uint32(0xdeadbeef), 16)},
+			{DNAT{Proto: model.SCTP, To: netip.MustParseAddrPort("[fd42::1]:8080")}, fmt.Sprintf("meta l4proto %s dnat to %s", model.SCTP, netip.MustParseAddrPort("[fd42::1]:8080"))},
+			{DNAT{Proto: model.UDP, To: netip.MustParseAddrPort("10.1.2.3:53")}, "meta l4proto udp dnat to 10.1.2.3:53"},
+			{Verdict{Kind: Goto, Chain: "svc-X"}, "goto svc-X"},
+			{Verdict{Kind: Jump, Chain: "mark-for-masquerade"}, "jump mark-for-masquerade"},
+			{Verdict{Kind: Drop}, "drop"},
+			{MatchAddrInSet{Dir: Src, Set: "aff-1"}, fmt.Sprintf("%s %s @%s", f, "saddr", "aff-1")},
+			{UpdateAffinity{Set: "aff-1"}, fmt.Sprintf("update @%s { %s saddr }", "aff-1", f)},
+		} {
+			if got := (Rule{c.s}).Text(f); got != c.want {
+				t.Errorf("%s %#v: text %q, want %q", f, c.s, got, c.want)
+			}
+		}
 	}
 }
