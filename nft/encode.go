@@ -110,6 +110,15 @@ func (r *setRefs) set(name string) *nftables.Set {
 	return s
 }
 
+// wireStmt is a statement that writes its expressions into a batch itself,
+// without making google/nftables expressions of them first: the statements
+// a cold sync has by the ten thousand (endpoint choice, DNAT, verdicts).
+// Their encode says the same for tests and the rest; the tests hold the
+// two to the same bytes.
+type wireStmt interface {
+	put(f Family, w *wire)
+}
+
 // encoder writes planned operations for one table into a batch, in the
 // order that keeps every reference valid inside the batch. Rules, chains
 // and map elements are written straight into the batch (wire.go); tables
@@ -245,6 +254,10 @@ func (e *encoder) addRules(p chainPlan) {
 		w.str(unix.NFTA_RULE_CHAIN, p.chain.Name)
 		at := w.nest(unix.NFTA_RULE_EXPRESSIONS)
 		for _, s := range r {
+			if ws, ok := s.(wireStmt); ok {
+				ws.put(e.f, w)
+				continue
+			}
 			e.exprs = append(e.exprs[:0], s.encode(e.f, &e.setRefs)...)
 			for _, x := range e.exprs {
 				w.expr(fam, x)

@@ -207,6 +207,17 @@ func (d *differ) decided(key string) bool {
 
 // chain decides one chain: desired nil means it must not exist.
 func (d *differ) chain(name string, desired *Chain) {
+	if desired == nil {
+		d.plannedChain(name, nil)
+		return
+	}
+	p := planChain(d.f, desired, &d.text)
+	d.plannedChain(name, &p)
+}
+
+// plannedChain is chain for a desired chain whose rules are already
+// fingerprinted.
+func (d *differ) plannedChain(name string, desired *chainPlan) {
 	if d.decided("c/" + name) {
 		return
 	}
@@ -216,10 +227,10 @@ func (d *differ) chain(name string, desired *Chain) {
 		d.ops.flushChains = append(d.ops.flushChains, name)
 		d.ops.delChains = append(d.ops.delChains, name)
 	case desired != nil && !exists:
-		d.ops.addChains = append(d.ops.addChains, planChain(d.f, desired, &d.text))
+		d.ops.addChains = append(d.ops.addChains, *desired)
 	case desired != nil && exists:
-		if p := planChain(d.f, desired, &d.text); p.fp != cur.fp || d.rewriteAll {
-			d.ops.rewriteChains = append(d.ops.rewriteChains, p)
+		if desired.fp != cur.fp || d.rewriteAll {
+			d.ops.rewriteChains = append(d.ops.rewriteChains, *desired)
 		}
 	}
 }

@@ -4,8 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"runtime"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nftgate/nftgate/model"
@@ -285,20 +287,21 @@ func planFull(cfg *Config, ts *tableSet, observed []*tableState, services map[mo
 		}
 		ds[slot] = d
 	}
-	for _, k := range keys {
+	rendered := renderAll(cfg, keys, services)
+	for i, k := range keys {
 		svc := services[k]
-		r := RenderService(cfg, svc)
-		for _, f := range Families {
+		r := &rendered[i].ByFamily
+		for fi, f := range Families {
 			fr := r.Of(f)
 			main, shard := ds[ts.main(f)], ds[ts.shard(f, k)]
 			for _, s := range fr.Sets {
 				shard.set(s.Name, s)
 			}
-			for _, c := range fr.Chains {
+			for j, c := range fr.Chains {
 				if mainChain(c.Name) {
-					main.chain(c.Name, c)
+					main.plannedChain(c.Name, &rendered[i].plans[fi][j])
 				} else {
-					shard.chain(c.Name, c)
+					shard.plannedChain(c.Name, &rendered[i].plans[fi][j])
 				}
 			}
 			for _, e := range fr.Elements {
@@ -345,6 +348,53 @@ func planFull(cfg *Config, ts *tableSet, observed []*tableState, services map[mo
 	sort.Strings(conflictList)
 	sortOps(ds)
 	return ds, book, conflictList
+}
+
+// renderedService is a Service's fragments with their chains' plans.
+type renderedService struct {
+	ByFamily
+	plans [2][]chainPlan // per family, per chain of the fragment
+}
+
+// renderAll renders the Services of keys and fingerprints their chains'
+// rules: a pure function of each Service, and most of what planning a full
+// sync costs, so it runs on every CPU.
+func renderAll(cfg *Config, keys []model.ServiceKey, services map[model.ServiceKey]*model.Service) []renderedService {
+	out := make([]renderedService, len(keys))
+	// Services are handed out in blocks: lookups in the map and the
+	// scratch buffer stay per worker.
+	const block = 256
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(runtime.GOMAXPROCS(0), (len(keys)+block-1)/block) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var scratch []byte
+			for {
+				lo := int(next.Add(block)) - block
+				if lo >= len(keys) {
+					return
+				}
+				for i := lo; i < min(lo+block, len(keys)); i++ {
+					rs := &out[i]
+					rs.ByFamily = RenderService(cfg, services[keys[i]])
+					for fi, f := range Families {
+						chains := rs.Of(f).Chains
+						if len(chains) == 0 {
+							continue
+						}
+						rs.plans[fi] = make([]chainPlan, len(chains))
+						for j, c := range chains {
+							rs.plans[fi][j] = planChain(f, c, &scratch)
+						}
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return out
 }
 
 // Partial applies the changed Services (nil for a deleted one) on top of the

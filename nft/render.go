@@ -311,10 +311,9 @@ func renderPort(cfg *Config, svc *model.Service, p *model.ServicePort, out *ByFa
 			continue
 		}
 
+		// Names are hashed only for the chains the port has.
 		clusterChain := chainName("svc", portName)
-		localChain := chainName("local", portName)
-		externalChain := chainName("ext", portName)
-		fwChain := chainName("fw", portName)
+		var localChain, externalChain string
 
 		// An endpoint is DNATed right in the rule that chooses it. Only
 		// with session affinity does it get a chain of its own, which
@@ -347,6 +346,12 @@ func renderPort(cfg *Config, svc *model.Service, p *model.ServicePort, out *ByFa
 				return Verdict{Kind: Goto, Chain: c}
 			}
 			return DNAT{Proto: p.Protocol, To: e.AddrPort()}
+		}
+		if len(local) > 0 {
+			localChain = chainName("local", portName)
+		}
+		if len(externalAddrs) > 0 || len(lbIPs) > 0 || hasNodePort {
+			externalChain = chainName("ext", portName)
 		}
 		for _, e := range cluster {
 			addEndpoint(e)
@@ -461,6 +466,7 @@ func renderPort(cfg *Config, svc *model.Service, p *model.ServicePort, out *ByFa
 		}
 		if len(rules) > 0 && !open && len(lbIPs) > 0 {
 			rules = append(rules, Rule{Verdict{Kind: Drop}})
+			fwChain := chainName("fw", portName)
 			fr.Chains = append(fr.Chains, &Chain{Name: fwChain, Rules: rules})
 			for _, a := range lbIPs {
 				fr.Elements = append(fr.Elements, Element{Map: MapFirewallIPs, Key: key(a, p.Port), Verdict: Verdict{Kind: Goto, Chain: fwChain}})

@@ -1,6 +1,7 @@
 package nft
 
 import (
+	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"strconv"
@@ -62,11 +63,16 @@ func (d Dir) word() string {
 }
 
 func loadAddr(f Family, d Dir, reg, length uint32) *expr.Payload {
+	p := loadAddrValue(f, d, reg, length)
+	return &p
+}
+
+func loadAddrValue(f Family, d Dir, reg, length uint32) expr.Payload {
 	off := saddrOffset(f)
 	if d == Dst {
 		off = daddrOffset(f)
 	}
-	return &expr.Payload{DestRegister: reg, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: length}
+	return expr.Payload{DestRegister: reg, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: length}
 }
 
 // MatchAddr matches the source or destination address against a prefix (a
@@ -272,21 +278,28 @@ func (v Verdict) appendText(b []byte, _ Family) []byte {
 	return append(b, v.String()...)
 }
 
+func (v Verdict) put(_ Family, w *wire) {
+	w.verdict(&expr.Verdict{Kind: v.nftKind(), Chain: v.Chain})
+}
+
 func (v Verdict) encode(Family, *setRefs) []expr.Any {
-	var k expr.VerdictKind
+	return []expr.Any{&expr.Verdict{Kind: v.nftKind(), Chain: v.Chain}}
+}
+
+func (v Verdict) nftKind() expr.VerdictKind {
 	switch v.Kind {
 	case Goto:
-		k = expr.VerdictGoto
+		return expr.VerdictGoto
 	case Jump:
-		k = expr.VerdictJump
+		return expr.VerdictJump
 	case Return:
-		k = expr.VerdictReturn
+		return expr.VerdictReturn
 	case Drop:
-		k = expr.VerdictDrop
+		return expr.VerdictDrop
 	case Accept:
-		k = expr.VerdictAccept
+		return expr.VerdictAccept
 	}
-	return []expr.Any{&expr.Verdict{Kind: k, Chain: v.Chain}}
+	return 0
 }
 
 // VmapDispatch looks the packet up in a verdict map: by destination address,
@@ -354,6 +367,21 @@ func (h HashBucket) appendText(b []byte, f Family) []byte {
 	return strconv.AppendUint(b, uint64(h.Bucket), 10)
 }
 
+func (h HashBucket) put(f Family, w *wire) {
+	sportReg, length := uint32(reg32c), uint32(8)
+	if f == IPv6 {
+		sportReg, length = reg3, 20
+	}
+	saddr := loadAddrValue(f, Src, reg2, f.addrLen())
+	w.payload(&saddr)
+	w.payload(&expr.Payload{DestRegister: sportReg, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 2})
+	w.hash(&expr.Hash{SourceRegister: reg2, DestRegister: reg1, Length: length, Modulus: h.Modulus,
+		Seed: h.Seed, Type: expr.HashTypeJenkins})
+	var bucket [4]byte
+	binary.NativeEndian.PutUint32(bucket[:], h.Bucket)
+	w.cmp(&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: bucket[:]})
+}
+
 func (h HashBucket) encode(f Family, _ *setRefs) []expr.Any {
 	sportReg, length := uint32(reg32c), uint32(8)
 	if f == IPv6 {
@@ -406,6 +434,29 @@ func (d DNAT) appendText(b []byte, _ Family) []byte {
 	b = append(b, d.Proto.String()...)
 	b = append(b, " dnat to "...)
 	return d.To.AppendTo(b)
+}
+
+func (d DNAT) put(f Family, w *wire) {
+	fam := uint32(unix.NFPROTO_IPV4)
+	if f == IPv6 {
+		fam = unix.NFPROTO_IPV6
+	}
+	w.meta(&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1})
+	proto := [1]byte{byte(d.Proto)}
+	w.cmp(&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: proto[:]})
+	var addr []byte
+	if a := d.To.Addr(); a.Is4() {
+		a4 := a.As4()
+		addr = a4[:]
+	} else {
+		a16 := a.As16()
+		addr = a16[:]
+	}
+	w.immediate(&expr.Immediate{Register: reg1, Data: addr})
+	var port [2]byte
+	binary.BigEndian.PutUint16(port[:], d.To.Port())
+	w.immediate(&expr.Immediate{Register: reg2, Data: port[:]})
+	w.nat(&expr.NAT{Type: expr.NATTypeDestNAT, Family: fam, RegAddrMin: reg1, RegProtoMin: reg2, Specified: true})
 }
 
 func (d DNAT) encode(f Family, _ *setRefs) []expr.Any {

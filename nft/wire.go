@@ -170,221 +170,54 @@ func (w *wire) value(typ uint16, data []byte) {
 // exactly as expr.Marshal does. Kinds and fields nftgate does not use go
 // through expr.Marshal itself.
 func (w *wire) expr(fam byte, e expr.Any) {
-	elem := w.nest(unix.NFTA_LIST_ELEM)
-	defer w.close(elem)
-	data := func(name string) int {
-		w.str(unix.NFTA_EXPR_NAME, name)
-		return w.nest(unix.NFTA_EXPR_DATA)
-	}
 	switch e := e.(type) {
 	case *expr.Payload:
-		if e.OperationType != expr.PayloadLoad || e.CsumType != 0 {
-			break
+		if e.OperationType == expr.PayloadLoad && e.CsumType == 0 {
+			w.payload(e)
+			return
 		}
-		at := data("payload")
-		w.u32(unix.NFTA_PAYLOAD_DREG, e.DestRegister)
-		w.u32(unix.NFTA_PAYLOAD_BASE, uint32(e.Base))
-		w.u32(unix.NFTA_PAYLOAD_OFFSET, e.Offset)
-		w.u32(unix.NFTA_PAYLOAD_LEN, e.Len)
-		w.close(at)
-		return
 	case *expr.Cmp:
-		at := data("cmp")
-		w.u32(unix.NFTA_CMP_SREG, e.Register)
-		w.u32(unix.NFTA_CMP_OP, uint32(e.Op))
-		w.value(unix.NFTA_CMP_DATA, e.Data)
-		w.close(at)
+		w.cmp(e)
 		return
 	case *expr.Bitwise:
-		at := data("bitwise")
-		w.u32(unix.NFTA_BITWISE_SREG, e.SourceRegister)
-		w.u32(unix.NFTA_BITWISE_DREG, e.DestRegister)
-		w.u32(unix.NFTA_BITWISE_LEN, e.Len)
-		w.value(unix.NFTA_BITWISE_MASK, e.Mask)
-		w.value(unix.NFTA_BITWISE_XOR, e.Xor)
-		w.close(at)
+		w.bitwise(e)
 		return
 	case *expr.Lookup:
-		at := data("lookup")
-		if e.SourceRegister != 0 {
-			w.u32(unix.NFTA_LOOKUP_SREG, e.SourceRegister)
-		}
-		if e.IsDestRegSet {
-			w.u32(unix.NFTA_LOOKUP_DREG, e.DestRegister)
-		}
-		if e.Invert {
-			w.u32(unix.NFTA_LOOKUP_FLAGS, unix.NFT_LOOKUP_F_INV)
-		}
-		w.str(unix.NFTA_LOOKUP_SET, e.SetName)
-		w.u32(unix.NFTA_LOOKUP_SET_ID, e.SetID)
-		w.close(at)
+		w.lookup(e)
 		return
 	case *expr.Meta:
-		at := data("meta")
-		w.u32(unix.NFTA_META_KEY, uint32(e.Key))
-		if e.SourceRegister {
-			w.u32(unix.NFTA_META_SREG, e.Register)
-		} else {
-			w.u32(unix.NFTA_META_DREG, e.Register)
-		}
-		w.close(at)
+		w.meta(e)
 		return
 	case *expr.Ct:
-		if e.Key == expr.CtKeySRC || e.Key == expr.CtKeyDST || e.Key == expr.CtKeyPROTOSRC || e.Key == expr.CtKeyPROTODST {
-			break
+		if e.Key != expr.CtKeySRC && e.Key != expr.CtKeyDST && e.Key != expr.CtKeyPROTOSRC && e.Key != expr.CtKeyPROTODST {
+			w.ct(e)
+			return
 		}
-		at := data("ct")
-		w.u32(unix.NFTA_CT_KEY, uint32(e.Key))
-		if e.SourceRegister {
-			w.u32(unix.NFTA_CT_SREG, e.Register)
-		} else {
-			w.u32(unix.NFTA_CT_DREG, e.Register)
-		}
-		w.close(at)
-		return
 	case *expr.Fib:
-		at := data("fib")
-		w.u32(unix.NFTA_FIB_DREG, e.Register)
-		var flags, results uint32
-		for _, f := range []struct {
-			set bool
-			bit uint32
-		}{{e.FlagSADDR, unix.NFTA_FIB_F_SADDR}, {e.FlagDADDR, unix.NFTA_FIB_F_DADDR}, {e.FlagMARK, unix.NFTA_FIB_F_MARK},
-			{e.FlagIIF, unix.NFTA_FIB_F_IIF}, {e.FlagOIF, unix.NFTA_FIB_F_OIF}, {e.FlagPRESENT, unix.NFTA_FIB_F_PRESENT}} {
-			if f.set {
-				flags |= f.bit
-			}
-		}
-		if flags != 0 {
-			w.u32(unix.NFTA_FIB_FLAGS, flags)
-		}
-		if e.ResultOIF {
-			results |= unix.NFT_FIB_RESULT_OIF
-		}
-		if e.ResultOIFNAME {
-			results |= unix.NFT_FIB_RESULT_OIFNAME
-		}
-		if e.ResultADDRTYPE {
-			results |= unix.NFT_FIB_RESULT_ADDRTYPE
-		}
-		if results != 0 {
-			w.u32(unix.NFTA_FIB_RESULT, results)
-		}
-		w.close(at)
+		w.fib(e)
 		return
 	case *expr.Hash:
-		at := data("hash")
-		w.u32(unix.NFTA_HASH_SREG, e.SourceRegister)
-		w.u32(unix.NFTA_HASH_DREG, e.DestRegister)
-		w.u32(unix.NFTA_HASH_LEN, e.Length)
-		w.u32(unix.NFTA_HASH_MODULUS, e.Modulus)
-		if e.Seed != 0 {
-			w.u32(unix.NFTA_HASH_SEED, e.Seed)
-		}
-		w.u32(unix.NFTA_HASH_OFFSET, e.Offset)
-		w.u32(unix.NFTA_HASH_TYPE, uint32(e.Type))
-		w.close(at)
+		w.hash(e)
 		return
 	case *expr.Immediate:
-		at := data("immediate")
-		w.u32(unix.NFTA_IMMEDIATE_DREG, e.Register)
-		w.value(unix.NFTA_IMMEDIATE_DATA, e.Data)
-		w.close(at)
+		w.immediate(e)
 		return
 	case *expr.Verdict:
-		at := data("immediate")
-		w.u32(unix.NFTA_IMMEDIATE_DREG, unix.NFT_REG_VERDICT)
-		imm := w.nest(unix.NFTA_IMMEDIATE_DATA)
-		v := w.nest(unix.NFTA_DATA_VERDICT)
-		w.u32(unix.NFTA_VERDICT_CODE, uint32(e.Kind))
-		if e.Chain != "" {
-			w.str(unix.NFTA_VERDICT_CHAIN, e.Chain)
-		}
-		w.close(v)
-		w.close(imm)
-		w.close(at)
+		w.verdict(e)
 		return
 	case *expr.NAT:
-		at := data("nat")
-		w.u32(unix.NFTA_NAT_TYPE, uint32(e.Type))
-		w.u32(unix.NFTA_NAT_FAMILY, e.Family)
-		if e.RegAddrMin != 0 {
-			w.u32(unix.NFTA_NAT_REG_ADDR_MIN, e.RegAddrMin)
-			if e.RegAddrMax != 0 {
-				w.u32(unix.NFTA_NAT_REG_ADDR_MAX, e.RegAddrMax)
-			}
-		}
-		if e.RegProtoMin != 0 {
-			w.u32(unix.NFTA_NAT_REG_PROTO_MIN, e.RegProtoMin)
-			if e.RegProtoMax != 0 {
-				w.u32(unix.NFTA_NAT_REG_PROTO_MAX, e.RegProtoMax)
-			}
-		}
-		var flags uint32
-		for _, f := range []struct {
-			set bool
-			bit uint32
-		}{{e.Random, expr.NF_NAT_RANGE_PROTO_RANDOM}, {e.FullyRandom, expr.NF_NAT_RANGE_PROTO_RANDOM_FULLY}, {e.Persistent, expr.NF_NAT_RANGE_PERSISTENT},
-			{e.Prefix, expr.NF_NAT_RANGE_PREFIX}, {e.Specified, expr.NF_NAT_RANGE_PROTO_SPECIFIED}} {
-			if f.set {
-				flags |= f.bit
-			}
-		}
-		if flags != 0 {
-			w.u32(unix.NFTA_NAT_FLAGS, flags)
-		}
-		w.close(at)
+		w.nat(e)
 		return
 	case *expr.Dynset:
-		if len(e.Exprs) > 0 {
-			break
+		if len(e.Exprs) == 0 {
+			w.dynset(e)
+			return
 		}
-		at := data("dynset")
-		w.u32(unix.NFTA_DYNSET_SREG_KEY, e.SrcRegKey)
-		if e.SrcRegData != 0 {
-			w.u32(unix.NFTA_DYNSET_SREG_DATA, e.SrcRegData)
-		}
-		w.u32(unix.NFTA_DYNSET_OP, e.Operation)
-		if e.Timeout != 0 {
-			w.u64(unix.NFTA_DYNSET_TIMEOUT, uint64(e.Timeout.Milliseconds()))
-		}
-		w.str(unix.NFTA_DYNSET_SET_NAME, e.SetName)
-		w.u32(unix.NFTA_DYNSET_SET_ID, e.SetID)
-		var flags uint32
-		if e.Invert {
-			flags |= unix.NFT_DYNSET_F_INV
-		}
-		w.u32(unix.NFTA_DYNSET_FLAGS, flags)
-		w.close(at)
-		return
 	case *expr.Masq:
-		at := data("masq")
-		if e.ToPorts {
-			w.u32(unix.NFTA_MASQ_REG_PROTO_MIN, e.RegProtoMin)
-			if e.RegProtoMax != 0 {
-				w.u32(unix.NFTA_MASQ_REG_PROTO_MAX, e.RegProtoMax)
-			}
-		} else {
-			var flags uint32
-			for _, f := range []struct {
-				set bool
-				bit uint32
-			}{{e.Random, expr.NF_NAT_RANGE_PROTO_RANDOM}, {e.FullyRandom, expr.NF_NAT_RANGE_PROTO_RANDOM_FULLY}, {e.Persistent, expr.NF_NAT_RANGE_PERSISTENT}} {
-				if f.set {
-					flags |= f.bit
-				}
-			}
-			if flags != 0 {
-				w.u32(unix.NFTA_MASQ_FLAGS, flags)
-			}
-		}
-		w.close(at)
+		w.masq(e)
 		return
 	case *expr.Reject:
-		at := data("reject")
-		w.u32(unix.NFTA_REJECT_TYPE, e.Type)
-		w.attr(unix.NFTA_REJECT_ICMP_CODE, []byte{e.Code})
-		w.close(at)
+		w.reject(e)
 		return
 	}
 	// Anything else is written by google/nftables itself.
@@ -393,5 +226,227 @@ func (w *wire) expr(fam byte, e expr.Any) {
 		w.fail(err)
 		return
 	}
+	elem := w.nest(unix.NFTA_LIST_ELEM)
 	w.b = append(w.b, b...)
+	w.close(elem)
+}
+
+// Each of the following writes one expression of its kind as a list
+// element. They take the expressions by pointer without keeping them, so
+// that a caller's expression can live on its stack.
+
+// exprBegin opens the list element and the data of an expression named
+// name; exprEnd closes both.
+func (w *wire) exprBegin(name string) (int, int) {
+	elem := w.nest(unix.NFTA_LIST_ELEM)
+	w.str(unix.NFTA_EXPR_NAME, name)
+	return elem, w.nest(unix.NFTA_EXPR_DATA)
+}
+
+func (w *wire) exprEnd(elem, data int) {
+	w.close(data)
+	w.close(elem)
+}
+
+func (w *wire) payload(e *expr.Payload) {
+	elem, at := w.exprBegin("payload")
+	w.u32(unix.NFTA_PAYLOAD_DREG, e.DestRegister)
+	w.u32(unix.NFTA_PAYLOAD_BASE, uint32(e.Base))
+	w.u32(unix.NFTA_PAYLOAD_OFFSET, e.Offset)
+	w.u32(unix.NFTA_PAYLOAD_LEN, e.Len)
+	w.exprEnd(elem, at)
+}
+
+func (w *wire) cmp(e *expr.Cmp) {
+	elem, at := w.exprBegin("cmp")
+	w.u32(unix.NFTA_CMP_SREG, e.Register)
+	w.u32(unix.NFTA_CMP_OP, uint32(e.Op))
+	w.value(unix.NFTA_CMP_DATA, e.Data)
+	w.exprEnd(elem, at)
+}
+
+func (w *wire) bitwise(e *expr.Bitwise) {
+	elem, at := w.exprBegin("bitwise")
+	w.u32(unix.NFTA_BITWISE_SREG, e.SourceRegister)
+	w.u32(unix.NFTA_BITWISE_DREG, e.DestRegister)
+	w.u32(unix.NFTA_BITWISE_LEN, e.Len)
+	w.value(unix.NFTA_BITWISE_MASK, e.Mask)
+	w.value(unix.NFTA_BITWISE_XOR, e.Xor)
+	w.exprEnd(elem, at)
+}
+
+func (w *wire) lookup(e *expr.Lookup) {
+	elem, at := w.exprBegin("lookup")
+	if e.SourceRegister != 0 {
+		w.u32(unix.NFTA_LOOKUP_SREG, e.SourceRegister)
+	}
+	if e.IsDestRegSet {
+		w.u32(unix.NFTA_LOOKUP_DREG, e.DestRegister)
+	}
+	if e.Invert {
+		w.u32(unix.NFTA_LOOKUP_FLAGS, unix.NFT_LOOKUP_F_INV)
+	}
+	w.str(unix.NFTA_LOOKUP_SET, e.SetName)
+	w.u32(unix.NFTA_LOOKUP_SET_ID, e.SetID)
+	w.exprEnd(elem, at)
+}
+
+func (w *wire) meta(e *expr.Meta) {
+	elem, at := w.exprBegin("meta")
+	w.u32(unix.NFTA_META_KEY, uint32(e.Key))
+	if e.SourceRegister {
+		w.u32(unix.NFTA_META_SREG, e.Register)
+	} else {
+		w.u32(unix.NFTA_META_DREG, e.Register)
+	}
+	w.exprEnd(elem, at)
+}
+
+func (w *wire) ct(e *expr.Ct) {
+	elem, at := w.exprBegin("ct")
+	w.u32(unix.NFTA_CT_KEY, uint32(e.Key))
+	if e.SourceRegister {
+		w.u32(unix.NFTA_CT_SREG, e.Register)
+	} else {
+		w.u32(unix.NFTA_CT_DREG, e.Register)
+	}
+	w.exprEnd(elem, at)
+}
+
+// flagBit is a flag bit and whether it is set.
+type flagBit struct {
+	set bool
+	bit uint32
+}
+
+// flagBits ors the bits that are set.
+func flagBits(bits ...flagBit) uint32 {
+	var v uint32
+	for _, b := range bits {
+		if b.set {
+			v |= b.bit
+		}
+	}
+	return v
+}
+
+func (w *wire) fib(e *expr.Fib) {
+	elem, at := w.exprBegin("fib")
+	w.u32(unix.NFTA_FIB_DREG, e.Register)
+	flags := flagBits(flagBit{e.FlagSADDR, unix.NFTA_FIB_F_SADDR}, flagBit{e.FlagDADDR, unix.NFTA_FIB_F_DADDR},
+		flagBit{e.FlagMARK, unix.NFTA_FIB_F_MARK}, flagBit{e.FlagIIF, unix.NFTA_FIB_F_IIF},
+		flagBit{e.FlagOIF, unix.NFTA_FIB_F_OIF}, flagBit{e.FlagPRESENT, unix.NFTA_FIB_F_PRESENT})
+	if flags != 0 {
+		w.u32(unix.NFTA_FIB_FLAGS, flags)
+	}
+	results := flagBits(flagBit{e.ResultOIF, unix.NFT_FIB_RESULT_OIF}, flagBit{e.ResultOIFNAME, unix.NFT_FIB_RESULT_OIFNAME},
+		flagBit{e.ResultADDRTYPE, unix.NFT_FIB_RESULT_ADDRTYPE})
+	if results != 0 {
+		w.u32(unix.NFTA_FIB_RESULT, results)
+	}
+	w.exprEnd(elem, at)
+}
+
+func (w *wire) hash(e *expr.Hash) {
+	elem, at := w.exprBegin("hash")
+	w.u32(unix.NFTA_HASH_SREG, e.SourceRegister)
+	w.u32(unix.NFTA_HASH_DREG, e.DestRegister)
+	w.u32(unix.NFTA_HASH_LEN, e.Length)
+	w.u32(unix.NFTA_HASH_MODULUS, e.Modulus)
+	if e.Seed != 0 {
+		w.u32(unix.NFTA_HASH_SEED, e.Seed)
+	}
+	w.u32(unix.NFTA_HASH_OFFSET, e.Offset)
+	w.u32(unix.NFTA_HASH_TYPE, uint32(e.Type))
+	w.exprEnd(elem, at)
+}
+
+func (w *wire) immediate(e *expr.Immediate) {
+	elem, at := w.exprBegin("immediate")
+	w.u32(unix.NFTA_IMMEDIATE_DREG, e.Register)
+	w.value(unix.NFTA_IMMEDIATE_DATA, e.Data)
+	w.exprEnd(elem, at)
+}
+
+func (w *wire) verdict(e *expr.Verdict) {
+	elem, at := w.exprBegin("immediate")
+	w.u32(unix.NFTA_IMMEDIATE_DREG, unix.NFT_REG_VERDICT)
+	imm := w.nest(unix.NFTA_IMMEDIATE_DATA)
+	v := w.nest(unix.NFTA_DATA_VERDICT)
+	w.u32(unix.NFTA_VERDICT_CODE, uint32(e.Kind))
+	if e.Chain != "" {
+		w.str(unix.NFTA_VERDICT_CHAIN, e.Chain)
+	}
+	w.close(v)
+	w.close(imm)
+	w.exprEnd(elem, at)
+}
+
+func (w *wire) nat(e *expr.NAT) {
+	elem, at := w.exprBegin("nat")
+	w.u32(unix.NFTA_NAT_TYPE, uint32(e.Type))
+	w.u32(unix.NFTA_NAT_FAMILY, e.Family)
+	if e.RegAddrMin != 0 {
+		w.u32(unix.NFTA_NAT_REG_ADDR_MIN, e.RegAddrMin)
+		if e.RegAddrMax != 0 {
+			w.u32(unix.NFTA_NAT_REG_ADDR_MAX, e.RegAddrMax)
+		}
+	}
+	if e.RegProtoMin != 0 {
+		w.u32(unix.NFTA_NAT_REG_PROTO_MIN, e.RegProtoMin)
+		if e.RegProtoMax != 0 {
+			w.u32(unix.NFTA_NAT_REG_PROTO_MAX, e.RegProtoMax)
+		}
+	}
+	flags := flagBits(flagBit{e.Random, expr.NF_NAT_RANGE_PROTO_RANDOM}, flagBit{e.FullyRandom, expr.NF_NAT_RANGE_PROTO_RANDOM_FULLY},
+		flagBit{e.Persistent, expr.NF_NAT_RANGE_PERSISTENT}, flagBit{e.Prefix, expr.NF_NAT_RANGE_PREFIX},
+		flagBit{e.Specified, expr.NF_NAT_RANGE_PROTO_SPECIFIED})
+	if flags != 0 {
+		w.u32(unix.NFTA_NAT_FLAGS, flags)
+	}
+	w.exprEnd(elem, at)
+}
+
+func (w *wire) dynset(e *expr.Dynset) {
+	elem, at := w.exprBegin("dynset")
+	w.u32(unix.NFTA_DYNSET_SREG_KEY, e.SrcRegKey)
+	if e.SrcRegData != 0 {
+		w.u32(unix.NFTA_DYNSET_SREG_DATA, e.SrcRegData)
+	}
+	w.u32(unix.NFTA_DYNSET_OP, e.Operation)
+	if e.Timeout != 0 {
+		w.u64(unix.NFTA_DYNSET_TIMEOUT, uint64(e.Timeout.Milliseconds()))
+	}
+	w.str(unix.NFTA_DYNSET_SET_NAME, e.SetName)
+	w.u32(unix.NFTA_DYNSET_SET_ID, e.SetID)
+	var flags uint32
+	if e.Invert {
+		flags |= unix.NFT_DYNSET_F_INV
+	}
+	w.u32(unix.NFTA_DYNSET_FLAGS, flags)
+	w.exprEnd(elem, at)
+}
+
+func (w *wire) masq(e *expr.Masq) {
+	elem, at := w.exprBegin("masq")
+	if e.ToPorts {
+		w.u32(unix.NFTA_MASQ_REG_PROTO_MIN, e.RegProtoMin)
+		if e.RegProtoMax != 0 {
+			w.u32(unix.NFTA_MASQ_REG_PROTO_MAX, e.RegProtoMax)
+		}
+	} else {
+		flags := flagBits(flagBit{e.Random, expr.NF_NAT_RANGE_PROTO_RANDOM}, flagBit{e.FullyRandom, expr.NF_NAT_RANGE_PROTO_RANDOM_FULLY},
+			flagBit{e.Persistent, expr.NF_NAT_RANGE_PERSISTENT})
+		if flags != 0 {
+			w.u32(unix.NFTA_MASQ_FLAGS, flags)
+		}
+	}
+	w.exprEnd(elem, at)
+}
+
+func (w *wire) reject(e *expr.Reject) {
+	elem, at := w.exprBegin("reject")
+	w.u32(unix.NFTA_REJECT_TYPE, e.Type)
+	w.attr(unix.NFTA_REJECT_ICMP_CODE, []byte{e.Code})
+	w.exprEnd(elem, at)
 }
