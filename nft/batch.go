@@ -95,17 +95,15 @@ func (e *BatchError) Error() string {
 	return "nf_tables refused the batch, nothing was changed: " + msg
 }
 
-// send transmits a batch and waits for the kernel's verdict.
-func (b *batchConn) send(w *wire) error {
+// send transmits a batch and waits for the kernel's verdict. describe,
+// called only when the kernel refused messages, returns a note on each
+// message of the batch, for the error.
+func (b *batchConn) send(w *wire, describe func() []note) error {
 	if w.count == 0 {
 		return nil
 	}
 	if w.err != nil {
 		return fmt.Errorf("encode nf_tables batch: %w", w.err)
-	}
-	what := w.notes
-	if len(what) != w.count {
-		what = nil // descriptions are a courtesy; never mislabel a failure
 	}
 	// Sequence numbers only tell this batch's answers from those of an
 	// earlier one that timed out.
@@ -122,7 +120,15 @@ func (b *batchConn) send(w *wire) error {
 	if err := b.write(w.b); err != nil {
 		return fmt.Errorf("send nf_tables batch of %d messages (%d bytes): %w", w.count, len(w.b), err)
 	}
-	describe := func(seq uint32) string {
+	var what []note
+	described := false
+	name := func(seq uint32) string {
+		if !described && describe != nil {
+			described = true
+			if what = describe(); len(what) != w.count {
+				what = nil // descriptions are a courtesy; never mislabel a failure
+			}
+		}
 		if i := int(seq - first); what != nil && i >= 0 && i < len(what) {
 			return what[i].String()
 		}
@@ -144,7 +150,7 @@ func (b *batchConn) send(w *wire) error {
 			if oe.Message != "" {
 				reason += " (" + oe.Message + ")"
 			}
-			failures = append(failures, describe(oe.Sequence)+": "+reason)
+			failures = append(failures, name(oe.Sequence)+": "+reason)
 			if oe.Sequence == last {
 				break
 			}

@@ -137,8 +137,10 @@ func newEncoder(w *wire, rec *recorder, name string, f Family) *encoder {
 }
 
 func (e *encoder) note(n note) {
-	n.f, n.table = e.f, e.table.Name
-	e.w.notes = append(e.w.notes, n)
+	if e.w.describe {
+		n.f, n.table = e.f, e.table.Name
+		e.w.notes = append(e.w.notes, n)
+	}
 }
 
 func (e *encoder) fail(err error) {
@@ -424,8 +426,9 @@ func (e *encoder) body(o *familyOps) {
 }
 
 // encodeBatch encodes the operations of every table of ts, and the
-// deletion of the tables in drop, into one batch.
-func encodeBatch(ts *tableSet, ds []*differ, drop []tableRef) (*wire, error) {
+// deletion of the tables in drop, into one batch; with a note on every
+// message when describe is set.
+func encodeBatch(ts *tableSet, ds []*differ, drop []tableRef, describe bool) (*wire, error) {
 	rec, err := newRecorder()
 	if err != nil {
 		return nil, err
@@ -435,7 +438,7 @@ func encodeBatch(ts *tableSet, ds []*differ, drop []tableRef) (*wire, error) {
 		b, n := d.ops.estimate()
 		size, count = size+b, count+n
 	}
-	w := newWire(size, count)
+	w := newWire(size, count, describe)
 	encs := make([]*encoder, len(ds))
 	heads := false
 	for slot, d := range ds {
@@ -467,7 +470,9 @@ func encodeBatch(ts *tableSet, ds []*differ, drop []tableRef) (*wire, error) {
 	}
 	for _, t := range drop {
 		rec.conn.DelTable(&nftables.Table{Name: t.name, Family: nftFamily(t.f)})
-		w.notes = append(w.notes, note{op: noteDelTable, f: t.f, table: t.name})
+		if describe {
+			w.notes = append(w.notes, note{op: noteDelTable, f: t.f, table: t.name})
+		}
 	}
 	if len(drop) > 0 {
 		msgs, err := rec.take()

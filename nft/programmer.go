@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"hash/fnv"
 	"runtime"
+	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -590,12 +592,21 @@ func planPartial(cfg *Config, ts *tableSet, state []*tableState, book *claimBook
 // tables in drop, into one batch and sends it. It returns the number of
 // messages and how long the kernel took to answer.
 func (p *Programmer) commit(ds []*differ, drop []tableRef) (int, time.Duration, error) {
-	w, err := encodeBatch(p.tables, ds, drop)
+	w, err := encodeBatch(p.tables, ds, drop, false)
 	if err != nil {
 		return 0, 0, err
 	}
+	// A refused batch is encoded again, with notes, to name the messages
+	// the kernel refused: the encoding is deterministic.
+	describe := func() []note {
+		d, err := encodeBatch(p.tables, ds, drop, true)
+		if err != nil {
+			return nil
+		}
+		return d.notes
+	}
 	start := time.Now()
-	err = p.batch.send(w)
+	err = p.batch.send(w, describe)
 	return w.count, time.Since(start), err
 }
 
@@ -625,11 +636,11 @@ func Cleanup(table string, opts Options) error {
 			}
 		}
 	}
-	w, err := encodeBatch(&tableSet{}, nil, drop)
+	w, err := encodeBatch(&tableSet{}, nil, drop, true)
 	if err != nil {
 		return err
 	}
-	return b.send(w)
+	return b.send(w, func() []note { return w.notes })
 }
 
 func familyIndex(f Family) int {
@@ -696,26 +707,23 @@ func conflicts(fe famElem, cs claimSet) []string {
 // sortOps makes batches deterministic, which keeps them comparable in tests
 // and logs.
 func sortOps(ds []*differ) {
+	byName := func(a, b chainPlan) int { return strings.Compare(a.chain.Name, b.chain.Name) }
+	elems := func(a, b Element) int {
+		if c := strings.Compare(a.Map, b.Map); c != 0 {
+			return c
+		}
+		return a.Key.compare(b.Key)
+	}
 	for _, d := range ds {
 		o := &d.ops
-		sort.Slice(o.addChains, func(i, j int) bool { return o.addChains[i].chain.Name < o.addChains[j].chain.Name })
-		sort.Slice(o.rewriteChains, func(i, j int) bool {
-			return o.rewriteChains[i].chain.Name < o.rewriteChains[j].chain.Name
-		})
-		sort.Strings(o.flushChains)
-		sort.Strings(o.delChains)
-		sort.Strings(o.delSets)
-		sort.Slice(o.addSets, func(i, j int) bool { return o.addSets[i].Name < o.addSets[j].Name })
-		less := func(s []Element) func(i, j int) bool {
-			return func(i, j int) bool {
-				if s[i].Map != s[j].Map {
-					return s[i].Map < s[j].Map
-				}
-				return s[i].Key.compare(s[j].Key) < 0
-			}
-		}
-		sort.Slice(o.addElems, less(o.addElems))
-		sort.Slice(o.delElems, less(o.delElems))
+		slices.SortFunc(o.addChains, byName)
+		slices.SortFunc(o.rewriteChains, byName)
+		slices.Sort(o.flushChains)
+		slices.Sort(o.delChains)
+		slices.Sort(o.delSets)
+		slices.SortFunc(o.addSets, func(a, b *Set) int { return strings.Compare(a.Name, b.Name) })
+		slices.SortFunc(o.addElems, elems)
+		slices.SortFunc(o.delElems, elems)
 	}
 }
 

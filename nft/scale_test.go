@@ -278,7 +278,7 @@ func planChange(tb testing.TB, cfg *Config, ts *tableSet, state []*tableState, o
 
 // encodeOps encodes every table's operations as Programmer.commit does.
 func encodeOps(tb testing.TB, ts *tableSet, ds []*differ) *wire {
-	w, err := encodeBatch(ts, ds, nil)
+	w, err := encodeBatch(ts, ds, nil, false)
 	if err != nil {
 		tb.Fatal(err)
 	}

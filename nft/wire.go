@@ -25,9 +25,13 @@ type wire struct {
 	b []byte
 	// count of messages, and the offset of the last one.
 	count, last int
-	// notes describe the messages, one each, for error reports.
-	notes []note
-	err   error
+	// notes describe the messages, one each, for error reports, when
+	// describe is set. A batch is described only once the kernel refused
+	// it: at the size of a cold sync the notes would be garbage by the ten
+	// thousand, for nothing.
+	notes    []note
+	describe bool
+	err      error
 }
 
 const (
@@ -37,9 +41,13 @@ const (
 	maxAttrLen = 0xffff
 )
 
-// newWire starts a batch of about size bytes and count messages.
-func newWire(size, count int) *wire {
-	w := &wire{b: make([]byte, 0, size), notes: make([]note, 0, count)}
+// newWire starts a batch of about size bytes and count messages, with
+// notes when describe is set.
+func newWire(size, count int, describe bool) *wire {
+	w := &wire{b: make([]byte, 0, size), describe: describe}
+	if describe {
+		w.notes = make([]note, 0, count)
+	}
 	w.marker(unix.NFNL_MSG_BATCH_BEGIN)
 	return w
 }
