@@ -46,16 +46,16 @@ func dialBatch(netnsFD int) (*batchConn, error) {
 
 func (b *batchConn) Close() error { return b.nl.Close() }
 
-// write sends one datagram to the kernel. The kernel processes a batch
-// inside this call.
-func (b *batchConn) write(p []byte) error {
+// write sends the buffers as one datagram to the kernel. The kernel
+// processes a batch inside this call.
+func (b *batchConn) write(bufs [][]byte) error {
 	rc, err := b.nl.SyscallConn()
 	if err != nil {
 		return err
 	}
 	var serr error
 	err = rc.Write(func(fd uintptr) bool {
-		serr = unix.Sendto(int(fd), p, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK})
+		_, serr = unix.SendmsgBuffers(int(fd), bufs, nil, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}, 0)
 		return serr != unix.EAGAIN
 	})
 	if err != nil {
@@ -98,34 +98,33 @@ func (e *BatchError) Error() string {
 // send transmits a batch and waits for the kernel's verdict. describe,
 // called only when the kernel refused messages, returns a note on each
 // message of the batch, for the error.
-func (b *batchConn) send(w *wire, describe func() []note) error {
-	if w.count == 0 {
+func (b *batchConn) send(bt *batch, describe func() []note) error {
+	count := bt.count()
+	if count == 0 {
 		return nil
-	}
-	if w.err != nil {
-		return fmt.Errorf("encode nf_tables batch: %w", w.err)
 	}
 	// Sequence numbers only tell this batch's answers from those of an
 	// earlier one that timed out.
-	first, last := w.seal(b.seq+1, b.nl.PID())
+	first, last, bufs := bt.seal(b.seq+1, b.nl.PID())
 	b.seq = last + 1
 	// The whole batch is one datagram, which the socket's send buffer
 	// must hold.
-	if want := len(w.b) + 64<<10; want > b.sndbuf {
+	size := bt.size()
+	if want := size + 64<<10; want > b.sndbuf {
 		if err := b.forceBuffer(unix.SO_SNDBUFFORCE, want); err != nil {
 			return err
 		}
 		b.sndbuf = want
 	}
-	if err := b.write(w.b); err != nil {
-		return fmt.Errorf("send nf_tables batch of %d messages (%d bytes): %w", w.count, len(w.b), err)
+	if err := b.write(bufs); err != nil {
+		return fmt.Errorf("send nf_tables batch of %d messages (%d bytes): %w", count, size, err)
 	}
 	var what []note
 	described := false
 	name := func(seq uint32) string {
 		if !described && describe != nil {
 			described = true
-			if what = describe(); len(what) != w.count {
+			if what = describe(); len(what) != count {
 				what = nil // descriptions are a courtesy; never mislabel a failure
 			}
 		}
@@ -158,9 +157,9 @@ func (b *batchConn) send(w *wire, describe func() []note) error {
 		}
 		if err != nil {
 			if errors.Is(err, syscall.ENOBUFS) {
-				return fmt.Errorf("nf_tables batch of %d messages: kernel replies overflowed the socket: %w", w.count, err)
+				return fmt.Errorf("nf_tables batch of %d messages: kernel replies overflowed the socket: %w", count, err)
 			}
-			return fmt.Errorf("nf_tables batch of %d messages: waiting for the kernel's answer: %w", w.count, err)
+			return fmt.Errorf("nf_tables batch of %d messages: waiting for the kernel's answer: %w", count, err)
 		}
 		done := false
 		for _, r := range replies {

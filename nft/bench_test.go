@@ -123,7 +123,7 @@ func BenchmarkPlanCold(b *testing.B) {
 			cpu := cpuTime()
 			for range b.N {
 				_, m := planCold(b, &cfg, c.Services)
-				msgs = m.count
+				msgs = m.count()
 			}
 			b.ReportMetric(float64(cpuTime()-cpu)/float64(time.Millisecond)/float64(b.N), "cpu-ms/op")
 			b.ReportMetric(float64(msgs), "msgs/op")
@@ -162,7 +162,7 @@ func BenchmarkPlanEndpointChange(b *testing.B) {
 					state[f].apply(&ds[f].ops)
 				}
 				current[k] = svc
-				msgs += m.count
+				msgs += m.count()
 			}
 			b.ReportMetric(float64(msgs)/float64(b.N), "msgs/op")
 		})
@@ -490,10 +490,10 @@ func TestScaleCluster(t *testing.T) {
 	if got != c.Want {
 		t.Fatalf("planned %+v, want %+v", got, c.Want)
 	}
-	if msgs.count == 0 {
+	if msgs.count() == 0 {
 		t.Fatal("cold plan encoded no messages")
 	}
-	t.Logf("2000 Services: %+v, %d messages", got, msgs.count)
+	t.Logf("2000 Services: %+v, %d messages", got, msgs.count())
 }
 
 // TestScaleColdAndPartial programs a mid-size cluster into a namespace,

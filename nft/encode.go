@@ -3,6 +3,9 @@ package nft
 import (
 	"encoding/binary"
 	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -425,26 +428,55 @@ func (e *encoder) body(o *familyOps) {
 	e.fail(e.w.err)
 }
 
+// batch is a batch being built: its first part holds its beginning, the
+// tables and their new sets; then one part per table, encoded in parallel.
+// It is sent as one datagram.
+type batch struct {
+	parts []*wire
+}
+
+func (bt *batch) count() int {
+	n := 0
+	for _, w := range bt.parts {
+		n += w.count
+	}
+	return n
+}
+
+func (bt *batch) size() int {
+	n := 0
+	for _, w := range bt.parts {
+		n += len(w.b)
+	}
+	return n
+}
+
+// notes describe the batch's messages in order, when it was encoded with
+// describe.
+func (bt *batch) notes() []note {
+	var out []note
+	for _, w := range bt.parts {
+		out = append(out, w.notes...)
+	}
+	return out
+}
+
 // encodeBatch encodes the operations of every table of ts, and the
 // deletion of the tables in drop, into one batch; with a note on every
 // message when describe is set.
-func encodeBatch(ts *tableSet, ds []*differ, drop []tableRef, describe bool) (*wire, error) {
-	rec, err := newRecorder()
+func encodeBatch(ts *tableSet, ds []*differ, drop []tableRef, describe bool) (*batch, error) {
+	rec, err := newRecorder(new(uint32))
 	if err != nil {
 		return nil, err
 	}
-	size, count := 0, 0
-	for _, d := range ds {
-		b, n := d.ops.estimate()
-		size, count = size+b, count+n
-	}
-	w := newWire(size, count, describe)
+	head := newWire(4096, 64, describe)
+	head.marker(unix.NFNL_MSG_BATCH_BEGIN)
 	encs := make([]*encoder, len(ds))
 	heads := false
 	for slot, d := range ds {
 		if !d.ops.empty() {
 			ref := ts.refs[slot]
-			encs[slot] = newEncoder(w, rec, ref.name, ref.f)
+			encs[slot] = newEncoder(head, rec, ref.name, ref.f)
 			encs[slot].head(&d.ops)
 			heads = heads || d.ops.createTable || len(d.ops.addSets) > 0
 		}
@@ -455,38 +487,83 @@ func encodeBatch(ts *tableSet, ds []*differ, drop []tableRef, describe bool) (*w
 			return nil, err
 		}
 		for _, m := range msgs {
-			w.message(m)
+			head.message(m)
 		}
 	}
-	for slot, e := range encs {
-		if e == nil {
-			continue
-		}
-		e.body(&ds[slot].ops)
-		if e.err != nil {
+	// Each table's body is a part of its own, encoded on any CPU. Those
+	// that need google/nftables (recreated and deleted sets) get a
+	// recorder per worker; set IDs stay unique in the batch.
+	bodies := make([]*wire, len(ds))
+	errs := make([]error, len(ds))
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(runtime.GOMAXPROCS(0), len(ds)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var wrec *recorder
+			for {
+				slot := int(next.Add(1)) - 1
+				if slot >= len(ds) {
+					return
+				}
+				e := encs[slot]
+				if e == nil {
+					continue
+				}
+				o := &ds[slot].ops
+				size, count := o.estimate()
+				e.w = newWire(size, count, describe)
+				if len(o.recreateSets) > 0 || len(o.delSets) > 0 {
+					if wrec == nil {
+						r, err := newRecorder(rec.lastID)
+						if err != nil {
+							errs[slot] = err
+							continue
+						}
+						wrec = r
+					}
+					e.rec = wrec
+				}
+				e.body(o)
+				bodies[slot], errs[slot] = e.w, e.err
+			}
+		}()
+	}
+	wg.Wait()
+	bt := &batch{parts: []*wire{head}}
+	for slot, w := range bodies {
+		if errs[slot] != nil {
 			ref := ts.refs[slot]
-			return nil, fmt.Errorf("encode %s %s table: %w", ref.f, ref.name, e.err)
+			return nil, fmt.Errorf("encode %s %s table: %w", ref.f, ref.name, errs[slot])
 		}
-	}
-	for _, t := range drop {
-		rec.conn.DelTable(&nftables.Table{Name: t.name, Family: nftFamily(t.f)})
-		if describe {
-			w.notes = append(w.notes, note{op: noteDelTable, f: t.f, table: t.name})
+		if w != nil && w.count > 0 {
+			bt.parts = append(bt.parts, w)
 		}
 	}
 	if len(drop) > 0 {
+		tail := newWire(1024, len(drop), describe)
+		for _, t := range drop {
+			rec.conn.DelTable(&nftables.Table{Name: t.name, Family: nftFamily(t.f)})
+			if describe {
+				tail.notes = append(tail.notes, note{op: noteDelTable, f: t.f, table: t.name})
+			}
+		}
 		msgs, err := rec.take()
 		if err != nil {
 			return nil, err
 		}
 		for _, m := range msgs {
-			w.message(m)
+			tail.message(m)
+		}
+		bt.parts = append(bt.parts, tail)
+	}
+	for _, w := range bt.parts {
+		if w.err != nil {
+			return nil, fmt.Errorf("encode ruleset: %w", w.err)
 		}
 	}
-	if w.err != nil {
-		return nil, fmt.Errorf("encode ruleset: %w", w.err)
-	}
-	return w, nil
+	return bt, nil
 }
 
 // recorder is a google/nftables Conn whose transport only records the
@@ -495,19 +572,19 @@ func encodeBatch(ts *tableSet, ds []*differ, drop []tableRef, describe bool) (*w
 type recorder struct {
 	conn   *nftables.Conn
 	msgs   []netlink.Message
-	lastID uint32
+	lastID *uint32 // shared by the recorders of one batch
 }
 
 // setID numbers the sets a batch creates, by which the kernel finds them
 // within the batch. nftgate numbers them itself: google/nftables counts in
 // a package variable that concurrent batches would share unguarded.
 func (r *recorder) setID() uint32 {
-	r.lastID++
-	return r.lastID
+	return atomic.AddUint32(r.lastID, 1)
 }
 
-func newRecorder() (*recorder, error) {
-	r := &recorder{}
+// newRecorder makes a recorder numbering sets with lastID.
+func newRecorder(lastID *uint32) (*recorder, error) {
+	r := &recorder{lastID: lastID}
 	ack := []netlink.Message{{Header: netlink.Header{Type: netlink.Error}, Data: make([]byte, 4)}}
 	conn, err := nftables.New(nftables.WithTestDial(func(req []netlink.Message) ([]netlink.Message, error) {
 		if req == nil {

@@ -124,20 +124,31 @@ func (o *familyOps) empty() bool {
 }
 
 // estimate is about the size in bytes of the batch carrying the
-// operations, and the number of its messages, so that the batch is made
-// large enough at once.
+// operations (rather more than less: a buffer that must grow copies
+// itself), and the number of its messages.
 func (o *familyOps) estimate() (size, messages int) {
-	rules := 0
-	for _, c := range o.addChains {
-		rules += len(c.chain.Rules)
+	// A rule of nftgate's is up to about 480 bytes of expressions, plus
+	// its chain's name, twice for a jump or goto.
+	chains := func(cs []chainPlan) {
+		for _, c := range cs {
+			size += 128 + len(c.chain.Name) + len(c.chain.Rules)*(480+2*len(c.chain.Name))
+			messages += 1 + len(c.chain.Rules)
+		}
 	}
-	for _, c := range o.rewriteChains {
-		rules += len(c.chain.Rules)
+	chains(o.addChains)
+	chains(o.rewriteChains)
+	for _, els := range [][]Element{o.addElems, o.delElems} {
+		for i := range els {
+			size += 40 // an address pair, or an address, protocol and port
+			if els[i].Verdict.Kind != 0 {
+				size += 28 + len(els[i].Verdict.Chain)
+			}
+		}
+		messages += len(els)/elementsPerMessage + 4
 	}
-	elems := len(o.addElems) + len(o.delElems)
-	messages = 1 + len(o.addSets) + 2*len(o.recreateSets) + len(o.addChains) + 2*len(o.rewriteChains) + rules +
-		2*len(o.delChains) + len(o.delSets) + elems/elementsPerMessage + 8
-	return 512*rules + 160*(len(o.addChains)+len(o.rewriteChains)+len(o.delChains)) + 80*elems + 512*messages/64 + 4096, messages
+	names := len(o.flushChains) + len(o.delChains) + len(o.delSets)
+	messages += names + len(o.addSets) + 2*len(o.recreateSets) + 1
+	return size + 128*names + 512, messages
 }
 
 // Counts of what a sync changed, for logs and metrics.

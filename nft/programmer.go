@@ -81,8 +81,13 @@ type claimBook struct {
 	plain map[famElem]int32
 }
 
-func newClaimBook() *claimBook {
-	return &claimBook{verdicts: map[famElem]*claimSet{}, plain: map[famElem]int32{}}
+func newClaimBook() *claimBook { return newClaimBookSized(0) }
+
+// newClaimBookSized makes a book for about n Services: most have a
+// ClusterIP and a verdict for it, and growing the maps a cold sync fills
+// costs more than filling them.
+func newClaimBookSized(n int) *claimBook {
+	return &claimBook{verdicts: make(map[famElem]*claimSet, n), plain: make(map[famElem]int32, n)}
 }
 
 // conflicts lists every element claimed by Services that disagree.
@@ -268,7 +273,7 @@ func (p *Programmer) Full(services map[model.ServiceKey]*model.Service) (Result,
 // the skeleton and every Service, and nothing else. It is pure: observed is
 // what the kernel holds, per table of ts (an empty state for a cold start).
 func planFull(cfg *Config, ts *tableSet, observed []*tableState, services map[model.ServiceKey]*model.Service) ([]*differ, *claimBook, []string) {
-	book := newClaimBook()
+	book := newClaimBookSized(len(services))
 	claims := book.verdicts
 	keys := make([]model.ServiceKey, 0, len(services))
 	for k := range services {
@@ -603,11 +608,11 @@ func (p *Programmer) commit(ds []*differ, drop []tableRef) (int, time.Duration, 
 		if err != nil {
 			return nil
 		}
-		return d.notes
+		return d.notes()
 	}
 	start := time.Now()
 	err = p.batch.send(w, describe)
-	return w.count, time.Since(start), err
+	return w.count(), time.Since(start), err
 }
 
 // Cleanup deletes nftgate's tables (the main table and every service
@@ -640,7 +645,7 @@ func Cleanup(table string, opts Options) error {
 	if err != nil {
 		return err
 	}
-	return b.send(w, func() []note { return w.notes })
+	return b.send(w, w.notes)
 }
 
 func familyIndex(f Family) int {

@@ -258,7 +258,7 @@ func checkKernel(tb testing.TB, ns string, cfg Config, want scaleExpect) {
 
 // planCold is the user-space half of a cold Full sync, without a kernel:
 // render every Service, diff against empty tables, encode the batch.
-func planCold(tb testing.TB, cfg *Config, services map[model.ServiceKey]*model.Service) ([]*differ, *wire) {
+func planCold(tb testing.TB, cfg *Config, services map[model.ServiceKey]*model.Service) ([]*differ, *batch) {
 	ts := newTableSet(cfg)
 	empty := make([]*tableState, len(ts.refs))
 	for i := range empty {
@@ -270,14 +270,14 @@ func planCold(tb testing.TB, cfg *Config, services map[model.ServiceKey]*model.S
 
 // planChange is the user-space half of a Partial sync of one changed
 // Service against state: render old and new, diff, encode.
-func planChange(tb testing.TB, cfg *Config, ts *tableSet, state []*tableState, old, svc *model.Service) ([]*differ, *wire) {
+func planChange(tb testing.TB, cfg *Config, ts *tableSet, state []*tableState, old, svc *model.Service) ([]*differ, *batch) {
 	programmed := map[model.ServiceKey]*model.Service{old.Key: old}
 	ds, _, _ := planPartial(cfg, ts, state, newClaimBook(), programmed, map[model.ServiceKey]*model.Service{svc.Key: svc})
 	return ds, encodeOps(tb, ts, ds)
 }
 
 // encodeOps encodes every table's operations as Programmer.commit does.
-func encodeOps(tb testing.TB, ts *tableSet, ds []*differ) *wire {
+func encodeOps(tb testing.TB, ts *tableSet, ds []*differ) *batch {
 	w, err := encodeBatch(ts, ds, nil, false)
 	if err != nil {
 		tb.Fatal(err)

@@ -41,14 +41,13 @@ const (
 	maxAttrLen = 0xffff
 )
 
-// newWire starts a batch of about size bytes and count messages, with
-// notes when describe is set.
+// newWire starts a part of a batch of about size bytes and count
+// messages, with notes when describe is set.
 func newWire(size, count int, describe bool) *wire {
-	w := &wire{b: make([]byte, 0, size), describe: describe}
+	w := &wire{b: make([]byte, 0, size), describe: describe, last: -1}
 	if describe {
 		w.notes = make([]note, 0, count)
 	}
-	w.marker(unix.NFNL_MSG_BATCH_BEGIN)
 	return w
 }
 
@@ -64,19 +63,29 @@ func (w *wire) marker(typ uint16) {
 // seal ends the batch: the last message asks for the acknowledgement, and
 // every message gets its sequence number, from first on, and the port ID.
 // It returns the sequence numbers of the first and the last message after
-// the batch's beginning.
-func (w *wire) seal(first, pid uint32) (uint32, uint32) {
-	flags := binary.NativeEndian.Uint16(w.b[w.last+6:])
-	binary.NativeEndian.PutUint16(w.b[w.last+6:], flags|uint16(netlink.Acknowledge))
-	w.marker(unix.NFNL_MSG_BATCH_END)
-	seq := first - 1 // the batch's beginning
-	for off := 0; off < len(w.b); {
-		binary.NativeEndian.PutUint32(w.b[off+8:], seq)
-		binary.NativeEndian.PutUint32(w.b[off+12:], pid)
-		seq++
-		off += int(binary.NativeEndian.Uint32(w.b[off:]))
+// the batch's beginning, and the parts to send.
+func (bt *batch) seal(first, pid uint32) (uint32, uint32, [][]byte) {
+	for i := len(bt.parts) - 1; i >= 0; i-- {
+		if w := bt.parts[i]; w.last >= 0 {
+			flags := binary.NativeEndian.Uint16(w.b[w.last+6:])
+			binary.NativeEndian.PutUint16(w.b[w.last+6:], flags|uint16(netlink.Acknowledge))
+			break
+		}
 	}
-	return first, first + uint32(w.count) - 1
+	tail := bt.parts[len(bt.parts)-1]
+	tail.marker(unix.NFNL_MSG_BATCH_END)
+	seq := first - 1 // the batch's beginning
+	bufs := make([][]byte, 0, len(bt.parts))
+	for _, w := range bt.parts {
+		for off := 0; off < len(w.b); {
+			binary.NativeEndian.PutUint32(w.b[off+8:], seq)
+			binary.NativeEndian.PutUint32(w.b[off+12:], pid)
+			seq++
+			off += int(binary.NativeEndian.Uint32(w.b[off:]))
+		}
+		bufs = append(bufs, w.b)
+	}
+	return first, first + uint32(bt.count()) - 1, bufs
 }
 
 func (w *wire) fail(err error) {
