@@ -13,9 +13,9 @@ import (
 
 // batchConn sends nf_tables batches over a netlink socket of its own.
 //
-// google/nftables builds the messages; nftgate sends them itself because
-// google/nftables asks the kernel for an acknowledgement and an echo of every
-// message, and reads them back one receive at a time: at the size of a cold
+// The messages are built in wire.go and encode.go; nftgate sends them itself
+// because google/nftables asks the kernel for an acknowledgement and an echo
+// of every message, and reads them back one receive at a time: at the size of a cold
 // start (hundreds of thousands of messages) the acknowledgements alone
 // overflow any receive buffer (ENOBUFS, google/nftables #103, #350) and the
 // reads dominate the sync. Here only the last message asks for an
