@@ -124,6 +124,7 @@ func BenchmarkPlanCold(b *testing.B) {
 			for range b.N {
 				_, m := planCold(b, &cfg, c.Services)
 				msgs = m.count()
+				m.release()
 			}
 			b.ReportMetric(float64(cpuTime()-cpu)/float64(time.Millisecond)/float64(b.N), "cpu-ms/op")
 			b.ReportMetric(float64(msgs), "msgs/op")

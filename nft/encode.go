@@ -433,6 +433,31 @@ func (e *encoder) body(o *familyOps) {
 // It is sent as one datagram.
 type batch struct {
 	parts []*wire
+	arena []byte // mapped memory the parts are in, if any
+}
+
+// arenaThreshold is the size of a batch above which its parts are placed
+// in memory mapped for it rather than on the Go heap. A cold sync's batch is
+// tens of megabytes of bytes for the kernel: on the heap it would bring the
+// next collection forward, which then scans everything the sync holds, for
+// memory that holds no pointers and is freed right after sending.
+const arenaThreshold = 4 << 20
+
+func newArena(size int) []byte {
+	b, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return nil // the parts go on the heap
+	}
+	return b
+}
+
+// release returns the batch's mapped memory; the batch must not be used
+// afterwards.
+func (bt *batch) release() {
+	if bt.arena != nil {
+		_ = unix.Munmap(bt.arena)
+		bt.arena, bt.parts = nil, nil
+	}
 }
 
 func (bt *batch) count() int {
@@ -495,6 +520,24 @@ func encodeBatch(ts *tableSet, ds []*differ, drop []tableRef, describe bool) (*b
 	// recorder per worker; set IDs stay unique in the batch.
 	bodies := make([]*wire, len(ds))
 	errs := make([]error, len(ds))
+	sizes, counts := make([]int, len(ds)), make([]int, len(ds))
+	total := 0
+	for slot, e := range encs {
+		if e != nil {
+			sizes[slot], counts[slot] = ds[slot].ops.estimate()
+			total += sizes[slot]
+		}
+	}
+	bt := &batch{parts: []*wire{head}}
+	offsets := make([]int, len(ds))
+	if total >= arenaThreshold {
+		bt.arena = newArena(total)
+		off := 0
+		for slot := range ds {
+			offsets[slot] = off
+			off += sizes[slot]
+		}
+	}
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	for range min(runtime.GOMAXPROCS(0), len(ds)) {
@@ -512,8 +555,12 @@ func encodeBatch(ts *tableSet, ds []*differ, drop []tableRef, describe bool) (*b
 					continue
 				}
 				o := &ds[slot].ops
-				size, count := o.estimate()
-				e.w = newWire(size, count, describe)
+				if bt.arena != nil {
+					off := offsets[slot]
+					e.w = newWireIn(bt.arena[off:off:off+sizes[slot]], counts[slot], describe)
+				} else {
+					e.w = newWire(sizes[slot], counts[slot], describe)
+				}
 				if len(o.recreateSets) > 0 || len(o.delSets) > 0 {
 					if wrec == nil {
 						r, err := newRecorder(rec.lastID)
@@ -531,9 +578,9 @@ func encodeBatch(ts *tableSet, ds []*differ, drop []tableRef, describe bool) (*b
 		}()
 	}
 	wg.Wait()
-	bt := &batch{parts: []*wire{head}}
 	for slot, w := range bodies {
 		if errs[slot] != nil {
+			bt.release()
 			ref := ts.refs[slot]
 			return nil, fmt.Errorf("encode %s %s table: %w", ref.f, ref.name, errs[slot])
 		}
@@ -551,6 +598,7 @@ func encodeBatch(ts *tableSet, ds []*differ, drop []tableRef, describe bool) (*b
 		}
 		msgs, err := rec.take()
 		if err != nil {
+			bt.release()
 			return nil, err
 		}
 		for _, m := range msgs {
@@ -560,6 +608,7 @@ func encodeBatch(ts *tableSet, ds []*differ, drop []tableRef, describe bool) (*b
 	}
 	for _, w := range bt.parts {
 		if w.err != nil {
+			bt.release()
 			return nil, fmt.Errorf("encode ruleset: %w", w.err)
 		}
 	}

@@ -601,6 +601,7 @@ func (p *Programmer) commit(ds []*differ, drop []tableRef) (int, time.Duration, 
 	if err != nil {
 		return 0, 0, err
 	}
+	defer w.release()
 	// A refused batch is encoded again, with notes, to name the messages
 	// the kernel refused: the encoding is deterministic.
 	describe := func() []note {

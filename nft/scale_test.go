@@ -282,5 +282,6 @@ func encodeOps(tb testing.TB, ts *tableSet, ds []*differ) *batch {
 	if err != nil {
 		tb.Fatal(err)
 	}
+	tb.Cleanup(w.release)
 	return w
 }

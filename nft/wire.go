@@ -44,7 +44,12 @@ const (
 // newWire starts a part of a batch of about size bytes and count
 // messages, with notes when describe is set.
 func newWire(size, count int, describe bool) *wire {
-	w := &wire{b: make([]byte, 0, size), describe: describe, last: -1}
+	return newWireIn(make([]byte, 0, size), count, describe)
+}
+
+// newWireIn starts a part of a batch in buffer b.
+func newWireIn(b []byte, count int, describe bool) *wire {
+	w := &wire{b: b, describe: describe, last: -1}
 	if describe {
 		w.notes = make([]note, 0, count)
 	}

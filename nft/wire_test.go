@@ -360,3 +360,21 @@ func TestRuleTextFormats(t *testing.T) {
 		}
 	}
 }
+
+// TestWireMatchesGoogleNftablesAtScale compares a batch large enough to be
+// placed in mapped memory, parts written in parallel, with google/nftables.
+func TestWireMatchesGoogleNftablesAtScale(t *testing.T) {
+	cfg := scaleConfig()
+	c := newScaleCluster(2_000, scaleEndpoints)
+	ts := newTableSet(&cfg)
+	empty := make([]*tableState, len(ts.refs))
+	for i := range empty {
+		empty[i] = newTableState()
+	}
+	ds, _, _ := planFull(&cfg, ts, empty, c.Services)
+	bt := encodeOps(t, ts, ds)
+	if bt.arena == nil {
+		t.Fatalf("a batch of %d bytes is on the heap, want it in mapped memory", bt.size())
+	}
+	compareBatches(t, "cold sync of 2000 Services", wireMessages(bt), refEncode(t, ts, ds))
+}
