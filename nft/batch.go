@@ -13,9 +13,9 @@ import (
 
 // batchConn sends nf_tables batches over a netlink socket of its own.
 //
-// google/nftables builds the messages; nftgate sends them itself because
-// google/nftables asks the kernel for an acknowledgement and an echo of every
-// message, and reads them back one receive at a time: at the size of a cold
+// The messages are built in wire.go and encode.go; nftgate sends them itself
+// because google/nftables asks the kernel for an acknowledgement and an echo
+// of every message, and reads them back one receive at a time: at the size of a cold
 // start (hundreds of thousands of messages) the acknowledgements alone
 // overflow any receive buffer (ENOBUFS, google/nftables #103, #350) and the
 // reads dominate the sync. Here only the last message asks for an
@@ -26,6 +26,7 @@ type batchConn struct {
 	nl      *netlink.Conn
 	sndbuf  int
 	timeout time.Duration
+	seq     uint32 // last sequence number used
 }
 
 func dialBatch(netnsFD int) (*batchConn, error) {
@@ -44,6 +45,24 @@ func dialBatch(netnsFD int) (*batchConn, error) {
 }
 
 func (b *batchConn) Close() error { return b.nl.Close() }
+
+// write sends the buffers as one datagram to the kernel. The kernel
+// processes a batch inside this call.
+func (b *batchConn) write(bufs [][]byte) error {
+	rc, err := b.nl.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	err = rc.Write(func(fd uintptr) bool {
+		_, serr = unix.SendmsgBuffers(int(fd), bufs, nil, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}, 0)
+		return serr != unix.EAGAIN
+	})
+	if err != nil {
+		return err
+	}
+	return serr
+}
 
 func (b *batchConn) forceBuffer(opt, size int) error {
 	rc, err := b.nl.SyscallConn()
@@ -76,49 +95,39 @@ func (e *BatchError) Error() string {
 	return "nf_tables refused the batch, nothing was changed: " + msg
 }
 
-// send transmits msgs as one batch and waits for the kernel's verdict. what
-// describes each message, for error reports.
-func (b *batchConn) send(msgs []netlink.Message, what []note) error {
-	if len(msgs) == 0 {
+// send transmits a batch and waits for the kernel's verdict. describe,
+// called only when the kernel refused messages, returns a note on each
+// message of the batch, for the error.
+func (b *batchConn) send(bt *batch, describe func() []note) error {
+	count := bt.count()
+	if count == 0 {
 		return nil
 	}
-	if len(what) != len(msgs) {
-		what = nil // descriptions are a courtesy; never mislabel a failure
-	}
-	out := make([]netlink.Message, 0, len(msgs)+2)
-	out = append(out, netlink.Message{
-		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_MSG_BATCH_BEGIN), Flags: netlink.Request},
-		Data:   []byte{unix.AF_UNSPEC, unix.NFNETLINK_V0, 0, unix.NFNL_SUBSYS_NFTABLES},
-	})
-	size := 0
-	for i, m := range msgs {
-		m.Header.Sequence = 0
-		m.Header.Flags &^= netlink.Acknowledge | unix.NLM_F_ECHO
-		if i == len(msgs)-1 {
-			m.Header.Flags |= netlink.Acknowledge
-		}
-		size += 16 + len(m.Data) + 4
-		out = append(out, m)
-	}
-	out = append(out, netlink.Message{
-		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_MSG_BATCH_END), Flags: netlink.Request},
-		Data:   []byte{unix.AF_UNSPEC, unix.NFNETLINK_V0, 0, unix.NFNL_SUBSYS_NFTABLES},
-	})
+	// Sequence numbers only tell this batch's answers from those of an
+	// earlier one that timed out.
+	first, last, bufs := bt.seal(b.seq+1, b.nl.PID())
+	b.seq = last + 1
 	// The whole batch is one datagram, which the socket's send buffer
 	// must hold.
+	size := bt.size()
 	if want := size + 64<<10; want > b.sndbuf {
 		if err := b.forceBuffer(unix.SO_SNDBUFFORCE, want); err != nil {
 			return err
 		}
 		b.sndbuf = want
 	}
-	sent, err := b.nl.SendMessages(out)
-	if err != nil {
-		return fmt.Errorf("send nf_tables batch of %d messages (%d bytes): %w", len(msgs), size, err)
+	if err := b.write(bufs); err != nil {
+		return fmt.Errorf("send nf_tables batch of %d messages (%d bytes): %w", count, size, err)
 	}
-	first := sent[1].Header.Sequence
-	last := sent[len(sent)-2].Header.Sequence
-	describe := func(seq uint32) string {
+	var what []note
+	described := false
+	name := func(seq uint32) string {
+		if !described && describe != nil {
+			described = true
+			if what = describe(); len(what) != count {
+				what = nil // descriptions are a courtesy; never mislabel a failure
+			}
+		}
 		if i := int(seq - first); what != nil && i >= 0 && i < len(what) {
 			return what[i].String()
 		}
@@ -140,7 +149,7 @@ func (b *batchConn) send(msgs []netlink.Message, what []note) error {
 			if oe.Message != "" {
 				reason += " (" + oe.Message + ")"
 			}
-			failures = append(failures, describe(oe.Sequence)+": "+reason)
+			failures = append(failures, name(oe.Sequence)+": "+reason)
 			if oe.Sequence == last {
 				break
 			}
@@ -148,9 +157,9 @@ func (b *batchConn) send(msgs []netlink.Message, what []note) error {
 		}
 		if err != nil {
 			if errors.Is(err, syscall.ENOBUFS) {
-				return fmt.Errorf("nf_tables batch of %d messages: kernel replies overflowed the socket: %w", len(msgs), err)
+				return fmt.Errorf("nf_tables batch of %d messages: kernel replies overflowed the socket: %w", count, err)
 			}
-			return fmt.Errorf("nf_tables batch of %d messages: waiting for the kernel's answer: %w", len(msgs), err)
+			return fmt.Errorf("nf_tables batch of %d messages: waiting for the kernel's answer: %w", count, err)
 		}
 		done := false
 		for _, r := range replies {

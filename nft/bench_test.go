@@ -23,6 +23,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -62,6 +63,22 @@ func clusterOf(n int) *scaleCluster {
 	return c
 }
 
+var (
+	plainMu       sync.Mutex
+	plainClusters = map[int]*scaleCluster{}
+)
+
+func plainClusterOf(n int) *scaleCluster {
+	plainMu.Lock()
+	defer plainMu.Unlock()
+	if c, ok := plainClusters[n]; ok {
+		return c
+	}
+	c := newPlainCluster(n, scaleEndpoints)
+	plainClusters[n] = c
+	return c
+}
+
 func sizeName(n int) string { return "services=" + strconv.Itoa(n) }
 
 // BenchmarkRenderAll renders every Service of the cluster.
@@ -89,16 +106,27 @@ func BenchmarkRenderAll(b *testing.B) {
 // against empty tables and encode the netlink batch.
 func BenchmarkPlanCold(b *testing.B) {
 	cfg := scaleConfig()
-	for _, n := range benchSizes(10_000, 100_000) {
-		b.Run(sizeName(n), func(b *testing.B) {
-			c := clusterOf(n)
+	for _, n := range append(benchSizes(10_000, 100_000), -10_000) {
+		name, c := sizeName(n), (*scaleCluster)(nil)
+		if n < 0 {
+			name = "plain-" + sizeName(-n)
+		}
+		b.Run(name, func(b *testing.B) {
+			if n < 0 {
+				c = plainClusterOf(-n)
+			} else {
+				c = clusterOf(n)
+			}
 			b.ReportAllocs()
 			b.ResetTimer()
 			var msgs int
+			cpu := cpuTime()
 			for range b.N {
 				_, m := planCold(b, &cfg, c.Services)
-				msgs = len(m)
+				msgs = m.count()
+				m.release()
 			}
+			b.ReportMetric(float64(cpuTime()-cpu)/float64(time.Millisecond)/float64(b.N), "cpu-ms/op")
 			b.ReportMetric(float64(msgs), "msgs/op")
 		})
 	}
@@ -135,7 +163,7 @@ func BenchmarkPlanEndpointChange(b *testing.B) {
 					state[f].apply(&ds[f].ops)
 				}
 				current[k] = svc
-				msgs += len(m)
+				msgs += m.count()
 			}
 			b.ReportMetric(float64(msgs)/float64(b.N), "msgs/op")
 		})
@@ -144,14 +172,27 @@ func BenchmarkPlanEndpointChange(b *testing.B) {
 
 // BenchmarkKernelColdFull programs the whole cluster into empty tables with
 // a new Programmer, as at boot. Each iteration gets a fresh namespace.
+// plain-services is the shape of the binary's cold start measurements
+// (newPlainCluster). kernel-p50-ms is the part of a sync between sending
+// the batch and the kernel's answer.
 func BenchmarkKernelColdFull(b *testing.B) {
+	type size struct {
+		name string
+		c    func() *scaleCluster
+	}
+	var sizes []size
 	for _, n := range benchSizes(1_000, 10_000, 100_000) {
-		b.Run(sizeName(n), func(b *testing.B) {
-			c := clusterOf(n)
+		sizes = append(sizes, size{sizeName(n), func() *scaleCluster { return clusterOf(n) }})
+	}
+	sizes = append(sizes, size{"plain-" + sizeName(10_000), func() *scaleCluster { return plainClusterOf(10_000) }})
+	for _, sz := range sizes {
+		b.Run(sz.name, func(b *testing.B) {
+			c := sz.c()
+			n := len(c.Services)
 			b.ReportAllocs()
 			b.ResetTimer()
 			var msgs int
-			var durs []time.Duration
+			var durs, kernel, cpus []time.Duration
 			for i := range b.N {
 				b.StopTimer()
 				ns, fd := testNetNS(b)
@@ -161,13 +202,16 @@ func BenchmarkKernelColdFull(b *testing.B) {
 				}
 				runtime.GC()
 				b.StartTimer()
+				cpu := cpuTime()
 				res, err := p.Full(c.Services)
+				cpus = append(cpus, cpuTime()-cpu)
 				b.StopTimer()
 				if err != nil {
 					b.Fatalf("cold full sync of %d Services: %v", n, err)
 				}
 				msgs = res.Messages
 				durs = append(durs, res.Duration)
+				kernel = append(kernel, res.Kernel)
 				if i == 0 {
 					checkKernel(b, ns, p.Config(), c.Want)
 				}
@@ -176,6 +220,10 @@ func BenchmarkKernelColdFull(b *testing.B) {
 			}
 			b.ReportMetric(float64(msgs), "msgs/op")
 			reportQuantiles(b, durs)
+			slices.Sort(kernel)
+			b.ReportMetric(float64(kernel[len(kernel)/2])/float64(time.Millisecond), "kernel-p50-ms")
+			slices.Sort(cpus)
+			b.ReportMetric(float64(cpus[len(cpus)/2])/float64(time.Millisecond), "cpu-p50-ms")
 		})
 	}
 }
@@ -321,6 +369,17 @@ func BenchmarkKernelMemory(b *testing.B) {
 	}
 }
 
+// cpuTime is the CPU time the process used so far, in user space and in
+// the kernel (which processes a batch inside the sending system call): on
+// a shared machine it varies less with the load than the wall time does.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		panic(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
 // liveHeap is the heap in use by live objects after a full collection.
 func liveHeap() uint64 {
 	runtime.GC()
@@ -432,10 +491,10 @@ func TestScaleCluster(t *testing.T) {
 	if got != c.Want {
 		t.Fatalf("planned %+v, want %+v", got, c.Want)
 	}
-	if len(msgs) == 0 {
+	if msgs.count() == 0 {
 		t.Fatal("cold plan encoded no messages")
 	}
-	t.Logf("2000 Services: %+v, %d messages", got, len(msgs))
+	t.Logf("2000 Services: %+v, %d messages", got, msgs.count())
 }
 
 // TestScaleColdAndPartial programs a mid-size cluster into a namespace,

@@ -3,21 +3,23 @@ package nft
 import (
 	"encoding/binary"
 	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // udataFingerprint is the user-data TLV type carrying a rule's fingerprint.
 // nft ignores TLV types it does not know, so `nft list ruleset` is unchanged.
 const udataFingerprint = 0xf0
 
-func fingerprintUserData(fp uint64) []byte {
-	b := make([]byte, 2+8)
-	b[0], b[1] = udataFingerprint, 8
-	binary.BigEndian.PutUint64(b[2:], fp)
-	return b
+// appendFingerprint appends the user data of a rule with fingerprint fp.
+func appendFingerprint(b []byte, fp uint64) []byte {
+	return binary.BigEndian.AppendUint64(append(b, udataFingerprint, 8), fp)
 }
 
 // fingerprintFromUserData returns the fingerprint nftgate stored, if any.
@@ -35,44 +37,128 @@ func fingerprintFromUserData(b []byte) (uint64, bool) {
 	return 0, false
 }
 
-// note describes one message of a batch, formatted on demand.
+// noteOp is what one message of a batch does.
+type noteOp uint8
+
+const (
+	noteAddTable noteOp = iota + 1
+	noteDelTable
+	noteAddSet
+	noteDelSet
+	noteAddChain
+	noteFlushChain
+	noteDelChain
+	noteAddRule
+	noteAddElems
+	noteDelElems
+)
+
+// note describes one message of a batch. It is formatted only when the
+// kernel refuses that message: at the size of a cold sync, formatting (or
+// even boxing the arguments of) every message would be much of the garbage.
 type note struct {
-	format string
-	args   []any
-}
-
-func (n note) String() string { return fmt.Sprintf(n.format, n.args...) }
-
-// ruleText prints a rule when a note is formatted.
-type ruleText struct {
-	f Family
-	r Rule
-}
-
-func (t ruleText) String() string { return t.r.Text(t.f) }
-
-// encoder turns planned operations into google/nftables calls on a Conn
-// that only records messages (see batch.go), in the order that keeps every
-// reference valid inside the batch.
-type encoder struct {
-	conn  *nftables.Conn
-	table *nftables.Table
+	op    noteOp
 	f     Family
-	sets  map[string]*nftables.Set // sets referenced or created in this batch
-	err   error
-	// describe records what each message does, for error reports. It is
-	// formatted only when the kernel refuses a message: at the size of a
-	// cold sync, formatting every message would be most of the garbage.
-	describe []note
+	table string
+	name  string // chain, set or map
+	rule  Rule
+	n     int // elements
 }
 
-func (e *encoder) note(format string, args ...any) {
-	e.describe = append(e.describe, note{format, args})
+func (n note) String() string {
+	switch n.op {
+	case noteAddTable:
+		return fmt.Sprintf("add table %s %s", n.f, n.table)
+	case noteDelTable:
+		return fmt.Sprintf("delete table %s %s", n.f, n.table)
+	case noteAddSet:
+		return fmt.Sprintf("add set %s %s %s", n.f, n.table, n.name)
+	case noteDelSet:
+		return fmt.Sprintf("delete set %s %s %s", n.f, n.table, n.name)
+	case noteAddChain:
+		return fmt.Sprintf("add chain %s %s %s", n.f, n.table, n.name)
+	case noteFlushChain:
+		return fmt.Sprintf("flush chain %s %s %s", n.f, n.table, n.name)
+	case noteDelChain:
+		return fmt.Sprintf("delete chain %s %s %s", n.f, n.table, n.name)
+	case noteAddRule:
+		return fmt.Sprintf("add rule %s %s %s %s", n.f, n.table, n.name, n.rule.Text(n.f))
+	case noteAddElems:
+		return fmt.Sprintf("add %d elements to map %s %s %s", n.n, n.f, n.table, n.name)
+	case noteDelElems:
+		return fmt.Sprintf("delete %d elements from map %s %s %s", n.n, n.f, n.table, n.name)
+	}
+	return "?"
+}
+
+// setRefs resolves the set names in one table's rules to google/nftables
+// sets: the sets created in the same batch carry the ID the kernel also
+// knows them by.
+type setRefs struct {
+	table *nftables.Table
+	sets  map[string]*nftables.Set
+}
+
+func newSetRefs(name string, f Family) setRefs {
+	return setRefs{table: &nftables.Table{Name: name, Family: nftFamily(f)}, sets: map[string]*nftables.Set{}}
+}
+
+// set returns the set of that name for references from rules.
+func (r *setRefs) set(name string) *nftables.Set {
+	if s, ok := r.sets[name]; ok {
+		return s
+	}
+	s := &nftables.Set{Table: r.table, Name: name}
+	r.sets[name] = s
+	return s
+}
+
+// wireStmt is a statement that writes its expressions into a batch itself,
+// without making google/nftables expressions of them first: the statements
+// a cold sync has by the ten thousand (endpoint choice, DNAT, verdicts).
+// Their encode says the same for tests and the rest; the tests hold the
+// two to the same bytes.
+type wireStmt interface {
+	put(f Family, w *wire)
+}
+
+// encoder writes planned operations for one table into a batch, in the
+// order that keeps every reference valid inside the batch. Rules, chains
+// and map elements are written straight into the batch (wire.go); tables
+// and sets are made by google/nftables on a Conn that only records them.
+type encoder struct {
+	setRefs
+	w     *wire
+	rec   *recorder
+	f     Family
+	err   error
+	exprs []expr.Any // scratch for one rule
+}
+
+func newEncoder(w *wire, rec *recorder, name string, f Family) *encoder {
+	return &encoder{setRefs: newSetRefs(name, f), w: w, rec: rec, f: f}
+}
+
+func (e *encoder) note(n note) {
+	if e.w.describe {
+		n.f, n.table = e.f, e.table.Name
+		e.w.notes = append(e.w.notes, n)
+	}
 }
 
 func (e *encoder) fail(err error) {
 	if e.err == nil && err != nil {
 		e.err = err
+	}
+}
+
+// recorded moves what google/nftables recorded into the batch, so that it
+// keeps its place among the messages written directly.
+func (e *encoder) recorded() {
+	msgs, err := e.rec.take()
+	e.fail(err)
+	for _, m := range msgs {
+		e.w.message(m)
 	}
 }
 
@@ -83,10 +169,10 @@ func nftFamily(f Family) nftables.TableFamily {
 	return nftables.TableFamilyIPv4
 }
 
-func (e *encoder) setDefinition(s *Set) *nftables.Set {
-	ns := &nftables.Set{Table: e.table, Name: s.Name}
+func setDefinition(table *nftables.Table, f Family, s *Set) *nftables.Set {
+	ns := &nftables.Set{Table: table, Name: s.Name}
 	addr := nftables.TypeIPAddr
-	if e.f == IPv6 {
+	if f == IPv6 {
 		addr = nftables.TypeIP6Addr
 	}
 	switch {
@@ -109,62 +195,90 @@ func (e *encoder) setDefinition(s *Set) *nftables.Set {
 	return ns
 }
 
-// set returns the set of that name for references from rules.
-func (e *encoder) set(name string) *nftables.Set {
-	if s, ok := e.sets[name]; ok {
-		return s
-	}
-	s := &nftables.Set{Table: e.table, Name: name}
-	e.sets[name] = s
-	return s
-}
-
+// addSet has google/nftables record a new set; recorded moves it into
+// the batch.
 func (e *encoder) addSet(s *Set) {
-	ns := e.setDefinition(s)
-	e.fail(e.conn.AddSet(ns, nil))
+	ns := setDefinition(e.table, e.f, s)
+	ns.ID = e.rec.setID()
+	e.fail(e.rec.conn.AddSet(ns, nil))
 	e.sets[s.Name] = ns
-	e.note("add set %s %s %s", e.f, e.table.Name, s.Name)
+	e.note(note{op: noteAddSet, name: s.Name})
 }
 
-var hookNums = map[string]*nftables.ChainHook{
-	"prerouting":  nftables.ChainHookPrerouting,
-	"input":       nftables.ChainHookInput,
-	"forward":     nftables.ChainHookForward,
-	"output":      nftables.ChainHookOutput,
-	"postrouting": nftables.ChainHookPostrouting,
+var hookNums = map[string]nftables.ChainHook{
+	"prerouting":  *nftables.ChainHookPrerouting,
+	"input":       *nftables.ChainHookInput,
+	"forward":     *nftables.ChainHookForward,
+	"output":      *nftables.ChainHookOutput,
+	"postrouting": *nftables.ChainHookPostrouting,
 }
 
-func (e *encoder) chainRef(name string) *nftables.Chain {
-	return &nftables.Chain{Table: e.table, Name: name}
+// Message flags as google/nftables sets them, less the acknowledgement and
+// echo that batch.go asks for only once per batch.
+const (
+	flagsCreate = netlink.Request | netlink.Create
+	flagsAppend = netlink.Request | netlink.Create | unix.NLM_F_APPEND
+)
+
+// chainMessage writes a message naming one chain of the table.
+func (e *encoder) chainMessage(typ uint16, flags netlink.HeaderFlags, tableAttr, nameAttr uint16, name string) {
+	w := e.w
+	w.begin(typ, flags, byte(e.table.Family))
+	w.str(tableAttr, e.table.Name)
+	w.str(nameAttr, name)
+	w.end()
 }
 
 func (e *encoder) addChain(c *Chain) {
-	nc := e.chainRef(c.Name)
+	w := e.w
+	w.begin(unix.NFT_MSG_NEWCHAIN, flagsCreate, byte(e.table.Family))
+	w.str(unix.NFTA_CHAIN_TABLE, e.table.Name)
+	w.str(unix.NFTA_CHAIN_NAME, c.Name)
 	if h := c.Hook; h != nil {
-		nc.Type = nftables.ChainType(h.Type)
-		nc.Hooknum = hookNums[h.Hook]
-		nc.Priority = nftables.ChainPriorityRef(nftables.ChainPriority(h.Priority))
-		accept := nftables.ChainPolicyAccept
-		nc.Policy = &accept
+		num, ok := hookNums[h.Hook]
+		if !ok {
+			e.fail(fmt.Errorf("chain %s: unknown hook %q", c.Name, h.Hook))
+		}
+		at := w.nest(unix.NFTA_CHAIN_HOOK)
+		w.u32(unix.NFTA_HOOK_HOOKNUM, uint32(num))
+		w.u32(unix.NFTA_HOOK_PRIORITY, uint32(h.Priority))
+		w.close(at)
+		w.u32(unix.NFTA_CHAIN_POLICY, uint32(nftables.ChainPolicyAccept))
+		w.str(unix.NFTA_CHAIN_TYPE, h.Type)
 	}
-	e.conn.AddChain(nc)
-	e.note("add chain %s %s %s", e.f, e.table.Name, c.Name)
+	w.end()
+	e.note(note{op: noteAddChain, name: c.Name})
 }
 
 func (e *encoder) addRules(p chainPlan) {
-	ref := e.chainRef(p.chain.Name)
+	w := e.w
+	fam := byte(e.table.Family)
 	for i, r := range p.chain.Rules {
-		var exprs []expr.Any
+		w.begin(unix.NFT_MSG_NEWRULE, flagsAppend, fam)
+		w.str(unix.NFTA_RULE_TABLE, e.table.Name)
+		w.str(unix.NFTA_RULE_CHAIN, p.chain.Name)
+		at := w.nest(unix.NFTA_RULE_EXPRESSIONS)
 		for _, s := range r {
-			exprs = append(exprs, s.encode(e.f, e)...)
+			if ws, ok := s.(wireStmt); ok {
+				ws.put(e.f, w)
+				continue
+			}
+			e.exprs = append(e.exprs[:0], s.encode(e.f, &e.setRefs)...)
+			for _, x := range e.exprs {
+				w.expr(fam, x)
+			}
 		}
-		e.conn.AddRule(&nftables.Rule{Table: e.table, Chain: ref, Exprs: exprs, UserData: fingerprintUserData(p.ruleFPs[i])})
-		e.note("add rule %s %s %s %s", e.f, e.table.Name, p.chain.Name, ruleText{e.f, r})
+		w.close(at)
+		var ud [10]byte
+		w.attr(unix.NFTA_RULE_USERDATA, appendFingerprint(ud[:0], p.ruleFPs[i]))
+		w.end()
+		e.note(note{op: noteAddRule, name: p.chain.Name, rule: r})
 	}
 }
 
-func keyBytes(f Family, shape KeyShape, k Key) []byte {
-	var b []byte
+// appendKey appends a map key as the kernel stores it: each field of a
+// concatenation padded to four bytes.
+func appendKey(b []byte, shape KeyShape, k Key) []byte {
 	if k.Addr.IsValid() {
 		b = append(b, k.Addr.AsSlice()...)
 	}
@@ -177,11 +291,6 @@ func keyBytes(f Family, shape KeyShape, k Key) []byte {
 	b = append(b, byte(k.Proto), 0, 0, 0)
 	b = append(b, byte(k.Port>>8), byte(k.Port), 0, 0)
 	return b
-}
-
-func (e *encoder) elementSet(name string) *nftables.Set {
-	shape := setShape(name)
-	return e.setDefinition(&Set{Name: name, Map: shape != KeyAddr && shape != KeyAddrPair, Shape: shape})
 }
 
 // setShape is the key shape of each set whose elements nftgate writes, and
@@ -200,38 +309,53 @@ func setShape(name string) KeyShape {
 	return 0
 }
 
-func elementOf(f Family, el Element) nftables.SetElement {
-	key := keyBytes(f, setShape(el.Map), el.Key)
-	if el.Verdict.Kind == 0 {
-		return nftables.SetElement{Key: key}
-	}
-	v := el.Verdict.encode(f, nil)[0].(*expr.Verdict)
-	return nftables.SetElement{Key: key, VerdictData: v}
-}
+// elementsPerMessage bounds the elements of one message: the kernel caps a
+// netlink attribute, the list of them, at 64 KiB.
+const elementsPerMessage = 500
 
-// elements adds or deletes map elements, grouped per map into one message.
+// elements adds or deletes map elements, grouped per map into messages of
+// bounded size.
 func (e *encoder) elements(els []Element, del bool) {
-	byMap := map[string][]nftables.SetElement{}
-	var order []string
-	for _, el := range els {
-		if _, ok := byMap[el.Map]; !ok {
-			order = append(order, el.Map)
-		}
-		byMap[el.Map] = append(byMap[el.Map], elementOf(e.f, el))
+	typ, op := uint16(unix.NFT_MSG_NEWSETELEM), noteAddElems
+	if del {
+		typ, op = unix.NFT_MSG_DELSETELEM, noteDelElems
 	}
-	for _, m := range order {
-		s := e.elementSet(m)
-		// Elements travel in messages of bounded size: the kernel caps one
-		// netlink attribute at 64 KiB.
-		for chunk := range chunks(byMap[m], 500) {
-			if del {
-				e.fail(e.conn.SetDeleteElements(s, chunk))
-				e.note("delete %d elements from map %s %s %s", len(chunk), e.f, e.table.Name, m)
-			} else {
-				e.fail(e.conn.SetAddElements(s, chunk))
-				e.note("add %d elements to map %s %s %s", len(chunk), e.f, e.table.Name, m)
+	w := e.w
+	fam := byte(e.table.Family)
+	var key []byte
+	for len(els) > 0 {
+		m := els[0].Map
+		shape := setShape(m)
+		w.begin(typ, flagsCreate, fam)
+		w.str(unix.NFTA_SET_ELEM_LIST_SET, m)
+		w.u32(unix.NFTA_SET_ELEM_LIST_SET_ID, 0)
+		w.str(unix.NFTA_SET_ELEM_LIST_TABLE, e.table.Name)
+		list := w.nest(unix.NFTA_SET_ELEM_LIST_ELEMENTS)
+		n := 0
+		// Stay clear of the attribute limit whatever the chain names' length.
+		for n < elementsPerMessage && n < len(els) && els[n].Map == m && len(w.b)-list < maxAttrLen-1024 {
+			el := &els[n]
+			n++
+			item := w.nest(uint16(n))
+			key = appendKey(key[:0], shape, el.Key)
+			w.value(unix.NFTA_SET_ELEM_KEY, key)
+			if el.Verdict.Kind != 0 {
+				v := el.Verdict.encode(e.f, nil)[0].(*expr.Verdict)
+				data := w.nest(unix.NFTA_SET_ELEM_DATA)
+				verdict := w.nest(unix.NFTA_DATA_VERDICT)
+				w.u32(unix.NFTA_VERDICT_CODE, uint32(v.Kind))
+				if v.Chain != "" {
+					w.str(unix.NFTA_VERDICT_CHAIN, v.Chain)
+				}
+				w.close(verdict)
+				w.close(data)
 			}
+			w.close(item)
 		}
+		w.close(list)
+		w.end()
+		e.note(note{op: op, name: m, n: n})
+		els = els[n:]
 	}
 }
 
@@ -248,31 +372,39 @@ func chunks[T any](s []T, n int) func(func([]T) bool) {
 }
 
 // encode appends one family's operations to the batch.
-func (e *encoder) encode(o *familyOps) {
+// head has the table and its new sets recorded. The heads of all tables
+// come first in a batch, and are moved into it together: each move costs
+// google/nftables a Flush.
+func (e *encoder) head(o *familyOps) {
 	if o.createTable {
-		e.conn.AddTable(e.table)
-		e.note("add table %s %s", e.f, e.table.Name)
+		e.rec.conn.AddTable(e.table)
+		e.note(note{op: noteAddTable})
 	}
 	for _, s := range o.addSets {
 		e.addSet(s)
 	}
+}
+
+// body writes the rest of the table's operations, after every head.
+func (e *encoder) body(o *familyOps) {
 	for _, c := range o.addChains {
 		e.addChain(c.chain)
 	}
 	// Chains being removed and chains being rewritten are flushed before
 	// any set they use is recreated or deleted.
 	for _, c := range o.rewriteChains {
-		e.conn.FlushChain(e.chainRef(c.chain.Name))
-		e.note("flush chain %s %s %s", e.f, e.table.Name, c.chain.Name)
+		e.chainMessage(unix.NFT_MSG_DELRULE, netlink.Request, unix.NFTA_RULE_TABLE, unix.NFTA_RULE_CHAIN, c.chain.Name)
+		e.note(note{op: noteFlushChain, name: c.chain.Name})
 	}
 	for _, n := range o.flushChains {
-		e.conn.FlushChain(e.chainRef(n))
-		e.note("flush chain %s %s %s", e.f, e.table.Name, n)
+		e.chainMessage(unix.NFT_MSG_DELRULE, netlink.Request, unix.NFTA_RULE_TABLE, unix.NFTA_RULE_CHAIN, n)
+		e.note(note{op: noteFlushChain, name: n})
 	}
 	for _, s := range o.recreateSets {
-		e.conn.DelSet(e.setDefinition(s))
-		e.note("delete set %s %s %s", e.f, e.table.Name, s.Name)
+		e.rec.conn.DelSet(setDefinition(e.table, e.f, s))
+		e.note(note{op: noteDelSet, name: s.Name})
 		e.addSet(s)
+		e.recorded()
 	}
 	for _, c := range o.addChains {
 		e.addRules(c)
@@ -283,25 +415,225 @@ func (e *encoder) encode(o *familyOps) {
 	e.elements(o.delElems, true)
 	e.elements(o.addElems, false)
 	for _, n := range o.delChains {
-		e.conn.DelChain(e.chainRef(n))
-		e.note("delete chain %s %s %s", e.f, e.table.Name, n)
+		e.chainMessage(unix.NFT_MSG_DELCHAIN, netlink.Request, unix.NFTA_CHAIN_TABLE, unix.NFTA_CHAIN_NAME, n)
+		e.note(note{op: noteDelChain, name: n})
 	}
 	for _, n := range o.delSets {
-		e.conn.DelSet(&nftables.Set{Table: e.table, Name: n})
-		e.note("delete set %s %s %s", e.f, e.table.Name, n)
+		e.rec.conn.DelSet(&nftables.Set{Table: e.table, Name: n})
+		e.note(note{op: noteDelSet, name: n})
 	}
+	if len(o.delSets) > 0 {
+		e.recorded()
+	}
+	e.fail(e.w.err)
+}
+
+// batch is a batch being built: its first part holds its beginning, the
+// tables and their new sets; then one part per table, encoded in parallel.
+// It is sent as one datagram.
+type batch struct {
+	parts []*wire
+	arena []byte // mapped memory the parts are in, if any
+}
+
+// arenaThreshold is the size of a batch above which its parts are placed
+// in memory mapped for it rather than on the Go heap. A cold sync's batch is
+// tens of megabytes of bytes for the kernel: on the heap it would bring the
+// next collection forward, which then scans everything the sync holds, for
+// memory that holds no pointers and is freed right after sending.
+const arenaThreshold = 4 << 20
+
+func newArena(size int) []byte {
+	b, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return nil // the parts go on the heap
+	}
+	return b
+}
+
+// release returns the batch's mapped memory; the batch must not be used
+// afterwards.
+func (bt *batch) release() {
+	if bt.arena != nil {
+		_ = unix.Munmap(bt.arena)
+		bt.arena, bt.parts = nil, nil
+	}
+}
+
+func (bt *batch) count() int {
+	n := 0
+	for _, w := range bt.parts {
+		n += w.count
+	}
+	return n
+}
+
+func (bt *batch) size() int {
+	n := 0
+	for _, w := range bt.parts {
+		n += len(w.b)
+	}
+	return n
+}
+
+// notes describe the batch's messages in order, when it was encoded with
+// describe.
+func (bt *batch) notes() []note {
+	var out []note
+	for _, w := range bt.parts {
+		out = append(out, w.notes...)
+	}
+	return out
+}
+
+// encodeBatch encodes the operations of every table of ts, and the
+// deletion of the tables in drop, into one batch; with a note on every
+// message when describe is set.
+func encodeBatch(ts *tableSet, ds []*differ, drop []tableRef, describe bool) (*batch, error) {
+	rec, err := newRecorder(new(uint32))
+	if err != nil {
+		return nil, err
+	}
+	head := newWire(4096, 64, describe)
+	head.marker(unix.NFNL_MSG_BATCH_BEGIN)
+	encs := make([]*encoder, len(ds))
+	heads := false
+	for slot, d := range ds {
+		if !d.ops.empty() {
+			ref := ts.refs[slot]
+			encs[slot] = newEncoder(head, rec, ref.name, ref.f)
+			encs[slot].head(&d.ops)
+			heads = heads || d.ops.createTable || len(d.ops.addSets) > 0
+		}
+	}
+	if heads {
+		msgs, err := rec.take()
+		if err != nil {
+			return nil, err
+		}
+		for _, m := range msgs {
+			head.message(m)
+		}
+	}
+	// Each table's body is a part of its own, encoded on any CPU. Those
+	// that need google/nftables (recreated and deleted sets) get a
+	// recorder per worker; set IDs stay unique in the batch.
+	bodies := make([]*wire, len(ds))
+	errs := make([]error, len(ds))
+	sizes, counts := make([]int, len(ds)), make([]int, len(ds))
+	total := 0
+	for slot, e := range encs {
+		if e != nil {
+			sizes[slot], counts[slot] = ds[slot].ops.estimate()
+			total += sizes[slot]
+		}
+	}
+	bt := &batch{parts: []*wire{head}}
+	offsets := make([]int, len(ds))
+	if total >= arenaThreshold {
+		bt.arena = newArena(total)
+		off := 0
+		for slot := range ds {
+			offsets[slot] = off
+			off += sizes[slot]
+		}
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(runtime.GOMAXPROCS(0), len(ds)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var wrec *recorder
+			for {
+				slot := int(next.Add(1)) - 1
+				if slot >= len(ds) {
+					return
+				}
+				e := encs[slot]
+				if e == nil {
+					continue
+				}
+				o := &ds[slot].ops
+				if bt.arena != nil {
+					off := offsets[slot]
+					e.w = newWireIn(bt.arena[off:off:off+sizes[slot]], counts[slot], describe)
+				} else {
+					e.w = newWire(sizes[slot], counts[slot], describe)
+				}
+				if len(o.recreateSets) > 0 || len(o.delSets) > 0 {
+					if wrec == nil {
+						r, err := newRecorder(rec.lastID)
+						if err != nil {
+							errs[slot] = err
+							continue
+						}
+						wrec = r
+					}
+					e.rec = wrec
+				}
+				e.body(o)
+				bodies[slot], errs[slot] = e.w, e.err
+			}
+		}()
+	}
+	wg.Wait()
+	for slot, w := range bodies {
+		if errs[slot] != nil {
+			bt.release()
+			ref := ts.refs[slot]
+			return nil, fmt.Errorf("encode %s %s table: %w", ref.f, ref.name, errs[slot])
+		}
+		if w != nil && w.count > 0 {
+			bt.parts = append(bt.parts, w)
+		}
+	}
+	if len(drop) > 0 {
+		tail := newWire(1024, len(drop), describe)
+		for _, t := range drop {
+			rec.conn.DelTable(&nftables.Table{Name: t.name, Family: nftFamily(t.f)})
+			if describe {
+				tail.notes = append(tail.notes, note{op: noteDelTable, f: t.f, table: t.name})
+			}
+		}
+		msgs, err := rec.take()
+		if err != nil {
+			bt.release()
+			return nil, err
+		}
+		for _, m := range msgs {
+			tail.message(m)
+		}
+		bt.parts = append(bt.parts, tail)
+	}
+	for _, w := range bt.parts {
+		if w.err != nil {
+			bt.release()
+			return nil, fmt.Errorf("encode ruleset: %w", w.err)
+		}
+	}
+	return bt, nil
 }
 
 // recorder is a google/nftables Conn whose transport only records the
 // messages it would send, so that nftgate can send them in one batch of its
 // own (see batch.go).
 type recorder struct {
-	conn *nftables.Conn
-	msgs []netlink.Message
+	conn   *nftables.Conn
+	msgs   []netlink.Message
+	lastID *uint32 // shared by the recorders of one batch
 }
 
-func newRecorder() (*recorder, error) {
-	r := &recorder{}
+// setID numbers the sets a batch creates, by which the kernel finds them
+// within the batch. nftgate numbers them itself: google/nftables counts in
+// a package variable that concurrent batches would share unguarded.
+func (r *recorder) setID() uint32 {
+	return atomic.AddUint32(r.lastID, 1)
+}
+
+// newRecorder makes a recorder numbering sets with lastID.
+func newRecorder(lastID *uint32) (*recorder, error) {
+	r := &recorder{lastID: lastID}
 	ack := []netlink.Message{{Header: netlink.Header{Type: netlink.Error}, Data: make([]byte, 4)}}
 	conn, err := nftables.New(nftables.WithTestDial(func(req []netlink.Message) ([]netlink.Message, error) {
 		if req == nil {

@@ -5,8 +5,10 @@
 //
 // The intermediate form is what makes the rest cheap: it prints as nft text
 // for people, replays packets in unit tests (Trace), compares by value for
-// the differ, and encodes to github.com/google/nftables expressions only for
-// what actually changes.
+// the differ, and is encoded to netlink only for what actually changes: the
+// objects a cold sync has by the ten thousand straight into the batch, byte
+// for byte as github.com/google/nftables would write them, the rest through
+// google/nftables itself (encode.go, wire.go).
 //
 // The shape of the ruleset is chosen for what the kernel does with it:
 //   - no maps inside rules: the kernel finds an anonymous set by scanning
@@ -22,13 +24,16 @@
 //     what a partial sync costs at scale: so Services are spread over
 //     shard tables and a change validates only its shard (layout.go);
 //   - rules are read back one chain at a time, since a dump of a whole
-//     table's rules is quadratic.
+//     table's rules is quadratic;
+//   - most of a cold sync is the kernel taking in expressions: it looks
+//     each one's type up by name in a list of every type it was built
+//     with, so the cost follows the number of expressions (nine in an
+//     endpoint's rule), hardly the number of messages, tables or elements.
 package nft
 
 import (
 	"fmt"
 	"net/netip"
-	"strings"
 	"time"
 
 	"github.com/nftgate/nftgate/model"
@@ -192,15 +197,27 @@ type Rule []Stmt
 
 // Text renders the rule as nft syntax; it is also the rule's identity for the
 // differ and the source of its kernel fingerprint.
-func (r Rule) Text(f Family) string {
-	var b strings.Builder
+func (r Rule) Text(f Family) string { return string(r.appendText(nil, f)) }
+
+// textAppender is a statement that appends its text to a buffer; the
+// statements of every Service's rules are, so that fingerprinting a cold
+// sync's rules formats no strings.
+type textAppender interface {
+	appendText(b []byte, f Family) []byte
+}
+
+func (r Rule) appendText(b []byte, f Family) []byte {
 	for i, s := range r {
 		if i > 0 {
-			b.WriteByte(' ')
+			b = append(b, ' ')
 		}
-		b.WriteString(s.text(f))
+		if a, ok := s.(textAppender); ok {
+			b = a.appendText(b, f)
+		} else {
+			b = append(b, s.text(f)...)
+		}
 	}
-	return b.String()
+	return b
 }
 
 // Fragment is what one owner (the static skeleton, or one Service)

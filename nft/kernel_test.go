@@ -1,6 +1,7 @@
 package nft
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -84,5 +85,43 @@ func TestSmoke(t *testing.T) {
 	res, err = p.Full(map[model.ServiceKey]*model.Service{svc.Key: svc, empty.Key: empty})
 	if err != nil || res.Counts.Changes() != 0 || len(res.Drift) != 0 {
 		t.Fatalf("second full sync: %+v %v", res, err)
+	}
+}
+
+// TestRefusedBatchNamesTheMessage makes the kernel refuse a batch (a chain
+// nftgate deletes is still the target of a hand-added rule) and checks that
+// the error names the refused message, and that nothing of the batch was
+// applied.
+func TestRefusedBatchNamesTheMessage(t *testing.T) {
+	ns, fd := testNetNS(t)
+	cfg := Config{Table: "nftgate", Node: model.Node{Name: "gw"}, HashSeed: 1}
+	p, err := NewProgrammer(cfg, Options{NetNSFD: fd})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	svc := &model.Service{Key: model.ServiceKey{Namespace: "default", Name: "web"}, Type: "ClusterIP",
+		ClusterIPs: []netip.Addr{netip.MustParseAddr("198.19.0.10")},
+		Ports: []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80, Endpoints: []model.Endpoint{
+			{Addr: netip.MustParseAddr("198.18.2.10"), Port: 8080, Ready: true, Serving: true},
+		}}}}
+	if _, err := p.Full(map[model.ServiceKey]*model.Service{svc.Key: svc}); err != nil {
+		t.Fatal(err)
+	}
+	table, chain := cfg.TableOf(svc.Key), chainName("svc", svc.PortName(&svc.Ports[0]))
+	nftList(t, ns, "add", "chain", "ip", table, "hand-made")
+	nftList(t, ns, "add", "rule", "ip", table, "hand-made", "jump", chain)
+
+	_, err = p.Partial(map[model.ServiceKey]*model.Service{svc.Key: nil})
+	var be *BatchError
+	if !errors.As(err, &be) {
+		t.Fatalf("deleting a chain that a rule jumps to: %v, want a BatchError", err)
+	}
+	want := fmt.Sprintf("delete chain ip %s %s: ", table, chain)
+	if len(be.Failures) != 1 || !strings.HasPrefix(be.Failures[0], want) {
+		t.Fatalf("failures %q, want one starting with %q", be.Failures, want)
+	}
+	if out := nftList(t, ns, "list", "map", "ip", table, MapServiceIPs); !strings.Contains(out, "goto "+chain) {
+		t.Fatalf("the refused batch changed the map:\n%s", out)
 	}
 }

@@ -3,7 +3,6 @@ package nft
 import (
 	"encoding/binary"
 	"fmt"
-	"hash/fnv"
 )
 
 // tableState is what nftgate knows one family's table to hold: every chain
@@ -42,24 +41,47 @@ func defOf(s *Set) setDef {
 // ruleFingerprint identifies a rule by its nft text. It is stored in the
 // rule's user data in the kernel, so reading a table back tells whether each
 // rule is still the one nftgate wrote, without decoding bytecode.
-func ruleFingerprint(f Family, r Rule) uint64 {
-	h := fnv.New64a()
-	h.Write([]byte(r.Text(f)))
-	return h.Sum64()
+//
+// scratch, when not nil, is a buffer to reuse for the text.
+func ruleFingerprint(f Family, r Rule, scratch *[]byte) uint64 {
+	var b []byte
+	if scratch != nil {
+		b = (*scratch)[:0]
+	}
+	b = r.appendText(b, f)
+	if scratch != nil {
+		*scratch = b
+	}
+	return fnv64a(fnvOffset64, b)
+}
+
+// FNV-1a, 64 bits, as hash/fnv computes it, without its allocation per
+// hash: a cold sync fingerprints tens of thousands of rules.
+const (
+	fnvOffset64 = 14695981039346656037
+	fnvPrime64  = 1099511628211
+)
+
+func fnv64a(h uint64, b []byte) uint64 {
+	for _, c := range b {
+		h ^= uint64(c)
+		h *= fnvPrime64
+	}
+	return h
 }
 
 // chainFingerprint combines the hook and the rule fingerprints of a chain.
 func chainFingerprint(hook *Hook, ruleFPs []uint64) uint64 {
-	h := fnv.New64a()
+	h := uint64(fnvOffset64)
 	if hook != nil {
-		fmt.Fprintf(h, "%s/%s/%d|", hook.Type, hook.Hook, hook.Priority)
+		h = fnv64a(h, fmt.Appendf(nil, "%s/%s/%d|", hook.Type, hook.Hook, hook.Priority))
 	}
 	var b [8]byte
 	for _, fp := range ruleFPs {
 		binary.BigEndian.PutUint64(b[:], fp)
-		h.Write(b[:])
+		h = fnv64a(h, b[:])
 	}
-	return h.Sum64()
+	return h
 }
 
 // chainPlan is a chain with its rules' fingerprints computed once.
@@ -69,10 +91,10 @@ type chainPlan struct {
 	fp      uint64
 }
 
-func planChain(f Family, c *Chain) chainPlan {
+func planChain(f Family, c *Chain, scratch *[]byte) chainPlan {
 	fps := make([]uint64, len(c.Rules))
 	for i, r := range c.Rules {
-		fps[i] = ruleFingerprint(f, r)
+		fps[i] = ruleFingerprint(f, r, scratch)
 	}
 	return chainPlan{chain: c, ruleFPs: fps, fp: chainFingerprint(c.Hook, fps)}
 }
@@ -99,6 +121,34 @@ func (o *familyOps) empty() bool {
 	return !o.createTable && len(o.addSets) == 0 && len(o.addChains) == 0 && len(o.rewriteChains) == 0 &&
 		len(o.delElems) == 0 && len(o.addElems) == 0 && len(o.flushChains) == 0 && len(o.delChains) == 0 &&
 		len(o.delSets) == 0 && len(o.recreateSets) == 0
+}
+
+// estimate is about the size in bytes of the batch carrying the
+// operations (rather more than less: a buffer that must grow copies
+// itself), and the number of its messages.
+func (o *familyOps) estimate() (size, messages int) {
+	// A rule of nftgate's is up to about 480 bytes of expressions, plus
+	// its chain's name, twice for a jump or goto.
+	chains := func(cs []chainPlan) {
+		for _, c := range cs {
+			size += 128 + len(c.chain.Name) + len(c.chain.Rules)*(480+2*len(c.chain.Name))
+			messages += 1 + len(c.chain.Rules)
+		}
+	}
+	chains(o.addChains)
+	chains(o.rewriteChains)
+	for _, els := range [][]Element{o.addElems, o.delElems} {
+		for i := range els {
+			size += 40 // an address pair, or an address, protocol and port
+			if els[i].Verdict.Kind != 0 {
+				size += 28 + len(els[i].Verdict.Chain)
+			}
+		}
+		messages += len(els)/elementsPerMessage + 4
+	}
+	names := len(o.flushChains) + len(o.delChains) + len(o.delSets)
+	messages += names + len(o.addSets) + 2*len(o.recreateSets) + 1
+	return size + 128*names + 512, messages
 }
 
 // Counts of what a sync changed, for logs and metrics.
@@ -145,6 +195,7 @@ type differ struct {
 	// rewriteAll rewrites every existing chain, because a set they may
 	// reference is being recreated.
 	rewriteAll bool
+	text       []byte // scratch for rule fingerprints
 }
 
 func newDiffer(f Family, st *tableState) *differ {
@@ -167,6 +218,17 @@ func (d *differ) decided(key string) bool {
 
 // chain decides one chain: desired nil means it must not exist.
 func (d *differ) chain(name string, desired *Chain) {
+	if desired == nil {
+		d.plannedChain(name, nil)
+		return
+	}
+	p := planChain(d.f, desired, &d.text)
+	d.plannedChain(name, &p)
+}
+
+// plannedChain is chain for a desired chain whose rules are already
+// fingerprinted.
+func (d *differ) plannedChain(name string, desired *chainPlan) {
 	if d.decided("c/" + name) {
 		return
 	}
@@ -176,10 +238,10 @@ func (d *differ) chain(name string, desired *Chain) {
 		d.ops.flushChains = append(d.ops.flushChains, name)
 		d.ops.delChains = append(d.ops.delChains, name)
 	case desired != nil && !exists:
-		d.ops.addChains = append(d.ops.addChains, planChain(d.f, desired))
+		d.ops.addChains = append(d.ops.addChains, *desired)
 	case desired != nil && exists:
-		if p := planChain(d.f, desired); p.fp != cur.fp || d.rewriteAll {
-			d.ops.rewriteChains = append(d.ops.rewriteChains, p)
+		if desired.fp != cur.fp || d.rewriteAll {
+			d.ops.rewriteChains = append(d.ops.rewriteChains, *desired)
 		}
 	}
 }

@@ -4,11 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"runtime"
+	"slices"
 	"sort"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
-
-	"github.com/google/nftables"
 
 	"github.com/nftgate/nftgate/model"
 )
@@ -79,8 +81,13 @@ type claimBook struct {
 	plain map[famElem]int32
 }
 
-func newClaimBook() *claimBook {
-	return &claimBook{verdicts: map[famElem]*claimSet{}, plain: map[famElem]int32{}}
+func newClaimBook() *claimBook { return newClaimBookSized(0) }
+
+// newClaimBookSized makes a book for about n Services: most have a
+// ClusterIP and a verdict for it, and growing the maps a cold sync fills
+// costs more than filling them.
+func newClaimBookSized(n int) *claimBook {
+	return &claimBook{verdicts: make(map[famElem]*claimSet, n), plain: make(map[famElem]int32, n)}
 }
 
 // conflicts lists every element claimed by Services that disagree.
@@ -107,6 +114,9 @@ type Result struct {
 	Counts   Counts
 	Messages int
 	Duration time.Duration
+	// Kernel is the part of Duration between sending the batch and the
+	// kernel's answer: nf_tables checking and applying it.
+	Kernel time.Duration
 	// Drift describes how the kernel differed from what nftgate had
 	// programmed, when a full sync found it changed behind its back.
 	Drift []string
@@ -242,8 +252,8 @@ func (p *Programmer) Full(services map[model.ServiceKey]*model.Service) (Result,
 	ds, claims, conflicts := planFull(&p.cfg, p.tables, observed, services)
 	res.Conflicts = conflicts
 
-	n, err := p.commit(ds, drop)
-	res.Messages = n
+	n, kernel, err := p.commit(ds, drop)
+	res.Messages, res.Kernel = n, kernel
 	res.Duration = time.Since(start)
 	if err != nil {
 		return res, err
@@ -263,7 +273,7 @@ func (p *Programmer) Full(services map[model.ServiceKey]*model.Service) (Result,
 // the skeleton and every Service, and nothing else. It is pure: observed is
 // what the kernel holds, per table of ts (an empty state for a cold start).
 func planFull(cfg *Config, ts *tableSet, observed []*tableState, services map[model.ServiceKey]*model.Service) ([]*differ, *claimBook, []string) {
-	book := newClaimBook()
+	book := newClaimBookSized(len(services))
 	claims := book.verdicts
 	keys := make([]model.ServiceKey, 0, len(services))
 	for k := range services {
@@ -284,20 +294,21 @@ func planFull(cfg *Config, ts *tableSet, observed []*tableState, services map[mo
 		}
 		ds[slot] = d
 	}
-	for _, k := range keys {
+	rendered := renderAll(cfg, keys, services)
+	for i, k := range keys {
 		svc := services[k]
-		r := RenderService(cfg, svc)
-		for _, f := range Families {
+		r := &rendered[i].ByFamily
+		for fi, f := range Families {
 			fr := r.Of(f)
 			main, shard := ds[ts.main(f)], ds[ts.shard(f, k)]
 			for _, s := range fr.Sets {
 				shard.set(s.Name, s)
 			}
-			for _, c := range fr.Chains {
+			for j, c := range fr.Chains {
 				if mainChain(c.Name) {
-					main.chain(c.Name, c)
+					main.plannedChain(c.Name, &rendered[i].plans[fi][j])
 				} else {
-					shard.chain(c.Name, c)
+					shard.plannedChain(c.Name, &rendered[i].plans[fi][j])
 				}
 			}
 			for _, e := range fr.Elements {
@@ -346,6 +357,53 @@ func planFull(cfg *Config, ts *tableSet, observed []*tableState, services map[mo
 	return ds, book, conflictList
 }
 
+// renderedService is a Service's fragments with their chains' plans.
+type renderedService struct {
+	ByFamily
+	plans [2][]chainPlan // per family, per chain of the fragment
+}
+
+// renderAll renders the Services of keys and fingerprints their chains'
+// rules: a pure function of each Service, and most of what planning a full
+// sync costs, so it runs on every CPU.
+func renderAll(cfg *Config, keys []model.ServiceKey, services map[model.ServiceKey]*model.Service) []renderedService {
+	out := make([]renderedService, len(keys))
+	// Services are handed out in blocks: lookups in the map and the
+	// scratch buffer stay per worker.
+	const block = 256
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(runtime.GOMAXPROCS(0), (len(keys)+block-1)/block) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var scratch []byte
+			for {
+				lo := int(next.Add(block)) - block
+				if lo >= len(keys) {
+					return
+				}
+				for i := lo; i < min(lo+block, len(keys)); i++ {
+					rs := &out[i]
+					rs.ByFamily = RenderService(cfg, services[keys[i]])
+					for fi, f := range Families {
+						chains := rs.Of(f).Chains
+						if len(chains) == 0 {
+							continue
+						}
+						rs.plans[fi] = make([]chainPlan, len(chains))
+						for j, c := range chains {
+							rs.plans[fi][j] = planChain(f, c, &scratch)
+						}
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
 // Partial applies the changed Services (nil for a deleted one) on top of the
 // last sync, sending only what differs. It needs one Full sync first.
 func (p *Programmer) Partial(changes map[model.ServiceKey]*model.Service) (Result, error) {
@@ -379,8 +437,8 @@ func (p *Programmer) partialLocked(start time.Time, res Result, changes map[mode
 	ds, undo, conflicts := planPartial(&p.cfg, p.tables, p.state, p.claims, p.services, changes)
 	res.Conflicts = conflicts
 
-	n, err := p.commit(ds, nil)
-	res.Messages = n
+	n, kernel, err := p.commit(ds, nil)
+	res.Messages, res.Kernel = n, kernel
 	res.Duration = time.Since(start)
 	if err != nil {
 		for fe, cs := range undo.verdicts {
@@ -536,35 +594,26 @@ func planPartial(cfg *Config, ts *tableSet, state []*tableState, book *claimBook
 }
 
 // commit encodes the operations of every table, and the deletion of the
-// tables in drop, into one batch and sends it.
-func (p *Programmer) commit(ds []*differ, drop []tableRef) (int, error) {
-	rec, err := newRecorder()
+// tables in drop, into one batch and sends it. It returns the number of
+// messages and how long the kernel took to answer.
+func (p *Programmer) commit(ds []*differ, drop []tableRef) (int, time.Duration, error) {
+	w, err := encodeBatch(p.tables, ds, drop, false)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	var what []note
-	for slot, d := range ds {
-		if d.ops.empty() {
-			continue
+	defer w.release()
+	// A refused batch is encoded again, with notes, to name the messages
+	// the kernel refused: the encoding is deterministic.
+	describe := func() []note {
+		d, err := encodeBatch(p.tables, ds, drop, true)
+		if err != nil {
+			return nil
 		}
-		ref := p.tables.refs[slot]
-		e := &encoder{conn: rec.conn, f: ref.f, sets: map[string]*nftables.Set{},
-			table: &nftables.Table{Name: ref.name, Family: nftFamily(ref.f)}}
-		e.encode(&d.ops)
-		if e.err != nil {
-			return 0, fmt.Errorf("encode %s %s table: %w", ref.f, ref.name, e.err)
-		}
-		what = append(what, e.describe...)
+		return d.notes()
 	}
-	for _, t := range drop {
-		rec.conn.DelTable(&nftables.Table{Name: t.name, Family: nftFamily(t.f)})
-		what = append(what, note{"delete table %s %s", []any{t.f, t.name}})
-	}
-	msgs, err := rec.take()
-	if err != nil {
-		return 0, fmt.Errorf("encode ruleset: %w", err)
-	}
-	return len(msgs), p.batch.send(msgs, what)
+	start := time.Now()
+	err = p.batch.send(w, describe)
+	return w.count(), time.Since(start), err
 }
 
 // Cleanup deletes nftgate's tables (the main table and every service
@@ -580,12 +629,8 @@ func Cleanup(table string, opts Options) error {
 		return err
 	}
 	defer r.Close()
-	rec, err := newRecorder()
-	if err != nil {
-		return err
-	}
 	cfg := Config{Table: table}
-	var what []note
+	var drop []tableRef
 	for _, f := range Families {
 		names, err := r.tableNames(f)
 		if err != nil {
@@ -593,16 +638,15 @@ func Cleanup(table string, opts Options) error {
 		}
 		for _, name := range names {
 			if name == table || cfg.isShardTable(name) {
-				rec.conn.DelTable(&nftables.Table{Name: name, Family: nftFamily(f)})
-				what = append(what, note{"delete table %s %s", []any{f, name}})
+				drop = append(drop, tableRef{f, name})
 			}
 		}
 	}
-	msgs, err := rec.take()
+	w, err := encodeBatch(&tableSet{}, nil, drop, true)
 	if err != nil {
 		return err
 	}
-	return b.send(msgs, what)
+	return b.send(w, w.notes)
 }
 
 func familyIndex(f Family) int {
@@ -669,26 +713,23 @@ func conflicts(fe famElem, cs claimSet) []string {
 // sortOps makes batches deterministic, which keeps them comparable in tests
 // and logs.
 func sortOps(ds []*differ) {
+	byName := func(a, b chainPlan) int { return strings.Compare(a.chain.Name, b.chain.Name) }
+	elems := func(a, b Element) int {
+		if c := strings.Compare(a.Map, b.Map); c != 0 {
+			return c
+		}
+		return a.Key.compare(b.Key)
+	}
 	for _, d := range ds {
 		o := &d.ops
-		sort.Slice(o.addChains, func(i, j int) bool { return o.addChains[i].chain.Name < o.addChains[j].chain.Name })
-		sort.Slice(o.rewriteChains, func(i, j int) bool {
-			return o.rewriteChains[i].chain.Name < o.rewriteChains[j].chain.Name
-		})
-		sort.Strings(o.flushChains)
-		sort.Strings(o.delChains)
-		sort.Strings(o.delSets)
-		sort.Slice(o.addSets, func(i, j int) bool { return o.addSets[i].Name < o.addSets[j].Name })
-		less := func(s []Element) func(i, j int) bool {
-			return func(i, j int) bool {
-				if s[i].Map != s[j].Map {
-					return s[i].Map < s[j].Map
-				}
-				return s[i].Key.compare(s[j].Key) < 0
-			}
-		}
-		sort.Slice(o.addElems, less(o.addElems))
-		sort.Slice(o.delElems, less(o.delElems))
+		slices.SortFunc(o.addChains, byName)
+		slices.SortFunc(o.rewriteChains, byName)
+		slices.Sort(o.flushChains)
+		slices.Sort(o.delChains)
+		slices.Sort(o.delSets)
+		slices.SortFunc(o.addSets, func(a, b *Set) int { return strings.Compare(a.Name, b.Name) })
+		slices.SortFunc(o.addElems, elems)
+		slices.SortFunc(o.delElems, elems)
 	}
 }
 

@@ -233,18 +233,29 @@ func setName(prefix, readable, extra string) string {
 // Service's previous state again yields exactly what was programmed for it.
 func RenderService(cfg *Config, svc *model.Service) ByFamily {
 	var out ByFamily
+	// Room for the elements at once: a cold sync renders every Service,
+	// and growing the slices element by element was much of its garbage.
+	perPort := len(svc.ClusterIPs) + len(svc.ExternalIPs) + 2*len(svc.LoadBalancerIPs) + 1
+	eps := 0
+	for pi := range svc.Ports {
+		eps += len(svc.Ports[pi].Endpoints)
+	}
 	var hairpin addrSet
+	for i, f := range Families {
+		if svc.HasFamily(f == IPv6) {
+			out[i].Elements = make([]Element, 0, len(svc.ClusterIPs)+len(svc.Ports)*perPort+eps)
+			hairpin[i] = make([]netip.Addr, 0, eps)
+		}
+	}
 	for pi := range svc.Ports {
 		renderPort(cfg, svc, &svc.Ports[pi], &out, &hairpin)
 	}
 	// Its endpoints' addresses, for hairpin masquerade, in address order
 	// so that the rendering is stable.
 	for i, f := range Families {
-		addrs := make([]netip.Addr, 0, len(hairpin[i]))
-		for a := range hairpin[i] {
-			addrs = append(addrs, a)
-		}
+		addrs := hairpin[i]
 		slices.SortFunc(addrs, netip.Addr.Compare)
+		addrs = slices.Compact(addrs)
 		fr := out.Of(f)
 		for _, a := range addrs {
 			fr.Elements = append(fr.Elements, Element{Map: SetHairpin, Key: Key{Addr: a}})
@@ -259,15 +270,24 @@ func RenderService(cfg *Config, svc *model.Service) ByFamily {
 	return out
 }
 
-// addrSet collects the addresses of one Service per family, once each.
-type addrSet [2]map[netip.Addr]bool
+// allOf tells whether every endpoint is of family f: then a port's
+// endpoints need no copy for that family (nothing below changes them).
+func allOf(f Family, eps []model.Endpoint) bool {
+	for i := range eps {
+		if Of(eps[i].Addr) != f {
+			return false
+		}
+	}
+	return true
+}
+
+// addrSet collects the addresses of one Service per family; RenderService
+// sorts them and drops the repeated ones.
+type addrSet [2][]netip.Addr
 
 func (s *addrSet) add(f Family, a netip.Addr) {
 	i := familyIndex(f)
-	if s[i] == nil {
-		s[i] = map[netip.Addr]bool{}
-	}
-	s[i][a] = true
+	s[i] = append(s[i], a)
 }
 
 func renderPort(cfg *Config, svc *model.Service, p *model.ServicePort, out *ByFamily, hairpin *addrSet) {
@@ -281,10 +301,12 @@ func renderPort(cfg *Config, svc *model.Service, p *model.ServicePort, out *ByFa
 		// dual-stack Service whose IPv6 endpoints are all terminating
 		// falls back to them for IPv6 while IPv4 uses its ready ones.
 		famPort := *p
-		famPort.Endpoints = nil
-		for _, e := range p.Endpoints {
-			if Of(e.Addr) == f {
-				famPort.Endpoints = append(famPort.Endpoints, e)
+		if !allOf(f, p.Endpoints) {
+			famPort.Endpoints = make([]model.Endpoint, 0, len(p.Endpoints))
+			for _, e := range p.Endpoints {
+				if Of(e.Addr) == f {
+					famPort.Endpoints = append(famPort.Endpoints, e)
+				}
 			}
 		}
 		sets := model.Categorize(svc, &famPort, cfg.Node)
@@ -311,10 +333,9 @@ func renderPort(cfg *Config, svc *model.Service, p *model.ServicePort, out *ByFa
 			continue
 		}
 
+		// Names are hashed only for the chains the port has.
 		clusterChain := chainName("svc", portName)
-		localChain := chainName("local", portName)
-		externalChain := chainName("ext", portName)
-		fwChain := chainName("fw", portName)
+		var localChain, externalChain string
 
 		// An endpoint is DNATed right in the rule that chooses it. Only
 		// with session affinity does it get a chain of its own, which
@@ -347,6 +368,12 @@ func renderPort(cfg *Config, svc *model.Service, p *model.ServicePort, out *ByFa
 				return Verdict{Kind: Goto, Chain: c}
 			}
 			return DNAT{Proto: p.Protocol, To: e.AddrPort()}
+		}
+		if len(local) > 0 {
+			localChain = chainName("local", portName)
+		}
+		if len(externalAddrs) > 0 || len(lbIPs) > 0 || hasNodePort {
+			externalChain = chainName("ext", portName)
 		}
 		for _, e := range cluster {
 			addEndpoint(e)
@@ -461,6 +488,7 @@ func renderPort(cfg *Config, svc *model.Service, p *model.ServicePort, out *ByFa
 		}
 		if len(rules) > 0 && !open && len(lbIPs) > 0 {
 			rules = append(rules, Rule{Verdict{Kind: Drop}})
+			fwChain := chainName("fw", portName)
 			fr.Chains = append(fr.Chains, &Chain{Name: fwChain, Rules: rules})
 			for _, a := range lbIPs {
 				fr.Elements = append(fr.Elements, Element{Map: MapFirewallIPs, Key: key(a, p.Port), Verdict: Verdict{Kind: Goto, Chain: fwChain}})

@@ -14,9 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/nftables"
-	"github.com/mdlayher/netlink"
-
 	"github.com/nftgate/nftgate/model"
 )
 
@@ -152,6 +149,36 @@ func newScaleCluster(n, eps int) *scaleCluster {
 	return c
 }
 
+// newPlainCluster builds n ClusterIP Services of one TCP port each, all
+// sending to the same eps ready endpoints: the shape of the manifests the
+// cold start of the nftgate binary is measured with.
+func newPlainCluster(n, eps int) *scaleCluster {
+	c := &scaleCluster{Services: make(map[model.ServiceKey]*model.Service, n), Keys: make([]model.ServiceKey, 0, n)}
+	endpoints := make([]model.Endpoint, eps)
+	for j := range endpoints {
+		endpoints[j] = model.Endpoint{Addr: addrPlus(scaleEndpointBase, uint32(j)), Port: 9000,
+			NodeName: fmt.Sprintf("node-%d", j), Ready: true, Serving: true}
+	}
+	created := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for i := range n {
+		key := model.ServiceKey{Namespace: "bench", Name: fmt.Sprintf("svc-%06d", i)}
+		svc := &model.Service{
+			Key:        key,
+			Type:       "ClusterIP",
+			Created:    created.Add(time.Duration(i) * time.Second),
+			ClusterIPs: []netip.Addr{addrPlus(scaleClusterIPBase, uint32(i)+2)},
+			Ports: []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80,
+				Endpoints: append([]model.Endpoint(nil), endpoints...)}},
+		}
+		c.Services[key] = svc
+		c.Keys = append(c.Keys, key)
+		c.Want.add(svc, eps)
+	}
+	cfg := scaleConfig()
+	c.Want.Chains += staticChains(&cfg, IPv4)
+	return c
+}
+
 func (w *scaleExpect) add(svc *model.Service, eps int) {
 	for _, p := range svc.Ports {
 		w.ServiceIPs += len(svc.ClusterIPs) + len(svc.ExternalIPs) + len(svc.LoadBalancerIPs)
@@ -231,7 +258,7 @@ func checkKernel(tb testing.TB, ns string, cfg Config, want scaleExpect) {
 
 // planCold is the user-space half of a cold Full sync, without a kernel:
 // render every Service, diff against empty tables, encode the batch.
-func planCold(tb testing.TB, cfg *Config, services map[model.ServiceKey]*model.Service) ([]*differ, []netlink.Message) {
+func planCold(tb testing.TB, cfg *Config, services map[model.ServiceKey]*model.Service) ([]*differ, *batch) {
 	ts := newTableSet(cfg)
 	empty := make([]*tableState, len(ts.refs))
 	for i := range empty {
@@ -243,33 +270,18 @@ func planCold(tb testing.TB, cfg *Config, services map[model.ServiceKey]*model.S
 
 // planChange is the user-space half of a Partial sync of one changed
 // Service against state: render old and new, diff, encode.
-func planChange(tb testing.TB, cfg *Config, ts *tableSet, state []*tableState, old, svc *model.Service) ([]*differ, []netlink.Message) {
+func planChange(tb testing.TB, cfg *Config, ts *tableSet, state []*tableState, old, svc *model.Service) ([]*differ, *batch) {
 	programmed := map[model.ServiceKey]*model.Service{old.Key: old}
 	ds, _, _ := planPartial(cfg, ts, state, newClaimBook(), programmed, map[model.ServiceKey]*model.Service{svc.Key: svc})
 	return ds, encodeOps(tb, ts, ds)
 }
 
 // encodeOps encodes every table's operations as Programmer.commit does.
-func encodeOps(tb testing.TB, ts *tableSet, ds []*differ) []netlink.Message {
-	rec, err := newRecorder()
+func encodeOps(tb testing.TB, ts *tableSet, ds []*differ) *batch {
+	w, err := encodeBatch(ts, ds, nil, false)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	for slot, d := range ds {
-		if d.ops.empty() {
-			continue
-		}
-		ref := ts.refs[slot]
-		e := &encoder{conn: rec.conn, f: ref.f, sets: map[string]*nftables.Set{},
-			table: &nftables.Table{Name: ref.name, Family: nftFamily(ref.f)}}
-		e.encode(&d.ops)
-		if e.err != nil {
-			tb.Fatal(e.err)
-		}
-	}
-	msgs, err := rec.take()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return msgs
+	tb.Cleanup(w.release)
+	return w
 }

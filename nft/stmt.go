@@ -1,8 +1,10 @@
 package nft
 
 import (
+	"encoding/binary"
 	"fmt"
 	"net/netip"
+	"strconv"
 
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
@@ -16,7 +18,7 @@ import (
 // tracer knows what each does to a packet.
 type Stmt interface {
 	text(f Family) string
-	encode(f Family, e *encoder) []expr.Any
+	encode(f Family, e *setRefs) []expr.Any
 }
 
 // Register numbers as nft allocates them, so that `nft --debug=netlink` of a
@@ -61,11 +63,16 @@ func (d Dir) word() string {
 }
 
 func loadAddr(f Family, d Dir, reg, length uint32) *expr.Payload {
+	p := loadAddrValue(f, d, reg, length)
+	return &p
+}
+
+func loadAddrValue(f Family, d Dir, reg, length uint32) expr.Payload {
 	off := saddrOffset(f)
 	if d == Dst {
 		off = daddrOffset(f)
 	}
-	return &expr.Payload{DestRegister: reg, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: length}
+	return expr.Payload{DestRegister: reg, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: length}
 }
 
 // MatchAddr matches the source or destination address against a prefix (a
@@ -88,7 +95,7 @@ func (m MatchAddr) text(f Family) string {
 	return fmt.Sprintf("%s %s %s%s", f, m.Dir.word(), op, v)
 }
 
-func (m MatchAddr) encode(f Family, _ *encoder) []expr.Any {
+func (m MatchAddr) encode(f Family, _ *setRefs) []expr.Any {
 	op := expr.CmpOpEq
 	if m.Not {
 		op = expr.CmpOpNeq
@@ -120,11 +127,17 @@ type MatchAddrInSet struct {
 	Set string
 }
 
-func (m MatchAddrInSet) text(f Family) string {
-	return fmt.Sprintf("%s %s @%s", f, m.Dir.word(), m.Set)
+func (m MatchAddrInSet) text(f Family) string { return string(m.appendText(nil, f)) }
+
+func (m MatchAddrInSet) appendText(b []byte, f Family) []byte {
+	b = append(b, f.String()...)
+	b = append(b, ' ')
+	b = append(b, m.Dir.word()...)
+	b = append(b, " @"...)
+	return append(b, m.Set...)
 }
 
-func (m MatchAddrInSet) encode(f Family, e *encoder) []expr.Any {
+func (m MatchAddrInSet) encode(f Family, e *setRefs) []expr.Any {
 	s := e.set(m.Set)
 	return []expr.Any{
 		loadAddr(f, m.Dir, reg1, f.addrLen()),
@@ -143,7 +156,7 @@ func (m MatchAddrPairInSet) text(f Family) string {
 	return fmt.Sprintf("%s saddr . %s daddr @%s", f, f, m.Set)
 }
 
-func (m MatchAddrPairInSet) encode(f Family, e *encoder) []expr.Any {
+func (m MatchAddrPairInSet) encode(f Family, e *setRefs) []expr.Any {
 	s := e.set(m.Set)
 	daddrReg := uint32(reg32a)
 	if f == IPv6 {
@@ -165,7 +178,7 @@ type MatchLocal struct {
 
 func (m MatchLocal) text(Family) string { return "fib " + m.Dir.word() + " type local" }
 
-func (m MatchLocal) encode(Family, *encoder) []expr.Any {
+func (m MatchLocal) encode(Family, *setRefs) []expr.Any {
 	return []expr.Any{
 		&expr.Fib{Register: reg1, ResultADDRTYPE: true, FlagSADDR: m.Dir == Src, FlagDADDR: m.Dir == Dst},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL)},
@@ -177,7 +190,7 @@ type MatchCtNew struct{}
 
 func (MatchCtNew) text(Family) string { return "ct state new" }
 
-func (MatchCtNew) encode(Family, *encoder) []expr.Any {
+func (MatchCtNew) encode(Family, *setRefs) []expr.Any {
 	return []expr.Any{
 		&expr.Ct{Register: reg1, Key: expr.CtKeySTATE},
 		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4,
@@ -193,7 +206,7 @@ func (m MatchMarkUnset) text(Family) string {
 	return fmt.Sprintf("meta mark & %#08x == 0", m.Bit)
 }
 
-func (m MatchMarkUnset) encode(Family, *encoder) []expr.Any {
+func (m MatchMarkUnset) encode(Family, *setRefs) []expr.Any {
 	return []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
 		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4,
@@ -215,7 +228,7 @@ func (m SetMark) text(Family) string {
 	return fmt.Sprintf("meta mark set meta mark | %#08x", m.Bit)
 }
 
-func (m SetMark) encode(Family, *encoder) []expr.Any {
+func (m SetMark) encode(Family, *setRefs) []expr.Any {
 	mask := ^m.Bit
 	if m.Xor {
 		mask = 0xffffffff
@@ -234,7 +247,7 @@ type Masquerade struct{}
 
 func (Masquerade) text(Family) string { return "masquerade fully-random" }
 
-func (Masquerade) encode(Family, *encoder) []expr.Any {
+func (Masquerade) encode(Family, *setRefs) []expr.Any {
 	return []expr.Any{&expr.Masq{FullyRandom: true}}
 }
 
@@ -244,7 +257,7 @@ type Reject struct{}
 
 func (Reject) text(Family) string { return "reject" }
 
-func (Reject) encode(f Family, _ *encoder) []expr.Any {
+func (Reject) encode(f Family, _ *setRefs) []expr.Any {
 	code := uint8(3) // ICMP port unreachable
 	if f == IPv6 {
 		code = 4 // ICMPv6 port unreachable
@@ -255,21 +268,38 @@ func (Reject) encode(f Family, _ *encoder) []expr.Any {
 // Verdicts as statements.
 func (v Verdict) text(Family) string { return v.String() }
 
-func (v Verdict) encode(Family, *encoder) []expr.Any {
-	var k expr.VerdictKind
+func (v Verdict) appendText(b []byte, _ Family) []byte {
 	switch v.Kind {
 	case Goto:
-		k = expr.VerdictGoto
+		return append(append(b, "goto "...), v.Chain...)
 	case Jump:
-		k = expr.VerdictJump
-	case Return:
-		k = expr.VerdictReturn
-	case Drop:
-		k = expr.VerdictDrop
-	case Accept:
-		k = expr.VerdictAccept
+		return append(append(b, "jump "...), v.Chain...)
 	}
-	return []expr.Any{&expr.Verdict{Kind: k, Chain: v.Chain}}
+	return append(b, v.String()...)
+}
+
+func (v Verdict) put(_ Family, w *wire) {
+	w.verdict(&expr.Verdict{Kind: v.nftKind(), Chain: v.Chain})
+}
+
+func (v Verdict) encode(Family, *setRefs) []expr.Any {
+	return []expr.Any{&expr.Verdict{Kind: v.nftKind(), Chain: v.Chain}}
+}
+
+func (v Verdict) nftKind() expr.VerdictKind {
+	switch v.Kind {
+	case Goto:
+		return expr.VerdictGoto
+	case Jump:
+		return expr.VerdictJump
+	case Return:
+		return expr.VerdictReturn
+	case Drop:
+		return expr.VerdictDrop
+	case Accept:
+		return expr.VerdictAccept
+	}
+	return 0
 }
 
 // VmapDispatch looks the packet up in a verdict map: by destination address,
@@ -286,7 +316,7 @@ func (d VmapDispatch) text(f Family) string {
 	return fmt.Sprintf("%s daddr . meta l4proto . th dport vmap @%s", f, d.Map)
 }
 
-func (d VmapDispatch) encode(f Family, e *encoder) []expr.Any {
+func (d VmapDispatch) encode(f Family, e *setRefs) []expr.Any {
 	s := e.set(d.Map)
 	lookup := &expr.Lookup{SourceRegister: reg1, SetName: s.Name, SetID: s.ID, DestRegister: 0, IsDestRegSet: true}
 	dport := &expr.Payload{Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2}
@@ -323,11 +353,36 @@ type HashBucket struct {
 	Bucket  uint32
 }
 
-func (h HashBucket) text(f Family) string {
-	return fmt.Sprintf("jhash %s saddr . th sport mod %d seed %#x %d", f, h.Modulus, h.Seed, h.Bucket)
+func (h HashBucket) text(f Family) string { return string(h.appendText(nil, f)) }
+
+// appendText writes "jhash ip saddr . th sport mod 4 seed 0x7 0".
+func (h HashBucket) appendText(b []byte, f Family) []byte {
+	b = append(b, "jhash "...)
+	b = append(b, f.String()...)
+	b = append(b, " saddr . th sport mod "...)
+	b = strconv.AppendUint(b, uint64(h.Modulus), 10)
+	b = append(b, " seed 0x"...)
+	b = strconv.AppendUint(b, uint64(h.Seed), 16)
+	b = append(b, ' ')
+	return strconv.AppendUint(b, uint64(h.Bucket), 10)
 }
 
-func (h HashBucket) encode(f Family, _ *encoder) []expr.Any {
+func (h HashBucket) put(f Family, w *wire) {
+	sportReg, length := uint32(reg32c), uint32(8)
+	if f == IPv6 {
+		sportReg, length = reg3, 20
+	}
+	saddr := loadAddrValue(f, Src, reg2, f.addrLen())
+	w.payload(&saddr)
+	w.payload(&expr.Payload{DestRegister: sportReg, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 2})
+	w.hash(&expr.Hash{SourceRegister: reg2, DestRegister: reg1, Length: length, Modulus: h.Modulus,
+		Seed: h.Seed, Type: expr.HashTypeJenkins})
+	var bucket [4]byte
+	binary.NativeEndian.PutUint32(bucket[:], h.Bucket)
+	w.cmp(&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: bucket[:]})
+}
+
+func (h HashBucket) encode(f Family, _ *setRefs) []expr.Any {
 	sportReg, length := uint32(reg32c), uint32(8)
 	if f == IPv6 {
 		sportReg, length = reg3, 20
@@ -345,11 +400,17 @@ func (h HashBucket) encode(f Family, _ *encoder) []expr.Any {
 // refreshing its timeout.
 type UpdateAffinity struct{ Set string }
 
-func (u UpdateAffinity) text(f Family) string {
-	return fmt.Sprintf("update @%s { %s saddr }", u.Set, f)
+func (u UpdateAffinity) text(f Family) string { return string(u.appendText(nil, f)) }
+
+func (u UpdateAffinity) appendText(b []byte, f Family) []byte {
+	b = append(b, "update @"...)
+	b = append(b, u.Set...)
+	b = append(b, " { "...)
+	b = append(b, f.String()...)
+	return append(b, " saddr }"...)
 }
 
-func (u UpdateAffinity) encode(f Family, e *encoder) []expr.Any {
+func (u UpdateAffinity) encode(f Family, e *setRefs) []expr.Any {
 	s := e.set(u.Set)
 	return []expr.Any{
 		loadAddr(f, Src, reg1, f.addrLen()),
@@ -364,11 +425,41 @@ type DNAT struct {
 	To    netip.AddrPort
 }
 
-func (d DNAT) text(f Family) string {
-	return fmt.Sprintf("meta l4proto %s dnat to %s", d.Proto, d.To)
+func (d DNAT) text(f Family) string { return string(d.appendText(nil, f)) }
+
+// appendText writes "meta l4proto tcp dnat to 10.0.0.1:80" (or
+// "[fd00::1]:80").
+func (d DNAT) appendText(b []byte, _ Family) []byte {
+	b = append(b, "meta l4proto "...)
+	b = append(b, d.Proto.String()...)
+	b = append(b, " dnat to "...)
+	return d.To.AppendTo(b)
 }
 
-func (d DNAT) encode(f Family, _ *encoder) []expr.Any {
+func (d DNAT) put(f Family, w *wire) {
+	fam := uint32(unix.NFPROTO_IPV4)
+	if f == IPv6 {
+		fam = unix.NFPROTO_IPV6
+	}
+	w.meta(&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1})
+	proto := [1]byte{byte(d.Proto)}
+	w.cmp(&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: proto[:]})
+	var addr []byte
+	if a := d.To.Addr(); a.Is4() {
+		a4 := a.As4()
+		addr = a4[:]
+	} else {
+		a16 := a.As16()
+		addr = a16[:]
+	}
+	w.immediate(&expr.Immediate{Register: reg1, Data: addr})
+	var port [2]byte
+	binary.BigEndian.PutUint16(port[:], d.To.Port())
+	w.immediate(&expr.Immediate{Register: reg2, Data: port[:]})
+	w.nat(&expr.NAT{Type: expr.NATTypeDestNAT, Family: fam, RegAddrMin: reg1, RegProtoMin: reg2, Specified: true})
+}
+
+func (d DNAT) encode(f Family, _ *setRefs) []expr.Any {
 	fam := uint32(unix.NFPROTO_IPV4)
 	if f == IPv6 {
 		fam = unix.NFPROTO_IPV6
