@@ -244,7 +244,7 @@ func (s *Syncer) full(log *slog.Logger) error {
 		for _, c := range res.Conflicts {
 			log.Warn("address conflict", "detail", c)
 		}
-		log.Info("full sync", "services", len(desired), "changes", res.Counts.Changes(), "messages", res.Messages, "duration", res.Duration)
+		log.Info("full sync", "services", len(desired), "changes", res.Counts.Changes(), "messages", res.Messages, "duration", res.Duration, "kernel", res.Kernel)
 	}
 	s.notify(ev)
 	return err

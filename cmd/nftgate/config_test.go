@@ -139,13 +139,24 @@ func TestMemoryLimitFollowsLiveData(t *testing.T) {
 	if got := debug.SetMemoryLimit(-1); got != math.MaxInt64 {
 		t.Fatalf("limit before the first full sync = %d, want none", got)
 	}
+	gcPercent := func() int { p := debug.SetGCPercent(100); debug.SetGCPercent(p); return p }
+	before := gcPercent()
 	m.beforeFull()
+	if p := gcPercent(); p != coldGCPercent {
+		t.Errorf("GOGC during the first full sync = %d, want %d", p, coldGCPercent)
+	}
 	m.synced(true)
+	if p := gcPercent(); p != before {
+		t.Errorf("GOGC after the first full sync = %d, want %d again", p, before)
+	}
 	got := debug.SetMemoryLimit(-1)
 	if got < int64(len(keep))+minHeadroom {
 		t.Errorf("limit after the full sync = %d, want at least %d live bytes + %d", got, len(keep), minHeadroom)
 	}
 	m.beforeFull()
+	if p := gcPercent(); p != before {
+		t.Errorf("GOGC during a later full sync = %d, want %d", p, before)
+	}
 	if during := debug.SetMemoryLimit(-1); during != math.MaxInt64 {
 		t.Errorf("limit during a full sync = %d, want none", during)
 	}

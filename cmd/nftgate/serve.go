@@ -268,13 +268,24 @@ func serve(ctx context.Context, cfg *Config) error {
 // kernel (every reconcile). Under the limit the collector would run almost
 // without pause through it (a cold start of 1 s took 4.5 s at 10,000
 // Services under a 128 MiB limit), so the limit is lifted while a full
-// sync runs, and after it the memory it used is handed back to the kernel
-// at once. A GOMEMLIMIT in the environment wins, as the runtime documents.
+// sync runs (the first also with a higher GOGC), and after it the memory
+// it used is handed back to the kernel at once. A GOMEMLIMIT in the environment wins, as the runtime documents.
 type memoryLimit struct {
 	floor ByteSize
 	log   *slog.Logger
 	last  int64 // the limit set after the last sync; 0 before the first
+	// cold is set while the first full sync runs, with coldGCPercent;
+	// gcPercent is GOGC as it was before.
+	cold, coldDone bool
+	gcPercent      int
 }
+
+// coldGCPercent is GOGC during the first full sync: it allocates about
+// 55 MB at 10,000 Services, most of it kept until the batch is sent, and
+// with the default the collector ran several times through it (a cold
+// sync took 0.94 s with 400 against 1.15-1.29 s with 100, alternating runs
+// under the same load). What it held is handed back when it ends.
+const coldGCPercent = 400
 
 // minHeadroom is the least room the memory limit leaves above the live
 // data: more than a partial sync allocates at ten thousand Services, so
@@ -289,9 +300,14 @@ func newMemoryLimit(limit ByteSize, log *slog.Logger) *memoryLimit {
 	return &memoryLimit{floor: limit, log: log}
 }
 
-// beforeFull lifts the limit for a full sync. Only the sync loop's
-// goroutine calls beforeFull and synced.
+// beforeFull lifts the limit for a full sync, and lets the heap grow
+// further than usual before the first. Only the sync loop's goroutine
+// calls beforeFull and synced.
 func (m *memoryLimit) beforeFull() {
+	if !m.coldDone && !m.cold {
+		m.cold = true
+		m.gcPercent = debug.SetGCPercent(coldGCPercent)
+	}
 	if m.floor > 0 {
 		debug.SetMemoryLimit(math.MaxInt64)
 	}
@@ -305,6 +321,13 @@ func (m *memoryLimit) beforeFull() {
 // only raised, after a collection measures exactly, when that figure
 // nears it, as when the cluster grows between two full syncs.
 func (m *memoryLimit) synced(full bool) {
+	if full && m.cold {
+		debug.SetGCPercent(m.gcPercent)
+		m.cold, m.coldDone = false, true
+		if m.floor <= 0 {
+			debug.FreeOSMemory()
+		}
+	}
 	if m.floor <= 0 {
 		return
 	}
