@@ -32,6 +32,10 @@ type Report struct {
 type LoadTime struct {
 	Services int     `json:"services"`
 	Seconds  float64 `json:"seconds"`
+	// CPU time the servers spent meanwhile, which other work on the
+	// machine does not inflate as it does the wall time.
+	APIServerCPUSeconds float64 `json:"apiserver_cpu_seconds,omitempty"`
+	EtcdCPUSeconds      float64 `json:"etcd_cpu_seconds,omitempty"`
 }
 
 // Machine describes where the numbers were taken.
