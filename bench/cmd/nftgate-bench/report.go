@@ -171,7 +171,11 @@ func (r *Report) Markdown() string {
 			if i == 0 {
 				sep = ""
 			}
-			fmt.Fprintf(&b, "%s %.0f s (up to %s)", sep, l.Seconds, thousands(l.Services))
+			fmt.Fprintf(&b, "%s %.0f s (up to %s", sep, l.Seconds, thousands(l.Services))
+			if l.APIServerCPUSeconds > 0 {
+				fmt.Fprintf(&b, "; kube-apiserver CPU %.0f s, etcd %.0f s", l.APIServerCPUSeconds, l.EtcdCPUSeconds)
+			}
+			b.WriteString(")")
 		}
 		b.WriteString(".\n")
 	}
