@@ -138,8 +138,13 @@ func (r *Report) Write(dir string) error {
 func (r *Report) Markdown() string {
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "# nftgate vs kube-proxy\n\n")
-	fmt.Fprintf(&b, "Run %s. Machine: %s. Load average (1 min) %.1f at the start, %.1f at the end.\n\n",
-		r.Started.Format("2006-01-02 15:04 MST"), r.Machine.Summary(), r.Machine.LoadAvgStart, r.Machine.LoadAvgEnd)
+	end := fmt.Sprintf("%.1f at the end", r.Machine.LoadAvgEnd)
+	if r.Finished.IsZero() {
+		// Written after each proxier: a run stopped half way has no end.
+		end = "the run stopped before its last size"
+	}
+	fmt.Fprintf(&b, "Run %s. Machine: %s. Load average (1 min) %.1f at the start, %s.\n\n",
+		r.Started.Format("2006-01-02 15:04 MST"), r.Machine.Summary(), r.Machine.LoadAvgStart, end)
 	fmt.Fprintf(&b, "N Services × %d endpoints in a real kube-apiserver; each proxier in turn in the same gateway network namespace. "+
 		"Endpoint change: %d EndpointSlice writes, from the write until a client's new connection reaches the new endpoints "+
 		"(%s between changes). Latency: median of %d TCP exchanges (connect, one line each way, close) from the client, "+
