@@ -2,7 +2,8 @@
 # side on this machine, against one real kube-apiserver in one run.
 #
 #   make bench                          N = 1,000 and 10,000 Services x 4 endpoints
-#   make bench BENCH_SIZES=1000,10000,50000,100000
+#   make bench BENCH_SIZES=1000,10000,20000   (above 20,000 loading takes long:
+#                                              see "Large sizes" in bench/README.md)
 #   make bench BENCH_ARGS="--changes 40"   extra flags (see bench/README.md)
 #
 # Results (markdown table, PNG plot, raw JSON) land in bench/results/.

@@ -55,7 +55,48 @@ var (
 	// clear of its networks (198.18.0-2.x). Only Services nobody connects
 	// to get addresses there.
 	extraServiceCIDRs = []string{"198.18.128.0/17", "198.18.64.0/18"}
+
+	// bulkRanges are the ClusterIPs the bulk Services get, in order: the
+	// Service range above its low band (198.19.0.x, where the canary and
+	// the changed Service are), then the extra ServiceCIDRs without their
+	// network and broadcast addresses, which no allocator hands out.
+	bulkRanges = []ipRange{
+		{netip.MustParseAddr("198.19.1.0"), netip.MustParseAddr("198.19.255.254")},
+		{netip.MustParseAddr("198.18.128.1"), netip.MustParseAddr("198.18.255.254")},
+		{netip.MustParseAddr("198.18.64.1"), netip.MustParseAddr("198.18.127.254")},
+	}
 )
+
+// ipRange is the IPv4 addresses from first to last, both included.
+type ipRange struct{ first, last netip.Addr }
+
+func (r ipRange) size() int { return int(ipv4Uint(r.last) - ipv4Uint(r.first) + 1) }
+
+func ipv4Uint(a netip.Addr) uint32 {
+	b := a.As4()
+	return uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
+}
+
+// bulkIP is the ClusterIP of bulk Service i (counted from 0).
+//
+// The benchmark names the addresses instead of leaving the choice to
+// kube-apiserver because that is much cheaper for it. Since Kubernetes
+// 1.33 every ClusterIP is an IPAddress object, and after creating one the
+// allocator counts all IPAddress objects in its cache twice for its
+// metrics: each Service costs time proportional to the Services already
+// there. For an address it picks itself it does that while holding the one
+// lock of all its ranges, so Service creates run one at a time; for a
+// requested address it takes no such lock, and creates run on every core.
+func bulkIP(i int) (netip.Addr, error) {
+	for _, r := range bulkRanges {
+		if i < r.size() {
+			v := ipv4Uint(r.first) + uint32(i)
+			return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)}), nil
+		}
+		i -= r.size()
+	}
+	return netip.Addr{}, fmt.Errorf("bulk Service %d: no ClusterIP left in %v", i, bulkRanges)
+}
 
 // Env is the lab, the control plane and the Services every proxier is
 // measured against.
@@ -145,10 +186,19 @@ func (e *Env) LoadTo(ctx context.Context, n int) (time.Duration, error) {
 	if target <= e.bulk {
 		return 0, nil
 	}
-	if n > 60_000 && !e.extraCIDRs {
+	if target > bulkRanges[0].size() && !e.extraCIDRs {
 		if err := e.addServiceCIDRs(ctx); err != nil {
 			return 0, err
 		}
+	}
+	// Protobuf, as kube-apiserver's own clients use: cheaper than JSON to
+	// encode here and to decode there, on the same two cores.
+	cfg := e.API.RESTConfig()
+	cfg.ContentType = "application/vnd.kubernetes.protobuf"
+	cfg.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return 0, err
 	}
 	start := time.Now()
 	next := make(chan int)
@@ -162,7 +212,7 @@ func (e *Env) LoadTo(ctx context.Context, n int) (time.Duration, error) {
 		go func() {
 			defer wg.Done()
 			for i := range next {
-				ip, err := e.createBulk(ctx, i)
+				ip, err := e.createBulk(ctx, client, i)
 				if err != nil {
 					errc <- err
 					cancel()
@@ -176,7 +226,7 @@ func (e *Env) LoadTo(ctx context.Context, n int) (time.Duration, error) {
 			}
 		}()
 	}
-	lastLog := time.Now()
+	lastLog, lastCount := time.Now(), e.bulk
 feed:
 	for i := e.bulk; i < target; i++ {
 		select {
@@ -184,9 +234,9 @@ feed:
 		case <-ctx.Done():
 			break feed
 		}
-		if time.Since(lastLog) > 10*time.Second {
-			logf("  loading: %d of %d Services", i+fixedCount, n)
-			lastLog = time.Now()
+		if since := time.Since(lastLog); since > 10*time.Second {
+			logf("  loading: %d of %d Services (%.0f/s)", i+fixedCount, n, float64(i-lastCount)/since.Seconds())
+			lastLog, lastCount = time.Now(), i
 		}
 	}
 	close(next)
@@ -202,16 +252,20 @@ feed:
 	return time.Since(start), nil
 }
 
-func (e *Env) createBulk(ctx context.Context, i int) (netip.Addr, error) {
+func (e *Env) createBulk(ctx context.Context, client kubernetes.Interface, i int) (netip.Addr, error) {
 	name := fmt.Sprintf(firstBulkName, i)
-	svc := gatewaytest.Service(namespace, name, "ClusterIP", nil, gatewaytest.Port{Name: "http", Port: servicePort})
+	clusterIP, err := bulkIP(i)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	svc := gatewaytest.Service(namespace, name, "ClusterIP", []string{clusterIP.String()}, gatewaytest.Port{Name: "http", Port: servicePort})
 	svc.CreationTimestamp = metav1.Time{}
 	var created *corev1.Service
-	err := retryTransient(ctx, func() error {
+	err = retryTransient(ctx, func() error {
 		var err error
-		created, err = e.Client.CoreV1().Services(namespace).Create(ctx, svc, metav1.CreateOptions{})
+		created, err = client.CoreV1().Services(namespace).Create(ctx, svc, metav1.CreateOptions{})
 		if apierrors.IsAlreadyExists(err) {
-			created, err = e.Client.CoreV1().Services(namespace).Get(ctx, name, metav1.GetOptions{})
+			created, err = client.CoreV1().Services(namespace).Get(ctx, name, metav1.GetOptions{})
 		}
 		return err
 	})
@@ -229,7 +283,7 @@ func (e *Env) createBulk(ctx context.Context, i int) (netip.Addr, error) {
 	}
 	sl := slice(name, bulkPort, backends)
 	err = retryTransient(ctx, func() error {
-		_, err := e.Client.DiscoveryV1().EndpointSlices(namespace).Create(ctx, sl, metav1.CreateOptions{})
+		_, err := client.DiscoveryV1().EndpointSlices(namespace).Create(ctx, sl, metav1.CreateOptions{})
 		if apierrors.IsAlreadyExists(err) {
 			return nil
 		}

@@ -44,6 +44,12 @@ type Config struct {
 	Out          string
 	KeepLogs     bool
 	Timeout      time.Duration
+	// LoadOnly stops after loading each size: it measures the control
+	// plane, not the proxiers.
+	LoadOnly bool
+	// APIServerArgs are extra kube-apiserver flags, e.g. --profiling=true
+	// to look at where loading spends its time.
+	APIServerArgs []string
 	// Rerender names a results.json to render results.md and results.png
 	// from again, without measuring.
 	Rerender string
@@ -88,6 +94,14 @@ func parseFlags(args []string) (*Config, error) {
 	fs.StringVar(&cfg.Out, "out", "bench/results", "directory for results.md, results.json and results.png")
 	fs.BoolVar(&cfg.KeepLogs, "keep-logs", false, "keep the proxiers' logs (their directory is printed)")
 	fs.DurationVar(&cfg.Timeout, "timeout", 10*time.Minute, "bound on each proxier's cold start and on each endpoint change")
+	fs.BoolVar(&cfg.LoadOnly, "load-only", false, "only load the Services of each size and report how long that took")
+	fs.Func("api-server-arg", "extra kube-apiserver flag, e.g. --api-server-arg=--profiling=true (repeatable)", func(s string) error {
+		if !strings.HasPrefix(s, "--") {
+			return fmt.Errorf("%q: want a flag such as --profiling=true", s)
+		}
+		cfg.APIServerArgs = append(cfg.APIServerArgs, s)
+		return nil
+	})
 	fs.StringVar(&cfg.Rerender, "rerender", "", "results.json to render results.md and results.png from again (no measuring)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -176,7 +190,8 @@ func run(ctx context.Context, cfg *Config) error {
 	}
 	defer topo.Close()
 	startCtx, cancel := context.WithTimeout(ctx, 3*time.Minute)
-	cp, err := kubetest.Start(startCtx, kubetest.Options{NetNS: topo.Gateway.Name()})
+	cp, err := kubetest.Start(startCtx, kubetest.Options{NetNS: topo.Gateway.Name(),
+		ExtraAPIServerArgs: cfg.APIServerArgs})
 	cancel()
 	if err != nil {
 		return err
@@ -191,12 +206,20 @@ func run(ctx context.Context, cfg *Config) error {
 	report := &Report{Machine: machine, Started: time.Now().UTC(), Endpoints: cfg.Endpoints, Changes: cfg.Changes,
 		ChangeGap: cfg.ChangeGap.String(), LatencySamples: cfg.LatencyN}
 	for _, n := range cfg.Sizes {
+		apiBefore, etcdBefore := serverCPU(cp)
 		took, err := env.LoadTo(ctx, n)
 		if err != nil {
 			return err
 		}
-		logf("N=%d: %d Services x %d endpoints in the API (loading took %v)", n, n, cfg.Endpoints, took.Round(time.Millisecond))
-		report.LoadSeconds = append(report.LoadSeconds, LoadTime{Services: n, Seconds: took.Seconds()})
+		apiAfter, etcdAfter := serverCPU(cp)
+		load := LoadTime{Services: n, Seconds: took.Seconds(),
+			APIServerCPUSeconds: (apiAfter - apiBefore).Seconds(), EtcdCPUSeconds: (etcdAfter - etcdBefore).Seconds()}
+		logf("N=%d: %d Services x %d endpoints in the API (loading took %v; CPU: kube-apiserver %.0f s, etcd %.0f s)",
+			n, n, cfg.Endpoints, took.Round(time.Millisecond), load.APIServerCPUSeconds, load.EtcdCPUSeconds)
+		report.LoadSeconds = append(report.LoadSeconds, load)
+		if cfg.LoadOnly {
+			continue
+		}
 		for _, name := range cfg.Proxiers {
 			res, err := env.Measure(ctx, proxierByName(name, env), n)
 			if err != nil {
@@ -219,6 +242,17 @@ func run(ctx context.Context, cfg *Config) error {
 	logf("results in %s", cfg.Out)
 	failed = false
 	return nil
+}
+
+// serverCPU is the CPU time kube-apiserver and etcd have used so far.
+func serverCPU(cp *kubetest.ControlPlane) (api, etcd time.Duration) {
+	if st, err := readProcStats(cp.APIServerPID()); err == nil {
+		api = st.CPU
+	}
+	if st, err := readProcStats(cp.EtcdPID()); err == nil {
+		etcd = st.CPU
+	}
+	return api, etcd
 }
 
 // rerender writes results.md and results.png next to a results.json.

@@ -32,6 +32,10 @@ type Report struct {
 type LoadTime struct {
 	Services int     `json:"services"`
 	Seconds  float64 `json:"seconds"`
+	// CPU time the servers spent meanwhile, which other work on the
+	// machine does not inflate as it does the wall time.
+	APIServerCPUSeconds float64 `json:"apiserver_cpu_seconds,omitempty"`
+	EtcdCPUSeconds      float64 `json:"etcd_cpu_seconds,omitempty"`
 }
 
 // Machine describes where the numbers were taken.
@@ -134,8 +138,13 @@ func (r *Report) Write(dir string) error {
 func (r *Report) Markdown() string {
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "# nftgate vs kube-proxy\n\n")
-	fmt.Fprintf(&b, "Run %s. Machine: %s. Load average (1 min) %.1f at the start, %.1f at the end.\n\n",
-		r.Started.Format("2006-01-02 15:04 MST"), r.Machine.Summary(), r.Machine.LoadAvgStart, r.Machine.LoadAvgEnd)
+	end := fmt.Sprintf("%.1f at the end", r.Machine.LoadAvgEnd)
+	if r.Finished.IsZero() {
+		// Written after each proxier: a run stopped half way has no end.
+		end = "the run stopped before its last size"
+	}
+	fmt.Fprintf(&b, "Run %s. Machine: %s. Load average (1 min) %.1f at the start, %s.\n\n",
+		r.Started.Format("2006-01-02 15:04 MST"), r.Machine.Summary(), r.Machine.LoadAvgStart, end)
 	fmt.Fprintf(&b, "N Services × %d endpoints in a real kube-apiserver; each proxier in turn in the same gateway network namespace. "+
 		"Endpoint change: %d EndpointSlice writes, from the write until a client's new connection reaches the new endpoints "+
 		"(%s between changes). Latency: median of %d TCP exchanges (connect, one line each way, close) from the client, "+
@@ -167,7 +176,11 @@ func (r *Report) Markdown() string {
 			if i == 0 {
 				sep = ""
 			}
-			fmt.Fprintf(&b, "%s %.0f s (up to %s)", sep, l.Seconds, thousands(l.Services))
+			fmt.Fprintf(&b, "%s %.0f s (up to %s", sep, l.Seconds, thousands(l.Services))
+			if l.APIServerCPUSeconds > 0 {
+				fmt.Fprintf(&b, "; kube-apiserver CPU %.0f s, etcd %.0f s", l.APIServerCPUSeconds, l.EtcdCPUSeconds)
+			}
+			b.WriteString(")")
 		}
 		b.WriteString(".\n")
 	}

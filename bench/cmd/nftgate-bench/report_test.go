@@ -50,6 +50,7 @@ func TestReportWrite(t *testing.T) {
 			Result{Proxier: proxKPNFTables, Services: n, ColdStartSeconds: 20, ChangeP50Ms: 3500, RSSMiB: 280, CPUPerChangeMs: 900},
 			Result{Proxier: proxKPIPTables, Services: n, ColdStartSeconds: 10, ChangeP50Ms: 0, RSSMiB: 200})
 	}
+	r.LoadSeconds = []LoadTime{{Services: 1000, Seconds: 9}, {Services: 10000, Seconds: 117, APIServerCPUSeconds: 150, EtcdCPUSeconds: 20}}
 	dir := t.TempDir()
 	if err := r.Write(dir); err != nil {
 		t.Fatal(err)
@@ -62,6 +63,8 @@ func TestReportWrite(t *testing.T) {
 		"| nftgate | 10,000 | 0.50 s | 20 ms |",
 		"| kube-proxy-nftables | 1,000 | 20.0 s | 3500 ms |",
 		"N=10,000, nftgate vs kube-proxy-nftables: cold start 40× faster, endpoint change p50 175× faster, RSS 5.6× smaller",
+		"took 9 s (up to 1,000), 117 s (up to 10,000; kube-apiserver CPU 150 s, etcd 20 s).",
+		"the run stopped before its last size.",
 	} {
 		if !strings.Contains(string(md), want) {
 			t.Errorf("results.md lacks %q:\n%s", want, md)
@@ -125,6 +128,7 @@ func TestParseFlagsErrors(t *testing.T) {
 		{[]string{"--proxiers", "nftgate,ipvs"}, `--proxiers: "ipvs"`},
 		{[]string{"--endpoints", "21"}, "--endpoints: 21"},
 		{[]string{"--changes", "0"}, "--changes: 0"},
+		{[]string{"--api-server-arg", "profiling=true"}, `"profiling=true"`},
 	} {
 		_, err := parseFlags(c.args)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
