@@ -340,15 +340,7 @@ func (e *encoder) elements(els []Element, del bool) {
 			key = appendKey(key[:0], shape, el.Key)
 			w.value(unix.NFTA_SET_ELEM_KEY, key)
 			if el.Verdict.Kind != 0 {
-				v := el.Verdict.encode(e.f, nil)[0].(*expr.Verdict)
-				data := w.nest(unix.NFTA_SET_ELEM_DATA)
-				verdict := w.nest(unix.NFTA_DATA_VERDICT)
-				w.u32(unix.NFTA_VERDICT_CODE, uint32(v.Kind))
-				if v.Chain != "" {
-					w.str(unix.NFTA_VERDICT_CHAIN, v.Chain)
-				}
-				w.close(verdict)
-				w.close(data)
+				w.verdictData(unix.NFTA_SET_ELEM_DATA, el.Verdict.encode(e.f, nil)[0].(*expr.Verdict))
 			}
 			w.close(item)
 		}

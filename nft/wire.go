@@ -393,15 +393,21 @@ func (w *wire) immediate(e *expr.Immediate) {
 func (w *wire) verdict(e *expr.Verdict) {
 	elem, at := w.exprBegin("immediate")
 	w.u32(unix.NFTA_IMMEDIATE_DREG, unix.NFT_REG_VERDICT)
-	imm := w.nest(unix.NFTA_IMMEDIATE_DATA)
+	w.verdictData(unix.NFTA_IMMEDIATE_DATA, e)
+	w.exprEnd(elem, at)
+}
+
+// verdictData writes a verdict as the data attribute attr (of an
+// immediate expression, or of a map element).
+func (w *wire) verdictData(attr uint16, e *expr.Verdict) {
+	data := w.nest(attr)
 	v := w.nest(unix.NFTA_DATA_VERDICT)
 	w.u32(unix.NFTA_VERDICT_CODE, uint32(e.Kind))
 	if e.Chain != "" {
 		w.str(unix.NFTA_VERDICT_CHAIN, e.Chain)
 	}
 	w.close(v)
-	w.close(imm)
-	w.exprEnd(elem, at)
+	w.close(data)
 }
 
 func (w *wire) nat(e *expr.NAT) {
