@@ -33,6 +33,9 @@ type KubeSource struct {
 	mu        stdsync.Mutex
 	connected bool
 	lastErr   string
+	// onEvent, when set, is called for every event before the handlers
+	// record it: tests make the handlers lag behind the informers with it.
+	onEvent func()
 }
 
 // LoadKubeConfig finds the cluster: an explicit kubeconfig path, then
@@ -246,11 +249,22 @@ func (k *KubeSource) Run(ctx context.Context, t *Tracker) error {
 		k.connected, k.lastErr = true, ""
 		k.mu.Unlock()
 	}
-	if _, err := svcInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(o any) { seen(); setCachedService(t, o) },
-		UpdateFunc: func(_, o any) { seen(); setCachedService(t, o) },
+	event := func() {
+		if k.onEvent != nil {
+			k.onEvent()
+		}
+		seen()
+	}
+	// The informers' own HasSynced says their stores hold the first list;
+	// the handlers get it later, on their own goroutines. Only the
+	// registrations tell when the tracker has all of it: a full sync of
+	// less would remove the rules of Services not yet handed over (and
+	// the next sync would add them back, as one slow partial sync).
+	svcReg, err := svcInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { event(); setCachedService(t, o) },
+		UpdateFunc: func(_, o any) { event(); setCachedService(t, o) },
 		DeleteFunc: func(o any) {
-			seen()
+			event()
 			if d, ok := o.(cache.DeletedFinalStateUnknown); ok {
 				o = d.Obj
 			}
@@ -258,14 +272,15 @@ func (k *KubeSource) Run(ctx context.Context, t *Tracker) error {
 				t.DeleteService(c.Key)
 			}
 		},
-	}); err != nil {
+	})
+	if err != nil {
 		return err
 	}
-	if _, err := sliceInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(o any) { seen(); setCachedSlice(t, o) },
-		UpdateFunc: func(_, o any) { seen(); setCachedSlice(t, o) },
+	sliceReg, err := sliceInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { event(); setCachedSlice(t, o) },
+		UpdateFunc: func(_, o any) { event(); setCachedSlice(t, o) },
 		DeleteFunc: func(o any) {
-			seen()
+			event()
 			if d, ok := o.(cache.DeletedFinalStateUnknown); ok {
 				o = d.Obj
 			}
@@ -273,7 +288,8 @@ func (k *KubeSource) Run(ctx context.Context, t *Tracker) error {
 				t.DeleteSlice(c.Namespace, c.Name)
 			}
 		},
-	}); err != nil {
+	})
+	if err != nil {
 		return err
 	}
 	var running stdsync.WaitGroup
@@ -284,7 +300,7 @@ func (k *KubeSource) Run(ctx context.Context, t *Tracker) error {
 	running.Go(func() { sliceInf.RunWithContext(ctx) })
 	go k.probe(ctx, core, log)
 	log.Info("waiting for the kubernetes API's complete view before changing anything", "server", cfg.Host)
-	if !cache.WaitForCacheSync(ctx.Done(), svcInf.HasSynced, sliceInf.HasSynced) {
+	if !cache.WaitForCacheSync(ctx.Done(), svcReg.HasSynced, sliceReg.HasSynced) {
 		return nil // ctx ended
 	}
 	seen()

@@ -139,6 +139,20 @@ func TestBurstIsCoalesced(t *testing.T) {
 	if syncs > n/5 {
 		t.Errorf("%.0f syncs for %d Services: changes were not coalesced", syncs, n)
 	}
+
+	// A restart's first sync sees every Service, and so finds nothing to
+	// change in the kernel: a sync of a partial view would remove the
+	// rules of the Services it had not seen yet.
+	g.Stop()
+	g.Start()
+	fulls := regexp.MustCompile(`msg="full sync" services=(\d+) changes=(\d+)`).FindAllStringSubmatch(g.Logs(), -1)
+	if len(fulls) < 2 {
+		t.Fatalf("no full sync after the restart in the logs:\n%s", g.Logs())
+	}
+	restart := fulls[len(fulls)-1]
+	if services, _ := strconv.Atoi(restart[1]); services < n || restart[2] != "0" {
+		t.Errorf("first sync after the restart: %s services, %s changes; want all %d and none", restart[1], restart[2], n)
+	}
 }
 
 // TestAPIOutage stops kube-apiserver for 20 s while a client keeps
