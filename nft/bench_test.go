@@ -49,35 +49,34 @@ func benchSizes(sizes ...int) []int {
 // Services is not what any benchmark measures.
 var (
 	clustersMu sync.Mutex
-	clusters   = map[int]*scaleCluster{}
+	clusters   = map[clusterKey]*scaleCluster{}
 )
 
-func clusterOf(n int) *scaleCluster {
+// clusterKey names a synthetic cluster: n Services of the mixed shape, or
+// of the plain one.
+type clusterKey struct {
+	plain bool
+	n     int
+}
+
+func cachedCluster(k clusterKey) *scaleCluster {
 	clustersMu.Lock()
 	defer clustersMu.Unlock()
-	if c, ok := clusters[n]; ok {
+	if c, ok := clusters[k]; ok {
 		return c
 	}
-	c := newScaleCluster(n, scaleEndpoints)
-	clusters[n] = c
+	build := newScaleCluster
+	if k.plain {
+		build = newPlainCluster
+	}
+	c := build(k.n, scaleEndpoints)
+	clusters[k] = c
 	return c
 }
 
-var (
-	plainMu       sync.Mutex
-	plainClusters = map[int]*scaleCluster{}
-)
+func clusterOf(n int) *scaleCluster { return cachedCluster(clusterKey{n: n}) }
 
-func plainClusterOf(n int) *scaleCluster {
-	plainMu.Lock()
-	defer plainMu.Unlock()
-	if c, ok := plainClusters[n]; ok {
-		return c
-	}
-	c := newPlainCluster(n, scaleEndpoints)
-	plainClusters[n] = c
-	return c
-}
+func plainClusterOf(n int) *scaleCluster { return cachedCluster(clusterKey{plain: true, n: n}) }
 
 func sizeName(n int) string { return "services=" + strconv.Itoa(n) }
 

@@ -52,14 +52,20 @@ func nftList(t testing.TB, ns string, args ...string) string {
 	return string(out)
 }
 
-func TestSmoke(t *testing.T) {
+// testProgrammer is a Programmer of table nftgate in a namespace of its own.
+func testProgrammer(t *testing.T) (ns string, p *Programmer) {
+	t.Helper()
 	ns, fd := testNetNS(t)
-	cfg := Config{Table: "nftgate", Node: model.Node{Name: "gw"}, HashSeed: 1}
-	p, err := NewProgrammer(cfg, Options{NetNSFD: fd})
+	p, err := NewProgrammer(Config{Table: "nftgate", Node: model.Node{Name: "gw"}, HashSeed: 1}, Options{NetNSFD: fd})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer p.Close()
+	t.Cleanup(func() { p.Close() })
+	return ns, p
+}
+
+func TestSmoke(t *testing.T) {
+	ns, p := testProgrammer(t)
 	svc := &model.Service{Key: model.ServiceKey{Namespace: "default", Name: "web"}, Type: "LoadBalancer",
 		ClusterIPs: []netip.Addr{netip.MustParseAddr("198.19.0.10"), netip.MustParseAddr("fd42:ff::10")}, LoadBalancerIPs: []netip.Addr{netip.MustParseAddr("198.19.1.1")},
 		SourceRanges:    []netip.Prefix{netip.MustParsePrefix("198.18.1.0/24")},
@@ -93,13 +99,7 @@ func TestSmoke(t *testing.T) {
 // the error names the refused message, and that nothing of the batch was
 // applied.
 func TestRefusedBatchNamesTheMessage(t *testing.T) {
-	ns, fd := testNetNS(t)
-	cfg := Config{Table: "nftgate", Node: model.Node{Name: "gw"}, HashSeed: 1}
-	p, err := NewProgrammer(cfg, Options{NetNSFD: fd})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
+	ns, p := testProgrammer(t)
 	svc := &model.Service{Key: model.ServiceKey{Namespace: "default", Name: "web"}, Type: "ClusterIP",
 		ClusterIPs: []netip.Addr{netip.MustParseAddr("198.19.0.10")},
 		Ports: []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80, Endpoints: []model.Endpoint{
@@ -108,11 +108,11 @@ func TestRefusedBatchNamesTheMessage(t *testing.T) {
 	if _, err := p.Full(map[model.ServiceKey]*model.Service{svc.Key: svc}); err != nil {
 		t.Fatal(err)
 	}
-	table, chain := cfg.TableOf(svc.Key), chainName("svc", svc.PortName(&svc.Ports[0]))
+	table, chain := p.cfg.TableOf(svc.Key), chainName("svc", svc.PortName(&svc.Ports[0]))
 	nftList(t, ns, "add", "chain", "ip", table, "hand-made")
 	nftList(t, ns, "add", "rule", "ip", table, "hand-made", "jump", chain)
 
-	_, err = p.Partial(map[model.ServiceKey]*model.Service{svc.Key: nil})
+	_, err := p.Partial(map[model.ServiceKey]*model.Service{svc.Key: nil})
 	var be *BatchError
 	if !errors.As(err, &be) {
 		t.Fatalf("deleting a chain that a rule jumps to: %v, want a BatchError", err)

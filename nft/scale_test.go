@@ -140,12 +140,9 @@ func newScaleCluster(n, eps int) *scaleCluster {
 		if i%10 == 3 {
 			svc.AffinityTimeout = 3 * time.Hour
 		}
-		c.Services[key] = svc
-		c.Keys = append(c.Keys, key)
-		c.Want.add(svc, eps)
+		c.put(svc, eps)
 	}
-	cfg := scaleConfig()
-	c.Want.Chains += staticChains(&cfg, IPv4)
+	c.finish()
 	return c
 }
 
@@ -170,13 +167,23 @@ func newPlainCluster(n, eps int) *scaleCluster {
 			Ports: []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80,
 				Endpoints: append([]model.Endpoint(nil), endpoints...)}},
 		}
-		c.Services[key] = svc
-		c.Keys = append(c.Keys, key)
-		c.Want.add(svc, eps)
+		c.put(svc, eps)
 	}
+	c.finish()
+	return c
+}
+
+// put adds a Service with eps endpoints per port.
+func (c *scaleCluster) put(svc *model.Service, eps int) {
+	c.Services[svc.Key] = svc
+	c.Keys = append(c.Keys, svc.Key)
+	c.Want.add(svc, eps)
+}
+
+// finish counts the chains every ruleset has besides its Services'.
+func (c *scaleCluster) finish() {
 	cfg := scaleConfig()
 	c.Want.Chains += staticChains(&cfg, IPv4)
-	return c
 }
 
 func (w *scaleExpect) add(svc *model.Service, eps int) {
