@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"sort"
 	"strings"
 	stdsync "sync"
@@ -56,8 +57,17 @@ type ManifestSource struct {
 	lastGood map[string][]any
 	// read is each file's content hash and error at its last read: an
 	// unchanged file is not decoded again on every rescan.
-	read    map[string]fileRead
-	current map[objectKey]any
+	read map[string]fileRead
+	// files are the manifest files of the last full scan, in name order;
+	// current is every object in effect and the file it comes from.
+	files   []string
+	current map[objectKey]placed
+}
+
+// placed is an object in effect and the file it comes from.
+type placed struct {
+	obj  any
+	file string
 }
 
 type fileRead struct {
@@ -113,7 +123,10 @@ func (m *ManifestSource) Run(ctx context.Context, t *Tracker) error {
 	ticker := time.NewTicker(rescan)
 	defer ticker.Stop()
 	// Editors write files in several steps; settle briefly before reading.
+	// Only the files named by events are read then: at ten thousand
+	// Services reading and hashing every file took longer than the sync.
 	var settle <-chan time.Time
+	changed := map[string]bool{}
 	for {
 		select {
 		case <-ctx.Done():
@@ -125,6 +138,7 @@ func (m *ManifestSource) Run(ctx context.Context, t *Tracker) error {
 			if ev.Has(fsnotify.Chmod) && !ev.Has(fsnotify.Write) {
 				continue
 			}
+			changed[ev.Name] = true
 			if settle == nil {
 				settle = time.After(50 * time.Millisecond)
 			}
@@ -135,7 +149,8 @@ func (m *ManifestSource) Run(ctx context.Context, t *Tracker) error {
 			log.Warn("manifests watcher", "err", err)
 		case <-settle:
 			settle = nil
-			m.scan(t, log)
+			m.scanFiles(t, log, changed)
+			changed = map[string]bool{}
 		case <-ticker.C:
 			m.scan(t, log)
 		}
@@ -149,7 +164,7 @@ func (m *ManifestSource) scan(t *Tracker, log *slog.Logger) {
 	if m.lastGood == nil {
 		m.lastGood = map[string][]any{}
 		m.read = map[string]fileRead{}
-		m.current = map[objectKey]any{}
+		m.current = map[objectKey]placed{}
 	}
 	files, err := ManifestFiles(m.Dir)
 	if err != nil {
@@ -184,29 +199,28 @@ func (m *ManifestSource) scan(t *Tracker, log *slog.Logger) {
 		}
 	}
 	m.problems = problems
+	m.files = files
+	m.mergeLocked(t, log)
+}
 
-	next := map[objectKey]any{}
-	owner := map[objectKey]string{}
-	for _, f := range files {
+// mergeLocked works out which objects are in effect from every file's last
+// good objects, and tells the tracker what changed.
+func (m *ManifestSource) mergeLocked(t *Tracker, log *slog.Logger) {
+	next := make(map[objectKey]placed, len(m.current))
+	for _, f := range m.files {
 		for _, o := range m.lastGood[f] {
 			k := keyOf(o)
-			if prev, dup := owner[k]; dup {
-				log.Warn("object defined twice; the later file wins", "object", k.kind+" "+k.namespace+"/"+k.name, "first", prev, "second", f)
+			if prev, dup := next[k]; dup {
+				log.Warn("object defined twice; the later file wins", "object", k.kind+" "+k.namespace+"/"+k.name, "first", prev.file, "second", f)
 			}
-			owner[k] = f
-			next[k] = o
+			next[k] = placed{o, f}
 		}
 	}
-	for k, o := range next {
-		if old, ok := m.current[k]; ok && reflect.DeepEqual(old, o) {
+	for k, p := range next {
+		if old, ok := m.current[k]; ok && reflect.DeepEqual(old.obj, p.obj) {
 			continue
 		}
-		switch obj := o.(type) {
-		case *model.ServiceObject:
-			t.SetServiceObject(obj)
-		case *model.SliceObject:
-			t.SetSliceObject(obj)
-		}
+		setObject(t, p.obj)
 	}
 	for k := range m.current {
 		if _, ok := next[k]; ok {
@@ -220,6 +234,82 @@ func (m *ManifestSource) scan(t *Tracker, log *slog.Logger) {
 		}
 	}
 	m.current = next
+}
+
+// scanFiles reads the files events named, and tells the tracker what
+// changed. Files whose objects keep their names only replace those
+// objects; anything else (a new or removed file, an object added to or
+// removed from a file) takes a full scan.
+func (m *ManifestSource) scanFiles(t *Tracker, log *slog.Logger, paths map[string]bool) {
+	m.mu.Lock()
+	if m.current == nil {
+		m.mu.Unlock()
+		m.scan(t, log)
+		return
+	}
+	full := false
+	var replace []string
+	for p := range paths {
+		if !manifestName(filepath.Base(p)) {
+			continue // a temporary file, say, before it is renamed into place
+		}
+		if _, known := m.read[p]; !known || !slices.Contains(m.files, p) {
+			full = true // a new file, or one the last full scan skipped
+			continue
+		}
+		objs, err := m.readChanged(p)
+		if err != nil {
+			if os.IsNotExist(err) {
+				full = true // removed or renamed away
+				continue
+			}
+			if m.problems[p] != err.Error() {
+				log.Warn("manifest not applied; its previous content stays in effect", "file", p, "err", err)
+			}
+			m.problems[p] = err.Error()
+			continue
+		}
+		delete(m.problems, p)
+		if objs == nil {
+			continue // the same content
+		}
+		if !sameKeys(m.lastGood[p], objs) {
+			full = true
+		}
+		m.lastGood[p] = objs
+		replace = append(replace, p)
+	}
+	if full {
+		m.mu.Unlock()
+		m.scan(t, log)
+		return
+	}
+	defer m.mu.Unlock()
+	for _, p := range replace {
+		for _, o := range m.lastGood[p] {
+			k := keyOf(o)
+			if cur := m.current[k]; cur.file == p && !reflect.DeepEqual(cur.obj, o) {
+				m.current[k] = placed{o, p}
+				setObject(t, o)
+			}
+		}
+	}
+}
+
+// sameKeys tells whether two lists of objects name the same objects in the
+// same order.
+func sameKeys(a, b []any) bool {
+	return slices.EqualFunc(a, b, func(x, y any) bool { return keyOf(x) == keyOf(y) })
+}
+
+// setObject records a converted object in the tracker.
+func setObject(t *Tracker, o any) {
+	switch obj := o.(type) {
+	case *model.ServiceObject:
+		t.SetServiceObject(obj)
+	case *model.SliceObject:
+		t.SetSliceObject(obj)
+	}
 }
 
 // readChanged reads a file and decodes it if its content changed since the
@@ -262,6 +352,18 @@ func keyOf(o any) objectKey {
 	return objectKey{}
 }
 
+// manifestName tells whether a file of this name may hold manifests.
+func manifestName(name string) bool {
+	if strings.HasPrefix(name, ".") {
+		return false // editor swap files, and ..data of mounted ConfigMaps
+	}
+	switch strings.ToLower(filepath.Ext(name)) {
+	case ".yaml", ".yml", ".json":
+		return true
+	}
+	return false
+}
+
 // ManifestFiles lists the manifest files of a directory, in name order.
 func ManifestFiles(dir string) ([]string, error) {
 	entries, err := os.ReadDir(dir)
@@ -271,12 +373,7 @@ func ManifestFiles(dir string) ([]string, error) {
 	var out []string
 	for _, e := range entries {
 		name := e.Name()
-		if strings.HasPrefix(name, ".") {
-			continue // editor swap files, and ..data of mounted ConfigMaps
-		}
-		switch strings.ToLower(filepath.Ext(name)) {
-		case ".yaml", ".yml", ".json":
-		default:
+		if !manifestName(name) {
 			continue
 		}
 		p := filepath.Join(dir, name)

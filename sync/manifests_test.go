@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/nftgate/nftgate/model"
@@ -103,4 +104,86 @@ func zoneOf(t *testing.T, o Objects) string {
 		t.Fatalf("model of %v: %+v, %v", o, m, err)
 	}
 	return m.Ports[0].Endpoints[0].Zone
+}
+
+// TestManifestSourceChangedFiles: after a file event only the files named
+// are read; a file whose objects keep their names replaces just those, and
+// anything else (objects added or removed, files removed) is a full scan.
+// Temporary files are ignored, and an object defined again in a later file
+// stays that file's.
+func TestManifestSourceChangedFiles(t *testing.T) {
+	dir := t.TempDir()
+	path := func(name string) string { return filepath.Join(dir, name) }
+	write := func(name, content string) {
+		t.Helper()
+		if err := os.WriteFile(path(name), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	web := model.ServiceKey{Namespace: "shop", Name: "web"}
+	api := model.ServiceKey{Namespace: "shop", Name: "api"}
+	apiManifest := strings.NewReplacer("name: web", "name: api", "service-name: web", "service-name: api",
+		"10.96.0.10", "10.96.0.11").Replace(manifestWeb)
+	write("a.yaml", manifestWeb)
+	write("b.yaml", apiManifest)
+	m := &ManifestSource{Dir: dir}
+	tr := NewTracker()
+	m.scan(tr, log)
+	tr.TakeDirty()
+	changed := func(step string, names ...string) map[model.ServiceKey]Objects {
+		t.Helper()
+		paths := map[string]bool{}
+		for _, n := range names {
+			paths[path(n)] = true
+		}
+		m.scanFiles(tr, log, paths)
+		dirty, _ := tr.TakeDirty()
+		return dirty
+	}
+
+	write("a.yaml", strings.Replace(manifestWeb, "10.1.0.1", "10.1.0.2", 1))
+	write("b.yaml", "kind: Service\n") // no event names it: not read
+	if d := changed("edit", "a.yaml"); len(d) != 1 || d[web].Service == nil || endpointOf(t, d[web]) != "10.1.0.2:8080" {
+		t.Errorf("after editing a.yaml: changed %v, want shop/web with endpoint 10.1.0.2:8080", d)
+	}
+	if p := m.Problems(); len(p) != 0 {
+		t.Errorf("problems %q: a file no event named was read", p)
+	}
+	write("b.yaml", apiManifest)
+	write("b.yaml.tmp", "not: [a manifest")
+	if d := changed("temporary file", "b.yaml.tmp"); len(d) != 0 {
+		t.Errorf("after a temporary file: changed %v, want nothing", d)
+	}
+	if p := m.Problems(); len(p) != 0 {
+		t.Errorf("problems %q after a temporary file, want none", p)
+	}
+	write("a.yaml", manifestWeb+"---\n"+strings.Replace(apiManifest, "name: api-1", "name: api-2", 1))
+	if d := changed("object added", "a.yaml"); len(d) != 2 || len(d[api].Slices) != 2 {
+		t.Errorf("after adding a slice of api to a.yaml: changed %v, want web and api with two slices", d)
+	}
+	write("c.yaml", strings.Replace(manifestWeb, "10.1.0.1", "10.1.0.9", 1))
+	if d := changed("later file", "c.yaml"); len(d) != 1 || endpointOf(t, d[web]) != "10.1.0.9:8080" {
+		t.Errorf("after c.yaml defines web again: changed %v, want web from c.yaml", d)
+	}
+	write("a.yaml", strings.Replace(manifestWeb+"---\n"+strings.Replace(apiManifest, "name: api-1", "name: api-2", 1), "10.1.0.1", "10.1.0.3", 1))
+	if d := changed("edit of a file that lost web", "a.yaml"); len(d) != 0 {
+		t.Errorf("after editing web in a.yaml, which c.yaml overrides: changed %v, want nothing", d)
+	}
+	if err := os.Remove(path("b.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	if d := changed("removed", "b.yaml"); len(d) != 1 || len(d[api].Slices) != 1 || d[api].Service == nil {
+		t.Errorf("after removing b.yaml: changed %v, want api with the slice a.yaml still defines", d)
+	}
+}
+
+// endpointOf builds the model of a Service and returns its only endpoint.
+func endpointOf(t *testing.T, o Objects) string {
+	t.Helper()
+	m, err := model.Build(o.Service, o.Slices, model.Options{})
+	if err != nil || len(m.Ports) != 1 || len(m.Ports[0].Endpoints) != 1 {
+		t.Fatalf("model of %v: %+v, %v", o, m, err)
+	}
+	return m.Ports[0].Endpoints[0].AddrPort().String()
 }
