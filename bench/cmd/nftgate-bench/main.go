@@ -50,6 +50,9 @@ type Config struct {
 	// APIServerArgs are extra kube-apiserver flags, e.g. --profiling=true
 	// to look at where loading spends its time.
 	APIServerArgs []string
+	// NftgateArgs are extra nftgate flags, e.g. --pprof to profile it
+	// while it is measured.
+	NftgateArgs []string
 	// Source is where the Services are: "api" (kube-apiserver) or
 	// "manifests" (files nftgate reads with --manifests).
 	Source string
@@ -108,6 +111,13 @@ func parseFlags(args []string) (*Config, error) {
 			return fmt.Errorf("%q: want a flag such as --profiling=true", s)
 		}
 		cfg.APIServerArgs = append(cfg.APIServerArgs, s)
+		return nil
+	})
+	fs.Func("nftgate-arg", "extra nftgate flag, e.g. --nftgate-arg=--pprof (repeatable)", func(s string) error {
+		if !strings.HasPrefix(s, "--") {
+			return fmt.Errorf("%q: want a flag such as --pprof", s)
+		}
+		cfg.NftgateArgs = append(cfg.NftgateArgs, s)
 		return nil
 	})
 	fs.StringVar(&cfg.Rerender, "rerender", "", "results.json to render results.md and results.png from again (no measuring)")

@@ -53,6 +53,7 @@ func proxierByName(name string, e *Env) *Proxier {
 			source = []string{"--kubeconfig", e.API.Kubeconfig()}
 		}
 		args := append(source, "--node-name", nodeName, "--listen", nftgateListen, "--cluster-cidr", clusterCIDR)
+		args = append(args, e.Cfg.NftgateArgs...)
 		return &Proxier{
 			Name: name, MetricPrefix: "nftgate_", bin: e.Cfg.NftgateBin,
 			MetricsURL: "http://" + nftgateListen + "/metrics", ReadyURL: "http://" + nftgateListen + "/readyz",
