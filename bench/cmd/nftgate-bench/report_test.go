@@ -129,6 +129,7 @@ func TestParseFlagsErrors(t *testing.T) {
 		{[]string{"--endpoints", "21"}, "--endpoints: 21"},
 		{[]string{"--changes", "0"}, "--changes: 0"},
 		{[]string{"--api-server-arg", "profiling=true"}, `"profiling=true"`},
+		{[]string{"--nftgate-arg", "pprof"}, `"pprof"`},
 	} {
 		_, err := parseFlags(c.args)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
