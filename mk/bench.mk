@@ -5,6 +5,9 @@
 #   make bench BENCH_SIZES=1000,10000,20000   (above 20,000 loading takes long:
 #                                              see "Large sizes" in bench/README.md)
 #   make bench BENCH_ARGS="--changes 40"   extra flags (see bench/README.md)
+#   make bench BENCH_SIZES=100000 BENCH_ARGS="--source manifests"
+#                                       nftgate alone, fed from manifest files
+#                                       (no kube-apiserver: see "Large sizes")
 #
 # Results (markdown table, PNG plot, raw JSON) land in bench/results/.
 .PHONY: bench bench-build bench-deps

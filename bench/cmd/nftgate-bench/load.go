@@ -106,6 +106,10 @@ type Env struct {
 	API    *kubetest.ControlPlane
 	Client kubernetes.Interface
 	LogDir string
+	// Manifests, when set (--source manifests), is where the Services go
+	// instead of the API: nftgate reads the directory with --manifests,
+	// and API and Client are nil.
+	Manifests *ManifestDir
 
 	bulk       int                // bulk Services created so far
 	probeIPs   map[int]netip.Addr // ClusterIPs of bulk Services used as probes
@@ -114,10 +118,21 @@ type Env struct {
 	extraCIDRs bool
 }
 
-// Setup creates the Node object, the echo servers and the canary and
-// changed Services.
+// Setup creates the Node object (in the API), the echo servers and the
+// canary and changed Services.
 func (e *Env) Setup(ctx context.Context) error {
 	e.probeIPs = map[int]netip.Addr{}
+	backends := e.Topo.BackendIPv4[:e.Cfg.Endpoints]
+	for _, port := range []uint16{canaryPort, changePortA, changePortB} {
+		for _, ip := range backends {
+			if _, err := e.Topo.Backend.ServeEcho("tcp", netip.AddrPortFrom(ip, port)); err != nil {
+				return err
+			}
+		}
+	}
+	if e.Manifests != nil {
+		return e.writeFixed()
+	}
 	c := e.Client
 	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}},
 		metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
@@ -131,15 +146,6 @@ func (e *Env) Setup(ctx context.Context) error {
 	node.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: e.Topo.GatewayClientIPv4.String()}}
 	if _, err := c.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{}); err != nil {
 		return fmt.Errorf("set addresses of Node %s: %w", nodeName, err)
-	}
-
-	backends := e.Topo.BackendIPv4[:e.Cfg.Endpoints]
-	for _, port := range []uint16{canaryPort, changePortA, changePortB} {
-		for _, ip := range backends {
-			if _, err := e.Topo.Backend.ServeEcho("tcp", netip.AddrPortFrom(ip, port)); err != nil {
-				return err
-			}
-		}
 	}
 	if err := e.createService(ctx, canaryName, canaryIP, canaryPort, backends); err != nil {
 		return err
@@ -156,15 +162,39 @@ func (e *Env) Setup(ctx context.Context) error {
 }
 
 func (e *Env) createService(ctx context.Context, name string, ip netip.Addr, port int32, backends []netip.Addr) error {
-	svc := gatewaytest.Service(namespace, name, "ClusterIP", []string{ip.String()}, gatewaytest.Port{Name: "http", Port: servicePort})
-	svc.CreationTimestamp = metav1.Time{}
-	if _, err := e.Client.CoreV1().Services(namespace).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+	if _, err := e.Client.CoreV1().Services(namespace).Create(ctx, service(name, ip), metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("create Service %s/%s: %w", namespace, name, err)
 	}
 	if _, err := e.Client.DiscoveryV1().EndpointSlices(namespace).Create(ctx, slice(name, port, backends), metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("create EndpointSlice %s/%s: %w", namespace, name, err)
 	}
 	return nil
+}
+
+// service is the benchmark's Service name with one TCP port, 80, at
+// ClusterIP ip: the same object whether it goes to the API or into a
+// manifest file.
+func service(name string, ip netip.Addr) *corev1.Service {
+	svc := gatewaytest.Service(namespace, name, "ClusterIP", []string{ip.String()}, gatewaytest.Port{Name: "http", Port: servicePort})
+	svc.CreationTimestamp = metav1.Time{}
+	return svc
+}
+
+// bulkObjects are bulk Service i (counted from 0) and its EndpointSlice:
+// K endpoints on the backend host, taken in turn from its addresses, on a
+// port where nothing listens.
+func (e *Env) bulkObjects(i int) (*corev1.Service, *discoveryv1.EndpointSlice, error) {
+	name := fmt.Sprintf(firstBulkName, i)
+	clusterIP, err := bulkIP(i)
+	if err != nil {
+		return nil, nil, err
+	}
+	backends := make([]netip.Addr, e.Cfg.Endpoints)
+	all := e.Topo.BackendIPv4
+	for j := range backends {
+		backends[j] = all[(i*e.Cfg.Endpoints+j)%len(all)]
+	}
+	return service(name, clusterIP), slice(name, bulkPort, backends), nil
 }
 
 func slice(service string, port int32, backends []netip.Addr) *discoveryv1.EndpointSlice {
@@ -180,11 +210,15 @@ func slice(service string, port int32, backends []netip.Addr) *discoveryv1.Endpo
 // LoadTo creates bulk Services until the API holds n Services in the bench
 // namespace (the canary and the changed Service included), each with one
 // EndpointSlice of K endpoints on the backend host, with as many writers
-// as --load-workers. It returns the time the writes took.
+// as --load-workers; or, with Manifests, writes them into its files. It
+// returns the time the writes took.
 func (e *Env) LoadTo(ctx context.Context, n int) (time.Duration, error) {
 	target := n - fixedCount
 	if target <= e.bulk {
 		return 0, nil
+	}
+	if e.Manifests != nil {
+		return e.writeBulk(ctx, target)
 	}
 	if target > bulkRanges[0].size() && !e.extraCIDRs {
 		if err := e.addServiceCIDRs(ctx); err != nil {
@@ -253,13 +287,11 @@ feed:
 }
 
 func (e *Env) createBulk(ctx context.Context, client kubernetes.Interface, i int) (netip.Addr, error) {
-	name := fmt.Sprintf(firstBulkName, i)
-	clusterIP, err := bulkIP(i)
+	svc, sl, err := e.bulkObjects(i)
 	if err != nil {
 		return netip.Addr{}, err
 	}
-	svc := gatewaytest.Service(namespace, name, "ClusterIP", []string{clusterIP.String()}, gatewaytest.Port{Name: "http", Port: servicePort})
-	svc.CreationTimestamp = metav1.Time{}
+	name := svc.Name
 	var created *corev1.Service
 	err = retryTransient(ctx, func() error {
 		var err error
@@ -276,12 +308,6 @@ func (e *Env) createBulk(ctx context.Context, client kubernetes.Interface, i int
 	if err != nil {
 		return netip.Addr{}, fmt.Errorf("Service %s/%s: spec.clusterIP %q: %w", namespace, name, created.Spec.ClusterIP, err)
 	}
-	backends := make([]netip.Addr, e.Cfg.Endpoints)
-	all := e.Topo.BackendIPv4
-	for j := range backends {
-		backends[j] = all[(i*e.Cfg.Endpoints+j)%len(all)]
-	}
-	sl := slice(name, bulkPort, backends)
 	err = retryTransient(ctx, func() error {
 		_, err := client.DiscoveryV1().EndpointSlices(namespace).Create(ctx, sl, metav1.CreateOptions{})
 		if apierrors.IsAlreadyExists(err) {
@@ -388,6 +414,16 @@ func (e *Env) ChangeEndpoints(ctx context.Context) (uint16, time.Time, error) {
 		port = changePortA
 	}
 	next := slice(changeName, int32(port), e.Topo.BackendIPv4[:e.Cfg.Endpoints])
+	if e.Manifests != nil {
+		// The whole small file is rewritten, as tooling regenerating
+		// it would; the time is that of the rename.
+		at, err := e.Manifests.Write(changeFile, service(changeName, changeIP), next)
+		if err != nil {
+			return 0, at, err
+		}
+		e.changeOnB = !e.changeOnB
+		return port, at, nil
+	}
 	next.ResourceVersion = e.change.ResourceVersion
 	at := time.Now()
 	updated, err := e.Client.DiscoveryV1().EndpointSlices(namespace).Update(ctx, next, metav1.UpdateOptions{})

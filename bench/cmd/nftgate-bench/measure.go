@@ -63,6 +63,9 @@ type Latency struct {
 	ExchangeP90us float64 `json:"exchange_p90_us"`
 	// Failed attempts, retried: refused, or no answer within 2 s.
 	Failed int `json:"failed"`
+	// LastFailure is the error of the last failed attempt, and when it
+	// came: refused and timed out point to different causes.
+	LastFailure string `json:"last_failure,omitempty"`
 }
 
 // Summary is one line for the log.
@@ -297,6 +300,7 @@ func (e *Env) waitBackendPort(ctx context.Context, proc *Proc, dst netip.AddrPor
 func (e *Env) connectionLatency(direct, via netip.AddrPort, n int) (Latency, Latency, error) {
 	var dConn, dAll, vConn, vAll []float64
 	failed := map[netip.AddrPort]int{}
+	lastFailure := map[netip.AddrPort]string{}
 	err := e.Topo.Client.Do(func() error {
 		for i := 0; i < 2*n; {
 			dst := direct
@@ -305,6 +309,7 @@ func (e *Env) connectionLatency(direct, via netip.AddrPort, n int) (Latency, Lat
 			}
 			_, conn, all, err := exchange(dst, 2*time.Second)
 			if err != nil {
+				lastFailure[dst] = time.Now().UTC().Format("15:04:05.000") + " " + err.Error()
 				if failed[dst]++; failed[dst] > n/10+1 {
 					return fmt.Errorf("latency probes to %s: %d failed, last: %w", dst, failed[dst], err)
 				}
@@ -320,11 +325,11 @@ func (e *Env) connectionLatency(direct, via netip.AddrPort, n int) (Latency, Lat
 		}
 		return nil
 	})
-	summary := func(conn, all []float64, failed int) Latency {
+	summary := func(conn, all []float64, dst netip.AddrPort) Latency {
 		return Latency{ConnectP50us: percentile(conn, 50), ExchangeP50us: percentile(all, 50), ExchangeP90us: percentile(all, 90),
-			Failed: failed}
+			Failed: failed[dst], LastFailure: lastFailure[dst]}
 	}
-	return summary(dConn, dAll, failed[direct]), summary(vConn, vAll, failed[via]), err
+	return summary(dConn, dAll, direct), summary(vConn, vAll, via), err
 }
 
 // exchange connects to an echo server, sends a line and reads the answer

@@ -46,8 +46,14 @@ type Proxier struct {
 func proxierByName(name string, e *Env) *Proxier {
 	switch name {
 	case proxNftgate:
-		args := []string{"--kubeconfig", e.API.Kubeconfig(), "--node-name", nodeName, "--listen", nftgateListen,
-			"--cluster-cidr", clusterCIDR}
+		var source []string
+		if e.Manifests != nil {
+			source = []string{"--manifests", e.Manifests.Dir}
+		} else {
+			source = []string{"--kubeconfig", e.API.Kubeconfig()}
+		}
+		args := append(source, "--node-name", nodeName, "--listen", nftgateListen, "--cluster-cidr", clusterCIDR)
+		args = append(args, e.Cfg.NftgateArgs...)
 		return &Proxier{
 			Name: name, MetricPrefix: "nftgate_", bin: e.Cfg.NftgateBin,
 			MetricsURL: "http://" + nftgateListen + "/metrics", ReadyURL: "http://" + nftgateListen + "/readyz",

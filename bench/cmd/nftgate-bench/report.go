@@ -26,6 +26,10 @@ type Report struct {
 	LatencySamples int        `json:"latency_samples"`
 	LoadSeconds    []LoadTime `json:"load_seconds"`
 	Results        []Result   `json:"results"`
+	// Source is where the Services were: "api" (also when empty, as in
+	// runs from before manifests) or "manifests".
+	Source           string `json:"source,omitempty"`
+	ManifestsPerFile int    `json:"manifest_services_per_file,omitempty"`
 }
 
 // LoadTime is how long loading the Services up to a size took.
@@ -137,7 +141,11 @@ func (r *Report) Write(dir string) error {
 // Markdown renders the table, the ratios and the machine.
 func (r *Report) Markdown() string {
 	var b bytes.Buffer
-	fmt.Fprintf(&b, "# nftgate vs kube-proxy\n\n")
+	if r.Source == sourceManifests {
+		fmt.Fprintf(&b, "# nftgate fed from manifests\n\n")
+	} else {
+		fmt.Fprintf(&b, "# nftgate vs kube-proxy\n\n")
+	}
 	end := fmt.Sprintf("%.1f at the end", r.Machine.LoadAvgEnd)
 	if r.Finished.IsZero() {
 		// Written after each proxier: a run stopped half way has no end.
@@ -145,12 +153,21 @@ func (r *Report) Markdown() string {
 	}
 	fmt.Fprintf(&b, "Run %s. Machine: %s. Load average (1 min) %.1f at the start, %s.\n\n",
 		r.Started.Format("2006-01-02 15:04 MST"), r.Machine.Summary(), r.Machine.LoadAvgStart, end)
-	fmt.Fprintf(&b, "N Services × %d endpoints in a real kube-apiserver; each proxier in turn in the same gateway network namespace. "+
-		"Endpoint change: %d EndpointSlice writes, from the write until a client's new connection reaches the new endpoints "+
-		"(%s between changes). Latency: median of %d TCP exchanges (connect, one line each way, close) from the client, "+
+	if r.Source == sourceManifests {
+		fmt.Fprintf(&b, "Source: **manifests**. N Services × %d endpoints as manifest files that nftgate reads with `--manifests` "+
+			"(JSON documents separated by `---`, %s bulk Services with their EndpointSlices per file; the canary and the changed "+
+			"Service in files of their own); no kube-apiserver runs. "+
+			"Endpoint change: %d rewrites of the changed Service's file (written beside it and renamed in), from the rename until "+
+			"a client's new connection reaches the new endpoints (%s between changes). ",
+			r.Endpoints, thousands(r.ManifestsPerFile), r.Changes, r.ChangeGap)
+	} else {
+		fmt.Fprintf(&b, "Source: the API. N Services × %d endpoints in a real kube-apiserver; each proxier in turn in the same gateway "+
+			"network namespace. Endpoint change: %d EndpointSlice writes, from the write until a client's new connection reaches "+
+			"the new endpoints (%s between changes). ", r.Endpoints, r.Changes, r.ChangeGap)
+	}
+	fmt.Fprintf(&b, "Latency: median of %d TCP exchanges (connect, one line each way, close) from the client, "+
 		"through the ClusterIP vs straight to the backend. RSS after the run; CPU = user+system of the proxier and the "+
-		"programs it ran (nft, iptables-restore), until the cold start was over / per endpoint change.\n\n",
-		r.Endpoints, r.Changes, r.ChangeGap, r.LatencySamples)
+		"programs it ran (nft, iptables-restore), until the cold start was over / per endpoint change.\n\n", r.LatencySamples)
 	b.WriteString(r.Table())
 	if ratios := r.Ratios(); ratios != "" {
 		b.WriteString("\n" + ratios)
@@ -170,7 +187,11 @@ func (r *Report) Markdown() string {
 		}
 	}
 	if len(r.LoadSeconds) > 0 {
-		b.WriteString("\nLoading the Services through the API took")
+		if r.Source == sourceManifests {
+			b.WriteString("\nWriting the manifest files took")
+		} else {
+			b.WriteString("\nLoading the Services through the API took")
+		}
 		for i, l := range r.LoadSeconds {
 			sep := ","
 			if i == 0 {

@@ -129,10 +129,27 @@ func TestParseFlagsErrors(t *testing.T) {
 		{[]string{"--endpoints", "21"}, "--endpoints: 21"},
 		{[]string{"--changes", "0"}, "--changes: 0"},
 		{[]string{"--api-server-arg", "profiling=true"}, `"profiling=true"`},
+		{[]string{"--nftgate-arg", "pprof"}, `"pprof"`},
 	} {
 		_, err := parseFlags(c.args)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("parseFlags(%q) = %v, want an error naming %s", c.args, err, c.want)
 		}
+	}
+}
+
+func TestReportSaysManifests(t *testing.T) {
+	r := &Report{Started: time.Now(), Source: sourceManifests, ManifestsPerFile: 1000, Endpoints: 4, Changes: 20,
+		ChangeGap: "1.5s", LatencySamples: 10, LoadSeconds: []LoadTime{{Services: 100000, Seconds: 12}},
+		Results: []Result{{Proxier: proxNftgate, Services: 100000, ColdStartSeconds: 30, ChangeP50Ms: 90}}}
+	md := r.Markdown()
+	for _, want := range []string{"Source: **manifests**", "1,000 bulk Services", "Writing the manifest files took 12 s (up to 100,000)",
+		"| nftgate | 100,000 | 30.0 s | 90 ms |"} {
+		if !strings.Contains(md, want) {
+			t.Errorf("results.md lacks %q:\n%s", want, md)
+		}
+	}
+	if strings.Contains(md, "kube-apiserver;") || strings.Contains(md, "through the API") {
+		t.Errorf("results.md of a manifests run speaks of the API:\n%s", md)
 	}
 }
