@@ -40,6 +40,12 @@ type Source interface {
 	Problems() []string
 }
 
+// How long the manifests source waits for a file being written: see Run.
+const (
+	settleQuiet = 20 * time.Millisecond
+	settleMax   = time.Second
+)
+
 // ManifestSource reads Service and EndpointSlice manifests (YAML or JSON,
 // several documents per file, or a List, as `kubectl apply -f` takes them)
 // from a directory, and follows changes to it.
@@ -122,10 +128,16 @@ func (m *ManifestSource) Run(ctx context.Context, t *Tracker) error {
 	}
 	ticker := time.NewTicker(rescan)
 	defer ticker.Stop()
-	// Editors write files in several steps; settle briefly before reading.
-	// Only the files named by events are read then: at ten thousand
-	// Services reading and hashing every file took longer than the sync.
-	var settle <-chan time.Time
+	// Editors and tools write files in several steps: the files named by
+	// events are read once no event has come for settleQuiet (a large file
+	// written in many steps is not read half way), or settleMax after the
+	// first (a directory that never stops changing is still followed).
+	// Only the files named are read: at ten thousand Services reading and
+	// hashing every file took longer than the sync.
+	settle := time.NewTimer(time.Hour)
+	settle.Stop()
+	defer settle.Stop()
+	var first time.Time
 	changed := map[string]bool{}
 	for {
 		select {
@@ -139,18 +151,18 @@ func (m *ManifestSource) Run(ctx context.Context, t *Tracker) error {
 				continue
 			}
 			changed[ev.Name] = true
-			if settle == nil {
-				settle = time.After(50 * time.Millisecond)
+			if first.IsZero() {
+				first = time.Now()
 			}
+			settle.Reset(min(settleQuiet, max(0, settleMax-time.Since(first))))
 		case err, ok := <-w.Errors:
 			if !ok {
 				return errors.New("manifests watcher closed")
 			}
 			log.Warn("manifests watcher", "err", err)
-		case <-settle:
-			settle = nil
+		case <-settle.C:
 			m.scanFiles(t, log, changed)
-			changed = map[string]bool{}
+			changed, first = map[string]bool{}, time.Time{}
 		case <-ticker.C:
 			m.scan(t, log)
 		}
