@@ -237,17 +237,17 @@ func Build(o *ServiceObject, sliceList []*SliceObject, opts Options) (*Service, 
 	if opts.ExternalOnly {
 		s.ClusterIPs = nil
 	}
-	for _, sl := range sliceList {
-		if sl.err != nil {
-			return nil, fmt.Errorf("service %s: %v", o.Key, sl.err)
-		}
-	}
 	// Slices in name order, so that an endpoint listed twice resolves the
-	// same way on every sync.
+	// same way on every sync, and the same error is reported.
 	ordered := sliceList
 	if len(sliceList) > 1 {
 		ordered = slices.Clone(sliceList)
 		slices.SortFunc(ordered, func(a, b *SliceObject) int { return cmp.Compare(a.Name, b.Name) })
+	}
+	for _, sl := range ordered {
+		if sl.err != nil {
+			return nil, fmt.Errorf("service %s: %v", o.Key, sl.err)
+		}
 	}
 	for i := range s.Ports {
 		sp := &s.Ports[i]
