@@ -1,6 +1,7 @@
 package nft
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"strings"
@@ -175,4 +176,41 @@ func (b *batchConn) send(bt *batch, describe func() []note) error {
 		return &BatchError{Failures: failures}
 	}
 	return nil
+}
+
+// generation asks the kernel for the generation of its ruleset: a number
+// that every committed transaction, by any program, increases by one.
+func (b *batchConn) generation() (uint32, error) {
+	b.seq++
+	req := netlink.Message{
+		Header: netlink.Header{
+			Type:     netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETGEN),
+			Flags:    netlink.Request,
+			Sequence: b.seq,
+		},
+		Data: []byte{unix.AF_UNSPEC, unix.NFNETLINK_V0, 0, 0},
+	}
+	if err := b.nl.SetReadDeadline(time.Now().Add(b.timeout)); err != nil {
+		return 0, err
+	}
+	msgs, err := b.nl.Execute(req)
+	if err != nil {
+		return 0, fmt.Errorf("nf_tables generation: %w", err)
+	}
+	for _, m := range msgs {
+		if len(m.Data) < 4 {
+			continue
+		}
+		ad, err := netlink.NewAttributeDecoder(m.Data[4:])
+		if err != nil {
+			return 0, fmt.Errorf("nf_tables generation: %w", err)
+		}
+		ad.ByteOrder = binary.BigEndian
+		for ad.Next() {
+			if ad.Type() == unix.NFTA_GEN_ID {
+				return ad.Uint32(), nil
+			}
+		}
+	}
+	return 0, errors.New("nf_tables generation: no NFTA_GEN_ID in the answer")
 }

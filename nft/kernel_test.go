@@ -125,3 +125,46 @@ func TestRefusedBatchNamesTheMessage(t *testing.T) {
 		t.Fatalf("the refused batch changed the map:\n%s", out)
 	}
 }
+
+// TestFullSyncReadsBackOnlyAfterOthersCommit: a full sync reads the tables
+// back only when a transaction other than nftgate's was committed since
+// its last; a hand edit is then found and repaired.
+func TestFullSyncReadsBackOnlyAfterOthersCommit(t *testing.T) {
+	ns, p := testProgrammer(t)
+	svc := &model.Service{Key: model.ServiceKey{Namespace: "default", Name: "web"}, Type: "ClusterIP",
+		ClusterIPs: []netip.Addr{netip.MustParseAddr("198.19.0.10")},
+		Ports: []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80, Endpoints: []model.Endpoint{
+			{Addr: netip.MustParseAddr("198.18.2.10"), Port: 8080, Ready: true, Serving: true},
+		}}}}
+	services := map[model.ServiceKey]*model.Service{svc.Key: svc}
+	if res, err := p.Full(services); err != nil || !res.ReadBack {
+		t.Fatalf("first full sync: %+v, %v; want it to read the kernel", res, err)
+	}
+	if res, err := p.Full(services); err != nil || res.ReadBack || res.Counts.Changes() != 0 {
+		t.Fatalf("full sync with nothing committed since: %+v, %v; want no read-back and no change", res, err)
+	}
+	moved := *svc
+	moved.Ports = []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80, Endpoints: []model.Endpoint{
+		{Addr: netip.MustParseAddr("198.18.2.11"), Port: 8080, Ready: true, Serving: true},
+	}}}
+	services[svc.Key] = &moved
+	if _, err := p.Partial(map[model.ServiceKey]*model.Service{svc.Key: &moved}); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := p.Full(services); err != nil || res.ReadBack {
+		t.Fatalf("full sync after nftgate's own partial sync: %+v, %v; want no read-back", res, err)
+	}
+
+	table := p.cfg.TableOf(svc.Key)
+	nftList(t, ns, "flush", "map", "ip", table, MapServiceIPs) // someone else's transaction
+	res, err := p.Full(services)
+	if err != nil || !res.ReadBack || len(res.Drift) == 0 {
+		t.Fatalf("full sync after a hand edit: %+v, %v; want a read-back that finds drift", res, err)
+	}
+	if out := nftList(t, ns, "list", "map", "ip", table, MapServiceIPs); !strings.Contains(out, "198.19.0.10") {
+		t.Fatalf("the hand edit was not repaired:\n%s", out)
+	}
+	if res, err := p.Full(services); err != nil || res.ReadBack {
+		t.Fatalf("full sync after the repair: %+v, %v; want no read-back", res, err)
+	}
+}

@@ -26,8 +26,15 @@ type Programmer struct {
 	batch  *batchConn
 	reader *reader
 
-	synced       bool
-	reconciles   uint32
+	synced     bool
+	reconciles uint32
+	// generation is the kernel's ruleset generation after nftgate's last
+	// commit, when genKnown: known only when that commit was the one
+	// transaction between two readings of it. While the kernel is at that
+	// generation nobody has changed any table since, and a full sync need
+	// not read the tables back.
+	generation   uint32
+	genKnown     bool
 	staticChains map[string]bool
 	state        []*tableState                       // per table of p.tables
 	services     map[model.ServiceKey]*model.Service // as programmed
@@ -120,6 +127,9 @@ type Result struct {
 	// Drift describes how the kernel differed from what nftgate had
 	// programmed, when a full sync found it changed behind its back.
 	Drift []string
+	// ReadBack tells whether a full sync read the tables back. It does
+	// not when no transaction has been committed since nftgate's last.
+	ReadBack bool
 	// Conflicts name elements claimed by more than one Service.
 	Conflicts []string
 }
@@ -206,6 +216,18 @@ func (p *Programmer) Full(services map[model.ServiceKey]*model.Service) (Result,
 		h.Write([]byte(chain))
 		return h.Sum32()%reconcileRounds == p.reconciles%reconcileRounds
 	}
+	if p.synced && p.genKnown {
+		if g, err := p.batch.generation(); err == nil && g == p.generation {
+			// Nothing was committed since nftgate's last transaction:
+			// the kernel holds what nftgate believes, without reading it.
+			res, err := p.partialLocked(start, res, changedServices(p.services, services))
+			if err == nil {
+				res.Conflicts = p.claims.conflicts()
+			}
+			return res, err
+		}
+	}
+	res.ReadBack = true
 	observed := make([]*tableState, len(p.tables.refs))
 	var drop []tableRef
 	for _, f := range Families {
@@ -611,9 +633,20 @@ func (p *Programmer) commit(ds []*differ, drop []tableRef) (int, time.Duration, 
 		}
 		return d.notes()
 	}
+	if w.count() == 0 {
+		return 0, 0, nil
+	}
+	before, genErr := p.batch.generation()
+	p.genKnown = false
 	start := time.Now()
 	err = p.batch.send(w, describe)
-	return w.count(), time.Since(start), err
+	took := time.Since(start)
+	if err == nil && genErr == nil {
+		if after, err := p.batch.generation(); err == nil && after == before+1 {
+			p.generation, p.genKnown = after, true
+		}
+	}
+	return w.count(), took, err
 }
 
 // Cleanup deletes nftgate's tables (the main table and every service

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"maps"
 	"reflect"
 	"sort"
 	stdsync "sync"
@@ -196,12 +197,25 @@ func (s *Syncer) full(log *slog.Logger) error {
 		s.BeforeFull()
 	}
 	start := time.Now()
-	all, triggers := s.Tracker.All()
-	desired := make(map[model.ServiceKey]*model.Service, len(all))
 	s.mu.Lock()
 	before := s.programmed
+	incremental := s.firstDone
 	s.mu.Unlock()
-	for k, o := range all {
+	// After the first full sync, the models of the Services that did not
+	// change since the last sync are the ones programmed: a reconcile
+	// repairs the kernel; rebuilding every model (and every row of the
+	// status page) each time cost more than the rest of it.
+	var objs map[model.ServiceKey]Objects
+	var triggers []time.Time
+	var desired map[model.ServiceKey]*model.Service
+	if incremental {
+		objs, triggers = s.Tracker.TakeDirty()
+		desired = maps.Clone(before)
+	} else {
+		objs, triggers = s.Tracker.All()
+		desired = make(map[model.ServiceKey]*model.Service, len(objs))
+	}
+	for k, o := range objs {
 		m, ok := s.build(k, o)
 		if !ok {
 			m = before[k] // keep the last good state of a Service gone bad
@@ -214,12 +228,25 @@ func (s *Syncer) full(log *slog.Logger) error {
 		}
 		if m != nil {
 			desired[k] = m
+		} else {
+			delete(desired, k)
 		}
 	}
 	res, err := s.Programmer.Full(desired)
 	ev := Event{Full: true, Start: start, Result: res, Err: err, Triggers: triggers}
+	keys := make([]model.ServiceKey, 0, len(objs))
+	for k := range objs {
+		keys = append(keys, k)
+	}
 	if s.Touched != nil {
-		defer s.Touched(nil)
+		if incremental {
+			defer s.Touched(keys)
+		} else {
+			defer s.Touched(nil)
+		}
+	}
+	if err != nil && incremental {
+		s.Tracker.MarkDirty(keys, triggers)
 	}
 	if err == nil {
 		ev.Before, ev.After = map[model.ServiceKey]*model.Service{}, map[model.ServiceKey]*model.Service{}

@@ -150,7 +150,9 @@ func serve(ctx context.Context, cfg *Config) error {
 			}
 		}
 		rec.RecordSync(r)
-		memLimit.synced(ev.Full)
+		// A full sync that read nothing back (nobody else committed a
+		// transaction since) held no more memory than a partial one.
+		memLimit.synced(ev.Full && (ev.Result.ReadBack || ev.Result.Messages > 0))
 		if ev.Err == nil && ev.Full {
 			for _, d := range ev.Result.Drift {
 				metrics.DriftRepaired(driftReason(d))
