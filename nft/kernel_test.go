@@ -94,17 +94,23 @@ func TestSmoke(t *testing.T) {
 	}
 }
 
+// webService is default/web, ClusterIP 198.19.0.10 port 80, with one
+// endpoint on port 8080.
+func webService(endpoint string) *model.Service {
+	return &model.Service{Key: model.ServiceKey{Namespace: "default", Name: "web"}, Type: "ClusterIP",
+		ClusterIPs: []netip.Addr{netip.MustParseAddr("198.19.0.10")},
+		Ports: []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80, Endpoints: []model.Endpoint{
+			{Addr: netip.MustParseAddr(endpoint), Port: 8080, Ready: true, Serving: true},
+		}}}}
+}
+
 // TestRefusedBatchNamesTheMessage makes the kernel refuse a batch (a chain
 // nftgate deletes is still the target of a hand-added rule) and checks that
 // the error names the refused message, and that nothing of the batch was
 // applied.
 func TestRefusedBatchNamesTheMessage(t *testing.T) {
 	ns, p := testProgrammer(t)
-	svc := &model.Service{Key: model.ServiceKey{Namespace: "default", Name: "web"}, Type: "ClusterIP",
-		ClusterIPs: []netip.Addr{netip.MustParseAddr("198.19.0.10")},
-		Ports: []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80, Endpoints: []model.Endpoint{
-			{Addr: netip.MustParseAddr("198.18.2.10"), Port: 8080, Ready: true, Serving: true},
-		}}}}
+	svc := webService("198.18.2.10")
 	if _, err := p.Full(map[model.ServiceKey]*model.Service{svc.Key: svc}); err != nil {
 		t.Fatal(err)
 	}
@@ -131,11 +137,7 @@ func TestRefusedBatchNamesTheMessage(t *testing.T) {
 // its last; a hand edit is then found and repaired.
 func TestFullSyncReadsBackOnlyAfterOthersCommit(t *testing.T) {
 	ns, p := testProgrammer(t)
-	svc := &model.Service{Key: model.ServiceKey{Namespace: "default", Name: "web"}, Type: "ClusterIP",
-		ClusterIPs: []netip.Addr{netip.MustParseAddr("198.19.0.10")},
-		Ports: []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80, Endpoints: []model.Endpoint{
-			{Addr: netip.MustParseAddr("198.18.2.10"), Port: 8080, Ready: true, Serving: true},
-		}}}}
+	svc := webService("198.18.2.10")
 	services := map[model.ServiceKey]*model.Service{svc.Key: svc}
 	if res, err := p.Full(services); err != nil || !res.ReadBack {
 		t.Fatalf("first full sync: %+v, %v; want it to read the kernel", res, err)
@@ -143,12 +145,9 @@ func TestFullSyncReadsBackOnlyAfterOthersCommit(t *testing.T) {
 	if res, err := p.Full(services); err != nil || res.ReadBack || res.Counts.Changes() != 0 {
 		t.Fatalf("full sync with nothing committed since: %+v, %v; want no read-back and no change", res, err)
 	}
-	moved := *svc
-	moved.Ports = []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80, Endpoints: []model.Endpoint{
-		{Addr: netip.MustParseAddr("198.18.2.11"), Port: 8080, Ready: true, Serving: true},
-	}}}
-	services[svc.Key] = &moved
-	if _, err := p.Partial(map[model.ServiceKey]*model.Service{svc.Key: &moved}); err != nil {
+	moved := webService("198.18.2.11")
+	services[svc.Key] = moved
+	if _, err := p.Partial(map[model.ServiceKey]*model.Service{svc.Key: moved}); err != nil {
 		t.Fatal(err)
 	}
 	if res, err := p.Full(services); err != nil || res.ReadBack {
