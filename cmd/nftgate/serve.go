@@ -271,7 +271,8 @@ func serve(ctx context.Context, cfg *Config) error {
 // without pause through it (a cold start of 1 s took 4.5 s at 10,000
 // Services under a 128 MiB limit), so the limit is lifted while a full
 // sync runs (the first also with a higher GOGC), and after it the memory
-// it used is handed back to the kernel at once. A GOMEMLIMIT in the environment wins, as the runtime documents.
+// it used is handed back to the kernel at once. A GOMEMLIMIT in the
+// environment wins, as the runtime documents.
 type memoryLimit struct {
 	floor ByteSize
 	log   *slog.Logger
