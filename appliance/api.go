@@ -20,6 +20,8 @@ type StatusJSON struct {
 	Sync      SyncJSON      `json:"sync"`
 	Conntrack ConntrackJSON `json:"conntrack"`
 	Services  SummaryJSON   `json:"services"`
+	// SourceProblems lists what the source could not read, naming files.
+	SourceProblems []string `json:"sourceProblems"`
 }
 
 // IdentityJSON is Identity on the wire.
@@ -74,6 +76,11 @@ type SummaryJSON struct {
 	// NoEndpoints Services are programmed and have no endpoint in use.
 	NoEndpoints int `json:"noEndpoints"`
 	Endpoints   int `json:"endpoints"`
+	// KernelRefused Services carry a KernelError: the kernel refused
+	// their rules and they stay at their last good state.
+	KernelRefused int `json:"kernelRefused"`
+	// WithWarnings Services are served in part (see ServiceJSON.Warnings).
+	WithWarnings int `json:"withWarnings"`
 }
 
 // ServiceListJSON is the body of GET /api/v1/services.
@@ -101,6 +108,8 @@ type ServiceJSON struct {
 	HealthCheckNodePort    uint16         `json:"healthCheckNodePort,omitempty"`
 	Endpoints              []EndpointJSON `json:"endpoints"`
 	Error                  string         `json:"error,omitempty"`
+	KernelError            string         `json:"kernelError,omitempty"`
+	Warnings               []string       `json:"warnings"`
 }
 
 // PortJSON is ServicePort on the wire.
@@ -192,11 +201,18 @@ func statusJSON(s Snapshot, now time.Time, maxAge time.Duration) StatusJSON {
 		age := now.Sub(st.LastSync).Seconds()
 		out.Sync.LastSyncAgeSeconds = &age
 	}
+	out.SourceProblems = orEmpty(s.SourceProblems)
 	out.Services.Total = len(s.Services)
 	for i := range s.Services {
 		svc := &s.Services[i]
 		if svc.Error != "" {
 			out.Services.Rejected++
+		}
+		if svc.KernelError != "" {
+			out.Services.KernelRefused++
+		}
+		if len(svc.Warnings) > 0 {
+			out.Services.WithWarnings++
 		}
 		total, used := svc.endpointCounts()
 		if used == 0 && svc.Type != "ExternalName" && svc.Type != "" {
@@ -216,6 +232,7 @@ func serviceJSON(s *Service) ServiceJSON {
 		ExternalTrafficPolicy: s.ExternalPolicy, InternalTrafficPolicy: s.InternalPolicy,
 		SessionAffinity: s.Affinity, AffinityTimeoutSeconds: s.AffinityTimeout.Seconds(),
 		HealthCheckNodePort: s.HealthCheckNodePort, Error: s.Error,
+		KernelError: s.KernelError, Warnings: orEmpty(s.Warnings),
 		Ports:     make([]PortJSON, 0, len(s.Ports)),
 		Endpoints: make([]EndpointJSON, 0, len(endpoints)),
 	}

@@ -29,6 +29,10 @@ type Snapshot struct {
 	Conntrack ConntrackState
 	// History holds recent syncs, oldest first.
 	History []SyncSample
+	// SourceProblems lists what the source of Services could not read
+	// right now (a manifest file refused, and why), one line each, naming
+	// the file.
+	SourceProblems []string
 }
 
 // Source supplies snapshots. Snapshot is called for every status request, so
@@ -128,6 +132,13 @@ type Service struct {
 	UsedCount     int
 	// Error is set when the gateway rejected the Service; it says why.
 	Error string
+	// KernelError is set when the kernel refused this Service's rules: the
+	// Service stays at its last good state, and this is the kernel's word.
+	KernelError string
+	// Warnings say what of the Service is not served and why, while the
+	// rest of it is: an externalIP outside external_ip_cidrs, an address
+	// another Service holds (a conflict), a forbidden address.
+	Warnings []string
 }
 
 // EndpointList returns the Service's endpoints, made now if the Source
