@@ -193,6 +193,7 @@ func serve(ctx context.Context, cfg *Config) error {
 		if ev.Changed > 0 {
 			metrics.ServiceChanged(ev.Changed)
 		}
+		metrics.SetKernelRefused(syncer.KernelRefused())
 	})
 
 	ctx, cancel := context.WithCancel(ctx)
