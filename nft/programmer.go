@@ -164,6 +164,13 @@ func NewProgrammer(cfg Config, opts Options) (*Programmer, error) {
 		b.Close()
 		return nil, err
 	}
+	// A table of nftgate's names that is not nftgate's stops it here,
+	// before it changes anything.
+	if err := r.checkOwnership(&cfg); err != nil {
+		r.Close()
+		b.Close()
+		return nil, err
+	}
 	p := &Programmer{cfg: cfg, batch: b, reader: r, services: map[model.ServiceKey]*model.Service{}, claims: newClaimBook()}
 	p.tables = newTableSet(&p.cfg)
 	p.tables.refuse = opts.RefuseForTest
@@ -345,6 +352,7 @@ func planFull(cfg *Config, ts *tableSet, observed []*tableState, services map[mo
 	for slot, ref := range ts.refs {
 		d := newDiffer(ref.f, observed[slot])
 		d.ops.createTable = !observed[slot].exists
+		d.ops.replaceTable = observed[slot].replace
 		st := &ts.static[slot]
 		for _, s := range st.Sets {
 			d.set(s.Name, s)
@@ -726,6 +734,8 @@ func (p *Programmer) commit(ds []*differ, drop []tableRef) (int, time.Duration, 
 
 // Cleanup deletes nftgate's tables (the main table and every service
 // shard, whatever their count), and with them everything nftgate made.
+// Tables of those names that nftgate did not make are left as they are: the
+// error then names them.
 func Cleanup(table string, opts Options) error {
 	b, err := dialBatch(opts.NetNSFD)
 	if err != nil {
@@ -739,22 +749,38 @@ func Cleanup(table string, opts Options) error {
 	defer r.Close()
 	cfg := Config{Table: table}
 	var drop []tableRef
+	var left []string
 	for _, f := range Families {
-		names, err := r.tableNames(f)
+		own, foreign, err := r.owned(&cfg, f)
 		if err != nil {
 			return err
 		}
-		for _, name := range names {
-			if name == table || cfg.isShardTable(name) {
-				drop = append(drop, tableRef{f, name})
-			}
+		for name := range own {
+			drop = append(drop, tableRef{f, name})
+		}
+		for _, name := range foreign {
+			left = append(left, fmt.Sprintf("%s %s", f, name))
 		}
 	}
-	w, err := encodeBatch(&tableSet{}, nil, drop, true)
-	if err != nil {
-		return err
+	sort.Slice(drop, func(i, j int) bool {
+		if drop[i].f != drop[j].f {
+			return drop[i].f < drop[j].f
+		}
+		return drop[i].name < drop[j].name
+	})
+	if len(drop) > 0 {
+		w, err := encodeBatch(&tableSet{}, nil, drop, true)
+		if err != nil {
+			return err
+		}
+		if err := b.send(w, w.notes); err != nil {
+			return err
+		}
 	}
-	return b.send(w, w.notes)
+	if len(left) > 0 {
+		return fmt.Errorf("left in place, not made by nftgate (no %q comment): table %s", TableComment, strings.Join(left, ", table "))
+	}
+	return nil
 }
 
 func familyIndex(f Family) int {

@@ -77,3 +77,40 @@ func TestBadConfigKeepsTheRuleset(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestTableClashIsAnError: with table = "filter" where the host has its
+// own table ip filter with a rule, nftgate stops at start with a message
+// naming the key and the table, and `nftgate cleanup` leaves that table,
+// saying so; the host's table and rule are untouched.
+func TestTableClashIsAnError(t *testing.T) {
+	topo := labtest.Gateway(t)
+	g := gatewaytest.New(t, topo, "--table", "filter")
+	host := "table ip filter {\n\tchain input {\n\t\ttype filter hook input priority filter; policy accept;\n\t\ttcp dport 9999 drop\n\t}\n}\n"
+	load := topo.Gateway.Command(context.Background(), "nft", "-f", "-")
+	load.Stdin = strings.NewReader(host)
+	if out, err := load.CombinedOutput(); err != nil {
+		t.Fatalf("nft -f: %v\n%s", err, out)
+	}
+	before := g.Nft("list", "ruleset")
+	for _, args := range [][]string{g.Args, {"cleanup", "--table", "filter"}} {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		out, err := topo.Gateway.Command(ctx, gatewaytest.Binary(t), args...).CombinedOutput()
+		cancel()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) {
+			t.Errorf("%v: %v, want a failed exit\n%s", args, err, out)
+		}
+		want := []string{`table = "filter"`, "table ip filter", "not made by nftgate"}
+		if args[0] == "cleanup" {
+			want = []string{"cleanup", "left in place", "ip filter"}
+		}
+		for _, w := range want {
+			if !strings.Contains(string(out), w) {
+				t.Errorf("%v: output does not say %q:\n%s", args, w, out)
+			}
+		}
+		if after := g.Nft("list", "ruleset"); after != before {
+			t.Fatalf("%v changed the host's ruleset:\n%s\nwas:\n%s", args, after, before)
+		}
+	}
+}

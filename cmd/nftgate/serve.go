@@ -133,6 +133,10 @@ func serve(ctx context.Context, cfg *Config) error {
 	}
 	prog, err := nft.NewProgrammer(cfg.ruleset(), nft.Options{})
 	if err != nil {
+		var fe *nft.ForeignTableError
+		if errors.As(err, &fe) {
+			return fmt.Errorf("table = %q: %w", cfg.Table, err)
+		}
 		return err
 	}
 	defer prog.Close()
@@ -414,7 +418,10 @@ func kernelRelease() string {
 }
 
 func cleanup(cfg *Config) error {
-	return nft.Cleanup(cfg.Table, nft.Options{})
+	if err := nft.Cleanup(cfg.Table, nft.Options{}); err != nil {
+		return fmt.Errorf("cleanup: %w", err)
+	}
+	return nil
 }
 
 // render prints the ruleset the gateway would program for its source, as
