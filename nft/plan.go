@@ -13,9 +13,9 @@ type tableState struct {
 	// replace is set for a table of nftgate's layout without nftgate's
 	// mark, read as empty: it is deleted and created anew, marked.
 	replace bool
-	chains map[string]chainInfo
-	sets   map[string]setDef
-	elems  map[ElemID]Verdict
+	chains  map[string]chainInfo
+	sets    map[string]setDef
+	elems   map[ElemID]Verdict
 }
 
 func newTableState() *tableState {
