@@ -45,6 +45,7 @@ type Metrics struct {
 	programmedRules  prometheus.Gauge
 	programmedElems  prometheus.Gauge
 	driftRepairs     *prometheus.CounterVec
+	kernelRefused    prometheus.Gauge
 	buildInfo        *prometheus.GaugeVec
 }
 
@@ -129,6 +130,7 @@ func NewMetrics(version string) *Metrics {
 		Namespace: "nftgate", Name: "drift_repairs_total",
 		Help: "Cumulative repairs of kernel state that differed from the desired ruleset, by reason.",
 	}, []string{"reason"})
+	m.kernelRefused = gauge("services_kernel_refused", "Services whose rules the kernel refused: each stays at its last good state, and is tried again when it changes and at every full sync.")
 	m.buildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: "nftgate", Name: "build_info", Help: "A metric with a constant value of 1, labelled by nftgate's version.",
 	}, []string{"version"})
@@ -142,7 +144,7 @@ func NewMetrics(version string) *Metrics {
 		m.healthzTotal, m.livezTotal,
 		m.conntrackDeleted, m.conntrackDuration, m.conntrackErrors,
 		m.batchMessages, m.programmedChains, m.programmedRules, m.programmedElems,
-		m.driftRepairs, m.buildInfo,
+		m.driftRepairs, m.kernelRefused, m.buildInfo,
 	)
 	// Pre-create the fixed label values so every series is exported from the
 	// start and rate() sees the first increment.
@@ -232,6 +234,9 @@ func (m *Metrics) SetProgrammed(chains, rules, elements int) {
 	m.programmedRules.Set(float64(rules))
 	m.programmedElems.Set(float64(elements))
 }
+
+// SetKernelRefused sets how many Services' rules the kernel refuses.
+func (m *Metrics) SetKernelRefused(n int) { m.kernelRefused.Set(float64(n)) }
 
 // DriftRepaired counts one repair of kernel state. reason should be one of
 // the Drift* constants; any other value is counted as DriftOther.

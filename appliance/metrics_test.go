@@ -71,6 +71,7 @@ func TestMetricsNames(t *testing.T) {
 	for _, name := range append(kubeProxyNamed,
 		"nftgate_programmed_chains", "nftgate_programmed_rules", "nftgate_programmed_map_elements",
 		"nftgate_drift_repairs_total", "nftgate_conntrack_reconciler_errors_total", "nftgate_netlink_batch_messages",
+		"nftgate_services_kernel_refused",
 		"nftgate_build_info", "go_goroutines", "process_start_time_seconds") {
 		if !have[name] {
 			t.Errorf("metric %s not exported", name)

@@ -85,6 +85,8 @@ func (b *batchConn) forceBuffer(opt, size int) error {
 // BatchError is a batch the kernel refused; nothing of it was applied.
 type BatchError struct {
 	Failures []string // "what the message did: kernel error"
+	// refused describes the refused messages, where the batch could say.
+	refused []note
 }
 
 func (e *BatchError) Error() string {
@@ -122,6 +124,7 @@ func (b *batchConn) send(bt *batch, describe func() []note) error {
 	}
 	var what []note
 	described := false
+	var refused []note
 	name := func(seq uint32) string {
 		if !described && describe != nil {
 			described = true
@@ -130,6 +133,7 @@ func (b *batchConn) send(bt *batch, describe func() []note) error {
 			}
 		}
 		if i := int(seq - first); what != nil && i >= 0 && i < len(what) {
+			refused = append(refused, what[i])
 			return what[i].String()
 		}
 		return fmt.Sprintf("message %d", seq-first)
@@ -173,7 +177,7 @@ func (b *batchConn) send(bt *batch, describe func() []note) error {
 		}
 	}
 	if len(failures) > 0 {
-		return &BatchError{Failures: failures}
+		return &BatchError{Failures: failures, refused: refused}
 	}
 	return nil
 }

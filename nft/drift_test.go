@@ -390,7 +390,7 @@ func TestFullRepairsHandEdits(t *testing.T) {
 		{"hairpin element removed", func() { nft("flush", "set", "ip", cfg.Table, SetHairpin) }},
 		{"chain added", func() { nft("add", "chain", "ip", cfg.Table, "intruder") }},
 		{"shard table of another shard count", func() {
-			nft("add", "table", "ip", cfg.ShardTable(7))
+			nft("add", "table", "ip", cfg.ShardTable(7), "{ comment \""+TableComment+"\"; }")
 			nft("add", "chain", "ip", cfg.ShardTable(7), "nat-prerouting", "{ type nat hook prerouting priority -100; }")
 		}},
 	} {

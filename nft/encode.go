@@ -229,6 +229,19 @@ func (e *encoder) chainMessage(typ uint16, flags netlink.HeaderFlags, tableAttr,
 	w.end()
 }
 
+// tableMessage writes a message on the table, as google/nftables writes
+// it, with user data when ud is not nil: nftgate's mark.
+func (e *encoder) tableMessage(typ uint16, flags netlink.HeaderFlags, ud []byte) {
+	w := e.w
+	w.begin(typ, flags, byte(e.table.Family))
+	w.str(unix.NFTA_TABLE_NAME, e.table.Name)
+	w.u32(unix.NFTA_TABLE_FLAGS, 0)
+	if ud != nil {
+		w.attr(nftaTableUserdata, ud)
+	}
+	w.end()
+}
+
 func (e *encoder) addChain(c *Chain) {
 	w := e.w
 	w.begin(unix.NFT_MSG_NEWCHAIN, flagsCreate, byte(e.table.Family))
@@ -368,8 +381,15 @@ func chunks[T any](s []T, n int) func(func([]T) bool) {
 // come first in a batch, and are moved into it together: each move costs
 // google/nftables a Flush.
 func (e *encoder) head(o *familyOps) {
+	if o.replaceTable || o.createTable {
+		e.recorded() // what google/nftables recorded keeps its place
+	}
+	if o.replaceTable {
+		e.tableMessage(unix.NFT_MSG_DELTABLE, netlink.Request, nil)
+		e.note(note{op: noteDelTable})
+	}
 	if o.createTable {
-		e.rec.conn.AddTable(e.table)
+		e.tableMessage(unix.NFT_MSG_NEWTABLE, flagsCreate, tableMark)
 		e.note(note{op: noteAddTable})
 	}
 	for _, s := range o.addSets {

@@ -159,6 +159,35 @@ type tableSet struct {
 	k      int
 	refs   []tableRef
 	static []Fragment // each table's skeleton
+	// refuse names the Services to program with a rule the kernel
+	// refuses (Options.RefuseForTest).
+	refuse func(*model.Service) bool
+}
+
+// refusedChain is the chain the rule that Options.RefuseForTest adds jumps
+// to: no table has it, so the kernel refuses the rule.
+const refusedChain = "refused-for-test"
+
+// render renders a Service as the Programmer programs it.
+func (ts *tableSet) render(svc *model.Service) ByFamily {
+	r := RenderService(ts.cfg, svc)
+	if ts.refuse == nil || !ts.refuse(svc) {
+		return r
+	}
+	for i := range r {
+		for j, c := range r[i].Chains {
+			if mainChain(c.Name) {
+				continue
+			}
+			bad := *c
+			bad.Rules = append(slices.Clip(c.Rules), Rule{Verdict{Kind: Jump, Chain: refusedChain}})
+			chains := slices.Clone(r[i].Chains)
+			chains[j] = &bad
+			r[i].Chains = chains
+			return r
+		}
+	}
+	return r
 }
 
 func newTableSet(cfg *Config) *tableSet {

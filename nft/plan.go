@@ -10,9 +10,12 @@ import (
 // from a committed batch, or from reading the kernel back.
 type tableState struct {
 	exists bool
-	chains map[string]chainInfo
-	sets   map[string]setDef
-	elems  map[ElemID]Verdict
+	// replace is set for a table of nftgate's layout without nftgate's
+	// mark, read as empty: it is deleted and created anew, marked.
+	replace bool
+	chains  map[string]chainInfo
+	sets    map[string]setDef
+	elems   map[ElemID]Verdict
 }
 
 func newTableState() *tableState {
@@ -104,6 +107,7 @@ func planChain(f Family, c *Chain, scratch *[]byte) chainPlan {
 // sets and chains first, then rules, then map elements; removals last.
 type familyOps struct {
 	createTable   bool
+	replaceTable  bool // delete the table before creating it
 	addSets       []*Set
 	addChains     []chainPlan // new chains, with their rules
 	rewriteChains []chainPlan // existing chains whose rules changed: flush and refill
@@ -289,7 +293,7 @@ func (d *differ) element(id ElemID, desired *Verdict) {
 // apply records a committed plan in the state.
 func (st *tableState) apply(o *familyOps) {
 	if o.createTable {
-		st.exists = true
+		st.exists, st.replace = true, false
 	}
 	for _, s := range o.addSets {
 		st.sets[s.Name] = defOf(s)

@@ -39,6 +39,9 @@ type Programmer struct {
 	state        []*tableState                       // per table of p.tables
 	services     map[model.ServiceKey]*model.Service // as programmed
 	claims       *claimBook
+	// bisectOnly makes isolation ignore what the refused messages name,
+	// for tests of the bisection.
+	bisectOnly bool
 }
 
 // reconcileRounds is how many full syncs it takes to read every rule back.
@@ -49,6 +52,11 @@ type Options struct {
 	// NetNSFD, when non-zero, is a network namespace to program instead
 	// of the process's own.
 	NetNSFD int
+	// RefuseForTest, when set, picks Service models whose rules are
+	// programmed with one more rule the kernel refuses (a jump to a chain
+	// that does not exist): tests use it to watch the kernel refuse one
+	// Service.
+	RefuseForTest func(*model.Service) bool
 }
 
 type famElem struct {
@@ -132,6 +140,11 @@ type Result struct {
 	ReadBack bool
 	// Conflicts name elements claimed by more than one Service.
 	Conflicts []string
+	// Refused are the Services whose rules the kernel refused, with its
+	// error: each stays as it was last programmed (absent if it never
+	// was), and everything else of the sync is in place. A Service that
+	// stays refused is tried again whenever it changes, and by every Full.
+	Refused map[model.ServiceKey]string
 }
 
 // NewProgrammer opens the netlink sockets. It changes nothing in the kernel.
@@ -151,8 +164,16 @@ func NewProgrammer(cfg Config, opts Options) (*Programmer, error) {
 		b.Close()
 		return nil, err
 	}
+	// A table of nftgate's names that is not nftgate's stops it here,
+	// before it changes anything.
+	if err := r.checkOwnership(&cfg); err != nil {
+		r.Close()
+		b.Close()
+		return nil, err
+	}
 	p := &Programmer{cfg: cfg, batch: b, reader: r, services: map[model.ServiceKey]*model.Service{}, claims: newClaimBook()}
 	p.tables = newTableSet(&p.cfg)
+	p.tables.refuse = opts.RefuseForTest
 	p.staticChains = map[string]bool{}
 	for _, fr := range p.tables.static {
 		for _, c := range fr.Chains {
@@ -228,35 +249,9 @@ func (p *Programmer) Full(services map[model.ServiceKey]*model.Service) (Result,
 		}
 	}
 	res.ReadBack = true
-	observed := make([]*tableState, len(p.tables.refs))
-	var drop []tableRef
-	for _, f := range Families {
-		slots := p.tables.slots(f)
-		var believed []*tableState
-		if p.synced {
-			believed = p.state[slots[0] : slots[len(slots)-1]+1]
-		}
-		sts, extra, err := p.reader.readFamily(&p.cfg, f, p.tables.names(f), believed, sampled)
-		if err == nil && believed != nil {
-			var drift []string
-			for i, slot := range slots {
-				drift = append(drift, compareStates(p.tables.refs[slot], believed[i], sts[i])...)
-			}
-			if len(drift) > 0 {
-				res.Drift = append(res.Drift, drift...)
-				sts, extra, err = p.reader.readFamily(&p.cfg, f, p.tables.names(f), nil, nil)
-			}
-		}
-		if err != nil {
-			return res, fmt.Errorf("read %s tables back: %w", f, err)
-		}
-		for i, slot := range slots {
-			observed[slot] = sts[i]
-		}
-		for _, name := range extra {
-			drop = append(drop, tableRef{f: f, name: name})
-			res.Drift = append(res.Drift, fmt.Sprintf("%s table %s is from another shard count: deleted", f, name))
-		}
+	observed, drop, err := p.observe(&res, p.synced, sampled)
+	if err != nil {
+		return res, err
 	}
 
 	if p.synced && len(res.Drift) == 0 {
@@ -276,10 +271,22 @@ func (p *Programmer) Full(services map[model.ServiceKey]*model.Service) (Result,
 
 	n, kernel, err := p.commit(ds, drop)
 	res.Messages, res.Kernel = n, kernel
+	var be *BatchError
+	if errors.As(err, &be) {
+		err = p.fullIsolating(&res, observed, drop, recreates(ds), services, be)
+		res.Duration = time.Since(start)
+		return res, err
+	}
 	res.Duration = time.Since(start)
 	if err != nil {
 		return res, err
 	}
+	p.committedFull(&res, ds, observed, claims, services)
+	return res, nil
+}
+
+// committedFull records a full sync's plan that the kernel accepted.
+func (p *Programmer) committedFull(res *Result, ds []*differ, observed []*tableState, claims *claimBook, services map[model.ServiceKey]*model.Service) {
 	for slot, d := range ds {
 		observed[slot].apply(&d.ops)
 		res.Counts.add(&d.ops)
@@ -288,7 +295,45 @@ func (p *Programmer) Full(services map[model.ServiceKey]*model.Service) (Result,
 	p.claims = claims
 	p.services = cloneServices(services)
 	p.synced = true
-	return res, nil
+}
+
+// observe reads nftgate's tables back: what each holds, and the shard
+// tables of another shard count, to drop. With believe, the rules of the
+// chains sampled does not pick are taken to be what nftgate committed,
+// unless the kernel is found to have drifted; differences are added to
+// res.Drift.
+func (p *Programmer) observe(res *Result, believe bool, sampled func(string) bool) ([]*tableState, []tableRef, error) {
+	observed := make([]*tableState, len(p.tables.refs))
+	var drop []tableRef
+	for _, f := range Families {
+		slots := p.tables.slots(f)
+		var believed []*tableState
+		if believe {
+			believed = p.state[slots[0] : slots[len(slots)-1]+1]
+		}
+		sts, extra, err := p.reader.readFamily(&p.cfg, f, p.tables.names(f), believed, sampled)
+		if err == nil && believed != nil {
+			var drift []string
+			for i, slot := range slots {
+				drift = append(drift, compareStates(p.tables.refs[slot], believed[i], sts[i])...)
+			}
+			if len(drift) > 0 {
+				res.Drift = append(res.Drift, drift...)
+				sts, extra, err = p.reader.readFamily(&p.cfg, f, p.tables.names(f), nil, nil)
+			}
+		}
+		if err != nil {
+			return nil, nil, fmt.Errorf("read %s tables back: %w", f, err)
+		}
+		for i, slot := range slots {
+			observed[slot] = sts[i]
+		}
+		for _, name := range extra {
+			drop = append(drop, tableRef{f: f, name: name})
+			res.Drift = append(res.Drift, fmt.Sprintf("%s table %s is from another shard count: deleted", f, name))
+		}
+	}
+	return observed, drop, nil
 }
 
 // planFull decides everything a full sync changes: the tables must hold
@@ -307,6 +352,7 @@ func planFull(cfg *Config, ts *tableSet, observed []*tableState, services map[mo
 	for slot, ref := range ts.refs {
 		d := newDiffer(ref.f, observed[slot])
 		d.ops.createTable = !observed[slot].exists
+		d.ops.replaceTable = observed[slot].replace
 		st := &ts.static[slot]
 		for _, s := range st.Sets {
 			d.set(s.Name, s)
@@ -316,7 +362,7 @@ func planFull(cfg *Config, ts *tableSet, observed []*tableState, services map[mo
 		}
 		ds[slot] = d
 	}
-	rendered := renderAll(cfg, keys, services)
+	rendered := renderAll(ts, keys, services)
 	for i, k := range keys {
 		svc := services[k]
 		r := &rendered[i].ByFamily
@@ -388,7 +434,7 @@ type renderedService struct {
 // renderAll renders the Services of keys and fingerprints their chains'
 // rules: a pure function of each Service, and most of what planning a full
 // sync costs, so it runs on every CPU.
-func renderAll(cfg *Config, keys []model.ServiceKey, services map[model.ServiceKey]*model.Service) []renderedService {
+func renderAll(ts *tableSet, keys []model.ServiceKey, services map[model.ServiceKey]*model.Service) []renderedService {
 	out := make([]renderedService, len(keys))
 	// Services are handed out in blocks: lookups in the map and the
 	// scratch buffer stay per worker.
@@ -407,7 +453,7 @@ func renderAll(cfg *Config, keys []model.ServiceKey, services map[model.ServiceK
 				}
 				for i := lo; i < min(lo+block, len(keys)); i++ {
 					rs := &out[i]
-					rs.ByFamily = RenderService(cfg, services[keys[i]])
+					rs.ByFamily = ts.render(services[keys[i]])
 					for fi, f := range Families {
 						chains := rs.Of(f).Chains
 						if len(chains) == 0 {
@@ -456,12 +502,35 @@ func changedServices(programmed, want map[model.ServiceKey]*model.Service) map[m
 }
 
 func (p *Programmer) partialLocked(start time.Time, res Result, changes map[model.ServiceKey]*model.Service) (Result, error) {
+	err, isolatable := p.attempt(&res, changes)
+	if isolatable {
+		// The kernel refused this batch, and nothing else changed the
+		// ruleset since nftgate's last transaction: the refusal is of
+		// what these changes ask for. Everything else is programmed.
+		var be *BatchError
+		errors.As(err, &be)
+		refused := map[model.ServiceKey]string{}
+		err = p.isolate(&res, changes, be, refused)
+		if len(refused) > 0 {
+			res.Refused = refused
+		}
+	}
+	res.Duration = time.Since(start)
+	return res, err
+}
+
+// attempt plans and commits one partial sync. When the kernel refuses the
+// batch, nothing changes, in the kernel or in p; isolatable then tells
+// whether the refusal can only be of these changes: no other program
+// committed since nftgate's last transaction, and nftgate's record of the
+// kernel still holds.
+func (p *Programmer) attempt(res *Result, changes map[model.ServiceKey]*model.Service) (err error, isolatable bool) {
 	ds, undo, conflicts := planPartial(&p.cfg, p.tables, p.state, p.claims, p.services, changes)
 	res.Conflicts = conflicts
 
 	n, kernel, err := p.commit(ds, nil)
-	res.Messages, res.Kernel = n, kernel
-	res.Duration = time.Since(start)
+	res.Messages += n
+	res.Kernel += kernel
 	if err != nil {
 		for fe, cs := range undo.verdicts {
 			if cs == nil {
@@ -477,7 +546,13 @@ func (p *Programmer) partialLocked(start time.Time, res Result, changes map[mode
 				p.claims.plain[fe] = n
 			}
 		}
-		return res, err
+		if recreates(ds) {
+			// Planning a set's recreation forgot its elements: only a
+			// read-back knows the kernel again.
+			p.genKnown = false
+		}
+		var be *BatchError
+		return err, errors.As(err, &be) && p.genKnown
 	}
 	for slot, d := range ds {
 		p.state[slot].apply(&d.ops)
@@ -490,7 +565,7 @@ func (p *Programmer) partialLocked(start time.Time, res Result, changes map[mode
 			p.services[k] = svc
 		}
 	}
-	return res, nil
+	return nil, false
 }
 
 // planPartial decides what changing some Services changes in the tables,
@@ -533,10 +608,10 @@ func planPartial(cfg *Config, ts *tableSet, state []*tableState, book *claimBook
 	for k, svc := range changes {
 		var oldR, newR ByFamily
 		if old := programmed[k]; old != nil {
-			oldR = RenderService(cfg, old)
+			oldR = ts.render(old)
 		}
 		if svc != nil {
-			newR = RenderService(cfg, svc)
+			newR = ts.render(svc)
 		}
 		for _, f := range Families {
 			main, shard := ds[ts.main(f)], ds[ts.shard(f, k)]
@@ -637,13 +712,21 @@ func (p *Programmer) commit(ds []*differ, drop []tableRef) (int, time.Duration, 
 		return 0, 0, nil
 	}
 	before, genErr := p.batch.generation()
+	known := p.genKnown && genErr == nil && before == p.generation
 	p.genKnown = false
 	start := time.Now()
 	err = p.batch.send(w, describe)
 	took := time.Since(start)
-	if err == nil && genErr == nil {
-		if after, err := p.batch.generation(); err == nil && after == before+1 {
+	if genErr == nil {
+		after, aerr := p.batch.generation()
+		switch {
+		case aerr != nil:
+		case err == nil && after == before+1:
 			p.generation, p.genKnown = after, true
+		case err != nil && known && after == before:
+			// A refused batch commits nothing: nftgate's record of the
+			// kernel still holds.
+			p.genKnown = true
 		}
 	}
 	return w.count(), took, err
@@ -651,6 +734,8 @@ func (p *Programmer) commit(ds []*differ, drop []tableRef) (int, time.Duration, 
 
 // Cleanup deletes nftgate's tables (the main table and every service
 // shard, whatever their count), and with them everything nftgate made.
+// Tables of those names that nftgate did not make are left as they are: the
+// error then names them.
 func Cleanup(table string, opts Options) error {
 	b, err := dialBatch(opts.NetNSFD)
 	if err != nil {
@@ -664,22 +749,38 @@ func Cleanup(table string, opts Options) error {
 	defer r.Close()
 	cfg := Config{Table: table}
 	var drop []tableRef
+	var left []string
 	for _, f := range Families {
-		names, err := r.tableNames(f)
+		own, foreign, err := r.owned(&cfg, f)
 		if err != nil {
 			return err
 		}
-		for _, name := range names {
-			if name == table || cfg.isShardTable(name) {
-				drop = append(drop, tableRef{f, name})
-			}
+		for name := range own {
+			drop = append(drop, tableRef{f, name})
+		}
+		for _, name := range foreign {
+			left = append(left, fmt.Sprintf("%s %s", f, name))
 		}
 	}
-	w, err := encodeBatch(&tableSet{}, nil, drop, true)
-	if err != nil {
-		return err
+	sort.Slice(drop, func(i, j int) bool {
+		if drop[i].f != drop[j].f {
+			return drop[i].f < drop[j].f
+		}
+		return drop[i].name < drop[j].name
+	})
+	if len(drop) > 0 {
+		w, err := encodeBatch(&tableSet{}, nil, drop, true)
+		if err != nil {
+			return err
+		}
+		if err := b.send(w, w.notes); err != nil {
+			return err
+		}
 	}
-	return b.send(w, w.notes)
+	if len(left) > 0 {
+		return fmt.Errorf("left in place, not made by nftgate (no %q comment): table %s", TableComment, strings.Join(left, ", table "))
+	}
+	return nil
 }
 
 func familyIndex(f Family) int {

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/netip"
+	"sort"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -41,19 +42,6 @@ func (r *reader) Close() {
 	r.nl.Close()
 }
 
-// tableNames lists family f's tables.
-func (r *reader) tableNames(f Family) ([]string, error) {
-	tables, err := r.conn.ListTablesOfFamily(nftFamily(f))
-	if err != nil {
-		return nil, err
-	}
-	var out []string
-	for _, t := range tables {
-		out = append(out, t.Name)
-	}
-	return out, nil
-}
-
 var hookNames = map[nftables.ChainHook]string{
 	*nftables.ChainHookPrerouting:  "prerouting",
 	*nftables.ChainHookInput:       "input",
@@ -70,26 +58,36 @@ var hookNames = map[nftables.ChainHook]string{
 // read; the others are taken to hold what nftgate believes. Chains, sets
 // and map elements are always read in full.
 func (r *reader) readFamily(cfg *Config, f Family, names []string, believed []*tableState, readRules func(chain string) bool) ([]*tableState, []string, error) {
-	present, err := r.tableNames(f)
+	own, foreign, err := r.owned(cfg, f)
 	if err != nil {
-		return nil, nil, fmt.Errorf("list tables: %w", err)
+		return nil, nil, err
 	}
 	slot := map[string]int{}
 	for i, n := range names {
 		slot[n] = i
+	}
+	for _, n := range foreign {
+		if _, ok := slot[n]; ok {
+			return nil, nil, &ForeignTableError{Family: f, Name: n}
+		}
 	}
 	out := make([]*tableState, len(names))
 	for i := range out {
 		out[i] = newTableState()
 	}
 	var extra []string
-	for _, n := range present {
-		if i, ok := slot[n]; ok {
-			out[i].exists = true
-		} else if cfg.isShardTable(n) {
+	for n, replace := range own {
+		i, ok := slot[n]
+		switch {
+		case !ok:
 			extra = append(extra, n)
+		case replace:
+			out[i].replace = true // read as empty: created anew
+		default:
+			out[i].exists = true
 		}
 	}
+	sort.Strings(extra)
 	// One dump of the family's chains serves every table.
 	chains, err := r.conn.ListChainsOfTableFamily(nftFamily(f))
 	if err != nil {
@@ -100,7 +98,7 @@ func (r *reader) readFamily(cfg *Config, f Family, names []string, believed []*t
 			continue
 		}
 		i, ok := slot[c.Table.Name]
-		if !ok {
+		if !ok || !out[i].exists {
 			continue
 		}
 		var h *Hook

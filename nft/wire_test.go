@@ -144,8 +144,17 @@ func refEncode(t *testing.T, ts *tableSet, ds []*differ) []byte {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// google/nftables writes no table user data: nftgate's mark is the
+	// one attribute nftgate adds, after the others.
+	mark, err := netlink.MarshalAttributes([]netlink.Attribute{{Type: nftaTableUserdata, Data: tableMark}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	var out []byte
 	for _, m := range msgs {
+		if m.Header.Type == netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8|unix.NFT_MSG_NEWTABLE) {
+			m.Data = append(m.Data[:len(m.Data):len(m.Data)], mark...)
+		}
 		out = appendRefMessage(out, m)
 	}
 	return out

@@ -42,6 +42,9 @@ type ServiceState struct {
 	Model   *model.Service // as programmed; nil if never programmed
 	Skipped string         // why it is not proxied at all
 	Error   string         // why its latest objects were not applied
+	// KernelError is the kernel's error when it refused the Service's
+	// rules: Model stays its last good state.
+	KernelError string
 }
 
 // Syncer turns tracked changes into ruleset syncs.
@@ -71,7 +74,16 @@ type Syncer struct {
 	programmed map[model.ServiceKey]*model.Service
 	errs       map[model.ServiceKey]string
 	skipped    map[model.ServiceKey]string
-	firstDone  bool
+	// refused are the Services whose rules the kernel refused: the model
+	// it refused (nil for a deletion), tried again by every full sync and
+	// whenever the Service changes, and the kernel's error.
+	refused   map[model.ServiceKey]refusal
+	firstDone bool
+}
+
+type refusal struct {
+	want *model.Service
+	err  string
 }
 
 // Run syncs until ctx ends. It changes nothing in the kernel before the
@@ -85,6 +97,7 @@ func (s *Syncer) Run(ctx context.Context) error {
 	s.programmed = map[model.ServiceKey]*model.Service{}
 	s.errs = map[model.ServiceKey]string{}
 	s.skipped = map[model.ServiceKey]string{}
+	s.refused = map[model.ServiceKey]refusal{}
 	s.mu.Unlock()
 
 	for !s.Tracker.Synced() {
@@ -211,6 +224,16 @@ func (s *Syncer) full(log *slog.Logger) error {
 	if incremental {
 		objs, triggers = s.Tracker.TakeDirty()
 		desired = maps.Clone(before)
+		// A full sync tries again what the kernel refused.
+		s.mu.Lock()
+		for k, r := range s.refused {
+			if r.want != nil {
+				desired[k] = r.want
+			} else {
+				delete(desired, k)
+			}
+		}
+		s.mu.Unlock()
 	} else {
 		objs, triggers = s.Tracker.All()
 		desired = make(map[model.ServiceKey]*model.Service, len(objs))
@@ -220,7 +243,7 @@ func (s *Syncer) full(log *slog.Logger) error {
 		if !ok {
 			m = before[k] // keep the last good state of a Service gone bad
 			log.Warn("service not applied; its previous state stays in effect", "service", k, "err", s.errorOf(k))
-		} else if prev := before[k]; m != nil && prev != nil && reflect.DeepEqual(m, prev) {
+		} else if prev := desired[k]; m != nil && prev != nil && reflect.DeepEqual(m, prev) {
 			// The same Service as programmed: keeping its pointer tells
 			// the Programmer and the observers that nothing changed, so a
 			// periodic full sync costs a read-back, not a re-render.
@@ -240,7 +263,7 @@ func (s *Syncer) full(log *slog.Logger) error {
 	}
 	if s.Touched != nil {
 		if incremental {
-			defer s.Touched(keys)
+			defer func() { s.Touched(keys) }()
 		} else {
 			defer s.Touched(nil)
 		}
@@ -249,6 +272,19 @@ func (s *Syncer) full(log *slog.Logger) error {
 		s.Tracker.MarkDirty(keys, triggers)
 	}
 	if err == nil {
+		// What the kernel refused stays as it was programmed, and is
+		// tried again at the next full sync.
+		refused := make(map[model.ServiceKey]refusal, len(res.Refused))
+		for k, msg := range res.Refused {
+			refused[k] = refusal{want: desired[k], err: msg}
+			if m := before[k]; m != nil {
+				desired[k] = m
+			} else {
+				delete(desired, k)
+			}
+			log.Error("the kernel refused the service's rules; its last good state stays in effect", "service", k, "err", msg)
+			keys = append(keys, k)
+		}
 		ev.Before, ev.After = map[model.ServiceKey]*model.Service{}, map[model.ServiceKey]*model.Service{}
 		for k, m := range desired {
 			if before[k] != m {
@@ -262,7 +298,11 @@ func (s *Syncer) full(log *slog.Logger) error {
 		}
 		ev.Changed = len(ev.After)
 		s.mu.Lock()
+		for k := range s.refused {
+			keys = append(keys, k) // their rows change when they are programmed at last
+		}
 		s.programmed = desired
+		s.refused = refused
 		s.firstDone = true
 		s.mu.Unlock()
 		for _, d := range res.Drift {
@@ -303,6 +343,9 @@ func (s *Syncer) partial(log *slog.Logger) error {
 			continue
 		}
 		if m == nil && before[k] == nil {
+			s.mu.Lock()
+			delete(s.refused, k) // gone before the kernel ever took it
+			s.mu.Unlock()
 			continue
 		}
 		changes[k] = m
@@ -321,10 +364,15 @@ func (s *Syncer) partial(log *slog.Logger) error {
 	} else {
 		// Only the changed Services are touched: copying the whole map
 		// on every sync would cost as much as the sync at scale.
-		ev.Before, ev.After = map[model.ServiceKey]*model.Service{}, changes
+		ev.Before, ev.After = map[model.ServiceKey]*model.Service{}, map[model.ServiceKey]*model.Service{}
 		s.mu.Lock()
 		for k, m := range changes {
-			ev.Before[k] = s.programmed[k]
+			if msg, ok := res.Refused[k]; ok {
+				s.refused[k] = refusal{want: m, err: msg}
+				continue
+			}
+			delete(s.refused, k)
+			ev.Before[k], ev.After[k] = s.programmed[k], m
 			if m == nil {
 				delete(s.programmed, k)
 			} else {
@@ -332,6 +380,10 @@ func (s *Syncer) partial(log *slog.Logger) error {
 			}
 		}
 		s.mu.Unlock()
+		ev.Changed = len(ev.After)
+		for k, msg := range res.Refused {
+			log.Error("the kernel refused the service's rules; its last good state stays in effect", "service", k, "err", msg)
+		}
 		for _, c := range res.Conflicts {
 			log.Warn("address conflict", "detail", c)
 		}
@@ -357,8 +409,8 @@ func (s *Syncer) errorOf(k model.ServiceKey) string {
 func (s *Syncer) Service(k model.ServiceKey) (ServiceState, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	st := ServiceState{Key: k, Model: s.programmed[k], Error: s.errs[k], Skipped: s.skipped[k]}
-	return st, st.Model != nil || st.Error != "" || st.Skipped != ""
+	st := ServiceState{Key: k, Model: s.programmed[k], Error: s.errs[k], Skipped: s.skipped[k], KernelError: s.refused[k].err}
+	return st, st.Model != nil || st.Error != "" || st.Skipped != "" || st.KernelError != ""
 }
 
 // FirstSyncDone tells whether the kernel holds a complete view.
@@ -382,12 +434,22 @@ func (s *Syncer) Services() []ServiceState {
 	for k := range s.skipped {
 		keys[k] = true
 	}
+	for k := range s.refused {
+		keys[k] = true
+	}
 	out := make([]ServiceState, 0, len(keys))
 	for k := range keys {
-		out = append(out, ServiceState{Key: k, Model: s.programmed[k], Error: s.errs[k], Skipped: s.skipped[k]})
+		out = append(out, ServiceState{Key: k, Model: s.programmed[k], Error: s.errs[k], Skipped: s.skipped[k], KernelError: s.refused[k].err})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Key.Less(out[j].Key) })
 	return out
+}
+
+// KernelRefused counts the Services whose rules the kernel refused.
+func (s *Syncer) KernelRefused() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.refused)
 }
 
 // ErrNotSynced is returned by operations that need a first sync.

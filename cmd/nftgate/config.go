@@ -8,11 +8,14 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/BurntSushi/toml"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/nftgate/nftgate/nft"
 )
@@ -121,7 +124,10 @@ func (b ByteSize) String() string {
 			return strconv.FormatInt(int64(b)/u.size, 10) + u.suffix
 		}
 	}
-	return strconv.FormatInt(int64(b), 10)
+	if b == 0 {
+		return "0"
+	}
+	return strconv.FormatInt(int64(b), 10) + "B"
 }
 
 // Set implements flag.Value.
@@ -214,6 +220,28 @@ func loadConfig(name string, args []string) (*Config, *flag.FlagSet, error) {
 	return &cfg, fs, nil
 }
 
+// Bounds of the configuration's values; config.toml documents them.
+const (
+	// maxTableName leaves room within the kernel's 255 bytes for the
+	// shard tables' suffix ("-services-255"), and keeps names readable.
+	maxTableName      = 64
+	minSyncInterval   = time.Millisecond
+	maxSyncInterval   = time.Minute
+	minReconcile      = time.Second
+	maxReconcile      = 24 * time.Hour
+	minHealthzMaxAge  = time.Second
+	maxHealthzMaxAge  = 24 * time.Hour
+	minMemoryLimit    = 16 << 20
+	maxMemoryLimit    = 1 << 40
+	maxCIDRs          = 256
+	maxAuthUserLength = 64
+)
+
+// tableNamePattern is what a table name may be: an nft identifier of
+// letters, digits, '_' and '-', starting with a letter, so that it reads
+// the same in `nft list ruleset` and in the script `nftgate render` prints.
+var tableNamePattern = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_-]*$`)
+
 func (c *Config) validate() error {
 	var errs []error
 	bad := func(key string, format string, args ...any) {
@@ -224,22 +252,41 @@ func (c *Config) validate() error {
 		if err != nil {
 			bad("node_name", "empty, and the hostname is unknown: %v", err)
 		}
-		c.NodeName = h
+		// As the kubelet names its Node after the hostname.
+		c.NodeName = strings.ToLower(h)
 	}
-	if c.Table == "" || len(c.Table) > 64 || strings.ContainsAny(c.Table, " \t\n/\"") {
-		bad("table", "%q is not a usable table name", c.Table)
+	if msgs := validation.IsDNS1123Subdomain(c.NodeName); len(msgs) > 0 {
+		bad("node_name", "%q is not a Kubernetes node name: %s", c.NodeName, strings.Join(msgs, "; "))
+	}
+	if msgs := validation.IsValidLabelValue(c.Zone); len(msgs) > 0 {
+		bad("zone", "%q is not a topology zone (a label value): %s", c.Zone, strings.Join(msgs, "; "))
+	}
+	if msgs := validation.IsValidLabelValue(c.ProxyName); len(msgs) > 0 {
+		bad("proxy_name", "%q is not a service-proxy-name (a label value): %s", c.ProxyName, strings.Join(msgs, "; "))
+	}
+	switch {
+	case len(c.Table) > maxTableName:
+		bad("table", "%q is %d bytes long; at most %d", c.Table, len(c.Table), maxTableName)
+	case !tableNamePattern.MatchString(c.Table):
+		bad("table", "%q is not a usable table name: letters, digits, '_' and '-', starting with a letter", c.Table)
 	}
 	if c.Listen != "" {
-		if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+		if _, port, err := net.SplitHostPort(c.Listen); err != nil {
 			bad("listen", "%q is not host:port", c.Listen)
+		} else if n, err := strconv.ParseUint(port, 10, 16); err != nil || (n == 0 && port != "0") {
+			bad("listen", "%q: port %q is not a number from 0 to 65535", c.Listen, port)
 		}
 	}
 	parse := func(key string, vals []string) []netip.Prefix {
+		if len(vals) > maxCIDRs {
+			bad(key, "%d CIDRs; at most %d", len(vals), maxCIDRs)
+			return nil
+		}
 		var out []netip.Prefix
 		for i, v := range vals {
 			p, err := netip.ParsePrefix(v)
 			if err != nil {
-				if a, aerr := netip.ParseAddr(v); aerr == nil {
+				if a, aerr := netip.ParseAddr(v); aerr == nil && a.Zone() == "" {
 					p = netip.PrefixFrom(a, a.BitLen())
 				} else {
 					bad(fmt.Sprintf("%s[%d]", key, i), "%q is not a CIDR", v)
@@ -252,17 +299,32 @@ func (c *Config) validate() error {
 	}
 	c.clusterCIDRs = parse("cluster_cidrs", c.ClusterCIDRs)
 	c.nodePortAddresses = parse("nodeport_addresses", c.NodePortAddresses)
-	if c.MinSyncInterval < 0 {
-		bad("min_sync_interval", "%s is negative", c.MinSyncInterval)
+	within := func(key string, d Duration, lo, hi time.Duration, zero string) {
+		if d == 0 && zero != "" {
+			return
+		}
+		if time.Duration(d) < lo || time.Duration(d) > hi {
+			msg := "%s is not between %s and %s"
+			if zero != "" {
+				msg += " (or 0s: " + zero + ")"
+			}
+			bad(key, msg, d, lo, hi)
+		}
 	}
-	if c.ReconcileInterval < 0 {
-		bad("reconcile_interval", "%s is negative", c.ReconcileInterval)
+	within("min_sync_interval", c.MinSyncInterval, minSyncInterval, maxSyncInterval, "")
+	within("reconcile_interval", c.ReconcileInterval, minReconcile, maxReconcile, "off")
+	within("healthz_max_sync_age", c.HealthzMaxAge, minHealthzMaxAge, maxHealthzMaxAge, "off")
+	if c.HealthzMaxAge > 0 && c.ReconcileInterval > 0 && c.HealthzMaxAge < c.ReconcileInterval {
+		bad("healthz_max_sync_age", "%s is shorter than reconcile_interval (%s): /healthz would fail between the syncs of a quiet cluster", c.HealthzMaxAge, c.ReconcileInterval)
 	}
 	if c.Shards < 1 || c.Shards > nft.MaxShards {
 		bad("shards", "%d is not between 1 and %d", c.Shards, nft.MaxShards)
 	}
 	if c.MasqueradeBit == 0 || c.MasqueradeBit&(c.MasqueradeBit-1) != 0 {
 		bad("masquerade_bit", "%#x is not a single bit", c.MasqueradeBit)
+	}
+	if c.MemoryLimit != 0 && (c.MemoryLimit < minMemoryLimit || c.MemoryLimit > maxMemoryLimit) {
+		bad("memory_limit", "%s is not between %s and %s (or 0: none)", c.MemoryLimit, ByteSize(minMemoryLimit), ByteSize(maxMemoryLimit))
 	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":
@@ -276,6 +338,9 @@ func (c *Config) validate() error {
 	}
 	if (c.AuthUser == "") != (c.AuthPasswordFile == "") {
 		bad("auth_user", "auth_user and auth_password_file go together")
+	}
+	if len(c.AuthUser) > maxAuthUserLength || strings.ContainsFunc(c.AuthUser, func(r rune) bool { return r == ':' || unicode.IsControl(r) }) {
+		bad("auth_user", "%q is not a user name: at most %d bytes, no ':' or control characters", c.AuthUser, maxAuthUserLength)
 	}
 	if c.Kubeconfig != "" && c.Manifests != "" {
 		bad("manifests", "both a kubeconfig (%s) and a manifests directory (%s) are given; choose one source", c.Kubeconfig, c.Manifests)

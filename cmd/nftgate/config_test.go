@@ -79,6 +79,40 @@ func TestBadConfigNamesTheField(t *testing.T) {
 		{file: "memory_limit = \"96MB\"\n", want: []string{"memory_limit", "96MB"}},
 		{file: "memory_limit = \"-1MiB\"\n", want: []string{"memory_limit", "-1MiB"}},
 		{args: []string{"--memory-limit", "lots"}, want: []string{"memory-limit", "lots"}},
+		// Values of the right type out of their bounds.
+		{file: "healthz_max_sync_age = \"-1m\"\n", want: []string{"healthz_max_sync_age", "-1m"}},
+		{file: "healthz_max_sync_age = \"1ms\"\n", want: []string{"healthz_max_sync_age", "1ms"}},
+		{file: "healthz_max_sync_age = \"30s\"\n", want: []string{"healthz_max_sync_age", "30s", "reconcile_interval", "1m0s"}},
+		{file: "healthz_max_sync_age = \"1000h\"\n", want: []string{"healthz_max_sync_age", "1000h0m0s"}},
+		{args: []string{"--reconcile-interval", "1ns"}, want: []string{"reconcile_interval", "1ns"}},
+		{args: []string{"--reconcile-interval", "500ms"}, want: []string{"reconcile_interval", "500ms"}},
+		{args: []string{"--reconcile-interval", "48h"}, want: []string{"reconcile_interval", "48h0m0s"}},
+		{args: []string{"--min-sync-interval", "0s"}, want: []string{"min_sync_interval", "0s"}},
+		{args: []string{"--min-sync-interval", "100us"}, want: []string{"min_sync_interval", "100µs"}},
+		{args: []string{"--min-sync-interval", "-5ms"}, want: []string{"min_sync_interval", "-5ms"}},
+		{args: []string{"--min-sync-interval", "2m"}, want: []string{"min_sync_interval", "2m0s"}},
+		{file: "memory_limit = \"1B\"\n", want: []string{"memory_limit", "1", "16MiB"}},
+		{args: []string{"--memory-limit", "15MiB"}, want: []string{"memory_limit", "15MiB"}},
+		{args: []string{"--memory-limit", "2048GiB"}, want: []string{"memory_limit", "2048GiB"}},
+		{args: []string{"--table", "filter;"}, want: []string{"table", "filter;"}},
+		{args: []string{"--table", "x{"}, want: []string{"table", "x{"}},
+		{args: []string{"--table", "a}\ntable ip evil {"}, want: []string{"table", `a}\ntable ip evil {`}},
+		{args: []string{"--table", ""}, want: []string{"table", `""`}},
+		{args: []string{"--table", "-dash"}, want: []string{"table", "-dash"}},
+		{args: []string{"--table", "ünïcode"}, want: []string{"table", "ünïcode"}},
+		{args: []string{"--table", strings.Repeat("t", 65)}, want: []string{"table", strings.Repeat("t", 65), "at most 64"}},
+		{args: []string{"--shards", "0"}, want: []string{"shards", "0"}},
+		{args: []string{"--shards", "257"}, want: []string{"shards", "257"}},
+		{file: "masquerade_bit = 0\n", want: []string{"masquerade_bit", "0x0"}},
+		{args: []string{"--listen", "127.0.0.1:99999"}, want: []string{"listen", "99999"}},
+		{args: []string{"--listen", "127.0.0.1:http"}, want: []string{"listen", "http"}},
+		{args: []string{"--node-name", "Bad_Node"}, want: []string{"node_name", "Bad_Node"}},
+		{args: []string{"--node-name", strings.Repeat("n", 254)}, want: []string{"node_name", strings.Repeat("n", 254)}},
+		{args: []string{"--zone", "zone a"}, want: []string{"zone", "zone a"}},
+		{file: "proxy_name = \"a/b\"\n", want: []string{"proxy_name", "a/b"}},
+		{file: "auth_user = \"a:b\"\nauth_password_file = \"/p\"\n", want: []string{"auth_user", "a:b"}},
+		{args: []string{"--cluster-cidr", "fe80::1%eth0"}, want: []string{"cluster_cidrs[0]", "fe80::1%eth0"}},
+		{file: "cluster_cidrs = [" + strings.Repeat("\"10.0.0.0/8\",", 257) + "]\n", want: []string{"cluster_cidrs", "257"}},
 	} {
 		args := append([]string{"--node-name", "n"}, tc.args...)
 		if tc.file != "" {
@@ -110,7 +144,7 @@ func TestUnknownFlagIsAFlagError(t *testing.T) {
 
 func TestMemoryLimitSizes(t *testing.T) {
 	for in, want := range map[string]ByteSize{
-		"0": 0, "96MiB": 96 << 20, "1GiB": 1 << 30, "512 KiB": 512 << 10, "65536": 65536, "100B": 100,
+		"0": 0, "96MiB": 96 << 20, "1GiB": 1 << 30, "16384 KiB": 16 << 20, "16777216": 16 << 20, "16777217B": 16<<20 + 1,
 	} {
 		cfg, _, err := loadConfig("nftgate", []string{"--node-name", "n", "--config", writeConfig(t, "memory_limit = \""+in+"\"\n")})
 		if err != nil {

@@ -44,9 +44,22 @@ func (c *Config) ruleset() nft.Config {
 // source picks where Services come from: an explicit manifests directory or
 // kubeconfig, else $KUBECONFIG or the in-cluster account, else the default
 // manifests directory.
+//
+// The directory or file is checked here, before anything touches the
+// kernel or logs that the gateway is starting.
 func (c *Config) source(log *slog.Logger) (gsync.Source, error) {
 	if c.Manifests != "" {
+		if err := checkManifestsDir("manifests", c.Manifests); err != nil {
+			return nil, err
+		}
 		return &gsync.ManifestSource{Dir: c.Manifests, Log: log}, nil
+	}
+	if c.Kubeconfig != "" {
+		if st, err := os.Stat(c.Kubeconfig); err != nil {
+			return nil, fmt.Errorf("kubeconfig: %w", err)
+		} else if !st.Mode().IsRegular() {
+			return nil, fmt.Errorf("kubeconfig: %s is not a file", c.Kubeconfig)
+		}
 	}
 	rc, ok, err := gsync.LoadKubeConfig(c.Kubeconfig)
 	if err != nil {
@@ -55,7 +68,25 @@ func (c *Config) source(log *slog.Logger) (gsync.Source, error) {
 	if ok {
 		return &gsync.KubeSource{Config: rc, Log: log}, nil
 	}
+	if err := checkManifestsDir("manifests (no kubeconfig given or found, nor an in-cluster account)", DefaultManifests); err != nil {
+		return nil, err
+	}
 	return &gsync.ManifestSource{Dir: DefaultManifests, Log: log}, nil
+}
+
+// checkManifestsDir tells whether dir is a readable directory.
+func checkManifestsDir(key, dir string) error {
+	st, err := os.Stat(dir)
+	if err != nil {
+		return fmt.Errorf("%s: %w", key, err)
+	}
+	if !st.IsDir() {
+		return fmt.Errorf("%s: %s is not a directory", key, dir)
+	}
+	if _, err := os.ReadDir(dir); err != nil {
+		return fmt.Errorf("%s: %w", key, err)
+	}
+	return nil
 }
 
 func serve(ctx context.Context, cfg *Config) error {
@@ -63,17 +94,17 @@ func serve(ctx context.Context, cfg *Config) error {
 	if err != nil {
 		return err
 	}
-	memLimit := newMemoryLimit(cfg.MemoryLimit, log)
+	src, err := cfg.source(log)
+	if err != nil {
+		return err
+	}
 	var auth *appliance.BasicAuth
 	if cfg.AuthUser != "" {
 		if auth, err = appliance.BasicAuthFromFile(cfg.AuthUser, cfg.AuthPasswordFile); err != nil {
 			return fmt.Errorf("auth_password_file: %w", err)
 		}
 	}
-	src, err := cfg.source(log)
-	if err != nil {
-		return err
-	}
+	memLimit := newMemoryLimit(cfg.MemoryLimit, log)
 	// Listen before touching the kernel: a port in use is a configuration
 	// error, reported before anything changes.
 	var ln net.Listener
@@ -102,6 +133,10 @@ func serve(ctx context.Context, cfg *Config) error {
 	}
 	prog, err := nft.NewProgrammer(cfg.ruleset(), nft.Options{})
 	if err != nil {
+		var fe *nft.ForeignTableError
+		if errors.As(err, &fe) {
+			return fmt.Errorf("table = %q: %w", cfg.Table, err)
+		}
 		return err
 	}
 	defer prog.Close()
@@ -162,6 +197,7 @@ func serve(ctx context.Context, cfg *Config) error {
 		if ev.Changed > 0 {
 			metrics.ServiceChanged(ev.Changed)
 		}
+		metrics.SetKernelRefused(syncer.KernelRefused())
 	})
 
 	ctx, cancel := context.WithCancel(ctx)
@@ -382,7 +418,10 @@ func kernelRelease() string {
 }
 
 func cleanup(cfg *Config) error {
-	return nft.Cleanup(cfg.Table, nft.Options{})
+	if err := nft.Cleanup(cfg.Table, nft.Options{}); err != nil {
+		return fmt.Errorf("cleanup: %w", err)
+	}
+	return nil
 }
 
 // render prints the ruleset the gateway would program for its source, as

@@ -130,8 +130,8 @@ func rowKey(r *appliance.Service) model.ServiceKey {
 // never changes: rows holding a copy of every endpoint were a tenth of the
 // gateway's memory at ten thousand Services.
 func serviceRow(st gsync.ServiceState, node *model.Node) (appliance.Service, bool) {
-	v := appliance.Service{Namespace: st.Key.Namespace, Name: st.Key.Name, Error: st.Error}
-	if st.Model == nil && st.Error == "" {
+	v := appliance.Service{Namespace: st.Key.Namespace, Name: st.Key.Name, Error: st.Error, KernelError: st.KernelError}
+	if st.Model == nil && st.Error == "" && st.KernelError == "" {
 		return v, false
 	}
 	if m := st.Model; m != nil {
