@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
 	"math"
 	"os"
@@ -35,8 +36,8 @@ func TestDocumentedConfigIsTheDefault(t *testing.T) {
 		t.Fatal(err)
 	}
 	// An empty list in the file is the default's absent list.
-	if len(cfg.ClusterCIDRs) == 0 && len(cfg.NodePortAddresses) == 0 {
-		cfg.ClusterCIDRs, cfg.NodePortAddresses = nil, nil
+	if len(cfg.ClusterCIDRs) == 0 && len(cfg.NodePortAddresses) == 0 && len(cfg.ExternalIPCIDRs) == 0 {
+		cfg.ClusterCIDRs, cfg.NodePortAddresses, cfg.ExternalIPCIDRs = nil, nil, nil
 	}
 	if !reflect.DeepEqual(cfg, &want) {
 		t.Errorf("config.toml differs from the defaults:\n got %+v\nwant %+v", *cfg, want)
@@ -68,6 +69,8 @@ func TestBadConfigNamesTheField(t *testing.T) {
 		{file: "min_sync_interval = \"soon\"\n", want: []string{"min_sync_interval", "soon"}},
 		{file: "cluster_cidrs = [\"10.0.0.0/33\"]\n", want: []string{"cluster_cidrs[0]", "10.0.0.0/33"}},
 		{args: []string{"--nodeport-addresses", "nonsense"}, want: []string{"nodeport_addresses[0]", "nonsense"}},
+		{args: []string{"--external-ip-cidr", "198.51.100.0/24", "--external-ip-cidr", "all"}, want: []string{"external_ip_cidrs[1]", "all"}},
+		{file: "external_ip_cidrs = [\"203.0.113.0/33\"]\n", want: []string{"external_ip_cidrs[0]", "203.0.113.0/33"}},
 		{args: []string{"--listen", "9180"}, want: []string{"listen", "9180"}},
 		{args: []string{"--log-level", "loud"}, want: []string{"log_level", "loud"}},
 		{args: []string{"--log-format", "xml"}, want: []string{"log_format", "xml"}},
@@ -94,6 +97,33 @@ func TestBadConfigNamesTheField(t *testing.T) {
 				t.Errorf("%q %v: error %q does not name %q", tc.file, tc.args, err, w)
 			}
 		}
+	}
+}
+
+// external_ip_cidrs: none by default; from the file or the repeatable
+// flag, which replaces the file's list.
+func TestExternalIPCIDRs(t *testing.T) {
+	cfg, _, err := loadConfig("nftgate", []string{"--node-name", "n"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.exposure(nil).ExternalIPCIDRs) != 0 {
+		t.Errorf("default external_ip_cidrs %v, want none", cfg.externalIPCIDRs)
+	}
+	p := writeConfig(t, "external_ip_cidrs = [\"203.0.113.7\", \"2001:db8::1/64\"]\n")
+	cfg, _, err = loadConfig("nftgate", []string{"--node-name", "n", "--config", p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(cfg.exposure(nil).ExternalIPCIDRs); got != "[203.0.113.7/32 2001:db8::/64]" {
+		t.Errorf("external_ip_cidrs from the file: %s", got)
+	}
+	cfg, _, err = loadConfig("nftgate", []string{"--node-name", "n", "--config", p, "--external-ip-cidr", "198.51.100.0/24", "--external-ip-cidr", "192.0.2.0/25,192.0.2.128/25"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(cfg.exposure(nil).ExternalIPCIDRs); got != "[198.51.100.0/24 192.0.2.0/25 192.0.2.128/25]" {
+		t.Errorf("external_ip_cidrs from flags: %s", got)
 	}
 }
 
