@@ -59,12 +59,12 @@ func compare(a, b netip.Prefix) int {
 	return a.Bits() - b.Bits()
 }
 
-// Watch calls changed with the addresses of the current network namespace
-// each time they differ from those last given (initially, from last),
-// until ctx ends. It follows the kernel's address notifications; when
+// Watch calls changed with the addresses of the network namespace behind
+// fd (0: the current one) each time they differ from those last given
+// (initially, from last), until ctx ends. It follows the kernel's address notifications; when
 // they are lost (the socket's buffer overran) it subscribes again and
 // lists the addresses anew, so no change goes unnoticed for long.
-func Watch(ctx context.Context, last []netip.Prefix, changed func([]netip.Prefix), log *slog.Logger) {
+func Watch(ctx context.Context, fd int, last []netip.Prefix, changed func([]netip.Prefix), log *slog.Logger) {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -80,9 +80,14 @@ func Watch(ctx context.Context, last []netip.Prefix, changed func([]netip.Prefix
 		retry = min(max(2*retry, 100*time.Millisecond), 10*time.Second)
 		ch := make(chan netlink.AddrUpdate, 64)
 		done := make(chan struct{})
-		err := netlink.AddrSubscribeWithOptions(ch, done, netlink.AddrSubscribeOptions{
+		opts := netlink.AddrSubscribeOptions{
 			ErrorCallback: func(err error) { log.Debug("address notifications", "err", err) },
-		})
+		}
+		if fd > 0 {
+			ns := netns.NsHandle(fd)
+			opts.Namespace = &ns
+		}
+		err := netlink.AddrSubscribeWithOptions(ch, done, opts)
 		if err != nil {
 			close(done)
 			log.Warn("cannot follow the gateway's addresses; retrying", "err", err, "retry_in", retry)
@@ -90,7 +95,7 @@ func Watch(ctx context.Context, last []netip.Prefix, changed func([]netip.Prefix
 		}
 		// Subscribed first, listed second: a change in between is both
 		// listed and notified, never lost.
-		last = relist(last, changed, log)
+		last = relist(fd, last, changed, log)
 		for open := true; open; {
 			select {
 			case <-ctx.Done():
@@ -102,7 +107,7 @@ func Watch(ctx context.Context, last []netip.Prefix, changed func([]netip.Prefix
 				if open {
 					retry = 0
 					drain(ch)
-					last = relist(last, changed, log)
+					last = relist(fd, last, changed, log)
 				}
 			}
 		}
@@ -125,8 +130,8 @@ func drain(ch <-chan netlink.AddrUpdate) {
 	}
 }
 
-func relist(last []netip.Prefix, changed func([]netip.Prefix), log *slog.Logger) []netip.Prefix {
-	now, err := List(0)
+func relist(fd int, last []netip.Prefix, changed func([]netip.Prefix), log *slog.Logger) []netip.Prefix {
+	now, err := List(fd)
 	if err != nil {
 		log.Warn("cannot list the gateway's addresses", "err", err)
 		return last

@@ -211,7 +211,7 @@ func serve(ctx context.Context, cfg *Config) error {
 
 	addrDone := make(chan struct{})
 	go func() {
-		hostaddr.Watch(ctx, host, func(h []netip.Prefix) {
+		hostaddr.Watch(ctx, 0, host, func(h []netip.Prefix) {
 			log.Info("the gateway's addresses changed", "addresses", h)
 			syncer.SetExposure(cfg.exposure(h))
 		}, log)
