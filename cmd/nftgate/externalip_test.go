@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -143,8 +144,9 @@ func TestSpecialAddressesAreNeverServed(t *testing.T) {
 	gatewaytest.Serve(t, topo.Backend, "tcp", ap("198.18.2.11:8080"))
 	refused := []string{"127.0.0.1", "169.254.10.1", "224.0.0.5", "0.0.0.0", "255.255.255.255",
 		"::1", "fe80::1", "ff02::1", topo.GatewayClientIPv4.String(), "198.18.1.255", topo.GatewayBackendIPv6.String()}
-	svc := gatewaytest.Service("default", "special", "LoadBalancer", []string{"198.19.0.91"},
+	svc := gatewaytest.Service("default", "special", "LoadBalancer", []string{"198.19.0.91", "fd42:ff::91"},
 		gatewaytest.Port{Name: "http", Port: 80, NodePort: 30091})
+	svc.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol}
 	svc.Spec.ExternalIPs = append(append([]string{}, refused...), "198.19.1.91")
 	svc.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: topo.GatewayBackendIPv4.String()}, {IP: "127.0.0.2"}, {IP: "198.19.1.92"}}
 	slice := gatewaytest.Slice("default", "special-1", "special", "http", "", 8080, gatewaytest.Endpoint{Addr: "198.18.2.11"})
@@ -173,9 +175,17 @@ func TestSpecialAddressesAreNeverServed(t *testing.T) {
 		t.Errorf("the gateway's own address, port 80: got %v, want refused", err)
 	}
 	ruleset := g.Nft("list", "ruleset")
+	programmed := func(a string) bool {
+		return regexp.MustCompile(`(^|[\s{,])` + regexp.QuoteMeta(a) + ` \. `).MatchString(ruleset)
+	}
 	for _, a := range append(refused, topo.GatewayBackendIPv4.String(), "127.0.0.2") {
-		if strings.Contains(ruleset, " "+a+" . ") {
+		if programmed(a) {
 			t.Errorf("%s is programmed:\n%s", a, ruleset)
+		}
+	}
+	for _, a := range []string{"198.19.1.91", "198.19.1.92", "fd42:ff::91"} {
+		if !programmed(a) {
+			t.Errorf("%s is not programmed:\n%s", a, ruleset)
 		}
 	}
 }
