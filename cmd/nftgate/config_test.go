@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -195,4 +196,41 @@ func TestMemoryLimitFollowsLiveData(t *testing.T) {
 		t.Errorf("limit after a partial sync = %d, want about %d again", after, got)
 	}
 	runtime.KeepAlive(keep)
+}
+
+// render prints what the gateway would program: externalIPs only inside
+// external_ip_cidrs.
+func TestRenderServesExternalIPsOnlyInsideTheCIDRs(t *testing.T) {
+	dir := t.TempDir()
+	manifest := `apiVersion: v1
+kind: Service
+metadata: {name: legacy, namespace: default}
+spec:
+  type: ClusterIP
+  clusterIP: 198.19.0.40
+  externalIPs: [198.19.1.2]
+  ports: [{name: http, protocol: TCP, port: 80}]
+`
+	if err := os.WriteFile(filepath.Join(dir, "svc.yaml"), []byte(manifest), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		args []string
+		want bool
+	}{{nil, false}, {[]string{"--external-ip-cidr", "198.19.1.0/24"}, true}} {
+		cfg, _, err := loadConfig("nftgate render", append([]string{"--node-name", "n", "--manifests", dir}, c.args...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out strings.Builder
+		if err := render(context.Background(), cfg, &out); err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Contains(out.String(), "198.19.1.2 . tcp . 80"); got != c.want {
+			t.Errorf("render %v: externalIP programmed %v, want %v:\n%s", c.args, got, c.want, out.String())
+		}
+		if !strings.Contains(out.String(), "198.19.0.40 . tcp . 80") {
+			t.Errorf("render %v: the ClusterIP is missing:\n%s", c.args, out.String())
+		}
+	}
 }
