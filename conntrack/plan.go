@@ -5,9 +5,9 @@ import (
 	"fmt"
 	"net/netip"
 
-	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/nftgate/nftgate/hostaddr"
 )
 
 // groupKey selects the flows of one address family and protocol; ctnetlink
@@ -273,26 +273,13 @@ func (l localSet) has(a netip.Addr) bool {
 // localAddrs lists the addresses assigned to interfaces of the network
 // namespace behind fd (0: the current one).
 func localAddrs(fd int) (localSet, error) {
-	var h *netlink.Handle
-	var err error
-	if fd > 0 {
-		h, err = netlink.NewHandleAt(netns.NsHandle(fd), unix.NETLINK_ROUTE)
-	} else {
-		h, err = netlink.NewHandle(unix.NETLINK_ROUTE)
-	}
-	if err != nil {
-		return nil, err
-	}
-	defer h.Close()
-	addrs, err := h.AddrList(nil, netlink.FAMILY_ALL)
+	addrs, err := hostaddr.List(fd)
 	if err != nil {
 		return nil, err
 	}
 	set := make(localSet, len(addrs))
-	for _, a := range addrs {
-		if ip, ok := netip.AddrFromSlice(a.IP); ok {
-			set[ip.Unmap()] = struct{}{}
-		}
+	for _, p := range addrs {
+		set[p.Addr()] = struct{}{}
 	}
 	return set, nil
 }

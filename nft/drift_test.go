@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"sort"
 	"strings"
 	"testing"
@@ -172,14 +173,25 @@ func TestRandomChangesLeaveNoDrift(t *testing.T) {
 		NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("198.18.1.1/32"), netip.MustParsePrefix("fd42:1::1/128")}}
 
 	w, pa := programWorld(t, cfg, fdA, 1, 40, false)
+	// The conflicts of each Service, as the partial syncs report their
+	// changes.
+	reported := lossesByService(pa.losses)
 	for step := 0; step < 300; step++ {
 		changes := map[model.ServiceKey]*model.Service{}
 		for j, n := 0, 1+w.r.Intn(3); j < n; j++ {
 			k, s := w.mutate()
 			changes[k] = s
 		}
-		if _, err := pa.Partial(changes); err != nil {
+		res, err := pa.Partial(changes)
+		if err != nil {
 			t.Fatalf("step %d: %v", step, err)
+		}
+		for k, c := range res.ServiceConflicts {
+			if len(c) == 0 {
+				delete(reported, k)
+			} else {
+				reported[k] = c
+			}
 		}
 	}
 	// Nothing to repair: the state nftgate believes in is the kernel's.
@@ -210,6 +222,24 @@ func TestRandomChangesLeaveNoDrift(t *testing.T) {
 	if len(res.Conflicts) == 0 {
 		t.Error("the random world never made two Services claim one address: the test lost its reach")
 	}
+	// Each Service's conflicts, kept up to date by the partial syncs, are
+	// those a fresh full sync finds.
+	fresh := lossesByService(pb.losses)
+	if !reflect.DeepEqual(reported, fresh) || !reflect.DeepEqual(lossesByService(pa.losses), fresh) {
+		t.Errorf("conflicts per Service after partial syncs\n%v\nreported as\n%v\nwant, as a fresh full sync finds them,\n%v",
+			lossesByService(pa.losses), reported, fresh)
+	}
+	if len(fresh) == 0 {
+		t.Error("no Service lost a claim to another: the test lost its reach")
+	}
+}
+
+func lossesByService(l map[model.ServiceKey]map[famElem]string) map[model.ServiceKey][]string {
+	out := map[model.ServiceKey][]string{}
+	for k, m := range l {
+		out[k] = lossList(m)
+	}
+	return out
 }
 
 // TestNetlinkMatchesNft programs a varied ruleset over netlink and the same

@@ -42,6 +42,9 @@ type Programmer struct {
 	// bisectOnly makes isolation ignore what the refused messages name,
 	// for tests of the bisection.
 	bisectOnly bool
+	// losses are, per Service, the elements it claims that another
+	// Service holds, and why, as programmed.
+	losses map[model.ServiceKey]map[famElem]string
 }
 
 // reconcileRounds is how many full syncs it takes to read every rule back.
@@ -145,6 +148,10 @@ type Result struct {
 	// was), and everything else of the sync is in place. A Service that
 	// stays refused is tried again whenever it changes, and by every Full.
 	Refused map[model.ServiceKey]string
+	// ServiceConflicts hold, for each Service whose conflicts changed in
+	// this sync, every element it claims that another Service holds, and
+	// why (empty when it now has none).
+	ServiceConflicts map[model.ServiceKey][]string
 }
 
 // NewProgrammer opens the netlink sockets. It changes nothing in the kernel.
@@ -171,7 +178,8 @@ func NewProgrammer(cfg Config, opts Options) (*Programmer, error) {
 		b.Close()
 		return nil, err
 	}
-	p := &Programmer{cfg: cfg, batch: b, reader: r, services: map[model.ServiceKey]*model.Service{}, claims: newClaimBook()}
+	p := &Programmer{cfg: cfg, batch: b, reader: r, services: map[model.ServiceKey]*model.Service{}, claims: newClaimBook(),
+		losses: map[model.ServiceKey]map[famElem]string{}}
 	p.tables = newTableSet(&p.cfg)
 	p.tables.refuse = opts.RefuseForTest
 	p.staticChains = map[string]bool{}
@@ -293,6 +301,7 @@ func (p *Programmer) committedFull(res *Result, ds []*differ, observed []*tableS
 	}
 	p.state = observed
 	p.claims = claims
+	res.ServiceConflicts = p.rebuildLosses()
 	p.services = cloneServices(services)
 	p.synced = true
 }
@@ -557,6 +566,13 @@ func (p *Programmer) attempt(res *Result, changes map[model.ServiceKey]*model.Se
 	for slot, d := range ds {
 		p.state[slot].apply(&d.ops)
 		res.Counts.add(&d.ops)
+	}
+	// Isolation commits in several attempts: their changes add up.
+	for k, c := range p.updateLosses(undo.verdicts) {
+		if res.ServiceConflicts == nil {
+			res.ServiceConflicts = map[model.ServiceKey][]string{}
+		}
+		res.ServiceConflicts[k] = c
 	}
 	for k, svc := range changes {
 		if svc == nil {
@@ -823,6 +839,21 @@ func removeClaim(m map[famElem]*claimSet, fe famElem, svc model.ServiceKey) {
 }
 
 func conflicts(fe famElem, cs claimSet) []string {
+	var out []string
+	for _, l := range losses(fe, cs) {
+		out = append(out, fmt.Sprintf("service %s: %s", l.svc, l.why))
+	}
+	return out
+}
+
+// loss is a Service's claim on an element that another Service won.
+type loss struct {
+	svc model.ServiceKey
+	why string
+}
+
+// losses lists the claims of cs that lose fe to the winner's.
+func losses(fe famElem, cs claimSet) []loss {
 	if len(cs) < 2 {
 		return nil
 	}
@@ -834,14 +865,117 @@ func conflicts(fe famElem, cs claimSet) []string {
 	if same {
 		return nil // Services agreeing on an element (shared endpoints) is no conflict
 	}
-	var out []string
+	var out []loss
 	for _, c := range cs {
 		if c.svc != w.svc {
-			out = append(out, fmt.Sprintf("service %s: %s %s in %s is already used by service %s, which keeps it",
-				c.svc, fe.f, fe.id.Key, fe.id.Map, w.svc))
+			out = append(out, loss{c.svc, fmt.Sprintf("%s %s in %s is already used by service %s, which keeps it as the older Service (by creation time, then namespace/name)",
+				fe.f, fe.id.Key, fe.id.Map, w.svc)})
 		}
 	}
 	return out
+}
+
+// lossList is one Service's losses, sorted.
+func lossList(m map[famElem]string) []string {
+	out := make([]string, 0, len(m))
+	for _, why := range m {
+		out = append(out, why)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// updateLosses brings p.losses up to date for the elements a partial
+// sync touched (before holds their claims as they were; nil where there
+// were none) and returns the conflicts of the Services whose conflicts
+// changed.
+func (p *Programmer) updateLosses(before map[famElem]*claimSet) map[model.ServiceKey][]string {
+	was := map[model.ServiceKey][]string{}
+	note := func(cs *claimSet) {
+		if cs == nil {
+			return
+		}
+		for _, c := range *cs {
+			if _, ok := was[c.svc]; !ok {
+				was[c.svc] = lossList(p.losses[c.svc])
+			}
+		}
+	}
+	for fe, old := range before {
+		note(old)
+		note(p.claims.verdicts[fe])
+	}
+	if len(was) == 0 {
+		return nil
+	}
+	for fe, old := range before {
+		if old != nil {
+			for _, c := range *old {
+				if m := p.losses[c.svc]; m != nil {
+					delete(m, fe)
+					if len(m) == 0 {
+						delete(p.losses, c.svc)
+					}
+				}
+			}
+		}
+		if cs := p.claims.verdicts[fe]; cs != nil {
+			for _, l := range losses(fe, *cs) {
+				m := p.losses[l.svc]
+				if m == nil {
+					m = map[famElem]string{}
+					p.losses[l.svc] = m
+				}
+				m[fe] = l.why
+			}
+		}
+	}
+	var changed map[model.ServiceKey][]string
+	for k, old := range was {
+		if now := lossList(p.losses[k]); !slices.Equal(old, now) {
+			if changed == nil {
+				changed = map[model.ServiceKey][]string{}
+			}
+			changed[k] = now
+		}
+	}
+	return changed
+}
+
+// rebuildLosses makes p.losses anew from p.claims, after a full sync
+// planned every element, and returns the conflicts of the Services whose
+// conflicts changed.
+func (p *Programmer) rebuildLosses() map[model.ServiceKey][]string {
+	next := map[model.ServiceKey]map[famElem]string{}
+	for fe, cs := range p.claims.verdicts {
+		for _, l := range losses(fe, *cs) {
+			m := next[l.svc]
+			if m == nil {
+				m = map[famElem]string{}
+				next[l.svc] = m
+			}
+			m[fe] = l.why
+		}
+	}
+	var changed map[model.ServiceKey][]string
+	diff := func(k model.ServiceKey) {
+		if now := lossList(next[k]); !slices.Equal(lossList(p.losses[k]), now) {
+			if changed == nil {
+				changed = map[model.ServiceKey][]string{}
+			}
+			changed[k] = now
+		}
+	}
+	for k := range next {
+		diff(k)
+	}
+	for k := range p.losses {
+		if _, ok := next[k]; !ok {
+			diff(k)
+		}
+	}
+	p.losses = next
+	return changed
 }
 
 // sortOps makes batches deterministic, which keeps them comparable in tests

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"maps"
 	"reflect"
+	"slices"
 	"sort"
 	stdsync "sync"
 	"time"
@@ -45,6 +46,9 @@ type ServiceState struct {
 	// KernelError is the kernel's error when it refused the Service's
 	// rules: Model stays its last good state.
 	KernelError string
+	// Warnings say what of the Service is not served, and why: addresses
+	// the Exposure refuses, elements an older Service holds.
+	Warnings []string
 }
 
 // Syncer turns tracked changes into ruleset syncs.
@@ -52,7 +56,11 @@ type Syncer struct {
 	Tracker    *Tracker
 	Programmer Programmer
 	Options    model.Options
-	Log        *slog.Logger
+	// Exposure decides which externalIPs and LoadBalancer IPs are
+	// served; nil is the zero Exposure (no externalIP). SetExposure
+	// changes it while running.
+	Exposure *model.Exposure
+	Log      *slog.Logger
 	// MinInterval is the least time between two syncs: changes arriving
 	// meanwhile are coalesced into the next one.
 	MinInterval time.Duration
@@ -79,11 +87,46 @@ type Syncer struct {
 	// whenever the Service changes, and the kernel's error.
 	refused   map[model.ServiceKey]refusal
 	firstDone bool
+	exposure  *model.Exposure // as set by SetExposure
+	// exposed are the Services that ask for externalIPs or LoadBalancer
+	// IPs: those an Exposure change may change. unserved holds what the
+	// Exposure left out of them, and conflicts what older Services hold.
+	exposed   map[model.ServiceKey]struct{}
+	unserved  map[model.ServiceKey][]string
+	conflicts map[model.ServiceKey][]string
 }
 
 type refusal struct {
 	want *model.Service
 	err  string
+}
+
+// SetExposure changes which external addresses are served (the
+// gateway's own addresses changed, say): the Services it may concern are
+// synced again.
+func (s *Syncer) SetExposure(e *model.Exposure) {
+	s.mu.Lock()
+	if s.currentExposure().Equal(e) {
+		s.mu.Unlock()
+		return
+	}
+	s.exposure = e
+	keys := make([]model.ServiceKey, 0, len(s.exposed))
+	for k := range s.exposed {
+		keys = append(keys, k)
+	}
+	s.mu.Unlock()
+	s.Tracker.MarkDirty(keys, nil)
+}
+
+func (s *Syncer) currentExposure() *model.Exposure {
+	switch {
+	case s.exposure != nil:
+		return s.exposure
+	case s.Exposure != nil:
+		return s.Exposure
+	}
+	return &model.Exposure{}
 }
 
 // Run syncs until ctx ends. It changes nothing in the kernel before the
@@ -98,6 +141,9 @@ func (s *Syncer) Run(ctx context.Context) error {
 	s.errs = map[model.ServiceKey]string{}
 	s.skipped = map[model.ServiceKey]string{}
 	s.refused = map[model.ServiceKey]refusal{}
+	s.exposed = map[model.ServiceKey]struct{}{}
+	s.unserved = map[model.ServiceKey][]string{}
+	s.conflicts = map[model.ServiceKey][]string{}
 	s.mu.Unlock()
 
 	for !s.Tracker.Synced() {
@@ -184,10 +230,12 @@ func (s *Syncer) build(k model.ServiceKey, o Objects) (m *model.Service, ok bool
 	delete(s.skipped, k)
 	if o.Service == nil {
 		delete(s.errs, k)
+		s.unexpose(k)
 		return nil, true
 	}
 	if why := o.Service.Skip(s.Options); why != "" {
 		delete(s.errs, k)
+		s.unexpose(k)
 		s.skipped[k] = why
 		return nil, true
 	}
@@ -199,10 +247,55 @@ func (s *Syncer) build(k model.ServiceKey, o Objects) (m *model.Service, ok bool
 	if s.Options.ExternalOnly && !m.ExternallyAccessible() {
 		s.skipped[k] = "not externally reachable, and the gateway serves only external traffic"
 		delete(s.errs, k)
+		s.unexpose(k)
 		return nil, true
 	}
 	delete(s.errs, k)
+	s.unexpose(k)
+	if len(m.ExternalIPs)+len(m.LoadBalancerIPs) > 0 {
+		s.exposed[k] = struct{}{}
+		var unserved []string
+		if m, unserved = s.currentExposure().Apply(m); len(unserved) > 0 {
+			s.unserved[k] = unserved
+		}
+	}
 	return m, true
+}
+
+// unexpose forgets what the Exposure decided for a Service.
+func (s *Syncer) unexpose(k model.ServiceKey) {
+	delete(s.exposed, k)
+	delete(s.unserved, k)
+}
+
+// noteConflicts records the conflicts a sync changed, and returns the
+// Services they concern.
+func (s *Syncer) noteConflicts(changed map[model.ServiceKey][]string) []model.ServiceKey {
+	if len(changed) == 0 {
+		return nil
+	}
+	keys := make([]model.ServiceKey, 0, len(changed))
+	s.mu.Lock()
+	for k, c := range changed {
+		if len(c) == 0 {
+			delete(s.conflicts, k)
+		} else {
+			s.conflicts[k] = c
+		}
+		keys = append(keys, k)
+	}
+	s.mu.Unlock()
+	return keys
+}
+
+// warningsLocked are a Service's warnings: addresses refused, then
+// conflicts lost.
+func (s *Syncer) warningsLocked(k model.ServiceKey) []string {
+	r, c := s.unserved[k], s.conflicts[k]
+	if len(c) == 0 {
+		return r
+	}
+	return append(slices.Clip(r), c...)
 }
 
 func (s *Syncer) full(log *slog.Logger) error {
@@ -261,9 +354,13 @@ func (s *Syncer) full(log *slog.Logger) error {
 	for k := range objs {
 		keys = append(keys, k)
 	}
+	var conflicted []model.ServiceKey
+	if err == nil {
+		conflicted = s.noteConflicts(res.ServiceConflicts)
+	}
 	if s.Touched != nil {
 		if incremental {
-			defer func() { s.Touched(keys) }()
+			defer func() { s.Touched(append(keys, conflicted...)) }()
 		} else {
 			defer s.Touched(nil)
 		}
@@ -308,9 +405,6 @@ func (s *Syncer) full(log *slog.Logger) error {
 		for _, d := range res.Drift {
 			log.Warn("kernel ruleset had drifted; repaired", "drift", d)
 		}
-		for _, c := range res.Conflicts {
-			log.Warn("address conflict", "detail", c)
-		}
 		log.Info("full sync", "services", len(desired), "changes", res.Counts.Changes(), "messages", res.Messages, "duration", res.Duration, "kernel", res.Kernel)
 	}
 	s.notify(ev)
@@ -323,13 +417,14 @@ func (s *Syncer) partial(log *slog.Logger) error {
 	if len(dirty) == 0 {
 		return nil
 	}
+	var conflicted []model.ServiceKey
 	if s.Touched != nil {
 		defer func() {
-			keys := make([]model.ServiceKey, 0, len(dirty))
+			keys := make([]model.ServiceKey, 0, len(dirty)+len(conflicted))
 			for k := range dirty {
 				keys = append(keys, k)
 			}
-			s.Touched(keys)
+			s.Touched(append(keys, conflicted...))
 		}()
 	}
 	changes := map[model.ServiceKey]*model.Service{}
@@ -384,9 +479,7 @@ func (s *Syncer) partial(log *slog.Logger) error {
 		for k, msg := range res.Refused {
 			log.Error("the kernel refused the service's rules; its last good state stays in effect", "service", k, "err", msg)
 		}
-		for _, c := range res.Conflicts {
-			log.Warn("address conflict", "detail", c)
-		}
+		conflicted = s.noteConflicts(res.ServiceConflicts)
 		log.Debug("sync", "services", len(changes), "changes", res.Counts.Changes(), "messages", res.Messages, "duration", res.Duration)
 	}
 	s.notify(ev)
@@ -409,7 +502,7 @@ func (s *Syncer) errorOf(k model.ServiceKey) string {
 func (s *Syncer) Service(k model.ServiceKey) (ServiceState, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	st := ServiceState{Key: k, Model: s.programmed[k], Error: s.errs[k], Skipped: s.skipped[k], KernelError: s.refused[k].err}
+	st := ServiceState{Key: k, Model: s.programmed[k], Error: s.errs[k], Skipped: s.skipped[k], KernelError: s.refused[k].err, Warnings: s.warningsLocked(k)}
 	return st, st.Model != nil || st.Error != "" || st.Skipped != "" || st.KernelError != ""
 }
 
@@ -439,7 +532,7 @@ func (s *Syncer) Services() []ServiceState {
 	}
 	out := make([]ServiceState, 0, len(keys))
 	for k := range keys {
-		out = append(out, ServiceState{Key: k, Model: s.programmed[k], Error: s.errs[k], Skipped: s.skipped[k], KernelError: s.refused[k].err})
+		out = append(out, ServiceState{Key: k, Model: s.programmed[k], Error: s.errs[k], Skipped: s.skipped[k], KernelError: s.refused[k].err, Warnings: s.warningsLocked(k)})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Key.Less(out[j].Key) })
 	return out

@@ -219,7 +219,7 @@ func TestServiceBehaviour(t *testing.T) {
 		gatewaytest.Serve(t, topo.Backend, "tcp", netip.AddrPortFrom(topo.BackendIPv6[i], 8080))
 	}
 	gatewaytest.Serve(t, topo.Backend, "udp", netip.AddrPortFrom(topo.BackendIPv4[0], 5353))
-	l.g = gatewaytest.New(t, topo, "--zone", "zone-a")
+	l.g = gatewaytest.New(t, topo, append([]string{"--zone", "zone-a"}, gatewaytest.VIPExternalIPs...)...)
 	// Something to serve from the start; each subtest adds its own.
 	l.g.Write("base.yaml", gatewaytest.Service("default", "base", "ClusterIP", []string{"198.19.0.2"}, gatewaytest.Port{Name: "http", Port: 80}),
 		gatewaytest.Slice("default", "base-1", "base", "http", "", 8080, ep("198.18.2.10", "")))

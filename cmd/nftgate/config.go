@@ -31,6 +31,7 @@ type Config struct {
 	Listen            string   `toml:"listen"`
 	ClusterCIDRs      []string `toml:"cluster_cidrs"`
 	NodePortAddresses []string `toml:"nodeport_addresses"`
+	ExternalIPCIDRs   []string `toml:"external_ip_cidrs"`
 	ProxyName         string   `toml:"proxy_name"`
 	ExternalOnly      bool     `toml:"external_only"`
 	MinSyncInterval   Duration `toml:"min_sync_interval"`
@@ -49,6 +50,7 @@ type Config struct {
 	// Parsed forms, filled by validate.
 	clusterCIDRs      []netip.Prefix
 	nodePortAddresses []netip.Prefix
+	externalIPCIDRs   []netip.Prefix
 }
 
 // DefaultManifests is where the gateway looks for manifests when no cluster
@@ -199,6 +201,7 @@ func loadConfig(name string, args []string) (*Config, *flag.FlagSet, error) {
 	fs.StringVar(&cfg.Zone, "zone", cfg.Zone, "this gateway's topology `zone`, for topology hints")
 	fs.Var(&listFlag{dst: &cfg.ClusterCIDRs}, "cluster-cidr", "`CIDR` of the cluster's pods; traffic from elsewhere is masqueraded (repeatable)")
 	fs.Var(&listFlag{dst: &cfg.NodePortAddresses}, "nodeport-addresses", "`CIDR` limiting which local addresses serve NodePorts (repeatable)")
+	fs.Var(&listFlag{dst: &cfg.ExternalIPCIDRs}, "external-ip-cidr", "`CIDR` where Services' externalIPs are served; none by default (repeatable)")
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "`host:port` of the status page, API, health and metrics")
 	fs.StringVar(&cfg.Table, "table", cfg.Table, "`name` of nftgate's nftables tables")
 	fs.IntVar(&cfg.Shards, "shards", cfg.Shards, "`number` of service shard tables per family (see config.toml)")
@@ -299,6 +302,7 @@ func (c *Config) validate() error {
 	}
 	c.clusterCIDRs = parse("cluster_cidrs", c.ClusterCIDRs)
 	c.nodePortAddresses = parse("nodeport_addresses", c.NodePortAddresses)
+	c.externalIPCIDRs = parse("external_ip_cidrs", c.ExternalIPCIDRs)
 	within := func(key string, d Duration, lo, hi time.Duration, zero string) {
 		if d == 0 && zero != "" {
 			return

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"math"
 	"os"
@@ -35,8 +37,8 @@ func TestDocumentedConfigIsTheDefault(t *testing.T) {
 		t.Fatal(err)
 	}
 	// An empty list in the file is the default's absent list.
-	if len(cfg.ClusterCIDRs) == 0 && len(cfg.NodePortAddresses) == 0 {
-		cfg.ClusterCIDRs, cfg.NodePortAddresses = nil, nil
+	if len(cfg.ClusterCIDRs) == 0 && len(cfg.NodePortAddresses) == 0 && len(cfg.ExternalIPCIDRs) == 0 {
+		cfg.ClusterCIDRs, cfg.NodePortAddresses, cfg.ExternalIPCIDRs = nil, nil, nil
 	}
 	if !reflect.DeepEqual(cfg, &want) {
 		t.Errorf("config.toml differs from the defaults:\n got %+v\nwant %+v", *cfg, want)
@@ -68,6 +70,8 @@ func TestBadConfigNamesTheField(t *testing.T) {
 		{file: "min_sync_interval = \"soon\"\n", want: []string{"min_sync_interval", "soon"}},
 		{file: "cluster_cidrs = [\"10.0.0.0/33\"]\n", want: []string{"cluster_cidrs[0]", "10.0.0.0/33"}},
 		{args: []string{"--nodeport-addresses", "nonsense"}, want: []string{"nodeport_addresses[0]", "nonsense"}},
+		{args: []string{"--external-ip-cidr", "198.51.100.0/24", "--external-ip-cidr", "all"}, want: []string{"external_ip_cidrs[1]", "all"}},
+		{file: "external_ip_cidrs = [\"203.0.113.0/33\"]\n", want: []string{"external_ip_cidrs[0]", "203.0.113.0/33"}},
 		{args: []string{"--listen", "9180"}, want: []string{"listen", "9180"}},
 		{args: []string{"--log-level", "loud"}, want: []string{"log_level", "loud"}},
 		{args: []string{"--log-format", "xml"}, want: []string{"log_format", "xml"}},
@@ -128,6 +132,33 @@ func TestBadConfigNamesTheField(t *testing.T) {
 				t.Errorf("%q %v: error %q does not name %q", tc.file, tc.args, err, w)
 			}
 		}
+	}
+}
+
+// external_ip_cidrs: none by default; from the file or the repeatable
+// flag, which replaces the file's list.
+func TestExternalIPCIDRs(t *testing.T) {
+	cfg, _, err := loadConfig("nftgate", []string{"--node-name", "n"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.exposure(nil).ExternalIPCIDRs) != 0 {
+		t.Errorf("default external_ip_cidrs %v, want none", cfg.externalIPCIDRs)
+	}
+	p := writeConfig(t, "external_ip_cidrs = [\"203.0.113.7\", \"2001:db8::1/64\"]\n")
+	cfg, _, err = loadConfig("nftgate", []string{"--node-name", "n", "--config", p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(cfg.exposure(nil).ExternalIPCIDRs); got != "[203.0.113.7/32 2001:db8::/64]" {
+		t.Errorf("external_ip_cidrs from the file: %s", got)
+	}
+	cfg, _, err = loadConfig("nftgate", []string{"--node-name", "n", "--config", p, "--external-ip-cidr", "198.51.100.0/24", "--external-ip-cidr", "192.0.2.0/25,192.0.2.128/25"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(cfg.exposure(nil).ExternalIPCIDRs); got != "[198.51.100.0/24 192.0.2.0/25 192.0.2.128/25]" {
+		t.Errorf("external_ip_cidrs from flags: %s", got)
 	}
 }
 
@@ -199,4 +230,41 @@ func TestMemoryLimitFollowsLiveData(t *testing.T) {
 		t.Errorf("limit after a partial sync = %d, want about %d again", after, got)
 	}
 	runtime.KeepAlive(keep)
+}
+
+// render prints what the gateway would program: externalIPs only inside
+// external_ip_cidrs.
+func TestRenderServesExternalIPsOnlyInsideTheCIDRs(t *testing.T) {
+	dir := t.TempDir()
+	manifest := `apiVersion: v1
+kind: Service
+metadata: {name: legacy, namespace: default}
+spec:
+  type: ClusterIP
+  clusterIP: 198.19.0.40
+  externalIPs: [198.19.1.2]
+  ports: [{name: http, protocol: TCP, port: 80}]
+`
+	if err := os.WriteFile(filepath.Join(dir, "svc.yaml"), []byte(manifest), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		args []string
+		want bool
+	}{{nil, false}, {[]string{"--external-ip-cidr", "198.19.1.0/24"}, true}} {
+		cfg, _, err := loadConfig("nftgate render", append([]string{"--node-name", "n", "--manifests", dir}, c.args...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out strings.Builder
+		if err := render(context.Background(), cfg, &out); err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Contains(out.String(), "198.19.1.2 . tcp . 80"); got != c.want {
+			t.Errorf("render %v: externalIP programmed %v, want %v:\n%s", c.args, got, c.want, out.String())
+		}
+		if !strings.Contains(out.String(), "198.19.0.40 . tcp . 80") {
+			t.Errorf("render %v: the ClusterIP is missing:\n%s", c.args, out.String())
+		}
+	}
 }

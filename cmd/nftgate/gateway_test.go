@@ -73,7 +73,7 @@ func testServicesAnswer(t *testing.T, newGW newGateway) {
 	for _, a := range []string{"198.18.2.10:5353", "198.18.2.11:5353"} {
 		gatewaytest.Serve(t, topo.Backend, "udp", ap(a))
 	}
-	g := newGW(t, topo)
+	g := newGW(t, topo, gatewaytest.VIPExternalIPs...)
 
 	web := gatewaytest.Service("default", "web", "ClusterIP", []string{"198.19.0.10"},
 		gatewaytest.Port{Name: "http", Port: 80}, gatewaytest.Port{Name: "dns", Protocol: corev1.ProtocolUDP, Port: 53})

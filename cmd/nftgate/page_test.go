@@ -56,7 +56,7 @@ const pageRowsExpr = `Array.from(document.querySelectorAll('#svc-body tr[data-ke
 func TestPageOfRunningGateway(t *testing.T) {
 	topo := labtest.Gateway(t)
 	browsertest.Chromium(t) // fail or skip before the gateway starts
-	g := gatewaytest.New(t, topo)
+	g := gatewaytest.New(t, topo, gatewaytest.VIPExternalIPs...)
 
 	web := gatewaytest.Service("default", "web", "ClusterIP", []string{"198.19.0.10"},
 		gatewaytest.Port{Name: "http", Port: 80}, gatewaytest.Port{Name: "dns", Protocol: corev1.ProtocolUDP, Port: 53})

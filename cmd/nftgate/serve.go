@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"net/netip"
 	"os"
 	"runtime"
 	"runtime/debug"
@@ -24,6 +25,7 @@ import (
 	"github.com/nftgate/nftgate/appliance/notify"
 	"github.com/nftgate/nftgate/conntrack"
 	"github.com/nftgate/nftgate/healthcheck"
+	"github.com/nftgate/nftgate/hostaddr"
 	"github.com/nftgate/nftgate/model"
 	"github.com/nftgate/nftgate/nft"
 	gsync "github.com/nftgate/nftgate/sync"
@@ -39,6 +41,12 @@ func (c *Config) ruleset() nft.Config {
 		HashSeed:          c.HashSeed,
 		Shards:            c.Shards,
 	}
+}
+
+// exposure decides which externalIPs and LoadBalancer IPs are served,
+// given the gateway's own addresses.
+func (c *Config) exposure(host []netip.Prefix) *model.Exposure {
+	return &model.Exposure{ExternalIPCIDRs: c.externalIPCIDRs, Host: host}
 }
 
 // source picks where Services come from: an explicit manifests directory or
@@ -140,6 +148,12 @@ func serve(ctx context.Context, cfg *Config) error {
 		return err
 	}
 	defer prog.Close()
+	// The gateway's own addresses are never served for a Service: they
+	// are followed as they change.
+	host, err := hostaddr.List(0)
+	if err != nil {
+		return fmt.Errorf("list the gateway's addresses: %w", err)
+	}
 
 	started := time.Now()
 	metrics := appliance.NewMetrics(version)
@@ -157,12 +171,13 @@ func serve(ctx context.Context, cfg *Config) error {
 		Tracker:     tracker,
 		Programmer:  prog,
 		Options:     model.Options{ProxyName: cfg.ProxyName, ExternalOnly: cfg.ExternalOnly},
+		Exposure:    cfg.exposure(host),
 		Log:         log,
 		MinInterval: time.Duration(cfg.MinSyncInterval),
 		Reconcile:   time.Duration(cfg.ReconcileInterval),
 	}
 	syncer.BeforeFull = memLimit.beforeFull
-	status := newStatusPublisher(syncer, rec, cfg.ruleset().Node)
+	status := newStatusPublisher(syncer, rec, cfg.ruleset().Node, log)
 	syncer.Touched = status.touch
 	syncer.Observers = append(syncer.Observers, func(ev gsync.Event) {
 		kind := appliance.SyncPartial
@@ -229,6 +244,16 @@ func serve(ctx context.Context, cfg *Config) error {
 	hcDone := make(chan struct{})
 	go func() { hc.Run(ctx); close(hcDone) }()
 	defer func() { cancel(); <-hcDone }()
+
+	addrDone := make(chan struct{})
+	go func() {
+		hostaddr.Watch(ctx, 0, host, func(h []netip.Prefix) {
+			log.Info("the gateway's addresses changed", "addresses", h)
+			syncer.SetExposure(cfg.exposure(h))
+		}, log)
+		close(addrDone)
+	}()
+	defer func() { cancel(); <-addrDone }()
 
 	errc := make(chan error, 3)
 	go func() { errc <- src.Run(ctx, tracker) }()
@@ -451,6 +476,12 @@ func render(ctx context.Context, cfg *Config, w io.Writer) error {
 	}
 	sort.Slice(keys, func(i, j int) bool { return keys[i].Less(keys[j]) })
 	opts := model.Options{ProxyName: cfg.ProxyName, ExternalOnly: cfg.ExternalOnly}
+	// The addresses of the machine it runs on stand for the gateway's.
+	host, err := hostaddr.List(0)
+	if err != nil {
+		return fmt.Errorf("list this machine's addresses: %w", err)
+	}
+	exposure := cfg.exposure(host)
 	var svcs []*model.Service
 	for _, k := range keys {
 		o := all[k]
@@ -461,6 +492,10 @@ func render(ctx context.Context, cfg *Config, w io.Writer) error {
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "nftgate: skipping:", err)
 			continue
+		}
+		m, refused := exposure.Apply(m)
+		for _, w := range refused {
+			fmt.Fprintf(os.Stderr, "nftgate: service %s: %s\n", k, w)
 		}
 		svcs = append(svcs, m)
 	}

@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"log/slog"
 	"net/netip"
+	"slices"
 	"sort"
 	"strings"
 	stdsync "sync"
@@ -30,11 +32,35 @@ type statusPublisher struct {
 	// the slice and it is never modified, only replaced. One copy of the
 	// rows, not a map of them besides, as they hold every endpoint.
 	rows []appliance.Service // owned by run
+	// warned holds the warnings last logged for each Service that has
+	// some (owned by run): each is logged once, when it appears.
+	warned map[model.ServiceKey][]string
+	log    *slog.Logger
 }
 
-func newStatusPublisher(s *gsync.Syncer, rec *appliance.Recorder, node model.Node) *statusPublisher {
+func newStatusPublisher(s *gsync.Syncer, rec *appliance.Recorder, node model.Node, log *slog.Logger) *statusPublisher {
 	return &statusPublisher{syncer: s, rec: rec, node: node, wake: make(chan struct{}, 1),
-		touched: map[model.ServiceKey]struct{}{}}
+		touched: map[model.ServiceKey]struct{}{}, warned: map[model.ServiceKey][]string{}, log: log}
+}
+
+// noteWarnings logs the warnings of a Service that were not logged yet,
+// and that a Service with warnings has none any more.
+func (p *statusPublisher) noteWarnings(k model.ServiceKey, ws []string) {
+	old := p.warned[k]
+	if slices.Equal(old, ws) {
+		return
+	}
+	if len(ws) == 0 {
+		delete(p.warned, k)
+		p.log.Info("service served in full", "service", k)
+		return
+	}
+	p.warned[k] = ws
+	for _, w := range ws {
+		if !slices.Contains(old, w) {
+			p.log.Warn("service not served in full", "service", k, "warning", w)
+		}
+	}
 }
 
 // Snapshot implements appliance.Source.
@@ -70,9 +96,17 @@ func (p *statusPublisher) run(ctx context.Context) {
 		if all {
 			states := p.syncer.Services() // in name order
 			rows := make([]appliance.Service, 0, len(states))
+			seen := make(map[model.ServiceKey]bool, len(p.warned))
 			for _, st := range states {
+				p.noteWarnings(st.Key, st.Warnings)
+				seen[st.Key] = true
 				if row, ok := serviceRow(st, &p.node); ok {
 					rows = append(rows, row)
+				}
+			}
+			for k := range p.warned {
+				if !seen[k] {
+					p.noteWarnings(k, nil)
 				}
 			}
 			p.rows = rows
@@ -80,6 +114,7 @@ func (p *statusPublisher) run(ctx context.Context) {
 		} else if len(touched) > 0 {
 			p.rows = mergeRows(p.rows, touched, func(k model.ServiceKey) (appliance.Service, bool) {
 				st, _ := p.syncer.Service(k)
+				p.noteWarnings(k, st.Warnings)
 				return serviceRow(st, &p.node)
 			})
 			p.rec.SetServices(p.rows)
@@ -130,7 +165,7 @@ func rowKey(r *appliance.Service) model.ServiceKey {
 // never changes: rows holding a copy of every endpoint were a tenth of the
 // gateway's memory at ten thousand Services.
 func serviceRow(st gsync.ServiceState, node *model.Node) (appliance.Service, bool) {
-	v := appliance.Service{Namespace: st.Key.Namespace, Name: st.Key.Name, Error: st.Error, KernelError: st.KernelError}
+	v := appliance.Service{Namespace: st.Key.Namespace, Name: st.Key.Name, Error: st.Error, KernelError: st.KernelError, Warnings: st.Warnings}
 	if st.Model == nil && st.Error == "" && st.KernelError == "" {
 		return v, false
 	}

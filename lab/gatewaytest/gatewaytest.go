@@ -77,6 +77,11 @@ type Gateway struct {
 	logs  bytes.Buffer
 }
 
+// VIPExternalIPs are the flags that let nftgate serve externalIPs in the
+// lab's VIP ranges, where test Services have their addresses: none is
+// served without them.
+var VIPExternalIPs = []string{"--external-ip-cidr", lab.VIPNet4.String(), "--external-ip-cidr", lab.VIPNet6.String()}
+
 // New prepares nftgate for topo's gateway namespace with a fresh manifests
 // directory; extra flags are appended to the defaults. Call Start after
 // writing the first manifests.

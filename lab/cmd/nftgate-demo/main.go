@@ -127,6 +127,9 @@ func run(nftgatePath, manifestDir, httpAddr string, extra []string) error {
 		"--node-name", "gateway",
 		"--cluster-cidr", lab.BackendNet4.String(),
 		"--nodeport-addresses", netip.PrefixFrom(topo.GatewayClientIPv4, 32).String(),
+		// The example Services' externalIPs lie in the lab's VIP ranges.
+		"--external-ip-cidr", lab.VIPNet4.String(),
+		"--external-ip-cidr", lab.VIPNet6.String(),
 	}, extra...)
 	cmd := topo.Gateway.Command(context.Background(), bin, nftgateArgs...)
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
