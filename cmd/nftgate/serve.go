@@ -398,7 +398,7 @@ func render(ctx context.Context, cfg *Config, w io.Writer) error {
 		return fmt.Errorf("manifests: %w", err)
 	}
 	for _, f := range files {
-		objs, err := gsync.ReadManifestFile(f)
+		objs, err := gsync.ReadManifestFile(f, 0)
 		if err != nil {
 			return err
 		}
