@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	gsync "github.com/nftgate/nftgate/sync"
 )
 
 func writeConfig(t *testing.T, text string) string {
@@ -79,6 +81,9 @@ func TestBadConfigNamesTheField(t *testing.T) {
 		{file: "memory_limit = \"96MB\"\n", want: []string{"memory_limit", "96MB"}},
 		{file: "memory_limit = \"-1MiB\"\n", want: []string{"memory_limit", "-1MiB"}},
 		{args: []string{"--memory-limit", "lots"}, want: []string{"memory-limit", "lots"}},
+		{file: "manifest_max_file_size = \"1KiB\"\n", want: []string{"manifest_max_file_size", "1KiB"}},
+		{args: []string{"--manifest-max-file-size", "2GiB"}, want: []string{"manifest_max_file_size", "2GiB"}},
+		{args: []string{"--manifest-max-file-size", "huge"}, want: []string{"manifest-max-file-size", "huge"}},
 	} {
 		args := append([]string{"--node-name", "n"}, tc.args...)
 		if tc.file != "" {
@@ -165,4 +170,29 @@ func TestMemoryLimitFollowsLiveData(t *testing.T) {
 		t.Errorf("limit after a partial sync = %d, want about %d again", after, got)
 	}
 	runtime.KeepAlive(keep)
+}
+
+// manifest_max_file_size reaches the manifests source, from the file or
+// the flag.
+func TestManifestMaxFileSize(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want int64
+	}{
+		{nil, 32 << 20},
+		{[]string{"--config", writeConfig(t, "manifest_max_file_size = \"8MiB\"\n")}, 8 << 20},
+		{[]string{"--config", writeConfig(t, "manifest_max_file_size = \"8MiB\"\n"), "--manifest-max-file-size", "64KiB"}, 64 << 10},
+	} {
+		cfg, _, err := loadConfig("nftgate", append([]string{"--node-name", "n", "--manifests", t.TempDir()}, tc.args...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		src, err := cfg.source(slog.New(slog.DiscardHandler))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ms, ok := src.(*gsync.ManifestSource); !ok || ms.MaxFileSize != tc.want {
+			t.Errorf("%v: source %#v, want a manifests source reading files up to %d bytes", tc.args, src, tc.want)
+		}
+	}
 }

@@ -46,7 +46,7 @@ func (c *Config) ruleset() nft.Config {
 // manifests directory.
 func (c *Config) source(log *slog.Logger) (gsync.Source, error) {
 	if c.Manifests != "" {
-		return &gsync.ManifestSource{Dir: c.Manifests, Log: log}, nil
+		return &gsync.ManifestSource{Dir: c.Manifests, Log: log, MaxFileSize: int64(c.ManifestMaxFileSize)}, nil
 	}
 	rc, ok, err := gsync.LoadKubeConfig(c.Kubeconfig)
 	if err != nil {
@@ -55,7 +55,7 @@ func (c *Config) source(log *slog.Logger) (gsync.Source, error) {
 	if ok {
 		return &gsync.KubeSource{Config: rc, Log: log}, nil
 	}
-	return &gsync.ManifestSource{Dir: DefaultManifests, Log: log}, nil
+	return &gsync.ManifestSource{Dir: DefaultManifests, Log: log, MaxFileSize: int64(c.ManifestMaxFileSize)}, nil
 }
 
 func serve(ctx context.Context, cfg *Config) error {
@@ -398,7 +398,7 @@ func render(ctx context.Context, cfg *Config, w io.Writer) error {
 		return fmt.Errorf("manifests: %w", err)
 	}
 	for _, f := range files {
-		objs, err := gsync.ReadManifestFile(f, 0)
+		objs, err := gsync.ReadManifestFile(f, int64(cfg.ManifestMaxFileSize))
 		if err != nil {
 			return err
 		}
