@@ -46,6 +46,10 @@ type Metrics struct {
 	programmedElems  prometheus.Gauge
 	driftRepairs     *prometheus.CounterVec
 	buildInfo        *prometheus.GaugeVec
+
+	sourceProblems        prometheus.Gauge
+	servicesKernelRefused prometheus.Gauge
+	servicesWithWarnings  prometheus.Gauge
 }
 
 // Drift repair reasons for DriftRepaired. Other values are folded into
@@ -129,6 +133,9 @@ func NewMetrics(version string) *Metrics {
 		Namespace: "nftgate", Name: "drift_repairs_total",
 		Help: "Cumulative repairs of kernel state that differed from the desired ruleset, by reason.",
 	}, []string{"reason"})
+	m.sourceProblems = gauge("source_problems", "Things the source of Services cannot read right now (a manifest file refused); the status page and /api/v1/status name them.")
+	m.servicesKernelRefused = gauge("services_kernel_refused", "Services whose rules the kernel refused; they stay at their last good state.")
+	m.servicesWithWarnings = gauge("services_with_warnings", "Services served in part: the status page and /api/v1/services say what is not served and why.")
 	m.buildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: "nftgate", Name: "build_info", Help: "A metric with a constant value of 1, labelled by nftgate's version.",
 	}, []string{"version"})
@@ -143,6 +150,7 @@ func NewMetrics(version string) *Metrics {
 		m.conntrackDeleted, m.conntrackDuration, m.conntrackErrors,
 		m.batchMessages, m.programmedChains, m.programmedRules, m.programmedElems,
 		m.driftRepairs, m.buildInfo,
+		m.sourceProblems, m.servicesKernelRefused, m.servicesWithWarnings,
 	)
 	// Pre-create the fixed label values so every series is exported from the
 	// start and rate() sees the first increment.
@@ -231,6 +239,16 @@ func (m *Metrics) SetProgrammed(chains, rules, elements int) {
 	m.programmedChains.Set(float64(chains))
 	m.programmedRules.Set(float64(rules))
 	m.programmedElems.Set(float64(elements))
+}
+
+// SetSourceProblems sets how many things the source cannot read right now.
+func (m *Metrics) SetSourceProblems(n int) { m.sourceProblems.Set(float64(n)) }
+
+// SetServiceProblems sets how many Services the kernel refused and how many
+// are served with warnings.
+func (m *Metrics) SetServiceProblems(kernelRefused, withWarnings int) {
+	m.servicesKernelRefused.Set(float64(kernelRefused))
+	m.servicesWithWarnings.Set(float64(withWarnings))
 }
 
 // DriftRepaired counts one repair of kernel state. reason should be one of
