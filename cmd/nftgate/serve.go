@@ -198,25 +198,7 @@ func serve(ctx context.Context, cfg *Config) error {
 	go func() { errc <- src.Run(ctx, tracker) }()
 	go func() { errc <- syncer.Run(ctx) }()
 	go status.run(ctx)
-	// What the source cannot read (a manifest file refused), and whether
-	// the API watch holds, reach the page, the API and the metrics within
-	// a second: a refused file changes no Service, so no sync reports it.
-	go func() {
-		t := time.NewTicker(time.Second)
-		defer t.Stop()
-		ks, _ := src.(*gsync.KubeSource)
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				rec.SetSourceProblems(src.Problems())
-				if ks != nil {
-					rec.SetAPIConnected(ks.Connected())
-				}
-			}
-		}
-	}()
+	go followSource(ctx, src, rec, time.Second)
 	// The watchdog asks whether the sync loop is alive, not whether the
 	// gateway is healthy: a restart cures a stuck loop, but not a lost API
 	// or a refused batch, and would only add a restart to the trouble.
