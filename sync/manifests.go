@@ -455,7 +455,7 @@ func readManifestData(path string, maxSize int64) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	st, via := lst, ""
+	st, via, rel := lst, "", name
 	if lst.Mode()&fs.ModeSymlink != 0 {
 		target, err := os.Readlink(path)
 		if err != nil {
@@ -466,7 +466,8 @@ func readManifestData(path string, maxSize int64) ([]byte, error) {
 			return nil, err // a dangling symlink is no file, as a removed one
 		}
 		if st.Mode().IsRegular() {
-			if inside, err := resolvesInside(dir, path); err != nil {
+			var inside bool
+			if rel, inside, err = resolveInside(dir, path); err != nil {
 				return nil, err
 			} else if !inside {
 				return nil, fmt.Errorf("%s: symlink to %s leaves the manifests directory %s; not read", path, target, dir)
@@ -476,14 +477,16 @@ func readManifestData(path string, maxSize int64) ([]byte, error) {
 	if err := checkManifestFile(path, st, via, maxSize); err != nil {
 		return nil, err
 	}
-	// os.Root refuses a path that leaves the directory, also if a symlink
-	// changes after the checks above.
+	// The file is opened by its resolved path (os.Root refuses absolute
+	// symlinks, even to a file inside), under os.Root, which refuses a path
+	// that leaves the directory, also if a symlink changes after the checks
+	// above.
 	root, err := os.OpenRoot(dir)
 	if err != nil {
 		return nil, err
 	}
 	defer root.Close()
-	f, err := root.OpenFile(name, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
+	f, err := root.OpenFile(rel, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
@@ -517,19 +520,19 @@ func checkManifestFile(path string, st fs.FileInfo, via string, maxSize int64) e
 	return nil
 }
 
-// resolvesInside tells whether path, with every symlink resolved, is
-// inside dir.
-func resolvesInside(dir, path string) (bool, error) {
+// resolveInside resolves every symlink of path, and tells whether the
+// file it names is inside dir, and by which path relative to it.
+func resolveInside(dir, path string) (rel string, inside bool, err error) {
 	realDir, err := filepath.EvalSymlinks(dir)
 	if err != nil {
-		return false, err
+		return "", false, err
 	}
 	real, err := filepath.EvalSymlinks(path)
 	if err != nil {
-		return false, err
+		return "", false, err
 	}
-	rel, err := filepath.Rel(realDir, real)
-	return err == nil && filepath.IsLocal(rel), nil
+	rel, err = filepath.Rel(realDir, real)
+	return rel, err == nil && filepath.IsLocal(rel), nil
 }
 
 // fileType names the type of a file that is not a regular file.

@@ -181,10 +181,19 @@ func TestManifestSourceSymlinkInside(t *testing.T) {
 	if err := os.Symlink("..data/web.yaml", filepath.Join(dir, "web.yaml")); err != nil {
 		t.Fatal(err)
 	}
-	m := &ManifestSource{Dir: dir}
+	// An absolute link to a file inside, through a link to the directory.
+	writeFile(t, filepath.Join(dir, "..2026_11_24", "api.yaml"), manifestAPI)
+	link := filepath.Join(t.TempDir(), "manifests")
+	if err := os.Symlink(dir, link); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(link, "..data", "api.yaml"), filepath.Join(dir, "api.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	m := &ManifestSource{Dir: link}
 	tr := NewTracker()
 	scanWithin(t, m, tr, 10*time.Second)
-	if all, _ := tr.All(); all[keyWeb].Service == nil {
+	if all, _ := tr.All(); all[keyWeb].Service == nil || all[keyAPI].Service == nil {
 		t.Errorf("a symlink inside the directory was not followed: %v", all)
 	}
 	if p := m.Problems(); len(p) != 0 {
