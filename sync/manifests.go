@@ -432,10 +432,11 @@ func ReadManifestFile(path string, maxSize int64) ([]runtime.Object, error) {
 }
 
 // DefaultMaxFileSize is the default limit of a manifest file's size
-// (manifest_max_file_size in config.toml): several times the largest
-// file a directory of manifests usually holds (10,000 Services with their
-// EndpointSlices are about 8 MiB of YAML), and small enough that decoding
-// one never takes more than a few hundred MiB.
+// (manifest_max_file_size in config.toml): a Service with its
+// EndpointSlice is usually under 1 KiB of YAML, so a file at the limit
+// holds tens of thousands, and reading and decoding one took about
+// 100 MiB of resident memory (`nftgate render`), where a 200 MB file took
+// 430 MiB and 52 s before it was refused.
 const DefaultMaxFileSize = 32 << 20
 
 // readManifestData reads a manifest file of the directory it is in. Only a
