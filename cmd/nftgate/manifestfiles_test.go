@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nftgate/nftgate/appliance/browsertest"
 	"github.com/nftgate/nftgate/lab"
 	"github.com/nftgate/nftgate/lab/gatewaytest"
 	"github.com/nftgate/nftgate/lab/labtest"
@@ -94,6 +95,24 @@ func TestSpecialFilesInManifests(t *testing.T) {
 	if code, body, err := g.Get("/healthz"); err != nil || code != http.StatusOK {
 		t.Errorf("healthz: %d %q %v", code, body, err)
 	}
+	t.Run("status page", func(t *testing.T) {
+		browsertest.Chromium(t)
+		const host = "127.0.0.1:9180"
+		b := browsertest.Start(t, browsertest.Options{Host: host, Netns: topo.Gateway.Name()})
+		b.Navigate("http://" + host + "/")
+		b.Poll("first refresh", `document.body.dataset.loaded === 'true'`)
+		if got := b.Text("#c-rejected"); got != "3 files" {
+			t.Errorf("rejected = %q, want 3 files", got)
+		}
+		shown := browsertest.Eval[[]string](b, `Array.from(document.querySelectorAll('#source-problems-list li'), e => e.textContent)`)
+		for _, w := range want {
+			if !slices.ContainsFunc(shown, func(p string) bool { return strings.HasPrefix(p, w+":") }) {
+				t.Errorf("the page's source problems %q do not name %s", shown, w)
+			}
+		}
+		b.Screenshot(browsertest.ArtifactDir(t, "nftgate"), "source-problems.png")
+		b.Check()
+	})
 
 	// Once the files go, so do the problems.
 	for _, p := range want {
