@@ -202,23 +202,29 @@ func statusJSON(s Snapshot, now time.Time, maxAge time.Duration) StatusJSON {
 		out.Sync.LastSyncAgeSeconds = &age
 	}
 	out.SourceProblems = orEmpty(s.SourceProblems)
-	out.Services.Total = len(s.Services)
-	for i := range s.Services {
-		svc := &s.Services[i]
+	out.Services = summarize(s.Services)
+	return out
+}
+
+// summarize counts Services by condition, for the API and the metrics.
+func summarize(services []Service) SummaryJSON {
+	out := SummaryJSON{Total: len(services)}
+	for i := range services {
+		svc := &services[i]
 		if svc.Error != "" {
-			out.Services.Rejected++
+			out.Rejected++
 		}
 		if svc.KernelError != "" {
-			out.Services.KernelRefused++
+			out.KernelRefused++
 		}
 		if len(svc.Warnings) > 0 {
-			out.Services.WithWarnings++
+			out.WithWarnings++
 		}
 		total, used := svc.endpointCounts()
 		if used == 0 && svc.Type != "ExternalName" && svc.Type != "" {
-			out.Services.NoEndpoints++
+			out.NoEndpoints++
 		}
-		out.Services.Endpoints += total
+		out.Endpoints += total
 	}
 	return out
 }

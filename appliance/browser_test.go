@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/url"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -117,6 +118,111 @@ func TestStatusPageInBrowser(t *testing.T) {
 
 	if n := b.Requests(); n < 4 {
 		t.Errorf("saw %d requests; the network listener is not working", n)
+	}
+	b.Check()
+}
+
+// problemsSnapshot is browserSnapshot with files the source refused, a
+// Service whose rules the kernel refused and one served with warnings;
+// the texts hold markup, which the page must show as text.
+func problemsSnapshot() Snapshot {
+	s := browserSnapshot()
+	s.SourceProblems = []string{
+		"/etc/nftgate/manifests/f.yaml: a FIFO, not a regular file; not read",
+		`/etc/nftgate/manifests/<b>z</b>.yaml: a character device (through the symlink to /dev/zero), not a regular file; not read`,
+	}
+	for i := range s.Services {
+		switch s.Services[i].Key() {
+		case "shop/web":
+			s.Services[i].KernelError = `netlink: chain <b>x</b> add: file name too long`
+		case "kube-system/kube-dns":
+			s.Services[i].Warnings = []string{
+				"externalIP 192.0.2.9 is outside external_ip_cidrs: not served",
+				`<img src=x onerror="window.__xss=1">`,
+			}
+		}
+	}
+	return s
+}
+
+// TestStatusPageShowsProblems: files the source refused, Services the
+// kernel refused and Services with warnings show on the page, in the
+// counts, the list and the detail view, escaped.
+func TestStatusPageShowsProblems(t *testing.T) {
+	browsertest.Chromium(t)
+	src := &fakeSource{snap: problemsSnapshot()}
+	ts, _ := newTestServerWithSource(t, src, Options{Refresh: 300 * time.Millisecond})
+	base, err := url.Parse(ts.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := browsertest.Start(t, browsertest.Options{Host: base.Host})
+	artifacts := browsertest.ArtifactDir(t, "appliance")
+
+	b.Navigate(ts.URL + "/")
+	// As the server renders it, before the script has run.
+	if got := b.Text("#c-rejected"); got != "2 files, 1 Service" {
+		t.Errorf("rejected as rendered = %q, want 2 files, 1 Service", got)
+	}
+	b.Poll("first refresh", `document.body.dataset.loaded === 'true'`)
+	for sel, want := range map[string]string{
+		"#c-rejected": "2 files, 1 Service", "#c-kernel-refused": "1", "#c-warnings": "1",
+	} {
+		if got := b.Text(sel); got != want {
+			t.Errorf("%s = %q, want %q", sel, got, want)
+		}
+	}
+	if cls := browsertest.Eval[string](b, `document.getElementById('c-rejected').className`); cls != "bad" {
+		t.Errorf("rejected count class %q, want bad", cls)
+	}
+	if hidden := browsertest.Eval[bool](b, `document.getElementById('source-problems').hidden`); hidden {
+		t.Error("the source problems are hidden")
+	}
+	if got := browsertest.Eval[[]string](b, `Array.from(document.querySelectorAll('#source-problems-list li'), e => e.textContent)`); !slices.Equal(got, src.snap.SourceProblems) {
+		t.Errorf("source problems shown %q, want %q", got, src.snap.SourceProblems)
+	}
+
+	// The list.
+	if got := b.Text(`tr[data-key="shop/web"] .svc-kerr`); got != "kernel refused, last good state kept: netlink: chain <b>x</b> add: file name too long" {
+		t.Errorf("kernel error in the list = %q", got)
+	}
+	if got := browsertest.Eval[[]string](b, `Array.from(document.querySelectorAll('tr[data-key="kube-system/kube-dns"] .svc-warn li'), e => e.textContent)`); !slices.Equal(got, problemsSnapshot().Services[1].Warnings) {
+		t.Errorf("warnings in the list = %q", got)
+	}
+	b.Click("#problems")
+	b.WaitRows("problems only", "kube-system/kube-dns", "legacy/broken", "shop/cart", "shop/web")
+	b.Click("#problems")
+
+	// The detail view.
+	b.Click(`tr[data-key="shop/web"] .svc-open`)
+	b.Poll("detail of shop/web", `document.querySelector('tr.detail[data-detail-key="shop/web"]') !== null`)
+	if got := b.Text(`tr.detail[data-detail-key="shop/web"] .d-kernel`); !strings.Contains(got, "netlink: chain <b>x</b> add: file name too long") {
+		t.Errorf("kernel error in the detail view = %q", got)
+	}
+	b.Click(`tr[data-key="kube-system/kube-dns"] .svc-open`)
+	b.Poll("detail of kube-dns", `document.querySelector('tr.detail[data-detail-key="kube-system/kube-dns"]') !== null`)
+	if n := browsertest.Eval[int](b, `document.querySelectorAll('tr.detail').length`); n != 1 {
+		t.Errorf("%d detail views open, want 1", n)
+	}
+	if got := browsertest.Eval[[]string](b, `Array.from(document.querySelectorAll('tr.detail .d-warnings li'), e => e.textContent)`); !slices.Equal(got, problemsSnapshot().Services[1].Warnings) {
+		t.Errorf("warnings in the detail view = %q", got)
+	}
+	b.Screenshot(artifacts, "status-problems.png")
+	if browsertest.Eval[bool](b, `document.querySelector('#source-problems b, #svc-body b, #svc-body img') !== null || window.__xss !== undefined`) {
+		t.Error("markup in a problem was rendered as HTML")
+	}
+
+	// The problems go: the page follows without a reload.
+	next := browserSnapshot()
+	next.Sync.ServicesRevision++
+	src.set(next)
+	b.Poll("source problems hidden", `document.getElementById('source-problems').hidden`)
+	b.Poll("kernel error gone", `document.querySelector('.svc-kerr') === null`)
+	if got := b.Text("#c-rejected"); got != "1" {
+		t.Errorf("rejected after the files went = %q, want 1", got)
+	}
+	if got := b.Text("#c-kernel-refused"); got != "0" {
+		t.Errorf("kernel refused after = %q, want 0", got)
 	}
 	b.Check()
 }

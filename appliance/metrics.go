@@ -45,8 +45,11 @@ type Metrics struct {
 	programmedRules  prometheus.Gauge
 	programmedElems  prometheus.Gauge
 	driftRepairs     *prometheus.CounterVec
-	kernelRefused    prometheus.Gauge
 	buildInfo        *prometheus.GaugeVec
+
+	sourceProblems        prometheus.Gauge
+	servicesKernelRefused prometheus.Gauge
+	servicesWithWarnings  prometheus.Gauge
 }
 
 // Drift repair reasons for DriftRepaired. Other values are folded into
@@ -130,7 +133,9 @@ func NewMetrics(version string) *Metrics {
 		Namespace: "nftgate", Name: "drift_repairs_total",
 		Help: "Cumulative repairs of kernel state that differed from the desired ruleset, by reason.",
 	}, []string{"reason"})
-	m.kernelRefused = gauge("services_kernel_refused", "Services whose rules the kernel refused: each stays at its last good state, and is tried again when it changes and at every full sync.")
+	m.sourceProblems = gauge("source_problems", "Things the source of Services cannot read right now (a manifest file refused); the status page and /api/v1/status name them.")
+	m.servicesKernelRefused = gauge("services_kernel_refused", "Services whose rules the kernel refused; they stay at their last good state.")
+	m.servicesWithWarnings = gauge("services_with_warnings", "Services served in part: the status page and /api/v1/services say what is not served and why.")
 	m.buildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: "nftgate", Name: "build_info", Help: "A metric with a constant value of 1, labelled by nftgate's version.",
 	}, []string{"version"})
@@ -144,7 +149,8 @@ func NewMetrics(version string) *Metrics {
 		m.healthzTotal, m.livezTotal,
 		m.conntrackDeleted, m.conntrackDuration, m.conntrackErrors,
 		m.batchMessages, m.programmedChains, m.programmedRules, m.programmedElems,
-		m.driftRepairs, m.kernelRefused, m.buildInfo,
+		m.driftRepairs, m.buildInfo,
+		m.sourceProblems, m.servicesKernelRefused, m.servicesWithWarnings,
 	)
 	// Pre-create the fixed label values so every series is exported from the
 	// start and rate() sees the first increment.
@@ -235,8 +241,15 @@ func (m *Metrics) SetProgrammed(chains, rules, elements int) {
 	m.programmedElems.Set(float64(elements))
 }
 
-// SetKernelRefused sets how many Services' rules the kernel refuses.
-func (m *Metrics) SetKernelRefused(n int) { m.kernelRefused.Set(float64(n)) }
+// SetSourceProblems sets how many things the source cannot read right now.
+func (m *Metrics) SetSourceProblems(n int) { m.sourceProblems.Set(float64(n)) }
+
+// SetServiceProblems sets how many Services the kernel refused and how many
+// are served with warnings.
+func (m *Metrics) SetServiceProblems(kernelRefused, withWarnings int) {
+	m.servicesKernelRefused.Set(float64(kernelRefused))
+	m.servicesWithWarnings.Set(float64(withWarnings))
+}
 
 // DriftRepaired counts one repair of kernel state. reason should be one of
 // the Drift* constants; any other value is counted as DriftOther.

@@ -71,8 +71,8 @@ func TestMetricsNames(t *testing.T) {
 	for _, name := range append(kubeProxyNamed,
 		"nftgate_programmed_chains", "nftgate_programmed_rules", "nftgate_programmed_map_elements",
 		"nftgate_drift_repairs_total", "nftgate_conntrack_reconciler_errors_total", "nftgate_netlink_batch_messages",
-		"nftgate_services_kernel_refused",
-		"nftgate_build_info", "go_goroutines", "process_start_time_seconds") {
+		"nftgate_build_info", "go_goroutines", "process_start_time_seconds",
+		"nftgate_source_problems", "nftgate_services_kernel_refused", "nftgate_services_with_warnings") {
 		if !have[name] {
 			t.Errorf("metric %s not exported", name)
 		}
@@ -200,5 +200,43 @@ func TestMetricsEndpoint(t *testing.T) {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %q", want)
 		}
+	}
+}
+
+// TestProblemGauges: the Recorder keeps the gauges of source problems,
+// kernel-refused Services and Services with warnings up to date.
+func TestProblemGauges(t *testing.T) {
+	m := NewMetrics("v1.2.3")
+	r := NewRecorder(Identity{}, m, 0)
+	gauges := func() [3]float64 {
+		return [3]float64{testutil.ToFloat64(m.sourceProblems), testutil.ToFloat64(m.servicesKernelRefused), testutil.ToFloat64(m.servicesWithWarnings)}
+	}
+	if g := gauges(); g != [3]float64{} {
+		t.Errorf("gauges at start = %v, want zeros", g)
+	}
+	svcs := fixtureServices()
+	svcs[0].KernelError = "netlink: chain add: invalid argument"
+	svcs[1].Warnings = []string{"externalIP 192.0.2.1 is outside external_ip_cidrs: not served"}
+	svcs[2].Warnings = []string{"a", "b"}
+	r.SetServices(svcs)
+	problems := []string{"/m/f.yaml: a FIFO, not a regular file; not read", "/m/z.yaml: a character device"}
+	r.SetSourceProblems(problems)
+	if g := gauges(); g != [3]float64{2, 1, 2} {
+		t.Errorf("gauges = %v, want [2 1 2]", g)
+	}
+	problems[0] = "changed by the caller"
+	if got := r.Snapshot().SourceProblems; len(got) != 2 || got[0] == "changed by the caller" {
+		t.Errorf("snapshot's problems = %q: the Recorder must keep its own copy", got)
+	}
+	if got := statusJSON(r.Snapshot(), fixtureNow, time.Minute); len(got.SourceProblems) != 2 || got.Services.KernelRefused != 1 || got.Services.WithWarnings != 2 {
+		t.Errorf("status: problems %q, summary %+v", got.SourceProblems, got.Services)
+	}
+	r.SetServices(fixtureServices())
+	r.SetSourceProblems(nil)
+	if g := gauges(); g != [3]float64{} {
+		t.Errorf("gauges after the problems went = %v, want zeros", g)
+	}
+	if got := statusJSON(r.Snapshot(), fixtureNow, time.Minute).SourceProblems; got == nil || len(got) != 0 {
+		t.Errorf("status without problems: %#v, want []", got)
 	}
 }

@@ -1,6 +1,7 @@
 package appliance
 
 import (
+	"slices"
 	"sync"
 	"time"
 )
@@ -108,10 +109,28 @@ func (r *Recorder) SetAPIConnected(ok bool) {
 // the slice: the caller must not modify it afterwards.
 func (r *Recorder) SetServices(services []Service) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	r.snap.Services = services
 	r.revision++
 	r.snap.Sync.ServicesRevision = r.revision
+	r.mu.Unlock()
+	if r.metrics != nil {
+		sum := summarize(services)
+		r.metrics.SetServiceProblems(sum.KernelRefused, sum.WithWarnings)
+	}
+}
+
+// SetSourceProblems replaces what the source could not read (see
+// Snapshot.SourceProblems), and with Metrics sets nftgate_source_problems.
+// The Recorder keeps a copy.
+func (r *Recorder) SetSourceProblems(problems []string) {
+	r.mu.Lock()
+	if !slices.Equal(r.snap.SourceProblems, problems) {
+		r.snap.SourceProblems = slices.Clone(problems)
+	}
+	r.mu.Unlock()
+	if r.metrics != nil {
+		r.metrics.SetSourceProblems(len(problems))
+	}
 }
 
 // SetKernelMatches records the outcome of a reconcile done outside a sync

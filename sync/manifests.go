@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 	"sort"
 	"strings"
 	stdsync "sync"
+	"syscall"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -54,6 +56,9 @@ type ManifestSource struct {
 	Log *slog.Logger
 	// Rescan is a safety net for missed file events; zero means 30 s.
 	Rescan time.Duration
+	// MaxFileSize is the largest manifest file read, in bytes; zero means
+	// DefaultMaxFileSize. A larger file is refused before it is read.
+	MaxFileSize int64
 
 	mu       stdsync.Mutex
 	problems map[string]string // file -> why it is not applied
@@ -328,7 +333,7 @@ func setObject(t *Tracker, o any) {
 // last read, converting the objects to what the model reads of them. objs
 // is nil when the content is the same; err repeats the last error then.
 func (m *ManifestSource) readChanged(path string) (objs []any, err error) {
-	data, err := os.ReadFile(path)
+	data, err := readManifestData(path, m.MaxFileSize)
 	if err != nil {
 		delete(m.read, path)
 		return nil, err
@@ -412,20 +417,149 @@ func init() {
 	manifestCodecs = serializer.NewCodecFactory(manifestScheme, serializer.EnableStrict)
 }
 
-// ReadManifestFile decodes every Service and EndpointSlice in a file.
-// Objects of other kinds are skipped, as a directory of an application's
-// manifests holds Deployments too. Any malformed document fails the whole
-// file, with its name, the document's position and the reason.
-func ReadManifestFile(path string) ([]runtime.Object, error) {
-	data, err := os.ReadFile(path)
+// ReadManifestFile decodes every Service and EndpointSlice in a file of
+// at most maxSize bytes (zero means DefaultMaxFileSize), read as
+// readManifestData reads it. Objects of other kinds are skipped, as a
+// directory of an application's manifests holds Deployments too. Any
+// malformed document fails the whole file, with its name, the document's
+// position and the reason.
+func ReadManifestFile(path string, maxSize int64) ([]runtime.Object, error) {
+	data, err := readManifestData(path, maxSize)
 	if err != nil {
 		return nil, err
 	}
 	return decodeManifest(path, data)
 }
 
-// decodeManifest decodes the content of the manifest file path.
+// DefaultMaxFileSize is the default limit of a manifest file's size
+// (manifest_max_file_size in config.toml): a Service with its
+// EndpointSlice is usually under 1 KiB of YAML, so a file at the limit
+// holds tens of thousands, and reading and decoding one took about
+// 100 MiB of resident memory (`nftgate render`), where a 200 MB file took
+// 430 MiB and 52 s before it was refused.
+const DefaultMaxFileSize = 32 << 20
+
+// readManifestData reads a manifest file of the directory it is in. Only a
+// regular file is read, directly or through symlinks that stay inside the
+// directory (as in a mounted ConfigMap): a FIFO, a socket or a device
+// (such as a link to /dev/zero) is refused by name without being opened,
+// and the file is opened without blocking and checked again once open, in
+// case it was replaced meanwhile. A file larger than maxSize bytes (zero
+// means DefaultMaxFileSize) is refused before it is read, and the read
+// stops past maxSize bytes, so no file costs more memory than that.
+func readManifestData(path string, maxSize int64) ([]byte, error) {
+	if maxSize <= 0 {
+		maxSize = DefaultMaxFileSize
+	}
+	dir, name := filepath.Dir(path), filepath.Base(path)
+	lst, err := os.Lstat(path)
+	if err != nil {
+		return nil, err
+	}
+	st, via, rel := lst, "", name
+	if lst.Mode()&fs.ModeSymlink != 0 {
+		target, err := os.Readlink(path)
+		if err != nil {
+			return nil, err
+		}
+		via = " (through the symlink to " + target + ")"
+		if st, err = os.Stat(path); err != nil {
+			return nil, err // a dangling symlink is no file, as a removed one
+		}
+		if st.Mode().IsRegular() {
+			var inside bool
+			if rel, inside, err = resolveInside(dir, path); err != nil {
+				return nil, err
+			} else if !inside {
+				return nil, fmt.Errorf("%s: symlink to %s leaves the manifests directory %s; not read", path, target, dir)
+			}
+		}
+	}
+	if err := checkManifestFile(path, st, via, maxSize); err != nil {
+		return nil, err
+	}
+	// The file is opened by its resolved path (os.Root refuses absolute
+	// symlinks, even to a file inside), under os.Root, which refuses a path
+	// that leaves the directory, also if a symlink changes after the checks
+	// above.
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer root.Close()
+	f, err := root.OpenFile(rel, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	defer f.Close()
+	if st, err = f.Stat(); err != nil {
+		return nil, err
+	}
+	if err := checkManifestFile(path, st, via, maxSize); err != nil {
+		return nil, err
+	}
+	var buf bytes.Buffer
+	buf.Grow(int(st.Size()) + bytes.MinRead)
+	if _, err := buf.ReadFrom(io.LimitReader(f, maxSize+1)); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if int64(buf.Len()) > maxSize {
+		return nil, fmt.Errorf("%s: grew past %d bytes while read, larger than manifest_max_file_size allows (%d bytes); not read", path, maxSize, maxSize)
+	}
+	return buf.Bytes(), nil
+}
+
+// checkManifestFile refuses what is not a regular file, or is larger than
+// maxSize bytes.
+func checkManifestFile(path string, st fs.FileInfo, via string, maxSize int64) error {
+	if !st.Mode().IsRegular() {
+		return fmt.Errorf("%s: a %s%s, not a regular file; not read", path, fileType(st.Mode()), via)
+	}
+	if st.Size() > maxSize {
+		return fmt.Errorf("%s: %d bytes%s, larger than manifest_max_file_size allows (%d bytes); not read", path, st.Size(), via, maxSize)
+	}
+	return nil
+}
+
+// resolveInside resolves every symlink of path, and tells whether the
+// file it names is inside dir, and by which path relative to it.
+func resolveInside(dir, path string) (rel string, inside bool, err error) {
+	realDir, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return "", false, err
+	}
+	real, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return "", false, err
+	}
+	rel, err = filepath.Rel(realDir, real)
+	return rel, err == nil && filepath.IsLocal(rel), nil
+}
+
+// fileType names the type of a file that is not a regular file.
+func fileType(mode fs.FileMode) string {
+	switch {
+	case mode&fs.ModeNamedPipe != 0:
+		return "FIFO"
+	case mode&fs.ModeSocket != 0:
+		return "socket"
+	case mode&fs.ModeCharDevice != 0:
+		return "character device"
+	case mode&fs.ModeDevice != 0:
+		return "block device"
+	case mode.IsDir():
+		return "directory"
+	}
+	return "special file (" + mode.Type().String() + ")"
+}
+
+// decodeManifest decodes the content of the manifest file path. YAML and
+// JSON are text: a NUL byte (as a crash can leave in a file whose blocks
+// were never written) makes the file an error, not an empty file.
 func decodeManifest(path string, data []byte) ([]runtime.Object, error) {
+	if i := bytes.IndexByte(data, 0); i >= 0 {
+		return nil, fmt.Errorf("%s: NUL byte at offset %d: not a YAML or JSON text file", path, i)
+	}
 	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
 	var out []runtime.Object
 	for doc := 1; ; doc++ {

@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/nftgate/nftgate/nft"
+	gsync "github.com/nftgate/nftgate/sync"
 )
 
 // Config is nftgate's configuration: config.toml at the repository root
@@ -46,6 +47,8 @@ type Config struct {
 	AuthPasswordFile  string   `toml:"auth_password_file"`
 	Pprof             bool     `toml:"pprof"`
 	MemoryLimit       ByteSize `toml:"memory_limit"`
+	// ManifestMaxFileSize is the largest manifest file read.
+	ManifestMaxFileSize ByteSize `toml:"manifest_max_file_size"`
 
 	// Parsed forms, filled by validate.
 	clusterCIDRs      []netip.Prefix
@@ -59,21 +62,29 @@ const DefaultManifests = "/etc/nftgate/manifests"
 
 func defaults() Config {
 	return Config{
-		Table:             "nftgate",
-		Listen:            "127.0.0.1:9180",
-		MinSyncInterval:   Duration(50 * time.Millisecond),
-		ReconcileInterval: Duration(time.Minute),
-		HealthzMaxAge:     Duration(2 * time.Minute),
-		MasqueradeBit:     0x4000,
-		Shards:            nft.DefaultShards,
-		LogLevel:          "info",
-		LogFormat:         "text",
-		MemoryLimit:       DefaultMemoryLimit,
+		Table:               "nftgate",
+		Listen:              "127.0.0.1:9180",
+		MinSyncInterval:     Duration(50 * time.Millisecond),
+		ReconcileInterval:   Duration(time.Minute),
+		HealthzMaxAge:       Duration(2 * time.Minute),
+		MasqueradeBit:       0x4000,
+		Shards:              nft.DefaultShards,
+		LogLevel:            "info",
+		LogFormat:           "text",
+		MemoryLimit:         DefaultMemoryLimit,
+		ManifestMaxFileSize: gsync.DefaultMaxFileSize,
 	}
 }
 
 // DefaultMemoryLimit is memory_limit's default: see config.toml for why.
 const DefaultMemoryLimit = 40 << 20
+
+// Bounds of manifest_max_file_size: a file smaller than a few Services is
+// no use, and decoding a manifest takes several times its size in memory.
+const (
+	minManifestFileSize = 4 << 10
+	maxManifestFileSize = 1 << 30
+)
 
 // Duration is a time.Duration written as "10ms", "1m" in TOML.
 type Duration time.Duration
@@ -210,6 +221,7 @@ func loadConfig(name string, args []string) (*Config, *flag.FlagSet, error) {
 	fs.Var(&cfg.MinSyncInterval, "min-sync-interval", "least `time` between two syncs; changes meanwhile are coalesced")
 	fs.BoolVar(&cfg.Pprof, "pprof", cfg.Pprof, "serve Go's profiler under /debug/pprof/ on the listen address")
 	fs.Var(&cfg.MemoryLimit, "memory-limit", "soft limit of the Go runtime's memory (`size` like 128MiB; 0 for none)")
+	fs.Var(&cfg.ManifestMaxFileSize, "manifest-max-file-size", "largest manifest file read (`size` like 32MiB); a larger one is refused, its previous content kept")
 	fs.Var(&cfg.ReconcileInterval, "reconcile-interval", "how often the kernel is read back and drift repaired (`duration`, 0 disables)")
 	if err := fs.Parse(args); err != nil {
 		return nil, fs, flagError{err}
@@ -320,6 +332,9 @@ func (c *Config) validate() error {
 	within("healthz_max_sync_age", c.HealthzMaxAge, minHealthzMaxAge, maxHealthzMaxAge, "off")
 	if c.HealthzMaxAge > 0 && c.ReconcileInterval > 0 && c.HealthzMaxAge < c.ReconcileInterval {
 		bad("healthz_max_sync_age", "%s is shorter than reconcile_interval (%s): /healthz would fail between the syncs of a quiet cluster", c.HealthzMaxAge, c.ReconcileInterval)
+	}
+	if c.ManifestMaxFileSize < minManifestFileSize || c.ManifestMaxFileSize > maxManifestFileSize {
+		bad("manifest_max_file_size", "%s is not between %s and %s", c.ManifestMaxFileSize, ByteSize(minManifestFileSize), ByteSize(maxManifestFileSize))
 	}
 	if c.Shards < 1 || c.Shards > nft.MaxShards {
 		bad("shards", "%d is not between 1 and %d", c.Shards, nft.MaxShards)

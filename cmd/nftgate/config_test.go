@@ -14,6 +14,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	gsync "github.com/nftgate/nftgate/sync"
 )
 
 func writeConfig(t *testing.T, text string) string {
@@ -117,6 +119,9 @@ func TestBadConfigNamesTheField(t *testing.T) {
 		{file: "auth_user = \"a:b\"\nauth_password_file = \"/p\"\n", want: []string{"auth_user", "a:b"}},
 		{args: []string{"--cluster-cidr", "fe80::1%eth0"}, want: []string{"cluster_cidrs[0]", "fe80::1%eth0"}},
 		{file: "cluster_cidrs = [" + strings.Repeat("\"10.0.0.0/8\",", 257) + "]\n", want: []string{"cluster_cidrs", "257"}},
+		{file: "manifest_max_file_size = \"1KiB\"\n", want: []string{"manifest_max_file_size", "1KiB"}},
+		{args: []string{"--manifest-max-file-size", "2GiB"}, want: []string{"manifest_max_file_size", "2GiB"}},
+		{args: []string{"--manifest-max-file-size", "huge"}, want: []string{"manifest-max-file-size", "huge"}},
 	} {
 		args := append([]string{"--node-name", "n"}, tc.args...)
 		if tc.file != "" {
@@ -265,6 +270,31 @@ spec:
 		}
 		if !strings.Contains(out.String(), "198.19.0.40 . tcp . 80") {
 			t.Errorf("render %v: the ClusterIP is missing:\n%s", c.args, out.String())
+		}
+	}
+}
+
+// manifest_max_file_size reaches the manifests source, from the file or
+// the flag.
+func TestManifestMaxFileSize(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want int64
+	}{
+		{nil, 32 << 20},
+		{[]string{"--config", writeConfig(t, "manifest_max_file_size = \"8MiB\"\n")}, 8 << 20},
+		{[]string{"--config", writeConfig(t, "manifest_max_file_size = \"8MiB\"\n"), "--manifest-max-file-size", "64KiB"}, 64 << 10},
+	} {
+		cfg, _, err := loadConfig("nftgate", append([]string{"--node-name", "n", "--manifests", t.TempDir()}, tc.args...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		src, err := cfg.source(slog.New(slog.DiscardHandler))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ms, ok := src.(*gsync.ManifestSource); !ok || ms.MaxFileSize != tc.want {
+			t.Errorf("%v: source %#v, want a manifests source reading files up to %d bytes", tc.args, src, tc.want)
 		}
 	}
 }

@@ -60,7 +60,7 @@ func (c *Config) source(log *slog.Logger) (gsync.Source, error) {
 		if err := checkManifestsDir("manifests", c.Manifests); err != nil {
 			return nil, err
 		}
-		return &gsync.ManifestSource{Dir: c.Manifests, Log: log}, nil
+		return &gsync.ManifestSource{Dir: c.Manifests, Log: log, MaxFileSize: int64(c.ManifestMaxFileSize)}, nil
 	}
 	if c.Kubeconfig != "" {
 		if st, err := os.Stat(c.Kubeconfig); err != nil {
@@ -79,7 +79,7 @@ func (c *Config) source(log *slog.Logger) (gsync.Source, error) {
 	if err := checkManifestsDir("manifests (no kubeconfig given or found, nor an in-cluster account)", DefaultManifests); err != nil {
 		return nil, err
 	}
-	return &gsync.ManifestSource{Dir: DefaultManifests, Log: log}, nil
+	return &gsync.ManifestSource{Dir: DefaultManifests, Log: log, MaxFileSize: int64(c.ManifestMaxFileSize)}, nil
 }
 
 // checkManifestsDir tells whether dir is a readable directory.
@@ -212,7 +212,6 @@ func serve(ctx context.Context, cfg *Config) error {
 		if ev.Changed > 0 {
 			metrics.ServiceChanged(ev.Changed)
 		}
-		metrics.SetKernelRefused(syncer.KernelRefused())
 	})
 
 	ctx, cancel := context.WithCancel(ctx)
@@ -259,20 +258,7 @@ func serve(ctx context.Context, cfg *Config) error {
 	go func() { errc <- src.Run(ctx, tracker) }()
 	go func() { errc <- syncer.Run(ctx) }()
 	go status.run(ctx)
-	if ks, ok := src.(*gsync.KubeSource); ok {
-		go func() {
-			t := time.NewTicker(time.Second)
-			defer t.Stop()
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case <-t.C:
-					rec.SetAPIConnected(ks.Connected())
-				}
-			}
-		}()
-	}
+	go followSource(ctx, src, rec, time.Second)
 	// The watchdog asks whether the sync loop is alive, not whether the
 	// gateway is healthy: a restart cures a stuck loop, but not a lost API
 	// or a refused batch, and would only add a restart to the trouble.
@@ -462,7 +448,7 @@ func render(ctx context.Context, cfg *Config, w io.Writer) error {
 		return fmt.Errorf("manifests: %w", err)
 	}
 	for _, f := range files {
-		objs, err := gsync.ReadManifestFile(f)
+		objs, err := gsync.ReadManifestFile(f, int64(cfg.ManifestMaxFileSize))
 		if err != nil {
 			return err
 		}

@@ -223,3 +223,24 @@ func policy(local bool) string {
 	}
 	return "Cluster"
 }
+
+// followSource copies what the source cannot read (a manifest file
+// refused, the API's last error) and, for the Kubernetes API, whether its
+// watch holds, into the recorder every interval until ctx ends: a refused
+// file changes no Service, so no sync would report it.
+func followSource(ctx context.Context, src gsync.Source, rec *appliance.Recorder, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	connected, _ := src.(interface{ Connected() bool })
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			rec.SetSourceProblems(src.Problems())
+			if connected != nil {
+				rec.SetAPIConnected(connected.Connected())
+			}
+		}
+	}
+}

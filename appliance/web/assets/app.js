@@ -9,6 +9,7 @@
 
   var services = [];
   var servicesRevision = null;
+  var openKey = null; // the Service whose detail view is open
 
   function $(id) { return document.getElementById(id); }
 
@@ -33,6 +34,8 @@
   }
 
   function fmtNum(n) { return Number(n || 0).toLocaleString('en-US'); }
+
+  function plural(n, word) { return fmtNum(n) + ' ' + word + (n === 1 ? '' : 's'); }
 
   function fmtSeconds(s) {
     if (s === undefined || s === null) return '–';
@@ -87,7 +90,14 @@
       kube ? (st.identity.apiConnected ? 'good' : 'bad') : '');
     setText('c-endpoints', fmtNum(st.services.endpoints));
     setText('c-noeps', fmtNum(st.services.noEndpoints), st.services.noEndpoints ? 'warn' : '');
-    setText('c-rejected', fmtNum(st.services.rejected), st.services.rejected ? 'bad' : '');
+    var files = st.sourceProblems.length, rejected = st.services.rejected;
+    setText('c-rejected', files ? plural(files, 'file') + (rejected ? ', ' + plural(rejected, 'Service') : '') : fmtNum(rejected),
+      files || rejected ? 'bad' : '');
+    setText('c-kernel-refused', fmtNum(st.services.kernelRefused), st.services.kernelRefused ? 'bad' : '');
+    setText('c-warnings', fmtNum(st.services.withWarnings), st.services.withWarnings ? 'warn' : '');
+    var list = $('source-problems-list');
+    list.replaceChildren.apply(list, st.sourceProblems.map(function (p) { return el('li', '', p); }));
+    $('source-problems').hidden = !files;
     var ct = st.conntrack;
     setText('c-ct-cleanups', fmtNum(ct.cleanups));
     setText('c-ct-deleted', fmtNum(ct.flowsDeleted));
@@ -209,7 +219,24 @@
   function programmed(s) { return !!s.type; }
 
   function hasProblem(s) {
-    return !!s.error || (s.type !== 'ExternalName' && usedCount(s) === 0);
+    return !!s.error || !!s.kernelError || s.warnings.length > 0 || (s.type !== 'ExternalName' && usedCount(s) === 0);
+  }
+
+  // problemLines shows what is wrong with a Service: why it was rejected,
+  // why the kernel refused its rules, what of it is not served.
+  function problemLines(box, s) {
+    if (s.error) box.appendChild(el('div', 'svc-err', s.error));
+    if (s.kernelError) {
+      var k = el('div', 'svc-kerr');
+      k.appendChild(el('span', 'lbl', 'kernel refused, last good state kept: '));
+      k.appendChild(document.createTextNode(s.kernelError));
+      box.appendChild(k);
+    }
+    if (s.warnings.length) {
+      var ul = el('ul', 'svc-warn');
+      s.warnings.forEach(function (w) { ul.appendChild(el('li', '', w)); });
+      box.appendChild(ul);
+    }
   }
 
   function addrLine(label, addrs) {
@@ -234,13 +261,24 @@
   }
 
   function serviceRow(s) {
-    var tr = el('tr', s.error ? 'rejected' : '');
-    tr.dataset.key = s.namespace + '/' + s.name;
+    var key = s.namespace + '/' + s.name;
+    var tr = el('tr', [s.error ? 'rejected' : '', s.kernelError ? 'refused' : '', s.warnings.length ? 'warned' : '',
+      key === openKey ? 'open' : ''].filter(Boolean).join(' '));
+    tr.dataset.key = key;
 
     var td = el('td');
-    td.appendChild(el('span', 'svc-ns', s.namespace + '/'));
-    td.appendChild(el('span', 'svc-name', s.name));
-    if (s.error) td.appendChild(el('div', 'svc-err', s.error));
+    var open = el('button', 'svc-open');
+    open.type = 'button';
+    open.title = 'details';
+    open.setAttribute('aria-expanded', String(key === openKey));
+    open.appendChild(el('span', 'svc-ns', s.namespace + '/'));
+    open.appendChild(el('span', 'svc-name', s.name));
+    open.addEventListener('click', function () {
+      openKey = openKey === key ? null : key;
+      renderServices();
+    });
+    td.appendChild(open);
+    problemLines(td, s);
     tr.appendChild(td);
 
     td = el('td');
@@ -296,6 +334,51 @@
     return tr;
   }
 
+  // detailRow is the detail view of one Service, under its row: every
+  // field, the problems in full, and each endpoint with its state.
+  function detailRow(s) {
+    var tr = el('tr', 'detail');
+    tr.dataset.detailKey = s.namespace + '/' + s.name;
+    var td = el('td');
+    td.colSpan = 5;
+    var dl = el('dl', 'kv detail-kv');
+    function item(label, value, cls) {
+      dl.appendChild(el('dt', '', label));
+      var dd = el('dd', cls || '');
+      if (typeof value === 'string') dd.textContent = value;
+      else dd.appendChild(value);
+      dl.appendChild(dd);
+    }
+    item('Service', s.namespace + '/' + s.name, 'mono');
+    item('Type', s.type || 'not programmed');
+    if (s.clusterIPs.length) item('Cluster IPs', s.clusterIPs.join(', '), 'mono');
+    if (s.externalIPs.length) item('External IPs', s.externalIPs.join(', '), 'mono');
+    if (s.loadBalancerIPs.length) item('Load balancer IPs', s.loadBalancerIPs.join(', '), 'mono');
+    if (s.ports.length) {
+      item('Ports', s.ports.map(function (p) {
+        return (p.name ? p.name + ' ' : '') + p.port + '/' + p.protocol + (p.nodePort ? ' node ' + p.nodePort : '');
+      }).join(', '), 'mono');
+    }
+    if (s.error) item('Rejected', s.error, 'd-error err');
+    item('Kernel', s.kernelError ? 'refused this Service\'s rules; its last good state stays: ' + s.kernelError : (programmed(s) ? 'rules accepted' : '–'),
+      s.kernelError ? 'd-kernel err' : 'd-kernel');
+    var ul = el('ul', 'd-warnings');
+    s.warnings.forEach(function (w) { ul.appendChild(el('li', '', w)); });
+    if (!s.warnings.length) ul.appendChild(el('li', 'muted', 'none'));
+    item('Warnings', ul);
+    var eps = el('ul', 'd-endpoints');
+    s.endpoints.forEach(function (e) {
+      eps.appendChild(el('li', 'mono', (e.portName ? e.portName + ' ' : '') + (e.addr.indexOf(':') >= 0 ? '[' + e.addr + ']' : e.addr) + ':' + e.port + ' · ' +
+        [e.used ? 'in use' : 'not in use', e.ready ? 'ready' : 'not ready', e.terminating ? 'terminating' : '',
+          e.node ? 'node ' + e.node : '', e.zone ? 'zone ' + e.zone : ''].filter(Boolean).join(' · ')));
+    });
+    if (!s.endpoints.length) eps.appendChild(el('li', 'muted', 'none'));
+    item('Endpoints', eps);
+    td.appendChild(dl);
+    tr.appendChild(td);
+    return tr;
+  }
+
   function renderServices() {
     var q = $('search').value.trim().toLowerCase();
     var typ = $('type-filter').value;
@@ -307,7 +390,10 @@
     });
     var body = $('svc-body');
     var frag = document.createDocumentFragment();
-    rows.slice(0, MAX_ROWS).forEach(function (s) { frag.appendChild(serviceRow(s)); });
+    rows.slice(0, MAX_ROWS).forEach(function (s) {
+      frag.appendChild(serviceRow(s));
+      if (s.namespace + '/' + s.name === openKey) frag.appendChild(detailRow(s));
+    });
     if (!rows.length) {
       var tr = el('tr', 'empty');
       var td = el('td', '', services.length ? 'No services match the filter.' : 'No services.');

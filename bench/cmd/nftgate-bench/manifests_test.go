@@ -46,7 +46,7 @@ func readManifests(t *testing.T, dir string) (map[string]*corev1.Service, map[st
 	var names []string
 	for _, f := range files {
 		names = append(names, filepath.Base(f))
-		objs, err := nftsync.ReadManifestFile(f)
+		objs, err := nftsync.ReadManifestFile(f, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
