@@ -2,9 +2,7 @@ package main
 
 import (
 	"context"
-	"crypto/sha256"
 	"crypto/tls"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -473,7 +471,7 @@ func (c *Config) tlsConfig(log *slog.Logger) (*tls.Config, error) {
 		}
 		if created {
 			log.Info("self-signed certificate created for the status server", "dir", c.TLSSelfSignedDir,
-				"sha256", certFingerprint(cert))
+				"sha256", appliance.CertificateSHA256(cert))
 		}
 		return appliance.TLSConfig(cert), nil
 	}
@@ -494,13 +492,4 @@ func (c *Config) certificateNames() []string {
 		}
 	}
 	return names
-}
-
-// certFingerprint is the SHA-256 of a certificate, as browsers show it.
-func certFingerprint(cert tls.Certificate) string {
-	if len(cert.Certificate) == 0 {
-		return ""
-	}
-	sum := sha256.Sum256(cert.Certificate[0])
-	return strings.ToUpper(hex.EncodeToString(sum[:]))
 }
