@@ -96,10 +96,14 @@ image: image-instance
 		$$(stat -c %s $(IMAGE)) $$(du -h $(IMAGE) | cut -f1) $$(awk "BEGIN{print $$end - $$start}"); \
 	cat $(INSTANCE_DIR)/access.txt
 
-# Build and install on a running appliance over HTTP (A/B root switch and
-# reboot); the same inputs as `make image` must be given again.
+# Build and install on a running appliance over HTTPS (A/B root switch and
+# reboot); the same inputs as `make image` must be given again. gok (this
+# version) does not hand the certificate of Update.UseTLS to its update
+# client, which then trusts only the system's CAs and the certificates in
+# SSL_CERT_DIR: so the box's certificate is added there, and the update
+# verifies the box as every other HTTPS connection.
 image-update: image-instance
-	$(GOK) --parent_dir $(GOKRAZY_PARENT) -i $(IMAGE_NAME) update
+	SSL_CERT_DIR=$(GOKRAZY_TLS_DIR) $(GOK) --parent_dir $(GOKRAZY_PARENT) -i $(IMAGE_NAME) update
 
 # QEMU for the VM test; installed only when missing.
 vmtest-deps:
