@@ -120,7 +120,7 @@ func newBasicAuth(user string, hash []byte, plain [sha256.Size]byte) (*BasicAuth
 	return a, nil
 }
 
-// SetLogger makes a log failed logins to log.
+// SetLogger sends the log lines of failed logins to log.
 func (a *BasicAuth) SetLogger(log *slog.Logger) {
 	if a != nil && log != nil {
 		a.log = log
@@ -244,11 +244,11 @@ func (a *BasicAuth) logFailure(now time.Time, msg, client, user string) {
 
 // logUser shortens a user name for the log; the handler quotes it.
 func logUser(u string) string {
-	const max = 64
-	if len(u) <= max {
+	const limit = 64
+	if len(u) <= limit {
 		return u
 	}
-	for i := max; i > 0; i-- {
+	for i := limit; i > 0; i-- {
 		if utf8.RuneStart(u[i]) {
 			return u[:i] + "…"
 		}
