@@ -9,7 +9,10 @@ import (
 	"html/template"
 	"io/fs"
 	"log/slog"
+	"net"
 	"net/http"
+	"net/http/pprof"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -33,8 +36,16 @@ type Options struct {
 	// MaxSyncAge bounds the age of the last successful sync for /healthz;
 	// zero means DefaultMaxSyncAge, negative disables the check.
 	MaxSyncAge time.Duration
-	// Auth, when set, protects the page, its assets and /api/.
+	// Auth, when set, protects the page, its assets, /api/ and
+	// /debug/pprof/.
 	Auth *BasicAuth
+	// AllowedHosts are the host names (besides IP literals and localhost)
+	// a request's Host header may carry when there is no Auth; others are
+	// answered 421, so that a web page cannot read the API through a name
+	// it rebinds to this server's address (DNS rebinding).
+	AllowedHosts []string
+	// Pprof serves Go's profiler under /debug/pprof/, behind Auth.
+	Pprof bool
 	// Refresh is the page's polling interval; zero means DefaultRefresh.
 	Refresh time.Duration
 	// Logger receives request errors; nil discards them.
@@ -72,6 +83,10 @@ type server struct {
 //	/api/v1/syncs                        recent syncs (auth)
 //	/healthz, /livez, /readyz            probes (open)
 //	/metrics                             Prometheus (open)
+//	/debug/pprof/                        Go's profiler, with Options.Pprof (auth)
+//
+// Without Auth, requests must name the server by an IP address, localhost
+// or one of Options.AllowedHosts (421 otherwise).
 //
 // It panics when opts.Source is nil, a programming error.
 func NewServer(opts Options) http.Handler {
@@ -102,6 +117,9 @@ func NewServer(opts Options) http.Handler {
 	if err != nil {
 		panic(err)
 	}
+	if opts.Logger != nil {
+		opts.Auth.SetLogger(opts.Logger)
+	}
 	auth := opts.Auth.wrap
 	mux := http.NewServeMux()
 	mux.Handle("GET /{$}", auth(http.HandlerFunc(s.page)))
@@ -115,8 +133,58 @@ func NewServer(opts Options) http.Handler {
 	mux.HandleFunc("GET /livez", s.livez)
 	mux.HandleFunc("GET /readyz", s.readyz)
 	mux.Handle("GET /metrics", metricsHandler)
-	return securityHeaders(mux)
+	if opts.Pprof {
+		mux.Handle("/debug/pprof/", auth(http.HandlerFunc(pprof.Index)))
+		mux.Handle("/debug/pprof/cmdline", auth(http.HandlerFunc(pprof.Cmdline)))
+		mux.Handle("/debug/pprof/profile", auth(http.HandlerFunc(pprof.Profile)))
+		mux.Handle("/debug/pprof/symbol", auth(http.HandlerFunc(pprof.Symbol)))
+		mux.Handle("/debug/pprof/trace", auth(http.HandlerFunc(pprof.Trace)))
+	}
+	var h http.Handler = mux
+	if opts.Auth == nil {
+		h = hostCheck(h, opts.AllowedHosts)
+	}
+	return securityHeaders(h)
 }
+
+// hostCheck answers 421 to a request whose Host header is not an IP
+// literal, localhost, or one of allowed (compared without case and
+// trailing dot). A request without Host (HTTP/1.0 health checkers) passes:
+// browsers always send one.
+func hostCheck(h http.Handler, allowed []string) http.Handler {
+	names := map[string]bool{"localhost": true}
+	for _, n := range allowed {
+		names[normalHost(n)] = true
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !hostAllowed(r.Host, names) {
+			http.Error(w, "unknown host name "+strconv.Quote(r.Host)+
+				": without authentication only IP addresses, localhost and the names in http_allowed_hosts are served",
+				http.StatusMisdirectedRequest)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// hostAllowed reports whether a Host header value (host, host:port,
+// [v6]:port) is empty, an IP literal, or a name in names (normalized with
+// normalHost).
+func hostAllowed(host string, names map[string]bool) bool {
+	if host == "" {
+		return true
+	}
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+	if _, err := netip.ParseAddr(host); err == nil {
+		return true
+	}
+	return names[normalHost(host)]
+}
+
+func normalHost(h string) string { return strings.ToLower(strings.TrimSuffix(h, ".")) }
 
 // securityHeaders keeps the page self-contained: it may load nothing from
 // anywhere but this server, and no other site may frame it.

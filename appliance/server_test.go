@@ -1,6 +1,9 @@
 package appliance
 
 import (
+	"bytes"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -467,6 +470,7 @@ func TestBasicAuth(t *testing.T) {
 		{"hash file", hashFileAuth, "admin", "s3cret pass"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
+			c.auth.failureBurst = 1000 // this test is about routes, not the limit
 			ts, _ := newTestServer(t, healthySnapshot(), Options{Auth: c.auth})
 			do := func(path, user, pw string) int {
 				req, _ := http.NewRequest("GET", ts.URL+path, nil)
@@ -559,3 +563,139 @@ func TestNewServerNeedsSource(t *testing.T) {
 	}()
 	NewServer(Options{})
 }
+
+// TestHostCheckWithoutAuth: without authentication, only requests naming
+// the server by an IP address, localhost or an allowed name are served, so
+// that a page on another site cannot read the API through a name it points
+// at this server (DNS rebinding). With authentication any name is served.
+func TestHostCheckWithoutAuth(t *testing.T) {
+	src := &fakeSource{snap: healthySnapshot()}
+	h := NewServer(Options{Source: src, AllowedHosts: []string{"gw.example.org", "Edge-1."}, Pprof: true, Now: fixtureClock})
+	for _, c := range []struct {
+		host string
+		want int
+	}{
+		{"127.0.0.1:9180", 200}, {"10.0.0.1", 200}, {"[::1]:9180", 200}, {"[fe80::1%25eth0]:9180", 200},
+		{"localhost:9180", 200}, {"LOCALHOST", 200}, {"gw.example.org:9180", 200}, {"GW.example.org.", 200},
+		{"edge-1", 200}, {"", 200},
+		{"evil.example:9180", 421}, {"gw.example.org.evil.example", 421}, {"localhost.evil.example", 421},
+		{"127.0.0.1.nip.io", 421}, {"10.0.0.1.evil.example:80", 421},
+	} {
+		for _, path := range []string{"/api/v1/status", "/", "/metrics", "/healthz", "/debug/pprof/"} {
+			req := httptest.NewRequest("GET", path, nil)
+			req.Host = c.host
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, req)
+			if rec.Code != c.want {
+				t.Errorf("Host %q %s: %d, want %d (%s)", c.host, path, rec.Code, c.want, strings.TrimSpace(rec.Body.String()))
+			}
+		}
+	}
+	hash, err := bcrypt.GenerateFromPassword([]byte("pw"), bcrypt.MinCost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	auth, err := NewBasicAuth("admin", string(hash))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h = NewServer(Options{Source: src, Auth: auth})
+	req := httptest.NewRequest("GET", "/api/v1/status", nil)
+	req.Host = "box.example.net"
+	req.SetBasicAuth("admin", "pw")
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	if rec.Code != 200 {
+		t.Errorf("with auth, any Host: %d, want 200", rec.Code)
+	}
+}
+
+// TestPprofIsBehindAuth: /debug/pprof/ answers only with Options.Pprof,
+// and then only with credentials when there is authentication.
+func TestPprofIsBehindAuth(t *testing.T) {
+	src := &fakeSource{snap: healthySnapshot()}
+	hash, err := bcrypt.GenerateFromPassword([]byte("pw"), bcrypt.MinCost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	auth, err := NewBasicAuth("admin", string(hash))
+	if err != nil {
+		t.Fatal(err)
+	}
+	get := func(h http.Handler, user string) int {
+		req := httptest.NewRequest("GET", "/debug/pprof/cmdline", nil)
+		req.Host = "127.0.0.1"
+		if user != "" {
+			req.SetBasicAuth(user, "pw")
+		}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec.Code
+	}
+	if code := get(NewServer(Options{Source: src}), ""); code != 404 {
+		t.Errorf("without Pprof: %d, want 404", code)
+	}
+	withAuth := NewServer(Options{Source: src, Auth: auth, Pprof: true})
+	if code := get(withAuth, ""); code != 401 {
+		t.Errorf("with auth, no credentials: %d, want 401", code)
+	}
+	if code := get(withAuth, "admin"); code != 200 {
+		t.Errorf("with auth and credentials: %d, want 200", code)
+	}
+}
+
+// TestSelfSignedCertificate: the certificate is made once, kept, and
+// served; a later start with other names keeps the first.
+func TestSelfSignedCertificate(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "tls")
+	cert, created, err := SelfSignedCertificate(dir, []string{"edge-1", "localhost", "127.0.0.1"}, fixtureNow)
+	if err != nil || !created {
+		t.Fatalf("first call: created %v, %v", created, err)
+	}
+	if st, err := os.Stat(filepath.Join(dir, SelfSignedKeyFile)); err != nil || st.Mode().Perm() != 0o600 {
+		t.Errorf("key file: %v, %v", st, err)
+	}
+	again, created, err := SelfSignedCertificate(dir, []string{"other"}, fixtureNow.Add(time.Hour))
+	if err != nil || created {
+		t.Fatalf("second call: created %v, %v", created, err)
+	}
+	if !bytes.Equal(cert.Certificate[0], again.Certificate[0]) {
+		t.Error("the certificate changed between starts")
+	}
+	leaf, err := x509.ParseCertificate(cert.Certificate[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := leaf.VerifyHostname("edge-1"); err != nil {
+		t.Error(err)
+	}
+	if err := leaf.VerifyHostname("127.0.0.1"); err != nil {
+		t.Error(err)
+	}
+	// Served over TLS, and trusted by a client that pinned it.
+	ts := httptest.NewUnstartedServer(NewServer(Options{Source: &fakeSource{snap: healthySnapshot()}, Now: fixtureClock}))
+	ts.TLS = TLSConfig(cert)
+	ts.StartTLS()
+	t.Cleanup(ts.Close)
+	pool := x509.NewCertPool()
+	pool.AddCert(leaf)
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	resp, err := client.Get(ts.URL + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Errorf("/healthz over TLS: %d", resp.StatusCode)
+	}
+
+	// A certificate without its key is an error, never replaced.
+	if err := os.Remove(filepath.Join(dir, SelfSignedKeyFile)); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := SelfSignedCertificate(dir, nil, fixtureNow); err == nil || !strings.Contains(err.Error(), SelfSignedKeyFile) {
+		t.Errorf("certificate without key: %v", err)
+	}
+}
+
+func fixtureClock() time.Time { return fixtureNow }

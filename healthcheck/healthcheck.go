@@ -21,6 +21,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nftgate/nftgate/appliance/httpserver"
 	"github.com/nftgate/nftgate/model"
 )
 
@@ -43,6 +44,9 @@ type Server struct {
 	// RetryInterval spaces attempts to bind a port that failed; zero means
 	// DefaultRetryInterval.
 	RetryInterval time.Duration
+	// Limits bound each connection's time and header size; zero fields
+	// take httpserver.Default's values.
+	Limits httpserver.Limits
 
 	mu       sync.RWMutex
 	services map[model.ServiceKey]*service // Services that want a server
@@ -228,7 +232,7 @@ func (s *Server) open(k model.ServiceKey, port uint16) (*instance, error) {
 		return nil, err
 	}
 	in := &instance{port: port, done: make(chan struct{}),
-		srv: &http.Server{Handler: handler{s: s, key: k}, ReadHeaderTimeout: 10 * time.Second}}
+		srv: httpserver.New(handler{s: s, key: k}, s.Limits)}
 	go func() {
 		defer close(in.done)
 		if err := in.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {

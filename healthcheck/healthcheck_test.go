@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nftgate/nftgate/appliance/httpserver"
+	"github.com/nftgate/nftgate/appliance/httpserver/httpservertest"
 	"github.com/nftgate/nftgate/healthcheck"
 	"github.com/nftgate/nftgate/lab"
 	"github.com/nftgate/nftgate/model"
@@ -198,6 +200,37 @@ func TestServer(t *testing.T) {
 	wantAnswer(t, p3, 200, 1)
 	if _, _, _, err := get(p2); err == nil {
 		t.Errorf("old port %d still answers", p2)
+	}
+}
+
+// TestServerLimits: a health check port closes idle keep-alive connections
+// and cuts off a client that never finishes its request header, so that
+// clients cannot hold the gateway's descriptors.
+func TestServerLimits(t *testing.T) {
+	s := &healthcheck.Server{
+		NodeName: "gw", Log: slog.New(slog.DiscardHandler),
+		Limits: httpserver.Limits{ReadHeaderTimeout: 200 * time.Millisecond, IdleTimeout: 200 * time.Millisecond},
+		Listen: func(network, address string) (net.Listener, error) {
+			_, port, _ := net.SplitHostPort(address)
+			return net.Listen(network, "127.0.0.1:"+port)
+		},
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	p := freePort(t)
+	s.Update(map[model.ServiceKey]*model.Service{{Namespace: "shop", Name: "cart"}: svc("shop", "cart", p, ep("10.0.0.1", "gw", true))})
+	wantAnswer(t, p, 200, 1)
+	addr := fmt.Sprintf("127.0.0.1:%d", p)
+	if err := httpservertest.IdleIsClosed(addr, "/"); err != nil {
+		t.Error("idle connection:", err)
+	}
+	if err := httpservertest.SlowHeaderIsCut(addr, 20*time.Millisecond); err != nil {
+		t.Error("slow header:", err)
+	}
+	if err := httpservertest.LargeHeaderIsRefused(addr, httpserver.Default.MaxHeaderBytes); err != nil {
+		t.Error(err)
 	}
 }
 

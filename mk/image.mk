@@ -5,11 +5,16 @@
 #   make vmtest   boot an image in QEMU and check it answers
 #
 # Per-installation inputs (never committed):
-#   NFTGATE_CONFIG   nftgate config.toml            (default: ./config.toml, else image/demo/config.toml)
+#   NFTGATE_CONFIG   nftgate config.toml            (default: image/demo/config.toml)
 #   KUBECONFIG_FILE  kubeconfig for the cluster     (default: none; nftgate reads MANIFESTS)
 #   MANIFESTS        directory of manifests         (default: image/demo/manifests)
 #   NETWORK          "dhcp" or a network.json file  (default: dhcp on eth0)
 #   GOKRAZY_PASSWORD_FILE  web interface password   (default: build/gokrazy-password.txt, created once)
+#   GOKRAZY_TLS_DIR  certificate of gokrazy's web interface and updates
+#                    (default: build/gokrazy-tls/HOSTNAME_GW, made once for HOSTNAME_GW and UPDATE_HOST)
+#   NFTGATE_PASSWORD_FILE  status page password (user admin) (default: build/nftgate-password.txt, created once)
+#   NFTGATE_TLS_CERT, NFTGATE_TLS_KEY  status page certificate (default: none; the box makes one
+#                    on its first boot and keeps it on /perm)
 #   HOSTNAME_GW      host name of the appliance     (default: nftgate)
 #   IMAGE_NAME       image and instance name        (default: nftgate -> build/nftgate.img)
 #   UPDATE_HOST      where `make image-update` reaches the box (default: HOSTNAME_GW)
@@ -20,12 +25,18 @@
 GOK := $(BUILD)/gok
 GOK_SRC := $(CURDIR)/tools/gok
 
-NFTGATE_CONFIG ?= $(firstword $(wildcard $(CURDIR)/config.toml) $(CURDIR)/image/demo/config.toml)
+# Not ./config.toml: it documents the defaults of a plain install, which
+# serve this machine only.
+NFTGATE_CONFIG ?= $(CURDIR)/image/demo/config.toml
 KUBECONFIG_FILE ?=
 MANIFESTS ?= $(CURDIR)/image/demo/manifests
 NETWORK ?= dhcp
 GOKRAZY_PASSWORD_FILE ?= $(BUILD)/gokrazy-password.txt
 HOSTNAME_GW ?= nftgate
+GOKRAZY_TLS_DIR ?= $(BUILD)/gokrazy-tls/$(HOSTNAME_GW)
+NFTGATE_PASSWORD_FILE ?= $(BUILD)/nftgate-password.txt
+NFTGATE_TLS_CERT ?=
+NFTGATE_TLS_KEY ?=
 IMAGE_NAME ?= nftgate
 UPDATE_HOST ?=
 KERNEL ?= stock
@@ -58,7 +69,9 @@ image-instance: $(GOK) $(IMAGE_KERNEL_DEPS)
 		-instance_dir $(INSTANCE_DIR) -hostname $(HOSTNAME_GW) -update_host "$(UPDATE_HOST)" \
 		-config "$(NFTGATE_CONFIG)" -kubeconfig "$(KUBECONFIG_FILE)" \
 		-manifests "$(MANIFESTS)" -network "$(NETWORK)" \
-		-password_file "$(GOKRAZY_PASSWORD_FILE)" -kernel_dir "$(IMAGE_KERNEL_DIR)"
+		-password_file "$(GOKRAZY_PASSWORD_FILE)" -kernel_dir "$(IMAGE_KERNEL_DIR)" \
+		-nftgate_password_file "$(NFTGATE_PASSWORD_FILE)" -gokrazy_tls_dir "$(GOKRAZY_TLS_DIR)" \
+		-tls_cert "$(NFTGATE_TLS_CERT)" -tls_key "$(NFTGATE_TLS_KEY)"
 	@for pkg in cmd/nftgate image/cmd/netconfig; do \
 		$(GOK) --parent_dir $(GOKRAZY_PARENT) -i $(IMAGE_NAME) add ./$$pkg >$(INSTANCE_DIR)/add.log 2>&1 \
 			|| { cat $(INSTANCE_DIR)/add.log; exit 1; }; \
@@ -80,12 +93,17 @@ image: image-instance
 	mv $(IMAGE).tmp $(IMAGE); \
 	end=$$(date +%s.%N); \
 	printf '%s: %s bytes apparent, %s on disk, built in %.1f s\n' $(IMAGE) \
-		$$(stat -c %s $(IMAGE)) $$(du -h $(IMAGE) | cut -f1) $$(awk "BEGIN{print $$end - $$start}")
+		$$(stat -c %s $(IMAGE)) $$(du -h $(IMAGE) | cut -f1) $$(awk "BEGIN{print $$end - $$start}"); \
+	cat $(INSTANCE_DIR)/access.txt
 
-# Build and install on a running appliance over HTTP (A/B root switch and
-# reboot); the same inputs as `make image` must be given again.
+# Build and install on a running appliance over HTTPS (A/B root switch and
+# reboot); the same inputs as `make image` must be given again. gok (this
+# version) does not hand the certificate of Update.UseTLS to its update
+# client, which then trusts only the system's CAs and the certificates in
+# SSL_CERT_DIR: so the box's certificate is added there, and the update
+# verifies the box as every other HTTPS connection.
 image-update: image-instance
-	$(GOK) --parent_dir $(GOKRAZY_PARENT) -i $(IMAGE_NAME) update
+	SSL_CERT_DIR=$(GOKRAZY_TLS_DIR) $(GOK) --parent_dir $(GOKRAZY_PARENT) -i $(IMAGE_NAME) update
 
 # QEMU for the VM test; installed only when missing.
 vmtest-deps:
@@ -96,9 +114,17 @@ vmtest-deps:
 # test wires to its namespaces, and its own password file.
 VMTEST_IMAGE := $(BUILD)/nftgate-vmtest.img
 VMTEST_PASSWORD_FILE := $(BUILD)/vmtest-password.txt
+VMTEST_NFTGATE_PASSWORD_FILE := $(BUILD)/vmtest-nftgate-password.txt
+VMTEST_GOKRAZY_TLS_DIR := $(BUILD)/vmtest-gokrazy-tls
+# The VM's address on the client side (vmtest/testdata/network.json): the
+# test reaches gokrazy there, and its certificate must name it.
+VMTEST_UPDATE_HOST := 10.123.1.1
+VMTEST_SECRETS := GOKRAZY_PASSWORD_FILE=$(VMTEST_PASSWORD_FILE) \
+	NFTGATE_PASSWORD_FILE=$(VMTEST_NFTGATE_PASSWORD_FILE) \
+	GOKRAZY_TLS_DIR=$(VMTEST_GOKRAZY_TLS_DIR) UPDATE_HOST=$(VMTEST_UPDATE_HOST)
 VMTEST_VARS := IMAGE_NAME=nftgate-vmtest \
 	NETWORK=$(CURDIR)/vmtest/testdata/network.json \
-	GOKRAZY_PASSWORD_FILE=$(VMTEST_PASSWORD_FILE) \
+	$(VMTEST_SECRETS) \
 	NFTGATE_CONFIG=$(CURDIR)/image/demo/config.toml \
 	MANIFESTS=$(CURDIR)/image/demo/manifests KUBECONFIG_FILE=
 vmtest-image:
@@ -107,7 +133,7 @@ vmtest-image:
 # Used by the VM test (run inside the namespace that reaches the VM) to
 # exercise gok update; UPDATE_HOST is the VM's address.
 vmtest-update:
-	$(MAKE) --no-print-directory image-update $(VMTEST_VARS) UPDATE_HOST=$(UPDATE_HOST)
+	$(MAKE) --no-print-directory image-update $(VMTEST_VARS)
 
 # The image of the API-backed VM test: nftgate serving a real kube-apiserver
 # that the test starts in its inside namespace. The kubeconfig (address,
@@ -117,7 +143,7 @@ vmtest-update:
 # everything else it needs, so this build is incremental.
 VMTEST_API_VARS := IMAGE_NAME=nftgate-vmtest-api \
 	NETWORK=$(CURDIR)/vmtest/testdata/network.json \
-	GOKRAZY_PASSWORD_FILE=$(VMTEST_PASSWORD_FILE) \
+	$(VMTEST_SECRETS) \
 	NFTGATE_CONFIG=$(VMTEST_CONFIG) KUBECONFIG_FILE=$(VMTEST_KUBECONFIG) \
 	MANIFESTS=$(CURDIR)/image/demo/manifests
 vmtest-api-check:
@@ -126,9 +152,11 @@ vmtest-api-check:
 vmtest-api-image: vmtest-api-check
 	$(MAKE) --no-print-directory image $(VMTEST_API_VARS)
 vmtest-api-update: vmtest-api-check
-	$(MAKE) --no-print-directory image-update $(VMTEST_API_VARS) UPDATE_HOST=$(UPDATE_HOST)
+	$(MAKE) --no-print-directory image-update $(VMTEST_API_VARS)
 
 # The API-backed test needs kube-apiserver and etcd (mk/kube.mk).
 vmtest: vmtest-deps vmtest-image kube-bin kube-deps
 	NFTGATE_VMTEST_IMAGE=$(VMTEST_IMAGE) NFTGATE_VMTEST_PASSWORD_FILE=$(VMTEST_PASSWORD_FILE) \
+		NFTGATE_VMTEST_NFTGATE_PASSWORD_FILE=$(VMTEST_NFTGATE_PASSWORD_FILE) \
+		NFTGATE_VMTEST_GOKRAZY_CERT=$(VMTEST_GOKRAZY_TLS_DIR)/cert.pem \
 		$(GO) test -race -count=1 -v -timeout 15m ./vmtest/

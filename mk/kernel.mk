@@ -38,7 +38,7 @@ kernel: kernel-deps
 VMTEST_VLAN_IMAGE := $(BUILD)/nftgate-vmtest-vlan.img
 VMTEST_VLAN_VARS := IMAGE_NAME=nftgate-vmtest-vlan KERNEL=custom \
 	NETWORK=$(CURDIR)/vmtest/testdata/network-vlan.json \
-	GOKRAZY_PASSWORD_FILE=$(VMTEST_PASSWORD_FILE) \
+	$(VMTEST_SECRETS) \
 	NFTGATE_CONFIG=$(CURDIR)/image/demo/config.toml \
 	MANIFESTS=$(CURDIR)/image/demo/manifests KUBECONFIG_FILE=
 vmtest-vlan-image: kernel
@@ -49,4 +49,6 @@ vmtest-vlan-image: kernel
 # it fails when NFTGATE_VMTEST_VLAN_IMAGE does not name the image.
 vmtest-vlan: vmtest-deps vmtest-vlan-image
 	NFTGATE_VMTEST_VLAN_IMAGE=$(VMTEST_VLAN_IMAGE) NFTGATE_VMTEST_PASSWORD_FILE=$(VMTEST_PASSWORD_FILE) \
+		NFTGATE_VMTEST_NFTGATE_PASSWORD_FILE=$(VMTEST_NFTGATE_PASSWORD_FILE) \
+		NFTGATE_VMTEST_GOKRAZY_CERT=$(VMTEST_GOKRAZY_TLS_DIR)/cert.pem \
 		$(GO) test -tags customkernel -race -count=1 -v -timeout 15m -run 'TestApplianceVLAN' ./vmtest/

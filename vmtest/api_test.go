@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -131,22 +132,14 @@ cluster_cidrs = ["10.123.2.0/24"]
 	nodePort := svc.Spec.Ports[0].NodePort
 	t.Logf("Service default/web: ClusterIP %s, NodePort %d, LoadBalancer IP %s", clusterIP, nodePort, lbIP)
 
-	passwordFile := os.Getenv("NFTGATE_VMTEST_PASSWORD_FILE")
-	if passwordFile == "" {
-		passwordFile = filepath.Join(root, "build", "vmtest-password.txt")
-	}
-	makeVars := []string{"VMTEST_KUBECONFIG=" + kubeconfig, "VMTEST_CONFIG=" + config, "VMTEST_PASSWORD_FILE=" + passwordFile}
+	makeVars := []string{"VMTEST_KUBECONFIG=" + kubeconfig, "VMTEST_CONFIG=" + config}
 	start := time.Now()
 	build := exec.CommandContext(ctx, "make", append([]string{"-C", root, "--no-print-directory", "vmtest-api-image"}, makeVars...)...)
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("make vmtest-api-image: %v\n%s", err, out)
 	}
 	t.Logf("API image built in %.1f s", time.Since(start).Seconds())
-	pw, err := os.ReadFile(passwordFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	password := strings.TrimSpace(string(pw))
+	acc := loadAccess(t, root)
 
 	// The client reaches the Service range and the LoadBalancer IP only
 	// through the VM; it has no other route off its link.
@@ -174,27 +167,26 @@ cluster_cidrs = ["10.123.2.0/24"]
 	bootToServed := time.Since(vm.Started)
 	t.Logf("first connection served through the VM %.1f s after QEMU started (by %s)", bootToServed.Seconds(), first)
 
-	http5 := client.HTTPClient(5 * time.Second)
-	statusURL := "http://" + net.JoinHostPort(vmClientAddr, statusPort)
-	if _, err := vm.WaitHTTP(ctx, http5, statusURL+"/readyz", "", "", statusOK); err != nil {
+	statusAddr := net.JoinHostPort(vmClientAddr, statusPort)
+	statusURL := "https://" + statusAddr
+	pinned, _ := pinStatusCertificate(ctx, t, vm, client, statusAddr)
+	if _, err := vm.WaitHTTP(ctx, pinned, statusURL+"/readyz", "", "", statusOK); err != nil {
 		t.Fatalf("nftgate /readyz: %v", err)
 	}
-	st := status(ctx, t, vm, client, statusURL)
+	checkStatusAccess(ctx, t, vm, client, pinned, acc, statusAddr)
+	st := status(ctx, t, vm, pinned, acc, statusURL)
 	if !st.Identity.APIConnected || !st.Sync.FirstSyncDone || !strings.HasPrefix(st.Identity.Source, "kubernetes:https://"+apiAddr+":") {
 		t.Errorf("status: apiConnected %v, firstSyncDone %v, source %q; want a synced Kubernetes source",
 			st.Identity.APIConnected, st.Sync.FirstSyncDone, st.Identity.Source)
 	}
-	page, err := vm.WaitHTTP(ctx, http5, statusURL+"/", "", "", statusOK)
+	page, err := vm.WaitHTTP(ctx, pinned, statusURL+"/", "admin", acc.nftgatePassword, statusOK)
 	if err != nil {
 		t.Fatalf("status page: %v", err)
 	}
 	if !strings.Contains(page, "nftgate") {
 		t.Errorf("status page does not say nftgate: %.300s", page)
 	}
-	gk, err := vm.WaitHTTP(ctx, http5, "http://"+vmClientAddr+"/", "gokrazy", password, statusOK)
-	if err != nil {
-		t.Fatalf("gokrazy web interface: %v", err)
-	}
+	gk := checkGokrazyAccess(ctx, t, vm, client, acc, vmClientAddr)
 	if !strings.Contains(gk, "/user/nftgate") {
 		t.Errorf("gokrazy does not list nftgate")
 	}
@@ -233,7 +225,9 @@ cluster_cidrs = ["10.123.2.0/24"]
 	}
 	waitServed(ctx, t, vm, client, clusterAddr, firstBackends...)
 	t.Logf("gok update: built and pushed in %.1f s, serving again %.1f s after it started", pushed.Seconds(), time.Since(start).Seconds())
-	st2 := status(ctx, t, vm, client, statusURL)
+	// The pinned certificate still holds: it is kept on /perm, which the
+	// update leaves alone.
+	st2 := status(ctx, t, vm, pinned, acc, statusURL)
 	if !st2.Identity.StartTime.After(st.Identity.StartTime) || !st2.Identity.APIConnected {
 		t.Errorf("after the update: nftgate started %v (before: %v), apiConnected %v; want a new, connected process",
 			st2.Identity.StartTime, st.Identity.StartTime, st2.Identity.APIConnected)
@@ -387,10 +381,10 @@ type statusJSON struct {
 	} `json:"sync"`
 }
 
-func status(ctx context.Context, t *testing.T, vm *VM, ns *Netns, base string) statusJSON {
+func status(ctx context.Context, t *testing.T, vm *VM, client *http.Client, a access, base string) statusJSON {
 	t.Helper()
 	var st statusJSON
-	_, err := vm.WaitHTTP(ctx, ns.HTTPClient(5*time.Second), base+"/api/v1/status", "", "", func(code int, body string) error {
+	_, err := vm.WaitHTTP(ctx, client, base+"/api/v1/status", "admin", a.nftgatePassword, func(code int, body string) error {
 		if code != 200 {
 			return fmt.Errorf("status %d", code)
 		}

@@ -11,9 +11,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -52,11 +54,11 @@ func TestApplianceVLAN(t *testing.T) {
 	if image == "" {
 		t.Fatal("NFTGATE_VMTEST_VLAN_IMAGE is not set: run make vmtest-vlan, which builds the kernel and the image")
 	}
-	pw, err := os.ReadFile(os.Getenv("NFTGATE_VMTEST_PASSWORD_FILE"))
+	root, err := filepath.Abs("..")
 	if err != nil {
-		t.Fatalf("gokrazy password (NFTGATE_VMTEST_PASSWORD_FILE): %v", err)
+		t.Fatal(err)
 	}
-	password := strings.TrimSpace(string(pw))
+	acc := loadAccess(t, root)
 
 	client := newNetns(t, "client")
 	trunk := newNetns(t, "trunk")
@@ -100,9 +102,7 @@ func TestApplianceVLAN(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
-	if _, err := vm.WaitHTTP(ctx, client.HTTPClient(5*time.Second), "http://"+vmClientAddr+"/", "gokrazy", password, statusOK); err != nil {
-		t.Fatal(err)
-	}
+	checkGokrazyAccess(ctx, t, vm, client, acc, vmClientAddr)
 	t.Logf("gokrazy web interface answered %.1f s after QEMU started", time.Since(vm.Started).Seconds())
 
 	// The console also carries gokrazy's log lines; the release is the
@@ -146,7 +146,9 @@ func TestApplianceVLAN(t *testing.T) {
 
 	// nftgate's status API on the VLAN address, from the namespace whose
 	// only way to the VM is the tagged trunk.
-	if _, err := vm.WaitHTTP(ctx, vlanClient.HTTPClient(5*time.Second), "http://"+vmVLANAddr+":9180/api/v1/status", "", "", func(code int, body string) error {
+	vlanStatus := net.JoinHostPort(vmVLANAddr, "9180")
+	pinned, _ := pinStatusCertificate(ctx, t, vm, vlanClient, vlanStatus)
+	if _, err := vm.WaitHTTP(ctx, pinned, "https://"+vlanStatus+"/api/v1/status", "admin", acc.nftgatePassword, func(code int, body string) error {
 		var st statusJSON
 		if code != http.StatusOK {
 			return fmt.Errorf("status %d", code)

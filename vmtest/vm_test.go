@@ -25,18 +25,17 @@ const (
 	clusterIP     = "10.123.2.2"
 )
 
-// testImage returns the image and its web interface password. `make vmtest`
-// builds them and passes their paths in the environment; a plain `go test`
-// builds them through the same make target.
-func testImage(t *testing.T) (image, password string) {
+// testImage returns the image and what its build made for the operator.
+// `make vmtest` builds them and passes their paths in the environment; a
+// plain `go test` builds them through the same make target.
+func testImage(t *testing.T) (image string, a access) {
 	t.Helper()
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
 	image = os.Getenv("NFTGATE_VMTEST_IMAGE")
-	pwFile := os.Getenv("NFTGATE_VMTEST_PASSWORD_FILE")
 	if image == "" {
-		root, err := filepath.Abs("..")
-		if err != nil {
-			t.Fatal(err)
-		}
 		if _, err := os.Stat(filepath.Join(root, "mk", "image.mk")); err != nil {
 			t.Fatalf("repository root not found above the vmtest package: %v", err)
 		}
@@ -47,13 +46,8 @@ func testImage(t *testing.T) (image, password string) {
 		}
 		t.Logf("make vmtest-image:\n%s", out)
 		image = filepath.Join(root, "build", "nftgate-vmtest.img")
-		pwFile = filepath.Join(root, "build", "vmtest-password.txt")
 	}
-	pw, err := os.ReadFile(pwFile)
-	if err != nil {
-		t.Fatalf("gokrazy password (NFTGATE_VMTEST_PASSWORD_FILE): %v", err)
-	}
-	return image, strings.TrimSpace(string(pw))
+	return image, loadAccess(t, root)
 }
 
 func newNetns(t *testing.T, role string) *Netns {
@@ -161,7 +155,7 @@ func TestAppliance(t *testing.T) {
 	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
 		t.Fatalf("qemu-system-x86_64 not installed (make vmtest-deps installs it): %v", err)
 	}
-	image, password := testImage(t)
+	image, acc := testImage(t)
 	client := newNetns(t, "client")
 	cluster := newNetns(t, "cluster")
 	vm := bootVM(t, image, client, cluster)
@@ -170,27 +164,15 @@ func TestAppliance(t *testing.T) {
 	defer cancel()
 
 	// gokrazy's web interface lists the supervised programs: the image
-	// must contain nftgate and the network setup program.
-	status, err := vm.WaitHTTP(ctx, client.HTTPClient(5*time.Second), "http://"+vmClientAddr+"/", "gokrazy", password, statusOK)
-	if err != nil {
-		t.Fatal(err)
-	}
+	// must contain nftgate and the network setup program. It answers
+	// over HTTPS with the build's certificate, and only with the password
+	// the build generated.
+	status := checkGokrazyAccess(ctx, t, vm, client, acc, vmClientAddr)
 	t.Logf("gokrazy web interface answered %.1f s after QEMU started", time.Since(vm.Started).Seconds())
 	for _, want := range []string{"/user/nftgate", "/user/netconfig"} {
 		if !strings.Contains(status, want) {
 			t.Errorf("gokrazy status page does not list %s", want)
 		}
-	}
-
-	// Without the password gokrazy refuses: the image's password is the
-	// one the build generated, not a default.
-	resp, err := client.HTTPClient(5 * time.Second).Get("http://" + vmClientAddr + "/")
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusUnauthorized {
-		t.Errorf("without password: status %d, want 401", resp.StatusCode)
 	}
 
 	// A server in the cluster namespace, reached from the client namespace
@@ -207,8 +189,12 @@ func TestAppliance(t *testing.T) {
 	t.Cleanup(func() { srv.Close() })
 	checkForwarding(ctx, t, vm, client)
 
-	// nftgate runs on the manifests baked into the image and is ready.
-	if _, err := vm.WaitHTTP(ctx, client.HTTPClient(5*time.Second), "http://"+vmClientAddr+":9180/api/v1/status", "", "", func(code int, body string) error {
+	// nftgate runs on the manifests baked into the image and is ready,
+	// over HTTPS with a certificate it made, behind the build's password.
+	statusAddr := net.JoinHostPort(vmClientAddr, "9180")
+	pinned, _ := pinStatusCertificate(ctx, t, vm, client, statusAddr)
+	checkStatusAccess(ctx, t, vm, client, pinned, acc, statusAddr)
+	if _, err := vm.WaitHTTP(ctx, pinned, "https://"+statusAddr+"/api/v1/status", "admin", acc.nftgatePassword, func(code int, body string) error {
 		var st statusJSON
 		if code != http.StatusOK {
 			return fmt.Errorf("status %d", code)

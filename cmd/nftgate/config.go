@@ -46,6 +46,10 @@ type Config struct {
 	AuthUser          string   `toml:"auth_user"`
 	AuthPasswordFile  string   `toml:"auth_password_file"`
 	Pprof             bool     `toml:"pprof"`
+	HTTPAllowedHosts  []string `toml:"http_allowed_hosts"`
+	TLSCertFile       string   `toml:"tls_cert_file"`
+	TLSKeyFile        string   `toml:"tls_key_file"`
+	TLSSelfSignedDir  string   `toml:"tls_self_signed_dir"`
 	MemoryLimit       ByteSize `toml:"memory_limit"`
 	// ManifestMaxFileSize is the largest manifest file read.
 	ManifestMaxFileSize ByteSize `toml:"manifest_max_file_size"`
@@ -220,6 +224,7 @@ func loadConfig(name string, args []string) (*Config, *flag.FlagSet, error) {
 	fs.StringVar(&cfg.LogFormat, "log-format", cfg.LogFormat, "text or json")
 	fs.Var(&cfg.MinSyncInterval, "min-sync-interval", "least `time` between two syncs; changes meanwhile are coalesced")
 	fs.BoolVar(&cfg.Pprof, "pprof", cfg.Pprof, "serve Go's profiler under /debug/pprof/ on the listen address")
+	fs.Var(&listFlag{dst: &cfg.HTTPAllowedHosts}, "http-allowed-host", "host `name` the status server answers to without auth, besides IP addresses and localhost (repeatable)")
 	fs.Var(&cfg.MemoryLimit, "memory-limit", "soft limit of the Go runtime's memory (`size` like 128MiB; 0 for none)")
 	fs.Var(&cfg.ManifestMaxFileSize, "manifest-max-file-size", "largest manifest file read (`size` like 32MiB); a larger one is refused, its previous content kept")
 	fs.Var(&cfg.ReconcileInterval, "reconcile-interval", "how often the kernel is read back and drift repaired (`duration`, 0 disables)")
@@ -361,10 +366,38 @@ func (c *Config) validate() error {
 	if len(c.AuthUser) > maxAuthUserLength || strings.ContainsFunc(c.AuthUser, func(r rune) bool { return r == ':' || unicode.IsControl(r) }) {
 		bad("auth_user", "%q is not a user name: at most %d bytes, no ':' or control characters", c.AuthUser, maxAuthUserLength)
 	}
+	if c.Pprof && c.AuthUser == "" && c.Listen != "" && !loopbackListen(c.Listen) {
+		bad("pprof", "the profiler would be open to anyone on listen %q, which is not a loopback address: set auth_user and auth_password_file, or listen on 127.0.0.1 or [::1]", c.Listen)
+	}
+	for i, h := range c.HTTPAllowedHosts {
+		if h == "" || len(h) > 253 || strings.ContainsAny(h, " \t\r\n/:[]@") {
+			bad(fmt.Sprintf("http_allowed_hosts[%d]", i), "%q is not a host name", h)
+		}
+	}
+	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
+		bad("tls_cert_file", "tls_cert_file and tls_key_file go together")
+	}
+	if c.TLSSelfSignedDir != "" && c.TLSCertFile != "" {
+		bad("tls_self_signed_dir", "%q and tls_cert_file %q are both given; choose one certificate", c.TLSSelfSignedDir, c.TLSCertFile)
+	}
 	if c.Kubeconfig != "" && c.Manifests != "" {
 		bad("manifests", "both a kubeconfig (%s) and a manifests directory (%s) are given; choose one source", c.Kubeconfig, c.Manifests)
 	}
 	return errors.Join(errs...)
+}
+
+// loopbackListen reports whether the listen address host:port is bound to
+// loopback only.
+func loopbackListen(listen string) bool {
+	host, _, err := net.SplitHostPort(listen)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	a, err := netip.ParseAddr(host)
+	return err == nil && a.IsLoopback()
 }
 
 // flagError is a command line the flag package already reported, with usage.

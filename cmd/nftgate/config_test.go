@@ -42,6 +42,9 @@ func TestDocumentedConfigIsTheDefault(t *testing.T) {
 	if len(cfg.ClusterCIDRs) == 0 && len(cfg.NodePortAddresses) == 0 && len(cfg.ExternalIPCIDRs) == 0 {
 		cfg.ClusterCIDRs, cfg.NodePortAddresses, cfg.ExternalIPCIDRs = nil, nil, nil
 	}
+	if len(cfg.HTTPAllowedHosts) == 0 {
+		cfg.HTTPAllowedHosts = nil
+	}
 	if !reflect.DeepEqual(cfg, &want) {
 		t.Errorf("config.toml differs from the defaults:\n got %+v\nwant %+v", *cfg, want)
 	}
@@ -122,6 +125,13 @@ func TestBadConfigNamesTheField(t *testing.T) {
 		{file: "manifest_max_file_size = \"1KiB\"\n", want: []string{"manifest_max_file_size", "1KiB"}},
 		{args: []string{"--manifest-max-file-size", "2GiB"}, want: []string{"manifest_max_file_size", "2GiB"}},
 		{args: []string{"--manifest-max-file-size", "huge"}, want: []string{"manifest-max-file-size", "huge"}},
+		{args: []string{"--pprof", "--listen", ":9180"}, want: []string{"pprof", "listen", ":9180", "auth_user"}},
+		{args: []string{"--pprof", "--listen", "0.0.0.0:9180"}, want: []string{"pprof", "listen", "0.0.0.0:9180"}},
+		{args: []string{"--pprof", "--listen", "10.0.0.1:9180"}, want: []string{"pprof", "listen", "10.0.0.1:9180"}},
+		{file: "http_allowed_hosts = [\"ok.example\", \"a b\"]\n", want: []string{"http_allowed_hosts[1]", "a b"}},
+		{args: []string{"--http-allowed-host", "evil/x"}, want: []string{"http_allowed_hosts[0]", "evil/x"}},
+		{file: "tls_cert_file = \"c.pem\"\n", want: []string{"tls_cert_file", "tls_key_file"}},
+		{file: "tls_cert_file = \"c.pem\"\ntls_key_file = \"k.pem\"\ntls_self_signed_dir = \"/perm/tls\"\n", want: []string{"tls_self_signed_dir", "/perm/tls", "c.pem"}},
 	} {
 		args := append([]string{"--node-name", "n"}, tc.args...)
 		if tc.file != "" {
@@ -164,6 +174,23 @@ func TestExternalIPCIDRs(t *testing.T) {
 	}
 	if got := fmt.Sprint(cfg.exposure(nil).ExternalIPCIDRs); got != "[198.51.100.0/24 192.0.2.0/25 192.0.2.128/25]" {
 		t.Errorf("external_ip_cidrs from flags: %s", got)
+	}
+}
+
+// pprof without auth is accepted on loopback only.
+func TestPprofWithoutAuthOnLoopback(t *testing.T) {
+	for _, listen := range []string{"127.0.0.1:9180", "[::1]:9180", "localhost:9180", "127.0.0.2:1"} {
+		if _, _, err := loadConfig("nftgate", []string{"--node-name", "n", "--pprof", "--listen", listen}); err != nil {
+			t.Errorf("pprof on %s: %v", listen, err)
+		}
+	}
+	pw := filepath.Join(t.TempDir(), "pw")
+	if err := os.WriteFile(pw, []byte("x\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := writeConfig(t, "auth_user = \"admin\"\nauth_password_file = \""+pw+"\"\n")
+	if _, _, err := loadConfig("nftgate", []string{"--node-name", "n", "--config", p, "--pprof", "--listen", ":9180"}); err != nil {
+		t.Errorf("pprof with auth on :9180: %v", err)
 	}
 }
 

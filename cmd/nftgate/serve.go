@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -9,12 +10,12 @@ import (
 	"math"
 	"net"
 	"net/http"
-	"net/http/pprof"
 	"net/netip"
 	"os"
 	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -22,6 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nftgate/nftgate/appliance"
+	"github.com/nftgate/nftgate/appliance/httpserver"
 	"github.com/nftgate/nftgate/appliance/notify"
 	"github.com/nftgate/nftgate/conntrack"
 	"github.com/nftgate/nftgate/healthcheck"
@@ -117,10 +119,17 @@ func serve(ctx context.Context, cfg *Config) error {
 	// error, reported before anything changes.
 	var ln net.Listener
 	if cfg.Listen != "" {
+		tlsConfig, err := cfg.tlsConfig(log)
+		if err != nil {
+			return err
+		}
 		if ln, err = net.Listen("tcp", cfg.Listen); err != nil {
 			return fmt.Errorf("listen: %w", err)
 		}
 		defer ln.Close()
+		if tlsConfig != nil {
+			ln = tls.NewListener(ln, tlsConfig)
+		}
 	}
 	if ks, ok := src.(*gsync.KubeSource); ok && cfg.Zone == "" {
 		zctx, zcancel := context.WithTimeout(ctx, 5*time.Second)
@@ -272,12 +281,9 @@ func serve(ctx context.Context, cfg *Config) error {
 	})
 	var srv *http.Server
 	if ln != nil {
-		var handler http.Handler = appliance.NewServer(appliance.Options{Source: status, Metrics: metrics,
-			MaxSyncAge: time.Duration(cfg.HealthzMaxAge), Auth: auth, Logger: log})
-		if cfg.Pprof {
-			handler = withPprof(handler, auth)
-		}
-		srv = &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
+		srv = httpserver.New(appliance.NewServer(appliance.Options{Source: status, Metrics: metrics,
+			MaxSyncAge: time.Duration(cfg.HealthzMaxAge), Auth: auth, Logger: log,
+			AllowedHosts: cfg.allowedHosts(), Pprof: cfg.Pprof}), httpserver.Default)
 		go func() {
 			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				errc <- fmt.Errorf("http: %w", err)
@@ -496,28 +502,53 @@ func render(ctx context.Context, cfg *Config, w io.Writer) error {
 	return ctx.Err()
 }
 
-// withPprof adds Go's profiler under /debug/pprof/, behind the status page's
-// authentication when it has one.
-func withPprof(next http.Handler, auth *appliance.BasicAuth) http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !strings.HasPrefix(r.URL.Path, "/debug/pprof/") {
-			next.ServeHTTP(w, r)
-			return
+// allowedHosts are the host names the status server answers to without
+// authentication: http_allowed_hosts and the listen address's host.
+func (c *Config) allowedHosts() []string {
+	hosts := slices.Clone(c.HTTPAllowedHosts)
+	if host, _, err := net.SplitHostPort(c.Listen); err == nil && host != "" {
+		hosts = append(hosts, host)
+	}
+	return hosts
+}
+
+// tlsConfig loads the status server's certificate: tls_cert_file and
+// tls_key_file, or the one kept in tls_self_signed_dir (made on first
+// start). Nil means plain HTTP.
+func (c *Config) tlsConfig(log *slog.Logger) (*tls.Config, error) {
+	switch {
+	case c.TLSCertFile != "":
+		cert, err := tls.LoadX509KeyPair(c.TLSCertFile, c.TLSKeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("tls_cert_file %q, tls_key_file %q: %w", c.TLSCertFile, c.TLSKeyFile, err)
 		}
-		if auth != nil {
-			user, pass, ok := r.BasicAuth()
-			if !ok || !auth.Check(user, pass) {
-				w.Header().Set("WWW-Authenticate", `Basic realm="nftgate"`)
-				http.Error(w, "unauthorized", http.StatusUnauthorized)
-				return
-			}
+		return appliance.TLSConfig(cert), nil
+	case c.TLSSelfSignedDir != "":
+		cert, created, err := appliance.SelfSignedCertificate(c.TLSSelfSignedDir, c.certificateNames(), time.Now())
+		if err != nil {
+			return nil, fmt.Errorf("tls_self_signed_dir: %w", err)
 		}
-		mux.ServeHTTP(w, r)
-	})
+		if created {
+			log.Info("self-signed certificate created for the status server", "dir", c.TLSSelfSignedDir,
+				"sha256", appliance.CertificateSHA256(cert))
+		}
+		return appliance.TLSConfig(cert), nil
+	}
+	return nil, nil
+}
+
+// certificateNames are the names a self-signed certificate is made for:
+// the host and node names, localhost, loopback and the listen address.
+func (c *Config) certificateNames() []string {
+	names := []string{c.NodeName}
+	if h, err := os.Hostname(); err == nil {
+		names = append(names, h)
+	}
+	names = append(names, "localhost", "127.0.0.1", "::1")
+	if host, _, err := net.SplitHostPort(c.Listen); err == nil {
+		if a, err := netip.ParseAddr(host); err == nil && !a.IsUnspecified() {
+			names = append(names, a.String())
+		}
+	}
+	return names
 }

@@ -1,13 +1,23 @@
 // Command mkinstance renders the gokrazy instance of the nftgate appliance
 // from image/config.json.tmpl. The files that differ per installation (the
-// nftgate config, kubeconfig, manifests, network settings and the web
-// interface password) are referenced from where the user keeps them and
-// never committed to the repository.
+// nftgate config, kubeconfig, manifests, network settings, passwords and
+// certificates) are referenced from where the user keeps them, or made once
+// into the build directory, and never committed to the repository.
+//
+// The appliance is safe by default: nftgate's config.toml gets, for each
+// of the keys below that it does not set, the appliance's value: listen on
+// every address, basic authentication with a password made at build time
+// (its bcrypt hash goes onto the image), and HTTPS with a certificate given
+// at build time or made on the first boot and kept on /perm. gokrazy's web
+// interface and update endpoint serve HTTPS with a certificate made at
+// build time for the host name and the update address, which `gok update`
+// trusts.
 package main
 
 import (
 	"bytes"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -38,6 +48,15 @@ type params struct {
 	// KernelPackage is the Go package gok takes vmlinuz and cmdline.txt
 	// from: the stock gokrazy kernel, or the module of -kernel_dir.
 	KernelPackage string
+	// GokrazyTLS is gokrazy's Update.UseTLS: "cert.pem,key.pem".
+	GokrazyTLS string
+	// NftgatePasswordHash is the file installed as the bcrypt hash of
+	// nftgate's status page password; NftgateCert and NftgateKey the
+	// certificate given at build time (empty: none).
+	NftgatePasswordHash     string
+	NftgateCert, NftgateKey string
+	// OnBox are the paths those files are installed at.
+	OnBox struct{ PasswordHash, Cert, Key string }
 }
 
 // stockKernel is the kernel package pinned in image/builddir.
@@ -55,6 +74,12 @@ type options struct {
 	network      string
 	passwordFile string
 	kernelDir    string
+	// nftgatePasswordFile holds the status page password (made when
+	// missing); gokrazyTLSDir gokrazy's certificate (made when missing);
+	// tlsCert and tlsKey nftgate's certificate given at build time.
+	nftgatePasswordFile string
+	gokrazyTLSDir       string
+	tlsCert, tlsKey     string
 }
 
 func main() {
@@ -70,6 +95,10 @@ func main() {
 	flag.StringVar(&o.network, "network", "dhcp", `"dhcp" (DHCP on eth0) or a network.json file`)
 	flag.StringVar(&o.passwordFile, "password_file", "", "file holding the gokrazy web interface password; created with a random password when missing")
 	flag.StringVar(&o.kernelDir, "kernel_dir", "", "local gokrazy kernel package (make kernel: build/kernel/pkg) used instead of the stock kernel; empty: stock")
+	flag.StringVar(&o.nftgatePasswordFile, "nftgate_password_file", "", "file holding the password of nftgate's status page (user "+applianceUser+"); created with a random password when missing")
+	flag.StringVar(&o.gokrazyTLSDir, "gokrazy_tls_dir", "", "directory keeping the certificate of gokrazy's web interface and update endpoint (cert.pem, key.pem); made when missing")
+	flag.StringVar(&o.tlsCert, "tls_cert", "", "certificate (PEM) of nftgate's status page; empty: one made on the box's first boot and kept on /perm")
+	flag.StringVar(&o.tlsKey, "tls_key", "", "key (PEM) of -tls_cert")
 	flag.Parse()
 	if err := run(o); err != nil {
 		log.Fatal(err)
@@ -85,10 +114,32 @@ func run(o options) error {
 	if o.passwordFile == "" {
 		return errors.New("password_file: must be set")
 	}
+	if o.nftgatePasswordFile == "" {
+		return errors.New("nftgate_password_file: must be set")
+	}
+	if o.gokrazyTLSDir == "" {
+		return errors.New("gokrazy_tls_dir: must be set")
+	}
+	if (o.tlsCert == "") != (o.tlsKey == "") {
+		return errors.New("tls_cert: tls_cert and tls_key go together")
+	}
 	p := params{Hostname: o.hostname, UpdateHost: o.updateHost}
+	p.OnBox.PasswordHash, p.OnBox.Cert, p.OnBox.Key = appliancePasswordHash, applianceCert, applianceKey
 	var err error
-	if p.ConfigFile, err = absFile("config", o.config, false); err != nil {
+	userConfig, err := absFile("config", o.config, false)
+	if err != nil {
 		return err
+	}
+	if o.tlsCert != "" {
+		if p.NftgateCert, err = absFile("tls_cert", o.tlsCert, false); err != nil {
+			return err
+		}
+		if p.NftgateKey, err = absFile("tls_key", o.tlsKey, false); err != nil {
+			return err
+		}
+		if _, err := tls.LoadX509KeyPair(p.NftgateCert, p.NftgateKey); err != nil {
+			return fmt.Errorf("tls_cert %q, tls_key %q: %w", o.tlsCert, o.tlsKey, err)
+		}
 	}
 	if o.kubeconfig != "" {
 		if p.KubeconfigFile, err = absFile("kubeconfig", o.kubeconfig, false); err != nil {
@@ -128,6 +179,27 @@ func run(o options) error {
 	if p.HTTPPassword, err = readOrCreateSecret(o.passwordFile, 10); err != nil {
 		return fmt.Errorf("password_file: %w", err)
 	}
+	nftgatePassword, err := readOrCreateSecret(o.nftgatePasswordFile, 10)
+	if err != nil {
+		return fmt.Errorf("nftgate_password_file: %w", err)
+	}
+	p.NftgatePasswordHash = filepath.Join(instanceDir, "nftgate-password.bcrypt")
+	if err := writeBcrypt(p.NftgatePasswordHash, nftgatePassword); err != nil {
+		return fmt.Errorf("nftgate_password_file: %w", err)
+	}
+	nc, err := applianceConfig(userConfig, p.NftgateCert != "")
+	if err != nil {
+		return err
+	}
+	p.ConfigFile = filepath.Join(instanceDir, "nftgate-config.toml")
+	if err := writeIfChanged(p.ConfigFile, nc.text, 0o644); err != nil {
+		return err
+	}
+	gokrazyCert, err := gokrazyCertificate(o.gokrazyTLSDir, o.hostname, o.updateHost)
+	if err != nil {
+		return fmt.Errorf("gokrazy_tls_dir: %w", err)
+	}
+	p.GokrazyTLS = gokrazyCert.certPath + "," + gokrazyCert.keyPath
 	// One machine ID per instance directory, kept across rebuilds so that
 	// an update does not turn the box into a different machine.
 	if p.MachineID, err = readOrCreateSecret(filepath.Join(instanceDir, "machine-id"), 16); err != nil {
@@ -163,7 +235,15 @@ func run(o options) error {
 	if err := json.Unmarshal(buf.Bytes(), &check); err != nil {
 		return fmt.Errorf("%s rendered invalid JSON: %w\n%s", o.templatePath, err, buf.String())
 	}
-	return writeIfChanged(filepath.Join(instanceDir, "config.json"), buf.Bytes(), 0o600)
+	if err := writeIfChanged(filepath.Join(instanceDir, "config.json"), buf.Bytes(), 0o600); err != nil {
+		return err
+	}
+	host := o.hostname
+	if o.updateHost != "" {
+		host = o.updateHost
+	}
+	return writeIfChanged(filepath.Join(instanceDir, "access.txt"), []byte(accessSummary(host, p.HTTPPassword, o.passwordFile,
+		gokrazyCert, nftgatePassword, o.nftgatePasswordFile, nc)), 0o600)
 }
 
 // localKernel points the instance at the kernel package in dir: gok finds

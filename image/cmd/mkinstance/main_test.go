@@ -12,7 +12,7 @@ import (
 // instanceConfig is the part of gokrazy's config.json this test inspects.
 type instanceConfig struct {
 	Hostname      string
-	Update        struct{ Hostname, HTTPPassword string }
+	Update        struct{ Hostname, HTTPPassword, UseTLS, HTTPPort, HTTPSPort string }
 	Packages      []string
 	PackageConfig map[string]struct {
 		CommandLineFlags  []string
@@ -58,14 +58,16 @@ func baseOptions(t *testing.T) options {
 	manifests := filepath.Join(dir, "manifests")
 	writeFile(t, filepath.Join(manifests, "svc.yaml"), "kind: Service\n")
 	return options{
-		templatePath: "../../config.json.tmpl",
-		builddirSrc:  "../../builddir",
-		instanceDir:  filepath.Join(dir, "instance"),
-		hostname:     "gw1",
-		config:       writeFile(t, filepath.Join(dir, "config.toml"), "# demo\n"),
-		manifests:    manifests,
-		network:      "dhcp",
-		passwordFile: filepath.Join(dir, "secret", "pw.txt"),
+		templatePath:        "../../config.json.tmpl",
+		builddirSrc:         "../../builddir",
+		instanceDir:         filepath.Join(dir, "instance"),
+		hostname:            "gw1",
+		config:              writeFile(t, filepath.Join(dir, "config.toml"), "# demo\n"),
+		manifests:           manifests,
+		network:             "dhcp",
+		passwordFile:        filepath.Join(dir, "secret", "pw.txt"),
+		nftgatePasswordFile: filepath.Join(dir, "secret", "nftgate-pw.txt"),
+		gokrazyTLSDir:       filepath.Join(dir, "secret", "gokrazy-tls"),
 	}
 }
 
@@ -93,13 +95,12 @@ func TestRenderDemoInstance(t *testing.T) {
 	}
 
 	nftgate := c.PackageConfig["github.com/nftgate/nftgate/cmd/nftgate"]
-	if got := strings.Join(nftgate.CommandLineFlags, " "); got != "--config /etc/nftgate/config.toml --listen :9180" {
+	// The listen address comes from the config, never from a flag.
+	if got := strings.Join(nftgate.CommandLineFlags, " "); got != "--config /etc/nftgate/config.toml" {
 		t.Errorf("nftgate flags = %q", got)
 	}
-	absConfig, _ := filepath.Abs(o.config)
-	if nftgate.ExtraFilePaths["/etc/nftgate/config.toml"] != absConfig {
-		t.Errorf("config.toml source = %q, want %q", nftgate.ExtraFilePaths["/etc/nftgate/config.toml"], absConfig)
-	}
+	checkApplianceConfig(t, o, c, "# demo\n", map[string]any{"listen": ":9180", "auth_user": "admin",
+		"auth_password_file": "/etc/nftgate/http-password", "tls_self_signed_dir": "/perm/nftgate/tls"})
 	if _, ok := nftgate.ExtraFilePaths["/etc/nftgate/kubeconfig"]; ok {
 		t.Errorf("kubeconfig installed although none was given")
 	}
@@ -162,6 +163,9 @@ func TestBadInputsNameTheField(t *testing.T) {
 		want   string
 	}{
 		{"missing config", func(o *options) { o.config = "/nonexistent/config.toml" }, "config: stat /nonexistent/config.toml"},
+		{"config with a table", func(o *options) { writeFile(t, o.config, "[x]\ny = 1\n") }, "key x.y: nftgate's config has no tables"},
+		{"tls_cert without key", func(o *options) { o.tlsCert = o.config }, "tls_cert and tls_key go together"},
+		{"tls_cert not a certificate", func(o *options) { o.tlsCert, o.tlsKey = o.config, o.config }, "tls_cert"},
 		{"manifests not a dir", func(o *options) { o.manifests = o.config }, "manifests: "},
 		{"missing kubeconfig", func(o *options) { o.kubeconfig = "/nonexistent/kc" }, "kubeconfig: stat /nonexistent/kc"},
 		{"bad hostname", func(o *options) { o.hostname = "gw_1" }, `hostname: "gw_1" is not a valid host name`},
