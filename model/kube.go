@@ -75,7 +75,10 @@ func NewServiceObject(svc *corev1.Service) *ServiceObject {
 		o.Key.Namespace = "default"
 	}
 	o.proxyName, o.hasProxyName = svc.Labels[LabelServiceProxyName]
+	o.err = validateServiceNames(svc, o.Key.Namespace)
 	switch {
+	case o.err != nil:
+		// refused by name, whatever else it is
 	case svc.Spec.Type == corev1.ServiceTypeExternalName:
 		o.skip = "type ExternalName is resolved by DNS, not proxied"
 	case svc.Spec.ClusterIP == corev1.ClusterIPNone:
@@ -97,9 +100,6 @@ func (o *ServiceObject) Skip(opts Options) string {
 // serviceBase reads every field of a Service that the model holds, except
 // its endpoints.
 func serviceBase(svc *corev1.Service, key ServiceKey) (*Service, error) {
-	if svc.Name == "" {
-		return nil, fmt.Errorf("service in namespace %q: metadata.name is empty", svc.Namespace)
-	}
 	errf := func(format string, args ...any) error {
 		return fmt.Errorf("service %s: "+format, append([]any{key}, args...)...)
 	}
@@ -328,7 +328,10 @@ func NewSliceObject(sl *discoveryv1.EndpointSlice) *SliceObject {
 			o.Trigger = tt
 		}
 	}
-	o.err = o.read(sl)
+	o.err = validateSliceNames(sl)
+	if o.err == nil {
+		o.err = o.read(sl)
+	}
 	if o.err != nil {
 		o.ports, o.endpoints = nil, nil
 	}
