@@ -3,7 +3,9 @@ package nft
 import (
 	"fmt"
 	"io"
+	"slices"
 	"sort"
+	"strings"
 	"time"
 )
 
@@ -62,9 +64,15 @@ func WriteText(w io.Writer, table string, f Family, frags ...*Fragment) error {
 			ew.printf("\t\tflags dynamic,timeout\n\t\ttimeout %s\n", nftDuration(s.Timeout))
 		}
 		if es := elems[s.Name]; len(es) > 0 {
-			sort.Slice(es, func(i, j int) bool { return es[i].Key.String() < es[j].Key.String() })
-			ew.printf("\t\telements = {")
+			// In the order of their text, each key formatted once.
+			keyed := make([]keyedElement, len(es))
 			for i, e := range es {
+				keyed[i] = keyedElement{e.Key.String(), e}
+			}
+			slices.SortFunc(keyed, func(a, b keyedElement) int { return strings.Compare(a.text, b.text) })
+			ew.printf("\t\telements = {")
+			for i, ke := range keyed {
+				e := ke.Element
 				sep := ","
 				if i == len(es)-1 {
 					sep = " }"
@@ -114,6 +122,11 @@ func checkName(kind, name string) error {
 }
 
 func isLetter(c byte) bool { return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' }
+
+type keyedElement struct {
+	text string
+	Element
+}
 
 func setType(f Family, s *Set) string {
 	addr := "ipv4_addr"
