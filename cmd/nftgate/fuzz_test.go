@@ -1,15 +1,15 @@
 package main
 
 import (
-	"fmt"
-	"time"
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"reflect"
 	"testing"
+	"time"
 
 	"github.com/BurntSushi/toml"
 )
