@@ -75,7 +75,10 @@ func NewServiceObject(svc *corev1.Service) *ServiceObject {
 		o.Key.Namespace = "default"
 	}
 	o.proxyName, o.hasProxyName = svc.Labels[LabelServiceProxyName]
+	o.err = validateServiceNames(svc, o.Key.Namespace)
 	switch {
+	case o.err != nil:
+		// refused by name, whatever else it is
 	case svc.Spec.Type == corev1.ServiceTypeExternalName:
 		o.skip = "type ExternalName is resolved by DNS, not proxied"
 	case svc.Spec.ClusterIP == corev1.ClusterIPNone:
@@ -97,9 +100,6 @@ func (o *ServiceObject) Skip(opts Options) string {
 // serviceBase reads every field of a Service that the model holds, except
 // its endpoints.
 func serviceBase(svc *corev1.Service, key ServiceKey) (*Service, error) {
-	if svc.Name == "" {
-		return nil, fmt.Errorf("service in namespace %q: metadata.name is empty", svc.Namespace)
-	}
 	errf := func(format string, args ...any) error {
 		return fmt.Errorf("service %s: "+format, append([]any{key}, args...)...)
 	}
@@ -249,42 +249,104 @@ func Build(o *ServiceObject, sliceList []*SliceObject, opts Options) (*Service, 
 			return nil, fmt.Errorf("service %s: %v", o.Key, sl.err)
 		}
 	}
-	for i := range s.Ports {
-		sp := &s.Ports[i]
-		if sl := onlySlice(sp, ordered); sl != nil {
-			// Shared with the slice: neither is ever modified.
-			sp.Endpoints = sl.endpoints
-			continue
-		}
-		for _, sl := range ordered {
-			mergeSlice(sp, sl)
-		}
-		slices.SortFunc(sp.Endpoints, func(a, b Endpoint) int { return a.AddrPort().Compare(b.AddrPort()) })
-	}
-	return s, nil
-}
-
-// onlySlice returns the slice that alone serves the Service port, if it has
-// no other port: its endpoints are then the port's, as they are.
-func onlySlice(sp *ServicePort, sliceList []*SliceObject) *SliceObject {
-	var only *SliceObject
-	for _, sl := range sliceList {
+	// Each slice port that names a Service port, in slice order: one
+	// pass over the slices, whatever the number of ports.
+	serving := map[portKey][]servingPort{}
+	for _, sl := range ordered {
 		if sl.fqdn {
 			continue
 		}
 		for _, port := range sl.ports {
-			if port.name == sp.Name && port.proto == sp.Protocol {
-				if only != nil || len(sl.ports) != 1 {
-					return nil
-				}
-				only = sl
-			}
+			k := portKey{port.name, port.proto}
+			serving[k] = append(serving[k], servingPort{sl, port.port})
 		}
 	}
-	if only == nil || len(only.endpoints) == 0 {
-		return nil
+	for i := range s.Ports {
+		sp := &s.Ports[i]
+		from := serving[portKey{sp.Name, sp.Protocol}]
+		if len(from) == 1 && len(from[0].slice.ports) == 1 && len(from[0].slice.endpoints) > 0 {
+			// Served by one slice that has no other port: its
+			// endpoints are the port's, as they are, shared with the
+			// slice (neither is ever modified).
+			sp.Endpoints = from[0].slice.endpoints
+			continue
+		}
+		n := 0
+		for _, f := range from {
+			n += len(f.slice.endpoints)
+		}
+		if n == 0 {
+			continue
+		}
+		sp.Endpoints = make([]Endpoint, 0, n)
+		for _, f := range from {
+			for _, e := range f.slice.endpoints {
+				e.Port = f.port
+				sp.Endpoints = append(sp.Endpoints, e)
+			}
+		}
+		// The same endpoint listed in two slices (as happens while a
+		// slice is being replaced) is used once.
+		sp.Endpoints = sortUnique(sp.Endpoints)
 	}
-	return only
+	return s, nil
+}
+
+type portKey struct {
+	name  string
+	proto Protocol
+}
+
+// servingPort is a slice that serves a Service port, and the port number
+// it gives it.
+type servingPort struct {
+	slice *SliceObject
+	port  uint16
+}
+
+// compareAddrPorts orders endpoints by address and port. It is a variable
+// only so that a test can count the comparisons a build makes.
+var compareAddrPorts = netip.AddrPort.Compare
+
+// sortUnique sorts endpoints by address and port and keeps one listing of
+// each: the first ready one, else the first. It sorts their keys, not the
+// endpoints themselves (n log n small moves), and returns a new slice
+// unless eps is sorted and unique already, as a slice's own list mostly is.
+func sortUnique(eps []Endpoint) []Endpoint {
+	type ranked struct {
+		ap  netip.AddrPort
+		pos int32
+	}
+	keys := make([]ranked, len(eps))
+	sorted := true
+	for i := range eps {
+		keys[i] = ranked{eps[i].AddrPort(), int32(i)}
+		if i > 0 && sorted {
+			sorted = compareAddrPorts(keys[i-1].ap, keys[i].ap) < 0
+		}
+	}
+	if sorted {
+		return eps
+	}
+	// Equal keys stay in their order: the first listing comes first.
+	slices.SortFunc(keys, func(a, b ranked) int {
+		if c := compareAddrPorts(a.ap, b.ap); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.pos, b.pos)
+	})
+	out := make([]Endpoint, 0, len(eps))
+	for i := 0; i < len(keys); {
+		j, keep := i+1, keys[i].pos
+		for ; j < len(keys) && keys[j].ap == keys[i].ap; j++ {
+			if eps[keys[j].pos].Ready && !eps[keep].Ready {
+				keep = keys[j].pos
+			}
+		}
+		out = append(out, eps[keep])
+		i = j
+	}
+	return out
 }
 
 // SliceObject is what nftgate keeps of an EndpointSlice object between
@@ -328,7 +390,10 @@ func NewSliceObject(sl *discoveryv1.EndpointSlice) *SliceObject {
 			o.Trigger = tt
 		}
 	}
-	o.err = o.read(sl)
+	o.err = validateSliceNames(sl)
+	if o.err == nil {
+		o.err = o.read(sl)
+	}
 	if o.err != nil {
 		o.ports, o.endpoints = nil, nil
 	}
@@ -398,59 +463,12 @@ func (o *SliceObject) read(sl *discoveryv1.EndpointSlice) error {
 		if len(o.ports) == 1 {
 			e.Port = o.ports[0].port
 		}
-		o.addEndpoint(e)
+		o.endpoints = append(o.endpoints, e)
 	}
-	slices.SortFunc(o.endpoints, func(a, b Endpoint) int { return a.Addr.Compare(b.Addr) })
+	// Each address once (every endpoint of the slice has the same Port
+	// here): the first ready listing, else the first.
+	o.endpoints = sortUnique(o.endpoints)
 	return nil
-}
-
-// addEndpoint adds e unless its address is listed already; a ready listing
-// wins over a not-ready one, as in addEndpoint.
-func (o *SliceObject) addEndpoint(e Endpoint) {
-	for i := range o.endpoints {
-		if o.endpoints[i].Addr == e.Addr {
-			if e.Ready && !o.endpoints[i].Ready {
-				o.endpoints[i] = e
-			}
-			return
-		}
-	}
-	o.endpoints = append(o.endpoints, e)
-}
-
-// mergeSlice adds the endpoints of a slice to the Service port, with the
-// port number the slice gives it, if the slice names that port.
-func mergeSlice(sp *ServicePort, sl *SliceObject) {
-	if sl.fqdn {
-		return
-	}
-	for _, port := range sl.ports {
-		if sp.Name != port.name || sp.Protocol != port.proto {
-			continue
-		}
-		if sp.Endpoints == nil {
-			sp.Endpoints = make([]Endpoint, 0, len(sl.endpoints))
-		}
-		for _, e := range sl.endpoints {
-			e.Port = port.port
-			addEndpoint(sp, e)
-		}
-	}
-}
-
-// addEndpoint merges e into the port, once per address and port: the same
-// endpoint listed in two slices (as happens while a slice is being replaced)
-// is used once, and a ready listing wins over a not-ready one.
-func addEndpoint(sp *ServicePort, e Endpoint) {
-	for i := range sp.Endpoints {
-		if sp.Endpoints[i].Addr == e.Addr && sp.Endpoints[i].Port == e.Port {
-			if e.Ready && !sp.Endpoints[i].Ready {
-				sp.Endpoints[i] = e
-			}
-			return
-		}
-	}
-	sp.Endpoints = append(sp.Endpoints, e)
 }
 
 func parseAddr(s string) (netip.Addr, error) {

@@ -158,16 +158,6 @@ func (s *Service) ExternallyAccessible() bool {
 	return false
 }
 
-// PortName is the readable identity of one Service port, as kube-proxy names
-// it: namespace/name/protocol/portname (the port number when unnamed).
-func (s *Service) PortName(p *ServicePort) string {
-	name := p.Name
-	if name == "" {
-		name = fmt.Sprint(p.Port)
-	}
-	return s.Key.Namespace + "/" + s.Key.Name + "/" + p.Protocol.String() + "/" + name
-}
-
 // HasFamily tells whether the Service exists in IPv6 (or IPv4).
 func (s *Service) HasFamily(ipv6 bool) bool {
 	if !s.IPv4 && !s.IPv6 {

@@ -298,9 +298,9 @@ func BenchmarkKernelPartialEndpointChange(b *testing.B) {
 			// The last change is in the kernel: its new endpoint is a DNAT
 			// target there.
 			svc := current[lastKey]
-			chain := chainName("svc", svc.PortName(&svc.Ports[0]))
+			chain := portObject("svc", svc, &svc.Ports[0])
 			if svc.AffinityTimeout > 0 {
-				chain = chainName("ep", svc.PortName(&svc.Ports[0])+"__"+nameAddr(lastAddr)+"/"+strconv.Itoa(int(svc.Ports[0].Endpoints[0].Port)))
+				chain = endpointObject("ep", svc, &svc.Ports[0], netip.AddrPortFrom(lastAddr, svc.Ports[0].Endpoints[0].Port), "")
 			}
 			if out := scaleNft(b, ns, "list", "chain", "ip", p.Config().TableOf(lastKey), chain); !strings.Contains(out, "dnat to "+lastAddr.String()) {
 				b.Fatalf("chain %s after the last change:\n%s", chain, out)

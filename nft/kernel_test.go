@@ -114,7 +114,7 @@ func TestRefusedBatchNamesTheMessage(t *testing.T) {
 	if _, err := p.Full(map[model.ServiceKey]*model.Service{svc.Key: svc}); err != nil {
 		t.Fatal(err)
 	}
-	table, chain := p.cfg.TableOf(svc.Key), chainName("svc", svc.PortName(&svc.Ports[0]))
+	table, chain := p.cfg.TableOf(svc.Key), portObject("svc", svc, &svc.Ports[0])
 	nftList(t, ns, "add", "chain", "ip", table, "hand-made")
 	nftList(t, ns, "add", "rule", "ip", table, "hand-made", "jump", chain)
 

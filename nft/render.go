@@ -1,11 +1,9 @@
 package nft
 
 import (
-	"crypto/sha256"
-	"encoding/base32"
-	"fmt"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/nftgate/nftgate/model"
@@ -206,12 +204,81 @@ func nodePortRules(cfg *Config, f Family, m string) []Rule {
 	return rules
 }
 
-// chainName builds a readable, unique object name: prefix, a hash that keeps
-// names unique whatever the readable part holds, and the readable part for
-// admins reading `nft list ruleset`.
-func chainName(prefix, readable string) string {
-	sum := sha256.Sum256([]byte(prefix + "/" + readable))
-	return prefix + "-" + base32.StdEncoding.EncodeToString(sum[:])[:8] + "-" + readable
+// Object names. Every chain and set of a Service port is named by its
+// kind (svc, local, ext, fw, ep, aff) and the port's identity, written so
+// that the mapping is injective whatever the names hold, and every name is
+// a plain nft identifier:
+//
+//	svc-<namespace>/<name>/<protocol>/<port name>
+//	ep-<namespace>/<name>/<protocol>/<port name>/<address>/<port>
+//	aff-<namespace>/<name>/<protocol>/<port name>/<address>/<port>/<timeout>
+//
+// Each name is escaped: the characters of a DNS label (a-z, 0-9, '-') stay
+// as they are, every other byte becomes '_' and two upper-case hex digits,
+// so a component never holds a '/' or a '.', and the number of components
+// is fixed by the kind. An unnamed port is written as '.' and its number.
+// An address is written with '.' for ':' (nft's grammar takes no colon in
+// a name); an IPv4 address never has two dots in a row, an IPv6 one with
+// fewer than seven colons always has. The static objects' names have no
+// '/'. The names the model accepts are DNS labels of at most 63 bytes, so
+// they are written as they are, and the longest name (an affinity set of
+// an SCTP port with an IPv6 endpoint) is 253 bytes, within the kernel's
+// 255 (TestLongestNamesFitTheKernel).
+const maxNameLen = 255
+
+// portObject names an object of one Service port.
+func portObject(kind string, svc *model.Service, p *model.ServicePort) string {
+	b := make([]byte, 0, 64)
+	b = append(b, kind...)
+	b = append(b, '-')
+	return string(appendPortID(b, svc, p))
+}
+
+// endpointObject names an object of one endpoint of a Service port; extra,
+// when not empty, is one more component (the affinity timeout).
+func endpointObject(kind string, svc *model.Service, p *model.ServicePort, ep netip.AddrPort, extra string) string {
+	b := make([]byte, 0, 96)
+	b = append(b, kind...)
+	b = append(b, '-')
+	b = appendPortID(b, svc, p)
+	b = append(b, '/')
+	b = append(b, nameAddr(ep.Addr())...)
+	b = append(b, '/')
+	b = strconv.AppendUint(b, uint64(ep.Port()), 10)
+	if extra != "" {
+		b = append(b, '/')
+		b = append(b, extra...)
+	}
+	return string(b)
+}
+
+func appendPortID(b []byte, svc *model.Service, p *model.ServicePort) []byte {
+	b = appendEscaped(b, svc.Key.Namespace)
+	b = append(b, '/')
+	b = appendEscaped(b, svc.Key.Name)
+	b = append(b, '/')
+	b = append(b, p.Protocol.String()...)
+	b = append(b, '/')
+	if p.Name == "" {
+		b = append(b, '.')
+		return strconv.AppendUint(b, uint64(p.Port), 10)
+	}
+	return appendEscaped(b, p.Name)
+}
+
+// appendEscaped writes a name component: a-z, 0-9 and '-' as they are,
+// every other byte as '_' and two upper-case hex digits.
+func appendEscaped(b []byte, s string) []byte {
+	const hex = "0123456789ABCDEF"
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' {
+			b = append(b, c)
+		} else {
+			b = append(b, '_', hex[c>>4], hex[c&0xf])
+		}
+	}
+	return b
 }
 
 // nameAddr writes an address for an object name. nft's grammar takes no
@@ -219,13 +286,6 @@ func chainName(prefix, readable string) string {
 // names stay readable and `nft -f` can read a listing back.
 func nameAddr(a netip.Addr) string {
 	return strings.ReplaceAll(a.String(), ":", ".")
-}
-
-// setName is chainName for a set whose identity also depends on extra,
-// which changes the hash but not the readable part.
-func setName(prefix, readable, extra string) string {
-	sum := sha256.Sum256([]byte(prefix + "/" + readable + "/" + extra))
-	return prefix + "-" + base32.StdEncoding.EncodeToString(sum[:])[:8] + "-" + readable
 }
 
 // RenderService renders everything one Service contributes to both tables.
@@ -291,7 +351,6 @@ func (s *addrSet) add(f Family, a netip.Addr) {
 }
 
 func renderPort(cfg *Config, svc *model.Service, p *model.ServicePort, out *ByFamily, hairpin *addrSet) {
-	portName := svc.PortName(p)
 	for _, f := range Families {
 		if !svc.HasFamily(f == IPv6) {
 			continue // not even NodePorts: kube-proxy ignores the family too
@@ -334,7 +393,7 @@ func renderPort(cfg *Config, svc *model.Service, p *model.ServicePort, out *ByFa
 		}
 
 		// Names are hashed only for the chains the port has.
-		clusterChain := chainName("svc", portName)
+		clusterChain := portObject("svc", svc, p)
 		var localChain, externalChain string
 
 		// An endpoint is DNATed right in the rule that chooses it. Only
@@ -349,12 +408,11 @@ func renderPort(cfg *Config, svc *model.Service, p *model.ServicePort, out *ByFa
 			if _, ok := epChain[ap]; ok || svc.AffinityTimeout == 0 {
 				return
 			}
-			readable := portName + "__" + nameAddr(ap.Addr()) + "/" + fmt.Sprint(ap.Port())
-			name := chainName("ep", readable)
+			name := endpointObject("ep", svc, p, ap, "")
 			epChain[ap] = name
 			// The timeout is part of the set's name: a changed timeout is
 			// a new set, never an in-place edit the kernel refuses.
-			set := setName("aff", readable, fmt.Sprintf("timeout=%ds", int64(svc.AffinityTimeout.Seconds())))
+			set := endpointObject("aff", svc, p, ap, nftDuration(svc.AffinityTimeout))
 			affinitySet[ap] = set
 			fr.Sets = append(fr.Sets, &Set{Name: set, Timeout: svc.AffinityTimeout})
 			fr.Chains = append(fr.Chains, &Chain{Name: name, Rules: []Rule{
@@ -370,10 +428,10 @@ func renderPort(cfg *Config, svc *model.Service, p *model.ServicePort, out *ByFa
 			return DNAT{Proto: p.Protocol, To: e.AddrPort()}
 		}
 		if len(local) > 0 {
-			localChain = chainName("local", portName)
+			localChain = portObject("local", svc, p)
 		}
 		if len(externalAddrs) > 0 || len(lbIPs) > 0 || hasNodePort {
-			externalChain = chainName("ext", portName)
+			externalChain = portObject("ext", svc, p)
 		}
 		for _, e := range cluster {
 			addEndpoint(e)
@@ -488,7 +546,7 @@ func renderPort(cfg *Config, svc *model.Service, p *model.ServicePort, out *ByFa
 		}
 		if len(rules) > 0 && !open && len(lbIPs) > 0 {
 			rules = append(rules, Rule{Verdict{Kind: Drop}})
-			fwChain := chainName("fw", portName)
+			fwChain := portObject("fw", svc, p)
 			fr.Chains = append(fr.Chains, &Chain{Name: fwChain, Rules: rules})
 			for _, a := range lbIPs {
 				fr.Elements = append(fr.Elements, Element{Map: MapFirewallIPs, Key: key(a, p.Port), Verdict: Verdict{Kind: Goto, Chain: fwChain}})

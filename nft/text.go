@@ -3,7 +3,9 @@ package nft
 import (
 	"fmt"
 	"io"
+	"slices"
 	"sort"
+	"strings"
 	"time"
 )
 
@@ -29,6 +31,31 @@ func WriteText(w io.Writer, table string, f Family, frags ...*Fragment) error {
 	})
 	sort.SliceStable(sets, func(i, j int) bool { return sets[i].Name < sets[j].Name })
 
+	// Every name is checked before anything is written: a name that is
+	// not a plain identifier could end the script's syntax early.
+	if err := checkName("table", table); err != nil {
+		return err
+	}
+	for _, c := range chains {
+		if err := checkName("chain", c.Name); err != nil {
+			return err
+		}
+	}
+	for _, s := range sets {
+		if err := checkName("set", s.Name); err != nil {
+			return err
+		}
+	}
+	for _, es := range elems {
+		for _, e := range es {
+			if e.Verdict.Chain != "" {
+				if err := checkName("chain", e.Verdict.Chain); err != nil {
+					return err
+				}
+			}
+		}
+	}
+
 	ew := &errWriter{w: w}
 	ew.printf("table %s %s {\n", f, table)
 	for _, s := range sets {
@@ -37,9 +64,15 @@ func WriteText(w io.Writer, table string, f Family, frags ...*Fragment) error {
 			ew.printf("\t\tflags dynamic,timeout\n\t\ttimeout %s\n", nftDuration(s.Timeout))
 		}
 		if es := elems[s.Name]; len(es) > 0 {
-			sort.Slice(es, func(i, j int) bool { return es[i].Key.String() < es[j].Key.String() })
-			ew.printf("\t\telements = {")
+			// In the order of their text, each key formatted once.
+			keyed := make([]keyedElement, len(es))
 			for i, e := range es {
+				keyed[i] = keyedElement{e.Key.String(), e}
+			}
+			slices.SortFunc(keyed, func(a, b keyedElement) int { return strings.Compare(a.text, b.text) })
+			ew.printf("\t\telements = {")
+			for i, ke := range keyed {
+				e := ke.Element
 				sep := ","
 				if i == len(es)-1 {
 					sep = " }"
@@ -71,6 +104,28 @@ func WriteText(w io.Writer, table string, f Family, frags ...*Fragment) error {
 	}
 	ew.printf("}\n")
 	return ew.err
+}
+
+// checkName accepts a name that nft reads as one identifier and the kernel
+// takes: a letter, then letters, digits, '/', '_', '.' and '-', at most
+// maxNameLen bytes. Nothing else can appear in a script nftgate writes.
+func checkName(kind, name string) error {
+	ok := len(name) > 0 && len(name) <= maxNameLen && isLetter(name[0])
+	for i := 1; ok && i < len(name); i++ {
+		c := name[i]
+		ok = isLetter(c) || c >= '0' && c <= '9' || c == '/' || c == '_' || c == '.' || c == '-'
+	}
+	if !ok {
+		return fmt.Errorf("%s name %q is not an nft identifier (a letter, then letters, digits, '/', '_', '.' or '-', at most %d bytes)", kind, name, maxNameLen)
+	}
+	return nil
+}
+
+func isLetter(c byte) bool { return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' }
+
+type keyedElement struct {
+	text string
+	Element
 }
 
 func setType(f Family, s *Set) string {

@@ -105,6 +105,10 @@ func (d *Duration) UnmarshalText(b []byte) error {
 
 func (d Duration) String() string { return time.Duration(d).String() }
 
+// MarshalText implements encoding.TextMarshaler: a config written back
+// reads the same.
+func (d Duration) MarshalText() ([]byte, error) { return []byte(d.String()), nil }
+
 // Set implements flag.Value.
 func (d *Duration) Set(s string) error { return d.UnmarshalText([]byte(s)) }
 
@@ -146,6 +150,10 @@ func (b ByteSize) String() string {
 	}
 	return strconv.FormatInt(int64(b), 10) + "B"
 }
+
+// MarshalText implements encoding.TextMarshaler: a config written back
+// reads the same.
+func (b ByteSize) MarshalText() ([]byte, error) { return []byte(b.String()), nil }
 
 // Set implements flag.Value.
 func (b *ByteSize) Set(s string) error { return b.UnmarshalText([]byte(s)) }
