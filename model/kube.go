@@ -89,6 +89,18 @@ func NewServiceObject(svc *corev1.Service) *ServiceObject {
 	return o
 }
 
+// InFile returns the object as read from the named file: an invalid
+// Service's error names the file first, so that the operator knows which
+// file to fix. A valid object is returned as it is.
+func (o *ServiceObject) InFile(name string) *ServiceObject {
+	if o.err == nil {
+		return o
+	}
+	c := *o
+	c.err = fmt.Errorf("%s: %w", name, o.err)
+	return &c
+}
+
 // Skip tells why the Service is not proxied at all, or "" when it is.
 func (o *ServiceObject) Skip(opts Options) string {
 	if o.hasProxyName && o.proxyName != opts.ProxyName {
@@ -376,6 +388,17 @@ type slicePort struct {
 	name  string
 	proto Protocol
 	port  uint16
+}
+
+// InFile returns the slice as read from the named file: an invalid
+// slice's error names the file first. A valid slice is returned as it is.
+func (o *SliceObject) InFile(name string) *SliceObject {
+	if o.err == nil {
+		return o
+	}
+	c := *o
+	c.err = fmt.Errorf("%s: %w", name, o.err)
+	return &c
 }
 
 // NewSliceObject converts an EndpointSlice object. It never fails: an

@@ -351,9 +351,9 @@ func (m *ManifestSource) readChanged(path string) (objs []any, err error) {
 	for _, o := range decoded {
 		switch obj := o.(type) {
 		case *corev1.Service:
-			objs = append(objs, model.NewServiceObject(obj))
+			objs = append(objs, model.NewServiceObject(obj).InFile(path))
 		case *discoveryv1.EndpointSlice:
-			objs = append(objs, model.NewSliceObject(obj))
+			objs = append(objs, model.NewSliceObject(obj).InFile(path))
 		}
 	}
 	return objs, nil

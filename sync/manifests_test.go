@@ -187,3 +187,38 @@ func endpointOf(t *testing.T, o Objects) string {
 	}
 	return m.Ports[0].Endpoints[0].AddrPort().String()
 }
+
+// An invalid Service or EndpointSlice read from a manifest file is reported
+// with the file's name, the field and the value.
+func TestManifestErrorsNameTheFile(t *testing.T) {
+	dir := t.TempDir()
+	bad := strings.Replace(manifestWeb, "- {name: http, port: 80, targetPort: 8080}", "- {name: http, port: 70000, targetPort: 8080}", 1)
+	bad = strings.Replace(bad, "name: web-1", "name: Web_1", 1)
+	path := filepath.Join(dir, "web.yaml")
+	if err := os.WriteFile(path, []byte(bad), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m := &ManifestSource{Dir: dir}
+	tr := NewTracker()
+	m.scan(tr, slog.New(slog.DiscardHandler))
+	dirty, _ := tr.TakeDirty()
+	o := dirty[model.ServiceKey{Namespace: "shop", Name: "web"}]
+	if o.Service == nil {
+		t.Fatalf("changed = %v, want shop/web", dirty)
+	}
+	_, err := model.Build(o.Service, nil, model.Options{})
+	if err == nil || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "spec.ports[0].port") || !strings.Contains(err.Error(), "70000") {
+		t.Errorf("service error %v, want one naming %s, spec.ports[0].port and 70000", err, path)
+	}
+	fixed := strings.Replace(manifestWeb, "name: web-1", "name: Web_1", 1)
+	if err := os.WriteFile(path, []byte(fixed), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m.scan(tr, slog.New(slog.DiscardHandler))
+	dirty, _ = tr.TakeDirty()
+	o = dirty[model.ServiceKey{Namespace: "shop", Name: "web"}]
+	_, err = model.Build(o.Service, o.Slices, model.Options{})
+	if err == nil || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "Web_1") {
+		t.Errorf("slice error %v, want one naming %s and Web_1", err, path)
+	}
+}
