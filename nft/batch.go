@@ -87,6 +87,8 @@ type BatchError struct {
 	Failures []string // "what the message did: kernel error"
 	// refused describes the refused messages, where the batch could say.
 	refused []note
+	// errs are the kernel's errors, one per failure.
+	errs []error
 }
 
 func (e *BatchError) Error() string {
@@ -143,6 +145,7 @@ func (b *batchConn) send(bt *batch, describe func() []note) error {
 		return err
 	}
 	var failures []string
+	var errs []error
 	for {
 		replies, err := b.nl.Receive()
 		var oe *netlink.OpError
@@ -155,6 +158,7 @@ func (b *batchConn) send(bt *batch, describe func() []note) error {
 				reason += " (" + oe.Message + ")"
 			}
 			failures = append(failures, name(oe.Sequence)+": "+reason)
+			errs = append(errs, oe.Err)
 			if oe.Sequence == last {
 				break
 			}
@@ -177,7 +181,7 @@ func (b *batchConn) send(bt *batch, describe func() []note) error {
 		}
 	}
 	if len(failures) > 0 {
-		return &BatchError{Failures: failures, refused: refused}
+		return &BatchError{Failures: failures, refused: refused, errs: errs}
 	}
 	return nil
 }

@@ -74,9 +74,9 @@ const (
 
 // Netfilter hook priorities (from the kernel's netfilter headers).
 const (
-	prioDstNAT = -100
-	prioFilter = 0
-	prioSrcNAT = 100
+	PrioDstNAT = -100
+	PrioFilter = 0
+	PrioSrcNAT = 100
 )
 
 // Static renders the skeleton of family f's main table: the filter hooks,
@@ -105,22 +105,22 @@ func Static(cfg *Config, f Family) Fragment {
 	// masqueraded, whatever its Service's traffic policy. The mark is set
 	// here, just before the shards' NAT chains dispatch the connection.
 	markOutside := Rule{MatchAddrInSet{Dir: Dst, Set: SetClusterIPs}, jump(ChainMasqueradeOutside)}
-	base("nat-prerouting-mark", "nat", "prerouting", prioDstNAT-1, markOutside)
-	base("nat-output-mark", "nat", "output", prioDstNAT-1, markOutside)
-	base("nat-postrouting", "nat", "postrouting", prioSrcNAT, Rule{jump(ChainMasquerading)})
+	base("nat-prerouting-mark", "nat", "prerouting", PrioDstNAT-1, markOutside)
+	base("nat-output-mark", "nat", "output", PrioDstNAT-1, markOutside)
+	base("nat-postrouting", "nat", "postrouting", PrioSrcNAT, Rule{jump(ChainMasquerading)})
 	// Source ranges are checked before DNAT rewrites the destination.
-	base("filter-prerouting-pre-dnat", "filter", "prerouting", prioDstNAT-10, Rule{MatchCtNew{}, jump(ChainFirewallCheck)})
-	base("filter-output-pre-dnat", "filter", "output", prioDstNAT-10, Rule{MatchCtNew{}, jump(ChainFirewallCheck)})
+	base("filter-prerouting-pre-dnat", "filter", "prerouting", PrioDstNAT-10, Rule{MatchCtNew{}, jump(ChainFirewallCheck)})
+	base("filter-output-pre-dnat", "filter", "output", PrioDstNAT-10, Rule{MatchCtNew{}, jump(ChainFirewallCheck)})
 	// Services without endpoints were not DNATed: reject them where they
 	// would otherwise be delivered or forwarded.
-	base("filter-input", "filter", "input", prioFilter-1,
+	base("filter-input", "filter", "input", PrioFilter-1,
 		Rule{MatchCtNew{}, jump(ChainNodePortEPCheck)},
 		Rule{MatchCtNew{}, jump(ChainServiceEPCheck)})
 	// So are ClusterIPs on ports no Service has, as kube-proxy does.
-	base("filter-forward", "filter", "forward", prioFilter-1,
+	base("filter-forward", "filter", "forward", PrioFilter-1,
 		Rule{MatchCtNew{}, jump(ChainServiceEPCheck)},
 		Rule{MatchCtNew{}, jump(ChainClusterIPsCheck)})
-	base("filter-output", "filter", "output", prioFilter-1,
+	base("filter-output", "filter", "output", PrioFilter-1,
 		Rule{MatchCtNew{}, jump(ChainNodePortEPCheck)},
 		Rule{MatchCtNew{}, jump(ChainServiceEPCheck)},
 		Rule{MatchCtNew{}, jump(ChainClusterIPsCheck)})
@@ -159,7 +159,7 @@ func StaticShard(cfg *Config, f Family) Fragment {
 		},
 	}
 	base := func(name, hook string, rules ...Rule) {
-		fr.Chains = append(fr.Chains, &Chain{Name: name, Hook: &Hook{Type: "nat", Hook: hook, Priority: prioDstNAT}, Rules: rules})
+		fr.Chains = append(fr.Chains, &Chain{Name: name, Hook: &Hook{Type: "nat", Hook: hook, Priority: PrioDstNAT}, Rules: rules})
 	}
 	regular := func(name string, rules ...Rule) {
 		fr.Chains = append(fr.Chains, &Chain{Name: name, Rules: rules})

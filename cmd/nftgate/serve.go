@@ -146,7 +146,7 @@ func serve(ctx context.Context, cfg *Config) error {
 	}
 	// A kernel without a feature the ruleset uses fails here, naming it,
 	// not at the first sync with a bare netlink error.
-	if err := checkKernel(); err != nil {
+	if err := nft.CheckKernel(); err != nil {
 		return err
 	}
 	prog, err := nft.NewProgrammer(cfg.ruleset(), nft.Options{})
