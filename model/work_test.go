@@ -11,7 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/nftgate/nftgate/model"
-	"github.com/nftgate/nftgate/nft"
+	"github.com/nftgate/nftgate/ruleset"
 )
 
 // manyEndpoints is a Service with n endpoints listed in slices of perSlice
@@ -91,7 +91,7 @@ func TestBuildWorkIsLinear(t *testing.T) {
 // endpoint listed twice) from its objects to its nft script: conversion,
 // build, the ruleset, and the text `nftgate render` writes.
 func BenchmarkOneServiceManyEndpoints(b *testing.B) {
-	cfg := nft.Config{Table: "nftgate"}
+	cfg := ruleset.Config{Table: "nftgate"}
 	for _, perSlice := range []int{1000, 100_000} {
 		b.Run(fmt.Sprintf("endpoints=100000/per-slice=%d", perSlice), func(b *testing.B) {
 			svc, sls := manyEndpoints(100_000, perSlice)
@@ -102,8 +102,8 @@ func BenchmarkOneServiceManyEndpoints(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				for _, f := range nft.Families {
-					if err := nft.WriteTables(io.Discard, f, nft.Layout(&cfg, f, []*model.Service{m})); err != nil {
+				for _, f := range ruleset.Families {
+					if err := ruleset.WriteTables(io.Discard, f, ruleset.Layout(&cfg, f, []*model.Service{m})); err != nil {
 						b.Fatal(err)
 					}
 				}

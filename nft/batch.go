@@ -87,6 +87,8 @@ type BatchError struct {
 	Failures []string // "what the message did: kernel error"
 	// refused describes the refused messages, where the batch could say.
 	refused []note
+	// errs are the kernel's errors, one per failure.
+	errs []error
 }
 
 func (e *BatchError) Error() string {
@@ -143,6 +145,7 @@ func (b *batchConn) send(bt *batch, describe func() []note) error {
 		return err
 	}
 	var failures []string
+	var errs []error
 	for {
 		replies, err := b.nl.Receive()
 		var oe *netlink.OpError
@@ -155,6 +158,7 @@ func (b *batchConn) send(bt *batch, describe func() []note) error {
 				reason += " (" + oe.Message + ")"
 			}
 			failures = append(failures, name(oe.Sequence)+": "+reason)
+			errs = append(errs, oe.Err)
 			if oe.Sequence == last {
 				break
 			}
@@ -177,7 +181,7 @@ func (b *batchConn) send(bt *batch, describe func() []note) error {
 		}
 	}
 	if len(failures) > 0 {
-		return &BatchError{Failures: failures, refused: refused}
+		return &BatchError{Failures: failures, refused: refused, errs: errs}
 	}
 	return nil
 }
@@ -217,4 +221,90 @@ func (b *batchConn) generation() (uint32, error) {
 		}
 	}
 	return 0, errors.New("nf_tables generation: no NFTA_GEN_ID in the answer")
+}
+
+// batch is a batch being built: its first part holds its beginning, the
+// tables and their new sets; then one part per table, encoded in parallel.
+// It is sent as one datagram.
+type batch struct {
+	parts []*wire
+	arena []byte // mapped memory the parts are in, if any
+}
+
+// arenaThreshold is the size of a batch above which its parts are placed
+// in memory mapped for it rather than on the Go heap. A cold sync's batch is
+// tens of megabytes of bytes for the kernel: on the heap it would bring the
+// next collection forward, which then scans everything the sync holds, for
+// memory that holds no pointers and is freed right after sending.
+const arenaThreshold = 4 << 20
+
+func newArena(size int) []byte {
+	b, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return nil // the parts go on the heap
+	}
+	return b
+}
+
+// release returns the batch's mapped memory; the batch must not be used
+// afterwards.
+func (bt *batch) release() {
+	if bt.arena != nil {
+		_ = unix.Munmap(bt.arena)
+		bt.arena, bt.parts = nil, nil
+	}
+}
+
+func (bt *batch) count() int {
+	n := 0
+	for _, w := range bt.parts {
+		n += w.count
+	}
+	return n
+}
+
+func (bt *batch) size() int {
+	n := 0
+	for _, w := range bt.parts {
+		n += len(w.b)
+	}
+	return n
+}
+
+// notes describe the batch's messages in order, when it was encoded with
+// describe.
+func (bt *batch) notes() []note {
+	var out []note
+	for _, w := range bt.parts {
+		out = append(out, w.notes...)
+	}
+	return out
+}
+
+// seal ends the batch: the last message asks for the acknowledgement, and
+// every message gets its sequence number, from first on, and the port ID.
+// It returns the sequence numbers of the first and the last message after
+// the batch's beginning, and the parts to send.
+func (bt *batch) seal(first, pid uint32) (uint32, uint32, [][]byte) {
+	for i := len(bt.parts) - 1; i >= 0; i-- {
+		if w := bt.parts[i]; w.last >= 0 {
+			flags := binary.NativeEndian.Uint16(w.b[w.last+6:])
+			binary.NativeEndian.PutUint16(w.b[w.last+6:], flags|uint16(netlink.Acknowledge))
+			break
+		}
+	}
+	tail := bt.parts[len(bt.parts)-1]
+	tail.marker(unix.NFNL_MSG_BATCH_END)
+	seq := first - 1 // the batch's beginning
+	bufs := make([][]byte, 0, len(bt.parts))
+	for _, w := range bt.parts {
+		for off := 0; off < len(w.b); {
+			binary.NativeEndian.PutUint32(w.b[off+8:], seq)
+			binary.NativeEndian.PutUint32(w.b[off+12:], pid)
+			seq++
+			off += int(binary.NativeEndian.Uint32(w.b[off:]))
+		}
+		bufs = append(bufs, w.b)
+	}
+	return first, first + uint32(bt.count()) - 1, bufs
 }

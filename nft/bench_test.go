@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"github.com/nftgate/nftgate/model"
+	"github.com/nftgate/nftgate/ruleset"
 )
 
 var bench100k = flag.Bool("bench-100k", false, "also run benchmarks at 100,000 Services (slow)")
@@ -92,7 +93,7 @@ func BenchmarkRenderAll(b *testing.B) {
 			for range b.N {
 				chains = 0
 				for _, k := range c.Keys {
-					r := RenderService(&cfg, c.Services[k])
+					r := ruleset.RenderService(&cfg, c.Services[k])
 					chains += len(r[0].Chains) + len(r[1].Chains)
 				}
 			}
@@ -140,11 +141,11 @@ func BenchmarkPlanEndpointChange(b *testing.B) {
 		b.Run(sizeName(n), func(b *testing.B) {
 			c := clusterOf(n)
 			ds, _ := planCold(b, &cfg, c.Services)
-			ts := newTableSet(&cfg)
-			state := make([]*tableState, len(ds))
+			ts := ruleset.NewTables(&cfg)
+			state := make([]*ruleset.TableState, len(ds))
 			for i := range ds {
-				state[i] = newTableState()
-				state[i].apply(&ds[i].ops)
+				state[i] = ruleset.NewTableState()
+				state[i].Apply(ds[i])
 			}
 			current := map[model.ServiceKey]*model.Service{}
 			b.ReportAllocs()
@@ -159,7 +160,7 @@ func BenchmarkPlanEndpointChange(b *testing.B) {
 				svc := withReplacedEndpoint(old, i, addrPlus(scaleReplaceBase, uint32(i)))
 				ds, m := planChange(b, &cfg, ts, state, old, svc)
 				for f := range ds {
-					state[f].apply(&ds[f].ops)
+					state[f].Apply(ds[f])
 				}
 				current[k] = svc
 				msgs += m.count()
@@ -298,9 +299,9 @@ func BenchmarkKernelPartialEndpointChange(b *testing.B) {
 			// The last change is in the kernel: its new endpoint is a DNAT
 			// target there.
 			svc := current[lastKey]
-			chain := portObject("svc", svc, &svc.Ports[0])
+			chain := ruleset.PortObject("svc", svc, &svc.Ports[0])
 			if svc.AffinityTimeout > 0 {
-				chain = endpointObject("ep", svc, &svc.Ports[0], netip.AddrPortFrom(lastAddr, svc.Ports[0].Endpoints[0].Port), "")
+				chain = ruleset.EndpointObject("ep", svc, &svc.Ports[0], netip.AddrPortFrom(lastAddr, svc.Ports[0].Endpoints[0].Port), "")
 			}
 			if out := scaleNft(b, ns, "list", "chain", "ip", p.Config().TableOf(lastKey), chain); !strings.Contains(out, "dnat to "+lastAddr.String()) {
 				b.Fatalf("chain %s after the last change:\n%s", chain, out)
@@ -471,22 +472,22 @@ func TestScaleCluster(t *testing.T) {
 	cfg := scaleConfig()
 	ds, msgs := planCold(t, &cfg, c.Services)
 	var got scaleExpect
-	ts := newTableSet(&cfg)
-	for _, slot := range ts.slots(IPv4) {
-		st := newTableState()
-		st.apply(&ds[slot].ops)
-		got.Chains += len(st.chains)
-		for id := range st.elems {
+	ts := ruleset.NewTables(&cfg)
+	for _, slot := range ts.Slots(ruleset.IPv4) {
+		st := ruleset.NewTableState()
+		st.Apply(ds[slot])
+		got.Chains += len(st.Chains)
+		for id := range st.Elems {
 			switch id.Map {
-			case MapServiceIPs:
+			case ruleset.MapServiceIPs:
 				got.ServiceIPs++
-			case MapServiceNodePorts:
+			case ruleset.MapServiceNodePorts:
 				got.NodePorts++
-			case MapFirewallIPs:
+			case ruleset.MapFirewallIPs:
 				got.FirewallIPs++
 			}
 		}
-		for name := range st.sets {
+		for name := range st.Sets {
 			if strings.HasPrefix(name, "aff-") {
 				got.AffinitySets++
 			}

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/nftgate/nftgate/model"
+	"github.com/nftgate/nftgate/ruleset"
 )
 
 // randomWorld is a set of Services that a test mutates at random.
@@ -143,7 +144,7 @@ func (w *randomWorld) mutate() (model.ServiceKey, *model.Service) {
 
 // programWorld makes a random world of n Services and programs it with a
 // full sync into the namespace fd.
-func programWorld(t *testing.T, cfg Config, fd int, seed int64, n int, unique bool) (*randomWorld, *Programmer) {
+func programWorld(t *testing.T, cfg ruleset.Config, fd int, seed int64, n int, unique bool) (*randomWorld, *Programmer) {
 	t.Helper()
 	w := &randomWorld{r: rand.New(rand.NewSource(seed)), services: map[model.ServiceKey]*model.Service{}, unique: unique}
 	for i := 0; i < n; i++ {
@@ -155,7 +156,7 @@ func programWorld(t *testing.T, cfg Config, fd int, seed int64, n int, unique bo
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { p.Close() })
-	if _, err := p.Full(cloneServices(w.services)); err != nil {
+	if _, err := p.Full(ruleset.CloneServices(w.services)); err != nil {
 		t.Fatal(err)
 	}
 	return w, p
@@ -168,14 +169,14 @@ func programWorld(t *testing.T, cfg Config, fd int, seed int64, n int, unique bo
 func TestRandomChangesLeaveNoDrift(t *testing.T) {
 	nsA, fdA := testNetNS(t)
 	nsB, fdB := testNetNS(t)
-	cfg := Config{Table: "nftgate", Node: model.Node{Name: "gw"}, HashSeed: 7, Shards: 4,
+	cfg := ruleset.Config{Table: "nftgate", Node: model.Node{Name: "gw"}, HashSeed: 7, Shards: 4,
 		ClusterCIDRs:      []netip.Prefix{netip.MustParsePrefix("198.18.2.0/24")},
 		NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("198.18.1.1/32"), netip.MustParsePrefix("fd42:1::1/128")}}
 
 	w, pa := programWorld(t, cfg, fdA, 1, 40, false)
 	// The conflicts of each Service, as the partial syncs report their
 	// changes.
-	reported := lossesByService(pa.losses)
+	reported := pa.claims.Losses()
 	for step := 0; step < 300; step++ {
 		changes := map[model.ServiceKey]*model.Service{}
 		for j, n := 0, 1+w.r.Intn(3); j < n; j++ {
@@ -195,7 +196,7 @@ func TestRandomChangesLeaveNoDrift(t *testing.T) {
 		}
 	}
 	// Nothing to repair: the state nftgate believes in is the kernel's.
-	res, err := pa.Full(cloneServices(w.services))
+	res, err := pa.Full(ruleset.CloneServices(w.services))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,7 +209,7 @@ func TestRandomChangesLeaveNoDrift(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pb.Close()
-	if _, err := pb.Full(cloneServices(w.services)); err != nil {
+	if _, err := pb.Full(ruleset.CloneServices(w.services)); err != nil {
 		t.Fatal(err)
 	}
 
@@ -224,22 +225,14 @@ func TestRandomChangesLeaveNoDrift(t *testing.T) {
 	}
 	// Each Service's conflicts, kept up to date by the partial syncs, are
 	// those a fresh full sync finds.
-	fresh := lossesByService(pb.losses)
-	if !reflect.DeepEqual(reported, fresh) || !reflect.DeepEqual(lossesByService(pa.losses), fresh) {
+	fresh := pb.claims.Losses()
+	if !reflect.DeepEqual(reported, fresh) || !reflect.DeepEqual(pa.claims.Losses(), fresh) {
 		t.Errorf("conflicts per Service after partial syncs\n%v\nreported as\n%v\nwant, as a fresh full sync finds them,\n%v",
-			lossesByService(pa.losses), reported, fresh)
+			pa.claims.Losses(), reported, fresh)
 	}
 	if len(fresh) == 0 {
 		t.Error("no Service lost a claim to another: the test lost its reach")
 	}
-}
-
-func lossesByService(l map[model.ServiceKey]map[famElem]string) map[model.ServiceKey][]string {
-	out := map[model.ServiceKey][]string{}
-	for k, m := range l {
-		out[k] = lossList(m)
-	}
-	return out
 }
 
 // TestNetlinkMatchesNft programs a varied ruleset over netlink and the same
@@ -249,10 +242,10 @@ func lossesByService(l map[model.ServiceKey]map[famElem]string) map[model.Servic
 func TestNetlinkMatchesNft(t *testing.T) {
 	nsA, fdA := testNetNS(t)
 	nsC, _ := testNetNS(t)
-	cfg := Config{Table: "nftgate", Node: model.Node{Name: "gw"}, HashSeed: 7, Shards: 4,
+	cfg := ruleset.Config{Table: "nftgate", Node: model.Node{Name: "gw"}, HashSeed: 7, Shards: 4,
 		ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("198.18.2.0/24"), netip.MustParsePrefix("fd42:2::/64")}}
 	w, pa := programWorld(t, cfg, fdA, 2, 60, true)
-	res, err := pa.Full(cloneServices(w.services))
+	res, err := pa.Full(ruleset.CloneServices(w.services))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -260,12 +253,12 @@ func TestNetlinkMatchesNft(t *testing.T) {
 		t.Fatalf("conflicts in a world without shared addresses: %v", res.Conflicts)
 	}
 	var text bytes.Buffer
-	for _, f := range Families {
+	for _, f := range ruleset.Families {
 		var svcs []*model.Service
 		for _, s := range w.services {
 			svcs = append(svcs, s)
 		}
-		if err := WriteTables(&text, f, Layout(&cfg, f, svcs)); err != nil {
+		if err := ruleset.WriteTables(&text, f, ruleset.Layout(&cfg, f, svcs)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -287,10 +280,10 @@ func TestNetlinkMatchesNft(t *testing.T) {
 
 // normalizedTables is normalizedTable of each of nftgate's tables of a
 // family, main first.
-func normalizedTables(t *testing.T, ns, family string, cfg Config) string {
+func normalizedTables(t *testing.T, ns, family string, cfg ruleset.Config) string {
 	t.Helper()
 	out := normalizedTable(t, ns, family, cfg.Table)
-	for i := range cfg.shards() {
+	for i := range cfg.ShardCount() {
 		out += "\n" + normalizedTable(t, ns, family, cfg.ShardTable(i))
 	}
 	return out
@@ -393,7 +386,7 @@ func firstDifference(a, b string) string {
 // and checks that a full sync notices and repairs each change.
 func TestFullRepairsHandEdits(t *testing.T) {
 	ns, fd := testNetNS(t)
-	cfg := Config{Table: "nftgate", Node: model.Node{Name: "gw"}, Shards: 3}
+	cfg := ruleset.Config{Table: "nftgate", Node: model.Node{Name: "gw"}, Shards: 3}
 	w, p := programWorld(t, cfg, fd, 3, 10, true)
 	want := map[string]string{"ip": normalizedTables(t, ns, "ip", cfg), "ip6": normalizedTables(t, ns, "ip6", cfg)}
 	shard := cfg.ShardTable(1)
@@ -411,13 +404,13 @@ func TestFullRepairsHandEdits(t *testing.T) {
 		{"table flushed", func() { nft("flush", "table", "ip", cfg.Table) }},
 		{"shard table deleted", func() { nft("delete", "table", "ip", shard) }},
 		{"shard table flushed", func() { nft("flush", "table", "ip6", shard) }},
-		{"chain flushed", func() { nft("flush", "chain", "ip", shard, ChainServices) }},
-		{"rule added", func() { nft("add", "rule", "ip", shard, ChainServices, "ip", "daddr", "1.2.3.4", "drop") }},
+		{"chain flushed", func() { nft("flush", "chain", "ip", shard, ruleset.ChainServices) }},
+		{"rule added", func() { nft("add", "rule", "ip", shard, ruleset.ChainServices, "ip", "daddr", "1.2.3.4", "drop") }},
 		{"element edited", func() {
-			nft("flush", "map", "ip", shard, MapServiceIPs)
-			nft("add", "element", "ip", shard, MapServiceIPs, "{ 198.19.9.9 . tcp . 80 : drop }")
+			nft("flush", "map", "ip", shard, ruleset.MapServiceIPs)
+			nft("add", "element", "ip", shard, ruleset.MapServiceIPs, "{ 198.19.9.9 . tcp . 80 : drop }")
 		}},
-		{"hairpin element removed", func() { nft("flush", "set", "ip", cfg.Table, SetHairpin) }},
+		{"hairpin element removed", func() { nft("flush", "set", "ip", cfg.Table, ruleset.SetHairpin) }},
 		{"chain added", func() { nft("add", "chain", "ip", cfg.Table, "intruder") }},
 		{"shard table of another shard count", func() {
 			nft("add", "table", "ip", cfg.ShardTable(7), "{ comment \""+TableComment+"\"; }")
@@ -425,7 +418,7 @@ func TestFullRepairsHandEdits(t *testing.T) {
 		}},
 	} {
 		tc.edit()
-		res, err := p.Full(cloneServices(w.services))
+		res, err := p.Full(ruleset.CloneServices(w.services))
 		if err != nil {
 			t.Fatalf("%s: repair failed: %v", tc.name, err)
 		}
@@ -453,7 +446,7 @@ func TestUpgradeFromOneTable(t *testing.T) {
 	if out, err := exec.Command("ip", "netns", "exec", nsA, "nft", "-f", filepath.Join("testdata", "upgrade-one-table.nft")).CombinedOutput(); err != nil {
 		t.Fatalf("load the one-table ruleset: %v\n%s", err, out)
 	}
-	cfg := Config{Table: "nftgate", Node: model.Node{Name: "gw", Zone: "zone-a"}, HashSeed: 7, Shards: 2,
+	cfg := ruleset.Config{Table: "nftgate", Node: model.Node{Name: "gw", Zone: "zone-a"}, HashSeed: 7, Shards: 2,
 		ClusterCIDRs:      []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("fd00:10::/48")},
 		NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("192.168.0.0/24"), netip.MustParsePrefix("2001:db8:1::/64")}}
 	ready := func(a string, port uint16) model.Endpoint {
@@ -472,10 +465,10 @@ func TestUpgradeFromOneTable(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer p.Close()
-		if _, err := p.Full(cloneServices(services)); err != nil {
+		if _, err := p.Full(ruleset.CloneServices(services)); err != nil {
 			t.Fatalf("programmer %d: %v", i, err)
 		}
-		res, err := p.Full(cloneServices(services))
+		res, err := p.Full(ruleset.CloneServices(services))
 		if err != nil || res.Counts.Changes() != 0 || len(res.Drift) != 0 {
 			t.Fatalf("programmer %d: second full sync: %+v %v", i, res, err)
 		}

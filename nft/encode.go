@@ -8,8 +8,8 @@ import (
 	"sync/atomic"
 
 	"github.com/google/nftables"
-	"github.com/google/nftables/expr"
 	"github.com/mdlayher/netlink"
+	"github.com/nftgate/nftgate/ruleset"
 	"golang.org/x/sys/unix"
 )
 
@@ -58,10 +58,10 @@ const (
 // even boxing the arguments of) every message would be much of the garbage.
 type note struct {
 	op    noteOp
-	f     Family
+	f     ruleset.Family
 	table string
 	name  string // chain, set or map
-	rule  Rule
+	rule  ruleset.Rule
 	n     int // elements
 }
 
@@ -91,57 +91,27 @@ func (n note) String() string {
 	return "?"
 }
 
-// setRefs resolves the set names in one table's rules to google/nftables
-// sets: the sets created in the same batch carry the ID the kernel also
-// knows them by.
-type setRefs struct {
-	table *nftables.Table
-	sets  map[string]*nftables.Set
-}
-
-func newSetRefs(name string, f Family) setRefs {
-	return setRefs{table: &nftables.Table{Name: name, Family: nftFamily(f)}, sets: map[string]*nftables.Set{}}
-}
-
-// set returns the set of that name for references from rules.
-func (r *setRefs) set(name string) *nftables.Set {
-	if s, ok := r.sets[name]; ok {
-		return s
-	}
-	s := &nftables.Set{Table: r.table, Name: name}
-	r.sets[name] = s
-	return s
-}
-
-// wireStmt is a statement that writes its expressions into a batch itself,
-// without making google/nftables expressions of them first: the statements
-// a cold sync has by the ten thousand (endpoint choice, DNAT, verdicts).
-// Their encode says the same for tests and the rest; the tests hold the
-// two to the same bytes.
-type wireStmt interface {
-	put(f Family, w *wire)
-}
-
 // encoder writes planned operations for one table into a batch, in the
-// order that keeps every reference valid inside the batch. Rules, chains
-// and map elements are written straight into the batch (wire.go); tables
-// and sets are made by google/nftables on a Conn that only records them.
+// order that keeps every reference valid inside the batch. Every message is
+// written straight into the batch (wire.go); the statements of rules write
+// their expressions into it themselves, through the encoder as their
+// bytecode.Sink.
 type encoder struct {
-	setRefs
-	w     *wire
-	rec   *recorder
-	f     Family
-	err   error
-	exprs []expr.Any // scratch for one rule
+	w      *wire
+	table  string
+	f      ruleset.Family
+	ids    map[string]uint32 // sets created in this batch, by name
+	lastID *atomic.Uint32    // numbers the sets of one batch
+	err    error
 }
 
-func newEncoder(w *wire, rec *recorder, name string, f Family) *encoder {
-	return &encoder{setRefs: newSetRefs(name, f), w: w, rec: rec, f: f}
+func newEncoder(w *wire, lastID *atomic.Uint32, table string, f ruleset.Family) *encoder {
+	return &encoder{w: w, table: table, f: f, lastID: lastID}
 }
 
 func (e *encoder) note(n note) {
 	if e.w.describe {
-		n.f, n.table = e.f, e.table.Name
+		n.f, n.table = e.f, e.table
 		e.w.notes = append(e.w.notes, n)
 	}
 }
@@ -152,65 +122,112 @@ func (e *encoder) fail(err error) {
 	}
 }
 
-// recorded moves what google/nftables recorded into the batch, so that it
-// keeps its place among the messages written directly.
-func (e *encoder) recorded() {
-	msgs, err := e.rec.take()
-	e.fail(err)
-	for _, m := range msgs {
-		e.w.message(m)
-	}
-}
+// Set data types, as the kernel and nft know them (nft's datatype.h).
+const (
+	typeVerdict     = 1
+	typeIPAddr      = 7
+	typeIP6Addr     = 8
+	typeInetProto   = 12
+	typeInetService = 13
+	// concatTypeBits is the width of one type in a concatenation's type.
+	concatTypeBits = 6
+	// nftSetConcat is NFT_SET_CONCAT, which x/sys/unix lacks.
+	nftSetConcat = 0x80
+	// nftaSetDescConcat is NFTA_SET_DESC_CONCAT, which x/sys/unix lacks.
+	nftaSetDescConcat = 2
+	// nftDataVerdict is NFT_DATA_VERDICT, a verdict map's data type.
+	nftDataVerdict = 0xffffff00
+	// nftaSetFieldLen is NFTA_SET_FIELD_LEN, which x/sys/unix lacks.
+	nftaSetFieldLen = 1
+)
 
-func nftFamily(f Family) nftables.TableFamily {
-	if f == IPv6 {
-		return nftables.TableFamilyIPv6
-	}
-	return nftables.TableFamilyIPv4
-}
-
-func setDefinition(table *nftables.Table, f Family, s *Set) *nftables.Set {
-	ns := &nftables.Set{Table: table, Name: s.Name}
-	addr := nftables.TypeIPAddr
-	if f == IPv6 {
-		addr = nftables.TypeIP6Addr
+// setKey is the key type of a set of shape, in family f: the types of its
+// fields, and their lengths.
+func setKey(f ruleset.Family, s *ruleset.Set) (types []uint32, lens []uint32) {
+	addr, addrLen := uint32(typeIPAddr), f.AddrLen()
+	if f == ruleset.IPv6 {
+		addr = typeIP6Addr
 	}
 	switch {
+	case s.Map && s.Shape == ruleset.KeyProtoPort:
+		return []uint32{typeInetProto, typeInetService}, []uint32{1, 2}
 	case s.Map:
-		ns.IsMap, ns.Concatenation, ns.DataType = true, true, nftables.TypeVerdict
-		if s.Shape == KeyProtoPort {
-			ns.KeyType = nftables.MustConcatSetType(nftables.TypeInetProto, nftables.TypeInetService)
-		} else {
-			ns.KeyType = nftables.MustConcatSetType(addr, nftables.TypeInetProto, nftables.TypeInetService)
-		}
-	case s.Shape == KeyAddrPair:
-		ns.Concatenation = true
-		ns.KeyType = nftables.MustConcatSetType(addr, addr)
-	default:
-		ns.KeyType = addr
-		if s.Timeout > 0 {
-			ns.Dynamic, ns.HasTimeout, ns.Timeout = true, true, s.Timeout
-		}
+		return []uint32{addr, typeInetProto, typeInetService}, []uint32{addrLen, 1, 2}
+	case s.Shape == ruleset.KeyAddrPair:
+		return []uint32{addr, addr}, []uint32{addrLen, addrLen}
 	}
-	return ns
+	return []uint32{addr}, []uint32{addrLen}
 }
 
-// addSet has google/nftables record a new set; recorded moves it into
-// the batch.
-func (e *encoder) addSet(s *Set) {
-	ns := setDefinition(e.table, e.f, s)
-	ns.ID = e.rec.setID()
-	e.fail(e.rec.conn.AddSet(ns, nil))
-	e.sets[s.Name] = ns
+// addSet writes a new set, numbered for the rules of the batch that use
+// it, as google/nftables writes it.
+func (e *encoder) addSet(s *ruleset.Set) {
+	types, lens := setKey(e.f, s)
+	var flags, magic, keyLen uint32
+	for i, t := range types {
+		magic = magic<<concatTypeBits | t
+		keyLen += (lens[i] + 3) &^ 3 // each field of a concatenation takes whole registers
+	}
+	concat := len(types) > 1
+	if len(types) == 1 {
+		keyLen = lens[0]
+	}
+	if s.Map {
+		flags |= unix.NFT_SET_MAP
+	}
+	if s.Timeout > 0 {
+		flags |= unix.NFT_SET_TIMEOUT | unix.NFT_SET_EVAL
+	}
+	if concat {
+		flags |= nftSetConcat
+	}
+	id := e.lastID.Add(1)
+	if e.ids == nil {
+		e.ids = map[string]uint32{}
+	}
+	e.ids[s.Name] = id
+	w := e.w
+	w.begin(unix.NFT_MSG_NEWSET, flagsCreate, byte(e.f))
+	w.str(unix.NFTA_SET_TABLE, e.table)
+	w.str(unix.NFTA_SET_NAME, s.Name)
+	w.u32(unix.NFTA_SET_FLAGS, flags)
+	w.u32(unix.NFTA_SET_KEY_TYPE, magic)
+	w.u32(unix.NFTA_SET_KEY_LEN, keyLen)
+	w.u32(unix.NFTA_SET_ID, id)
+	if s.Map {
+		w.u32(unix.NFTA_SET_DATA_TYPE, nftDataVerdict)
+		w.u32(unix.NFTA_SET_DATA_LEN, 0)
+	}
+	if s.Timeout > 0 {
+		w.u64(unix.NFTA_SET_TIMEOUT, uint64(s.Timeout.Milliseconds()))
+	}
+	if concat {
+		desc := w.nest(unix.NFTA_SET_DESC)
+		cat := w.nest(nftaSetDescConcat)
+		for _, l := range lens {
+			field := w.open(unix.NFTA_LIST_ELEM)
+			w.u32(nftaSetFieldLen, l)
+			w.close(field)
+		}
+		w.close(cat)
+		w.close(desc)
+	}
+	w.end()
 	e.note(note{op: noteAddSet, name: s.Name})
 }
 
-var hookNums = map[string]nftables.ChainHook{
-	"prerouting":  *nftables.ChainHookPrerouting,
-	"input":       *nftables.ChainHookInput,
-	"forward":     *nftables.ChainHookForward,
-	"output":      *nftables.ChainHookOutput,
-	"postrouting": *nftables.ChainHookPostrouting,
+// delSet writes the deletion of a set.
+func (e *encoder) delSet(name string) {
+	e.chainMessage(unix.NFT_MSG_DELSET, netlink.Request, unix.NFTA_SET_TABLE, unix.NFTA_SET_NAME, name)
+	e.note(note{op: noteDelSet, name: name})
+}
+
+var hookNums = map[string]uint32{
+	"prerouting":  unix.NF_INET_PRE_ROUTING,
+	"input":       unix.NF_INET_LOCAL_IN,
+	"forward":     unix.NF_INET_FORWARD,
+	"output":      unix.NF_INET_LOCAL_OUT,
+	"postrouting": unix.NF_INET_POST_ROUTING,
 }
 
 // Message flags as google/nftables sets them, less the acknowledgement and
@@ -223,8 +240,8 @@ const (
 // chainMessage writes a message naming one chain of the table.
 func (e *encoder) chainMessage(typ uint16, flags netlink.HeaderFlags, tableAttr, nameAttr uint16, name string) {
 	w := e.w
-	w.begin(typ, flags, byte(e.table.Family))
-	w.str(tableAttr, e.table.Name)
+	w.begin(typ, flags, byte(e.f))
+	w.str(tableAttr, e.table)
 	w.str(nameAttr, name)
 	w.end()
 }
@@ -233,8 +250,8 @@ func (e *encoder) chainMessage(typ uint16, flags netlink.HeaderFlags, tableAttr,
 // it, with user data when ud is not nil: nftgate's mark.
 func (e *encoder) tableMessage(typ uint16, flags netlink.HeaderFlags, ud []byte) {
 	w := e.w
-	w.begin(typ, flags, byte(e.table.Family))
-	w.str(unix.NFTA_TABLE_NAME, e.table.Name)
+	w.begin(typ, flags, byte(e.f))
+	w.str(unix.NFTA_TABLE_NAME, e.table)
 	w.u32(unix.NFTA_TABLE_FLAGS, 0)
 	if ud != nil {
 		w.attr(nftaTableUserdata, ud)
@@ -242,10 +259,10 @@ func (e *encoder) tableMessage(typ uint16, flags netlink.HeaderFlags, ud []byte)
 	w.end()
 }
 
-func (e *encoder) addChain(c *Chain) {
+func (e *encoder) addChain(c *ruleset.Chain) {
 	w := e.w
-	w.begin(unix.NFT_MSG_NEWCHAIN, flagsCreate, byte(e.table.Family))
-	w.str(unix.NFTA_CHAIN_TABLE, e.table.Name)
+	w.begin(unix.NFT_MSG_NEWCHAIN, flagsCreate, byte(e.f))
+	w.str(unix.NFTA_CHAIN_TABLE, e.table)
 	w.str(unix.NFTA_CHAIN_NAME, c.Name)
 	if h := c.Hook; h != nil {
 		num, ok := hookNums[h.Hook]
@@ -263,39 +280,32 @@ func (e *encoder) addChain(c *Chain) {
 	e.note(note{op: noteAddChain, name: c.Name})
 }
 
-func (e *encoder) addRules(p chainPlan) {
+func (e *encoder) addRules(p ruleset.ChainPlan) {
 	w := e.w
-	fam := byte(e.table.Family)
-	for i, r := range p.chain.Rules {
+	fam := byte(e.f)
+	for i, r := range p.Chain.Rules {
 		w.begin(unix.NFT_MSG_NEWRULE, flagsAppend, fam)
-		w.str(unix.NFTA_RULE_TABLE, e.table.Name)
-		w.str(unix.NFTA_RULE_CHAIN, p.chain.Name)
+		w.str(unix.NFTA_RULE_TABLE, e.table)
+		w.str(unix.NFTA_RULE_CHAIN, p.Chain.Name)
 		at := w.nest(unix.NFTA_RULE_EXPRESSIONS)
 		for _, s := range r {
-			if ws, ok := s.(wireStmt); ok {
-				ws.put(e.f, w)
-				continue
-			}
-			e.exprs = append(e.exprs[:0], s.encode(e.f, &e.setRefs)...)
-			for _, x := range e.exprs {
-				w.expr(fam, x)
-			}
+			s.Encode(e.f, e)
 		}
 		w.close(at)
 		var ud [10]byte
-		w.attr(unix.NFTA_RULE_USERDATA, appendFingerprint(ud[:0], p.ruleFPs[i]))
+		w.attr(unix.NFTA_RULE_USERDATA, appendFingerprint(ud[:0], p.RuleFPs[i]))
 		w.end()
-		e.note(note{op: noteAddRule, name: p.chain.Name, rule: r})
+		e.note(note{op: noteAddRule, name: p.Chain.Name, rule: r})
 	}
 }
 
 // appendKey appends a map key as the kernel stores it: each field of a
 // concatenation padded to four bytes.
-func appendKey(b []byte, shape KeyShape, k Key) []byte {
+func appendKey(b []byte, shape ruleset.KeyShape, k ruleset.Key) []byte {
 	if k.Addr.IsValid() {
 		b = append(b, k.Addr.AsSlice()...)
 	}
-	if shape == KeyAddrPair {
+	if shape == ruleset.KeyAddrPair {
 		return append(b, k.Addr.AsSlice()...)
 	}
 	if k.Proto == 0 && k.Port == 0 {
@@ -306,43 +316,27 @@ func appendKey(b []byte, shape KeyShape, k Key) []byte {
 	return b
 }
 
-// setShape is the key shape of each set whose elements nftgate writes, and
-// zero for the sets the packet path fills.
-func setShape(name string) KeyShape {
-	switch name {
-	case MapServiceNodePorts, MapNoEndpointNodePorts:
-		return KeyProtoPort
-	case MapServiceIPs, MapNoEndpointServices, MapFirewallIPs:
-		return KeyAddrProtoPort
-	case SetClusterIPs:
-		return KeyAddr
-	case SetHairpin:
-		return KeyAddrPair
-	}
-	return 0
-}
-
 // elementsPerMessage bounds the elements of one message: the kernel caps a
 // netlink attribute, the list of them, at 64 KiB.
 const elementsPerMessage = 500
 
 // elements adds or deletes map elements, grouped per map into messages of
 // bounded size.
-func (e *encoder) elements(els []Element, del bool) {
+func (e *encoder) elements(els []ruleset.Element, del bool) {
 	typ, op := uint16(unix.NFT_MSG_NEWSETELEM), noteAddElems
 	if del {
 		typ, op = unix.NFT_MSG_DELSETELEM, noteDelElems
 	}
 	w := e.w
-	fam := byte(e.table.Family)
+	fam := byte(e.f)
 	var key []byte
 	for len(els) > 0 {
 		m := els[0].Map
-		shape := setShape(m)
+		shape := ruleset.SetShape(m)
 		w.begin(typ, flagsCreate, fam)
 		w.str(unix.NFTA_SET_ELEM_LIST_SET, m)
 		w.u32(unix.NFTA_SET_ELEM_LIST_SET_ID, 0)
-		w.str(unix.NFTA_SET_ELEM_LIST_TABLE, e.table.Name)
+		w.str(unix.NFTA_SET_ELEM_LIST_TABLE, e.table)
 		list := w.nest(unix.NFTA_SET_ELEM_LIST_ELEMENTS)
 		n := 0
 		// Stay clear of the attribute limit whatever the chain names' length.
@@ -353,7 +347,7 @@ func (e *encoder) elements(els []Element, del bool) {
 			key = appendKey(key[:0], shape, el.Key)
 			w.value(unix.NFTA_SET_ELEM_KEY, key)
 			if el.Verdict.Kind != 0 {
-				w.verdictData(unix.NFTA_SET_ELEM_DATA, el.Verdict.encode(e.f, nil)[0].(*expr.Verdict))
+				w.verdictData(unix.NFTA_SET_ELEM_DATA, el.Verdict.Bytecode())
 			}
 			w.close(item)
 		}
@@ -364,179 +358,83 @@ func (e *encoder) elements(els []Element, del bool) {
 	}
 }
 
-func chunks[T any](s []T, n int) func(func([]T) bool) {
-	return func(yield func([]T) bool) {
-		for len(s) > 0 {
-			k := min(n, len(s))
-			if !yield(s[:k]) {
-				return
-			}
-			s = s[k:]
-		}
-	}
-}
-
-// encode appends one family's operations to the batch.
-// head has the table and its new sets recorded. The heads of all tables
-// come first in a batch, and are moved into it together: each move costs
-// google/nftables a Flush.
-func (e *encoder) head(o *familyOps) {
-	if o.replaceTable || o.createTable {
-		e.recorded() // what google/nftables recorded keeps its place
-	}
-	if o.replaceTable {
+// head writes the table and its new sets. The heads of all tables come
+// first in a batch.
+func (e *encoder) head(o *ruleset.Ops) {
+	if o.ReplaceTable {
 		e.tableMessage(unix.NFT_MSG_DELTABLE, netlink.Request, nil)
 		e.note(note{op: noteDelTable})
 	}
-	if o.createTable {
+	if o.CreateTable {
 		e.tableMessage(unix.NFT_MSG_NEWTABLE, flagsCreate, tableMark)
 		e.note(note{op: noteAddTable})
 	}
-	for _, s := range o.addSets {
+	for _, s := range o.AddSets {
 		e.addSet(s)
 	}
 }
 
 // body writes the rest of the table's operations, after every head.
-func (e *encoder) body(o *familyOps) {
-	for _, c := range o.addChains {
-		e.addChain(c.chain)
+func (e *encoder) body(o *ruleset.Ops) {
+	for _, c := range o.AddChains {
+		e.addChain(c.Chain)
 	}
 	// Chains being removed and chains being rewritten are flushed before
 	// any set they use is recreated or deleted.
-	for _, c := range o.rewriteChains {
-		e.chainMessage(unix.NFT_MSG_DELRULE, netlink.Request, unix.NFTA_RULE_TABLE, unix.NFTA_RULE_CHAIN, c.chain.Name)
-		e.note(note{op: noteFlushChain, name: c.chain.Name})
+	for _, c := range o.RewriteChains {
+		e.chainMessage(unix.NFT_MSG_DELRULE, netlink.Request, unix.NFTA_RULE_TABLE, unix.NFTA_RULE_CHAIN, c.Chain.Name)
+		e.note(note{op: noteFlushChain, name: c.Chain.Name})
 	}
-	for _, n := range o.flushChains {
+	for _, n := range o.FlushChains {
 		e.chainMessage(unix.NFT_MSG_DELRULE, netlink.Request, unix.NFTA_RULE_TABLE, unix.NFTA_RULE_CHAIN, n)
 		e.note(note{op: noteFlushChain, name: n})
 	}
-	for _, s := range o.recreateSets {
-		e.rec.conn.DelSet(setDefinition(e.table, e.f, s))
-		e.note(note{op: noteDelSet, name: s.Name})
+	for _, s := range o.RecreateSets {
+		e.delSet(s.Name)
 		e.addSet(s)
-		e.recorded()
 	}
-	for _, c := range o.addChains {
+	for _, c := range o.AddChains {
 		e.addRules(c)
 	}
-	for _, c := range o.rewriteChains {
+	for _, c := range o.RewriteChains {
 		e.addRules(c)
 	}
-	e.elements(o.delElems, true)
-	e.elements(o.addElems, false)
-	for _, n := range o.delChains {
+	e.elements(o.DelElems, true)
+	e.elements(o.AddElems, false)
+	for _, n := range o.DelChains {
 		e.chainMessage(unix.NFT_MSG_DELCHAIN, netlink.Request, unix.NFTA_CHAIN_TABLE, unix.NFTA_CHAIN_NAME, n)
 		e.note(note{op: noteDelChain, name: n})
 	}
-	for _, n := range o.delSets {
-		e.rec.conn.DelSet(&nftables.Set{Table: e.table, Name: n})
-		e.note(note{op: noteDelSet, name: n})
-	}
-	if len(o.delSets) > 0 {
-		e.recorded()
+	for _, n := range o.DelSets {
+		e.delSet(n)
 	}
 	e.fail(e.w.err)
-}
-
-// batch is a batch being built: its first part holds its beginning, the
-// tables and their new sets; then one part per table, encoded in parallel.
-// It is sent as one datagram.
-type batch struct {
-	parts []*wire
-	arena []byte // mapped memory the parts are in, if any
-}
-
-// arenaThreshold is the size of a batch above which its parts are placed
-// in memory mapped for it rather than on the Go heap. A cold sync's batch is
-// tens of megabytes of bytes for the kernel: on the heap it would bring the
-// next collection forward, which then scans everything the sync holds, for
-// memory that holds no pointers and is freed right after sending.
-const arenaThreshold = 4 << 20
-
-func newArena(size int) []byte {
-	b, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
-	if err != nil {
-		return nil // the parts go on the heap
-	}
-	return b
-}
-
-// release returns the batch's mapped memory; the batch must not be used
-// afterwards.
-func (bt *batch) release() {
-	if bt.arena != nil {
-		_ = unix.Munmap(bt.arena)
-		bt.arena, bt.parts = nil, nil
-	}
-}
-
-func (bt *batch) count() int {
-	n := 0
-	for _, w := range bt.parts {
-		n += w.count
-	}
-	return n
-}
-
-func (bt *batch) size() int {
-	n := 0
-	for _, w := range bt.parts {
-		n += len(w.b)
-	}
-	return n
-}
-
-// notes describe the batch's messages in order, when it was encoded with
-// describe.
-func (bt *batch) notes() []note {
-	var out []note
-	for _, w := range bt.parts {
-		out = append(out, w.notes...)
-	}
-	return out
 }
 
 // encodeBatch encodes the operations of every table of ts, and the
 // deletion of the tables in drop, into one batch; with a note on every
 // message when describe is set.
-func encodeBatch(ts *tableSet, ds []*differ, drop []tableRef, describe bool) (*batch, error) {
-	rec, err := newRecorder(new(uint32))
-	if err != nil {
-		return nil, err
-	}
+func encodeBatch(ts *ruleset.Tables, ds []*ruleset.Ops, drop []ruleset.TableRef, describe bool) (*batch, error) {
+	var lastID atomic.Uint32
 	head := newWire(4096, 64, describe)
 	head.marker(unix.NFNL_MSG_BATCH_BEGIN)
 	encs := make([]*encoder, len(ds))
-	heads := false
-	for slot, d := range ds {
-		if !d.ops.empty() {
-			ref := ts.refs[slot]
-			encs[slot] = newEncoder(head, rec, ref.name, ref.f)
-			encs[slot].head(&d.ops)
-			heads = heads || d.ops.createTable || len(d.ops.addSets) > 0
+	for slot, o := range ds {
+		if !o.Empty() {
+			ref := ts.Refs[slot]
+			encs[slot] = newEncoder(head, &lastID, ref.Name, ref.Family)
+			encs[slot].head(o)
 		}
 	}
-	if heads {
-		msgs, err := rec.take()
-		if err != nil {
-			return nil, err
-		}
-		for _, m := range msgs {
-			head.message(m)
-		}
-	}
-	// Each table's body is a part of its own, encoded on any CPU. Those
-	// that need google/nftables (recreated and deleted sets) get a
-	// recorder per worker; set IDs stay unique in the batch.
+	// Each table's body is a part of its own, encoded on any CPU; set IDs
+	// stay unique in the batch.
 	bodies := make([]*wire, len(ds))
 	errs := make([]error, len(ds))
 	sizes, counts := make([]int, len(ds)), make([]int, len(ds))
 	total := 0
 	for slot, e := range encs {
 		if e != nil {
-			sizes[slot], counts[slot] = ds[slot].ops.estimate()
+			sizes[slot], counts[slot] = estimate(ds[slot])
 			total += sizes[slot]
 		}
 	}
@@ -556,7 +454,6 @@ func encodeBatch(ts *tableSet, ds []*differ, drop []tableRef, describe bool) (*b
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			var wrec *recorder
 			for {
 				slot := int(next.Add(1)) - 1
 				if slot >= len(ds) {
@@ -566,23 +463,12 @@ func encodeBatch(ts *tableSet, ds []*differ, drop []tableRef, describe bool) (*b
 				if e == nil {
 					continue
 				}
-				o := &ds[slot].ops
+				o := ds[slot]
 				if bt.arena != nil {
 					off := offsets[slot]
 					e.w = newWireIn(bt.arena[off:off:off+sizes[slot]], counts[slot], describe)
 				} else {
 					e.w = newWire(sizes[slot], counts[slot], describe)
-				}
-				if len(o.recreateSets) > 0 || len(o.delSets) > 0 {
-					if wrec == nil {
-						r, err := newRecorder(rec.lastID)
-						if err != nil {
-							errs[slot] = err
-							continue
-						}
-						wrec = r
-					}
-					e.rec = wrec
 				}
 				e.body(o)
 				bodies[slot], errs[slot] = e.w, e.err
@@ -593,8 +479,8 @@ func encodeBatch(ts *tableSet, ds []*differ, drop []tableRef, describe bool) (*b
 	for slot, w := range bodies {
 		if errs[slot] != nil {
 			bt.release()
-			ref := ts.refs[slot]
-			return nil, fmt.Errorf("encode %s %s table: %w", ref.f, ref.name, errs[slot])
+			ref := ts.Refs[slot]
+			return nil, fmt.Errorf("encode %s %s table: %w", ref.Family, ref.Name, errs[slot])
 		}
 		if w != nil && w.count > 0 {
 			bt.parts = append(bt.parts, w)
@@ -603,18 +489,9 @@ func encodeBatch(ts *tableSet, ds []*differ, drop []tableRef, describe bool) (*b
 	if len(drop) > 0 {
 		tail := newWire(1024, len(drop), describe)
 		for _, t := range drop {
-			rec.conn.DelTable(&nftables.Table{Name: t.name, Family: nftFamily(t.f)})
-			if describe {
-				tail.notes = append(tail.notes, note{op: noteDelTable, f: t.f, table: t.name})
-			}
-		}
-		msgs, err := rec.take()
-		if err != nil {
-			bt.release()
-			return nil, err
-		}
-		for _, m := range msgs {
-			tail.message(m)
+			e := newEncoder(tail, &lastID, t.Name, t.Family)
+			e.tableMessage(unix.NFT_MSG_DELTABLE, netlink.Request, nil)
+			e.note(note{op: noteDelTable})
 		}
 		bt.parts = append(bt.parts, tail)
 	}
@@ -627,49 +504,30 @@ func encodeBatch(ts *tableSet, ds []*differ, drop []tableRef, describe bool) (*b
 	return bt, nil
 }
 
-// recorder is a google/nftables Conn whose transport only records the
-// messages it would send, so that nftgate can send them in one batch of its
-// own (see batch.go).
-type recorder struct {
-	conn   *nftables.Conn
-	msgs   []netlink.Message
-	lastID *uint32 // shared by the recorders of one batch
-}
-
-// setID numbers the sets a batch creates, by which the kernel finds them
-// within the batch. nftgate numbers them itself: google/nftables counts in
-// a package variable that concurrent batches would share unguarded.
-func (r *recorder) setID() uint32 {
-	return atomic.AddUint32(r.lastID, 1)
-}
-
-// newRecorder makes a recorder numbering sets with lastID.
-func newRecorder(lastID *uint32) (*recorder, error) {
-	r := &recorder{lastID: lastID}
-	ack := []netlink.Message{{Header: netlink.Header{Type: netlink.Error}, Data: make([]byte, 4)}}
-	conn, err := nftables.New(nftables.WithTestDial(func(req []netlink.Message) ([]netlink.Message, error) {
-		if req == nil {
-			return ack, nil // google/nftables reads one acknowledgement per message
+// estimate is about the size in bytes of the batch carrying the
+// operations (rather more than less: a buffer that must grow copies
+// itself), and the number of its messages.
+func estimate(o *ruleset.Ops) (size, messages int) {
+	// A rule of nftgate's is up to about 480 bytes of expressions, plus
+	// its chain's name, twice for a jump or goto.
+	chains := func(cs []ruleset.ChainPlan) {
+		for _, c := range cs {
+			size += 128 + len(c.Chain.Name) + len(c.Chain.Rules)*(480+2*len(c.Chain.Name))
+			messages += 1 + len(c.Chain.Rules)
 		}
-		r.msgs = append(r.msgs, req...)
-		return nil, nil
-	}))
-	if err != nil {
-		return nil, err
 	}
-	r.conn = conn
-	return r, nil
-}
-
-// take returns the recorded messages without the batch framing.
-func (r *recorder) take() ([]netlink.Message, error) {
-	if err := r.conn.Flush(); err != nil {
-		return nil, err
+	chains(o.AddChains)
+	chains(o.RewriteChains)
+	for _, els := range [][]ruleset.Element{o.AddElems, o.DelElems} {
+		for i := range els {
+			size += 40 // an address pair, or an address, protocol and port
+			if els[i].Verdict.Kind != 0 {
+				size += 28 + len(els[i].Verdict.Chain)
+			}
+		}
+		messages += len(els)/elementsPerMessage + 4
 	}
-	msgs := r.msgs
-	r.msgs = nil
-	if len(msgs) >= 2 {
-		msgs = msgs[1 : len(msgs)-1] // drop BATCH_BEGIN and BATCH_END
-	}
-	return msgs, nil
+	names := len(o.FlushChains) + len(o.DelChains) + len(o.DelSets)
+	messages += names + len(o.AddSets) + 2*len(o.RecreateSets) + 1
+	return size + 128*names + 512, messages
 }

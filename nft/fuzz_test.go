@@ -7,11 +7,13 @@ import (
 	"testing"
 	"time"
 
+	bc "github.com/nftgate/nftgate/ruleset/bytecode"
+
 	"github.com/google/nftables/expr"
-	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/nftgate/nftgate/model"
+	"github.com/nftgate/nftgate/ruleset"
 )
 
 // fuzzReader hands out the fuzzer's bytes as fields; past the end it gives
@@ -40,55 +42,64 @@ func (r *fuzzReader) bytes() []byte {
 	return out
 }
 
-var fuzzVerdicts = []expr.VerdictKind{expr.VerdictReturn, expr.VerdictGoto, expr.VerdictJump, expr.VerdictBreak,
-	expr.VerdictContinue, expr.VerdictDrop, expr.VerdictAccept, expr.VerdictStolen, expr.VerdictQueue, expr.VerdictRepeat, expr.VerdictStop}
+var fuzzVerdicts = []int32{bc.VerdictReturn, bc.VerdictGoto, bc.VerdictJump, bc.VerdictDrop, bc.VerdictAccept,
+	int32(expr.VerdictBreak), int32(expr.VerdictContinue), int32(expr.VerdictStolen), int32(expr.VerdictQueue),
+	int32(expr.VerdictRepeat), int32(expr.VerdictStop)}
 
-// expr builds one expression of any kind the encoder writes itself (and a
-// few it hands to google/nftables), with the fuzzer's field values; name
-// is the chain or set it names.
-func (r *fuzzReader) expr(name string) expr.Any {
-	switch r.u8() % 15 {
+// data is a constant from the fuzzer's bytes.
+func (r *fuzzReader) data() bc.Data { return bc.Bytes(r.bytes()...) }
+
+// expr writes one expression of any kind the statements use, with the
+// fuzzer's field values; name is the chain or set it names.
+func (r *fuzzReader) expr(name string) func(bc.Sink) {
+	switch r.u8() % 14 {
 	case 0:
-		return &expr.Payload{OperationType: expr.PayloadOperationType(r.u8() % 2), DestRegister: r.u32(), SourceRegister: r.u32(),
-			Base: expr.PayloadBase(r.u8() % 4), Offset: r.u32(), Len: r.u32(), CsumType: expr.PayloadCsumType(r.u8() % 3), CsumOffset: r.u32()}
+		x := bc.Payload{Dreg: r.u32(), Base: uint32(r.u8() % 4), Offset: r.u32(), Len: r.u32()}
+		return func(s bc.Sink) { s.Payload(x) }
 	case 1:
-		return &expr.Cmp{Op: expr.CmpOp(r.u8() % 6), Register: r.u32(), Data: r.bytes()}
+		x := bc.Cmp{Op: uint32(r.u8() % 6), Sreg: r.u32(), Data: r.data()}
+		return func(s bc.Sink) { s.Cmp(x) }
 	case 2:
-		return &expr.Bitwise{SourceRegister: r.u32(), DestRegister: r.u32(), Len: r.u32(), Mask: r.bytes(), Xor: r.bytes()}
+		x := bc.Bitwise{Sreg: r.u32(), Dreg: r.u32(), Len: r.u32(), Mask: r.data(), Xor: r.data()}
+		return func(s bc.Sink) { s.Bitwise(x) }
 	case 3:
-		return &expr.Lookup{SourceRegister: r.u32(), DestRegister: r.u32(), IsDestRegSet: r.flag(), SetName: name, SetID: r.u32(), Invert: r.flag()}
+		x := bc.Lookup{Sreg: r.u32(), Dreg: r.u32(), HasDreg: r.flag(), Set: name}
+		return func(s bc.Sink) { s.Lookup(x) }
 	case 4:
-		return &expr.Meta{Key: expr.MetaKey(r.u8() % 32), Register: r.u32(), SourceRegister: r.flag()}
+		x := bc.Meta{Key: uint32(r.u8() % 32), Reg: r.u32(), Set: r.flag()}
+		return func(s bc.Sink) { s.Meta(x) }
 	case 5:
-		return &expr.Ct{Register: r.u32(), Key: expr.CtKey(r.u8() % 32), Direction: r.u32(), SourceRegister: r.flag()}
-	case 6:
-		return &expr.Fib{Register: r.u32(), ResultOIF: r.flag(), ResultOIFNAME: r.flag(), ResultADDRTYPE: r.flag(),
-			FlagSADDR: r.flag(), FlagDADDR: r.flag(), FlagMARK: r.flag(), FlagIIF: r.flag(), FlagOIF: r.flag(), FlagPRESENT: r.flag()}
-	case 7:
-		return &expr.Hash{SourceRegister: r.u32(), DestRegister: r.u32(), Length: r.u32(), Modulus: r.u32(), Seed: r.u32(),
-			Offset: r.u32(), Type: expr.HashType(r.u8() % 2)}
-	case 8:
-		return &expr.Immediate{Register: r.u32(), Data: r.bytes()}
-	case 9:
-		return &expr.Verdict{Kind: fuzzVerdicts[int(r.u8())%len(fuzzVerdicts)], Chain: name}
-	case 10:
-		return &expr.NAT{Type: expr.NATType(r.u8() % 2), Family: uint32(r.u8()), RegAddrMin: r.u32(), RegAddrMax: r.u32(),
-			RegProtoMin: r.u32(), RegProtoMax: r.u32(), Random: r.flag(), FullyRandom: r.flag(), Persistent: r.flag(),
-			Prefix: r.flag(), Specified: r.flag()}
-	case 11:
-		d := &expr.Dynset{SrcRegKey: r.u32(), SrcRegData: r.u32(), SetID: r.u32(), SetName: name, Operation: r.u32() % 3,
-			Timeout: time.Duration(r.u32()) * time.Millisecond, Invert: r.flag()}
-		if r.flag() {
-			d.Exprs = []expr.Any{&expr.Counter{}}
+		key := uint32(r.u8() % 32)
+		switch key {
+		case unix.NFT_CT_SRC, unix.NFT_CT_DST, unix.NFT_CT_PROTO_SRC, unix.NFT_CT_PROTO_DST:
+			key = unix.NFT_CT_STATE // keys with a direction: not what the statements load
 		}
-		return d
+		x := bc.Ct{Key: key, Dreg: r.u32()}
+		return func(s bc.Sink) { s.Ct(x) }
+	case 6:
+		x := bc.Fib{Dreg: r.u32(), Flags: uint32(r.u8() % 64), Result: uint32(r.u8() % 4)}
+		return func(s bc.Sink) { s.Fib(x) }
+	case 7:
+		x := bc.Hash{Sreg: r.u32(), Dreg: r.u32(), Len: r.u32(), Modulus: r.u32(), Seed: r.u32()}
+		return func(s bc.Sink) { s.Hash(x) }
+	case 8:
+		x := bc.Immediate{Dreg: r.u32(), Data: r.data()}
+		return func(s bc.Sink) { s.Immediate(x) }
+	case 9:
+		x := bc.Verdict{Code: fuzzVerdicts[int(r.u8())%len(fuzzVerdicts)], Chain: name}
+		return func(s bc.Sink) { s.Verdict(x) }
+	case 10:
+		x := bc.NAT{Type: uint32(r.u8() % 2), Family: uint32(r.u8()), RegAddr: r.u32(), RegProto: r.u32(), Flags: r.u32() & 0x5e}
+		return func(s bc.Sink) { s.NAT(x) }
+	case 11:
+		x := bc.Dynset{Sreg: r.u32(), Op: r.u32() % 3, Set: name}
+		return func(s bc.Sink) { s.Dynset(x) }
 	case 12:
-		return &expr.Masq{Random: r.flag(), FullyRandom: r.flag(), Persistent: r.flag(), ToPorts: r.flag(),
-			RegProtoMin: r.u32(), RegProtoMax: r.u32()}
-	case 13:
-		return &expr.Reject{Type: r.u32(), Code: r.u8()}
+		x := bc.Masq{Flags: r.u32() & 0x1c}
+		return func(s bc.Sink) { s.Masq(x) }
 	default:
-		return &expr.Counter{Bytes: uint64(r.u32()), Packets: uint64(r.u32())}
+		x := bc.Reject{Type: r.u32(), Code: r.u8()}
+		return func(s bc.Sink) { s.Reject(x) }
 	}
 }
 
@@ -103,22 +114,9 @@ func FuzzWireMatchesGoogleNftables(f *testing.F) {
 		for _, fam := range []byte{unix.NFPROTO_IPV4, unix.NFPROTO_IPV6} {
 			r := &fuzzReader{b: data}
 			for len(r.b) > 0 {
-				e := r.expr(name)
-				want, err := expr.Marshal(fam, e)
-				if err != nil {
-					continue // google/nftables refuses it: nothing to compare
-				}
-				wantList, err := netlink.MarshalAttributes([]netlink.Attribute{{Type: unix.NLA_F_NESTED | unix.NFTA_LIST_ELEM, Data: want}})
-				if err != nil {
-					continue
-				}
-				var w wire
-				w.expr(fam, e)
-				if w.err != nil {
-					continue // an attribute over 64 KiB: refused, not written
-				}
-				if !bytes.Equal(w.b, wantList) {
-					t.Fatalf("family %d, %T %+v:\n got: % x\nwant: % x", fam, e, e, w.b, wantList)
+				got, want, ok := exprBytes(t, fam, r.expr(name))
+				if ok && !bytes.Equal(got, want) {
+					t.Fatalf("family %d:\n got: % x\nwant: % x", fam, got, want)
 				}
 			}
 		}
@@ -126,18 +124,18 @@ func FuzzWireMatchesGoogleNftables(f *testing.F) {
 		// A whole batch: one Service of these names, with endpoints from
 		// the bytes, programmed cold and then removed.
 		svc := fuzzService(name, r)
-		cfg := Config{Table: "nftgate", Node: model.Node{Name: "gw"}, HashSeed: 7, Shards: 2}
-		ts := newTableSet(&cfg)
-		state := make([]*tableState, len(ts.refs))
+		cfg := ruleset.Config{Table: "nftgate", Node: model.Node{Name: "gw"}, HashSeed: 7, Shards: 2}
+		ts := ruleset.NewTables(&cfg)
+		state := make([]*ruleset.TableState, len(ts.Refs))
 		for i := range state {
-			state[i] = newTableState()
+			state[i] = ruleset.NewTableState()
 		}
-		ds, book, _ := planFull(&cfg, ts, state, map[model.ServiceKey]*model.Service{svc.Key: svc})
+		ds, book, _ := ruleset.PlanFull(&cfg, ts, state, map[model.ServiceKey]*model.Service{svc.Key: svc})
 		compareBatches(t, "cold", wireMessages(encodeOps(t, ts, ds)), refEncode(t, ts, ds))
-		for slot, d := range ds {
-			state[slot].apply(&d.ops)
+		for slot, o := range ds {
+			state[slot].Apply(o)
 		}
-		ds, _, _ = planPartial(&cfg, ts, state, book, map[model.ServiceKey]*model.Service{svc.Key: svc}, map[model.ServiceKey]*model.Service{svc.Key: nil})
+		ds, _, _ = ruleset.PlanPartial(&cfg, ts, state, book, map[model.ServiceKey]*model.Service{svc.Key: svc}, map[model.ServiceKey]*model.Service{svc.Key: nil})
 		compareBatches(t, "removal", wireMessages(encodeOps(t, ts, ds)), refEncode(t, ts, ds))
 	})
 }

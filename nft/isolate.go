@@ -5,6 +5,7 @@ import (
 	"sort"
 
 	"github.com/nftgate/nftgate/model"
+	"github.com/nftgate/nftgate/ruleset"
 )
 
 // Failure isolation: the kernel applies a batch all or nothing, so one
@@ -89,7 +90,7 @@ func (p *Programmer) suspects(cause *BatchError, changes map[model.ServiceKey]*m
 		return nil
 	}
 	type object struct {
-		f           Family
+		f           ruleset.Family
 		table, name string
 	}
 	owner := map[object]model.ServiceKey{}
@@ -98,13 +99,13 @@ func (p *Programmer) suspects(cause *BatchError, changes map[model.ServiceKey]*m
 			if m == nil {
 				continue
 			}
-			r := p.tables.render(m)
-			for _, f := range Families {
+			r := p.tables.Render(m)
+			for _, f := range ruleset.Families {
 				fr := r.Of(f)
 				shard := p.cfg.TableOf(k)
 				for _, c := range fr.Chains {
 					table := shard
-					if mainChain(c.Name) {
+					if ruleset.MainChain(c.Name) {
 						table = p.cfg.Table
 					}
 					owner[object{f, table, c.Name}] = k
@@ -135,8 +136,8 @@ func (p *Programmer) suspects(cause *BatchError, changes map[model.ServiceKey]*m
 // are then applied as a partial sync that isolates refusals. recreated
 // tells that the refused plan recreated sets, which made observed forget
 // their elements: the tables are then read again.
-func (p *Programmer) fullIsolating(res *Result, observed []*tableState, drop []tableRef, recreated bool, services map[model.ServiceKey]*model.Service, cause *BatchError) error {
-	candidates := changedServices(p.services, services)
+func (p *Programmer) fullIsolating(res *Result, observed []*ruleset.TableState, drop []ruleset.TableRef, recreated bool, services map[model.ServiceKey]*model.Service, cause *BatchError) error {
+	candidates := ruleset.ChangedServices(p.services, services)
 	out := p.suspects(cause, candidates)
 	if len(out) == 0 {
 		out = make(map[model.ServiceKey]bool, len(candidates))
@@ -144,7 +145,7 @@ func (p *Programmer) fullIsolating(res *Result, observed []*tableState, drop []t
 			out[k] = true
 		}
 	}
-	base := cloneServices(services)
+	base := ruleset.CloneServices(services)
 	later := map[model.ServiceKey]*model.Service{}
 	for k := range out {
 		if old := p.services[k]; old != nil {
@@ -160,7 +161,7 @@ func (p *Programmer) fullIsolating(res *Result, observed []*tableState, drop []t
 			return err
 		}
 	}
-	ds, claims, _ := planFull(&p.cfg, p.tables, observed, base)
+	ds, claims, _ := ruleset.PlanFull(&p.cfg, p.tables, observed, base)
 	n, kernel, err := p.commit(ds, drop)
 	res.Messages += n
 	res.Kernel += kernel
@@ -178,16 +179,6 @@ func (p *Programmer) fullIsolating(res *Result, observed []*tableState, drop []t
 	if len(refused) > 0 {
 		res.Refused = refused
 	}
-	res.Conflicts = p.claims.conflicts()
+	res.Conflicts = p.claims.Conflicts()
 	return err
-}
-
-// recreates tells whether a plan recreates a set.
-func recreates(ds []*differ) bool {
-	for _, d := range ds {
-		if len(d.ops.recreateSets) > 0 {
-			return true
-		}
-	}
-	return false
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/nftgate/nftgate/model"
+	"github.com/nftgate/nftgate/ruleset"
 )
 
 // isolationService is default/<name>, ClusterIP 198.19.0.<n> port 80, with
@@ -25,7 +26,7 @@ func isolationService(name string, n int, endpoint string) *model.Service {
 func refusingProgrammer(t *testing.T, refuse *atomic.Pointer[map[*model.Service]bool]) (string, *Programmer) {
 	t.Helper()
 	ns, fd := testNetNS(t)
-	p, err := NewProgrammer(Config{Table: "nftgate", Node: model.Node{Name: "gw"}, HashSeed: 1, Shards: 4}, Options{NetNSFD: fd,
+	p, err := NewProgrammer(ruleset.Config{Table: "nftgate", Node: model.Node{Name: "gw"}, HashSeed: 1, Shards: 4}, Options{NetNSFD: fd,
 		RefuseForTest: func(s *model.Service) bool { return (*refuse.Load())[s] }})
 	if err != nil {
 		t.Fatal(err)
@@ -91,8 +92,8 @@ func testKernelRefusal(t *testing.T, bisect bool) {
 	if err != nil {
 		t.Fatalf("cold full sync: %v", err)
 	}
-	if len(res.Refused) != 1 || !strings.Contains(res.Refused[bad.Key], refusedChain) {
-		t.Fatalf("refused %v, want default/bad refused by the kernel for its jump to %s", res.Refused, refusedChain)
+	if len(res.Refused) != 1 || !strings.Contains(res.Refused[bad.Key], ruleset.RefusedChain) {
+		t.Fatalf("refused %v, want default/bad refused by the kernel for its jump to %s", res.Refused, ruleset.RefusedChain)
 	}
 	checkIsolated(t, ns, map[string]string{"198.19.0.10": "198.18.2.10", "198.19.0.11": "198.18.2.11", "198.19.0.13": "198.18.2.13"},
 		"198.19.0.12", "198.18.2.12")
@@ -148,7 +149,7 @@ func TestKernelRefusalAfterDriftIsIsolated(t *testing.T) {
 	if _, err := p.Full(serviceMap(web, bad)); err != nil {
 		t.Fatal(err)
 	}
-	nftList(t, ns, "flush", "map", "ip", p.cfg.TableOf(web.Key), MapServiceIPs)
+	nftList(t, ns, "flush", "map", "ip", p.cfg.TableOf(web.Key), ruleset.MapServiceIPs)
 	res, err := p.Full(serviceMap(web, bad2))
 	if err != nil || len(res.Refused) != 1 || len(res.Drift) == 0 {
 		t.Fatalf("full sync: %v, refused %v, drift %v; want default/bad refused and the drift repaired", err, res.Refused, res.Drift)

@@ -14,6 +14,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/nftgate/nftgate/model"
+	"github.com/nftgate/nftgate/ruleset"
 )
 
 var nsCounter atomic.Int32
@@ -56,7 +57,7 @@ func nftList(t testing.TB, ns string, args ...string) string {
 func testProgrammer(t *testing.T) (ns string, p *Programmer) {
 	t.Helper()
 	ns, fd := testNetNS(t)
-	p, err := NewProgrammer(Config{Table: "nftgate", Node: model.Node{Name: "gw"}, HashSeed: 1}, Options{NetNSFD: fd})
+	p, err := NewProgrammer(ruleset.Config{Table: "nftgate", Node: model.Node{Name: "gw"}, HashSeed: 1}, Options{NetNSFD: fd})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +115,7 @@ func TestRefusedBatchNamesTheMessage(t *testing.T) {
 	if _, err := p.Full(map[model.ServiceKey]*model.Service{svc.Key: svc}); err != nil {
 		t.Fatal(err)
 	}
-	table, chain := p.cfg.TableOf(svc.Key), portObject("svc", svc, &svc.Ports[0])
+	table, chain := p.cfg.TableOf(svc.Key), ruleset.PortObject("svc", svc, &svc.Ports[0])
 	nftList(t, ns, "add", "chain", "ip", table, "hand-made")
 	nftList(t, ns, "add", "rule", "ip", table, "hand-made", "jump", chain)
 
@@ -127,7 +128,7 @@ func TestRefusedBatchNamesTheMessage(t *testing.T) {
 	if len(be.Failures) != 1 || !strings.HasPrefix(be.Failures[0], want) {
 		t.Fatalf("failures %q, want one starting with %q", be.Failures, want)
 	}
-	if out := nftList(t, ns, "list", "map", "ip", table, MapServiceIPs); !strings.Contains(out, "goto "+chain) {
+	if out := nftList(t, ns, "list", "map", "ip", table, ruleset.MapServiceIPs); !strings.Contains(out, "goto "+chain) {
 		t.Fatalf("the refused batch changed the map:\n%s", out)
 	}
 }
@@ -155,12 +156,12 @@ func TestFullSyncReadsBackOnlyAfterOthersCommit(t *testing.T) {
 	}
 
 	table := p.cfg.TableOf(svc.Key)
-	nftList(t, ns, "flush", "map", "ip", table, MapServiceIPs) // someone else's transaction
+	nftList(t, ns, "flush", "map", "ip", table, ruleset.MapServiceIPs) // someone else's transaction
 	res, err := p.Full(services)
 	if err != nil || !res.ReadBack || len(res.Drift) == 0 {
 		t.Fatalf("full sync after a hand edit: %+v, %v; want a read-back that finds drift", res, err)
 	}
-	if out := nftList(t, ns, "list", "map", "ip", table, MapServiceIPs); !strings.Contains(out, "198.19.0.10") {
+	if out := nftList(t, ns, "list", "map", "ip", table, ruleset.MapServiceIPs); !strings.Contains(out, "198.19.0.10") {
 		t.Fatalf("the hand edit was not repaired:\n%s", out)
 	}
 	if res, err := p.Full(services); err != nil || res.ReadBack {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nftgate/nftgate/model"
+	"github.com/nftgate/nftgate/ruleset"
 )
 
 // identity is everything an object name of a Service port depends on.
@@ -35,10 +36,10 @@ func (id identity) names() map[string]string {
 	svc, p := id.service()
 	out := map[string]string{}
 	for _, kind := range []string{"svc", "local", "ext", "fw"} {
-		out[kind] = portObject(kind, svc, p)
+		out[kind] = ruleset.PortObject(kind, svc, p)
 	}
-	out["ep"] = endpointObject("ep", svc, p, id.ep, "")
-	out["aff"] = endpointObject("aff", svc, p, id.ep, nftDuration(id.timeout))
+	out["ep"] = ruleset.EndpointObject("ep", svc, p, id.ep, "")
+	out["aff"] = ruleset.EndpointObject("aff", svc, p, id.ep, ruleset.DurationText(id.timeout))
 	return out
 }
 
@@ -110,7 +111,7 @@ func TestObjectNamesInjective(t *testing.T) {
 	owner := map[string]string{} // name -> kind and key
 	for _, id := range ids {
 		for kind, name := range id.names() {
-			if err := checkName("chain", name); err != nil {
+			if err := ruleset.CheckName("chain", name); err != nil {
 				t.Fatalf("%+v: %v", id, err)
 			}
 			k := kind + " " + key(id, kind)
@@ -121,7 +122,7 @@ func TestObjectNamesInjective(t *testing.T) {
 		}
 	}
 	// The static objects' names never meet a Service's.
-	for _, c := range append(Static(&Config{}, IPv4).Chains, StaticShard(&Config{}, IPv4).Chains...) {
+	for _, c := range append(ruleset.Static(&ruleset.Config{}, ruleset.IPv4).Chains, ruleset.StaticShard(&ruleset.Config{}, ruleset.IPv4).Chains...) {
 		if _, ok := owner[c.Name]; ok || strings.Contains(c.Name, "/") {
 			t.Errorf("static chain %q could be a Service's", c.Name)
 		}
@@ -170,10 +171,10 @@ func hostileService(ns, name, port string) *model.Service {
 // is; a table name that is not an identifier is refused, not written.
 func TestRenderedScriptIsSafe(t *testing.T) {
 	svc := hostileService("x\n}\ntable ip evil {", "a\"; flush ruleset #", "{ }")
-	cfg := Config{Table: "nftgate", Node: model.Node{Name: "gw"}}
+	cfg := ruleset.Config{Table: "nftgate", Node: model.Node{Name: "gw"}}
 	var script bytes.Buffer
-	for _, f := range Families {
-		if err := WriteTables(&script, f, Layout(&cfg, f, []*model.Service{svc})); err != nil {
+	for _, f := range ruleset.Families {
+		if err := ruleset.WriteTables(&script, f, ruleset.Layout(&cfg, f, []*model.Service{svc})); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -183,7 +184,7 @@ func TestRenderedScriptIsSafe(t *testing.T) {
 		}
 	}
 	for _, table := range []string{"x\n}", "a;b", "a b", `a"b`, "", strings.Repeat("t", 256)} {
-		err := WriteText(&bytes.Buffer{}, table, IPv4)
+		err := ruleset.WriteText(&bytes.Buffer{}, table, ruleset.IPv4)
 		if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("%q", table)) {
 			t.Errorf("table %q: %v, want an error naming it", table, err)
 		}
@@ -198,8 +199,8 @@ func TestRenderedScriptIsSafe(t *testing.T) {
 		t.Fatalf("nft -f: %v\n%s", err, out)
 	}
 	want := []string{"table ip keep"}
-	for _, f := range Families {
-		for _, tb := range Layout(&cfg, f, nil) {
+	for _, f := range ruleset.Families {
+		for _, tb := range ruleset.Layout(&cfg, f, nil) {
 			want = append(want, fmt.Sprintf("table %s %s", f, tb.Name))
 		}
 	}
@@ -239,10 +240,10 @@ func TestLongestNamesFitTheKernel(t *testing.T) {
 	for i := range svc.Ports[0].Endpoints {
 		svc.Ports[0].Endpoints[i].Port = 65535
 	}
-	cfg := Config{Table: "nftgate", Node: model.Node{Name: "gw"}}
+	cfg := ruleset.Config{Table: "nftgate", Node: model.Node{Name: "gw"}}
 	longest := 0
-	for _, f := range Families {
-		for _, tb := range Layout(&cfg, f, []*model.Service{svc}) {
+	for _, f := range ruleset.Families {
+		for _, tb := range ruleset.Layout(&cfg, f, []*model.Service{svc}) {
 			for _, c := range tb.Chains {
 				longest = max(longest, len(c.Name))
 			}
@@ -282,7 +283,7 @@ func TestTwoServicesNeverShareAChain(t *testing.T) {
 	dnatOf := func(clusterIP string) string {
 		t.Helper()
 		table := p.cfg.TableOf(one.Key)
-		elems := nftList(t, ns, "list", "map", "ip", table, MapServiceIPs)
+		elems := nftList(t, ns, "list", "map", "ip", table, ruleset.MapServiceIPs)
 		_, rest, ok := strings.Cut(elems, clusterIP+" . tcp . 80 : goto ")
 		if !ok {
 			t.Fatalf("no element for %s:\n%s", clusterIP, elems)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/nftables/userdata"
 	"github.com/mdlayher/netlink"
+	"github.com/nftgate/nftgate/ruleset"
 	"golang.org/x/sys/unix"
 )
 
@@ -42,7 +43,7 @@ func marked(ud []byte) bool {
 // ForeignTableError is a table of one of nftgate's names that nftgate did
 // not make.
 type ForeignTableError struct {
-	Family Family
+	Family ruleset.Family
 	Name   string
 }
 
@@ -59,7 +60,7 @@ type tableInfo struct {
 
 // tables lists family f's tables, with their marks. google/nftables does
 // not decode a table's user data.
-func (r *reader) tables(f Family) ([]tableInfo, error) {
+func (r *reader) tables(f ruleset.Family) ([]tableInfo, error) {
 	msgs, err := r.nl.Execute(netlink.Message{
 		Header: netlink.Header{
 			Type:  netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETTABLE),
@@ -105,17 +106,17 @@ var serviceChainName = regexp.MustCompile(`^(svc|ep|local|ext|fw)-`)
 // returns them by name, with true for those to replace by a marked table
 // (an older nftgate's), and the names of those that are not nftgate's.
 // chains are the names of the family's chains, by table.
-func ownership(cfg *Config, f Family, present []tableInfo, chains map[string][]string) (own map[string]bool, foreign []string) {
-	ts := newTableSet(cfg)
+func ownership(cfg *ruleset.Config, f ruleset.Family, present []tableInfo, chains map[string][]string) (own map[string]bool, foreign []string) {
+	ts := ruleset.NewTables(cfg)
 	skeleton := map[string]bool{}
-	for _, slot := range ts.slots(f)[:2] { // the main table and a shard
-		for _, c := range ts.static[slot].Chains {
+	for _, slot := range ts.Slots(f)[:2] { // the main table and a shard
+		for _, c := range ts.Skeletons[slot].Chains {
 			skeleton[c.Name] = true
 		}
 	}
 	own = map[string]bool{}
 	for _, t := range present {
-		if t.name != cfg.Table && !cfg.isShardTable(t.name) {
+		if t.name != cfg.Table && !cfg.IsShardTable(t.name) {
 			continue
 		}
 		if t.marked {
@@ -145,14 +146,14 @@ func nftgateLayout(skeleton map[string]bool, chains []string) bool {
 
 // owned reads family f's tables and decides their ownership (see
 // ownership).
-func (r *reader) owned(cfg *Config, f Family) (own map[string]bool, foreign []string, err error) {
+func (r *reader) owned(cfg *ruleset.Config, f ruleset.Family) (own map[string]bool, foreign []string, err error) {
 	present, err := r.tables(f)
 	if err != nil {
 		return nil, nil, err
 	}
 	chains := map[string][]string{}
 	for _, t := range present {
-		if !t.marked && (t.name == cfg.Table || cfg.isShardTable(t.name)) {
+		if !t.marked && (t.name == cfg.Table || cfg.IsShardTable(t.name)) {
 			chains[t.name] = nil
 		}
 	}
@@ -177,15 +178,15 @@ func (r *reader) owned(cfg *Config, f Family) (own map[string]bool, foreign []st
 // would program (the main table or a shard of this shard count) is not
 // nftgate's. Shard tables of another count that are not nftgate's are
 // left alone.
-func (r *reader) checkOwnership(cfg *Config) error {
-	ts := newTableSet(cfg)
-	for _, f := range Families {
+func (r *reader) checkOwnership(cfg *ruleset.Config) error {
+	ts := ruleset.NewTables(cfg)
+	for _, f := range ruleset.Families {
 		_, foreign, err := r.owned(cfg, f)
 		if err != nil {
 			return err
 		}
 		for _, n := range foreign {
-			if slices.Contains(ts.names(f), n) {
+			if slices.Contains(ts.Names(f), n) {
 				return &ForeignTableError{Family: f, Name: n}
 			}
 		}

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/nftgate/nftgate/model"
+	"github.com/nftgate/nftgate/ruleset"
 )
 
 // hostTable is a host's own firewall table with a rule.
@@ -37,9 +38,9 @@ func TestForeignTableIsNotTakenOver(t *testing.T) {
 	nftLoad(t, ns, hostTable)
 	before := nftList(t, ns, "list", "ruleset")
 
-	_, err := NewProgrammer(Config{Table: "filter", Node: model.Node{Name: "gw"}}, Options{NetNSFD: fd})
+	_, err := NewProgrammer(ruleset.Config{Table: "filter", Node: model.Node{Name: "gw"}}, Options{NetNSFD: fd})
 	var fe *ForeignTableError
-	if !errors.As(err, &fe) || fe.Name != "filter" || fe.Family != IPv4 || !strings.Contains(err.Error(), "table ip filter") {
+	if !errors.As(err, &fe) || fe.Name != "filter" || fe.Family != ruleset.IPv4 || !strings.Contains(err.Error(), "table ip filter") {
 		t.Fatalf("NewProgrammer with table filter: %v, want a ForeignTableError naming table ip filter", err)
 	}
 	err = Cleanup("filter", Options{NetNSFD: fd})
@@ -52,7 +53,7 @@ func TestForeignTableIsNotTakenOver(t *testing.T) {
 
 	// nftgate's own tables carry the mark; a table of its name that does
 	// not, made after it started, stops the next full sync untouched.
-	p, err := NewProgrammer(Config{Table: "gw", Node: model.Node{Name: "gw"}, Shards: 2}, Options{NetNSFD: fd})
+	p, err := NewProgrammer(ruleset.Config{Table: "gw", Node: model.Node{Name: "gw"}, Shards: 2}, Options{NetNSFD: fd})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +93,7 @@ func TestForeignTableIsNotTakenOver(t *testing.T) {
 // them by marked ones, and cleanup removes them.
 func TestUnmarkedNftgateTableIsAdopted(t *testing.T) {
 	ns, fd := testNetNS(t)
-	cfg := Config{Table: "nftgate", Node: model.Node{Name: "gw"}, HashSeed: 1}
+	cfg := ruleset.Config{Table: "nftgate", Node: model.Node{Name: "gw"}, HashSeed: 1}
 	svc := webService("198.18.2.10")
 	services := map[model.ServiceKey]*model.Service{svc.Key: svc}
 	full := func() {
@@ -119,8 +120,8 @@ func TestUnmarkedNftgateTableIsAdopted(t *testing.T) {
 	unmarked()
 	full()
 	out := nftList(t, ns, "list", "ruleset")
-	if n := strings.Count(out, `comment "`+TableComment+`"`); n != 2*(DefaultShards+1) {
-		t.Fatalf("%d tables marked after the first sync, want %d:\n%s", n, 2*(DefaultShards+1), out)
+	if n := strings.Count(out, `comment "`+TableComment+`"`); n != 2*(ruleset.DefaultShards+1) {
+		t.Fatalf("%d tables marked after the first sync, want %d:\n%s", n, 2*(ruleset.DefaultShards+1), out)
 	}
 	if !strings.Contains(out, "198.19.0.10") {
 		t.Fatalf("web is not programmed:\n%s", out)

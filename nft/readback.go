@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nftgate/nftgate/model"
+	"github.com/nftgate/nftgate/ruleset"
 )
 
 // reader reads nftgate's tables back from the kernel into a tableState. It
@@ -57,7 +58,7 @@ var hookNames = map[nftables.ChainHook]string{
 // is given, only the chains for which readRules says so have their rules
 // read; the others are taken to hold what nftgate believes. Chains, sets
 // and map elements are always read in full.
-func (r *reader) readFamily(cfg *Config, f Family, names []string, believed []*tableState, readRules func(chain string) bool) ([]*tableState, []string, error) {
+func (r *reader) readFamily(cfg *ruleset.Config, f ruleset.Family, names []string, believed []*ruleset.TableState, readRules func(chain string) bool) ([]*ruleset.TableState, []string, error) {
 	own, foreign, err := r.owned(cfg, f)
 	if err != nil {
 		return nil, nil, err
@@ -71,9 +72,9 @@ func (r *reader) readFamily(cfg *Config, f Family, names []string, believed []*t
 			return nil, nil, &ForeignTableError{Family: f, Name: n}
 		}
 	}
-	out := make([]*tableState, len(names))
+	out := make([]*ruleset.TableState, len(names))
 	for i := range out {
-		out[i] = newTableState()
+		out[i] = ruleset.NewTableState()
 	}
 	var extra []string
 	for n, replace := range own {
@@ -82,9 +83,9 @@ func (r *reader) readFamily(cfg *Config, f Family, names []string, believed []*t
 		case !ok:
 			extra = append(extra, n)
 		case replace:
-			out[i].replace = true // read as empty: created anew
+			out[i].Replace = true // read as empty: created anew
 		default:
-			out[i].exists = true
+			out[i].Exists = true
 		}
 	}
 	sort.Strings(extra)
@@ -98,16 +99,16 @@ func (r *reader) readFamily(cfg *Config, f Family, names []string, believed []*t
 			continue
 		}
 		i, ok := slot[c.Table.Name]
-		if !ok || !out[i].exists {
+		if !ok || !out[i].Exists {
 			continue
 		}
-		var h *Hook
+		var h *ruleset.Hook
 		if c.Hooknum != nil && c.Priority != nil {
-			h = &Hook{Type: string(c.Type), Hook: hookNames[*c.Hooknum], Priority: int32(*c.Priority)}
+			h = &ruleset.Hook{Type: string(c.Type), Hook: hookNames[*c.Hooknum], Priority: int32(*c.Priority)}
 		}
 		if believed != nil && believed[i] != nil && !readRules(c.Name) {
-			if info, ok := believed[i].chains[c.Name]; ok {
-				out[i].chains[c.Name] = info
+			if info, ok := believed[i].Chains[c.Name]; ok {
+				out[i].Chains[c.Name] = info
 				continue
 			}
 		}
@@ -115,10 +116,10 @@ func (r *reader) readFamily(cfg *Config, f Family, names []string, believed []*t
 		if err != nil {
 			return nil, nil, fmt.Errorf("list rules of chain %s %s: %w", c.Table.Name, c.Name, err)
 		}
-		out[i].chains[c.Name] = chainInfo{chainFingerprint(h, rules), int32(len(rules))}
+		out[i].Chains[c.Name] = ruleset.ChainInfo{FP: ruleset.ChainFingerprint(h, rules), Rules: int32(len(rules))}
 	}
 	for i, n := range names {
-		if !out[i].exists {
+		if !out[i].Exists {
 			continue
 		}
 		if err := r.readSets(n, f, out[i]); err != nil {
@@ -129,7 +130,7 @@ func (r *reader) readFamily(cfg *Config, f Family, names []string, believed []*t
 }
 
 // readSets reads a table's sets and the elements of the maps nftgate fills.
-func (r *reader) readSets(name string, f Family, st *tableState) error {
+func (r *reader) readSets(name string, f ruleset.Family, st *ruleset.TableState) error {
 	table := &nftables.Table{Name: name, Family: nftFamily(f)}
 	sets, err := r.conn.GetSets(table)
 	if err != nil {
@@ -141,11 +142,11 @@ func (r *reader) readSets(name string, f Family, st *tableState) error {
 		}
 		// google/nftables does not decode concatenated key types, so the
 		// shape comes from the name, and is checked against the keys below.
-		def := setDef{Map: s.IsMap, Shape: setShape(s.Name)}
+		def := ruleset.SetDef{Map: s.IsMap, Shape: ruleset.SetShape(s.Name)}
 		if s.HasTimeout {
 			def.Timeout = int64(s.Timeout.Seconds())
 		}
-		st.sets[s.Name] = def
+		st.Sets[s.Name] = def
 		if def.Shape == 0 {
 			continue // filled by the packet path, or not nftgate's
 		}
@@ -162,10 +163,10 @@ func (r *reader) readSets(name string, f Family, st *tableState) error {
 				// Keys of another shape: the map is not what nftgate
 				// made, so it is recreated.
 				def.Shape = 0
-				st.sets[s.Name] = def
+				st.Sets[s.Name] = def
 				break
 			}
-			st.elems[ElemID{Map: s.Name, Key: k}] = verdictFromExpr(e.VerdictData)
+			st.Elems[ruleset.ElemID{Map: s.Name, Key: k}] = verdictFromExpr(e.VerdictData)
 		}
 	}
 	return nil
@@ -176,7 +177,7 @@ func (r *reader) readSets(name string, f Family, st *tableState) error {
 // no real rule has. One dump per chain, because the kernel resumes a dump of
 // a whole table by skipping every rule already sent: at 50,000 rules that
 // one dump takes 14 s, the per-chain dumps together well under one.
-func (r *reader) ruleFingerprints(table string, f Family, chain string) ([]uint64, error) {
+func (r *reader) ruleFingerprints(table string, f ruleset.Family, chain string) ([]uint64, error) {
 	attrs, err := netlink.MarshalAttributes([]netlink.Attribute{
 		{Type: unix.NFTA_RULE_TABLE, Data: []byte(table + "\x00")},
 		{Type: unix.NFTA_RULE_CHAIN, Data: []byte(chain + "\x00")},
@@ -220,23 +221,23 @@ func (r *reader) ruleFingerprints(table string, f Family, chain string) ([]uint6
 	return out, nil
 }
 
-func keyFromBytes(f Family, shape KeyShape, b []byte) (Key, bool) {
-	var k Key
+func keyFromBytes(f ruleset.Family, shape ruleset.KeyShape, b []byte) (ruleset.Key, bool) {
+	var k ruleset.Key
 	n := 0
-	if shape == KeyAddrProtoPort || shape == KeyAddr {
-		n = int(f.addrLen())
+	if shape == ruleset.KeyAddrProtoPort || shape == ruleset.KeyAddr {
+		n = int(f.AddrLen())
 	}
-	if shape == KeyAddr {
+	if shape == ruleset.KeyAddr {
 		a, ok := netip.AddrFromSlice(b)
-		return Key{Addr: a}, ok && len(b) == n
+		return ruleset.Key{Addr: a}, ok && len(b) == n
 	}
-	if shape == KeyAddrPair {
-		n = int(f.addrLen())
+	if shape == ruleset.KeyAddrPair {
+		n = int(f.AddrLen())
 		if len(b) != 2*n || !bytes.Equal(b[:n], b[n:]) {
 			return k, false
 		}
 		a, ok := netip.AddrFromSlice(b[:n])
-		return Key{Addr: a}, ok
+		return ruleset.Key{Addr: a}, ok
 	}
 	if len(b) != n+8 {
 		return k, false
@@ -251,23 +252,11 @@ func keyFromBytes(f Family, shape KeyShape, b []byte) (Key, bool) {
 	return k, true
 }
 
-func verdictFromExpr(v *expr.Verdict) Verdict {
+func verdictFromExpr(v *expr.Verdict) ruleset.Verdict {
 	if v == nil {
-		return Verdict{}
+		return ruleset.Verdict{}
 	}
-	switch v.Kind {
-	case expr.VerdictGoto:
-		return Verdict{Kind: Goto, Chain: v.Chain}
-	case expr.VerdictJump:
-		return Verdict{Kind: Jump, Chain: v.Chain}
-	case expr.VerdictReturn:
-		return Verdict{Kind: Return}
-	case expr.VerdictDrop:
-		return Verdict{Kind: Drop}
-	case expr.VerdictAccept:
-		return Verdict{Kind: Accept}
-	}
-	return Verdict{}
+	return ruleset.VerdictOf(int32(v.Kind), v.Chain)
 }
 
 // verdictFromData decodes an element's verdict data (NFTA_VERDICT_CODE and
@@ -298,3 +287,6 @@ func verdictFromData(b []byte) *expr.Verdict {
 	}
 	return v
 }
+
+// nftFamily is f as google/nftables names it, for reading back.
+func nftFamily(f ruleset.Family) nftables.TableFamily { return nftables.TableFamily(f) }

@@ -15,16 +15,17 @@ import (
 	"time"
 
 	"github.com/nftgate/nftgate/model"
+	"github.com/nftgate/nftgate/ruleset"
 )
 
 // scaleConfig is the ruleset configuration of every scale test: a gateway
 // node that no synthetic endpoint lives on.
-func scaleConfig() Config {
-	return Config{
+func scaleConfig() ruleset.Config {
+	return ruleset.Config{
 		Table:         "nftgate",
 		Node:          model.Node{Name: "gw", Zone: "zone-a"},
 		ClusterCIDRs:  []netip.Prefix{netip.MustParsePrefix("10.128.0.0/9")},
-		MasqueradeBit: DefaultMasqueradeBit,
+		MasqueradeBit: ruleset.DefaultMasqueradeBit,
 		HashSeed:      7,
 	}
 }
@@ -183,7 +184,7 @@ func (c *scaleCluster) put(svc *model.Service, eps int) {
 // finish counts the chains every ruleset has besides its Services'.
 func (c *scaleCluster) finish() {
 	cfg := scaleConfig()
-	c.Want.Chains += staticChains(&cfg, IPv4)
+	c.Want.Chains += staticChains(&cfg, ruleset.IPv4)
 }
 
 func (w *scaleExpect) add(svc *model.Service, eps int) {
@@ -234,57 +235,57 @@ func scaleNft(tb testing.TB, ns string, args ...string) string {
 }
 
 // staticChains counts family f's skeleton chains in all its tables.
-func staticChains(cfg *Config, f Family) int {
-	return len(Static(cfg, f).Chains) + cfg.shards()*len(StaticShard(cfg, f).Chains)
+func staticChains(cfg *ruleset.Config, f ruleset.Family) int {
+	return len(ruleset.Static(cfg, f).Chains) + cfg.ShardCount()*len(ruleset.StaticShard(cfg, f).Chains)
 }
 
 // checkKernel compares the IPv4 tables in namespace ns with what the
 // cluster must program, through the nft CLI: an independent reader of the
 // kernel.
-func checkKernel(tb testing.TB, ns string, cfg Config, want scaleExpect) {
+func checkKernel(tb testing.TB, ns string, cfg ruleset.Config, want scaleExpect) {
 	tb.Helper()
 	countIn := func(sub string, args ...string) int {
 		return strings.Count(scaleNft(tb, ns, args...), sub)
 	}
 	got := scaleExpect{
-		FirewallIPs:  countIn(": goto ", "list", "map", "ip", cfg.Table, MapFirewallIPs),
+		FirewallIPs:  countIn(": goto ", "list", "map", "ip", cfg.Table, ruleset.MapFirewallIPs),
 		Chains:       countIn("\tchain ", "list", "chains", "ip"),
 		AffinitySets: countIn("\tset aff-", "list", "sets", "ip"),
 	}
-	for i := range cfg.shards() {
-		got.ServiceIPs += countIn(": goto ", "list", "map", "ip", cfg.ShardTable(i), MapServiceIPs)
-		got.NodePorts += countIn(": goto ", "list", "map", "ip", cfg.ShardTable(i), MapServiceNodePorts)
+	for i := range cfg.ShardCount() {
+		got.ServiceIPs += countIn(": goto ", "list", "map", "ip", cfg.ShardTable(i), ruleset.MapServiceIPs)
+		got.NodePorts += countIn(": goto ", "list", "map", "ip", cfg.ShardTable(i), ruleset.MapServiceNodePorts)
 	}
 	if got != want {
 		tb.Fatalf("kernel tables ip %s* hold %+v, want %+v", cfg.Table, got, want)
 	}
-	if v6 := countIn("\tchain ", "list", "chains", "ip6"); v6 != staticChains(&cfg, IPv6) {
-		tb.Fatalf("ip6 tables have %d chains, want only the %d static ones", v6, staticChains(&cfg, IPv6))
+	if v6 := countIn("\tchain ", "list", "chains", "ip6"); v6 != staticChains(&cfg, ruleset.IPv6) {
+		tb.Fatalf("ip6 tables have %d chains, want only the %d static ones", v6, staticChains(&cfg, ruleset.IPv6))
 	}
 }
 
 // planCold is the user-space half of a cold Full sync, without a kernel:
 // render every Service, diff against empty tables, encode the batch.
-func planCold(tb testing.TB, cfg *Config, services map[model.ServiceKey]*model.Service) ([]*differ, *batch) {
-	ts := newTableSet(cfg)
-	empty := make([]*tableState, len(ts.refs))
+func planCold(tb testing.TB, cfg *ruleset.Config, services map[model.ServiceKey]*model.Service) ([]*ruleset.Ops, *batch) {
+	ts := ruleset.NewTables(cfg)
+	empty := make([]*ruleset.TableState, len(ts.Refs))
 	for i := range empty {
-		empty[i] = newTableState()
+		empty[i] = ruleset.NewTableState()
 	}
-	ds, _, _ := planFull(cfg, ts, empty, services)
+	ds, _, _ := ruleset.PlanFull(cfg, ts, empty, services)
 	return ds, encodeOps(tb, ts, ds)
 }
 
 // planChange is the user-space half of a Partial sync of one changed
 // Service against state: render old and new, diff, encode.
-func planChange(tb testing.TB, cfg *Config, ts *tableSet, state []*tableState, old, svc *model.Service) ([]*differ, *batch) {
+func planChange(tb testing.TB, cfg *ruleset.Config, ts *ruleset.Tables, state []*ruleset.TableState, old, svc *model.Service) ([]*ruleset.Ops, *batch) {
 	programmed := map[model.ServiceKey]*model.Service{old.Key: old}
-	ds, _, _ := planPartial(cfg, ts, state, newClaimBook(), programmed, map[model.ServiceKey]*model.Service{svc.Key: svc})
+	ds, _, _ := ruleset.PlanPartial(cfg, ts, state, ruleset.NewClaims(), programmed, map[model.ServiceKey]*model.Service{svc.Key: svc})
 	return ds, encodeOps(tb, ts, ds)
 }
 
 // encodeOps encodes every table's operations as Programmer.commit does.
-func encodeOps(tb testing.TB, ts *tableSet, ds []*differ) *batch {
+func encodeOps(tb testing.TB, ts *ruleset.Tables, ds []*ruleset.Ops) *batch {
 	w, err := encodeBatch(ts, ds, nil, false)
 	if err != nil {
 		tb.Fatal(err)

@@ -3,8 +3,8 @@ package nft
 import (
 	"encoding/binary"
 	"fmt"
+	bc "github.com/nftgate/nftgate/ruleset/bytecode"
 
-	"github.com/google/nftables/expr"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -65,34 +65,6 @@ func (w *wire) marker(typ uint16) {
 	w.b = append(w.b, unix.AF_UNSPEC, unix.NFNETLINK_V0, 0, unix.NFNL_SUBSYS_NFTABLES)
 }
 
-// seal ends the batch: the last message asks for the acknowledgement, and
-// every message gets its sequence number, from first on, and the port ID.
-// It returns the sequence numbers of the first and the last message after
-// the batch's beginning, and the parts to send.
-func (bt *batch) seal(first, pid uint32) (uint32, uint32, [][]byte) {
-	for i := len(bt.parts) - 1; i >= 0; i-- {
-		if w := bt.parts[i]; w.last >= 0 {
-			flags := binary.NativeEndian.Uint16(w.b[w.last+6:])
-			binary.NativeEndian.PutUint16(w.b[w.last+6:], flags|uint16(netlink.Acknowledge))
-			break
-		}
-	}
-	tail := bt.parts[len(bt.parts)-1]
-	tail.marker(unix.NFNL_MSG_BATCH_END)
-	seq := first - 1 // the batch's beginning
-	bufs := make([][]byte, 0, len(bt.parts))
-	for _, w := range bt.parts {
-		for off := 0; off < len(w.b); {
-			binary.NativeEndian.PutUint32(w.b[off+8:], seq)
-			binary.NativeEndian.PutUint32(w.b[off+12:], pid)
-			seq++
-			off += int(binary.NativeEndian.Uint32(w.b[off:]))
-		}
-		bufs = append(bufs, w.b)
-	}
-	return first, first + uint32(bt.count()) - 1, bufs
-}
-
 func (w *wire) fail(err error) {
 	if w.err == nil {
 		w.err = err
@@ -114,19 +86,6 @@ func (w *wire) begin(typ uint16, flags netlink.HeaderFlags, f byte) {
 // end finishes the message begun last.
 func (w *wire) end() {
 	binary.NativeEndian.PutUint32(w.b[w.last:], uint32(len(w.b)-w.last))
-}
-
-// message copies a message built by google/nftables, without the
-// acknowledgement and echo it asks for every message (see batch.go).
-func (w *wire) message(m netlink.Message) {
-	w.last = len(w.b)
-	w.count++
-	w.b = binary.NativeEndian.AppendUint32(w.b, uint32(nlmsgHeaderLen+len(m.Data)))
-	w.b = binary.NativeEndian.AppendUint16(w.b, uint16(m.Header.Type))
-	w.b = binary.NativeEndian.AppendUint16(w.b, uint16(m.Header.Flags&^(netlink.Acknowledge|unix.NLM_F_ECHO)))
-	w.b = append(w.b, 0, 0, 0, 0, 0, 0, 0, 0)
-	w.b = append(w.b, m.Data...)
-	w.pad()
 }
 
 func (w *wire) pad() {
@@ -188,74 +147,20 @@ func (w *wire) value(typ uint16, data []byte) {
 	w.close(at)
 }
 
-// expr writes one expression as an element of a rule's expression list,
-// exactly as expr.Marshal does. Kinds and fields nftgate does not use go
-// through expr.Marshal itself.
-func (w *wire) expr(fam byte, e expr.Any) {
-	switch e := e.(type) {
-	case *expr.Payload:
-		if e.OperationType == expr.PayloadLoad && e.CsumType == 0 {
-			w.payload(e)
-			return
-		}
-	case *expr.Cmp:
-		w.cmp(e)
-		return
-	case *expr.Bitwise:
-		w.bitwise(e)
-		return
-	case *expr.Lookup:
-		w.lookup(e)
-		return
-	case *expr.Meta:
-		w.meta(e)
-		return
-	case *expr.Ct:
-		if e.Key != expr.CtKeySRC && e.Key != expr.CtKeyDST && e.Key != expr.CtKeyPROTOSRC && e.Key != expr.CtKeyPROTODST {
-			w.ct(e)
-			return
-		}
-	case *expr.Fib:
-		w.fib(e)
-		return
-	case *expr.Hash:
-		w.hash(e)
-		return
-	case *expr.Immediate:
-		w.immediate(e)
-		return
-	case *expr.Verdict:
-		w.verdict(e)
-		return
-	case *expr.NAT:
-		w.nat(e)
-		return
-	case *expr.Dynset:
-		if len(e.Exprs) == 0 {
-			w.dynset(e)
-			return
-		}
-	case *expr.Masq:
-		w.masq(e)
-		return
-	case *expr.Reject:
-		w.reject(e)
-		return
-	}
-	// Anything else is written by google/nftables itself.
-	b, err := expr.Marshal(fam, e)
-	if err != nil {
-		w.fail(err)
-		return
-	}
-	elem := w.nest(unix.NFTA_LIST_ELEM)
-	w.b = append(w.b, b...)
-	w.close(elem)
+// open opens an attribute holding others, without the nested flag, and
+// returns its offset for close.
+func (w *wire) open(typ uint16) int {
+	at := len(w.b)
+	w.b = binary.NativeEndian.AppendUint16(w.b, 0)
+	w.b = binary.NativeEndian.AppendUint16(w.b, typ)
+	return at
 }
 
-// Each of the following writes one expression of its kind as a list
-// element. They take the expressions by pointer without keeping them, so
-// that a caller's expression can live on its stack.
+// The expressions of rules: the encoder is the bytecode.Sink of the
+// statements it encodes, and writes each expression as an element of the
+// rule's expression list, exactly as google/nftables' expr.Marshal does
+// (the tests compare both). The expressions come by value, constants and
+// all, so that writing a rule allocates nothing.
 
 // exprBegin opens the list element and the data of an expression named
 // name; exprEnd closes both.
@@ -270,211 +175,184 @@ func (w *wire) exprEnd(elem, data int) {
 	w.close(elem)
 }
 
-func (w *wire) payload(e *expr.Payload) {
+// Payload writes a payload load.
+func (e *encoder) Payload(x bc.Payload) {
+	w := e.w
 	elem, at := w.exprBegin("payload")
-	w.u32(unix.NFTA_PAYLOAD_DREG, e.DestRegister)
-	w.u32(unix.NFTA_PAYLOAD_BASE, uint32(e.Base))
-	w.u32(unix.NFTA_PAYLOAD_OFFSET, e.Offset)
-	w.u32(unix.NFTA_PAYLOAD_LEN, e.Len)
+	w.u32(unix.NFTA_PAYLOAD_DREG, x.Dreg)
+	w.u32(unix.NFTA_PAYLOAD_BASE, x.Base)
+	w.u32(unix.NFTA_PAYLOAD_OFFSET, x.Offset)
+	w.u32(unix.NFTA_PAYLOAD_LEN, x.Len)
 	w.exprEnd(elem, at)
 }
 
-func (w *wire) cmp(e *expr.Cmp) {
+// Cmp writes a comparison.
+func (e *encoder) Cmp(x bc.Cmp) {
+	w := e.w
 	elem, at := w.exprBegin("cmp")
-	w.u32(unix.NFTA_CMP_SREG, e.Register)
-	w.u32(unix.NFTA_CMP_OP, uint32(e.Op))
-	w.value(unix.NFTA_CMP_DATA, e.Data)
+	w.u32(unix.NFTA_CMP_SREG, x.Sreg)
+	w.u32(unix.NFTA_CMP_OP, x.Op)
+	w.value(unix.NFTA_CMP_DATA, x.Data.Slice())
 	w.exprEnd(elem, at)
 }
 
-func (w *wire) bitwise(e *expr.Bitwise) {
+// Bitwise writes a mask and xor.
+func (e *encoder) Bitwise(x bc.Bitwise) {
+	w := e.w
 	elem, at := w.exprBegin("bitwise")
-	w.u32(unix.NFTA_BITWISE_SREG, e.SourceRegister)
-	w.u32(unix.NFTA_BITWISE_DREG, e.DestRegister)
-	w.u32(unix.NFTA_BITWISE_LEN, e.Len)
-	w.value(unix.NFTA_BITWISE_MASK, e.Mask)
-	w.value(unix.NFTA_BITWISE_XOR, e.Xor)
+	w.u32(unix.NFTA_BITWISE_SREG, x.Sreg)
+	w.u32(unix.NFTA_BITWISE_DREG, x.Dreg)
+	w.u32(unix.NFTA_BITWISE_LEN, x.Len)
+	w.value(unix.NFTA_BITWISE_MASK, x.Mask.Slice())
+	w.value(unix.NFTA_BITWISE_XOR, x.Xor.Slice())
 	w.exprEnd(elem, at)
 }
 
-func (w *wire) lookup(e *expr.Lookup) {
+// Lookup writes a set lookup, with the ID of a set created in the same
+// batch.
+func (e *encoder) Lookup(x bc.Lookup) {
+	w := e.w
 	elem, at := w.exprBegin("lookup")
-	if e.SourceRegister != 0 {
-		w.u32(unix.NFTA_LOOKUP_SREG, e.SourceRegister)
+	if x.Sreg != 0 {
+		w.u32(unix.NFTA_LOOKUP_SREG, x.Sreg)
 	}
-	if e.IsDestRegSet {
-		w.u32(unix.NFTA_LOOKUP_DREG, e.DestRegister)
+	if x.HasDreg {
+		w.u32(unix.NFTA_LOOKUP_DREG, x.Dreg)
 	}
-	if e.Invert {
-		w.u32(unix.NFTA_LOOKUP_FLAGS, unix.NFT_LOOKUP_F_INV)
-	}
-	w.str(unix.NFTA_LOOKUP_SET, e.SetName)
-	w.u32(unix.NFTA_LOOKUP_SET_ID, e.SetID)
+	w.str(unix.NFTA_LOOKUP_SET, x.Set)
+	w.u32(unix.NFTA_LOOKUP_SET_ID, e.ids[x.Set])
 	w.exprEnd(elem, at)
 }
 
-func (w *wire) meta(e *expr.Meta) {
+// Meta writes a meta load or store.
+func (e *encoder) Meta(x bc.Meta) {
+	w := e.w
 	elem, at := w.exprBegin("meta")
-	w.u32(unix.NFTA_META_KEY, uint32(e.Key))
-	if e.SourceRegister {
-		w.u32(unix.NFTA_META_SREG, e.Register)
+	w.u32(unix.NFTA_META_KEY, x.Key)
+	if x.Set {
+		w.u32(unix.NFTA_META_SREG, x.Reg)
 	} else {
-		w.u32(unix.NFTA_META_DREG, e.Register)
+		w.u32(unix.NFTA_META_DREG, x.Reg)
 	}
 	w.exprEnd(elem, at)
 }
 
-func (w *wire) ct(e *expr.Ct) {
+// Ct writes a conntrack load.
+func (e *encoder) Ct(x bc.Ct) {
+	w := e.w
 	elem, at := w.exprBegin("ct")
-	w.u32(unix.NFTA_CT_KEY, uint32(e.Key))
-	if e.SourceRegister {
-		w.u32(unix.NFTA_CT_SREG, e.Register)
-	} else {
-		w.u32(unix.NFTA_CT_DREG, e.Register)
-	}
+	w.u32(unix.NFTA_CT_KEY, x.Key)
+	w.u32(unix.NFTA_CT_DREG, x.Dreg)
 	w.exprEnd(elem, at)
 }
 
-// flagBit is a flag bit and whether it is set.
-type flagBit struct {
-	set bool
-	bit uint32
-}
-
-// flagBits ors the bits that are set.
-func flagBits(bits ...flagBit) uint32 {
-	var v uint32
-	for _, b := range bits {
-		if b.set {
-			v |= b.bit
-		}
-	}
-	return v
-}
-
-func (w *wire) fib(e *expr.Fib) {
+// Fib writes a route lookup.
+func (e *encoder) Fib(x bc.Fib) {
+	w := e.w
 	elem, at := w.exprBegin("fib")
-	w.u32(unix.NFTA_FIB_DREG, e.Register)
-	flags := flagBits(flagBit{e.FlagSADDR, unix.NFTA_FIB_F_SADDR}, flagBit{e.FlagDADDR, unix.NFTA_FIB_F_DADDR},
-		flagBit{e.FlagMARK, unix.NFTA_FIB_F_MARK}, flagBit{e.FlagIIF, unix.NFTA_FIB_F_IIF},
-		flagBit{e.FlagOIF, unix.NFTA_FIB_F_OIF}, flagBit{e.FlagPRESENT, unix.NFTA_FIB_F_PRESENT})
-	if flags != 0 {
-		w.u32(unix.NFTA_FIB_FLAGS, flags)
+	w.u32(unix.NFTA_FIB_DREG, x.Dreg)
+	if x.Flags != 0 {
+		w.u32(unix.NFTA_FIB_FLAGS, x.Flags)
 	}
-	results := flagBits(flagBit{e.ResultOIF, unix.NFT_FIB_RESULT_OIF}, flagBit{e.ResultOIFNAME, unix.NFT_FIB_RESULT_OIFNAME},
-		flagBit{e.ResultADDRTYPE, unix.NFT_FIB_RESULT_ADDRTYPE})
-	if results != 0 {
-		w.u32(unix.NFTA_FIB_RESULT, results)
+	if x.Result != 0 {
+		w.u32(unix.NFTA_FIB_RESULT, x.Result)
 	}
 	w.exprEnd(elem, at)
 }
 
-func (w *wire) hash(e *expr.Hash) {
+// Hash writes a Jenkins hash.
+func (e *encoder) Hash(x bc.Hash) {
+	w := e.w
 	elem, at := w.exprBegin("hash")
-	w.u32(unix.NFTA_HASH_SREG, e.SourceRegister)
-	w.u32(unix.NFTA_HASH_DREG, e.DestRegister)
-	w.u32(unix.NFTA_HASH_LEN, e.Length)
-	w.u32(unix.NFTA_HASH_MODULUS, e.Modulus)
-	if e.Seed != 0 {
-		w.u32(unix.NFTA_HASH_SEED, e.Seed)
+	w.u32(unix.NFTA_HASH_SREG, x.Sreg)
+	w.u32(unix.NFTA_HASH_DREG, x.Dreg)
+	w.u32(unix.NFTA_HASH_LEN, x.Len)
+	w.u32(unix.NFTA_HASH_MODULUS, x.Modulus)
+	if x.Seed != 0 {
+		w.u32(unix.NFTA_HASH_SEED, x.Seed)
 	}
-	w.u32(unix.NFTA_HASH_OFFSET, e.Offset)
-	w.u32(unix.NFTA_HASH_TYPE, uint32(e.Type))
+	w.u32(unix.NFTA_HASH_OFFSET, 0)
+	w.u32(unix.NFTA_HASH_TYPE, bc.HashJenkins)
 	w.exprEnd(elem, at)
 }
 
-func (w *wire) immediate(e *expr.Immediate) {
+// Immediate writes a constant load.
+func (e *encoder) Immediate(x bc.Immediate) {
+	w := e.w
 	elem, at := w.exprBegin("immediate")
-	w.u32(unix.NFTA_IMMEDIATE_DREG, e.Register)
-	w.value(unix.NFTA_IMMEDIATE_DATA, e.Data)
+	w.u32(unix.NFTA_IMMEDIATE_DREG, x.Dreg)
+	w.value(unix.NFTA_IMMEDIATE_DATA, x.Data.Slice())
 	w.exprEnd(elem, at)
 }
 
-func (w *wire) verdict(e *expr.Verdict) {
+// Verdict writes a verdict.
+func (e *encoder) Verdict(x bc.Verdict) {
+	w := e.w
 	elem, at := w.exprBegin("immediate")
 	w.u32(unix.NFTA_IMMEDIATE_DREG, unix.NFT_REG_VERDICT)
-	w.verdictData(unix.NFTA_IMMEDIATE_DATA, e)
+	w.verdictData(unix.NFTA_IMMEDIATE_DATA, x)
 	w.exprEnd(elem, at)
 }
 
 // verdictData writes a verdict as the data attribute attr (of an
 // immediate expression, or of a map element).
-func (w *wire) verdictData(attr uint16, e *expr.Verdict) {
+func (w *wire) verdictData(attr uint16, x bc.Verdict) {
 	data := w.nest(attr)
 	v := w.nest(unix.NFTA_DATA_VERDICT)
-	w.u32(unix.NFTA_VERDICT_CODE, uint32(e.Kind))
-	if e.Chain != "" {
-		w.str(unix.NFTA_VERDICT_CHAIN, e.Chain)
+	w.u32(unix.NFTA_VERDICT_CODE, uint32(x.Code))
+	if x.Chain != "" {
+		w.str(unix.NFTA_VERDICT_CHAIN, x.Chain)
 	}
 	w.close(v)
 	w.close(data)
 }
 
-func (w *wire) nat(e *expr.NAT) {
+// NAT writes an address and port translation.
+func (e *encoder) NAT(x bc.NAT) {
+	w := e.w
 	elem, at := w.exprBegin("nat")
-	w.u32(unix.NFTA_NAT_TYPE, uint32(e.Type))
-	w.u32(unix.NFTA_NAT_FAMILY, e.Family)
-	if e.RegAddrMin != 0 {
-		w.u32(unix.NFTA_NAT_REG_ADDR_MIN, e.RegAddrMin)
-		if e.RegAddrMax != 0 {
-			w.u32(unix.NFTA_NAT_REG_ADDR_MAX, e.RegAddrMax)
-		}
+	w.u32(unix.NFTA_NAT_TYPE, x.Type)
+	w.u32(unix.NFTA_NAT_FAMILY, x.Family)
+	if x.RegAddr != 0 {
+		w.u32(unix.NFTA_NAT_REG_ADDR_MIN, x.RegAddr)
 	}
-	if e.RegProtoMin != 0 {
-		w.u32(unix.NFTA_NAT_REG_PROTO_MIN, e.RegProtoMin)
-		if e.RegProtoMax != 0 {
-			w.u32(unix.NFTA_NAT_REG_PROTO_MAX, e.RegProtoMax)
-		}
+	if x.RegProto != 0 {
+		w.u32(unix.NFTA_NAT_REG_PROTO_MIN, x.RegProto)
 	}
-	flags := flagBits(flagBit{e.Random, expr.NF_NAT_RANGE_PROTO_RANDOM}, flagBit{e.FullyRandom, expr.NF_NAT_RANGE_PROTO_RANDOM_FULLY},
-		flagBit{e.Persistent, expr.NF_NAT_RANGE_PERSISTENT}, flagBit{e.Prefix, expr.NF_NAT_RANGE_PREFIX},
-		flagBit{e.Specified, expr.NF_NAT_RANGE_PROTO_SPECIFIED})
-	if flags != 0 {
-		w.u32(unix.NFTA_NAT_FLAGS, flags)
+	if x.Flags != 0 {
+		w.u32(unix.NFTA_NAT_FLAGS, x.Flags)
 	}
 	w.exprEnd(elem, at)
 }
 
-func (w *wire) dynset(e *expr.Dynset) {
+// Dynset writes a set update from the packet path, with the ID of a set
+// created in the same batch.
+func (e *encoder) Dynset(x bc.Dynset) {
+	w := e.w
 	elem, at := w.exprBegin("dynset")
-	w.u32(unix.NFTA_DYNSET_SREG_KEY, e.SrcRegKey)
-	if e.SrcRegData != 0 {
-		w.u32(unix.NFTA_DYNSET_SREG_DATA, e.SrcRegData)
-	}
-	w.u32(unix.NFTA_DYNSET_OP, e.Operation)
-	if e.Timeout != 0 {
-		w.u64(unix.NFTA_DYNSET_TIMEOUT, uint64(e.Timeout.Milliseconds()))
-	}
-	w.str(unix.NFTA_DYNSET_SET_NAME, e.SetName)
-	w.u32(unix.NFTA_DYNSET_SET_ID, e.SetID)
-	var flags uint32
-	if e.Invert {
-		flags |= unix.NFT_DYNSET_F_INV
-	}
-	w.u32(unix.NFTA_DYNSET_FLAGS, flags)
+	w.u32(unix.NFTA_DYNSET_SREG_KEY, x.Sreg)
+	w.u32(unix.NFTA_DYNSET_OP, x.Op)
+	w.str(unix.NFTA_DYNSET_SET_NAME, x.Set)
+	w.u32(unix.NFTA_DYNSET_SET_ID, e.ids[x.Set])
+	w.u32(unix.NFTA_DYNSET_FLAGS, 0)
 	w.exprEnd(elem, at)
 }
 
-func (w *wire) masq(e *expr.Masq) {
+// Masq writes a masquerade.
+func (e *encoder) Masq(x bc.Masq) {
+	w := e.w
 	elem, at := w.exprBegin("masq")
-	if e.ToPorts {
-		w.u32(unix.NFTA_MASQ_REG_PROTO_MIN, e.RegProtoMin)
-		if e.RegProtoMax != 0 {
-			w.u32(unix.NFTA_MASQ_REG_PROTO_MAX, e.RegProtoMax)
-		}
-	} else {
-		flags := flagBits(flagBit{e.Random, expr.NF_NAT_RANGE_PROTO_RANDOM}, flagBit{e.FullyRandom, expr.NF_NAT_RANGE_PROTO_RANDOM_FULLY},
-			flagBit{e.Persistent, expr.NF_NAT_RANGE_PERSISTENT})
-		if flags != 0 {
-			w.u32(unix.NFTA_MASQ_FLAGS, flags)
-		}
+	if x.Flags != 0 {
+		w.u32(unix.NFTA_MASQ_FLAGS, x.Flags)
 	}
 	w.exprEnd(elem, at)
 }
 
-func (w *wire) reject(e *expr.Reject) {
+// Reject writes an ICMP reject.
+func (e *encoder) Reject(x bc.Reject) {
+	w := e.w
 	elem, at := w.exprBegin("reject")
-	w.u32(unix.NFTA_REJECT_TYPE, e.Type)
-	w.attr(unix.NFTA_REJECT_ICMP_CODE, []byte{e.Code})
+	w.u32(unix.NFTA_REJECT_TYPE, x.Type)
+	w.attr(unix.NFTA_REJECT_ICMP_CODE, []byte{x.Code})
 	w.exprEnd(elem, at)
 }

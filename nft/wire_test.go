@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"math/rand"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
+
+	bc "github.com/nftgate/nftgate/ruleset/bytecode"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -15,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nftgate/nftgate/model"
+	"github.com/nftgate/nftgate/ruleset"
 )
 
 // refEncode encodes planned operations the way nftgate did before it wrote
@@ -22,28 +26,27 @@ import (
 // encoder writes must be byte for byte the same, apart from the
 // acknowledgement and echo flags, which batch.go sets on the last message
 // only, and the sequence numbers and port ID, which it sets when sending.
-func refEncode(t *testing.T, ts *tableSet, ds []*differ) []byte {
+func refEncode(t *testing.T, ts *ruleset.Tables, ds []*ruleset.Ops) []byte {
 	t.Helper()
-	rec, err := newRecorder(new(uint32))
+	rec, err := newRecorder()
 	if err != nil {
 		t.Fatal(err)
 	}
 	c := rec.conn
 	// Every table and its new sets first, then the rest, table by table.
-	refsOf := make([]setRefs, len(ds))
-	for slot, d := range ds {
-		o := &d.ops
-		if o.empty() {
+	refsOf := make([]*googleSink, len(ds))
+	for slot, o := range ds {
+		if o.Empty() {
 			continue
 		}
-		ref := ts.refs[slot]
-		refsOf[slot] = newSetRefs(ref.name, ref.f)
-		refs := &refsOf[slot]
-		if o.createTable {
+		ref := ts.Refs[slot]
+		refsOf[slot] = newGoogleSink(ref.Name, ref.Family)
+		refs := refsOf[slot]
+		if o.CreateTable {
 			c.AddTable(refs.table)
 		}
-		for _, s := range o.addSets {
-			ns := setDefinition(refs.table, ref.f, s)
+		for _, s := range o.AddSets {
+			ns := setDefinition(refs.table, ref.Family, s)
 			ns.ID = rec.setID()
 			if err := c.AddSet(ns, nil); err != nil {
 				t.Fatal(err)
@@ -51,48 +54,48 @@ func refEncode(t *testing.T, ts *tableSet, ds []*differ) []byte {
 			refs.sets[s.Name] = ns
 		}
 	}
-	for slot, d := range ds {
-		o := &d.ops
-		if o.empty() {
+	for slot, o := range ds {
+		if o.Empty() {
 			continue
 		}
-		ref := ts.refs[slot]
-		refs := &refsOf[slot]
+		ref := ts.Refs[slot]
+		refs := refsOf[slot]
 		table := refs.table
 		chain := func(name string) *nftables.Chain { return &nftables.Chain{Table: table, Name: name} }
-		addSet := func(s *Set) {
-			ns := setDefinition(table, ref.f, s)
+		addSet := func(s *ruleset.Set) {
+			ns := setDefinition(table, ref.Family, s)
 			ns.ID = rec.setID()
 			if err := c.AddSet(ns, nil); err != nil {
 				t.Fatal(err)
 			}
 			refs.sets[s.Name] = ns
 		}
-		addRules := func(p chainPlan) {
-			for i, r := range p.chain.Rules {
-				var exprs []expr.Any
+		addRules := func(p ruleset.ChainPlan) {
+			for i, r := range p.Chain.Rules {
+				refs.exprs = nil
 				for _, s := range r {
-					exprs = append(exprs, s.encode(ref.f, refs)...)
+					s.Encode(ref.Family, refs)
 				}
-				c.AddRule(&nftables.Rule{Table: table, Chain: chain(p.chain.Name), Exprs: exprs, UserData: appendFingerprint(nil, p.ruleFPs[i])})
+				c.AddRule(&nftables.Rule{Table: table, Chain: chain(p.Chain.Name), Exprs: refs.exprs, UserData: appendFingerprint(nil, p.RuleFPs[i])})
 			}
 		}
-		elements := func(els []Element, del bool) {
+		elements := func(els []ruleset.Element, del bool) {
 			byMap := map[string][]nftables.SetElement{}
 			var order []string
 			for _, el := range els {
 				if _, ok := byMap[el.Map]; !ok {
 					order = append(order, el.Map)
 				}
-				e := nftables.SetElement{Key: appendKey(nil, setShape(el.Map), el.Key)}
+				e := nftables.SetElement{Key: appendKey(nil, ruleset.SetShape(el.Map), el.Key)}
 				if el.Verdict.Kind != 0 {
-					e.VerdictData = el.Verdict.encode(ref.f, nil)[0].(*expr.Verdict)
+					v := el.Verdict.Bytecode()
+					e.VerdictData = &expr.Verdict{Kind: expr.VerdictKind(v.Code), Chain: v.Chain}
 				}
 				byMap[el.Map] = append(byMap[el.Map], e)
 			}
 			for _, m := range order {
-				shape := setShape(m)
-				s := setDefinition(table, ref.f, &Set{Name: m, Map: shape != KeyAddr && shape != KeyAddrPair, Shape: shape})
+				shape := ruleset.SetShape(m)
+				s := setDefinition(table, ref.Family, &ruleset.Set{Name: m, Map: shape != ruleset.KeyAddr && shape != ruleset.KeyAddrPair, Shape: shape})
 				for chunk := range chunks(byMap[m], elementsPerMessage) {
 					if del {
 						err = c.SetDeleteElements(s, chunk)
@@ -105,38 +108,38 @@ func refEncode(t *testing.T, ts *tableSet, ds []*differ) []byte {
 				}
 			}
 		}
-		for _, p := range o.addChains {
-			nc := chain(p.chain.Name)
-			if h := p.chain.Hook; h != nil {
-				num := hookNums[h.Hook]
+		for _, p := range o.AddChains {
+			nc := chain(p.Chain.Name)
+			if h := p.Chain.Hook; h != nil {
+				num := nftables.ChainHook(hookNums[h.Hook])
 				accept := nftables.ChainPolicyAccept
 				nc.Type, nc.Hooknum, nc.Policy = nftables.ChainType(h.Type), &num, &accept
 				nc.Priority = nftables.ChainPriorityRef(nftables.ChainPriority(h.Priority))
 			}
 			c.AddChain(nc)
 		}
-		for _, p := range o.rewriteChains {
-			c.FlushChain(chain(p.chain.Name))
+		for _, p := range o.RewriteChains {
+			c.FlushChain(chain(p.Chain.Name))
 		}
-		for _, n := range o.flushChains {
+		for _, n := range o.FlushChains {
 			c.FlushChain(chain(n))
 		}
-		for _, s := range o.recreateSets {
-			c.DelSet(setDefinition(table, ref.f, s))
+		for _, s := range o.RecreateSets {
+			c.DelSet(setDefinition(table, ref.Family, s))
 			addSet(s)
 		}
-		for _, p := range o.addChains {
+		for _, p := range o.AddChains {
 			addRules(p)
 		}
-		for _, p := range o.rewriteChains {
+		for _, p := range o.RewriteChains {
 			addRules(p)
 		}
-		elements(o.delElems, true)
-		elements(o.addElems, false)
-		for _, n := range o.delChains {
+		elements(o.DelElems, true)
+		elements(o.AddElems, false)
+		for _, n := range o.DelChains {
 			c.DelChain(chain(n))
 		}
-		for _, n := range o.delSets {
+		for _, n := range o.DelSets {
 			c.DelSet(&nftables.Set{Table: table, Name: n})
 		}
 	}
@@ -208,36 +211,36 @@ func compareBatches(t *testing.T, what string, got, want []byte) {
 func TestWireMatchesGoogleNftables(t *testing.T) {
 	for seed := int64(1); seed <= 4; seed++ {
 		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
-			cfg := Config{Table: "nftgate", Node: model.Node{Name: "gw"}, HashSeed: 7, Shards: 3,
+			cfg := ruleset.Config{Table: "nftgate", Node: model.Node{Name: "gw"}, HashSeed: 7, Shards: 3,
 				ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("198.18.2.0/24"), netip.MustParsePrefix("fd42:2::/64")}}
 			w := &randomWorld{r: rand.New(rand.NewSource(seed)), services: map[model.ServiceKey]*model.Service{}, unique: seed%2 == 0}
 			for range 80 {
 				s := w.newService()
 				w.services[s.Key] = s
 			}
-			ts := newTableSet(&cfg)
-			state := make([]*tableState, len(ts.refs))
+			ts := ruleset.NewTables(&cfg)
+			state := make([]*ruleset.TableState, len(ts.Refs))
 			for i := range state {
-				state[i] = newTableState()
+				state[i] = ruleset.NewTableState()
 			}
-			check := func(what string, ds []*differ) {
+			check := func(what string, ds []*ruleset.Ops) {
 				t.Helper()
 				got := encodeOps(t, ts, ds)
 				compareBatches(t, what, wireMessages(got), refEncode(t, ts, ds))
-				for slot, d := range ds {
-					state[slot].apply(&d.ops)
+				for slot, o := range ds {
+					state[slot].Apply(o)
 				}
 			}
-			ds, book, _ := planFull(&cfg, ts, state, cloneServices(w.services))
+			ds, book, _ := ruleset.PlanFull(&cfg, ts, state, ruleset.CloneServices(w.services))
 			check("cold full sync", ds)
-			programmed := cloneServices(w.services)
+			programmed := ruleset.CloneServices(w.services)
 			for i := range 30 {
 				changes := map[model.ServiceKey]*model.Service{}
 				for range 1 + w.r.Intn(4) {
 					k, s := w.mutate()
 					changes[k] = s
 				}
-				ds, _, _ := planPartial(&cfg, ts, state, book, programmed, changes)
+				ds, _, _ := ruleset.PlanPartial(&cfg, ts, state, book, programmed, changes)
 				check(fmt.Sprintf("partial sync %d", i), ds)
 				for k, s := range changes {
 					if s == nil {
@@ -254,77 +257,93 @@ func TestWireMatchesGoogleNftables(t *testing.T) {
 					half[k] = s
 				}
 			}
-			ds, _, _ = planFull(&cfg, ts, state, half)
+			ds, _, _ = ruleset.PlanFull(&cfg, ts, state, half)
 			check("full sync deleting Services", ds)
 			// Set recreation: a changed definition under the same name.
-			d := newDiffer(IPv4, state[ts.main(IPv4)])
-			d.set(SetClusterIPs, &Set{Name: SetClusterIPs, Shape: KeyAddr, Timeout: time.Minute})
-			for _, c := range ts.static[ts.main(IPv4)].Chains {
-				d.chain(c.Name, c)
+			changed := *ts
+			main := ts.Main(ruleset.IPv4)
+			changed.Skeletons = slices.Clone(ts.Skeletons)
+			sk := &changed.Skeletons[main]
+			sk.Sets = slices.Clone(sk.Sets)
+			for i, set := range sk.Sets {
+				if set.Name == ruleset.SetClusterIPs {
+					sk.Sets[i] = &ruleset.Set{Name: ruleset.SetClusterIPs, Shape: ruleset.KeyAddr, Timeout: time.Minute}
+				}
 			}
-			ds = make([]*differ, len(ts.refs))
-			for slot := range ds {
-				ds[slot] = newDiffer(ts.refs[slot].f, state[slot])
-			}
-			ds[ts.main(IPv4)] = d
-			if len(d.ops.recreateSets) != 1 {
-				t.Fatalf("changed set definition planned %+v, want one set recreated", d.ops)
+			ds, _, _ = ruleset.PlanFull(&cfg, &changed, state, half)
+			if len(ds[main].RecreateSets) != 1 {
+				t.Fatalf("changed set definition planned %+v, want one set recreated", ds[main])
 			}
 			check("set recreated", ds)
 		})
 	}
 }
 
-// TestWireExpressions compares single expressions, also of kinds and
-// fields nftgate does not use (which the encoder hands to google/nftables),
-// with expr.Marshal.
+// exprBytes writes one expression with the encoder, and with
+// google/nftables' expr.Marshal as a list element: the two to compare.
+func exprBytes(t testing.TB, fam byte, emit func(bc.Sink)) (got, want []byte, ok bool) {
+	t.Helper()
+	e := &encoder{w: &wire{}, ids: map[string]uint32{"s": 7, "aff": 3}}
+	emit(e)
+	g := &googleSink{sets: map[string]*nftables.Set{"s": {Name: "s", ID: 7}, "aff": {Name: "aff", ID: 3}}}
+	emit(g)
+	if e.w.err != nil || len(g.exprs) != 1 {
+		return nil, nil, false // an attribute over 64 KiB: refused, not written
+	}
+	data, err := expr.Marshal(fam, g.exprs[0])
+	if err != nil {
+		return nil, nil, false // google/nftables refuses it: nothing to compare
+	}
+	want, err = netlink.MarshalAttributes([]netlink.Attribute{{Type: unix.NLA_F_NESTED | unix.NFTA_LIST_ELEM, Data: data}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e.w.b, want, true
+}
+
+// TestWireExpressions compares single expressions, of every kind and
+// field the statements use, with expr.Marshal.
 func TestWireExpressions(t *testing.T) {
-	exprs := []expr.Any{
-		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
-		&expr.Payload{OperationType: expr.PayloadWrite, SourceRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2, CsumType: expr.CsumTypeInet, CsumOffset: 16},
-		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte{1, 2, 3}},
-		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: []byte{0, 0, 0x40, 0}, Xor: []byte{0, 0, 0, 0}},
-		&expr.Lookup{SourceRegister: 1, SetName: "s", SetID: 7},
-		&expr.Lookup{SourceRegister: 1, DestRegister: 0, IsDestRegSet: true, SetName: "service-ips", Invert: true},
-		&expr.Meta{Key: expr.MetaKeyMARK, Register: 1, SourceRegister: true},
-		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 9},
-		&expr.Ct{Register: 1, Key: expr.CtKeySTATE},
-		&expr.Ct{Register: 1, Key: expr.CtKeySRC, Direction: 1},
-		&expr.Fib{Register: 1, ResultADDRTYPE: true, FlagDADDR: true},
-		&expr.Fib{Register: 1, ResultOIF: true, FlagSADDR: true, FlagIIF: true, FlagMARK: true},
-		&expr.Hash{SourceRegister: 2, DestRegister: 1, Length: 8, Modulus: 4, Seed: 7, Type: expr.HashTypeJenkins},
-		&expr.Hash{SourceRegister: 2, DestRegister: 1, Length: 8, Modulus: 4, Offset: 3},
-		&expr.Immediate{Register: 2, Data: []byte{0x1f, 0x90}},
-		&expr.Verdict{Kind: expr.VerdictGoto, Chain: "svc-ABCDEFGH-ns/name/tcp/80"},
-		&expr.Verdict{Kind: expr.VerdictReturn},
-		&expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV6, RegAddrMin: 1, RegProtoMin: 2, Specified: true},
-		&expr.NAT{Type: expr.NATTypeSourceNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1, RegAddrMax: 2, Random: true, Persistent: true, Prefix: true},
-		&expr.Dynset{SrcRegKey: 1, SetName: "aff", SetID: 3, Operation: unix.NFT_DYNSET_OP_UPDATE},
-		&expr.Dynset{SrcRegKey: 1, SrcRegData: 2, SetName: "aff", Operation: unix.NFT_DYNSET_OP_ADD, Timeout: time.Minute, Invert: true},
-		&expr.Dynset{SrcRegKey: 1, SetName: "aff", Exprs: []expr.Any{&expr.Counter{}}},
-		&expr.Masq{FullyRandom: true},
-		&expr.Masq{},
-		&expr.Masq{ToPorts: true, RegProtoMin: 1, RegProtoMax: 2},
-		&expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: 3},
-		&expr.Counter{Bytes: 1, Packets: 2},
+	exprs := []func(bc.Sink){
+		func(s bc.Sink) { s.Payload(bc.Payload{Dreg: 1, Base: bc.NetworkHeader, Offset: 12, Len: 4}) },
+		func(s bc.Sink) { s.Payload(bc.Payload{Dreg: 13, Base: bc.TransportHeader, Offset: 2, Len: 2}) },
+		func(s bc.Sink) { s.Cmp(bc.Cmp{Op: bc.CmpNeq, Sreg: 1, Data: bc.Bytes(1, 2, 3)}) },
+		func(s bc.Sink) { s.Cmp(bc.Cmp{Op: bc.CmpEq, Sreg: 1}) },
+		func(s bc.Sink) {
+			s.Bitwise(bc.Bitwise{Sreg: 1, Dreg: 1, Len: 4, Mask: bc.Bytes(0, 0, 0x40, 0), Xor: bc.Zero(4)})
+		},
+		func(s bc.Sink) { s.Lookup(bc.Lookup{Sreg: 1, Set: "s"}) },
+		func(s bc.Sink) { s.Lookup(bc.Lookup{Sreg: 1, HasDreg: true, Set: "service-ips"}) },
+		func(s bc.Sink) { s.Meta(bc.Meta{Key: bc.MetaMark, Reg: 1, Set: true}) },
+		func(s bc.Sink) { s.Meta(bc.Meta{Key: bc.MetaL4Proto, Reg: 9}) },
+		func(s bc.Sink) { s.Ct(bc.Ct{Key: bc.CtState, Dreg: 1}) },
+		func(s bc.Sink) { s.Fib(bc.Fib{Dreg: 1, Flags: bc.FibDaddr, Result: bc.FibAddrType}) },
+		func(s bc.Sink) {
+			s.Fib(bc.Fib{Dreg: 1, Flags: bc.FibSaddr | unix.NFTA_FIB_F_IIF, Result: unix.NFT_FIB_RESULT_OIF})
+		},
+		func(s bc.Sink) { s.Hash(bc.Hash{Sreg: 2, Dreg: 1, Len: 8, Modulus: 4, Seed: 7}) },
+		func(s bc.Sink) { s.Hash(bc.Hash{Sreg: 2, Dreg: 1, Len: 8, Modulus: 4}) },
+		func(s bc.Sink) { s.Immediate(bc.Immediate{Dreg: 2, Data: bc.Bytes(0x1f, 0x90)}) },
+		func(s bc.Sink) { s.Verdict(bc.Verdict{Code: bc.VerdictGoto, Chain: "svc-ABCDEFGH-ns/name/tcp/80"}) },
+		func(s bc.Sink) { s.Verdict(bc.Verdict{Code: bc.VerdictReturn}) },
+		func(s bc.Sink) {
+			s.NAT(bc.NAT{Type: bc.NATDest, Family: unix.NFPROTO_IPV6, RegAddr: 1, RegProto: 2, Flags: bc.NATSpecified})
+		},
+		func(s bc.Sink) { s.NAT(bc.NAT{Type: bc.NATDest, Family: unix.NFPROTO_IPV4, RegAddr: 1}) },
+		func(s bc.Sink) { s.Dynset(bc.Dynset{Sreg: 1, Op: bc.DynsetUpdate, Set: "aff"}) },
+		func(s bc.Sink) { s.Dynset(bc.Dynset{Sreg: 1, Op: unix.NFT_DYNSET_OP_ADD, Set: "other"}) },
+		func(s bc.Sink) { s.Masq(bc.Masq{Flags: bc.NATFullyRandom}) },
+		func(s bc.Sink) { s.Masq(bc.Masq{}) },
+		func(s bc.Sink) { s.Reject(bc.Reject{Type: bc.RejectICMPUnrch, Code: 3}) },
 	}
 	for _, fam := range []byte{unix.NFPROTO_IPV4, unix.NFPROTO_IPV6} {
-		for _, e := range exprs {
-			var w wire
-			w.expr(fam, e)
-			if w.err != nil {
-				t.Fatal(w.err)
+		for i, emit := range exprs {
+			got, want, ok := exprBytes(t, fam, emit)
+			if !ok {
+				t.Fatalf("expression %d: not comparable", i)
 			}
-			data, err := expr.Marshal(fam, e)
-			if err != nil {
-				t.Fatal(err)
-			}
-			want, err := netlink.MarshalAttributes([]netlink.Attribute{{Type: unix.NLA_F_NESTED | unix.NFTA_LIST_ELEM, Data: data}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !bytes.Equal(w.b, want) {
-				t.Errorf("%T %+v:\n got: % x\nwant: % x", e, e, w.b, want)
+			if !bytes.Equal(got, want) {
+				t.Errorf("expression %d:\n got: % x\nwant: % x", i, got, want)
 			}
 		}
 	}
@@ -348,22 +367,22 @@ func TestWireAttributeLimit(t *testing.T) {
 // every rule's fingerprint in the kernel, so a rule programmed by an older
 // nftgate must keep its fingerprint.
 func TestRuleTextFormats(t *testing.T) {
-	for _, f := range Families {
+	for _, f := range ruleset.Families {
 		for _, c := range []struct {
-			s    Stmt
+			s    ruleset.Stmt
 			want string
 		}{
-			{HashBucket{Seed: 0, Modulus: 1, Bucket: 0}, fmt.Sprintf("jhash %s saddr . th sport mod %d seed %#x %d", f, 1, uint32(0), 0)},
-			{HashBucket{Seed: 0xdeadbeef, Modulus: 17, Bucket: 16}, fmt.Sprintf("jhash %s saddr . th sport mod %d seed %#x %d", f, 17, uint32(0xdeadbeef), 16)},
-			{DNAT{Proto: model.SCTP, To: netip.MustParseAddrPort("[fd42::1]:8080")}, fmt.Sprintf("meta l4proto %s dnat to %s", model.SCTP, netip.MustParseAddrPort("[fd42::1]:8080"))},
-			{DNAT{Proto: model.UDP, To: netip.MustParseAddrPort("10.1.2.3:53")}, "meta l4proto udp dnat to 10.1.2.3:53"},
-			{Verdict{Kind: Goto, Chain: "svc-X"}, "goto svc-X"},
-			{Verdict{Kind: Jump, Chain: "mark-for-masquerade"}, "jump mark-for-masquerade"},
-			{Verdict{Kind: Drop}, "drop"},
-			{MatchAddrInSet{Dir: Src, Set: "aff-1"}, fmt.Sprintf("%s %s @%s", f, "saddr", "aff-1")},
-			{UpdateAffinity{Set: "aff-1"}, fmt.Sprintf("update @%s { %s saddr }", "aff-1", f)},
+			{ruleset.HashBucket{Seed: 0, Modulus: 1, Bucket: 0}, fmt.Sprintf("jhash %s saddr . th sport mod %d seed %#x %d", f, 1, uint32(0), 0)},
+			{ruleset.HashBucket{Seed: 0xdeadbeef, Modulus: 17, Bucket: 16}, fmt.Sprintf("jhash %s saddr . th sport mod %d seed %#x %d", f, 17, uint32(0xdeadbeef), 16)},
+			{ruleset.DNAT{Proto: model.SCTP, To: netip.MustParseAddrPort("[fd42::1]:8080")}, fmt.Sprintf("meta l4proto %s dnat to %s", model.SCTP, netip.MustParseAddrPort("[fd42::1]:8080"))},
+			{ruleset.DNAT{Proto: model.UDP, To: netip.MustParseAddrPort("10.1.2.3:53")}, "meta l4proto udp dnat to 10.1.2.3:53"},
+			{ruleset.Verdict{Kind: ruleset.Goto, Chain: "svc-X"}, "goto svc-X"},
+			{ruleset.Verdict{Kind: ruleset.Jump, Chain: "mark-for-masquerade"}, "jump mark-for-masquerade"},
+			{ruleset.Verdict{Kind: ruleset.Drop}, "drop"},
+			{ruleset.MatchAddrInSet{Dir: ruleset.Src, Set: "aff-1"}, fmt.Sprintf("%s %s @%s", f, "saddr", "aff-1")},
+			{ruleset.UpdateAffinity{Set: "aff-1"}, fmt.Sprintf("update @%s { %s saddr }", "aff-1", f)},
 		} {
-			if got := (Rule{c.s}).Text(f); got != c.want {
+			if got := (ruleset.Rule{c.s}).Text(f); got != c.want {
 				t.Errorf("%s %#v: text %q, want %q", f, c.s, got, c.want)
 			}
 		}
@@ -375,15 +394,27 @@ func TestRuleTextFormats(t *testing.T) {
 func TestWireMatchesGoogleNftablesAtScale(t *testing.T) {
 	cfg := scaleConfig()
 	c := newScaleCluster(2_000, scaleEndpoints)
-	ts := newTableSet(&cfg)
-	empty := make([]*tableState, len(ts.refs))
+	ts := ruleset.NewTables(&cfg)
+	empty := make([]*ruleset.TableState, len(ts.Refs))
 	for i := range empty {
-		empty[i] = newTableState()
+		empty[i] = ruleset.NewTableState()
 	}
-	ds, _, _ := planFull(&cfg, ts, empty, c.Services)
+	ds, _, _ := ruleset.PlanFull(&cfg, ts, empty, c.Services)
 	bt := encodeOps(t, ts, ds)
 	if bt.arena == nil {
 		t.Fatalf("a batch of %d bytes is on the heap, want it in mapped memory", bt.size())
 	}
 	compareBatches(t, "cold sync of 2000 Services", wireMessages(bt), refEncode(t, ts, ds))
+}
+
+func chunks[T any](s []T, n int) func(func([]T) bool) {
+	return func(yield func([]T) bool) {
+		for len(s) > 0 {
+			k := min(n, len(s))
+			if !yield(s[:k]) {
+				return
+			}
+			s = s[k:]
+		}
+	}
 }

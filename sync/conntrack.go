@@ -12,14 +12,14 @@ import (
 
 	"github.com/nftgate/nftgate/conntrack"
 	"github.com/nftgate/nftgate/model"
-	"github.com/nftgate/nftgate/nft"
+	"github.com/nftgate/nftgate/ruleset"
 )
 
 // flowDest is one destination the ruleset dispatches: a service address and
 // port, or a node port of one family (any local address; vip unset).
 type flowDest struct {
 	proto    conntrack.Protocol
-	family   nft.Family
+	family   ruleset.Family
 	vip      netip.Addr
 	port     uint16
 	nodePort bool
@@ -59,14 +59,14 @@ func usableVIP(a netip.Addr) bool {
 }
 
 // usedEndpoints records, for every UDP and SCTP destination svc exposes, the
-// endpoints the ruleset sends it to, mirroring nft.RenderService: per family
+// endpoints the ruleset sends it to, mirroring ruleset.RenderService: per family
 // (only the families the Service has), endpoints of that family chosen by
 // model.Categorize; ClusterIPs follow internalTrafficPolicy (Local without a
 // local endpoint drops or rejects: no endpoint in use); ExternalIPs, load
 // balancer IPs and node ports follow externalTrafficPolicy, where Local
 // still sends cluster-internal and the gateway's own traffic to the
 // cluster-wide endpoints, so both sets count as in use.
-func usedEndpoints(out destEndpoints, cfg *nft.Config, svc *model.Service) {
+func usedEndpoints(out destEndpoints, cfg *ruleset.Config, svc *model.Service) {
 	if svc == nil {
 		return
 	}
@@ -81,14 +81,14 @@ func usedEndpoints(out destEndpoints, cfg *nft.Config, svc *model.Service) {
 		default:
 			continue // a TCP client gets a reset from a vanished endpoint
 		}
-		for _, f := range nft.Families {
-			if !svc.HasFamily(f == nft.IPv6) {
+		for _, f := range ruleset.Families {
+			if !svc.HasFamily(f == ruleset.IPv6) {
 				continue
 			}
 			famPort := *p
 			famPort.Endpoints = nil
 			for _, e := range p.Endpoints {
-				if nft.Of(e.Addr) == f {
+				if ruleset.Of(e.Addr) == f {
 					famPort.Endpoints = append(famPort.Endpoints, e)
 				}
 			}
@@ -102,13 +102,13 @@ func usedEndpoints(out destEndpoints, cfg *nft.Config, svc *model.Service) {
 				external = append(external, sets.Local)
 			}
 			for _, a := range svc.ClusterIPs {
-				if nft.Of(a) == f && usableVIP(a) {
+				if ruleset.Of(a) == f && usableVIP(a) {
 					out.add(flowDest{proto: proto, family: f, vip: a, port: p.Port}, internal)
 				}
 			}
 			for _, list := range [][]netip.Addr{svc.ExternalIPs, svc.LoadBalancerIPs} {
 				for _, a := range list {
-					if nft.Of(a) == f && usableVIP(a) {
+					if ruleset.Of(a) == f && usableVIP(a) {
 						out.add(flowDest{proto: proto, family: f, vip: a, port: p.Port}, external...)
 					}
 				}
@@ -123,12 +123,12 @@ func usedEndpoints(out destEndpoints, cfg *nft.Config, svc *model.Service) {
 // familyHasNodePorts tells whether family f carries node ports: with
 // NodePortAddresses configured, only the families they name do (as the
 // ruleset renders them).
-func familyHasNodePorts(cfg *nft.Config, f nft.Family) bool {
+func familyHasNodePorts(cfg *ruleset.Config, f ruleset.Family) bool {
 	if len(cfg.NodePortAddresses) == 0 {
 		return true
 	}
 	for _, p := range cfg.NodePortAddresses {
-		if nft.Of(p.Addr()) == f {
+		if ruleset.Of(p.Addr()) == f {
 			return true
 		}
 	}
@@ -163,7 +163,7 @@ func familyHasNodePorts(cfg *nft.Config, f nft.Family) bool {
 // and port that moves from one Service to another in one sync is judged by
 // its endpoints, not by which Service owns it. The result is sorted and free
 // of duplicates, and always valid input for conntrack.Cleaner.Clean.
-func StaleFlows(cfg *nft.Config, before, after map[model.ServiceKey]*model.Service) ([]conntrack.StaleEndpoint, []conntrack.StaleService) {
+func StaleFlows(cfg *ruleset.Config, before, after map[model.ServiceKey]*model.Service) ([]conntrack.StaleEndpoint, []conntrack.StaleService) {
 	was, now := destEndpoints{}, destEndpoints{}
 	for _, svc := range before {
 		usedEndpoints(was, cfg, svc)
@@ -174,7 +174,7 @@ func StaleFlows(cfg *nft.Config, before, after map[model.ServiceKey]*model.Servi
 	// nodePortServed tells whether a node port still translates flows in
 	// some family after the sync.
 	nodePortServed := func(proto conntrack.Protocol, port uint16) bool {
-		for _, f := range nft.Families {
+		for _, f := range ruleset.Families {
 			if len(now[flowDest{proto: proto, family: f, port: port, nodePort: true}]) > 0 {
 				return true
 			}
@@ -286,7 +286,7 @@ type ConntrackCleaner struct {
 	// Ruleset is the configuration the Programmer renders with: its Node
 	// decides the Local-policy endpoints and its NodePortAddresses the
 	// families that have node ports, exactly as in the ruleset.
-	Ruleset nft.Config
+	Ruleset ruleset.Config
 	// Report, when set, is called from Run's goroutine after every cleanup
 	// attempt.
 	Report func(ConntrackReport)

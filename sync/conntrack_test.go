@@ -13,7 +13,7 @@ import (
 
 	"github.com/nftgate/nftgate/conntrack"
 	"github.com/nftgate/nftgate/model"
-	"github.com/nftgate/nftgate/nft"
+	"github.com/nftgate/nftgate/ruleset"
 	gsync "github.com/nftgate/nftgate/sync"
 )
 
@@ -110,13 +110,13 @@ func one(s *model.Service) map[model.ServiceKey]*model.Service {
 }
 
 func TestStaleFlows(t *testing.T) {
-	cfg := &nft.Config{Node: model.Node{Name: nodeName}}
-	v4Only := &nft.Config{Node: model.Node{Name: nodeName}, NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}}
+	cfg := &ruleset.Config{Node: model.Node{Name: nodeName}}
+	v4Only := &ruleset.Config{Node: model.Node{Name: nodeName}, NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}}
 	other := model.ServiceKey{Namespace: "ns", Name: "other"}
 
 	cases := []struct {
 		name          string
-		cfg           *nft.Config
+		cfg           *ruleset.Config
 		before, after map[model.ServiceKey]*model.Service
 		wantEPs       []conntrack.StaleEndpoint
 		wantSvcs      []conntrack.StaleService
@@ -472,7 +472,7 @@ func TestConntrackCleanerMergesWorkQueuedDuringACleanup(t *testing.T) {
 		}
 		return conntrack.Result{Deleted: len(c.eps) + len(c.svcs), Duration: time.Millisecond}, nil
 	})
-	c := &gsync.ConntrackCleaner{Cleaner: fc, Ruleset: nft.Config{Node: model.Node{Name: nodeName}}}
+	c := &gsync.ConntrackCleaner{Cleaner: fc, Ruleset: ruleset.Config{Node: model.Node{Name: nodeName}}}
 	reports := runCleaner(t, c)
 
 	observeWithin(t, c, replaced("10.96.0.1"))

@@ -18,6 +18,7 @@ import (
 	"github.com/nftgate/nftgate/lab/gatewaytest"
 	"github.com/nftgate/nftgate/model"
 	"github.com/nftgate/nftgate/nft"
+	"github.com/nftgate/nftgate/ruleset"
 )
 
 // countingProgrammer counts the syncs it passes on, and remembers what the
@@ -90,7 +91,7 @@ func TestSyncerKeepsRefusedServiceAtLastGoodState(t *testing.T) {
 			t.Errorf("ip netns del: %v: %s", err, out)
 		}
 	})
-	np, err := nft.NewProgrammer(nft.Config{Table: "nftgate", Node: model.Node{Name: "gw"}, Shards: 4},
+	np, err := nft.NewProgrammer(ruleset.Config{Table: "nftgate", Node: model.Node{Name: "gw"}, Shards: 4},
 		nft.Options{NetNSFD: int(h), RefuseForTest: refusedModel})
 	if err != nil {
 		t.Fatal(err)

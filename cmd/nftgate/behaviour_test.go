@@ -33,7 +33,7 @@ import (
 	"github.com/nftgate/nftgate/lab/gatewaytest"
 	"github.com/nftgate/nftgate/lab/labtest"
 	"github.com/nftgate/nftgate/model"
-	"github.com/nftgate/nftgate/nft"
+	"github.com/nftgate/nftgate/ruleset"
 )
 
 // behaviourLab is one gateway shared by the subtests of a behaviour test;
@@ -692,7 +692,7 @@ func (l *behaviourLab) testEdgeCases(t *testing.T) {
 // serviceTable is the shard table holding a Service's chains and dispatch
 // elements, at the default shard count the tests run nftgate with.
 func serviceTable(namespace, name string) string {
-	return nft.Config{Table: "nftgate"}.TableOf(model.ServiceKey{Namespace: namespace, Name: name})
+	return ruleset.Config{Table: "nftgate"}.TableOf(model.ServiceKey{Namespace: namespace, Name: name})
 }
 
 // chainOf returns the chain a service-ips element (key as nft prints it)

@@ -17,7 +17,7 @@ import (
 	"github.com/BurntSushi/toml"
 	"k8s.io/apimachinery/pkg/util/validation"
 
-	"github.com/nftgate/nftgate/nft"
+	"github.com/nftgate/nftgate/ruleset"
 	gsync "github.com/nftgate/nftgate/sync"
 )
 
@@ -72,7 +72,7 @@ func defaults() Config {
 		ReconcileInterval:   Duration(time.Minute),
 		HealthzMaxAge:       Duration(2 * time.Minute),
 		MasqueradeBit:       0x4000,
-		Shards:              nft.DefaultShards,
+		Shards:              ruleset.DefaultShards,
 		LogLevel:            "info",
 		LogFormat:           "text",
 		MemoryLimit:         DefaultMemoryLimit,
@@ -349,8 +349,8 @@ func (c *Config) validate() error {
 	if c.ManifestMaxFileSize < minManifestFileSize || c.ManifestMaxFileSize > maxManifestFileSize {
 		bad("manifest_max_file_size", "%s is not between %s and %s", c.ManifestMaxFileSize, ByteSize(minManifestFileSize), ByteSize(maxManifestFileSize))
 	}
-	if c.Shards < 1 || c.Shards > nft.MaxShards {
-		bad("shards", "%d is not between 1 and %d", c.Shards, nft.MaxShards)
+	if c.Shards < 1 || c.Shards > ruleset.MaxShards {
+		bad("shards", "%d is not between 1 and %d", c.Shards, ruleset.MaxShards)
 	}
 	if c.MasqueradeBit == 0 || c.MasqueradeBit&(c.MasqueradeBit-1) != 0 {
 		bad("masquerade_bit", "%#x is not a single bit", c.MasqueradeBit)

@@ -30,11 +30,12 @@ import (
 	"github.com/nftgate/nftgate/hostaddr"
 	"github.com/nftgate/nftgate/model"
 	"github.com/nftgate/nftgate/nft"
+	"github.com/nftgate/nftgate/ruleset"
 	gsync "github.com/nftgate/nftgate/sync"
 )
 
-func (c *Config) ruleset() nft.Config {
-	return nft.Config{
+func (c *Config) ruleset() ruleset.Config {
+	return ruleset.Config{
 		Table:             c.Table,
 		Node:              model.Node{Name: c.NodeName, Zone: c.Zone},
 		ClusterCIDRs:      c.clusterCIDRs,
@@ -145,7 +146,7 @@ func serve(ctx context.Context, cfg *Config) error {
 	}
 	// A kernel without a feature the ruleset uses fails here, naming it,
 	// not at the first sync with a bare netlink error.
-	if err := checkKernel(); err != nil {
+	if err := nft.CheckKernel(); err != nil {
 		return err
 	}
 	prog, err := nft.NewProgrammer(cfg.ruleset(), nft.Options{})
@@ -491,11 +492,11 @@ func render(ctx context.Context, cfg *Config, w io.Writer) error {
 		}
 		svcs = append(svcs, m)
 	}
-	for i, f := range nft.Families {
+	for i, f := range ruleset.Families {
 		if i > 0 {
 			fmt.Fprintln(w)
 		}
-		if err := nft.WriteTables(w, f, nft.Layout(&rc, f, svcs)); err != nil {
+		if err := ruleset.WriteTables(w, f, ruleset.Layout(&rc, f, svcs)); err != nil {
 			return err
 		}
 	}

@@ -1,4 +1,4 @@
-package main
+package nft
 
 import (
 	"errors"
@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/google/nftables"
-	"github.com/google/nftables/expr"
+	"github.com/nftgate/nftgate/ruleset"
 	"github.com/vishvananda/netns"
 )
 
@@ -99,9 +99,7 @@ func TestKernelCheckNamesWhatTheKernelRefuses(t *testing.T) {
 	probes = append(probes, kernelProbe{
 		Feature: "hash expression with modulus 0", Option: "CONFIG_NFT_HASH", Needs: []string{base},
 		add: func(b *probeBatch) {
-			b.rule(b.filterChain(nftables.TableFamilyIPv4),
-				&expr.Payload{DestRegister: probeReg2, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
-				&expr.Hash{SourceRegister: probeReg2, DestRegister: probeReg1, Length: 4, Modulus: 0, Type: expr.HashTypeJenkins})
+			b.rule(b.filterChain(ruleset.IPv4), ruleset.HashBucket{Seed: ruleset.DefaultHashSeed, Modulus: 0})
 		},
 	})
 	err := checkKernelFeatures(probes, netlinkProbeRunner(fd, probeTableName()))

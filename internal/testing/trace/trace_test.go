@@ -1,4 +1,4 @@
-package nft_test
+package trace_test
 
 import (
 	"bytes"
@@ -12,71 +12,11 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/nftgate/nftgate/internal/testing/trace"
+	"github.com/nftgate/nftgate/internal/testing/world"
 	"github.com/nftgate/nftgate/model"
-	"github.com/nftgate/nftgate/nft"
+	"github.com/nftgate/nftgate/ruleset"
 )
-
-// The test world: pods in 10.0.0.0/8 and fd00:10::/48 (the cluster CIDRs),
-// Service IPs in 172.30/16 and fd00:30::/64, the gateway on 192.168.0.2 and
-// 2001:db8:1::2, external clients in 203.0.113/24, 198.18/15 and 2001:db8:9::/48.
-var gatewayAddrs = []netip.Addr{
-	addr("192.168.0.2"), addr("192.168.0.3"), addr("10.99.0.1"), addr("127.0.0.1"),
-	addr("2001:db8:1::2"), addr("::1"),
-}
-
-func addr(s string) netip.Addr     { return netip.MustParseAddr(s) }
-func prefix(s string) netip.Prefix { return netip.MustParsePrefix(s) }
-
-func addrs(ss ...string) []netip.Addr {
-	var out []netip.Addr
-	for _, s := range ss {
-		out = append(out, addr(s))
-	}
-	return out
-}
-
-func testConfig() *nft.Config {
-	return &nft.Config{
-		Table:         "nftgate",
-		Node:          model.Node{Name: "gw", Zone: "zone-a"},
-		ClusterCIDRs:  []netip.Prefix{prefix("10.0.0.0/8"), prefix("fd00:10::/48")},
-		MasqueradeBit: nft.DefaultMasqueradeBit,
-		HashSeed:      7,
-	}
-}
-
-func ready(a string, port uint16) model.Endpoint {
-	return model.Endpoint{Addr: addr(a), Port: port, Ready: true, Serving: true}
-}
-
-func terminating(a string, port uint16) model.Endpoint {
-	return model.Endpoint{Addr: addr(a), Port: port, Serving: true, Terminating: true}
-}
-
-func on(node string, e model.Endpoint) model.Endpoint { e.NodeName = node; return e }
-
-func zoneHints(e model.Endpoint, zones ...string) model.Endpoint {
-	e.Hints = &model.Hints{Zones: zones, Nodes: e.NodeHints()}
-	return e
-}
-
-func nodeHints(e model.Endpoint, nodes ...string) model.Endpoint {
-	e.Hints = &model.Hints{Zones: e.ZoneHints(), Nodes: nodes}
-	return e
-}
-
-// web is a LoadBalancer Service reachable every way: ClusterIP, NodePort,
-// a non-local and a local ExternalIP, a LoadBalancer IP.
-func web(eps ...model.Endpoint) *model.Service {
-	return &model.Service{
-		Key:             model.ServiceKey{Namespace: "ns1", Name: "web"},
-		Type:            "LoadBalancer",
-		ClusterIPs:      addrs("172.30.0.41"),
-		ExternalIPs:     addrs("192.168.99.11", "192.168.0.3"),
-		LoadBalancerIPs: addrs("198.51.100.1"),
-		Ports:           []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80, NodePort: 30080, Endpoints: eps}},
-	}
-}
 
 // flow is one new connection and what must happen to it.
 type flow struct {
@@ -88,12 +28,12 @@ type flow struct {
 	want     string   // TraceResult.Summary
 }
 
-func trace(t *testing.T, cfg *nft.Config, svcs []*model.Service, fl flow) (nft.TraceResult, []nft.Table) {
+func replay(t *testing.T, cfg *ruleset.Config, svcs []*model.Service, fl flow) (trace.TraceResult, []ruleset.Table) {
 	t.Helper()
 	dst := netip.MustParseAddrPort(fl.dst)
-	pkt := nft.Packet{
-		Src: addr(fl.src), Dst: dst.Addr(), Proto: fl.proto, SrcPort: 40123, DstPort: dst.Port(),
-		Hook: "prerouting", SrcLocal: slices.Contains(gatewayAddrs, addr(fl.src)), DstLocal: slices.Contains(gatewayAddrs, dst.Addr()),
+	pkt := trace.Packet{
+		Src: world.Addr(fl.src), Dst: dst.Addr(), Proto: fl.proto, SrcPort: 40123, DstPort: dst.Port(),
+		Hook: "prerouting", SrcLocal: slices.Contains(world.GatewayAddrs, world.Addr(fl.src)), DstLocal: slices.Contains(world.GatewayAddrs, dst.Addr()),
 	}
 	if pkt.Proto == 0 {
 		pkt.Proto = model.TCP
@@ -110,25 +50,25 @@ func trace(t *testing.T, cfg *nft.Config, svcs []*model.Service, fl flow) (nft.T
 			pkt.AffinityHit[s] = true
 		}
 	}
-	f := nft.Of(pkt.Dst)
-	tables := nft.Layout(cfg, f, svcs)
-	return nft.Trace(cfg, f, tables, pkt), tables
+	f := ruleset.Of(pkt.Dst)
+	tables := ruleset.Layout(cfg, f, svcs)
+	return trace.Trace(cfg, f, tables, pkt), tables
 }
 
-func runFlows(t *testing.T, cfg *nft.Config, svcs []*model.Service, flows []flow) {
+func runFlows(t *testing.T, cfg *ruleset.Config, svcs []*model.Service, flows []flow) {
 	t.Helper()
 	for _, fl := range flows {
 		t.Run(fl.name, func(t *testing.T) {
-			res, tables := trace(t, cfg, svcs, fl)
+			res, tables := replay(t, cfg, svcs, fl)
 			if got := res.Summary(); got != fl.want {
 				var text bytes.Buffer
-				nft.WriteTables(&text, nft.Of(addr(fl.src)), tables)
+				ruleset.WriteTables(&text, ruleset.Of(world.Addr(fl.src)), tables)
 				t.Errorf("%s -> %s: got %q, want %q\n%s\nruleset:\n%s", fl.src, fl.dst, got, fl.want, res.Paths(), text.String())
 			}
 			for _, o := range res.Outcomes {
 				// The masquerading chain must act on exactly the marked
 				// packets and the hairpin ones (an endpoint reaching itself).
-				hairpin := o.DNAT.IsValid() && o.DNAT.Addr() == addr(fl.src)
+				hairpin := o.DNAT.IsValid() && o.DNAT.Addr() == world.Addr(fl.src)
 				if (o.Marked || hairpin) != o.Masqueraded {
 					t.Errorf("outcome %s: marked=%v but masqueraded=%v\n%s", o, o.Marked, o.Masqueraded, res.Paths())
 				}
@@ -139,17 +79,17 @@ func runFlows(t *testing.T, cfg *nft.Config, svcs []*model.Service, flows []flow
 
 func TestTraceClusterIPProtocols(t *testing.T) {
 	eps := func(port uint16) []model.Endpoint {
-		return []model.Endpoint{ready("10.180.0.1", port), ready("10.180.1.1", port), ready("10.180.2.1", port)}
+		return []model.Endpoint{world.Ready("10.180.0.1", port), world.Ready("10.180.1.1", port), world.Ready("10.180.2.1", port)}
 	}
 	svc := &model.Service{
-		Key: model.ServiceKey{Namespace: "ns1", Name: "multi"}, Type: "ClusterIP", ClusterIPs: addrs("172.30.0.50"),
+		Key: model.ServiceKey{Namespace: "ns1", Name: "multi"}, Type: "ClusterIP", ClusterIPs: world.Addrs("172.30.0.50"),
 		Ports: []model.ServicePort{
 			{Name: "http", Protocol: model.TCP, Port: 80, Endpoints: eps(8080)},
 			{Name: "dns", Protocol: model.UDP, Port: 53, Endpoints: eps(5353)},
 			{Name: "sig", Protocol: model.SCTP, Port: 3868, Endpoints: eps(3869)},
 		},
 	}
-	runFlows(t, testConfig(), []*model.Service{svc}, []flow{
+	runFlows(t, world.Config(), []*model.Service{svc}, []flow{
 		{name: "tcp spreads over all endpoints", src: "10.1.2.3", dst: "172.30.0.50:80",
 			want: "dnat 10.180.0.1:8080, dnat 10.180.1.1:8080, dnat 10.180.2.1:8080"},
 		{name: "udp", src: "10.1.2.3", dst: "172.30.0.50:53", proto: model.UDP,
@@ -168,17 +108,17 @@ func TestTraceClusterIPProtocols(t *testing.T) {
 // Service port serves (its cluster-ips set, "Reject traffic to invalid
 // ports of ClusterIPs"), in filter forward and output.
 func TestTraceClusterIPUnknownPortRejected(t *testing.T) {
-	svc := web(ready("10.180.0.1", 8080))
-	runFlows(t, testConfig(), []*model.Service{svc}, []flow{
+	svc := world.Web(world.Ready("10.180.0.1", 8080))
+	runFlows(t, world.Config(), []*model.Service{svc}, []flow{
 		{name: "forwarded", src: "10.1.2.3", dst: "172.30.0.41:81", want: "reject"},
 		{name: "from the gateway", src: "192.168.0.2", dst: "172.30.0.41:81", output: true, want: "reject"},
 	})
 }
 
 func TestTraceNodePorts(t *testing.T) {
-	svcs := []*model.Service{web(ready("10.180.0.1", 8080), ready("10.180.1.1", 8080))}
+	svcs := []*model.Service{world.Web(world.Ready("10.180.0.1", 8080), world.Ready("10.180.1.1", 8080))}
 	both := "dnat 10.180.0.1:8080 masq, dnat 10.180.1.1:8080 masq"
-	runFlows(t, testConfig(), svcs, []flow{
+	runFlows(t, world.Config(), svcs, []flow{
 		{name: "on the node address", src: "203.0.113.5", dst: "192.168.0.2:30080", want: both},
 		{name: "on another local address", src: "203.0.113.5", dst: "10.99.0.1:30080", want: both},
 		{name: "from a pod", src: "10.1.2.3", dst: "192.168.0.2:30080", want: both},
@@ -188,8 +128,8 @@ func TestTraceNodePorts(t *testing.T) {
 		{name: "wrong protocol", src: "203.0.113.5", dst: "192.168.0.2:30080", proto: model.UDP, want: "accept"},
 	})
 
-	cfg := testConfig()
-	cfg.NodePortAddresses = []netip.Prefix{prefix("192.168.0.0/24")}
+	cfg := world.Config()
+	cfg.NodePortAddresses = []netip.Prefix{world.Prefix("192.168.0.0/24")}
 	runFlows(t, cfg, svcs, []flow{
 		{name: "limited: inside NodePortAddresses", src: "203.0.113.5", dst: "192.168.0.2:30080", want: both},
 		{name: "limited: local address outside them", src: "203.0.113.5", dst: "10.99.0.1:30080", want: "accept"},
@@ -198,9 +138,9 @@ func TestTraceNodePorts(t *testing.T) {
 }
 
 func TestTraceExternalAndLoadBalancerIPs(t *testing.T) {
-	svcs := []*model.Service{web(ready("10.180.0.1", 8080), ready("10.180.1.1", 8080))}
+	svcs := []*model.Service{world.Web(world.Ready("10.180.0.1", 8080), world.Ready("10.180.1.1", 8080))}
 	both := "dnat 10.180.0.1:8080 masq, dnat 10.180.1.1:8080 masq"
-	runFlows(t, testConfig(), svcs, []flow{
+	runFlows(t, world.Config(), svcs, []flow{
 		{name: "externalIP routed to the gateway", src: "203.0.113.5", dst: "192.168.99.11:80", want: both},
 		{name: "externalIP that is a local address", src: "203.0.113.5", dst: "192.168.0.3:80", want: both},
 		{name: "externalIP from a pod is masqueraded too", src: "10.1.2.3", dst: "192.168.99.11:80", want: both},
@@ -212,10 +152,10 @@ func TestTraceExternalAndLoadBalancerIPs(t *testing.T) {
 }
 
 func TestTraceLoadBalancerSourceRanges(t *testing.T) {
-	svc := web(ready("10.180.0.1", 8080))
-	svc.SourceRanges = []netip.Prefix{prefix("203.0.113.0/24"), prefix("198.19.7.7/32")}
+	svc := world.Web(world.Ready("10.180.0.1", 8080))
+	svc.SourceRanges = []netip.Prefix{world.Prefix("203.0.113.0/24"), world.Prefix("198.19.7.7/32")}
 	one := "dnat 10.180.0.1:8080 masq"
-	runFlows(t, testConfig(), []*model.Service{svc}, []flow{
+	runFlows(t, world.Config(), []*model.Service{svc}, []flow{
 		{name: "LB IP from inside a range", src: "203.0.113.5", dst: "198.51.100.1:80", want: one},
 		{name: "LB IP from a single-address range", src: "198.19.7.7", dst: "198.51.100.1:80", want: one},
 		{name: "LB IP from outside", src: "198.18.0.1", dst: "198.51.100.1:80", want: "drop"},
@@ -229,17 +169,17 @@ func TestTraceLoadBalancerSourceRanges(t *testing.T) {
 }
 
 func TestTraceNoEndpointsRejects(t *testing.T) {
-	notReady := model.Endpoint{Addr: addr("10.180.0.1"), Port: 8080}
+	notReady := model.Endpoint{Addr: world.Addr("10.180.0.1"), Port: 8080}
 	for name, eps := range map[string][]model.Endpoint{
 		"none":                     nil,
 		"only not ready":           {notReady},
-		"only terminating, unused": {{Addr: addr("10.180.0.1"), Port: 8080, Terminating: true}},
+		"only terminating, unused": {{Addr: world.Addr("10.180.0.1"), Port: 8080, Terminating: true}},
 	} {
 		t.Run(name, func(t *testing.T) {
-			svc := web(eps...)
+			svc := world.Web(eps...)
 			udp := &model.Service{Key: model.ServiceKey{Namespace: "ns1", Name: "dns"}, Type: "NodePort",
-				ClusterIPs: addrs("172.30.0.53"), Ports: []model.ServicePort{{Protocol: model.UDP, Port: 53, NodePort: 30053, Endpoints: eps}}}
-			runFlows(t, testConfig(), []*model.Service{svc, udp}, []flow{
+				ClusterIPs: world.Addrs("172.30.0.53"), Ports: []model.ServicePort{{Protocol: model.UDP, Port: 53, NodePort: 30053, Endpoints: eps}}}
+			runFlows(t, world.Config(), []*model.Service{svc, udp}, []flow{
 				{name: "ClusterIP", src: "10.1.2.3", dst: "172.30.0.41:80", want: "reject"},
 				{name: "ClusterIP from the gateway", src: "192.168.0.2", dst: "172.30.0.41:80", output: true, want: "reject"},
 				{name: "NodePort", src: "203.0.113.5", dst: "192.168.0.2:30080", want: "reject"},
@@ -258,19 +198,19 @@ func TestTraceExternalTrafficPolicyLocal(t *testing.T) {
 	local := func(name, cip, lb string, nodePort uint16, eps ...model.Endpoint) *model.Service {
 		return &model.Service{
 			Key: model.ServiceKey{Namespace: "ns1", Name: name}, Type: "LoadBalancer", ExternalLocal: true,
-			ClusterIPs: addrs(cip), LoadBalancerIPs: addrs(lb),
+			ClusterIPs: world.Addrs(cip), LoadBalancerIPs: world.Addrs(lb),
 			Ports: []model.ServicePort{{Protocol: model.TCP, Port: 80, NodePort: nodePort, Endpoints: eps}},
 		}
 	}
 	svcs := []*model.Service{
-		local("both", "172.30.0.42", "198.51.100.2", 30081, on("gw", ready("10.180.0.2", 8080)), on("other", ready("10.180.1.2", 8080))),
-		local("remote", "172.30.0.43", "198.51.100.3", 30082, on("other", ready("10.180.1.3", 8080)), on("other", ready("10.180.2.3", 8080))),
+		local("both", "172.30.0.42", "198.51.100.2", 30081, world.On("gw", world.Ready("10.180.0.2", 8080)), world.On("other", world.Ready("10.180.1.2", 8080))),
+		local("remote", "172.30.0.43", "198.51.100.3", 30082, world.On("other", world.Ready("10.180.1.3", 8080)), world.On("other", world.Ready("10.180.2.3", 8080))),
 		local("none", "172.30.0.44", "198.51.100.4", 30083),
-		local("draining", "172.30.0.45", "198.51.100.5", 30084, on("gw", terminating("10.180.0.5", 8080)), on("other", ready("10.180.1.5", 8080))),
-		local("both-policies", "172.30.0.46", "198.51.100.6", 30085, on("other", ready("10.180.1.6", 8080))),
+		local("draining", "172.30.0.45", "198.51.100.5", 30084, world.On("gw", world.Terminating("10.180.0.5", 8080)), world.On("other", world.Ready("10.180.1.5", 8080))),
+		local("both-policies", "172.30.0.46", "198.51.100.6", 30085, world.On("other", world.Ready("10.180.1.6", 8080))),
 	}
 	svcs[4].InternalLocal = true
-	runFlows(t, testConfig(), svcs, []flow{
+	runFlows(t, world.Config(), svcs, []flow{
 		{name: "LB IP: local endpoint only, client kept", src: "203.0.113.5", dst: "198.51.100.2:80", want: "dnat 10.180.0.2:8080"},
 		{name: "NodePort: local endpoint only, client kept", src: "203.0.113.5", dst: "192.168.0.2:30081", want: "dnat 10.180.0.2:8080"},
 		{name: "ClusterIP keeps Cluster policy", src: "203.0.113.5", dst: "172.30.0.42:80",
@@ -312,15 +252,15 @@ func TestTraceInternalTrafficPolicyLocal(t *testing.T) {
 	itp := func(name, cip string, nodePort uint16, eps ...model.Endpoint) *model.Service {
 		return &model.Service{
 			Key: model.ServiceKey{Namespace: "ns1", Name: name}, Type: "NodePort", InternalLocal: true,
-			ClusterIPs: addrs(cip), Ports: []model.ServicePort{{Protocol: model.TCP, Port: 80, NodePort: nodePort, Endpoints: eps}},
+			ClusterIPs: world.Addrs(cip), Ports: []model.ServicePort{{Protocol: model.TCP, Port: 80, NodePort: nodePort, Endpoints: eps}},
 		}
 	}
 	svcs := []*model.Service{
-		itp("both", "172.30.0.46", 30086, on("gw", ready("10.180.0.6", 8080)), on("other", ready("10.180.1.6", 8080))),
-		itp("remote", "172.30.0.47", 30087, on("other", ready("10.180.1.7", 8080))),
+		itp("both", "172.30.0.46", 30086, world.On("gw", world.Ready("10.180.0.6", 8080)), world.On("other", world.Ready("10.180.1.6", 8080))),
+		itp("remote", "172.30.0.47", 30087, world.On("other", world.Ready("10.180.1.7", 8080))),
 		itp("none", "172.30.0.48", 30088),
 	}
-	runFlows(t, testConfig(), svcs, []flow{
+	runFlows(t, world.Config(), svcs, []flow{
 		{name: "ClusterIP goes to the local endpoint", src: "10.1.2.3", dst: "172.30.0.46:80", want: "dnat 10.180.0.6:8080"},
 		{name: "NodePort keeps Cluster policy", src: "203.0.113.5", dst: "192.168.0.2:30086",
 			want: "dnat 10.180.0.6:8080 masq, dnat 10.180.1.6:8080 masq"},
@@ -334,14 +274,14 @@ func TestTraceInternalTrafficPolicyLocal(t *testing.T) {
 }
 
 func TestTraceMasquerade(t *testing.T) {
-	svcs := []*model.Service{web(ready("10.180.0.1", 8080))}
-	runFlows(t, testConfig(), svcs, []flow{
+	svcs := []*model.Service{world.Web(world.Ready("10.180.0.1", 8080))}
+	runFlows(t, world.Config(), svcs, []flow{
 		{name: "ClusterIP from inside the cluster CIDR", src: "10.1.2.3", dst: "172.30.0.41:80", want: "dnat 10.180.0.1:8080"},
 		{name: "ClusterIP from outside", src: "203.0.113.5", dst: "172.30.0.41:80", want: "dnat 10.180.0.1:8080 masq"},
 		{name: "ClusterIP from the gateway", src: "192.168.0.2", dst: "172.30.0.41:80", output: true, want: "dnat 10.180.0.1:8080 masq"},
 		{name: "unrelated forwarded traffic", src: "203.0.113.5", dst: "198.18.0.1:80", want: "accept"},
 	})
-	cfg := testConfig()
+	cfg := world.Config()
 	cfg.ClusterCIDRs = nil
 	runFlows(t, cfg, svcs, []flow{
 		{name: "no cluster CIDRs: everyone is masqueraded", src: "10.1.2.3", dst: "172.30.0.41:80", want: "dnat 10.180.0.1:8080 masq"},
@@ -349,14 +289,14 @@ func TestTraceMasquerade(t *testing.T) {
 }
 
 func TestTraceHairpin(t *testing.T) {
-	single := web(ready("10.180.0.9", 8080))
-	runFlows(t, testConfig(), []*model.Service{single}, []flow{
+	single := world.Web(world.Ready("10.180.0.9", 8080))
+	runFlows(t, world.Config(), []*model.Service{single}, []flow{
 		{name: "endpoint to its own service", src: "10.180.0.9", dst: "172.30.0.41:80", want: "dnat 10.180.0.9:8080 masq"},
 		{name: "another pod", src: "10.180.0.10", dst: "172.30.0.41:80", want: "dnat 10.180.0.9:8080"},
 	})
-	two := web(ready("10.180.0.1", 8080), ready("10.180.1.1", 8080))
+	two := world.Web(world.Ready("10.180.0.1", 8080), world.Ready("10.180.1.1", 8080))
 	t.Run("only the path back to itself", func(t *testing.T) {
-		res, _ := trace(t, testConfig(), []*model.Service{two}, flow{src: "10.180.0.1", dst: "172.30.0.41:80"})
+		res, _ := replay(t, world.Config(), []*model.Service{two}, flow{src: "10.180.0.1", dst: "172.30.0.41:80"})
 		if got, want := res.Summary(), "dnat 10.180.0.1:8080 masq, dnat 10.180.1.1:8080"; got != want {
 			t.Errorf("got %q, want %q\n%s", got, want, res.Paths())
 		}
@@ -364,14 +304,14 @@ func TestTraceHairpin(t *testing.T) {
 }
 
 func TestTraceSessionAffinity(t *testing.T) {
-	svc := web(ready("10.180.0.1", 8080), ready("10.180.1.1", 8080), ready("10.180.2.1", 8080))
+	svc := world.Web(world.Ready("10.180.0.1", 8080), world.Ready("10.180.1.1", 8080), world.Ready("10.180.2.1", 8080))
 	svc.AffinityTimeout = 3 * time.Hour
 	svcs := []*model.Service{svc}
-	cfg := testConfig()
+	cfg := world.Config()
 
 	// A first connection may go anywhere and records the client in the
 	// chosen endpoint's own set.
-	first, _ := trace(t, cfg, svcs, flow{src: "10.1.2.3", dst: "172.30.0.41:80"})
+	first, _ := replay(t, cfg, svcs, flow{src: "10.1.2.3", dst: "172.30.0.41:80"})
 	if len(first.Targets()) != 3 {
 		t.Fatalf("first connection: %s", first.Summary())
 	}
@@ -393,7 +333,7 @@ func TestTraceSessionAffinity(t *testing.T) {
 		seen[s] = true
 	}
 
-	second := addr("10.180.1.1")
+	second := world.Addr("10.180.1.1")
 	secondSet := setOf[netip.AddrPortFrom(second, 8080)]
 	runFlows(t, cfg, svcs, []flow{
 		{name: "known client sticks to its endpoint", src: "10.1.2.3", dst: "172.30.0.41:80", affinity: []string{secondSet},
@@ -407,17 +347,17 @@ func TestTraceSessionAffinity(t *testing.T) {
 	})
 
 	// The sticky path refreshes the same set.
-	res, _ := trace(t, cfg, svcs, flow{src: "10.1.2.3", dst: "172.30.0.41:80", affinity: []string{secondSet}})
+	res, _ := replay(t, cfg, svcs, flow{src: "10.1.2.3", dst: "172.30.0.41:80", affinity: []string{secondSet}})
 	if len(res.Outcomes) != 1 || !slices.Equal(res.Outcomes[0].Affinity, []string{secondSet}) {
 		t.Errorf("sticky connection updated %v, want [%s]\n%s", res.Outcomes, secondSet, res.Paths())
 	}
 }
 
 func TestTraceTerminatingAndNotReady(t *testing.T) {
-	notReady := func(a string) model.Endpoint { return model.Endpoint{Addr: addr(a), Port: 8080} }
-	servingNotReady := func(a string) model.Endpoint { return model.Endpoint{Addr: addr(a), Port: 8080, Serving: true} }
+	notReady := func(a string) model.Endpoint { return model.Endpoint{Addr: world.Addr(a), Port: 8080} }
+	servingNotReady := func(a string) model.Endpoint { return model.Endpoint{Addr: world.Addr(a), Port: 8080, Serving: true} }
 	terminatingNotServing := func(a string) model.Endpoint {
-		return model.Endpoint{Addr: addr(a), Port: 8080, Terminating: true}
+		return model.Endpoint{Addr: world.Addr(a), Port: 8080, Terminating: true}
 	}
 	for _, tc := range []struct {
 		name string
@@ -425,16 +365,16 @@ func TestTraceTerminatingAndNotReady(t *testing.T) {
 		want string
 	}{
 		{"ready ones only while any is ready",
-			[]model.Endpoint{ready("10.180.0.1", 8080), terminating("10.180.1.1", 8080), notReady("10.180.2.1")},
+			[]model.Endpoint{world.Ready("10.180.0.1", 8080), world.Terminating("10.180.1.1", 8080), notReady("10.180.2.1")},
 			"dnat 10.180.0.1:8080"},
 		{"serving terminating ones when none is ready",
-			[]model.Endpoint{terminating("10.180.1.1", 8080), terminating("10.180.1.2", 8080), terminatingNotServing("10.180.1.3"), notReady("10.180.2.1")},
+			[]model.Endpoint{world.Terminating("10.180.1.1", 8080), world.Terminating("10.180.1.2", 8080), terminatingNotServing("10.180.1.3"), notReady("10.180.2.1")},
 			"dnat 10.180.1.1:8080, dnat 10.180.1.2:8080"},
 		{"not ready never", []model.Endpoint{notReady("10.180.2.1"), notReady("10.180.2.2")}, "reject"},
 		{"serving but not ready and not terminating never", []model.Endpoint{servingNotReady("10.180.2.1")}, "reject"},
 		{"terminating and not serving never", []model.Endpoint{terminatingNotServing("10.180.1.3")}, "reject"},
 	} {
-		runFlows(t, testConfig(), []*model.Service{web(tc.eps...)}, []flow{
+		runFlows(t, world.Config(), []*model.Service{world.Web(tc.eps...)}, []flow{
 			{name: tc.name, src: "10.1.2.3", dst: "172.30.0.41:80", want: tc.want},
 		})
 	}
@@ -447,31 +387,31 @@ func TestTraceTopology(t *testing.T) {
 		want string
 	}{
 		{"zone hints pick this zone",
-			[]model.Endpoint{zoneHints(ready("10.180.0.1", 80), "zone-a"), zoneHints(ready("10.180.1.1", 80), "zone-b"), zoneHints(ready("10.180.2.1", 80), "zone-a")},
+			[]model.Endpoint{world.ZoneHints(world.Ready("10.180.0.1", 80), "zone-a"), world.ZoneHints(world.Ready("10.180.1.1", 80), "zone-b"), world.ZoneHints(world.Ready("10.180.2.1", 80), "zone-a")},
 			"dnat 10.180.0.1:80, dnat 10.180.2.1:80"},
 		{"an endpoint without hints disables them",
-			[]model.Endpoint{zoneHints(ready("10.180.0.1", 80), "zone-a"), ready("10.180.1.1", 80)},
+			[]model.Endpoint{world.ZoneHints(world.Ready("10.180.0.1", 80), "zone-a"), world.Ready("10.180.1.1", 80)},
 			"dnat 10.180.0.1:80, dnat 10.180.1.1:80"},
 		{"no hint for this zone falls back to all",
-			[]model.Endpoint{zoneHints(ready("10.180.0.1", 80), "zone-b"), zoneHints(ready("10.180.1.1", 80), "zone-c")},
+			[]model.Endpoint{world.ZoneHints(world.Ready("10.180.0.1", 80), "zone-b"), world.ZoneHints(world.Ready("10.180.1.1", 80), "zone-c")},
 			"dnat 10.180.0.1:80, dnat 10.180.1.1:80"},
 		{"hints of not-ready endpoints do not count",
-			[]model.Endpoint{zoneHints(model.Endpoint{Addr: addr("10.180.0.1"), Port: 80}, "zone-a"), zoneHints(ready("10.180.1.1", 80), "zone-b")},
+			[]model.Endpoint{world.ZoneHints(model.Endpoint{Addr: world.Addr("10.180.0.1"), Port: 80}, "zone-a"), world.ZoneHints(world.Ready("10.180.1.1", 80), "zone-b")},
 			"dnat 10.180.1.1:80"},
 		{"node hints pick this node",
-			[]model.Endpoint{nodeHints(zoneHints(ready("10.180.0.1", 80), "zone-a"), "gw"), nodeHints(zoneHints(ready("10.180.1.1", 80), "zone-a"), "other")},
+			[]model.Endpoint{world.NodeHints(world.ZoneHints(world.Ready("10.180.0.1", 80), "zone-a"), "gw"), world.NodeHints(world.ZoneHints(world.Ready("10.180.1.1", 80), "zone-a"), "other")},
 			"dnat 10.180.0.1:80"},
 		{"incomplete node hints fall back to zone hints",
-			[]model.Endpoint{nodeHints(zoneHints(ready("10.180.0.1", 80), "zone-a"), "gw"), zoneHints(ready("10.180.1.1", 80), "zone-a"), zoneHints(ready("10.180.2.1", 80), "zone-b")},
+			[]model.Endpoint{world.NodeHints(world.ZoneHints(world.Ready("10.180.0.1", 80), "zone-a"), "gw"), world.ZoneHints(world.Ready("10.180.1.1", 80), "zone-a"), world.ZoneHints(world.Ready("10.180.2.1", 80), "zone-b")},
 			"dnat 10.180.0.1:80, dnat 10.180.1.1:80"},
 	} {
-		runFlows(t, testConfig(), []*model.Service{web(tc.eps...)}, []flow{
+		runFlows(t, world.Config(), []*model.Service{world.Web(tc.eps...)}, []flow{
 			{name: tc.name, src: "10.1.2.3", dst: "172.30.0.41:80", want: tc.want},
 		})
 	}
-	cfg := testConfig()
+	cfg := world.Config()
 	cfg.Node.Zone = ""
-	runFlows(t, cfg, []*model.Service{web(zoneHints(ready("10.180.0.1", 80), "zone-a"), zoneHints(ready("10.180.1.1", 80), "zone-b"))}, []flow{
+	runFlows(t, cfg, []*model.Service{world.Web(world.ZoneHints(world.Ready("10.180.0.1", 80), "zone-a"), world.ZoneHints(world.Ready("10.180.1.1", 80), "zone-b"))}, []flow{
 		{name: "gateway without a zone ignores zone hints", src: "10.1.2.3", dst: "172.30.0.41:80", want: "dnat 10.180.0.1:80, dnat 10.180.1.1:80"},
 	})
 }
@@ -480,14 +420,14 @@ func TestTraceDualStack(t *testing.T) {
 	dual := func(eps ...model.Endpoint) *model.Service {
 		return &model.Service{
 			Key: model.ServiceKey{Namespace: "ns1", Name: "dual"}, Type: "LoadBalancer",
-			ClusterIPs:      addrs("172.30.0.60", "fd00:30::60"),
-			LoadBalancerIPs: addrs("198.51.100.6", "2001:db8:ff::6"),
+			ClusterIPs:      world.Addrs("172.30.0.60", "fd00:30::60"),
+			LoadBalancerIPs: world.Addrs("198.51.100.6", "2001:db8:ff::6"),
 			Ports:           []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80, NodePort: 30060, Endpoints: eps}},
 		}
 	}
-	svc := dual(ready("10.180.0.6", 8080), ready("10.180.1.6", 8080), ready("fd00:10::6", 8080), ready("fd00:10:1::6", 8080))
+	svc := dual(world.Ready("10.180.0.6", 8080), world.Ready("10.180.1.6", 8080), world.Ready("fd00:10::6", 8080), world.Ready("fd00:10:1::6", 8080))
 	v6both := "dnat [fd00:10:1::6]:8080 masq, dnat [fd00:10::6]:8080 masq"
-	runFlows(t, testConfig(), []*model.Service{svc}, []flow{
+	runFlows(t, world.Config(), []*model.Service{svc}, []flow{
 		{name: "IPv4 ClusterIP goes to IPv4 endpoints", src: "10.1.2.3", dst: "172.30.0.60:80", want: "dnat 10.180.0.6:8080, dnat 10.180.1.6:8080"},
 		{name: "IPv6 ClusterIP from a pod", src: "fd00:10::99", dst: "[fd00:30::60]:80", want: "dnat [fd00:10:1::6]:8080, dnat [fd00:10::6]:8080"},
 		{name: "IPv6 ClusterIP from outside", src: "2001:db8:9::5", dst: "[fd00:30::60]:80", want: v6both},
@@ -497,8 +437,8 @@ func TestTraceDualStack(t *testing.T) {
 		{name: "IPv6 hairpin", src: "fd00:10::6", dst: "[fd00:30::60]:80", want: "dnat [fd00:10:1::6]:8080, dnat [fd00:10::6]:8080 masq"},
 	})
 
-	noV6 := dual(ready("10.180.0.6", 8080))
-	runFlows(t, testConfig(), []*model.Service{noV6}, []flow{
+	noV6 := dual(world.Ready("10.180.0.6", 8080))
+	runFlows(t, world.Config(), []*model.Service{noV6}, []flow{
 		{name: "IPv6 without IPv6 endpoints rejects", src: "fd00:10::99", dst: "[fd00:30::60]:80", want: "reject"},
 		{name: "IPv4 still works", src: "10.1.2.3", dst: "172.30.0.60:80", want: "dnat 10.180.0.6:8080"},
 	})
@@ -506,8 +446,8 @@ func TestTraceDualStack(t *testing.T) {
 	// kube-proxy runs one proxier per family: the fallback to terminating
 	// endpoints is decided per family, so IPv6 clients reach the draining
 	// IPv6 endpoint although IPv4 has a ready one.
-	draining := dual(ready("10.180.0.6", 8080), terminating("fd00:10::7", 8080))
-	runFlows(t, testConfig(), []*model.Service{draining}, []flow{
+	draining := dual(world.Ready("10.180.0.6", 8080), world.Terminating("fd00:10::7", 8080))
+	runFlows(t, world.Config(), []*model.Service{draining}, []flow{
 		{name: "terminating fallback is per family", src: "fd00:10::99", dst: "[fd00:30::60]:80", want: "dnat [fd00:10::7]:8080"},
 		{name: "IPv4 uses its ready endpoint", src: "10.1.2.3", dst: "172.30.0.60:80", want: "dnat 10.180.0.6:8080"},
 	})
@@ -515,10 +455,10 @@ func TestTraceDualStack(t *testing.T) {
 	// kube-proxy's IPv6 proxier ignores a Service without an IPv6
 	// ClusterIP: the NodePort of an IPv4-only Service on an IPv6 address
 	// is not the Service's (nor rejected as one without endpoints).
-	v4only := web(ready("10.180.0.1", 8080))
+	v4only := world.Web(world.Ready("10.180.0.1", 8080))
 	v4only.IPv4 = true // spec.ipFamilies: [IPv4]
-	cfg := testConfig()
-	cfg.NodePortAddresses = []netip.Prefix{prefix("192.168.0.0/24"), prefix("2001:db8:1::/64")}
+	cfg := world.Config()
+	cfg.NodePortAddresses = []netip.Prefix{world.Prefix("192.168.0.0/24"), world.Prefix("2001:db8:1::/64")}
 	runFlows(t, cfg, []*model.Service{v4only}, []flow{
 		{name: "IPv4-only NodePort on IPv4", src: "203.0.113.5", dst: "192.168.0.2:30080", want: "dnat 10.180.0.1:8080 masq"},
 		{name: "IPv4-only NodePort is not on IPv6", src: "2001:db8:9::5", dst: "[2001:db8:1::2]:30080", want: "accept"},
@@ -526,9 +466,9 @@ func TestTraceDualStack(t *testing.T) {
 
 	// kube-proxy filters loadBalancerSourceRanges by family: a family
 	// without any range is not firewalled.
-	ranged := dual(ready("10.180.0.6", 8080), ready("fd00:10::6", 8080))
-	ranged.SourceRanges = []netip.Prefix{prefix("203.0.113.0/24")}
-	runFlows(t, testConfig(), []*model.Service{ranged}, []flow{
+	ranged := dual(world.Ready("10.180.0.6", 8080), world.Ready("fd00:10::6", 8080))
+	ranged.SourceRanges = []netip.Prefix{world.Prefix("203.0.113.0/24")}
+	runFlows(t, world.Config(), []*model.Service{ranged}, []flow{
 		{name: "IPv4 ranges apply to IPv4", src: "198.18.0.1", dst: "198.51.100.6:80", want: "drop"},
 		{name: "IPv4 ranges leave IPv6 open", src: "2001:db8:9::5", dst: "[2001:db8:ff::6]:80", want: "dnat [fd00:10::6]:8080 masq"},
 	})
@@ -560,7 +500,7 @@ func TestTraceFromKubernetes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runFlows(t, testConfig(), []*model.Service{m}, []flow{
+	runFlows(t, world.Config(), []*model.Service{m}, []flow{
 		{name: "ClusterIP", src: "10.1.2.3", dst: "172.30.0.70:80", want: "dnat 10.180.0.1:8080, dnat 10.180.1.1:9090"},
 		{name: "NodePort", src: "203.0.113.5", dst: "192.168.0.2:30070", want: "dnat 10.180.0.1:8080 masq, dnat 10.180.1.1:9090 masq"},
 	})
@@ -570,93 +510,95 @@ func ptr[T any](v T) *T { return &v }
 
 // The tracer's own semantics, on small hand-written rulesets.
 func TestTraceSemantics(t *testing.T) {
-	cfg := &nft.Config{MasqueradeBit: 0x4000}
-	jump := func(c string) nft.Verdict { return nft.Verdict{Kind: nft.Jump, Chain: c} }
-	gotoV := func(c string) nft.Verdict { return nft.Verdict{Kind: nft.Goto, Chain: c} }
-	ret := nft.Verdict{Kind: nft.Return}
-	dnat := func(s string) nft.DNAT { return nft.DNAT{Proto: model.TCP, To: netip.MustParseAddrPort(s)} }
-	base := func(name, typ, hook string, prio int32, rules ...nft.Rule) *nft.Chain {
-		return &nft.Chain{Name: name, Hook: &nft.Hook{Type: typ, Hook: hook, Priority: prio}, Rules: rules}
+	cfg := &ruleset.Config{MasqueradeBit: 0x4000}
+	jump := func(c string) ruleset.Verdict { return ruleset.Verdict{Kind: ruleset.Jump, Chain: c} }
+	gotoV := func(c string) ruleset.Verdict { return ruleset.Verdict{Kind: ruleset.Goto, Chain: c} }
+	ret := ruleset.Verdict{Kind: ruleset.Return}
+	dnat := func(s string) ruleset.DNAT { return ruleset.DNAT{Proto: model.TCP, To: netip.MustParseAddrPort(s)} }
+	base := func(name, typ, hook string, prio int32, rules ...ruleset.Rule) *ruleset.Chain {
+		return &ruleset.Chain{Name: name, Hook: &ruleset.Hook{Type: typ, Hook: hook, Priority: prio}, Rules: rules}
 	}
-	chain := func(name string, rules ...nft.Rule) *nft.Chain { return &nft.Chain{Name: name, Rules: rules} }
-	pkt := nft.Packet{Src: addr("198.18.0.1"), Dst: addr("198.18.1.1"), Proto: model.TCP, SrcPort: 1000, DstPort: 80, Hook: "prerouting"}
-	src := func(p string) nft.MatchAddr { return nft.MatchAddr{Dir: nft.Src, Prefix: prefix(p)} }
+	chain := func(name string, rules ...ruleset.Rule) *ruleset.Chain {
+		return &ruleset.Chain{Name: name, Rules: rules}
+	}
+	pkt := trace.Packet{Src: world.Addr("198.18.0.1"), Dst: world.Addr("198.18.1.1"), Proto: model.TCP, SrcPort: 1000, DstPort: 80, Hook: "prerouting"}
+	src := func(p string) ruleset.MatchAddr { return ruleset.MatchAddr{Dir: ruleset.Src, Prefix: world.Prefix(p)} }
 
 	for _, tc := range []struct {
 		name   string
-		chains []*nft.Chain
-		pkt    nft.Packet
+		chains []*ruleset.Chain
+		pkt    trace.Packet
 		want   string
 	}{
-		{"return goes back after the jump", []*nft.Chain{
-			base("pre", "nat", "prerouting", -100, nft.Rule{jump("a")}, nft.Rule{dnat("10.0.0.2:80")}),
-			chain("a", nft.Rule{ret}, nft.Rule{dnat("10.0.0.1:80")}),
+		{"return goes back after the jump", []*ruleset.Chain{
+			base("pre", "nat", "prerouting", -100, ruleset.Rule{jump("a")}, ruleset.Rule{dnat("10.0.0.2:80")}),
+			chain("a", ruleset.Rule{ret}, ruleset.Rule{dnat("10.0.0.1:80")}),
 		}, pkt, "dnat 10.0.0.2:80"},
-		{"return after goto skips the goto's chain", []*nft.Chain{
-			base("pre", "nat", "prerouting", -100, nft.Rule{jump("a")}, nft.Rule{dnat("10.0.0.2:80")}),
-			chain("a", nft.Rule{gotoV("b")}, nft.Rule{dnat("10.0.0.1:80")}),
-			chain("b", nft.Rule{ret}),
+		{"return after goto skips the goto's chain", []*ruleset.Chain{
+			base("pre", "nat", "prerouting", -100, ruleset.Rule{jump("a")}, ruleset.Rule{dnat("10.0.0.2:80")}),
+			chain("a", ruleset.Rule{gotoV("b")}, ruleset.Rule{dnat("10.0.0.1:80")}),
+			chain("b", ruleset.Rule{ret}),
 		}, pkt, "dnat 10.0.0.2:80"},
-		{"end of a jumped chain returns", []*nft.Chain{
-			base("pre", "nat", "prerouting", -100, nft.Rule{jump("a")}, nft.Rule{dnat("10.0.0.2:80")}),
-			chain("a", nft.Rule{src("10.0.0.0/8"), dnat("10.0.0.1:80")}),
+		{"end of a jumped chain returns", []*ruleset.Chain{
+			base("pre", "nat", "prerouting", -100, ruleset.Rule{jump("a")}, ruleset.Rule{dnat("10.0.0.2:80")}),
+			chain("a", ruleset.Rule{src("10.0.0.0/8"), dnat("10.0.0.1:80")}),
 		}, pkt, "dnat 10.0.0.2:80"},
-		{"failed match skips the rest of the rule", []*nft.Chain{
-			base("pre", "filter", "prerouting", -110, nft.Rule{src("10.0.0.0/8"), nft.Verdict{Kind: nft.Drop}}),
+		{"failed match skips the rest of the rule", []*ruleset.Chain{
+			base("pre", "filter", "prerouting", -110, ruleset.Rule{src("10.0.0.0/8"), ruleset.Verdict{Kind: ruleset.Drop}}),
 		}, pkt, "accept"},
-		{"negated match", []*nft.Chain{
-			base("pre", "filter", "prerouting", -110, nft.Rule{nft.MatchAddr{Dir: nft.Src, Prefix: prefix("10.0.0.0/8"), Not: true}, nft.Verdict{Kind: nft.Drop}}),
+		{"negated match", []*ruleset.Chain{
+			base("pre", "filter", "prerouting", -110, ruleset.Rule{ruleset.MatchAddr{Dir: ruleset.Src, Prefix: world.Prefix("10.0.0.0/8"), Not: true}, ruleset.Verdict{Kind: ruleset.Drop}}),
 		}, pkt, "drop"},
-		{"accept ends only its base chain", []*nft.Chain{
-			base("f1", "filter", "forward", -10, nft.Rule{nft.Verdict{Kind: nft.Accept}}),
-			base("f2", "filter", "forward", 0, nft.Rule{nft.Reject{}}),
+		{"accept ends only its base chain", []*ruleset.Chain{
+			base("f1", "filter", "forward", -10, ruleset.Rule{ruleset.Verdict{Kind: ruleset.Accept}}),
+			base("f2", "filter", "forward", 0, ruleset.Rule{ruleset.Reject{}}),
 		}, pkt, "reject"},
-		{"priorities order the chains of a hook", []*nft.Chain{
-			base("late", "filter", "prerouting", 10, nft.Rule{nft.Reject{}}),
-			base("early", "filter", "prerouting", -10, nft.Rule{nft.Verdict{Kind: nft.Drop}}),
+		{"priorities order the chains of a hook", []*ruleset.Chain{
+			base("late", "filter", "prerouting", 10, ruleset.Rule{ruleset.Reject{}}),
+			base("early", "filter", "prerouting", -10, ruleset.Rule{ruleset.Verdict{Kind: ruleset.Drop}}),
 		}, pkt, "drop"},
-		{"filter after dnat sees the new destination", []*nft.Chain{
-			base("pre", "nat", "prerouting", -100, nft.Rule{dnat("10.0.0.1:80")}),
-			base("fwd", "filter", "forward", 0, nft.Rule{nft.MatchAddr{Dir: nft.Dst, Prefix: prefix("10.0.0.1/32")}, nft.Verdict{Kind: nft.Drop}}),
+		{"filter after dnat sees the new destination", []*ruleset.Chain{
+			base("pre", "nat", "prerouting", -100, ruleset.Rule{dnat("10.0.0.1:80")}),
+			base("fwd", "filter", "forward", 0, ruleset.Rule{ruleset.MatchAddr{Dir: ruleset.Dst, Prefix: world.Prefix("10.0.0.1/32")}, ruleset.Verdict{Kind: ruleset.Drop}}),
 		}, pkt, "drop"},
-		{"local destination is delivered, not forwarded", []*nft.Chain{
-			base("fwd", "filter", "forward", 0, nft.Rule{nft.Verdict{Kind: nft.Drop}}),
-			base("post", "nat", "postrouting", 100, nft.Rule{nft.Masquerade{}}),
-		}, nft.Packet{Src: pkt.Src, Dst: pkt.Dst, Proto: model.TCP, DstPort: 80, Hook: "prerouting", DstLocal: true}, "accept"},
-		{"dnat needs its protocol", []*nft.Chain{
-			base("pre", "nat", "prerouting", -100, nft.Rule{dnat("10.0.0.1:80")}),
-		}, nft.Packet{Src: pkt.Src, Dst: pkt.Dst, Proto: model.UDP, DstPort: 80, Hook: "prerouting"}, "accept"},
-		{"mark set before postrouting masquerades", []*nft.Chain{
-			base("pre", "nat", "prerouting", -100, nft.Rule{nft.SetMark{Bit: 0x4000}}),
-			base("post", "nat", "postrouting", 100, nft.Rule{nft.MatchMarkUnset{Bit: 0x4000}, ret}, nft.Rule{nft.SetMark{Bit: 0x4000, Xor: true}, nft.Masquerade{}}),
+		{"local destination is delivered, not forwarded", []*ruleset.Chain{
+			base("fwd", "filter", "forward", 0, ruleset.Rule{ruleset.Verdict{Kind: ruleset.Drop}}),
+			base("post", "nat", "postrouting", 100, ruleset.Rule{ruleset.Masquerade{}}),
+		}, trace.Packet{Src: pkt.Src, Dst: pkt.Dst, Proto: model.TCP, DstPort: 80, Hook: "prerouting", DstLocal: true}, "accept"},
+		{"dnat needs its protocol", []*ruleset.Chain{
+			base("pre", "nat", "prerouting", -100, ruleset.Rule{dnat("10.0.0.1:80")}),
+		}, trace.Packet{Src: pkt.Src, Dst: pkt.Dst, Proto: model.UDP, DstPort: 80, Hook: "prerouting"}, "accept"},
+		{"mark set before postrouting masquerades", []*ruleset.Chain{
+			base("pre", "nat", "prerouting", -100, ruleset.Rule{ruleset.SetMark{Bit: 0x4000}}),
+			base("post", "nat", "postrouting", 100, ruleset.Rule{ruleset.MatchMarkUnset{Bit: 0x4000}, ret}, ruleset.Rule{ruleset.SetMark{Bit: 0x4000, Xor: true}, ruleset.Masquerade{}}),
 		}, pkt, "accept masq"},
-		{"own traffic passes output, not prerouting", []*nft.Chain{
-			base("pre", "filter", "prerouting", 0, nft.Rule{nft.Verdict{Kind: nft.Drop}}),
-			base("out", "nat", "output", -100, nft.Rule{dnat("10.0.0.1:80")}),
-		}, nft.Packet{Src: addr("192.168.0.2"), SrcLocal: true, Dst: pkt.Dst, Proto: model.TCP, DstPort: 80, Hook: "output"}, "dnat 10.0.0.1:80"},
-		{"own traffic to itself loops back through prerouting filters", []*nft.Chain{
-			base("pre", "filter", "prerouting", 0, nft.Rule{nft.Reject{}}),
-		}, nft.Packet{Src: addr("192.168.0.2"), SrcLocal: true, Dst: addr("192.168.0.2"), DstLocal: true, Proto: model.TCP, DstPort: 80, Hook: "output"}, "reject"},
-		{"hash buckets: every value is taken", []*nft.Chain{
+		{"own traffic passes output, not prerouting", []*ruleset.Chain{
+			base("pre", "filter", "prerouting", 0, ruleset.Rule{ruleset.Verdict{Kind: ruleset.Drop}}),
+			base("out", "nat", "output", -100, ruleset.Rule{dnat("10.0.0.1:80")}),
+		}, trace.Packet{Src: world.Addr("192.168.0.2"), SrcLocal: true, Dst: pkt.Dst, Proto: model.TCP, DstPort: 80, Hook: "output"}, "dnat 10.0.0.1:80"},
+		{"own traffic to itself loops back through prerouting filters", []*ruleset.Chain{
+			base("pre", "filter", "prerouting", 0, ruleset.Rule{ruleset.Reject{}}),
+		}, trace.Packet{Src: world.Addr("192.168.0.2"), SrcLocal: true, Dst: world.Addr("192.168.0.2"), DstLocal: true, Proto: model.TCP, DstPort: 80, Hook: "output"}, "reject"},
+		{"hash buckets: every value is taken", []*ruleset.Chain{
 			base("pre", "nat", "prerouting", -100,
-				nft.Rule{nft.HashBucket{Seed: 1, Modulus: 3, Bucket: 0}, gotoV("a")},
-				nft.Rule{nft.HashBucket{Seed: 1, Modulus: 3, Bucket: 1}, gotoV("b")}),
-			chain("a", nft.Rule{dnat("10.0.0.1:80")}),
-			chain("b", nft.Rule{nft.Verdict{Kind: nft.Drop}}),
+				ruleset.Rule{ruleset.HashBucket{Seed: 1, Modulus: 3, Bucket: 0}, gotoV("a")},
+				ruleset.Rule{ruleset.HashBucket{Seed: 1, Modulus: 3, Bucket: 1}, gotoV("b")}),
+			chain("a", ruleset.Rule{dnat("10.0.0.1:80")}),
+			chain("b", ruleset.Rule{ruleset.Verdict{Kind: ruleset.Drop}}),
 		}, pkt, "accept, dnat 10.0.0.1:80, drop"},
-		{"hash buckets: one value per path", []*nft.Chain{
+		{"hash buckets: one value per path", []*ruleset.Chain{
 			// The same seed and modulus hash the same flow alike: no path
 			// matches bucket 0 in one rule and bucket 1 in another.
 			base("pre", "nat", "prerouting", -100,
-				nft.Rule{nft.HashBucket{Seed: 1, Modulus: 2, Bucket: 0}, nft.SetMark{Bit: 0x4000}},
-				nft.Rule{nft.HashBucket{Seed: 1, Modulus: 2, Bucket: 0}, dnat("10.0.0.1:80")},
-				nft.Rule{nft.HashBucket{Seed: 1, Modulus: 2, Bucket: 1}, dnat("10.0.0.2:80")},
-				nft.Rule{nft.Verdict{Kind: nft.Drop}}),
-			base("post", "nat", "postrouting", 100, nft.Rule{nft.MatchMarkUnset{Bit: 0x4000}, ret}, nft.Rule{nft.Masquerade{}}),
+				ruleset.Rule{ruleset.HashBucket{Seed: 1, Modulus: 2, Bucket: 0}, ruleset.SetMark{Bit: 0x4000}},
+				ruleset.Rule{ruleset.HashBucket{Seed: 1, Modulus: 2, Bucket: 0}, dnat("10.0.0.1:80")},
+				ruleset.Rule{ruleset.HashBucket{Seed: 1, Modulus: 2, Bucket: 1}, dnat("10.0.0.2:80")},
+				ruleset.Rule{ruleset.Verdict{Kind: ruleset.Drop}}),
+			base("post", "nat", "postrouting", 100, ruleset.Rule{ruleset.MatchMarkUnset{Bit: 0x4000}, ret}, ruleset.Rule{ruleset.Masquerade{}}),
 		}, pkt, "dnat 10.0.0.1:80 masq, dnat 10.0.0.2:80"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			res := nft.Trace(cfg, nft.IPv4, []nft.Table{{Name: "t", Fragment: nft.Fragment{Chains: tc.chains}}}, tc.pkt)
+			res := trace.Trace(cfg, ruleset.IPv4, []ruleset.Table{{Name: "t", Fragment: ruleset.Fragment{Chains: tc.chains}}}, tc.pkt)
 			if got := res.Summary(); got != tc.want {
 				t.Errorf("got %q, want %q\n%s", got, tc.want, res.Paths())
 			}
@@ -665,19 +607,19 @@ func TestTraceSemantics(t *testing.T) {
 
 	for _, tc := range []struct {
 		name string
-		fr   nft.Fragment
-		pkt  nft.Packet
+		fr   ruleset.Fragment
+		pkt  trace.Packet
 		want string
 	}{
-		{"missing chain", nft.Fragment{Chains: []*nft.Chain{base("pre", "nat", "prerouting", -100, nft.Rule{jump("nowhere")})}}, pkt, `missing chain "nowhere"`},
-		{"missing map", nft.Fragment{Chains: []*nft.Chain{base("pre", "nat", "prerouting", -100, nft.Rule{nft.VmapDispatch{Map: "m", Shape: nft.KeyProtoPort}})}}, pkt, `missing map "m"`},
-		{"loop", nft.Fragment{Chains: []*nft.Chain{base("pre", "nat", "prerouting", -100, nft.Rule{jump("a")}), chain("a", nft.Rule{jump("a")})}}, pkt, "loop"},
-		{"element of a missing map", nft.Fragment{Elements: []nft.Element{{Map: "m", Key: nft.Key{Proto: model.TCP, Port: 1}}}}, pkt, `missing map "m"`},
-		{"family mismatch", nft.Fragment{}, nft.Packet{Src: addr("::1"), Dst: addr("::1"), Hook: "prerouting"}, "not of family"},
-		{"bad hook", nft.Fragment{}, nft.Packet{Src: pkt.Src, Dst: pkt.Dst, Hook: "input"}, "want prerouting or output"},
+		{"missing chain", ruleset.Fragment{Chains: []*ruleset.Chain{base("pre", "nat", "prerouting", -100, ruleset.Rule{jump("nowhere")})}}, pkt, `missing chain "nowhere"`},
+		{"missing map", ruleset.Fragment{Chains: []*ruleset.Chain{base("pre", "nat", "prerouting", -100, ruleset.Rule{ruleset.VmapDispatch{Map: "m", Shape: ruleset.KeyProtoPort}})}}, pkt, `missing map "m"`},
+		{"loop", ruleset.Fragment{Chains: []*ruleset.Chain{base("pre", "nat", "prerouting", -100, ruleset.Rule{jump("a")}), chain("a", ruleset.Rule{jump("a")})}}, pkt, "loop"},
+		{"element of a missing map", ruleset.Fragment{Elements: []ruleset.Element{{Map: "m", Key: ruleset.Key{Proto: model.TCP, Port: 1}}}}, pkt, `missing map "m"`},
+		{"family mismatch", ruleset.Fragment{}, trace.Packet{Src: world.Addr("::1"), Dst: world.Addr("::1"), Hook: "prerouting"}, "not of family"},
+		{"bad hook", ruleset.Fragment{}, trace.Packet{Src: pkt.Src, Dst: pkt.Dst, Hook: "input"}, "want prerouting or output"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			res := nft.Trace(cfg, nft.IPv4, []nft.Table{{Name: "t", Fragment: tc.fr}}, tc.pkt)
+			res := trace.Trace(cfg, ruleset.IPv4, []ruleset.Table{{Name: "t", Fragment: tc.fr}}, tc.pkt)
 			if res.Err == nil || !strings.Contains(res.Err.Error(), tc.want) {
 				t.Errorf("error %v, want one containing %q", res.Err, tc.want)
 			}

@@ -1,4 +1,4 @@
-package nft
+package ruleset
 
 import (
 	"fmt"
@@ -35,7 +35,8 @@ const DefaultShards = 16
 // MaxShards bounds Config.Shards.
 const MaxShards = 256
 
-func (c Config) shards() int {
+// ShardCount is the number of service shard tables per family.
+func (c Config) ShardCount() int {
 	if c.Shards <= 0 {
 		return DefaultShards
 	}
@@ -52,7 +53,7 @@ func (c Config) shardPrefix() string { return c.Table + "-services-" }
 
 // isShardTable tells whether a table name is one of nftgate's shard tables,
 // of this shard count or another.
-func (c Config) isShardTable(name string) bool {
+func (c Config) IsShardTable(name string) bool {
 	rest, ok := strings.CutPrefix(name, c.shardPrefix())
 	if !ok || len(rest) < 2 {
 		return false
@@ -71,7 +72,7 @@ func (c Config) ShardOf(k model.ServiceKey) int {
 	h.Write([]byte(k.Namespace))
 	h.Write([]byte{'/'})
 	h.Write([]byte(k.Name))
-	return int(h.Sum32() % uint32(c.shards()))
+	return int(h.Sum32() % uint32(c.ShardCount()))
 }
 
 // TableOf is the name of the table holding a Service's chains.
@@ -80,7 +81,7 @@ func (c Config) TableOf(k model.ServiceKey) string { return c.ShardTable(c.Shard
 // mainSet tells whether a named set or map lives in the main table. The
 // dispatch maps are in the shards, next to the chains their verdicts jump
 // to; a Service's affinity sets are in its shard.
-func mainSet(name string) bool {
+func MainSet(name string) bool {
 	switch name {
 	case MapNoEndpointServices, MapNoEndpointNodePorts, MapFirewallIPs, SetClusterIPs, SetHairpin:
 		return true
@@ -90,7 +91,7 @@ func mainSet(name string) bool {
 
 // mainChain tells whether a Service's chain lives in the main table: its
 // firewall chain, which the main table's firewall map jumps to.
-func mainChain(name string) bool { return strings.HasPrefix(name, "fw-") }
+func MainChain(name string) bool { return strings.HasPrefix(name, "fw-") }
 
 // Table is the content of one kernel table.
 type Table struct {
@@ -103,7 +104,7 @@ type Table struct {
 // several Services claim goes to the oldest one. It is for people (nftgate
 // render), the packet tracer and tests.
 func Layout(cfg *Config, f Family, services []*model.Service) []Table {
-	k := cfg.shards()
+	k := cfg.ShardCount()
 	main, shard := Static(cfg, f), StaticShard(cfg, f)
 	tables := make([]Table, k+1)
 	tables[0] = Table{Name: cfg.Table, Fragment: main}
@@ -120,7 +121,7 @@ func Layout(cfg *Config, f Family, services []*model.Service) []Table {
 		fr := r.Of(f)
 		t := &tables[cfg.ShardOf(svc.Key)+1]
 		for _, c := range fr.Chains {
-			if mainChain(c.Name) {
+			if MainChain(c.Name) {
 				tables[0].Chains = append(tables[0].Chains, c)
 			} else {
 				t.Chains = append(t.Chains, c)
@@ -138,7 +139,7 @@ func Layout(cfg *Config, f Family, services []*model.Service) []Table {
 	for _, fe := range order {
 		w := claims[fe].winner()
 		i := 0
-		if !mainSet(fe.id.Map) {
+		if !MainSet(fe.id.Map) {
 			i = cfg.ShardOf(w.svc) + 1
 		}
 		tables[i].Elements = append(tables[i].Elements, Element{Map: fe.id.Map, Key: fe.id.Key, Verdict: w.verdict})
@@ -147,40 +148,40 @@ func Layout(cfg *Config, f Family, services []*model.Service) []Table {
 }
 
 // tableRef names one kernel table.
-type tableRef struct {
-	f    Family
-	name string
+type TableRef struct {
+	Family Family
+	Name   string
 }
 
 // tableSet is the Programmer's list of tables: per family the main table,
 // then the shards. A table's index in it is its slot.
-type tableSet struct {
-	cfg    *Config
-	k      int
-	refs   []tableRef
-	static []Fragment // each table's skeleton
-	// refuse names the Services to program with a rule the kernel
-	// refuses (Options.RefuseForTest).
-	refuse func(*model.Service) bool
+type Tables struct {
+	cfg       *Config
+	k         int
+	Refs      []TableRef
+	Skeletons []Fragment // each table's skeleton
+	// Refuse names the Services to program with a rule the kernel
+	// refuses (Options.RefuseForTest in package nft).
+	Refuse func(*model.Service) bool
 }
 
-// refusedChain is the chain the rule that Options.RefuseForTest adds jumps
+// RefusedChain is the chain the rule that Tables.Refuse adds jumps
 // to: no table has it, so the kernel refuses the rule.
-const refusedChain = "refused-for-test"
+const RefusedChain = "refused-for-test"
 
 // render renders a Service as the Programmer programs it.
-func (ts *tableSet) render(svc *model.Service) ByFamily {
+func (ts *Tables) Render(svc *model.Service) ByFamily {
 	r := RenderService(ts.cfg, svc)
-	if ts.refuse == nil || !ts.refuse(svc) {
+	if ts.Refuse == nil || !ts.Refuse(svc) {
 		return r
 	}
 	for i := range r {
 		for j, c := range r[i].Chains {
-			if mainChain(c.Name) {
+			if MainChain(c.Name) {
 				continue
 			}
 			bad := *c
-			bad.Rules = append(slices.Clip(c.Rules), Rule{Verdict{Kind: Jump, Chain: refusedChain}})
+			bad.Rules = append(slices.Clip(c.Rules), Rule{Verdict{Kind: Jump, Chain: RefusedChain}})
 			chains := slices.Clone(r[i].Chains)
 			chains[j] = &bad
 			r[i].Chains = chains
@@ -190,60 +191,76 @@ func (ts *tableSet) render(svc *model.Service) ByFamily {
 	return r
 }
 
-func newTableSet(cfg *Config) *tableSet {
-	ts := &tableSet{cfg: cfg, k: cfg.shards()}
+func NewTables(cfg *Config) *Tables {
+	ts := &Tables{cfg: cfg, k: cfg.ShardCount()}
 	for _, f := range Families {
 		main, shard := Static(cfg, f), StaticShard(cfg, f)
-		ts.refs = append(ts.refs, tableRef{f, cfg.Table})
-		ts.static = append(ts.static, main)
+		ts.Refs = append(ts.Refs, TableRef{f, cfg.Table})
+		ts.Skeletons = append(ts.Skeletons, main)
 		for i := range ts.k {
-			ts.refs = append(ts.refs, tableRef{f, cfg.ShardTable(i)})
-			ts.static = append(ts.static, shard)
+			ts.Refs = append(ts.Refs, TableRef{f, cfg.ShardTable(i)})
+			ts.Skeletons = append(ts.Skeletons, shard)
 		}
 	}
 	return ts
 }
 
 // main is the slot of family f's main table.
-func (ts *tableSet) main(f Family) int { return familyIndex(f) * (ts.k + 1) }
+func (ts *Tables) Main(f Family) int { return familyIndex(f) * (ts.k + 1) }
 
 // shard is the slot of the shard holding Service k's chains.
-func (ts *tableSet) shard(f Family, k model.ServiceKey) int {
-	return ts.main(f) + 1 + ts.cfg.ShardOf(k)
+func (ts *Tables) Shard(f Family, k model.ServiceKey) int {
+	return ts.Main(f) + 1 + ts.cfg.ShardOf(k)
 }
 
 // slots lists family f's slots, main first.
-func (ts *tableSet) slots(f Family) []int {
+func (ts *Tables) Slots(f Family) []int {
 	out := make([]int, ts.k+1)
 	for i := range out {
-		out[i] = ts.main(f) + i
+		out[i] = ts.Main(f) + i
 	}
 	return out
 }
 
 // names lists family f's table names, main first.
-func (ts *tableSet) names(f Family) []string {
+func (ts *Tables) Names(f Family) []string {
 	var out []string
-	for _, slot := range ts.slots(f) {
-		out = append(out, ts.refs[slot].name)
+	for _, slot := range ts.Slots(f) {
+		out = append(out, ts.Refs[slot].Name)
 	}
 	return out
 }
 
 // elem is the slot an element belongs in when Service winner's claim on
 // it wins.
-func (ts *tableSet) elem(fe famElem, winner model.ServiceKey) int {
-	if mainSet(fe.id.Map) {
-		return ts.main(fe.f)
+func (ts *Tables) elem(fe famElem, winner model.ServiceKey) int {
+	if MainSet(fe.id.Map) {
+		return ts.Main(fe.f)
 	}
-	return ts.shard(fe.f, winner)
+	return ts.Shard(fe.f, winner)
 }
 
 // holders lists the slots that may hold an element: the main table for its
 // maps, every shard for theirs.
-func (ts *tableSet) holders(fe famElem) []int {
-	if mainSet(fe.id.Map) {
-		return []int{ts.main(fe.f)}
+func (ts *Tables) holders(fe famElem) []int {
+	if MainSet(fe.id.Map) {
+		return []int{ts.Main(fe.f)}
 	}
-	return ts.slots(fe.f)[1:]
+	return ts.Slots(fe.f)[1:]
+}
+
+// setShape is the key shape of each set whose elements nftgate writes, and
+// zero for the sets the packet path fills.
+func SetShape(name string) KeyShape {
+	switch name {
+	case MapServiceNodePorts, MapNoEndpointNodePorts:
+		return KeyProtoPort
+	case MapServiceIPs, MapNoEndpointServices, MapFirewallIPs:
+		return KeyAddrProtoPort
+	case SetClusterIPs:
+		return KeyAddr
+	case SetHairpin:
+		return KeyAddrPair
+	}
+	return 0
 }

@@ -1,4 +1,7 @@
-package nft
+// Package trace replays packets through a ruleset of package ruleset, as the
+// kernel would run it: the semantics of a ruleset checked in microseconds,
+// without a kernel. It is test support; the product does not import it.
+package trace
 
 import (
 	"fmt"
@@ -9,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/nftgate/nftgate/model"
+	"github.com/nftgate/nftgate/ruleset"
 )
 
 // Packet is the first packet of a new connection, as Trace replays it.
@@ -150,7 +154,7 @@ func (r TraceResult) Paths() string {
 }
 
 // Trace replays the first packet of a new connection through family f's
-// ruleset, made of frags (nft.Static's skeleton and the Services'
+// ruleset, made of frags (ruleset.Static's skeleton and the Services'
 // fragments), as the kernel would: the base chains of each hook in priority
 // order, jumps, gotos, returns, verdict maps, and every value a hash of the
 // client's address and port can take (HashBucket). It is test infrastructure: the semantics of a ruleset checked
@@ -162,8 +166,8 @@ func (r TraceResult) Paths() string {
 // and postrouting, and when addressed to itself comes back in over loopback
 // through prerouting and input, where NAT no longer applies because the
 // connection's NAT is already set up.
-func Trace(cfg *Config, f Family, tables []Table, pkt Packet) TraceResult {
-	t := &tracer{f: f, pkt: pkt, bit: masqueradeBit(cfg), hooks: map[string][]baseChain{}}
+func Trace(cfg *ruleset.Config, f ruleset.Family, tables []ruleset.Table, pkt Packet) TraceResult {
+	t := &tracer{f: f, pkt: pkt, bit: ruleset.MasqueradeBitOf(cfg), hooks: map[string][]baseChain{}}
 	for i := range tables {
 		if err := t.index(&tables[i]); err != nil {
 			return TraceResult{Err: fmt.Errorf("table %s: %w", tables[i].Name, err)}
@@ -172,7 +176,7 @@ func Trace(cfg *Config, f Family, tables []Table, pkt Packet) TraceResult {
 	for _, cs := range t.hooks {
 		sort.SliceStable(cs, func(i, j int) bool { return cs[i].chain.Hook.Priority < cs[j].chain.Hook.Priority })
 	}
-	if !pkt.Src.IsValid() || !pkt.Dst.IsValid() || Of(pkt.Src) != f || Of(pkt.Dst) != f {
+	if !pkt.Src.IsValid() || !pkt.Dst.IsValid() || ruleset.Of(pkt.Src) != f || ruleset.Of(pkt.Dst) != f {
 		return TraceResult{Err: fmt.Errorf("packet %s -> %s is not of family %s", pkt.Src, pkt.Dst, f)}
 	}
 	start := state{dst: pkt.Dst, dport: pkt.DstPort, dstLocal: pkt.DstLocal}
@@ -212,7 +216,7 @@ func Trace(cfg *Config, f Family, tables []Table, pkt Packet) TraceResult {
 }
 
 type tracer struct {
-	f      Family
+	f      ruleset.Family
 	pkt    Packet
 	bit    uint32
 	tables []*traceTable
@@ -225,14 +229,14 @@ type tracer struct {
 // leaves its table.
 type traceTable struct {
 	name   string
-	chains map[string]*Chain
-	sets   map[string]*Set
-	elems  map[string]map[Key]Verdict
+	chains map[string]*ruleset.Chain
+	sets   map[string]*ruleset.Set
+	elems  map[string]map[ruleset.Key]ruleset.Verdict
 }
 
 type baseChain struct {
 	table *traceTable
-	chain *Chain
+	chain *ruleset.Chain
 }
 
 // state is what the rules may change about a packet on one path.
@@ -251,7 +255,7 @@ type state struct {
 	buckets map[[2]uint32]uint32
 }
 
-func (st state) log(chain string, r Rule, f Family, note string) state {
+func (st state) log(chain string, r ruleset.Rule, f ruleset.Family, note string) state {
 	line := chain + ": " + r.Text(f)
 	if note != "" {
 		line += "  => " + note
@@ -260,16 +264,16 @@ func (st state) log(chain string, r Rule, f Family, note string) state {
 	return st
 }
 
-func (t *tracer) index(table *Table) error {
-	tt := &traceTable{name: table.Name, chains: map[string]*Chain{}, sets: map[string]*Set{}, elems: map[string]map[Key]Verdict{}}
+func (t *tracer) index(table *ruleset.Table) error {
+	tt := &traceTable{name: table.Name, chains: map[string]*ruleset.Chain{}, sets: map[string]*ruleset.Set{}, elems: map[string]map[ruleset.Key]ruleset.Verdict{}}
 	t.tables = append(t.tables, tt)
 	for _, s := range table.Sets {
 		if _, dup := tt.sets[s.Name]; dup {
 			return fmt.Errorf("set %q defined twice", s.Name)
 		}
 		tt.sets[s.Name] = s
-		if s.Map || s.Shape == KeyAddr || s.Shape == KeyAddrPair {
-			tt.elems[s.Name] = map[Key]Verdict{}
+		if s.Map || s.Shape == ruleset.KeyAddr || s.Shape == ruleset.KeyAddrPair {
+			tt.elems[s.Name] = map[ruleset.Key]ruleset.Verdict{}
 		}
 	}
 	for _, c := range table.Chains {
@@ -390,7 +394,7 @@ func (t *tracer) runChain(st state, tt *traceTable, name string, depth int) []en
 	return t.runRules(st, tt, c, 0, depth)
 }
 
-func (t *tracer) runRules(st state, tt *traceTable, c *Chain, i, depth int) []end {
+func (t *tracer) runRules(st state, tt *traceTable, c *ruleset.Chain, i, depth int) []end {
 	if i == len(c.Rules) {
 		return []end{{st, endReturn}}
 	}
@@ -407,20 +411,20 @@ func (t *tracer) runRules(st state, tt *traceTable, c *Chain, i, depth int) []en
 
 // runRule evaluates one rule's statements left to right. A failing match
 // ends the rule; changes made before it stay, as in the kernel.
-func (t *tracer) runRule(st state, tt *traceTable, c *Chain, i, depth int) []end {
+func (t *tracer) runRule(st state, tt *traceTable, c *ruleset.Chain, i, depth int) []end {
 	r := c.Rules[i]
 	orig := st
 	for _, s := range r {
 		switch s := s.(type) {
-		case MatchAddr:
+		case ruleset.MatchAddr:
 			a := t.pkt.Src
-			if s.Dir == Dst {
+			if s.Dir == ruleset.Dst {
 				a = st.dst
 			}
 			if s.Prefix.Contains(a) == s.Not {
 				return []end{{st, endNext}}
 			}
-		case MatchAddrInSet:
+		case ruleset.MatchAddrInSet:
 			if _, ok := tt.sets[s.Set]; !ok {
 				t.fail("chain %s: lookup in missing set %q", c.Name, s.Set)
 				return nil
@@ -428,58 +432,58 @@ func (t *tracer) runRule(st state, tt *traceTable, c *Chain, i, depth int) []end
 			if elems, filled := tt.elems[s.Set]; filled {
 				// An address set nftgate fills.
 				a := t.pkt.Src
-				if s.Dir == Dst {
+				if s.Dir == ruleset.Dst {
 					a = st.dst
 				}
-				if _, hit := elems[Key{Addr: a}]; !hit {
+				if _, hit := elems[ruleset.Key{Addr: a}]; !hit {
 					return []end{{st, endNext}}
 				}
-			} else if s.Dir != Src {
+			} else if s.Dir != ruleset.Src {
 				t.fail("chain %s: destination lookups in dynamic sets are not traced", c.Name)
 				return nil
 			} else if !t.pkt.AffinityHit[s.Set] {
 				return []end{{st, endNext}}
 			}
-		case MatchAddrPairInSet:
+		case ruleset.MatchAddrPairInSet:
 			elems, ok := tt.elems[s.Set]
 			if !ok {
 				t.fail("chain %s: lookup in missing set %q", c.Name, s.Set)
 				return nil
 			}
-			if _, hit := elems[Key{Addr: t.pkt.Src}]; !hit || t.pkt.Src != st.dst {
+			if _, hit := elems[ruleset.Key{Addr: t.pkt.Src}]; !hit || t.pkt.Src != st.dst {
 				return []end{{st, endNext}}
 			}
-		case MatchLocal:
+		case ruleset.MatchLocal:
 			local := t.pkt.SrcLocal
-			if s.Dir == Dst {
+			if s.Dir == ruleset.Dst {
 				local = st.dstLocal
 			}
 			if !local {
 				return []end{{st, endNext}}
 			}
-		case MatchCtNew:
+		case ruleset.MatchCtNew:
 			// Trace replays the first packet of a connection.
-		case MatchMarkUnset:
+		case ruleset.MatchMarkUnset:
 			if st.mark&s.Bit != 0 {
 				return []end{{st, endNext}}
 			}
-		case SetMark:
+		case ruleset.SetMark:
 			if s.Xor {
 				st.mark ^= s.Bit
 			} else {
 				st.mark |= s.Bit
 			}
-		case UpdateAffinity:
+		case ruleset.UpdateAffinity:
 			if _, ok := tt.sets[s.Set]; !ok {
 				t.fail("chain %s: update of missing set %q", c.Name, s.Set)
 				return nil
 			}
 			st.affinity = append(slices.Clip(st.affinity), s.Set)
-		case DNAT:
+		case ruleset.DNAT:
 			if t.pkt.Proto != s.Proto {
 				return []end{{st, endNext}}
 			}
-			if Of(s.To.Addr()) != t.f {
+			if ruleset.Of(s.To.Addr()) != t.f {
 				t.fail("chain %s: dnat to %s in family %s", c.Name, s.To, t.f)
 				return nil
 			}
@@ -487,21 +491,21 @@ func (t *tracer) runRule(st state, tt *traceTable, c *Chain, i, depth int) []end
 			// of the hook already see the new destination.
 			st.dnat, st.dst, st.dport, st.dstLocal = s.To, s.To.Addr(), s.To.Port(), false
 			return []end{{st.log(c.Name, r, t.f, ""), endAccept}}
-		case Masquerade:
+		case ruleset.Masquerade:
 			st.masqueraded = true
 			return []end{{st.log(c.Name, r, t.f, ""), endAccept}}
-		case Reject:
+		case ruleset.Reject:
 			return []end{{st.log(c.Name, r, t.f, ""), endReject}}
-		case Verdict:
+		case ruleset.Verdict:
 			return t.verdict(st.log(c.Name, r, t.f, ""), tt, s, depth)
-		case VmapDispatch:
+		case ruleset.VmapDispatch:
 			m, ok := tt.elems[s.Map]
 			if !ok {
 				t.fail("chain %s: lookup in missing map %q", c.Name, s.Map)
 				return nil
 			}
-			k := Key{Proto: t.pkt.Proto, Port: st.dport}
-			if s.Shape == KeyAddrProtoPort {
+			k := ruleset.Key{Proto: t.pkt.Proto, Port: st.dport}
+			if s.Shape == ruleset.KeyAddrProtoPort {
 				k.Addr = st.dst
 			}
 			v, hit := m[k]
@@ -509,7 +513,7 @@ func (t *tracer) runRule(st state, tt *traceTable, c *Chain, i, depth int) []end
 				return []end{{st, endNext}}
 			}
 			return t.verdict(st.log(c.Name, r, t.f, "element "+k.String()+" : "+v.String()), tt, v, depth)
-		case HashBucket:
+		case ruleset.HashBucket:
 			if s.Modulus == 0 {
 				t.fail("chain %s: hash modulus 0", c.Name)
 				return nil
@@ -542,15 +546,15 @@ func (t *tracer) runRule(st state, tt *traceTable, c *Chain, i, depth int) []end
 	return []end{{st.log(c.Name, r, t.f, ""), endNext}}
 }
 
-func (t *tracer) verdict(st state, tt *traceTable, v Verdict, depth int) []end {
+func (t *tracer) verdict(st state, tt *traceTable, v ruleset.Verdict, depth int) []end {
 	switch v.Kind {
-	case Accept:
+	case ruleset.Accept:
 		return []end{{st, endAccept}}
-	case Drop:
+	case ruleset.Drop:
 		return []end{{st, endDrop}}
-	case Return:
+	case ruleset.Return:
 		return []end{{st, endReturn}}
-	case Jump:
+	case ruleset.Jump:
 		ends := t.runChain(st, tt, v.Chain, depth+1)
 		for i := range ends {
 			if ends[i].kind == endReturn {
@@ -558,7 +562,7 @@ func (t *tracer) verdict(st state, tt *traceTable, v Verdict, depth int) []end {
 			}
 		}
 		return ends
-	case Goto:
+	case ruleset.Goto:
 		// A return from the target returns to this chain's caller.
 		return t.runChain(st, tt, v.Chain, depth+1)
 	}

@@ -1,4 +1,4 @@
-package nft
+package ruleset
 
 import (
 	"fmt"
@@ -33,23 +33,23 @@ func WriteText(w io.Writer, table string, f Family, frags ...*Fragment) error {
 
 	// Every name is checked before anything is written: a name that is
 	// not a plain identifier could end the script's syntax early.
-	if err := checkName("table", table); err != nil {
+	if err := CheckName("table", table); err != nil {
 		return err
 	}
 	for _, c := range chains {
-		if err := checkName("chain", c.Name); err != nil {
+		if err := CheckName("chain", c.Name); err != nil {
 			return err
 		}
 	}
 	for _, s := range sets {
-		if err := checkName("set", s.Name); err != nil {
+		if err := CheckName("set", s.Name); err != nil {
 			return err
 		}
 	}
 	for _, es := range elems {
 		for _, e := range es {
 			if e.Verdict.Chain != "" {
-				if err := checkName("chain", e.Verdict.Chain); err != nil {
+				if err := CheckName("chain", e.Verdict.Chain); err != nil {
 					return err
 				}
 			}
@@ -61,7 +61,7 @@ func WriteText(w io.Writer, table string, f Family, frags ...*Fragment) error {
 	for _, s := range sets {
 		ew.printf("\t%s %s {\n\t\ttype %s\n", map[bool]string{true: "map", false: "set"}[s.Map], s.Name, setType(f, s))
 		if s.Timeout > 0 {
-			ew.printf("\t\tflags dynamic,timeout\n\t\ttimeout %s\n", nftDuration(s.Timeout))
+			ew.printf("\t\tflags dynamic,timeout\n\t\ttimeout %s\n", DurationText(s.Timeout))
 		}
 		if es := elems[s.Name]; len(es) > 0 {
 			// In the order of their text, each key formatted once.
@@ -106,10 +106,10 @@ func WriteText(w io.Writer, table string, f Family, frags ...*Fragment) error {
 	return ew.err
 }
 
-// checkName accepts a name that nft reads as one identifier and the kernel
+// CheckName accepts a name that nft reads as one identifier and the kernel
 // takes: a letter, then letters, digits, '/', '_', '.' and '-', at most
 // maxNameLen bytes. Nothing else can appear in a script nftgate writes.
-func checkName(kind, name string) error {
+func CheckName(kind, name string) error {
 	ok := len(name) > 0 && len(name) <= maxNameLen && isLetter(name[0])
 	for i := 1; ok && i < len(name); i++ {
 		c := name[i]
@@ -145,7 +145,8 @@ func setType(f Family, s *Set) string {
 	return addr + " . inet_proto . inet_service : verdict"
 }
 
-func nftDuration(d time.Duration) string {
+// DurationText writes a duration as nft does, in whole seconds.
+func DurationText(d time.Duration) string {
 	return fmt.Sprintf("%ds", int64(d/time.Second))
 }
 

@@ -29,7 +29,7 @@
 //     each one's type up by name in a list of every type it was built
 //     with, so the cost follows the number of expressions (nine in an
 //     endpoint's rule), hardly the number of messages, tables or elements.
-package nft
+package ruleset
 
 import (
 	"fmt"
@@ -67,7 +67,8 @@ func Of(a netip.Addr) Family {
 	return IPv6
 }
 
-func (f Family) addrLen() uint32 {
+// AddrLen is the length of the family's addresses in bytes.
+func (f Family) AddrLen() uint32 {
 	if f == IPv6 {
 		return 16
 	}
@@ -197,25 +198,16 @@ type Rule []Stmt
 
 // Text renders the rule as nft syntax; it is also the rule's identity for the
 // differ and the source of its kernel fingerprint.
-func (r Rule) Text(f Family) string { return string(r.appendText(nil, f)) }
+func (r Rule) Text(f Family) string { return string(r.AppendText(nil, f)) }
 
-// textAppender is a statement that appends its text to a buffer; the
-// statements of every Service's rules are, so that fingerprinting a cold
-// sync's rules formats no strings.
-type textAppender interface {
-	appendText(b []byte, f Family) []byte
-}
-
-func (r Rule) appendText(b []byte, f Family) []byte {
+// AppendText appends the rule's text: fingerprinting a cold sync's rules
+// formats no strings.
+func (r Rule) AppendText(b []byte, f Family) []byte {
 	for i, s := range r {
 		if i > 0 {
 			b = append(b, ' ')
 		}
-		if a, ok := s.(textAppender); ok {
-			b = a.appendText(b, f)
-		} else {
-			b = append(b, s.text(f)...)
-		}
+		b = s.AppendText(b, f)
 	}
 	return b
 }

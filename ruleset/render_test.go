@@ -1,4 +1,4 @@
-package nft_test
+package ruleset_test
 
 import (
 	"bytes"
@@ -12,8 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nftgate/nftgate/internal/testing/world"
 	"github.com/nftgate/nftgate/model"
-	"github.com/nftgate/nftgate/nft"
+	"github.com/nftgate/nftgate/ruleset"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
@@ -24,35 +25,35 @@ func goldenCases() []struct {
 	name string
 	svcs []*model.Service
 } {
-	affinity := web(on("gw", ready("10.180.0.1", 8080)), on("other", ready("10.180.1.1", 8080)))
+	affinity := world.Web(world.On("gw", world.Ready("10.180.0.1", 8080)), world.On("other", world.Ready("10.180.1.1", 8080)))
 	affinity.Key.Name = "sticky"
 	affinity.AffinityTimeout = 600 * time.Second
-	affinity.SourceRanges = []netip.Prefix{prefix("203.0.113.0/24"), prefix("198.19.7.7/32")}
+	affinity.SourceRanges = []netip.Prefix{world.Prefix("203.0.113.0/24"), world.Prefix("198.19.7.7/32")}
 
-	local := web(on("gw", ready("10.180.0.2", 8080)), on("other", ready("10.180.1.2", 8080)))
+	local := world.Web(world.On("gw", world.Ready("10.180.0.2", 8080)), world.On("other", world.Ready("10.180.1.2", 8080)))
 	local.Key.Name = "local"
-	local.ClusterIPs = addrs("172.30.0.42")
+	local.ClusterIPs = world.Addrs("172.30.0.42")
 	local.ExternalIPs = nil
-	local.LoadBalancerIPs = addrs("198.51.100.2")
+	local.LoadBalancerIPs = world.Addrs("198.51.100.2")
 	local.Ports[0].NodePort = 30081
 	local.ExternalLocal = true
 	itp := &model.Service{Key: model.ServiceKey{Namespace: "ns1", Name: "itp"}, Type: "ClusterIP", InternalLocal: true,
-		ClusterIPs: addrs("172.30.0.43"),
-		Ports:      []model.ServicePort{{Protocol: model.TCP, Port: 80, Endpoints: []model.Endpoint{on("gw", ready("10.180.0.3", 8080)), on("other", ready("10.180.1.3", 8080))}}}}
+		ClusterIPs: world.Addrs("172.30.0.43"),
+		Ports:      []model.ServicePort{{Protocol: model.TCP, Port: 80, Endpoints: []model.Endpoint{world.On("gw", world.Ready("10.180.0.3", 8080)), world.On("other", world.Ready("10.180.1.3", 8080))}}}}
 	itpRemote := &model.Service{Key: model.ServiceKey{Namespace: "ns1", Name: "itp-remote"}, Type: "ClusterIP", InternalLocal: true,
-		ClusterIPs: addrs("172.30.0.44"),
-		Ports:      []model.ServicePort{{Protocol: model.TCP, Port: 80, Endpoints: []model.Endpoint{on("other", ready("10.180.1.4", 8080))}}}}
+		ClusterIPs: world.Addrs("172.30.0.44"),
+		Ports:      []model.ServicePort{{Protocol: model.TCP, Port: 80, Endpoints: []model.Endpoint{world.On("other", world.Ready("10.180.1.4", 8080))}}}}
 
 	dual := &model.Service{
 		Key: model.ServiceKey{Namespace: "ns1", Name: "dual"}, Type: "LoadBalancer",
-		ClusterIPs:      addrs("172.30.0.60", "fd00:30::60"),
-		LoadBalancerIPs: addrs("198.51.100.6", "2001:db8:ff::6"),
-		SourceRanges:    []netip.Prefix{prefix("203.0.113.0/24"), prefix("2001:db8:9::/48")},
+		ClusterIPs:      world.Addrs("172.30.0.60", "fd00:30::60"),
+		LoadBalancerIPs: world.Addrs("198.51.100.6", "2001:db8:ff::6"),
+		SourceRanges:    []netip.Prefix{world.Prefix("203.0.113.0/24"), world.Prefix("2001:db8:9::/48")},
 		AffinityTimeout: time.Hour,
 		Ports: []model.ServicePort{
 			{Name: "http", Protocol: model.TCP, Port: 80, NodePort: 30060,
-				Endpoints: []model.Endpoint{ready("10.180.0.6", 8080), ready("fd00:10::6", 8080), ready("fd00:10:1::6", 8080)}},
-			{Name: "dns", Protocol: model.UDP, Port: 53, Endpoints: []model.Endpoint{ready("fd00:10::6", 53)}},
+				Endpoints: []model.Endpoint{world.Ready("10.180.0.6", 8080), world.Ready("fd00:10::6", 8080), world.Ready("fd00:10:1::6", 8080)}},
+			{Name: "dns", Protocol: model.UDP, Port: 53, Endpoints: []model.Endpoint{world.Ready("fd00:10::6", 53)}},
 		},
 	}
 
@@ -61,17 +62,17 @@ func goldenCases() []struct {
 		svcs []*model.Service
 	}{
 		{"clusterip", []*model.Service{{
-			Key: model.ServiceKey{Namespace: "ns1", Name: "api"}, Type: "ClusterIP", ClusterIPs: addrs("172.30.0.10"),
+			Key: model.ServiceKey{Namespace: "ns1", Name: "api"}, Type: "ClusterIP", ClusterIPs: world.Addrs("172.30.0.10"),
 			Ports: []model.ServicePort{
-				{Name: "https", Protocol: model.TCP, Port: 443, Endpoints: []model.Endpoint{ready("10.180.0.10", 6443), ready("10.180.1.10", 6443), ready("10.180.2.10", 6443)}},
-				{Name: "sig", Protocol: model.SCTP, Port: 3868, Endpoints: []model.Endpoint{ready("10.180.0.10", 3868)}},
+				{Name: "https", Protocol: model.TCP, Port: 443, Endpoints: []model.Endpoint{world.Ready("10.180.0.10", 6443), world.Ready("10.180.1.10", 6443), world.Ready("10.180.2.10", 6443)}},
+				{Name: "sig", Protocol: model.SCTP, Port: 3868, Endpoints: []model.Endpoint{world.Ready("10.180.0.10", 3868)}},
 			},
 		}}},
 		{"loadbalancer-affinity-ranges", []*model.Service{affinity}},
 		{"traffic-policy-local", []*model.Service{local, itp, itpRemote}},
 		{"no-endpoints", []*model.Service{{
-			Key: model.ServiceKey{Namespace: "kube-system", Name: "dns"}, Type: "NodePort", ClusterIPs: addrs("172.30.0.53"),
-			ExternalIPs: addrs("192.168.99.53"),
+			Key: model.ServiceKey{Namespace: "kube-system", Name: "dns"}, Type: "NodePort", ClusterIPs: world.Addrs("172.30.0.53"),
+			ExternalIPs: world.Addrs("192.168.99.53"),
 			Ports:       []model.ServicePort{{Name: "dns", Protocol: model.UDP, Port: 53, NodePort: 30053}},
 		}}},
 		{"dual-stack", []*model.Service{dual}},
@@ -80,13 +81,13 @@ func goldenCases() []struct {
 
 // renderText writes the static skeleton and the Services of every family
 // the Services use (always ip) as one nft script.
-func renderText(t *testing.T, cfg *nft.Config, svcs []*model.Service) []byte {
+func renderText(t *testing.T, cfg *ruleset.Config, svcs []*model.Service) []byte {
 	t.Helper()
 	var b bytes.Buffer
-	for _, f := range nft.Families {
-		used := f == nft.IPv4
+	for _, f := range ruleset.Families {
+		used := f == ruleset.IPv4
 		for _, s := range svcs {
-			r := nft.RenderService(cfg, s)
+			r := ruleset.RenderService(cfg, s)
 			used = used || !r.Of(f).Empty()
 		}
 		if !used {
@@ -95,16 +96,16 @@ func renderText(t *testing.T, cfg *nft.Config, svcs []*model.Service) []byte {
 		if b.Len() > 0 {
 			b.WriteString("\n")
 		}
-		if err := nft.WriteTables(&b, f, nft.Layout(cfg, f, svcs)); err != nil {
+		if err := ruleset.WriteTables(&b, f, ruleset.Layout(cfg, f, svcs)); err != nil {
 			t.Fatal(err)
 		}
 	}
 	return b.Bytes()
 }
 
-func goldenConfig() *nft.Config {
-	cfg := testConfig()
-	cfg.NodePortAddresses = []netip.Prefix{prefix("192.168.0.0/24"), prefix("2001:db8:1::/64")}
+func goldenConfig() *ruleset.Config {
+	cfg := world.Config()
+	cfg.NodePortAddresses = []netip.Prefix{world.Prefix("192.168.0.0/24"), world.Prefix("2001:db8:1::/64")}
 	cfg.Shards = 2 // enough to show the layout, short enough to read
 	return cfg
 }

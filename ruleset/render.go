@@ -1,4 +1,4 @@
-package nft
+package ruleset
 
 import (
 	"net/netip"
@@ -74,15 +74,15 @@ const (
 
 // Netfilter hook priorities (from the kernel's netfilter headers).
 const (
-	prioDstNAT = -100
-	prioFilter = 0
-	prioSrcNAT = 100
+	PrioDstNAT = -100
+	PrioFilter = 0
+	PrioSrcNAT = 100
 )
 
 // Static renders the skeleton of family f's main table: the filter hooks,
 // masquerading, and the maps and sets shared by every Service.
 func Static(cfg *Config, f Family) Fragment {
-	bit := masqueradeBit(cfg)
+	bit := MasqueradeBitOf(cfg)
 	jump := func(c string) Verdict { return Verdict{Kind: Jump, Chain: c} }
 	vmap := func(m string, shape KeyShape) Rule { return Rule{VmapDispatch{Map: m, Shape: shape}} }
 
@@ -105,22 +105,22 @@ func Static(cfg *Config, f Family) Fragment {
 	// masqueraded, whatever its Service's traffic policy. The mark is set
 	// here, just before the shards' NAT chains dispatch the connection.
 	markOutside := Rule{MatchAddrInSet{Dir: Dst, Set: SetClusterIPs}, jump(ChainMasqueradeOutside)}
-	base("nat-prerouting-mark", "nat", "prerouting", prioDstNAT-1, markOutside)
-	base("nat-output-mark", "nat", "output", prioDstNAT-1, markOutside)
-	base("nat-postrouting", "nat", "postrouting", prioSrcNAT, Rule{jump(ChainMasquerading)})
+	base("nat-prerouting-mark", "nat", "prerouting", PrioDstNAT-1, markOutside)
+	base("nat-output-mark", "nat", "output", PrioDstNAT-1, markOutside)
+	base("nat-postrouting", "nat", "postrouting", PrioSrcNAT, Rule{jump(ChainMasquerading)})
 	// Source ranges are checked before DNAT rewrites the destination.
-	base("filter-prerouting-pre-dnat", "filter", "prerouting", prioDstNAT-10, Rule{MatchCtNew{}, jump(ChainFirewallCheck)})
-	base("filter-output-pre-dnat", "filter", "output", prioDstNAT-10, Rule{MatchCtNew{}, jump(ChainFirewallCheck)})
+	base("filter-prerouting-pre-dnat", "filter", "prerouting", PrioDstNAT-10, Rule{MatchCtNew{}, jump(ChainFirewallCheck)})
+	base("filter-output-pre-dnat", "filter", "output", PrioDstNAT-10, Rule{MatchCtNew{}, jump(ChainFirewallCheck)})
 	// Services without endpoints were not DNATed: reject them where they
 	// would otherwise be delivered or forwarded.
-	base("filter-input", "filter", "input", prioFilter-1,
+	base("filter-input", "filter", "input", PrioFilter-1,
 		Rule{MatchCtNew{}, jump(ChainNodePortEPCheck)},
 		Rule{MatchCtNew{}, jump(ChainServiceEPCheck)})
 	// So are ClusterIPs on ports no Service has, as kube-proxy does.
-	base("filter-forward", "filter", "forward", prioFilter-1,
+	base("filter-forward", "filter", "forward", PrioFilter-1,
 		Rule{MatchCtNew{}, jump(ChainServiceEPCheck)},
 		Rule{MatchCtNew{}, jump(ChainClusterIPsCheck)})
-	base("filter-output", "filter", "output", prioFilter-1,
+	base("filter-output", "filter", "output", PrioFilter-1,
 		Rule{MatchCtNew{}, jump(ChainNodePortEPCheck)},
 		Rule{MatchCtNew{}, jump(ChainServiceEPCheck)},
 		Rule{MatchCtNew{}, jump(ChainClusterIPsCheck)})
@@ -159,7 +159,7 @@ func StaticShard(cfg *Config, f Family) Fragment {
 		},
 	}
 	base := func(name, hook string, rules ...Rule) {
-		fr.Chains = append(fr.Chains, &Chain{Name: name, Hook: &Hook{Type: "nat", Hook: hook, Priority: prioDstNAT}, Rules: rules})
+		fr.Chains = append(fr.Chains, &Chain{Name: name, Hook: &Hook{Type: "nat", Hook: hook, Priority: PrioDstNAT}, Rules: rules})
 	}
 	regular := func(name string, rules ...Rule) {
 		fr.Chains = append(fr.Chains, &Chain{Name: name, Rules: rules})
@@ -172,11 +172,12 @@ func StaticShard(cfg *Config, f Family) Fragment {
 		Rule{VmapDispatch{Map: MapServiceIPs, Shape: KeyAddrProtoPort}},
 		Rule{MatchLocal{Dir: Dst}, jump(ChainNodePorts)})
 	regular(ChainNodePorts, nodePortRules(cfg, f, MapServiceNodePorts)...)
-	regular(ChainMarkForMasquerade, Rule{SetMark{Bit: masqueradeBit(cfg)}})
+	regular(ChainMarkForMasquerade, Rule{SetMark{Bit: MasqueradeBitOf(cfg)}})
 	return fr
 }
 
-func masqueradeBit(cfg *Config) uint32 {
+// MasqueradeBitOf is the mark bit that asks for masquerade under cfg.
+func MasqueradeBitOf(cfg *Config) uint32 {
 	if cfg.MasqueradeBit == 0 {
 		return DefaultMasqueradeBit
 	}
@@ -226,17 +227,17 @@ func nodePortRules(cfg *Config, f Family, m string) []Rule {
 // 255 (TestLongestNamesFitTheKernel).
 const maxNameLen = 255
 
-// portObject names an object of one Service port.
-func portObject(kind string, svc *model.Service, p *model.ServicePort) string {
+// PortObject names an object of one Service port.
+func PortObject(kind string, svc *model.Service, p *model.ServicePort) string {
 	b := make([]byte, 0, 64)
 	b = append(b, kind...)
 	b = append(b, '-')
 	return string(appendPortID(b, svc, p))
 }
 
-// endpointObject names an object of one endpoint of a Service port; extra,
+// EndpointObject names an object of one endpoint of a Service port; extra,
 // when not empty, is one more component (the affinity timeout).
-func endpointObject(kind string, svc *model.Service, p *model.ServicePort, ep netip.AddrPort, extra string) string {
+func EndpointObject(kind string, svc *model.Service, p *model.ServicePort, ep netip.AddrPort, extra string) string {
 	b := make([]byte, 0, 96)
 	b = append(b, kind...)
 	b = append(b, '-')
@@ -393,7 +394,7 @@ func renderPort(cfg *Config, svc *model.Service, p *model.ServicePort, out *ByFa
 		}
 
 		// Names are hashed only for the chains the port has.
-		clusterChain := portObject("svc", svc, p)
+		clusterChain := PortObject("svc", svc, p)
 		var localChain, externalChain string
 
 		// An endpoint is DNATed right in the rule that chooses it. Only
@@ -408,11 +409,11 @@ func renderPort(cfg *Config, svc *model.Service, p *model.ServicePort, out *ByFa
 			if _, ok := epChain[ap]; ok || svc.AffinityTimeout == 0 {
 				return
 			}
-			name := endpointObject("ep", svc, p, ap, "")
+			name := EndpointObject("ep", svc, p, ap, "")
 			epChain[ap] = name
 			// The timeout is part of the set's name: a changed timeout is
 			// a new set, never an in-place edit the kernel refuses.
-			set := endpointObject("aff", svc, p, ap, nftDuration(svc.AffinityTimeout))
+			set := EndpointObject("aff", svc, p, ap, DurationText(svc.AffinityTimeout))
 			affinitySet[ap] = set
 			fr.Sets = append(fr.Sets, &Set{Name: set, Timeout: svc.AffinityTimeout})
 			fr.Chains = append(fr.Chains, &Chain{Name: name, Rules: []Rule{
@@ -428,10 +429,10 @@ func renderPort(cfg *Config, svc *model.Service, p *model.ServicePort, out *ByFa
 			return DNAT{Proto: p.Protocol, To: e.AddrPort()}
 		}
 		if len(local) > 0 {
-			localChain = portObject("local", svc, p)
+			localChain = PortObject("local", svc, p)
 		}
 		if len(externalAddrs) > 0 || len(lbIPs) > 0 || hasNodePort {
-			externalChain = portObject("ext", svc, p)
+			externalChain = PortObject("ext", svc, p)
 		}
 		for _, e := range cluster {
 			addEndpoint(e)
@@ -546,7 +547,7 @@ func renderPort(cfg *Config, svc *model.Service, p *model.ServicePort, out *ByFa
 		}
 		if len(rules) > 0 && !open && len(lbIPs) > 0 {
 			rules = append(rules, Rule{Verdict{Kind: Drop}})
-			fwChain := portObject("fw", svc, p)
+			fwChain := PortObject("fw", svc, p)
 			fr.Chains = append(fr.Chains, &Chain{Name: fwChain, Rules: rules})
 			for _, a := range lbIPs {
 				fr.Elements = append(fr.Elements, Element{Map: MapFirewallIPs, Key: key(a, p.Port), Verdict: Verdict{Kind: Goto, Chain: fwChain}})

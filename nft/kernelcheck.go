@@ -1,0 +1,344 @@
+package nft
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/nftgate/nftgate/model"
+	"github.com/nftgate/nftgate/ruleset"
+)
+
+// The kernel feature check runs once at start, before nftgate programs
+// anything: a kernel built without one of the nf_tables pieces nftgate uses
+// would otherwise fail the first sync with a bare EINVAL or ENOENT from
+// netlink, or, worse, accept the skeleton and refuse only the first Service
+// that needs the missing piece. The check programs a throwaway table per
+// family with one use of every feature and deletes the tables in the same
+// batch: the kernel looks up and initialises every chain type, set type and
+// expression (loading modules as needed) and nothing stays behind. Only
+// when that batch fails is each feature tried alone, to name the culprit.
+//
+// Each probe is a rule of the ruleset's own statements, encoded and sent as
+// every sync is: what the check tries is what nftgate programs.
+
+// kernelProbe is one kernel capability nftgate relies on, and a minimal use
+// of it to try.
+type kernelProbe struct {
+	// Feature names the capability as the error reports it.
+	Feature string
+	// Option is the kernel configuration option that provides it.
+	Option string
+	// Needs lists the Features of earlier probes this one builds on; when
+	// one of those is missing, this one is not reported separately.
+	Needs []string
+	// add puts the use of the feature into a batch.
+	add func(b *probeBatch)
+}
+
+// probeRunner sends the probes in one batch and returns the kernel's
+// verdict.
+type probeRunner func(probes []kernelProbe) error
+
+// missingFeature is a probe the kernel refused on its own.
+type missingFeature struct {
+	Feature, Option string
+	Err             error
+}
+
+// kernelFeatureError lists what the kernel lacks.
+type kernelFeatureError struct {
+	Missing []missingFeature
+}
+
+func (e *kernelFeatureError) Error() string {
+	parts := make([]string, len(e.Missing))
+	for i, m := range e.Missing {
+		parts[i] = fmt.Sprintf("%s (kernel option %s): refused with %q", m.Feature, m.Option, m.Err)
+	}
+	return "the kernel lacks nf_tables features nftgate needs: " + strings.Join(parts, "; ")
+}
+
+// CheckKernel verifies, in the process's own network namespace, that the
+// kernel supports every nf_tables feature nftgate programs.
+func CheckKernel() error {
+	return checkKernelFeatures(kernelProbes(), netlinkProbeRunner(0, probeTableName()))
+}
+
+// probeTableName is unique per process, so two gateways starting in one
+// namespace never delete each other's probe.
+func probeTableName() string { return fmt.Sprintf("nftgate-kernel-check-%d", os.Getpid()) }
+
+// checkKernelFeatures sends all probes in one batch; when the kernel refuses
+// it, it tries each probe alone (after the ones it needs) and reports the
+// ones the kernel refuses.
+func checkKernelFeatures(probes []kernelProbe, run probeRunner) error {
+	allErr := run(probes)
+	if allErr == nil {
+		return nil
+	}
+	failed := map[string]bool{}
+	var missing []missingFeature
+	for _, p := range probes {
+		if slices.ContainsFunc(p.Needs, func(n string) bool { return failed[n] }) {
+			// Its base is already reported; trying it would only fail
+			// for the same reason.
+			failed[p.Feature] = true
+			continue
+		}
+		if err := run([]kernelProbe{p}); err != nil {
+			failed[p.Feature] = true
+			missing = append(missing, missingFeature{Feature: p.Feature, Option: p.Option, Err: err})
+		}
+	}
+	if len(missing) == 0 {
+		return fmt.Errorf("the kernel refused nftgate's nf_tables feature check, although it accepts each feature alone: %w", allErr)
+	}
+	return &kernelFeatureError{Missing: missing}
+}
+
+// netlinkProbeRunner sends probes to nf_tables in the network namespace
+// netnsFD (0: the process's own), in one batch that creates the tables
+// named table, uses every probe's feature in them and deletes them again.
+func netlinkProbeRunner(netnsFD int, table string) probeRunner {
+	return func(probes []kernelProbe) error {
+		conn, err := dialBatch(netnsFD)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		b := &probeBatch{name: table, tables: map[ruleset.Family]*probeTable{}}
+		for _, p := range probes {
+			p.add(b)
+		}
+		bt, err := b.encode()
+		if err != nil {
+			return err
+		}
+		defer bt.release()
+		err = conn.send(bt, nil)
+		var be *BatchError
+		var errno unix.Errno
+		switch {
+		case err == nil:
+			return nil
+		case errors.As(err, &be) && len(be.errs) > 0:
+			err = be.errs[0]
+		}
+		switch {
+		case errors.Is(err, unix.EPERM):
+			return fmt.Errorf("%w (nftgate needs CAP_NET_ADMIN)", err)
+		case errors.As(err, &errno):
+			// The kernel's errno says it all; the layers of wrapping
+			// around it only say that it came over netlink.
+			return errno
+		}
+		return err
+	}
+}
+
+// probeBatch collects the probes' tables, sets, chains and rules, per
+// family, creating each once.
+type probeBatch struct {
+	name   string
+	order  []ruleset.Family
+	tables map[ruleset.Family]*probeTable
+}
+
+type probeTable struct {
+	sets   []*ruleset.Set
+	chains []*ruleset.Chain
+}
+
+func (b *probeBatch) table(f ruleset.Family) *probeTable {
+	t, ok := b.tables[f]
+	if !ok {
+		t = &probeTable{}
+		b.tables[f] = t
+		b.order = append(b.order, f)
+	}
+	return t
+}
+
+// chain returns the family's chain of that name, on hook h if not nil.
+func (b *probeBatch) chain(f ruleset.Family, name string, h *ruleset.Hook) *ruleset.Chain {
+	t := b.table(f)
+	for _, c := range t.chains {
+		if c.Name == name {
+			return c
+		}
+	}
+	c := &ruleset.Chain{Name: name, Hook: h}
+	t.chains = append(t.chains, c)
+	return c
+}
+
+// filterChain is where most probes put their rule: reject is valid on
+// input, and so is every match.
+func (b *probeBatch) filterChain(f ruleset.Family) *ruleset.Chain {
+	return b.chain(f, "filter-input", &ruleset.Hook{Type: "filter", Hook: "input", Priority: ruleset.PrioFilter})
+}
+
+func (b *probeBatch) natPrerouting(f ruleset.Family) *ruleset.Chain {
+	return b.chain(f, "nat-prerouting", &ruleset.Hook{Type: "nat", Hook: "prerouting", Priority: ruleset.PrioDstNAT})
+}
+
+func (b *probeBatch) natPostrouting(f ruleset.Family) *ruleset.Chain {
+	return b.chain(f, "nat-postrouting", &ruleset.Hook{Type: "nat", Hook: "postrouting", Priority: ruleset.PrioSrcNAT})
+}
+
+func (b *probeBatch) rule(c *ruleset.Chain, stmts ...ruleset.Stmt) {
+	c.Rules = append(c.Rules, ruleset.Rule(stmts))
+}
+
+func (b *probeBatch) set(f ruleset.Family, s *ruleset.Set) {
+	t := b.table(f)
+	t.sets = append(t.sets, s)
+}
+
+// encode writes the batch as a sync's encoder does: each family's table
+// (created, so that a table of that name that is not the check's fails
+// the check rather than being deleted), its sets, chains and rules, and
+// then the deletion of every table.
+func (b *probeBatch) encode() (*batch, error) {
+	var lastID atomic.Uint32
+	w := newWire(16<<10, 64, false)
+	w.marker(unix.NFNL_MSG_BATCH_BEGIN)
+	for _, f := range b.order {
+		t := b.tables[f]
+		e := newEncoder(w, &lastID, b.name, f)
+		e.tableMessage(unix.NFT_MSG_NEWTABLE, flagsCreate|netlink.Excl, nil)
+		for _, s := range t.sets {
+			e.addSet(s)
+		}
+		for _, c := range t.chains {
+			e.addChain(c)
+		}
+		for _, c := range t.chains {
+			e.addRules(ruleset.PlanChain(f, c, nil))
+		}
+		if e.err != nil {
+			return nil, e.err
+		}
+	}
+	for _, f := range b.order {
+		newEncoder(w, &lastID, b.name, f).tableMessage(unix.NFT_MSG_DELTABLE, netlink.Request, nil)
+	}
+	if w.err != nil {
+		return nil, w.err
+	}
+	return &batch{parts: []*wire{w}}, nil
+}
+
+// probeAddrs are addresses of the documentation ranges, per family.
+var probeAddrs = map[ruleset.Family]netip.Addr{
+	ruleset.IPv4: netip.MustParseAddr("192.0.2.1"),
+	ruleset.IPv6: netip.MustParseAddr("2001:db8::1"),
+}
+
+// probeOptions are the kernel options of what differs per family.
+var probeOptions = map[ruleset.Family]struct{ table, fib, reject string }{
+	ruleset.IPv4: {"CONFIG_NF_TABLES_IPV4", "CONFIG_NFT_FIB_IPV4", "CONFIG_NFT_REJECT_IPV4"},
+	ruleset.IPv6: {"CONFIG_NF_TABLES_IPV6", "CONFIG_NFT_FIB_IPV6", "CONFIG_NFT_REJECT_IPV6"},
+}
+
+// kernelProbes lists, per family, every nf_tables feature the rulesets of
+// package ruleset use, each as a rule of the statements nftgate programs.
+func kernelProbes() []kernelProbe {
+	var ps []kernelProbe
+	for _, f := range ruleset.Families {
+		w := " (" + f.String() + ")"
+		opt := probeOptions[f]
+		addr := probeAddrs[f]
+		base := "nf_tables " + f.String() + " family with filter chains"
+		nat := "nat chains" + w
+		ps = append(ps,
+			kernelProbe{Feature: base, Option: opt.table, add: func(b *probeBatch) {
+				b.filterChain(f)
+			}},
+			kernelProbe{Feature: nat, Option: "CONFIG_NFT_NAT", Needs: []string{base}, add: func(b *probeBatch) {
+				b.natPrerouting(f)
+				b.natPostrouting(f)
+			}},
+			kernelProbe{Feature: "payload and cmp expressions" + w, Option: "CONFIG_NF_TABLES", Needs: []string{base},
+				add: func(b *probeBatch) {
+					b.rule(b.filterChain(f), ruleset.MatchAddr{Dir: ruleset.Dst, Prefix: netip.PrefixFrom(addr, addr.BitLen())})
+				}},
+			kernelProbe{Feature: "bitwise expression" + w, Option: "CONFIG_NF_TABLES", Needs: []string{base},
+				add: func(b *probeBatch) {
+					// ip saddr != 192.0.2.0/25: a cluster CIDR match
+					b.rule(b.filterChain(f), ruleset.MatchAddr{Dir: ruleset.Src, Prefix: netip.PrefixFrom(addr, 25).Masked(), Not: true})
+				}},
+			kernelProbe{Feature: "meta expression (l4proto, mark)" + w, Option: "CONFIG_NF_TABLES", Needs: []string{base},
+				add: func(b *probeBatch) {
+					c := b.filterChain(f)
+					b.rule(c, ruleset.MatchMarkUnset{Bit: ruleset.DefaultMasqueradeBit})
+					b.rule(c, ruleset.SetMark{Bit: ruleset.DefaultMasqueradeBit, Xor: true})
+				}},
+			kernelProbe{Feature: "immediate expression (jump, goto)" + w, Option: "CONFIG_NF_TABLES", Needs: []string{base},
+				add: func(b *probeBatch) {
+					target := b.chain(f, "target", nil)
+					b.rule(target, ruleset.Verdict{Kind: ruleset.Return})
+					c := b.filterChain(f)
+					b.rule(c, ruleset.Verdict{Kind: ruleset.Jump, Chain: target.Name})
+					b.rule(c, ruleset.Verdict{Kind: ruleset.Goto, Chain: target.Name})
+				}},
+			kernelProbe{Feature: "lookup expression in verdict maps with concatenated keys" + w, Option: "CONFIG_NF_TABLES", Needs: []string{base},
+				add: func(b *probeBatch) {
+					// ip daddr . meta l4proto . th dport vmap @services, and
+					// meta l4proto . th dport vmap @nodeports
+					c := b.filterChain(f)
+					b.set(f, &ruleset.Set{Name: "services", Map: true, Shape: ruleset.KeyAddrProtoPort})
+					b.rule(c, ruleset.VmapDispatch{Map: "services", Shape: ruleset.KeyAddrProtoPort})
+					b.set(f, &ruleset.Set{Name: "nodeports", Map: true, Shape: ruleset.KeyProtoPort})
+					b.rule(c, ruleset.VmapDispatch{Map: "nodeports", Shape: ruleset.KeyProtoPort})
+				}},
+			kernelProbe{Feature: "lookup expression in address sets" + w, Option: "CONFIG_NF_TABLES", Needs: []string{base},
+				add: func(b *probeBatch) {
+					c := b.filterChain(f)
+					b.set(f, &ruleset.Set{Name: "addrs", Shape: ruleset.KeyAddr})
+					b.rule(c, ruleset.MatchAddrInSet{Dir: ruleset.Dst, Set: "addrs"})
+					b.set(f, &ruleset.Set{Name: "pairs", Shape: ruleset.KeyAddrPair})
+					b.rule(c, ruleset.MatchAddrPairInSet{Set: "pairs"})
+				}},
+			kernelProbe{Feature: "dynset expression on a set with timeouts" + w, Option: "CONFIG_NF_TABLES", Needs: []string{base},
+				add: func(b *probeBatch) {
+					b.set(f, &ruleset.Set{Name: "affinity", Timeout: 3 * time.Hour})
+					b.rule(b.filterChain(f), ruleset.UpdateAffinity{Set: "affinity"})
+				}},
+			kernelProbe{Feature: "ct expression" + w, Option: "CONFIG_NFT_CT", Needs: []string{base},
+				add: func(b *probeBatch) {
+					b.rule(b.filterChain(f), ruleset.MatchCtNew{})
+				}},
+			kernelProbe{Feature: "fib expression" + w, Option: opt.fib, Needs: []string{base},
+				add: func(b *probeBatch) {
+					b.rule(b.filterChain(f), ruleset.MatchLocal{Dir: ruleset.Dst})
+				}},
+			kernelProbe{Feature: "hash expression (jhash)" + w, Option: "CONFIG_NFT_HASH", Needs: []string{base},
+				add: func(b *probeBatch) {
+					b.rule(b.filterChain(f), ruleset.HashBucket{Seed: ruleset.DefaultHashSeed, Modulus: 2, Bucket: 1})
+				}},
+			kernelProbe{Feature: "reject expression" + w, Option: "CONFIG_NFT_REJECT and " + opt.reject, Needs: []string{base},
+				add: func(b *probeBatch) {
+					b.rule(b.filterChain(f), ruleset.Reject{})
+				}},
+			kernelProbe{Feature: "nat expression (dnat)" + w, Option: "CONFIG_NFT_NAT", Needs: []string{nat},
+				add: func(b *probeBatch) {
+					b.rule(b.natPrerouting(f), ruleset.DNAT{Proto: model.TCP, To: netip.AddrPortFrom(addr, 8080)})
+				}},
+			kernelProbe{Feature: "masq expression" + w, Option: "CONFIG_NFT_MASQ", Needs: []string{nat},
+				add: func(b *probeBatch) {
+					b.rule(b.natPostrouting(f), ruleset.Masquerade{})
+				}},
+		)
+	}
+	return ps
+}

@@ -1,0 +1,176 @@
+package nft
+
+import (
+	"bytes"
+	"sync/atomic"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/nftgate/nftgate/ruleset"
+	bc "github.com/nftgate/nftgate/ruleset/bytecode"
+)
+
+// The oracle: what github.com/google/nftables writes for the same objects.
+// The encoder's bytes are held to it (TestWireMatchesGoogleNftables,
+// FuzzWireMatchesGoogleNftables), and google/nftables' output is held to
+// nft's (TestNetlinkMatchesNft). Only tests use google/nftables to write.
+
+// googleSink receives a statement's expressions as google/nftables
+// expressions.
+type googleSink struct {
+	table *nftables.Table
+	sets  map[string]*nftables.Set // by name; those created in the batch carry their ID
+	exprs []expr.Any
+}
+
+func newGoogleSink(name string, f ruleset.Family) *googleSink {
+	return &googleSink{table: &nftables.Table{Name: name, Family: nftFamily(f)}, sets: map[string]*nftables.Set{}}
+}
+
+// set returns the set of that name for references from rules.
+func (g *googleSink) set(name string) *nftables.Set {
+	if s, ok := g.sets[name]; ok {
+		return s
+	}
+	s := &nftables.Set{Table: g.table, Name: name}
+	g.sets[name] = s
+	return s
+}
+
+func (g *googleSink) add(e expr.Any) { g.exprs = append(g.exprs, e) }
+
+func (g *googleSink) Payload(x bc.Payload) {
+	g.add(&expr.Payload{DestRegister: x.Dreg, Base: expr.PayloadBase(x.Base), Offset: x.Offset, Len: x.Len})
+}
+
+func (g *googleSink) Cmp(x bc.Cmp) {
+	g.add(&expr.Cmp{Op: expr.CmpOp(x.Op), Register: x.Sreg, Data: bytes.Clone(x.Data.Slice())})
+}
+
+func (g *googleSink) Bitwise(x bc.Bitwise) {
+	g.add(&expr.Bitwise{SourceRegister: x.Sreg, DestRegister: x.Dreg, Len: x.Len,
+		Mask: bytes.Clone(x.Mask.Slice()), Xor: bytes.Clone(x.Xor.Slice())})
+}
+
+func (g *googleSink) Lookup(x bc.Lookup) {
+	s := g.set(x.Set)
+	g.add(&expr.Lookup{SourceRegister: x.Sreg, SetName: s.Name, SetID: s.ID, DestRegister: x.Dreg, IsDestRegSet: x.HasDreg})
+}
+
+func (g *googleSink) Meta(x bc.Meta) {
+	g.add(&expr.Meta{Key: expr.MetaKey(x.Key), Register: x.Reg, SourceRegister: x.Set})
+}
+
+func (g *googleSink) Ct(x bc.Ct) { g.add(&expr.Ct{Register: x.Dreg, Key: expr.CtKey(x.Key)}) }
+
+func (g *googleSink) Fib(x bc.Fib) {
+	g.add(&expr.Fib{Register: x.Dreg,
+		FlagSADDR: x.Flags&unix.NFTA_FIB_F_SADDR != 0, FlagDADDR: x.Flags&unix.NFTA_FIB_F_DADDR != 0,
+		FlagMARK: x.Flags&unix.NFTA_FIB_F_MARK != 0, FlagIIF: x.Flags&unix.NFTA_FIB_F_IIF != 0,
+		FlagOIF: x.Flags&unix.NFTA_FIB_F_OIF != 0, FlagPRESENT: x.Flags&unix.NFTA_FIB_F_PRESENT != 0,
+		ResultOIF: x.Result == unix.NFT_FIB_RESULT_OIF, ResultOIFNAME: x.Result == unix.NFT_FIB_RESULT_OIFNAME,
+		ResultADDRTYPE: x.Result == unix.NFT_FIB_RESULT_ADDRTYPE})
+}
+
+func (g *googleSink) Hash(x bc.Hash) {
+	g.add(&expr.Hash{SourceRegister: x.Sreg, DestRegister: x.Dreg, Length: x.Len, Modulus: x.Modulus, Seed: x.Seed,
+		Type: expr.HashTypeJenkins})
+}
+
+func (g *googleSink) Immediate(x bc.Immediate) {
+	g.add(&expr.Immediate{Register: x.Dreg, Data: bytes.Clone(x.Data.Slice())})
+}
+
+func (g *googleSink) Verdict(x bc.Verdict) {
+	g.add(&expr.Verdict{Kind: expr.VerdictKind(x.Code), Chain: x.Chain})
+}
+
+func (g *googleSink) NAT(x bc.NAT) {
+	g.add(&expr.NAT{Type: expr.NATType(x.Type), Family: x.Family, RegAddrMin: x.RegAddr, RegProtoMin: x.RegProto,
+		Random: x.Flags&expr.NF_NAT_RANGE_PROTO_RANDOM != 0, FullyRandom: x.Flags&expr.NF_NAT_RANGE_PROTO_RANDOM_FULLY != 0,
+		Persistent: x.Flags&expr.NF_NAT_RANGE_PERSISTENT != 0, Prefix: x.Flags&expr.NF_NAT_RANGE_PREFIX != 0,
+		Specified: x.Flags&expr.NF_NAT_RANGE_PROTO_SPECIFIED != 0})
+}
+
+func (g *googleSink) Dynset(x bc.Dynset) {
+	s := g.set(x.Set)
+	g.add(&expr.Dynset{SrcRegKey: x.Sreg, SetName: s.Name, SetID: s.ID, Operation: x.Op})
+}
+
+func (g *googleSink) Masq(x bc.Masq) {
+	g.add(&expr.Masq{Random: x.Flags&expr.NF_NAT_RANGE_PROTO_RANDOM != 0,
+		FullyRandom: x.Flags&expr.NF_NAT_RANGE_PROTO_RANDOM_FULLY != 0, Persistent: x.Flags&expr.NF_NAT_RANGE_PERSISTENT != 0})
+}
+
+func (g *googleSink) Reject(x bc.Reject) { g.add(&expr.Reject{Type: x.Type, Code: x.Code}) }
+
+// setDefinition is a set of nftgate's as google/nftables describes it.
+func setDefinition(table *nftables.Table, f ruleset.Family, s *ruleset.Set) *nftables.Set {
+	ns := &nftables.Set{Table: table, Name: s.Name}
+	addr := nftables.TypeIPAddr
+	if f == ruleset.IPv6 {
+		addr = nftables.TypeIP6Addr
+	}
+	switch {
+	case s.Map:
+		ns.IsMap, ns.Concatenation, ns.DataType = true, true, nftables.TypeVerdict
+		if s.Shape == ruleset.KeyProtoPort {
+			ns.KeyType = nftables.MustConcatSetType(nftables.TypeInetProto, nftables.TypeInetService)
+		} else {
+			ns.KeyType = nftables.MustConcatSetType(addr, nftables.TypeInetProto, nftables.TypeInetService)
+		}
+	case s.Shape == ruleset.KeyAddrPair:
+		ns.Concatenation = true
+		ns.KeyType = nftables.MustConcatSetType(addr, addr)
+	default:
+		ns.KeyType = addr
+		if s.Timeout > 0 {
+			ns.Dynamic, ns.HasTimeout, ns.Timeout = true, true, s.Timeout
+		}
+	}
+	return ns
+}
+
+// recorder is a google/nftables Conn whose transport only records the
+// messages it would send.
+type recorder struct {
+	conn   *nftables.Conn
+	msgs   []netlink.Message
+	lastID atomic.Uint32
+}
+
+// setID numbers the sets a batch creates, as the encoder does.
+func (r *recorder) setID() uint32 { return r.lastID.Add(1) }
+
+func newRecorder() (*recorder, error) {
+	r := &recorder{}
+	ack := []netlink.Message{{Header: netlink.Header{Type: netlink.Error}, Data: make([]byte, 4)}}
+	conn, err := nftables.New(nftables.WithTestDial(func(req []netlink.Message) ([]netlink.Message, error) {
+		if req == nil {
+			return ack, nil // google/nftables reads one acknowledgement per message
+		}
+		r.msgs = append(r.msgs, req...)
+		return nil, nil
+	}))
+	if err != nil {
+		return nil, err
+	}
+	r.conn = conn
+	return r, nil
+}
+
+// take returns the recorded messages without the batch framing.
+func (r *recorder) take() ([]netlink.Message, error) {
+	if err := r.conn.Flush(); err != nil {
+		return nil, err
+	}
+	msgs := r.msgs
+	r.msgs = nil
+	if len(msgs) >= 2 {
+		msgs = msgs[1 : len(msgs)-1] // drop BATCH_BEGIN and BATCH_END
+	}
+	return msgs, nil
+}

@@ -1,0 +1,210 @@
+// Package bytecode holds the nf_tables expressions that nftgate's statements
+// are made of, as plain values, and the Sink a statement writes them into.
+//
+// Each statement of package ruleset writes its expressions once, into a
+// Sink: the kernel package's batch buffer writes them as netlink attributes
+// straight into the batch; its tests' oracle writes them as
+// github.com/google/nftables expressions to compare the bytes. The values
+// carry the kernel's numbers (registers, keys, operators) and hold their
+// constants by value, so that writing a rule allocates nothing.
+//
+// The package imports no netlink: it is what the ruleset says, not how it
+// travels.
+package bytecode
+
+import "golang.org/x/sys/unix"
+
+// Registers as nft allocates them, so that `nft --debug=netlink` of a rule
+// written by hand and of the same rule written by nftgate agree.
+const (
+	RegVerdict = unix.NFT_REG_VERDICT
+	Reg1       = 1  // 128-bit register 1
+	Reg2       = 2  // 128-bit register 2
+	Reg3       = 3  // 128-bit register 3
+	Reg32a     = 9  // second 32-bit slot of register 1
+	Reg32b     = 10 // third 32-bit slot of register 1
+	Reg32c     = 13 // second 32-bit slot of register 2
+)
+
+// Data is a constant of up to 16 bytes (an IPv6 address), held by value.
+type Data struct {
+	n uint8
+	b [16]byte
+}
+
+// Bytes makes a constant of b, which must be at most 16 bytes.
+func Bytes(b ...byte) Data {
+	var d Data
+	d.n = uint8(copy(d.b[:], b))
+	return d
+}
+
+// U32 is a 32-bit constant in the host's byte order, as nf_tables keeps
+// marks, ct states, fib results and hash results in registers.
+func U32(v uint32) Data {
+	var d Data
+	d.n = 4
+	nativePut32(d.b[:4], v)
+	return d
+}
+
+// Zero is n zero bytes.
+func Zero(n int) Data { return Data{n: uint8(n)} }
+
+// Slice returns the constant's bytes.
+func (d *Data) Slice() []byte { return d.b[:d.n] }
+
+// Len is the constant's length in bytes.
+func (d *Data) Len() int { return int(d.n) }
+
+// Payload bases.
+const (
+	NetworkHeader   = unix.NFT_PAYLOAD_NETWORK_HEADER
+	TransportHeader = unix.NFT_PAYLOAD_TRANSPORT_HEADER
+)
+
+// Payload loads Len bytes at Offset of a header into Dreg.
+type Payload struct {
+	Base, Offset, Len, Dreg uint32
+}
+
+// Comparison operators.
+const (
+	CmpEq  = unix.NFT_CMP_EQ
+	CmpNeq = unix.NFT_CMP_NEQ
+)
+
+// Cmp compares register Sreg with Data; the rule stops when it does not
+// hold.
+type Cmp struct {
+	Op, Sreg uint32
+	Data     Data
+}
+
+// Bitwise computes Dreg = (Sreg & Mask) ^ Xor over Len bytes.
+type Bitwise struct {
+	Sreg, Dreg, Len uint32
+	Mask, Xor       Data
+}
+
+// Lookup looks Sreg up in the named set; for a verdict map (Dreg set, to
+// RegVerdict) the element's verdict is applied.
+type Lookup struct {
+	Sreg    uint32
+	Set     string
+	Dreg    uint32
+	HasDreg bool
+}
+
+// Meta keys nftgate uses.
+const (
+	MetaMark    = unix.NFT_META_MARK
+	MetaL4Proto = unix.NFT_META_L4PROTO
+)
+
+// Meta loads a packet's meta key into Reg, or with Set, sets the key from
+// Reg.
+type Meta struct {
+	Key, Reg uint32
+	Set      bool
+}
+
+// CtState is the conntrack key of a connection's state; CtStateNew its
+// bit for a new connection.
+const (
+	CtState    = unix.NFT_CT_STATE
+	CtStateNew = 1 << 3 // NF_CT_STATE_BIT(IP_CT_NEW)
+)
+
+// Ct loads a conntrack key into Dreg.
+type Ct struct {
+	Key, Dreg uint32
+}
+
+// Fib flags and results.
+const (
+	FibSaddr        = unix.NFTA_FIB_F_SADDR
+	FibDaddr        = unix.NFTA_FIB_F_DADDR
+	FibAddrType     = unix.NFT_FIB_RESULT_ADDRTYPE
+	RouteTypeLocal  = unix.RTN_LOCAL
+	HashJenkins     = unix.NFT_HASH_JENKINS
+	NATDest         = unix.NFT_NAT_DNAT
+	NATSpecified    = unix.NF_NAT_RANGE_PROTO_SPECIFIED
+	NATFullyRandom  = unix.NF_NAT_RANGE_PROTO_RANDOM_FULLY
+	DynsetUpdate    = unix.NFT_DYNSET_OP_UPDATE
+	RejectICMPUnrch = unix.NFT_REJECT_ICMP_UNREACH
+)
+
+// Fib looks the packet's route up, by the addresses Flags select, and
+// loads Result (an address type) into Dreg.
+type Fib struct {
+	Dreg, Flags, Result uint32
+}
+
+// Hash computes the Jenkins hash of Len bytes from Sreg, with Seed, modulo
+// Modulus, into Dreg.
+type Hash struct {
+	Sreg, Dreg, Len, Modulus, Seed uint32
+}
+
+// Immediate loads Data into Dreg.
+type Immediate struct {
+	Dreg uint32
+	Data Data
+}
+
+// Verdict codes as the kernel reads them.
+const (
+	VerdictDrop   = 0 // NF_DROP
+	VerdictAccept = 1 // NF_ACCEPT
+	VerdictJump   = unix.NFT_JUMP
+	VerdictGoto   = unix.NFT_GOTO
+	VerdictReturn = unix.NFT_RETURN
+)
+
+// Verdict ends the rule with Code, to Chain for a jump or goto.
+type Verdict struct {
+	Code  int32
+	Chain string
+}
+
+// NAT translates the address (from RegAddr) and port (from RegProto) of
+// the packet's family.
+type NAT struct {
+	Type, Family, RegAddr, RegProto, Flags uint32
+}
+
+// Dynset adds or updates the key in Sreg in the named set.
+type Dynset struct {
+	Sreg, Op uint32
+	Set      string
+}
+
+// Masq masquerades with Flags.
+type Masq struct {
+	Flags uint32
+}
+
+// Reject answers the packet with an ICMP error of Type and Code.
+type Reject struct {
+	Type uint32
+	Code uint8
+}
+
+// Sink receives a rule's expressions in order.
+type Sink interface {
+	Payload(Payload)
+	Cmp(Cmp)
+	Bitwise(Bitwise)
+	Lookup(Lookup)
+	Meta(Meta)
+	Ct(Ct)
+	Fib(Fib)
+	Hash(Hash)
+	Immediate(Immediate)
+	Verdict(Verdict)
+	NAT(NAT)
+	Dynset(Dynset)
+	Masq(Masq)
+	Reject(Reject)
+}

@@ -1,0 +1,691 @@
+package ruleset
+
+import (
+	"encoding/binary"
+	"fmt"
+	"runtime"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/nftgate/nftgate/model"
+)
+
+// tableState is what nftgate knows one family's table to hold: every chain
+// with a fingerprint of its rules, every set, every map element. It is filled
+// from a committed batch, or from reading the kernel back.
+type TableState struct {
+	Exists bool
+	// replace is set for a table of nftgate's layout without nftgate's
+	// mark, read as empty: it is deleted and created anew, marked.
+	Replace bool
+	Chains  map[string]ChainInfo
+	Sets    map[string]SetDef
+	Elems   map[ElemID]Verdict
+}
+
+func NewTableState() *TableState {
+	return &TableState{Chains: map[string]ChainInfo{}, Sets: map[string]SetDef{}, Elems: map[ElemID]Verdict{}}
+}
+
+// chainInfo is what the state keeps of a chain: the fingerprint of its hook
+// and rules, and how many rules it has.
+type ChainInfo struct {
+	FP    uint64
+	Rules int32
+}
+
+// setDef is the part of a set's definition that the kernel cannot change in
+// place; a set whose definition differs is recreated.
+type SetDef struct {
+	Map     bool
+	Shape   KeyShape
+	Timeout int64 // seconds
+}
+
+func DefOf(s *Set) SetDef {
+	return SetDef{Map: s.Map, Shape: s.Shape, Timeout: int64(s.Timeout.Seconds())}
+}
+
+// ruleFingerprint identifies a rule by its nft text. It is stored in the
+// rule's user data in the kernel, so reading a table back tells whether each
+// rule is still the one nftgate wrote, without decoding bytecode.
+//
+// scratch, when not nil, is a buffer to reuse for the text.
+func ruleFingerprint(f Family, r Rule, scratch *[]byte) uint64 {
+	var b []byte
+	if scratch != nil {
+		b = (*scratch)[:0]
+	}
+	b = r.AppendText(b, f)
+	if scratch != nil {
+		*scratch = b
+	}
+	return fnv64a(fnvOffset64, b)
+}
+
+// FNV-1a, 64 bits, as hash/fnv computes it, without its allocation per
+// hash: a cold sync fingerprints tens of thousands of rules.
+const (
+	fnvOffset64 = 14695981039346656037
+	fnvPrime64  = 1099511628211
+)
+
+func fnv64a(h uint64, b []byte) uint64 {
+	for _, c := range b {
+		h ^= uint64(c)
+		h *= fnvPrime64
+	}
+	return h
+}
+
+// chainFingerprint combines the hook and the rule fingerprints of a chain.
+func ChainFingerprint(hook *Hook, RuleFPs []uint64) uint64 {
+	h := uint64(fnvOffset64)
+	if hook != nil {
+		h = fnv64a(h, fmt.Appendf(nil, "%s/%s/%d|", hook.Type, hook.Hook, hook.Priority))
+	}
+	var b [8]byte
+	for _, fp := range RuleFPs {
+		binary.BigEndian.PutUint64(b[:], fp)
+		h = fnv64a(h, b[:])
+	}
+	return h
+}
+
+// chainPlan is a chain with its rules' fingerprints computed once.
+type ChainPlan struct {
+	Chain   *Chain
+	RuleFPs []uint64
+	FP      uint64
+}
+
+func PlanChain(f Family, c *Chain, scratch *[]byte) ChainPlan {
+	fps := make([]uint64, len(c.Rules))
+	for i, r := range c.Rules {
+		fps[i] = ruleFingerprint(f, r, scratch)
+	}
+	return ChainPlan{Chain: c, RuleFPs: fps, FP: ChainFingerprint(c.Hook, fps)}
+}
+
+// familyOps are the changes to one family's table, in the order a batch
+// must carry them so that nothing ever references a missing object:
+// sets and chains first, then rules, then map elements; removals last.
+type Ops struct {
+	CreateTable   bool
+	ReplaceTable  bool // delete the table before creating it
+	AddSets       []*Set
+	AddChains     []ChainPlan // new chains, with their rules
+	RewriteChains []ChainPlan // existing chains whose rules changed: flush and refill
+	DelElems      []Element
+	AddElems      []Element
+	FlushChains   []string // chains to remove: flushed first, so that chains
+	DelChains     []string // referencing each other can all be deleted
+	DelSets       []string
+	// recreateSets are sets whose definition changed: deleted (after the
+	// rules using them are flushed) and added again.
+	RecreateSets []*Set
+}
+
+// Empty tells whether the operations change nothing.
+func (o *Ops) Empty() bool {
+	return !o.CreateTable && len(o.AddSets) == 0 && len(o.AddChains) == 0 && len(o.RewriteChains) == 0 &&
+		len(o.DelElems) == 0 && len(o.AddElems) == 0 && len(o.FlushChains) == 0 && len(o.DelChains) == 0 &&
+		len(o.DelSets) == 0 && len(o.RecreateSets) == 0
+}
+
+// Counts of what a sync changed, for logs and metrics.
+type Counts struct {
+	ChainsAdded, ChainsChanged, ChainsDeleted       int
+	SetsAdded, SetsDeleted                          int
+	ElementsAdded, ElementsChanged, ElementsDeleted int
+}
+
+// Changes is the total number of objects changed.
+func (c Counts) Changes() int {
+	return c.ChainsAdded + c.ChainsChanged + c.ChainsDeleted + c.SetsAdded + c.SetsDeleted +
+		c.ElementsAdded + c.ElementsChanged + c.ElementsDeleted
+}
+
+// Add counts the operations of one table.
+func (c *Counts) Add(o *Ops) {
+	c.ChainsAdded += len(o.AddChains)
+	c.ChainsChanged += len(o.RewriteChains)
+	c.ChainsDeleted += len(o.DelChains)
+	c.SetsAdded += len(o.AddSets) + len(o.RecreateSets)
+	c.SetsDeleted += len(o.DelSets)
+	changed := 0
+	del := map[ElemID]bool{}
+	for _, e := range o.DelElems {
+		del[e.ID()] = true
+	}
+	for _, e := range o.AddElems {
+		if del[e.ID()] {
+			changed++
+		}
+	}
+	c.ElementsChanged += changed
+	c.ElementsAdded += len(o.AddElems) - changed
+	c.ElementsDeleted += len(o.DelElems) - changed
+}
+
+// differ accumulates the operations that bring a table from its state to
+// the desired objects it is shown, one object name at a time.
+type differ struct {
+	f     Family
+	state *TableState
+	ops   Ops
+	seen  map[string]bool // chains and sets already decided in this plan
+	// rewriteAll rewrites every existing chain, because a set they may
+	// reference is being recreated.
+	rewriteAll bool
+	text       []byte // scratch for rule fingerprints
+}
+
+func newDiffer(f Family, st *TableState) *differ {
+	return &differ{f: f, state: st}
+}
+
+// decided marks an object as decided in this plan and tells whether it
+// already was. The map is made on first use: a partial sync has a differ
+// for every table and touches two or three.
+func (d *differ) decided(key string) bool {
+	if d.seen[key] {
+		return true
+	}
+	if d.seen == nil {
+		d.seen = map[string]bool{}
+	}
+	d.seen[key] = true
+	return false
+}
+
+// chain decides one chain: desired nil means it must not exist.
+func (d *differ) chain(name string, desired *Chain) {
+	if desired == nil {
+		d.plannedChain(name, nil)
+		return
+	}
+	p := PlanChain(d.f, desired, &d.text)
+	d.plannedChain(name, &p)
+}
+
+// plannedChain is chain for a desired chain whose rules are already
+// fingerprinted.
+func (d *differ) plannedChain(name string, desired *ChainPlan) {
+	if d.decided("c/" + name) {
+		return
+	}
+	cur, exists := d.state.Chains[name]
+	switch {
+	case desired == nil && exists:
+		d.ops.FlushChains = append(d.ops.FlushChains, name)
+		d.ops.DelChains = append(d.ops.DelChains, name)
+	case desired != nil && !exists:
+		d.ops.AddChains = append(d.ops.AddChains, *desired)
+	case desired != nil && exists:
+		if desired.FP != cur.FP || d.rewriteAll {
+			d.ops.RewriteChains = append(d.ops.RewriteChains, *desired)
+		}
+	}
+}
+
+// set decides one set: desired nil means it must not exist.
+func (d *differ) set(name string, desired *Set) {
+	if d.decided("s/" + name) {
+		return
+	}
+	cur, exists := d.state.Sets[name]
+	switch {
+	case desired == nil && exists:
+		d.ops.DelSets = append(d.ops.DelSets, name)
+	case desired != nil && !exists:
+		d.ops.AddSets = append(d.ops.AddSets, desired)
+	case desired != nil && exists && cur != DefOf(desired):
+		d.ops.RecreateSets = append(d.ops.RecreateSets, desired)
+		// The new set starts empty, and every rule using the old one
+		// must let go of it first.
+		for id := range d.state.Elems {
+			if id.Map == name {
+				delete(d.state.Elems, id)
+			}
+		}
+		d.rewriteAll = true
+	}
+}
+
+// element decides one map element: desired nil means it must not exist.
+func (d *differ) element(id ElemID, desired *Verdict) {
+	cur, exists := d.state.Elems[id]
+	switch {
+	case desired == nil && exists:
+		d.ops.DelElems = append(d.ops.DelElems, Element{Map: id.Map, Key: id.Key, Verdict: cur})
+	case desired != nil && !exists:
+		d.ops.AddElems = append(d.ops.AddElems, Element{Map: id.Map, Key: id.Key, Verdict: *desired})
+	case desired != nil && exists && cur != *desired:
+		// Replacing a verdict is a delete and an add of the same key in
+		// one batch: the element never disappears for packets.
+		d.ops.DelElems = append(d.ops.DelElems, Element{Map: id.Map, Key: id.Key, Verdict: cur})
+		d.ops.AddElems = append(d.ops.AddElems, Element{Map: id.Map, Key: id.Key, Verdict: *desired})
+	}
+}
+
+// apply records a committed plan in the state.
+// Apply records a committed plan in the state.
+func (st *TableState) Apply(o *Ops) {
+	if o.CreateTable {
+		st.Exists, st.Replace = true, false
+	}
+	for _, s := range o.AddSets {
+		st.Sets[s.Name] = DefOf(s)
+	}
+	for _, s := range o.RecreateSets {
+		st.Sets[s.Name] = DefOf(s)
+	}
+	for _, c := range o.AddChains {
+		st.Chains[c.Chain.Name] = ChainInfo{c.FP, int32(len(c.RuleFPs))}
+	}
+	for _, c := range o.RewriteChains {
+		st.Chains[c.Chain.Name] = ChainInfo{c.FP, int32(len(c.RuleFPs))}
+	}
+	for _, e := range o.DelElems {
+		delete(st.Elems, e.ID())
+	}
+	for _, e := range o.AddElems {
+		st.Elems[e.ID()] = e.Verdict
+	}
+	for _, n := range o.DelChains {
+		delete(st.Chains, n)
+	}
+	for _, n := range o.DelSets {
+		delete(st.Sets, n)
+	}
+}
+
+// planFull decides everything a full sync changes: the tables must hold
+// the skeleton and every Service, and nothing else. It is pure: observed is
+// what the kernel holds, per table of ts (an empty state for a cold start).
+func PlanFull(cfg *Config, ts *Tables, observed []*TableState, services map[model.ServiceKey]*model.Service) ([]*Ops, *Claims, []string) {
+	book := newClaimBookSized(len(services))
+	claims := book.verdicts
+	keys := make([]model.ServiceKey, 0, len(services))
+	for k := range services {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool { return keys[i].Less(keys[j]) })
+
+	ds := make([]*differ, len(ts.Refs))
+	for slot, ref := range ts.Refs {
+		d := newDiffer(ref.Family, observed[slot])
+		d.ops.CreateTable = !observed[slot].Exists
+		d.ops.ReplaceTable = observed[slot].Replace
+		st := &ts.Skeletons[slot]
+		for _, s := range st.Sets {
+			d.set(s.Name, s)
+		}
+		for _, c := range st.Chains {
+			d.chain(c.Name, c)
+		}
+		ds[slot] = d
+	}
+	rendered := renderAll(ts, keys, services)
+	for i, k := range keys {
+		svc := services[k]
+		r := &rendered[i].ByFamily
+		for fi, f := range Families {
+			fr := r.Of(f)
+			main, shard := ds[ts.Main(f)], ds[ts.Shard(f, k)]
+			for _, s := range fr.Sets {
+				shard.set(s.Name, s)
+			}
+			for j, c := range fr.Chains {
+				if MainChain(c.Name) {
+					main.plannedChain(c.Name, &rendered[i].plans[fi][j])
+				} else {
+					shard.plannedChain(c.Name, &rendered[i].plans[fi][j])
+				}
+			}
+			for _, e := range fr.Elements {
+				if plainSet(e.Map) {
+					book.plain[famElem{f, e.ID()}]++
+				} else {
+					addClaim(claims, famElem{f, e.ID()}, claim{svc: k, created: svc.Created, verdict: e.Verdict})
+				}
+			}
+		}
+	}
+	var conflictList []string
+	for fe, cs := range claims {
+		w := cs.winner()
+		ds[ts.elem(fe, w.svc)].element(fe.id, &w.verdict)
+		conflictList = append(conflictList, conflicts(fe, *cs)...)
+	}
+	for fe := range book.plain {
+		ds[ts.Main(fe.f)].element(fe.id, &Verdict{})
+	}
+	// wanted tells whether an element belongs in the table of slot.
+	wanted := func(slot int, fe famElem) bool {
+		if _, ok := book.plain[fe]; ok {
+			return slot == ts.Main(fe.f)
+		}
+		if cs, ok := claims[fe]; ok {
+			return slot == ts.elem(fe, cs.winner().svc)
+		}
+		return false
+	}
+	for slot, d := range ds {
+		for name := range d.state.Chains {
+			d.chain(name, nil)
+		}
+		for name := range d.state.Sets {
+			d.set(name, nil)
+		}
+		for id := range d.state.Elems {
+			if !wanted(slot, famElem{d.f, id}) {
+				d.element(id, nil)
+			}
+		}
+	}
+	sort.Strings(conflictList)
+	return sortOps(ds), book, conflictList
+}
+
+// renderedService is a Service's fragments with their chains' plans.
+type renderedService struct {
+	ByFamily
+	plans [2][]ChainPlan // per family, per chain of the fragment
+}
+
+// renderAll renders the Services of keys and fingerprints their chains'
+// rules: a pure function of each Service, and most of what planning a full
+// sync costs, so it runs on every CPU.
+func renderAll(ts *Tables, keys []model.ServiceKey, services map[model.ServiceKey]*model.Service) []renderedService {
+	out := make([]renderedService, len(keys))
+	// Services are handed out in blocks: lookups in the map and the
+	// scratch buffer stay per worker.
+	const block = 256
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(runtime.GOMAXPROCS(0), (len(keys)+block-1)/block) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var scratch []byte
+			for {
+				lo := int(next.Add(block)) - block
+				if lo >= len(keys) {
+					return
+				}
+				for i := lo; i < min(lo+block, len(keys)); i++ {
+					rs := &out[i]
+					rs.ByFamily = ts.Render(services[keys[i]])
+					for fi, f := range Families {
+						chains := rs.Of(f).Chains
+						if len(chains) == 0 {
+							continue
+						}
+						rs.plans[fi] = make([]ChainPlan, len(chains))
+						for j, c := range chains {
+							rs.plans[fi][j] = PlanChain(f, c, &scratch)
+						}
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+// changedServices lists the Services of want that differ from programmed
+// (by pointer: the caller passes the same *model.Service for a Service
+// that did not change), and those gone from it, as nil.
+func ChangedServices(programmed, want map[model.ServiceKey]*model.Service) map[model.ServiceKey]*model.Service {
+	changes := map[model.ServiceKey]*model.Service{}
+	for k, s := range want {
+		if programmed[k] != s {
+			changes[k] = s
+		}
+	}
+	for k := range programmed {
+		if _, ok := want[k]; !ok {
+			changes[k] = nil
+		}
+	}
+	return changes
+}
+
+// planPartial decides what changing some Services changes in the tables,
+// given what is programmed. It updates claims in place and returns, for
+// each element it touched, the claims as they were (nil where there were
+// none), so that a refused batch can be undone.
+func PlanPartial(cfg *Config, ts *Tables, state []*TableState, book *Claims, programmed, changes map[model.ServiceKey]*model.Service) ([]*Ops, *Claims, []string) {
+	claims := book.verdicts
+	var conflictList []string
+	ds := make([]*differ, len(ts.Refs))
+	for slot, ref := range ts.Refs {
+		ds[slot] = newDiffer(ref.Family, state[slot])
+	}
+	undo := map[famElem]*claimSet{}
+	undoPlain := map[famElem]int32{}
+	count := func(fe famElem, delta int32) {
+		n, ok := book.plain[fe]
+		if _, seen := undoPlain[fe]; !seen {
+			undoPlain[fe] = n
+		}
+		if !ok && delta < 0 {
+			return
+		}
+		if n += delta; n > 0 {
+			book.plain[fe] = n
+		} else {
+			delete(book.plain, fe)
+		}
+	}
+	touch := func(fe famElem) {
+		if _, ok := undo[fe]; !ok {
+			if cs, ok := claims[fe]; ok {
+				c := append(claimSet(nil), *cs...)
+				undo[fe] = &c
+			} else {
+				undo[fe] = nil
+			}
+		}
+	}
+	for k, svc := range changes {
+		var oldR, newR ByFamily
+		if old := programmed[k]; old != nil {
+			oldR = ts.Render(old)
+		}
+		if svc != nil {
+			newR = ts.Render(svc)
+		}
+		for _, f := range Families {
+			main, shard := ds[ts.Main(f)], ds[ts.Shard(f, k)]
+			in := func(chain string) *differ {
+				if MainChain(chain) {
+					return main
+				}
+				return shard
+			}
+			o, n := oldR.Of(f), newR.Of(f)
+			newChains := make(map[string]bool, len(n.Chains))
+			for _, c := range n.Chains {
+				newChains[c.Name] = true
+				in(c.Name).chain(c.Name, c)
+			}
+			for _, c := range o.Chains {
+				if !newChains[c.Name] {
+					in(c.Name).chain(c.Name, nil)
+				}
+			}
+			newSets := make(map[string]bool, len(n.Sets))
+			for _, s := range n.Sets {
+				newSets[s.Name] = true
+				shard.set(s.Name, s)
+			}
+			for _, s := range o.Sets {
+				if !newSets[s.Name] {
+					shard.set(s.Name, nil)
+				}
+			}
+			for _, e := range o.Elements {
+				fe := famElem{f, e.ID()}
+				if plainSet(e.Map) {
+					count(fe, -1)
+					continue
+				}
+				touch(fe)
+				removeClaim(claims, fe, k)
+			}
+			for _, e := range n.Elements {
+				fe := famElem{f, e.ID()}
+				if plainSet(e.Map) {
+					count(fe, +1)
+					continue
+				}
+				touch(fe)
+				addClaim(claims, fe, claim{svc: k, created: svc.Created, verdict: e.Verdict})
+			}
+		}
+	}
+	for fe := range undo {
+		want := -1
+		if cs, ok := claims[fe]; ok {
+			w := cs.winner()
+			want = ts.elem(fe, w.svc)
+			ds[want].element(fe.id, &w.verdict)
+			conflictList = append(conflictList, conflicts(fe, *cs)...)
+		}
+		// The element leaves every other table it may be in: a shard
+		// map's element moves when another Service's claim wins it.
+		for _, slot := range ts.holders(fe) {
+			if slot != want {
+				ds[slot].element(fe.id, nil)
+			}
+		}
+	}
+	for fe := range undoPlain {
+		d := ds[ts.Main(fe.f)]
+		if book.plain[fe] > 0 {
+			d.element(fe.id, &Verdict{})
+		} else {
+			d.element(fe.id, nil)
+		}
+	}
+	return sortOps(ds), &Claims{verdicts: undo, plain: undoPlain}, conflictList
+}
+
+func familyIndex(f Family) int {
+	if f == IPv6 {
+		return 1
+	}
+	return 0
+}
+
+// sortOps returns the differs' operations, sorted: it makes batches deterministic, which keeps them comparable in tests
+// and logs.
+func sortOps(ds []*differ) []*Ops {
+	byName := func(a, b ChainPlan) int { return strings.Compare(a.Chain.Name, b.Chain.Name) }
+	elems := func(a, b Element) int {
+		if c := strings.Compare(a.Map, b.Map); c != 0 {
+			return c
+		}
+		return a.Key.compare(b.Key)
+	}
+	for _, d := range ds {
+		o := &d.ops
+		slices.SortFunc(o.AddChains, byName)
+		slices.SortFunc(o.RewriteChains, byName)
+		slices.Sort(o.FlushChains)
+		slices.Sort(o.DelChains)
+		slices.Sort(o.DelSets)
+		slices.SortFunc(o.AddSets, func(a, b *Set) int { return strings.Compare(a.Name, b.Name) })
+		slices.SortFunc(o.AddElems, elems)
+		slices.SortFunc(o.DelElems, elems)
+	}
+	ops := make([]*Ops, len(ds))
+	for i, d := range ds {
+		ops[i] = &d.ops
+	}
+	return ops
+}
+
+// Recreates tells whether a plan recreates a set.
+func Recreates(plan []*Ops) bool {
+	for _, o := range plan {
+		if len(o.RecreateSets) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+func CloneServices(m map[model.ServiceKey]*model.Service) map[model.ServiceKey]*model.Service {
+	out := make(map[model.ServiceKey]*model.Service, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}
+
+// compareStates describes how the kernel's table differs from what nftgate
+// last committed.
+func CompareStates(t TableRef, want, got *TableState) []string {
+	if want == nil {
+		return nil
+	}
+	f := t.Family
+	if want.Exists && !got.Exists {
+		return []string{fmt.Sprintf("%s table %s is missing", f, t.Name)}
+	}
+	var out []string
+	missing, changed, extra := 0, 0, 0
+	for n, c := range want.Chains {
+		g, ok := got.Chains[n]
+		switch {
+		case !ok:
+			missing++
+		case g.FP != c.FP:
+			changed++
+		}
+	}
+	for n := range got.Chains {
+		if _, ok := want.Chains[n]; !ok {
+			extra++
+		}
+	}
+	if missing+changed+extra > 0 {
+		out = append(out, fmt.Sprintf("%s %s chains: %d missing, %d with changed rules, %d unknown", f, t.Name, missing, changed, extra))
+	}
+	missing, changed, extra = 0, 0, 0
+	for id, v := range want.Elems {
+		g, ok := got.Elems[id]
+		switch {
+		case !ok:
+			missing++
+		case g != v:
+			changed++
+		}
+	}
+	for id := range got.Elems {
+		if _, ok := want.Elems[id]; !ok {
+			extra++
+		}
+	}
+	if missing+changed+extra > 0 {
+		out = append(out, fmt.Sprintf("%s %s map elements: %d missing, %d changed, %d unknown", f, t.Name, missing, changed, extra))
+	}
+	missing = 0
+	for n := range want.Sets {
+		if _, ok := got.Sets[n]; !ok {
+			missing++
+		}
+	}
+	if missing > 0 {
+		out = append(out, fmt.Sprintf("%s %s sets: %d missing", f, t.Name, missing))
+	}
+	return out
+}
