@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	gsync "github.com/nftgate/nftgate/sync"
+	"github.com/nftgate/nftgate/source"
 )
 
 func writeConfig(t *testing.T, text string) string {
@@ -320,7 +320,7 @@ func TestManifestMaxFileSize(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if ms, ok := src.(*gsync.ManifestSource); !ok || ms.MaxFileSize != tc.want {
+		if ms, ok := src.(*source.ManifestSource); !ok || ms.MaxFileSize != tc.want {
 			t.Errorf("%v: source %#v, want a manifests source reading files up to %d bytes", tc.args, src, tc.want)
 		}
 	}

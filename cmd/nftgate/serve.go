@@ -28,9 +28,10 @@ import (
 	"github.com/nftgate/nftgate/conntrack"
 	"github.com/nftgate/nftgate/healthcheck"
 	"github.com/nftgate/nftgate/hostaddr"
+	"github.com/nftgate/nftgate/loop"
 	"github.com/nftgate/nftgate/model"
 	"github.com/nftgate/nftgate/nft"
-	gsync "github.com/nftgate/nftgate/sync"
+	"github.com/nftgate/nftgate/source"
 )
 
 func (c *Config) ruleset() nft.Config {
@@ -57,12 +58,12 @@ func (c *Config) exposure(host []netip.Prefix) *model.Exposure {
 //
 // The directory or file is checked here, before anything touches the
 // kernel or logs that the gateway is starting.
-func (c *Config) source(log *slog.Logger) (gsync.Source, error) {
+func (c *Config) source(log *slog.Logger) (source.Source, error) {
 	if c.Manifests != "" {
 		if err := checkManifestsDir("manifests", c.Manifests); err != nil {
 			return nil, err
 		}
-		return &gsync.ManifestSource{Dir: c.Manifests, Log: log, MaxFileSize: int64(c.ManifestMaxFileSize)}, nil
+		return &source.ManifestSource{Dir: c.Manifests, Log: log, MaxFileSize: int64(c.ManifestMaxFileSize)}, nil
 	}
 	if c.Kubeconfig != "" {
 		if st, err := os.Stat(c.Kubeconfig); err != nil {
@@ -71,17 +72,17 @@ func (c *Config) source(log *slog.Logger) (gsync.Source, error) {
 			return nil, fmt.Errorf("kubeconfig: %s is not a file", c.Kubeconfig)
 		}
 	}
-	rc, ok, err := gsync.LoadKubeConfig(c.Kubeconfig)
+	rc, ok, err := source.LoadKubeConfig(c.Kubeconfig)
 	if err != nil {
 		return nil, err
 	}
 	if ok {
-		return &gsync.KubeSource{Config: rc, Log: log}, nil
+		return &source.KubeSource{Config: rc, Log: log}, nil
 	}
 	if err := checkManifestsDir("manifests (no kubeconfig given or found, nor an in-cluster account)", DefaultManifests); err != nil {
 		return nil, err
 	}
-	return &gsync.ManifestSource{Dir: DefaultManifests, Log: log, MaxFileSize: int64(c.ManifestMaxFileSize)}, nil
+	return &source.ManifestSource{Dir: DefaultManifests, Log: log, MaxFileSize: int64(c.ManifestMaxFileSize)}, nil
 }
 
 // checkManifestsDir tells whether dir is a readable directory.
@@ -131,7 +132,7 @@ func serve(ctx context.Context, cfg *Config) error {
 			ln = tls.NewListener(ln, tlsConfig)
 		}
 	}
-	if ks, ok := src.(*gsync.KubeSource); ok && cfg.Zone == "" {
+	if ks, ok := src.(*source.KubeSource); ok && cfg.Zone == "" {
 		zctx, zcancel := context.WithTimeout(ctx, 5*time.Second)
 		zone, err := ks.NodeZone(zctx, cfg.NodeName)
 		zcancel()
@@ -175,8 +176,8 @@ func serve(ctx context.Context, cfg *Config) error {
 		return err
 	}
 
-	tracker := gsync.NewTracker()
-	syncer := &gsync.Syncer{
+	tracker := loop.NewTracker()
+	syncer := &loop.Syncer{
 		Tracker:     tracker,
 		Programmer:  prog,
 		Options:     model.Options{ProxyName: cfg.ProxyName, ExternalOnly: cfg.ExternalOnly},
@@ -188,7 +189,7 @@ func serve(ctx context.Context, cfg *Config) error {
 	syncer.BeforeFull = memLimit.beforeFull
 	status := newStatusPublisher(syncer, rec, cfg.ruleset().Node, log)
 	syncer.Touched = status.touch
-	syncer.Observers = append(syncer.Observers, func(ev gsync.Event) {
+	syncer.Observers = append(syncer.Observers, func(ev loop.Event) {
 		kind := appliance.SyncPartial
 		if ev.Full {
 			kind = appliance.SyncFull
@@ -230,8 +231,8 @@ func serve(ctx context.Context, cfg *Config) error {
 	if ct, err := conntrack.New(); err != nil {
 		log.Error("conntrack cleaner unavailable: running WITHOUT stale UDP/SCTP flow cleanup", "err", err)
 	} else {
-		cleaner := &gsync.ConntrackCleaner{Cleaner: ct, Ruleset: cfg.ruleset(), Log: log,
-			Report: func(r gsync.ConntrackReport) { rec.RecordConntrack(r.Result.Deleted, r.Result.Duration, r.Err) }}
+		cleaner := &conntrack.Runner{Cleaner: ct, Ruleset: cfg.ruleset(), Log: log,
+			Report: func(r conntrack.Report) { rec.RecordConntrack(r.Result.Deleted, r.Result.Duration, r.Err) }}
 		syncer.Observers = append(syncer.Observers, cleaner.Observe)
 		ctDone := make(chan struct{})
 		go func() { cleaner.Run(ctx); close(ctDone) }()
@@ -244,7 +245,7 @@ func serve(ctx context.Context, cfg *Config) error {
 		ok, _ := appliance.Health(rec.Snapshot(), time.Now(), time.Duration(cfg.HealthzMaxAge))
 		return ok
 	}}
-	syncer.Observers = append(syncer.Observers, func(ev gsync.Event) {
+	syncer.Observers = append(syncer.Observers, func(ev loop.Event) {
 		if ev.Err == nil {
 			hc.Update(ev.After)
 		}
@@ -448,17 +449,17 @@ func render(ctx context.Context, cfg *Config, w io.Writer) error {
 	if dir == "" {
 		dir = DefaultManifests
 	}
-	tracker := gsync.NewTracker()
-	files, err := gsync.ManifestFiles(dir)
+	tracker := loop.NewTracker()
+	files, err := source.ManifestFiles(dir)
 	if err != nil {
 		return fmt.Errorf("manifests: %w", err)
 	}
 	for _, f := range files {
-		objs, err := gsync.ReadManifestFile(f, int64(cfg.ManifestMaxFileSize))
+		objs, err := source.ReadManifestFile(f, int64(cfg.ManifestMaxFileSize))
 		if err != nil {
 			return err
 		}
-		gsync.Feed(tracker, objs)
+		source.Feed(tracker, objs)
 	}
 	rc := cfg.ruleset()
 	all, _ := tracker.All()

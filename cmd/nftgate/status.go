@@ -7,24 +7,25 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	stdsync "sync"
+	"sync"
 	"time"
 
 	"github.com/nftgate/nftgate/appliance"
+	"github.com/nftgate/nftgate/loop"
 	"github.com/nftgate/nftgate/model"
-	gsync "github.com/nftgate/nftgate/sync"
+	"github.com/nftgate/nftgate/source"
 )
 
 // statusPublisher feeds the status page. Rows are rebuilt only for the
 // Services a sync touched, at most once a second: at ten thousand Services
 // rebuilding every row after each change cost more than the sync itself.
 type statusPublisher struct {
-	syncer *gsync.Syncer
+	syncer *loop.Syncer
 	rec    *appliance.Recorder
 	node   model.Node
 	wake   chan struct{}
 
-	mu      stdsync.Mutex
+	mu      sync.Mutex
 	all     bool // rebuild every row
 	touched map[model.ServiceKey]struct{}
 
@@ -38,7 +39,7 @@ type statusPublisher struct {
 	log    *slog.Logger
 }
 
-func newStatusPublisher(s *gsync.Syncer, rec *appliance.Recorder, node model.Node, log *slog.Logger) *statusPublisher {
+func newStatusPublisher(s *loop.Syncer, rec *appliance.Recorder, node model.Node, log *slog.Logger) *statusPublisher {
 	return &statusPublisher{syncer: s, rec: rec, node: node, wake: make(chan struct{}, 1),
 		touched: map[model.ServiceKey]struct{}{}, warned: map[model.ServiceKey][]string{}, log: log}
 }
@@ -164,7 +165,7 @@ func rowKey(r *appliance.Service) model.ServiceKey {
 // when the page shows it (endpointRows), from the programmed model, which
 // never changes: rows holding a copy of every endpoint were a tenth of the
 // gateway's memory at ten thousand Services.
-func serviceRow(st gsync.ServiceState, node *model.Node) (appliance.Service, bool) {
+func serviceRow(st loop.ServiceState, node *model.Node) (appliance.Service, bool) {
 	v := appliance.Service{Namespace: st.Key.Namespace, Name: st.Key.Name, Error: st.Error, KernelError: st.KernelError, Warnings: st.Warnings}
 	if st.Model == nil && st.Error == "" && st.KernelError == "" {
 		return v, false
@@ -228,7 +229,7 @@ func policy(local bool) string {
 // refused, the API's last error) and, for the Kubernetes API, whether its
 // watch holds, into the recorder every interval until ctx ends: a refused
 // file changes no Service, so no sync would report it.
-func followSource(ctx context.Context, src gsync.Source, rec *appliance.Recorder, every time.Duration) {
+func followSource(ctx context.Context, src source.Source, rec *appliance.Recorder, every time.Duration) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	connected, _ := src.(interface{ Connected() bool })

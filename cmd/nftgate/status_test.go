@@ -4,14 +4,14 @@ import (
 	"context"
 	"errors"
 	"slices"
-	stdsync "sync"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/nftgate/nftgate/appliance"
 	"github.com/nftgate/nftgate/lab"
 	"github.com/nftgate/nftgate/model"
-	gsync "github.com/nftgate/nftgate/sync"
+	"github.com/nftgate/nftgate/source"
 )
 
 func TestMergeRows(t *testing.T) {
@@ -52,8 +52,8 @@ func TestMergeRows(t *testing.T) {
 
 // problemSource is a Source whose problems and connection a test sets.
 type problemSource struct {
-	gsync.Source
-	mu        stdsync.Mutex
+	source.Source
+	mu        sync.Mutex
 	problems  []string
 	connected bool
 }

@@ -1,4 +1,4 @@
-package sync
+package loop
 
 import (
 	"context"
@@ -8,7 +8,7 @@ import (
 	"reflect"
 	"slices"
 	"sort"
-	stdsync "sync"
+	"sync"
 	"time"
 
 	"github.com/nftgate/nftgate/model"
@@ -78,7 +78,7 @@ type Syncer struct {
 	// read back from the kernel, for a moment.
 	BeforeFull func()
 
-	mu         stdsync.Mutex
+	mu         sync.Mutex
 	programmed map[model.ServiceKey]*model.Service
 	errs       map[model.ServiceKey]string
 	skipped    map[model.ServiceKey]string
