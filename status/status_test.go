@@ -1,4 +1,4 @@
-package main
+package status
 
 import (
 	"context"
@@ -84,7 +84,7 @@ func TestFollowSource(t *testing.T) {
 	src := &problemSource{}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { followSource(ctx, src, rec, 5*time.Millisecond); close(done) }()
+	go func() { FollowSource(ctx, src, rec, 5*time.Millisecond); close(done) }()
 	defer func() { cancel(); <-done }()
 	await := func(what string, ok func(appliance.Snapshot) bool) {
 		t.Helper()
