@@ -14,6 +14,7 @@ require (
 	github.com/ti-mo/conntrack v0.5.1
 	github.com/vishvananda/netlink v1.3.1
 	github.com/vishvananda/netns v0.0.5
+	go.uber.org/goleak v1.3.0
 	golang.org/x/crypto v0.57.0
 	golang.org/x/sys v0.49.0
 	golang.org/x/time v0.15.0

@@ -26,28 +26,19 @@ import (
 	"time"
 
 	"github.com/mdlayher/netlink"
+
+	"github.com/nftgate/nftgate/model"
 )
 
-// Protocol is an IP protocol number. Only UDP and SCTP flows are cleaned.
-type Protocol uint8
+// Protocol is an IP protocol number: a Service port's. Only UDP and SCTP
+// flows are cleaned.
+type Protocol = model.Protocol
 
 // The protocols whose flows the cleaner removes.
 const (
-	UDP  Protocol = 17
-	SCTP Protocol = 132
+	UDP  = model.UDP
+	SCTP = model.SCTP
 )
-
-func (p Protocol) String() string {
-	switch p {
-	case UDP:
-		return "udp"
-	case SCTP:
-		return "sctp"
-	case 6:
-		return "tcp"
-	}
-	return fmt.Sprintf("proto-%d", uint8(p))
-}
 
 // StaleEndpoint names an endpoint that a service port no longer sends to.
 // Flows to the service destination whose reply comes from Endpoint are

@@ -401,13 +401,21 @@ func (o *SliceObject) InFile(name string) *SliceObject {
 	return &c
 }
 
+// SliceService returns the Service an EndpointSlice belongs to, from its
+// kubernetes.io/service-name label.
+func SliceService(sl *discoveryv1.EndpointSlice) (ServiceKey, bool) {
+	name, ok := sl.Labels[LabelServiceName]
+	if !ok || name == "" {
+		return ServiceKey{}, false
+	}
+	return ServiceKey{Namespace: sl.Namespace, Name: name}, true
+}
+
 // NewSliceObject converts an EndpointSlice object. It never fails: an
 // invalid slice keeps its error, for Build to report for its Service.
 func NewSliceObject(sl *discoveryv1.EndpointSlice) *SliceObject {
 	o := &SliceObject{Namespace: sl.Namespace, Name: sl.Name}
-	if name, ok := sl.Labels[LabelServiceName]; ok && name != "" {
-		o.Service, o.HasService = ServiceKey{Namespace: sl.Namespace, Name: name}, true
-	}
+	o.Service, o.HasService = SliceService(sl)
 	if ts, ok := sl.Annotations[corev1.EndpointsLastChangeTriggerTime]; ok {
 		if tt, err := time.Parse(time.RFC3339Nano, ts); err == nil {
 			o.Trigger = tt

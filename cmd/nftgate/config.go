@@ -18,7 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/nftgate/nftgate/ruleset"
-	gsync "github.com/nftgate/nftgate/sync"
+	"github.com/nftgate/nftgate/source"
 )
 
 // Config is nftgate's configuration: config.toml at the repository root
@@ -76,7 +76,7 @@ func defaults() Config {
 		LogLevel:            "info",
 		LogFormat:           "text",
 		MemoryLimit:         DefaultMemoryLimit,
-		ManifestMaxFileSize: gsync.DefaultMaxFileSize,
+		ManifestMaxFileSize: source.DefaultMaxFileSize,
 	}
 }
 

@@ -5,17 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"os"
 	"path/filepath"
 	"reflect"
-	"runtime"
-	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
 
-	gsync "github.com/nftgate/nftgate/sync"
+	"github.com/nftgate/nftgate/source"
 )
 
 func writeConfig(t *testing.T, text string) string {
@@ -224,46 +221,6 @@ func TestMemoryLimitSizes(t *testing.T) {
 	}
 }
 
-// TestMemoryLimitFollowsLiveData checks that the soft limit never stays
-// below the live data a sync leaves, and that a full sync runs without it:
-// with a floor far under this test process's own heap, the limit is raised
-// to leave minHeadroom above it.
-func TestMemoryLimitFollowsLiveData(t *testing.T) {
-	t.Setenv("GOMEMLIMIT", "")
-	defer debug.SetMemoryLimit(math.MaxInt64)
-	keep := make([]byte, 8<<20) // live data well above the floor
-	m := newMemoryLimit(1<<20, slog.New(slog.DiscardHandler))
-	if got := debug.SetMemoryLimit(-1); got != math.MaxInt64 {
-		t.Fatalf("limit before the first full sync = %d, want none", got)
-	}
-	gcPercent := func() int { p := debug.SetGCPercent(100); debug.SetGCPercent(p); return p }
-	before := gcPercent()
-	m.beforeFull()
-	if p := gcPercent(); p != coldGCPercent {
-		t.Errorf("GOGC during the first full sync = %d, want %d", p, coldGCPercent)
-	}
-	m.synced(true)
-	if p := gcPercent(); p != before {
-		t.Errorf("GOGC after the first full sync = %d, want %d again", p, before)
-	}
-	got := debug.SetMemoryLimit(-1)
-	if got < int64(len(keep))+minHeadroom {
-		t.Errorf("limit after the full sync = %d, want at least %d live bytes + %d", got, len(keep), minHeadroom)
-	}
-	m.beforeFull()
-	if p := gcPercent(); p != before {
-		t.Errorf("GOGC during a later full sync = %d, want %d", p, before)
-	}
-	if during := debug.SetMemoryLimit(-1); during != math.MaxInt64 {
-		t.Errorf("limit during a full sync = %d, want none", during)
-	}
-	m.synced(false)
-	if after := debug.SetMemoryLimit(-1); after < int64(len(keep))+minHeadroom || after > 2*got {
-		t.Errorf("limit after a partial sync = %d, want about %d again", after, got)
-	}
-	runtime.KeepAlive(keep)
-}
-
 // render prints what the gateway would program: externalIPs only inside
 // external_ip_cidrs.
 func TestRenderServesExternalIPsOnlyInsideTheCIDRs(t *testing.T) {
@@ -320,7 +277,7 @@ func TestManifestMaxFileSize(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if ms, ok := src.(*gsync.ManifestSource); !ok || ms.MaxFileSize != tc.want {
+		if ms, ok := src.(*source.ManifestSource); !ok || ms.MaxFileSize != tc.want {
 			t.Errorf("%v: source %#v, want a manifests source reading files up to %d bytes", tc.args, src, tc.want)
 		}
 	}

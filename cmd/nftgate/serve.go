@@ -7,17 +7,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"net"
 	"net/http"
 	"net/netip"
 	"os"
-	"runtime"
-	"runtime/debug"
-	"runtime/metrics"
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -28,10 +25,13 @@ import (
 	"github.com/nftgate/nftgate/conntrack"
 	"github.com/nftgate/nftgate/healthcheck"
 	"github.com/nftgate/nftgate/hostaddr"
+	"github.com/nftgate/nftgate/loop"
+	"github.com/nftgate/nftgate/memlimit"
 	"github.com/nftgate/nftgate/model"
 	"github.com/nftgate/nftgate/nft"
 	"github.com/nftgate/nftgate/ruleset"
-	gsync "github.com/nftgate/nftgate/sync"
+	"github.com/nftgate/nftgate/source"
+	"github.com/nftgate/nftgate/status"
 )
 
 func (c *Config) ruleset() ruleset.Config {
@@ -58,12 +58,12 @@ func (c *Config) exposure(host []netip.Prefix) *model.Exposure {
 //
 // The directory or file is checked here, before anything touches the
 // kernel or logs that the gateway is starting.
-func (c *Config) source(log *slog.Logger) (gsync.Source, error) {
+func (c *Config) source(log *slog.Logger) (source.Source, error) {
 	if c.Manifests != "" {
 		if err := checkManifestsDir("manifests", c.Manifests); err != nil {
 			return nil, err
 		}
-		return &gsync.ManifestSource{Dir: c.Manifests, Log: log, MaxFileSize: int64(c.ManifestMaxFileSize)}, nil
+		return &source.ManifestSource{Dir: c.Manifests, Log: log, MaxFileSize: int64(c.ManifestMaxFileSize)}, nil
 	}
 	if c.Kubeconfig != "" {
 		if st, err := os.Stat(c.Kubeconfig); err != nil {
@@ -72,17 +72,17 @@ func (c *Config) source(log *slog.Logger) (gsync.Source, error) {
 			return nil, fmt.Errorf("kubeconfig: %s is not a file", c.Kubeconfig)
 		}
 	}
-	rc, ok, err := gsync.LoadKubeConfig(c.Kubeconfig)
+	rc, ok, err := source.LoadKubeConfig(c.Kubeconfig)
 	if err != nil {
 		return nil, err
 	}
 	if ok {
-		return &gsync.KubeSource{Config: rc, Log: log}, nil
+		return &source.KubeSource{Config: rc, Log: log}, nil
 	}
 	if err := checkManifestsDir("manifests (no kubeconfig given or found, nor an in-cluster account)", DefaultManifests); err != nil {
 		return nil, err
 	}
-	return &gsync.ManifestSource{Dir: DefaultManifests, Log: log, MaxFileSize: int64(c.ManifestMaxFileSize)}, nil
+	return &source.ManifestSource{Dir: DefaultManifests, Log: log, MaxFileSize: int64(c.ManifestMaxFileSize)}, nil
 }
 
 // checkManifestsDir tells whether dir is a readable directory.
@@ -115,7 +115,7 @@ func serve(ctx context.Context, cfg *Config) error {
 			return fmt.Errorf("auth_password_file: %w", err)
 		}
 	}
-	memLimit := newMemoryLimit(cfg.MemoryLimit, log)
+	memLimit := memlimit.New(int64(cfg.MemoryLimit), log)
 	// Listen before touching the kernel: a port in use is a configuration
 	// error, reported before anything changes.
 	var ln net.Listener
@@ -132,7 +132,7 @@ func serve(ctx context.Context, cfg *Config) error {
 			ln = tls.NewListener(ln, tlsConfig)
 		}
 	}
-	if ks, ok := src.(*gsync.KubeSource); ok && cfg.Zone == "" {
+	if ks, ok := src.(*source.KubeSource); ok && cfg.Zone == "" {
 		zctx, zcancel := context.WithTimeout(ctx, 5*time.Second)
 		zone, err := ks.NodeZone(zctx, cfg.NodeName)
 		zcancel()
@@ -176,8 +176,8 @@ func serve(ctx context.Context, cfg *Config) error {
 		return err
 	}
 
-	tracker := gsync.NewTracker()
-	syncer := &gsync.Syncer{
+	tracker := loop.NewTracker()
+	syncer := &loop.Syncer{
 		Tracker:     tracker,
 		Programmer:  prog,
 		Options:     model.Options{ProxyName: cfg.ProxyName, ExternalOnly: cfg.ExternalOnly},
@@ -186,10 +186,10 @@ func serve(ctx context.Context, cfg *Config) error {
 		MinInterval: time.Duration(cfg.MinSyncInterval),
 		Reconcile:   time.Duration(cfg.ReconcileInterval),
 	}
-	syncer.BeforeFull = memLimit.beforeFull
-	status := newStatusPublisher(syncer, rec, cfg.ruleset().Node, log)
-	syncer.Touched = status.touch
-	syncer.Observers = append(syncer.Observers, func(ev gsync.Event) {
+	syncer.BeforeFull = memLimit.BeforeFull
+	pub := status.NewPublisher(syncer, rec, cfg.ruleset().Node, log)
+	syncer.Touched = pub.Touch
+	syncer.Observers = append(syncer.Observers, func(ev loop.Event) {
 		kind := appliance.SyncPartial
 		if ev.Full {
 			kind = appliance.SyncFull
@@ -212,7 +212,7 @@ func serve(ctx context.Context, cfg *Config) error {
 		rec.RecordSync(r)
 		// A full sync that read nothing back (nobody else committed a
 		// transaction since) held no more memory than a partial one.
-		memLimit.synced(ev.Full && (ev.Result.ReadBack || ev.Result.Messages > 0))
+		memLimit.Synced(ev.Full && (ev.Result.ReadBack || ev.Result.Messages > 0))
 		if ev.Err == nil && ev.Full {
 			for _, d := range ev.Result.Drift {
 				metrics.DriftRepaired(driftReason(d))
@@ -224,6 +224,10 @@ func serve(ctx context.Context, cfg *Config) error {
 		}
 	})
 
+	// Every goroutine serve starts is in wg, and ends before serve
+	// returns: cancel first, then wait (deferred calls run in reverse).
+	var wg sync.WaitGroup
+	defer wg.Wait()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
@@ -231,11 +235,11 @@ func serve(ctx context.Context, cfg *Config) error {
 	if ct, err := conntrack.New(); err != nil {
 		log.Error("conntrack cleaner unavailable: running WITHOUT stale UDP/SCTP flow cleanup", "err", err)
 	} else {
-		cleaner := &gsync.ConntrackCleaner{Cleaner: ct, Ruleset: cfg.ruleset(), Log: log,
-			Report: func(r gsync.ConntrackReport) { rec.RecordConntrack(r.Result.Deleted, r.Result.Duration, r.Err) }}
+		cleaner := &conntrack.Runner{Cleaner: ct, Ruleset: cfg.ruleset(), Log: log,
+			Report: func(r conntrack.Report) { rec.RecordConntrack(r.Result.Deleted, r.Result.Duration, r.Err) }}
 		syncer.Observers = append(syncer.Observers, cleaner.Observe)
 		ctDone := make(chan struct{})
-		go func() { cleaner.Run(ctx); close(ctDone) }()
+		wg.Go(func() { cleaner.Run(ctx); close(ctDone) })
 		defer func() { cancel(); <-ctDone; ct.Close() }()
 	}
 
@@ -245,51 +249,47 @@ func serve(ctx context.Context, cfg *Config) error {
 		ok, _ := appliance.Health(rec.Snapshot(), time.Now(), time.Duration(cfg.HealthzMaxAge))
 		return ok
 	}}
-	syncer.Observers = append(syncer.Observers, func(ev gsync.Event) {
+	syncer.Observers = append(syncer.Observers, func(ev loop.Event) {
 		if ev.Err == nil {
 			hc.Update(ev.After)
 		}
 	})
-	hcDone := make(chan struct{})
-	go func() { hc.Run(ctx); close(hcDone) }()
-	defer func() { cancel(); <-hcDone }()
+	wg.Go(func() { hc.Run(ctx) })
 
-	addrDone := make(chan struct{})
-	go func() {
+	wg.Go(func() {
 		hostaddr.Watch(ctx, 0, host, func(h []netip.Prefix) {
 			log.Info("the gateway's addresses changed", "addresses", h)
 			syncer.SetExposure(cfg.exposure(h))
 		}, log)
-		close(addrDone)
-	}()
-	defer func() { cancel(); <-addrDone }()
+	})
 
 	errc := make(chan error, 3)
-	go func() { errc <- src.Run(ctx, tracker) }()
-	go func() { errc <- syncer.Run(ctx) }()
-	go status.run(ctx)
-	go followSource(ctx, src, rec, time.Second)
+	wg.Go(func() { errc <- src.Run(ctx, tracker) })
+	wg.Go(func() { errc <- syncer.Run(ctx) })
+	wg.Go(func() { pub.Run(ctx) })
+	wg.Go(func() { status.FollowSource(ctx, src, rec, time.Second) })
 	// The watchdog asks whether the sync loop is alive, not whether the
 	// gateway is healthy: a restart cures a stuck loop, but not a lost API
 	// or a refused batch, and would only add a restart to the trouble.
-	go notifier.Watchdog(ctx, func() error {
+	watchdog := func() error {
 		reconcile := time.Duration(cfg.ReconcileInterval)
 		last := rec.Snapshot().Sync.LastAttempt
 		if reconcile > 0 && syncer.FirstSyncDone() && time.Since(last) > 3*reconcile+time.Minute {
 			return fmt.Errorf("no sync attempted for %s", time.Since(last).Round(time.Second))
 		}
 		return nil
-	})
+	}
+	wg.Go(func() { notifier.Watchdog(ctx, watchdog) })
 	var srv *http.Server
 	if ln != nil {
-		srv = httpserver.New(appliance.NewServer(appliance.Options{Source: status, Metrics: metrics,
+		srv = httpserver.New(appliance.NewServer(appliance.Options{Source: pub, Metrics: metrics,
 			MaxSyncAge: time.Duration(cfg.HealthzMaxAge), Auth: auth, Logger: log,
 			AllowedHosts: cfg.allowedHosts(), Pprof: cfg.Pprof}), httpserver.Default)
-		go func() {
+		wg.Go(func() {
 			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				errc <- fmt.Errorf("http: %w", err)
 			}
-		}()
+		})
 	}
 	log.Info("nftgate started", "version", version, "node", cfg.NodeName, "table", cfg.Table, "source", src.Describe(), "listen", cfg.Listen)
 
@@ -309,110 +309,6 @@ func serve(ctx context.Context, cfg *Config) error {
 	// restarts or is updated.
 	log.Info("nftgate stopped; the rules stay in place", "table", cfg.Table)
 	return runErr
-}
-
-// memoryLimit makes memory_limit the floor of the Go runtime's soft memory
-// limit: the collector then runs before the heap grows past it, instead of
-// letting it reach twice the live data, and returns freed memory to the
-// kernel sooner. The limit follows the cluster: after every sync it leaves
-// room above the live data for minHeadroom or a quarter of the live data,
-// whichever is more, so a larger cluster never has the collector running
-// without pause (past the limit it costs up to half the CPU).
-//
-// A full sync holds, for a moment, several times the data of the steady
-// state: the whole ruleset built (the first one) or read back from the
-// kernel (every reconcile). Under the limit the collector would run almost
-// without pause through it (a cold start of 1 s took 4.5 s at 10,000
-// Services under a 128 MiB limit), so the limit is lifted while a full
-// sync runs (the first also with a higher GOGC), and after it the memory
-// it used is handed back to the kernel at once. A GOMEMLIMIT in the
-// environment wins, as the runtime documents.
-type memoryLimit struct {
-	floor ByteSize
-	log   *slog.Logger
-	last  int64 // the limit set after the last sync; 0 before the first
-	// cold is set while the first full sync runs, with coldGCPercent;
-	// gcPercent is GOGC as it was before.
-	cold, coldDone bool
-	gcPercent      int
-}
-
-// coldGCPercent is GOGC during the first full sync: it allocates about
-// 55 MB at 10,000 Services, most of it kept until the batch is sent, and
-// with the default the collector ran several times through it (a cold
-// sync took 0.94 s with 400 against 1.15-1.29 s with 100, alternating runs
-// under the same load). What it held is handed back when it ends.
-const coldGCPercent = 400
-
-// minHeadroom is the least room the memory limit leaves above the live
-// data: more than a partial sync allocates at ten thousand Services, so
-// that the collector runs less than once per sync.
-const minHeadroom = 12 << 20
-
-func newMemoryLimit(limit ByteSize, log *slog.Logger) *memoryLimit {
-	if env := os.Getenv("GOMEMLIMIT"); env != "" {
-		log.Info("memory limit from GOMEMLIMIT; memory_limit is not used", "GOMEMLIMIT", env)
-		limit = 0
-	}
-	return &memoryLimit{floor: limit, log: log}
-}
-
-// beforeFull lifts the limit for a full sync, and lets the heap grow
-// further than usual before the first. Only the sync loop's goroutine
-// calls beforeFull and synced.
-func (m *memoryLimit) beforeFull() {
-	if !m.coldDone && !m.cold {
-		m.cold = true
-		m.gcPercent = debug.SetGCPercent(coldGCPercent)
-	}
-	if m.floor > 0 {
-		debug.SetMemoryLimit(math.MaxInt64)
-	}
-}
-
-// synced sets the limit from the live data a sync left. After a full sync
-// a collection first measures that data exactly (the last automatic one
-// ran in the middle of the sync) and returns what the sync used. After a
-// partial sync the last collection's figure may include what was in use at
-// that moment (a status page rebuilt, a manifest decoded): the limit is
-// only raised, after a collection measures exactly, when that figure
-// nears it, as when the cluster grows between two full syncs.
-func (m *memoryLimit) synced(full bool) {
-	if full && m.cold {
-		debug.SetGCPercent(m.gcPercent)
-		m.cold, m.coldDone = false, true
-		if m.floor <= 0 {
-			debug.FreeOSMemory()
-		}
-	}
-	if m.floor <= 0 {
-		return
-	}
-	if full {
-		debug.FreeOSMemory()
-	} else if m.last > 0 && liveHeap()+minHeadroom/2 < m.last {
-		debug.SetMemoryLimit(m.last) // as it was
-		return
-	} else {
-		runtime.GC()
-	}
-	live := liveHeap()
-	limit := max(int64(m.floor), live+max(minHeadroom, live/4))
-	debug.SetMemoryLimit(limit)
-	if limit > int64(m.floor) && (m.last < limit*9/10 || m.last > limit*11/10) {
-		m.log.Info("memory limit follows the live data", "memory_limit", ByteSize(limit).String())
-	}
-	m.last = limit
-}
-
-// liveHeap is the heap the last collection found in use.
-func liveHeap() int64 {
-	sample := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
-	metrics.Read(sample)
-	if sample[0].Value.Kind() != metrics.KindUint64 {
-		return 0
-	}
-	return int64(sample[0].Value.Uint64())
 }
 
 func driftReason(d string) string {
@@ -449,17 +345,17 @@ func render(ctx context.Context, cfg *Config, w io.Writer) error {
 	if dir == "" {
 		dir = DefaultManifests
 	}
-	tracker := gsync.NewTracker()
-	files, err := gsync.ManifestFiles(dir)
+	tracker := loop.NewTracker()
+	files, err := source.ManifestFiles(dir)
 	if err != nil {
 		return fmt.Errorf("manifests: %w", err)
 	}
 	for _, f := range files {
-		objs, err := gsync.ReadManifestFile(f, int64(cfg.ManifestMaxFileSize))
+		objs, err := source.ReadManifestFile(f, int64(cfg.ManifestMaxFileSize))
 		if err != nil {
 			return err
 		}
-		gsync.Feed(tracker, objs)
+		source.Feed(tracker, objs)
 	}
 	rc := cfg.ruleset()
 	all, _ := tracker.All()

@@ -14,7 +14,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 
 	"github.com/nftgate/nftgate/lab"
-	nftsync "github.com/nftgate/nftgate/sync"
+	"github.com/nftgate/nftgate/source"
 )
 
 // manifestEnv is an Env that writes manifests into a temporary directory;
@@ -37,7 +37,7 @@ func manifestEnv(t *testing.T, perFile int) *Env {
 // file names.
 func readManifests(t *testing.T, dir string) (map[string]*corev1.Service, map[string]*discoveryv1.EndpointSlice, []string) {
 	t.Helper()
-	files, err := nftsync.ManifestFiles(dir)
+	files, err := source.ManifestFiles(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,7 +46,7 @@ func readManifests(t *testing.T, dir string) (map[string]*corev1.Service, map[st
 	var names []string
 	for _, f := range files {
 		names = append(names, filepath.Base(f))
-		objs, err := nftsync.ReadManifestFile(f, 0)
+		objs, err := source.ReadManifestFile(f, 0)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,4 +1,4 @@
-package sync
+package loop
 
 import (
 	"context"
@@ -8,8 +8,10 @@ import (
 	"reflect"
 	"slices"
 	"sort"
-	stdsync "sync"
+	"sync"
 	"time"
+
+	"k8s.io/utils/clock"
 
 	"github.com/nftgate/nftgate/model"
 	"github.com/nftgate/nftgate/nft"
@@ -77,8 +79,11 @@ type Syncer struct {
 	// Syncer's goroutine: a full sync holds the whole ruleset, built or
 	// read back from the kernel, for a moment.
 	BeforeFull func()
+	// Clock is what Run waits with (minimum interval, back-off, periodic
+	// reconcile) and what Event.Start reads; nil is the real clock.
+	Clock clock.WithTicker
 
-	mu         stdsync.Mutex
+	mu         sync.Mutex
 	programmed map[model.ServiceKey]*model.Service
 	errs       map[model.ServiceKey]string
 	skipped    map[model.ServiceKey]string
@@ -136,6 +141,7 @@ func (s *Syncer) Run(ctx context.Context) error {
 	if log == nil {
 		log = slog.Default()
 	}
+	clk := s.clock()
 	s.mu.Lock()
 	s.programmed = map[model.ServiceKey]*model.Service{}
 	s.errs = map[model.ServiceKey]string{}
@@ -156,17 +162,17 @@ func (s *Syncer) Run(ctx context.Context) error {
 
 	var reconcile <-chan time.Time
 	if s.Reconcile > 0 {
-		t := time.NewTicker(s.Reconcile)
+		t := clk.NewTicker(s.Reconcile)
 		defer t.Stop()
-		reconcile = t.C
+		reconcile = t.C()
 	}
 	needFull := true
 	var backoff time.Duration
 	var last, nextFull time.Time
 	for {
-		if needFull && !time.Now().Before(nextFull) {
+		if needFull && !clk.Now().Before(nextFull) {
 			err := s.full(log)
-			last = time.Now()
+			last = clk.Now()
 			if err != nil {
 				backoff = nextBackoff(backoff)
 				nextFull = last.Add(backoff)
@@ -175,32 +181,39 @@ func (s *Syncer) Run(ctx context.Context) error {
 				needFull, backoff = false, 0
 			}
 		}
-		var retry <-chan time.Time
+		var retry clock.Timer
+		var retryC <-chan time.Time
 		if needFull {
-			retry = time.After(time.Until(nextFull))
+			retry = clk.NewTimer(nextFull.Sub(clk.Now()))
+			retryC = retry.C()
 		}
 		select {
 		case <-ctx.Done():
+			stopTimer(retry)
 			return nil
-		case <-retry:
+		case <-retryC:
 			continue
 		case <-reconcile:
+			stopTimer(retry)
 			needFull = true
 			continue
 		case <-s.Tracker.Changed():
+			stopTimer(retry)
 			if needFull {
 				continue // the pending full sync will carry it
 			}
 		}
-		if wait := s.MinInterval - time.Since(last); wait > 0 {
+		if wait := s.MinInterval - clk.Since(last); wait > 0 {
+			t := clk.NewTimer(wait)
 			select {
 			case <-ctx.Done():
+				t.Stop()
 				return nil
-			case <-time.After(wait):
+			case <-t.C():
 			}
 		}
 		err := s.partial(log)
-		last = time.Now()
+		last = clk.Now()
 		if err != nil {
 			// The kernel refused the batch and is unchanged; the next
 			// attempt reads it back and syncs everything.
@@ -212,14 +225,28 @@ func (s *Syncer) Run(ctx context.Context) error {
 	}
 }
 
-func nextBackoff(d time.Duration) time.Duration {
-	switch {
-	case d == 0:
-		return 100 * time.Millisecond
-	case d >= 30*time.Second:
-		return 30 * time.Second
+// clock is the Syncer's clock: Clock, or the real one.
+func (s *Syncer) clock() clock.WithTicker {
+	if s.Clock != nil {
+		return s.Clock
 	}
-	return d * 2
+	return clock.RealClock{}
+}
+
+// stopTimer stops t, if there is one.
+func stopTimer(t clock.Timer) {
+	if t != nil {
+		t.Stop()
+	}
+}
+
+// nextBackoff is the wait after a failed sync that followed a wait of d:
+// 100 ms, doubled after each failure, at most 30 s.
+func nextBackoff(d time.Duration) time.Duration {
+	if d == 0 {
+		return 100 * time.Millisecond
+	}
+	return min(2*d, 30*time.Second)
 }
 
 // build makes the model of one Service from its objects. ok is false when
@@ -302,7 +329,7 @@ func (s *Syncer) full(log *slog.Logger) error {
 	if s.BeforeFull != nil {
 		s.BeforeFull()
 	}
-	start := time.Now()
+	start := s.clock().Now()
 	s.mu.Lock()
 	before := s.programmed
 	incremental := s.firstDone
@@ -412,7 +439,7 @@ func (s *Syncer) full(log *slog.Logger) error {
 }
 
 func (s *Syncer) partial(log *slog.Logger) error {
-	start := time.Now()
+	start := s.clock().Now()
 	dirty, triggers := s.Tracker.TakeDirty()
 	if len(dirty) == 0 {
 		return nil

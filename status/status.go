@@ -1,4 +1,6 @@
-package main
+// Package status feeds the status page from the sync loop and the source:
+// one row per Service, rebuilt only for the Services a sync touched.
+package status
 
 import (
 	"context"
@@ -7,24 +9,25 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	stdsync "sync"
+	"sync"
 	"time"
 
 	"github.com/nftgate/nftgate/appliance"
+	"github.com/nftgate/nftgate/loop"
 	"github.com/nftgate/nftgate/model"
-	gsync "github.com/nftgate/nftgate/sync"
+	"github.com/nftgate/nftgate/source"
 )
 
-// statusPublisher feeds the status page. Rows are rebuilt only for the
+// Publisher feeds the status page. Rows are rebuilt only for the
 // Services a sync touched, at most once a second: at ten thousand Services
 // rebuilding every row after each change cost more than the sync itself.
-type statusPublisher struct {
-	syncer *gsync.Syncer
+type Publisher struct {
+	syncer *loop.Syncer
 	rec    *appliance.Recorder
 	node   model.Node
 	wake   chan struct{}
 
-	mu      stdsync.Mutex
+	mu      sync.Mutex
 	all     bool // rebuild every row
 	touched map[model.ServiceKey]struct{}
 
@@ -38,14 +41,16 @@ type statusPublisher struct {
 	log    *slog.Logger
 }
 
-func newStatusPublisher(s *gsync.Syncer, rec *appliance.Recorder, node model.Node, log *slog.Logger) *statusPublisher {
-	return &statusPublisher{syncer: s, rec: rec, node: node, wake: make(chan struct{}, 1),
+// NewPublisher returns a Publisher of s's Services into rec; node decides
+// which endpoints the page shows as used.
+func NewPublisher(s *loop.Syncer, rec *appliance.Recorder, node model.Node, log *slog.Logger) *Publisher {
+	return &Publisher{syncer: s, rec: rec, node: node, wake: make(chan struct{}, 1),
 		touched: map[model.ServiceKey]struct{}{}, warned: map[model.ServiceKey][]string{}, log: log}
 }
 
 // noteWarnings logs the warnings of a Service that were not logged yet,
 // and that a Service with warnings has none any more.
-func (p *statusPublisher) noteWarnings(k model.ServiceKey, ws []string) {
+func (p *Publisher) noteWarnings(k model.ServiceKey, ws []string) {
 	old := p.warned[k]
 	if slices.Equal(old, ws) {
 		return
@@ -64,10 +69,10 @@ func (p *statusPublisher) noteWarnings(k model.ServiceKey, ws []string) {
 }
 
 // Snapshot implements appliance.Source.
-func (p *statusPublisher) Snapshot() appliance.Snapshot { return p.rec.Snapshot() }
+func (p *Publisher) Snapshot() appliance.Snapshot { return p.rec.Snapshot() }
 
-// touch records Services whose row may have changed; nil means all of them.
-func (p *statusPublisher) touch(keys []model.ServiceKey) {
+// Touch records Services whose row may have changed; nil means all of them.
+func (p *Publisher) Touch(keys []model.ServiceKey) {
 	p.mu.Lock()
 	if keys == nil {
 		p.all = true
@@ -82,7 +87,8 @@ func (p *statusPublisher) touch(keys []model.ServiceKey) {
 	}
 }
 
-func (p *statusPublisher) run(ctx context.Context) {
+// Run publishes the touched rows, at most once a second, until ctx ends.
+func (p *Publisher) Run(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
@@ -164,7 +170,7 @@ func rowKey(r *appliance.Service) model.ServiceKey {
 // when the page shows it (endpointRows), from the programmed model, which
 // never changes: rows holding a copy of every endpoint were a tenth of the
 // gateway's memory at ten thousand Services.
-func serviceRow(st gsync.ServiceState, node *model.Node) (appliance.Service, bool) {
+func serviceRow(st loop.ServiceState, node *model.Node) (appliance.Service, bool) {
 	v := appliance.Service{Namespace: st.Key.Namespace, Name: st.Key.Name, Error: st.Error, KernelError: st.KernelError, Warnings: st.Warnings}
 	if st.Model == nil && st.Error == "" && st.KernelError == "" {
 		return v, false
@@ -224,11 +230,11 @@ func policy(local bool) string {
 	return "Cluster"
 }
 
-// followSource copies what the source cannot read (a manifest file
+// FollowSource copies what the source cannot read (a manifest file
 // refused, the API's last error) and, for the Kubernetes API, whether its
 // watch holds, into the recorder every interval until ctx ends: a refused
 // file changes no Service, so no sync would report it.
-func followSource(ctx context.Context, src gsync.Source, rec *appliance.Recorder, every time.Duration) {
+func FollowSource(ctx context.Context, src source.Source, rec *appliance.Recorder, every time.Duration) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	connected, _ := src.(interface{ Connected() bool })

@@ -1,4 +1,4 @@
-package sync
+package conntrack
 
 import (
 	"cmp"
@@ -7,42 +7,42 @@ import (
 	"log/slog"
 	"net/netip"
 	"slices"
-	stdsync "sync"
+	"sync"
 	"time"
 
-	"github.com/nftgate/nftgate/conntrack"
+	"github.com/nftgate/nftgate/loop"
 	"github.com/nftgate/nftgate/model"
 	"github.com/nftgate/nftgate/ruleset"
 )
 
-// flowDest is one destination the ruleset dispatches: a service address and
-// port, or a node port of one family (any local address; vip unset).
-type flowDest struct {
-	proto    conntrack.Protocol
-	family   ruleset.Family
-	vip      netip.Addr
-	port     uint16
-	nodePort bool
-}
+// destEndpoints maps each UDP and SCTP destination of the ruleset to the
+// endpoints its rules translate new flows to. A destination that exists but
+// rejects or drops new flows (no usable endpoint) has an empty set.
+type destEndpoints map[ruleset.Destination]map[netip.AddrPort]struct{}
 
-// destEndpoints maps each destination to the endpoints the ruleset
-// translates traffic to it to. A destination that exists but rejects or
-// drops new flows (no usable endpoint) has an empty set.
-type destEndpoints map[flowDest]map[netip.AddrPort]struct{}
-
-func (d destEndpoints) add(dst flowDest, eps ...[]model.Endpoint) {
-	set := d[dst]
-	if set == nil {
-		set = map[netip.AddrPort]struct{}{}
-		d[dst] = set
+// add records the destinations of one Service as the ruleset renders them
+// with cfg; nil adds nothing. Only UDP and SCTP count: a TCP client of a
+// vanished endpoint gets a reset.
+func (d destEndpoints) add(cfg *ruleset.Config, svc *model.Service) {
+	if svc == nil || !slices.ContainsFunc(svc.Ports, func(p model.ServicePort) bool { return p.Protocol == UDP || p.Protocol == SCTP }) {
+		return
 	}
-	for _, list := range eps {
-		for _, e := range list {
-			if ap := e.AddrPort(); usableEndpoint(ap) {
+	rendered := ruleset.RenderService(cfg, svc)
+	ruleset.Translations(&rendered, func(dst ruleset.Destination, eps []netip.AddrPort) {
+		if dst.Proto != UDP && dst.Proto != SCTP || !dst.NodePort && !usableVIP(dst.Addr) {
+			return
+		}
+		set := d[dst]
+		if set == nil {
+			set = map[netip.AddrPort]struct{}{}
+			d[dst] = set
+		}
+		for _, ap := range eps {
+			if usableEndpoint(ap) {
 				set[ap] = struct{}{}
 			}
 		}
-	}
+	})
 }
 
 // usableEndpoint tells whether a flow can be translated to ap; anything else
@@ -56,83 +56,6 @@ func usableEndpoint(ap netip.AddrPort) bool {
 // address.
 func usableVIP(a netip.Addr) bool {
 	return a.IsValid() && !a.IsUnspecified() && !a.Is4In6() && a.Zone() == ""
-}
-
-// usedEndpoints records, for every UDP and SCTP destination svc exposes, the
-// endpoints the ruleset sends it to, mirroring ruleset.RenderService: per family
-// (only the families the Service has), endpoints of that family chosen by
-// model.Categorize; ClusterIPs follow internalTrafficPolicy (Local without a
-// local endpoint drops or rejects: no endpoint in use); ExternalIPs, load
-// balancer IPs and node ports follow externalTrafficPolicy, where Local
-// still sends cluster-internal and the gateway's own traffic to the
-// cluster-wide endpoints, so both sets count as in use.
-func usedEndpoints(out destEndpoints, cfg *ruleset.Config, svc *model.Service) {
-	if svc == nil {
-		return
-	}
-	for pi := range svc.Ports {
-		p := &svc.Ports[pi]
-		var proto conntrack.Protocol
-		switch p.Protocol {
-		case model.UDP:
-			proto = conntrack.UDP
-		case model.SCTP:
-			proto = conntrack.SCTP
-		default:
-			continue // a TCP client gets a reset from a vanished endpoint
-		}
-		for _, f := range ruleset.Families {
-			if !svc.HasFamily(f == ruleset.IPv6) {
-				continue
-			}
-			famPort := *p
-			famPort.Endpoints = nil
-			for _, e := range p.Endpoints {
-				if ruleset.Of(e.Addr) == f {
-					famPort.Endpoints = append(famPort.Endpoints, e)
-				}
-			}
-			sets := model.Categorize(svc, &famPort, cfg.Node)
-			internal := sets.Cluster
-			if svc.InternalLocal {
-				internal = sets.Local
-			}
-			external := [][]model.Endpoint{sets.Cluster}
-			if svc.ExternalLocal {
-				external = append(external, sets.Local)
-			}
-			for _, a := range svc.ClusterIPs {
-				if ruleset.Of(a) == f && usableVIP(a) {
-					out.add(flowDest{proto: proto, family: f, vip: a, port: p.Port}, internal)
-				}
-			}
-			for _, list := range [][]netip.Addr{svc.ExternalIPs, svc.LoadBalancerIPs} {
-				for _, a := range list {
-					if ruleset.Of(a) == f && usableVIP(a) {
-						out.add(flowDest{proto: proto, family: f, vip: a, port: p.Port}, external...)
-					}
-				}
-			}
-			if p.NodePort != 0 && familyHasNodePorts(cfg, f) {
-				out.add(flowDest{proto: proto, family: f, port: p.NodePort, nodePort: true}, external...)
-			}
-		}
-	}
-}
-
-// familyHasNodePorts tells whether family f carries node ports: with
-// NodePortAddresses configured, only the families they name do (as the
-// ruleset renders them).
-func familyHasNodePorts(cfg *ruleset.Config, f ruleset.Family) bool {
-	if len(cfg.NodePortAddresses) == 0 {
-		return true
-	}
-	for _, p := range cfg.NodePortAddresses {
-		if ruleset.Of(p.Addr()) == f {
-			return true
-		}
-	}
-	return false
 }
 
 // StaleFlows computes the conntrack flows that one successful sync from
@@ -162,29 +85,29 @@ func familyHasNodePorts(cfg *ruleset.Config, f ruleset.Family) bool {
 // Destinations are compared across all the changed Services, so an address
 // and port that moves from one Service to another in one sync is judged by
 // its endpoints, not by which Service owns it. The result is sorted and free
-// of duplicates, and always valid input for conntrack.Cleaner.Clean.
-func StaleFlows(cfg *ruleset.Config, before, after map[model.ServiceKey]*model.Service) ([]conntrack.StaleEndpoint, []conntrack.StaleService) {
+// of duplicates, and always valid input for Cleaner.Clean.
+func StaleFlows(cfg *ruleset.Config, before, after map[model.ServiceKey]*model.Service) ([]StaleEndpoint, []StaleService) {
 	was, now := destEndpoints{}, destEndpoints{}
 	for _, svc := range before {
-		usedEndpoints(was, cfg, svc)
+		was.add(cfg, svc)
 	}
 	for _, svc := range after {
-		usedEndpoints(now, cfg, svc)
+		now.add(cfg, svc)
 	}
 	// nodePortServed tells whether a node port still translates flows in
 	// some family after the sync.
-	nodePortServed := func(proto conntrack.Protocol, port uint16) bool {
+	nodePortServed := func(proto Protocol, port uint16) bool {
 		for _, f := range ruleset.Families {
-			if len(now[flowDest{proto: proto, family: f, port: port, nodePort: true}]) > 0 {
+			if len(now[ruleset.Destination{Proto: proto, Family: f, Port: port, NodePort: true}]) > 0 {
 				return true
 			}
 		}
 		return false
 	}
-	epSet := map[conntrack.StaleEndpoint]struct{}{}
-	svcSet := map[conntrack.StaleService]struct{}{}
-	staleEndpoint := func(dst flowDest, ep netip.AddrPort) {
-		epSet[conntrack.StaleEndpoint{Protocol: dst.proto, VIP: dst.vip, Port: dst.port, NodePort: dst.nodePort, Endpoint: ep}] = struct{}{}
+	epSet := map[StaleEndpoint]struct{}{}
+	svcSet := map[StaleService]struct{}{}
+	staleEndpoint := func(dst ruleset.Destination, ep netip.AddrPort) {
+		epSet[StaleEndpoint{Protocol: dst.Proto, VIP: dst.Addr, Port: dst.Port, NodePort: dst.NodePort, Endpoint: ep}] = struct{}{}
 	}
 	for dst, old := range was {
 		cur := now[dst]
@@ -197,24 +120,24 @@ func StaleFlows(cfg *ruleset.Config, before, after map[model.ServiceKey]*model.S
 					staleEndpoint(dst, ep)
 				}
 			}
-		case dst.nodePort && nodePortServed(dst.proto, dst.port):
+		case dst.NodePort && nodePortServed(dst.Proto, dst.Port):
 			for ep := range old {
 				staleEndpoint(dst, ep)
 			}
 		default:
-			svcSet[conntrack.StaleService{Protocol: dst.proto, VIP: dst.vip, Port: dst.port, NodePort: dst.nodePort}] = struct{}{}
+			svcSet[StaleService{Protocol: dst.Proto, VIP: dst.Addr, Port: dst.Port, NodePort: dst.NodePort}] = struct{}{}
 		}
 	}
 	for dst, cur := range now {
 		if len(cur) > 0 && len(was[dst]) == 0 {
-			svcSet[conntrack.StaleService{Protocol: dst.proto, VIP: dst.vip, Port: dst.port, NodePort: dst.nodePort, Untranslated: true}] = struct{}{}
+			svcSet[StaleService{Protocol: dst.Proto, VIP: dst.Addr, Port: dst.Port, NodePort: dst.NodePort, Untranslated: true}] = struct{}{}
 		}
 	}
-	eps := make([]conntrack.StaleEndpoint, 0, len(epSet))
+	eps := make([]StaleEndpoint, 0, len(epSet))
 	for e := range epSet {
 		eps = append(eps, e)
 	}
-	svcs := make([]conntrack.StaleService, 0, len(svcSet))
+	svcs := make([]StaleService, 0, len(svcSet))
 	for v := range svcSet {
 		svcs = append(svcs, v)
 	}
@@ -223,7 +146,7 @@ func StaleFlows(cfg *ruleset.Config, before, after map[model.ServiceKey]*model.S
 	return eps, svcs
 }
 
-func compareStaleService(a, b conntrack.StaleService) int {
+func compareStaleService(a, b StaleService) int {
 	return cmp.Or(
 		cmp.Compare(a.Protocol, b.Protocol),
 		compareBool(a.NodePort, b.NodePort),
@@ -232,11 +155,11 @@ func compareStaleService(a, b conntrack.StaleService) int {
 		compareBool(a.Untranslated, b.Untranslated))
 }
 
-func compareStaleEndpoint(a, b conntrack.StaleEndpoint) int {
+func compareStaleEndpoint(a, b StaleEndpoint) int {
 	return cmp.Or(
 		compareStaleService(
-			conntrack.StaleService{Protocol: a.Protocol, VIP: a.VIP, Port: a.Port, NodePort: a.NodePort},
-			conntrack.StaleService{Protocol: b.Protocol, VIP: b.VIP, Port: b.Port, NodePort: b.NodePort}),
+			StaleService{Protocol: a.Protocol, VIP: a.VIP, Port: a.Port, NodePort: a.NodePort},
+			StaleService{Protocol: b.Protocol, VIP: b.VIP, Port: b.Port, NodePort: b.NodePort}),
 		a.Endpoint.Compare(b.Endpoint))
 }
 
@@ -250,38 +173,38 @@ func compareBool(a, b bool) int {
 	return -1
 }
 
-// FlowCleaner deletes stale flows: *conntrack.Cleaner in production.
+// FlowCleaner deletes stale flows: *Cleaner in production.
 type FlowCleaner interface {
-	Clean(ctx context.Context, endpoints []conntrack.StaleEndpoint, services []conntrack.StaleService) (conntrack.Result, error)
+	Clean(ctx context.Context, endpoints []StaleEndpoint, services []StaleService) (Result, error)
 }
 
-// ConntrackReport describes one cleanup attempt.
-type ConntrackReport struct {
+// Report describes one cleanup attempt.
+type Report struct {
 	// Endpoints and Services count the stale destinations handed to the
 	// cleaner, Retried those among them that had failed before.
 	Endpoints, Services, Retried int
-	Result                       conntrack.Result
+	Result                       Result
 	Err                          error
 	// GaveUp counts stale destinations dropped after this attempt because
 	// they failed MaxAttempts times; their flows are left to time out.
 	GaveUp int
 }
 
-// Defaults of ConntrackCleaner.
+// Defaults of Runner.
 const (
-	DefaultConntrackMaxAttempts = 10
-	DefaultConntrackMinBackoff  = 100 * time.Millisecond
-	DefaultConntrackMaxBackoff  = 30 * time.Second
+	DefaultMaxAttempts = 10
+	DefaultMinBackoff  = 100 * time.Millisecond
+	DefaultMaxBackoff  = 30 * time.Second
 )
 
-// ConntrackCleaner deletes the flows each successful sync leaves stale. Its
+// Runner deletes the flows each successful sync leaves stale. Its
 // Observe method is a Syncer observer: it only computes what is stale (a
 // pure function of the changed Services) and queues it, so the sync loop
 // never waits for the kernel's conntrack table. Run deletes the queued flows
 // on its own goroutine; work queued while a cleanup runs is merged into the
 // next one. A failed cleanup is retried with exponential backoff, while new
 // work still goes out at once.
-type ConntrackCleaner struct {
+type Runner struct {
 	Cleaner FlowCleaner
 	// Ruleset is the configuration the Programmer renders with: its Node
 	// decides the Local-policy endpoints and its NodePortAddresses the
@@ -289,16 +212,16 @@ type ConntrackCleaner struct {
 	Ruleset ruleset.Config
 	// Report, when set, is called from Run's goroutine after every cleanup
 	// attempt.
-	Report func(ConntrackReport)
+	Report func(Report)
 	Log    *slog.Logger
 	// MaxAttempts bounds how often one stale destination is tried; zero
-	// means DefaultConntrackMaxAttempts.
+	// means DefaultMaxAttempts.
 	MaxAttempts int
 	// MinBackoff and MaxBackoff bound the wait before a retry; zero means
 	// the defaults.
 	MinBackoff, MaxBackoff time.Duration
 
-	mu      stdsync.Mutex
+	mu      sync.Mutex
 	fresh   staleSet
 	wake    chan struct{}
 	started bool
@@ -306,24 +229,24 @@ type ConntrackCleaner struct {
 
 // staleSet holds stale destinations with the attempts already made on each.
 type staleSet struct {
-	eps  map[conntrack.StaleEndpoint]int
-	svcs map[conntrack.StaleService]int
+	eps  map[StaleEndpoint]int
+	svcs map[StaleService]int
 }
 
 func (s *staleSet) empty() bool { return len(s.eps) == 0 && len(s.svcs) == 0 }
 
-func (s *staleSet) addEndpoint(e conntrack.StaleEndpoint, attempts int) {
+func (s *staleSet) addEndpoint(e StaleEndpoint, attempts int) {
 	if s.eps == nil {
-		s.eps = map[conntrack.StaleEndpoint]int{}
+		s.eps = map[StaleEndpoint]int{}
 	}
 	if n, ok := s.eps[e]; !ok || attempts < n {
 		s.eps[e] = attempts
 	}
 }
 
-func (s *staleSet) addService(v conntrack.StaleService, attempts int) {
+func (s *staleSet) addService(v StaleService, attempts int) {
 	if s.svcs == nil {
-		s.svcs = map[conntrack.StaleService]int{}
+		s.svcs = map[StaleService]int{}
 	}
 	if n, ok := s.svcs[v]; !ok || attempts < n {
 		s.svcs[v] = attempts
@@ -340,7 +263,7 @@ func (s *staleSet) merge(o staleSet) {
 }
 
 // init makes the wake channel; c.mu must be held.
-func (c *ConntrackCleaner) init() {
+func (c *Runner) init() {
 	if c.wake == nil {
 		c.wake = make(chan struct{}, 1)
 	}
@@ -348,7 +271,7 @@ func (c *ConntrackCleaner) init() {
 
 // Observe queues the flows a successful sync left stale. It never blocks on
 // the cleanup, and it may be called before Run starts.
-func (c *ConntrackCleaner) Observe(ev Event) {
+func (c *Runner) Observe(ev loop.Event) {
 	if ev.Err != nil {
 		return // nothing changed in the kernel
 	}
@@ -373,27 +296,27 @@ func (c *ConntrackCleaner) Observe(ev Event) {
 }
 
 // Pending tells how many stale destinations wait for a first attempt.
-func (c *ConntrackCleaner) Pending() int {
+func (c *Runner) Pending() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return len(c.fresh.eps) + len(c.fresh.svcs)
 }
 
 // Run cleans queued work until ctx ends. Call it once.
-func (c *ConntrackCleaner) Run(ctx context.Context) {
+func (c *Runner) Run(ctx context.Context) {
 	log := c.Log
 	if log == nil {
 		log = slog.Default()
 	}
-	maxAttempts := cmp.Or(c.MaxAttempts, DefaultConntrackMaxAttempts)
-	minBackoff := cmp.Or(c.MinBackoff, DefaultConntrackMinBackoff)
-	maxBackoff := max(cmp.Or(c.MaxBackoff, DefaultConntrackMaxBackoff), minBackoff)
+	maxAttempts := cmp.Or(c.MaxAttempts, DefaultMaxAttempts)
+	minBackoff := cmp.Or(c.MinBackoff, DefaultMinBackoff)
+	maxBackoff := max(cmp.Or(c.MaxBackoff, DefaultMaxBackoff), minBackoff)
 
 	c.mu.Lock()
 	c.init()
 	if c.started {
 		c.mu.Unlock()
-		panic("sync: ConntrackCleaner.Run called twice")
+		panic("conntrack: Runner.Run called twice")
 	}
 	c.started = true
 	wake := c.wake
@@ -437,11 +360,11 @@ func (c *ConntrackCleaner) Run(ctx context.Context) {
 			continue
 		}
 
-		eps := make([]conntrack.StaleEndpoint, 0, len(batch.eps))
+		eps := make([]StaleEndpoint, 0, len(batch.eps))
 		for e := range batch.eps {
 			eps = append(eps, e)
 		}
-		svcs := make([]conntrack.StaleService, 0, len(batch.svcs))
+		svcs := make([]StaleService, 0, len(batch.svcs))
 		for v := range batch.svcs {
 			svcs = append(svcs, v)
 		}
@@ -452,7 +375,7 @@ func (c *ConntrackCleaner) Run(ctx context.Context) {
 		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 			return // shutting down: the rest is left to time out
 		}
-		rep := ConntrackReport{Endpoints: len(eps), Services: len(svcs), Retried: retried, Result: res, Err: err}
+		rep := Report{Endpoints: len(eps), Services: len(svcs), Retried: retried, Result: res, Err: err}
 		if err == nil {
 			if retried > 0 {
 				backoff = 0

@@ -1,4 +1,4 @@
-package sync_test
+package conntrack_test
 
 import (
 	"context"
@@ -12,9 +12,9 @@ import (
 	"time"
 
 	"github.com/nftgate/nftgate/conntrack"
+	"github.com/nftgate/nftgate/loop"
 	"github.com/nftgate/nftgate/model"
 	"github.com/nftgate/nftgate/ruleset"
-	gsync "github.com/nftgate/nftgate/sync"
 )
 
 var (
@@ -342,7 +342,7 @@ func TestStaleFlows(t *testing.T) {
 			if c == nil {
 				c = cfg
 			}
-			gotEPs, gotSvcs := gsync.StaleFlows(c, tc.before, tc.after)
+			gotEPs, gotSvcs := conntrack.StaleFlows(c, tc.before, tc.after)
 			if len(gotEPs) == 0 {
 				gotEPs = nil
 			}
@@ -399,7 +399,7 @@ func (f *fakeCleaner) next(t *testing.T) cleanCall {
 
 // replaced is an Event of a successful sync that replaced the only endpoint
 // of a Service at address vip: exactly one stale endpoint.
-func replaced(vip string) gsync.Event {
+func replaced(vip string) loop.Event {
 	s := func(e string) *model.Service {
 		return svc(eps(ep(e)), func(s *model.Service) {
 			s.Key.Name = vip
@@ -407,7 +407,7 @@ func replaced(vip string) gsync.Event {
 		})
 	}
 	k := s("10.0.0.1").Key
-	return gsync.Event{
+	return loop.Event{
 		Before: map[model.ServiceKey]*model.Service{k: s("10.0.0.1")},
 		After:  map[model.ServiceKey]*model.Service{k: s("10.0.0.2")},
 	}
@@ -419,10 +419,10 @@ func staleOf(vip string) conntrack.StaleEndpoint {
 
 // runCleaner starts c.Run for the duration of the test and returns the
 // channel of its reports.
-func runCleaner(t *testing.T, c *gsync.ConntrackCleaner) <-chan gsync.ConntrackReport {
+func runCleaner(t *testing.T, c *conntrack.Runner) <-chan conntrack.Report {
 	t.Helper()
-	reports := make(chan gsync.ConntrackReport, 100)
-	c.Report = func(r gsync.ConntrackReport) { reports <- r }
+	reports := make(chan conntrack.Report, 100)
+	c.Report = func(r conntrack.Report) { reports <- r }
 	c.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -437,7 +437,7 @@ func runCleaner(t *testing.T, c *gsync.ConntrackCleaner) <-chan gsync.ConntrackR
 	return reports
 }
 
-func nextReport(t *testing.T, reports <-chan gsync.ConntrackReport) gsync.ConntrackReport {
+func nextReport(t *testing.T, reports <-chan conntrack.Report) conntrack.Report {
 	t.Helper()
 	select {
 	case r := <-reports:
@@ -450,7 +450,7 @@ func nextReport(t *testing.T, reports <-chan gsync.ConntrackReport) gsync.Conntr
 
 // observeWithin calls Observe and fails the test if it does not return at
 // once: the sync loop must never wait for a cleanup.
-func observeWithin(t *testing.T, c *gsync.ConntrackCleaner, ev gsync.Event) {
+func observeWithin(t *testing.T, c *conntrack.Runner, ev loop.Event) {
 	t.Helper()
 	done := make(chan struct{})
 	go func() {
@@ -472,7 +472,7 @@ func TestConntrackCleanerMergesWorkQueuedDuringACleanup(t *testing.T) {
 		}
 		return conntrack.Result{Deleted: len(c.eps) + len(c.svcs), Duration: time.Millisecond}, nil
 	})
-	c := &gsync.ConntrackCleaner{Cleaner: fc, Ruleset: ruleset.Config{Node: model.Node{Name: nodeName}}}
+	c := &conntrack.Runner{Cleaner: fc, Ruleset: ruleset.Config{Node: model.Node{Name: nodeName}}}
 	reports := runCleaner(t, c)
 
 	observeWithin(t, c, replaced("10.96.0.1"))
@@ -505,12 +505,12 @@ func TestConntrackCleanerMergesWorkQueuedDuringACleanup(t *testing.T) {
 
 func TestConntrackCleanerIgnoresFailedSyncsAndNoops(t *testing.T) {
 	fc := newFakeCleaner(func(int, cleanCall) (conntrack.Result, error) { return conntrack.Result{}, nil })
-	c := &gsync.ConntrackCleaner{Cleaner: fc}
+	c := &conntrack.Runner{Cleaner: fc}
 	reports := runCleaner(t, c)
 	failed := replaced("10.96.0.1")
 	failed.Err = errors.New("kernel refused the batch")
 	observeWithin(t, c, failed)
-	observeWithin(t, c, gsync.Event{Full: true}) // nothing changed
+	observeWithin(t, c, loop.Event{Full: true}) // nothing changed
 	observeWithin(t, c, replaced("10.96.0.2"))
 	if got := fc.next(t); !reflect.DeepEqual(got.eps, []conntrack.StaleEndpoint{staleOf("10.96.0.2")}) {
 		t.Fatalf("cleanup got %v, want only the successful sync's work", got.eps)
@@ -525,7 +525,7 @@ func TestConntrackCleanerRetriesWithBackoff(t *testing.T) {
 		}
 		return conntrack.Result{Deleted: 1}, nil
 	})
-	c := &gsync.ConntrackCleaner{Cleaner: fc, MinBackoff: 20 * time.Millisecond, MaxBackoff: 40 * time.Millisecond}
+	c := &conntrack.Runner{Cleaner: fc, MinBackoff: 20 * time.Millisecond, MaxBackoff: 40 * time.Millisecond}
 	reports := runCleaner(t, c)
 	observeWithin(t, c, replaced("10.96.0.1"))
 	want := []conntrack.StaleEndpoint{staleOf("10.96.0.1")}
@@ -557,7 +557,7 @@ func TestConntrackCleanerNewWorkDoesNotWaitForRetries(t *testing.T) {
 		return conntrack.Result{Deleted: 1}, nil
 	})
 	// The retry would come only after an hour.
-	c := &gsync.ConntrackCleaner{Cleaner: fc, MinBackoff: time.Hour}
+	c := &conntrack.Runner{Cleaner: fc, MinBackoff: time.Hour}
 	reports := runCleaner(t, c)
 	observeWithin(t, c, replaced("10.96.0.1"))
 	fc.next(t)
@@ -582,7 +582,7 @@ func TestConntrackCleanerGivesUp(t *testing.T) {
 		}
 		return conntrack.Result{}, nil
 	})
-	c := &gsync.ConntrackCleaner{Cleaner: fc, MaxAttempts: 3, MinBackoff: time.Millisecond, MaxBackoff: time.Millisecond}
+	c := &conntrack.Runner{Cleaner: fc, MaxAttempts: 3, MinBackoff: time.Millisecond, MaxBackoff: time.Millisecond}
 	reports := runCleaner(t, c)
 	observeWithin(t, c, replaced("10.96.0.1"))
 	for i := 1; i <= 3; i++ {

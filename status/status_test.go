@@ -1,17 +1,17 @@
-package main
+package status
 
 import (
 	"context"
 	"errors"
 	"slices"
-	stdsync "sync"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/nftgate/nftgate/appliance"
 	"github.com/nftgate/nftgate/lab"
 	"github.com/nftgate/nftgate/model"
-	gsync "github.com/nftgate/nftgate/sync"
+	"github.com/nftgate/nftgate/source"
 )
 
 func TestMergeRows(t *testing.T) {
@@ -52,8 +52,8 @@ func TestMergeRows(t *testing.T) {
 
 // problemSource is a Source whose problems and connection a test sets.
 type problemSource struct {
-	gsync.Source
-	mu        stdsync.Mutex
+	source.Source
+	mu        sync.Mutex
 	problems  []string
 	connected bool
 }
@@ -84,7 +84,7 @@ func TestFollowSource(t *testing.T) {
 	src := &problemSource{}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { followSource(ctx, src, rec, 5*time.Millisecond); close(done) }()
+	go func() { FollowSource(ctx, src, rec, 5*time.Millisecond); close(done) }()
 	defer func() { cancel(); <-done }()
 	await := func(what string, ok func(appliance.Snapshot) bool) {
 		t.Helper()

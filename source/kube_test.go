@@ -1,4 +1,4 @@
-package sync
+package source
 
 import (
 	"testing"
@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/nftgate/nftgate/loop"
 	"github.com/nftgate/nftgate/model"
 )
 
@@ -16,7 +17,7 @@ import (
 // cachedSlice): it must still find their keys, and the tracker must still
 // learn a slice's Service and trigger time.
 func TestCachedSlice(t *testing.T) {
-	sl := trackedSlice("shop", "web-1", "web")
+	sl := labelledSlice("shop", "web-1", "web")
 	sl.Annotations = map[string]string{corev1.EndpointsLastChangeTriggerTime: "2026-11-22T04:00:00.5Z", "other": "x"}
 	sl.Endpoints = []discoveryv1.Endpoint{{Addresses: []string{"10.1.0.1"}, TargetRef: &corev1.ObjectReference{Name: "pod"}}}
 	obj, err := convertForCache(sl)
@@ -44,7 +45,7 @@ func TestCachedSlice(t *testing.T) {
 		t.Errorf("informer key of the Service = %q, %v; want shop/web", key, err)
 	}
 
-	tr := NewTracker()
+	tr := loop.NewTracker()
 	setCachedSlice(tr, obj)
 	dirty, triggers := tr.TakeDirty()
 	web := model.ServiceKey{Namespace: "shop", Name: "web"}
@@ -61,4 +62,10 @@ func TestCachedSlice(t *testing.T) {
 	if dirty, _ := tr.TakeDirty(); len(dirty) != 1 || len(dirty[web].Slices) != 0 {
 		t.Errorf("after the label went: %v, want shop/web without slices", dirty)
 	}
+}
+
+// labelledSlice is an empty EndpointSlice of a Service.
+func labelledSlice(namespace, name, service string) *discoveryv1.EndpointSlice {
+	return &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name,
+		Labels: map[string]string{model.LabelServiceName: service}}}
 }

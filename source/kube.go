@@ -1,11 +1,11 @@
-package sync
+package source
 
 import (
 	"context"
 	"fmt"
 	"log/slog"
 	"os"
-	stdsync "sync"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -30,7 +30,7 @@ type KubeSource struct {
 	// Syncer's reconcile repairs the kernel independently).
 	Resync time.Duration
 
-	mu        stdsync.Mutex
+	mu        sync.Mutex
 	connected bool
 	lastErr   string
 	// onEvent, when set, is called for every event before the handlers
@@ -197,7 +197,7 @@ func (c *cachedSlice) GetObjectKind() schema.ObjectKind { return schema.EmptyObj
 func (c *cachedSlice) DeepCopyObject() runtime.Object { cp := *c; return &cp }
 
 // Run implements Source.
-func (k *KubeSource) Run(ctx context.Context, t *Tracker) error {
+func (k *KubeSource) Run(ctx context.Context, t Sink) error {
 	log := k.Log
 	if log == nil {
 		log = slog.Default()
@@ -292,7 +292,7 @@ func (k *KubeSource) Run(ctx context.Context, t *Tracker) error {
 	if err != nil {
 		return err
 	}
-	var running stdsync.WaitGroup
+	var running sync.WaitGroup
 	defer running.Wait()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -309,13 +309,13 @@ func (k *KubeSource) Run(ctx context.Context, t *Tracker) error {
 	return nil
 }
 
-func setCachedService(t *Tracker, o any) {
+func setCachedService(t Sink, o any) {
 	if c, ok := o.(*cachedService); ok {
 		t.SetServiceObject(c.ServiceObject)
 	}
 }
 
-func setCachedSlice(t *Tracker, o any) {
+func setCachedSlice(t Sink, o any) {
 	if c, ok := o.(*cachedSlice); ok {
 		t.SetSliceObject(c.SliceObject)
 	}

@@ -1,4 +1,4 @@
-package sync
+package source
 
 import (
 	"io"
@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/nftgate/nftgate/loop"
 	"github.com/nftgate/nftgate/model"
 )
 
@@ -52,7 +53,7 @@ func TestManifestSourceRescan(t *testing.T) {
 	write("web.yaml", manifestWeb)
 	write("bad.yaml", "kind: Service\n")
 	m := &ManifestSource{Dir: dir}
-	tr := NewTracker()
+	tr := loop.NewTracker()
 
 	m.scan(tr, log)
 	dirty, _ := tr.TakeDirty()
@@ -97,7 +98,7 @@ func TestManifestSourceRescan(t *testing.T) {
 
 // zoneOf builds the model of a Service and returns its first endpoint's
 // zone.
-func zoneOf(t *testing.T, o Objects) string {
+func zoneOf(t *testing.T, o loop.Objects) string {
 	t.Helper()
 	m, err := model.Build(o.Service, o.Slices, model.Options{})
 	if err != nil || len(m.Ports) == 0 || len(m.Ports[0].Endpoints) == 0 {
@@ -128,10 +129,10 @@ func TestManifestSourceChangedFiles(t *testing.T) {
 	write("a.yaml", manifestWeb)
 	write("b.yaml", apiManifest)
 	m := &ManifestSource{Dir: dir}
-	tr := NewTracker()
+	tr := loop.NewTracker()
 	m.scan(tr, log)
 	tr.TakeDirty()
-	changed := func(step string, names ...string) map[model.ServiceKey]Objects {
+	changed := func(step string, names ...string) map[model.ServiceKey]loop.Objects {
 		t.Helper()
 		paths := map[string]bool{}
 		for _, n := range names {
@@ -179,7 +180,7 @@ func TestManifestSourceChangedFiles(t *testing.T) {
 }
 
 // endpointOf builds the model of a Service and returns its only endpoint.
-func endpointOf(t *testing.T, o Objects) string {
+func endpointOf(t *testing.T, o loop.Objects) string {
 	t.Helper()
 	m, err := model.Build(o.Service, o.Slices, model.Options{})
 	if err != nil || len(m.Ports) != 1 || len(m.Ports[0].Endpoints) != 1 {
@@ -199,7 +200,7 @@ func TestManifestErrorsNameTheFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := &ManifestSource{Dir: dir}
-	tr := NewTracker()
+	tr := loop.NewTracker()
 	m.scan(tr, slog.New(slog.DiscardHandler))
 	dirty, _ := tr.TakeDirty()
 	o := dirty[model.ServiceKey{Namespace: "shop", Name: "web"}]

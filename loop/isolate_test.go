@@ -1,4 +1,4 @@
-package sync
+package loop
 
 import (
 	"context"
@@ -8,7 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
-	stdsync "sync"
+	"sync"
 	"testing"
 	"time"
 
@@ -25,7 +25,7 @@ import (
 // last full sync was asked for.
 type countingProgrammer struct {
 	*nft.Programmer
-	mu            stdsync.Mutex
+	mu            sync.Mutex
 	full, partial int
 	lastFull      map[model.ServiceKey]*model.Service
 }

@@ -1,4 +1,4 @@
-package sync
+package source
 
 import (
 	"bufio"
@@ -17,7 +17,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	stdsync "sync"
+	"sync"
 	"syscall"
 	"time"
 
@@ -31,11 +31,21 @@ import (
 	"github.com/nftgate/nftgate/model"
 )
 
-// Source delivers Service and EndpointSlice objects into a Tracker until
-// its context ends. It calls Tracker.SetSynced once its first complete view
-// is in.
+// Sink receives what a source reads: loop.Tracker in production.
+type Sink interface {
+	SetServiceObject(*model.ServiceObject)
+	DeleteService(model.ServiceKey)
+	SetSliceObject(*model.SliceObject)
+	DeleteSlice(namespace, name string)
+	// SetSynced records that the source's first complete view is in.
+	SetSynced()
+}
+
+// Source delivers Service and EndpointSlice objects into a Sink until its
+// context ends. It calls Sink.SetSynced once its first complete view is
+// in.
 type Source interface {
-	Run(ctx context.Context, t *Tracker) error
+	Run(ctx context.Context, t Sink) error
 	// Describe names the source for logs and the status page.
 	Describe() string
 	// Problems lists what the source could not read, right now.
@@ -60,7 +70,7 @@ type ManifestSource struct {
 	// DefaultMaxFileSize. A larger file is refused before it is read.
 	MaxFileSize int64
 
-	mu       stdsync.Mutex
+	mu       sync.Mutex
 	problems map[string]string // file -> why it is not applied
 	// lastGood keeps each file's objects from its last good read, as
 	// *model.ServiceObject and *model.SliceObject: a file that becomes
@@ -106,7 +116,7 @@ func (m *ManifestSource) Problems() []string {
 }
 
 // Run implements Source.
-func (m *ManifestSource) Run(ctx context.Context, t *Tracker) error {
+func (m *ManifestSource) Run(ctx context.Context, t Sink) error {
 	log := m.Log
 	if log == nil {
 		log = slog.Default()
@@ -175,7 +185,7 @@ func (m *ManifestSource) Run(ctx context.Context, t *Tracker) error {
 }
 
 // scan reads the directory and tells the tracker what changed.
-func (m *ManifestSource) scan(t *Tracker, log *slog.Logger) {
+func (m *ManifestSource) scan(t Sink, log *slog.Logger) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.lastGood == nil {
@@ -222,7 +232,7 @@ func (m *ManifestSource) scan(t *Tracker, log *slog.Logger) {
 
 // mergeLocked works out which objects are in effect from every file's last
 // good objects, and tells the tracker what changed.
-func (m *ManifestSource) mergeLocked(t *Tracker, log *slog.Logger) {
+func (m *ManifestSource) mergeLocked(t Sink, log *slog.Logger) {
 	next := make(map[objectKey]placed, len(m.current))
 	for _, f := range m.files {
 		for _, o := range m.lastGood[f] {
@@ -257,7 +267,7 @@ func (m *ManifestSource) mergeLocked(t *Tracker, log *slog.Logger) {
 // changed. Files whose objects keep their names only replace those
 // objects; anything else (a new or removed file, an object added to or
 // removed from a file) takes a full scan.
-func (m *ManifestSource) scanFiles(t *Tracker, log *slog.Logger, paths map[string]bool) {
+func (m *ManifestSource) scanFiles(t Sink, log *slog.Logger, paths map[string]bool) {
 	m.mu.Lock()
 	if m.current == nil {
 		m.mu.Unlock()
@@ -320,7 +330,7 @@ func sameKeys(a, b []any) bool {
 }
 
 // setObject records a converted object in the tracker.
-func setObject(t *Tracker, o any) {
+func setObject(t Sink, o any) {
 	switch obj := o.(type) {
 	case *model.ServiceObject:
 		t.SetServiceObject(obj)
@@ -649,21 +659,21 @@ func decodeDocument(raw []byte) ([]runtime.Object, error) {
 		if o.Name == "" {
 			return nil, errors.New("EndpointSlice: metadata.name is missing")
 		}
-		if _, ok := SliceService(o); !ok {
+		if _, ok := model.SliceService(o); !ok {
 			return nil, fmt.Errorf("EndpointSlice %s: label %s is missing", o.Name, model.LabelServiceName)
 		}
 	}
 	return []runtime.Object{obj}, nil
 }
 
-// Feed records decoded objects in a tracker, as a source would.
-func Feed(t *Tracker, objs []runtime.Object) {
+// Feed records decoded objects in a sink, as a source would.
+func Feed(t Sink, objs []runtime.Object) {
 	for _, o := range objs {
 		switch obj := o.(type) {
 		case *corev1.Service:
-			t.SetService(obj)
+			t.SetServiceObject(model.NewServiceObject(obj))
 		case *discoveryv1.EndpointSlice:
-			t.SetSlice(obj)
+			t.SetSliceObject(model.NewSliceObject(obj))
 		}
 	}
 }

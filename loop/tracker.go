@@ -1,15 +1,14 @@
-// Package sync watches the sources of Services and EndpointSlices (the
-// Kubernetes API, or a directory of manifests), tracks what changed,
+// Package loop is the sync loop: it tracks which Services changed,
 // coalesces bursts of changes, and drives the ruleset programmer.
 //
-// Data flows one way: a Source writes API objects into the Tracker; the
-// Syncer takes the Services whose objects changed, builds their model, and
-// hands the changes to nft.Programmer in one batch.
-package sync
+// Data flows one way: a source (package source) writes API objects into
+// the Tracker; the Syncer takes the Services whose objects changed, builds
+// their model, and hands the changes to the Programmer in one batch.
+package loop
 
 import (
 	"slices"
-	stdsync "sync"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -23,7 +22,7 @@ import (
 // model.SliceObject, not the objects themselves) and remembers which
 // Services changed since the Syncer last looked.
 type Tracker struct {
-	mu stdsync.Mutex
+	mu sync.Mutex
 	// services holds each Service and its EndpointSlices (most have one),
 	// in one map: at ten thousand Services every map keyed by Service is
 	// a megabyte. sliceOwner tells under which Service a slice is listed:
@@ -95,16 +94,6 @@ func (t *Tracker) DeleteService(k model.ServiceKey) {
 	e.svc = nil
 	t.putLocked(k, e)
 	t.markLocked(k)
-}
-
-// SliceService returns the Service an EndpointSlice belongs to, from its
-// kubernetes.io/service-name label.
-func SliceService(sl *discoveryv1.EndpointSlice) (model.ServiceKey, bool) {
-	name, ok := sl.Labels[model.LabelServiceName]
-	if !ok || name == "" {
-		return model.ServiceKey{}, false
-	}
-	return model.ServiceKey{Namespace: sl.Namespace, Name: name}, true
 }
 
 // sliceKey names an EndpointSlice.

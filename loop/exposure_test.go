@@ -1,10 +1,10 @@
-package sync
+package loop
 
 import (
 	"context"
 	"net/netip"
 	"reflect"
-	stdsync "sync"
+	"sync"
 	"testing"
 	"time"
 
@@ -18,7 +18,7 @@ import (
 // recordingProgrammer keeps what it is asked to program, and reports the
 // conflicts it is told to.
 type recordingProgrammer struct {
-	mu        stdsync.Mutex
+	mu        sync.Mutex
 	services  map[model.ServiceKey]*model.Service
 	conflicts map[model.ServiceKey][]string // reported by the next sync
 	synced    chan struct{}

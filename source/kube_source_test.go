@@ -1,9 +1,9 @@
-package sync
+package source
 
 import (
 	"context"
 	"fmt"
-	stdsync "sync"
+	"sync"
 	"testing"
 	"time"
 
@@ -13,6 +13,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/nftgate/nftgate/kubetest"
+	"github.com/nftgate/nftgate/loop"
 	"github.com/nftgate/nftgate/model"
 )
 
@@ -26,7 +27,7 @@ func TestKubeSourceSyncedHasEverything(t *testing.T) {
 	const n = 100
 	createServices(t, cp.Client(), "load", n)
 
-	tr := NewTracker()
+	tr := loop.NewTracker()
 	src := &KubeSource{Config: cp.RESTConfig(), onEvent: func() { time.Sleep(5 * time.Millisecond) }}
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
@@ -66,7 +67,7 @@ func createServices(t *testing.T, c kubernetes.Interface, ns string, n int) {
 	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	var wg stdsync.WaitGroup
+	var wg sync.WaitGroup
 	errs := make(chan error, n)
 	work := make(chan int)
 	for range 8 {

@@ -1,4 +1,4 @@
-package sync
+package source
 
 import (
 	"bytes"
@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/nftgate/nftgate/loop"
 	"github.com/nftgate/nftgate/model"
 )
 
@@ -28,7 +29,7 @@ var (
 
 // scanWithin runs a full scan and fails the test when it does not return
 // within the deadline (a read that blocks, on a FIFO say).
-func scanWithin(t *testing.T, m *ManifestSource, tr *Tracker, d time.Duration) {
+func scanWithin(t *testing.T, m *ManifestSource, tr *loop.Tracker, d time.Duration) {
 	t.Helper()
 	done := make(chan struct{})
 	go func() {
@@ -144,7 +145,7 @@ func TestManifestSourceRefusesFiles(t *testing.T) {
 			bad := filepath.Join(dir, "bad.yaml")
 			c.make(t, dir, bad)
 			m := &ManifestSource{Dir: dir, MaxFileSize: limit}
-			tr := NewTracker()
+			tr := loop.NewTracker()
 			scanWithin(t, m, tr, 10*time.Second)
 			all, _ := tr.All()
 			if o := all[keyWeb]; o.Service == nil || len(o.Slices) != 1 {
@@ -191,7 +192,7 @@ func TestManifestSourceSymlinkInside(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := &ManifestSource{Dir: link}
-	tr := NewTracker()
+	tr := loop.NewTracker()
 	scanWithin(t, m, tr, 10*time.Second)
 	if all, _ := tr.All(); all[keyWeb].Service == nil || all[keyAPI].Service == nil {
 		t.Errorf("a symlink inside the directory was not followed: %v", all)
@@ -234,7 +235,7 @@ func TestManifestSourceRefusedFileKeepsContent(t *testing.T) {
 				writeFile(t, web, manifestWeb)
 				writeFile(t, api, manifestAPI)
 				m := &ManifestSource{Dir: dir, MaxFileSize: limit}
-				tr := NewTracker()
+				tr := loop.NewTracker()
 				scanWithin(t, m, tr, 10*time.Second)
 				tr.TakeDirty()
 

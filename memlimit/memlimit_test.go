@@ -1,0 +1,49 @@
+package memlimit
+
+import (
+	"log/slog"
+	"math"
+	"runtime"
+	"runtime/debug"
+	"testing"
+)
+
+// TestMemoryLimitFollowsLiveData checks that the soft limit never stays
+// below the live data a sync leaves, and that a full sync runs without it:
+// with a floor far under this test process's own heap, the limit is raised
+// to leave minHeadroom above it.
+func TestMemoryLimitFollowsLiveData(t *testing.T) {
+	t.Setenv("GOMEMLIMIT", "")
+	defer debug.SetMemoryLimit(math.MaxInt64)
+	keep := make([]byte, 8<<20) // live data well above the floor
+	m := New(1<<20, slog.New(slog.DiscardHandler))
+	if got := debug.SetMemoryLimit(-1); got != math.MaxInt64 {
+		t.Fatalf("limit before the first full sync = %d, want none", got)
+	}
+	gcPercent := func() int { p := debug.SetGCPercent(100); debug.SetGCPercent(p); return p }
+	before := gcPercent()
+	m.BeforeFull()
+	if p := gcPercent(); p != coldGCPercent {
+		t.Errorf("GOGC during the first full sync = %d, want %d", p, coldGCPercent)
+	}
+	m.Synced(true)
+	if p := gcPercent(); p != before {
+		t.Errorf("GOGC after the first full sync = %d, want %d again", p, before)
+	}
+	got := debug.SetMemoryLimit(-1)
+	if got < int64(len(keep))+minHeadroom {
+		t.Errorf("limit after the full sync = %d, want at least %d live bytes + %d", got, len(keep), minHeadroom)
+	}
+	m.BeforeFull()
+	if p := gcPercent(); p != before {
+		t.Errorf("GOGC during a later full sync = %d, want %d", p, before)
+	}
+	if during := debug.SetMemoryLimit(-1); during != math.MaxInt64 {
+		t.Errorf("limit during a full sync = %d, want none", during)
+	}
+	m.Synced(false)
+	if after := debug.SetMemoryLimit(-1); after < int64(len(keep))+minHeadroom || after > 2*got {
+		t.Errorf("limit after a partial sync = %d, want about %d again", after, got)
+	}
+	runtime.KeepAlive(keep)
+}
