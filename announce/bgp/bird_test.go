@@ -1,7 +1,10 @@
 package bgp
 
 import (
+	"fmt"
 	"net/netip"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -60,4 +63,112 @@ func TestBIRDLearnsAndForgetsServiceAddresses(t *testing.T) {
 			b.waitRoute(t, prefix, false, 5*time.Second)
 		})
 	}
+}
+
+// kill -9 of the speaker's process and a new one in its place: the router
+// keeps the routes (stale, graceful restart) while the session is down,
+// the new speaker refreshes them, and a client's connections never fail.
+func TestRestartKeepsRoutesAndTraffic(t *testing.T) {
+	for _, svc := range []netip.Addr{service4, service6} {
+		t.Run(map[bool]string{true: "IPv4", false: "IPv6"}[svc.Is4()], func(t *testing.T) {
+			e := newEdge(t)
+			b := startBird(t, e.router, birdConf(""))
+			dst := e.serve(t, svc)
+			prefix := netip.PrefixFrom(svc, svc.BitLen())
+			protocol := map[bool]string{true: "gw4", false: "gw6"}[svc.Is4()]
+			sp := startSpeaker(t, e.gateway, speakerConfig())
+			sp.Set(HostRoute(svc, ""))
+			b.waitState(t, protocol, "Established", false, 30*time.Second)
+			b.waitRoute(t, prefix, true, 10*time.Second)
+
+			// A client connects over and over until told to stop.
+			stop := make(chan struct{})
+			type result struct {
+				n    int
+				errs []error
+			}
+			done := make(chan result)
+			go func(stop <-chan struct{}) {
+				var r result
+				for {
+					select {
+					case <-stop:
+						done <- r
+						return
+					default:
+					}
+					if _, err := e.client.Dial("tcp", dst, lab.DialOpts{Timeout: time.Second}); err != nil {
+						r.errs = append(r.errs, err)
+					}
+					r.n++
+				}
+			}(stop)
+			var once sync.Once
+			var r result
+			stopClient := func() result {
+				once.Do(func() {
+					close(stop)
+					r = <-done
+				})
+				return r
+			}
+			defer stopClient()
+
+			sp.Kill()
+			// The router sees the session go and keeps the route.
+			b.waitState(t, protocol, "Established", true, 30*time.Second)
+			if has, err := b.HasRoute(prefix); err != nil || !has {
+				t.Fatalf("after kill -9, while the session is down: route %s in BIRD %v (%v), want kept", prefix, has, err)
+			}
+			if err := e.router.Do(func() error { return kernelHasRoute(prefix) }); err != nil {
+				t.Fatalf("after kill -9: the router's kernel lost the route: %v", err)
+			}
+			out, _ := b.Run("show route all " + prefix.String())
+			t.Logf("while the speaker is gone:\n%s", out)
+
+			sp2 := startSpeaker(t, e.gateway, speakerConfig())
+			sp2.Set(HostRoute(svc, ""))
+			b.waitState(t, protocol, "Established", false, 30*time.Second)
+			// End-of-RIB received: BIRD ends its graceful restart and
+			// keeps the refreshed route.
+			if err := lab.EventuallyWithin(15*time.Second, func() error {
+				out, err := b.Run("show protocols all " + protocol)
+				if err != nil {
+					return err
+				}
+				if strings.Contains(out, "Neighbor graceful restart active") || strings.Contains(out, "stale") {
+					return fmt.Errorf("graceful restart still running: %s", out)
+				}
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if has, err := b.HasRoute(prefix); err != nil || !has {
+				t.Fatalf("after the restart: route %s in BIRD %v (%v)", prefix, has, err)
+			}
+			r = stopClient()
+			t.Logf("%d connections during kill -9 and restart, %d failed", r.n, len(r.errs))
+			if len(r.errs) > 0 {
+				t.Errorf("connections failed during the restart: %v", r.errs[0])
+			}
+			if r.n < 10 {
+				t.Errorf("only %d connections during the restart", r.n)
+			}
+		})
+	}
+}
+
+// A withdrawal on purpose (Stop) takes the routes away at once; graceful
+// restart is for restarts only.
+func TestStopWithdraws(t *testing.T) {
+	e := newEdge(t)
+	b := startBird(t, e.router, birdConf(""))
+	sp := startSpeaker(t, e.gateway, speakerConfig())
+	prefix := netip.PrefixFrom(service4, 32)
+	sp.Set(HostRoute(service4, ""))
+	b.waitRoute(t, prefix, true, 30*time.Second)
+	start := time.Now()
+	sp.Stop()
+	b.waitRoute(t, prefix, false, 5*time.Second)
+	t.Logf("Stop: route gone from BIRD after %v", time.Since(start))
 }
