@@ -155,3 +155,45 @@ func (s *Speaker) globalPaths() []netip.Prefix {
 	}
 	return out
 }
+
+// The commented [bgp] example in config.toml, uncommented, decodes into
+// Config with every key known, and its values are the defaults.
+func TestConfigTOMLExample(t *testing.T) {
+	b, err := os.ReadFile("../../config.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, example, ok := strings.Cut(string(b), "\n# [bgp]\n")
+	if !ok {
+		t.Fatal("config.toml has no commented [bgp] section")
+	}
+	var src strings.Builder
+	src.WriteString("[bgp]\n")
+	for _, line := range strings.Split(example, "\n") {
+		if rest, ok := strings.CutPrefix(line, "# "); ok && !strings.HasPrefix(rest, "# ") {
+			src.WriteString(rest + "\n")
+		}
+	}
+	var doc struct {
+		BGP Config `toml:"bgp"`
+	}
+	md, err := toml.Decode(src.String(), &doc)
+	if err != nil {
+		t.Fatalf("%v in:\n%s", err, src.String())
+	}
+	if u := md.Undecoded(); len(u) > 0 {
+		t.Fatalf("keys Config does not know: %v", u)
+	}
+	c := doc.BGP
+	if err := c.WithDefaults().Validate(); err != nil {
+		t.Fatal(err)
+	}
+	p := c.Peers[0]
+	d := Config{ASN: c.ASN, RouterID: c.RouterID, Peers: []PeerConfig{{Address: p.Address, ASN: p.ASN}}}.WithDefaults()
+	dp := d.Peers[0]
+	dp.LocalASN = 0
+	if c.ListenPort != d.ListenPort || c.RestartTime != d.RestartTime || c.SelectionDeferral != d.SelectionDeferral ||
+		p.Port != dp.Port || p.HoldTime != dp.HoldTime || p.ConnectRetry != dp.ConnectRetry || p.BFDInterval != dp.BFDInterval || p.BFDMultiplier != dp.BFDMultiplier || p.LocalASN != 0 {
+		t.Fatalf("config.toml's example %+v differs from the defaults %+v", c, d)
+	}
+}
