@@ -1,0 +1,285 @@
+package bgp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nftgate/nftgate/lab"
+)
+
+var (
+	service4 = netip.MustParseAddr("198.19.0.1")
+	service6 = netip.MustParseAddr("2001:db8:ff::1")
+)
+
+// The router learns the gateway's service addresses from the speaker,
+// installs them in its kernel, and the client behind it reaches the
+// gateway; a withdrawn address leaves the router's table within a second,
+// and comes back when announced again.
+func TestBIRDLearnsAndForgetsServiceAddresses(t *testing.T) {
+	e := newEdge(t)
+	b := startBird(t, e.router, birdConf(""))
+	sp := startSpeaker(t, e.gateway, speakerConfig())
+	for _, svc := range []netip.Addr{service4, service6} {
+		t.Run(map[bool]string{true: "IPv4", false: "IPv6"}[svc.Is4()], func(t *testing.T) {
+			dst := e.serve(t, svc)
+			prefix := netip.PrefixFrom(svc, svc.BitLen())
+			protocol := map[bool]string{true: "gw4", false: "gw6"}[svc.Is4()]
+			sp.Set(HostRoute(svc, ""))
+			b.waitState(t, protocol, "Established", false, 30*time.Second)
+			took := b.waitRoute(t, prefix, true, 30*time.Second)
+			t.Logf("%s in BIRD %v after Set", prefix, took)
+			if err := lab.EventuallyWithin(5*time.Second, func() error {
+				return e.router.Do(func() error { return kernelHasRoute(prefix) })
+			}); err != nil {
+				t.Fatal(err)
+			}
+			rep, err := e.client.Dial("tcp", dst, lab.DialOpts{Timeout: 2 * time.Second})
+			if err != nil {
+				t.Fatalf("client to %s through the router: %v", dst, err)
+			}
+			if rep.Backend != dst.String() {
+				t.Fatalf("answered by %s, want the gateway's %s", rep.Backend, dst)
+			}
+
+			start := time.Now()
+			sp.Set()
+			b.waitRoute(t, prefix, false, 5*time.Second)
+			took = time.Since(start)
+			t.Logf("withdrawal of %s reached BIRD in %v", prefix, took)
+			if took > time.Second {
+				t.Errorf("withdrawal took %v, want within 1s", took)
+			}
+			sp.Set(HostRoute(svc, ""))
+			b.waitRoute(t, prefix, true, 5*time.Second)
+			if _, err := e.client.Dial("tcp", dst, lab.DialOpts{Timeout: 2 * time.Second}); err != nil {
+				t.Fatalf("client after re-announcement: %v", err)
+			}
+			sp.Set()
+			b.waitRoute(t, prefix, false, 5*time.Second)
+		})
+	}
+}
+
+// kill -9 of the speaker's process and a new one in its place: the router
+// keeps the routes (stale, graceful restart) while the session is down,
+// the new speaker refreshes them, and a client's connections never fail.
+func TestRestartKeepsRoutesAndTraffic(t *testing.T) {
+	for _, svc := range []netip.Addr{service4, service6} {
+		t.Run(map[bool]string{true: "IPv4", false: "IPv6"}[svc.Is4()], func(t *testing.T) {
+			e := newEdge(t)
+			b := startBird(t, e.router, birdConf(""))
+			dst := e.serve(t, svc)
+			prefix := netip.PrefixFrom(svc, svc.BitLen())
+			protocol := map[bool]string{true: "gw4", false: "gw6"}[svc.Is4()]
+			sp := startSpeaker(t, e.gateway, speakerConfig())
+			sp.Set(HostRoute(svc, ""))
+			b.waitState(t, protocol, "Established", false, 30*time.Second)
+			b.waitRoute(t, prefix, true, 10*time.Second)
+
+			// A client connects over and over until told to stop.
+			stop := make(chan struct{})
+			type result struct {
+				n    int
+				errs []error
+			}
+			done := make(chan result)
+			go func(stop <-chan struct{}) {
+				var r result
+				for {
+					select {
+					case <-stop:
+						done <- r
+						return
+					default:
+					}
+					if _, err := e.client.Dial("tcp", dst, lab.DialOpts{Timeout: time.Second}); err != nil {
+						r.errs = append(r.errs, err)
+					}
+					r.n++
+				}
+			}(stop)
+			var once sync.Once
+			var r result
+			stopClient := func() result {
+				once.Do(func() {
+					close(stop)
+					r = <-done
+				})
+				return r
+			}
+			defer stopClient()
+
+			sp.Kill()
+			// The router sees the session go and keeps the route.
+			b.waitState(t, protocol, "Established", true, 30*time.Second)
+			if has, err := b.HasRoute(prefix); err != nil || !has {
+				t.Fatalf("after kill -9, while the session is down: route %s in BIRD %v (%v), want kept", prefix, has, err)
+			}
+			if err := e.router.Do(func() error { return kernelHasRoute(prefix) }); err != nil {
+				t.Fatalf("after kill -9: the router's kernel lost the route: %v", err)
+			}
+			out, _ := b.Run("show route all " + prefix.String())
+			t.Logf("while the speaker is gone:\n%s", out)
+
+			sp2 := startSpeaker(t, e.gateway, speakerConfig())
+			sp2.Set(HostRoute(svc, ""))
+			b.waitState(t, protocol, "Established", false, 30*time.Second)
+			// End-of-RIB received: BIRD ends its graceful restart and
+			// keeps the refreshed route.
+			if err := lab.EventuallyWithin(15*time.Second, func() error {
+				out, err := b.Run("show protocols all " + protocol)
+				if err != nil {
+					return err
+				}
+				if strings.Contains(out, "Neighbor graceful restart active") || strings.Contains(out, "stale") {
+					return fmt.Errorf("graceful restart still running: %s", out)
+				}
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if has, err := b.HasRoute(prefix); err != nil || !has {
+				t.Fatalf("after the restart: route %s in BIRD %v (%v)", prefix, has, err)
+			}
+			r = stopClient()
+			t.Logf("%d connections during kill -9 and restart, %d failed", r.n, len(r.errs))
+			if len(r.errs) > 0 {
+				t.Errorf("connections failed during the restart: %v", r.errs[0])
+			}
+			if r.n < 10 {
+				t.Errorf("only %d connections during the restart", r.n)
+			}
+		})
+	}
+}
+
+// A withdrawal on purpose (Stop) takes the routes away at once; graceful
+// restart is for restarts only.
+func TestStopWithdraws(t *testing.T) {
+	e := newEdge(t)
+	b := startBird(t, e.router, birdConf(""))
+	sp := startSpeaker(t, e.gateway, speakerConfig())
+	prefix := netip.PrefixFrom(service4, 32)
+	sp.Set(HostRoute(service4, ""))
+	b.waitRoute(t, prefix, true, 30*time.Second)
+	start := time.Now()
+	sp.Stop()
+	b.waitRoute(t, prefix, false, 5*time.Second)
+	t.Logf("Stop: route gone from BIRD after %v", time.Since(start))
+}
+
+// TCP-MD5 (RFC 2385): with the router's password the session comes up and
+// the route arrives; with another one the router's kernel drops every
+// segment (counted as TCPMD5Failure) and nothing is learned.
+func TestTCPMD5Password(t *testing.T) {
+	for _, tc := range []struct {
+		name, password string
+		ok             bool
+	}{{"right", "s3cret-edge", true}, {"wrong", "not-the-secret", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEdge(t)
+			b := startBird(t, e.router, birdConf(`password "s3cret-edge";`))
+			file := filepath.Join(t.TempDir(), "bgp-password")
+			if err := os.WriteFile(file, []byte(tc.password+"\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			cfg := speakerConfig()
+			cfg.Peers = cfg.Peers[:1]
+			cfg.Peers[0].PasswordFile = file
+			sp := startSpeaker(t, e.gateway, cfg)
+			sp.Set(HostRoute(service4, ""))
+			prefix := netip.PrefixFrom(service4, 32)
+			if tc.ok {
+				b.waitState(t, "gw4", "Established", false, 30*time.Second)
+				b.waitRoute(t, prefix, true, 10*time.Second)
+				return
+			}
+			if err := lab.EventuallyWithin(30*time.Second, func() error {
+				n, err := md5Failures(e.router)
+				if err == nil && n == 0 {
+					err = errors.New("no TCP-MD5 failure counted yet")
+				}
+				return err
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if st, err := b.ProtocolState("gw4"); err != nil || st == "Established" {
+				t.Fatalf("with the wrong password: session %s (%v)", st, err)
+			}
+			if has, err := b.HasRoute(prefix); err != nil || has {
+				t.Fatalf("with the wrong password: route in BIRD %v (%v)", has, err)
+			}
+		})
+	}
+}
+
+// md5Failures reads TcpExt TCPMD5Failure of the host's namespace.
+func md5Failures(h *lab.Host) (int, error) {
+	out, err := h.Command(context.Background(), "cat", "/proc/net/netstat").Output()
+	if err != nil {
+		return 0, err
+	}
+	lines := strings.Split(string(out), "\n")
+	for i := 0; i+1 < len(lines); i += 2 {
+		names, values := strings.Fields(lines[i]), strings.Fields(lines[i+1])
+		for j, n := range names {
+			if n == "TCPMD5Failure" && j < len(values) {
+				return strconv.Atoi(values[j])
+			}
+		}
+	}
+	return 0, errors.New("no TCPMD5Failure in /proc/net/netstat")
+}
+
+// 10,000 addresses announced in one Set: the time until BIRD holds all of
+// them, and the cost of the same Set again (nothing changes).
+func TestTenThousandPrefixes(t *testing.T) {
+	const n = 10000
+	e := newEdge(t)
+	b := startBird(t, e.router, birdConf(""))
+	cfg := speakerConfig()
+	cfg.Peers = cfg.Peers[:1]
+	sp := startSpeaker(t, e.gateway, cfg)
+	sp.Set()
+	b.waitState(t, "gw4", "Established", false, 30*time.Second)
+	base := netip.MustParseAddr("198.19.64.0")
+	routes := make([]Route, n)
+	a := base
+	for i := range routes {
+		routes[i] = HostRoute(a, "")
+		a = a.Next()
+	}
+	start := time.Now()
+	sp.Set(routes...)
+	setTook := time.Since(start)
+	var got int
+	if err := lab.EventuallyWithin(60*time.Second, func() error {
+		var err error
+		if got, err = b.RouteCount("gw4"); err == nil && got != n {
+			err = fmt.Errorf("BIRD has %d of %d routes", got, n)
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	all := time.Since(start)
+	start = time.Now()
+	sp.Set(routes...)
+	again := time.Since(start)
+	start = time.Now()
+	sp.Set(routes[1:]...)
+	b.waitRoute(t, routes[0].Prefix, false, 5*time.Second)
+	one := time.Since(start)
+	t.Logf("%d prefixes: Set returned after %v, BIRD had all after %v; the same Set again %v; one withdrawal among %d reached BIRD in %v",
+		n, setTook, all, again, n, one)
+}

@@ -1,0 +1,483 @@
+package bgp
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nftgate/nftgate/lab"
+	"github.com/nftgate/nftgate/lab/labtest"
+	"github.com/vishvananda/netlink"
+)
+
+// The speaker runs in a child process (this test binary again, started
+// through `ip netns exec`) so that every socket GoBGP opens, from any of
+// its goroutines, is in the gateway's namespace, and so that a test can
+// kill -9 it like a crashed or updated nftgate.
+const speakerEnv = "NFTGATE_BGP_TEST_SPEAKER"
+
+func TestMain(m *testing.M) {
+	if path := os.Getenv(speakerEnv); path != "" {
+		os.Exit(speakerChild(path))
+	}
+	os.Exit(m.Run())
+}
+
+// speakerChild runs a Speaker from the JSON Config in path. It reads one
+// command a line on stdin, a JSON []Route to Set or "stop", and answers
+// each with "ok" or "error: ..." on stdout.
+func speakerChild(path string) int {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		fmt.Println("error:", err)
+		return 1
+	}
+	var cfg Config
+	if err := json.Unmarshal(b, &cfg); err != nil {
+		fmt.Println("error:", err)
+		return 1
+	}
+	s, err := New(cfg, nil)
+	if err != nil {
+		fmt.Println("error:", err)
+		return 1
+	}
+	fmt.Println("ok")
+	in := bufio.NewScanner(os.Stdin)
+	in.Buffer(nil, 64<<20)
+	for in.Scan() {
+		line := in.Text()
+		if line == "stop" {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			err := s.Stop(ctx)
+			cancel()
+			reply(err)
+			return 0
+		}
+		var routes []Route
+		if err := json.Unmarshal([]byte(line), &routes); err != nil {
+			reply(err)
+			continue
+		}
+		reply(s.Set(routes))
+	}
+	return 0
+}
+
+func reply(err error) {
+	if err != nil {
+		fmt.Println("error:", strings.ReplaceAll(err.Error(), "\n", "; "))
+		return
+	}
+	fmt.Println("ok")
+}
+
+// speakerProc is a speaker child process.
+type speakerProc struct {
+	t     testing.TB
+	cmd   *exec.Cmd
+	in    io.WriteCloser
+	out   *bufio.Scanner
+	done  chan struct{}
+	mu    sync.Mutex
+	ended bool
+}
+
+// startSpeaker starts a speaker with cfg in host's namespace; the test's
+// cleanup kills it if it still runs.
+func startSpeaker(t testing.TB, host *lab.Host, cfg Config) *speakerProc {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := json.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "speaker.json")
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := host.Command(context.Background(), exe, "-test.run=^$")
+	cmd.Env = append(os.Environ(), speakerEnv+"="+path)
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	outPipe, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start speaker: %v", err)
+	}
+	p := &speakerProc{t: t, cmd: cmd, in: in, out: bufio.NewScanner(outPipe), done: make(chan struct{})}
+	t.Cleanup(p.Kill)
+	if err := p.await(); err != nil {
+		t.Fatalf("speaker start: %v", err)
+	}
+	return p
+}
+
+func (p *speakerProc) await() error {
+	if !p.out.Scan() {
+		return fmt.Errorf("speaker ended: %v", p.out.Err())
+	}
+	if line := p.out.Text(); line != "ok" {
+		return fmt.Errorf("speaker: %s", line)
+	}
+	return nil
+}
+
+// Set sends routes to the speaker and waits until its Set returned.
+func (p *speakerProc) Set(routes ...Route) {
+	p.t.Helper()
+	b, err := json.Marshal(routes)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	if _, err := p.in.Write(append(b, '\n')); err != nil {
+		p.t.Fatalf("speaker Set: %v", err)
+	}
+	if err := p.await(); err != nil {
+		p.t.Fatalf("speaker Set: %v", err)
+	}
+}
+
+// Stop calls the speaker's Stop (withdraw on purpose) and waits for the
+// process to end.
+func (p *speakerProc) Stop() {
+	p.t.Helper()
+	if _, err := io.WriteString(p.in, "stop\n"); err != nil {
+		p.t.Fatalf("speaker Stop: %v", err)
+	}
+	if err := p.await(); err != nil {
+		p.t.Fatalf("speaker Stop: %v", err)
+	}
+	p.wait()
+}
+
+// Kill ends the process with SIGKILL, as a crash would, and waits for it.
+func (p *speakerProc) Kill() {
+	p.mu.Lock()
+	ended := p.ended
+	p.mu.Unlock()
+	if !ended {
+		_ = p.cmd.Process.Signal(syscall.SIGKILL)
+	}
+	p.wait()
+}
+
+func (p *speakerProc) wait() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.ended {
+		p.ended = true
+		_ = p.cmd.Wait()
+	}
+}
+
+// bird is a BIRD 2 daemon in a namespace of the test's lab.
+type bird struct {
+	t    testing.TB
+	sock string
+	log  string
+	cmd  *exec.Cmd
+}
+
+// startBird runs bird with conf in host, and waits until it answers on
+// its control socket. The cleanup stops it and shows its log on failure.
+func startBird(t testing.TB, host *lab.Host, conf string) *bird {
+	t.Helper()
+	if _, err := exec.LookPath("bird"); err != nil {
+		t.Fatalf("bird not installed (the Makefile's deps installs bird2): %v", err)
+	}
+	dir := t.TempDir()
+	b := &bird{t: t, sock: filepath.Join(dir, "bird.ctl"), log: filepath.Join(dir, "bird.log")}
+	confPath := filepath.Join(dir, "bird.conf")
+	conf = fmt.Sprintf("log %q all;\n%s", b.log, conf)
+	if err := os.WriteFile(confPath, []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b.cmd = host.Command(context.Background(), "bird", "-f", "-c", confPath, "-s", b.sock, "-P", filepath.Join(dir, "bird.pid"))
+	out := &strings.Builder{}
+	b.cmd.Stdout, b.cmd.Stderr = out, out
+	if err := b.cmd.Start(); err != nil {
+		t.Fatalf("start bird: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = b.cmd.Process.Kill()
+		_ = b.cmd.Wait()
+		if t.Failed() {
+			l, _ := os.ReadFile(b.log)
+			t.Logf("bird output: %s\nbird log:\n%s", out, tail(string(l), 60))
+		}
+	})
+	if err := lab.EventuallyWithin(10*time.Second, func() error {
+		_, err := b.Run("show status")
+		return err
+	}); err != nil {
+		t.Fatalf("bird does not answer: %v (output: %s)", err, out)
+	}
+	return b
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// Run is one birdc command.
+func (b *bird) Run(cmd string) (string, error) {
+	out, err := exec.Command("birdc", append([]string{"-s", b.sock}, strings.Fields(cmd)...)...).CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("birdc %s: %v: %s", cmd, err, out)
+	}
+	return string(out), nil
+}
+
+// HasRoute tells whether BIRD's table holds prefix (from birdc show route).
+func (b *bird) HasRoute(prefix netip.Prefix) (bool, error) {
+	out, err := b.Run("show route " + prefix.String())
+	if err != nil {
+		if strings.Contains(err.Error(), "Network not found") {
+			return false, nil
+		}
+		return false, err
+	}
+	for _, line := range strings.Split(out, "\n") {
+		if strings.HasPrefix(line, prefix.String()+" ") {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// ProtocolState is the state of a BGP protocol from birdc show protocols,
+// as in "Established" or "Active".
+func (b *bird) ProtocolState(name string) (string, error) {
+	out, err := b.Run("show protocols " + name)
+	if err != nil {
+		return "", err
+	}
+	for _, line := range strings.Split(out, "\n") {
+		// Name Proto Table State Since Info...
+		f := strings.Fields(line)
+		if len(f) >= 6 && f[0] == name {
+			return f[5], nil
+		}
+		if len(f) == 5 && f[0] == name {
+			return f[3], nil
+		}
+	}
+	return "", fmt.Errorf("no protocol %s in: %s", name, out)
+}
+
+var routeCount = regexp.MustCompile(`(\d+) of \d+ routes`)
+
+// RouteCount is how many routes protocol name gave BIRD's tables.
+func (b *bird) RouteCount(name string) (int, error) {
+	out, err := b.Run("show route protocol " + name + " count")
+	if err != nil {
+		return 0, err
+	}
+	m := routeCount.FindStringSubmatch(out)
+	if m == nil {
+		return 0, fmt.Errorf("no route count in: %s", out)
+	}
+	return strconv.Atoi(m[1])
+}
+
+// edge is the test network: a client behind a BIRD router, the router
+// peering with the gateway, where the speaker runs and an echo server
+// answers on the announced addresses.
+type edge struct {
+	lab                     *lab.Lab
+	client, router, gateway *lab.Host
+}
+
+var (
+	routerGW4  = netip.MustParsePrefix("198.18.0.1/24")
+	gatewayGW4 = netip.MustParsePrefix("198.18.0.2/24")
+	routerCl4  = netip.MustParsePrefix("203.0.113.1/24")
+	clientCl4  = netip.MustParsePrefix("203.0.113.2/24")
+	routerGW6  = netip.MustParsePrefix("2001:db8::1/64")
+	gatewayGW6 = netip.MustParsePrefix("2001:db8::2/64")
+	routerCl6  = netip.MustParsePrefix("2001:db8:1::1/64")
+	clientCl6  = netip.MustParsePrefix("2001:db8:1::2/64")
+)
+
+const (
+	routerASN  = 64512
+	gatewayASN = 64513
+)
+
+func newEdge(t testing.TB) *edge {
+	t.Helper()
+	l := labtest.New(t)
+	e := &edge{lab: l}
+	var err error
+	for _, h := range []struct {
+		name string
+		p    **lab.Host
+	}{{"client", &e.client}, {"router", &e.router}, {"gateway", &e.gateway}} {
+		if *h.p, err = l.AddHost(h.name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := l.Link(e.router, []netip.Prefix{routerGW4, routerGW6}, e.gateway, []netip.Prefix{gatewayGW4, gatewayGW6}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Link(e.router, []netip.Prefix{routerCl4, routerCl6}, e.client, []netip.Prefix{clientCl4, clientCl6}); err != nil {
+		t.Fatal(err)
+	}
+	for _, kv := range [][2]string{{"net.ipv4.ip_forward", "1"}, {"net.ipv6.conf.all.forwarding", "1"}} {
+		if err := e.router.Sysctl(kv[0], kv[1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The client knows only its router; the gateway reaches the client's
+	// network through it too (the router learns the service addresses
+	// from BGP and nothing else).
+	for _, r := range []struct {
+		h   *lab.Host
+		dst netip.Prefix
+		via netip.Prefix
+	}{
+		{e.client, netip.MustParsePrefix("0.0.0.0/0"), routerCl4},
+		{e.client, netip.MustParsePrefix("::/0"), routerCl6},
+		{e.gateway, clientCl4.Masked(), routerGW4},
+		{e.gateway, clientCl6.Masked(), routerGW6},
+	} {
+		if err := r.h.AddRoute(r.dst, r.via.Addr()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return e
+}
+
+// serve adds addr to the gateway's loopback and answers TCP echo on port
+// 80 there.
+func (e *edge) serve(t testing.TB, addr netip.Addr) netip.AddrPort {
+	t.Helper()
+	if err := e.gateway.AddAddress("lo", netip.PrefixFrom(addr, addr.BitLen())); err != nil {
+		t.Fatal(err)
+	}
+	ap := netip.AddrPortFrom(addr, 80)
+	if _, err := e.gateway.ServeEcho("tcp", ap); err != nil {
+		t.Fatal(err)
+	}
+	return ap
+}
+
+// birdConf is the router's configuration: one BGP session per family with
+// the gateway, graceful restart on, and the learned routes exported to the
+// kernel so that the router forwards to them. extra goes into each
+// session.
+func birdConf(extra string) string {
+	return fmt.Sprintf(`
+router id %s;
+protocol device {}
+protocol kernel k4 { ipv4 { import none; export all; }; }
+protocol kernel k6 { ipv6 { import none; export all; }; }
+template bgp gateway_tpl {
+  local as %d;
+  hold time 9;
+  connect delay time 1;
+  connect retry time 1;
+  error wait time 1, 2;
+  graceful restart on;
+  graceful restart time 120;
+  %s
+}
+protocol bgp gw4 from gateway_tpl { neighbor %s as %d; ipv4 { import all; export none; }; }
+protocol bgp gw6 from gateway_tpl { neighbor %s as %d; ipv6 { import all; export none; }; }
+`, routerGW4.Addr(), routerASN, extra, gatewayGW4.Addr(), gatewayASN, gatewayGW6.Addr(), gatewayASN)
+}
+
+// speakerConfig peers with the router over both families.
+func speakerConfig() Config {
+	return Config{
+		ASN:      gatewayASN,
+		RouterID: gatewayGW4.Addr().String(),
+		Peers: []PeerConfig{
+			{Address: routerGW4.Addr().String(), ASN: routerASN, HoldTime: 9 * time.Second, ConnectRetry: time.Second},
+			{Address: routerGW6.Addr().String(), ASN: routerASN, HoldTime: 9 * time.Second, ConnectRetry: time.Second},
+		},
+	}
+}
+
+// waitRoute waits until BIRD has (want) or lacks (!want) prefix and
+// returns how long that took.
+func (b *bird) waitRoute(t testing.TB, prefix netip.Prefix, want bool, timeout time.Duration) time.Duration {
+	t.Helper()
+	start := time.Now()
+	err := lab.EventuallyWithin(timeout, func() error {
+		has, err := b.HasRoute(prefix)
+		if err != nil {
+			return err
+		}
+		if has != want {
+			return fmt.Errorf("bird has route %s: %v, want %v", prefix, has, want)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return time.Since(start)
+}
+
+// waitState waits until BIRD's protocol is (or, with not, leaves) state.
+func (b *bird) waitState(t testing.TB, protocol, state string, not bool, timeout time.Duration) {
+	t.Helper()
+	err := lab.EventuallyWithin(timeout, func() error {
+		got, err := b.ProtocolState(protocol)
+		if err != nil {
+			return err
+		}
+		if (got == state) == not {
+			return fmt.Errorf("bird protocol %s is %s (want %s%s)", protocol, got, map[bool]string{true: "not "}[not], state)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// kernelHasRoute looks prefix up in the main table of the calling
+// thread's namespace (run it in Host.Do).
+func kernelHasRoute(prefix netip.Prefix) error {
+	family := netlink.FAMILY_V4
+	if prefix.Addr().Is6() {
+		family = netlink.FAMILY_V6
+	}
+	routes, err := netlink.RouteListFiltered(family, &netlink.Route{Dst: &net.IPNet{IP: prefix.Addr().AsSlice(), Mask: net.CIDRMask(prefix.Bits(), prefix.Addr().BitLen())}}, netlink.RT_FILTER_DST)
+	if err != nil {
+		return err
+	}
+	if len(routes) == 0 {
+		return fmt.Errorf("no kernel route to %s", prefix)
+	}
+	return nil
+}
