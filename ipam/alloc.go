@@ -6,6 +6,8 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+
+	"go4.org/netipx"
 )
 
 // Reasons of an allocation's problems; they are the Events' reasons.
@@ -303,6 +305,13 @@ func (a *allocator) unclaim(s *Service, ip netip.Addr) {
 		delete(a.used, ip)
 		if g != nil {
 			g.addrs = slices.DeleteFunc(g.addrs, func(x netip.Addr) bool { return x == ip })
+		}
+		// The next Service gets it, as if it had never been taken.
+		if c := a.cursors[cursorKey{st.pool, family(ip)}]; c != nil {
+			i := slices.IndexFunc(st.pool.ranges, func(r netipx.IPRange) bool { return r.Contains(ip) })
+			if i < c.i || i == c.i && c.next.IsValid() && ip.Less(c.next) {
+				c.i, c.next = i, ip
+			}
 		}
 	}
 }
