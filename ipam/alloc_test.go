@@ -28,11 +28,13 @@ func lb(ns, name string) *Service {
 
 type opt func(*Service)
 
-func age(i int) opt          { return func(s *Service) { s.Created = epoch.Add(secs(i)) } }
-func families(f ...int) opt  { return func(s *Service) { s.Families = f } }
-func requireAll() opt        { return func(s *Service) { s.RequireAll = true } }
-func class(c string) opt     { return func(s *Service) { s.Class = c } }
-func pool(p string) opt      { return func(s *Service) { s.Pool, s.PoolFrom = p, "annotation nftgate.io/address-pool" } }
+func age(i int) opt         { return func(s *Service) { s.Created = epoch.Add(secs(i)) } }
+func families(f ...int) opt { return func(s *Service) { s.Families = f } }
+func requireAll() opt       { return func(s *Service) { s.RequireAll = true } }
+func class(c string) opt    { return func(s *Service) { s.Class = c } }
+func pool(p string) opt {
+	return func(s *Service) { s.Pool, s.PoolFrom = p, "annotation nftgate.io/address-pool" }
+}
 func share(k string) opt     { return func(s *Service) { s.SharingKey = k } }
 func backend(b string) opt   { return func(s *Service) { s.Backend = b } }
 func label(k, v string) opt  { return func(s *Service) { s.Labels = map[string]string{k: v} } }
