@@ -88,10 +88,15 @@ func compareKeys(a, b Key) int {
 // not matter), and costs O(n log n) in their number:
 //
 //  1. In order of age (creation time, then namespace/name), each Service
-//     claims the addresses it requests, or else those it holds in its
-//     status while they are still valid. An address claimed by an older
-//     Service is refused to a younger one unless both may share it.
-//  2. In the same order, each family still without an address gets the
+//     keeps the addresses its status holds while they are still valid
+//     (in a pool that serves it, the one it names, and among those it
+//     requests if it requests any). An address held by an older Service
+//     is taken from a younger one unless both may share it.
+//  2. In the same order, each Service claims the addresses it requests:
+//     an address another Service holds or claimed first is refused unless
+//     both may share it. A request never takes an address from a Service
+//     that holds it.
+//  3. In the same order, each family still without an address gets the
 //     first address that may be shared with it (same sharing key and
 //     backend, no common port) or else the next free one, from the pool
 //     it names or else the auto_assign pools that serve it, in the
@@ -112,7 +117,10 @@ func (pol *Policy) Allocate(services []*Service) *Result {
 		return cmp.Or(x.Service.Created.Compare(y.Service.Created), compareKeys(x.Service.Key, y.Service.Key))
 	})
 	for _, al := range served {
-		a.pinned(al)
+		a.held(al)
+	}
+	for _, al := range served {
+		a.requested(al)
 	}
 	for _, al := range served {
 		a.automatic(al)
@@ -174,37 +182,18 @@ type cursor struct {
 	next netip.Addr
 }
 
-// pinned claims the addresses s requests, or the valid ones it holds.
-func (a *allocator) pinned(al *Allocation) {
+// held claims the valid addresses s holds in its status (only those it
+// requests, when it requests some).
+func (a *allocator) held(al *Allocation) {
 	s := al.Service
 	if s.Invalid != "" {
 		al.Problems = append(al.Problems, Problem{ReasonInvalid, s.Invalid + "; the addresses it holds are kept, none is allocated"})
 	}
-	if len(s.Requested) > 0 && s.Invalid == "" {
-		for _, ip := range s.Requested {
-			slot := slices.Index(s.Families, 4+2*family(ip))
-			reason := ReasonNotInPool
-			pool, why := a.fits(s, ip)
-			if why == "" {
-				if why = a.claim(s, ip, pool); why != "" {
-					reason = ReasonAddressTaken
-					if a.used[ip].key != "" && s.SharingKey != "" {
-						reason = ReasonSharingRefused
-					}
-				}
-			}
-			if why != "" {
-				al.Problems = append(al.Problems, Problem{reason, fmt.Sprintf("requested address %s (%s): %s", ip, s.RequestedFrom, why)})
-				continue
-			}
-			al.Addresses[slot] = Assigned{ip, pool.Name}
-		}
-		return
-	}
+	requests := len(s.Requested) > 0 && s.Invalid == ""
 	for _, ip := range s.Held {
 		slot := slices.Index(s.Families, 4+2*family(ip))
-		if slot < 0 || al.Addresses[slot].Addr.IsValid() {
-			continue // a family it no longer asks for, or a second one
+		if slot < 0 || al.Addresses[slot].Addr.IsValid() || requests && !slices.Contains(s.Requested, ip) {
+			continue // a family it no longer asks for, a second one, or one it no longer requests
 		}
 		pool, why := a.fits(s, ip)
 		if why == "" {
@@ -212,6 +201,35 @@ func (a *allocator) pinned(al *Allocation) {
 		}
 		if why != "" {
 			al.Problems = append(al.Problems, Problem{ReasonReleased, fmt.Sprintf("address %s released: %s", ip, why)})
+			continue
+		}
+		al.Addresses[slot] = Assigned{ip, pool.Name}
+	}
+}
+
+// requested claims the addresses s requests and does not hold yet.
+func (a *allocator) requested(al *Allocation) {
+	s := al.Service
+	if s.Invalid != "" {
+		return
+	}
+	for _, ip := range s.Requested {
+		slot := slices.Index(s.Families, 4+2*family(ip))
+		if al.Addresses[slot].Addr == ip {
+			continue
+		}
+		reason := ReasonNotInPool
+		pool, why := a.fits(s, ip)
+		if why == "" {
+			if why = a.claim(s, ip, pool); why != "" {
+				reason = ReasonAddressTaken
+				if a.used[ip].key != "" && s.SharingKey != "" {
+					reason = ReasonSharingRefused
+				}
+			}
+		}
+		if why != "" {
+			al.Problems = append(al.Problems, Problem{reason, fmt.Sprintf("requested address %s (%s): %s", ip, s.RequestedFrom, why)})
 			continue
 		}
 		al.Addresses[slot] = Assigned{ip, pool.Name}

@@ -71,6 +71,7 @@ type Controller struct {
 	log     *slog.Logger
 	kick    chan struct{}
 	writes  atomic.Int64
+	passes  atomic.Int64 // reconciles completed as the writer
 	metrics *metrics
 
 	mu       sync.Mutex
@@ -282,6 +283,7 @@ func (c *Controller) reconcile() error {
 		}
 		c.report(rec, al)
 	}
+	c.passes.Add(1)
 	return errors.Join(errs...)
 }
 
