@@ -1,6 +1,8 @@
 package ipam
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -161,5 +163,37 @@ func TestHugeIPv6PoolSaturates(t *testing.T) {
 	}
 	if got := pol.Pools[0].Size(); got != ^uint64(0) {
 		t.Errorf("size %d, want saturated", got)
+	}
+}
+
+// The commented example in config.toml, uncommented, is a valid
+// configuration.
+func TestConfigTomlExample(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join("..", "config.toml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(data), "# --- LoadBalancer address allocation")
+	if !ok {
+		t.Fatal("config.toml has no LoadBalancer address allocation section")
+	}
+	var text []string
+	example := false
+	for _, l := range strings.Split(section, "\n") {
+		example = example || strings.HasPrefix(l, "# [[pools]]")
+		if example || strings.HasPrefix(l, "# load_balancer_class") {
+			text = append(text, strings.TrimPrefix(strings.TrimPrefix(l, "#"), " "))
+		}
+	}
+	var cfg Config
+	md, err := toml.Decode(strings.Join(text, "\n"), &cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if und := md.Undecoded(); len(und) > 0 {
+		t.Fatalf("unknown keys %v", und)
+	}
+	if _, err := cfg.Compile(); err != nil || len(cfg.Pools) != 2 {
+		t.Fatalf("%v, %d pools", err, len(cfg.Pools))
 	}
 }
