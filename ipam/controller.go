@@ -1,0 +1,463 @@
+package ipam
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/retry"
+)
+
+// Defaults of Options.
+const (
+	DefaultLeaseNamespace = "nftgate"
+	DefaultLeaseName      = "nftgate-ipam"
+	DefaultLeaseDuration  = 15 * time.Second
+	DefaultRenewDeadline  = 10 * time.Second
+	DefaultRetryPeriod    = 2 * time.Second
+	// EventComponent is the source of the Events the controller writes.
+	EventComponent = "nftgate-ipam"
+)
+
+// Options configure a Controller.
+type Options struct {
+	// Client reaches the API. Its rate limit bounds how fast a cold
+	// start writes statuses (two requests per Service that changes).
+	Client kubernetes.Interface
+	Policy *Policy
+	// Identity names this gateway in the Lease, in Events and as the
+	// field manager of the statuses it writes. Required.
+	Identity string
+	// The Lease that elects the one writer: coordination.k8s.io/v1 Lease
+	// LeaseNamespace/LeaseName.
+	LeaseNamespace, LeaseName string
+	// Lease timing, as client-go's leaderelection takes it: a writer that
+	// stops renewing is replaced within LeaseDuration; it stops writing
+	// itself when it could not renew for RenewDeadline.
+	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+	// Registerer takes the controller's gauges; nil: none.
+	Registerer prometheus.Registerer
+	Log        *slog.Logger
+}
+
+// Controller allocates addresses to LoadBalancer Services and, while it
+// holds the Lease, writes them to their status.loadBalancer.ingress, with
+// an Event on each Service whose allocation failed. Every gateway runs
+// one; all of them compute the same allocation (it is a pure function of
+// the Services), and only the holder of the Lease writes.
+//
+// It is fed Services by SetService and DeleteService (from the same
+// informer as the ruleset, or from Watch), and told by SetSynced when it
+// has the complete first list: before that it writes nothing, since an
+// address would look free that a Service not yet seen holds.
+type Controller struct {
+	o       Options
+	log     *slog.Logger
+	kick    chan struct{}
+	writes  atomic.Int64
+	passes  atomic.Int64 // reconciles completed as the writer
+	metrics *metrics
+
+	mu       sync.Mutex
+	policy   *Policy
+	services map[Key]*Service
+	synced   bool
+	leadCtx  context.Context // non-nil while this gateway holds the Lease
+	leader   string
+	latest   *Result
+	// reported is the problems last reported by Event, per Service.
+	reported map[Key]string
+	recorder record.EventRecorder
+}
+
+// NewController checks o and returns a controller that does nothing until
+// Run.
+func NewController(o Options) (*Controller, error) {
+	if o.Client == nil || o.Policy == nil {
+		return nil, errors.New("ipam: Options.Client and Options.Policy are required")
+	}
+	if o.Identity == "" {
+		return nil, errors.New("ipam: Options.Identity is required")
+	}
+	o.LeaseNamespace = cmpOr(o.LeaseNamespace, DefaultLeaseNamespace)
+	o.LeaseName = cmpOr(o.LeaseName, DefaultLeaseName)
+	o.LeaseDuration = cmpOr(o.LeaseDuration, DefaultLeaseDuration)
+	o.RenewDeadline = cmpOr(o.RenewDeadline, DefaultRenewDeadline)
+	o.RetryPeriod = cmpOr(o.RetryPeriod, DefaultRetryPeriod)
+	log := o.Log
+	if log == nil {
+		log = slog.Default()
+	}
+	c := &Controller{o: o, log: log.With("component", "ipam"), kick: make(chan struct{}, 1), policy: o.Policy,
+		services: map[Key]*Service{}, reported: map[Key]string{}}
+	if o.Registerer != nil {
+		var err error
+		if c.metrics, err = newMetrics(o.Registerer); err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+func cmpOr[T comparable](v, def T) T {
+	var zero T
+	if v == zero {
+		return def
+	}
+	return v
+}
+
+// SetService adds or replaces a Service.
+func (c *Controller) SetService(s *Service) {
+	c.mu.Lock()
+	c.services[s.Key] = s
+	c.mu.Unlock()
+	c.changed()
+}
+
+// DeleteService forgets a Service.
+func (c *Controller) DeleteService(k Key) {
+	c.mu.Lock()
+	delete(c.services, k)
+	delete(c.reported, k)
+	c.mu.Unlock()
+	c.changed()
+}
+
+// SetSynced says every Service has been given.
+func (c *Controller) SetSynced() {
+	c.mu.Lock()
+	c.synced = true
+	c.mu.Unlock()
+	c.changed()
+}
+
+// SetPolicy replaces the pools and class (a configuration change).
+// Addresses outside every new pool are released and reallocated.
+func (c *Controller) SetPolicy(p *Policy) {
+	c.mu.Lock()
+	c.policy = p
+	c.mu.Unlock()
+	c.changed()
+}
+
+func (c *Controller) changed() {
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Writes counts the status updates this controller made.
+func (c *Controller) Writes() int64 { return c.writes.Load() }
+
+// Writer tells whether this gateway holds the Lease.
+func (c *Controller) Writer() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.leadCtx != nil && c.leadCtx.Err() == nil
+}
+
+// Run elects the writer and allocates until ctx ends; a writer that stops
+// gives up the Lease, so that another takes over at once.
+func (c *Controller) Run(ctx context.Context) error {
+	bc := record.NewBroadcaster(record.WithContext(ctx))
+	bc.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.o.Client.CoreV1().Events("")})
+	defer bc.Shutdown()
+	c.mu.Lock()
+	c.recorder = bc.NewRecorder(scheme.Scheme, corev1.EventSource{Component: EventComponent, Host: c.o.Identity})
+	c.mu.Unlock()
+
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() { c.work(ctx) })
+	for ctx.Err() == nil {
+		le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
+			Lock: &resourcelock.LeaseLock{
+				LeaseMeta:  metav1.ObjectMeta{Namespace: c.o.LeaseNamespace, Name: c.o.LeaseName},
+				Client:     c.o.Client.CoordinationV1(),
+				LockConfig: resourcelock.ResourceLockConfig{Identity: c.o.Identity},
+			},
+			LeaseDuration:   c.o.LeaseDuration,
+			RenewDeadline:   c.o.RenewDeadline,
+			RetryPeriod:     c.o.RetryPeriod,
+			ReleaseOnCancel: true,
+			Name:            c.o.LeaseName,
+			Callbacks: leaderelection.LeaderCallbacks{
+				OnStartedLeading: func(lctx context.Context) {
+					c.log.Info("this gateway now writes LoadBalancer addresses", "lease", c.o.LeaseNamespace+"/"+c.o.LeaseName)
+					c.mu.Lock()
+					c.leadCtx = lctx
+					c.mu.Unlock()
+					c.changed()
+				},
+				OnStoppedLeading: func() {
+					c.mu.Lock()
+					c.leadCtx = nil
+					c.mu.Unlock()
+					c.log.Info("this gateway no longer writes LoadBalancer addresses")
+				},
+				OnNewLeader: func(id string) {
+					c.mu.Lock()
+					c.leader = id
+					c.mu.Unlock()
+				},
+			},
+		})
+		if err != nil {
+			return fmt.Errorf("ipam: leader election: %w", err)
+		}
+		le.Run(ctx)
+	}
+	return nil
+}
+
+// work reconciles after every change, and retries failed writes.
+func (c *Controller) work(ctx context.Context) {
+	retry := time.NewTimer(time.Hour)
+	retry.Stop()
+	backoff := 500 * time.Millisecond
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-c.kick:
+		case <-retry.C:
+		}
+		if err := c.reconcile(); err != nil {
+			c.log.Warn("writing LoadBalancer statuses failed; trying again", "err", err, "in", backoff)
+			retry.Reset(backoff)
+			backoff = min(2*backoff, 30*time.Second)
+		} else {
+			backoff = 500 * time.Millisecond
+		}
+	}
+}
+
+// reconcile allocates, and as the writer writes what differs from the
+// statuses and reports new problems.
+func (c *Controller) reconcile() error {
+	c.mu.Lock()
+	svcs := make([]*Service, 0, len(c.services))
+	for _, s := range c.services {
+		svcs = append(svcs, s)
+	}
+	pol, synced, lctx, rec := c.policy, c.synced, c.leadCtx, c.recorder
+	c.mu.Unlock()
+
+	res := pol.Allocate(svcs)
+	c.mu.Lock()
+	c.latest = res
+	c.mu.Unlock()
+	if c.metrics != nil {
+		c.metrics.update(res, lctx != nil && lctx.Err() == nil)
+	}
+	if !synced || lctx == nil || lctx.Err() != nil {
+		return nil
+	}
+	var errs []error
+	for _, al := range res.Allocations {
+		if lctx.Err() != nil {
+			return nil // no longer the writer
+		}
+		if !slices.Equal(al.IPs(), al.Service.Held) {
+			if err := c.write(lctx, al); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", al.Service.Key, err))
+			}
+		}
+		c.report(rec, al)
+	}
+	c.passes.Add(1)
+	return errors.Join(errs...)
+}
+
+// write puts al's addresses into the Service's status.
+func (c *Controller) write(ctx context.Context, al *Allocation) error {
+	s := al.Service
+	want := make([]corev1.LoadBalancerIngress, len(al.Addresses))
+	vip := corev1.LoadBalancerIPModeVIP
+	for i, a := range al.Addresses {
+		want[i] = corev1.LoadBalancerIngress{IP: a.Addr.String(), IPMode: &vip}
+	}
+	api := c.o.Client.CoreV1().Services(s.Namespace)
+	var wrote *corev1.Service
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cur, err := api.Get(ctx, s.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if s.UID != "" && cur.UID != s.UID {
+			return nil // deleted and made anew: its own event follows
+		}
+		if ingressIPs(cur.Status.LoadBalancer.Ingress) == ingressIPs(want) {
+			wrote = cur
+			return nil
+		}
+		cur.Status.LoadBalancer.Ingress = want
+		wrote, err = api.UpdateStatus(ctx, cur, metav1.UpdateOptions{FieldManager: c.fieldManager()})
+		if err == nil {
+			c.writes.Add(1)
+			c.log.Info("LoadBalancer status written", "service", s.Key.String(), "ingress", ingressIPs(want))
+		}
+		return err
+	})
+	if apierrors.IsNotFound(err) {
+		return nil // gone: its delete event follows
+	}
+	if err == nil && wrote != nil {
+		// What the status now holds, so that the next reconcile before
+		// the informer's event neither writes it again nor misreads it.
+		c.mu.Lock()
+		if cur := c.services[s.Key]; cur == s {
+			c.services[s.Key] = NewService(wrote)
+		}
+		c.mu.Unlock()
+	}
+	return err
+}
+
+func ingressIPs(in []corev1.LoadBalancerIngress) string {
+	ips := make([]string, len(in))
+	for i, x := range in {
+		ips[i] = x.IP
+	}
+	return strings.Join(ips, ",")
+}
+
+// fieldManager names this gateway as the writer of the statuses, in
+// their managedFields.
+func (c *Controller) fieldManager() string {
+	m := "nftgate-ipam/" + c.o.Identity
+	if len(m) > 128 {
+		m = m[:128]
+	}
+	return m
+}
+
+// report writes one Event per problem of al, when they differ from what
+// was last reported for the Service.
+func (c *Controller) report(rec record.EventRecorder, al *Allocation) {
+	k := al.Service.Key
+	var b strings.Builder
+	for _, p := range al.Problems {
+		b.WriteString(p.Reason + ": " + p.Message + "\n")
+	}
+	c.mu.Lock()
+	same := c.reported[k] == b.String()
+	if b.Len() == 0 {
+		delete(c.reported, k)
+	} else {
+		c.reported[k] = b.String()
+	}
+	c.mu.Unlock()
+	if same || rec == nil {
+		return
+	}
+	ref := &corev1.ObjectReference{Kind: "Service", APIVersion: "v1", Namespace: k.Namespace, Name: k.Name, UID: al.Service.UID}
+	for _, p := range al.Problems {
+		rec.Event(ref, corev1.EventTypeWarning, p.Reason, p.Message)
+		c.log.Warn("LoadBalancer address", "service", k.String(), "reason", p.Reason, "message", p.Message)
+	}
+}
+
+// Snapshot is the allocation as the status page shows it.
+type Snapshot struct {
+	// Writer: this gateway holds the Lease and writes the statuses.
+	Writer bool `json:"writer"`
+	// Leader is the holder of the Lease as last seen.
+	Leader string `json:"leader"`
+	// Synced: the controller has every Service.
+	Synced   bool           `json:"synced"`
+	Pools    []Usage        `json:"pools"`
+	Services []ServiceState `json:"services"`
+}
+
+// ServiceState is one Service's allocation.
+type ServiceState struct {
+	Namespace string     `json:"namespace"`
+	Name      string     `json:"name"`
+	Addresses []Assigned `json:"addresses"`
+	// Written: the status holds these addresses.
+	Written  bool      `json:"written"`
+	Problems []Problem `json:"problems,omitempty"`
+}
+
+// Snapshot returns the latest allocation.
+func (c *Controller) Snapshot() Snapshot {
+	c.mu.Lock()
+	res := c.latest
+	sn := Snapshot{Writer: c.leadCtx != nil && c.leadCtx.Err() == nil, Leader: c.leader, Synced: c.synced}
+	c.mu.Unlock()
+	if res == nil {
+		return sn
+	}
+	sn.Pools = res.Usage
+	for _, al := range res.Allocations {
+		sn.Services = append(sn.Services, ServiceState{Namespace: al.Service.Namespace, Name: al.Service.Name,
+			Addresses: al.Addresses, Written: slices.Equal(al.IPs(), al.Service.Held), Problems: al.Problems})
+	}
+	return sn
+}
+
+// metrics are the controller's gauges.
+type metrics struct {
+	used, free *prometheus.GaugeVec
+	writer     prometheus.Gauge
+	failed     prometheus.Gauge
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		used: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "nftgate_pool_addresses_used",
+			Help: "Addresses of the pool given to LoadBalancer Services."}, []string{"pool"}),
+		free: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "nftgate_pool_addresses_free",
+			Help: "Addresses of the pool still free (saturated at 2^64)."}, []string{"pool"}),
+		writer: prometheus.NewGauge(prometheus.GaugeOpts{Name: "nftgate_ipam_writer",
+			Help: "1 while this gateway holds the Lease and writes LoadBalancer statuses."}),
+		failed: prometheus.NewGauge(prometheus.GaugeOpts{Name: "nftgate_ipam_services_failed",
+			Help: "LoadBalancer Services missing an address they ask for."}),
+	}
+	for _, col := range []prometheus.Collector{m.used, m.free, m.writer, m.failed} {
+		if err := reg.Register(col); err != nil {
+			return nil, fmt.Errorf("ipam: metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+func (m *metrics) update(res *Result, writer bool) {
+	m.used.Reset()
+	m.free.Reset()
+	for _, u := range res.Usage {
+		m.used.WithLabelValues(u.Pool).Set(float64(u.Used))
+		m.free.WithLabelValues(u.Pool).Set(float64(u.Free))
+	}
+	w := 0.0
+	if writer {
+		w = 1
+	}
+	m.writer.Set(w)
+	failed := 0
+	for _, al := range res.Allocations {
+		if len(al.Addresses) < len(al.Service.Families) && slices.ContainsFunc(al.Problems, func(p Problem) bool { return p.Reason != ReasonReleased }) {
+			failed++
+		}
+	}
+	m.failed.Set(float64(failed))
+}

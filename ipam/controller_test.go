@@ -1,0 +1,346 @@
+package ipam
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nftgate/nftgate/kubetest"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/yaml"
+)
+
+// eventually waits until cond holds, failing t after within.
+func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("after %v: %s", within, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// running is a controller fed by Watch, stopped in cleanup.
+type running struct {
+	*Controller
+	stop func()
+	done chan struct{}
+}
+
+func startController(t *testing.T, cfg *rest.Config, id string, pol *Policy, reg prometheus.Registerer) *running {
+	t.Helper()
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := NewController(Options{Client: client, Policy: pol, Identity: id, Registerer: reg,
+		LeaseDuration: 2 * time.Second, RenewDeadline: 1500 * time.Millisecond, RetryPeriod: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &running{Controller: c, done: make(chan struct{})}
+	watched := make(chan struct{})
+	go func() { defer close(watched); Watch(ctx, client, c) }()
+	go func() {
+		defer close(r.done)
+		if err := c.Run(ctx); err != nil {
+			t.Error(err)
+		}
+		<-watched
+	}()
+	r.stop = func() {
+		cancel()
+		<-r.done
+	}
+	t.Cleanup(r.stop)
+	return r
+}
+
+type svcOpt func(*corev1.Service)
+
+func annotate(k, v string) svcOpt {
+	return func(s *corev1.Service) {
+		if s.Annotations == nil {
+			s.Annotations = map[string]string{}
+		}
+		s.Annotations[k] = v
+	}
+}
+
+func onPort(p int32) svcOpt { return func(s *corev1.Service) { s.Spec.Ports[0].Port = p } }
+
+func createLB(t *testing.T, c kubernetes.Interface, cls, name string, opts ...svcOpt) {
+	t.Helper()
+	s := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, LoadBalancerClass: &cls,
+			Selector: map[string]string{"app": name},
+			Ports:    []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(8080)}}},
+	}
+	for _, o := range opts {
+		o(s)
+	}
+	if _, err := c.CoreV1().Services("default").Create(context.Background(), s, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func ingress(t *testing.T, c kubernetes.Interface, name string) string {
+	t.Helper()
+	s, err := c.CoreV1().Services("default").Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ingressIPs(s.Status.LoadBalancer.Ingress)
+}
+
+func waitIngress(t *testing.T, c kubernetes.Interface, name, want string) {
+	t.Helper()
+	got := ""
+	eventually(t, 10*time.Second, fmt.Sprintf("%s has ingress %q, want %q", name, got, want), func() bool {
+		got = ingress(t, c, name)
+		return got == want
+	})
+}
+
+// waitEvent waits for a Warning Event of that reason on the Service and
+// returns its message.
+func waitEvent(t *testing.T, c kubernetes.Interface, name, reason string) string {
+	t.Helper()
+	var msg string
+	eventually(t, 10*time.Second, fmt.Sprintf("no %s Event on %s", reason, name), func() bool {
+		l, err := c.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{
+			FieldSelector: fields.Set{"involvedObject.name": name, "reason": reason}.String()})
+		if err != nil || len(l.Items) == 0 {
+			return false
+		}
+		msg = l.Items[0].Message
+		return l.Items[0].Type == corev1.EventTypeWarning && l.Items[0].Source.Component == EventComponent
+	})
+	return msg
+}
+
+// applyRBAC creates the objects of deploy/rbac.yaml (the token Secret is
+// left out: no controller here fills it in).
+func applyRBAC(t *testing.T, c kubernetes.Interface) {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join("..", "deploy", "rbac.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, doc := range strings.Split(string(data), "\n---") {
+		var tm metav1.TypeMeta
+		if err := yaml.Unmarshal([]byte(doc), &tm); err != nil {
+			t.Fatal(err)
+		}
+		decode := func(o any) {
+			if err := yaml.Unmarshal([]byte(doc), o); err != nil {
+				t.Fatal(err)
+			}
+		}
+		switch tm.Kind {
+		case "Namespace":
+			var o corev1.Namespace
+			decode(&o)
+			_, err = c.CoreV1().Namespaces().Create(ctx, &o, metav1.CreateOptions{})
+		case "ServiceAccount":
+			var o corev1.ServiceAccount
+			decode(&o)
+			_, err = c.CoreV1().ServiceAccounts(o.Namespace).Create(ctx, &o, metav1.CreateOptions{})
+		case "ClusterRole":
+			var o rbacv1.ClusterRole
+			decode(&o)
+			_, err = c.RbacV1().ClusterRoles().Create(ctx, &o, metav1.CreateOptions{})
+		case "ClusterRoleBinding":
+			var o rbacv1.ClusterRoleBinding
+			decode(&o)
+			_, err = c.RbacV1().ClusterRoleBindings().Create(ctx, &o, metav1.CreateOptions{})
+		case "Secret":
+			continue
+		default:
+			t.Fatalf("deploy/rbac.yaml: unexpected kind %q", tm.Kind)
+		}
+		if err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatalf("deploy/rbac.yaml: %s: %v", tm.Kind, err)
+		}
+	}
+}
+
+// statusManagers are the field managers that wrote the Service's status.
+func statusManagers(t *testing.T, c kubernetes.Interface, name string) []string {
+	t.Helper()
+	s, err := c.CoreV1().Services("default").Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, m := range s.ManagedFields {
+		if m.Subresource == "status" {
+			out = append(out, m.Manager)
+		}
+	}
+	return out
+}
+
+// The controller against a real kube-apiserver, with the rights of
+// deploy/rbac.yaml only. Each part serves its own loadBalancerClass, so
+// that the parts' Services stay apart.
+func TestControllerAgainstAPIServer(t *testing.T) {
+	cp := kubetest.StartForTest(t, kubetest.Options{})
+	admin := cp.Client()
+	applyRBAC(t, admin)
+	sa, err := cp.ServiceAccountConfig(context.Background(), "nftgate", "nftgate")
+	if err != nil {
+		t.Fatal(err)
+	}
+	policy := func(cls string, addrs ...string) *Policy {
+		return compile(t, Config{LoadBalancerClass: cls, Pools: []PoolConfig{{Name: "p", Addresses: addrs}}})
+	}
+
+	t.Run("requested, shared, refused, exhausted; restart changes nothing", func(t *testing.T) {
+		const cls = "nftgate.io/a"
+		reg := prometheus.NewRegistry()
+		c := startController(t, sa, "gw-1", policy(cls, "10.10.0.1-10.10.0.3"), reg)
+		createLB(t, admin, cls, "first")
+		waitIngress(t, admin, "first", "10.10.0.1")
+		createLB(t, admin, cls, "asks", annotate("metallb.io/loadBalancerIPs", "10.10.0.3"))
+		waitIngress(t, admin, "asks", "10.10.0.3")
+		createLB(t, admin, cls, "share-1", annotate("metallb.io/allow-shared-ip", "k"))
+		waitIngress(t, admin, "share-1", "10.10.0.2")
+		createLB(t, admin, cls, "share-2", annotate("metallb.io/allow-shared-ip", "k"), onPort(443))
+		waitIngress(t, admin, "share-2", "10.10.0.2")
+
+		createLB(t, admin, cls, "same-port", annotate("nftgate.io/allow-shared-ip", "k"), annotate("nftgate.io/load-balancer-ips", "10.10.0.2"))
+		msg := waitEvent(t, admin, "same-port", ReasonSharingRefused)
+		if !strings.Contains(msg, "port TCP/80 is already used there by default/share-1") {
+			t.Errorf("SharingRefused: %q", msg)
+		}
+		createLB(t, admin, cls, "taken", func(s *corev1.Service) { s.Spec.LoadBalancerIP = "10.10.0.1" })
+		if msg := waitEvent(t, admin, "taken", ReasonAddressTaken); !strings.Contains(msg, "10.10.0.1") || !strings.Contains(msg, "default/first") {
+			t.Errorf("AddressTaken: %q", msg)
+		}
+		createLB(t, admin, cls, "one-too-many")
+		if msg := waitEvent(t, admin, "one-too-many", ReasonPoolExhausted); !strings.Contains(msg, `pool "p"`) {
+			t.Errorf("PoolExhausted: %q", msg)
+		}
+		for _, n := range []string{"same-port", "taken", "one-too-many"} {
+			if got := ingress(t, admin, n); got != "" {
+				t.Errorf("%s: ingress %q, want none", n, got)
+			}
+		}
+		if got := testutil.ToFloat64(c.metrics.used.WithLabelValues("p")); got != 3 {
+			t.Errorf("nftgate_pool_addresses_used{pool=p} = %v, want 3", got)
+		}
+		if got := testutil.ToFloat64(c.metrics.free.WithLabelValues("p")); got != 0 {
+			t.Errorf("nftgate_pool_addresses_free{pool=p} = %v, want 0", got)
+		}
+		sn := c.Snapshot()
+		if !sn.Writer || len(sn.Services) != 7 || sn.Pools[0] != (Usage{"p", 3, 0}) {
+			t.Errorf("snapshot %+v", sn)
+		}
+
+		// Restart: a new controller recovers every address from status.
+		before := map[string]string{}
+		list, _ := admin.CoreV1().Services("default").List(context.Background(), metav1.ListOptions{})
+		for _, s := range list.Items {
+			before[s.Name] = s.ResourceVersion
+		}
+		c.stop()
+		c2 := startController(t, sa, "gw-2", policy(cls, "10.10.0.1-10.10.0.3"), nil)
+		eventually(t, 10*time.Second, "the new controller is the writer and has reconciled", func() bool {
+			sn := c2.Snapshot()
+			return sn.Writer && sn.Synced && c2.passes.Load() > 0
+		})
+		if n := c2.Writes(); n != 0 {
+			t.Errorf("the restarted controller wrote %d statuses", n)
+		}
+		list, _ = admin.CoreV1().Services("default").List(context.Background(), metav1.ListOptions{})
+		for _, s := range list.Items {
+			if before[s.Name] != s.ResourceVersion {
+				t.Errorf("%s changed across the restart", s.Name)
+			}
+		}
+
+		// A pool change: first's address leaves the pool; it moves, with
+		// an Event, and nothing else moves.
+		c2.SetPolicy(policy(cls, "10.10.0.2-10.10.0.4"))
+		waitIngress(t, admin, "first", "10.10.0.4")
+		if msg := waitEvent(t, admin, "first", ReasonReleased); !strings.Contains(msg, "10.10.0.1") {
+			t.Errorf("AddressReleased: %q", msg)
+		}
+		for n, want := range map[string]string{"asks": "10.10.0.3", "share-1": "10.10.0.2", "share-2": "10.10.0.2", "one-too-many": ""} {
+			if got := ingress(t, admin, n); got != want {
+				t.Errorf("after the pool change %s: %q, want %q", n, got, want)
+			}
+		}
+	})
+
+	t.Run("two gateways: exactly one writes, the other takes over", func(t *testing.T) {
+		const cls = "nftgate.io/b"
+		pol := policy(cls, "10.20.0.0/24")
+		g1 := startController(t, sa, "gw-a", pol, nil)
+		g2 := startController(t, sa, "gw-b", pol, nil)
+		eventually(t, 10*time.Second, "one gateway holds the Lease", func() bool { return g1.Writer() || g2.Writer() })
+		w, r := g1, g2
+		if g2.Writer() {
+			w, r = g2, g1
+		}
+		both := make(chan bool, 1)
+		watchCtx, stopWatch := context.WithCancel(context.Background())
+		go func() {
+			seen := false
+			for watchCtx.Err() == nil {
+				seen = seen || g1.Writer() && g2.Writer()
+				time.Sleep(5 * time.Millisecond)
+			}
+			both <- seen
+		}()
+		for i := range 5 {
+			createLB(t, admin, cls, fmt.Sprintf("b-%d", i))
+		}
+		for i := range 5 {
+			waitIngress(t, admin, fmt.Sprintf("b-%d", i), fmt.Sprintf("10.20.0.%d", i))
+			if m := statusManagers(t, admin, fmt.Sprintf("b-%d", i)); fmt.Sprint(m) != "["+w.fieldManager()+"]" {
+				t.Errorf("b-%d: status written by %v, want only %s", i, m, w.fieldManager())
+			}
+		}
+		eventually(t, 5*time.Second, "the reader computed the same allocation", func() bool {
+			sn := r.Snapshot()
+			return len(sn.Services) == 5 && sn.Services[4].Written
+		})
+		if r.Writes() != 0 || r.Snapshot().Writer {
+			t.Errorf("the reader wrote %d statuses", r.Writes())
+		}
+
+		start := time.Now()
+		w.stop()
+		eventually(t, 2*time.Second, "the other gateway takes over within the lease duration", r.Writer)
+		t.Logf("takeover after %v", time.Since(start))
+		createLB(t, admin, cls, "b-after")
+		waitIngress(t, admin, "b-after", "10.20.0.5")
+		if m := statusManagers(t, admin, "b-after"); fmt.Sprint(m) != "["+r.fieldManager()+"]" {
+			t.Errorf("b-after: status written by %v, want only %s", m, r.fieldManager())
+		}
+		stopWatch()
+		if <-both {
+			t.Error("both gateways held the Lease at once")
+		}
+	})
+}
