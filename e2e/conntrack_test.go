@@ -1,4 +1,4 @@
-package main_test
+package e2e_test
 
 // Stale conntrack cleanup end to end: UDP clients that keep one source port,
 // so that every datagram belongs to one conntrack entry, follow endpoint
@@ -17,9 +17,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/nftgate/nftgate/lab"
-	"github.com/nftgate/nftgate/lab/gatewaytest"
-	"github.com/nftgate/nftgate/lab/labtest"
+	"github.com/nftgate/nftgate/internal/testing/lab"
+	"github.com/nftgate/nftgate/internal/testing/lab/gatewaytest"
+	"github.com/nftgate/nftgate/internal/testing/lab/labtest"
 )
 
 // conntrackMetric reads one unlabelled sample from the gateway's /metrics.

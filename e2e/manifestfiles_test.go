@@ -1,4 +1,4 @@
-package main_test
+package e2e_test
 
 import (
 	"encoding/json"
@@ -12,10 +12,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nftgate/nftgate/appliance/browsertest"
-	"github.com/nftgate/nftgate/lab"
-	"github.com/nftgate/nftgate/lab/gatewaytest"
-	"github.com/nftgate/nftgate/lab/labtest"
+	"github.com/nftgate/nftgate/internal/testing/browsertest"
+	"github.com/nftgate/nftgate/internal/testing/lab"
+	"github.com/nftgate/nftgate/internal/testing/lab/gatewaytest"
+	"github.com/nftgate/nftgate/internal/testing/lab/labtest"
 )
 
 // TestSpecialFilesInManifests drops a FIFO and a link to /dev/zero into the

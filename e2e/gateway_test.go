@@ -1,4 +1,4 @@
-package main_test
+package e2e_test
 
 // End-to-end tests of the nftgate binary: a client namespace, the gateway
 // namespace running nftgate on a manifests directory, and a backend
@@ -16,9 +16,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/nftgate/nftgate/lab"
-	"github.com/nftgate/nftgate/lab/gatewaytest"
-	"github.com/nftgate/nftgate/lab/labtest"
+	"github.com/nftgate/nftgate/internal/testing/lab"
+	"github.com/nftgate/nftgate/internal/testing/lab/gatewaytest"
+	"github.com/nftgate/nftgate/internal/testing/lab/labtest"
 )
 
 func ap(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }

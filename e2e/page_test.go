@@ -1,4 +1,4 @@
-package main_test
+package e2e_test
 
 // The status page of a running gateway, driven in headless Chromium: the real
 // nftgate binary serves it from the gateway namespace, fed by its own sync
@@ -15,9 +15,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/nftgate/nftgate/appliance/browsertest"
-	"github.com/nftgate/nftgate/lab/gatewaytest"
-	"github.com/nftgate/nftgate/lab/labtest"
+	"github.com/nftgate/nftgate/internal/testing/browsertest"
+	"github.com/nftgate/nftgate/internal/testing/lab/gatewaytest"
+	"github.com/nftgate/nftgate/internal/testing/lab/labtest"
 )
 
 // pageRow is what one row of the Services table shows.

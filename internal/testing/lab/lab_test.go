@@ -20,8 +20,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
-	"github.com/nftgate/nftgate/lab"
-	"github.com/nftgate/nftgate/lab/labtest"
+	"github.com/nftgate/nftgate/internal/testing/lab"
+	"github.com/nftgate/nftgate/internal/testing/lab/labtest"
 )
 
 func ap(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }

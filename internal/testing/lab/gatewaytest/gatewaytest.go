@@ -26,8 +26,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
 
-	"github.com/nftgate/nftgate/kubetest"
-	"github.com/nftgate/nftgate/lab"
+	"github.com/nftgate/nftgate/internal/testing/kubetest"
+	"github.com/nftgate/nftgate/internal/testing/lab"
 )
 
 var (
@@ -41,7 +41,7 @@ func Binary(t testing.TB) string {
 	t.Helper()
 	buildOnce.Do(func() {
 		_, file, _, _ := runtime.Caller(0)
-		root := filepath.Join(filepath.Dir(file), "..", "..")
+		root := filepath.Join(filepath.Dir(file), "..", "..", "..", "..")
 		dir, err := os.MkdirTemp("", "nftgate-bin-")
 		if err != nil {
 			buildErr = err

@@ -10,10 +10,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 
-	"github.com/nftgate/nftgate/lab"
+	"github.com/nftgate/nftgate/internal/testing/lab"
 )
 
-const examplesDir = "../../../examples/manifests"
+const examplesDir = "../../../../../examples/manifests"
 
 // The example manifests are what the demo and the docs show; they must be
 // consistent the way a real cluster's objects are.

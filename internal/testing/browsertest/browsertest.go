@@ -42,7 +42,7 @@ func ArtifactDir(t testing.TB, sub string) string {
 		dir = filepath.Join(d, sub)
 	} else {
 		_, file, _, _ := runtime.Caller(0)
-		dir = filepath.Join(filepath.Dir(file), "..", "..", "build", "test-artifacts", sub)
+		dir = filepath.Join(filepath.Dir(file), "..", "..", "..", "build", "test-artifacts", sub)
 	}
 	dir, err := filepath.Abs(dir)
 	if err != nil {

@@ -30,7 +30,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/nftgate/nftgate/lab"
+	"github.com/nftgate/nftgate/internal/testing/lab"
 )
 
 // labName is the demo lab's name; probe finds the client namespace by it.

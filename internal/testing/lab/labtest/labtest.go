@@ -10,7 +10,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/nftgate/nftgate/lab"
+	"github.com/nftgate/nftgate/internal/testing/lab"
 )
 
 var staleOnce sync.Once

@@ -23,8 +23,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
 
-	"github.com/nftgate/nftgate/kubetest"
-	"github.com/nftgate/nftgate/lab/gatewaytest"
+	"github.com/nftgate/nftgate/internal/testing/kubetest"
+	"github.com/nftgate/nftgate/internal/testing/lab/gatewaytest"
 )
 
 // The inside network of the API test: one bridge in the cluster namespace

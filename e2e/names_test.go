@@ -1,4 +1,4 @@
-package main_test
+package e2e_test
 
 import (
 	"fmt"
@@ -6,9 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nftgate/nftgate/lab"
-	"github.com/nftgate/nftgate/lab/gatewaytest"
-	"github.com/nftgate/nftgate/lab/labtest"
+	"github.com/nftgate/nftgate/internal/testing/lab"
+	"github.com/nftgate/nftgate/internal/testing/lab/gatewaytest"
+	"github.com/nftgate/nftgate/internal/testing/lab/labtest"
 )
 
 // TestLongNamesRefusedByName: a Service whose names are longer than the

@@ -1,4 +1,4 @@
-package main_test
+package e2e_test
 
 // Tests of nftgate as a watcher of a real kube-apiserver: slices, bursts,
 // outages, restarts and drift.
@@ -25,9 +25,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
 
-	"github.com/nftgate/nftgate/lab"
-	"github.com/nftgate/nftgate/lab/gatewaytest"
-	"github.com/nftgate/nftgate/lab/labtest"
+	"github.com/nftgate/nftgate/internal/testing/lab"
+	"github.com/nftgate/nftgate/internal/testing/lab/gatewaytest"
+	"github.com/nftgate/nftgate/internal/testing/lab/labtest"
 )
 
 // metric returns the sum of a Prometheus series' samples on /metrics.

@@ -1,4 +1,4 @@
-package main_test
+package e2e_test
 
 // Every Service behaviour of the Kubernetes documentation, as kube-proxy's
 // nftables mode implements it, proven with real traffic through the
@@ -29,9 +29,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/nftgate/nftgate/healthcheck"
-	"github.com/nftgate/nftgate/lab"
-	"github.com/nftgate/nftgate/lab/gatewaytest"
-	"github.com/nftgate/nftgate/lab/labtest"
+	"github.com/nftgate/nftgate/internal/testing/lab"
+	"github.com/nftgate/nftgate/internal/testing/lab/gatewaytest"
+	"github.com/nftgate/nftgate/internal/testing/lab/labtest"
 	"github.com/nftgate/nftgate/model"
 	"github.com/nftgate/nftgate/nft"
 )
