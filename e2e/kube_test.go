@@ -28,6 +28,7 @@ import (
 	"github.com/nftgate/nftgate/internal/testing/lab"
 	"github.com/nftgate/nftgate/internal/testing/lab/gatewaytest"
 	"github.com/nftgate/nftgate/internal/testing/lab/labtest"
+	"github.com/nftgate/nftgate/internal/testing/repo"
 )
 
 // metric returns the sum of a Prometheus series' samples on /metrics.
@@ -318,7 +319,7 @@ func TestLeastPrivilege(t *testing.T) {
 	gatewaytest.Serve(t, topo.Backend, "tcp", ap("198.18.2.10:8080"))
 	g := gatewaytest.NewWithAPI(t, topo)
 	ctx := context.Background()
-	if err := applyFile(ctx, g, filepath.Join("..", "..", "deploy", "rbac.yaml")); err != nil {
+	if err := applyFile(ctx, g, repo.Path(t, "deploy", "rbac.yaml")); err != nil {
 		t.Fatal(err)
 	}
 	sa, err := g.API.ServiceAccountConfig(ctx, "nftgate", "nftgate")

@@ -14,7 +14,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -27,6 +26,8 @@ import (
 	cdpruntime "github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 	"github.com/chromedp/chromedp/kb"
+
+	"github.com/nftgate/nftgate/internal/testing/repo"
 )
 
 // PollTimeout bounds every wait for a condition in the page.
@@ -41,8 +42,7 @@ func ArtifactDir(t testing.TB, sub string) string {
 	if d := os.Getenv("NFTGATE_TEST_ARTIFACTS"); d != "" {
 		dir = filepath.Join(d, sub)
 	} else {
-		_, file, _, _ := runtime.Caller(0)
-		dir = filepath.Join(filepath.Dir(file), "..", "..", "..", "build", "test-artifacts", sub)
+		dir = repo.Path(t, "build", "test-artifacts", sub)
 	}
 	dir, err := filepath.Abs(dir)
 	if err != nil {

@@ -1,13 +1,13 @@
 package kubetest
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
+
+	"github.com/nftgate/nftgate/internal/testing/repo"
 )
 
 // EnvBinDir names the environment variable that points at a directory
@@ -23,8 +23,6 @@ const DefaultEtcd = "/usr/bin/etcd"
 // was not set up from a control plane that failed.
 var ErrBinariesMissing = errors.New("kubernetes binaries missing")
 
-const modulePath = "github.com/nftgate/nftgate"
-
 // BinDir returns the directory that holds the kube-apiserver binary: $NFTGATE_KUBE_BIN
 // when set, else the build/ directory of this repository (found from the
 // working directory, or from this source file's location). The error says
@@ -37,7 +35,7 @@ func BinDir() (string, error) {
 		}
 		return dir, nil
 	}
-	root, err := repoRoot()
+	root, err := repo.Root()
 	if err != nil {
 		return "", fmt.Errorf("kubetest: %w: cannot find the nftgate repository to look for build/kube-apiserver (%v); set %s",
 			ErrBinariesMissing, err, EnvBinDir)
@@ -59,33 +57,6 @@ func checkBin(dir, name string) error {
 		return fmt.Errorf("%w: %s is not an executable file", ErrBinariesMissing, p)
 	}
 	return nil
-}
-
-// repoRoot finds the directory of the go.mod that declares this module,
-// first above the working directory (where `go test` runs), then above
-// this source file.
-func repoRoot() (string, error) {
-	var starts []string
-	if wd, err := os.Getwd(); err == nil {
-		starts = append(starts, wd)
-	}
-	if _, file, _, ok := runtime.Caller(0); ok && filepath.IsAbs(file) {
-		starts = append(starts, filepath.Dir(file))
-	}
-	for _, dir := range starts {
-		for {
-			data, err := os.ReadFile(filepath.Join(dir, "go.mod"))
-			if err == nil && bytes.Contains(data, []byte("module "+modulePath+"\n")) {
-				return dir, nil
-			}
-			parent := filepath.Dir(dir)
-			if parent == dir {
-				break
-			}
-			dir = parent
-		}
-	}
-	return "", fmt.Errorf("no go.mod of module %s above %v", modulePath, starts)
 }
 
 // lookEtcd checks that the etcd binary exists.

@@ -25,6 +25,7 @@ import (
 
 	"github.com/nftgate/nftgate/internal/testing/kubetest"
 	"github.com/nftgate/nftgate/internal/testing/lab/gatewaytest"
+	"github.com/nftgate/nftgate/internal/testing/repo"
 )
 
 // The inside network of the API test: one bridge in the cluster namespace
@@ -67,10 +68,7 @@ func TestApplianceWithAPI(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 9*time.Minute)
 	defer cancel()
-	root, err := filepath.Abs("..")
-	if err != nil {
-		t.Fatal(err)
-	}
+	root := repo.Path(t)
 
 	client := newNetns(t, "client")
 	cluster := newNetns(t, "inside")

@@ -15,11 +15,12 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nftgate/nftgate/internal/testing/repo"
 )
 
 // The VLAN of vmtest/testdata/network-vlan.json: eth1.100 on the VM's eth1.
@@ -54,10 +55,7 @@ func TestApplianceVLAN(t *testing.T) {
 	if image == "" {
 		t.Fatal("NFTGATE_VMTEST_VLAN_IMAGE is not set: run make vmtest-vlan, which builds the kernel and the image")
 	}
-	root, err := filepath.Abs("..")
-	if err != nil {
-		t.Fatal(err)
-	}
+	root := repo.Path(t)
 	acc := loadAccess(t, root)
 
 	client := newNetns(t, "client")

@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nftgate/nftgate/internal/testing/repo"
 )
 
 // The addresses of vmtest/testdata/network.json, which the test image is
@@ -30,10 +32,7 @@ const (
 // plain `go test` builds them through the same make target.
 func testImage(t *testing.T) (image string, a access) {
 	t.Helper()
-	root, err := filepath.Abs("..")
-	if err != nil {
-		t.Fatal(err)
-	}
+	root := repo.Path(t)
 	image = os.Getenv("NFTGATE_VMTEST_IMAGE")
 	if image == "" {
 		if _, err := os.Stat(filepath.Join(root, "mk", "image.mk")); err != nil {

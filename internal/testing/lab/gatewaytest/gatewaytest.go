@@ -13,7 +13,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	stdsync "sync"
 	"syscall"
@@ -28,6 +27,7 @@ import (
 
 	"github.com/nftgate/nftgate/internal/testing/kubetest"
 	"github.com/nftgate/nftgate/internal/testing/lab"
+	"github.com/nftgate/nftgate/internal/testing/repo"
 )
 
 var (
@@ -40,8 +40,11 @@ var (
 func Binary(t testing.TB) string {
 	t.Helper()
 	buildOnce.Do(func() {
-		_, file, _, _ := runtime.Caller(0)
-		root := filepath.Join(filepath.Dir(file), "..", "..", "..", "..")
+		root, err := repo.Root()
+		if err != nil {
+			buildErr = err
+			return
+		}
 		dir, err := os.MkdirTemp("", "nftgate-bin-")
 		if err != nil {
 			buildErr = err

@@ -11,14 +11,13 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 
 	"github.com/nftgate/nftgate/internal/testing/lab"
+	"github.com/nftgate/nftgate/internal/testing/repo"
 )
-
-const examplesDir = "../../../../../examples/manifests"
 
 // The example manifests are what the demo and the docs show; they must be
 // consistent the way a real cluster's objects are.
 func TestExampleManifestsAreConsistent(t *testing.T) {
-	m, err := loadManifests(examplesDir)
+	m, err := loadManifests(repo.Path(t, "examples", "manifests"))
 	if err != nil {
 		t.Fatal(err)
 	}
