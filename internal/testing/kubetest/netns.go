@@ -2,17 +2,17 @@ package kubetest
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+
+	"github.com/nftgate/nftgate/internal/testing/netnstest"
 )
 
 // netnsPath turns Options.NetNS into the path of a namespace file: a bare
@@ -44,32 +44,7 @@ func inNetNS(path string, fn func() error) error {
 	}
 	defer target.Close()
 
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("get current network namespace: %w", err)
-			return
-		}
-		defer orig.Close()
-		if err := netns.Set(target); err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("enter network namespace %s: %w", path, err)
-			return
-		}
-		ferr := fn()
-		if err := netns.Set(orig); err != nil {
-			// The thread stays locked, so the runtime ends it with this
-			// goroutine instead of reusing it in the wrong namespace.
-			errc <- errors.Join(ferr, fmt.Errorf("leave network namespace %s: %w", path, err))
-			return
-		}
-		runtime.UnlockOSThread()
-		errc <- ferr
-	}()
-	return <-errc
+	return netnstest.Do(target, fn)
 }
 
 // dialer returns a DialContext that connects from inside the network

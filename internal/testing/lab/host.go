@@ -2,14 +2,12 @@ package lab
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,6 +16,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/nftgate/nftgate/internal/testing/netnstest"
 )
 
 // Host is one network namespace of a lab.
@@ -90,52 +90,10 @@ func (h *Host) String() string { return h.short }
 // runs on its own goroutine, locked to an OS thread that has entered the
 // namespace, and Do waits for it. Sockets fn creates stay in the namespace
 // after fn returns and may be used from anywhere; goroutines fn starts do not
-// run in the namespace. If the thread cannot be moved back it is thrown away
-// rather than reused. A panic in fn is re-raised in the caller.
+// run in the namespace. A panic in fn is re-raised in the caller (see
+// netnstest.Do).
 func (h *Host) Do(fn func() error) error {
-	return doIn(h.ns, h.nsName, fn)
-}
-
-func doIn(ns netns.NsHandle, nsName string, fn func() error) error {
-	type result struct {
-		err   error
-		panic any
-	}
-	done := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			done <- result{err: fmt.Errorf("lab: current namespace: %w", err)}
-			return
-		}
-		defer orig.Close()
-		if err := netns.Set(ns); err != nil {
-			runtime.UnlockOSThread()
-			done <- result{err: fmt.Errorf("lab: enter namespace %s: %w", nsName, err)}
-			return
-		}
-		var r result
-		func() {
-			defer func() { r.panic = recover() }()
-			r.err = fn()
-		}()
-		if err := netns.Set(orig); err != nil {
-			// Leave the thread locked: the runtime ends a thread whose
-			// goroutine exits while locked.
-			r.err = errors.Join(r.err, fmt.Errorf("lab: leave namespace %s: %w", nsName, err))
-			done <- r
-			return
-		}
-		runtime.UnlockOSThread()
-		done <- r
-	}()
-	r := <-done
-	if r.panic != nil {
-		panic(r.panic)
-	}
-	return r.err
+	return netnstest.Do(h.ns, fn)
 }
 
 // Command prepares name with args to run inside the namespace, through

@@ -21,7 +21,6 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,6 +29,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/nftgate/nftgate/internal/testing/netnstest"
 )
 
 // NetnsDir is where named network namespaces are bind-mounted, the same
@@ -246,7 +247,7 @@ func (l *Lab) LinkRoot(rootAddrs []netip.Prefix, h *Host, hAddrs []netip.Prefix)
 	l.rootLinks = append(l.rootLinks, rootName)
 	l.mu.Unlock()
 	// Only this interface's setting: the machine's defaults stay as they are.
-	err = doIn(rootNS, "root", func() error {
+	err = netnstest.Do(rootNS, func() error {
 		return writeSysctl("net/ipv6/conf/"+rootName+"/accept_dad", "0")
 	})
 	if err != nil && !errors.Is(err, os.ErrNotExist) { // no IPv6 on the machine
@@ -474,47 +475,16 @@ func ensureNetnsDir() error {
 }
 
 // createNamedNetns creates a namespace bind-mounted at /run/netns/<name> and
-// returns an open handle to it. netns.NewNamed moves the calling thread into
-// the new namespace, so it runs on a locked thread that is moved back, or
-// discarded if that fails.
+// returns an open handle to it.
 func createNamedNetns(name string) (netns.NsHandle, error) {
 	if _, err := os.Lstat(filepath.Join(NetnsDir, name)); err == nil {
 		return netns.None(), fmt.Errorf("lab: namespace %s already exists", name)
 	}
-	type result struct {
-		ns  netns.NsHandle
-		err error
+	ns, err := netnstest.NewNamed(name)
+	if err != nil {
+		return netns.None(), fmt.Errorf("lab: %w", err)
 	}
-	done := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			done <- result{netns.None(), fmt.Errorf("lab: current namespace: %w", err)}
-			return
-		}
-		defer orig.Close()
-		ns, err := netns.NewNamed(name)
-		if rerr := netns.Set(orig); rerr != nil {
-			// The thread stays in an unknown namespace: keep it locked so
-			// the runtime ends it when this goroutine returns.
-			if err == nil {
-				ns.Close()
-				_ = netns.DeleteNamed(name)
-			}
-			done <- result{netns.None(), fmt.Errorf("lab: restore namespace after creating %s: %w", name, rerr)}
-			return
-		}
-		runtime.UnlockOSThread()
-		if err != nil {
-			done <- result{netns.None(), fmt.Errorf("lab: create namespace %s: %w", name, err)}
-			return
-		}
-		done <- result{ns, nil}
-	}()
-	r := <-done
-	return r.ns, r.err
+	return ns, nil
 }
 
 // rootNS is the namespace the process started in, taken while package

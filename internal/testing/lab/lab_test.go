@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -22,6 +21,7 @@ import (
 
 	"github.com/nftgate/nftgate/internal/testing/lab"
 	"github.com/nftgate/nftgate/internal/testing/lab/labtest"
+	"github.com/nftgate/nftgate/internal/testing/netnstest"
 )
 
 func ap(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }
@@ -337,10 +337,6 @@ func TestRemoveStaleDeletesDeadProcessesNamespaces(t *testing.T) {
 	for _, n := range []string{name, live} {
 		makeNamedNetns(t, n)
 	}
-	t.Cleanup(func() {
-		netns.DeleteNamed(name)
-		netns.DeleteNamed(live)
-	})
 	removed, err := lab.RemoveStale()
 	if err != nil {
 		t.Fatal(err)
@@ -365,18 +361,12 @@ func TestRemoveStaleDeletesDeadProcessesNamespaces(t *testing.T) {
 
 func makeNamedNetns(t *testing.T, name string) {
 	t.Helper()
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // the thread is discarded, never moved back
-		ns, err := netns.NewNamed(name)
-		if err == nil {
-			ns.Close()
-		}
-		errc <- err
-	}()
-	if err := <-errc; err != nil {
+	ns, err := netnstest.NewNamed(name)
+	if err != nil {
 		t.Fatal(err)
 	}
+	ns.Close()
+	t.Cleanup(func() { netns.DeleteNamed(name) })
 }
 
 func TestManyEchoServersAreCheap(t *testing.T) {

@@ -5,17 +5,17 @@ package vmtest
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"os"
-	"runtime"
 	"sync/atomic"
 	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+
+	"github.com/nftgate/nftgate/internal/testing/netnstest"
 )
 
 var nsSeq atomic.Int64
@@ -32,15 +32,9 @@ type Netns struct {
 // processes never collide. Close removes it.
 func NewNetns(role string) (*Netns, error) {
 	name := fmt.Sprintf("nftgate-vm-%s-%d-%d", role, os.Getpid(), nsSeq.Add(1))
-	var h netns.NsHandle
-	// netns.NewNamed moves the calling thread into the new namespace;
-	// onThread moves it back.
-	err := onThread(func() (err error) {
-		h, err = netns.NewNamed(name)
-		return err
-	})
+	h, err := netnstest.NewNamed(name)
 	if err != nil {
-		return nil, fmt.Errorf("creating namespace %s: %w", name, err)
+		return nil, err
 	}
 	nl, err := netlink.NewHandleAt(h)
 	if err != nil {
@@ -73,42 +67,7 @@ func (n *Netns) Netlink() *netlink.Handle { return n.nl }
 // Do runs f on an OS thread inside the namespace. Sockets f creates stay in
 // the namespace and may be used from any goroutine afterwards.
 func (n *Netns) Do(f func() error) error {
-	return onThread(func() error {
-		if err := netns.Set(n.handle); err != nil {
-			return fmt.Errorf("entering %s: %w", n.Name, err)
-		}
-		return f()
-	})
-}
-
-// onThread runs f on a locked OS thread and then returns the thread to its
-// original network namespace and to the runtime. A thread is discarded
-// (left locked when its goroutine ends) only when it cannot go back.
-//
-// Discarding threads is not harmless: a child started with Pdeathsig (as
-// QEMU here, etcd and kube-apiserver in package kubetest) is killed when
-// the thread that forked it ends, and the runtime may have forked it on
-// any thread, this one included.
-func onThread(f func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("current network namespace: %w", err)
-			return
-		}
-		defer orig.Close()
-		ferr := f()
-		if err := netns.Set(orig); err != nil {
-			errc <- errors.Join(ferr, fmt.Errorf("returning to the original network namespace: %w", err))
-			return
-		}
-		runtime.UnlockOSThread()
-		errc <- ferr
-	}()
-	return <-errc
+	return netnstest.Do(n.handle, f)
 }
 
 // AddrAdd assigns a CIDR address to a link in the namespace and sets it up.
