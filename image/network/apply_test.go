@@ -140,7 +140,7 @@ func TestApplyTimesOutOnMissingInterface(t *testing.T) {
 // support (CONFIG_VLAN_8021Q, as on the stock gokrazy kernel) Apply must say
 // so by name; which of the two applies is found out independently by
 // creating a VLAN directly. The VM test of the custom kernel
-// (vmtest/vlan_test.go) runs the supported case on the appliance.
+// (internal/testing/vmtest/vlan_test.go) runs the supported case on the appliance.
 func TestApplyVLAN(t *testing.T) {
 	ns := newTestNS(t)
 	h, err := netlink.NewHandleAt(ns)

@@ -23,7 +23,7 @@ import (
 	"github.com/nftgate/nftgate/internal/testing/repo"
 )
 
-// The VLAN of vmtest/testdata/network-vlan.json: eth1.100 on the VM's eth1.
+// The VLAN of testdata/network-vlan.json: eth1.100 on the VM's eth1.
 const (
 	vlanID         = 100
 	vmVLANAddr     = "10.123.100.1"

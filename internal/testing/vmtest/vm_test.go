@@ -17,7 +17,7 @@ import (
 	"github.com/nftgate/nftgate/internal/testing/repo"
 )
 
-// The addresses of vmtest/testdata/network.json, which the test image is
+// The addresses of testdata/network.json, which the test image is
 // built with: eth0 faces the client namespace, eth1 the cluster namespace.
 const (
 	vmClientAddr  = "10.123.1.1"
