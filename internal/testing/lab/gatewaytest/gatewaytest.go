@@ -36,7 +36,9 @@ var (
 	buildErr  error
 )
 
-// Binary builds cmd/nftgate once per test process and returns its path.
+// Binary builds cmd/nftgate once per test process and returns its path. A
+// package whose tests use it calls Main from its TestMain, which removes
+// the binary when they are done.
 func Binary(t testing.TB) string {
 	t.Helper()
 	buildOnce.Do(func() {
@@ -61,6 +63,19 @@ func Binary(t testing.TB) string {
 		t.Fatal(buildErr)
 	}
 	return binPath
+}
+
+// Main runs the tests of m, removes the binary Binary built, and exits with
+// the tests' status.
+func Main(m *testing.M) {
+	code := m.Run()
+	if binPath != "" {
+		if err := os.RemoveAll(filepath.Dir(binPath)); err != nil {
+			fmt.Fprintf(os.Stderr, "gatewaytest: remove the nftgate binary: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
 }
 
 // Gateway is one nftgate process in a lab gateway namespace.
