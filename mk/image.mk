@@ -116,8 +116,9 @@ VMTEST_IMAGE := $(BUILD)/nftgate-vmtest.img
 VMTEST_PASSWORD_FILE := $(BUILD)/vmtest-password.txt
 VMTEST_NFTGATE_PASSWORD_FILE := $(BUILD)/vmtest-nftgate-password.txt
 VMTEST_GOKRAZY_TLS_DIR := $(BUILD)/vmtest-gokrazy-tls
-# The VM's address on the client side (internal/testing/vmtest/testdata/network.json): the
-# test reaches gokrazy there, and its certificate must name it.
+# The VM's address on the client side
+# (internal/testing/vmtest/testdata/network.json): the test reaches gokrazy
+# there, and its certificate must name it.
 VMTEST_UPDATE_HOST := 10.123.1.1
 VMTEST_SECRETS := GOKRAZY_PASSWORD_FILE=$(VMTEST_PASSWORD_FILE) \
 	NFTGATE_PASSWORD_FILE=$(VMTEST_NFTGATE_PASSWORD_FILE) \

@@ -1,4 +1,5 @@
-# lab: network-namespace test lab (./internal/testing/lab), its tests and the demo program.
+# lab: network-namespace test lab (./internal/testing/lab), its tests and the
+# demo program (./internal/testing/lab/cmd/nftgate-demo).
 #
 #   make demo-build   build/nftgate-demo
 #   make lab-test     the lab's own tests (need root; skip with a message otherwise)
