@@ -46,8 +46,8 @@ vmtest-vlan-image: kernel
 
 # TestApplianceVLAN is compiled only with the build tag customkernel, so
 # `make test` and `go test ./internal/testing/vmtest/` never see it (rather
-# than skip it);
-# it fails when NFTGATE_VMTEST_VLAN_IMAGE does not name the image.
+# than skip it); it fails when NFTGATE_VMTEST_VLAN_IMAGE does not name the
+# image.
 vmtest-vlan: vmtest-deps vmtest-vlan-image
 	NFTGATE_VMTEST_VLAN_IMAGE=$(VMTEST_VLAN_IMAGE) NFTGATE_VMTEST_PASSWORD_FILE=$(VMTEST_PASSWORD_FILE) \
 		NFTGATE_VMTEST_NFTGATE_PASSWORD_FILE=$(VMTEST_NFTGATE_PASSWORD_FILE) \
