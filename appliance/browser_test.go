@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nftgate/nftgate/appliance/browsertest"
+	"github.com/nftgate/nftgate/internal/testing/browsertest"
 )
 
 // browserSnapshot is the healthy fixture with enough Services to fill a page.

@@ -6,7 +6,6 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
-	"runtime"
 	"strings"
 	"testing"
 
@@ -15,6 +14,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/nftgate/nftgate/internal/testing/netnstest"
 )
 
 // The lab: client -- gateway -- backends. The gateway DNATs service
@@ -58,71 +59,14 @@ func requireRoot(t testing.TB) {
 // leak between test processes.
 func newNetNS(t testing.TB) netns.NsHandle {
 	t.Helper()
-	type result struct {
-		ns  netns.NsHandle
-		err error
-	}
-	done := make(chan result, 1)
-	// netns.New switches the calling thread, so it runs on a thread of its
-	// own that is discarded (left locked) if switching back fails.
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			done <- result{err: err}
-			return
-		}
-		defer orig.Close()
-		ns, err := netns.New()
-		if err != nil {
-			done <- result{err: fmt.Errorf("create network namespace: %w", err)}
-			return
-		}
-		if err := netns.Set(orig); err != nil {
-			ns.Close()
-			done <- result{err: fmt.Errorf("return to original namespace: %w", err)}
-			return
-		}
-		runtime.UnlockOSThread()
-		done <- result{ns: ns}
-	}()
-	r := <-done
-	if r.err != nil {
-		t.Fatal(r.err)
-	}
-	t.Cleanup(func() { r.ns.Close() })
-	return r.ns
+	return netnstest.Temp(t)
 }
 
 // inNS runs fn on a thread switched into ns. Sockets and processes created
 // by fn stay in ns.
 func inNS(t testing.TB, ns netns.NsHandle, fn func() error) {
 	t.Helper()
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		// The thread is left locked on purpose when switching back fails:
-		// the runtime then discards it instead of reusing a thread in the
-		// wrong namespace.
-		orig, err := netns.Get()
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer orig.Close()
-		if err := netns.Set(ns); err != nil {
-			errc <- err
-			return
-		}
-		ferr := fn()
-		if err := netns.Set(orig); err != nil {
-			errc <- fmt.Errorf("return to original namespace: %w", err)
-			return
-		}
-		runtime.UnlockOSThread()
-		errc <- ferr
-	}()
-	if err := <-errc; err != nil {
+	if err := netnstest.Do(ns, fn); err != nil {
 		t.Fatal(err)
 	}
 }

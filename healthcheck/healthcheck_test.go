@@ -17,7 +17,7 @@ import (
 	"github.com/nftgate/nftgate/appliance/httpserver"
 	"github.com/nftgate/nftgate/appliance/httpserver/httpservertest"
 	"github.com/nftgate/nftgate/healthcheck"
-	"github.com/nftgate/nftgate/lab"
+	"github.com/nftgate/nftgate/internal/testing/lab"
 	"github.com/nftgate/nftgate/model"
 )
 

@@ -11,7 +11,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/nftgate/nftgate/hostaddr"
-	"github.com/nftgate/nftgate/lab/labtest"
+	"github.com/nftgate/nftgate/internal/testing/lab/labtest"
 )
 
 // The addresses of a namespace, listed and then followed as they change.

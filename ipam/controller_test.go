@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nftgate/nftgate/kubetest"
+	"github.com/nftgate/nftgate/internal/testing/kubetest"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"

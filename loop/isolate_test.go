@@ -14,8 +14,8 @@ import (
 
 	"github.com/vishvananda/netns"
 
-	"github.com/nftgate/nftgate/lab"
-	"github.com/nftgate/nftgate/lab/gatewaytest"
+	"github.com/nftgate/nftgate/internal/testing/lab"
+	"github.com/nftgate/nftgate/internal/testing/lab/gatewaytest"
 	"github.com/nftgate/nftgate/model"
 	"github.com/nftgate/nftgate/nft"
 	"github.com/nftgate/nftgate/ruleset"

@@ -24,7 +24,7 @@ appliance-test: appliance-deps
 	$(GO) test -race -count=1 ./appliance/...
 
 appliance-page-test: appliance-deps
-	$(GO) test -race -count=1 -run 'TestPageOfRunningGateway' -v ./cmd/nftgate/
+	$(GO) test -race -count=1 -run 'TestPageOfRunningGateway' -v ./e2e/
 
 # `make deps` and `make test` prepare the browser too, so the page test runs
 # (and, with CI=true, must run) wherever the whole suite runs.

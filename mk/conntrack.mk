@@ -11,7 +11,7 @@ conntrack-deps:
 conntrack-test: conntrack-deps
 	$(GO) test -race -count=1 ./conntrack/
 	$(GO) test -race -count=1 -run 'StaleFlows|ConntrackCleaner' ./sync/
-	$(GO) test -race -count=1 -run 'TestConntrack' ./cmd/nftgate/
+	$(GO) test -race -count=1 -run 'TestConntrack' ./e2e/
 
 # One Clean against 1,000 and 100,000 unrelated conntrack entries, narrow
 # kernel filters versus the broad per-protocol dump.

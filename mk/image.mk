@@ -116,14 +116,15 @@ VMTEST_IMAGE := $(BUILD)/nftgate-vmtest.img
 VMTEST_PASSWORD_FILE := $(BUILD)/vmtest-password.txt
 VMTEST_NFTGATE_PASSWORD_FILE := $(BUILD)/vmtest-nftgate-password.txt
 VMTEST_GOKRAZY_TLS_DIR := $(BUILD)/vmtest-gokrazy-tls
-# The VM's address on the client side (vmtest/testdata/network.json): the
-# test reaches gokrazy there, and its certificate must name it.
+# The VM's address on the client side
+# (internal/testing/vmtest/testdata/network.json): the test reaches gokrazy
+# there, and its certificate must name it.
 VMTEST_UPDATE_HOST := 10.123.1.1
 VMTEST_SECRETS := GOKRAZY_PASSWORD_FILE=$(VMTEST_PASSWORD_FILE) \
 	NFTGATE_PASSWORD_FILE=$(VMTEST_NFTGATE_PASSWORD_FILE) \
 	GOKRAZY_TLS_DIR=$(VMTEST_GOKRAZY_TLS_DIR) UPDATE_HOST=$(VMTEST_UPDATE_HOST)
 VMTEST_VARS := IMAGE_NAME=nftgate-vmtest \
-	NETWORK=$(CURDIR)/vmtest/testdata/network.json \
+	NETWORK=$(CURDIR)/internal/testing/vmtest/testdata/network.json \
 	$(VMTEST_SECRETS) \
 	NFTGATE_CONFIG=$(CURDIR)/image/demo/config.toml \
 	MANIFESTS=$(CURDIR)/image/demo/manifests KUBECONFIG_FILE=
@@ -142,7 +143,7 @@ vmtest-update:
 # VMTEST_CONFIG (nftgate's config.toml); vmtest-image has already built
 # everything else it needs, so this build is incremental.
 VMTEST_API_VARS := IMAGE_NAME=nftgate-vmtest-api \
-	NETWORK=$(CURDIR)/vmtest/testdata/network.json \
+	NETWORK=$(CURDIR)/internal/testing/vmtest/testdata/network.json \
 	$(VMTEST_SECRETS) \
 	NFTGATE_CONFIG=$(VMTEST_CONFIG) KUBECONFIG_FILE=$(VMTEST_KUBECONFIG) \
 	MANIFESTS=$(CURDIR)/image/demo/manifests
@@ -159,4 +160,4 @@ vmtest: vmtest-deps vmtest-image kube-bin kube-deps
 	NFTGATE_VMTEST_IMAGE=$(VMTEST_IMAGE) NFTGATE_VMTEST_PASSWORD_FILE=$(VMTEST_PASSWORD_FILE) \
 		NFTGATE_VMTEST_NFTGATE_PASSWORD_FILE=$(VMTEST_NFTGATE_PASSWORD_FILE) \
 		NFTGATE_VMTEST_GOKRAZY_CERT=$(VMTEST_GOKRAZY_TLS_DIR)/cert.pem \
-		$(GO) test -race -count=1 -v -timeout 15m ./vmtest/
+		$(GO) test -race -count=1 -v -timeout 15m ./internal/testing/vmtest/

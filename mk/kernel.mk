@@ -34,10 +34,10 @@ kernel: kernel-deps
 	echo "make kernel: $$(( $$(date +%s) - start )) s"
 
 # The VLAN test image: the vmtest image's inputs with the custom kernel and
-# a VLAN on eth1 (vmtest/testdata/network-vlan.json).
+# a VLAN on eth1 (internal/testing/vmtest/testdata/network-vlan.json).
 VMTEST_VLAN_IMAGE := $(BUILD)/nftgate-vmtest-vlan.img
 VMTEST_VLAN_VARS := IMAGE_NAME=nftgate-vmtest-vlan KERNEL=custom \
-	NETWORK=$(CURDIR)/vmtest/testdata/network-vlan.json \
+	NETWORK=$(CURDIR)/internal/testing/vmtest/testdata/network-vlan.json \
 	$(VMTEST_SECRETS) \
 	NFTGATE_CONFIG=$(CURDIR)/image/demo/config.toml \
 	MANIFESTS=$(CURDIR)/image/demo/manifests KUBECONFIG_FILE=
@@ -45,10 +45,11 @@ vmtest-vlan-image: kernel
 	$(MAKE) --no-print-directory image $(VMTEST_VLAN_VARS)
 
 # TestApplianceVLAN is compiled only with the build tag customkernel, so
-# `make test` and `go test ./vmtest/` never see it (rather than skip it);
-# it fails when NFTGATE_VMTEST_VLAN_IMAGE does not name the image.
+# `make test` and `go test ./internal/testing/vmtest/` never see it (rather
+# than skip it); it fails when NFTGATE_VMTEST_VLAN_IMAGE does not name the
+# image.
 vmtest-vlan: vmtest-deps vmtest-vlan-image
 	NFTGATE_VMTEST_VLAN_IMAGE=$(VMTEST_VLAN_IMAGE) NFTGATE_VMTEST_PASSWORD_FILE=$(VMTEST_PASSWORD_FILE) \
 		NFTGATE_VMTEST_NFTGATE_PASSWORD_FILE=$(VMTEST_NFTGATE_PASSWORD_FILE) \
 		NFTGATE_VMTEST_GOKRAZY_CERT=$(VMTEST_GOKRAZY_TLS_DIR)/cert.pem \
-		$(GO) test -tags customkernel -race -count=1 -v -timeout 15m -run 'TestApplianceVLAN' ./vmtest/
+		$(GO) test -tags customkernel -race -count=1 -v -timeout 15m -run 'TestApplianceVLAN' ./internal/testing/vmtest/

@@ -32,4 +32,4 @@ kube-deps:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server; }
 
 kube-test: kube-bin kube-deps
-	$(GO) test -race ./kubetest/
+	$(GO) test -race ./internal/testing/kubetest/

@@ -3,15 +3,14 @@ package nft
 import (
 	"errors"
 	"os"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/nftables"
+	"github.com/nftgate/nftgate/internal/testing/netnstest"
 	"github.com/nftgate/nftgate/ruleset"
-	"github.com/vishvananda/netns"
 )
 
 // newAnonNetns returns a fresh network namespace, removed when the test
@@ -21,33 +20,7 @@ func newAnonNetns(t *testing.T) int {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: creates a network namespace and programs nf_tables in it")
 	}
-	type result struct {
-		h   netns.NsHandle
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		// The thread moves into the new namespace and back; it stays
-		// locked, so Go discards it rather than reuse it.
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			ch <- result{err: err}
-			return
-		}
-		defer orig.Close()
-		h, err := netns.New()
-		if err == nil {
-			err = netns.Set(orig)
-		}
-		ch <- result{h, err}
-	}()
-	r := <-ch
-	if r.err != nil {
-		t.Fatal(r.err)
-	}
-	t.Cleanup(func() { r.h.Close() })
-	return int(r.h)
+	return int(netnstest.Temp(t))
 }
 
 func tablesIn(t *testing.T, fd int) []string {

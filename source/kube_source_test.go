@@ -12,7 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/nftgate/nftgate/kubetest"
+	"github.com/nftgate/nftgate/internal/testing/kubetest"
 	"github.com/nftgate/nftgate/loop"
 	"github.com/nftgate/nftgate/model"
 )

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/nftgate/nftgate/appliance"
-	"github.com/nftgate/nftgate/lab"
+	"github.com/nftgate/nftgate/internal/testing/lab"
 	"github.com/nftgate/nftgate/model"
 	"github.com/nftgate/nftgate/source"
 )

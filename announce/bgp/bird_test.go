@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nftgate/nftgate/lab"
+	"github.com/nftgate/nftgate/internal/testing/lab"
 )
 
 var (

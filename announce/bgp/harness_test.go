@@ -19,8 +19,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nftgate/nftgate/lab"
-	"github.com/nftgate/nftgate/lab/labtest"
+	"github.com/nftgate/nftgate/internal/testing/lab"
+	"github.com/nftgate/nftgate/internal/testing/lab/labtest"
 	"github.com/vishvananda/netlink"
 )
 

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +13,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/nftgate/nftgate/internal/testing/netnstest"
 )
 
 // newTestNS creates a network namespace that is removed when the test ends.
@@ -22,45 +23,13 @@ func newTestNS(t *testing.T) netns.NsHandle {
 	if os.Geteuid() != 0 {
 		t.Skip("creating network namespaces requires root")
 	}
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer orig.Close()
-	name := fmt.Sprintf("nftgate-netcfg-%d-%d", os.Getpid(), time.Now().UnixNano())
-	ns, err := netns.NewNamed(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := netns.Set(orig); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ns.Close()
-		if err := netns.DeleteNamed(name); err != nil {
-			t.Errorf("deleting namespace %s: %v", name, err)
-		}
-	})
-	return ns
+	return netnstest.Temp(t)
 }
 
 // inNS runs f on a thread that is inside ns.
 func inNS(t *testing.T, ns netns.NsHandle, f func() error) error {
 	t.Helper()
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		// The thread is discarded rather than switched back: Go then
-		// never reuses a thread left in the wrong namespace.
-		if err := netns.Set(ns); err != nil {
-			errc <- err
-			return
-		}
-		errc <- f()
-	}()
-	return <-errc
+	return netnstest.Do(ns, f)
 }
 
 func TestApplyInNamespace(t *testing.T) {
@@ -171,7 +140,7 @@ func TestApplyTimesOutOnMissingInterface(t *testing.T) {
 // support (CONFIG_VLAN_8021Q, as on the stock gokrazy kernel) Apply must say
 // so by name; which of the two applies is found out independently by
 // creating a VLAN directly. The VM test of the custom kernel
-// (vmtest/vlan_test.go) runs the supported case on the appliance.
+// (internal/testing/vmtest/vlan_test.go) runs the supported case on the appliance.
 func TestApplyVLAN(t *testing.T) {
 	ns := newTestNS(t)
 	h, err := netlink.NewHandleAt(ns)

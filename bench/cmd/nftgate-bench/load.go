@@ -15,9 +15,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/nftgate/nftgate/kubetest"
-	"github.com/nftgate/nftgate/lab"
-	"github.com/nftgate/nftgate/lab/gatewaytest"
+	"github.com/nftgate/nftgate/internal/testing/kubetest"
+	"github.com/nftgate/nftgate/internal/testing/lab"
+	"github.com/nftgate/nftgate/internal/testing/lab/gatewaytest"
 )
 
 const (

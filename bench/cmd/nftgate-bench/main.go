@@ -26,8 +26,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/nftgate/nftgate/kubetest"
-	"github.com/nftgate/nftgate/lab"
+	"github.com/nftgate/nftgate/internal/testing/kubetest"
+	"github.com/nftgate/nftgate/internal/testing/lab"
 )
 
 // Config is what the command line sets.

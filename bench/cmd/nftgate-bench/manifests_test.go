@@ -13,7 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 
-	"github.com/nftgate/nftgate/lab"
+	"github.com/nftgate/nftgate/internal/testing/lab"
 	"github.com/nftgate/nftgate/source"
 )
 

@@ -12,7 +12,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nftgate/nftgate/lab"
+	"github.com/nftgate/nftgate/internal/testing/lab"
 )
 
 // Result is one proxier at one size.
