@@ -114,7 +114,9 @@ func svc(name string, eps ...model.Endpoint) *model.Service {
 		Ports: []model.ServicePort{{Port: 80, Protocol: model.TCP, Endpoints: eps}, {Port: 81, Protocol: model.TCP, Endpoints: eps}}}
 }
 
-func ep(a, node string) model.Endpoint { return model.Endpoint{Addr: addr(a), Port: 8080, NodeName: node} }
+func ep(a, node string) model.Endpoint {
+	return model.Endpoint{Addr: addr(a), Port: 8080, NodeName: node}
+}
 
 func TestPlanEndpoint(t *testing.T) {
 	in := Input{Nodes: nodes, Services: []*model.Service{
