@@ -144,7 +144,10 @@ func (r *Reconciler) Run(ctx context.Context) error {
 		done = make(chan struct{})
 		routes, addrs = make(chan netlink.RouteUpdate, 64), make(chan netlink.AddrUpdate, 16)
 		errf := func(err error) { r.log.Warn("pod routes: netlink notifications", "err", err) }
-		if err := netlink.RouteSubscribeWithOptions(routes, done, netlink.RouteSubscribeOptions{Namespace: r.ns, ErrorCallback: errf}); err != nil {
+		// A Set of thousands of routes echoes as many notifications: a
+		// large buffer keeps the socket from overflowing meanwhile.
+		opts := netlink.RouteSubscribeOptions{Namespace: r.ns, ErrorCallback: errf, ReceiveBufferSize: 4 << 20}
+		if err := netlink.RouteSubscribeWithOptions(routes, done, opts); err != nil {
 			r.log.Warn("pod routes: subscribing to route notifications; repairing every interval only", "err", err, "interval", r.period)
 			routes = nil
 		}
@@ -163,7 +166,10 @@ func (r *Reconciler) Run(ctx context.Context) error {
 			return nil
 		case u, ok := <-routes:
 			if !ok {
-				routes = nil
+				// The subscription failed (its error is logged): a new
+				// one, and a pass for what may have been missed.
+				subscribe()
+				r.trigger()
 				continue
 			}
 			if u.Protocol == Protocol || u.Type == unix.RTM_DELROUTE {
@@ -171,7 +177,8 @@ func (r *Reconciler) Run(ctx context.Context) error {
 			}
 		case _, ok := <-addrs:
 			if !ok {
-				addrs = nil
+				subscribe()
+				r.trigger()
 				continue
 			}
 			r.trigger()
