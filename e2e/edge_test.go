@@ -1,0 +1,285 @@
+package e2e_test
+
+// The edge: a LoadBalancer Service gets an address from a pool, nftgate's
+// BGP speaker announces it to a real router (BIRD), and a client behind
+// that router reaches the backends through it.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/nftgate/nftgate/internal/testing/bird"
+	"github.com/nftgate/nftgate/internal/testing/lab"
+	"github.com/nftgate/nftgate/internal/testing/lab/gatewaytest"
+	"github.com/nftgate/nftgate/internal/testing/lab/labtest"
+)
+
+// The upstream side of the edge lab: a router peering with the gateway,
+// and an outside client that knows only the router.
+var (
+	edgeRouterGW   = netip.MustParsePrefix("198.18.6.1/24")
+	edgeGatewayGW  = netip.MustParsePrefix("198.18.6.2/24")
+	edgeRouterOut  = netip.MustParsePrefix("198.18.7.1/24")
+	edgeOutside    = netip.MustParsePrefix("198.18.7.2/24")
+	edgePool       = "198.19.200.8/29"
+	edgeFirst      = netip.MustParseAddr("198.19.200.9") // skip_network_and_broadcast
+	edgeFirstRoute = netip.PrefixFrom(edgeFirst, 32)
+)
+
+const (
+	edgeRouterASN  = 64512
+	edgeGatewayASN = 64513
+)
+
+type edgeLab struct {
+	topo    *lab.Topology
+	outside *lab.Host
+	router  *bird.Router
+	config  string
+}
+
+// newEdgeLab adds the router (BIRD) and the outside client to the gateway
+// topology, and writes nftgate's configuration: the pool and the BGP peer.
+func newEdgeLab(t *testing.T) *edgeLab {
+	t.Helper()
+	topo := labtest.Gateway(t)
+	router, err := topo.AddHost("router")
+	if err != nil {
+		t.Fatal(err)
+	}
+	outside, err := topo.AddHost("outside")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := topo.Link(router, []netip.Prefix{edgeRouterGW}, topo.Gateway, []netip.Prefix{edgeGatewayGW}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := topo.Link(router, []netip.Prefix{edgeRouterOut}, outside, []netip.Prefix{edgeOutside}); err != nil {
+		t.Fatal(err)
+	}
+	if err := router.Sysctl("net.ipv4.ip_forward", "1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := outside.AddRoute(netip.MustParsePrefix("0.0.0.0/0"), edgeRouterOut.Addr()); err != nil {
+		t.Fatal(err)
+	}
+	if err := topo.Gateway.AddRoute(edgeOutside.Masked(), edgeRouterGW.Addr()); err != nil {
+		t.Fatal(err)
+	}
+	b := bird.Start(t, router, fmt.Sprintf(`
+router id %s;
+protocol device {}
+protocol kernel k4 { ipv4 { import none; export all; }; }
+protocol bgp gw4 {
+  local as %d;
+  neighbor %s as %d;
+  hold time 9;
+  connect delay time 1;
+  connect retry time 1;
+  error wait time 1, 2;
+  graceful restart on;
+  graceful restart time 120;
+  ipv4 { import all; export none; };
+}
+`, edgeRouterGW.Addr(), edgeRouterASN, edgeGatewayGW.Addr(), edgeGatewayASN))
+	cfg := filepath.Join(t.TempDir(), "config.toml")
+	text := fmt.Sprintf(`
+[bgp]
+asn = %d
+router_id = %q
+restart_deferral = "1s"
+
+[[bgp.peer]]
+address = %q
+asn = %d
+hold_time = "9s"
+connect_retry = "1s"
+
+[[pools]]
+name = "public"
+addresses = [%q]
+skip_network_and_broadcast = true
+`, edgeGatewayASN, edgeGatewayGW.Addr(), edgeRouterGW.Addr(), edgeRouterASN, edgePool)
+	if err := os.WriteFile(cfg, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return &edgeLab{topo: topo, outside: outside, router: b, config: cfg}
+}
+
+func (e *edgeLab) web(eps ...gatewaytest.Endpoint) []any {
+	svc := gatewaytest.Service("default", "web", "LoadBalancer", []string{"198.19.0.10"}, gatewaytest.Port{Name: "http", Port: 80})
+	return []any{svc, gatewaytest.Slice("default", "web-1", "web", "http", "", 8080, eps...)}
+}
+
+// TestEdgeBGPFromManifests: without a cluster, the pool gives the
+// Service its address and BIRD learns it.
+func TestEdgeBGPFromManifests(t *testing.T) {
+	e := newEdgeLab(t)
+	g := gatewaytest.New(t, e.topo, "--config", e.config)
+	testEdgeBGP(t, e, g, nil)
+}
+
+// TestEdgeBGPFromKubernetes: the same with a real kube-apiserver: the
+// address is written to the Service's status by the Lease holder.
+func TestEdgeBGPFromKubernetes(t *testing.T) {
+	e := newEdgeLab(t)
+	g := gatewaytest.NewWithAPI(t, e.topo, "--config", e.config)
+	// The Lease that elects the writer lives in namespace nftgate.
+	if _, err := g.Client().CoreV1().Namespaces().Create(context.Background(),
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "nftgate"}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	testEdgeBGP(t, e, g, func() error {
+		svc, err := g.Client().CoreV1().Services("default").Get(context.Background(), "web", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if in := svc.Status.LoadBalancer.Ingress; len(in) != 1 || in[0].IP != edgeFirst.String() {
+			return fmt.Errorf("status.loadBalancer.ingress %+v, want %s", in, edgeFirst)
+		}
+		return nil
+	})
+}
+
+func testEdgeBGP(t *testing.T, e *edgeLab, g *gatewaytest.Gateway, statusWritten func() error) {
+	backends := []gatewaytest.Endpoint{{Addr: "198.18.2.10"}, {Addr: "198.18.2.11"}}
+	gatewaytest.Serve(t, e.topo.Backend, "tcp", ap("198.18.2.10:8080"), ap("198.18.2.11:8080"))
+	g.Write("web.yaml", e.web(backends...)...)
+	g.Start()
+	if statusWritten != nil {
+		if err := lab.EventuallyWithin(30*time.Second, statusWritten); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.router.WaitState(t, "gw4", "Established", false, 30*time.Second)
+	e.router.WaitRoute(t, edgeFirstRoute, true, 30*time.Second)
+	vip := netip.AddrPortFrom(edgeFirst, 80)
+	wantBackends(t, gatewaytest.Backends(t, e.outside, "tcp", vip, 30), "198.18.2.10:8080", "198.18.2.11:8080")
+
+	// The operator's view: the address, its pool, announced to the peer.
+	var view struct {
+		Services []struct {
+			Name      string `json:"name"`
+			Addresses []struct {
+				Address   string   `json:"address"`
+				Pool      string   `json:"pool"`
+				Announced bool     `json:"announced"`
+				Via       []string `json:"via"`
+			} `json:"addresses"`
+		} `json:"services"`
+		Pools []struct {
+			Pool string `json:"pool"`
+			Used int    `json:"used"`
+		} `json:"pools"`
+		BGP []struct {
+			State        string `json:"state"`
+			PrefixesSent int    `json:"prefixesSent"`
+		} `json:"bgp"`
+	}
+	if err := lab.EventuallyWithin(10*time.Second, func() error {
+		code, body, err := g.Get("/api/v1/edge")
+		if err != nil || code != 200 {
+			return fmt.Errorf("/api/v1/edge: %d %v %s", code, err, body)
+		}
+		if err := json.Unmarshal([]byte(body), &view); err != nil {
+			return err
+		}
+		if len(view.Services) != 1 || len(view.Services[0].Addresses) != 1 || len(view.BGP) != 1 || len(view.Pools) != 1 {
+			return fmt.Errorf("view %s", body)
+		}
+		a := view.Services[0].Addresses[0]
+		if a.Address != edgeFirst.String() || a.Pool != "public" || !a.Announced || len(a.Via) != 1 ||
+			view.BGP[0].State != "established" || view.BGP[0].PrefixesSent != 1 || view.Pools[0].Used != 1 {
+			return fmt.Errorf("view %s", body)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got := metric(t, g, "nftgate_pool_addresses_used"); got != 1 {
+		t.Errorf("nftgate_pool_addresses_used %v, want 1", got)
+	}
+
+	// Endpoints to zero: withdrawn within a second; back: announced.
+	start := time.Now()
+	g.Write("web.yaml", e.web()...)
+	took := e.router.WaitRoute(t, edgeFirstRoute, false, 10*time.Second)
+	t.Logf("withdrawn %v after the endpoints went to zero", time.Since(start).Round(time.Millisecond))
+	if took > time.Second {
+		t.Errorf("withdrawal took %v, want at most 1s", took)
+	}
+	start = time.Now()
+	g.Write("web.yaml", e.web(backends...)...)
+	e.router.WaitRoute(t, edgeFirstRoute, true, 10*time.Second)
+	t.Logf("announced again %v after the endpoints came back", time.Since(start).Round(time.Millisecond))
+	wantBackends(t, gatewaytest.Backends(t, e.outside, "tcp", vip, 20), "198.18.2.10:8080", "198.18.2.11:8080")
+
+	// A restart withdraws nothing: BIRD keeps the route, and a client
+	// loop of connections sees no failure.
+	var ok, failed atomic.Int64
+	var firstErr atomic.Value
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			if _, err := e.outside.Dial("tcp", vip, lab.DialOpts{Timeout: time.Second}); err != nil {
+				failed.Add(1)
+				firstErr.CompareAndSwap(nil, err.Error())
+			} else {
+				ok.Add(1)
+			}
+		}
+	})
+	g.Stop()
+	if g.Running() {
+		t.Fatal("nftgate still runs after SIGTERM")
+	}
+	if has, err := e.router.HasRoute(edgeFirstRoute); err != nil || !has {
+		t.Errorf("BIRD dropped the route when nftgate stopped: %v %v", has, err)
+	}
+	g.Start()
+	e.router.WaitState(t, "gw4", "Established", false, 30*time.Second)
+	// Past the restart deferral: the new speaker has announced and sent
+	// its End-of-RIB, and BIRD flushed what was not announced again.
+	if err := lab.EventuallyWithin(10*time.Second, func() error {
+		out, err := e.router.Run("show protocols all gw4")
+		if err != nil {
+			return err
+		}
+		if strings.Contains(out, "Neighbor graceful restart active") || strings.Contains(out, "stale") {
+			return fmt.Errorf("graceful restart still running: %s", out)
+		}
+		return nil
+	}); err != nil {
+		t.Error(err)
+	}
+	close(stop)
+	wg.Wait()
+	t.Logf("connections through the restart: %d answered, %d failed", ok.Load(), failed.Load())
+	if failed.Load() > 0 || ok.Load() == 0 {
+		t.Errorf("%d of %d connections failed through the restart (first: %v)", failed.Load(), ok.Load()+failed.Load(), firstErr.Load())
+	}
+	if has, err := e.router.HasRoute(edgeFirstRoute); err != nil || !has {
+		t.Errorf("BIRD lost the route after the restart: %v %v", has, err)
+	}
+}
