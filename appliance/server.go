@@ -222,6 +222,7 @@ type pageData struct {
 	Status    StatusJSON
 	RefreshMS int64
 	Title     string
+	Edge      bool // GET /api/v1/edge answers
 }
 
 func (s *server) page(w http.ResponseWriter, r *http.Request) {
@@ -229,7 +230,7 @@ func (s *server) page(w http.ResponseWriter, r *http.Request) {
 	snap := s.opts.Source.Snapshot()
 	d := pageData{
 		Now: now, Snap: snap, Status: statusJSON(snap, now, s.maxAge),
-		RefreshMS: s.opts.Refresh.Milliseconds(), Title: "nftgate",
+		RefreshMS: s.opts.Refresh.Milliseconds(), Title: "nftgate", Edge: s.opts.Edge != nil,
 	}
 	if snap.Identity.NodeName != "" {
 		d.Title = "nftgate · " + snap.Identity.NodeName
