@@ -37,6 +37,13 @@ var (
 	edgePool       = "198.19.200.8/29"
 	edgeFirst      = netip.MustParseAddr("198.19.200.9") // skip_network_and_broadcast
 	edgeFirstRoute = netip.PrefixFrom(edgeFirst, 32)
+
+	edgeRouterGW6  = netip.MustParsePrefix("fd42:6::1/64")
+	edgeGatewayGW6 = netip.MustParsePrefix("fd42:6::2/64")
+	edgeRouterOut6 = netip.MustParsePrefix("fd42:7::1/64")
+	edgeOutside6   = netip.MustParsePrefix("fd42:7::2/64")
+	edgePool6      = "fd42:ff:200::9-fd42:ff:200::f"
+	edgeFirst6     = netip.MustParseAddr("fd42:ff:200::9")
 )
 
 const (
@@ -64,37 +71,47 @@ func newEdgeLab(t *testing.T) *edgeLab {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := topo.Link(router, []netip.Prefix{edgeRouterGW}, topo.Gateway, []netip.Prefix{edgeGatewayGW}); err != nil {
+	if _, err := topo.Link(router, []netip.Prefix{edgeRouterGW, edgeRouterGW6}, topo.Gateway, []netip.Prefix{edgeGatewayGW, edgeGatewayGW6}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := topo.Link(router, []netip.Prefix{edgeRouterOut}, outside, []netip.Prefix{edgeOutside}); err != nil {
+	if _, err := topo.Link(router, []netip.Prefix{edgeRouterOut, edgeRouterOut6}, outside, []netip.Prefix{edgeOutside, edgeOutside6}); err != nil {
 		t.Fatal(err)
 	}
-	if err := router.Sysctl("net.ipv4.ip_forward", "1"); err != nil {
-		t.Fatal(err)
+	for _, kv := range [][2]string{{"net.ipv4.ip_forward", "1"}, {"net.ipv6.conf.all.forwarding", "1"}} {
+		if err := router.Sysctl(kv[0], kv[1]); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if err := outside.AddRoute(netip.MustParsePrefix("0.0.0.0/0"), edgeRouterOut.Addr()); err != nil {
-		t.Fatal(err)
-	}
-	if err := topo.Gateway.AddRoute(edgeOutside.Masked(), edgeRouterGW.Addr()); err != nil {
-		t.Fatal(err)
+	for _, r := range []struct {
+		h        *lab.Host
+		dst, via netip.Prefix
+	}{
+		{outside, netip.MustParsePrefix("0.0.0.0/0"), edgeRouterOut},
+		{outside, netip.MustParsePrefix("::/0"), edgeRouterOut6},
+		{topo.Gateway, edgeOutside.Masked(), edgeRouterGW},
+		{topo.Gateway, edgeOutside6.Masked(), edgeRouterGW6},
+	} {
+		if err := r.h.AddRoute(r.dst, r.via.Addr()); err != nil {
+			t.Fatal(err)
+		}
 	}
 	b := bird.Start(t, router, fmt.Sprintf(`
 router id %s;
 protocol device {}
 protocol kernel k4 { ipv4 { import none; export all; }; }
-protocol bgp gw4 {
+protocol kernel k6 { ipv6 { import none; export all; }; }
+template bgp gateway_tpl {
   local as %d;
-  neighbor %s as %d;
   hold time 9;
   connect delay time 1;
   connect retry time 1;
   error wait time 1, 2;
   graceful restart on;
   graceful restart time 120;
-  ipv4 { import all; export none; };
 }
-`, edgeRouterGW.Addr(), edgeRouterASN, edgeGatewayGW.Addr(), edgeGatewayASN))
+protocol bgp gw4 from gateway_tpl { neighbor %s as %d; ipv4 { import all; export none; }; }
+protocol bgp gw6 from gateway_tpl { neighbor %s as %d; ipv6 { import all; export none; }; }
+`, edgeRouterGW.Addr(), edgeRouterASN, edgeGatewayGW.Addr(), edgeGatewayASN, edgeGatewayGW6.Addr(), edgeGatewayASN))
 	cfg := filepath.Join(t.TempDir(), "config.toml")
 	text := fmt.Sprintf(`
 [bgp]
@@ -108,11 +125,17 @@ asn = %d
 hold_time = "9s"
 connect_retry = "1s"
 
+[[bgp.peer]]
+address = %q
+asn = %d
+hold_time = "9s"
+connect_retry = "1s"
+
 [[pools]]
 name = "public"
-addresses = [%q]
+addresses = [%q, %q]
 skip_network_and_broadcast = true
-`, edgeGatewayASN, edgeGatewayGW.Addr(), edgeRouterGW.Addr(), edgeRouterASN, edgePool)
+`, edgeGatewayASN, edgeGatewayGW.Addr(), edgeRouterGW.Addr(), edgeRouterASN, edgeRouterGW6.Addr(), edgeRouterASN, edgePool, edgePool6)
 	if err := os.WriteFile(cfg, []byte(text), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -197,12 +220,13 @@ func testEdgeBGP(t *testing.T, e *edgeLab, g *gatewaytest.Gateway, statusWritten
 		if err := json.Unmarshal([]byte(body), &view); err != nil {
 			return err
 		}
-		if len(view.Services) != 1 || len(view.Services[0].Addresses) != 1 || len(view.BGP) != 1 || len(view.Pools) != 1 {
+		if len(view.Services) != 1 || len(view.Services[0].Addresses) != 1 || len(view.BGP) != 2 || len(view.Pools) != 1 {
 			return fmt.Errorf("view %s", body)
 		}
 		a := view.Services[0].Addresses[0]
-		if a.Address != edgeFirst.String() || a.Pool != "public" || !a.Announced || len(a.Via) != 1 ||
-			view.BGP[0].State != "established" || view.BGP[0].PrefixesSent != 1 || view.Pools[0].Used != 1 {
+		if a.Address != edgeFirst.String() || a.Pool != "public" || !a.Announced ||
+			len(a.Via) != 1 || a.Via[0] != "bgp "+edgeRouterGW.Addr().String() ||
+			view.BGP[0].State != "established" || view.BGP[0].PrefixesSent != 1 || view.BGP[1].PrefixesSent != 0 || view.Pools[0].Used != 1 {
 			return fmt.Errorf("view %s", body)
 		}
 		return nil
@@ -281,5 +305,38 @@ func testEdgeBGP(t *testing.T, e *edgeLab, g *gatewaytest.Gateway, statusWritten
 	}
 	if has, err := e.router.HasRoute(edgeFirstRoute); err != nil || !has {
 		t.Errorf("BIRD lost the route after the restart: %v %v", has, err)
+	}
+}
+
+// TestEdgeBGPIPv6FromManifests: an IPv6 LoadBalancer Service gets the
+// pool's first IPv6 address, announced as a /128 to the IPv6 peer only;
+// the outside client reaches the backend over IPv6; endpoints to zero
+// withdraw it.
+func TestEdgeBGPIPv6FromManifests(t *testing.T) {
+	e := newEdgeLab(t)
+	g := gatewaytest.New(t, e.topo, "--config", e.config)
+	gatewaytest.Serve(t, e.topo.Backend, "tcp", ap("[fd42:2::10]:8080"))
+	web6 := func(eps ...gatewaytest.Endpoint) []any {
+		svc := gatewaytest.Service("default", "web6", "LoadBalancer", []string{"fd42:ff::10"}, gatewaytest.Port{Name: "http", Port: 80})
+		svc.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv6Protocol}
+		return []any{svc, gatewaytest.Slice("default", "web6-1", "web6", "http", "", 8080, eps...)}
+	}
+	g.Write("web6.yaml", web6(gatewaytest.Endpoint{Addr: "fd42:2::10"})...)
+	g.Start()
+	route := netip.PrefixFrom(edgeFirst6, 128)
+	e.router.WaitState(t, "gw6", "Established", false, 30*time.Second)
+	e.router.WaitRoute(t, route, true, 30*time.Second)
+	vip := netip.AddrPortFrom(edgeFirst6, 80)
+	wantBackends(t, gatewaytest.Backends(t, e.outside, "tcp", vip, 10), "[fd42:2::10]:8080")
+	if n, err := e.router.RouteCount("gw4"); err != nil || n != 0 {
+		t.Errorf("the IPv4 session carried %d routes (%v), want none", n, err)
+	}
+	start := time.Now()
+	g.Write("web6.yaml", web6()...)
+	e.router.WaitRoute(t, route, false, 10*time.Second)
+	took := time.Since(start)
+	t.Logf("IPv6: withdrawn %v after the endpoints went to zero", took.Round(time.Millisecond))
+	if took > time.Second {
+		t.Errorf("withdrawal took %v, want at most 1s", took)
 	}
 }

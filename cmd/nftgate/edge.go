@@ -207,12 +207,13 @@ func (e *edge) view() any {
 			}
 		}
 	}
-	var peers []string
+	// Each address goes to the established peers of its family.
+	peers := map[bool][]string{}
 	if e.speaker != nil {
 		v.BGP = e.speaker.Status()
 		for _, p := range v.BGP {
-			if p.State == bgp.StateEstablished {
-				peers = append(peers, "bgp "+p.Address)
+			if a, err := netip.ParseAddr(p.Address); err == nil && p.State == bgp.StateEstablished {
+				peers[a.Unmap().Is4()] = append(peers[a.Unmap().Is4()], "bgp "+p.Address)
 			}
 		}
 	}
@@ -235,7 +236,7 @@ func (e *edge) view() any {
 		for _, a := range s.Addresses {
 			ea := EdgeAddress{ServiceAddress: a, Via: []string{}}
 			if a.Announced {
-				ea.Via = append(append(ea.Via, peers...), ifaces[a.Address]...)
+				ea.Via = append(append(ea.Via, peers[a.Address.Unmap().Is4()]...), ifaces[a.Address]...)
 			}
 			es.Addresses = append(es.Addresses, ea)
 		}
