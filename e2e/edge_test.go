@@ -340,3 +340,61 @@ func TestEdgeBGPIPv6FromManifests(t *testing.T) {
 		t.Errorf("withdrawal took %v, want at most 1s", took)
 	}
 }
+
+// TestEdgeL2FromManifests: with [l2] on the gateway's client-side
+// interface, a client on that segment resolves the Service's pool address
+// by ARP to the gateway and reaches the backends; when the endpoints go to
+// zero the address is answered for no more.
+func TestEdgeL2FromManifests(t *testing.T) {
+	topo := labtest.Gateway(t)
+	const pool = "198.19.201.8/29"
+	addr := netip.MustParseAddr("198.19.201.9")
+	// The pool is on the client's segment: the client asks ARP for it.
+	if out, err := topo.Client.Command(context.Background(), "ip", "route", "add", pool, "dev", topo.ClientIface).CombinedOutput(); err != nil {
+		t.Fatalf("ip route add: %v: %s", err, out)
+	}
+	cfg := filepath.Join(t.TempDir(), "config.toml")
+	text := fmt.Sprintf("[l2]\ninterfaces = [%q]\ngratuitous_interval = \"100ms\"\n\n[[pools]]\nname = \"segment\"\naddresses = [%q]\nskip_network_and_broadcast = true\n",
+		topo.GatewayClientIface, pool)
+	if err := os.WriteFile(cfg, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	g := gatewaytest.New(t, topo, "--config", cfg)
+	gatewaytest.Serve(t, topo.Backend, "tcp", ap("198.18.2.10:8080"), ap("198.18.2.11:8080"))
+	web := func(eps ...gatewaytest.Endpoint) []any {
+		svc := gatewaytest.Service("default", "web", "LoadBalancer", []string{"198.19.0.10"}, gatewaytest.Port{Name: "http", Port: 80})
+		return []any{svc, gatewaytest.Slice("default", "web-1", "web", "http", "", 8080, eps...)}
+	}
+	backends := []gatewaytest.Endpoint{{Addr: "198.18.2.10"}, {Addr: "198.18.2.11"}}
+	g.Write("web.yaml", web(backends...)...)
+	g.Start()
+	vip := netip.AddrPortFrom(addr, 80)
+	wantBackends(t, gatewaytest.Backends(t, topo.Client, "tcp", vip, 20), "198.18.2.10:8080", "198.18.2.11:8080")
+	if code, body, err := g.Get("/api/v1/edge"); err != nil || code != 200 || !strings.Contains(body, `"l2 `+topo.GatewayClientIface+`"`) {
+		t.Errorf("/api/v1/edge does not show the L2 announcement: %d %v %s", code, err, body)
+	}
+
+	g.Write("web.yaml", web()...)
+	if err := lab.EventuallyWithin(5*time.Second, func() error {
+		code, body, err := g.Get("/api/v1/edge")
+		if err != nil || code != 200 {
+			return fmt.Errorf("%d %v", code, err)
+		}
+		if !strings.Contains(body, `"l2": []`) {
+			return fmt.Errorf("still announced: %s", body)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := topo.Client.Command(context.Background(), "ip", "neigh", "flush", "to", addr.String()).CombinedOutput(); err != nil {
+		t.Fatalf("ip neigh flush: %v: %s", err, out)
+	}
+	if r, err := topo.Client.Dial("tcp", vip, lab.DialOpts{Timeout: 2 * time.Second}); err == nil {
+		t.Errorf("%s still reachable (answered by %s) after its endpoints went away", vip, r.Backend)
+	}
+	out, _ := topo.Client.Command(context.Background(), "ip", "neigh", "show", "to", addr.String()).CombinedOutput()
+	if strings.Contains(string(out), "lladdr") {
+		t.Errorf("the client still resolves %s: %s", addr, out)
+	}
+}
