@@ -24,6 +24,11 @@ import (
 // edge is the gateway's edge: address allocation (ipam), and the
 // announcement of the addresses it serves (BGP, L2), fed by the sync loop
 // through one announce.Coordinator.
+//
+// Routes to pods (pod_routes) belong here too when they are wired: started
+// in startEdge beside the announcers, fed by the same sync events
+// (syncer.Observers, as coord.Observe), and for pod_routes = "bgp" by
+// speaker.Received(); their view joins EdgeView.
 type edge struct {
 	coord   *announce.Coordinator
 	speaker *bgp.Speaker     // nil: no [bgp]
