@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -22,6 +23,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/nftgate/nftgate/internal/testing/bird"
+	"github.com/nftgate/nftgate/internal/testing/browsertest"
 	"github.com/nftgate/nftgate/internal/testing/lab"
 	"github.com/nftgate/nftgate/internal/testing/lab/gatewaytest"
 	"github.com/nftgate/nftgate/internal/testing/lab/labtest"
@@ -373,6 +375,17 @@ func TestEdgeL2FromManifests(t *testing.T) {
 	if code, body, err := g.Get("/api/v1/edge"); err != nil || code != 200 || !strings.Contains(body, `"l2 `+topo.GatewayClientIface+`"`) {
 		t.Errorf("/api/v1/edge does not show the L2 announcement: %d %v %s", code, err, body)
 	}
+	// The status page's Edge panel shows the address, its pool and how it
+	// is announced.
+	const host = "127.0.0.1:9180"
+	b := browsertest.Start(t, browsertest.Options{Host: host, Netns: topo.Gateway.Name()})
+	b.Navigate("http://" + host + "/")
+	b.Poll("the edge panel", `!document.getElementById('edge').hidden && document.querySelectorAll('#edge-addrs-body tr').length === 1`)
+	row := browsertest.Eval[[]string](b, `Array.from(document.querySelectorAll('#edge-addrs-body td'), td => td.textContent)`)
+	if want := []string{"default/web", addr.String(), "segment", "l2 " + topo.GatewayClientIface}; !slices.Equal(row, want) {
+		t.Errorf("edge panel row %q, want %q", row, want)
+	}
+	b.Screenshot(browsertest.ArtifactDir(t, "nftgate"), "edge.png")
 
 	g.Write("web.yaml", web()...)
 	if err := lab.EventuallyWithin(5*time.Second, func() error {
