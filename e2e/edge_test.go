@@ -411,3 +411,26 @@ func TestEdgeL2FromManifests(t *testing.T) {
 		t.Errorf("the client still resolves %s: %s", addr, out)
 	}
 }
+
+// TestEdgeBGPDrainOnStop: with drain_on_stop, SIGTERM withdraws the
+// routes before nftgate exits (the gateway leaves service), where the
+// default leaves them to graceful restart (testEdgeBGP).
+func TestEdgeBGPDrainOnStop(t *testing.T) {
+	e := newEdgeLab(t)
+	cfg, err := os.ReadFile(e.config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(e.config, append([]byte("drain_on_stop = true\n"), cfg...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	g := gatewaytest.New(t, e.topo, "--config", e.config)
+	gatewaytest.Serve(t, e.topo.Backend, "tcp", ap("198.18.2.10:8080"))
+	g.Write("web.yaml", e.web(gatewaytest.Endpoint{Addr: "198.18.2.10"})...)
+	g.Start()
+	e.router.WaitRoute(t, edgeFirstRoute, true, 30*time.Second)
+	g.Stop()
+	if has, err := e.router.HasRoute(edgeFirstRoute); err != nil || has {
+		t.Errorf("after a drain, BIRD has the route: %v %v", has, err)
+	}
+}
