@@ -46,6 +46,11 @@ type Options struct {
 	AllowedHosts []string
 	// Pprof serves Go's profiler under /debug/pprof/, behind Auth.
 	Pprof bool
+	// Edge, when set, gives what GET /api/v1/edge answers: the addresses
+	// of the Services, their pools and announcement, the BGP sessions and
+	// the pools' use (any JSON-encodable value). Nil: the endpoint answers
+	// 404.
+	Edge func() any
 	// Refresh is the page's polling interval; zero means DefaultRefresh.
 	Refresh time.Duration
 	// Logger receives request errors; nil discards them.
@@ -128,6 +133,9 @@ func NewServer(opts Options) http.Handler {
 	mux.Handle("GET /api/v1/services", auth(http.HandlerFunc(s.services)))
 	mux.Handle("GET /api/v1/services/{namespace}/{name}", auth(http.HandlerFunc(s.service)))
 	mux.Handle("GET /api/v1/syncs", auth(http.HandlerFunc(s.syncs)))
+	if opts.Edge != nil {
+		mux.Handle("GET /api/v1/edge", auth(http.HandlerFunc(s.edge)))
+	}
 	mux.Handle("/api/", auth(http.HandlerFunc(s.apiNotFound)))
 	mux.HandleFunc("GET /healthz", s.healthz)
 	mux.HandleFunc("GET /livez", s.livez)
@@ -214,6 +222,7 @@ type pageData struct {
 	Status    StatusJSON
 	RefreshMS int64
 	Title     string
+	Edge      bool // GET /api/v1/edge answers
 }
 
 func (s *server) page(w http.ResponseWriter, r *http.Request) {
@@ -221,7 +230,7 @@ func (s *server) page(w http.ResponseWriter, r *http.Request) {
 	snap := s.opts.Source.Snapshot()
 	d := pageData{
 		Now: now, Snap: snap, Status: statusJSON(snap, now, s.maxAge),
-		RefreshMS: s.opts.Refresh.Milliseconds(), Title: "nftgate",
+		RefreshMS: s.opts.Refresh.Milliseconds(), Title: "nftgate", Edge: s.opts.Edge != nil,
 	}
 	if snap.Identity.NodeName != "" {
 		d.Title = "nftgate · " + snap.Identity.NodeName
@@ -366,6 +375,10 @@ func (s *server) service(w http.ResponseWriter, r *http.Request) {
 
 func (s *server) syncs(w http.ResponseWriter, r *http.Request) {
 	s.writeJSON(w, r, http.StatusOK, syncsJSON(s.opts.Source.Snapshot()))
+}
+
+func (s *server) edge(w http.ResponseWriter, r *http.Request) {
+	s.writeJSON(w, r, http.StatusOK, s.opts.Edge())
 }
 
 func (s *server) apiNotFound(w http.ResponseWriter, r *http.Request) {

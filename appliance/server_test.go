@@ -699,3 +699,26 @@ func TestSelfSignedCertificate(t *testing.T) {
 }
 
 func fixtureClock() time.Time { return fixtureNow }
+
+// GET /api/v1/edge encodes what Options.Edge gives, behind auth like the
+// rest of the API, and is 404 without it.
+func TestAPIEdge(t *testing.T) {
+	ts, _ := newTestServer(t, healthySnapshot(), Options{})
+	if code, _, _ := get(t, ts.URL+"/api/v1/edge"); code != http.StatusNotFound {
+		t.Errorf("without Edge: %d, want 404", code)
+	}
+	ts, _ = newTestServer(t, healthySnapshot(), Options{Edge: func() any {
+		return map[string]any{"bgp": []map[string]string{{"address": "198.18.6.1", "state": "established"}}}
+	}})
+	code, hdr, body := get(t, ts.URL+"/api/v1/edge")
+	var v struct {
+		BGP []struct{ State string } `json:"bgp"`
+	}
+	if code != http.StatusOK || !strings.HasPrefix(hdr.Get("Content-Type"), "application/json") ||
+		json.Unmarshal(body, &v) != nil || len(v.BGP) != 1 || v.BGP[0].State != "established" {
+		t.Errorf("edge: %d %s %s", code, hdr.Get("Content-Type"), body)
+	}
+	if _, _, page := get(t, ts.URL+"/"); !strings.Contains(string(page), `data-edge="on"`) {
+		t.Error("the page does not know the edge panel has data")
+	}
+}

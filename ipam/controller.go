@@ -404,6 +404,11 @@ func (c *Controller) Snapshot() Snapshot {
 	res := c.latest
 	sn := Snapshot{Writer: c.leadCtx != nil && c.leadCtx.Err() == nil, Leader: c.leader, Synced: c.synced}
 	c.mu.Unlock()
+	return snapshotOf(res, sn)
+}
+
+// snapshotOf fills sn with the pools and Services of res (nil: none yet).
+func snapshotOf(res *Result, sn Snapshot) Snapshot {
 	if res == nil {
 		return sn
 	}

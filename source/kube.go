@@ -29,6 +29,9 @@ type KubeSource struct {
 	// Resync is the informers' resync period; zero disables it (the
 	// Syncer's reconcile repairs the kernel independently).
 	Resync time.Duration
+	// Hook, when set, sees every Service from the same informer as the
+	// ruleset (address allocation).
+	Hook ServiceHook
 
 	mu        sync.Mutex
 	connected bool
@@ -156,18 +159,37 @@ func (k *KubeSource) Connected() bool {
 // thousand Services the API objects, even trimmed, were the largest part of
 // the gateway's memory. The tracker keeps the same converted objects, so
 // each is held once. It is idempotent, as client-go asks of a transform.
-func convertForCache(obj any) (any, error) {
+func (k *KubeSource) convertForCache(obj any) (any, error) {
 	switch o := obj.(type) {
 	case *corev1.Service:
-		return &cachedService{model.NewServiceObject(o)}, nil
+		c := &cachedService{ServiceObject: model.NewServiceObject(o)}
+		if k.Hook != nil {
+			c.hooked = k.Hook.Convert(o)
+		}
+		return c, nil
 	case *discoveryv1.EndpointSlice:
 		return &cachedSlice{model.NewSliceObject(o)}, nil
 	}
 	return obj, nil
 }
 
+// ServiceHook sees the Services of a KubeSource in their API form, before
+// the informer keeps only what the model needs: Convert keeps what the hook
+// needs of a Service beside the model's object (once, in the informer's
+// transform), and Set, Delete and SetSynced follow the informer's events,
+// as the Sink does.
+type ServiceHook interface {
+	Convert(*corev1.Service) any
+	Set(converted any)
+	Delete(namespace, name string)
+	SetSynced()
+}
+
 // cachedService is a Service as the informer keeps it.
-type cachedService struct{ *model.ServiceObject }
+type cachedService struct {
+	*model.ServiceObject
+	hooked any // what the Hook keeps of it
+}
 
 // GetObjectMeta gives the informer the Service's name and namespace, its
 // keys; nothing else of the metadata is kept.
@@ -227,7 +249,7 @@ func (k *KubeSource) Run(ctx context.Context, t Sink) error {
 		cache.NewFilteredListWatchFromClient(discovery, "endpointslices", metav1.NamespaceAll, func(*metav1.ListOptions) {}),
 		&discoveryv1.EndpointSlice{}, cache.SharedIndexInformerOptions{ResyncPeriod: k.Resync})
 	for _, inf := range []cache.SharedIndexInformer{svcInf, sliceInf} {
-		if err := inf.SetTransform(convertForCache); err != nil {
+		if err := inf.SetTransform(k.convertForCache); err != nil {
 			return err
 		}
 	}
@@ -261,8 +283,8 @@ func (k *KubeSource) Run(ctx context.Context, t Sink) error {
 	// less would remove the rules of Services not yet handed over (and
 	// the next sync would add them back, as one slow partial sync).
 	svcReg, err := svcInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(o any) { event(); setCachedService(t, o) },
-		UpdateFunc: func(_, o any) { event(); setCachedService(t, o) },
+		AddFunc:    func(o any) { event(); k.setCachedService(t, o) },
+		UpdateFunc: func(_, o any) { event(); k.setCachedService(t, o) },
 		DeleteFunc: func(o any) {
 			event()
 			if d, ok := o.(cache.DeletedFinalStateUnknown); ok {
@@ -270,6 +292,9 @@ func (k *KubeSource) Run(ctx context.Context, t Sink) error {
 			}
 			if c, ok := o.(*cachedService); ok {
 				t.DeleteService(c.Key)
+				if k.Hook != nil {
+					k.Hook.Delete(c.Key.Namespace, c.Key.Name)
+				}
 			}
 		},
 	})
@@ -305,13 +330,19 @@ func (k *KubeSource) Run(ctx context.Context, t Sink) error {
 	}
 	seen()
 	t.SetSynced()
+	if k.Hook != nil {
+		k.Hook.SetSynced()
+	}
 	<-ctx.Done()
 	return nil
 }
 
-func setCachedService(t Sink, o any) {
+func (k *KubeSource) setCachedService(t Sink, o any) {
 	if c, ok := o.(*cachedService); ok {
 		t.SetServiceObject(c.ServiceObject)
+		if k.Hook != nil {
+			k.Hook.Set(c.hooked)
+		}
 	}
 }
 

@@ -20,7 +20,7 @@ func TestCachedSlice(t *testing.T) {
 	sl := labelledSlice("shop", "web-1", "web")
 	sl.Annotations = map[string]string{corev1.EndpointsLastChangeTriggerTime: "2026-11-22T04:00:00.5Z", "other": "x"}
 	sl.Endpoints = []discoveryv1.Endpoint{{Addresses: []string{"10.1.0.1"}, TargetRef: &corev1.ObjectReference{Name: "pod"}}}
-	obj, err := convertForCache(sl)
+	obj, err := (&KubeSource{}).convertForCache(sl)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -31,13 +31,13 @@ func TestCachedSlice(t *testing.T) {
 	if key, err := cache.MetaNamespaceKeyFunc(obj); err != nil || key != "shop/web-1" {
 		t.Errorf("informer key = %q, %v; want shop/web-1", key, err)
 	}
-	if again, _ := convertForCache(obj); again != obj {
+	if again, _ := (&KubeSource{}).convertForCache(obj); again != obj {
 		t.Errorf("transform of a cachedSlice gave %v, want it unchanged", again)
 	}
 	if cp := c.DeepCopyObject().(*cachedSlice); cp == c || cp.SliceObject != c.SliceObject {
 		t.Errorf("deep copy %+v of %+v", cp, c)
 	}
-	svcObj, err := convertForCache(&corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web"}})
+	svcObj, err := (&KubeSource{}).convertForCache(&corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +57,7 @@ func TestCachedSlice(t *testing.T) {
 	}
 
 	// Relabelled to no Service: it leaves shop/web.
-	unlabelled, _ := convertForCache(&discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web-1"}})
+	unlabelled, _ := (&KubeSource{}).convertForCache(&discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web-1"}})
 	setCachedSlice(tr, unlabelled)
 	if dirty, _ := tr.TakeDirty(); len(dirty) != 1 || len(dirty[web].Slices) != 0 {
 		t.Errorf("after the label went: %v, want shop/web without slices", dirty)

@@ -41,6 +41,22 @@ type Sink interface {
 	SetSynced()
 }
 
+// ServiceStage is a Sink that takes Services in their API form and passes
+// them on to the model itself: LoadBalancer address allocation without a
+// cluster, which fills status.loadBalancer.ingress first. A ManifestSource
+// (and Feed) given a ServiceStage calls SetService instead of
+// SetServiceObject; file names the manifest, for the model's errors.
+type ServiceStage interface {
+	Sink
+	SetService(svc *corev1.Service, file string)
+}
+
+// stagedService is a Service kept in its API form for a ServiceStage.
+type stagedService struct {
+	svc  *corev1.Service
+	file string
+}
+
 // Source delivers Service and EndpointSlice objects into a Sink until its
 // context ends. It calls Sink.SetSynced once its first complete view is
 // in.
@@ -83,6 +99,8 @@ type ManifestSource struct {
 	// current is every object in effect and the file it comes from.
 	files   []string
 	current map[objectKey]placed
+	// staged: the sink is a ServiceStage, Services are kept in API form.
+	staged bool
 }
 
 // placed is an object in effect and the file it comes from.
@@ -121,6 +139,9 @@ func (m *ManifestSource) Run(ctx context.Context, t Sink) error {
 	if log == nil {
 		log = slog.Default()
 	}
+	m.mu.Lock()
+	_, m.staged = t.(ServiceStage)
+	m.mu.Unlock()
 	if st, err := os.Stat(m.Dir); err != nil {
 		return fmt.Errorf("manifests directory: %w", err)
 	} else if !st.IsDir() {
@@ -336,6 +357,8 @@ func setObject(t Sink, o any) {
 		t.SetServiceObject(obj)
 	case *model.SliceObject:
 		t.SetSliceObject(obj)
+	case *stagedService:
+		t.(ServiceStage).SetService(obj.svc, obj.file)
 	}
 }
 
@@ -361,6 +384,10 @@ func (m *ManifestSource) readChanged(path string) (objs []any, err error) {
 	for _, o := range decoded {
 		switch obj := o.(type) {
 		case *corev1.Service:
+			if m.staged {
+				objs = append(objs, &stagedService{obj, path})
+				continue
+			}
 			objs = append(objs, model.NewServiceObject(obj).InFile(path))
 		case *discoveryv1.EndpointSlice:
 			objs = append(objs, model.NewSliceObject(obj).InFile(path))
@@ -375,6 +402,12 @@ func keyOf(o any) objectKey {
 		return objectKey{"Service", obj.Key.Namespace, obj.Key.Name}
 	case *model.SliceObject:
 		return objectKey{"EndpointSlice", obj.Namespace, obj.Name}
+	case *stagedService:
+		ns := obj.svc.Namespace
+		if ns == "" {
+			ns = "default"
+		}
+		return objectKey{"Service", ns, obj.svc.Name}
 	}
 	return objectKey{}
 }
@@ -671,6 +704,10 @@ func Feed(t Sink, objs []runtime.Object) {
 	for _, o := range objs {
 		switch obj := o.(type) {
 		case *corev1.Service:
+			if st, ok := t.(ServiceStage); ok {
+				st.SetService(obj, "")
+				continue
+			}
 			t.SetServiceObject(model.NewServiceObject(obj))
 		case *discoveryv1.EndpointSlice:
 			t.SetSliceObject(model.NewSliceObject(obj))

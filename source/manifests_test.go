@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/nftgate/nftgate/loop"
 	"github.com/nftgate/nftgate/model"
 )
@@ -221,5 +223,51 @@ func TestManifestErrorsNameTheFile(t *testing.T) {
 	_, err = model.Build(o.Service, o.Slices, model.Options{})
 	if err == nil || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "Web_1") {
 		t.Errorf("slice error %v, want one naming %s and Web_1", err, path)
+	}
+}
+
+// stage is a ServiceStage that records what it is given.
+type stage struct {
+	*loop.Tracker
+	services map[model.ServiceKey]string // key -> file
+	objects  int
+}
+
+func (s *stage) SetService(svc *corev1.Service, file string) {
+	s.services[model.ServiceKey{Namespace: svc.Namespace, Name: svc.Name}] = file
+}
+
+func (s *stage) SetServiceObject(o *model.ServiceObject) {
+	s.objects++
+	s.Tracker.SetServiceObject(o)
+}
+
+// A ServiceStage gets the Services in their API form, with their file,
+// and never as model objects from the source; slices and deletions go to
+// it as to any Sink.
+func TestManifestSourceFeedsAServiceStage(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "web.yaml")
+	if err := os.WriteFile(path, []byte(manifestWeb), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	st := &stage{Tracker: loop.NewTracker(), services: map[model.ServiceKey]string{}}
+	m := &ManifestSource{Dir: dir}
+	m.staged = true
+	m.scan(st, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	web := model.ServiceKey{Namespace: "shop", Name: "web"}
+	if st.services[web] != path || st.objects != 0 {
+		t.Fatalf("stage got services %v and %d model objects; want web from %s and none", st.services, st.objects, path)
+	}
+	dirty, _ := st.TakeDirty()
+	if len(dirty[web].Slices) != 1 {
+		t.Fatalf("the slice did not reach the sink: %+v", dirty[web])
+	}
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	m.scan(st, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if dirty, _ := st.TakeDirty(); len(dirty) != 1 {
+		t.Fatalf("the deletion did not reach the sink: %v", dirty)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nftgate/nftgate/internal/testing/bird"
 	"github.com/nftgate/nftgate/internal/testing/lab"
 )
 
@@ -27,7 +28,7 @@ var (
 // and comes back when announced again.
 func TestBIRDLearnsAndForgetsServiceAddresses(t *testing.T) {
 	e := newEdge(t)
-	b := startBird(t, e.router, birdConf(""))
+	b := bird.Start(t, e.router, birdConf(""))
 	sp := startSpeaker(t, e.gateway, speakerConfig())
 	for _, svc := range []netip.Addr{service4, service6} {
 		t.Run(map[bool]string{true: "IPv4", false: "IPv6"}[svc.Is4()], func(t *testing.T) {
@@ -35,8 +36,8 @@ func TestBIRDLearnsAndForgetsServiceAddresses(t *testing.T) {
 			prefix := netip.PrefixFrom(svc, svc.BitLen())
 			protocol := map[bool]string{true: "gw4", false: "gw6"}[svc.Is4()]
 			sp.Set(HostRoute(svc, ""))
-			b.waitState(t, protocol, "Established", false, 30*time.Second)
-			took := b.waitRoute(t, prefix, true, 30*time.Second)
+			b.WaitState(t, protocol, "Established", false, 30*time.Second)
+			took := b.WaitRoute(t, prefix, true, 30*time.Second)
 			t.Logf("%s in BIRD %v after Set", prefix, took)
 			if err := lab.EventuallyWithin(5*time.Second, func() error {
 				return e.router.Do(func() error { return kernelHasRoute(prefix) })
@@ -53,19 +54,19 @@ func TestBIRDLearnsAndForgetsServiceAddresses(t *testing.T) {
 
 			start := time.Now()
 			sp.Set()
-			b.waitRoute(t, prefix, false, 5*time.Second)
+			b.WaitRoute(t, prefix, false, 5*time.Second)
 			took = time.Since(start)
 			t.Logf("withdrawal of %s reached BIRD in %v", prefix, took)
 			if took > time.Second {
 				t.Errorf("withdrawal took %v, want within 1s", took)
 			}
 			sp.Set(HostRoute(svc, ""))
-			b.waitRoute(t, prefix, true, 5*time.Second)
+			b.WaitRoute(t, prefix, true, 5*time.Second)
 			if _, err := e.client.Dial("tcp", dst, lab.DialOpts{Timeout: 2 * time.Second}); err != nil {
 				t.Fatalf("client after re-announcement: %v", err)
 			}
 			sp.Set()
-			b.waitRoute(t, prefix, false, 5*time.Second)
+			b.WaitRoute(t, prefix, false, 5*time.Second)
 		})
 	}
 }
@@ -77,14 +78,14 @@ func TestRestartKeepsRoutesAndTraffic(t *testing.T) {
 	for _, svc := range []netip.Addr{service4, service6} {
 		t.Run(map[bool]string{true: "IPv4", false: "IPv6"}[svc.Is4()], func(t *testing.T) {
 			e := newEdge(t)
-			b := startBird(t, e.router, birdConf(""))
+			b := bird.Start(t, e.router, birdConf(""))
 			dst := e.serve(t, svc)
 			prefix := netip.PrefixFrom(svc, svc.BitLen())
 			protocol := map[bool]string{true: "gw4", false: "gw6"}[svc.Is4()]
 			sp := startSpeaker(t, e.gateway, speakerConfig())
 			sp.Set(HostRoute(svc, ""))
-			b.waitState(t, protocol, "Established", false, 30*time.Second)
-			b.waitRoute(t, prefix, true, 10*time.Second)
+			b.WaitState(t, protocol, "Established", false, 30*time.Second)
+			b.WaitRoute(t, prefix, true, 10*time.Second)
 
 			// A client connects over and over until told to stop.
 			stop := make(chan struct{})
@@ -121,7 +122,7 @@ func TestRestartKeepsRoutesAndTraffic(t *testing.T) {
 
 			sp.Kill()
 			// The router sees the session go and keeps the route.
-			b.waitState(t, protocol, "Established", true, 30*time.Second)
+			b.WaitState(t, protocol, "Established", true, 30*time.Second)
 			if has, err := b.HasRoute(prefix); err != nil || !has {
 				t.Fatalf("after kill -9, while the session is down: route %s in BIRD %v (%v), want kept", prefix, has, err)
 			}
@@ -133,7 +134,7 @@ func TestRestartKeepsRoutesAndTraffic(t *testing.T) {
 
 			sp2 := startSpeaker(t, e.gateway, speakerConfig())
 			sp2.Set(HostRoute(svc, ""))
-			b.waitState(t, protocol, "Established", false, 30*time.Second)
+			b.WaitState(t, protocol, "Established", false, 30*time.Second)
 			// End-of-RIB received: BIRD ends its graceful restart and
 			// keeps the refreshed route.
 			if err := lab.EventuallyWithin(15*time.Second, func() error {
@@ -167,14 +168,14 @@ func TestRestartKeepsRoutesAndTraffic(t *testing.T) {
 // restart is for restarts only.
 func TestStopWithdraws(t *testing.T) {
 	e := newEdge(t)
-	b := startBird(t, e.router, birdConf(""))
+	b := bird.Start(t, e.router, birdConf(""))
 	sp := startSpeaker(t, e.gateway, speakerConfig())
 	prefix := netip.PrefixFrom(service4, 32)
 	sp.Set(HostRoute(service4, ""))
-	b.waitRoute(t, prefix, true, 30*time.Second)
+	b.WaitRoute(t, prefix, true, 30*time.Second)
 	start := time.Now()
 	sp.Stop()
-	b.waitRoute(t, prefix, false, 5*time.Second)
+	b.WaitRoute(t, prefix, false, 5*time.Second)
 	t.Logf("Stop: route gone from BIRD after %v", time.Since(start))
 }
 
@@ -188,7 +189,7 @@ func TestTCPMD5Password(t *testing.T) {
 	}{{"right", "s3cret-edge", true}, {"wrong", "not-the-secret", false}} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEdge(t)
-			b := startBird(t, e.router, birdConf(`password "s3cret-edge";`))
+			b := bird.Start(t, e.router, birdConf(`password "s3cret-edge";`))
 			file := filepath.Join(t.TempDir(), "bgp-password")
 			if err := os.WriteFile(file, []byte(tc.password+"\n"), 0o600); err != nil {
 				t.Fatal(err)
@@ -200,8 +201,8 @@ func TestTCPMD5Password(t *testing.T) {
 			sp.Set(HostRoute(service4, ""))
 			prefix := netip.PrefixFrom(service4, 32)
 			if tc.ok {
-				b.waitState(t, "gw4", "Established", false, 30*time.Second)
-				b.waitRoute(t, prefix, true, 10*time.Second)
+				b.WaitState(t, "gw4", "Established", false, 30*time.Second)
+				b.WaitRoute(t, prefix, true, 10*time.Second)
 				return
 			}
 			if err := lab.EventuallyWithin(30*time.Second, func() error {
@@ -246,12 +247,12 @@ func md5Failures(h *lab.Host) (int, error) {
 func TestTenThousandPrefixes(t *testing.T) {
 	const n = 10000
 	e := newEdge(t)
-	b := startBird(t, e.router, birdConf(""))
+	b := bird.Start(t, e.router, birdConf(""))
 	cfg := speakerConfig()
 	cfg.Peers = cfg.Peers[:1]
 	sp := startSpeaker(t, e.gateway, cfg)
 	sp.Set()
-	b.waitState(t, "gw4", "Established", false, 30*time.Second)
+	b.WaitState(t, "gw4", "Established", false, 30*time.Second)
 	base := netip.MustParseAddr("198.19.64.0")
 	routes := make([]Route, n)
 	a := base
@@ -278,7 +279,7 @@ func TestTenThousandPrefixes(t *testing.T) {
 	again := time.Since(start)
 	start = time.Now()
 	sp.Set(routes[1:]...)
-	b.waitRoute(t, routes[0].Prefix, false, 5*time.Second)
+	b.WaitRoute(t, routes[0].Prefix, false, 5*time.Second)
 	one := time.Since(start)
 	t.Logf("%d prefixes: Set returned after %v, BIRD had all after %v; the same Set again %v; one withdrawal among %d reached BIRD in %v",
 		n, setTook, all, again, n, one)

@@ -167,6 +167,8 @@ func TestConfigTOMLExample(t *testing.T) {
 	if !ok {
 		t.Fatal("config.toml has no commented [bgp] section")
 	}
+	// The section ends at the first blank line; other sections follow.
+	example, _, _ = strings.Cut(example, "\n\n")
 	var src strings.Builder
 	src.WriteString("[bgp]\n")
 	for _, line := range strings.Split(example, "\n") {

@@ -17,6 +17,9 @@ import (
 	"github.com/BurntSushi/toml"
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	"github.com/nftgate/nftgate/announce/bgp"
+	"github.com/nftgate/nftgate/announce/l2"
+	"github.com/nftgate/nftgate/ipam"
 	"github.com/nftgate/nftgate/ruleset"
 	"github.com/nftgate/nftgate/source"
 )
@@ -53,8 +56,20 @@ type Config struct {
 	MemoryLimit       ByteSize `toml:"memory_limit"`
 	// ManifestMaxFileSize is the largest manifest file read.
 	ManifestMaxFileSize ByteSize `toml:"manifest_max_file_size"`
+	// DrainOnStop withdraws every BGP route and stops answering ARP/NDP
+	// when nftgate stops, instead of leaving the routes to graceful
+	// restart.
+	DrainOnStop bool `toml:"drain_on_stop"`
+	// LoadBalancerClass and Pools are the address allocation (package
+	// ipam); BGP and L2 the announcement (packages announce/bgp and
+	// announce/l2). Nil: that announcement is off.
+	LoadBalancerClass string            `toml:"load_balancer_class"`
+	Pools             []ipam.PoolConfig `toml:"pools"`
+	BGP               *bgp.Config       `toml:"bgp"`
+	L2                *l2.Config        `toml:"l2"`
 
 	// Parsed forms, filled by validate.
+	ipamPolicy        *ipam.Policy
 	clusterCIDRs      []netip.Prefix
 	nodePortAddresses []netip.Prefix
 	externalIPCIDRs   []netip.Prefix
@@ -387,6 +402,27 @@ func (c *Config) validate() error {
 	}
 	if c.TLSSelfSignedDir != "" && c.TLSCertFile != "" {
 		bad("tls_self_signed_dir", "%q and tls_cert_file %q are both given; choose one certificate", c.TLSSelfSignedDir, c.TLSCertFile)
+	}
+	if c.BGP != nil {
+		b := c.BGP.WithDefaults()
+		if err := b.Validate(); err != nil {
+			errs = append(errs, err)
+		} else {
+			c.BGP = &b
+		}
+	}
+	if c.L2 != nil {
+		l := c.L2.WithDefaults()
+		if err := l.Validate(); err != nil {
+			errs = append(errs, err)
+		} else {
+			c.L2 = &l
+		}
+	}
+	if pol, err := (ipam.Config{Pools: c.Pools, LoadBalancerClass: c.LoadBalancerClass}).Compile(); err != nil {
+		errs = append(errs, err)
+	} else {
+		c.ipamPolicy = pol
 	}
 	if c.Kubeconfig != "" && c.Manifests != "" {
 		bad("manifests", "both a kubeconfig (%s) and a manifests directory (%s) are given; choose one source", c.Kubeconfig, c.Manifests)

@@ -69,6 +69,12 @@ func TestBadConfigNamesTheField(t *testing.T) {
 		want []string
 	}{
 		{file: "bogus = 1\n", want: []string{"unknown key bogus"}},
+		{file: "[[pools]]\nname = \"a\"\naddresses = [\"192.0.2.0/33\"]\n", want: []string{"pools[0]", "192.0.2.0/33"}},
+		{file: "[[pools]]\nname = \"a\"\naddresses = [\"192.0.2.0/28\"]\ncolour = 1\n", want: []string{"unknown key pools.colour"}},
+		{file: "load_balancer_class = \"plain\"\n", want: []string{"load_balancer_class", "plain"}},
+		{file: "[bgp]\nasn = 64513\nrouter_id = \"198.18.0.2\"\n[[bgp.peer]]\naddress = \"198.18.0.1\"\nasn = 64512\nhold_time = \"1s\"\n", want: []string{"bgp.peer[0].hold_time", "1s"}},
+		{file: "[bgp]\nasn = 64513\nrouter_id = \"198.18.0.2\"\nholdtime = 3\n", want: []string{"unknown key bgp.holdtime"}},
+		{file: "[l2]\ninterfaces = [\"eth0\", \"eth0\"]\n", want: []string{"l2.interfaces[1]", "eth0"}},
 		{file: "min_sync_interval = \"soon\"\n", want: []string{"min_sync_interval", "soon"}},
 		{file: "cluster_cidrs = [\"10.0.0.0/33\"]\n", want: []string{"cluster_cidrs[0]", "10.0.0.0/33"}},
 		{args: []string{"--nodeport-addresses", "nonsense"}, want: []string{"nodeport_addresses[0]", "nonsense"}},

@@ -58,3 +58,48 @@ func TestRenderRefusesSpecialFiles(t *testing.T) {
 		})
 	}
 }
+
+// TestRenderAllocatesFromPools: without a cluster, a LoadBalancer Service
+// without a status gets its address from the pool, and the ruleset serves
+// it; one with a status in its manifest keeps that address.
+func TestRenderAllocatesFromPools(t *testing.T) {
+	dir := t.TempDir()
+	manifest := `apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: shop}
+spec:
+  type: LoadBalancer
+  clusterIP: 10.96.0.10
+  ports: [{port: 80, protocol: TCP}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: fixed, namespace: shop}
+spec:
+  type: LoadBalancer
+  clusterIP: 10.96.0.11
+  ports: [{port: 80, protocol: TCP}]
+status:
+  loadBalancer: {ingress: [{ip: 198.51.100.9}]}
+`
+	if err := os.WriteFile(filepath.Join(dir, "svc.yaml"), []byte(manifest), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := writeConfig(t, "[[pools]]\nname = \"public\"\naddresses = [\"203.0.113.64/30\"]\nskip_network_and_broadcast = true\n")
+	cfg, _, err := loadConfig("nftgate", []string{"--config", p, "--node-name", "n", "--manifests", dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	if err := render(context.Background(), cfg, &out); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"203.0.113.65", "198.51.100.9"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("the rendered ruleset does not serve %s", want)
+		}
+	}
+	if strings.Contains(out.String(), "203.0.113.64 ") {
+		t.Error("the network address was handed out")
+	}
+}

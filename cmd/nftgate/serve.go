@@ -25,6 +25,7 @@ import (
 	"github.com/nftgate/nftgate/conntrack"
 	"github.com/nftgate/nftgate/healthcheck"
 	"github.com/nftgate/nftgate/hostaddr"
+	"github.com/nftgate/nftgate/ipam"
 	"github.com/nftgate/nftgate/loop"
 	"github.com/nftgate/nftgate/memlimit"
 	"github.com/nftgate/nftgate/model"
@@ -176,7 +177,18 @@ func serve(ctx context.Context, cfg *Config) error {
 		return err
 	}
 
+	// The edge: announcers first (nothing is announced before the first
+	// sync), then address allocation wired into the source.
+	edge, err := startEdge(cfg, metrics.Registry(), log)
+	if err != nil {
+		return err
+	}
+	defer func() { edge.close(cfg.DrainOnStop) }()
 	tracker := loop.NewTracker()
+	sink, err := edge.allocate(cfg, src, tracker, metrics.Registry(), log)
+	if err != nil {
+		return err
+	}
 	syncer := &loop.Syncer{
 		Tracker:     tracker,
 		Programmer:  prog,
@@ -187,6 +199,7 @@ func serve(ctx context.Context, cfg *Config) error {
 		Reconcile:   time.Duration(cfg.ReconcileInterval),
 	}
 	syncer.BeforeFull = memLimit.BeforeFull
+	syncer.Observers = append(syncer.Observers, edge.coord.Observe)
 	pub := status.NewPublisher(syncer, rec, cfg.ruleset().Node, log)
 	syncer.Touched = pub.Touch
 	syncer.Observers = append(syncer.Observers, func(ev loop.Event) {
@@ -263,8 +276,13 @@ func serve(ctx context.Context, cfg *Config) error {
 		}, log)
 	})
 
-	errc := make(chan error, 3)
-	wg.Go(func() { errc <- src.Run(ctx, tracker) })
+	errc := make(chan error, 4)
+	wg.Go(func() { errc <- src.Run(ctx, sink) })
+	wg.Go(func() {
+		if err := edge.run(ctx); err != nil {
+			errc <- err
+		}
+	})
 	wg.Go(func() { errc <- syncer.Run(ctx) })
 	wg.Go(func() { pub.Run(ctx) })
 	wg.Go(func() { status.FollowSource(ctx, src, rec, time.Second) })
@@ -284,7 +302,7 @@ func serve(ctx context.Context, cfg *Config) error {
 	if ln != nil {
 		srv = httpserver.New(appliance.NewServer(appliance.Options{Source: pub, Metrics: metrics,
 			MaxSyncAge: time.Duration(cfg.HealthzMaxAge), Auth: auth, Logger: log,
-			AllowedHosts: cfg.allowedHosts(), Pprof: cfg.Pprof}), httpserver.Default)
+			AllowedHosts: cfg.allowedHosts(), Pprof: cfg.Pprof, Edge: edge.view}), httpserver.Default)
 		wg.Go(func() {
 			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				errc <- fmt.Errorf("http: %w", err)
@@ -350,13 +368,23 @@ func render(ctx context.Context, cfg *Config, w io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("manifests: %w", err)
 	}
+	// LoadBalancer addresses are allocated from the pools as serve would.
+	var sink source.Sink = tracker
+	if len(cfg.ipamPolicy.Pools) > 0 {
+		mem, err := ipam.NewMemory(cfg.ipamPolicy, tracker, nil, nil)
+		if err != nil {
+			return err
+		}
+		sink = mem
+	}
 	for _, f := range files {
 		objs, err := source.ReadManifestFile(f, int64(cfg.ManifestMaxFileSize))
 		if err != nil {
 			return err
 		}
-		source.Feed(tracker, objs)
+		source.Feed(sink, objs)
 	}
+	sink.SetSynced()
 	rc := cfg.ruleset()
 	all, _ := tracker.All()
 	keys := make([]model.ServiceKey, 0, len(all))

@@ -412,6 +412,43 @@
       ' service' + (services.length === 1 ? '' : 's'), 'muted');
   }
 
+  function rows(id, list, cells) {
+    var body = $(id);
+    body.replaceChildren.apply(body, list.map(function (x) {
+      var tr = el('tr');
+      cells(x).forEach(function (c) { tr.appendChild(el('td', c[1] || '', c[0])); });
+      return tr;
+    }));
+  }
+
+  // The edge panel: BGP sessions, pools, and each Service address with
+  // how it is announced. Absent (404) when the gateway has no edge.
+  function renderEdge(v) {
+    $('edge').hidden = false;
+    $('edge-bgp').hidden = v.bgp.length === 0;
+    rows('edge-bgp-body', v.bgp, function (p) {
+      return [[p.address, 'mono'], [String(p.asn)], [p.state, p.state === 'established' ? 'good' : 'bad'],
+        [p.since || '–'], [fmtNum(p.prefixesSent)], [fmtNum(p.prefixesReceived)], [p.bfd || '–']];
+    });
+    var pools = v.pools || [];
+    $('edge-pools').hidden = pools.length === 0;
+    rows('edge-pools-body', pools, function (p) { return [[p.pool], [fmtNum(p.used)], [fmtNum(p.free)]]; });
+    var addrs = [];
+    v.services.forEach(function (s) {
+      s.addresses.forEach(function (a) {
+        addrs.push([s.namespace + '/' + s.name, a.address, a.pool || '–',
+          a.announced ? (a.via.length ? a.via.join(', ') : 'yes') : 'no: ' + a.why, a.announced ? 'good' : 'warn']);
+      });
+      (s.problems || []).forEach(function (p) {
+        addrs.push([s.namespace + '/' + s.name, '–', '–', p.reason + ': ' + p.message, 'bad']);
+      });
+    });
+    rows('edge-addrs-body', addrs, function (a) { return [[a[0]], [a[1], 'mono'], [a[2]], [a[3], a[4]]]; });
+    setText('edge-ipam', v.ipam ? 'Allocation: ' + (v.ipam.mode === 'lease' ?
+      (v.ipam.writer ? 'this gateway writes the statuses' : 'written by ' + (v.ipam.leader || 'another gateway')) :
+      'in memory (no cluster)') : '', 'muted');
+  }
+
   function setLive(ok, why) {
     var live = $('live');
     live.className = ok ? 'live' : 'live stale';
@@ -422,6 +459,7 @@
     getJSON('api/v1/status').then(function (st) {
       renderStatus(st);
       var jobs = [getJSON('api/v1/syncs').then(renderCharts)];
+      if ($('edge').dataset.edge) jobs.push(getJSON('api/v1/edge').then(renderEdge));
       if (st.sync.servicesRevision !== servicesRevision) {
         jobs.push(getJSON('api/v1/services').then(function (list) {
           list.services.forEach(function (s) { s._text = searchText(s); });

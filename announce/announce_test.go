@@ -1,0 +1,102 @@
+package announce
+
+import (
+	"net/netip"
+	"slices"
+	"testing"
+
+	"github.com/nftgate/nftgate/announce/bgp"
+	"github.com/nftgate/nftgate/loop"
+	"github.com/nftgate/nftgate/model"
+)
+
+var node = model.Node{Name: "gw"}
+
+func svc(name string, lb string, local bool, eps ...model.Endpoint) *model.Service {
+	return &model.Service{
+		Key: model.ServiceKey{Namespace: "ns", Name: name}, Type: "LoadBalancer", IPv4: true,
+		LoadBalancerIPs: []netip.Addr{netip.MustParseAddr(lb)}, ExternalLocal: local,
+		Ports: []model.ServicePort{{Protocol: model.TCP, Port: 80, Endpoints: eps}},
+	}
+}
+
+func ep(addr, nodeName string, ready bool) model.Endpoint {
+	return model.Endpoint{Addr: netip.MustParseAddr(addr), Port: 8080, Ready: ready, Serving: ready, NodeName: nodeName}
+}
+
+func TestAddresses(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		m    *model.Service
+		want bool
+	}{
+		{"cluster, ready endpoint", svc("a", "192.0.2.1", false, ep("10.0.0.1", "n1", true)), true},
+		{"cluster, no endpoint", svc("a", "192.0.2.1", false), false},
+		{"cluster, endpoint not ready", svc("a", "192.0.2.1", false, ep("10.0.0.1", "n1", false)), false},
+		{"cluster, terminating but serving", svc("a", "192.0.2.1", false,
+			model.Endpoint{Addr: netip.MustParseAddr("10.0.0.1"), Port: 1, Serving: true, Terminating: true}), true},
+		{"local, endpoint elsewhere", svc("a", "192.0.2.1", true, ep("10.0.0.1", "n1", true)), false},
+		{"local, endpoint here", svc("a", "192.0.2.1", true, ep("10.0.0.1", "n1", true), ep("10.0.0.2", "gw", true)), true},
+	} {
+		addrs, ok := Addresses(tc.m, node)
+		if ok != tc.want || len(addrs) != 1 {
+			t.Errorf("%s: usable %v (%v), want %v", tc.name, ok, addrs, tc.want)
+		}
+	}
+	if addrs, ok := Addresses(nil, node); ok || addrs != nil {
+		t.Error("a deleted Service has addresses")
+	}
+}
+
+func TestServedSharedAddressOnce(t *testing.T) {
+	svcs := map[model.ServiceKey]*model.Service{
+		{Namespace: "ns", Name: "a"}: svc("a", "192.0.2.1", false, ep("10.0.0.1", "n1", true)),
+		{Namespace: "ns", Name: "b"}: svc("b", "192.0.2.1", false),
+		{Namespace: "ns", Name: "c"}: svc("c", "192.0.2.0", false, ep("10.0.0.1", "n1", true)),
+		{Namespace: "ns", Name: "d"}: svc("d", "192.0.2.9", false),
+	}
+	got := Served(svcs, node)
+	want := []netip.Addr{netip.MustParseAddr("192.0.2.0"), netip.MustParseAddr("192.0.2.1")}
+	if !slices.Equal(got, want) {
+		t.Errorf("served %v, want %v", got, want)
+	}
+}
+
+type fakeBGP struct{ sets [][]bgp.Route }
+
+func (f *fakeBGP) Set(r []bgp.Route) error { f.sets = append(f.sets, r); return nil }
+
+type fakeL2 struct{ sets [][]netip.Addr }
+
+func (f *fakeL2) Set(a []netip.Addr) { f.sets = append(f.sets, a) }
+
+// Endpoints to zero withdraw the address; back, it is announced again;
+// a sync that changes nothing announced calls nobody.
+func TestCoordinatorFollowsEndpoints(t *testing.T) {
+	b, l := &fakeBGP{}, &fakeL2{}
+	c := &Coordinator{Node: node, BGP: b, L2: l, PoolOf: func(netip.Addr) string { return "public" }}
+	k := model.ServiceKey{Namespace: "ns", Name: "a"}
+	up := svc("a", "192.0.2.1", false, ep("10.0.0.1", "n1", true))
+	down := svc("a", "192.0.2.1", false)
+	c.Observe(loop.Event{Full: true, After: map[model.ServiceKey]*model.Service{k: up}})
+	c.Observe(loop.Event{After: map[model.ServiceKey]*model.Service{{Namespace: "ns", Name: "other"}: svc("other", "192.0.2.1", false)}})
+	c.Observe(loop.Event{After: map[model.ServiceKey]*model.Service{k: down}})
+	c.Observe(loop.Event{After: map[model.ServiceKey]*model.Service{k: up}})
+	c.Observe(loop.Event{After: map[model.ServiceKey]*model.Service{k: nil}})
+	wantLen := []int{1, 0, 1, 0}
+	if len(b.sets) != len(wantLen) || len(l.sets) != len(wantLen) {
+		t.Fatalf("BGP sets %v, L2 sets %v; want %d of each", b.sets, l.sets, len(wantLen))
+	}
+	for i, n := range wantLen {
+		if len(b.sets[i]) != n || len(l.sets[i]) != n {
+			t.Errorf("set %d: BGP %v, L2 %v; want %d addresses", i, b.sets[i], l.sets[i], n)
+		}
+	}
+	if r := b.sets[0][0]; r != bgp.HostRoute(netip.MustParseAddr("192.0.2.1"), "public") {
+		t.Errorf("route %+v", r)
+	}
+	sn := c.Snapshot()
+	if len(sn.Services) != 1 || sn.Services[0].Name != "other" || sn.Services[0].Addresses[0].Announced {
+		t.Errorf("snapshot %+v", sn)
+	}
+}

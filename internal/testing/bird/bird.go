@@ -1,0 +1,175 @@
+// Package bird runs BIRD 2 (Debian's bird2) as the upstream router of a
+// test, in a network namespace of its lab, and reads its routes and
+// sessions through birdc: the BGP speaker's tests and the end-to-end tests
+// share it.
+package bird
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nftgate/nftgate/internal/testing/lab"
+)
+
+// Router is a BIRD 2 daemon in a namespace of a test's lab, the upstream
+// router of the BGP tests.
+type Router struct {
+	t    testing.TB
+	sock string
+	log  string
+	cmd  *exec.Cmd
+}
+
+// Start runs bird with conf in host, and waits until it answers on
+// its control socket. The cleanup stops it and shows its log on failure.
+func Start(t testing.TB, host *lab.Host, conf string) *Router {
+	t.Helper()
+	if _, err := exec.LookPath("bird"); err != nil {
+		t.Fatalf("bird not installed (the Makefile's deps installs bird2): %v", err)
+	}
+	dir := t.TempDir()
+	b := &Router{t: t, sock: filepath.Join(dir, "bird.ctl"), log: filepath.Join(dir, "bird.log")}
+	confPath := filepath.Join(dir, "bird.conf")
+	conf = fmt.Sprintf("log %q all;\n%s", b.log, conf)
+	if err := os.WriteFile(confPath, []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b.cmd = host.Command(context.Background(), "bird", "-f", "-c", confPath, "-s", b.sock, "-P", filepath.Join(dir, "bird.pid"))
+	out := &strings.Builder{}
+	b.cmd.Stdout, b.cmd.Stderr = out, out
+	if err := b.cmd.Start(); err != nil {
+		t.Fatalf("start bird: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = b.cmd.Process.Kill()
+		_ = b.cmd.Wait()
+		if t.Failed() {
+			l, _ := os.ReadFile(b.log)
+			t.Logf("bird output: %s\nbird log:\n%s", out, tail(string(l), 60))
+		}
+	})
+	if err := lab.EventuallyWithin(10*time.Second, func() error {
+		_, err := b.Run("show status")
+		return err
+	}); err != nil {
+		t.Fatalf("bird does not answer: %v (output: %s)", err, out)
+	}
+	return b
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// Run is one birdc command.
+func (b *Router) Run(cmd string) (string, error) {
+	out, err := exec.Command("birdc", append([]string{"-s", b.sock}, strings.Fields(cmd)...)...).CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("birdc %s: %v: %s", cmd, err, out)
+	}
+	return string(out), nil
+}
+
+// HasRoute tells whether BIRD's table holds prefix (from birdc show route).
+func (b *Router) HasRoute(prefix netip.Prefix) (bool, error) {
+	out, err := b.Run("show route " + prefix.String())
+	if err != nil {
+		if strings.Contains(err.Error(), "Network not found") {
+			return false, nil
+		}
+		return false, err
+	}
+	for _, line := range strings.Split(out, "\n") {
+		if strings.HasPrefix(line, prefix.String()+" ") {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// ProtocolState is the state of a BGP protocol from birdc show protocols,
+// as in "Established" or "Active".
+func (b *Router) ProtocolState(name string) (string, error) {
+	out, err := b.Run("show protocols " + name)
+	if err != nil {
+		return "", err
+	}
+	for _, line := range strings.Split(out, "\n") {
+		// Name Proto Table State Since Info...
+		f := strings.Fields(line)
+		if len(f) >= 6 && f[0] == name {
+			return f[5], nil
+		}
+		if len(f) == 5 && f[0] == name {
+			return f[3], nil
+		}
+	}
+	return "", fmt.Errorf("no protocol %s in: %s", name, out)
+}
+
+var routeCount = regexp.MustCompile(`(\d+) of \d+ routes`)
+
+// RouteCount is how many routes protocol name gave BIRD's tables.
+func (b *Router) RouteCount(name string) (int, error) {
+	out, err := b.Run("show route protocol " + name + " count")
+	if err != nil {
+		return 0, err
+	}
+	m := routeCount.FindStringSubmatch(out)
+	if m == nil {
+		return 0, fmt.Errorf("no route count in: %s", out)
+	}
+	return strconv.Atoi(m[1])
+}
+
+// WaitRoute waits until BIRD has (want) or lacks (!want) prefix and
+// returns how long that took.
+func (b *Router) WaitRoute(t testing.TB, prefix netip.Prefix, want bool, timeout time.Duration) time.Duration {
+	t.Helper()
+	start := time.Now()
+	err := lab.EventuallyWithin(timeout, func() error {
+		has, err := b.HasRoute(prefix)
+		if err != nil {
+			return err
+		}
+		if has != want {
+			return fmt.Errorf("bird has route %s: %v, want %v", prefix, has, want)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return time.Since(start)
+}
+
+// WaitState waits until BIRD's protocol is (or, with not, leaves) state.
+func (b *Router) WaitState(t testing.TB, protocol, state string, not bool, timeout time.Duration) {
+	t.Helper()
+	err := lab.EventuallyWithin(timeout, func() error {
+		got, err := b.ProtocolState(protocol)
+		if err != nil {
+			return err
+		}
+		if (got == state) == not {
+			return fmt.Errorf("bird protocol %s is %s (want %s%s)", protocol, got, map[bool]string{true: "not "}[not], state)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
