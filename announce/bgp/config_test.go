@@ -172,9 +172,6 @@ func TestConfigTOMLExample(t *testing.T) {
 	var src strings.Builder
 	src.WriteString("[bgp]\n")
 	for _, line := range strings.Split(example, "\n") {
-		if !strings.HasPrefix(line, "#") {
-			break // the example ends at the first line that is not a comment
-		}
 		if rest, ok := strings.CutPrefix(line, "# "); ok && !strings.HasPrefix(rest, "# ") {
 			src.WriteString(rest + "\n")
 		}
