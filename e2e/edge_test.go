@@ -97,23 +97,7 @@ func newEdgeLab(t *testing.T) *edgeLab {
 			t.Fatal(err)
 		}
 	}
-	b := bird.Start(t, router, fmt.Sprintf(`
-router id %s;
-protocol device {}
-protocol kernel k4 { ipv4 { import none; export all; }; }
-protocol kernel k6 { ipv6 { import none; export all; }; }
-template bgp gateway_tpl {
-  local as %d;
-  hold time 9;
-  connect delay time 1;
-  connect retry time 1;
-  error wait time 1, 2;
-  graceful restart on;
-  graceful restart time 120;
-}
-protocol bgp gw4 from gateway_tpl { neighbor %s as %d; ipv4 { import all; export none; }; }
-protocol bgp gw6 from gateway_tpl { neighbor %s as %d; ipv6 { import all; export none; }; }
-`, edgeRouterGW.Addr(), edgeRouterASN, edgeGatewayGW.Addr(), edgeGatewayASN, edgeGatewayGW6.Addr(), edgeGatewayASN))
+	b := bird.Start(t, router, bird.Upstream(edgeRouterGW.Addr(), edgeRouterASN, edgeGatewayGW.Addr(), edgeGatewayGW6.Addr(), edgeGatewayASN, ""))
 	cfg := filepath.Join(t.TempDir(), "config.toml")
 	text := fmt.Sprintf(`
 [bgp]

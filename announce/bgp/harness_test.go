@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nftgate/nftgate/internal/testing/bird"
 	"github.com/nftgate/nftgate/internal/testing/lab"
 	"github.com/nftgate/nftgate/internal/testing/lab/labtest"
 	"github.com/vishvananda/netlink"
@@ -273,29 +274,10 @@ func (e *edge) serve(t testing.TB, addr netip.Addr) netip.AddrPort {
 	return ap
 }
 
-// birdConf is the router's configuration: one BGP session per family with
-// the gateway, graceful restart on, and the learned routes exported to the
-// kernel so that the router forwards to them. extra goes into each
-// session.
+// birdConf is the router's configuration (bird.Upstream); extra goes into
+// each session.
 func birdConf(extra string) string {
-	return fmt.Sprintf(`
-router id %s;
-protocol device {}
-protocol kernel k4 { ipv4 { import none; export all; }; }
-protocol kernel k6 { ipv6 { import none; export all; }; }
-template bgp gateway_tpl {
-  local as %d;
-  hold time 9;
-  connect delay time 1;
-  connect retry time 1;
-  error wait time 1, 2;
-  graceful restart on;
-  graceful restart time 120;
-  %s
-}
-protocol bgp gw4 from gateway_tpl { neighbor %s as %d; ipv4 { import all; export none; }; }
-protocol bgp gw6 from gateway_tpl { neighbor %s as %d; ipv6 { import all; export none; }; }
-`, routerGW4.Addr(), routerASN, extra, gatewayGW4.Addr(), gatewayASN, gatewayGW6.Addr(), gatewayASN)
+	return bird.Upstream(routerGW4.Addr(), routerASN, gatewayGW4.Addr(), gatewayGW6.Addr(), gatewayASN, extra)
 }
 
 // speakerConfig peers with the router over both families.

@@ -173,3 +173,28 @@ func (b *Router) WaitState(t testing.TB, protocol, state string, not bool, timeo
 		t.Fatal(err)
 	}
 }
+
+// Upstream is the configuration of an upstream router for a gateway: one
+// BGP session per family with the gateway (gw4, gw6, of AS gatewayASN),
+// graceful restart on, and the learned routes exported to the kernel so
+// that the router forwards to them. extra goes into each session.
+func Upstream(routerID netip.Addr, asn uint32, gw4, gw6 netip.Addr, gatewayASN uint32, extra string) string {
+	return fmt.Sprintf(`
+router id %s;
+protocol device {}
+protocol kernel k4 { ipv4 { import none; export all; }; }
+protocol kernel k6 { ipv6 { import none; export all; }; }
+template bgp gateway_tpl {
+  local as %d;
+  hold time 9;
+  connect delay time 1;
+  connect retry time 1;
+  error wait time 1, 2;
+  graceful restart on;
+  graceful restart time 120;
+  %s
+}
+protocol bgp gw4 from gateway_tpl { neighbor %s as %d; ipv4 { import all; export none; }; }
+protocol bgp gw6 from gateway_tpl { neighbor %s as %d; ipv6 { import all; export none; }; }
+`, routerID, asn, extra, gw4, gatewayASN, gw6, gatewayASN)
+}
