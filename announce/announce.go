@@ -74,8 +74,14 @@ type Coordinator struct {
 	L2     AddrSetter  // nil: no L2 announcement
 	Log    *slog.Logger
 
-	mu       sync.Mutex
+	mu sync.Mutex
+	// services are the programmed Services that have addresses;
+	// usable are the addresses each contributes to the served set, and
+	// count how many Services contribute each: a sync costs what it
+	// changed, not a pass over every Service.
 	services map[model.ServiceKey]*model.Service
+	usable   map[model.ServiceKey][]netip.Addr
+	count    map[netip.Addr]int
 	served   []netip.Addr
 	applied  bool
 	since    map[netip.Addr]time.Time
@@ -91,19 +97,44 @@ func (c *Coordinator) Observe(ev loop.Event) {
 	defer c.mu.Unlock()
 	if c.services == nil {
 		c.services = map[model.ServiceKey]*model.Service{}
+		c.usable = map[model.ServiceKey][]netip.Addr{}
+		c.count = map[netip.Addr]int{}
 		c.since = map[netip.Addr]time.Time{}
 	}
+	changed := false
 	for k, m := range ev.After {
-		if m == nil {
-			delete(c.services, k)
-		} else {
-			c.services[k] = m
+		for _, a := range c.usable[k] {
+			if c.count[a]--; c.count[a] == 0 {
+				delete(c.count, a)
+				changed = true
+			}
+		}
+		delete(c.usable, k)
+		delete(c.services, k)
+		addrs, ok := Addresses(m, c.Node)
+		if len(addrs) == 0 {
+			continue
+		}
+		c.services[k] = m
+		if !ok {
+			continue
+		}
+		addrs = slices.Compact(slices.SortedFunc(slices.Values(addrs), netip.Addr.Compare))
+		c.usable[k] = addrs
+		for _, a := range addrs {
+			if c.count[a]++; c.count[a] == 1 {
+				changed = true
+			}
 		}
 	}
-	served := Served(c.services, c.Node)
-	if c.applied && slices.Equal(served, c.served) {
+	if c.applied && !changed {
 		return
 	}
+	served := make([]netip.Addr, 0, len(c.count))
+	for a := range c.count {
+		served = append(served, a)
+	}
+	slices.SortFunc(served, netip.Addr.Compare)
 	c.served, c.applied = served, true
 	now := time.Now()
 	keep := make(map[netip.Addr]time.Time, len(served))
