@@ -155,8 +155,9 @@ vmtest-api-image: vmtest-api-check
 vmtest-api-update: vmtest-api-check
 	$(MAKE) --no-print-directory image-update $(VMTEST_API_VARS)
 
-# The API-backed test needs kube-apiserver and etcd (mk/kube.mk).
-vmtest: vmtest-deps vmtest-image kube-bin kube-deps
+# The API-backed test needs kube-apiserver and etcd (mk/kube.mk), and BIRD
+# (mk/bgp.mk) as the upstream router the VM announces its addresses to.
+vmtest: vmtest-deps vmtest-image kube-bin kube-deps bgp-deps
 	NFTGATE_VMTEST_IMAGE=$(VMTEST_IMAGE) NFTGATE_VMTEST_PASSWORD_FILE=$(VMTEST_PASSWORD_FILE) \
 		NFTGATE_VMTEST_NFTGATE_PASSWORD_FILE=$(VMTEST_NFTGATE_PASSWORD_FILE) \
 		NFTGATE_VMTEST_GOKRAZY_CERT=$(VMTEST_GOKRAZY_TLS_DIR)/cert.pem \

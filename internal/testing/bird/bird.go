@@ -175,11 +175,12 @@ func (b *Router) WaitState(t testing.TB, protocol, state string, not bool, timeo
 }
 
 // Upstream is the configuration of an upstream router for a gateway: one
-// BGP session per family with the gateway (gw4, gw6, of AS gatewayASN),
-// graceful restart on, and the learned routes exported to the kernel so
-// that the router forwards to them. extra goes into each session.
+// BGP session per family with the gateway (gw4, gw6, of AS gatewayASN;
+// a zero address leaves that family's session out), graceful restart on,
+// and the learned routes exported to the kernel so that the router
+// forwards to them. extra goes into each session.
 func Upstream(routerID netip.Addr, asn uint32, gw4, gw6 netip.Addr, gatewayASN uint32, extra string) string {
-	return fmt.Sprintf(`
+	conf := fmt.Sprintf(`
 router id %s;
 protocol device {}
 protocol kernel k4 { ipv4 { import none; export all; }; }
@@ -194,7 +195,12 @@ template bgp gateway_tpl {
   graceful restart time 120;
   %s
 }
-protocol bgp gw4 from gateway_tpl { neighbor %s as %d; ipv4 { import all; export none; }; }
-protocol bgp gw6 from gateway_tpl { neighbor %s as %d; ipv6 { import all; export none; }; }
-`, routerID, asn, extra, gw4, gatewayASN, gw6, gatewayASN)
+`, routerID, asn, extra)
+	if gw4.IsValid() {
+		conf += fmt.Sprintf("protocol bgp gw4 from gateway_tpl { neighbor %s as %d; ipv4 { import all; export none; }; }\n", gw4, gatewayASN)
+	}
+	if gw6.IsValid() {
+		conf += fmt.Sprintf("protocol bgp gw6 from gateway_tpl { neighbor %s as %d; ipv6 { import all; export none; }; }\n", gw6, gatewayASN)
+	}
+	return conf
 }

@@ -30,8 +30,9 @@ import (
 
 // The inside network of the API test: one bridge in the cluster namespace
 // carries kube-apiserver's address and the backends' addresses, and the
-// VM's eth1 joins it. A LoadBalancer IP outside every network is routed
-// by the client through the VM, like the Service range.
+// VM's eth1 joins it. The client routes the Service range through the VM;
+// the LoadBalancer IP, outside every network, comes from the VM's pool
+// and is routed by BGP (bgp_test.go).
 const (
 	apiAddr     = "10.123.2.2"
 	lbIP        = "203.0.113.10"
@@ -55,10 +56,15 @@ var requiredKernelOptions = []string{
 
 // TestApplianceWithAPI boots an image whose nftgate serves a real
 // kube-apiserver in the inside namespace, with the least-privilege
-// ServiceAccount of deploy/rbac.yaml, and checks from the outside client
-// that a Service is served through the VM as ClusterIP, NodePort and
-// LoadBalancer IP; then pushes a second image with gok update and checks
-// that it serves again and follows a change made after the update.
+// ServiceAccount of deploy/rbac.yaml, and checks from the client that a
+// Service is served through the VM as ClusterIP, NodePort and
+// LoadBalancer IP. The LoadBalancer IP is allocated from the VM's pool
+// (written to the Service's status) and announced by BGP to BIRD in the
+// client namespace; an outside client behind BIRD reaches it. Then it
+// pushes a second image with gok update and checks that BIRD kept the
+// route through the reboot, the VM serves again and follows a change made
+// after the update, and that the route is withdrawn while the Service
+// has no endpoint.
 func TestApplianceWithAPI(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: creates network namespaces and tap devices")
@@ -71,6 +77,7 @@ func TestApplianceWithAPI(t *testing.T) {
 	root := repo.Path(t)
 
 	client := newNetns(t, "client")
+	outside := newNetns(t, "outside")
 	cluster := newNetns(t, "inside")
 	if err := cluster.AddBridge("br-inside", apiAddr+"/24", firstBackends[0]+"/24", firstBackends[1]+"/24", laterBackend+"/24"); err != nil {
 		t.Fatal(err)
@@ -119,7 +126,7 @@ func TestApplianceWithAPI(t *testing.T) {
 	if err := os.WriteFile(config, []byte(`node_name = "nftgate-vmtest"
 listen = ":`+statusPort+`"
 cluster_cidrs = ["10.123.2.0/24"]
-`), 0o644); err != nil {
+`+edgeConfig()), 0o644); err != nil {
 		t.Fatal(err)
 	}
 
@@ -128,7 +135,7 @@ cluster_cidrs = ["10.123.2.0/24"]
 	svc := createService(ctx, t, admin)
 	clusterIP := svc.Spec.ClusterIP
 	nodePort := svc.Spec.Ports[0].NodePort
-	t.Logf("Service default/web: ClusterIP %s, NodePort %d, LoadBalancer IP %s", clusterIP, nodePort, lbIP)
+	t.Logf("Service default/web: ClusterIP %s, NodePort %d", clusterIP, nodePort)
 
 	makeVars := []string{"VMTEST_KUBECONFIG=" + kubeconfig, "VMTEST_CONFIG=" + config}
 	start := time.Now()
@@ -139,8 +146,9 @@ cluster_cidrs = ["10.123.2.0/24"]
 	t.Logf("API image built in %.1f s", time.Since(start).Seconds())
 	acc := loadAccess(t, root)
 
-	// The client reaches the Service range and the LoadBalancer IP only
-	// through the VM; it has no other route off its link.
+	// The client reaches the Service range through the VM, and the
+	// LoadBalancer IP through the route BIRD learns; it has no other
+	// route off its link but the one to the outside client.
 	vm := startVM(t, Config{
 		Image: filepath.Join(root, "build", "nftgate-vmtest-api.img"),
 		NICs: []NIC{
@@ -151,7 +159,6 @@ cluster_cidrs = ["10.123.2.0/24"]
 		for _, step := range []error{
 			client.AddrAdd("vm-eth0", clientAddr),
 			client.RouteAdd(kubetest.ServiceCIDR, vmClientAddr),
-			client.RouteAdd(lbIP+"/32", vmClientAddr),
 		} {
 			if step != nil {
 				return step
@@ -159,6 +166,7 @@ cluster_cidrs = ["10.123.2.0/24"]
 		}
 		return nil
 	})
+	router := startUpstream(t, client, outside)
 
 	clusterAddr := net.JoinHostPort(clusterIP, "80")
 	first := waitServed(ctx, t, vm, client, clusterAddr, firstBackends...)
@@ -194,9 +202,23 @@ cluster_cidrs = ["10.123.2.0/24"]
 	servedBy(ctx, t, client, clusterAddr, 16, firstBackends...)
 	nodePortAddr := net.JoinHostPort(vmClientAddr, strconv.Itoa(int(nodePort)))
 	servedBy(ctx, t, client, nodePortAddr, 16, firstBackends...)
+
+	// The edge: the address from the pool, learned by BIRD from the VM
+	// (its own CLI), reached from outside through BIRD's route.
+	waitIngress(ctx, t, vm, admin, lbIP)
+	t.Logf("status.loadBalancer.ingress = %s written by the VM %.1f s after QEMU started", lbIP, time.Since(vm.Started).Seconds())
+	router.WaitState(t, "gw4", "Established", false, time.Minute)
+	router.WaitRoute(t, lbRoute, true, time.Minute)
+	if out, err := router.Run("show route " + lbRoute.String() + " all"); err != nil {
+		t.Fatal(err)
+	} else if !strings.Contains(out, "via "+vmClientAddr) || !strings.Contains(out, "BGP.as_path: "+strconv.Itoa(vmASN)) {
+		t.Errorf("birdc show route %s: want the VM (%s, AS %d) as next hop and origin:\n%s", lbRoute, vmClientAddr, vmASN, out)
+	}
 	lbAddr := net.JoinHostPort(lbIP, "80")
-	waitServed(ctx, t, vm, client, lbAddr, firstBackends...)
-	servedBy(ctx, t, client, lbAddr, 16, firstBackends...)
+	waitServed(ctx, t, vm, outside, lbAddr, firstBackends...)
+	t.Logf("outside client served at %s through BIRD %.1f s after QEMU started", lbAddr, time.Since(vm.Started).Seconds())
+	servedBy(ctx, t, outside, lbAddr, 16, firstBackends...)
+	servedBy(ctx, t, client, lbAddr, 8, firstBackends...)
 
 	checkKernelConfig(ctx, t, vm)
 
@@ -208,6 +230,7 @@ cluster_cidrs = ["10.123.2.0/24"]
 		t.Fatal(err)
 	}
 	before := consoleAt(t, vm, off)
+	watch := watchRoute(router, lbRoute)
 	start = time.Now()
 	update := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", client.Name,
 		"make", "-C", root, "--no-print-directory", "vmtest-api-update", "UPDATE_HOST=" + vmClientAddr}, makeVars...)...)
@@ -222,6 +245,14 @@ cluster_cidrs = ["10.123.2.0/24"]
 		t.Errorf("inactive root partition still %s after the update: no A/B switch", after)
 	}
 	waitServed(ctx, t, vm, client, clusterAddr, firstBackends...)
+	// Graceful restart: BIRD kept the VM's route while nftgate was
+	// stopped and the VM rebooted.
+	if polls, missing, err := watch.Stop(); err != nil || missing > 0 || polls < 2 {
+		t.Errorf("BIRD's route %s during the update: missing in %d of %d polls (error: %v); want kept throughout", lbRoute, missing, polls, err)
+	} else {
+		t.Logf("BIRD kept %s through the update and reboot (%d polls)", lbRoute, polls)
+	}
+	router.WaitState(t, "gw4", "Established", false, time.Minute)
 	t.Logf("gok update: built and pushed in %.1f s, serving again %.1f s after it started", pushed.Seconds(), time.Since(start).Seconds())
 	// The pinned certificate still holds: it is kept on /perm, which the
 	// update leaves alone.
@@ -231,14 +262,28 @@ cluster_cidrs = ["10.123.2.0/24"]
 			st2.Identity.StartTime, st.Identity.StartTime, st2.Identity.APIConnected)
 	}
 	servedBy(ctx, t, client, nodePortAddr, 8, firstBackends...)
-	servedBy(ctx, t, client, lbAddr, 8, firstBackends...)
+	servedBy(ctx, t, outside, lbAddr, 8, firstBackends...)
 
 	changed := time.Now()
 	writeSlice(ctx, t, admin, laterBackend)
 	waitOnly(ctx, t, vm, client, clusterAddr, laterBackend)
 	t.Logf("endpoint change after the update served %.2f s after the API write", time.Since(changed).Seconds())
 	servedBy(ctx, t, client, nodePortAddr, 8, laterBackend)
-	servedBy(ctx, t, client, lbAddr, 8, laterBackend)
+	servedBy(ctx, t, outside, lbAddr, 8, laterBackend)
+
+	// No endpoint: the VM withdraws the address, BIRD drops the route
+	// and the outside client has no way to it; an endpoint again: back.
+	changed = time.Now()
+	writeSlice(ctx, t, admin)
+	router.WaitRoute(t, lbRoute, false, time.Minute)
+	t.Logf("endpoints to zero: BIRD lost %s %.2f s after the API write", lbRoute, time.Since(changed).Seconds())
+	refused(ctx, t, outside, lbAddr)
+	changed = time.Now()
+	writeSlice(ctx, t, admin, laterBackend)
+	router.WaitRoute(t, lbRoute, true, time.Minute)
+	t.Logf("an endpoint again: BIRD learned %s %.2f s after the API write", lbRoute, time.Since(changed).Seconds())
+	waitServed(ctx, t, vm, outside, lbAddr, laterBackend)
+	servedBy(ctx, t, outside, lbAddr, 4, laterBackend)
 }
 
 // serveBackend answers each connection with "<its address> saw <client>".
@@ -408,13 +453,7 @@ func createService(ctx context.Context, t *testing.T, c kubernetes.Interface) *c
 	if err != nil {
 		t.Fatalf("create Service: %v", err)
 	}
-	// No cloud controller here: the test plays its part and publishes
-	// the load balancer's address.
-	created.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: lbIP}}
-	created, err = c.CoreV1().Services("default").UpdateStatus(ctx, created, metav1.UpdateOptions{})
-	if err != nil {
-		t.Fatalf("Service status: %v", err)
-	}
+	// Its address comes from the VM's pool (waitIngress).
 	if created.Spec.ClusterIP == "" || len(created.Spec.Ports) != 1 || created.Spec.Ports[0].NodePort == 0 {
 		t.Fatalf("Service got no ClusterIP or NodePort: %+v", created.Spec)
 	}
@@ -512,10 +551,10 @@ var configLine = regexp.MustCompile(`(?m)^(CONFIG_[A-Z0-9_]+)=(.*)$|^# (CONFIG_[
 
 // checkKernelConfig reads /proc/config.gz on the running image through the
 // serial shell and checks the options nftgate needs; it logs the netfilter
-// part, which image/README.md records.
+// part and TCP-MD5, which image/README.md records.
 func checkKernelConfig(ctx context.Context, t *testing.T, vm *VM) {
 	t.Helper()
-	out, err := vm.Shell(ctx, `zcat /proc/config.gz | grep -E '^(# )?CONFIG_(NF_|NFT_|NETFILTER|IP_NF_|IP6_NF_|VLAN_8021Q|DUMMY|BRIDGE_NETFILTER|IKCONFIG)'`)
+	out, err := vm.Shell(ctx, `zcat /proc/config.gz | grep -E '^(# )?CONFIG_(NF_|NFT_|NETFILTER|IP_NF_|IP6_NF_|VLAN_8021Q|DUMMY|BRIDGE_NETFILTER|IKCONFIG|TCP_MD5SIG)'`)
 	if err != nil {
 		t.Fatalf("kernel config: %v", err)
 	}
@@ -535,6 +574,9 @@ func checkKernelConfig(ctx context.Context, t *testing.T, vm *VM) {
 			t.Errorf("kernel option %s = %q on the image, want y", o, v)
 		}
 	}
+	// BGP itself needs only TCP; a peer's password_file (TCP-MD5) needs
+	// this option, which image/README.md records.
+	t.Logf("kernel option CONFIG_TCP_MD5SIG = %q (TCP-MD5 for BGP peers)", opts["CONFIG_TCP_MD5SIG"])
 	// The reason nftgate chooses endpoints with jhash: this kernel has
 	// no numgen. A kernel that gains it changes nothing, but the README
 	// says it is missing.

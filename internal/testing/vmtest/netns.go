@@ -198,3 +198,35 @@ func (n *Netns) SetMaster(link, bridge string) error {
 	}
 	return nil
 }
+
+// AddVeth creates a veth pair, name in this namespace and peerName in
+// peer, each with the CIDR addresses given, and sets both ends up.
+func (n *Netns) AddVeth(name string, cidrs []string, peer *Netns, peerName string, peerCIDRs []string) error {
+	veth := &netlink.Veth{
+		LinkAttrs:     netlink.LinkAttrs{Name: name},
+		PeerName:      peerName,
+		PeerNamespace: netlink.NsFd(int(peer.handle)),
+	}
+	if err := n.nl.LinkAdd(veth); err != nil {
+		return fmt.Errorf("veth %s in %s to %s in %s: %w", name, n.Name, peerName, peer.Name, err)
+	}
+	for _, end := range []struct {
+		ns    *Netns
+		link  string
+		cidrs []string
+	}{{n, name, cidrs}, {peer, peerName, peerCIDRs}} {
+		l, err := end.ns.nl.LinkByName(end.link)
+		if err == nil {
+			err = end.ns.nl.LinkSetUp(l)
+		}
+		if err != nil {
+			return fmt.Errorf("veth %s in %s: %w", end.link, end.ns.Name, err)
+		}
+		for _, c := range end.cidrs {
+			if err := end.ns.AddrAdd(end.link, c); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
