@@ -50,11 +50,6 @@ func applianceConfig(path string, haveCert bool) (nftgateConfig, error) {
 	if err != nil {
 		return nftgateConfig{}, fmt.Errorf("config %s: %w", path, err)
 	}
-	for _, k := range md.Keys() {
-		if len(k) > 1 {
-			return nftgateConfig{}, fmt.Errorf("config %s: key %s: nftgate's config has no tables", path, k)
-		}
-	}
 	add := map[string]any{}
 	if !md.IsDefined("listen") {
 		add["listen"] = applianceListen
@@ -85,12 +80,16 @@ func applianceConfig(path string, haveCert bool) (nftgateConfig, error) {
 		c.tls = "self-signed certificate made on the first boot, kept in " + get("tls_self_signed_dir")
 	}
 	if len(add) > 0 {
+		// Before the operator's text: after a table ([bgp], [[pools]],
+		// [l2]) a key would belong to that table, and TOML has no way
+		// back to the top level.
 		var b bytes.Buffer
-		b.Write(bytes.TrimRight(text, "\n"))
-		b.WriteString("\n\n# Added for the appliance by image/cmd/mkinstance: keys the file above does not set.\n")
+		b.WriteString("# Added for the appliance by image/cmd/mkinstance: keys the file below does not set.\n")
 		if err := toml.NewEncoder(&b).Encode(add); err != nil {
 			return nftgateConfig{}, err
 		}
+		b.WriteString("\n# The operator's config.toml:\n")
+		b.Write(text)
 		c.text = b.Bytes()
 	}
 	return c, nil

@@ -17,7 +17,7 @@ import (
 )
 
 // checkApplianceConfig checks the config.toml that goes onto the image:
-// the user's text, then exactly the keys of added.
+// exactly the keys of added, then the user's text.
 func checkApplianceConfig(t *testing.T, o options, c instanceConfig, userText string, added map[string]any) {
 	t.Helper()
 	nftgate := c.PackageConfig["github.com/nftgate/nftgate/cmd/nftgate"]
@@ -29,8 +29,8 @@ func checkApplianceConfig(t *testing.T, o options, c instanceConfig, userText st
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.HasPrefix(string(b), strings.TrimRight(userText, "\n")) {
-		t.Errorf("the image's config.toml does not start with the user's:\n%s", b)
+	if !strings.HasSuffix(string(b), userText) {
+		t.Errorf("the image's config.toml does not end with the user's:\n%s", b)
 	}
 	var user, all map[string]any
 	if _, err := toml.Decode(userText, &user); err != nil {
@@ -123,6 +123,47 @@ func TestUserConfigWins(t *testing.T) {
 	o.tlsCert, o.tlsKey = "", ""
 	c = render(t, o)
 	checkApplianceConfig(t, o, c, text, map[string]any{"auth_user": "admin", "auth_password_file": "/etc/nftgate/http-password"})
+}
+
+// A config with tables (the edge: [bgp], [[pools]]) gets the appliance's
+// keys at the top level, and its tables stay as they were.
+func TestConfigWithTables(t *testing.T) {
+	o := baseOptions(t)
+	text := `cluster_cidrs = ["10.0.0.0/8"]
+
+[bgp]
+asn = 64513
+router_id = "192.0.2.1"
+
+[[bgp.peer]]
+address = "192.0.2.254"
+asn = 64512
+
+[[pools]]
+name = "public"
+addresses = ["198.51.100.0/28"]
+`
+	writeFile(t, o.config, text)
+	c := render(t, o)
+	checkApplianceConfig(t, o, c, text, map[string]any{"listen": ":9180", "auth_user": "admin",
+		"auth_password_file": "/etc/nftgate/http-password", "tls_self_signed_dir": "/perm/nftgate/tls"})
+	b, err := os.ReadFile(c.PackageConfig["github.com/nftgate/nftgate/cmd/nftgate"].ExtraFilePaths["/etc/nftgate/config.toml"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var all struct {
+		BGP struct {
+			ASN  int              `toml:"asn"`
+			Peer []map[string]any `toml:"peer"`
+		} `toml:"bgp"`
+		Pools []map[string]any `toml:"pools"`
+	}
+	if _, err := toml.Decode(string(b), &all); err != nil {
+		t.Fatal(err)
+	}
+	if all.BGP.ASN != 64513 || len(all.BGP.Peer) != 1 || len(all.Pools) != 1 || all.Pools[0]["name"] != "public" {
+		t.Errorf("tables after the build: %+v\n%s", all, b)
+	}
 }
 
 // gokrazy's certificate is made once and kept across rebuilds; one that
