@@ -230,7 +230,7 @@ cluster_cidrs = ["10.123.2.0/24"]
 		t.Fatal(err)
 	}
 	before := consoleAt(t, vm, off)
-	watch := watchRoute(router, lbRoute)
+	watch := watchRoute(router, "gw4", lbRoute)
 	start = time.Now()
 	update := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", client.Name,
 		"make", "-C", root, "--no-print-directory", "vmtest-api-update", "UPDATE_HOST=" + vmClientAddr}, makeVars...)...)
@@ -247,11 +247,7 @@ cluster_cidrs = ["10.123.2.0/24"]
 	waitServed(ctx, t, vm, client, clusterAddr, firstBackends...)
 	// Graceful restart: BIRD kept the VM's route while nftgate was
 	// stopped and the VM rebooted.
-	if polls, missing, err := watch.Stop(); err != nil || missing > 0 || polls < 2 {
-		t.Errorf("BIRD's route %s during the update: missing in %d of %d polls (error: %v); want kept throughout", lbRoute, missing, polls, err)
-	} else {
-		t.Logf("BIRD kept %s through the update and reboot (%d polls)", lbRoute, polls)
-	}
+	watch.Stop(t, lbRoute)
 	router.WaitState(t, "gw4", "Established", false, time.Minute)
 	t.Logf("gok update: built and pushed in %.1f s, serving again %.1f s after it started", pushed.Seconds(), time.Since(start).Seconds())
 	// The pinned certificate still holds: it is kept on /perm, which the

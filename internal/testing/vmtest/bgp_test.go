@@ -78,7 +78,7 @@ func startUpstream(t *testing.T, router, outside *Netns) *bird.Router {
 		t.Fatal(err)
 	}
 	return bird.Start(t, host, bird.Upstream(netip.MustParseAddr(routerAddr), routerASN,
-		netip.MustParseAddr(vmClientAddr), netip.Addr{}, vmASN, ""))
+		netip.MustParseAddr(vmClientAddr), netip.Addr{}, vmASN, "debug { states, routes };"))
 }
 
 // waitIngress waits until status.loadBalancer.ingress of default/web is
@@ -109,32 +109,54 @@ func waitIngress(ctx context.Context, t *testing.T, vm *VM, c kubernetes.Interfa
 	}
 }
 
-// routeWatch polls BIRD's table for a prefix until Stop, counting the
-// polls that did not find it.
+// routeWatch polls BIRD for a prefix and the state of a session until
+// Stop: graceful restart is right when no poll that saw the session down
+// found the route missing.
 type routeWatch struct {
-	stop     chan struct{}
-	done     chan struct{}
-	mu       sync.Mutex
-	polls    int
-	missing  int
-	firstErr error
+	stop chan struct{}
+	done chan struct{}
+
+	mu          sync.Mutex
+	polls       int
+	down        int         // polls that saw the session not Established
+	downMissing int         // of those, polls without the route
+	upGaps      []time.Time // polls without the route, session up
+	firstErr    error
 }
 
-func watchRoute(b *bird.Router, prefix netip.Prefix) *routeWatch {
+func watchRoute(b *bird.Router, protocol string, prefix netip.Prefix) *routeWatch {
 	w := &routeWatch{stop: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(w.done)
 		tick := time.NewTicker(250 * time.Millisecond)
 		defer tick.Stop()
 		for {
+			// The route first: BIRD flushes stale routes only once the
+			// session is up again, so a route missing here with the
+			// session down at the next read was missing while it was
+			// down.
 			has, err := b.HasRoute(prefix)
-			w.mu.Lock()
-			w.polls++
-			if err != nil && w.firstErr == nil {
-				w.firstErr = err
+			var state string
+			if err == nil {
+				state, err = b.ProtocolState(protocol)
 			}
-			if err == nil && !has {
-				w.missing++
+			w.mu.Lock()
+			switch {
+			case err != nil:
+				if w.firstErr == nil {
+					w.firstErr = err
+				}
+			case state != "Established":
+				w.polls++
+				w.down++
+				if !has {
+					w.downMissing++
+				}
+			default:
+				w.polls++
+				if !has {
+					w.upGaps = append(w.upGaps, time.Now())
+				}
 			}
 			w.mu.Unlock()
 			select {
@@ -147,14 +169,31 @@ func watchRoute(b *bird.Router, prefix netip.Prefix) *routeWatch {
 	return w
 }
 
-// Stop ends the watch and returns how many polls ran and how many of
-// them found no route.
-func (w *routeWatch) Stop() (polls, missing int, err error) {
+// Stop ends the watch and checks that the session went down and BIRD
+// kept the route all the while. It logs the polls that found the route
+// missing with the session up: the new process's End-of-RIB and first
+// sync race, and a route may be flushed and announced again.
+func (w *routeWatch) Stop(t *testing.T, prefix netip.Prefix) {
+	t.Helper()
 	close(w.stop)
 	<-w.done
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.polls, w.missing, w.firstErr
+	if w.firstErr != nil {
+		t.Errorf("watching BIRD during the update: %v", w.firstErr)
+	}
+	if w.down == 0 {
+		t.Errorf("BIRD's session never went down in %d polls during the update", w.polls)
+	}
+	if w.downMissing > 0 {
+		t.Errorf("BIRD lost %s in %d of %d polls while the session was down: graceful restart did not keep it", prefix, w.downMissing, w.down)
+	}
+	t.Logf("during the update: the session down in %d of %d polls (every 250 ms), %s kept throughout", w.down, w.polls, prefix)
+	if n := len(w.upGaps); n > 0 {
+		const layout = "15:04:05.000"
+		t.Logf("with the session up again, %s missing in %d polls (%s to %s): flushed at the new process's End-of-RIB before its first sync announced it",
+			prefix, n, w.upGaps[0].Format(layout), w.upGaps[n-1].Format(layout))
+	}
 }
 
 // refused checks that a connection from ns to addr fails: the router no
