@@ -171,8 +171,9 @@ func watchRoute(b *bird.Router, protocol string, prefix netip.Prefix) *routeWatc
 
 // Stop ends the watch and checks that the session went down and BIRD
 // kept the route all the while. It logs the polls that found the route
-// missing with the session up: the new process's End-of-RIB and first
-// sync race, and a route may be flushed and announced again.
+// missing with the session up: after a restart nftgate's End-of-RIB can
+// reach the router before its first sync has announced the route again,
+// and the router flushes it until that sync (measured at 0.3 s here).
 func (w *routeWatch) Stop(t *testing.T, prefix netip.Prefix) {
 	t.Helper()
 	close(w.stop)
@@ -187,11 +188,12 @@ func (w *routeWatch) Stop(t *testing.T, prefix netip.Prefix) {
 	}
 	if w.downMissing > 0 {
 		t.Errorf("BIRD lost %s in %d of %d polls while the session was down: graceful restart did not keep it", prefix, w.downMissing, w.down)
+	} else {
+		t.Logf("during the update: the session down in %d of %d polls (every 250 ms), %s kept all the while", w.down, w.polls, prefix)
 	}
-	t.Logf("during the update: the session down in %d of %d polls (every 250 ms), %s kept throughout", w.down, w.polls, prefix)
 	if n := len(w.upGaps); n > 0 {
 		const layout = "15:04:05.000"
-		t.Logf("with the session up again, %s missing in %d polls (%s to %s): flushed at the new process's End-of-RIB before its first sync announced it",
+		t.Logf("with the session up, %s missing in %d polls (%s to %s)",
 			prefix, n, w.upGaps[0].Format(layout), w.upGaps[n-1].Format(layout))
 	}
 }
