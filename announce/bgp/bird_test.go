@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -161,6 +162,73 @@ func TestRestartKeepsRoutesAndTraffic(t *testing.T) {
 				t.Errorf("only %d connections during the restart", r.n)
 			}
 		})
+	}
+}
+
+// A restarted speaker whose first sync takes a while (a cluster to list,
+// the ruleset to program) must not end the peer's graceful restart before
+// it holds that sync's routes: the router keeps every route meanwhile, and
+// the session opens with the routes, then End-of-RIB.
+func TestRestartWithSlowFirstSyncKeepsRoutes(t *testing.T) {
+	e := newEdge(t)
+	b := bird.Start(t, e.router, birdConf(""))
+	prefix := netip.PrefixFrom(service4, 32)
+	sp := startSpeaker(t, e.gateway, speakerConfig())
+	sp.Set(HostRoute(service4, ""))
+	b.WaitState(t, "gw4", "Established", false, 30*time.Second)
+	b.WaitRoute(t, prefix, true, 10*time.Second)
+	sp.Kill()
+	b.WaitState(t, "gw4", "Established", true, 30*time.Second)
+
+	// Watch BIRD's table from here to the end: the route must never go.
+	var lost atomic.Int32
+	stop := make(chan struct{})
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			if has, err := b.HasRoute(prefix); err == nil && !has {
+				lost.Add(1)
+			}
+		}
+	}()
+	defer func() { close(stop); <-watched }()
+
+	sp2 := startSpeaker(t, e.gateway, speakerConfig())
+	// No Set yet: the first sync is still being built. Give a session
+	// the time it would need to open (BIRD and the speaker retry every
+	// second) and the peers' End-of-RIB to cross.
+	err := lab.EventuallyWithin(4*time.Second, func() error {
+		if st, err := b.ProtocolState("gw4"); err != nil || st != "Established" {
+			return fmt.Errorf("session %s (%v)", st, err)
+		}
+		return nil
+	})
+	if err == nil {
+		t.Errorf("a session opened before the first Set")
+	}
+	sp2.Set(HostRoute(service4, ""))
+	b.WaitState(t, "gw4", "Established", false, 30*time.Second)
+	if err := lab.EventuallyWithin(15*time.Second, func() error {
+		out, err := b.Run("show protocols all gw4")
+		if err != nil {
+			return err
+		}
+		if strings.Contains(out, "Neighbor graceful restart active") {
+			return fmt.Errorf("graceful restart still running")
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	b.WaitRoute(t, prefix, true, 10*time.Second)
+	if n := lost.Load(); n > 0 {
+		t.Errorf("BIRD lost %s in %d polls between the restart and the first sync", prefix, n)
 	}
 }
 

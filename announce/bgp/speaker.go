@@ -45,6 +45,11 @@ type Speaker struct {
 	mu        sync.Mutex // serialises Set and Stop
 	announced map[netip.Prefix]string
 	stopped   bool
+	// peers are the sessions, built by New and added to the BGP server
+	// by the first Set (peersUp), so that no session opens before the
+	// speaker holds the routes of a whole sync.
+	peers   []*api.Peer
+	peersUp bool
 }
 
 type poolAttrs struct {
@@ -56,12 +61,16 @@ type poolAttrs struct {
 // from one peer is never passed to another (the gateway is no transit).
 const exportPolicy = "nftgate-own-routes-only"
 
-// New validates cfg (after WithDefaults), starts the speaker and adds its
-// peers; it announces nothing until Set. Every session advertises graceful
-// restart with the restart bit set (unless restart_time = -1s), so that
-// after a restart of the process the peers keep the routes they held and
-// refresh them from the next Set, then flush what was not announced again
-// (End-of-RIB).
+// New validates cfg (after WithDefaults), starts the speaker and builds
+// its sessions; it opens them, and announces, with the first Set. Every
+// session advertises graceful restart with the restart bit set (unless
+// restart_time = -1s), so that after a restart of the process the peers
+// keep the routes they held and refresh them from the next Set, then flush
+// what was not announced again (End-of-RIB). Opening the sessions only once
+// the first Set has put a whole sync's routes in the RIB is what makes that
+// End-of-RIB come after the routes: a session opened earlier would send it
+// as soon as the peer's own End-of-RIB arrived, and the peer would flush
+// every route the restarted speaker had not announced yet.
 func New(cfg Config, log *slog.Logger) (*Speaker, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -103,15 +112,28 @@ func New(cfg Config, log *slog.Logger) (*Speaker, error) {
 	}
 	for i, p := range cfg.Peers {
 		peer, err := s.peer(p)
-		if err == nil {
-			err = s.bgp.AddPeer(ctx, &api.AddPeerRequest{Peer: peer})
-		}
 		if err != nil {
 			s.bgp.Stop()
 			return nil, fmt.Errorf("%s.peer[%d] (%s): %w", Key, i, p.Address, err)
 		}
+		s.peers = append(s.peers, peer)
 	}
 	return s, nil
+}
+
+// openSessions adds the peers to the BGP server, once; s.mu is held.
+func (s *Speaker) openSessions() error {
+	if s.peersUp {
+		return nil
+	}
+	s.peersUp = true
+	var errs []error
+	for i, peer := range s.peers {
+		if err := s.bgp.AddPeer(context.Background(), &api.AddPeerRequest{Peer: peer}); err != nil {
+			errs = append(errs, fmt.Errorf("%s.peer[%d] (%s): %w", Key, i, s.cfg.Peers[i].Address, err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func (s *Speaker) setPolicies(ctx context.Context) error {
@@ -263,6 +285,9 @@ func (s *Speaker) Set(routes []Route) error {
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: announce: %w", Key, err))
 		}
+	}
+	if err := s.openSessions(); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

@@ -39,8 +39,9 @@ type edge struct {
 }
 
 // startEdge starts the announcers the configuration asks for, before the
-// sources run: a speaker that restarts waits for its peers' End-of-RIB
-// (graceful restart) while the first sync is built.
+// sources run. The BGP speaker opens its sessions with the first sync's
+// routes (bgp.Speaker.Set), so that after a restart the peers keep the
+// routes they hold (graceful restart) until that sync is announced.
 func startEdge(cfg *Config, reg prometheus.Registerer, log *slog.Logger) (*edge, error) {
 	e := &edge{policy: cfg.ipamPolicy}
 	if cfg.BGP != nil {
