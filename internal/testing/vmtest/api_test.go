@@ -3,6 +3,7 @@ package vmtest
 import (
 	"bufio"
 	"context"
+	"errors"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -24,6 +25,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/nftgate/nftgate/internal/testing/kubetest"
+	"github.com/nftgate/nftgate/internal/testing/lab"
 	"github.com/nftgate/nftgate/internal/testing/lab/gatewaytest"
 	"github.com/nftgate/nftgate/internal/testing/repo"
 )
@@ -246,9 +248,22 @@ cluster_cidrs = ["10.123.2.0/24"]
 	}
 	waitServed(ctx, t, vm, client, clusterAddr, firstBackends...)
 	// Graceful restart: BIRD kept the VM's route while nftgate was
-	// stopped and the VM rebooted.
-	watch.Stop(t, lbRoute)
+	// stopped and the VM rebooted, and after, until the restart ended
+	// with the new process's End-of-RIB.
 	router.WaitState(t, "gw4", "Established", false, time.Minute)
+	if err := lab.EventuallyWithin(time.Minute, func() error {
+		out, err := router.Run("show protocols all gw4")
+		if err != nil {
+			return err
+		}
+		if strings.Contains(out, "Neighbor graceful restart active") {
+			return errors.New("BIRD's graceful restart of gw4 still running")
+		}
+		return nil
+	}); err != nil {
+		t.Error(err)
+	}
+	watch.Stop(t, lbRoute)
 	t.Logf("gok update: built and pushed in %.1f s, serving again %.1f s after it started", pushed.Seconds(), time.Since(start).Seconds())
 	// The pinned certificate still holds: it is kept on /perm, which the
 	// update leaves alone.
