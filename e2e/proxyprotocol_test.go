@@ -32,12 +32,12 @@ import (
 // it read (Version 0: none), the peer it saw, its own address, and how many
 // bytes of data came before the client's end of stream.
 type ppReport struct {
-	Version  int    `json:"version"`
-	Src      string `json:"src,omitempty"`
-	Dst      string `json:"dst,omitempty"`
-	Peer     string `json:"peer"`
-	Local    string `json:"local"`
-	Bytes    int    `json:"bytes"`
+	Version int    `json:"version"`
+	Src     string `json:"src,omitempty"`
+	Dst     string `json:"dst,omitempty"`
+	Peer    string `json:"peer"`
+	Local   string `json:"local"`
+	Bytes   int    `json:"bytes"`
 }
 
 // servePROXY starts a backend on addr in h that parses an optional PROXY
