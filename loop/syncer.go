@@ -279,12 +279,18 @@ func (s *Syncer) build(k model.ServiceKey, o Objects) (m *model.Service, ok bool
 	}
 	delete(s.errs, k)
 	s.unexpose(k)
+	// What the Service asks for that is not served: its own fields'
+	// warnings, then the addresses the Exposure leaves out.
+	unserved := m.Warnings
 	if len(m.ExternalIPs)+len(m.LoadBalancerIPs) > 0 {
 		s.exposed[k] = struct{}{}
-		var unserved []string
-		if m, unserved = s.currentExposure().Apply(m); len(unserved) > 0 {
-			s.unserved[k] = unserved
+		var more []string
+		if m, more = s.currentExposure().Apply(m); len(more) > 0 {
+			unserved = append(slices.Clip(unserved), more...)
 		}
+	}
+	if len(unserved) > 0 {
+		s.unserved[k] = unserved
 	}
 	return m, true
 }

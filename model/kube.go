@@ -20,6 +20,12 @@ const (
 	LabelHeadless         = "service.kubernetes.io/headless"
 )
 
+// AnnotationProxyProtocol asks the gateway to pass a Service's TCP
+// connections from outside the cluster through its proxy, which writes a
+// PROXY protocol header ("v1": text, "v2": binary) with the client's address
+// and port before the connection's data.
+const AnnotationProxyProtocol = "nftgate.io/proxy-protocol"
+
 // DefaultAffinityTimeout is the API's default ClientIP affinity timeout.
 const DefaultAffinityTimeout = 10800 * time.Second
 
@@ -31,6 +37,11 @@ type Options struct {
 	// ExternalOnly limits the gateway to externally reachable Services and
 	// never programs ClusterIPs, for sites that must not expose them.
 	ExternalOnly bool
+	// NoProxy tells that the gateway runs no PROXY protocol proxy: a
+	// Service that asks for one gets a warning and the kernel path.
+	NoProxy bool
+	// NoProxyWhy says why, in that warning (the configuration key).
+	NoProxyWhy string
 }
 
 // Skip tells why a Service is not proxied at all, or "" when it is.
@@ -212,6 +223,8 @@ func serviceBase(svc *corev1.Service, key ServiceKey) (*Service, error) {
 		s.Ports = append(s.Ports, sp)
 	}
 
+	readProxyProtocol(s, svc.Annotations[AnnotationProxyProtocol])
+
 	for _, fam := range svc.Spec.IPFamilies {
 		switch fam {
 		case corev1.IPv4Protocol:
@@ -232,6 +245,29 @@ func serviceBase(svc *corev1.Service, key ServiceKey) (*Service, error) {
 	return s, nil
 }
 
+// readProxyProtocol reads the PROXY protocol annotation into s, with a
+// warning for a value it does not know and for the ports it cannot serve:
+// either is served without PROXY protocol, the rest of the Service as it is.
+func readProxyProtocol(s *Service, v string) {
+	if v == "" {
+		return
+	}
+	switch v {
+	case "v1":
+		s.ProxyProtocol = 1
+	case "v2":
+		s.ProxyProtocol = 2
+	default:
+		s.Warnings = append(s.Warnings, fmt.Sprintf("annotation %s: invalid value %q (want \"v1\" or \"v2\"); served without PROXY protocol", AnnotationProxyProtocol, v))
+		return
+	}
+	for _, p := range s.Ports {
+		if p.Protocol != TCP {
+			s.Warnings = append(s.Warnings, fmt.Sprintf("annotation %s: port %d/%s is served without PROXY protocol, which applies to TCP only", AnnotationProxyProtocol, p.Port, strings.ToUpper(p.Protocol.String())))
+		}
+	}
+}
+
 // Build makes the model of one Service from what is kept of its object and
 // of every EndpointSlice labelled with its name. A malformed field is an
 // error that names the field and the value; the caller keeps serving the
@@ -248,6 +284,10 @@ func Build(o *ServiceObject, sliceList []*SliceObject, opts Options) (*Service, 
 	s.Ports = slices.Clone(o.base.Ports)
 	if opts.ExternalOnly {
 		s.ClusterIPs = nil
+	}
+	if opts.NoProxy && s.ProxyProtocol != 0 {
+		s.ProxyProtocol = 0
+		s.Warnings = append(slices.Clip(s.Warnings), fmt.Sprintf("annotation %s is not served: %s; served without PROXY protocol", AnnotationProxyProtocol, opts.NoProxyWhy))
 	}
 	// Slices in name order, so that an endpoint listed twice resolves the
 	// same way on every sync, and the same error is reported.

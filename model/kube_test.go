@@ -479,3 +479,44 @@ func TestBuildFromObjects(t *testing.T) {
 		t.Errorf("built again: %+v, %v; want %+v", again, err, alone)
 	}
 }
+
+// TestProxyProtocolAnnotation: v1 and v2 are read; any other value, and a
+// port the proxy cannot serve, is a warning naming the annotation and the
+// value, and the Service is served without PROXY protocol.
+func TestProxyProtocolAnnotation(t *testing.T) {
+	annotated := func(v string) func(*corev1.Service) {
+		return func(s *corev1.Service) { s.Annotations = map[string]string{model.AnnotationProxyProtocol: v} }
+	}
+	withUDP := func(s *corev1.Service) {
+		s.Spec.Ports = append(s.Spec.Ports, corev1.ServicePort{Name: "dns", Protocol: corev1.ProtocolUDP, Port: 53})
+	}
+	for _, c := range []struct {
+		name    string
+		svc     *corev1.Service
+		opts    model.Options
+		version uint8
+		warn    []string
+	}{
+		{"none", service(), model.Options{}, 0, nil},
+		{"v1", service(annotated("v1")), model.Options{}, 1, nil},
+		{"v2", service(annotated("v2")), model.Options{}, 2, nil},
+		{"invalid", service(annotated("V2")), model.Options{}, 0, []string{`annotation nftgate.io/proxy-protocol: invalid value "V2"`}},
+		{"udp port", service(annotated("v1"), withUDP), model.Options{}, 1, []string{"port 53/UDP is served without PROXY protocol"}},
+		{"proxy off", service(annotated("v1")), model.Options{NoProxy: true, NoProxyWhy: "off here"}, 0, []string{"is not served: off here"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			m, err := model.FromKubernetes(c.svc, nil, c.opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if m.ProxyProtocol != c.version || len(m.Warnings) != len(c.warn) {
+				t.Fatalf("version %d, warnings %q; want %d, %d warnings", m.ProxyProtocol, m.Warnings, c.version, len(c.warn))
+			}
+			for i, w := range c.warn {
+				if !strings.Contains(m.Warnings[i], w) {
+					t.Errorf("warning %q, want it to say %q", m.Warnings[i], w)
+				}
+			}
+		})
+	}
+}

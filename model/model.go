@@ -7,6 +7,7 @@ package model
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"time"
 )
 
@@ -92,6 +93,15 @@ type Service struct {
 	InternalLocal       bool
 	HealthCheckNodePort uint16
 	TrafficDistribution string
+
+	// ProxyProtocol is the PROXY protocol version (1 or 2) the Service asks
+	// its TCP connections from outside the cluster to carry
+	// (AnnotationProxyProtocol); zero for none.
+	ProxyProtocol uint8
+	// Warnings say what the Service asks for that is not served as asked,
+	// and why (an annotation with an invalid value, say); the Service is
+	// served as though it had not asked.
+	Warnings []string
 }
 
 // ServicePort is one port of a Service and the endpoints that serve it.
@@ -139,6 +149,30 @@ func (e *Endpoint) NodeHints() []string {
 		return nil
 	}
 	return e.Hints.Nodes
+}
+
+// OfFamily is the port with only its endpoints of one family (IPv6 or
+// IPv4): endpoints are chosen per family, as kube-proxy does. The port is
+// returned as it is when all its endpoints are of that family already.
+func (p *ServicePort) OfFamily(ipv6 bool) ServicePort {
+	out := *p
+	if !slices.ContainsFunc(p.Endpoints, func(e Endpoint) bool { return e.Addr.Is6() != ipv6 }) {
+		return out
+	}
+	out.Endpoints = make([]Endpoint, 0, len(p.Endpoints))
+	for _, e := range p.Endpoints {
+		if e.Addr.Is6() == ipv6 {
+			out.Endpoints = append(out.Endpoints, e)
+		}
+	}
+	return out
+}
+
+// Proxied tells whether the PROXY protocol proxy serves the port's
+// connections from outside the cluster: the Service asks for it and the
+// port is TCP.
+func (s *Service) Proxied(p *ServicePort) bool {
+	return s.ProxyProtocol != 0 && p.Protocol == TCP
 }
 
 // AddrPort is the endpoint's address and port.

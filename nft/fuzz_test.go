@@ -52,7 +52,7 @@ func (r *fuzzReader) data() bc.Data { return bc.Bytes(r.bytes()...) }
 // expr writes one expression of any kind the statements use, with the
 // fuzzer's field values; name is the chain or set it names.
 func (r *fuzzReader) expr(name string) func(bc.Sink) {
-	switch r.u8() % 14 {
+	switch r.u8() % 15 {
 	case 0:
 		x := bc.Payload{Dreg: r.u32(), Base: uint32(r.u8() % 4), Offset: r.u32(), Len: r.u32()}
 		return func(s bc.Sink) { s.Payload(x) }
@@ -97,6 +97,9 @@ func (r *fuzzReader) expr(name string) func(bc.Sink) {
 	case 12:
 		x := bc.Masq{Flags: r.u32() & 0x1c}
 		return func(s bc.Sink) { s.Masq(x) }
+	case 13:
+		x := bc.Redir{RegProto: r.u32(), Flags: r.u32() & 0x1e}
+		return func(s bc.Sink) { s.Redir(x) }
 	default:
 		x := bc.Reject{Type: r.u32(), Code: r.u8()}
 		return func(s bc.Sink) { s.Reject(x) }

@@ -334,6 +334,10 @@ func kernelProbes() []kernelProbe {
 				add: func(b *probeBatch) {
 					b.rule(b.natPrerouting(f), ruleset.DNAT{Proto: model.TCP, To: netip.AddrPortFrom(addr, 8080)})
 				}},
+			kernelProbe{Feature: "redir expression" + w, Option: "CONFIG_NFT_REDIR", Needs: []string{nat},
+				add: func(b *probeBatch) {
+					b.rule(b.natPrerouting(f), ruleset.Redirect{Proto: model.TCP, Port: 9190})
+				}},
 			kernelProbe{Feature: "masq expression" + w, Option: "CONFIG_NFT_MASQ", Needs: []string{nat},
 				add: func(b *probeBatch) {
 					b.rule(b.natPostrouting(f), ruleset.Masquerade{})

@@ -105,6 +105,10 @@ func (g *googleSink) Masq(x bc.Masq) {
 		FullyRandom: x.Flags&expr.NF_NAT_RANGE_PROTO_RANDOM_FULLY != 0, Persistent: x.Flags&expr.NF_NAT_RANGE_PERSISTENT != 0})
 }
 
+func (g *googleSink) Redir(x bc.Redir) {
+	g.add(&expr.Redir{RegisterProtoMin: x.RegProto, Flags: x.Flags})
+}
+
 func (g *googleSink) Reject(x bc.Reject) { g.add(&expr.Reject{Type: x.Type, Code: x.Code}) }
 
 // setDefinition is a set of nftgate's as google/nftables describes it.

@@ -348,6 +348,19 @@ func (e *encoder) Masq(x bc.Masq) {
 	w.exprEnd(elem, at)
 }
 
+// Redir writes a redirect to the gateway itself.
+func (e *encoder) Redir(x bc.Redir) {
+	w := e.w
+	elem, at := w.exprBegin("redir")
+	if x.RegProto != 0 {
+		w.u32(unix.NFTA_REDIR_REG_PROTO_MIN, x.RegProto)
+	}
+	if x.Flags != 0 {
+		w.u32(unix.NFTA_REDIR_FLAGS, x.Flags)
+	}
+	w.exprEnd(elem, at)
+}
+
 // Reject writes an ICMP reject.
 func (e *encoder) Reject(x bc.Reject) {
 	w := e.w

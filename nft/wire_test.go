@@ -334,6 +334,8 @@ func TestWireExpressions(t *testing.T) {
 		func(s bc.Sink) { s.Dynset(bc.Dynset{Sreg: 1, Op: unix.NFT_DYNSET_OP_ADD, Set: "other"}) },
 		func(s bc.Sink) { s.Masq(bc.Masq{Flags: bc.NATFullyRandom}) },
 		func(s bc.Sink) { s.Masq(bc.Masq{}) },
+		func(s bc.Sink) { s.Redir(bc.Redir{RegProto: 1, Flags: bc.NATSpecified}) },
+		func(s bc.Sink) { s.Redir(bc.Redir{}) },
 		func(s bc.Sink) { s.Reject(bc.Reject{Type: bc.RejectICMPUnrch, Code: 3}) },
 	}
 	for _, fam := range []byte{unix.NFPROTO_IPV4, unix.NFPROTO_IPV6} {
@@ -376,6 +378,7 @@ func TestRuleTextFormats(t *testing.T) {
 			{ruleset.HashBucket{Seed: 0xdeadbeef, Modulus: 17, Bucket: 16}, fmt.Sprintf("jhash %s saddr . th sport mod %d seed %#x %d", f, 17, uint32(0xdeadbeef), 16)},
 			{ruleset.DNAT{Proto: model.SCTP, To: netip.MustParseAddrPort("[fd42::1]:8080")}, fmt.Sprintf("meta l4proto %s dnat to %s", model.SCTP, netip.MustParseAddrPort("[fd42::1]:8080"))},
 			{ruleset.DNAT{Proto: model.UDP, To: netip.MustParseAddrPort("10.1.2.3:53")}, "meta l4proto udp dnat to 10.1.2.3:53"},
+			{ruleset.Redirect{Proto: model.TCP, Port: 9190}, "meta l4proto tcp redirect to :9190"},
 			{ruleset.Verdict{Kind: ruleset.Goto, Chain: "svc-X"}, "goto svc-X"},
 			{ruleset.Verdict{Kind: ruleset.Jump, Chain: "mark-for-masquerade"}, "jump mark-for-masquerade"},
 			{ruleset.Verdict{Kind: ruleset.Drop}, "drop"},

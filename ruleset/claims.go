@@ -36,11 +36,17 @@ func (cs claimSet) winner() *claim {
 	var w *claim
 	for i := range cs {
 		c := &cs[i]
-		if w == nil || c.created.Before(w.created) || (c.created.Equal(w.created) && c.svc.Less(w.svc)) {
+		if w == nil || Older(c.created, c.svc, w.created, w.svc) {
 			w = c
 		}
 	}
 	return w
+}
+
+// Older tells whether Service a (created at ac) wins an element both it and
+// b ask for: the older one, by creation time, then namespace/name.
+func Older(ac time.Time, a model.ServiceKey, bc time.Time, b model.ServiceKey) bool {
+	return ac.Before(bc) || (ac.Equal(bc) && a.Less(b))
 }
 
 // Claims records which Services want which elements, and which Services

@@ -220,6 +220,19 @@ type Fragment struct {
 	Chains   []*Chain
 	Sets     []*Set
 	Elements []Element
+	// Proxied are the destinations whose new connections the rules
+	// redirect to the PROXY protocol proxy, with the endpoints the proxy
+	// sends them to. They are no kernel objects: the planners ignore them.
+	Proxied []ProxyTarget
+}
+
+// ProxyTarget is one destination the PROXY protocol proxy serves: the
+// Service it belongs to, and the endpoints new connections go to (the
+// ones the kernel would DNAT them to, by the same traffic policy).
+type ProxyTarget struct {
+	Dest      Destination
+	Service   *model.Service
+	Endpoints []model.Endpoint
 }
 
 // Empty tells whether the fragment has nothing in it.

@@ -31,6 +31,11 @@ type Config struct {
 	// Shards is the number of service shard tables per family (see
 	// layout.go); zero means DefaultShards.
 	Shards int
+	// ProxyPort is the gateway's port where the PROXY protocol proxy
+	// listens: the TCP ports of Services that ask for PROXY protocol
+	// redirect their new connections from outside the cluster to it.
+	// Zero: no proxy, every Service takes the kernel path.
+	ProxyPort uint16
 }
 
 // DefaultMasqueradeBit is kube-proxy's masquerade mark bit.
@@ -331,17 +336,6 @@ func RenderService(cfg *Config, svc *model.Service) ByFamily {
 	return out
 }
 
-// allOf tells whether every endpoint is of family f: then a port's
-// endpoints need no copy for that family (nothing below changes them).
-func allOf(f Family, eps []model.Endpoint) bool {
-	for i := range eps {
-		if Of(eps[i].Addr) != f {
-			return false
-		}
-	}
-	return true
-}
-
 // addrSet collects the addresses of one Service per family; RenderService
 // sorts them and drops the repeated ones.
 type addrSet [2][]netip.Addr
@@ -360,15 +354,7 @@ func renderPort(cfg *Config, svc *model.Service, p *model.ServicePort, out *ByFa
 		// Endpoints are chosen per family, as kube-proxy does: a
 		// dual-stack Service whose IPv6 endpoints are all terminating
 		// falls back to them for IPv6 while IPv4 uses its ready ones.
-		famPort := *p
-		if !allOf(f, p.Endpoints) {
-			famPort.Endpoints = make([]model.Endpoint, 0, len(p.Endpoints))
-			for _, e := range p.Endpoints {
-				if Of(e.Addr) == f {
-					famPort.Endpoints = append(famPort.Endpoints, e)
-				}
-			}
-		}
+		famPort := p.OfFamily(f == IPv6)
 		sets := model.Categorize(svc, &famPort, cfg.Node)
 		cluster, local, anyEps := sets.Cluster, sets.Local, sets.Any
 
@@ -480,6 +466,18 @@ func renderPort(cfg *Config, svc *model.Service, p *model.ServicePort, out *ByFa
 			externalOK = anyEps
 		}
 		externalVerdict := Verdict{Kind: Goto, Chain: externalChain}
+		// proxied: new connections from outside the cluster go to the
+		// PROXY protocol proxy on the gateway, which sends them to one of
+		// these endpoints; clients inside the cluster and the gateway's
+		// own connections keep the kernel path.
+		var proxied []model.Endpoint
+		if cfg.ProxyPort != 0 && svc.Proxied(p) {
+			if svc.ExternalLocal {
+				proxied = local
+			} else {
+				proxied = cluster
+			}
+		}
 		if externalOK && (len(externalAddrs) > 0 || len(lbIPs) > 0 || hasNodePort) {
 			var rules []Rule
 			if svc.ExternalLocal {
@@ -497,17 +495,46 @@ func renderPort(cfg *Config, svc *model.Service, p *model.ServicePort, out *ByFa
 						Rule{MatchLocal{Dir: Src}, Verdict{Kind: Jump, Chain: ChainMarkForMasquerade}},
 						Rule{MatchLocal{Dir: Src}, Verdict{Kind: Goto, Chain: clusterChain}})
 				}
-				if len(local) > 0 {
+				switch {
+				case len(proxied) > 0:
+					rules = append(rules, Rule{Redirect{Proto: p.Protocol, Port: cfg.ProxyPort}})
+				case len(local) > 0:
 					rules = append(rules, Rule{Verdict{Kind: Goto, Chain: localChain}})
-				} else {
+				default:
 					rules = append(rules, Rule{Verdict{Kind: Drop}})
 				}
 			} else {
-				rules = append(rules,
-					Rule{Verdict{Kind: Jump, Chain: ChainMarkForMasquerade}},
-					Rule{Verdict{Kind: Goto, Chain: clusterChain}})
+				if len(proxied) > 0 {
+					// Clients inside the cluster and the gateway itself
+					// keep the kernel path.
+					var inside []Stmt
+					for _, c := range cfg.ClusterCIDRs {
+						if Of(c.Addr()) == f {
+							inside = append(inside, MatchAddr{Dir: Src, Prefix: c})
+						}
+					}
+					inside = append(inside, MatchLocal{Dir: Src})
+					for _, m := range inside {
+						rules = append(rules,
+							Rule{m, Verdict{Kind: Jump, Chain: ChainMarkForMasquerade}},
+							Rule{m, Verdict{Kind: Goto, Chain: clusterChain}})
+					}
+					rules = append(rules, Rule{Redirect{Proto: p.Protocol, Port: cfg.ProxyPort}})
+				} else {
+					rules = append(rules,
+						Rule{Verdict{Kind: Jump, Chain: ChainMarkForMasquerade}},
+						Rule{Verdict{Kind: Goto, Chain: clusterChain}})
+				}
 			}
 			fr.Chains = append(fr.Chains, &Chain{Name: externalChain, Rules: rules})
+			if len(proxied) > 0 {
+				for _, a := range append(externalAddrs, lbIPs...) {
+					fr.Proxied = append(fr.Proxied, ProxyTarget{Dest: Destination{Family: f, Proto: p.Protocol, Addr: a, Port: p.Port}, Service: svc, Endpoints: proxied})
+				}
+				if hasNodePort {
+					fr.Proxied = append(fr.Proxied, ProxyTarget{Dest: Destination{Family: f, Proto: p.Protocol, Port: p.NodePort, NodePort: true}, Service: svc, Endpoints: proxied})
+				}
+			}
 		}
 
 		rejectV := Verdict{Kind: Goto, Chain: ChainReject}

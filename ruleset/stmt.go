@@ -446,3 +446,29 @@ func (d DNAT) Encode(f Family, s bc.Sink) {
 	s.Immediate(bc.Immediate{Dreg: bc.Reg2, Data: bc.Bytes(byte(port>>8), byte(port))})
 	s.NAT(bc.NAT{Type: bc.NATDest, Family: fam, RegAddr: bc.Reg1, RegProto: bc.Reg2, Flags: bc.NATSpecified})
 }
+
+// Redirect sends a new connection to a port of the gateway itself (the
+// address it arrived at, or loopback for the gateway's own traffic), where
+// the PROXY protocol proxy listens; it keeps the original destination in
+// conntrack, which the proxy reads back (SO_ORIGINAL_DST). It carries its
+// protocol because a port rewrite needs a transport protocol match first.
+type Redirect struct {
+	Proto model.Protocol
+	Port  uint16
+}
+
+// AppendText writes "meta l4proto tcp redirect to :9190".
+func (r Redirect) AppendText(b []byte, _ Family) []byte {
+	b = append(b, "meta l4proto "...)
+	b = append(b, r.Proto.String()...)
+	b = append(b, " redirect to :"...)
+	return strconv.AppendUint(b, uint64(r.Port), 10)
+}
+
+// Encode matches the protocol, loads the port and redirects to it.
+func (r Redirect) Encode(_ Family, s bc.Sink) {
+	s.Meta(bc.Meta{Key: bc.MetaL4Proto, Reg: bc.Reg1})
+	s.Cmp(bc.Cmp{Op: bc.CmpEq, Sreg: bc.Reg1, Data: bc.Bytes(byte(r.Proto))})
+	s.Immediate(bc.Immediate{Dreg: bc.Reg1, Data: bc.Bytes(byte(r.Port>>8), byte(r.Port))})
+	s.Redir(bc.Redir{RegProto: bc.Reg1, Flags: bc.NATSpecified})
+}

@@ -20,6 +20,7 @@ import (
 	"github.com/nftgate/nftgate/announce/bgp"
 	"github.com/nftgate/nftgate/announce/l2"
 	"github.com/nftgate/nftgate/ipam"
+	"github.com/nftgate/nftgate/proxy"
 	"github.com/nftgate/nftgate/ruleset"
 	"github.com/nftgate/nftgate/source"
 )
@@ -44,16 +45,21 @@ type Config struct {
 	MasqueradeBit     uint32   `toml:"masquerade_bit"`
 	HashSeed          uint32   `toml:"hash_seed"`
 	Shards            int      `toml:"shards"`
-	LogLevel          string   `toml:"log_level"`
-	LogFormat         string   `toml:"log_format"`
-	AuthUser          string   `toml:"auth_user"`
-	AuthPasswordFile  string   `toml:"auth_password_file"`
-	Pprof             bool     `toml:"pprof"`
-	HTTPAllowedHosts  []string `toml:"http_allowed_hosts"`
-	TLSCertFile       string   `toml:"tls_cert_file"`
-	TLSKeyFile        string   `toml:"tls_key_file"`
-	TLSSelfSignedDir  string   `toml:"tls_self_signed_dir"`
-	MemoryLimit       ByteSize `toml:"memory_limit"`
+	// ProxyProtocolPort is where the PROXY protocol proxy listens (0:
+	// off); the other two keys bound it (see cmd/nftgate/proxy.go).
+	ProxyProtocolPort           uint16   `toml:"proxy_protocol_port"`
+	ProxyProtocolMaxConnections int      `toml:"proxy_protocol_max_connections"`
+	ProxyProtocolDialTimeout    Duration `toml:"proxy_protocol_dial_timeout"`
+	LogLevel                    string   `toml:"log_level"`
+	LogFormat                   string   `toml:"log_format"`
+	AuthUser                    string   `toml:"auth_user"`
+	AuthPasswordFile            string   `toml:"auth_password_file"`
+	Pprof                       bool     `toml:"pprof"`
+	HTTPAllowedHosts            []string `toml:"http_allowed_hosts"`
+	TLSCertFile                 string   `toml:"tls_cert_file"`
+	TLSKeyFile                  string   `toml:"tls_key_file"`
+	TLSSelfSignedDir            string   `toml:"tls_self_signed_dir"`
+	MemoryLimit                 ByteSize `toml:"memory_limit"`
 	// ManifestMaxFileSize is the largest manifest file read.
 	ManifestMaxFileSize ByteSize `toml:"manifest_max_file_size"`
 	// DrainOnStop withdraws every BGP route and stops answering ARP/NDP
@@ -81,17 +87,20 @@ const DefaultManifests = "/etc/nftgate/manifests"
 
 func defaults() Config {
 	return Config{
-		Table:               "nftgate",
-		Listen:              "127.0.0.1:9180",
-		MinSyncInterval:     Duration(50 * time.Millisecond),
-		ReconcileInterval:   Duration(time.Minute),
-		HealthzMaxAge:       Duration(2 * time.Minute),
-		MasqueradeBit:       0x4000,
-		Shards:              ruleset.DefaultShards,
-		LogLevel:            "info",
-		LogFormat:           "text",
-		MemoryLimit:         DefaultMemoryLimit,
-		ManifestMaxFileSize: source.DefaultMaxFileSize,
+		Table:                       "nftgate",
+		Listen:                      "127.0.0.1:9180",
+		MinSyncInterval:             Duration(50 * time.Millisecond),
+		ReconcileInterval:           Duration(time.Minute),
+		HealthzMaxAge:               Duration(2 * time.Minute),
+		MasqueradeBit:               0x4000,
+		Shards:                      ruleset.DefaultShards,
+		ProxyProtocolPort:           proxy.DefaultPort,
+		ProxyProtocolMaxConnections: proxy.DefaultMaxConnections,
+		ProxyProtocolDialTimeout:    Duration(proxy.DefaultDialTimeout),
+		LogLevel:                    "info",
+		LogFormat:                   "text",
+		MemoryLimit:                 DefaultMemoryLimit,
+		ManifestMaxFileSize:         source.DefaultMaxFileSize,
 	}
 }
 
@@ -367,6 +376,7 @@ func (c *Config) validate() error {
 	if c.Shards < 1 || c.Shards > ruleset.MaxShards {
 		bad("shards", "%d is not between 1 and %d", c.Shards, ruleset.MaxShards)
 	}
+	c.validateProxy(bad)
 	if c.MasqueradeBit == 0 || c.MasqueradeBit&(c.MasqueradeBit-1) != 0 {
 		bad("masquerade_bit", "%#x is not a single bit", c.MasqueradeBit)
 	}

@@ -44,6 +44,7 @@ func (c *Config) ruleset() ruleset.Config {
 		MasqueradeBit:     c.MasqueradeBit,
 		HashSeed:          c.HashSeed,
 		Shards:            c.Shards,
+		ProxyPort:         c.ProxyProtocolPort,
 	}
 }
 
@@ -184,6 +185,10 @@ func serve(ctx context.Context, cfg *Config) error {
 		return err
 	}
 	defer func() { edge.close(cfg.DrainOnStop) }()
+	pp, err := startProxy(cfg, metrics.Registry(), log)
+	if err != nil {
+		return err
+	}
 	tracker := loop.NewTracker()
 	sink, err := edge.allocate(cfg, src, tracker, metrics.Registry(), log)
 	if err != nil {
@@ -192,7 +197,7 @@ func serve(ctx context.Context, cfg *Config) error {
 	syncer := &loop.Syncer{
 		Tracker:     tracker,
 		Programmer:  prog,
-		Options:     model.Options{ProxyName: cfg.ProxyName, ExternalOnly: cfg.ExternalOnly},
+		Options:     cfg.modelOptions(),
 		Exposure:    cfg.exposure(host),
 		Log:         log,
 		MinInterval: time.Duration(cfg.MinSyncInterval),
@@ -255,6 +260,8 @@ func serve(ctx context.Context, cfg *Config) error {
 		wg.Go(func() { cleaner.Run(ctx); close(ctDone) })
 		defer func() { cancel(); <-ctDone; ct.Close() }()
 	}
+
+	runProxy(ctx, pp, syncer, &wg)
 
 	// Health check node ports of Services with externalTrafficPolicy
 	// Local: fed by each sync, opened and closed on their own goroutine.
@@ -392,7 +399,7 @@ func render(ctx context.Context, cfg *Config, w io.Writer) error {
 		keys = append(keys, k)
 	}
 	sort.Slice(keys, func(i, j int) bool { return keys[i].Less(keys[j]) })
-	opts := model.Options{ProxyName: cfg.ProxyName, ExternalOnly: cfg.ExternalOnly}
+	opts := cfg.modelOptions()
 	// The addresses of the machine it runs on stand for the gateway's.
 	host, err := hostaddr.List(0)
 	if err != nil {

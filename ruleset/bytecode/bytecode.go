@@ -185,6 +185,13 @@ type Masq struct {
 	Flags uint32
 }
 
+// Redir redirects the packet to the gateway itself (the primary address of
+// the interface it arrived on, or loopback for its own traffic), to the
+// port in RegProto when it is set.
+type Redir struct {
+	RegProto, Flags uint32
+}
+
 // Reject answers the packet with an ICMP error of Type and Code.
 type Reject struct {
 	Type uint32
@@ -206,5 +213,6 @@ type Sink interface {
 	NAT(NAT)
 	Dynset(Dynset)
 	Masq(Masq)
+	Redir(Redir)
 	Reject(Reject)
 }

@@ -62,6 +62,9 @@ type Outcome struct {
 	DNAT netip.AddrPort
 	// Local is set when the packet was delivered to the gateway itself.
 	Local bool
+	// Redirect is the gateway's own port a redirect sent the packet to
+	// (the PROXY protocol proxy); zero when not redirected.
+	Redirect uint16
 	// Marked tells that the masquerade mark bit was set when the packet
 	// reached postrouting; Masqueraded that postrouting masqueraded it.
 	Marked, Masqueraded bool
@@ -75,6 +78,8 @@ func (o Outcome) String() string {
 	var s string
 	if o.Fate == Accepted && o.DNAT.IsValid() {
 		s = "dnat " + o.DNAT.String()
+	} else if o.Fate == Accepted && o.Redirect != 0 {
+		s = fmt.Sprintf("redirect :%d", o.Redirect)
 	} else {
 		s = o.Fate.String()
 	}
@@ -246,6 +251,7 @@ type state struct {
 	dstLocal    bool
 	mark        uint32
 	dnat        netip.AddrPort
+	redirect    uint16
 	marked      bool // mark bit seen at postrouting
 	masqueraded bool
 	affinity    []string
@@ -360,7 +366,7 @@ func (t *tracer) finish(st state, forwarded bool) {
 }
 
 func (t *tracer) end(st state, fate Fate, local bool) {
-	t.out = append(t.out, Outcome{Fate: fate, DNAT: st.dnat, Local: local && fate == Accepted,
+	t.out = append(t.out, Outcome{Fate: fate, DNAT: st.dnat, Redirect: st.redirect, Local: local && fate == Accepted,
 		Marked: st.marked, Masqueraded: st.masqueraded, Affinity: st.affinity, Path: st.path})
 }
 
@@ -490,6 +496,13 @@ func (t *tracer) runRule(st state, tt *traceTable, c *ruleset.Chain, i, depth in
 			// NAT statements end the chain with accept; later chains
 			// of the hook already see the new destination.
 			st.dnat, st.dst, st.dport, st.dstLocal = s.To, s.To.Addr(), s.To.Port(), false
+			return []end{{st.log(c.Name, r, t.f, ""), endAccept}}
+		case ruleset.Redirect:
+			if t.pkt.Proto != s.Proto {
+				return []end{{st, endNext}}
+			}
+			// To the gateway itself: delivered, not forwarded.
+			st.redirect, st.dport, st.dstLocal = s.Port, s.Port, true
 			return []end{{st.log(c.Name, r, t.f, ""), endAccept}}
 		case ruleset.Masquerade:
 			st.masqueraded = true

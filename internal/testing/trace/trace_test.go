@@ -626,3 +626,32 @@ func TestTraceSemantics(t *testing.T) {
 		})
 	}
 }
+
+// PROXY protocol: a TCP port of an annotated Service redirects new
+// connections from outside the cluster to the proxy's port, for its
+// LoadBalancer IP and its node port; clients inside the cluster, the
+// gateway itself, the ClusterIP and UDP ports keep the kernel path.
+func TestTraceProxyProtocol(t *testing.T) {
+	cfg := world.Config()
+	cfg.ProxyPort = 9190
+	svc := &model.Service{
+		Key: model.ServiceKey{Namespace: "ns1", Name: "pp"}, Type: "LoadBalancer", ClusterIPs: world.Addrs("172.30.0.60"),
+		LoadBalancerIPs: world.Addrs("203.0.113.60"), ProxyProtocol: 1,
+		Ports: []model.ServicePort{
+			{Name: "http", Protocol: model.TCP, Port: 80, NodePort: 30060, Endpoints: []model.Endpoint{world.Ready("10.180.0.1", 8080)}},
+			{Name: "dns", Protocol: model.UDP, Port: 53, Endpoints: []model.Endpoint{world.Ready("10.180.0.1", 5353)}},
+		},
+	}
+	gw := world.GatewayAddrs[0].String()
+	runFlows(t, cfg, []*model.Service{svc}, []flow{
+		{name: "outside to the LB IP", src: "198.51.100.7", dst: "203.0.113.60:80", want: "redirect :9190"},
+		{name: "outside to the node port", src: "198.51.100.7", dst: gw + ":30060", want: "redirect :9190"},
+		{name: "inside the cluster", src: "10.1.2.3", dst: "203.0.113.60:80", want: "dnat 10.180.0.1:8080 masq"},
+		{name: "the ClusterIP", src: "198.51.100.7", dst: "172.30.0.60:80", want: "dnat 10.180.0.1:8080 masq"},
+		{name: "udp", src: "198.51.100.7", dst: "203.0.113.60:53", proto: model.UDP, want: "dnat 10.180.0.1:5353 masq"},
+	})
+	cfg.ProxyPort = 0
+	runFlows(t, cfg, []*model.Service{svc}, []flow{
+		{name: "proxy off", src: "198.51.100.7", dst: "203.0.113.60:80", want: "dnat 10.180.0.1:8080 masq"},
+	})
+}
