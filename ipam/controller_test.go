@@ -44,11 +44,7 @@ type running struct {
 
 func startController(t *testing.T, cfg *rest.Config, id string, pol *Policy, reg prometheus.Registerer) *running {
 	t.Helper()
-	client, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := NewController(Options{Client: client, Policy: pol, Identity: id, Registerer: reg,
+	c, err := NewController(Options{Config: cfg, Policy: pol, Identity: id, Registerer: reg,
 		LeaseDuration: 2 * time.Second, RenewDeadline: 1500 * time.Millisecond, RetryPeriod: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -56,7 +52,7 @@ func startController(t *testing.T, cfg *rest.Config, id string, pol *Policy, reg
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &running{Controller: c, done: make(chan struct{})}
 	watched := make(chan struct{})
-	go func() { defer close(watched); Watch(ctx, client, c) }()
+	go func() { defer close(watched); Watch(ctx, cfg, c) }()
 	go func() {
 		defer close(r.done)
 		if err := c.Run(ctx); err != nil {
