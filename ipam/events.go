@@ -3,7 +3,6 @@ package ipam
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"log/slog"
 	"strings"
 	"time"
@@ -33,7 +32,8 @@ const (
 // linking it (it imports every API group's registration): in the
 // background, dropped when the queue is full or the object is over its
 // rate, deduplicated (an Event seen before is patched with count + 1 and a
-// new lastTimestamp).
+// new lastTimestamp). Names are the object's and a suffix the API server
+// makes unique.
 type eventWriter struct {
 	client rest.Interface
 	source corev1.EventSource
@@ -66,7 +66,7 @@ func (w *eventWriter) event(ref *corev1.ObjectReference, eventType, reason, mess
 		ns = metav1.NamespaceDefault
 	}
 	ev := &corev1.Event{
-		ObjectMeta:          metav1.ObjectMeta{Name: fmt.Sprintf("%v.%x", ref.Name, t.UnixNano()), Namespace: ns},
+		ObjectMeta:          metav1.ObjectMeta{GenerateName: ref.Name + ".", Namespace: ns},
 		InvolvedObject:      *ref,
 		Reason:              reason,
 		Message:             message,
@@ -132,7 +132,7 @@ func (w *eventWriter) write(ctx context.Context, ev *corev1.Event) {
 		err = w.client.Patch(types.MergePatchType).Namespace(ev.Namespace).Resource("events").Name(ev.Name).
 			Body(patch).Do(ctx).Into(&out)
 		if apierrors.IsNotFound(err) { // expired meanwhile: a new one
-			ev.Name, ev.FirstTimestamp, ev.Count = fmt.Sprintf("%v.%x", ev.InvolvedObject.Name, now.UnixNano()), ev.LastTimestamp, 1
+			ev.Name, ev.FirstTimestamp, ev.Count = "", ev.LastTimestamp, 1
 			err = w.create(ctx, ev, &out)
 		}
 	} else {

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -165,8 +167,11 @@ type runningElector struct {
 	mu      sync.Mutex
 	leadCtx context.Context
 	stops   int
-	cancel  func()
-	done    chan struct{}
+	// startedAt and stoppedAt are the real times of each term's start
+	// and end.
+	startedAt, stoppedAt []time.Time
+	cancel               func()
+	done                 chan struct{}
 }
 
 func runElector(e *elector) *runningElector {
@@ -177,10 +182,12 @@ func runElector(e *elector) *runningElector {
 		e.run(ctx, func(l context.Context) {
 			r.mu.Lock()
 			r.leadCtx = l
+			r.startedAt = append(r.startedAt, time.Now())
 			r.mu.Unlock()
 		}, func() {
 			r.mu.Lock()
 			r.stops++
+			r.stoppedAt = append(r.stoppedAt, time.Now())
 			r.mu.Unlock()
 		})
 	}()
@@ -283,4 +290,40 @@ func TestCheckTiming(t *testing.T) {
 			t.Errorf("checkTiming(%v, %v, %v) = %v", c.lease, c.renew, c.retry, err)
 		}
 	}
+}
+
+// terms returns the start and end times of r's terms so far.
+func (r *runningElector) terms() (started, stopped []time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.startedAt), slices.Clone(r.stoppedAt)
+}
+
+// cutStore is a leaseStore that can be cut off from the API.
+type cutStore struct {
+	leaseStore
+	cut atomic.Bool
+}
+
+var errCut = errors.New("cut off from the API")
+
+func (c *cutStore) get(ctx context.Context) (*coordinationv1.Lease, error) {
+	if c.cut.Load() {
+		return nil, errCut
+	}
+	return c.leaseStore.get(ctx)
+}
+
+func (c *cutStore) create(ctx context.Context, l *coordinationv1.Lease) (*coordinationv1.Lease, error) {
+	if c.cut.Load() {
+		return nil, errCut
+	}
+	return c.leaseStore.create(ctx, l)
+}
+
+func (c *cutStore) update(ctx context.Context, l *coordinationv1.Lease) (*coordinationv1.Lease, error) {
+	if c.cut.Load() {
+		return nil, errCut
+	}
+	return c.leaseStore.update(ctx, l)
 }
