@@ -12,16 +12,14 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/scheme"
-	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
-	"k8s.io/client-go/tools/leaderelection"
-	"k8s.io/client-go/tools/leaderelection/resourcelock"
-	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/clock"
+
+	"github.com/nftgate/nftgate/internal/kubeclient"
 )
 
 // Defaults of Options.
@@ -37,9 +35,10 @@ const (
 
 // Options configure a Controller.
 type Options struct {
-	// Client reaches the API. Its rate limit bounds how fast a cold
-	// start writes statuses (two requests per Service that changes).
-	Client kubernetes.Interface
+	// Config reaches the API. Its rate limit (QPS, Burst) bounds how fast
+	// a cold start writes statuses (two requests per Service that
+	// changes).
+	Config *rest.Config
 	Policy *Policy
 	// Identity names this gateway in the Lease, in Events and as the
 	// field manager of the statuses it writes. Required.
@@ -49,8 +48,12 @@ type Options struct {
 	LeaseNamespace, LeaseName string
 	// Lease timing, as client-go's leaderelection takes it: a writer that
 	// stops renewing is replaced within LeaseDuration; it stops writing
-	// itself when it could not renew for RenewDeadline.
+	// itself when it could not renew for RenewDeadline; it renews, and
+	// the others try to acquire, every RetryPeriod. LeaseDuration >
+	// RenewDeadline > 1.2 × RetryPeriod.
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+	// Clock times the Lease and the Events; nil: the real clock.
+	Clock clock.Clock
 	// Registerer takes the controller's gauges; nil: none.
 	Registerer prometheus.Registerer
 	Log        *slog.Logger
@@ -83,14 +86,17 @@ type Controller struct {
 	latest   *Result
 	// reported is the problems last reported by Event, per Service.
 	reported map[Key]string
-	recorder record.EventRecorder
+
+	core    rest.Interface // core/v1: Services' status, Events
+	elector *elector
+	events  *eventWriter
 }
 
 // NewController checks o and returns a controller that does nothing until
 // Run.
 func NewController(o Options) (*Controller, error) {
-	if o.Client == nil || o.Policy == nil {
-		return nil, errors.New("ipam: Options.Client and Options.Policy are required")
+	if o.Config == nil || o.Policy == nil {
+		return nil, errors.New("ipam: Options.Config and Options.Policy are required")
 	}
 	if o.Identity == "" {
 		return nil, errors.New("ipam: Options.Identity is required")
@@ -100,14 +106,42 @@ func NewController(o Options) (*Controller, error) {
 	o.LeaseDuration = cmpOr(o.LeaseDuration, DefaultLeaseDuration)
 	o.RenewDeadline = cmpOr(o.RenewDeadline, DefaultRenewDeadline)
 	o.RetryPeriod = cmpOr(o.RetryPeriod, DefaultRetryPeriod)
+	if err := checkTiming(o.LeaseDuration, o.RenewDeadline, o.RetryPeriod); err != nil {
+		return nil, fmt.Errorf("ipam: %w", err)
+	}
+	if o.Clock == nil {
+		o.Clock = clock.RealClock{}
+	}
 	log := o.Log
 	if log == nil {
 		log = slog.Default()
 	}
 	c := &Controller{o: o, log: log.With("component", "ipam"), kick: make(chan struct{}, 1), policy: o.Policy,
 		services: map[Key]*Service{}, reported: map[Key]string{}}
+	cfg := rest.CopyConfig(o.Config)
+	cfg.UserAgent = cmpOr(cfg.UserAgent, "nftgate")
+	core, err := kubeclient.New(cfg, corev1.SchemeGroupVersion)
+	if err != nil {
+		return nil, fmt.Errorf("ipam: kubernetes client: %w", err)
+	}
+	coordination, err := kubeclient.New(cfg, coordinationv1.SchemeGroupVersion)
+	if err != nil {
+		return nil, fmt.Errorf("ipam: kubernetes client: %w", err)
+	}
+	c.core = core
+	c.events = newEventWriter(core, corev1.EventSource{Component: EventComponent, Host: o.Identity}, o.Clock, c.log)
+	c.elector = &elector{
+		store:     restLeases{client: coordination, namespace: o.LeaseNamespace, name: o.LeaseName},
+		namespace: o.LeaseNamespace, name: o.LeaseName, id: o.Identity,
+		leaseDuration: o.LeaseDuration, renewDeadline: o.RenewDeadline, retryPeriod: o.RetryPeriod,
+		clock: o.Clock, log: c.log,
+		newLeader: func(id string) {
+			c.mu.Lock()
+			c.leader = id
+			c.mu.Unlock()
+		},
+	}
 	if o.Registerer != nil {
-		var err error
 		if c.metrics, err = newMetrics(o.Registerer); err != nil {
 			return nil, err
 		}
@@ -177,54 +211,23 @@ func (c *Controller) Writer() bool {
 // Run elects the writer and allocates until ctx ends; a writer that stops
 // gives up the Lease, so that another takes over at once.
 func (c *Controller) Run(ctx context.Context) error {
-	bc := record.NewBroadcaster(record.WithContext(ctx))
-	bc.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.o.Client.CoreV1().Events("")})
-	defer bc.Shutdown()
-	c.mu.Lock()
-	c.recorder = bc.NewRecorder(scheme.Scheme, corev1.EventSource{Component: EventComponent, Host: c.o.Identity})
-	c.mu.Unlock()
-
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	wg.Go(func() { c.events.run(ctx) })
 	wg.Go(func() { c.work(ctx) })
-	for ctx.Err() == nil {
-		le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
-			Lock: &resourcelock.LeaseLock{
-				LeaseMeta:  metav1.ObjectMeta{Namespace: c.o.LeaseNamespace, Name: c.o.LeaseName},
-				Client:     c.o.Client.CoordinationV1(),
-				LockConfig: resourcelock.ResourceLockConfig{Identity: c.o.Identity},
-			},
-			LeaseDuration:   c.o.LeaseDuration,
-			RenewDeadline:   c.o.RenewDeadline,
-			RetryPeriod:     c.o.RetryPeriod,
-			ReleaseOnCancel: true,
-			Name:            c.o.LeaseName,
-			Callbacks: leaderelection.LeaderCallbacks{
-				OnStartedLeading: func(lctx context.Context) {
-					c.log.Info("this gateway now writes LoadBalancer addresses", "lease", c.o.LeaseNamespace+"/"+c.o.LeaseName)
-					c.mu.Lock()
-					c.leadCtx = lctx
-					c.mu.Unlock()
-					c.changed()
-				},
-				OnStoppedLeading: func() {
-					c.mu.Lock()
-					c.leadCtx = nil
-					c.mu.Unlock()
-					c.log.Info("this gateway no longer writes LoadBalancer addresses")
-				},
-				OnNewLeader: func(id string) {
-					c.mu.Lock()
-					c.leader = id
-					c.mu.Unlock()
-				},
-			},
-		})
-		if err != nil {
-			return fmt.Errorf("ipam: leader election: %w", err)
-		}
-		le.Run(ctx)
-	}
+	lease := c.o.LeaseNamespace + "/" + c.o.LeaseName
+	c.elector.run(ctx, func(lctx context.Context) {
+		c.log.Info("this gateway now writes LoadBalancer addresses", "lease", lease)
+		c.mu.Lock()
+		c.leadCtx = lctx
+		c.mu.Unlock()
+		c.changed()
+	}, func() {
+		c.mu.Lock()
+		c.leadCtx = nil
+		c.mu.Unlock()
+		c.log.Info("this gateway no longer writes LoadBalancer addresses", "lease", lease)
+	})
 	return nil
 }
 
@@ -258,7 +261,7 @@ func (c *Controller) reconcile() error {
 	for _, s := range c.services {
 		svcs = append(svcs, s)
 	}
-	pol, synced, lctx, rec := c.policy, c.synced, c.leadCtx, c.recorder
+	pol, synced, lctx := c.policy, c.synced, c.leadCtx
 	c.mu.Unlock()
 
 	res := pol.Allocate(svcs)
@@ -281,7 +284,7 @@ func (c *Controller) reconcile() error {
 				errs = append(errs, fmt.Errorf("%s: %w", al.Service.Key, err))
 			}
 		}
-		c.report(rec, al)
+		c.report(al)
 	}
 	c.passes.Add(1)
 	return errors.Join(errs...)
@@ -295,10 +298,10 @@ func (c *Controller) write(ctx context.Context, al *Allocation) error {
 	for i, a := range al.Addresses {
 		want[i] = corev1.LoadBalancerIngress{IP: a.Addr.String(), IPMode: &vip}
 	}
-	api := c.o.Client.CoreV1().Services(s.Namespace)
 	var wrote *corev1.Service
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		cur, err := api.Get(ctx, s.Name, metav1.GetOptions{})
+		cur := &corev1.Service{}
+		err := c.core.Get().Namespace(s.Namespace).Resource("services").Name(s.Name).Do(ctx).Into(cur)
 		if err != nil {
 			return err
 		}
@@ -310,7 +313,9 @@ func (c *Controller) write(ctx context.Context, al *Allocation) error {
 			return nil
 		}
 		cur.Status.LoadBalancer.Ingress = want
-		wrote, err = api.UpdateStatus(ctx, cur, metav1.UpdateOptions{FieldManager: c.fieldManager()})
+		wrote = &corev1.Service{}
+		err = c.core.Put().Namespace(s.Namespace).Resource("services").Name(s.Name).SubResource("status").
+			Param("fieldManager", c.fieldManager()).Body(cur).Do(ctx).Into(wrote)
 		if err == nil {
 			c.writes.Add(1)
 			c.log.Info("LoadBalancer status written", "service", s.Key.String(), "ingress", ingressIPs(want))
@@ -352,7 +357,7 @@ func (c *Controller) fieldManager() string {
 
 // report writes one Event per problem of al, when they differ from what
 // was last reported for the Service.
-func (c *Controller) report(rec record.EventRecorder, al *Allocation) {
+func (c *Controller) report(al *Allocation) {
 	k := al.Service.Key
 	var b strings.Builder
 	for _, p := range al.Problems {
@@ -366,12 +371,12 @@ func (c *Controller) report(rec record.EventRecorder, al *Allocation) {
 		c.reported[k] = b.String()
 	}
 	c.mu.Unlock()
-	if same || rec == nil {
+	if same {
 		return
 	}
 	ref := &corev1.ObjectReference{Kind: "Service", APIVersion: "v1", Namespace: k.Namespace, Name: k.Name, UID: al.Service.UID}
 	for _, p := range al.Problems {
-		rec.Event(ref, corev1.EventTypeWarning, p.Reason, p.Message)
+		c.events.event(ref, corev1.EventTypeWarning, p.Reason, p.Message)
 		c.log.Warn("LoadBalancer address", "service", k.String(), "reason", p.Reason, "message", p.Message)
 	}
 }

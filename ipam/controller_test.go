@@ -3,15 +3,18 @@ package ipam
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nftgate/nftgate/internal/kubeclient"
 	"github.com/nftgate/nftgate/internal/testing/kubetest"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -20,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/yaml"
 )
 
@@ -44,11 +48,7 @@ type running struct {
 
 func startController(t *testing.T, cfg *rest.Config, id string, pol *Policy, reg prometheus.Registerer) *running {
 	t.Helper()
-	client, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := NewController(Options{Client: client, Policy: pol, Identity: id, Registerer: reg,
+	c, err := NewController(Options{Config: cfg, Policy: pol, Identity: id, Registerer: reg,
 		LeaseDuration: 2 * time.Second, RenewDeadline: 1500 * time.Millisecond, RetryPeriod: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -56,7 +56,7 @@ func startController(t *testing.T, cfg *rest.Config, id string, pol *Policy, reg
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &running{Controller: c, done: make(chan struct{})}
 	watched := make(chan struct{})
-	go func() { defer close(watched); Watch(ctx, client, c) }()
+	go func() { defer close(watched); Watch(ctx, cfg, c) }()
 	go func() {
 		defer close(r.done)
 		if err := c.Run(ctx); err != nil {
@@ -289,6 +289,134 @@ func TestControllerAgainstAPIServer(t *testing.T) {
 			if got := ingress(t, admin, n); got != want {
 				t.Errorf("after the pool change %s: %q, want %q", n, got, want)
 			}
+		}
+	})
+
+	t.Run("Lease: one leads; cut off, it stops before the other takes over; a clean stop releases at once", func(t *testing.T) {
+		elector := func(id string) (*runningElector, *cutStore) {
+			c, err := NewController(Options{Config: sa, Policy: policy("nftgate.io/lease", "10.30.0.1"), Identity: id,
+				LeaseDuration: 2 * time.Second, RenewDeadline: 1500 * time.Millisecond, RetryPeriod: 200 * time.Millisecond})
+			if err != nil {
+				t.Fatal(err)
+			}
+			cs := &cutStore{leaseStore: c.elector.store}
+			c.elector.store = cs
+			r := runElector(c.elector)
+			t.Cleanup(func() { r.cancel(); <-r.done })
+			return r, cs
+		}
+		leases := admin.CoordinationV1().Leases(DefaultLeaseNamespace)
+		lease := func() *coordinationv1.Lease {
+			l, err := leases.Get(context.Background(), DefaultLeaseName, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return l
+		}
+		a, cutA := elector("el-a")
+		b, cutB := elector("el-b")
+		eventually(t, 10*time.Second, "one elector leads", func() bool { return a.leading() || b.leading() })
+		leader, other, cutLeader := a, b, cutA
+		if b.leading() {
+			leader, other, cutLeader = b, a, cutB
+		}
+		leaderID, otherID := leader.e.id, other.e.id
+		if h := lease().Spec.HolderIdentity; h == nil || *h != leaderID {
+			t.Fatalf("the Lease is held by %v, want %s", h, leaderID)
+		}
+		transitions := *lease().Spec.LeaseTransitions
+
+		// The leader is cut off from the API: it stops leading once it
+		// could not renew for the renew deadline; the other takes the
+		// Lease once it has not changed for the lease duration, after.
+		cut := time.Now()
+		cutLeader.cut.Store(true)
+		eventually(t, 20*time.Second, "the other elector takes over", other.leading)
+		_, stopped := leader.terms()
+		started, _ := other.terms()
+		if len(stopped) != 1 || len(started) != 1 || !stopped[0].Before(started[0]) {
+			t.Fatalf("the cut-off leader stopped at %v, the other started at %v: both led at once", stopped, started)
+		}
+		t.Logf("cut off: the leader stopped after %v, the other took over after %v", stopped[0].Sub(cut), started[0].Sub(cut))
+		l := lease()
+		if *l.Spec.HolderIdentity != otherID || *l.Spec.LeaseTransitions != transitions+1 || *l.Spec.LeaseDurationSeconds != 2 ||
+			!l.Spec.AcquireTime.Equal(l.Spec.RenewTime) && l.Spec.AcquireTime.After(l.Spec.RenewTime.Time) {
+			t.Errorf("after the takeover the Lease is %+v", l.Spec)
+		}
+		eventually(t, 5*time.Second, "the new leader renews", func() bool { return lease().Spec.RenewTime.After(l.Spec.RenewTime.Time) })
+		cutLeader.cut.Store(false)
+
+		// A clean stop releases the Lease: no holder, and the first
+		// leader, back on the API, takes it at its next attempt.
+		stop := time.Now()
+		other.cancel()
+		<-other.done
+		if l := lease(); *l.Spec.HolderIdentity != "" || *l.Spec.LeaseDurationSeconds != 1 {
+			t.Fatalf("after a clean stop the Lease is %+v, want released", l.Spec)
+		}
+		eventually(t, 10*time.Second, "the first leader takes the released Lease", leader.leading)
+		started, _ = leader.terms()
+		t.Logf("released: taken over after %v", started[1].Sub(stop))
+		if *lease().Spec.HolderIdentity != leaderID {
+			t.Errorf("the Lease is not held by %s", leaderID)
+		}
+	})
+
+	t.Run("Events: the same again bumps the count; too many about one object are dropped", func(t *testing.T) {
+		core, err := kubeclient.New(sa, corev1.SchemeGroupVersion)
+		if err != nil {
+			t.Fatal(err)
+		}
+		clk := clocktesting.NewFakeClock(time.Now())
+		w := newEventWriter(core, corev1.EventSource{Component: EventComponent, Host: "gw-events"}, clk, slog.Default())
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); w.run(ctx) }()
+		t.Cleanup(func() { cancel(); <-done })
+		events := func(name string) []corev1.Event {
+			l, err := admin.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{
+				FieldSelector: fields.Set{"involvedObject.name": name}.String()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return l.Items
+		}
+		// flushed waits until every Event queued so far is handled: the
+		// writer is sequential, so a marker about another object shows.
+		marks := 0
+		flushed := func() {
+			marks++
+			mark := fmt.Sprintf("mark-%d", marks)
+			w.event(&corev1.ObjectReference{Kind: "Service", APIVersion: "v1", Namespace: "default", Name: mark}, corev1.EventTypeNormal, "Mark", mark)
+			eventually(t, 10*time.Second, "the marker Event is written", func() bool { return len(events(mark)) == 1 })
+		}
+		ref := &corev1.ObjectReference{Kind: "Service", APIVersion: "v1", Namespace: "default", Name: "ev", UID: "uid-ev"}
+		w.event(ref, corev1.EventTypeWarning, ReasonPoolExhausted, "the same")
+		clk.Step(time.Second)
+		w.event(ref, corev1.EventTypeWarning, ReasonPoolExhausted, "the same")
+		flushed()
+		evs := events("ev")
+		if len(evs) != 1 || evs[0].Count != 2 || !evs[0].LastTimestamp.After(evs[0].FirstTimestamp.Time) ||
+			evs[0].Source.Host != "gw-events" || evs[0].ReportingController != EventComponent {
+			var got []string
+			for _, e := range evs {
+				got = append(got, fmt.Sprintf("%s count %d first %v last %v source %+v reporting %s", e.Name, e.Count, e.FirstTimestamp, e.LastTimestamp, e.Source, e.ReportingController))
+			}
+			t.Fatalf("the same Event twice gave %d Events, want one counted twice: %q", len(evs), got)
+		}
+		// 2 of the burst of 25 are spent; of 24 more, the last is dropped.
+		for i := range 24 {
+			w.event(ref, corev1.EventTypeWarning, ReasonPoolExhausted, fmt.Sprintf("message %d", i))
+		}
+		flushed()
+		if n := len(events("ev")); n != 24 {
+			t.Fatalf("%d Events about the object, want 24 (1 counted twice, 23 more, then the rate limit)", n)
+		}
+		clk.Step(eventEvery)
+		w.event(ref, corev1.EventTypeWarning, ReasonPoolExhausted, "later")
+		flushed()
+		if n := len(events("ev")); n != 25 {
+			t.Fatalf("%d Events about the object after %v, want 25", n, eventEvery)
 		}
 	})
 

@@ -6,15 +6,21 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/nftgate/nftgate/internal/kubeclient"
 )
 
 // Watch feeds c every Service of the cluster until ctx ends, for a
 // controller that no other informer feeds.
-func Watch(ctx context.Context, client kubernetes.Interface, c *Controller) error {
+func Watch(ctx context.Context, cfg *rest.Config, c *Controller) error {
+	core, err := kubeclient.New(cfg, corev1.SchemeGroupVersion)
+	if err != nil {
+		return fmt.Errorf("ipam: watch Services: %w", err)
+	}
 	inf := cache.NewSharedIndexInformer(
-		cache.NewListWatchFromClient(client.CoreV1().RESTClient(), "services", corev1.NamespaceAll, fields.Everything()),
+		cache.NewListWatchFromClient(core, "services", corev1.NamespaceAll, fields.Everything()),
 		&corev1.Service{}, 0, cache.Indexers{})
 	reg, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(o any) { setService(c, o) },

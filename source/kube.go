@@ -13,11 +13,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/nftgate/nftgate/internal/kubeclient"
 	"github.com/nftgate/nftgate/model"
 )
 
@@ -85,38 +85,6 @@ func (k *KubeSource) Problems() []string {
 		return []string{k.lastErr}
 	}
 	return nil
-}
-
-// kubeScheme knows only the kinds nftgate reads. client-go's clientset
-// and informer factory would link and register every API group of
-// Kubernetes, which made the binary twice as big and its resident memory
-// tens of megabytes bigger, for two resources.
-var (
-	kubeScheme = runtime.NewScheme()
-	kubeCodecs = serializer.NewCodecFactory(kubeScheme)
-)
-
-func init() {
-	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, discoveryv1.AddToScheme} {
-		if err := add(kubeScheme); err != nil {
-			panic(err)
-		}
-	}
-}
-
-// kubeClient is a REST client for one API group version.
-func kubeClient(cfg *rest.Config, gv schema.GroupVersion) (*rest.RESTClient, error) {
-	c := rest.CopyConfig(cfg)
-	c.GroupVersion = &gv
-	c.APIPath = "/apis"
-	if gv.Group == "" {
-		c.APIPath = "/api"
-	}
-	c.NegotiatedSerializer = kubeCodecs.WithoutConversion()
-	if c.UserAgent == "" {
-		c.UserAgent = rest.DefaultKubernetesUserAgent()
-	}
-	return rest.RESTClientFor(c)
 }
 
 // probe checks the API every few seconds: a quiet watch says nothing about
@@ -226,16 +194,11 @@ func (k *KubeSource) Run(ctx context.Context, t Sink) error {
 	}
 	cfg := rest.CopyConfig(k.Config)
 	cfg.UserAgent = "nftgate"
-	// Protobuf, as kube-proxy asks for: the first list of ten thousand
-	// Services and EndpointSlices decodes with a fraction of the memory
-	// and time JSON takes.
-	cfg.ContentType = "application/vnd.kubernetes.protobuf"
-	cfg.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
-	core, err := kubeClient(cfg, corev1.SchemeGroupVersion)
+	core, err := kubeclient.New(cfg, corev1.SchemeGroupVersion)
 	if err != nil {
 		return fmt.Errorf("kubernetes client: %w", err)
 	}
-	discovery, err := kubeClient(cfg, discoveryv1.SchemeGroupVersion)
+	discovery, err := kubeclient.New(cfg, discoveryv1.SchemeGroupVersion)
 	if err != nil {
 		return fmt.Errorf("kubernetes client: %w", err)
 	}
@@ -355,7 +318,7 @@ func setCachedSlice(t Sink, o any) {
 // NodeZone reads the topology zone label of the named Node, for a gateway
 // that runs as (or next to) that node and has no zone configured.
 func (k *KubeSource) NodeZone(ctx context.Context, node string) (string, error) {
-	client, err := kubeClient(k.Config, corev1.SchemeGroupVersion)
+	client, err := kubeclient.New(k.Config, corev1.SchemeGroupVersion)
 	if err != nil {
 		return "", err
 	}

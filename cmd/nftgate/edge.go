@@ -11,7 +11,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/nftgate/nftgate/announce"
 	"github.com/nftgate/nftgate/announce/bgp"
@@ -94,11 +93,7 @@ func (e *edge) allocate(cfg *Config, src source.Source, sink source.Sink, reg pr
 	}
 	switch s := src.(type) {
 	case *source.KubeSource:
-		client, err := kubernetes.NewForConfig(s.Config)
-		if err != nil {
-			return nil, fmt.Errorf("ipam: kubernetes client: %w", err)
-		}
-		c, err := ipam.NewController(ipam.Options{Client: client, Policy: e.policy, Identity: cfg.NodeName, Registerer: reg, Log: log})
+		c, err := ipam.NewController(ipam.Options{Config: s.Config, Policy: e.policy, Identity: cfg.NodeName, Registerer: reg, Log: log})
 		if err != nil {
 			return nil, err
 		}
