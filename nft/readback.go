@@ -125,6 +125,9 @@ func (r *reader) readFamily(cfg *ruleset.Config, f ruleset.Family, names []strin
 		if err := r.readSets(n, f, out[i]); err != nil {
 			return nil, nil, fmt.Errorf("table %s: %w", n, err)
 		}
+		if err := r.readFlowtables(n, f, out[i]); err != nil {
+			return nil, nil, fmt.Errorf("table %s: %w", n, err)
+		}
 	}
 	return out, extra, nil
 }
@@ -168,6 +171,26 @@ func (r *reader) readSets(name string, f ruleset.Family, st *ruleset.TableState)
 			}
 			st.Elems[ruleset.ElemID{Map: s.Name, Key: k}] = verdictFromExpr(e.VerdictData)
 		}
+	}
+	return nil
+}
+
+// readFlowtables reads a table's flowtables: their priority and devices.
+// A device that went away is no longer in its flowtable's list.
+func (r *reader) readFlowtables(name string, f ruleset.Family, st *ruleset.TableState) error {
+	fts, err := r.conn.ListFlowtables(&nftables.Table{Name: name, Family: nftFamily(f)})
+	if err != nil {
+		return fmt.Errorf("list flowtables: %w", err)
+	}
+	for _, ft := range fts {
+		var prio int32
+		if ft.Priority != nil {
+			prio = int32(*ft.Priority)
+		}
+		if st.Flowtables == nil {
+			st.Flowtables = map[string]ruleset.FlowtableDef{}
+		}
+		st.Flowtables[ft.Name] = ruleset.FlowtableDefFrom(prio, ft.Devices)
 	}
 	return nil
 }

@@ -44,6 +44,8 @@ type Config struct {
 	MasqueradeBit     uint32   `toml:"masquerade_bit"`
 	HashSeed          uint32   `toml:"hash_seed"`
 	Shards            int      `toml:"shards"`
+	Flowtable         bool     `toml:"flowtable"`
+	FlowtableDevices  []string `toml:"flowtable_devices"`
 	LogLevel          string   `toml:"log_level"`
 	LogFormat         string   `toml:"log_format"`
 	AuthUser          string   `toml:"auth_user"`
@@ -243,6 +245,7 @@ func loadConfig(name string, args []string) (*Config, *flag.FlagSet, error) {
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "`host:port` of the status page, API, health and metrics")
 	fs.StringVar(&cfg.Table, "table", cfg.Table, "`name` of nftgate's nftables tables")
 	fs.IntVar(&cfg.Shards, "shards", cfg.Shards, "`number` of service shard tables per family (see config.toml)")
+	flowtableFlags(fs, &cfg)
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&cfg.LogFormat, "log-format", cfg.LogFormat, "text or json")
 	fs.Var(&cfg.MinSyncInterval, "min-sync-interval", "least `time` between two syncs; changes meanwhile are coalesced")
@@ -367,6 +370,7 @@ func (c *Config) validate() error {
 	if c.Shards < 1 || c.Shards > ruleset.MaxShards {
 		bad("shards", "%d is not between 1 and %d", c.Shards, ruleset.MaxShards)
 	}
+	c.validateFlowtable(bad)
 	if c.MasqueradeBit == 0 || c.MasqueradeBit&(c.MasqueradeBit-1) != 0 {
 		bad("masquerade_bit", "%#x is not a single bit", c.MasqueradeBit)
 	}
