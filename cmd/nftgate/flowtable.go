@@ -9,7 +9,7 @@ import (
 )
 
 // maxFlowtableDevices is the kernel's limit on a flowtable's devices
-// (NFT_FLOWTABLE_DEVICE_MAX).
+// (NFT_NETDEVICE_MAX).
 const maxFlowtableDevices = 256
 
 // flowtableFlags registers the flowtable's flags.
