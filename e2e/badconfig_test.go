@@ -12,6 +12,7 @@ import (
 
 	"github.com/nftgate/nftgate/internal/testing/lab/gatewaytest"
 	"github.com/nftgate/nftgate/internal/testing/lab/labtest"
+	"github.com/nftgate/nftgate/internal/testing/netnstest"
 )
 
 // TestBadConfigKeepsTheRuleset: a gateway has programmed its Services and
@@ -34,9 +35,13 @@ func TestBadConfigKeepsTheRuleset(t *testing.T) {
 	if err := os.WriteFile(notDir, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// Without flowtables in the kernel, turning them on stops at the
+	// kernel check; with them, an interface that is not there stops it.
+	hasFlowtable := netnstest.KernelHas(t, "CONFIG_NF_FLOW_TABLE", "CONFIG_NF_FLOW_TABLE_INET", "CONFIG_NFT_FLOW_OFFLOAD")
 	for _, tc := range []struct {
 		args []string
 		want []string
+		skip bool
 	}{
 		{args: []string{"--table", "nftgate;"}, want: []string{"table", "nftgate;"}},
 		{args: []string{"--reconcile-interval", "1ns"}, want: []string{"reconcile_interval", "1ns"}},
@@ -45,7 +50,16 @@ func TestBadConfigKeepsTheRuleset(t *testing.T) {
 		{args: []string{"--manifests", notDir}, want: []string{"manifests", notDir, "not a directory"}},
 		{args: []string{"--manifests", "", "--kubeconfig", "/nonexistent/kubeconfig"}, want: []string{"kubeconfig", "/nonexistent/kubeconfig"}},
 		{args: []string{"cleanup", "--table", "nftgate;"}, want: []string{"table", "nftgate;"}},
+		// A flowtable on an interface the gateway has: on a kernel without
+		// flowtables the check names the option, before anything is
+		// programmed.
+		{args: []string{"--flowtable", "--flowtable-device", topo.GatewayClientIface, "--flowtable-device", topo.GatewayBackendIface},
+			want: []string{"flowtable (ip)", "CONFIG_NF_FLOW_TABLE", "flowtable (ip6)"}, skip: hasFlowtable},
+		{args: []string{"--flowtable", "--flowtable-device", "nosuchdev0"}, want: []string{"flowtable_devices[0]", "nosuchdev0"}, skip: !hasFlowtable},
 	} {
+		if tc.skip {
+			continue
+		}
 		args := append(append([]string(nil), g.Args...), tc.args...)
 		if tc.args[0] == "cleanup" {
 			args = tc.args

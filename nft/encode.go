@@ -51,6 +51,8 @@ const (
 	noteAddRule
 	noteAddElems
 	noteDelElems
+	noteAddFlowtable
+	noteDelFlowtable
 )
 
 // note describes one message of a batch. It is formatted only when the
@@ -87,6 +89,10 @@ func (n note) String() string {
 		return fmt.Sprintf("add %d elements to map %s %s %s", n.n, n.f, n.table, n.name)
 	case noteDelElems:
 		return fmt.Sprintf("delete %d elements from map %s %s %s", n.n, n.f, n.table, n.name)
+	case noteAddFlowtable:
+		return fmt.Sprintf("add flowtable %s %s %s", n.f, n.table, n.name)
+	case noteDelFlowtable:
+		return fmt.Sprintf("delete flowtable %s %s %s", n.f, n.table, n.name)
 	}
 	return "?"
 }
@@ -220,6 +226,40 @@ func (e *encoder) addSet(s *ruleset.Set) {
 func (e *encoder) delSet(name string) {
 	e.chainMessage(unix.NFT_MSG_DELSET, netlink.Request, unix.NFTA_SET_TABLE, unix.NFTA_SET_NAME, name)
 	e.note(note{op: noteDelSet, name: name})
+}
+
+// addFlowtable writes a new flowtable on the ingress hook of its devices,
+// as google/nftables' AddFlowtable writes it (names without the NUL).
+func (e *encoder) addFlowtable(ft *ruleset.Flowtable) {
+	w := e.w
+	w.begin(nftables.NFT_MSG_NEWFLOWTABLE, flagsCreate, byte(e.f))
+	w.bytesAttr(nftables.NFTA_FLOWTABLE_TABLE, e.table)
+	w.bytesAttr(nftables.NFTA_FLOWTABLE_NAME, ft.Name)
+	w.u32(nftables.NFTA_FLOWTABLE_FLAGS, 0)
+	hook := w.nest(nftables.NFTA_FLOWTABLE_HOOK)
+	w.u32(nftables.NFTA_FLOWTABLE_HOOK_NUM, unix.NF_NETDEV_INGRESS)
+	w.u32(nftables.NFTA_FLOWTABLE_PRIORITY, uint32(ft.Priority))
+	if len(ft.Devices) > 0 {
+		devs := w.nest(nftables.NFTA_FLOWTABLE_DEVS)
+		for _, d := range ft.Devices {
+			w.bytesAttr(nftables.NFTA_DEVICE_NAME, d)
+		}
+		w.close(devs)
+	}
+	w.close(hook)
+	w.end()
+	e.note(note{op: noteAddFlowtable, name: ft.Name})
+}
+
+// delFlowtable writes the deletion of a flowtable, as google/nftables'
+// DelFlowtable writes it.
+func (e *encoder) delFlowtable(name string) {
+	w := e.w
+	w.begin(nftables.NFT_MSG_DELFLOWTABLE, netlink.Request, byte(e.f))
+	w.bytesAttr(nftables.NFTA_FLOWTABLE_TABLE, e.table)
+	w.bytesAttr(nftables.NFTA_FLOWTABLE_NAME, name)
+	w.end()
+	e.note(note{op: noteDelFlowtable, name: name})
 }
 
 var hookNums = map[string]uint32{
@@ -372,6 +412,9 @@ func (e *encoder) head(o *ruleset.Ops) {
 	for _, s := range o.AddSets {
 		e.addSet(s)
 	}
+	for _, ft := range o.AddFlowtables {
+		e.addFlowtable(ft)
+	}
 }
 
 // body writes the rest of the table's operations, after every head.
@@ -393,6 +436,10 @@ func (e *encoder) body(o *ruleset.Ops) {
 		e.delSet(s.Name)
 		e.addSet(s)
 	}
+	for _, ft := range o.RecreateFlowtables {
+		e.delFlowtable(ft.Name)
+		e.addFlowtable(ft)
+	}
 	for _, c := range o.AddChains {
 		e.addRules(c)
 	}
@@ -407,6 +454,9 @@ func (e *encoder) body(o *ruleset.Ops) {
 	}
 	for _, n := range o.DelSets {
 		e.delSet(n)
+	}
+	for _, n := range o.DelFlowtables {
+		e.delFlowtable(n)
 	}
 	e.fail(e.w.err)
 }
@@ -527,7 +577,7 @@ func estimate(o *ruleset.Ops) (size, messages int) {
 		}
 		messages += len(els)/elementsPerMessage + 4
 	}
-	names := len(o.FlushChains) + len(o.DelChains) + len(o.DelSets)
-	messages += names + len(o.AddSets) + 2*len(o.RecreateSets) + 1
+	names := len(o.FlushChains) + len(o.DelChains) + len(o.DelSets) + len(o.DelFlowtables) + 3*len(o.RecreateFlowtables)
+	messages += names + len(o.AddSets) + 2*len(o.RecreateSets) + 2*len(o.RecreateFlowtables) + 1
 	return size + 128*names + 512, messages
 }

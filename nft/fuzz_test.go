@@ -52,7 +52,7 @@ func (r *fuzzReader) data() bc.Data { return bc.Bytes(r.bytes()...) }
 // expr writes one expression of any kind the statements use, with the
 // fuzzer's field values; name is the chain or set it names.
 func (r *fuzzReader) expr(name string) func(bc.Sink) {
-	switch r.u8() % 15 {
+	switch r.u8() % 16 {
 	case 0:
 		x := bc.Payload{Dreg: r.u32(), Base: uint32(r.u8() % 4), Offset: r.u32(), Len: r.u32()}
 		return func(s bc.Sink) { s.Payload(x) }
@@ -100,9 +100,12 @@ func (r *fuzzReader) expr(name string) func(bc.Sink) {
 	case 13:
 		x := bc.Redir{RegProto: r.u32(), Flags: r.u32() & 0x1e}
 		return func(s bc.Sink) { s.Redir(x) }
-	default:
+	case 14:
 		x := bc.Reject{Type: r.u32(), Code: r.u8()}
 		return func(s bc.Sink) { s.Reject(x) }
+	default:
+		x := bc.FlowOffload{Flowtable: name}
+		return func(s bc.Sink) { s.FlowOffload(x) }
 	}
 }
 
@@ -128,6 +131,10 @@ func FuzzWireMatchesGoogleNftables(f *testing.F) {
 		// the bytes, programmed cold and then removed.
 		svc := fuzzService(name, r)
 		cfg := ruleset.Config{Table: "nftgate", Node: model.Node{Name: "gw"}, HashSeed: 7, Shards: 2}
+		if r.flag() {
+			// A flowtable on a device of any name.
+			cfg.FlowtableDevices = []string{name, "eth0"}
+		}
 		ts := ruleset.NewTables(&cfg)
 		state := make([]*ruleset.TableState, len(ts.Refs))
 		for i := range state {

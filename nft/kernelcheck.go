@@ -68,9 +68,19 @@ func (e *kernelFeatureError) Error() string {
 }
 
 // CheckKernel verifies, in the process's own network namespace, that the
-// kernel supports every nf_tables feature nftgate programs.
-func CheckKernel() error {
-	return checkKernelFeatures(kernelProbes(), netlinkProbeRunner(0, probeTableName()))
+// kernel supports every nf_tables feature nftgate programs under cfg: the
+// flowtable's only when cfg turns it on.
+func CheckKernel(cfg *ruleset.Config) error {
+	return checkKernelFeatures(kernelProbesFor(cfg), netlinkProbeRunner(0, probeTableName()))
+}
+
+// kernelProbesFor lists the probes of what nftgate programs under cfg.
+func kernelProbesFor(cfg *ruleset.Config) []kernelProbe {
+	probes := kernelProbes()
+	if len(cfg.FlowtableDevices) > 0 {
+		probes = append(probes, flowtableProbes()...)
+	}
+	return probes
 }
 
 // probeTableName is unique per process, so two gateways starting in one
@@ -154,8 +164,9 @@ type probeBatch struct {
 }
 
 type probeTable struct {
-	sets   []*ruleset.Set
-	chains []*ruleset.Chain
+	sets       []*ruleset.Set
+	flowtables []*ruleset.Flowtable
+	chains     []*ruleset.Chain
 }
 
 func (b *probeBatch) table(f ruleset.Family) *probeTable {
@@ -199,6 +210,14 @@ func (b *probeBatch) rule(c *ruleset.Chain, stmts ...ruleset.Stmt) {
 	c.Rules = append(c.Rules, ruleset.Rule(stmts))
 }
 
+// flowtable adds the family's flowtable, once.
+func (b *probeBatch) flowtable(f ruleset.Family) {
+	t := b.table(f)
+	if len(t.flowtables) == 0 {
+		t.flowtables = append(t.flowtables, &ruleset.Flowtable{Name: ruleset.FlowtableName, Priority: ruleset.PrioFilter})
+	}
+}
+
 func (b *probeBatch) set(f ruleset.Family, s *ruleset.Set) {
 	t := b.table(f)
 	t.sets = append(t.sets, s)
@@ -219,6 +238,9 @@ func (b *probeBatch) encode() (*batch, error) {
 		for _, s := range t.sets {
 			e.addSet(s)
 		}
+		for _, ft := range t.flowtables {
+			e.addFlowtable(ft)
+		}
 		for _, c := range t.chains {
 			e.addChain(c)
 		}
@@ -236,6 +258,29 @@ func (b *probeBatch) encode() (*batch, error) {
 		return nil, w.err
 	}
 	return &batch{parts: []*wire{w}}, nil
+}
+
+// flowtableProbes try, per family, a flowtable (on no device: the probe
+// is about the kernel, not the configured interfaces) and the rule that
+// adds flows to it, on the forward hook, the only one it is valid on.
+func flowtableProbes() []kernelProbe {
+	var ps []kernelProbe
+	for _, f := range ruleset.Families {
+		w := " (" + f.String() + ")"
+		ft := "flowtable" + w
+		ps = append(ps,
+			kernelProbe{Feature: ft, Option: "CONFIG_NF_FLOW_TABLE and CONFIG_NF_FLOW_TABLE_INET", add: func(b *probeBatch) {
+				b.flowtable(f)
+			}},
+			kernelProbe{Feature: "flow_offload expression" + w, Option: "CONFIG_NFT_FLOW_OFFLOAD", Needs: []string{ft},
+				add: func(b *probeBatch) {
+					b.flowtable(f)
+					c := b.chain(f, "filter-forward", &ruleset.Hook{Type: "filter", Hook: "forward", Priority: ruleset.PrioFilter})
+					b.rule(c, ruleset.MatchCtEstablished{}, ruleset.MatchCtDNAT{}, ruleset.FlowOffload{Flowtable: ruleset.FlowtableName})
+				}},
+		)
+	}
+	return ps
 }
 
 // probeAddrs are addresses of the documentation ranges, per family.

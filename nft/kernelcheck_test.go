@@ -214,3 +214,42 @@ func TestKernelProbesNeedEarlierProbes(t *testing.T) {
 		seen[p.Feature] = true
 	}
 }
+
+// The flowtable is probed only when the configuration turns it on; on a
+// kernel without flowtables the check then names the missing option for
+// each family, and nothing else.
+func TestKernelCheckFlowtable(t *testing.T) {
+	fd := newAnonNetns(t)
+	run := netlinkProbeRunner(fd, probeTableName())
+	off := &ruleset.Config{Table: "nftgate"}
+	if err := checkKernelFeatures(kernelProbesFor(off), run); err != nil {
+		t.Fatalf("kernel check without the flowtable: %v", err)
+	}
+	on := &ruleset.Config{Table: "nftgate", FlowtableDevices: []string{"eth0"}}
+	err := checkKernelFeatures(kernelProbesFor(on), run)
+	if names := tablesIn(t, fd); len(names) != 0 {
+		t.Errorf("the check left tables behind: %v", names)
+	}
+	if netnstest.KernelHas(t, "CONFIG_NF_FLOW_TABLE", "CONFIG_NF_FLOW_TABLE_INET", "CONFIG_NFT_FLOW_OFFLOAD") {
+		if err != nil {
+			t.Fatalf("kernel check with the flowtable, on a kernel built with it: %v", err)
+		}
+		return
+	}
+	var fe *kernelFeatureError
+	if !errors.As(err, &fe) {
+		t.Fatalf("kernel check with the flowtable on a kernel without it: %v, want the missing features named", err)
+	}
+	var got []string
+	for _, m := range fe.Missing {
+		got = append(got, m.Feature+": "+m.Option)
+	}
+	want := []string{
+		"flowtable (ip): CONFIG_NF_FLOW_TABLE and CONFIG_NF_FLOW_TABLE_INET",
+		"flowtable (ip6): CONFIG_NF_FLOW_TABLE and CONFIG_NF_FLOW_TABLE_INET",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("missing features %q, want %q", got, want)
+	}
+	t.Logf("the check says: %v", err)
+}

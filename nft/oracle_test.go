@@ -111,6 +111,15 @@ func (g *googleSink) Redir(x bc.Redir) {
 
 func (g *googleSink) Reject(x bc.Reject) { g.add(&expr.Reject{Type: x.Type, Code: x.Code}) }
 
+func (g *googleSink) FlowOffload(x bc.FlowOffload) { g.add(&expr.FlowOffload{Name: x.Flowtable}) }
+
+// flowtableDefinition is a flowtable of nftgate's as google/nftables
+// describes it.
+func flowtableDefinition(table *nftables.Table, ft *ruleset.Flowtable) *nftables.Flowtable {
+	return &nftables.Flowtable{Table: table, Name: ft.Name, Hooknum: nftables.FlowtableHookIngress,
+		Priority: nftables.FlowtablePriorityRef(nftables.FlowtablePriority(ft.Priority)), Devices: ft.Devices}
+}
+
 // setDefinition is a set of nftgate's as google/nftables describes it.
 func setDefinition(table *nftables.Table, f ruleset.Family, s *ruleset.Set) *nftables.Set {
 	ns := &nftables.Set{Table: table, Name: s.Name}

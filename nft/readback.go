@@ -3,13 +3,17 @@ package nft
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"sort"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/mdlayher/netlink"
+	vnl "github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/nftgate/nftgate/model"
@@ -21,8 +25,9 @@ import (
 // stored in its user data, so a rule edited or added by hand (which carries
 // none, or another) shows up as a changed chain.
 type reader struct {
-	conn *nftables.Conn
-	nl   *netlink.Conn
+	conn  *nftables.Conn
+	nl    *netlink.Conn
+	links *vnl.Handle // the namespace's links, for the flowtable's devices
 }
 
 func newReader(netnsFD int) (*reader, error) {
@@ -35,12 +40,24 @@ func newReader(netnsFD int) (*reader, error) {
 		conn.CloseLasting()
 		return nil, fmt.Errorf("open nf_tables netlink socket: %w", err)
 	}
-	return &reader{conn: conn, nl: nl}, nil
+	var links *vnl.Handle
+	if netnsFD != 0 {
+		links, err = vnl.NewHandleAt(netns.NsHandle(netnsFD))
+	} else {
+		links, err = vnl.NewHandle()
+	}
+	if err != nil {
+		conn.CloseLasting()
+		nl.Close()
+		return nil, fmt.Errorf("open rtnetlink socket: %w", err)
+	}
+	return &reader{conn: conn, nl: nl, links: links}, nil
 }
 
 func (r *reader) Close() {
 	r.conn.CloseLasting()
 	r.nl.Close()
+	r.links.Close()
 }
 
 var hookNames = map[nftables.ChainHook]string{
@@ -125,6 +142,9 @@ func (r *reader) readFamily(cfg *ruleset.Config, f ruleset.Family, names []strin
 		if err := r.readSets(n, f, out[i]); err != nil {
 			return nil, nil, fmt.Errorf("table %s: %w", n, err)
 		}
+		if err := r.readFlowtables(n, f, cfg.FlowtableDevices, out[i]); err != nil {
+			return nil, nil, fmt.Errorf("table %s: %w", n, err)
+		}
 	}
 	return out, extra, nil
 }
@@ -170,6 +190,46 @@ func (r *reader) readSets(name string, f ruleset.Family, st *ruleset.TableState)
 		}
 	}
 	return nil
+}
+
+// readFlowtables reads a table's flowtables: their priority and devices.
+func (r *reader) readFlowtables(name string, f ruleset.Family, want []string, st *ruleset.TableState) error {
+	fts, err := r.conn.ListFlowtables(&nftables.Table{Name: name, Family: nftFamily(f)})
+	if err != nil {
+		return fmt.Errorf("list flowtables: %w", err)
+	}
+	for _, ft := range fts {
+		var prio int32
+		if ft.Priority != nil {
+			prio = int32(*ft.Priority)
+		}
+		if st.Flowtables == nil {
+			st.Flowtables = map[string]ruleset.FlowtableDef{}
+		}
+		devs := withAbsentDevices(ft.Devices, want, func(d string) bool {
+			_, err := r.links.LinkByName(d)
+			var nf vnl.LinkNotFoundError
+			return !errors.As(err, &nf)
+		})
+		st.Flowtables[ft.Name] = ruleset.FlowtableDefFrom(prio, devs)
+	}
+	return nil
+}
+
+// withAbsentDevices is a flowtable's devices as the kernel lists them,
+// plus the wanted devices that do not exist now. The kernel drops a device
+// from its flowtable when the device goes away; counting that as drift
+// would recreate the flowtable with a device the kernel refuses, and fail
+// every full sync until the device is back. When it is back, it is
+// missing from the flowtable, and the flowtable is recreated with it.
+func withAbsentDevices(kernel, want []string, exists func(string) bool) []string {
+	out := kernel
+	for _, d := range want {
+		if !slices.Contains(kernel, d) && !exists(d) {
+			out = append(slices.Clip(out), d)
+		}
+	}
+	return out
 }
 
 // ruleFingerprints dumps the rules of one chain and returns their

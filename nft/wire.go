@@ -127,6 +127,15 @@ func (w *wire) str(typ uint16, s string) {
 	w.pad()
 }
 
+// bytesAttr writes a string attribute without the NUL, as google/nftables
+// writes the names of flowtables and their devices.
+func (w *wire) bytesAttr(typ uint16, s string) {
+	w.b = binary.NativeEndian.AppendUint16(w.b, uint16(4+len(s)))
+	w.b = binary.NativeEndian.AppendUint16(w.b, typ)
+	w.b = append(w.b, s...)
+	w.pad()
+}
+
 // u32 writes a big-endian 32-bit attribute, as nf_tables takes them.
 func (w *wire) u32(typ uint16, v uint32) {
 	w.b = binary.NativeEndian.AppendUint16(w.b, 8)
@@ -358,6 +367,18 @@ func (e *encoder) Redir(x bc.Redir) {
 	if x.Flags != 0 {
 		w.u32(unix.NFTA_REDIR_FLAGS, x.Flags)
 	}
+	w.exprEnd(elem, at)
+}
+
+// nftaFlowTableName is NFTA_FLOW_TABLE_NAME, which x/sys/unix lacks.
+const nftaFlowTableName = 1
+
+// FlowOffload writes a flow offload to a flowtable of the table, named
+// without the NUL as google/nftables writes it.
+func (e *encoder) FlowOffload(x bc.FlowOffload) {
+	w := e.w
+	elem, at := w.exprBegin("flow_offload")
+	w.bytesAttr(nftaFlowTableName, x.Flowtable)
 	w.exprEnd(elem, at)
 }
 

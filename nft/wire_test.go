@@ -53,6 +53,9 @@ func refEncode(t *testing.T, ts *ruleset.Tables, ds []*ruleset.Ops) []byte {
 			}
 			refs.sets[s.Name] = ns
 		}
+		for _, ft := range o.AddFlowtables {
+			c.AddFlowtable(flowtableDefinition(refs.table, ft))
+		}
 	}
 	for slot, o := range ds {
 		if o.Empty() {
@@ -128,6 +131,10 @@ func refEncode(t *testing.T, ts *ruleset.Tables, ds []*ruleset.Ops) []byte {
 			c.DelSet(setDefinition(table, ref.Family, s))
 			addSet(s)
 		}
+		for _, ft := range o.RecreateFlowtables {
+			c.DelFlowtable(flowtableDefinition(table, ft))
+			c.AddFlowtable(flowtableDefinition(table, ft))
+		}
 		for _, p := range o.AddChains {
 			addRules(p)
 		}
@@ -141,6 +148,9 @@ func refEncode(t *testing.T, ts *ruleset.Tables, ds []*ruleset.Ops) []byte {
 		}
 		for _, n := range o.DelSets {
 			c.DelSet(&nftables.Set{Table: table, Name: n})
+		}
+		for _, n := range o.DelFlowtables {
+			c.DelFlowtable(&nftables.Flowtable{Table: table, Name: n})
 		}
 	}
 	msgs, err := rec.take()
@@ -213,6 +223,9 @@ func TestWireMatchesGoogleNftables(t *testing.T) {
 		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
 			cfg := ruleset.Config{Table: "nftgate", Node: model.Node{Name: "gw"}, HashSeed: 7, Shards: 3,
 				ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("198.18.2.0/24"), netip.MustParsePrefix("fd42:2::/64")}}
+			if seed%2 == 1 {
+				cfg.FlowtableDevices = []string{"eth0", "eth1.100"}
+			}
 			w := &randomWorld{r: rand.New(rand.NewSource(seed)), services: map[model.ServiceKey]*model.Service{}, unique: seed%2 == 0}
 			for range 80 {
 				s := w.newService()
@@ -275,6 +288,26 @@ func TestWireMatchesGoogleNftables(t *testing.T) {
 				t.Fatalf("changed set definition planned %+v, want one set recreated", ds[main])
 			}
 			check("set recreated", ds)
+			// The flowtable's devices change, and then it is turned off
+			// (or on, for the seeds that started without it).
+			moved := cfg
+			moved.FlowtableDevices = []string{"eth2"}
+			ds, _, _ = ruleset.PlanFull(&moved, ruleset.NewTables(&moved), state, half)
+			want := 0
+			if len(cfg.FlowtableDevices) > 0 {
+				want = 1
+			}
+			if len(ds[main].RecreateFlowtables) != want || len(ds[main].AddFlowtables) != 1-want {
+				t.Fatalf("flowtable on other devices planned %+v", ds[main])
+			}
+			check("flowtable devices changed", ds)
+			off := cfg
+			off.FlowtableDevices = nil
+			ds, _, _ = ruleset.PlanFull(&off, ruleset.NewTables(&off), state, half)
+			if len(ds[main].DelFlowtables) != 1 {
+				t.Fatalf("flowtable turned off planned %+v, want it deleted", ds[main])
+			}
+			check("flowtable turned off", ds)
 		})
 	}
 }
@@ -337,6 +370,7 @@ func TestWireExpressions(t *testing.T) {
 		func(s bc.Sink) { s.Redir(bc.Redir{RegProto: 1, Flags: bc.NATSpecified}) },
 		func(s bc.Sink) { s.Redir(bc.Redir{}) },
 		func(s bc.Sink) { s.Reject(bc.Reject{Type: bc.RejectICMPUnrch, Code: 3}) },
+		func(s bc.Sink) { s.FlowOffload(bc.FlowOffload{Flowtable: ruleset.FlowtableName}) },
 	}
 	for _, fam := range []byte{unix.NFPROTO_IPV4, unix.NFPROTO_IPV6} {
 		for i, emit := range exprs {

@@ -212,6 +212,17 @@ func (r Rule) AppendText(b []byte, f Family) []byte {
 	return b
 }
 
+// Flowtable is an nftables flowtable: established flows that a rule adds
+// to it are forwarded from its devices' ingress hook, past the rest of the
+// forward path.
+type Flowtable struct {
+	Name     string
+	Priority int32
+	// Devices are the interfaces whose ingress the flowtable hooks, in
+	// the configured order.
+	Devices []string
+}
+
 // Fragment is what one owner (the static skeleton, or one Service)
 // contributes to one family's table. Fragments of different owners never
 // share a chain or a set; they may claim the same map element, which the
@@ -220,6 +231,8 @@ type Fragment struct {
 	Chains   []*Chain
 	Sets     []*Set
 	Elements []Element
+	// Flowtables are only in the main table's skeleton.
+	Flowtables []*Flowtable
 	// Proxied are the destinations whose new connections the rules
 	// redirect to the PROXY protocol proxy, with the endpoints the proxy
 	// sends them to. They are no kernel objects: the planners ignore them.
@@ -237,7 +250,7 @@ type ProxyTarget struct {
 
 // Empty tells whether the fragment has nothing in it.
 func (fr *Fragment) Empty() bool {
-	return fr == nil || (len(fr.Chains) == 0 && len(fr.Sets) == 0 && len(fr.Elements) == 0)
+	return fr == nil || (len(fr.Chains) == 0 && len(fr.Sets) == 0 && len(fr.Elements) == 0 && len(fr.Flowtables) == 0)
 }
 
 // ByFamily holds one fragment per family.

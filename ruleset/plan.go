@@ -24,10 +24,36 @@ type TableState struct {
 	Chains  map[string]ChainInfo
 	Sets    map[string]SetDef
 	Elems   map[ElemID]Verdict
+	// Flowtables is nil while the table has none.
+	Flowtables map[string]FlowtableDef
 }
 
 func NewTableState() *TableState {
 	return &TableState{Chains: map[string]ChainInfo{}, Sets: map[string]SetDef{}, Elems: map[ElemID]Verdict{}}
+}
+
+// FlowtableDef is what the state keeps of a flowtable: its priority and
+// its devices, sorted and joined. nftgate changes a flowtable by deleting
+// and adding it.
+type FlowtableDef struct {
+	Priority int32
+	Devices  string
+}
+
+// FlowtableDefOf is the definition of ft, in any order of its devices.
+func FlowtableDefOf(ft *Flowtable) FlowtableDef {
+	return FlowtableDef{Priority: ft.Priority, Devices: devicesKey(ft.Devices)}
+}
+
+// FlowtableDefFrom is the definition of a flowtable read from the kernel.
+func FlowtableDefFrom(priority int32, devices []string) FlowtableDef {
+	return FlowtableDef{Priority: priority, Devices: devicesKey(devices)}
+}
+
+func devicesKey(devices []string) string {
+	d := slices.Clone(devices)
+	slices.Sort(d)
+	return strings.Join(slices.Compact(d), ",")
 }
 
 // chainInfo is what the state keeps of a chain: the fingerprint of its hook
@@ -127,13 +153,20 @@ type Ops struct {
 	// recreateSets are sets whose definition changed: deleted (after the
 	// rules using them are flushed) and added again.
 	RecreateSets []*Set
+	// Flowtables, like sets: added with the table's new sets, recreated
+	// (when their devices or priority changed) and deleted after the
+	// rules that use them are flushed.
+	AddFlowtables      []*Flowtable
+	RecreateFlowtables []*Flowtable
+	DelFlowtables      []string
 }
 
 // Empty tells whether the operations change nothing.
 func (o *Ops) Empty() bool {
 	return !o.CreateTable && len(o.AddSets) == 0 && len(o.AddChains) == 0 && len(o.RewriteChains) == 0 &&
 		len(o.DelElems) == 0 && len(o.AddElems) == 0 && len(o.FlushChains) == 0 && len(o.DelChains) == 0 &&
-		len(o.DelSets) == 0 && len(o.RecreateSets) == 0
+		len(o.DelSets) == 0 && len(o.RecreateSets) == 0 && len(o.AddFlowtables) == 0 &&
+		len(o.RecreateFlowtables) == 0 && len(o.DelFlowtables) == 0
 }
 
 // Counts of what a sync changed, for logs and metrics.
@@ -256,6 +289,25 @@ func (d *differ) set(name string, desired *Set) {
 	}
 }
 
+// flowtable decides one flowtable: desired nil means it must not exist.
+func (d *differ) flowtable(name string, desired *Flowtable) {
+	if d.decided("f/" + name) {
+		return
+	}
+	cur, exists := d.state.Flowtables[name]
+	switch {
+	case desired == nil && exists:
+		// The rule that adds flows to it is gone from its chain, which
+		// is rewritten before the flowtable is deleted.
+		d.ops.DelFlowtables = append(d.ops.DelFlowtables, name)
+	case desired != nil && !exists:
+		d.ops.AddFlowtables = append(d.ops.AddFlowtables, desired)
+	case desired != nil && exists && cur != FlowtableDefOf(desired):
+		d.ops.RecreateFlowtables = append(d.ops.RecreateFlowtables, desired)
+		d.rewriteAll = true
+	}
+}
+
 // element decides one map element: desired nil means it must not exist.
 func (d *differ) element(id ElemID, desired *Verdict) {
 	cur, exists := d.state.Elems[id]
@@ -302,6 +354,15 @@ func (st *TableState) Apply(o *Ops) {
 	for _, n := range o.DelSets {
 		delete(st.Sets, n)
 	}
+	for _, ft := range append(slices.Clip(o.AddFlowtables), o.RecreateFlowtables...) {
+		if st.Flowtables == nil {
+			st.Flowtables = map[string]FlowtableDef{}
+		}
+		st.Flowtables[ft.Name] = FlowtableDefOf(ft)
+	}
+	for _, n := range o.DelFlowtables {
+		delete(st.Flowtables, n)
+	}
 }
 
 // planFull decides everything a full sync changes: the tables must hold
@@ -322,6 +383,10 @@ func PlanFull(cfg *Config, ts *Tables, observed []*TableState, services map[mode
 		d.ops.CreateTable = !observed[slot].Exists
 		d.ops.ReplaceTable = observed[slot].Replace
 		st := &ts.Skeletons[slot]
+		// Flowtables first: recreating one rewrites every chain.
+		for _, ft := range st.Flowtables {
+			d.flowtable(ft.Name, ft)
+		}
 		for _, s := range st.Sets {
 			d.set(s.Name, s)
 		}
@@ -381,6 +446,9 @@ func PlanFull(cfg *Config, ts *Tables, observed []*TableState, services map[mode
 		}
 		for name := range d.state.Sets {
 			d.set(name, nil)
+		}
+		for name := range d.state.Flowtables {
+			d.flowtable(name, nil)
 		}
 		for id := range d.state.Elems {
 			if !wanted(slot, famElem{d.f, id}) {
@@ -686,6 +754,19 @@ func CompareStates(t TableRef, want, got *TableState) []string {
 	}
 	if missing > 0 {
 		out = append(out, fmt.Sprintf("%s %s sets: %d missing", f, t.Name, missing))
+	}
+	for n, def := range want.Flowtables {
+		switch g, ok := got.Flowtables[n]; {
+		case !ok:
+			out = append(out, fmt.Sprintf("%s %s flowtable %s is missing", f, t.Name, n))
+		case g != def:
+			out = append(out, fmt.Sprintf("%s %s flowtable %s has devices %q, want %q", f, t.Name, n, g.Devices, def.Devices))
+		}
+	}
+	for n := range got.Flowtables {
+		if _, ok := want.Flowtables[n]; !ok {
+			out = append(out, fmt.Sprintf("%s %s flowtable %s is unknown", f, t.Name, n))
+		}
 	}
 	return out
 }

@@ -36,6 +36,10 @@ type Config struct {
 	// redirect their new connections from outside the cluster to it.
 	// Zero: no proxy, every Service takes the kernel path.
 	ProxyPort uint16
+	// FlowtableDevices, when not empty, turn the flowtable on: the main
+	// table of each family gets a flowtable on these interfaces' ingress,
+	// and the established connections nftgate DNATs are added to it.
+	FlowtableDevices []string
 }
 
 // DefaultMasqueradeBit is kube-proxy's masquerade mark bit.
@@ -63,6 +67,7 @@ const (
 	MapFirewallIPs         = "firewall-ips"
 	SetClusterIPs          = "cluster-ips"
 	SetHairpin             = "hairpin-endpoints"
+	FlowtableName          = "established"
 
 	ChainServices          = "services"
 	ChainNodePorts         = "nodeports"
@@ -122,9 +127,21 @@ func Static(cfg *Config, f Family) Fragment {
 		Rule{MatchCtNew{}, jump(ChainNodePortEPCheck)},
 		Rule{MatchCtNew{}, jump(ChainServiceEPCheck)})
 	// So are ClusterIPs on ports no Service has, as kube-proxy does.
-	base("filter-forward", "filter", "forward", PrioFilter-1,
-		Rule{MatchCtNew{}, jump(ChainServiceEPCheck)},
-		Rule{MatchCtNew{}, jump(ChainClusterIPsCheck)})
+	forward := []Rule{
+		{MatchCtNew{}, jump(ChainServiceEPCheck)},
+		{MatchCtNew{}, jump(ChainClusterIPsCheck)},
+	}
+	if len(cfg.FlowtableDevices) > 0 {
+		// Only the connections nftgate translated: a flow in the
+		// flowtable skips every forward hook, other programs' too, and
+		// traffic that is not a Service's is none of nftgate's business.
+		// The kernel adds only TCP connections past the handshake (and
+		// not closing) and UDP flows, and marks them [OFFLOAD] in
+		// conntrack, where they stay.
+		fr.Flowtables = []*Flowtable{{Name: FlowtableName, Priority: PrioFilter, Devices: cfg.FlowtableDevices}}
+		forward = append(forward, Rule{MatchCtEstablished{}, MatchCtDNAT{}, FlowOffload{Flowtable: FlowtableName}})
+	}
+	base("filter-forward", "filter", "forward", PrioFilter-1, forward...)
 	base("filter-output", "filter", "output", PrioFilter-1,
 		Rule{MatchCtNew{}, jump(ChainNodePortEPCheck)},
 		Rule{MatchCtNew{}, jump(ChainServiceEPCheck)},

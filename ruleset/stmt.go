@@ -199,6 +199,50 @@ func (MatchCtNew) Encode(_ Family, s bc.Sink) {
 	s.Cmp(bc.Cmp{Op: bc.CmpNeq, Sreg: bc.Reg1, Data: bc.Zero(4)})
 }
 
+// MatchCtEstablished matches the packets of a connection that has seen
+// traffic both ways.
+type MatchCtEstablished struct{}
+
+// AppendText writes "ct state established".
+func (MatchCtEstablished) AppendText(b []byte, _ Family) []byte {
+	return append(b, "ct state established"...)
+}
+
+// Encode tests the connection state's established bit.
+func (MatchCtEstablished) Encode(_ Family, s bc.Sink) {
+	s.Ct(bc.Ct{Key: bc.CtState, Dreg: bc.Reg1})
+	s.Bitwise(bc.Bitwise{Sreg: bc.Reg1, Dreg: bc.Reg1, Len: 4, Mask: bc.U32(bc.CtStateEstablished), Xor: bc.Zero(4)})
+	s.Cmp(bc.Cmp{Op: bc.CmpNeq, Sreg: bc.Reg1, Data: bc.Zero(4)})
+}
+
+// MatchCtDNAT matches the packets of a connection whose destination was
+// translated: the connections to a Service.
+type MatchCtDNAT struct{}
+
+// AppendText writes "ct status dnat".
+func (MatchCtDNAT) AppendText(b []byte, _ Family) []byte { return append(b, "ct status dnat"...) }
+
+// Encode tests the connection status's destination NAT bit.
+func (MatchCtDNAT) Encode(_ Family, s bc.Sink) {
+	s.Ct(bc.Ct{Key: bc.CtStatus, Dreg: bc.Reg1})
+	s.Bitwise(bc.Bitwise{Sreg: bc.Reg1, Dreg: bc.Reg1, Len: 4, Mask: bc.U32(bc.CtStatusDstNAT), Xor: bc.Zero(4)})
+	s.Cmp(bc.Cmp{Op: bc.CmpNeq, Sreg: bc.Reg1, Data: bc.Zero(4)})
+}
+
+// FlowOffload adds the packet's connection to a flowtable, which forwards
+// its later packets from the ingress hook.
+type FlowOffload struct{ Flowtable string }
+
+// AppendText writes "flow add @ft".
+func (o FlowOffload) AppendText(b []byte, _ Family) []byte {
+	return append(append(b, "flow add @"...), o.Flowtable...)
+}
+
+// Encode writes the flow offload.
+func (o FlowOffload) Encode(_ Family, s bc.Sink) {
+	s.FlowOffload(bc.FlowOffload{Flowtable: o.Flowtable})
+}
+
 // MatchMarkUnset matches packets without the masquerade mark bit.
 type MatchMarkUnset struct{ Bit uint32 }
 

@@ -15,10 +15,12 @@ import (
 func WriteText(w io.Writer, table string, f Family, frags ...*Fragment) error {
 	var chains []*Chain
 	var sets []*Set
+	var flowtables []*Flowtable
 	elems := map[string][]Element{}
 	for _, fr := range frags {
 		chains = append(chains, fr.Chains...)
 		sets = append(sets, fr.Sets...)
+		flowtables = append(flowtables, fr.Flowtables...)
 		for _, e := range fr.Elements {
 			elems[e.Map] = append(elems[e.Map], e)
 		}
@@ -44,6 +46,16 @@ func WriteText(w io.Writer, table string, f Family, frags ...*Fragment) error {
 	for _, s := range sets {
 		if err := CheckName("set", s.Name); err != nil {
 			return err
+		}
+	}
+	for _, ft := range flowtables {
+		if err := CheckName("flowtable", ft.Name); err != nil {
+			return err
+		}
+		for _, d := range ft.Devices {
+			if err := CheckDevice(d); err != nil {
+				return err
+			}
 		}
 	}
 	for _, es := range elems {
@@ -89,6 +101,16 @@ func WriteText(w io.Writer, table string, f Family, frags ...*Fragment) error {
 		}
 		ew.printf("\t}\n\n")
 	}
+	for _, ft := range flowtables {
+		ew.printf("\tflowtable %s {\n\t\thook ingress priority %d\n\t\tdevices = { ", ft.Name, ft.Priority)
+		for i, d := range ft.Devices {
+			if i > 0 {
+				ew.printf(", ")
+			}
+			ew.printf("%q", d)
+		}
+		ew.printf(" }\n\t}\n\n")
+	}
 	for i, c := range chains {
 		ew.printf("\tchain %s {\n", c.Name)
 		if h := c.Hook; h != nil {
@@ -117,6 +139,22 @@ func CheckName(kind, name string) error {
 	}
 	if !ok {
 		return fmt.Errorf("%s name %q is not an nft identifier (a letter, then letters, digits, '/', '_', '.' or '-', at most %d bytes)", kind, name, maxNameLen)
+	}
+	return nil
+}
+
+// CheckDevice accepts a network interface name as the kernel does
+// (dev_valid_name: 1 to 15 bytes, not "." or "..", no '/', ':' or white
+// space) that is also a plain string in an nft script (no quote, no
+// control character).
+func CheckDevice(name string) error {
+	ok := len(name) > 0 && len(name) < 16 && name != "." && name != ".."
+	for i := 0; ok && i < len(name); i++ {
+		c := name[i]
+		ok = c > ' ' && c < 0x7f && c != '/' && c != ':' && c != '"' && c != '\\'
+	}
+	if !ok {
+		return fmt.Errorf("%q is not a network interface name (1 to 15 printable bytes without '/', ':', quotes or spaces)", name)
 	}
 	return nil
 }

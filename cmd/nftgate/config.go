@@ -50,6 +50,8 @@ type Config struct {
 	ProxyProtocolPort           uint16   `toml:"proxy_protocol_port"`
 	ProxyProtocolMaxConnections int      `toml:"proxy_protocol_max_connections"`
 	ProxyProtocolDialTimeout    Duration `toml:"proxy_protocol_dial_timeout"`
+	Flowtable                   bool     `toml:"flowtable"`
+	FlowtableDevices            []string `toml:"flowtable_devices"`
 	LogLevel                    string   `toml:"log_level"`
 	LogFormat                   string   `toml:"log_format"`
 	AuthUser                    string   `toml:"auth_user"`
@@ -252,6 +254,7 @@ func loadConfig(name string, args []string) (*Config, *flag.FlagSet, error) {
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "`host:port` of the status page, API, health and metrics")
 	fs.StringVar(&cfg.Table, "table", cfg.Table, "`name` of nftgate's nftables tables")
 	fs.IntVar(&cfg.Shards, "shards", cfg.Shards, "`number` of service shard tables per family (see config.toml)")
+	flowtableFlags(fs, &cfg)
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&cfg.LogFormat, "log-format", cfg.LogFormat, "text or json")
 	fs.Var(&cfg.MinSyncInterval, "min-sync-interval", "least `time` between two syncs; changes meanwhile are coalesced")
@@ -377,6 +380,7 @@ func (c *Config) validate() error {
 		bad("shards", "%d is not between 1 and %d", c.Shards, ruleset.MaxShards)
 	}
 	c.validateProxy(bad)
+	c.validateFlowtable(bad)
 	if c.MasqueradeBit == 0 || c.MasqueradeBit&(c.MasqueradeBit-1) != 0 {
 		bad("masquerade_bit", "%#x is not a single bit", c.MasqueradeBit)
 	}

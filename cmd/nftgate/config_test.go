@@ -42,6 +42,9 @@ func TestDocumentedConfigIsTheDefault(t *testing.T) {
 	if len(cfg.HTTPAllowedHosts) == 0 {
 		cfg.HTTPAllowedHosts = nil
 	}
+	if len(cfg.FlowtableDevices) == 0 {
+		cfg.FlowtableDevices = nil
+	}
 	if !reflect.DeepEqual(cfg, &want) {
 		t.Errorf("config.toml differs from the defaults:\n got %+v\nwant %+v", *cfg, want)
 	}
@@ -115,6 +118,10 @@ func TestBadConfigNamesTheField(t *testing.T) {
 		{args: []string{"--table", strings.Repeat("t", 65)}, want: []string{"table", strings.Repeat("t", 65), "at most 64"}},
 		{args: []string{"--shards", "0"}, want: []string{"shards", "0"}},
 		{args: []string{"--shards", "257"}, want: []string{"shards", "257"}},
+		{args: []string{"--flowtable"}, want: []string{"flowtable_devices", "empty"}},
+		{file: "flowtable = true\nflowtable_devices = [\"eth0\", \"eth0/1\"]\n", want: []string{"flowtable_devices[1]", "eth0/1"}},
+		{args: []string{"--flowtable", "--flowtable-device", "eth0", "--flowtable-device", "eth0"}, want: []string{"flowtable_devices[1]", "eth0", "twice"}},
+		{args: []string{"--flowtable", "--flowtable-device", "a-name-of-16-byt"}, want: []string{"flowtable_devices[0]", "a-name-of-16-byt"}},
 		{file: "masquerade_bit = 0\n", want: []string{"masquerade_bit", "0x0"}},
 		{args: []string{"--listen", "127.0.0.1:99999"}, want: []string{"listen", "99999"}},
 		{args: []string{"--listen", "127.0.0.1:http"}, want: []string{"listen", "http"}},

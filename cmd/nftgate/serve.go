@@ -45,6 +45,7 @@ func (c *Config) ruleset() ruleset.Config {
 		HashSeed:          c.HashSeed,
 		Shards:            c.Shards,
 		ProxyPort:         c.ProxyProtocolPort,
+		FlowtableDevices:  c.flowtableDevices(),
 	}
 }
 
@@ -148,7 +149,11 @@ func serve(ctx context.Context, cfg *Config) error {
 	}
 	// A kernel without a feature the ruleset uses fails here, naming it,
 	// not at the first sync with a bare netlink error.
-	if err := nft.CheckKernel(); err != nil {
+	rcfg := cfg.ruleset()
+	if err := nft.CheckKernel(&rcfg); err != nil {
+		return err
+	}
+	if err := cfg.checkFlowtableDevices(); err != nil {
 		return err
 	}
 	prog, err := nft.NewProgrammer(cfg.ruleset(), nft.Options{})

@@ -109,11 +109,16 @@ type Meta struct {
 	Set      bool
 }
 
-// CtState is the conntrack key of a connection's state; CtStateNew its
-// bit for a new connection.
+// CtState is the conntrack key of a connection's state; CtStateNew and
+// CtStateEstablished its bits for a new and an established connection.
+// CtStatus is the key of a connection's status bits; CtStatusDstNAT the
+// bit of a translated destination.
 const (
-	CtState    = unix.NFT_CT_STATE
-	CtStateNew = 1 << 3 // NF_CT_STATE_BIT(IP_CT_NEW)
+	CtState            = unix.NFT_CT_STATE
+	CtStateNew         = 1 << 3 // NF_CT_STATE_BIT(IP_CT_NEW)
+	CtStateEstablished = 1 << 1 // NF_CT_STATE_BIT(IP_CT_ESTABLISHED)
+	CtStatus           = unix.NFT_CT_STATUS
+	CtStatusDstNAT     = 1 << 5 // IPS_DST_NAT
 )
 
 // Ct loads a conntrack key into Dreg.
@@ -198,6 +203,11 @@ type Reject struct {
 	Code uint8
 }
 
+// FlowOffload adds the packet's connection to the named flowtable.
+type FlowOffload struct {
+	Flowtable string
+}
+
 // Sink receives a rule's expressions in order.
 type Sink interface {
 	Payload(Payload)
@@ -215,4 +225,5 @@ type Sink interface {
 	Masq(Masq)
 	Redir(Redir)
 	Reject(Reject)
+	FlowOffload(FlowOffload)
 }

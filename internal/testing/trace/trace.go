@@ -469,6 +469,10 @@ func (t *tracer) runRule(st state, tt *traceTable, c *ruleset.Chain, i, depth in
 			}
 		case ruleset.MatchCtNew:
 			// Trace replays the first packet of a connection.
+		case ruleset.MatchCtEstablished, ruleset.MatchCtDNAT, ruleset.FlowOffload:
+			// The first packet of a connection is not established, and is
+			// never offloaded.
+			return []end{{st, endNext}}
 		case ruleset.MatchMarkUnset:
 			if st.mark&s.Bit != 0 {
 				return []end{{st, endNext}}

@@ -1,0 +1,333 @@
+//go:build customkernel
+
+// TestApplianceFlowtable needs two images with the kernel of `make kernel`
+// (the stock gokrazy kernel has no flowtables); `make vmtest-flowtable`
+// builds them and runs it with the build tag customkernel.
+
+package vmtest
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The Service of testdata/flowtable/manifests, and the two iperf3 servers
+// on the cluster namespace's address: the Service's endpoint, and one
+// reached directly (routed through the VM, not translated).
+const (
+	flowServiceIP  = "10.96.0.20"
+	flowPort       = "5201" // the Service's port and its endpoint's
+	flowDirectPort = "5202"
+)
+
+// bulkResult is one iperf3 transfer through the VM, and the VM's CPU
+// meanwhile.
+type bulkResult struct {
+	Bytes, Seconds float64
+	// VMBusy and VMTotal are the VM's CPU time (all but idle and iowait)
+	// and its whole time, in USER_HZ ticks, during the transfer.
+	VMBusy, VMTotal float64
+}
+
+func (r bulkResult) mbps() float64 { return r.Bytes * 8 / r.Seconds / 1e6 }
+
+// cpuSecondsPerGB is the VM's busy CPU time per gigabyte carried.
+func (r bulkResult) cpuSecondsPerGB() float64 { return r.VMBusy / 100 / (r.Bytes / 1e9) }
+
+func (r bulkResult) String() string {
+	return fmt.Sprintf("%.0f Mbit/s, VM CPU %.0f%% busy, %.2f VM CPU-s per GB", r.mbps(), 100*r.VMBusy/r.VMTotal, r.cpuSecondsPerGB())
+}
+
+// TestApplianceFlowtable boots the image with nftgate's flowtable off and
+// then the one with it on, and in each runs iperf3 from the client
+// namespace through the VM to the cluster namespace: to the Service
+// (DNATed and masqueraded) and directly (only routed). With the flowtable
+// on, the Service's connections show [OFFLOAD] in the VM's conntrack table
+// and the direct one does not (nftgate offloads only what it translates);
+// with it off, nothing is offloaded. Throughput and the VM's CPU are
+// logged for both, with their ratio: under emulation the absolute numbers
+// say little about hardware, and nothing here is asserted on them.
+func TestApplianceFlowtable(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: creates network namespaces and tap devices")
+	}
+	for _, tool := range []string{"qemu-system-x86_64", "iperf3", "ip"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Fatalf("%s not installed (make vmtest-flowtable installs what it needs): %v", tool, err)
+		}
+	}
+	images := map[string]string{"off": os.Getenv("NFTGATE_VMTEST_FLOWTABLE_OFF"), "on": os.Getenv("NFTGATE_VMTEST_FLOWTABLE_ON")}
+	for mode, img := range images {
+		if img == "" {
+			t.Fatalf("no image for flowtable %s: run make vmtest-flowtable, which builds the kernel and both images", mode)
+		}
+	}
+	results := map[string]map[string]bulkResult{}
+	for _, mode := range []string{"off", "on"} {
+		t.Run(mode, func(t *testing.T) {
+			results[mode] = flowtableRun(t, images[mode], mode == "on")
+		})
+	}
+	off, on := results["off"], results["on"]
+	if off == nil || on == nil {
+		return
+	}
+	for _, path := range []string{"service", "direct"} {
+		t.Logf("%s: flowtable off %v; on %v; throughput on/off %.2f, VM CPU-s per GB on/off %.2f",
+			path, off[path], on[path], on[path].mbps()/off[path].mbps(), on[path].cpuSecondsPerGB()/off[path].cpuSecondsPerGB())
+	}
+}
+
+// flowtableRun boots one image, checks which flows are offloaded, and
+// measures a transfer to the Service and one direct.
+func flowtableRun(t *testing.T, image string, offload bool) map[string]bulkResult {
+	client := newNetns(t, "client")
+	cluster := newNetns(t, "cluster")
+	vm := bootVM(t, image, client, cluster)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+
+	for _, port := range []string{flowPort, flowDirectPort} {
+		startIperfServer(ctx, t, cluster, port)
+	}
+	service := net.JoinHostPort(flowServiceIP, flowPort)
+	direct := net.JoinHostPort(clusterIP, flowDirectPort)
+	// The Service answers once nftgate has programmed it; the direct
+	// path once netconfig has set up forwarding.
+	for _, addr := range []string{service, direct} {
+		if err := waitDial(ctx, vm, client, addr); err != nil {
+			t.Fatalf("%s from the client namespace: %v", addr, err)
+		}
+	}
+
+	// Both transfers at once, long enough to read the VM's connection
+	// table while they run; stopped as soon as it has been read.
+	bg, stop := context.WithCancel(ctx)
+	for _, addr := range []string{service, direct} {
+		cmd := iperfClient(bg, client, addr, 120)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		t.Cleanup(func() { stop(); <-done })
+	}
+	checkOffloaded(ctx, t, vm, offload)
+	stop()
+
+	// The two paths take turns, so that a change in the host's load
+	// meanwhile falls on both; each path's median run is kept.
+	runs := map[string][]bulkResult{}
+	for round := range bulkRounds {
+		for _, p := range []struct{ name, addr string }{{"direct", direct}, {"service", service}} {
+			r, err := measureBulk(ctx, vm, client, p.addr)
+			if err != nil {
+				t.Fatalf("%s transfer to %s: %v", p.name, p.addr, err)
+			}
+			t.Logf("flowtable %v, round %d, %s (%s): %v", offload, round+1, p.name, p.addr, r)
+			runs[p.name] = append(runs[p.name], r)
+		}
+	}
+	res := map[string]bulkResult{}
+	for name, rs := range runs {
+		slices.SortFunc(rs, func(a, b bulkResult) int { return cmp.Compare(a.mbps(), b.mbps()) })
+		res[name] = rs[len(rs)/2]
+	}
+	t.Logf("flowtable %v, medians: service %v; direct %v; service/direct throughput %.2f",
+		offload, res["service"], res["direct"], res["service"].mbps()/res["direct"].mbps())
+	return res
+}
+
+// bulkRounds is the number of transfers per path and image.
+const bulkRounds = 3
+
+// checkOffloaded waits until the VM's conntrack table shows both
+// transfers established, and then, with the flowtable on, until the
+// Service's connections are offloaded; the direct one never is, nor is
+// anything with the flowtable off.
+func checkOffloaded(ctx context.Context, t *testing.T, vm *VM, offload bool) {
+	t.Helper()
+	var last string
+	for {
+		out, err := vm.Shell(ctx, "grep -E 'dport=(5201|5202) ' /proc/net/nf_conntrack")
+		if err != nil {
+			t.Fatalf("the VM's conntrack table: %v (last read:\n%s)", err, last)
+		}
+		last = out
+		var svc, svcOffloaded, dir, dirOffloaded int
+		for _, line := range strings.Split(out, "\n") {
+			if !strings.Contains(line, "ESTABLISHED") {
+				continue
+			}
+			off := strings.Contains(line, "[OFFLOAD]")
+			switch {
+			case strings.Contains(line, "dst="+flowServiceIP+" "):
+				svc++
+				if off {
+					svcOffloaded++
+				}
+			case strings.Contains(line, "dst="+clusterIP+" ") && strings.Contains(line, "dport="+flowDirectPort+" "):
+				dir++
+				if off {
+					dirOffloaded++
+				}
+			}
+		}
+		if dirOffloaded > 0 || (!offload && svcOffloaded > 0) {
+			t.Fatalf("flowtable %v: offloaded connections that must not be (service %d of %d, direct %d of %d):\n%s",
+				offload, svcOffloaded, svc, dirOffloaded, dir, out)
+		}
+		if svc > 0 && dir > 0 && (!offload || svcOffloaded > 0) {
+			t.Logf("flowtable %v: service connections %d (offloaded %d), direct %d (offloaded %d):\n%s",
+				offload, svc, svcOffloaded, dir, dirOffloaded, out)
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("flowtable %v: the transfers never showed as expected (service %d, offloaded %d; direct %d); last read:\n%s",
+				offload, svc, svcOffloaded, dir, out)
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// startIperfServer runs an iperf3 server on the cluster namespace's
+// address and port until the test ends.
+func startIperfServer(ctx context.Context, t *testing.T, ns *Netns, port string) {
+	t.Helper()
+	cmd := exec.Command("ip", "netns", "exec", ns.Name, "iperf3", "--server", "--bind", clusterIP, "--port", port)
+	out := &strings.Builder{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+		if t.Failed() {
+			t.Logf("iperf3 server on port %s:\n%s", port, out)
+		}
+	})
+	// It listens once a connection from its own namespace succeeds.
+	if err := waitDial(ctx, nil, ns, net.JoinHostPort(clusterIP, port)); err != nil {
+		t.Fatalf("iperf3 server on port %s: %v\n%s", port, err, out)
+	}
+}
+
+// waitDial connects from ns to addr until a connection succeeds, ctx ends
+// or the VM (when given) stops.
+func waitDial(ctx context.Context, vm *VM, ns *Netns, addr string) error {
+	var done <-chan struct{}
+	if vm != nil {
+		done = vm.Done()
+	}
+	for {
+		dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		c, err := ns.DialContext(dctx, "tcp", addr)
+		cancel()
+		if err == nil {
+			return c.Close()
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("no connection: %w (last attempt: %v)", ctx.Err(), err)
+		case <-done:
+			return fmt.Errorf("QEMU exited before %s answered (last attempt: %v)", addr, err)
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+// iperfClient is an iperf3 client in ns sending to addr for seconds, its
+// report in JSON.
+func iperfClient(ctx context.Context, ns *Netns, addr string, seconds int) *exec.Cmd {
+	host, port, _ := net.SplitHostPort(addr)
+	return exec.CommandContext(ctx, "ip", "netns", "exec", ns.Name, "iperf3", "--client", host, "--port", port,
+		"--time", strconv.Itoa(seconds), "--json")
+}
+
+// measureBulk runs a 10-second iperf3 transfer from ns to addr and reads
+// the VM's CPU times just before and after it.
+func measureBulk(ctx context.Context, vm *VM, ns *Netns, addr string) (bulkResult, error) {
+	before, err := vmCPU(ctx, vm)
+	if err != nil {
+		return bulkResult{}, err
+	}
+	var out []byte
+	for {
+		// The server may still be finishing the test stopped before.
+		out, err = iperfClient(ctx, ns, addr, 10).Output()
+		if err == nil {
+			break
+		}
+		if !strings.Contains(string(out), "busy") || ctx.Err() != nil {
+			return bulkResult{}, fmt.Errorf("iperf3: %w\n%s", err, out)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(500 * time.Millisecond):
+		}
+		if before, err = vmCPU(ctx, vm); err != nil {
+			return bulkResult{}, err
+		}
+	}
+	after, err := vmCPU(ctx, vm)
+	if err != nil {
+		return bulkResult{}, err
+	}
+	var rep struct {
+		End struct {
+			SumReceived struct {
+				Bytes   float64 `json:"bytes"`
+				Seconds float64 `json:"seconds"`
+			} `json:"sum_received"`
+		} `json:"end"`
+	}
+	if err := json.Unmarshal(out, &rep); err != nil {
+		return bulkResult{}, fmt.Errorf("iperf3 report: %w\n%s", err, out)
+	}
+	r := bulkResult{Bytes: rep.End.SumReceived.Bytes, Seconds: rep.End.SumReceived.Seconds,
+		VMBusy: after[0] - before[0], VMTotal: after[1] - before[1]}
+	if r.Bytes == 0 || r.Seconds == 0 || r.VMTotal <= 0 {
+		return r, fmt.Errorf("nothing measured: %+v\n%s", r, out)
+	}
+	return r, nil
+}
+
+// vmCPU reads the VM's CPU times from /proc/stat: busy (all but idle and
+// iowait) and total, in USER_HZ ticks.
+func vmCPU(ctx context.Context, vm *VM) ([2]float64, error) {
+	out, err := vm.Shell(ctx, "head -1 /proc/stat")
+	if err != nil {
+		return [2]float64{}, err
+	}
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 9 || f[0] != "cpu" {
+			continue
+		}
+		var busy, total float64
+		for i, s := range f[1:9] { // user nice system idle iowait irq softirq steal
+			v, err := strconv.ParseFloat(s, 64)
+			if err != nil {
+				return [2]float64{}, fmt.Errorf("/proc/stat: %q: %w", line, err)
+			}
+			total += v
+			if i != 3 && i != 4 {
+				busy += v
+			}
+		}
+		return [2]float64{busy, total}, nil
+	}
+	return [2]float64{}, fmt.Errorf("/proc/stat: no cpu line in %q", out)
+}

@@ -1,0 +1,36 @@
+# The flowtable's proof on the appliance: two images with the custom kernel
+# (which has flowtables; the stock gokrazy kernel does not), nftgate's
+# flowtable on in one and off in the other, booted one after the other in
+# QEMU; iperf3 runs from a client namespace through the VM to a Service
+# whose endpoint is in a second namespace.
+#
+#   make vmtest-flowtable   build the kernel and both images, run
+#                           TestApplianceFlowtable (shows [OFFLOAD] flows,
+#                           logs throughput and the VM's CPU off and on)
+#
+# Not part of `make test`: it needs `make kernel`.
+
+VMTEST_FLOWTABLE_DIR := $(CURDIR)/internal/testing/vmtest/testdata/flowtable
+VMTEST_FLOWTABLE_VARS = KERNEL=custom NETWORK=$(CURDIR)/internal/testing/vmtest/testdata/network.json \
+	$(VMTEST_SECRETS) MANIFESTS=$(VMTEST_FLOWTABLE_DIR)/manifests KUBECONFIG_FILE=
+
+.PHONY: vmtest-flowtable vmtest-flowtable-images vmtest-flowtable-deps
+
+vmtest-flowtable-deps:
+	@command -v iperf3 >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iperf3; }
+
+vmtest-flowtable-images: kernel
+	$(MAKE) --no-print-directory image $(VMTEST_FLOWTABLE_VARS) IMAGE_NAME=nftgate-vmtest-flowtable-on \
+		NFTGATE_CONFIG=$(VMTEST_FLOWTABLE_DIR)/on.toml
+	$(MAKE) --no-print-directory image $(VMTEST_FLOWTABLE_VARS) IMAGE_NAME=nftgate-vmtest-flowtable-off \
+		NFTGATE_CONFIG=$(VMTEST_FLOWTABLE_DIR)/off.toml
+
+# TestApplianceFlowtable is compiled only with the build tag customkernel,
+# as TestApplianceVLAN is.
+vmtest-flowtable: vmtest-deps vmtest-flowtable-deps vmtest-flowtable-images
+	NFTGATE_VMTEST_FLOWTABLE_ON=$(BUILD)/nftgate-vmtest-flowtable-on.img \
+		NFTGATE_VMTEST_FLOWTABLE_OFF=$(BUILD)/nftgate-vmtest-flowtable-off.img \
+		NFTGATE_VMTEST_PASSWORD_FILE=$(VMTEST_PASSWORD_FILE) \
+		NFTGATE_VMTEST_NFTGATE_PASSWORD_FILE=$(VMTEST_NFTGATE_PASSWORD_FILE) \
+		NFTGATE_VMTEST_GOKRAZY_CERT=$(VMTEST_GOKRAZY_TLS_DIR)/cert.pem \
+		$(GO) test -tags customkernel -race -count=1 -v -timeout 30m -run 'TestApplianceFlowtable' ./internal/testing/vmtest/
