@@ -119,6 +119,17 @@ func kubeClient(cfg *rest.Config, gv schema.GroupVersion) (*rest.RESTClient, err
 	return rest.RESTClientFor(c)
 }
 
+// protobufConfig is cfg for nftgate's informers: protobuf, as kube-proxy
+// asks for: the first list of ten thousand Services and EndpointSlices
+// decodes with a fraction of the memory and time JSON takes.
+func protobufConfig(cfg *rest.Config) *rest.Config {
+	c := rest.CopyConfig(cfg)
+	c.UserAgent = "nftgate"
+	c.ContentType = "application/vnd.kubernetes.protobuf"
+	c.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
+	return c
+}
+
 // probe checks the API every few seconds: a quiet watch says nothing about
 // whether the server is still there.
 func (k *KubeSource) probe(ctx context.Context, client rest.Interface, log *slog.Logger) {
@@ -224,13 +235,7 @@ func (k *KubeSource) Run(ctx context.Context, t Sink) error {
 	if log == nil {
 		log = slog.Default()
 	}
-	cfg := rest.CopyConfig(k.Config)
-	cfg.UserAgent = "nftgate"
-	// Protobuf, as kube-proxy asks for: the first list of ten thousand
-	// Services and EndpointSlices decodes with a fraction of the memory
-	// and time JSON takes.
-	cfg.ContentType = "application/vnd.kubernetes.protobuf"
-	cfg.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
+	cfg := protobufConfig(k.Config)
 	core, err := kubeClient(cfg, corev1.SchemeGroupVersion)
 	if err != nil {
 		return fmt.Errorf("kubernetes client: %w", err)
