@@ -54,7 +54,7 @@ func (n *Nodes) Run(ctx context.Context, k *KubeSource) error {
 		return fmt.Errorf("kubernetes client: %w", err)
 	}
 	inf := cache.NewSharedIndexInformerWithOptions(
-		cache.NewListWatchFromClient(core, "nodes", metav1.NamespaceAll, nil),
+		cache.NewFilteredListWatchFromClient(core, "nodes", metav1.NamespaceAll, func(*metav1.ListOptions) {}),
 		&corev1.Node{}, cache.SharedIndexInformerOptions{})
 	if err := inf.SetTransform(trimNode); err != nil {
 		return err
