@@ -3,6 +3,8 @@ package lab
 import (
 	"fmt"
 	"net/netip"
+
+	"github.com/vishvananda/netlink"
 )
 
 // The pod nodes' address plan: the links between a gateway and its nodes
@@ -83,4 +85,41 @@ func (l *Lab) AddPodNodes(gw *Host, n int) ([]PodNode, error) {
 		out = append(out, pn)
 	}
 	return out, nil
+}
+
+// Segment puts hosts on one Ethernet segment: a Linux bridge in a
+// namespace of its own (named name), with a veth from each host, which
+// gets addrs[i]. It returns the bridge's host and each host's interface
+// on the segment.
+func (l *Lab) Segment(name string, hosts []*Host, addrs [][]netip.Prefix) (*Host, []string, error) {
+	if len(addrs) != len(hosts) {
+		return nil, nil, fmt.Errorf("lab %s: Segment: %d hosts, %d address lists", l.name, len(hosts), len(addrs))
+	}
+	br, err := l.AddHost(name)
+	if err != nil {
+		return nil, nil, err
+	}
+	bridge := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "br0"}}
+	if err := br.nl.LinkAdd(bridge); err != nil {
+		return nil, nil, fmt.Errorf("lab: %s: bridge: %w", br.short, err)
+	}
+	var ifaces []string
+	for i, h := range hosts {
+		v, err := l.Link(h, addrs[i], br, nil)
+		if err != nil {
+			return nil, nil, err
+		}
+		port, err := br.nl.LinkByName(v.B)
+		if err != nil {
+			return nil, nil, fmt.Errorf("lab: %s: %s: %w", br.short, v.B, err)
+		}
+		if err := br.nl.LinkSetMaster(port, bridge); err != nil {
+			return nil, nil, fmt.Errorf("lab: %s: %s into the bridge: %w", br.short, v.B, err)
+		}
+		ifaces = append(ifaces, v.A)
+	}
+	if err := br.nl.LinkSetUp(bridge); err != nil {
+		return nil, nil, fmt.Errorf("lab: %s: bridge up: %w", br.short, err)
+	}
+	return br, ifaces, nil
 }
