@@ -478,3 +478,87 @@ func TestEdgeBGPDrainOnStop(t *testing.T) {
 		t.Errorf("after a drain, BIRD has the route: %v %v", has, err)
 	}
 }
+
+// TestEdgeL2FromKubernetes: a dual-stack LoadBalancer Service created in
+// a real kube-apiserver gets an address of each family from a pool on a
+// segment (a Linux bridge) the gateway shares with a neighbour; the
+// neighbour resolves them by ARP and by NDP to the gateway and reaches the
+// backends; once the Service is deleted, neither address is answered for.
+func TestEdgeL2FromKubernetes(t *testing.T) {
+	topo := labtest.Gateway(t)
+	neighbour, err := topo.AddHost("neighbour")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := netip.MustParsePrefix
+	_, ifaces, err := topo.Segment("segment", []*lab.Host{topo.Gateway, neighbour},
+		[][]netip.Prefix{{p("198.18.8.1/24"), p("fd42:8::1/64")}, {p("198.18.8.2/24"), p("fd42:8::2/64")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrs := []netip.Addr{netip.MustParseAddr("198.18.8.17"), netip.MustParseAddr("fd42:8::10")}
+	cfg := filepath.Join(t.TempDir(), "config.toml")
+	text := fmt.Sprintf("[l2]\ninterfaces = [%q]\ngratuitous_interval = \"100ms\"\n\n[[pools]]\nname = \"segment\"\naddresses = [\"198.18.8.16/29\", \"fd42:8::10-fd42:8::1f\"]\nskip_network_and_broadcast = true\n", ifaces[0])
+	if err := os.WriteFile(cfg, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	g := newEdgeAPIGateway(t, topo, "--config", cfg)
+	gatewaytest.Serve(t, topo.Backend, "tcp", ap("198.18.2.10:8080"), ap("[fd42:2::10]:8080"))
+	svc := gatewaytest.Service("default", "web", "LoadBalancer", []string{"198.19.0.10", "fd42:ff::10"}, gatewaytest.Port{Name: "http", Port: 80})
+	policy := corev1.IPFamilyPolicyRequireDualStack
+	svc.Spec.IPFamilyPolicy = &policy
+	svc.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol}
+	objs := []any{svc, gatewaytest.Slice("default", "web-4", "web", "http", "", 8080, gatewaytest.Endpoint{Addr: "198.18.2.10"}),
+		gatewaytest.Slice("default", "web-6", "web", "http", "", 8080, gatewaytest.Endpoint{Addr: "fd42:2::10"})}
+	g.Start()
+	// Nothing answers for the addresses before the Service exists.
+	for _, a := range addrs {
+		if r, err := neighbour.Dial("tcp", netip.AddrPortFrom(a, 80), lab.DialOpts{Timeout: 2 * time.Second}); err == nil {
+			t.Fatalf("%s answered (by %s) before any Service has it", a, r.Backend)
+		}
+	}
+	g.Write("web.yaml", objs...)
+	if err := lab.EventuallyWithin(30*time.Second, ingressIs(g, "web", addrs...)); err != nil {
+		t.Fatal(err)
+	}
+	backends := []string{"198.18.2.10:8080", "[fd42:2::10]:8080"}
+	for i, a := range addrs {
+		flush(t, neighbour, a)
+		if err := awaitBackend(t, neighbour, netip.AddrPortFrom(a, 80), backends[i], 10*time.Second); err != nil {
+			t.Fatalf("%s from the neighbour: %v", a, err)
+		}
+	}
+	if code, body, err := g.Get("/api/v1/edge"); err != nil || code != 200 || strings.Count(body, `"l2 `+ifaces[0]+`"`) != 2 {
+		t.Errorf("/api/v1/edge does not show both L2 announcements: %d %v %s", code, err, body)
+	}
+
+	g.Remove("web.yaml")
+	if err := lab.EventuallyWithin(10*time.Second, func() error {
+		_, body, err := g.Get("/api/v1/edge")
+		if err != nil || !strings.Contains(body, `"l2": []`) {
+			return fmt.Errorf("still announced: %v %s", err, body)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range addrs {
+		flush(t, neighbour, a)
+		if r, err := neighbour.Dial("tcp", netip.AddrPortFrom(a, 80), lab.DialOpts{Timeout: 2 * time.Second}); err == nil {
+			t.Errorf("%s still reachable (answered by %s) after its Service was deleted", a, r.Backend)
+		}
+		out, _ := neighbour.Command(context.Background(), "ip", "neigh", "show", "to", a.String()).CombinedOutput()
+		if strings.Contains(string(out), "lladdr") {
+			t.Errorf("the neighbour still resolves %s: %s", a, out)
+		}
+	}
+}
+
+// flush forgets h's neighbour entry for a, so that the next packet asks
+// for it afresh.
+func flush(t *testing.T, h *lab.Host, a netip.Addr) {
+	t.Helper()
+	if out, err := h.Command(context.Background(), "ip", "neigh", "flush", "to", a.String()).CombinedOutput(); err != nil {
+		t.Fatalf("ip neigh flush: %v: %s", err, out)
+	}
+}
