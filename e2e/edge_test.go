@@ -19,6 +19,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -145,22 +146,40 @@ func TestEdgeBGPFromManifests(t *testing.T) {
 // address is written to the Service's status by the Lease holder.
 func TestEdgeBGPFromKubernetes(t *testing.T) {
 	e := newEdgeLab(t)
-	g := gatewaytest.NewWithAPI(t, e.topo, "--config", e.config)
-	// The Lease that elects the writer lives in namespace nftgate.
+	g := newEdgeAPIGateway(t, e.topo, "--config", e.config)
+	testEdgeBGP(t, e, g, ingressIs(g, "web", edgeFirst))
+}
+
+// newEdgeAPIGateway is gatewaytest.NewWithAPI with the namespace of the
+// Lease that elects the writer of the Services' status, nftgate.
+func newEdgeAPIGateway(t *testing.T, topo *lab.Topology, extra ...string) *gatewaytest.Gateway {
+	t.Helper()
+	g := gatewaytest.NewWithAPI(t, topo, extra...)
 	if _, err := g.Client().CoreV1().Namespaces().Create(context.Background(),
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "nftgate"}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
-	testEdgeBGP(t, e, g, func() error {
-		svc, err := g.Client().CoreV1().Services("default").Get(context.Background(), "web", metav1.GetOptions{})
+	return g
+}
+
+// ingressIs tells whether the status of Service default/name holds
+// exactly the addresses want.
+func ingressIs(g *gatewaytest.Gateway, name string, want ...netip.Addr) func() error {
+	return func() error {
+		svc, err := g.Client().CoreV1().Services("default").Get(context.Background(), name, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
-		if in := svc.Status.LoadBalancer.Ingress; len(in) != 1 || in[0].IP != edgeFirst.String() {
-			return fmt.Errorf("status.loadBalancer.ingress %+v, want %s", in, edgeFirst)
+		in := svc.Status.LoadBalancer.Ingress
+		ok := len(in) == len(want)
+		for i := 0; ok && i < len(in); i++ {
+			ok = in[i].IP == want[i].String()
+		}
+		if !ok {
+			return fmt.Errorf("status.loadBalancer.ingress %+v, want %s", in, want)
 		}
 		return nil
-	})
+	}
 }
 
 func testEdgeBGP(t *testing.T, e *edgeLab, g *gatewaytest.Gateway, statusWritten func() error) {
@@ -300,21 +319,62 @@ func testEdgeBGP(t *testing.T, e *edgeLab, g *gatewaytest.Gateway, statusWritten
 // withdraw it.
 func TestEdgeBGPIPv6FromManifests(t *testing.T) {
 	e := newEdgeLab(t)
-	g := gatewaytest.New(t, e.topo, "--config", e.config)
-	gatewaytest.Serve(t, e.topo.Backend, "tcp", ap("[fd42:2::10]:8080"))
+	testEdgeBGPIPv6(t, e, gatewaytest.New(t, e.topo, "--config", e.config), nil)
+}
+
+// TestEdgeBGPIPv6FromKubernetes: the same with a dual-stack Service
+// created in a real kube-apiserver: it gets an address of each family
+// from the pool (status written), BIRD learns the /32 from the IPv4 peer
+// and the /128 from the IPv6 one, and the outside client reaches the
+// backend over IPv6.
+func TestEdgeBGPIPv6FromKubernetes(t *testing.T) {
+	e := newEdgeLab(t)
+	g := newEdgeAPIGateway(t, e.topo, "--config", e.config)
+	testEdgeBGPIPv6(t, e, g, ingressIs(g, "web6", edgeFirst, edgeFirst6))
+}
+
+func testEdgeBGPIPv6(t *testing.T, e *edgeLab, g *gatewaytest.Gateway, statusWritten func() error) {
+	gatewaytest.Serve(t, e.topo.Backend, "tcp", ap("[fd42:2::10]:8080"), ap("198.18.2.10:8080"))
 	web6 := func(eps ...gatewaytest.Endpoint) []any {
 		svc := gatewaytest.Service("default", "web6", "LoadBalancer", []string{"fd42:ff::10"}, gatewaytest.Port{Name: "http", Port: 80})
 		svc.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv6Protocol}
-		return []any{svc, gatewaytest.Slice("default", "web6-1", "web6", "http", "", 8080, eps...)}
+		if statusWritten != nil {
+			// Dual-stack, as a cluster's Service asks for it.
+			policy := corev1.IPFamilyPolicyRequireDualStack
+			svc.Spec.IPFamilyPolicy = &policy
+			svc.Spec.ClusterIPs = []string{"198.19.0.16", "fd42:ff::10"}
+			svc.Spec.ClusterIP = svc.Spec.ClusterIPs[0]
+			svc.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol}
+		}
+		sl := gatewaytest.Slice("default", "web6-1", "web6", "http", "", 8080, eps...)
+		sl.AddressType = discoveryv1.AddressTypeIPv6 // also when empty: the API keeps it
+		objs := []any{svc, sl}
+		if statusWritten != nil {
+			var v4 []gatewaytest.Endpoint
+			if len(eps) > 0 {
+				v4 = append(v4, gatewaytest.Endpoint{Addr: "198.18.2.10"})
+			}
+			objs = append(objs, gatewaytest.Slice("default", "web6-2", "web6", "http", "", 8080, v4...))
+		}
+		return objs
 	}
 	g.Write("web6.yaml", web6(gatewaytest.Endpoint{Addr: "fd42:2::10"})...)
 	g.Start()
+	if statusWritten != nil {
+		if err := lab.EventuallyWithin(30*time.Second, statusWritten); err != nil {
+			t.Fatal(err)
+		}
+	}
 	route := netip.PrefixFrom(edgeFirst6, 128)
 	e.router.WaitState(t, "gw6", "Established", false, 30*time.Second)
 	e.router.WaitRoute(t, route, true, 30*time.Second)
 	vip := netip.AddrPortFrom(edgeFirst6, 80)
 	wantBackends(t, gatewaytest.Backends(t, e.outside, "tcp", vip, 10), "[fd42:2::10]:8080")
-	if n, err := e.router.RouteCount("gw4"); err != nil || n != 0 {
+	if statusWritten != nil {
+		// The dual-stack Service's IPv4 address goes to the IPv4 peer.
+		e.router.WaitRoute(t, edgeFirstRoute, true, 30*time.Second)
+		wantBackends(t, gatewaytest.Backends(t, e.outside, "tcp", netip.AddrPortFrom(edgeFirst, 80), 10), "198.18.2.10:8080")
+	} else if n, err := e.router.RouteCount("gw4"); err != nil || n != 0 {
 		t.Errorf("the IPv4 session carried %d routes (%v), want none", n, err)
 	}
 	start := time.Now()
@@ -416,5 +476,89 @@ func TestEdgeBGPDrainOnStop(t *testing.T) {
 	g.Stop()
 	if has, err := e.router.HasRoute(edgeFirstRoute); err != nil || has {
 		t.Errorf("after a drain, BIRD has the route: %v %v", has, err)
+	}
+}
+
+// TestEdgeL2FromKubernetes: a dual-stack LoadBalancer Service created in
+// a real kube-apiserver gets an address of each family from a pool on a
+// segment (a Linux bridge) the gateway shares with a neighbour; the
+// neighbour resolves them by ARP and by NDP to the gateway and reaches the
+// backends; once the Service is deleted, neither address is answered for.
+func TestEdgeL2FromKubernetes(t *testing.T) {
+	topo := labtest.Gateway(t)
+	neighbour, err := topo.AddHost("neighbour")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := netip.MustParsePrefix
+	_, ifaces, err := topo.Segment("segment", []*lab.Host{topo.Gateway, neighbour},
+		[][]netip.Prefix{{p("198.18.8.1/24"), p("fd42:8::1/64")}, {p("198.18.8.2/24"), p("fd42:8::2/64")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrs := []netip.Addr{netip.MustParseAddr("198.18.8.17"), netip.MustParseAddr("fd42:8::10")}
+	cfg := filepath.Join(t.TempDir(), "config.toml")
+	text := fmt.Sprintf("[l2]\ninterfaces = [%q]\ngratuitous_interval = \"100ms\"\n\n[[pools]]\nname = \"segment\"\naddresses = [\"198.18.8.16/29\", \"fd42:8::10-fd42:8::1f\"]\nskip_network_and_broadcast = true\n", ifaces[0])
+	if err := os.WriteFile(cfg, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	g := newEdgeAPIGateway(t, topo, "--config", cfg)
+	gatewaytest.Serve(t, topo.Backend, "tcp", ap("198.18.2.10:8080"), ap("[fd42:2::10]:8080"))
+	svc := gatewaytest.Service("default", "web", "LoadBalancer", []string{"198.19.0.10", "fd42:ff::10"}, gatewaytest.Port{Name: "http", Port: 80})
+	policy := corev1.IPFamilyPolicyRequireDualStack
+	svc.Spec.IPFamilyPolicy = &policy
+	svc.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol}
+	objs := []any{svc, gatewaytest.Slice("default", "web-4", "web", "http", "", 8080, gatewaytest.Endpoint{Addr: "198.18.2.10"}),
+		gatewaytest.Slice("default", "web-6", "web", "http", "", 8080, gatewaytest.Endpoint{Addr: "fd42:2::10"})}
+	g.Start()
+	// Nothing answers for the addresses before the Service exists.
+	for _, a := range addrs {
+		if r, err := neighbour.Dial("tcp", netip.AddrPortFrom(a, 80), lab.DialOpts{Timeout: 2 * time.Second}); err == nil {
+			t.Fatalf("%s answered (by %s) before any Service has it", a, r.Backend)
+		}
+	}
+	g.Write("web.yaml", objs...)
+	if err := lab.EventuallyWithin(30*time.Second, ingressIs(g, "web", addrs...)); err != nil {
+		t.Fatal(err)
+	}
+	backends := []string{"198.18.2.10:8080", "[fd42:2::10]:8080"}
+	for i, a := range addrs {
+		flush(t, neighbour, a)
+		if err := awaitBackend(t, neighbour, netip.AddrPortFrom(a, 80), backends[i], 10*time.Second); err != nil {
+			t.Fatalf("%s from the neighbour: %v", a, err)
+		}
+	}
+	if code, body, err := g.Get("/api/v1/edge"); err != nil || code != 200 || strings.Count(body, `"l2 `+ifaces[0]+`"`) != 2 {
+		t.Errorf("/api/v1/edge does not show both L2 announcements: %d %v %s", code, err, body)
+	}
+
+	g.Remove("web.yaml")
+	if err := lab.EventuallyWithin(10*time.Second, func() error {
+		_, body, err := g.Get("/api/v1/edge")
+		if err != nil || !strings.Contains(body, `"l2": []`) {
+			return fmt.Errorf("still announced: %v %s", err, body)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range addrs {
+		flush(t, neighbour, a)
+		if r, err := neighbour.Dial("tcp", netip.AddrPortFrom(a, 80), lab.DialOpts{Timeout: 2 * time.Second}); err == nil {
+			t.Errorf("%s still reachable (answered by %s) after its Service was deleted", a, r.Backend)
+		}
+		out, _ := neighbour.Command(context.Background(), "ip", "neigh", "show", "to", a.String()).CombinedOutput()
+		if strings.Contains(string(out), "lladdr") {
+			t.Errorf("the neighbour still resolves %s: %s", a, out)
+		}
+	}
+}
+
+// flush forgets h's neighbour entry for a, so that the next packet asks
+// for it afresh.
+func flush(t *testing.T, h *lab.Host, a netip.Addr) {
+	t.Helper()
+	if out, err := h.Command(context.Background(), "ip", "neigh", "flush", "to", a.String()).CombinedOutput(); err != nil {
+		t.Fatalf("ip neigh flush: %v: %s", err, out)
 	}
 }

@@ -23,6 +23,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/yaml"
 
 	"github.com/nftgate/nftgate/internal/testing/lab"
@@ -327,22 +328,7 @@ func TestLeastPrivilege(t *testing.T) {
 	gatewaytest.Serve(t, topo.Backend, "tcp", ap("198.18.2.10:8080"))
 	g := gatewaytest.NewWithAPI(t, topo)
 	ctx := context.Background()
-	if err := applyFile(ctx, g, repo.Path(t, "deploy", "rbac.yaml")); err != nil {
-		t.Fatal(err)
-	}
-	sa, err := g.API.ServiceAccountConfig(ctx, "nftgate", "nftgate")
-	if err != nil {
-		t.Fatal(err)
-	}
-	kubeconfig := filepath.Join(t.TempDir(), "gateway.kubeconfig")
-	if err := g.API.WriteKubeconfig(kubeconfig, sa); err != nil {
-		t.Fatal(err)
-	}
-	for i, a := range g.Args {
-		if a == "--kubeconfig" {
-			g.Args[i+1] = kubeconfig
-		}
-	}
+	sa := leastPrivilege(t, g)
 	g.Write("web.yaml", gatewaytest.Service("default", "web", "ClusterIP", []string{"198.19.0.10"}, gatewaytest.Port{Name: "http", Port: 80}),
 		gatewaytest.Slice("default", "web-1", "web", "http", "", 8080, gatewaytest.Endpoint{Addr: "198.18.2.10"}))
 	g.Start()
@@ -359,6 +345,30 @@ func TestLeastPrivilege(t *testing.T) {
 	if _, err := saClient.CoreV1().Services("default").Create(ctx, gatewaytest.Service("default", "x", "ClusterIP", nil), metav1.CreateOptions{}); !apierrors.IsForbidden(err) {
 		t.Errorf("the gateway's account can create Services: %v", err)
 	}
+}
+
+// leastPrivilege makes g run with the ServiceAccount of deploy/rbac.yaml,
+// whose client configuration it returns.
+func leastPrivilege(t *testing.T, g *gatewaytest.Gateway) *rest.Config {
+	t.Helper()
+	ctx := context.Background()
+	if err := applyFile(ctx, g, repo.Path(t, "deploy", "rbac.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := g.API.ServiceAccountConfig(ctx, "nftgate", "nftgate")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubeconfig := filepath.Join(t.TempDir(), "gateway.kubeconfig")
+	if err := g.API.WriteKubeconfig(kubeconfig, sa); err != nil {
+		t.Fatal(err)
+	}
+	for i, a := range g.Args {
+		if a == "--kubeconfig" {
+			g.Args[i+1] = kubeconfig
+		}
+	}
+	return sa
 }
 
 // applyFile creates the RBAC objects of a manifest file (the token Secret

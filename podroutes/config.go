@@ -4,9 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 // Mode is where the routes to pods come from.
@@ -35,6 +37,7 @@ const (
 	ModeKey           = "pod_routes"
 	TableKey          = "pod_routes_table"
 	RepairIntervalKey = "pod_routes_repair_interval"
+	NodesKey          = "pod_routes_nodes"
 	// ClusterCIDRsKey is the key, of the binary's own configuration, of
 	// the cluster's pod CIDRs that Compile is given.
 	ClusterCIDRsKey = "cluster_cidrs"
@@ -60,6 +63,16 @@ type Config struct {
 	// are compared with the desired ones, besides every route
 	// notification; 0: DefaultRepairInterval.
 	RepairInterval time.Duration `toml:"pod_routes_repair_interval"`
+	// Nodes stand for the cluster's Nodes when there is no cluster
+	// (manifests): the nodeName of an endpoint names one of them.
+	Nodes []NodeConfig `toml:"pod_routes_nodes"`
+}
+
+// NodeConfig is a node of pod_routes_nodes: what the routes need of a Node.
+type NodeConfig struct {
+	Name        string   `toml:"name"`
+	InternalIPs []string `toml:"internal_ips"`
+	PodCIDRs    []string `toml:"pod_cidrs"`
 }
 
 // Policy is a validated Config.
@@ -71,6 +84,8 @@ type Policy struct {
 	// a learned prefix outside them is not installed. Empty (not allowed
 	// in bgp mode): no bound.
 	ClusterCIDRs []netip.Prefix
+	// Nodes are pod_routes_nodes, parsed.
+	Nodes []NodeInfo
 }
 
 // Compile validates c. clusterCIDRs are the cluster's pod CIDRs
@@ -106,6 +121,34 @@ func (c Config) Compile(clusterCIDRs []netip.Prefix) (*Policy, error) {
 		errs = append(errs, fmt.Errorf("%s = %q: want %s to %s", RepairIntervalKey, c.RepairInterval, MinRepairInterval, MaxRepairInterval))
 	default:
 		p.RepairInterval = c.RepairInterval
+	}
+	names := map[string]bool{}
+	for i, n := range c.Nodes {
+		key := fmt.Sprintf("%s[%d]", NodesKey, i)
+		if msgs := validation.IsDNS1123Subdomain(n.Name); len(msgs) > 0 {
+			errs = append(errs, fmt.Errorf("%s.name = %q: not a Kubernetes node name: %s", key, n.Name, strings.Join(msgs, "; ")))
+		} else if names[n.Name] {
+			errs = append(errs, fmt.Errorf("%s.name = %q: given twice", key, n.Name))
+		}
+		names[n.Name] = true
+		info := NodeInfo{Name: n.Name}
+		for j, v := range n.InternalIPs {
+			a, err := netip.ParseAddr(v)
+			if err != nil || a.Zone() != "" {
+				errs = append(errs, fmt.Errorf("%s.internal_ips[%d] = %q: not an IP address", key, j, v))
+				continue
+			}
+			info.InternalIPs = append(info.InternalIPs, a.Unmap())
+		}
+		for j, v := range n.PodCIDRs {
+			pfx, err := netip.ParsePrefix(v)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s.pod_cidrs[%d] = %q: not a CIDR", key, j, v))
+				continue
+			}
+			info.PodCIDRs = append(info.PodCIDRs, pfx.Masked())
+		}
+		p.Nodes = append(p.Nodes, info)
 	}
 	for i, cidr := range clusterCIDRs {
 		if !cidr.IsValid() || cidr.Masked() != cidr {

@@ -31,8 +31,8 @@ func TestConfigTomlExample(t *testing.T) {
 			break
 		}
 	}
-	if len(text) != 3 {
-		t.Fatalf("keys %q, want 3", text)
+	if len(text) != 4 {
+		t.Fatalf("keys %q, want 4", text)
 	}
 	var cfg Config
 	md, err := toml.Decode(strings.Join(text, "\n"), &cfg)

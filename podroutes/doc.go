@@ -21,20 +21,12 @@
 // cleanup`. The routes stay in the kernel when nftgate exits, as the
 // ruleset does, so a restart does not interrupt traffic to pods.
 //
-// How it is meant to be wired: from the same sync as the ruleset, so that
-// "this gateway serves this address" and "this gateway reaches that
-// endpoint" come from one snapshot. The binary embeds Config inline in its
-// configuration and compiles it with its cluster_cidrs; it opens a
-// Reconciler in the gateway's namespace with the registry of its metrics
-// and starts Run beside the sync loop. After every sync, with the Services
-// the ruleset was rendered from (model.Exposure has already decided which
-// of their addresses are served; the endpoints are the ruleset's DNAT
-// targets), the Nodes of a Node informer (which needs nodes list and watch
-// in deploy/rbac.yaml, in node and endpoint modes only) and, in bgp mode,
-// the speaker's Received(), it calls
-//
-//	rec.Set(policy.Plan(podroutes.Input{Nodes: nodes, Services: services, Learned: learned}))
-//
-// and puts rec.Status() on the status page. `nftgate cleanup` calls
-// Cleanup(nil) in the gateway's namespace.
+// The binary (cmd/nftgate) feeds it from the same sync as the ruleset, so
+// that "this gateway serves this address" and "this gateway reaches that
+// endpoint" come from one snapshot: it embeds Config inline in its
+// configuration and compiles it with its cluster_cidrs, opens a Reconciler
+// with the registry of its metrics and runs it beside the sync loop, and
+// calls Set(policy.Plan(Input{...})) with the Nodes of a Node informer (or
+// Policy.Nodes without a cluster), the Services the sync programmed, and in
+// bgp mode the speaker's Received(). `nftgate cleanup` calls Cleanup(nil).
 package podroutes

@@ -19,12 +19,9 @@ import (
 	"github.com/nftgate/nftgate/model"
 )
 
-// cluster is a gateway in front of two nodes, each forwarding to one pod
-// behind it: the pods are reachable from the gateway only through their
-// node, and only with a route to them.
-//
-//	gw ─ 198.18.1.0/24, 2001:db8:1::/64 ─ n1 ─ 10.244.1.0/24, 2001:db8:244:1::/64 ─ p1 (.10)
-//	gw ─ 198.18.2.0/24, 2001:db8:2::/64 ─ n2 ─ 10.244.2.0/24, 2001:db8:244:2::/64 ─ p2 (.10)
+// cluster is a gateway in front of two nodes (lab.AddPodNodes), each
+// forwarding to one pod behind it: the pods are reachable from the
+// gateway only through their node, and only with a route to them.
 type cluster struct {
 	gw    *lab.Host
 	nodes []NodeInfo
@@ -51,45 +48,18 @@ func newCluster(t *testing.T) *cluster {
 	if c.gw, err = l.AddHost("gw"); err != nil {
 		t.Fatal(err)
 	}
-	for i := 1; i <= 2; i++ {
-		node, err := l.AddHost(fmt.Sprintf("n%d", i))
-		if err != nil {
-			t.Fatal(err)
-		}
-		pod, err := l.AddHost(fmt.Sprintf("p%d", i))
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, kv := range [][2]string{{"net.ipv4.ip_forward", "1"}, {"net.ipv6.conf.all.forwarding", "1"}} {
-			if err := node.Sysctl(kv[0], kv[1]); err != nil {
+	nodes, err := l.AddPodNodes(c.gw, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, n := range nodes {
+		for _, a := range n.Pods {
+			if _, err := n.Pod.ServeEcho("tcp", netip.AddrPortFrom(a, echoPort)); err != nil {
 				t.Fatal(err)
 			}
 		}
-		p := func(f string) netip.Prefix { return netip.MustParsePrefix(fmt.Sprintf(f, i)) }
-		if _, err := l.Link(c.gw, []netip.Prefix{p("198.18.%d.1/24"), p("2001:db8:%d::1/64")},
-			node, []netip.Prefix{p("198.18.%d.2/24"), p("2001:db8:%d::2/64")}); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := l.Link(node, []netip.Prefix{p("10.244.%d.1/24"), p("2001:db8:244:%d::1/64")},
-			pod, []netip.Prefix{p("10.244.%d.10/24"), p("2001:db8:244:%d::10/64")}); err != nil {
-			t.Fatal(err)
-		}
-		if err := pod.AddRoute(netip.MustParsePrefix("0.0.0.0/0"), p("10.244.%d.1/32").Addr()); err != nil {
-			t.Fatal(err)
-		}
-		if err := pod.AddRoute(netip.MustParsePrefix("::/0"), p("2001:db8:244:%d::1/128").Addr()); err != nil {
-			t.Fatal(err)
-		}
-		addrs := []netip.Addr{p("10.244.%d.10/32").Addr(), p("2001:db8:244:%d::10/128").Addr()}
-		for _, a := range addrs {
-			if _, err := pod.ServeEcho("tcp", netip.AddrPortFrom(a, echoPort)); err != nil {
-				t.Fatal(err)
-			}
-		}
-		c.pods[i-1] = addrs
-		c.nodes = append(c.nodes, NodeInfo{Name: node.Name(),
-			InternalIPs: []netip.Addr{p("198.18.%d.2/32").Addr(), p("2001:db8:%d::2/128").Addr()},
-			PodCIDRs:    []netip.Prefix{p("10.244.%d.0/24"), p("2001:db8:244:%d::/64")}})
+		c.pods[i] = n.Pods
+		c.nodes = append(c.nodes, NodeInfo{Name: n.Name, InternalIPs: n.InternalIPs, PodCIDRs: n.PodCIDRs})
 	}
 	return c
 }
@@ -162,8 +132,8 @@ func TestNodeModeRoutesTrafficThroughNodes(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.wantReach(t, true, all...)
-	want := sorted("10.244.1.0/24 via 198.18.1.2", "10.244.2.0/24 via 198.18.2.2",
-		"2001:db8:244:1::/64 via 2001:db8:1::2", "2001:db8:244:2::/64 via 2001:db8:2::2")
+	want := sorted("10.244.1.0/24 via 198.18.11.2", "10.244.2.0/24 via 198.18.12.2",
+		"2001:db8:244:1::/64 via fd42:11::2", "2001:db8:244:2::/64 via fd42:12::2")
 	if got := c.kernelRoutes(t, Protocol); !slices.Equal(got, want) {
 		t.Errorf("kernel routes %q, want %q", got, want)
 	}
@@ -177,7 +147,7 @@ func TestNodeModeRoutesTrafficThroughNodes(t *testing.T) {
 	}
 	c.wantReach(t, true, c.pods[0]...)
 	c.wantReach(t, false, c.pods[1]...)
-	if got := c.kernelRoutes(t, Protocol); len(got) != 2 || strings.Contains(strings.Join(got, " "), "198.18.2.2") {
+	if got := c.kernelRoutes(t, Protocol); len(got) != 2 || strings.Contains(strings.Join(got, " "), "198.18.12.2") {
 		t.Errorf("after the node's removal: %q", got)
 	}
 	if st := r.Status(); st.Mode != Node || st.Installed != 2 || st.Desired != 2 {
@@ -208,8 +178,8 @@ func TestEndpointModeRoutesEachPod(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.wantReach(t, true, slices.Concat(c.pods[0], c.pods[1])...)
-	want := sorted("10.244.1.10/32 via 198.18.1.2", "10.244.2.10/32 via 198.18.2.2",
-		"2001:db8:244:1::10/128 via 2001:db8:1::2", "2001:db8:244:2::10/128 via 2001:db8:2::2")
+	want := sorted("10.244.1.10/32 via 198.18.11.2", "10.244.2.10/32 via 198.18.12.2",
+		"2001:db8:244:1::10/128 via fd42:11::2", "2001:db8:244:2::10/128 via fd42:12::2")
 	if got := c.kernelRoutes(t, Protocol); !slices.Equal(got, want) {
 		t.Errorf("kernel routes %q, want %q", got, want)
 	}
@@ -221,7 +191,7 @@ func TestEndpointModeRoutesEachPod(t *testing.T) {
 	}
 	c.wantReach(t, true, c.pods[0]...)
 	c.wantReach(t, false, c.pods[1]...)
-	if got := c.kernelRoutes(t, Protocol); !slices.Equal(got, sorted("10.244.1.10/32 via 198.18.1.2", "2001:db8:244:1::10/128 via 2001:db8:1::2")) {
+	if got := c.kernelRoutes(t, Protocol); !slices.Equal(got, sorted("10.244.1.10/32 via 198.18.11.2", "2001:db8:244:1::10/128 via fd42:11::2")) {
 		t.Errorf("after the endpoint's removal: %q", got)
 	}
 }
@@ -251,13 +221,13 @@ func TestRepairOthersUntouchedAndCleanup(t *testing.T) {
 	}
 	// The host's own routes: one beside nftgate's, one where nftgate
 	// wants its own (the second node's pod CIDR).
-	ip("route", "add", "10.99.0.0/24", "via", "198.18.1.2", "proto", "static")
-	ip("route", "add", "10.244.2.0/24", "via", "198.18.1.2", "proto", "static")
-	ip("-6", "route", "add", "2001:db8:99::/64", "via", "2001:db8:2::2", "proto", "boot")
+	ip("route", "add", "10.99.0.0/24", "via", "198.18.11.2", "proto", "static")
+	ip("route", "add", "10.244.2.0/24", "via", "198.18.11.2", "proto", "static")
+	ip("-6", "route", "add", "2001:db8:99::/64", "via", "fd42:12::2", "proto", "boot")
 	others := func() []string {
 		return slices.Concat(c.kernelRoutes(t, netlink.RouteProtocol(4)), c.kernelRoutes(t, netlink.RouteProtocol(3)))
 	}
-	wantOthers := sorted("10.244.2.0/24 via 198.18.1.2", "10.99.0.0/24 via 198.18.1.2", "2001:db8:99::/64 via 2001:db8:2::2")
+	wantOthers := sorted("10.244.2.0/24 via 198.18.11.2", "10.99.0.0/24 via 198.18.11.2", "2001:db8:99::/64 via fd42:12::2")
 
 	pol := policy(t, Node, "10.244.0.0/16", "2001:db8:244::/48")
 	if err := r.Set(pol.Plan(Input{Nodes: c.nodes})); err != nil {
@@ -266,12 +236,12 @@ func TestRepairOthersUntouchedAndCleanup(t *testing.T) {
 	if got := sorted(others()...); !slices.Equal(got, wantOthers) {
 		t.Errorf("routes of other protocols %q, want %q", got, wantOthers)
 	}
-	want := sorted("10.244.1.0/24 via 198.18.1.2", "2001:db8:244:1::/64 via 2001:db8:1::2", "2001:db8:244:2::/64 via 2001:db8:2::2")
+	want := sorted("10.244.1.0/24 via 198.18.11.2", "2001:db8:244:1::/64 via fd42:11::2", "2001:db8:244:2::/64 via fd42:12::2")
 	if got := c.kernelRoutes(t, Protocol); !slices.Equal(got, want) {
 		t.Errorf("kernel routes %q, want %q", got, want)
 	}
 	st := r.Status()
-	if len(st.Problems) != 1 || !strings.Contains(st.Problems[0], "10.244.2.0/24 via 198.18.2.2: the table holds another route to 10.244.2.0/24 (not nftgate's); left alone") {
+	if len(st.Problems) != 1 || !strings.Contains(st.Problems[0], "10.244.2.0/24 via 198.18.12.2: the table holds another route to 10.244.2.0/24 (not nftgate's); left alone") {
 		t.Errorf("problems %q", st.Problems)
 	}
 
@@ -301,7 +271,7 @@ func TestRepairOthersUntouchedAndCleanup(t *testing.T) {
 	}
 
 	// A route of nftgate's changed by hand gets its next hop back.
-	ip("route", "replace", "10.244.1.0/24", "via", "198.18.2.2", "proto", "246")
+	ip("route", "replace", "10.244.1.0/24", "via", "198.18.12.2", "proto", "246")
 	if err := lab.EventuallyWithin(time.Second, func() error {
 		if got := c.kernelRoutes(t, Protocol); !slices.Equal(got, want) {
 			return fmt.Errorf("kernel routes %q", got)

@@ -188,6 +188,9 @@ func TestConfigErrorsNameKeyAndValue(t *testing.T) {
 		{Config{Table: 1 << 32}, nil, []string{"pod_routes_table = 4294967296"}},
 		{Config{RepairInterval: 1}, nil, []string{`pod_routes_repair_interval = "1ns"`, "1s to 1h0m0s"}},
 		{Config{Mode: Node}, []netip.Prefix{netip.MustParsePrefix("10.244.1.1/16")}, []string{`cluster_cidrs[0] = "10.244.1.1/16"`}},
+		{Config{Nodes: []NodeConfig{{Name: "a"}, {Name: "a"}}}, nil, []string{`pod_routes_nodes[1].name = "a": given twice`}},
+		{Config{Nodes: []NodeConfig{{Name: "a", InternalIPs: []string{"fe80::1%eth0"}}}}, nil, []string{`pod_routes_nodes[0].internal_ips[0] = "fe80::1%eth0"`}},
+		{Config{Nodes: []NodeConfig{{Name: "a", PodCIDRs: []string{"10.244.1.0"}}}}, nil, []string{`pod_routes_nodes[0].pod_cidrs[0] = "10.244.1.0"`}},
 	} {
 		_, err := tc.cfg.Compile(tc.cidrs)
 		if err == nil {
@@ -200,7 +203,11 @@ func TestConfigErrorsNameKeyAndValue(t *testing.T) {
 			}
 		}
 	}
-	p, err := Config{}.Compile(nil)
+	p, err := Config{Nodes: []NodeConfig{{Name: "a", InternalIPs: []string{"::ffff:198.18.1.2"}, PodCIDRs: []string{"10.244.1.1/24"}}}}.Compile(nil)
+	if err != nil || len(p.Nodes) != 1 || p.Nodes[0].InternalIPs[0] != netip.MustParseAddr("198.18.1.2") || p.Nodes[0].PodCIDRs[0] != netip.MustParsePrefix("10.244.1.0/24") {
+		t.Errorf("nodes: %+v %v", p, err)
+	}
+	p, err = Config{}.Compile(nil)
 	if err != nil || p.Mode != None || p.Table != 254 || p.RepairInterval != DefaultRepairInterval {
 		t.Errorf("defaults: %+v %v", p, err)
 	}

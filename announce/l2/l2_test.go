@@ -54,40 +54,18 @@ func newSegment(t *testing.T) *segment {
 	if err != nil {
 		t.Fatal(err)
 	}
-	br, err := l.AddHost("bridge")
-	if err != nil {
-		t.Fatal(err)
-	}
 	p := netip.MustParsePrefix
-	cv, err := l.Link(client, []netip.Prefix{p("198.18.0.1/24"), p("2001:db8::1/64")}, br, nil)
+	_, ifaces, err := l.Segment("bridge", []*lab.Host{client, gw},
+		[][]netip.Prefix{{p("198.18.0.1/24"), p("2001:db8::1/64")}, {p("198.18.0.2/24"), p("2001:db8::2/64")}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	gv, err := l.Link(gw, []netip.Prefix{p("198.18.0.2/24"), p("2001:db8::2/64")}, br, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	bridge := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "br0"}}
-	if err := br.Netlink().LinkAdd(bridge); err != nil {
-		t.Fatal(err)
-	}
-	for _, port := range []string{cv.B, gv.B} {
-		link, err := br.Netlink().LinkByName(port)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := br.Netlink().LinkSetMaster(link, bridge); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := br.Netlink().LinkSetUp(bridge); err != nil {
-		t.Fatal(err)
-	}
+	clientIf, gatewayIf := ifaces[0], ifaces[1]
 	for _, kv := range [][2]string{
 		{"net.ipv4.conf.all.arp_ignore", "1"},
 		{"net.ipv4.conf.all.arp_announce", "2"},
-		{"net/ipv4/conf/" + gv.A + "/arp_ignore", "1"},
-		{"net/ipv4/conf/" + gv.A + "/arp_announce", "2"},
+		{"net/ipv4/conf/" + gatewayIf + "/arp_ignore", "1"},
+		{"net/ipv4/conf/" + gatewayIf + "/arp_announce", "2"},
 	} {
 		if err := gw.Sysctl(kv[0], kv[1]); err != nil {
 			t.Fatal(err)
@@ -103,11 +81,11 @@ func newSegment(t *testing.T) *segment {
 		}
 		t.Cleanup(func() { c.Close() })
 	}
-	link, err := gw.Netlink().LinkByName(gv.A)
+	link, err := gw.Netlink().LinkByName(gatewayIf)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &segment{client: client, gateway: gw, clientIf: cv.A, gatewayIf: gv.A, gatewayMAC: link.Attrs().HardwareAddr}
+	s := &segment{client: client, gateway: gw, clientIf: clientIf, gatewayIf: gatewayIf, gatewayMAC: link.Attrs().HardwareAddr}
 	// The bridge forwards between the two: the gateway's own address
 	// answers (its kernel resolves it, and refuses the connection).
 	err = lab.EventuallyWithin(5*time.Second, func() error {

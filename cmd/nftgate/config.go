@@ -20,6 +20,7 @@ import (
 	"github.com/nftgate/nftgate/announce/bgp"
 	"github.com/nftgate/nftgate/announce/l2"
 	"github.com/nftgate/nftgate/ipam"
+	"github.com/nftgate/nftgate/podroutes"
 	"github.com/nftgate/nftgate/proxy"
 	"github.com/nftgate/nftgate/ruleset"
 	"github.com/nftgate/nftgate/source"
@@ -75,9 +76,12 @@ type Config struct {
 	Pools             []ipam.PoolConfig `toml:"pools"`
 	BGP               *bgp.Config       `toml:"bgp"`
 	L2                *l2.Config        `toml:"l2"`
+	// The routes to pods: pod_routes and its keys (package podroutes).
+	podroutes.Config
 
 	// Parsed forms, filled by validate.
 	ipamPolicy        *ipam.Policy
+	podRoutes         *podroutes.Policy
 	clusterCIDRs      []netip.Prefix
 	nodePortAddresses []netip.Prefix
 	externalIPCIDRs   []netip.Prefix
@@ -437,6 +441,14 @@ func (c *Config) validate() error {
 		errs = append(errs, err)
 	} else {
 		c.ipamPolicy = pol
+	}
+	if pol, err := c.Config.Compile(c.clusterCIDRs); err != nil {
+		errs = append(errs, err)
+	} else {
+		c.podRoutes = pol
+		if pol.Mode == podroutes.BGP && c.BGP == nil {
+			bad(podroutes.ModeKey, "%q needs a [bgp] section: the routes come from its peers", pol.Mode)
+		}
 	}
 	if c.Kubeconfig != "" && c.Manifests != "" {
 		bad("manifests", "both a kubeconfig (%s) and a manifests directory (%s) are given; choose one source", c.Kubeconfig, c.Manifests)

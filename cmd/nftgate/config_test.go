@@ -140,6 +140,13 @@ func TestBadConfigNamesTheField(t *testing.T) {
 		{args: []string{"--pprof", "--listen", "10.0.0.1:9180"}, want: []string{"pprof", "listen", "10.0.0.1:9180"}},
 		{file: "http_allowed_hosts = [\"ok.example\", \"a b\"]\n", want: []string{"http_allowed_hosts[1]", "a b"}},
 		{args: []string{"--http-allowed-host", "evil/x"}, want: []string{"http_allowed_hosts[0]", "evil/x"}},
+		{file: "pod_routes = \"nodes\"\n", want: []string{"pod_routes", "nodes"}},
+		{file: "pod_routes = \"bgp\"\ncluster_cidrs = [\"10.244.0.0/16\"]\n", want: []string{"pod_routes", "bgp", "[bgp]"}},
+		{file: "pod_routes_table = 255\n", want: []string{"pod_routes_table", "255"}},
+		{file: "pod_routes_nodes = [{name = \"n1\", internal_ips = [\"198.18.11.256\"]}]\n", want: []string{"pod_routes_nodes[0].internal_ips[0]", "198.18.11.256"}},
+		{file: "pod_routes_nodes = [{name = \"N_1\"}]\n", want: []string{"pod_routes_nodes[0].name", "N_1"}},
+		{file: "pod_routes_nodes = [{name = \"n1\", pod_cidrs = [\"10.244.1.0/33\"]}]\n", want: []string{"pod_routes_nodes[0].pod_cidrs[0]", "10.244.1.0/33"}},
+		{file: "pod_routes_nodes = [{name = \"n1\", colour = 1}]\n", want: []string{"unknown key pod_routes_nodes.colour"}},
 		{file: "tls_cert_file = \"c.pem\"\n", want: []string{"tls_cert_file", "tls_key_file"}},
 		{file: "tls_cert_file = \"c.pem\"\ntls_key_file = \"k.pem\"\ntls_self_signed_dir = \"/perm/tls\"\n", want: []string{"tls_self_signed_dir", "/perm/tls", "c.pem"}},
 	} {

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -16,6 +17,7 @@ import (
 	"github.com/nftgate/nftgate/announce/bgp"
 	"github.com/nftgate/nftgate/announce/l2"
 	"github.com/nftgate/nftgate/ipam"
+	"github.com/nftgate/nftgate/loop"
 	"github.com/nftgate/nftgate/model"
 	"github.com/nftgate/nftgate/source"
 )
@@ -23,11 +25,8 @@ import (
 // edge is the gateway's edge: address allocation (ipam), and the
 // announcement of the addresses it serves (BGP, L2), fed by the sync loop
 // through one announce.Coordinator.
-//
-// Routes to pods (pod_routes) belong here too when they are wired: started
-// in startEdge beside the announcers, fed by the same sync events
-// (syncer.Observers, as coord.Observe), and for pod_routes = "bgp" by
-// speaker.Received(); their view joins EdgeView.
+// The routes to pods (pod_routes, podroutes.go) are fed by the same sync
+// events, and for pod_routes = "bgp" by the speaker's received routes.
 type edge struct {
 	coord   *announce.Coordinator
 	speaker *bgp.Speaker     // nil: no [bgp]
@@ -35,6 +34,7 @@ type edge struct {
 	ctrl    *ipam.Controller // with a cluster and pools
 	memory  *ipam.Memory     // without a cluster, with pools
 	policy  *ipam.Policy
+	pods    *podRouter // nil: pod_routes = "none"
 }
 
 // startEdge starts the announcers the configuration asks for, before the
@@ -111,12 +111,45 @@ func (e *edge) allocate(cfg *Config, src source.Source, sink source.Sink, reg pr
 	return sink, nil
 }
 
-// run runs the allocation controller, if any, until ctx ends.
-func (e *edge) run(ctx context.Context) error {
-	if e.ctrl == nil {
-		return nil
+// routePods prepares the routes to pods; their plan follows every sync
+// (observe).
+func (e *edge) routePods(cfg *Config, src source.Source, reg prometheus.Registerer, log *slog.Logger) error {
+	p, err := startPodRoutes(cfg, src, e.speaker, reg, log)
+	e.pods = p
+	return err
+}
+
+// observe is the sync loop's observer of the edge.
+func (e *edge) observe(ev loop.Event) {
+	e.coord.Observe(ev)
+	if e.pods != nil {
+		e.pods.Observe(ev)
 	}
-	return e.ctrl.Run(ctx)
+}
+
+// run runs the allocation controller and the routes to pods, if any,
+// until ctx ends.
+func (e *edge) run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	errc := make(chan error, 2)
+	n := 0
+	if e.pods != nil {
+		n++
+		wg.Go(func() { errc <- e.pods.run(ctx) })
+	}
+	if e.ctrl != nil {
+		n++
+		wg.Go(func() { errc <- e.ctrl.Run(ctx) })
+	}
+	for range n {
+		if err := <-errc; err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // close ends the announcers. drain withdraws every BGP route first (Stop);
@@ -131,6 +164,9 @@ func (e *edge) close(drain bool) {
 	}
 	if e.l2 != nil {
 		_ = e.l2.Close()
+	}
+	if e.pods != nil {
+		e.pods.close()
 	}
 }
 
@@ -158,6 +194,8 @@ type EdgeView struct {
 	BGP      []bgp.PeerStatus   `json:"bgp"`
 	BGPError string             `json:"bgpError,omitempty"`
 	L2       []l2.AddressStatus `json:"l2"`
+	// PodRoutes: nil when pod_routes is none.
+	PodRoutes *EdgePodRoutes `json:"podRoutes,omitempty"`
 }
 
 // EdgeIPAM is who allocates.
@@ -226,6 +264,9 @@ func (e *edge) view() any {
 				ifaces[a.Address] = append(ifaces[a.Address], "l2 "+i)
 			}
 		}
+	}
+	if e.pods != nil {
+		v.PodRoutes = e.pods.view()
 	}
 	as := e.coord.Snapshot()
 	v.BGPError = as.BGPError

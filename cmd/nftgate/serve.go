@@ -30,6 +30,7 @@ import (
 	"github.com/nftgate/nftgate/memlimit"
 	"github.com/nftgate/nftgate/model"
 	"github.com/nftgate/nftgate/nft"
+	"github.com/nftgate/nftgate/podroutes"
 	"github.com/nftgate/nftgate/ruleset"
 	"github.com/nftgate/nftgate/source"
 	"github.com/nftgate/nftgate/status"
@@ -190,6 +191,9 @@ func serve(ctx context.Context, cfg *Config) error {
 		return err
 	}
 	defer func() { edge.close(cfg.DrainOnStop) }()
+	if err := edge.routePods(cfg, src, metrics.Registry(), log); err != nil {
+		return err
+	}
 	pp, err := startProxy(cfg, metrics.Registry(), log)
 	if err != nil {
 		return err
@@ -209,7 +213,7 @@ func serve(ctx context.Context, cfg *Config) error {
 		Reconcile:   time.Duration(cfg.ReconcileInterval),
 	}
 	syncer.BeforeFull = memLimit.BeforeFull
-	syncer.Observers = append(syncer.Observers, edge.coord.Observe)
+	syncer.Observers = append(syncer.Observers, edge.observe)
 	pub := status.NewPublisher(syncer, rec, cfg.ruleset().Node, log)
 	syncer.Touched = pub.Touch
 	syncer.Observers = append(syncer.Observers, func(ev loop.Event) {
@@ -363,6 +367,10 @@ func kernelRelease() string {
 
 func cleanup(cfg *Config) error {
 	if err := nft.Cleanup(cfg.Table, nft.Options{}); err != nil {
+		return fmt.Errorf("cleanup: %w", err)
+	}
+	// The routes to pods, whatever pod_routes says now.
+	if _, err := podroutes.Cleanup(nil); err != nil {
 		return fmt.Errorf("cleanup: %w", err)
 	}
 	return nil

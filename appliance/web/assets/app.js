@@ -444,6 +444,13 @@
       });
     });
     rows('edge-addrs-body', addrs, function (a) { return [[a[0]], [a[1], 'mono'], [a[2]], [a[3], a[4]]]; });
+    var pr = v.podRoutes;
+    $('edge-pods').hidden = !pr;
+    rows('edge-pods-body', pr ? pr.via : [], function (r) { return [[r.via, 'mono'], [r.node || '–'], [fmtNum(r.routes)]]; });
+    setText('edge-pods-summary', pr ? 'Routes to pods (' + pr.mode + '): ' + fmtNum(pr.installed) + ' of ' +
+      fmtNum(pr.desired) + ' installed in table ' + pr.table + (pr.problems && pr.problems.length ?
+      '; ' + pr.problems.length + ' problem' + (pr.problems.length > 1 ? 's: ' : ': ') + pr.problems.join('; ') : '') : '',
+      pr && (pr.installed < pr.desired || (pr.problems && pr.problems.length)) ? 'warn' : 'muted');
     setText('edge-ipam', v.ipam ? 'Allocation: ' + (v.ipam.mode === 'lease' ?
       (v.ipam.writer ? 'this gateway writes the statuses' : 'written by ' + (v.ipam.leader || 'another gateway')) :
       'in memory (no cluster)') : '', 'muted');

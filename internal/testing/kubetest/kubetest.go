@@ -37,6 +37,9 @@ import (
 const (
 	// ServiceCIDR is the Service ClusterIP range, the test lab's VIP range.
 	ServiceCIDR = "198.19.0.0/16"
+	// ServiceCIDR6 is the secondary, IPv6 Service range (the cluster is
+	// dual-stack, IPv4 first), inside the test lab's IPv6 VIP range.
+	ServiceCIDR6 = "fd42:ff::/112"
 	// NodePortRange is the NodePort range (the Kubernetes default).
 	NodePortRange = "30000-32767"
 
@@ -324,7 +327,7 @@ func (cp *ControlPlane) apiServerArgs() []string {
 		"--service-account-issuer=" + ServiceAccountIssuer,
 		"--service-account-key-file=" + cp.pki.saKeyFile,
 		"--service-account-signing-key-file=" + cp.pki.saKeyFile,
-		"--service-cluster-ip-range=" + ServiceCIDR,
+		"--service-cluster-ip-range=" + ServiceCIDR + "," + ServiceCIDR6,
 		"--service-node-port-range=" + NodePortRange,
 		"--endpoint-reconciler-type=" + reconciler,
 		// Not needed by tests, and each costs startup time.
