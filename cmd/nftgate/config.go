@@ -27,33 +27,37 @@ import (
 // Config is nftgate's configuration: config.toml at the repository root
 // documents every key and its default. Flags override the file.
 type Config struct {
-	NodeName          string   `toml:"node_name"`
-	Zone              string   `toml:"zone"`
-	Table             string   `toml:"table"`
-	Kubeconfig        string   `toml:"kubeconfig"`
-	Manifests         string   `toml:"manifests"`
-	Listen            string   `toml:"listen"`
-	ClusterCIDRs      []string `toml:"cluster_cidrs"`
-	NodePortAddresses []string `toml:"nodeport_addresses"`
-	ExternalIPCIDRs   []string `toml:"external_ip_cidrs"`
-	ProxyName         string   `toml:"proxy_name"`
-	ExternalOnly      bool     `toml:"external_only"`
-	MinSyncInterval   Duration `toml:"min_sync_interval"`
-	ReconcileInterval Duration `toml:"reconcile_interval"`
-	HealthzMaxAge     Duration `toml:"healthz_max_sync_age"`
-	MasqueradeBit     uint32   `toml:"masquerade_bit"`
-	HashSeed          uint32   `toml:"hash_seed"`
-	Shards            int      `toml:"shards"`
-	LogLevel          string   `toml:"log_level"`
-	LogFormat         string   `toml:"log_format"`
-	AuthUser          string   `toml:"auth_user"`
-	AuthPasswordFile  string   `toml:"auth_password_file"`
-	Pprof             bool     `toml:"pprof"`
-	HTTPAllowedHosts  []string `toml:"http_allowed_hosts"`
-	TLSCertFile       string   `toml:"tls_cert_file"`
-	TLSKeyFile        string   `toml:"tls_key_file"`
-	TLSSelfSignedDir  string   `toml:"tls_self_signed_dir"`
-	MemoryLimit       ByteSize `toml:"memory_limit"`
+	NodeName     string   `toml:"node_name"`
+	Zone         string   `toml:"zone"`
+	Table        string   `toml:"table"`
+	Kubeconfig   string   `toml:"kubeconfig"`
+	Manifests    string   `toml:"manifests"`
+	Listen       string   `toml:"listen"`
+	ClusterCIDRs []string `toml:"cluster_cidrs"`
+	// MasqueradeAddresses and KeepClientAddress: what clients outside
+	// cluster_cidrs are masqueraded to, if at all (masquerade.go).
+	MasqueradeAddresses []string `toml:"masquerade_addresses"`
+	KeepClientAddress   bool     `toml:"keep_client_address"`
+	NodePortAddresses   []string `toml:"nodeport_addresses"`
+	ExternalIPCIDRs     []string `toml:"external_ip_cidrs"`
+	ProxyName           string   `toml:"proxy_name"`
+	ExternalOnly        bool     `toml:"external_only"`
+	MinSyncInterval     Duration `toml:"min_sync_interval"`
+	ReconcileInterval   Duration `toml:"reconcile_interval"`
+	HealthzMaxAge       Duration `toml:"healthz_max_sync_age"`
+	MasqueradeBit       uint32   `toml:"masquerade_bit"`
+	HashSeed            uint32   `toml:"hash_seed"`
+	Shards              int      `toml:"shards"`
+	LogLevel            string   `toml:"log_level"`
+	LogFormat           string   `toml:"log_format"`
+	AuthUser            string   `toml:"auth_user"`
+	AuthPasswordFile    string   `toml:"auth_password_file"`
+	Pprof               bool     `toml:"pprof"`
+	HTTPAllowedHosts    []string `toml:"http_allowed_hosts"`
+	TLSCertFile         string   `toml:"tls_cert_file"`
+	TLSKeyFile          string   `toml:"tls_key_file"`
+	TLSSelfSignedDir    string   `toml:"tls_self_signed_dir"`
+	MemoryLimit         ByteSize `toml:"memory_limit"`
 	// ManifestMaxFileSize is the largest manifest file read.
 	ManifestMaxFileSize ByteSize `toml:"manifest_max_file_size"`
 	// DrainOnStop withdraws every BGP route and stops answering ARP/NDP
@@ -73,6 +77,7 @@ type Config struct {
 	clusterCIDRs      []netip.Prefix
 	nodePortAddresses []netip.Prefix
 	externalIPCIDRs   []netip.Prefix
+	masqueradeAddrs   []netip.Addr
 }
 
 // DefaultManifests is where the gateway looks for manifests when no cluster
@@ -239,6 +244,8 @@ func loadConfig(name string, args []string) (*Config, *flag.FlagSet, error) {
 	fs.StringVar(&cfg.Zone, "zone", cfg.Zone, "this gateway's topology `zone`, for topology hints")
 	fs.Var(&listFlag{dst: &cfg.ClusterCIDRs}, "cluster-cidr", "`CIDR` of the cluster's pods; traffic from elsewhere is masqueraded (repeatable)")
 	fs.Var(&listFlag{dst: &cfg.NodePortAddresses}, "nodeport-addresses", "`CIDR` limiting which local addresses serve NodePorts (repeatable)")
+	fs.Var(&listFlag{dst: &cfg.MasqueradeAddresses}, "masquerade-address", "`address or CIDR` clients outside the cluster are masqueraded to, chosen per client (repeatable)")
+	fs.BoolVar(&cfg.KeepClientAddress, "keep-client-address", cfg.KeepClientAddress, "masquerade no client: replies from the pods come back through this gateway")
 	fs.Var(&listFlag{dst: &cfg.ExternalIPCIDRs}, "external-ip-cidr", "`CIDR` where Services' externalIPs are served; none by default (repeatable)")
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "`host:port` of the status page, API, health and metrics")
 	fs.StringVar(&cfg.Table, "table", cfg.Table, "`name` of nftgate's nftables tables")
@@ -424,6 +431,7 @@ func (c *Config) validate() error {
 	} else {
 		c.ipamPolicy = pol
 	}
+	c.validateMasquerade(bad)
 	if c.Kubeconfig != "" && c.Manifests != "" {
 		bad("manifests", "both a kubeconfig (%s) and a manifests directory (%s) are given; choose one source", c.Kubeconfig, c.Manifests)
 	}
