@@ -42,6 +42,9 @@ func TestDocumentedConfigIsTheDefault(t *testing.T) {
 	if len(cfg.HTTPAllowedHosts) == 0 {
 		cfg.HTTPAllowedHosts = nil
 	}
+	if len(cfg.MasqueradeAddresses) == 0 {
+		cfg.MasqueradeAddresses = nil
+	}
 	if !reflect.DeepEqual(cfg, &want) {
 		t.Errorf("config.toml differs from the defaults:\n got %+v\nwant %+v", *cfg, want)
 	}
