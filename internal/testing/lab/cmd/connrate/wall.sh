@@ -11,11 +11,17 @@
 # of 1 s or more), the backend's TIME_WAIT sockets and the SYNs it refused
 # on them (TcpExtPAWSTimewait), the client's SYN retransmits, and the
 # gateway's conntrack counters. Namespaces are named dpm<pid>-* and
-# removed on exit.
+# removed on exit. WALL_BIN names a directory holding nftgate and connrate
+# already built (else they are built for this run).
 set -u
 V=$1; N=$2; D=${3:-12s}; C=${4:-8}
 B=$(mktemp -d)
-go build -o $B/nftgate ./cmd/nftgate && go build -o $B/connrate ./internal/testing/lab/cmd/connrate || exit 1
+trap 'rm -rf $B' EXIT
+if [ -n "${WALL_BIN:-}" ]; then
+  cp $WALL_BIN/nftgate $WALL_BIN/connrate $B/ || exit 1
+else
+  go build -o $B/nftgate ./cmd/nftgate && go build -o $B/connrate ./internal/testing/lab/cmd/connrate || exit 1
+fi
 mkdir $B/man
 cat > $B/man/web.yaml <<'YAML'
 apiVersion: v1
