@@ -348,10 +348,14 @@ func natDone(hook string, st state) bool {
 func (t *tracer) postrouting(st state) state {
 	st.marked = st.mark&t.bit != 0
 	live := t.hook(st, "postrouting", true)
-	if len(live) != 1 {
-		// Postrouting only masquerades here; a branch or a drop there
-		// would be a ruleset the outcomes cannot describe.
-		t.fail("postrouting left %d paths, want 1", len(live))
+	// Postrouting only masquerades here: the branches of the masquerade
+	// pool's hash are one outcome when they all masquerade alike; any
+	// other branch, or a drop, would be a ruleset the outcomes cannot
+	// describe.
+	if len(live) == 0 || slices.ContainsFunc(live[1:], func(o state) bool {
+		return o.masqueraded != live[0].masqueraded || o.mark != live[0].mark
+	}) {
+		t.fail("postrouting left %d paths that differ, want 1", len(live))
 		return st
 	}
 	return live[0]
