@@ -27,43 +27,43 @@ import (
 // Config is nftgate's configuration: config.toml at the repository root
 // documents every key and its default. Flags override the file.
 type Config struct {
-	NodeName     string   `toml:"node_name"`
-	Zone         string   `toml:"zone"`
-	Table        string   `toml:"table"`
-	Kubeconfig   string   `toml:"kubeconfig"`
-	Manifests    string   `toml:"manifests"`
-	Listen       string   `toml:"listen"`
-	ClusterCIDRs []string `toml:"cluster_cidrs"`
-	// MasqueradeAddresses and KeepClientAddress: what clients outside
-	// cluster_cidrs are masqueraded to, if at all (masquerade.go).
-	MasqueradeAddresses []string `toml:"masquerade_addresses"`
-	KeepClientAddress   bool     `toml:"keep_client_address"`
-	NodePortAddresses   []string `toml:"nodeport_addresses"`
-	ExternalIPCIDRs     []string `toml:"external_ip_cidrs"`
-	ProxyName           string   `toml:"proxy_name"`
-	ExternalOnly        bool     `toml:"external_only"`
-	MinSyncInterval     Duration `toml:"min_sync_interval"`
-	ReconcileInterval   Duration `toml:"reconcile_interval"`
-	HealthzMaxAge       Duration `toml:"healthz_max_sync_age"`
-	MasqueradeBit       uint32   `toml:"masquerade_bit"`
-	HashSeed            uint32   `toml:"hash_seed"`
-	Shards              int      `toml:"shards"`
-	LogLevel            string   `toml:"log_level"`
-	LogFormat           string   `toml:"log_format"`
-	AuthUser            string   `toml:"auth_user"`
-	AuthPasswordFile    string   `toml:"auth_password_file"`
-	Pprof               bool     `toml:"pprof"`
-	HTTPAllowedHosts    []string `toml:"http_allowed_hosts"`
-	TLSCertFile         string   `toml:"tls_cert_file"`
-	TLSKeyFile          string   `toml:"tls_key_file"`
-	TLSSelfSignedDir    string   `toml:"tls_self_signed_dir"`
-	MemoryLimit         ByteSize `toml:"memory_limit"`
+	NodeName          string   `toml:"node_name"`
+	Zone              string   `toml:"zone"`
+	Table             string   `toml:"table"`
+	Kubeconfig        string   `toml:"kubeconfig"`
+	Manifests         string   `toml:"manifests"`
+	Listen            string   `toml:"listen"`
+	ClusterCIDRs      []string `toml:"cluster_cidrs"`
+	NodePortAddresses []string `toml:"nodeport_addresses"`
+	ExternalIPCIDRs   []string `toml:"external_ip_cidrs"`
+	ProxyName         string   `toml:"proxy_name"`
+	ExternalOnly      bool     `toml:"external_only"`
+	MinSyncInterval   Duration `toml:"min_sync_interval"`
+	ReconcileInterval Duration `toml:"reconcile_interval"`
+	HealthzMaxAge     Duration `toml:"healthz_max_sync_age"`
+	MasqueradeBit     uint32   `toml:"masquerade_bit"`
+	HashSeed          uint32   `toml:"hash_seed"`
+	Shards            int      `toml:"shards"`
+	LogLevel          string   `toml:"log_level"`
+	LogFormat         string   `toml:"log_format"`
+	AuthUser          string   `toml:"auth_user"`
+	AuthPasswordFile  string   `toml:"auth_password_file"`
+	Pprof             bool     `toml:"pprof"`
+	HTTPAllowedHosts  []string `toml:"http_allowed_hosts"`
+	TLSCertFile       string   `toml:"tls_cert_file"`
+	TLSKeyFile        string   `toml:"tls_key_file"`
+	TLSSelfSignedDir  string   `toml:"tls_self_signed_dir"`
+	MemoryLimit       ByteSize `toml:"memory_limit"`
 	// ManifestMaxFileSize is the largest manifest file read.
 	ManifestMaxFileSize ByteSize `toml:"manifest_max_file_size"`
 	// DrainOnStop withdraws every BGP route and stops answering ARP/NDP
 	// when nftgate stops, instead of leaving the routes to graceful
 	// restart.
 	DrainOnStop bool `toml:"drain_on_stop"`
+	// MasqueradeAddresses and KeepClientAddress: what clients outside
+	// cluster_cidrs are masqueraded to, if at all (masquerade.go).
+	MasqueradeAddresses []string `toml:"masquerade_addresses"`
+	KeepClientAddress   bool     `toml:"keep_client_address"`
 	// LoadBalancerClass and Pools are the address allocation (package
 	// ipam); BGP and L2 the announcement (packages announce/bgp and
 	// announce/l2). Nil: that announcement is off.

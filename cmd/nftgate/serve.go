@@ -37,15 +37,16 @@ import (
 
 func (c *Config) ruleset() ruleset.Config {
 	return ruleset.Config{
-		Table:               c.Table,
-		Node:                model.Node{Name: c.NodeName, Zone: c.Zone},
-		ClusterCIDRs:        c.clusterCIDRs,
-		NodePortAddresses:   c.nodePortAddresses,
+		Table:             c.Table,
+		Node:              model.Node{Name: c.NodeName, Zone: c.Zone},
+		ClusterCIDRs:      c.clusterCIDRs,
+		NodePortAddresses: c.nodePortAddresses,
+		MasqueradeBit:     c.MasqueradeBit,
+		HashSeed:          c.HashSeed,
+		Shards:            c.Shards,
+
 		MasqueradeAddresses: c.masqueradeAddrs,
 		KeepClientAddress:   c.KeepClientAddress,
-		MasqueradeBit:       c.MasqueradeBit,
-		HashSeed:            c.HashSeed,
-		Shards:              c.Shards,
 	}
 }
 
