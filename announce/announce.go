@@ -73,6 +73,9 @@ type Coordinator struct {
 	BGP    RouteSetter // nil: no BGP
 	L2     AddrSetter  // nil: no L2 announcement
 	Log    *slog.Logger
+	// Always are announced whatever the Services: the masquerade
+	// addresses, to which the endpoints' replies must be routed.
+	Always []netip.Addr
 
 	mu sync.Mutex
 	// services are the programmed Services that have addresses;
@@ -90,11 +93,14 @@ type Coordinator struct {
 
 // Observe is a loop.Syncer observer.
 func (c *Coordinator) Observe(ev loop.Event) {
-	if len(ev.After) == 0 {
+	if len(ev.After) == 0 && len(c.Always) == 0 {
 		return
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if len(ev.After) == 0 && c.applied {
+		return
+	}
 	if c.services == nil {
 		c.services = map[model.ServiceKey]*model.Service{}
 		c.usable = map[model.ServiceKey][]netip.Addr{}
@@ -130,11 +136,13 @@ func (c *Coordinator) Observe(ev loop.Event) {
 	if c.applied && !changed {
 		return
 	}
-	served := make([]netip.Addr, 0, len(c.count))
+	served := make([]netip.Addr, 0, len(c.count)+len(c.Always))
 	for a := range c.count {
 		served = append(served, a)
 	}
+	served = append(served, c.Always...)
 	slices.SortFunc(served, netip.Addr.Compare)
+	served = slices.Compact(served)
 	c.served, c.applied = served, true
 	now := time.Now()
 	keep := make(map[netip.Addr]time.Time, len(served))

@@ -136,3 +136,27 @@ func TestCoordinatorIncrementalEqualsServed(t *testing.T) {
 		}
 	}
 }
+
+// The masquerade addresses (Always) are announced from the first sync,
+// even one without Services, and stay while Services come and go.
+func TestCoordinatorAnnouncesAlways(t *testing.T) {
+	b, l := &fakeBGP{}, &fakeL2{}
+	pool := []netip.Addr{netip.MustParseAddr("198.51.100.200"), netip.MustParseAddr("2001:db8::200")}
+	c := &Coordinator{Node: node, BGP: b, L2: l, Always: pool}
+	k := model.ServiceKey{Namespace: "ns", Name: "a"}
+	c.Observe(loop.Event{Full: true})
+	c.Observe(loop.Event{After: map[model.ServiceKey]*model.Service{k: svc("a", "192.0.2.1", false, ep("10.0.0.1", "n1", true))}})
+	c.Observe(loop.Event{After: map[model.ServiceKey]*model.Service{k: nil}})
+	want := [][]netip.Addr{pool, {netip.MustParseAddr("192.0.2.1"), pool[0], pool[1]}, pool}
+	if len(l.sets) != len(want) || len(b.sets) != len(want) {
+		t.Fatalf("L2 sets %v, BGP sets %v; want %v", l.sets, b.sets, want)
+	}
+	for i := range want {
+		if !slices.Equal(l.sets[i], want[i]) {
+			t.Errorf("L2 set %d: %v, want %v", i, l.sets[i], want[i])
+		}
+		if len(b.sets[i]) != len(want[i]) {
+			t.Errorf("BGP set %d: %v, want routes to %v", i, b.sets[i], want[i])
+		}
+	}
+}

@@ -46,6 +46,7 @@ func TestBadConfigKeepsTheRuleset(t *testing.T) {
 		{args: []string{"--table", "nftgate;"}, want: []string{"table", "nftgate;"}},
 		{args: []string{"--reconcile-interval", "1ns"}, want: []string{"reconcile_interval", "1ns"}},
 		{args: []string{"--memory-limit", "1B"}, want: []string{"memory_limit", "1B"}},
+		{args: []string{"--masquerade-address", "10.0.0.0/8"}, want: []string{"masquerade_addresses[0]", "10.0.0.0/8"}},
 		{args: []string{"--manifests", "/nonexistent/manifests"}, want: []string{"manifests", "/nonexistent/manifests"}},
 		{args: []string{"--manifests", notDir}, want: []string{"manifests", notDir, "not a directory"}},
 		{args: []string{"--manifests", "", "--kubeconfig", "/nonexistent/kubeconfig"}, want: []string{"kubeconfig", "/nonexistent/kubeconfig"}},

@@ -130,7 +130,16 @@ func FuzzWireMatchesGoogleNftables(f *testing.F) {
 		// A whole batch: one Service of these names, with endpoints from
 		// the bytes, programmed cold and then removed.
 		svc := fuzzService(name, r)
-		cfg := ruleset.Config{Table: "nftgate", Node: model.Node{Name: "gw"}, HashSeed: 7, Shards: 2}
+		cfg := ruleset.Config{Table: "nftgate", Node: model.Node{Name: "gw"}, HashSeed: 7, Shards: 2,
+			KeepClientAddress: r.flag()}
+		// A pool of masquerade addresses, of either family, from none to three.
+		for range r.u8() % 4 {
+			a := netip.AddrFrom4([4]byte{198, 18, 3, r.u8()})
+			if r.flag() {
+				a = netip.AddrFrom16([16]byte{0xfd, 0, 0, 3, 15: r.u8()})
+			}
+			cfg.MasqueradeAddresses = append(cfg.MasqueradeAddresses, a)
+		}
 		if r.flag() {
 			// A flowtable on a device of any name.
 			cfg.FlowtableDevices = []string{name, "eth0"}

@@ -387,6 +387,12 @@ func kernelProbes() []kernelProbe {
 				add: func(b *probeBatch) {
 					b.rule(b.natPostrouting(f), ruleset.Masquerade{})
 				}},
+			kernelProbe{Feature: "nat expression (snat to a masquerade address chosen by jhash)" + w, Option: "CONFIG_NFT_NAT",
+				Needs: []string{nat, "hash expression (jhash)" + w}, add: func(b *probeBatch) {
+					b.rule(b.natPostrouting(f),
+						ruleset.HashBucket{Seed: ruleset.DefaultHashSeed, Modulus: 2, Bucket: 1, AddrOnly: true},
+						ruleset.SNAT{To: addr})
+				}},
 		)
 	}
 	return ps

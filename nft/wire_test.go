@@ -363,6 +363,7 @@ func TestWireExpressions(t *testing.T) {
 			s.NAT(bc.NAT{Type: bc.NATDest, Family: unix.NFPROTO_IPV6, RegAddr: 1, RegProto: 2, Flags: bc.NATSpecified})
 		},
 		func(s bc.Sink) { s.NAT(bc.NAT{Type: bc.NATDest, Family: unix.NFPROTO_IPV4, RegAddr: 1}) },
+		func(s bc.Sink) { s.NAT(bc.NAT{Type: bc.NATSource, Family: unix.NFPROTO_IPV6, RegAddr: 1}) },
 		func(s bc.Sink) { s.Dynset(bc.Dynset{Sreg: 1, Op: bc.DynsetUpdate, Set: "aff"}) },
 		func(s bc.Sink) { s.Dynset(bc.Dynset{Sreg: 1, Op: unix.NFT_DYNSET_OP_ADD, Set: "other"}) },
 		func(s bc.Sink) { s.Masq(bc.Masq{Flags: bc.NATFullyRandom}) },
@@ -418,6 +419,9 @@ func TestRuleTextFormats(t *testing.T) {
 			{ruleset.Verdict{Kind: ruleset.Drop}, "drop"},
 			{ruleset.MatchAddrInSet{Dir: ruleset.Src, Set: "aff-1"}, fmt.Sprintf("%s %s @%s", f, "saddr", "aff-1")},
 			{ruleset.UpdateAffinity{Set: "aff-1"}, fmt.Sprintf("update @%s { %s saddr }", "aff-1", f)},
+			{ruleset.HashBucket{Seed: 7, Modulus: 3, Bucket: 2, AddrOnly: true}, fmt.Sprintf("jhash %s saddr mod 3 seed 0x7 2", f)},
+			{ruleset.SNAT{To: netip.MustParseAddr("198.51.100.7")}, fmt.Sprintf("snat %s to 198.51.100.7", f)},
+			{ruleset.Masquerade{}, "masquerade"},
 		} {
 			if got := (ruleset.Rule{c.s}).Text(f); got != c.want {
 				t.Errorf("%s %#v: text %q, want %q", f, c.s, got, c.want)

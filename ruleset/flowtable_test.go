@@ -21,7 +21,7 @@ import (
 // nft has to say about it.
 func TestRenderFlowtable(t *testing.T) {
 	svcs := []*model.Service{world.Web(world.Ready("10.180.0.1", 8080))}
-	cfg := goldenConfig()
+	cfg := goldenConfig("")
 	if text := string(renderText(t, cfg, svcs)); strings.Contains(text, "flowtable") || strings.Contains(text, "flow add") {
 		t.Fatalf("flowtable without flowtable devices:\n%s", text)
 	}
@@ -82,7 +82,7 @@ func TestPlanFlowtable(t *testing.T) {
 		}
 		return ts, ops
 	}
-	cfg := goldenConfig()
+	cfg := goldenConfig("")
 	cfg.FlowtableDevices = []string{"eth0"}
 	ts := ruleset.NewTables(cfg)
 	state := make([]*ruleset.TableState, len(ts.Refs))

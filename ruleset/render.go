@@ -20,6 +20,16 @@ type Config struct {
 	// policy traffic; all other clients are masqueraded, so that replies
 	// come back through the gateway. Empty: every client is masqueraded.
 	ClusterCIDRs []netip.Prefix
+	// MasqueradeAddresses are the addresses clients are masqueraded to,
+	// of either family: each client address is given one of its family's
+	// by a hash, and keeps its port where the port is free. A family with
+	// none is masqueraded to the outgoing interface's address.
+	MasqueradeAddresses []netip.Addr
+	// KeepClientAddress: replies from the endpoints to any client come
+	// back through the gateway (it is the pods' way out), so no client
+	// is masqueraded; only the gateway's own connections and hairpin
+	// traffic are.
+	KeepClientAddress bool
 	// NodePortAddresses limit NodePorts to the gateway's addresses inside
 	// these prefixes. Empty: every local address but loopback.
 	NodePortAddresses []netip.Prefix
@@ -151,19 +161,19 @@ func Static(cfg *Config, f Family) Fragment {
 	regular(ChainServiceEPCheck, vmap(MapNoEndpointServices, KeyAddrProtoPort))
 	regular(ChainNodePortEPCheck, Rule{MatchLocal{Dir: Dst}, jump(ChainNodePortEPLookup)})
 	regular(ChainNodePortEPLookup, nodePortRules(cfg, f, MapNoEndpointNodePorts)...)
-	regular(ChainMasquerading,
+	regular(ChainMasquerading, append([]Rule{
 		// Hairpin: an endpoint that reached itself through a Service
 		// must be masqueraded, or it would answer itself directly.
-		Rule{MatchAddrPairInSet{Set: SetHairpin}, SetMark{Bit: bit}},
-		Rule{MatchMarkUnset{Bit: bit}, Verdict{Kind: Return}},
-		Rule{SetMark{Bit: bit, Xor: true}, Masquerade{}})
+		{MatchAddrPairInSet{Set: SetHairpin}, SetMark{Bit: bit}},
+		{MatchMarkUnset{Bit: bit}, Verdict{Kind: Return}},
+	}, masqueradeRules(cfg, f)...)...)
 	var outside []Rule
 	for _, p := range cfg.ClusterCIDRs {
 		if Of(p.Addr()) == f {
 			outside = append(outside, Rule{MatchAddr{Dir: Src, Prefix: p}, Verdict{Kind: Return}})
 		}
 	}
-	regular(ChainMasqueradeOutside, append(outside, Rule{SetMark{Bit: bit}})...)
+	regular(ChainMasqueradeOutside, append(outside, markRule(cfg))...)
 	regular(ChainReject, Rule{Reject{}})
 	regular(ChainClusterIPsCheck, Rule{MatchAddrInSet{Dir: Dst, Set: SetClusterIPs}, Reject{}})
 	return fr
@@ -194,8 +204,60 @@ func StaticShard(cfg *Config, f Family) Fragment {
 		Rule{VmapDispatch{Map: MapServiceIPs, Shape: KeyAddrProtoPort}},
 		Rule{MatchLocal{Dir: Dst}, jump(ChainNodePorts)})
 	regular(ChainNodePorts, nodePortRules(cfg, f, MapServiceNodePorts)...)
-	regular(ChainMarkForMasquerade, Rule{SetMark{Bit: MasqueradeBitOf(cfg)}})
+	regular(ChainMarkForMasquerade, markRule(cfg))
 	return fr
+}
+
+// markRule asks for masquerade of a connection to a Service under policy
+// Cluster: of every one, or with KeepClientAddress, only of the gateway's
+// own (its address may not be routed back to it from the endpoints).
+func markRule(cfg *Config) Rule {
+	mark := SetMark{Bit: MasqueradeBitOf(cfg)}
+	if cfg.KeepClientAddress {
+		return Rule{MatchLocal{Dir: Src}, mark}
+	}
+	return Rule{mark}
+}
+
+// masqueradeRules translate a marked connection's source: to one of the
+// family's MasqueradeAddresses, chosen by a hash of the client's address,
+// or without any, to the outgoing interface's address. Either keeps the
+// client's port where it is free. That matters: the endpoint that closes
+// first keeps (source, port) in TIME_WAIT for a minute and accepts a new
+// SYN onto it only with a newer timestamp or a later sequence number, which
+// only the same client connection (same address and port, hence the same
+// timestamp offset and sequence clock) is sure to have. Random ports map
+// unrelated client connections onto tuples the endpoint still holds, and
+// about half of those SYNs are answered with an ACK, reset by the client
+// and sent again (see docs/design/dataplane.md).
+func masqueradeRules(cfg *Config, f Family) []Rule {
+	toggle := SetMark{Bit: MasqueradeBitOf(cfg), Xor: true}
+	pool := MasqueradePool(cfg, f)
+	if len(pool) == 0 {
+		return []Rule{{toggle, Masquerade{}}}
+	}
+	if len(pool) == 1 {
+		return []Rule{{toggle, SNAT{To: pool[0]}}}
+	}
+	rules := []Rule{{toggle}}
+	for i, a := range pool {
+		rules = append(rules, Rule{
+			HashBucket{Seed: cfg.hashSeed(), Modulus: uint32(len(pool)), Bucket: uint32(i), AddrOnly: true},
+			SNAT{To: a}})
+	}
+	return rules
+}
+
+// MasqueradePool is family f's masquerade addresses, in the configured
+// order (the order decides which clients each is given).
+func MasqueradePool(cfg *Config, f Family) []netip.Addr {
+	var out []netip.Addr
+	for _, a := range cfg.MasqueradeAddresses {
+		if Of(a) == f {
+			out = append(out, a)
+		}
+	}
+	return out
 }
 
 // MasqueradeBitOf is the mark bit that asks for masquerade under cfg.

@@ -76,7 +76,17 @@ func goldenCases() []struct {
 			Ports:       []model.ServicePort{{Name: "dns", Protocol: model.UDP, Port: 53, NodePort: 30053}},
 		}}},
 		{"dual-stack", []*model.Service{dual}},
+		{"masquerade-addresses", []*model.Service{dual}},
+		{"keep-client-address", []*model.Service{local, dual}},
 	}
+}
+
+// goldenTunes change the golden configuration for the cases named.
+var goldenTunes = map[string]func(*ruleset.Config){
+	"masquerade-addresses": func(cfg *ruleset.Config) {
+		cfg.MasqueradeAddresses = world.Addrs("198.51.100.200", "198.51.100.201", "198.51.100.202", "2001:db8:ff::200")
+	},
+	"keep-client-address": func(cfg *ruleset.Config) { cfg.KeepClientAddress = true },
 }
 
 // renderText writes the static skeleton and the Services of every family
@@ -103,17 +113,20 @@ func renderText(t *testing.T, cfg *ruleset.Config, svcs []*model.Service) []byte
 	return b.Bytes()
 }
 
-func goldenConfig() *ruleset.Config {
+func goldenConfig(name string) *ruleset.Config {
 	cfg := world.Config()
 	cfg.NodePortAddresses = []netip.Prefix{world.Prefix("192.168.0.0/24"), world.Prefix("2001:db8:1::/64")}
 	cfg.Shards = 2 // enough to show the layout, short enough to read
+	if tune := goldenTunes[name]; tune != nil {
+		tune(cfg)
+	}
 	return cfg
 }
 
 func TestRenderGolden(t *testing.T) {
 	for _, tc := range goldenCases() {
 		t.Run(tc.name, func(t *testing.T) {
-			got := renderText(t, goldenConfig(), tc.svcs)
+			got := renderText(t, goldenConfig(tc.name), tc.svcs)
 			path := filepath.Join("testdata", tc.name+".nft")
 			if *update {
 				if err := os.WriteFile(path, got, 0o644); err != nil {
@@ -136,12 +149,12 @@ func TestRenderGolden(t *testing.T) {
 // Services render to the same text whatever the order they come in.
 func TestRenderDeterministic(t *testing.T) {
 	for _, tc := range goldenCases() {
-		a := renderText(t, goldenConfig(), tc.svcs)
+		a := renderText(t, goldenConfig(tc.name), tc.svcs)
 		rev := append([]*model.Service(nil), tc.svcs...)
 		for i, j := 0, len(rev)-1; i < j; i, j = i+1, j-1 {
 			rev[i], rev[j] = rev[j], rev[i]
 		}
-		if b := renderText(t, goldenConfig(), rev); !bytes.Equal(a, b) {
+		if b := renderText(t, goldenConfig(tc.name), rev); !bytes.Equal(a, b) {
 			t.Errorf("%s: rendering depends on Service order:\n%s", tc.name, lineDiff(string(a), string(b)))
 		}
 	}
@@ -203,7 +216,7 @@ func TestRenderAcceptedByNft(t *testing.T) {
 	}
 	for _, tc := range goldenCases() {
 		t.Run(tc.name, func(t *testing.T) {
-			text := renderText(t, goldenConfig(), tc.svcs)
+			text := renderText(t, goldenConfig(tc.name), tc.svcs)
 			path := filepath.Join(dir, tc.name+".nft")
 			if err := os.WriteFile(path, text, 0o644); err != nil {
 				t.Fatal(err)

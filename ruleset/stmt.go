@@ -283,17 +283,41 @@ func (m SetMark) Encode(_ Family, s bc.Sink) {
 	s.Meta(bc.Meta{Key: bc.MetaMark, Reg: bc.Reg1, Set: true})
 }
 
-// Masquerade rewrites the source to the outgoing interface's address, with
-// fully random ports so many clients never collide on one backend.
+// Masquerade rewrites the source to the outgoing interface's address,
+// keeping the port where it is free (see masqueradeRules).
 type Masquerade struct{}
 
-// AppendText writes "masquerade fully-random".
+// AppendText writes "masquerade".
 func (Masquerade) AppendText(b []byte, _ Family) []byte {
-	return append(b, "masquerade fully-random"...)
+	return append(b, "masquerade"...)
 }
 
 // Encode writes the masquerade.
-func (Masquerade) Encode(_ Family, s bc.Sink) { s.Masq(bc.Masq{Flags: bc.NATFullyRandom}) }
+func (Masquerade) Encode(_ Family, s bc.Sink) { s.Masq(bc.Masq{}) }
+
+// SNAT rewrites the source to an address, keeping the port where it is
+// free.
+type SNAT struct {
+	To netip.Addr
+}
+
+// AppendText writes "snat ip to 198.18.3.1".
+func (n SNAT) AppendText(b []byte, f Family) []byte {
+	b = append(b, "snat "...)
+	b = append(b, f.String()...)
+	b = append(b, " to "...)
+	return n.To.AppendTo(b)
+}
+
+// Encode loads the address and translates the source to it.
+func (n SNAT) Encode(f Family, s bc.Sink) {
+	fam := uint32(IPv4)
+	if f == IPv6 {
+		fam = uint32(IPv6)
+	}
+	s.Immediate(bc.Immediate{Dreg: bc.Reg1, Data: addrData(n.To)})
+	s.NAT(bc.NAT{Type: bc.NATSource, Family: fam, RegAddr: bc.Reg1})
+}
 
 // Reject answers with ICMP port unreachable, so a client of a Service with no
 // endpoint fails at once instead of waiting for a timeout.
@@ -401,8 +425,10 @@ func (d VmapDispatch) Encode(f Family, s bc.Sink) {
 }
 
 // HashBucket matches the flows whose Jenkins hash of the client's address
-// and port, modulo Modulus, is Bucket. A Service with N endpoints has one
-// rule per endpoint, bucket i sending to endpoint i. It replaces
+// and port (with AddrOnly, of its address alone), modulo Modulus, is
+// Bucket. A Service with N endpoints has one rule per endpoint, bucket i
+// sending to endpoint i; a pool of N masquerade addresses has one rule per
+// address, so that each client address is given one of them. It replaces
 // kube-proxy's `numgen random`, which the appliance kernel lacks, and makes
 // every gateway that sees a flow choose the same endpoint.
 //
@@ -411,16 +437,22 @@ func (d VmapDispatch) Encode(f Family, s bc.Sink) {
 // whole transaction, which makes a cold sync of 4,000 Services take 50 s
 // instead of 1 s.
 type HashBucket struct {
-	Seed    uint32
-	Modulus uint32
-	Bucket  uint32
+	Seed     uint32
+	Modulus  uint32
+	Bucket   uint32
+	AddrOnly bool
 }
 
-// AppendText writes "jhash ip saddr . th sport mod 4 seed 0x7 0".
+// AppendText writes "jhash ip saddr . th sport mod 4 seed 0x7 0" (or
+// "jhash ip saddr mod 4 ...").
 func (h HashBucket) AppendText(b []byte, f Family) []byte {
 	b = append(b, "jhash "...)
 	b = append(b, f.String()...)
-	b = append(b, " saddr . th sport mod "...)
+	if h.AddrOnly {
+		b = append(b, " saddr mod "...)
+	} else {
+		b = append(b, " saddr . th sport mod "...)
+	}
 	b = strconv.AppendUint(b, uint64(h.Modulus), 10)
 	b = append(b, " seed 0x"...)
 	b = strconv.AppendUint(b, uint64(h.Seed), 16)
@@ -428,15 +460,19 @@ func (h HashBucket) AppendText(b []byte, f Family) []byte {
 	return strconv.AppendUint(b, uint64(h.Bucket), 10)
 }
 
-// Encode loads the source address and port, hashes them and compares the
-// bucket.
+// Encode loads the source address (and port), hashes them and compares
+// the bucket.
 func (h HashBucket) Encode(f Family, s bc.Sink) {
 	sportReg, length := uint32(bc.Reg32c), uint32(8)
 	if f == IPv6 {
 		sportReg, length = bc.Reg3, 20
 	}
 	s.Payload(loadAddr(f, Src, bc.Reg2, f.AddrLen()))
-	s.Payload(bc.Payload{Base: bc.TransportHeader, Offset: 0, Len: 2, Dreg: sportReg})
+	if h.AddrOnly {
+		length = f.AddrLen()
+	} else {
+		s.Payload(bc.Payload{Base: bc.TransportHeader, Offset: 0, Len: 2, Dreg: sportReg})
+	}
 	s.Hash(bc.Hash{Sreg: bc.Reg2, Dreg: bc.Reg1, Len: length, Modulus: h.Modulus, Seed: h.Seed})
 	s.Cmp(bc.Cmp{Op: bc.CmpEq, Sreg: bc.Reg1, Data: bc.U32(h.Bucket)})
 }

@@ -69,6 +69,10 @@ type Config struct {
 	// when nftgate stops, instead of leaving the routes to graceful
 	// restart.
 	DrainOnStop bool `toml:"drain_on_stop"`
+	// MasqueradeAddresses and KeepClientAddress: what clients outside
+	// cluster_cidrs are masqueraded to, if at all (masquerade.go).
+	MasqueradeAddresses []string `toml:"masquerade_addresses"`
+	KeepClientAddress   bool     `toml:"keep_client_address"`
 	// LoadBalancerClass and Pools are the address allocation (package
 	// ipam); BGP and L2 the announcement (packages announce/bgp and
 	// announce/l2). Nil: that announcement is off.
@@ -85,6 +89,7 @@ type Config struct {
 	clusterCIDRs      []netip.Prefix
 	nodePortAddresses []netip.Prefix
 	externalIPCIDRs   []netip.Prefix
+	masqueradeAddrs   []netip.Addr
 }
 
 // DefaultManifests is where the gateway looks for manifests when no cluster
@@ -254,6 +259,8 @@ func loadConfig(name string, args []string) (*Config, *flag.FlagSet, error) {
 	fs.StringVar(&cfg.Zone, "zone", cfg.Zone, "this gateway's topology `zone`, for topology hints")
 	fs.Var(&listFlag{dst: &cfg.ClusterCIDRs}, "cluster-cidr", "`CIDR` of the cluster's pods; traffic from elsewhere is masqueraded (repeatable)")
 	fs.Var(&listFlag{dst: &cfg.NodePortAddresses}, "nodeport-addresses", "`CIDR` limiting which local addresses serve NodePorts (repeatable)")
+	fs.Var(&listFlag{dst: &cfg.MasqueradeAddresses}, "masquerade-address", "`address or CIDR` clients outside the cluster are masqueraded to, chosen per client (repeatable)")
+	fs.BoolVar(&cfg.KeepClientAddress, "keep-client-address", cfg.KeepClientAddress, "masquerade no client: replies from the pods come back through this gateway")
 	fs.Var(&listFlag{dst: &cfg.ExternalIPCIDRs}, "external-ip-cidr", "`CIDR` where Services' externalIPs are served; none by default (repeatable)")
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "`host:port` of the status page, API, health and metrics")
 	fs.StringVar(&cfg.Table, "table", cfg.Table, "`name` of nftgate's nftables tables")
@@ -450,6 +457,7 @@ func (c *Config) validate() error {
 			bad(podroutes.ModeKey, "%q needs a [bgp] section: the routes come from its peers", pol.Mode)
 		}
 	}
+	c.validateMasquerade(bad)
 	if c.Kubeconfig != "" && c.Manifests != "" {
 		bad("manifests", "both a kubeconfig (%s) and a manifests directory (%s) are given; choose one source", c.Kubeconfig, c.Manifests)
 	}

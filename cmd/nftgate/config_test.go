@@ -45,6 +45,9 @@ func TestDocumentedConfigIsTheDefault(t *testing.T) {
 	if len(cfg.FlowtableDevices) == 0 {
 		cfg.FlowtableDevices = nil
 	}
+	if len(cfg.MasqueradeAddresses) == 0 {
+		cfg.MasqueradeAddresses = nil
+	}
 	if !reflect.DeepEqual(cfg, &want) {
 		t.Errorf("config.toml differs from the defaults:\n got %+v\nwant %+v", *cfg, want)
 	}

@@ -66,7 +66,8 @@ func startEdge(cfg *Config, reg prometheus.Registerer, log *slog.Logger) (*edge,
 			return nil, err
 		}
 	}
-	e.coord = &announce.Coordinator{Node: model.Node{Name: cfg.NodeName, Zone: cfg.Zone}, PoolOf: e.poolOf, Log: log}
+	e.coord = &announce.Coordinator{Node: model.Node{Name: cfg.NodeName, Zone: cfg.Zone}, PoolOf: e.poolOf, Log: log,
+		Always: cfg.masqueradeAddrs}
 	if e.speaker != nil {
 		e.coord.BGP = e.speaker
 	}

@@ -38,15 +38,17 @@ import (
 
 func (c *Config) ruleset() ruleset.Config {
 	return ruleset.Config{
-		Table:             c.Table,
-		Node:              model.Node{Name: c.NodeName, Zone: c.Zone},
-		ClusterCIDRs:      c.clusterCIDRs,
-		NodePortAddresses: c.nodePortAddresses,
-		MasqueradeBit:     c.MasqueradeBit,
-		HashSeed:          c.HashSeed,
-		Shards:            c.Shards,
-		ProxyPort:         c.ProxyProtocolPort,
-		FlowtableDevices:  c.flowtableDevices(),
+		Table:               c.Table,
+		Node:                model.Node{Name: c.NodeName, Zone: c.Zone},
+		ClusterCIDRs:        c.clusterCIDRs,
+		NodePortAddresses:   c.nodePortAddresses,
+		MasqueradeBit:       c.MasqueradeBit,
+		HashSeed:            c.HashSeed,
+		Shards:              c.Shards,
+		ProxyPort:           c.ProxyProtocolPort,
+		FlowtableDevices:    c.flowtableDevices(),
+		MasqueradeAddresses: c.masqueradeAddrs,
+		KeepClientAddress:   c.KeepClientAddress,
 	}
 }
 

@@ -134,6 +134,7 @@ const (
 	RouteTypeLocal  = unix.RTN_LOCAL
 	HashJenkins     = unix.NFT_HASH_JENKINS
 	NATDest         = unix.NFT_NAT_DNAT
+	NATSource       = unix.NFT_NAT_SNAT
 	NATSpecified    = unix.NF_NAT_RANGE_PROTO_SPECIFIED
 	NATFullyRandom  = unix.NF_NAT_RANGE_PROTO_RANDOM_FULLY
 	DynsetUpdate    = unix.NFT_DYNSET_OP_UPDATE

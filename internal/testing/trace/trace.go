@@ -66,7 +66,8 @@ type Outcome struct {
 	// (the PROXY protocol proxy); zero when not redirected.
 	Redirect uint16
 	// Marked tells that the masquerade mark bit was set when the packet
-	// reached postrouting; Masqueraded that postrouting masqueraded it.
+	// reached postrouting; Masqueraded that postrouting masqueraded it
+	// (to the interface's address or a masquerade address).
 	Marked, Masqueraded bool
 	// Affinity lists the affinity sets the path recorded the client in.
 	Affinity []string
@@ -256,9 +257,10 @@ type state struct {
 	masqueraded bool
 	affinity    []string
 	path        []string
-	// buckets holds the hash bucket this flow falls in, per seed and
+	// buckets holds the hash bucket this flow falls in, per seed,
+	// modulus and whether the port is hashed (1) or not (0),
 	// modulus, once a HashBucket match has forked the trace over them.
-	buckets map[[2]uint32]uint32
+	buckets map[[3]uint32]uint32
 }
 
 func (st state) log(chain string, r ruleset.Rule, f ruleset.Family, note string) state {
@@ -352,10 +354,14 @@ func natDone(hook string, st state) bool {
 func (t *tracer) postrouting(st state) state {
 	st.marked = st.mark&t.bit != 0
 	live := t.hook(st, "postrouting", true)
-	if len(live) != 1 {
-		// Postrouting only masquerades here; a branch or a drop there
-		// would be a ruleset the outcomes cannot describe.
-		t.fail("postrouting left %d paths, want 1", len(live))
+	// Postrouting only masquerades here: the branches of the masquerade
+	// pool's hash are one outcome when they all masquerade alike; any
+	// other branch, or a drop, would be a ruleset the outcomes cannot
+	// describe.
+	if len(live) == 0 || slices.ContainsFunc(live[1:], func(o state) bool {
+		return o.masqueraded != live[0].masqueraded || o.mark != live[0].mark
+	}) {
+		t.fail("postrouting left %d paths that differ, want 1", len(live))
 		return st
 	}
 	return live[0]
@@ -511,6 +517,13 @@ func (t *tracer) runRule(st state, tt *traceTable, c *ruleset.Chain, i, depth in
 		case ruleset.Masquerade:
 			st.masqueraded = true
 			return []end{{st.log(c.Name, r, t.f, ""), endAccept}}
+		case ruleset.SNAT:
+			if ruleset.Of(s.To) != t.f {
+				t.fail("chain %s: snat to %s in family %s", c.Name, s.To, t.f)
+				return nil
+			}
+			st.masqueraded = true
+			return []end{{st.log(c.Name, r, t.f, ""), endAccept}}
 		case ruleset.Reject:
 			return []end{{st.log(c.Name, r, t.f, ""), endReject}}
 		case ruleset.Verdict:
@@ -535,7 +548,10 @@ func (t *tracer) runRule(st state, tt *traceTable, c *ruleset.Chain, i, depth in
 				t.fail("chain %s: hash modulus 0", c.Name)
 				return nil
 			}
-			key := [2]uint32{s.Seed, s.Modulus}
+			key := [3]uint32{s.Seed, s.Modulus, 1}
+			if s.AddrOnly {
+				key[2] = 0
+			}
 			chosen, ok := st.buckets[key]
 			if !ok {
 				// The first bucket match of a flow forks the trace: one
@@ -545,7 +561,7 @@ func (t *tracer) runRule(st state, tt *traceTable, c *ruleset.Chain, i, depth in
 					o := orig
 					o.buckets = maps.Clone(orig.buckets)
 					if o.buckets == nil {
-						o.buckets = map[[2]uint32]uint32{}
+						o.buckets = map[[3]uint32]uint32{}
 					}
 					o.buckets[key] = b
 					out = append(out, t.runRule(o, tt, c, i, depth)...)

@@ -286,6 +286,19 @@ func TestTraceMasquerade(t *testing.T) {
 	runFlows(t, cfg, svcs, []flow{
 		{name: "no cluster CIDRs: everyone is masqueraded", src: "10.1.2.3", dst: "172.30.0.41:80", want: "dnat 10.180.0.1:8080 masq"},
 	})
+	cfg = world.Config()
+	cfg.MasqueradeAddresses = world.Addrs("198.51.100.200", "198.51.100.201", "198.51.100.202")
+	runFlows(t, cfg, svcs, []flow{
+		{name: "pool: from outside, to a masquerade address", src: "203.0.113.5", dst: "172.30.0.41:80", want: "dnat 10.180.0.1:8080 masq"},
+		{name: "pool: inside the cluster CIDR", src: "10.1.2.3", dst: "172.30.0.41:80", want: "dnat 10.180.0.1:8080"},
+	})
+	cfg = world.Config()
+	cfg.KeepClientAddress = true
+	runFlows(t, cfg, svcs, []flow{
+		{name: "keep: ClusterIP from outside keeps its address", src: "203.0.113.5", dst: "172.30.0.41:80", want: "dnat 10.180.0.1:8080"},
+		{name: "keep: external IP from outside keeps its address", src: "203.0.113.5", dst: "192.168.99.11:80", want: "dnat 10.180.0.1:8080"},
+		{name: "keep: the gateway's own connection is masqueraded", src: "192.168.0.2", dst: "172.30.0.41:80", output: true, want: "dnat 10.180.0.1:8080 masq"},
+	})
 }
 
 func TestTraceHairpin(t *testing.T) {

@@ -1,0 +1,69 @@
+package main
+
+import (
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// masquerade_addresses: addresses and CIDRs of both families, an IPv4 CIDR
+// without its network and broadcast addresses, in the order given.
+func TestMasqueradeAddresses(t *testing.T) {
+	cfg, _, err := loadConfig("nftgate", []string{"--node-name", "n", "--config", writeConfig(t,
+		"masquerade_addresses = [\"198.51.100.8/30\", \"2001:db8::7\", \"203.0.113.9\", \"2001:db8:1::/127\"]\n")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []netip.Addr
+	for _, s := range []string{"198.51.100.9", "198.51.100.10", "2001:db8::7", "203.0.113.9", "2001:db8:1::", "2001:db8:1::1"} {
+		want = append(want, netip.MustParseAddr(s))
+	}
+	if !slices.Equal(cfg.masqueradeAddrs, want) {
+		t.Errorf("masquerade addresses %v, want %v", cfg.masqueradeAddrs, want)
+	}
+	if rc := cfg.ruleset(); !slices.Equal(rc.MasqueradeAddresses, want) || rc.KeepClientAddress {
+		t.Errorf("ruleset config %v, keep %v", rc.MasqueradeAddresses, rc.KeepClientAddress)
+	}
+	cfg, _, err = loadConfig("nftgate", []string{"--node-name", "n", "--keep-client-address", "--masquerade-address", "198.51.100.1"})
+	if err != nil || !cfg.ruleset().KeepClientAddress || len(cfg.masqueradeAddrs) != 1 {
+		t.Errorf("flags: %v, %+v", err, cfg)
+	}
+}
+
+func TestBadMasqueradeAddressesNameTheValue(t *testing.T) {
+	pool := "[[pools]]\nname = \"public\"\naddresses = [\"198.51.100.0/28\"]\n"
+	for _, tc := range []struct {
+		file string
+		args []string
+		want []string
+	}{
+		{args: []string{"--masquerade-address", "nonsense"}, want: []string{"masquerade_addresses[0]", "nonsense", "not an address or a CIDR"}},
+		{args: []string{"--masquerade-address", "198.51.100.300"}, want: []string{"masquerade_addresses[0]", "198.51.100.300"}},
+		{args: []string{"--masquerade-address", "::ffff:198.51.100.1"}, want: []string{"masquerade_addresses[0]", "::ffff:198.51.100.1", "IPv4-mapped"}},
+		{args: []string{"--masquerade-address", "fe80::1%eth0"}, want: []string{"masquerade_addresses[0]", "fe80::1%eth0"}},
+		{args: []string{"--masquerade-address", "127.0.0.2"}, want: []string{"masquerade_addresses[0]", "127.0.0.2", "loopback"}},
+		{args: []string{"--masquerade-address", "224.0.0.9"}, want: []string{"masquerade_addresses[0]", "224.0.0.9"}},
+		{args: []string{"--masquerade-address", "203.0.113.0/24"}, want: []string{"masquerade_addresses[0]", "203.0.113.0/24", "more than 64 ip"}},
+		{args: []string{"--masquerade-address", "2001:db8::/64"}, want: []string{"masquerade_addresses[0]", "2001:db8::/64", "more than 64 ip6"}},
+		{args: []string{"--masquerade-address", "203.0.113.1", "--masquerade-address", "203.0.113.0/30"}, want: []string{"masquerade_addresses[1]", "203.0.113.0/30", "repeats", "203.0.113.1"}},
+		{args: []string{"--cluster-cidr", "10.0.0.0/8", "--masquerade-address", "10.1.2.3"}, want: []string{"masquerade_addresses[0]", "10.1.2.3", "cluster_cidrs", "10.0.0.0/8"}},
+		{args: []string{"--external-ip-cidr", "203.0.113.0/24", "--masquerade-address", "203.0.113.7"}, want: []string{"masquerade_addresses[0]", "203.0.113.7", "external_ip_cidrs", "203.0.113.0/24"}},
+		{file: "masquerade_addresses = [\"203.0.113.1\", \"198.51.100.4/30\"]\n" + pool, want: []string{"masquerade_addresses[1]", "198.51.100.4/30", "pool \"public\""}},
+	} {
+		args := append([]string{"--node-name", "n"}, tc.args...)
+		if tc.file != "" {
+			args = append(args, "--config", writeConfig(t, tc.file))
+		}
+		_, _, err := loadConfig("nftgate", args)
+		if err == nil {
+			t.Errorf("%q %v: accepted", tc.file, tc.args)
+			continue
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%q %v: error %q does not name %q", tc.file, tc.args, err, w)
+			}
+		}
+	}
+}

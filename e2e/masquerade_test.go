@@ -1,0 +1,131 @@
+package e2e_test
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/nftgate/nftgate/internal/testing/lab"
+	"github.com/nftgate/nftgate/internal/testing/lab/gatewaytest"
+	"github.com/nftgate/nftgate/internal/testing/lab/labtest"
+)
+
+// webServices are a Service per family in front of the first backend.
+func webServices() []any {
+	return []any{
+		gatewaytest.Service("default", "web", "ClusterIP", []string{"198.19.0.10"}, gatewaytest.Port{Name: "http", Port: 80}),
+		gatewaytest.Slice("default", "web-1", "web", "http", "", 8080, gatewaytest.Endpoint{Addr: "198.18.2.10"}),
+		gatewaytest.Service("default", "web6", "ClusterIP", []string{"fd42:ff::10"}, gatewaytest.Port{Name: "http", Port: 80}),
+		gatewaytest.Slice("default", "web6-1", "web6", "http", "", 8080, gatewaytest.Endpoint{Addr: "fd42:2::10"}),
+	}
+}
+
+// dialFrom connects from src (any port) to dst and returns what the
+// backend saw and the client's own address.
+func dialFrom(t *testing.T, topo *lab.Topology, src netip.Addr, dst netip.AddrPort) lab.Reply {
+	t.Helper()
+	r, err := topo.Client.Dial("tcp", dst, lab.DialOpts{Source: netip.AddrPortFrom(src, 0)})
+	if err != nil {
+		t.Fatalf("from %s: %v", src, err)
+	}
+	return r
+}
+
+// TestMasqueradeAddressesOnePerClient: with masquerade_addresses, every
+// client is masqueraded to one address of the pool, always the same, with
+// its own port; different clients are spread over the pool. The pool lies
+// on the backends' segment, where only the gateway's ARP/NDP answers for
+// it ([l2]) bring the replies back.
+func TestMasqueradeAddressesOnePerClient(t *testing.T) {
+	topo := labtest.Gateway(t)
+	for _, r := range []string{"198.18.3.0/29", "fd42:3::/125"} {
+		if out, err := topo.Backend.Command(context.Background(), "ip", "route", "add", r, "dev", topo.BackendIface).CombinedOutput(); err != nil {
+			t.Fatalf("ip route add %s: %v: %s", r, err, out)
+		}
+	}
+	cfg := filepath.Join(t.TempDir(), "config.toml")
+	text := fmt.Sprintf("masquerade_addresses = [\"198.18.3.0/29\", \"fd42:3::1\"]\n\n[l2]\ninterfaces = [%q]\n", topo.GatewayBackendIface)
+	if err := os.WriteFile(cfg, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	g := gatewaytest.New(t, topo, "--config", cfg)
+	gatewaytest.Serve(t, topo.Backend, "tcp", ap("198.18.2.10:8080"), ap("[fd42:2::10]:8080"))
+	g.Write("web.yaml", webServices()...)
+	g.Start()
+
+	pool := netip.MustParsePrefix("198.18.3.0/29")
+	used := map[netip.Addr]int{}
+	for _, c := range topo.ClientIPv4 {
+		var first netip.Addr
+		for i := range 3 {
+			r := dialFrom(t, topo, c, ap("198.19.0.10:80"))
+			seen := r.ObservedSource
+			switch {
+			case !pool.Contains(seen.Addr()) || seen.Addr() == pool.Addr() || seen.Addr() == netip.MustParseAddr("198.18.3.7"):
+				t.Errorf("client %s seen as %s, want a masquerade address of 198.18.3.1-6", c, seen)
+			case i > 0 && seen.Addr() != first:
+				t.Errorf("client %s seen as %s, and before as %s: want one address per client", c, seen.Addr(), first)
+			case seen.Port() != r.Local.Port():
+				t.Errorf("client %s port %d seen as port %d: want the port kept", c, r.Local.Port(), seen.Port())
+			}
+			first = seen.Addr()
+		}
+		used[first]++
+	}
+	if len(used) < 2 {
+		t.Errorf("%d clients all on %v: want them spread over the pool", len(topo.ClientIPv4), used)
+	}
+	r := dialFrom(t, topo, topo.ClientIPv6[0], ap("[fd42:ff::10]:80"))
+	if r.ObservedSource.Addr() != netip.MustParseAddr("fd42:3::1") || r.ObservedSource.Port() != r.Local.Port() {
+		t.Errorf("IPv6 client %s seen as %s, want [fd42:3::1]:%d", r.Local, r.ObservedSource, r.Local.Port())
+	}
+}
+
+// TestMasqueradeKeepsThePort: without masquerade_addresses, a client is
+// masqueraded to the gateway's address on the backends' side and keeps its
+// port.
+func TestMasqueradeKeepsThePort(t *testing.T) {
+	topo := labtest.Gateway(t)
+	g := gatewaytest.New(t, topo)
+	gatewaytest.Serve(t, topo.Backend, "tcp", ap("198.18.2.10:8080"), ap("[fd42:2::10]:8080"))
+	g.Write("web.yaml", webServices()...)
+	g.Start()
+	for _, c := range []struct {
+		src, gw netip.Addr
+		dst     netip.AddrPort
+	}{
+		{topo.ClientIPv4[0], topo.GatewayBackendIPv4, ap("198.19.0.10:80")},
+		{topo.ClientIPv6[0], topo.GatewayBackendIPv6, ap("[fd42:ff::10]:80")},
+	} {
+		for range 3 {
+			r := dialFrom(t, topo, c.src, c.dst)
+			if want := netip.AddrPortFrom(c.gw, r.Local.Port()); r.ObservedSource != want {
+				t.Errorf("client %s seen as %s, want %s", r.Local, r.ObservedSource, want)
+			}
+		}
+	}
+}
+
+// TestKeepClientAddress: with keep_client_address the backend sees every
+// client's own address under policy Cluster, from outside cluster_cidrs.
+func TestKeepClientAddress(t *testing.T) {
+	topo := labtest.Gateway(t)
+	g := gatewaytest.New(t, topo, "--keep-client-address", "--cluster-cidr", "10.244.0.0/16")
+	gatewaytest.Serve(t, topo.Backend, "tcp", ap("198.18.2.10:8080"), ap("[fd42:2::10]:8080"))
+	g.Write("web.yaml", webServices()...)
+	g.Start()
+	for _, c := range []struct {
+		src netip.Addr
+		dst netip.AddrPort
+	}{
+		{topo.ClientIPv4[1], ap("198.19.0.10:80")},
+		{topo.ClientIPv6[1], ap("[fd42:ff::10]:80")},
+	} {
+		if r := dialFrom(t, topo, c.src, c.dst); r.ObservedSource != r.Local {
+			t.Errorf("backend saw %s, want the client's own %s", r.ObservedSource, r.Local)
+		}
+	}
+}

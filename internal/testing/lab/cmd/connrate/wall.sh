@@ -1,0 +1,96 @@
+#!/bin/bash
+# New TCP connections per second through a gateway namespace running the
+# ruleset `nftgate render` prints, against the same backend addressed
+# directly (docs/design/dataplane.md). Run as root from the repository:
+#
+#   internal/testing/lab/cmd/connrate/wall.sh VARIANT CLIENT-ADDRESSES DURATION WORKERS
+#
+# VARIANT: direct (no Service, no NAT), old (masquerade fully-random),
+# default (masquerade, port kept), pool4 / pool16 (masquerade_addresses),
+# keep (keep_client_address). It prints the connections, stalls (a connect
+# of 1 s or more), the backend's TIME_WAIT sockets and the SYNs it refused
+# on them (TcpExtPAWSTimewait), the client's SYN retransmits, and the
+# gateway's conntrack counters. Namespaces are named dpm<pid>-* and
+# removed on exit. WALL_BIN names a directory holding nftgate and connrate
+# already built (else they are built for this run).
+set -u
+V=$1; N=$2; D=${3:-12s}; C=${4:-8}
+B=$(mktemp -d)
+trap 'rm -rf $B' EXIT
+if [ -n "${WALL_BIN:-}" ]; then
+  cp $WALL_BIN/nftgate $WALL_BIN/connrate $B/ || exit 1
+else
+  go build -o $B/nftgate ./cmd/nftgate && go build -o $B/connrate ./internal/testing/lab/cmd/connrate || exit 1
+fi
+mkdir $B/man
+cat > $B/man/web.yaml <<'YAML'
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: default}
+spec:
+  type: LoadBalancer
+  clusterIP: 198.19.0.10
+  clusterIPs: [198.19.0.10]
+  ipFamilies: [IPv4]
+  ipFamilyPolicy: SingleStack
+  ports: [{name: http, protocol: TCP, port: 80, targetPort: 8080}]
+status:
+  loadBalancer: {ingress: [{ip: 198.19.1.10}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-1
+  namespace: default
+  labels: {kubernetes.io/service-name: web}
+addressType: IPv4
+ports: [{name: http, protocol: TCP, port: 8080}]
+endpoints:
+  - addresses: [198.18.2.10]
+    conditions: {ready: true, serving: true, terminating: false}
+YAML
+P=dpm$$
+cl=$P-cl gw=$P-gw be=$P-be
+cleanup() {
+  [ -n "${SRV:-}" ] && kill $SRV 2>/dev/null; wait 2>/dev/null
+  ip netns del $cl 2>/dev/null; ip netns del $gw 2>/dev/null; ip netns del $be 2>/dev/null
+  rm -rf $B
+}
+trap cleanup EXIT
+for n in $cl $gw $be; do ip netns add $n; ip -n $n link set lo up; done
+ip -n $cl link add gw type veth peer name cl netns $gw
+ip -n $be link add gw type veth peer name be netns $gw
+ip -n $cl link set gw up; ip -n $gw link set cl up; ip -n $gw link set be up; ip -n $be link set gw up
+ip -n $gw addr add 198.18.1.1/24 dev cl; ip -n $gw addr add 198.18.2.1/24 dev be
+srcs=""
+for i in $(seq 2 $((N+1))); do ip -n $cl addr add 198.18.1.$i/24 dev gw; srcs="$srcs,198.18.1.$i"; done
+ip -n $be addr add 198.18.2.10/24 dev gw
+ip -n $cl route add default via 198.18.1.1
+ip -n $be route add default via 198.18.2.1
+ip netns exec $gw sysctl -qw net.ipv4.ip_forward=1
+# the pool is routed to the gateway, as an announcement would make it
+ip -n $be route add 198.18.3.0/24 via 198.18.2.1
+R="$B/nftgate render --manifests $B/man --shards 1 --external-ip-cidr 198.19.0.0/16"
+p16=""; for i in $(seq 1 16); do p16="$p16 --masquerade-address 198.18.3.$i"; done
+case $V in
+  old) $R | sed -e "0,/ masquerade$/s// masquerade fully-random/" > $B/r-$P.nft;;
+  direct|default) $R > $B/r-$P.nft;;
+  pool4) $R --masquerade-address 198.18.3.1 --masquerade-address 198.18.3.2 --masquerade-address 198.18.3.3 --masquerade-address 198.18.3.4 > $B/r-$P.nft;;
+  pool16) $R $p16 > $B/r-$P.nft;;
+  keep) $R --keep-client-address > $B/r-$P.nft;;
+esac
+ip netns exec $gw nft -f $B/r-$P.nft || exit 1
+ip netns exec $be $B/connrate serve -listen 0.0.0.0:8080 & SRV=$!
+to=198.19.1.10:80
+[ $V = direct ] && to=198.18.2.10:8080
+for i in $(seq 50); do ip netns exec $be ss -tln | grep -q :8080 && break; sleep 0.1; done
+ip netns exec $gw conntrack -F 2>/dev/null
+res=$(ip netns exec $cl $B/connrate dial -to $to -from ${srcs#,} -c $C -d $D)
+tw=$(ip netns exec $be ss -Htan state time-wait | wc -l)
+twsrc=$(ip netns exec $be ss -Htan state time-wait | awk '{print $4}' | sed 's/:[0-9]*$//' | sort -u | wc -l)
+ct=$(ip netns exec $gw conntrack -S | awk '{for(i=1;i<=NF;i++) if ($i ~ /^(insert_failed|drop|early_drop|clash_resolve|search_restart)=/) {split($i,a,"="); s[a[1]]+=a[2]}} END {for (k in s) printf "%s=%d ", k, s[k]}')
+ctn=$(ip netns exec $gw conntrack -C)
+# what the backend sent: challenge ACKs and RSTs answering SYNs on TIME_WAIT
+tws=$(ip netns exec $be nstat -az 2>/dev/null | grep -E "TW|Challenge|PAWS|OutRsts|RetransSegs"  | awk '$2>0 {printf "%s=%s ", $1, $2}')
+cls=$(ip netns exec $cl nstat -az 2>/dev/null | grep -E "OutRsts|RetransSegs|TCPTimeouts|SynRetrans" | awk '$2>0 {printf "%s=%s ", $1, $2}')
+echo "$V clients=$N c=$C $res tw=$tw tw_peers=$twsrc ct_entries=$ctn $ct| be: $tws | cl: $cls"
