@@ -2,6 +2,7 @@ package ipam
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
@@ -33,12 +35,22 @@ const (
 	DefaultRetryPeriod    = 2 * time.Second
 	// EventComponent is the source of the Events the controller writes.
 	EventComponent = "nftgate-ipam"
+	// ClientQPS and ClientBurst are the client-side rate limit the
+	// controller's client should have (client-go's default, 5 per second,
+	// would take more than half an hour for the first statuses of 10,000
+	// Services); the API server's own priority and fairness still applies.
+	ClientQPS   = 200
+	ClientBurst = 400
+	// statusWriters is how many statuses are written at a time.
+	statusWriters = 8
 )
 
 // Options configure a Controller.
 type Options struct {
 	// Client reaches the API. Its rate limit bounds how fast a cold
-	// start writes statuses (two requests per Service that changes).
+	// start writes statuses (one request per Service that changes, two
+	// when the Service changed since it was read): ClientQPS and
+	// ClientBurst are what it should allow.
 	Client kubernetes.Interface
 	Policy *Policy
 	// Identity names this gateway in the Lease, in Events and as the
@@ -71,6 +83,9 @@ type Controller struct {
 	log     *slog.Logger
 	kick    chan struct{}
 	writes  atomic.Int64
+	// noPatch: the API refused a status patch (RBAC from before nftgate
+	// patched statuses: update only); every write reads and updates.
+	noPatch atomic.Bool
 	passes  atomic.Int64 // reconciles completed as the writer
 	metrics *metrics
 
@@ -271,19 +286,51 @@ func (c *Controller) reconcile() error {
 	if !synced || lctx == nil || lctx.Err() != nil {
 		return nil
 	}
-	var errs []error
+	var todo []*Allocation
 	for _, al := range res.Allocations {
-		if lctx.Err() != nil {
-			return nil // no longer the writer
-		}
 		if !slices.Equal(al.IPs(), al.Service.Held) {
-			if err := c.write(lctx, al); err != nil {
-				errs = append(errs, fmt.Errorf("%s: %w", al.Service.Key, err))
-			}
+			todo = append(todo, al)
 		}
+	}
+	err := c.writeAll(lctx, todo)
+	if lctx.Err() != nil {
+		return nil // no longer the writer
+	}
+	for _, al := range res.Allocations {
 		c.report(rec, al)
 	}
 	c.passes.Add(1)
+	return err
+}
+
+// writeAll writes the allocations' statuses, statusWriters at a time, as
+// long as this gateway is the writer (lctx).
+func (c *Controller) writeAll(lctx context.Context, todo []*Allocation) error {
+	var (
+		mu   sync.Mutex
+		errs []error
+		wg   sync.WaitGroup
+	)
+	next := make(chan *Allocation)
+	for range min(statusWriters, len(todo)) {
+		wg.Go(func() {
+			for al := range next {
+				if lctx.Err() != nil {
+					continue
+				}
+				if err := c.write(lctx, al); err != nil {
+					mu.Lock()
+					errs = append(errs, fmt.Errorf("%s: %w", al.Service.Key, err))
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	for _, al := range todo {
+		next <- al
+	}
+	close(next)
+	wg.Wait()
 	return errors.Join(errs...)
 }
 
@@ -296,27 +343,34 @@ func (c *Controller) write(ctx context.Context, al *Allocation) error {
 		want[i] = corev1.LoadBalancerIngress{IP: a.Addr.String(), IPMode: &vip}
 	}
 	api := c.o.Client.CoreV1().Services(s.Namespace)
-	var wrote *corev1.Service
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		cur, err := api.Get(ctx, s.Name, metav1.GetOptions{})
-		if err != nil {
+	// One request when the Service is as it was read: a merge patch of
+	// the status that the API applies only to that version (and UID).
+	wrote, err := c.patchStatus(ctx, api, s, want)
+	if apierrors.IsForbidden(err) && !c.noPatch.Swap(true) {
+		c.log.Warn("patching Service status is forbidden; reading and updating each instead (grant services/status patch as deploy/rbac.yaml does)", "err", err)
+	}
+	if apierrors.IsConflict(err) || apierrors.IsForbidden(err) || (err == nil && wrote == nil) {
+		// Changed since (or a version unknown): read it and write again.
+		err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			cur, err := api.Get(ctx, s.Name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			if s.UID != "" && cur.UID != s.UID {
+				return nil // deleted and made anew: its own event follows
+			}
+			if ingressIPs(cur.Status.LoadBalancer.Ingress) == ingressIPs(want) {
+				wrote = cur
+				return nil
+			}
+			cur.Status.LoadBalancer.Ingress = want
+			wrote, err = api.UpdateStatus(ctx, cur, metav1.UpdateOptions{FieldManager: c.fieldManager()})
+			if err == nil {
+				c.written(s, want)
+			}
 			return err
-		}
-		if s.UID != "" && cur.UID != s.UID {
-			return nil // deleted and made anew: its own event follows
-		}
-		if ingressIPs(cur.Status.LoadBalancer.Ingress) == ingressIPs(want) {
-			wrote = cur
-			return nil
-		}
-		cur.Status.LoadBalancer.Ingress = want
-		wrote, err = api.UpdateStatus(ctx, cur, metav1.UpdateOptions{FieldManager: c.fieldManager()})
-		if err == nil {
-			c.writes.Add(1)
-			c.log.Info("LoadBalancer status written", "service", s.Key.String(), "ingress", ingressIPs(want))
-		}
-		return err
-	})
+		})
+	}
 	if apierrors.IsNotFound(err) {
 		return nil // gone: its delete event follows
 	}
@@ -330,6 +384,38 @@ func (c *Controller) write(ctx context.Context, al *Allocation) error {
 		c.mu.Unlock()
 	}
 	return err
+}
+
+// patchStatus writes want into the status of the version of s it was read
+// from. Without a version, or when patches are refused, it does nothing
+// and returns nil, nil.
+func (c *Controller) patchStatus(ctx context.Context, api typedcorev1.ServiceInterface, s *Service, want []corev1.LoadBalancerIngress) (*corev1.Service, error) {
+	if s.ResourceVersion == "" || c.noPatch.Load() {
+		return nil, nil
+	}
+	meta := map[string]any{"resourceVersion": s.ResourceVersion}
+	if s.UID != "" {
+		meta["uid"] = s.UID
+	}
+	patch, err := json.Marshal(map[string]any{
+		"metadata": meta,
+		"status":   map[string]any{"loadBalancer": map[string]any{"ingress": want}},
+	})
+	if err != nil {
+		return nil, err
+	}
+	wrote, err := api.Patch(ctx, s.Name, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: c.fieldManager()}, "status")
+	if err != nil {
+		return nil, err
+	}
+	c.written(s, want)
+	return wrote, nil
+}
+
+// written counts and logs a status write.
+func (c *Controller) written(s *Service, want []corev1.LoadBalancerIngress) {
+	c.writes.Add(1)
+	c.log.Info("LoadBalancer status written", "service", s.Key.String(), "ingress", ingressIPs(want))
 }
 
 func ingressIPs(in []corev1.LoadBalancerIngress) string {

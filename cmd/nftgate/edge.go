@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/nftgate/nftgate/announce"
 	"github.com/nftgate/nftgate/announce/bgp"
@@ -93,7 +94,9 @@ func (e *edge) allocate(cfg *Config, src source.Source, sink source.Sink, reg pr
 	}
 	switch s := src.(type) {
 	case *source.KubeSource:
-		client, err := kubernetes.NewForConfig(s.Config)
+		rc := rest.CopyConfig(s.Config)
+		rc.QPS, rc.Burst = ipam.ClientQPS, ipam.ClientBurst
+		client, err := kubernetes.NewForConfig(rc)
 		if err != nil {
 			return nil, fmt.Errorf("ipam: kubernetes client: %w", err)
 		}
