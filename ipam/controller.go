@@ -79,10 +79,10 @@ type Options struct {
 // has the complete first list: before that it writes nothing, since an
 // address would look free that a Service not yet seen holds.
 type Controller struct {
-	o       Options
-	log     *slog.Logger
-	kick    chan struct{}
-	writes  atomic.Int64
+	o      Options
+	log    *slog.Logger
+	kick   chan struct{}
+	writes atomic.Int64
 	// noPatch: the API refused a status patch (RBAC from before nftgate
 	// patched statuses: update only); every write reads and updates.
 	noPatch atomic.Bool
