@@ -284,3 +284,80 @@ func TestTenThousandPrefixes(t *testing.T) {
 	t.Logf("%d prefixes: Set returned after %v, BIRD had all after %v; the same Set again %v; one withdrawal among %d reached BIRD in %v",
 		n, setTook, all, again, n, one)
 }
+
+// A restarted gateway's first Set comes when its first sync is done, which
+// at thousands of Services takes seconds. Until then the router must keep
+// the routes of the previous process: the new speaker may not send its
+// End-of-RIB (after which BIRD flushes what was not announced again)
+// before the first Set. BIRD is read every few milliseconds through its
+// control socket, from the kill to the end of its graceful restart.
+func TestRestartWithLateFirstSetKeepsRoutes(t *testing.T) {
+	e := newEdge(t)
+	b := bird.Start(t, e.router, birdConf(""))
+	prefix := netip.PrefixFrom(service4, 32)
+	sp := startSpeaker(t, e.gateway, speakerConfig())
+	sp.Set(HostRoute(service4, ""))
+	b.WaitState(t, "gw4", "Established", false, 30*time.Second)
+	b.WaitRoute(t, prefix, true, 10*time.Second)
+	conn, err := b.Dial()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	// check reads BIRD until it is told to stop, and reports the first
+	// reading without the route.
+	stop := make(chan struct{})
+	lost := make(chan error, 1)
+	go func() {
+		defer close(lost)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			has, err := conn.HasRoute(prefix)
+			if err == nil && !has {
+				err = fmt.Errorf("BIRD lost %s", prefix)
+			}
+			if err != nil {
+				lost <- err
+				return
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+	}()
+	stopCheck := sync.OnceValue(func() error {
+		close(stop)
+		return <-lost
+	})
+	defer stopCheck()
+
+	sp.Kill()
+	b.WaitState(t, "gw4", "Established", true, 30*time.Second)
+	sp2 := startSpeaker(t, e.gateway, speakerConfig())
+	// The first sync of the new process takes a while: long enough for
+	// the session to come back (both sides retry every second) and for
+	// BIRD's End-of-RIB to reach a speaker that has its peers.
+	time.Sleep(4 * time.Second)
+	sp2.Set(HostRoute(service4, ""))
+	b.WaitState(t, "gw4", "Established", false, 30*time.Second)
+	if err := lab.EventuallyWithin(15*time.Second, func() error {
+		out, err := b.Run("show protocols all gw4")
+		if err != nil {
+			return err
+		}
+		if strings.Contains(out, "Neighbor graceful restart active") {
+			return fmt.Errorf("graceful restart still running: %s", out)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := stopCheck(); err != nil {
+		t.Fatalf("during the restart: %v", err)
+	}
+	if has, err := b.HasRoute(prefix); err != nil || !has {
+		t.Fatalf("after the restart: route %s in BIRD %v (%v)", prefix, has, err)
+	}
+}

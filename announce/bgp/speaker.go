@@ -45,6 +45,8 @@ type Speaker struct {
 	mu        sync.Mutex // serialises Set and Stop
 	announced map[netip.Prefix]string
 	stopped   bool
+	// pending are the peers added at the first Set (graceful restart).
+	pending []*api.Peer
 }
 
 type poolAttrs struct {
@@ -61,7 +63,11 @@ const exportPolicy = "nftgate-own-routes-only"
 // restart with the restart bit set (unless restart_time = -1s), so that
 // after a restart of the process the peers keep the routes they held and
 // refresh them from the next Set, then flush what was not announced again
-// (End-of-RIB).
+// (End-of-RIB). With graceful restart the peers are added at the first
+// Set, not here: GoBGP sends its End-of-RIB as soon as the peers have sent
+// theirs, which a router with nothing to send does at once, and an
+// End-of-RIB before the first Set would make the peers flush every route
+// the previous process announced.
 func New(cfg Config, log *slog.Logger) (*Speaker, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -103,6 +109,10 @@ func New(cfg Config, log *slog.Logger) (*Speaker, error) {
 	}
 	for i, p := range cfg.Peers {
 		peer, err := s.peer(p)
+		if err == nil && cfg.GracefulRestart() {
+			s.pending = append(s.pending, peer)
+			continue
+		}
 		if err == nil {
 			err = s.bgp.AddPeer(ctx, &api.AddPeerRequest{Peer: peer})
 		}
@@ -112,6 +122,18 @@ func New(cfg Config, log *slog.Logger) (*Speaker, error) {
 		}
 	}
 	return s, nil
+}
+
+// addPending adds the peers New left for the first Set; s.mu is held.
+func (s *Speaker) addPending() error {
+	var errs []error
+	for _, peer := range s.pending {
+		if err := s.bgp.AddPeer(context.Background(), &api.AddPeerRequest{Peer: peer}); err != nil {
+			errs = append(errs, fmt.Errorf("%s: peer %s: %w", Key, peer.GetConf().GetNeighborAddress(), err))
+		}
+	}
+	s.pending = nil
+	return errors.Join(errs...)
 }
 
 func (s *Speaker) setPolicies(ctx context.Context) error {
@@ -263,6 +285,9 @@ func (s *Speaker) Set(routes []Route) error {
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: announce: %w", Key, err))
 		}
+	}
+	if s.pending != nil {
+		errs = append(errs, s.addPending())
 	}
 	return errors.Join(errs...)
 }
