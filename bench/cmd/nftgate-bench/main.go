@@ -123,7 +123,7 @@ func parseFlags(args []string) (*Config, error) {
 		return nil
 	})
 	edgeFlags(fs, &cfg.Edge)
-	fs.StringVar(&cfg.Rerender, "rerender", "", "results.json to render results.md and results.png from again (no measuring)")
+	fs.StringVar(&cfg.Rerender, "rerender", "", "results.json to render results.md and results.png from again, or edge.json to render edge.md (no measuring)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -328,6 +328,9 @@ func rerender(path string) error {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return err
+	}
+	if filepath.Base(path) == "edge.json" {
+		return rerenderEdge(path, data)
 	}
 	var r Report
 	if err := json.Unmarshal(data, &r); err != nil {
