@@ -2,6 +2,7 @@ package ipam
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,6 +16,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/clock"
@@ -31,13 +33,22 @@ const (
 	DefaultRetryPeriod    = 2 * time.Second
 	// EventComponent is the source of the Events the controller writes.
 	EventComponent = "nftgate-ipam"
+	// ClientQPS and ClientBurst are the client-side rate limit of the
+	// controller's status writes (client-go's default, 5 per second,
+	// would take more than half an hour for the first statuses of 10,000
+	// Services); the API server's own priority and fairness still applies.
+	ClientQPS   = 200
+	ClientBurst = 400
+	// statusWriters is how many statuses are written at a time.
+	statusWriters = 8
 )
 
 // Options configure a Controller.
 type Options struct {
-	// Config reaches the API. Its rate limit (QPS, Burst) bounds how fast
-	// a cold start writes statuses (two requests per Service that
-	// changes).
+	// Config reaches the API. The status writes get a client of their
+	// own limited to ClientQPS and ClientBurst (one request per Service
+	// that changes, two when the Service changed since it was read); the
+	// Lease and Events keep Config's limits.
 	Config *rest.Config
 	Policy *Policy
 	// Identity names this gateway in the Lease, in Events and as the
@@ -87,7 +98,11 @@ type Controller struct {
 	// reported is the problems last reported by Event, per Service.
 	reported map[Key]string
 
-	core    rest.Interface // core/v1: Services' status, Events
+	core   rest.Interface // core/v1: Events
+	status rest.Interface // core/v1, ClientQPS: Services' status
+	// noPatch: the API refused a status patch (RBAC from before nftgate
+	// patched statuses: update only); every write reads and updates.
+	noPatch atomic.Bool
 	elector *elector
 	events  *eventWriter
 }
@@ -129,6 +144,11 @@ func NewController(o Options) (*Controller, error) {
 		return nil, fmt.Errorf("ipam: kubernetes client: %w", err)
 	}
 	c.core = core
+	scfg := rest.CopyConfig(cfg)
+	scfg.QPS, scfg.Burst = ClientQPS, ClientBurst
+	if c.status, err = kubeclient.New(scfg, corev1.SchemeGroupVersion); err != nil {
+		return nil, fmt.Errorf("ipam: kubernetes client: %w", err)
+	}
 	c.events = newEventWriter(core, corev1.EventSource{Component: EventComponent, Host: o.Identity}, o.Clock, c.log)
 	c.elector = &elector{
 		store:     restLeases{client: coordination, namespace: o.LeaseNamespace, name: o.LeaseName},
@@ -274,19 +294,51 @@ func (c *Controller) reconcile() error {
 	if !synced || lctx == nil || lctx.Err() != nil {
 		return nil
 	}
-	var errs []error
+	var todo []*Allocation
 	for _, al := range res.Allocations {
-		if lctx.Err() != nil {
-			return nil // no longer the writer
-		}
 		if !slices.Equal(al.IPs(), al.Service.Held) {
-			if err := c.write(lctx, al); err != nil {
-				errs = append(errs, fmt.Errorf("%s: %w", al.Service.Key, err))
-			}
+			todo = append(todo, al)
 		}
+	}
+	err := c.writeAll(lctx, todo)
+	if lctx.Err() != nil {
+		return nil // no longer the writer
+	}
+	for _, al := range res.Allocations {
 		c.report(al)
 	}
 	c.passes.Add(1)
+	return err
+}
+
+// writeAll writes the allocations' statuses, statusWriters at a time, as
+// long as this gateway is the writer (lctx).
+func (c *Controller) writeAll(lctx context.Context, todo []*Allocation) error {
+	var (
+		mu   sync.Mutex
+		errs []error
+		wg   sync.WaitGroup
+	)
+	next := make(chan *Allocation)
+	for range min(statusWriters, len(todo)) {
+		wg.Go(func() {
+			for al := range next {
+				if lctx.Err() != nil {
+					continue
+				}
+				if err := c.write(lctx, al); err != nil {
+					mu.Lock()
+					errs = append(errs, fmt.Errorf("%s: %w", al.Service.Key, err))
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	for _, al := range todo {
+		next <- al
+	}
+	close(next)
+	wg.Wait()
 	return errors.Join(errs...)
 }
 
@@ -298,30 +350,38 @@ func (c *Controller) write(ctx context.Context, al *Allocation) error {
 	for i, a := range al.Addresses {
 		want[i] = corev1.LoadBalancerIngress{IP: a.Addr.String(), IPMode: &vip}
 	}
-	var wrote *corev1.Service
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		cur := &corev1.Service{}
-		err := c.core.Get().Namespace(s.Namespace).Resource("services").Name(s.Name).Do(ctx).Into(cur)
-		if err != nil {
+	// One request when the Service is as it was read: a merge patch of
+	// the status that the API applies only to that version (and UID).
+	wrote, err := c.patchStatus(ctx, s, want)
+	if apierrors.IsForbidden(err) && !c.noPatch.Swap(true) {
+		c.log.Warn("patching Service status is forbidden; reading and updating each instead (grant services/status patch as deploy/rbac.yaml does)", "err", err)
+	}
+	if apierrors.IsConflict(err) || apierrors.IsForbidden(err) || (err == nil && wrote == nil) {
+		// Changed since (or a version unknown): read it and write again.
+		err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			cur := &corev1.Service{}
+			err := c.status.Get().Namespace(s.Namespace).Resource("services").Name(s.Name).Do(ctx).Into(cur)
+			if err != nil {
+				return err
+			}
+			if s.UID != "" && cur.UID != s.UID {
+				return nil // deleted and made anew: its own event follows
+			}
+			if ingressIPs(cur.Status.LoadBalancer.Ingress) == ingressIPs(want) {
+				wrote = cur
+				return nil
+			}
+			cur.Status.LoadBalancer.Ingress = want
+			out := &corev1.Service{}
+			err = c.status.Put().Namespace(s.Namespace).Resource("services").Name(s.Name).SubResource("status").
+				Param("fieldManager", c.fieldManager()).Body(cur).Do(ctx).Into(out)
+			if err == nil {
+				wrote = out
+				c.written(s, want)
+			}
 			return err
-		}
-		if s.UID != "" && cur.UID != s.UID {
-			return nil // deleted and made anew: its own event follows
-		}
-		if ingressIPs(cur.Status.LoadBalancer.Ingress) == ingressIPs(want) {
-			wrote = cur
-			return nil
-		}
-		cur.Status.LoadBalancer.Ingress = want
-		wrote = &corev1.Service{}
-		err = c.core.Put().Namespace(s.Namespace).Resource("services").Name(s.Name).SubResource("status").
-			Param("fieldManager", c.fieldManager()).Body(cur).Do(ctx).Into(wrote)
-		if err == nil {
-			c.writes.Add(1)
-			c.log.Info("LoadBalancer status written", "service", s.Key.String(), "ingress", ingressIPs(want))
-		}
-		return err
-	})
+		})
+	}
 	if apierrors.IsNotFound(err) {
 		return nil // gone: its delete event follows
 	}
@@ -335,6 +395,40 @@ func (c *Controller) write(ctx context.Context, al *Allocation) error {
 		c.mu.Unlock()
 	}
 	return err
+}
+
+// patchStatus writes want into the status of the version of s it was read
+// from. Without a version, or when patches are refused, it does nothing
+// and returns nil, nil.
+func (c *Controller) patchStatus(ctx context.Context, s *Service, want []corev1.LoadBalancerIngress) (*corev1.Service, error) {
+	if s.ResourceVersion == "" || c.noPatch.Load() {
+		return nil, nil
+	}
+	meta := map[string]any{"resourceVersion": s.ResourceVersion}
+	if s.UID != "" {
+		meta["uid"] = s.UID
+	}
+	patch, err := json.Marshal(map[string]any{
+		"metadata": meta,
+		"status":   map[string]any{"loadBalancer": map[string]any{"ingress": want}},
+	})
+	if err != nil {
+		return nil, err
+	}
+	wrote := &corev1.Service{}
+	err = c.status.Patch(types.MergePatchType).Namespace(s.Namespace).Resource("services").Name(s.Name).SubResource("status").
+		Param("fieldManager", c.fieldManager()).Body(patch).Do(ctx).Into(wrote)
+	if err != nil {
+		return nil, err
+	}
+	c.written(s, want)
+	return wrote, nil
+}
+
+// written counts and logs a status write.
+func (c *Controller) written(s *Service, want []corev1.LoadBalancerIngress) {
+	c.writes.Add(1)
+	c.log.Info("LoadBalancer status written", "service", s.Key.String(), "ingress", ingressIPs(want))
 }
 
 func ingressIPs(in []corev1.LoadBalancerIngress) string {

@@ -220,6 +220,9 @@ func TestControllerAgainstAPIServer(t *testing.T) {
 		c := startController(t, sa, "gw-1", policy(cls, "10.10.0.1-10.10.0.3"), reg)
 		createLB(t, admin, cls, "first")
 		waitIngress(t, admin, "first", "10.10.0.1")
+		if c.noPatch.Load() {
+			t.Error("a status patch was refused with the rights of deploy/rbac.yaml")
+		}
 		createLB(t, admin, cls, "asks", annotate("metallb.io/loadBalancerIPs", "10.10.0.3"))
 		waitIngress(t, admin, "asks", "10.10.0.3")
 		createLB(t, admin, cls, "share-1", annotate("metallb.io/allow-shared-ip", "k"))

@@ -47,9 +47,12 @@ func (k Key) String() string { return k.Namespace + "/" + k.Name }
 // Service is what allocation reads of a Service object (NewService).
 type Service struct {
 	Key
-	UID     types.UID
-	Created time.Time
-	Labels  map[string]string
+	UID types.UID
+	// ResourceVersion is the object's version this was read from: a
+	// status write made against it fails when the Service changed since.
+	ResourceVersion string
+	Created         time.Time
+	Labels          map[string]string
 	// LoadBalancer: type LoadBalancer.
 	LoadBalancer bool
 	// Class is spec.loadBalancerClass, "" when unset.
@@ -89,11 +92,12 @@ type Port struct {
 // it cannot use is recorded in Invalid, with the field and the value.
 func NewService(svc *corev1.Service) *Service {
 	s := &Service{
-		Key:          Key{Namespace: svc.Namespace, Name: svc.Name},
-		UID:          svc.UID,
-		Created:      svc.CreationTimestamp.Time,
-		Labels:       svc.Labels,
-		LoadBalancer: svc.Spec.Type == corev1.ServiceTypeLoadBalancer,
+		Key:             Key{Namespace: svc.Namespace, Name: svc.Name},
+		UID:             svc.UID,
+		ResourceVersion: svc.ResourceVersion,
+		Created:         svc.CreationTimestamp.Time,
+		Labels:          svc.Labels,
+		LoadBalancer:    svc.Spec.Type == corev1.ServiceTypeLoadBalancer,
 	}
 	if s.Namespace == "" {
 		s.Namespace = metaNamespaceDefault

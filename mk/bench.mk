@@ -8,6 +8,9 @@
 #   make bench BENCH_SIZES=100000 BENCH_ARGS="--source manifests"
 #                                       nftgate alone, fed from manifest files
 #                                       (no kube-apiserver: see "Large sizes")
+#   make bench BENCH_EDGE=10000         then the edge phase: 10,000 LoadBalancer
+#                                       Services allocated by nftgate and
+#                                       announced by BGP to BIRD (see "Edge")
 #
 # Results (markdown table, PNG plot, raw JSON) land in bench/results/.
 .PHONY: bench bench-build bench-deps
@@ -15,11 +18,15 @@
 BENCH_SIZES ?= 1000,10000
 BENCH_ARGS ?=
 BENCH_OUT ?= $(CURDIR)/bench/results
+# LoadBalancer Services of the edge phase; 0: no edge phase. It takes
+# several minutes at 10,000, so it is not on by default.
+BENCH_EDGE ?= 0
 
 # kube-proxy's iptables mode needs iptables, iptables-restore and
 # iptables-save; its nftables mode and the cleanup between runs need nft;
-# the conntrack table is flushed between proxiers with conntrack(8).
-BENCH_APT_PACKAGES := iptables nftables conntrack iproute2 etcd-server
+# the conntrack table is flushed between proxiers with conntrack(8); the
+# edge phase's router is BIRD 2.
+BENCH_APT_PACKAGES := iptables nftables conntrack iproute2 etcd-server bird2
 bench-deps:
 	@missing=""; for p in $(BENCH_APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
@@ -33,4 +40,4 @@ bench-build:
 
 bench: bench-deps kube-bin bench-build
 	$(BUILD)/nftgate-bench --nftgate $(BUILD)/nftgate --kube-proxy $(BUILD)/kube-proxy \
-		--sizes $(BENCH_SIZES) --out $(BENCH_OUT) $(BENCH_ARGS)
+		--sizes $(BENCH_SIZES) --edge $(BENCH_EDGE) --out $(BENCH_OUT) $(BENCH_ARGS)

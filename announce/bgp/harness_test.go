@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/nftgate/nftgate/internal/testing/bird"
 	"github.com/nftgate/nftgate/internal/testing/lab"
 	"github.com/nftgate/nftgate/internal/testing/lab/labtest"
@@ -37,8 +39,9 @@ func TestMain(m *testing.M) {
 }
 
 // speakerChild runs a Speaker from the JSON Config in path. It reads one
-// command a line on stdin, a JSON []Route to Set or "stop", and answers
-// each with "ok" or "error: ..." on stdout.
+// command a line on stdin, a JSON []Route to Set, "status" or "stop", and
+// answers each with "ok" or "error: ..." on stdout; "status" with one line
+// of JSON, a childStatus.
 func speakerChild(path string) int {
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -55,6 +58,11 @@ func speakerChild(path string) int {
 		fmt.Println("error:", err)
 		return 1
 	}
+	reg := prometheus.NewPedanticRegistry()
+	if err := s.Register(reg); err != nil {
+		fmt.Println("error:", err)
+		return 1
+	}
 	fmt.Println("ok")
 	in := bufio.NewScanner(os.Stdin)
 	in.Buffer(nil, 64<<20)
@@ -67,6 +75,15 @@ func speakerChild(path string) int {
 			reply(err)
 			return 0
 		}
+		if line == "status" {
+			b, err := json.Marshal(childStatusOf(s, reg))
+			if err != nil {
+				reply(err)
+				continue
+			}
+			fmt.Println(string(b))
+			continue
+		}
 		var routes []Route
 		if err := json.Unmarshal([]byte(line), &routes); err != nil {
 			reply(err)
@@ -75,6 +92,35 @@ func speakerChild(path string) int {
 		reply(s.Set(routes))
 	}
 	return 0
+}
+
+// childStatus is the speaker's Status and its metrics, by series name and
+// peer label ("" without one).
+type childStatus struct {
+	Peers   []PeerStatus                  `json:"peers"`
+	Metrics map[string]map[string]float64 `json:"metrics"`
+}
+
+func childStatusOf(s *Speaker, reg prometheus.Gatherer) childStatus {
+	st := childStatus{Peers: s.Status(), Metrics: map[string]map[string]float64{}}
+	families, err := reg.Gather()
+	if err != nil {
+		return st
+	}
+	for _, f := range families {
+		byPeer := map[string]float64{}
+		for _, m := range f.GetMetric() {
+			peer := ""
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "peer" {
+					peer = l.GetValue()
+				}
+			}
+			byPeer[peer] = m.GetGauge().GetValue()
+		}
+		st.Metrics[f.GetName()] = byPeer
+	}
+	return st
 }
 
 func reply(err error) {
@@ -157,6 +203,22 @@ func (p *speakerProc) Set(routes ...Route) {
 	if err := p.await(); err != nil {
 		p.t.Fatalf("speaker Set: %v", err)
 	}
+}
+
+// Status asks the speaker for its Status and metrics.
+func (p *speakerProc) Status() childStatus {
+	p.t.Helper()
+	if _, err := io.WriteString(p.in, "status\n"); err != nil {
+		p.t.Fatalf("speaker status: %v", err)
+	}
+	if !p.out.Scan() {
+		p.t.Fatalf("speaker ended: %v", p.out.Err())
+	}
+	var st childStatus
+	if err := json.Unmarshal(p.out.Bytes(), &st); err != nil {
+		p.t.Fatalf("speaker status %q: %v", p.out.Text(), err)
+	}
+	return st
 }
 
 // Stop calls the speaker's Stop (withdraw on purpose) and waits for the

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"strings"
 	"sync"
 	"time"
 
@@ -296,8 +297,13 @@ func (e *Env) createBulk(ctx context.Context, client kubernetes.Interface, i int
 	err = retryTransient(ctx, func() error {
 		var err error
 		created, err = client.CoreV1().Services(namespace).Create(ctx, svc, metav1.CreateOptions{})
-		if apierrors.IsAlreadyExists(err) {
-			created, err = client.CoreV1().Services(namespace).Get(ctx, name, metav1.GetOptions{})
+		// A create that timed out may have succeeded: then the retry
+		// finds the name taken, or first its ClusterIP.
+		if apierrors.IsAlreadyExists(err) || apierrors.IsInvalid(err) && strings.Contains(err.Error(), "already allocated") {
+			var gerr error
+			if created, gerr = client.CoreV1().Services(namespace).Get(ctx, name, metav1.GetOptions{}); gerr == nil || apierrors.IsAlreadyExists(err) {
+				return gerr
+			}
 		}
 		return err
 	})

@@ -58,6 +58,8 @@ type Config struct {
 	Source string
 	// ManifestsPerFile is how many bulk Services one manifest file holds.
 	ManifestsPerFile int
+	// Edge is the edge phase (edge.go).
+	Edge EdgeConfig
 	// Rerender names a results.json to render results.md and results.png
 	// from again, without measuring.
 	Rerender string
@@ -120,7 +122,8 @@ func parseFlags(args []string) (*Config, error) {
 		cfg.NftgateArgs = append(cfg.NftgateArgs, s)
 		return nil
 	})
-	fs.StringVar(&cfg.Rerender, "rerender", "", "results.json to render results.md and results.png from again (no measuring)")
+	edgeFlags(fs, &cfg.Edge)
+	fs.StringVar(&cfg.Rerender, "rerender", "", "results.json to render results.md and results.png from again, or edge.json to render edge.md (no measuring)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -175,6 +178,9 @@ func parseFlags(args []string) (*Config, error) {
 		return nil, fmt.Errorf("--timeout: %v: want more than zero", cfg.Timeout)
 	case cfg.ManifestsPerFile < 1:
 		return nil, fmt.Errorf("--manifest-services-per-file: %d: want at least 1", cfg.ManifestsPerFile)
+	}
+	if err := cfg.Edge.check(cfg); err != nil {
+		return nil, err
 	}
 	var err error
 	if cfg.NftgateBin, err = filepath.Abs(cfg.NftgateBin); err != nil {
@@ -287,6 +293,11 @@ func run(ctx context.Context, cfg *Config) error {
 			}
 		}
 	}
+	if cfg.Edge.Services > 0 && !cfg.LoadOnly {
+		if err := env.RunEdge(ctx, machine.Summary()); err != nil {
+			return fmt.Errorf("edge: %w", err)
+		}
+	}
 	report.Finished = time.Now().UTC()
 	report.Machine.LoadAvgEnd = loadAvg()
 	if err := report.Write(cfg.Out); err != nil {
@@ -317,6 +328,9 @@ func rerender(path string) error {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return err
+	}
+	if filepath.Base(path) == "edge.json" {
+		return rerenderEdge(path, data)
 	}
 	var r Report
 	if err := json.Unmarshal(data, &r); err != nil {

@@ -20,51 +20,81 @@ import (
 	"github.com/nftgate/nftgate/internal/testing/lab"
 )
 
-// Router is a BIRD 2 daemon in a namespace of a test's lab, the upstream
-// router of the BGP tests.
+// Router is a BIRD 2 daemon in a namespace of a lab, the upstream router
+// of the BGP tests and of the benchmark's edge phase.
 type Router struct {
-	t    testing.TB
 	sock string
 	log  string
 	cmd  *exec.Cmd
+	out  *strings.Builder
+	done chan struct{}
 }
 
 // Start runs bird with conf in host, and waits until it answers on
 // its control socket. The cleanup stops it and shows its log on failure.
 func Start(t testing.TB, host *lab.Host, conf string) *Router {
 	t.Helper()
-	if _, err := exec.LookPath("bird"); err != nil {
-		t.Fatalf("bird not installed (the Makefile's deps installs bird2): %v", err)
+	b, err := Launch(host, conf, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
 	}
-	dir := t.TempDir()
-	b := &Router{t: t, sock: filepath.Join(dir, "bird.ctl"), log: filepath.Join(dir, "bird.log")}
+	t.Cleanup(func() {
+		b.Close()
+		if t.Failed() {
+			t.Logf("%s", b.Output(60))
+		}
+	})
+	return b
+}
+
+// Launch runs bird with conf in host, its configuration, socket and log
+// in dir, and waits until it answers on its control socket. Close stops
+// it. Start is the same for tests.
+func Launch(host *lab.Host, conf, dir string) (*Router, error) {
+	if _, err := exec.LookPath("bird"); err != nil {
+		return nil, fmt.Errorf("bird not installed (the Makefile's deps installs bird2): %v", err)
+	}
+	b := &Router{sock: filepath.Join(dir, "bird.ctl"), log: filepath.Join(dir, "bird.log"),
+		out: &strings.Builder{}, done: make(chan struct{})}
 	confPath := filepath.Join(dir, "bird.conf")
 	conf = fmt.Sprintf("log %q all;\n%s", b.log, conf)
 	if err := os.WriteFile(confPath, []byte(conf), 0o600); err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	b.cmd = host.Command(context.Background(), "bird", "-f", "-c", confPath, "-s", b.sock, "-P", filepath.Join(dir, "bird.pid"))
-	out := &strings.Builder{}
-	b.cmd.Stdout, b.cmd.Stderr = out, out
+	b.cmd.Stdout, b.cmd.Stderr = b.out, b.out
 	if err := b.cmd.Start(); err != nil {
-		t.Fatalf("start bird: %v", err)
+		return nil, fmt.Errorf("start bird: %v", err)
 	}
-	t.Cleanup(func() {
-		_ = b.cmd.Process.Kill()
+	go func() {
 		_ = b.cmd.Wait()
-		if t.Failed() {
-			l, _ := os.ReadFile(b.log)
-			t.Logf("bird output: %s\nbird log:\n%s", out, tail(string(l), 60))
-		}
-	})
+		close(b.done)
+	}()
 	if err := lab.EventuallyWithin(10*time.Second, func() error {
 		_, err := b.Run("show status")
 		return err
 	}); err != nil {
-		t.Fatalf("bird does not answer: %v (output: %s)", err, out)
+		b.Close()
+		return nil, fmt.Errorf("bird does not answer: %v (output: %s)", err, b.out)
 	}
-	return b
+	return b, nil
 }
+
+// Close stops bird and waits for it to exit.
+func (b *Router) Close() {
+	_ = b.cmd.Process.Kill()
+	<-b.done
+}
+
+// Output is what bird wrote to its standard streams, and the last lines
+// of its log.
+func (b *Router) Output(lines int) string {
+	l, _ := os.ReadFile(b.log)
+	return fmt.Sprintf("bird output: %s\nbird log:\n%s", b.out, tail(string(l), lines))
+}
+
+// LogPath is bird's log file.
+func (b *Router) LogPath() string { return b.log }
 
 func tail(s string, n int) string {
 	lines := strings.Split(s, "\n")
@@ -92,12 +122,17 @@ func (b *Router) HasRoute(prefix netip.Prefix) (bool, error) {
 		}
 		return false, err
 	}
+	return listsRoute(out, prefix), nil
+}
+
+// listsRoute tells whether the output of show route lists prefix.
+func listsRoute(out string, prefix netip.Prefix) bool {
 	for _, line := range strings.Split(out, "\n") {
 		if strings.HasPrefix(line, prefix.String()+" ") {
-			return true, nil
+			return true
 		}
 	}
-	return false, nil
+	return false
 }
 
 // ProtocolState is the state of a BGP protocol from birdc show protocols,
@@ -128,6 +163,10 @@ func (b *Router) RouteCount(name string) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	return parseRouteCount(out)
+}
+
+func parseRouteCount(out string) (int, error) {
 	m := routeCount.FindStringSubmatch(out)
 	if m == nil {
 		return 0, fmt.Errorf("no route count in: %s", out)
