@@ -63,6 +63,13 @@ func TestBIRDLearnsAndForgetsServiceAddresses(t *testing.T) {
 			}
 			sp.Set(HostRoute(svc, ""))
 			b.WaitRoute(t, prefix, true, 5*time.Second)
+			// BIRD's table first, then its export into the router's
+			// kernel: the client's packets need the latter.
+			if err := lab.EventuallyWithin(5*time.Second, func() error {
+				return e.router.Do(func() error { return kernelHasRoute(prefix) })
+			}); err != nil {
+				t.Fatal(err)
+			}
 			if _, err := e.client.Dial("tcp", dst, lab.DialOpts{Timeout: 2 * time.Second}); err != nil {
 				t.Fatalf("client after re-announcement: %v", err)
 			}
