@@ -18,8 +18,9 @@ BENCH_OUT ?= $(CURDIR)/bench/results
 
 # kube-proxy's iptables mode needs iptables, iptables-restore and
 # iptables-save; its nftables mode and the cleanup between runs need nft;
-# the conntrack table is flushed between proxiers with conntrack(8).
-BENCH_APT_PACKAGES := iptables nftables conntrack iproute2 etcd-server
+# the conntrack table is flushed between proxiers with conntrack(8); the
+# data-plane phase measures bulk throughput with iperf3.
+BENCH_APT_PACKAGES := iptables nftables conntrack iproute2 etcd-server iperf3
 bench-deps:
 	@missing=""; for p in $(BENCH_APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
