@@ -8,6 +8,10 @@
 #   make bench BENCH_SIZES=100000 BENCH_ARGS="--source manifests"
 #                                       nftgate alone, fed from manifest files
 #                                       (no kube-apiserver: see "Large sizes")
+#   make bench BENCH_ARGS="--dataplane-only --dataplane-duration 60s"
+#                                       cold start and the data plane only: new
+#                                       connections/s, stalls and iperf3, via a
+#                                       Service against direct ("The data plane")
 #
 # Results (markdown table, PNG plot, raw JSON) land in bench/results/.
 .PHONY: bench bench-build bench-deps
