@@ -285,6 +285,71 @@ type ConnRun struct {
 	// BackendTimeWait: TIME_WAIT sockets on the backend at the run's end
 	// (the backend starts each run without any).
 	BackendTimeWait int `json:"backend_time_wait"`
+	// Counters of the backend's and the client's TCP stacks
+	// (/proc/net/netstat) over the run: netstatCounters.
+	Backend map[string]int64 `json:"backend_tcp"`
+	Client  map[string]int64 `json:"client_tcp"`
+}
+
+// netstatCounters are the TCP counters a run records, on the backend and
+// the client: SYNs a TIME_WAIT socket turned away for an old timestamp
+// (PAWSTimewait) and TIME_WAIT sockets a new SYN took over (TWRecycled),
+// ACKs a TIME_WAIT socket did not send for a SYN it did not take
+// (TCPACKSkippedTimeWait, rate-limited), connections the listener had no
+// room for (ListenOverflows, ListenDrops),
+// and SYNs the client sent again (TCPSynRetrans).
+var netstatCounters = []string{"PAWSTimewait", "TWRecycled", "TCPACKSkippedTimeWait", "ListenOverflows", "ListenDrops", "TCPSynRetrans"}
+
+// readNetstat reads the TcpExt counters of h's namespace.
+func readNetstat(h *lab.Host) (map[string]int64, error) {
+	var data []byte
+	err := h.Do(func() error {
+		var err error
+		// thread-self: this thread is the one in the namespace.
+		data, err = os.ReadFile("/proc/thread-self/net/netstat")
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return parseNetstat(string(data), "TcpExt")
+}
+
+// parseNetstat reads one group of /proc/net/netstat: a line of names
+// after "Group:", then a line of values.
+func parseNetstat(data, group string) (map[string]int64, error) {
+	lines := strings.Split(data, "\n")
+	for i := 0; i+1 < len(lines); i++ {
+		names, values := strings.Fields(lines[i]), strings.Fields(lines[i+1])
+		if len(names) == 0 || names[0] != group+":" {
+			continue
+		}
+		if len(values) != len(names) || values[0] != group+":" {
+			return nil, fmt.Errorf("netstat: %s: %d names, %d values", group, len(names), len(values))
+		}
+		out := map[string]int64{}
+		for j := 1; j < len(names); j++ {
+			v, err := strconv.ParseInt(values[j], 10, 64)
+			if err != nil {
+				return nil, fmt.Errorf("netstat: %s %s: %q: %w", group, names[j], values[j], err)
+			}
+			out[names[j]] = v
+		}
+		return out, nil
+	}
+	return nil, fmt.Errorf("netstat: no %s group", group)
+}
+
+// counterDelta is after minus before for each of netstatCounters the
+// kernel has.
+func counterDelta(before, after map[string]int64) map[string]int64 {
+	out := map[string]int64{}
+	for _, k := range netstatCounters {
+		if a, ok := after[k]; ok {
+			out[k] = a - before[k]
+		}
+	}
+	return out
 }
 
 // BulkRun is one iperf3 run, with the host's CPU time meanwhile.
@@ -420,10 +485,27 @@ func (e *Env) connRun(ctx context.Context, path string, dst netip.AddrPort, srcs
 		"-parallel", strconv.Itoa(parallel), "-duration", d.String())
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
+	backendBefore, err := readNetstat(e.Topo.Backend)
+	if err != nil {
+		return run, err
+	}
+	clientBefore, err := readNetstat(e.Topo.Client)
+	if err != nil {
+		return run, err
+	}
 	out, err := cmd.Output()
 	if err != nil {
 		return run, fmt.Errorf("connection test %s: %v: %.1000s", path, err, stderr.String())
 	}
+	backendAfter, err := readNetstat(e.Topo.Backend)
+	if err != nil {
+		return run, err
+	}
+	clientAfter, err := readNetstat(e.Topo.Client)
+	if err != nil {
+		return run, err
+	}
+	run.Backend, run.Client = counterDelta(backendBefore, backendAfter), counterDelta(clientBefore, clientAfter)
 	if err := json.Unmarshal(out, &run.ConnStats); err != nil {
 		return run, fmt.Errorf("connection test %s: %q: %w", path, out, err)
 	}
@@ -433,8 +515,8 @@ func (e *Env) connRun(ctx context.Context, path string, dst netip.AddrPort, srcs
 
 // Summary is one line for the log.
 func (r ConnRun) Summary() string {
-	return fmt.Sprintf("connections %s %s, %d clients from %d address(es): %.0f/s, %d stalled (%d failed), p50 %.0fµs p99 %.0fµs max %.0fµs, backend TIME_WAIT %d",
-		r.Path, r.Dst, r.Parallel, r.Sources, r.PerSecond, r.Stalled, r.Failed, r.P50us, r.P99us, r.MaxUs, r.BackendTimeWait)
+	return fmt.Sprintf("connections %s %s, %d clients from %d address(es): %.0f/s, %d stalled (%d failed), p50 %.0fµs p99 %.0fµs max %.0fµs, backend TIME_WAIT %d, backend %v, client %v",
+		r.Path, r.Dst, r.Parallel, r.Sources, r.PerSecond, r.Stalled, r.Failed, r.P50us, r.P99us, r.MaxUs, r.BackendTimeWait, r.Backend, r.Client)
 }
 
 // Summary is one line for the log.

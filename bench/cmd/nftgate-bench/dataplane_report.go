@@ -48,10 +48,12 @@ func (r *Report) DataplaneMarkdown() string {
 			continue
 		}
 		for _, p := range pairConns(res.Dataplane.Connections) {
-			fmt.Fprintf(&conns, "| %s | %s | %d | %d | %s | %s | **%s** | %d | %d | %s | %s | %s |\n",
+			fmt.Fprintf(&conns, "| %s | %s | %d | %d | %s | %s | **%s** | %d | %d | %s | %s | %s | %s | %s | %s |\n",
 				res.Proxier, thousands(res.Services), p.Parallel, p.Sources,
 				thousands(int(p.Via.PerSecond+0.5)), thousands(int(p.Direct.PerSecond+0.5)), viaRatio(p.Via.PerSecond, p.Direct.PerSecond),
-				p.Via.Stalled, p.Direct.Stalled, micros(p.Via.P99us), micros(p.Direct.P99us), thousands(p.Via.BackendTimeWait))
+				p.Via.Stalled, p.Direct.Stalled, micros(p.Via.P99us), micros(p.Direct.P99us), thousands(p.Via.BackendTimeWait),
+				counterPair(p.Via.Client, p.Direct.Client, "TCPSynRetrans"),
+				counterPair(p.Via.Backend, p.Direct.Backend, "PAWSTimewait"), counterPair(p.Via.Backend, p.Direct.Backend, "ListenDrops"))
 		}
 		var via, direct *BulkRun
 		for i, b := range res.Dataplane.Bulk {
@@ -84,9 +86,13 @@ func (r *Report) DataplaneMarkdown() string {
 	b.WriteString("New connections: each client connects, reads the line the server writes and its close, then closes (the server " +
 		"closes first, as an HTTP server without keep-alive does, so TIME_WAIT is on the backend). *Stalled*: took 1 s or more " +
 		"(a SYN retransmitted) or failed. p99 of one exchange, from connect() until the client saw the close. " +
-		"Backend TIME_WAIT: sockets left on the backend at the end of the via run.\n\n")
-	b.WriteString("| Proxier | N | clients | client addresses | via /s | direct /s | via/direct | stalled via | stalled direct | p99 via | p99 direct | backend TIME_WAIT |\n")
-	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		"Backend TIME_WAIT: sockets left on the backend at the end of the via run. TCP counters over the runs, via / direct: the client's " +
+		"*SYNs retransmitted* (TcpExtTCPSynRetrans), and the backend's " +
+		"*SYNs refused by TIME_WAIT* (TcpExtPAWSTimewait: a SYN matched a TIME_WAIT socket and carried an older timestamp, so it was " +
+		"dropped and retransmitted after 1 s) and *listen drops* (TcpExtListenDrops: the server's queue was full). " +
+		"The JSON has every counter recorded.\n\n")
+	b.WriteString("| Proxier | N | clients | client addresses | via /s | direct /s | via/direct | stalled via | stalled direct | p99 via | p99 direct | backend TIME_WAIT | SYNs retransmitted | SYNs refused by TIME_WAIT | listen drops |\n")
+	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	b.Write(conns.Bytes())
 	b.WriteString("\nBulk: one iperf3 TCP stream, client to backend. Softirq: the machine's softirq time from /proc/stat during " +
 		"the run (all namespaces share the kernel; forwarding, NAT and conntrack at the gateway and the TCP receive at both ends " +
@@ -100,6 +106,18 @@ func (r *Report) DataplaneMarkdown() string {
 			strings.TrimSpace(r.Dataplane.NftgateConfigExtra))
 	}
 	return b.String()
+}
+
+// counterPair is counter k of the via and the direct run, "–" where the
+// run has no counters (results from before they were recorded).
+func counterPair(via, direct map[string]int64, k string) string {
+	one := func(m map[string]int64) string {
+		if v, ok := m[k]; ok {
+			return thousands(int(v))
+		}
+		return "–"
+	}
+	return one(via) + " / " + one(direct)
 }
 
 func micros(us float64) string {

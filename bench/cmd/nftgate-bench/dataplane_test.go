@@ -73,8 +73,10 @@ func TestConnClientsLoopback(t *testing.T) {
 
 func TestPairConnsAndMarkdown(t *testing.T) {
 	runs := []ConnRun{
-		{Path: pathVia, Parallel: 8, Sources: 1, ConnStats: ConnStats{PerSecond: 966, Stalled: 104, P99us: 1_020_000}, BackendTimeWait: 24000},
-		{Path: pathDirect, Parallel: 8, Sources: 1, ConnStats: ConnStats{PerSecond: 10496, P99us: 900}},
+		{Path: pathVia, Parallel: 8, Sources: 1, ConnStats: ConnStats{PerSecond: 966, Stalled: 104, P99us: 1_020_000}, BackendTimeWait: 24000,
+			Backend: map[string]int64{"PAWSTimewait": 1500, "ListenDrops": 0}, Client: map[string]int64{"TCPSynRetrans": 110}},
+		{Path: pathDirect, Parallel: 8, Sources: 1, ConnStats: ConnStats{PerSecond: 10496, P99us: 900},
+			Backend: map[string]int64{"PAWSTimewait": 0, "ListenDrops": 2}, Client: map[string]int64{"TCPSynRetrans": 2}},
 		{Path: pathVia, Parallel: 64, Sources: 16, ConnStats: ConnStats{PerSecond: 9000}},
 		{Path: pathDirect, Parallel: 64, Sources: 16, ConnStats: ConnStats{PerSecond: 10000}},
 		{Path: pathVia, Parallel: 64, Sources: 1}, // no direct run: left out
@@ -92,8 +94,8 @@ func TestPairConnsAndMarkdown(t *testing.T) {
 	md := r.Markdown()
 	for _, want := range []string{
 		"## Data plane", "Each run lasts 15 s",
-		"| nftgate | 10,000 | 8 | 1 | 966 | 10,496 | **0.09** | 104 | 0 | 1020 ms | 900 µs | 24,000 |",
-		"| nftgate | 10,000 | 64 | 16 | 9,000 | 10,000 | **0.90** | 0 | 0 |",
+		"| nftgate | 10,000 | 8 | 1 | 966 | 10,496 | **0.09** | 104 | 0 | 1020 ms | 900 µs | 24,000 | 110 / 2 | 1,500 / 0 | 0 / 2 |",
+		"| nftgate | 10,000 | 64 | 16 | 9,000 | 10,000 | **0.90** | 0 | 0 | 0 µs | 0 µs | 0 | – / – | – / – | – / – |",
 		"| nftgate | 10,000 | 9.00 | 10.00 | **0.90** | 0.50 | 0.40 | 0.48 | 0.34 | 3 / 0 |",
 		"```toml\n[masquerade]\npool = []\n```",
 	} {
@@ -110,6 +112,31 @@ func TestPairConnsAndMarkdown(t *testing.T) {
 	r.Dataplane.Only = true
 	if md := r.Markdown(); strings.Contains(md, "| Proxier | N | cold start") || !strings.Contains(md, "`--dataplane-only`") {
 		t.Errorf("--dataplane-only: results.md has the sync table or does not say why not:\n%s", md)
+	}
+}
+
+func TestParseNetstat(t *testing.T) {
+	data := "TcpExt: SyncookiesSent TW PAWSTimewait TCPSynRetrans\nTcpExt: 0 12 7 3\n" +
+		"IpExt: InNoRoutes InTruncatedPkts\nIpExt: 0 0\n"
+	m, err := parseNetstat(data, "TcpExt")
+	if err != nil || m["TW"] != 12 || m["PAWSTimewait"] != 7 || m["TCPSynRetrans"] != 3 || len(m) != 4 {
+		t.Fatalf("parseNetstat = %v, %v", m, err)
+	}
+	d := counterDelta(map[string]int64{"PAWSTimewait": 2}, m)
+	if d["PAWSTimewait"] != 5 || d["TCPSynRetrans"] != 3 {
+		t.Errorf("delta %v", d)
+	}
+	if _, ok := d["ListenDrops"]; ok {
+		t.Errorf("delta has a counter the kernel does not: %v", d)
+	}
+	for in, want := range map[string]string{
+		"IpExt: A\nIpExt: 1\n":       "no TcpExt group",
+		"TcpExt: A B\nTcpExt: 1\n":   "3 names, 2 values",
+		"TcpExt: A B\nTcpExt: 1 x\n": `TcpExt B: "x"`,
+	} {
+		if _, err := parseNetstat(in, "TcpExt"); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("parseNetstat(%q) = %v, want an error naming %s", in, err, want)
+		}
 	}
 }
 
