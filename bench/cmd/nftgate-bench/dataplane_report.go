@@ -39,8 +39,9 @@ func viaRatio(via, direct float64) string {
 }
 
 // DataplaneMarkdown renders the data-plane phase: the method, then a table
-// of new connections per second and one of bulk throughput. Empty when no
-// result has a data-plane phase.
+// of new connections per second and one of bulk throughput, and the
+// configuration added to nftgate's. Without a data-plane phase only the
+// latter, if any.
 func (r *Report) DataplaneMarkdown() string {
 	var conns, bulk bytes.Buffer
 	for _, res := range r.Results {
@@ -70,8 +71,13 @@ func (r *Report) DataplaneMarkdown() string {
 				via.SoftirqCores(), direct.SoftirqCores(), via.SoftirqPerGiB(), direct.SoftirqPerGiB(), via.Retransmits, direct.Retransmits)
 		}
 	}
+	extra := ""
+	if r.Dataplane != nil && r.Dataplane.NftgateConfigExtra != "" {
+		extra = fmt.Sprintf("\nnftgate ran with this added to its configuration (`--nftgate-config-extra`):\n\n```toml\n%s\n```\n",
+			strings.TrimSpace(r.Dataplane.NftgateConfigExtra))
+	}
 	if conns.Len() == 0 && bulk.Len() == 0 {
-		return ""
+		return extra
 	}
 	var b strings.Builder
 	b.WriteString("\n## Data plane\n\n")
@@ -101,10 +107,7 @@ func (r *Report) DataplaneMarkdown() string {
 	b.WriteString("| Proxier | N | via Gbit/s | direct Gbit/s | via/direct | softirq via (cores) | direct | softirq via (s/GiB) | direct | retransmits via / direct |\n")
 	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	b.Write(bulk.Bytes())
-	if r.Dataplane != nil && r.Dataplane.NftgateConfigExtra != "" {
-		fmt.Fprintf(&b, "\nnftgate ran with this added to its configuration (`--nftgate-config-extra`):\n\n```toml\n%s\n```\n",
-			strings.TrimSpace(r.Dataplane.NftgateConfigExtra))
-	}
+	b.WriteString(extra)
 	return b.String()
 }
 

@@ -109,6 +109,10 @@ func TestPairConnsAndMarkdown(t *testing.T) {
 	if md := (&Report{Started: time.Now(), Results: []Result{{Proxier: proxNftgate}}}).Markdown(); strings.Contains(md, "Data plane") {
 		t.Errorf("a run without the data-plane phase has its section:\n%s", md)
 	}
+	noDP := &Report{Started: time.Now(), Results: []Result{{Proxier: proxNftgate}}, Dataplane: &DataplaneSettings{NftgateConfigExtra: "a = 1"}}
+	if md := noDP.Markdown(); strings.Contains(md, "Data plane") || !strings.Contains(md, "```toml\na = 1\n```") {
+		t.Errorf("a run without the data-plane phase but with --nftgate-config-extra:\n%s", md)
+	}
 	r.Dataplane.Only = true
 	if md := r.Markdown(); strings.Contains(md, "| Proxier | N | cold start") || !strings.Contains(md, "`--dataplane-only`") {
 		t.Errorf("--dataplane-only: results.md has the sync table or does not say why not:\n%s", md)
