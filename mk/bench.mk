@@ -11,6 +11,10 @@
 #   make bench BENCH_EDGE=10000         then the edge phase: 10,000 LoadBalancer
 #                                       Services allocated by nftgate and
 #                                       announced by BGP to BIRD (see "Edge")
+#   make bench BENCH_ARGS="--dataplane-only --dataplane-duration 60s"
+#                                       cold start and the data plane only: new
+#                                       connections/s, stalls and iperf3, via a
+#                                       Service against direct ("The data plane")
 #
 # Results (markdown table, PNG plot, raw JSON) land in bench/results/.
 .PHONY: bench bench-build bench-deps
@@ -25,8 +29,9 @@ BENCH_EDGE ?= 0
 # kube-proxy's iptables mode needs iptables, iptables-restore and
 # iptables-save; its nftables mode and the cleanup between runs need nft;
 # the conntrack table is flushed between proxiers with conntrack(8); the
-# edge phase's router is BIRD 2.
-BENCH_APT_PACKAGES := iptables nftables conntrack iproute2 etcd-server bird2
+# data-plane phase measures bulk throughput with iperf3; the edge phase's
+# router is BIRD 2.
+BENCH_APT_PACKAGES := iptables nftables conntrack iproute2 etcd-server iperf3 bird2
 bench-deps:
 	@missing=""; for p in $(BENCH_APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \

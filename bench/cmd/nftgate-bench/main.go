@@ -63,9 +63,14 @@ type Config struct {
 	// Rerender names a results.json to render results.md and results.png
 	// from again, without measuring.
 	Rerender string
+	// Dataplane is the data-plane phase (dataplane.go).
+	Dataplane DataplaneConfig
 }
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == dataplaneClientCmd {
+		os.Exit(dataplaneClientMain(os.Args[2:]))
+	}
 	cfg, err := parseFlags(os.Args[1:])
 	if errors.Is(err, flag.ErrHelp) {
 		os.Exit(0)
@@ -122,6 +127,7 @@ func parseFlags(args []string) (*Config, error) {
 		cfg.NftgateArgs = append(cfg.NftgateArgs, s)
 		return nil
 	})
+	checkDataplane := dataplaneFlags(fs, &cfg.Dataplane)
 	edgeFlags(fs, &cfg.Edge)
 	fs.StringVar(&cfg.Rerender, "rerender", "", "results.json to render results.md and results.png from again, or edge.json to render edge.md (no measuring)")
 	if err := fs.Parse(args); err != nil {
@@ -181,6 +187,12 @@ func parseFlags(args []string) (*Config, error) {
 	}
 	if err := cfg.Edge.check(cfg); err != nil {
 		return nil, err
+	}
+	if err := checkDataplane(); err != nil {
+		return nil, err
+	}
+	if cfg.Dataplane.Only {
+		cfg.Changes, cfg.LatencyN = 0, 0
 	}
 	var err error
 	if cfg.NftgateBin, err = filepath.Abs(cfg.NftgateBin); err != nil {
@@ -253,9 +265,17 @@ func run(ctx context.Context, cfg *Config) error {
 	if err := env.Setup(ctx); err != nil {
 		return err
 	}
+	if cfg.Dataplane.Duration > 0 {
+		stopDataplane, err := env.setupDataplane(ctx)
+		if err != nil {
+			return fmt.Errorf("data plane: %w", err)
+		}
+		defer stopDataplane()
+	}
 
 	report := &Report{Machine: machine, Started: time.Now().UTC(), Source: cfg.Source, Endpoints: cfg.Endpoints,
-		Changes: cfg.Changes, ChangeGap: cfg.ChangeGap.String(), LatencySamples: cfg.LatencyN}
+		Changes: cfg.Changes, ChangeGap: cfg.ChangeGap.String(), LatencySamples: cfg.LatencyN,
+		Dataplane: cfg.Dataplane.settings()}
 	if env.Manifests != nil {
 		report.ManifestsPerFile = cfg.ManifestsPerFile
 	}

@@ -51,6 +51,10 @@ type Result struct {
 
 	Metrics SyncMetrics `json:"metrics"`
 
+	// Dataplane: new connections per second and bulk throughput, via a
+	// Service and direct (dataplane.go).
+	Dataplane *DataplaneResult `json:"dataplane,omitempty"`
+
 	// TimedOut says what did not finish within --timeout; the numbers
 	// after that point are missing.
 	TimedOut string `json:"timed_out,omitempty"`
@@ -153,7 +157,7 @@ func (e *Env) Measure(ctx context.Context, p *Proxier, n int) (res Result, err e
 	if err != nil {
 		return res, err
 	}
-	res.CPUPerChangeMs = float64(after.CPU-before.CPU) / float64(time.Millisecond) / float64(e.Cfg.Changes)
+	res.CPUPerChangeMs = float64(after.CPU-before.CPU) / float64(time.Millisecond) / float64(max(e.Cfg.Changes, 1))
 	res.ChangeP50Ms = percentile(res.ChangeMs, 50)
 	res.ChangeP90Ms = percentile(res.ChangeMs, 90)
 	res.ChangeMaxMs = percentile(res.ChangeMs, 100)
@@ -162,6 +166,12 @@ func (e *Env) Measure(ctx context.Context, p *Proxier, n int) (res Result, err e
 	res.Direct, res.Service, err = e.connectionLatency(direct, netip.AddrPortFrom(canaryIP, servicePort), e.Cfg.LatencyN)
 	if err != nil {
 		return res, err
+	}
+
+	if e.dataplaneFor(p.Name) {
+		if res.Dataplane, err = e.measureDataplane(ctx, proc, p, n); err != nil {
+			return res, err
+		}
 	}
 
 	if res.Metrics, err = scrapeSyncMetrics(ctx, e, p); err != nil {

@@ -57,8 +57,11 @@ func proxierByName(name string, e *Env) *Proxier {
 		return &Proxier{
 			Name: name, MetricPrefix: "nftgate_", bin: e.Cfg.NftgateBin,
 			MetricsURL: "http://" + nftgateListen + "/metrics", ReadyURL: "http://" + nftgateListen + "/readyz",
-			args:       func(string) ([]string, error) { return args, nil },
-			cleanupCmd: func(string) ([]string, error) { return []string{e.Cfg.NftgateBin, "cleanup"}, nil },
+			args: func(dir string) ([]string, error) { return e.nftgateConfigArgs(dir, args) },
+			cleanupCmd: func(dir string) ([]string, error) {
+				flags, err := e.nftgateConfigArgs(dir, nil)
+				return append([]string{e.Cfg.NftgateBin, "cleanup"}, flags...), err
+			},
 		}
 	case proxKPNFTables, proxKPIPTables:
 		mode := strings.TrimPrefix(name, "kube-proxy-")

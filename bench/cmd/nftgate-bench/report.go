@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -30,6 +31,8 @@ type Report struct {
 	// runs from before manifests) or "manifests".
 	Source           string `json:"source,omitempty"`
 	ManifestsPerFile int    `json:"manifest_services_per_file,omitempty"`
+	// Dataplane: the data-plane phase's settings, when it ran.
+	Dataplane *DataplaneSettings `json:"dataplane,omitempty"`
 }
 
 // LoadTime is how long loading the Services up to a size took.
@@ -153,6 +156,12 @@ func (r *Report) Markdown() string {
 	}
 	fmt.Fprintf(&b, "Run %s. Machine: %s. Load average (1 min) %.1f at the start, %s.\n\n",
 		r.Started.Format("2006-01-02 15:04 MST"), r.Machine.Summary(), r.Machine.LoadAvgStart, end)
+	if r.Dataplane != nil && r.Dataplane.Only {
+		fmt.Fprintf(&b, "Source: %s. Run with `--dataplane-only`: cold start and the data plane; no endpoint changes, no latency samples.\n",
+			cmp.Or(r.Source, sourceAPI))
+		b.WriteString(r.DataplaneMarkdown())
+		return b.String()
+	}
 	if r.Source == sourceManifests {
 		fmt.Fprintf(&b, "Source: **manifests**. N Services × %d endpoints as manifest files that nftgate reads with `--manifests` "+
 			"(JSON documents separated by `---`, %s bulk Services with their EndpointSlices per file; the canary and the changed "+
@@ -205,6 +214,7 @@ func (r *Report) Markdown() string {
 		}
 		b.WriteString(".\n")
 	}
+	b.WriteString(r.DataplaneMarkdown())
 	return b.String()
 }
 

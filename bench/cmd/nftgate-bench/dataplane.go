@@ -1,0 +1,616 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nftgate/nftgate/internal/testing/lab"
+)
+
+// The data-plane phase: new connections per second and bulk throughput
+// through the gateway, to one backend via a Service (masqueraded, as every
+// client outside the cluster CIDRs is) against the same backend addressed
+// directly (routed by the same gateway, no NAT): the limit.
+const (
+	dpConnName = "dp-conn" // the Service of the connection test
+	dpBulkName = "dp-bulk" // the Service of the bulk test (iperf3)
+	dpFile     = "dataplane.json"
+	dpConnPort = 8090 // the backend's line server
+	dpBulkPort = 5201 // the backend's iperf3 server
+	// bannerPrefix starts the line the backend's server writes.
+	bannerPrefix = "nftgate-bench"
+
+	pathVia    = "via"
+	pathDirect = "direct"
+)
+
+var (
+	dpConnIP = netip.MustParseAddr("198.19.0.12")
+	dpBulkIP = netip.MustParseAddr("198.19.0.13")
+	// Client source addresses, added to the client namespace: one and
+	// many per path, each path its own, so that TIME_WAIT sockets one
+	// path leaves on the backend never meet the other path's flows.
+	dpViaOne      = netip.MustParseAddr("198.18.1.32")
+	dpDirectOne   = netip.MustParseAddr("198.18.1.33")
+	dpViaMany0    = netip.MustParseAddr("198.18.1.64")
+	dpDirectMany0 = netip.MustParseAddr("198.18.1.128")
+	dpMaxSources  = 64
+)
+
+// DataplaneConfig is what the command line sets for the data-plane phase.
+type DataplaneConfig struct {
+	// Duration of each run (connection test or iperf3); 0 skips the phase.
+	Duration time.Duration
+	Proxiers []string
+	Parallel []int
+	// Sources is the "many" of "from many client addresses".
+	Sources int
+	// Only skips the endpoint changes and the latency samples.
+	Only bool
+	// NftgateConfigExtra is a TOML file appended to the configuration the
+	// benchmark gives nftgate (--config).
+	NftgateConfigExtra string
+}
+
+// dataplaneFlags registers the phase's flags; check validates them after
+// parsing.
+func dataplaneFlags(fs *flag.FlagSet, c *DataplaneConfig) (check func() error) {
+	var proxiers, parallel string
+	fs.DurationVar(&c.Duration, "dataplane-duration", 10*time.Second,
+		"length of each data-plane run (connections per second, iperf3); 0 skips the data-plane phase. The goal of no stalls is judged over 60s")
+	fs.StringVar(&proxiers, "dataplane-proxiers", proxNftgate+","+proxKPNFTables, "proxiers whose data plane is measured (of those run)")
+	fs.StringVar(&parallel, "dataplane-parallel", "8,64", "comma-separated numbers of parallel clients in the connection test")
+	fs.IntVar(&c.Sources, "dataplane-sources", 16, "client addresses of the \"many addresses\" runs, per path")
+	fs.BoolVar(&c.Only, "dataplane-only", false, "measure cold start and the data plane only: no endpoint changes, no latency samples")
+	fs.StringVar(&c.NftgateConfigExtra, "nftgate-config-extra", "",
+		"TOML `file` appended to the configuration nftgate gets (--config), e.g. to measure masquerade or flowtable settings")
+	return func() error {
+		c.Proxiers = nil
+		for _, p := range strings.Split(proxiers, ",") {
+			if p = strings.TrimSpace(p); p == "" {
+				continue
+			}
+			if !slices.Contains(allProxiers, p) {
+				return fmt.Errorf("--dataplane-proxiers: %q: want one of %s", p, strings.Join(allProxiers, ", "))
+			}
+			c.Proxiers = append(c.Proxiers, p)
+		}
+		c.Parallel = nil
+		for _, s := range strings.Split(parallel, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(s))
+			if err != nil || n < 1 || n > 1024 {
+				return fmt.Errorf("--dataplane-parallel: %q: want whole numbers from 1 to 1024", s)
+			}
+			c.Parallel = append(c.Parallel, n)
+		}
+		switch {
+		case c.Duration < 0:
+			return fmt.Errorf("--dataplane-duration: %v: want zero or more", c.Duration)
+		case c.Duration > 0 && c.Duration < time.Second:
+			return fmt.Errorf("--dataplane-duration: %v: want 0 (skip) or at least 1s", c.Duration)
+		case c.Duration%time.Second != 0:
+			return fmt.Errorf("--dataplane-duration: %v: want whole seconds (iperf3 counts in seconds)", c.Duration)
+		case c.Sources < 2 || c.Sources > dpMaxSources:
+			return fmt.Errorf("--dataplane-sources: %d: want 2 to %d", c.Sources, dpMaxSources)
+		case c.Only && c.Duration == 0:
+			return errors.New("--dataplane-only with --dataplane-duration 0: nothing to measure")
+		}
+		if c.NftgateConfigExtra != "" {
+			if _, err := os.ReadFile(c.NftgateConfigExtra); err != nil {
+				return fmt.Errorf("--nftgate-config-extra: %w", err)
+			}
+		}
+		return nil
+	}
+}
+
+// DataplaneSettings are the phase's settings as the report records them.
+type DataplaneSettings struct {
+	Seconds  float64 `json:"seconds_per_run"`
+	Parallel []int   `json:"parallel"`
+	Sources  int     `json:"sources"`
+	Only     bool    `json:"dataplane_only,omitempty"`
+	// NftgateConfigExtra is the content of --nftgate-config-extra.
+	NftgateConfigExtra string `json:"nftgate_config_extra,omitempty"`
+}
+
+func (c *DataplaneConfig) settings() *DataplaneSettings {
+	if c.Duration == 0 && c.NftgateConfigExtra == "" {
+		return nil
+	}
+	s := &DataplaneSettings{Seconds: c.Duration.Seconds(), Parallel: c.Parallel, Sources: c.Sources, Only: c.Only}
+	if c.NftgateConfigExtra != "" {
+		b, _ := os.ReadFile(c.NftgateConfigExtra)
+		s.NftgateConfigExtra = string(b)
+	}
+	return s
+}
+
+// nftgateConfigArgs prepends --config FILE to nftgate's arguments when
+// --nftgate-config-extra is given: FILE in dir holds a header and the extra
+// file's content. The benchmark's own settings stay flags, which override
+// the file.
+func (e *Env) nftgateConfigArgs(dir string, args []string) ([]string, error) {
+	extra := e.Cfg.Dataplane.NftgateConfigExtra
+	if extra == "" {
+		return args, nil
+	}
+	b, err := os.ReadFile(extra)
+	if err != nil {
+		return nil, fmt.Errorf("--nftgate-config-extra: %w", err)
+	}
+	path := filepath.Join(dir, "nftgate.toml")
+	content := fmt.Sprintf("# Written by nftgate-bench: its settings are flags (--node-name, --listen, --cluster-cidr and the source);\n# what follows is %s.\n\n%s\n", extra, b)
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		return nil, err
+	}
+	return append([]string{"--config", path}, args...), nil
+}
+
+// dpSources are a path's client addresses: one, or many.
+func dpSources(path string, many int) (one netip.Addr, all []netip.Addr) {
+	one, first := dpViaOne, dpViaMany0
+	if path == pathDirect {
+		one, first = dpDirectOne, dpDirectMany0
+	}
+	a := first
+	for range many {
+		all = append(all, a)
+		a = a.Next()
+	}
+	return one, all
+}
+
+// setupDataplane adds the client addresses, starts the backend's line
+// server and iperf3, and creates the two Services (one endpoint each, on
+// the first backend address). stop ends the servers.
+func (e *Env) setupDataplane(ctx context.Context) (stop func(), err error) {
+	var closers []func()
+	stop = func() {
+		for _, c := range closers {
+			c()
+		}
+	}
+	defer func() {
+		if err != nil {
+			stop()
+		}
+	}()
+	c := e.Cfg.Dataplane
+	var addrs []netip.Prefix
+	for _, path := range []string{pathVia, pathDirect} {
+		one, many := dpSources(path, c.Sources)
+		for _, a := range append([]netip.Addr{one}, many...) {
+			addrs = append(addrs, netip.PrefixFrom(a, lab.ClientNet4.Bits()))
+		}
+	}
+	if err := e.Topo.Client.AddAddress(e.Topo.ClientIface, addrs...); err != nil {
+		return nil, err
+	}
+	backend := e.Topo.BackendIPv4[0]
+	ln, err := e.Topo.Backend.Listen("tcp", netip.AddrPortFrom(backend, dpConnPort).String())
+	if err != nil {
+		return nil, err
+	}
+	closers = append(closers, func() { ln.Close() })
+	for range 2 {
+		go serveLine(ln)
+	}
+	ictx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	iperf := e.Topo.Backend.Command(ictx, "iperf3", "--server", "--bind", backend.String(),
+		"--port", strconv.Itoa(dpBulkPort))
+	logPath := filepath.Join(e.LogDir, "iperf3-server.log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	defer logFile.Close()
+	iperf.Stdout, iperf.Stderr = logFile, logFile
+	if err := iperf.Start(); err != nil {
+		cancel()
+		return nil, fmt.Errorf("iperf3 server (install iperf3: make bench-deps): %w", err)
+	}
+	waited := make(chan struct{})
+	go func() { _ = iperf.Wait(); close(waited) }()
+	closers = append(closers, func() { cancel(); <-waited })
+	wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
+	defer wcancel()
+	if err := lab.Eventually(wctx, func() error {
+		out, err := e.Topo.Backend.Command(wctx, "ss", "-Hltn", "sport", "=", ":"+strconv.Itoa(dpBulkPort)).Output()
+		if err != nil {
+			return err
+		}
+		if len(bytes.TrimSpace(out)) == 0 {
+			return fmt.Errorf("iperf3 not listening on %s:%d (log %s)", backend, dpBulkPort, logPath)
+		}
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	one := []netip.Addr{backend}
+	if e.Manifests != nil {
+		_, err := e.Manifests.Write(dpFile, service(dpConnName, dpConnIP), slice(dpConnName, dpConnPort, one),
+			service(dpBulkName, dpBulkIP), slice(dpBulkName, dpBulkPort, one))
+		return stop, err
+	}
+	if err := e.createService(ctx, dpConnName, dpConnIP, dpConnPort, one); err != nil {
+		return nil, err
+	}
+	return stop, e.createService(ctx, dpBulkName, dpBulkIP, dpBulkPort, one)
+}
+
+// serveLine answers every connection with one line and closes it, first:
+// the backend of the connection test.
+func serveLine(ln net.Listener) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			continue
+		}
+		_, _ = c.Write([]byte(bannerPrefix + " " + c.RemoteAddr().String() + "\n"))
+		c.Close()
+	}
+}
+
+// DataplaneResult is the data-plane phase of one proxier at one size.
+type DataplaneResult struct {
+	Connections []ConnRun `json:"connections"`
+	Bulk        []BulkRun `json:"bulk"`
+}
+
+// ConnRun is one run of the connection test.
+type ConnRun struct {
+	Path     string `json:"path"` // via (the Service) or direct
+	Dst      string `json:"dst"`
+	Parallel int    `json:"parallel"`
+	Sources  int    `json:"sources"`
+	ConnStats
+	// BackendTimeWait: TIME_WAIT sockets on the backend at the run's end
+	// (the backend starts each run without any).
+	BackendTimeWait int `json:"backend_time_wait"`
+	// Counters of the backend's and the client's TCP stacks
+	// (/proc/net/netstat) over the run: netstatCounters.
+	Backend map[string]int64 `json:"backend_tcp"`
+	Client  map[string]int64 `json:"client_tcp"`
+}
+
+// netstatCounters are the TCP counters a run records, on the backend and
+// the client: SYNs a TIME_WAIT socket turned away for an old timestamp
+// (PAWSTimewait) and TIME_WAIT sockets a new SYN took over (TWRecycled),
+// ACKs a TIME_WAIT socket did not send for a SYN it did not take
+// (TCPACKSkippedTimeWait, rate-limited), connections the listener had no
+// room for (ListenOverflows, ListenDrops),
+// and SYNs the client sent again (TCPSynRetrans).
+var netstatCounters = []string{"PAWSTimewait", "TWRecycled", "TCPACKSkippedTimeWait", "ListenOverflows", "ListenDrops", "TCPSynRetrans"}
+
+// readNetstat reads the TcpExt counters of h's namespace.
+func readNetstat(h *lab.Host) (map[string]int64, error) {
+	var data []byte
+	err := h.Do(func() error {
+		var err error
+		// thread-self: this thread is the one in the namespace.
+		data, err = os.ReadFile("/proc/thread-self/net/netstat")
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return parseNetstat(string(data), "TcpExt")
+}
+
+// parseNetstat reads one group of /proc/net/netstat: a line of names
+// after "Group:", then a line of values.
+func parseNetstat(data, group string) (map[string]int64, error) {
+	lines := strings.Split(data, "\n")
+	for i := 0; i+1 < len(lines); i++ {
+		names, values := strings.Fields(lines[i]), strings.Fields(lines[i+1])
+		if len(names) == 0 || names[0] != group+":" {
+			continue
+		}
+		if len(values) != len(names) || values[0] != group+":" {
+			return nil, fmt.Errorf("netstat: %s: %d names, %d values", group, len(names), len(values))
+		}
+		out := map[string]int64{}
+		for j := 1; j < len(names); j++ {
+			v, err := strconv.ParseInt(values[j], 10, 64)
+			if err != nil {
+				return nil, fmt.Errorf("netstat: %s %s: %q: %w", group, names[j], values[j], err)
+			}
+			out[names[j]] = v
+		}
+		return out, nil
+	}
+	return nil, fmt.Errorf("netstat: no %s group", group)
+}
+
+// counterDelta is after minus before for each of netstatCounters the
+// kernel has.
+func counterDelta(before, after map[string]int64) map[string]int64 {
+	out := map[string]int64{}
+	for _, k := range netstatCounters {
+		if a, ok := after[k]; ok {
+			out[k] = a - before[k]
+		}
+	}
+	return out
+}
+
+// BulkRun is one iperf3 run, with the host's CPU time meanwhile.
+type BulkRun struct {
+	Path        string  `json:"path"`
+	Dst         string  `json:"dst"`
+	Gbps        float64 `json:"gbit_per_s"`
+	Retransmits int     `json:"retransmits"`
+	Seconds     float64 `json:"seconds"`
+	CPU
+}
+
+// CPU is the host's CPU time over a run, from /proc/stat, in seconds
+// summed over all CPUs. The network namespaces share the kernel, so this is
+// the whole machine's; see bench/README.md for what softirq holds.
+type CPU struct {
+	UserSeconds    float64 `json:"user_seconds"`
+	SystemSeconds  float64 `json:"system_seconds"`
+	SoftirqSeconds float64 `json:"softirq_seconds"`
+}
+
+// SoftirqCores is softirq time per second of the run.
+func (b BulkRun) SoftirqCores() float64 {
+	if b.Seconds <= 0 {
+		return 0
+	}
+	return b.SoftirqSeconds / b.Seconds
+}
+
+// SoftirqPerGiB is softirq time per GiB moved (at the measured rate over
+// the whole run).
+func (b BulkRun) SoftirqPerGiB() float64 {
+	gib := b.Gbps * 1e9 / 8 * b.Seconds / (1 << 30)
+	if gib <= 0 {
+		return 0
+	}
+	return b.SoftirqSeconds / gib
+}
+
+// dataplaneFor says whether the phase runs for proxier name.
+func (e *Env) dataplaneFor(name string) bool {
+	return e.Cfg.Dataplane.Duration > 0 && slices.Contains(e.Cfg.Dataplane.Proxiers, name)
+}
+
+// measureDataplane runs the connection test (via and direct, each
+// parallelism, one and many sources) and iperf3 (via and direct) against
+// the running proxier.
+func (e *Env) measureDataplane(ctx context.Context, proc *Proc, p *Proxier, n int) (*DataplaneResult, error) {
+	c := e.Cfg.Dataplane
+	backend := e.Topo.BackendIPv4[0]
+	dst := map[string][2]netip.AddrPort{ // connection test, bulk
+		pathVia:    {netip.AddrPortFrom(dpConnIP, servicePort), netip.AddrPortFrom(dpBulkIP, servicePort)},
+		pathDirect: {netip.AddrPortFrom(backend, dpConnPort), netip.AddrPortFrom(backend, dpBulkPort)},
+	}
+	// The Services are programmed with the rest; wait until they answer.
+	wctx, cancel := context.WithTimeout(ctx, e.Cfg.Timeout)
+	defer cancel()
+	if err := lab.Eventually(wctx, func() error {
+		if err := proc.Exited(); err != nil {
+			return err
+		}
+		return e.Topo.Client.Do(func() error {
+			return oneExchange(wctx, &net.Dialer{}, dst[pathVia][0], time.Now().Add(time.Second))
+		})
+	}); err != nil {
+		return nil, fmt.Errorf("data plane: Service %s not served: %w", dst[pathVia][0], err)
+	}
+	res := &DataplaneResult{}
+	for _, par := range c.Parallel {
+		for _, many := range []bool{false, true} {
+			for _, path := range []string{pathVia, pathDirect} {
+				one, all := dpSources(path, c.Sources)
+				srcs := []netip.Addr{one}
+				if many {
+					srcs = all
+				}
+				run, err := e.connRun(ctx, path, dst[path][0], srcs, par, c.Duration)
+				if err != nil {
+					return res, err
+				}
+				logf("%s N=%d: %s", p.Name, n, run.Summary())
+				res.Connections = append(res.Connections, run)
+			}
+		}
+	}
+	for _, path := range []string{pathVia, pathDirect} {
+		one, _ := dpSources(path, c.Sources)
+		run, err := e.bulkRun(ctx, path, dst[path][1], one, c.Duration)
+		if err != nil {
+			return res, err
+		}
+		logf("%s N=%d: %s", p.Name, n, run.Summary())
+		res.Bulk = append(res.Bulk, run)
+	}
+	return res, nil
+}
+
+// resetFlows starts a run from a clean slate: no conntrack entries on the
+// gateway and no TIME_WAIT sockets on the backend, so a run does not
+// inherit the one before it. Within the run they build up as on a busy
+// Service.
+func (e *Env) resetFlows(ctx context.Context) error {
+	_ = e.Topo.Gateway.Command(ctx, "conntrack", "-F").Run() // says what it flushed on stderr
+	if out, err := e.Topo.Backend.Command(ctx, "ss", "-K", "-t", "state", "time-wait").CombinedOutput(); err != nil {
+		return fmt.Errorf("ss -K state time-wait in the backend: %v: %.500s", err, out)
+	}
+	return nil
+}
+
+// timeWaitCount is the number of TIME_WAIT TCP sockets on the backend.
+func (e *Env) timeWaitCount(ctx context.Context) int {
+	out, err := e.Topo.Backend.Command(ctx, "ss", "-Htan", "state", "time-wait").Output()
+	if err != nil {
+		return -1
+	}
+	return bytes.Count(out, []byte("\n"))
+}
+
+func (e *Env) connRun(ctx context.Context, path string, dst netip.AddrPort, srcs []netip.Addr, parallel int, d time.Duration) (ConnRun, error) {
+	run := ConnRun{Path: path, Dst: dst.String(), Parallel: parallel, Sources: len(srcs)}
+	if err := e.resetFlows(ctx); err != nil {
+		return run, err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return run, err
+	}
+	src := make([]string, len(srcs))
+	for i, a := range srcs {
+		src[i] = a.String()
+	}
+	cmd := e.Topo.Client.Command(ctx, self, dataplaneClientCmd, "-dst", dst.String(), "-src", strings.Join(src, ","),
+		"-parallel", strconv.Itoa(parallel), "-duration", d.String())
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	backendBefore, err := readNetstat(e.Topo.Backend)
+	if err != nil {
+		return run, err
+	}
+	clientBefore, err := readNetstat(e.Topo.Client)
+	if err != nil {
+		return run, err
+	}
+	out, err := cmd.Output()
+	if err != nil {
+		return run, fmt.Errorf("connection test %s: %v: %.1000s", path, err, stderr.String())
+	}
+	backendAfter, err := readNetstat(e.Topo.Backend)
+	if err != nil {
+		return run, err
+	}
+	clientAfter, err := readNetstat(e.Topo.Client)
+	if err != nil {
+		return run, err
+	}
+	run.Backend, run.Client = counterDelta(backendBefore, backendAfter), counterDelta(clientBefore, clientAfter)
+	if err := json.Unmarshal(out, &run.ConnStats); err != nil {
+		return run, fmt.Errorf("connection test %s: %q: %w", path, out, err)
+	}
+	run.BackendTimeWait = e.timeWaitCount(ctx)
+	return run, nil
+}
+
+// Summary is one line for the log.
+func (r ConnRun) Summary() string {
+	return fmt.Sprintf("connections %s %s, %d clients from %d address(es): %.0f/s, %d stalled (%d failed), p50 %.0fµs p99 %.0fµs max %.0fµs, backend TIME_WAIT %d, backend %v, client %v",
+		r.Path, r.Dst, r.Parallel, r.Sources, r.PerSecond, r.Stalled, r.Failed, r.P50us, r.P99us, r.MaxUs, r.BackendTimeWait, r.Backend, r.Client)
+}
+
+// Summary is one line for the log.
+func (b BulkRun) Summary() string {
+	return fmt.Sprintf("iperf3 %s %s: %.2f Gbit/s, %d retransmits, softirq %.2f cores (%.2f s/GiB), system %.2f s, user %.2f s",
+		b.Path, b.Dst, b.Gbps, b.Retransmits, b.SoftirqCores(), b.SoftirqPerGiB(), b.SystemSeconds, b.UserSeconds)
+}
+
+func (e *Env) bulkRun(ctx context.Context, path string, dst netip.AddrPort, src netip.Addr, d time.Duration) (BulkRun, error) {
+	run := BulkRun{Path: path, Dst: dst.String()}
+	if err := e.resetFlows(ctx); err != nil {
+		return run, err
+	}
+	cmd := e.Topo.Client.Command(ctx, "iperf3", "--client", dst.Addr().String(), "--port", strconv.Itoa(int(dst.Port())),
+		"--bind", src.String(), "--time", strconv.Itoa(int(d/time.Second)), "--json")
+	before, err := readCPU()
+	if err != nil {
+		return run, err
+	}
+	start := time.Now()
+	out, err := cmd.Output()
+	run.Seconds = time.Since(start).Seconds()
+	after, cerr := readCPU()
+	if cerr != nil {
+		return run, cerr
+	}
+	run.CPU = after.sub(before)
+	gbps, retr, perr := parseIperf(out)
+	if err != nil || perr != nil {
+		return run, fmt.Errorf("iperf3 %s to %s: %w", path, dst, errors.Join(err, perr))
+	}
+	run.Gbps, run.Retransmits = gbps, retr
+	return run, nil
+}
+
+// parseIperf reads the received rate (Gbit/s) and the sender's
+// retransmissions from iperf3's --json output.
+func parseIperf(out []byte) (gbps float64, retransmits int, err error) {
+	var r struct {
+		Error string `json:"error"`
+		End   struct {
+			SumSent struct {
+				Retransmits int `json:"retransmits"`
+			} `json:"sum_sent"`
+			SumReceived struct {
+				BitsPerSecond float64 `json:"bits_per_second"`
+			} `json:"sum_received"`
+		} `json:"end"`
+	}
+	if err := json.Unmarshal(out, &r); err != nil {
+		return 0, 0, fmt.Errorf("iperf3 output %.300q: %w", out, err)
+	}
+	if r.Error != "" {
+		return 0, 0, fmt.Errorf("iperf3: %s", r.Error)
+	}
+	if r.End.SumReceived.BitsPerSecond <= 0 {
+		return 0, 0, fmt.Errorf("iperf3 output %.300q: no received rate", out)
+	}
+	return r.End.SumReceived.BitsPerSecond / 1e9, r.End.SumSent.Retransmits, nil
+}
+
+// readCPU is the first line of /proc/stat ("cpu  user nice system idle
+// iowait irq softirq ..."), in seconds.
+func readCPU() (CPU, error) {
+	f, err := os.Open("/proc/stat")
+	if err != nil {
+		return CPU{}, err
+	}
+	defer f.Close()
+	line, err := bufio.NewReader(f).ReadString('\n')
+	if err != nil {
+		return CPU{}, fmt.Errorf("/proc/stat: %w", err)
+	}
+	return parseProcStatCPU(line)
+}
+
+func parseProcStatCPU(line string) (CPU, error) {
+	f := strings.Fields(line)
+	if len(f) < 8 || f[0] != "cpu" {
+		return CPU{}, fmt.Errorf("/proc/stat: first line %q: want \"cpu\" and at least 7 counters", line)
+	}
+	var v [7]float64
+	for i := range v {
+		n, err := strconv.ParseInt(f[i+1], 10, 64)
+		if err != nil {
+			return CPU{}, fmt.Errorf("/proc/stat: counter %d %q: %w", i+1, f[i+1], err)
+		}
+		v[i] = float64(n) / float64(clockTick)
+	}
+	// user nice system idle iowait irq softirq
+	return CPU{UserSeconds: v[0] + v[1], SystemSeconds: v[2], SoftirqSeconds: v[6]}, nil
+}
+
+func (c CPU) sub(o CPU) CPU {
+	return CPU{UserSeconds: c.UserSeconds - o.UserSeconds, SystemSeconds: c.SystemSeconds - o.SystemSeconds,
+		SoftirqSeconds: c.SoftirqSeconds - o.SoftirqSeconds}
+}

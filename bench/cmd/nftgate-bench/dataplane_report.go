@@ -1,0 +1,131 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"strings"
+)
+
+// connPair is the via and the direct run of one setting.
+type connPair struct {
+	Parallel, Sources int
+	Via, Direct       ConnRun
+}
+
+// pairConns matches each via run with the direct run of the same
+// parallelism and number of sources, in the order the via runs came.
+func pairConns(runs []ConnRun) []connPair {
+	var out []connPair
+	for _, v := range runs {
+		if v.Path != pathVia {
+			continue
+		}
+		for _, d := range runs {
+			if d.Path == pathDirect && d.Parallel == v.Parallel && d.Sources == v.Sources {
+				out = append(out, connPair{Parallel: v.Parallel, Sources: v.Sources, Via: v, Direct: d})
+				break
+			}
+		}
+	}
+	return out
+}
+
+// viaRatio is via/direct with two decimals, or "–" without a direct figure.
+func viaRatio(via, direct float64) string {
+	if direct <= 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.2f", via/direct)
+}
+
+// DataplaneMarkdown renders the data-plane phase: the method, then a table
+// of new connections per second and one of bulk throughput, and the
+// configuration added to nftgate's. Without a data-plane phase only the
+// latter, if any.
+func (r *Report) DataplaneMarkdown() string {
+	var conns, bulk bytes.Buffer
+	for _, res := range r.Results {
+		if res.Dataplane == nil {
+			continue
+		}
+		for _, p := range pairConns(res.Dataplane.Connections) {
+			fmt.Fprintf(&conns, "| %s | %s | %d | %d | %s | %s | **%s** | %d | %d | %s | %s | %s | %s | %s | %s |\n",
+				res.Proxier, thousands(res.Services), p.Parallel, p.Sources,
+				thousands(int(p.Via.PerSecond+0.5)), thousands(int(p.Direct.PerSecond+0.5)), viaRatio(p.Via.PerSecond, p.Direct.PerSecond),
+				p.Via.Stalled, p.Direct.Stalled, micros(p.Via.P99us), micros(p.Direct.P99us), thousands(p.Via.BackendTimeWait),
+				counterPair(p.Via.Client, p.Direct.Client, "TCPSynRetrans"),
+				counterPair(p.Via.Backend, p.Direct.Backend, "PAWSTimewait"), counterPair(p.Via.Backend, p.Direct.Backend, "ListenDrops"))
+		}
+		var via, direct *BulkRun
+		for i, b := range res.Dataplane.Bulk {
+			switch b.Path {
+			case pathVia:
+				via = &res.Dataplane.Bulk[i]
+			case pathDirect:
+				direct = &res.Dataplane.Bulk[i]
+			}
+		}
+		if via != nil && direct != nil {
+			fmt.Fprintf(&bulk, "| %s | %s | %.2f | %.2f | **%s** | %.2f | %.2f | %.2f | %.2f | %d / %d |\n",
+				res.Proxier, thousands(res.Services), via.Gbps, direct.Gbps, viaRatio(via.Gbps, direct.Gbps),
+				via.SoftirqCores(), direct.SoftirqCores(), via.SoftirqPerGiB(), direct.SoftirqPerGiB(), via.Retransmits, direct.Retransmits)
+		}
+	}
+	extra := ""
+	if r.Dataplane != nil && r.Dataplane.NftgateConfigExtra != "" {
+		extra = fmt.Sprintf("\nnftgate ran with this added to its configuration (`--nftgate-config-extra`):\n\n```toml\n%s\n```\n",
+			strings.TrimSpace(r.Dataplane.NftgateConfigExtra))
+	}
+	if conns.Len() == 0 && bulk.Len() == 0 {
+		return extra
+	}
+	var b strings.Builder
+	b.WriteString("\n## Data plane\n\n")
+	secs := 0.0
+	if r.Dataplane != nil {
+		secs = r.Dataplane.Seconds
+	}
+	fmt.Fprintf(&b, "Client → gateway (the proxier) → one backend, whose way back is the gateway. *Via*: the Service's ClusterIP "+
+		"(one endpoint; the client is outside the cluster CIDRs, policy Cluster: masqueraded, the default), *direct*: the same "+
+		"backend by its address, routed by the same gateway without NAT — the limit. Each path from client addresses of its own. "+
+		"Each run lasts %.0f s and starts with the gateway's conntrack table flushed and no TIME_WAIT socket on the backend.\n\n", secs)
+	b.WriteString("New connections: each client connects, reads the line the server writes and its close, then closes (the server " +
+		"closes first, as an HTTP server without keep-alive does, so TIME_WAIT is on the backend). *Stalled*: took 1 s or more " +
+		"(a SYN retransmitted) or failed. p99 of one exchange, from connect() until the client saw the close. " +
+		"Backend TIME_WAIT: sockets left on the backend at the end of the via run. TCP counters over the runs, via / direct: the client's " +
+		"*SYNs retransmitted* (TcpExtTCPSynRetrans), and the backend's " +
+		"*SYNs refused by TIME_WAIT* (TcpExtPAWSTimewait: a SYN matched a TIME_WAIT socket and carried an older timestamp, so it was " +
+		"dropped and retransmitted after 1 s) and *listen drops* (TcpExtListenDrops: the server's queue was full). " +
+		"The JSON has every counter recorded.\n\n")
+	b.WriteString("| Proxier | N | clients | client addresses | via /s | direct /s | via/direct | stalled via | stalled direct | p99 via | p99 direct | backend TIME_WAIT | SYNs retransmitted | SYNs refused by TIME_WAIT | listen drops |\n")
+	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	b.Write(conns.Bytes())
+	b.WriteString("\nBulk: one iperf3 TCP stream, client to backend. Softirq: the machine's softirq time from /proc/stat during " +
+		"the run (all namespaces share the kernel; forwarding, NAT and conntrack at the gateway and the TCP receive at both ends " +
+		"run there, so via minus direct is the gateway's extra work), per second of the run (cores) and per GiB moved. " +
+		"The machine is shared: other work counts too.\n\n")
+	b.WriteString("| Proxier | N | via Gbit/s | direct Gbit/s | via/direct | softirq via (cores) | direct | softirq via (s/GiB) | direct | retransmits via / direct |\n")
+	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	b.Write(bulk.Bytes())
+	b.WriteString(extra)
+	return b.String()
+}
+
+// counterPair is counter k of the via and the direct run, "–" where the
+// run has no counters (results from before they were recorded).
+func counterPair(via, direct map[string]int64, k string) string {
+	one := func(m map[string]int64) string {
+		if v, ok := m[k]; ok {
+			return thousands(int(v))
+		}
+		return "–"
+	}
+	return one(via) + " / " + one(direct)
+}
+
+func micros(us float64) string {
+	if us >= 10_000 {
+		return millis(us / 1000)
+	}
+	return fmt.Sprintf("%.0f µs", us)
+}

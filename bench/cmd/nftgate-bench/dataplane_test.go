@@ -1,0 +1,250 @@
+package main
+
+import (
+	"context"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestSummarizeExchanges(t *testing.T) {
+	// 100 exchanges of 1..100 ms, two of them at or over 1 s, and 3 that
+	// failed: stalled = 2 + 3.
+	var us []float64
+	for i := 1; i <= 98; i++ {
+		us = append(us, float64(i)*1000)
+	}
+	us = append(us, 999_999, 1_000_000, 2_500_000)
+	s := summarizeExchanges(us, 3, 90, 10*time.Second, "x")
+	if s.Stalled != 5 || s.Failed != 3 || s.Exchanges != 104 || s.Completed != 90 || s.PerSecond != 9 {
+		t.Errorf("stalled %d failed %d exchanges %d completed %d rate %v; want 5, 3, 104, 90, 9/s",
+			s.Stalled, s.Failed, s.Exchanges, s.Completed, s.PerSecond)
+	}
+	if s.P50us != 51_000 || s.P99us != 1_000_000 || s.MaxUs != 2_500_000 {
+		t.Errorf("p50 %v p99 %v max %v; want 51000, 1000000, 2500000", s.P50us, s.P99us, s.MaxUs)
+	}
+	if z := summarizeExchanges(nil, 0, 0, 0, ""); z.PerSecond != 0 || z.Stalled != 0 || z.P99us != 0 {
+		t.Errorf("nothing measured: %+v", z)
+	}
+}
+
+// TestConnClientsLoopback runs the connection test's client against the
+// backend's line server on loopback: every exchange completes, and a
+// server that closes without its line makes every attempt fail, counted
+// as stalled.
+func TestConnClientsLoopback(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go serveLine(ln)
+	dst := netip.MustParseAddrPort(ln.Addr().String())
+	lo := []netip.Addr{netip.MustParseAddr("127.0.0.1")}
+	s := runConnClients(context.Background(), dst, lo, 4, 300*time.Millisecond)
+	if s.Completed == 0 || s.Failed != 0 || s.Stalled != 0 || s.PerSecond <= 0 || s.P99us <= 0 {
+		t.Errorf("against the line server: %+v; want exchanges, none failed or stalled", s)
+	}
+
+	mute, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mute.Close()
+	go func() {
+		for {
+			c, err := mute.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	s = runConnClients(context.Background(), netip.MustParseAddrPort(mute.Addr().String()), lo, 2, 100*time.Millisecond)
+	if s.Failed == 0 || s.Stalled != s.Failed || s.Completed != 0 || !strings.Contains(s.LastError, "server's line") {
+		t.Errorf("against a server that writes nothing: %+v; want every attempt failed and stalled", s)
+	}
+}
+
+func TestPairConnsAndMarkdown(t *testing.T) {
+	runs := []ConnRun{
+		{Path: pathVia, Parallel: 8, Sources: 1, ConnStats: ConnStats{PerSecond: 966, Stalled: 104, P99us: 1_020_000}, BackendTimeWait: 24000,
+			Backend: map[string]int64{"PAWSTimewait": 1500, "ListenDrops": 0}, Client: map[string]int64{"TCPSynRetrans": 110}},
+		{Path: pathDirect, Parallel: 8, Sources: 1, ConnStats: ConnStats{PerSecond: 10496, P99us: 900},
+			Backend: map[string]int64{"PAWSTimewait": 0, "ListenDrops": 2}, Client: map[string]int64{"TCPSynRetrans": 2}},
+		{Path: pathVia, Parallel: 64, Sources: 16, ConnStats: ConnStats{PerSecond: 9000}},
+		{Path: pathDirect, Parallel: 64, Sources: 16, ConnStats: ConnStats{PerSecond: 10000}},
+		{Path: pathVia, Parallel: 64, Sources: 1}, // no direct run: left out
+	}
+	pairs := pairConns(runs)
+	if len(pairs) != 2 || pairs[0].Direct.PerSecond != 10496 || pairs[1].Via.PerSecond != 9000 || pairs[1].Direct.PerSecond != 10000 {
+		t.Fatalf("pairs = %+v", pairs)
+	}
+	r := &Report{Started: time.Now(), Dataplane: &DataplaneSettings{Seconds: 15, NftgateConfigExtra: "[masquerade]\npool = []\n"},
+		Results: []Result{{Proxier: proxNftgate, Services: 10000, Dataplane: &DataplaneResult{Connections: runs,
+			Bulk: []BulkRun{
+				{Path: pathVia, Gbps: 9, Seconds: 10, Retransmits: 3, CPU: CPU{SoftirqSeconds: 5}},
+				{Path: pathDirect, Gbps: 10, Seconds: 10, CPU: CPU{SoftirqSeconds: 4}},
+			}}}}}
+	md := r.Markdown()
+	for _, want := range []string{
+		"## Data plane", "Each run lasts 15 s",
+		"| nftgate | 10,000 | 8 | 1 | 966 | 10,496 | **0.09** | 104 | 0 | 1020 ms | 900 µs | 24,000 | 110 / 2 | 1,500 / 0 | 0 / 2 |",
+		"| nftgate | 10,000 | 64 | 16 | 9,000 | 10,000 | **0.90** | 0 | 0 | 0 µs | 0 µs | 0 | – / – | – / – | – / – |",
+		"| nftgate | 10,000 | 9.00 | 10.00 | **0.90** | 0.50 | 0.40 | 0.48 | 0.34 | 3 / 0 |",
+		"```toml\n[masquerade]\npool = []\n```",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("results.md lacks %q:\n%s", want, md)
+		}
+	}
+	if strings.Count(md, "| nftgate | 10,000 | 64 |") != 1 {
+		t.Errorf("a via run without its direct run made a row:\n%s", md)
+	}
+	if md := (&Report{Started: time.Now(), Results: []Result{{Proxier: proxNftgate}}}).Markdown(); strings.Contains(md, "Data plane") {
+		t.Errorf("a run without the data-plane phase has its section:\n%s", md)
+	}
+	noDP := &Report{Started: time.Now(), Results: []Result{{Proxier: proxNftgate}}, Dataplane: &DataplaneSettings{NftgateConfigExtra: "a = 1"}}
+	if md := noDP.Markdown(); strings.Contains(md, "Data plane") || !strings.Contains(md, "```toml\na = 1\n```") {
+		t.Errorf("a run without the data-plane phase but with --nftgate-config-extra:\n%s", md)
+	}
+	r.Dataplane.Only = true
+	if md := r.Markdown(); strings.Contains(md, "| Proxier | N | cold start") || !strings.Contains(md, "`--dataplane-only`") {
+		t.Errorf("--dataplane-only: results.md has the sync table or does not say why not:\n%s", md)
+	}
+}
+
+func TestParseNetstat(t *testing.T) {
+	data := "TcpExt: SyncookiesSent TW PAWSTimewait TCPSynRetrans\nTcpExt: 0 12 7 3\n" +
+		"IpExt: InNoRoutes InTruncatedPkts\nIpExt: 0 0\n"
+	m, err := parseNetstat(data, "TcpExt")
+	if err != nil || m["TW"] != 12 || m["PAWSTimewait"] != 7 || m["TCPSynRetrans"] != 3 || len(m) != 4 {
+		t.Fatalf("parseNetstat = %v, %v", m, err)
+	}
+	d := counterDelta(map[string]int64{"PAWSTimewait": 2}, m)
+	if d["PAWSTimewait"] != 5 || d["TCPSynRetrans"] != 3 {
+		t.Errorf("delta %v", d)
+	}
+	if _, ok := d["ListenDrops"]; ok {
+		t.Errorf("delta has a counter the kernel does not: %v", d)
+	}
+	for in, want := range map[string]string{
+		"IpExt: A\nIpExt: 1\n":       "no TcpExt group",
+		"TcpExt: A B\nTcpExt: 1\n":   "3 names, 2 values",
+		"TcpExt: A B\nTcpExt: 1 x\n": `TcpExt B: "x"`,
+	} {
+		if _, err := parseNetstat(in, "TcpExt"); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("parseNetstat(%q) = %v, want an error naming %s", in, err, want)
+		}
+	}
+}
+
+func TestParseIperf(t *testing.T) {
+	gbps, retr, err := parseIperf([]byte(`{"start":{},"end":{"sum_sent":{"retransmits":7,"bits_per_second":9.5e9},` +
+		`"sum_received":{"bits_per_second":9.4e9}}}`))
+	if err != nil || gbps != 9.4 || retr != 7 {
+		t.Errorf("parseIperf = %v, %v, %v; want 9.4, 7", gbps, retr, err)
+	}
+	for in, want := range map[string]string{
+		`{"start":{},"end":{},"error":"unable to connect to server: Connection refused"}`: "Connection refused",
+		`{"end":{}}`:    "no received rate",
+		`iperf3: error`: "iperf3 output",
+	} {
+		if _, _, err := parseIperf([]byte(in)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("parseIperf(%s) = %v, want an error naming %q", in, err, want)
+		}
+	}
+}
+
+func TestParseProcStatCPU(t *testing.T) {
+	c, err := parseProcStatCPU("cpu  831197 13127 277893 1144762 33783 0 18974 879 0 0\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.UserSeconds != 8443.24 || c.SystemSeconds != 2778.93 || c.SoftirqSeconds != 189.74 {
+		t.Errorf("parsed %+v", c)
+	}
+	if d := c.sub(CPU{UserSeconds: 1, SystemSeconds: 2, SoftirqSeconds: 0.74}); d.SoftirqSeconds != 189 {
+		t.Errorf("sub: %+v", d)
+	}
+	for _, bad := range []string{"cpu0 1 2 3 4 5 6 7", "cpu 1 2 3", "cpu 1 2 3 4 5 6 x"} {
+		if _, err := parseProcStatCPU(bad); err == nil || !strings.Contains(err.Error(), "/proc/stat") {
+			t.Errorf("parseProcStatCPU(%q) = %v, want an error naming /proc/stat", bad, err)
+		}
+	}
+	live, err := readCPU()
+	if err != nil || live.UserSeconds <= 0 {
+		t.Errorf("readCPU() = %+v, %v", live, err)
+	}
+}
+
+func TestParseFlagsDataplane(t *testing.T) {
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "bin")
+	extra := filepath.Join(dir, "extra.toml")
+	for _, f := range []string{bin, extra} {
+		if err := os.WriteFile(f, []byte("# x\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bins := []string{"--nftgate", bin, "--kube-proxy", bin}
+	cfg, err := parseFlags(bins)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := cfg.Dataplane
+	if d.Duration != 10*time.Second || !slices.Equal(d.Parallel, []int{8, 64}) || d.Sources != 16 || d.Only ||
+		!slices.Equal(d.Proxiers, []string{proxNftgate, proxKPNFTables}) {
+		t.Errorf("defaults: %+v", d)
+	}
+	cfg, err = parseFlags(append(bins, "--dataplane-only", "--dataplane-duration", "60s", "--nftgate-config-extra", extra))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !cfg.Dataplane.Only || cfg.Changes != 0 || cfg.LatencyN != 0 || cfg.Dataplane.settings().NftgateConfigExtra != "# x\n" {
+		t.Errorf("--dataplane-only: %+v, changes %d, latency samples %d", cfg.Dataplane, cfg.Changes, cfg.LatencyN)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--dataplane-duration", "-1s"}, "--dataplane-duration: -1s"},
+		{[]string{"--dataplane-duration", "1500ms"}, "--dataplane-duration: 1.5s"},
+		{[]string{"--dataplane-proxiers", "ipvs"}, `--dataplane-proxiers: "ipvs"`},
+		{[]string{"--dataplane-parallel", "8,0"}, `--dataplane-parallel: "0"`},
+		{[]string{"--dataplane-sources", "65"}, "--dataplane-sources: 65"},
+		{[]string{"--dataplane-only", "--dataplane-duration", "0"}, "nothing to measure"},
+		{[]string{"--nftgate-config-extra", filepath.Join(dir, "missing.toml")}, "missing.toml"},
+	} {
+		_, err := parseFlags(append(bins, c.args...))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("parseFlags(%q) = %v, want an error naming %s", c.args, err, c.want)
+		}
+	}
+}
+
+func TestNftgateConfigExtra(t *testing.T) {
+	dir := t.TempDir()
+	extra := filepath.Join(dir, "extra.toml")
+	if err := os.WriteFile(extra, []byte("flowtable = true\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e := &Env{Cfg: &Config{}}
+	if args, err := e.nftgateConfigArgs(dir, []string{"--node-name", "gateway"}); err != nil || !slices.Equal(args, []string{"--node-name", "gateway"}) {
+		t.Errorf("without --nftgate-config-extra: %q, %v", args, err)
+	}
+	e.Cfg.Dataplane.NftgateConfigExtra = extra
+	args, err := e.nftgateConfigArgs(dir, []string{"--node-name", "gateway"})
+	if err != nil || len(args) != 4 || args[0] != "--config" || args[2] != "--node-name" {
+		t.Fatalf("args %q, %v", args, err)
+	}
+	b, err := os.ReadFile(args[1])
+	if err != nil || !strings.HasSuffix(string(b), "\nflowtable = true\n\n") || !strings.HasPrefix(string(b), "#") {
+		t.Errorf("config %q, %v", b, err)
+	}
+}
