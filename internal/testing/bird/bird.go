@@ -100,6 +100,43 @@ func (b *Router) HasRoute(prefix netip.Prefix) (bool, error) {
 	return false, nil
 }
 
+// Route is one of BIRD's routes to a prefix, from birdc show route all.
+type Route struct {
+	// Protocol is the BGP session (or other protocol) it came from.
+	Protocol string
+	// Attributes are the lines "Name: value" under it, as "BGP.med" →
+	// "50", "BGP.as_path" → "64513 64513".
+	Attributes map[string]string
+}
+
+var routeHead = regexp.MustCompile(`^(?:\S+)?\s+unicast \[(\S+)`)
+
+// Routes lists BIRD's routes to prefix with their attributes (none when
+// it has no route).
+func (b *Router) Routes(prefix netip.Prefix) ([]Route, error) {
+	out, err := b.Run("show route all " + prefix.String())
+	if err != nil {
+		if strings.Contains(err.Error(), "Network not found") {
+			return nil, nil
+		}
+		return nil, err
+	}
+	var routes []Route
+	for _, line := range strings.Split(out, "\n") {
+		if m := routeHead.FindStringSubmatch(line); m != nil {
+			routes = append(routes, Route{Protocol: m[1], Attributes: map[string]string{}})
+			continue
+		}
+		if len(routes) == 0 || !strings.HasPrefix(line, "\t") {
+			continue
+		}
+		if k, v, ok := strings.Cut(strings.TrimSpace(line), ": "); ok {
+			routes[len(routes)-1].Attributes[k] = v
+		}
+	}
+	return routes, nil
+}
+
 // ProtocolState is the state of a BGP protocol from birdc show protocols,
 // as in "Established" or "Active".
 func (b *Router) ProtocolState(name string) (string, error) {
