@@ -241,3 +241,37 @@ template bgp gateway_tpl {
 	}
 	return conf
 }
+
+// Several is the configuration of an upstream router for several gateways
+// announcing the same addresses (IPv4): one BGP session with each (named
+// gw1, gw2, ... in the order of gateways, all of AS gatewayASN), routes
+// equal in BGP merged into one multipath route in the kernel (ECMP), and
+// with bfd, single-hop BFD on every session (interval, 3 missed packets
+// take it down).
+func Several(routerID netip.Addr, asn uint32, gateways []netip.Addr, gatewayASN uint32, bfd time.Duration) string {
+	conf := fmt.Sprintf(`
+router id %s;
+protocol device {}
+protocol kernel k4 { merge paths on; ipv4 { import none; export all; }; }
+`, routerID)
+	session := ""
+	if bfd > 0 {
+		ms := bfd.Milliseconds()
+		conf += fmt.Sprintf("protocol bfd { interface \"*\" { min rx interval %d ms; min tx interval %d ms; multiplier 3; }; }\n", ms, ms)
+		session = "bfd on;"
+	}
+	conf += fmt.Sprintf(`template bgp gateway_tpl {
+  local as %d;
+  hold time 9;
+  connect delay time 1;
+  connect retry time 1;
+  error wait time 1, 2;
+  graceful restart on;
+  %s
+}
+`, asn, session)
+	for i, gw := range gateways {
+		conf += fmt.Sprintf("protocol bgp gw%d from gateway_tpl { neighbor %s as %d; ipv4 { import all; export none; }; }\n", i+1, gw, gatewayASN)
+	}
+	return conf
+}
