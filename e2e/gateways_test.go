@@ -480,7 +480,7 @@ func cut(t *testing.T, h *lab.Host) {
 // takes its session down and the router stops using it; new connections
 // fail (those hashed to it) only for a short gap, measured.
 func TestGatewaySetKillWithBFD(t *testing.T) {
-	const bfd = 100 * time.Millisecond
+	const bfd = 200 * time.Millisecond
 	s := newGatewaySet(t, bfd, "")
 	for i := range s.gws {
 		proto := fmt.Sprintf("gw%d", i+1)
@@ -494,9 +494,11 @@ func TestGatewaySetKillWithBFD(t *testing.T) {
 	}
 	st := stream(s.client, 10*time.Millisecond, 500*time.Millisecond)
 	st.await(t, 50)
+	// The links first, then the process: no FIN of the dying process
+	// reaches the router, as when a box loses power.
 	killed := time.Now()
-	s.gws[0].Kill()
 	cut(t, s.hosts[0])
+	s.gws[0].Kill()
 	s.bird.WaitState(t, "gw1", "Established", true, 10*time.Second)
 	down := time.Since(killed)
 	s.waitPaths(t, setGateways-1)
@@ -518,18 +520,28 @@ func TestGatewaySetKillWithBFD(t *testing.T) {
 			last = a.start
 		}
 	}
-	gap := time.Duration(0)
+	gap := time.Duration(0) // from the kill to the start of the last failed connection
 	if failed > 0 {
 		gap = last.Sub(killed)
+	} else {
+		first = killed
 	}
 	t.Logf("kill -9 and cut: BIRD's session down after %v, route through it gone after %v; %d of %d new connections failed (500ms timeout), the first started %v, the last %v after the kill (BFD %v x 3)",
 		down.Round(time.Millisecond), withdrawn.Round(time.Millisecond), failed, total, first.Sub(killed).Round(time.Millisecond), gap.Round(time.Millisecond), bfd)
-	if down > 2*time.Second {
-		t.Errorf("BFD took %v to take the session down, want within 2s (3 x %v and BIRD's reaction)", down, bfd)
+	// Generous bounds: the figures are logged, and measured in make bench.
+	if down > 3*time.Second {
+		t.Errorf("BFD took %v to take the session down, want within 3s (3 x %v and BIRD's reaction)", down, bfd)
 	}
-	if gap > 2*time.Second {
-		t.Errorf("new connections failed until %v after the kill, want within 2s", gap)
+	if gap > 3*time.Second {
+		t.Errorf("new connections failed until %v after the kill, want within 3s", gap)
 	}
+	per := map[int]int{}
+	for _, a := range all {
+		if a.err == nil && a.start.After(killed) {
+			per[a.gw]++
+		}
+	}
+	t.Logf("connections after the kill that succeeded, per gateway: %v", per)
 	for _, a := range all {
 		if a.err == nil && a.start.After(killed.Add(withdrawn)) && a.gw == 1 {
 			t.Errorf("a connection went through the killed gateway after the router withdrew it")

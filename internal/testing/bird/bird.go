@@ -74,6 +74,12 @@ func tail(s string, n int) string {
 	return strings.Join(lines, "\n")
 }
 
+// Log is what BIRD logged so far.
+func (b *Router) Log() string {
+	l, _ := os.ReadFile(b.log)
+	return string(l)
+}
+
 // Run is one birdc command.
 func (b *Router) Run(cmd string) (string, error) {
 	out, err := exec.Command("birdc", append([]string{"-s", b.sock}, strings.Fields(cmd)...)...).CombinedOutput()
