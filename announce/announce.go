@@ -89,6 +89,30 @@ type Coordinator struct {
 	applied  bool
 	since    map[netip.Addr]time.Time
 	bgpErr   string
+	// withdrawn: the gateway drains; only Always stays announced.
+	withdrawn bool
+}
+
+// Withdraw stops announcing the Services' addresses for good (a drain):
+// the BGP routes are withdrawn and ARP/NDP answers stop at once, and later
+// syncs announce nothing but Always, the masquerade addresses that the
+// replies of the flows still passing through this gateway need. It returns
+// the addresses it withdrew.
+func (c *Coordinator) Withdraw() []netip.Addr {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.withdrawn {
+		return nil
+	}
+	c.withdrawn = true
+	var gone []netip.Addr
+	for _, a := range c.served {
+		if !slices.Contains(c.Always, a) {
+			gone = append(gone, a)
+		}
+	}
+	c.apply()
+	return gone
 }
 
 // Observe is a loop.Syncer observer.
@@ -157,14 +181,30 @@ func (c *Coordinator) Observe(ev loop.Event) {
 	c.apply()
 }
 
-// apply sets the announcers to c.served; c.mu is held.
+// announced is what the announcers carry: c.served, or while withdrawn
+// only the Always addresses among them; c.mu is held.
+func (c *Coordinator) announced() []netip.Addr {
+	if !c.withdrawn {
+		return slices.Clone(c.served)
+	}
+	var out []netip.Addr
+	for _, a := range c.served {
+		if slices.Contains(c.Always, a) {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// apply sets the announcers to what is announced; c.mu is held.
 func (c *Coordinator) apply() {
+	served := c.announced()
 	if c.L2 != nil {
-		c.L2.Set(slices.Clone(c.served))
+		c.L2.Set(slices.Clone(served))
 	}
 	if c.BGP != nil {
-		routes := make([]bgp.Route, len(c.served))
-		for i, a := range c.served {
+		routes := make([]bgp.Route, len(served))
+		for i, a := range served {
 			pool := ""
 			if c.PoolOf != nil {
 				pool = c.PoolOf(a)
@@ -185,7 +225,7 @@ func (c *Coordinator) apply() {
 func (c *Coordinator) Served() []netip.Addr {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return slices.Clone(c.served)
+	return c.announced()
 }
 
 // ServiceAddress is one address of a Service as the status page shows it.
@@ -217,7 +257,7 @@ type Snapshot struct {
 func (c *Coordinator) Snapshot() Snapshot {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	sn := Snapshot{Announced: slices.Clone(c.served), BGPError: c.bgpErr}
+	sn := Snapshot{Announced: c.announced(), BGPError: c.bgpErr}
 	for k, m := range c.services {
 		addrs, usable := Addresses(m, c.Node)
 		if len(addrs) == 0 {
@@ -228,6 +268,9 @@ func (c *Coordinator) Snapshot() Snapshot {
 			e := ServiceAddress{Address: a, Announced: usable, Since: c.since[a]}
 			if c.PoolOf != nil {
 				e.Pool = c.PoolOf(a)
+			}
+			if usable && c.withdrawn {
+				e.Announced, e.Since, e.Why = false, time.Time{}, "the gateway drains"
 			}
 			if !usable {
 				e.Why = "no usable endpoint"

@@ -160,3 +160,30 @@ func TestCoordinatorAnnouncesAlways(t *testing.T) {
 		}
 	}
 }
+
+// Withdraw takes the Services' addresses out of every announcer at once and
+// for good, later syncs included, and keeps the masquerade addresses.
+func TestCoordinatorWithdrawKeepsAlways(t *testing.T) {
+	b, l := &fakeBGP{}, &fakeL2{}
+	m := netip.MustParseAddr("198.51.100.200")
+	c := &Coordinator{Node: node, BGP: b, L2: l, Always: []netip.Addr{m}}
+	ka, kb := model.ServiceKey{Namespace: "ns", Name: "a"}, model.ServiceKey{Namespace: "ns", Name: "b"}
+	c.Observe(loop.Event{Full: true, After: map[model.ServiceKey]*model.Service{ka: svc("a", "192.0.2.1", false, ep("10.0.0.1", "n1", true))}})
+	gone := c.Withdraw()
+	if want := []netip.Addr{netip.MustParseAddr("192.0.2.1")}; !slices.Equal(gone, want) {
+		t.Fatalf("withdrew %v, want %v", gone, want)
+	}
+	c.Observe(loop.Event{After: map[model.ServiceKey]*model.Service{kb: svc("b", "192.0.2.2", false, ep("10.0.0.1", "n1", true))}})
+	for i, want := range [][]netip.Addr{{netip.MustParseAddr("192.0.2.1"), m}, {m}, {m}} {
+		if !slices.Equal(l.sets[i], want) || len(b.sets[i]) != len(want) {
+			t.Errorf("set %d: L2 %v, BGP %v; want %v", i, l.sets[i], b.sets[i], want)
+		}
+	}
+	sn := c.Snapshot()
+	if !slices.Equal(sn.Announced, []netip.Addr{m}) || sn.Services[0].Addresses[0].Announced || sn.Services[0].Addresses[0].Why != "the gateway drains" {
+		t.Errorf("snapshot %+v", sn)
+	}
+	if c.Withdraw() != nil {
+		t.Error("a second Withdraw withdrew again")
+	}
+}

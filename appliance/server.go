@@ -51,6 +51,10 @@ type Options struct {
 	// the pools' use (any JSON-encodable value). Nil: the endpoint answers
 	// 404.
 	Edge func() any
+	// Drain, when set, serves GET and POST /api/v1/drain (behind Auth),
+	// makes /readyz fail once a drain started, and shows the drain on the
+	// page. Nil: the endpoint answers 404.
+	Drain Drainer
 	// Refresh is the page's polling interval; zero means DefaultRefresh.
 	Refresh time.Duration
 	// Logger receives request errors; nil discards them.
@@ -86,6 +90,7 @@ type server struct {
 //	/api/v1/services                     JSON Services, ?q=&namespace=&type= filter (auth)
 //	/api/v1/services/{namespace}/{name}  one Service (auth)
 //	/api/v1/syncs                        recent syncs (auth)
+//	/api/v1/drain                        drain state; POST starts a drain, with Options.Drain (auth)
 //	/healthz, /livez, /readyz            probes (open)
 //	/metrics                             Prometheus (open)
 //	/debug/pprof/                        Go's profiler, with Options.Pprof (auth)
@@ -135,6 +140,10 @@ func NewServer(opts Options) http.Handler {
 	mux.Handle("GET /api/v1/syncs", auth(http.HandlerFunc(s.syncs)))
 	if opts.Edge != nil {
 		mux.Handle("GET /api/v1/edge", auth(http.HandlerFunc(s.edge)))
+	}
+	if opts.Drain != nil {
+		mux.Handle("GET /api/v1/drain", auth(http.HandlerFunc(s.drainGet)))
+		mux.Handle("POST /api/v1/drain", auth(http.HandlerFunc(s.drainPost)))
 	}
 	mux.Handle("/api/", auth(http.HandlerFunc(s.apiNotFound)))
 	mux.HandleFunc("GET /healthz", s.healthz)
@@ -223,6 +232,7 @@ type pageData struct {
 	RefreshMS int64
 	Title     string
 	Edge      bool // GET /api/v1/edge answers
+	Drain     bool // GET /api/v1/drain answers
 }
 
 func (s *server) page(w http.ResponseWriter, r *http.Request) {
@@ -230,7 +240,7 @@ func (s *server) page(w http.ResponseWriter, r *http.Request) {
 	snap := s.opts.Source.Snapshot()
 	d := pageData{
 		Now: now, Snap: snap, Status: statusJSON(snap, now, s.maxAge),
-		RefreshMS: s.opts.Refresh.Milliseconds(), Title: "nftgate", Edge: s.opts.Edge != nil,
+		RefreshMS: s.opts.Refresh.Milliseconds(), Title: "nftgate", Edge: s.opts.Edge != nil, Drain: s.opts.Drain != nil,
 	}
 	if snap.Identity.NodeName != "" {
 		d.Title = "nftgate · " + snap.Identity.NodeName
@@ -420,6 +430,12 @@ func (s *server) readyz(w http.ResponseWriter, r *http.Request) {
 	if !s.opts.Source.Snapshot().Sync.FirstSyncDone {
 		s.probe(w, http.StatusServiceUnavailable, "first sync not done yet")
 		return
+	}
+	if s.opts.Drain != nil {
+		if d := s.opts.Drain.DrainState(); d.State != DrainServing {
+			s.probe(w, http.StatusServiceUnavailable, d.State+": "+strconv.Itoa(d.OpenFlows)+" open flows, until "+d.Deadline.UTC().Format(time.RFC3339))
+			return
+		}
 	}
 	s.probe(w, http.StatusOK, "ok")
 }

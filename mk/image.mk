@@ -102,6 +102,9 @@ image: image-instance
 # client, which then trusts only the system's CAs and the certificates in
 # SSL_CERT_DIR: so the box's certificate is added there, and the update
 # verifies the box as every other HTTPS connection.
+# A box of several gateways drains before the update reboots it when its
+# configuration has drain_on_stop = true: gokrazy sends SIGTERM and waits
+# up to 100 s (README, "Several gateways and drain").
 image-update: image-instance
 	SSL_CERT_DIR=$(GOKRAZY_TLS_DIR) $(GOK) --parent_dir $(GOKRAZY_PARENT) -i $(IMAGE_NAME) update
 

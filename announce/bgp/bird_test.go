@@ -359,3 +359,38 @@ func TestTenThousandPrefixes(t *testing.T) {
 	t.Logf("%d prefixes: Set returned after %v, BIRD had all after %v; the same Set again %v; one withdrawal among %d reached BIRD in %v",
 		n, setTook, all, again, n, one)
 }
+
+// The router sees the gateway's MED and the AS path with the prepends, and
+// a pool's own values for the pool's addresses.
+func TestBIRDSeesMEDAndPathLength(t *testing.T) {
+	e := newEdge(t)
+	b := bird.Start(t, e.router, birdConf(""))
+	cfg := speakerConfig()
+	med, poolMED, none := uint32(50), uint32(7), 0
+	cfg.MED, cfg.ASPathPrepend = &med, 2
+	cfg.Pools = map[string]PoolConfig{"primary": {MED: &poolMED, ASPathPrepend: &none}}
+	sp := startSpeaker(t, e.gateway, cfg)
+	other := netip.MustParseAddr("198.19.0.2")
+	sp.Set(HostRoute(service4, ""), HostRoute(other, "primary"))
+	for _, tc := range []struct {
+		addr      netip.Addr
+		med, path string
+	}{
+		{service4, "50", "64513 64513 64513"},
+		{other, "7", "64513"},
+	} {
+		prefix := netip.PrefixFrom(tc.addr, 32)
+		b.WaitRoute(t, prefix, true, 30*time.Second)
+		routes, err := b.Routes(prefix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(routes) != 1 {
+			t.Fatalf("%s: BIRD has %d routes, want 1: %+v", prefix, len(routes), routes)
+		}
+		a := routes[0].Attributes
+		if a["BGP.med"] != tc.med || a["BGP.as_path"] != tc.path {
+			t.Errorf("%s: BIRD sees MED %q, AS path %q; want %q, %q (all: %v)", prefix, a["BGP.med"], a["BGP.as_path"], tc.med, tc.path, a)
+		}
+	}
+}

@@ -28,6 +28,18 @@ type Config struct {
 	// (next hop self).
 	NextHopIPv4 string `toml:"next_hop_ipv4" json:"next_hop_ipv4"`
 	NextHopIPv6 string `toml:"next_hop_ipv6" json:"next_hop_ipv6"`
+	// MED is the multi-exit discriminator (RFC 4271) sent with every
+	// route: of several gateways announcing the same address to a router,
+	// the one with the lowest MED is preferred (the others are its
+	// backups). Absent: none (a router takes that as 0, or as the worst
+	// with "med missing as worst").
+	MED *uint32 `toml:"med" json:"med,omitempty"`
+	// ASPathPrepend is how many extra times the gateway's asn is put
+	// before the AS path of every route, 0 to 10: a longer path makes
+	// this gateway the less preferred one, also to routers beyond the
+	// peer. eBGP peers only (an iBGP peer would see its own AS and drop
+	// the route).
+	ASPathPrepend int `toml:"as_path_prepend" json:"as_path_prepend,omitempty"`
 	// RestartTime is the graceful restart time (RFC 4724) advertised to
 	// every peer: how long a peer keeps this gateway's routes after the
 	// session drops without a withdrawal. "0s": the default, 120s;
@@ -88,7 +100,16 @@ type PoolConfig struct {
 	// LocalPreference sent to iBGP peers (eBGP peers never receive one).
 	// 0: none.
 	LocalPreference uint32 `toml:"local_preference" json:"local_preference"`
+	// MED and ASPathPrepend replace the gateway's (Config.MED,
+	// Config.ASPathPrepend) for the addresses of the pool; absent: the
+	// gateway's.
+	MED           *uint32 `toml:"med" json:"med,omitempty"`
+	ASPathPrepend *int    `toml:"as_path_prepend" json:"as_path_prepend,omitempty"`
 }
+
+// MaxASPathPrepend bounds as_path_prepend: a few prepends already lose
+// every comparison; more only lengthen every router's tables.
+const MaxASPathPrepend = 10
 
 // Defaults of the fields a zero value leaves to the speaker.
 const (
@@ -231,11 +252,30 @@ func (c Config) Validate() error {
 			bad(f("bfd_multiplier"), p.BFDMultiplier, "want 1 to 255")
 		}
 	}
+	prepend := func(field string, n int) {
+		if n < 0 || n > MaxASPathPrepend {
+			bad(field, n, fmt.Sprintf("want 0 to %d", MaxASPathPrepend))
+			return
+		}
+		if n == 0 {
+			return
+		}
+		for i, p := range c.Peers {
+			if p.ASN == p.LocalASN {
+				bad(field, n, fmt.Sprintf("%s.peer[%d] (%s) is iBGP (asn %d): it would drop a route with its own AS in the path; prepend only towards eBGP peers", Key, i, p.Address, p.ASN))
+				return
+			}
+		}
+	}
+	prepend("as_path_prepend", c.ASPathPrepend)
 	for name, pool := range c.Pools {
 		for j, s := range pool.Communities {
 			if _, err := ParseCommunity(s); err != nil {
 				bad(fmt.Sprintf("pool.%s.communities[%d]", strconv.Quote(name), j), s, err.Error())
 			}
+		}
+		if pool.ASPathPrepend != nil {
+			prepend(fmt.Sprintf("pool.%s.as_path_prepend", strconv.Quote(name)), *pool.ASPathPrepend)
 		}
 	}
 	return errors.Join(errs...)

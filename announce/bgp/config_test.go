@@ -1,6 +1,7 @@
 package bgp
 
 import (
+	"fmt"
 	"github.com/osrg/gobgp/v4/api"
 	"github.com/osrg/gobgp/v4/pkg/apiutil"
 	"github.com/osrg/gobgp/v4/pkg/packet/bgp"
@@ -198,4 +199,76 @@ func TestConfigTOMLExample(t *testing.T) {
 		p.Port != dp.Port || p.HoldTime != dp.HoldTime || p.ConnectRetry != dp.ConnectRetry || p.BFDInterval != dp.BFDInterval || p.BFDMultiplier != dp.BFDMultiplier || p.LocalASN != 0 {
 		t.Fatalf("config.toml's example %+v differs from the defaults %+v", c, d)
 	}
+}
+
+// The gateway's MED and AS-path prepend go with every route; a pool's
+// replace them for its addresses; a pool that sets neither keeps the
+// gateway's.
+func TestMEDAndPrependPerGatewayAndPool(t *testing.T) {
+	med, poolMED, none := uint32(50), uint32(200), 0
+	s, err := New(Config{ASN: 64513, RouterID: "198.18.0.2", ListenPort: -1, MED: &med, ASPathPrepend: 2,
+		Peers: []PeerConfig{{Address: "198.18.0.1", ASN: 64512}},
+		Pools: map[string]PoolConfig{
+			"backup": {MED: &poolMED, ASPathPrepend: &none},
+			"plain":  {LocalPreference: 1},
+		}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop(t.Context())
+	prefix := netip.MustParsePrefix("198.19.0.1/32")
+	for _, tc := range []struct {
+		pool string
+		med  uint32
+		path string
+	}{
+		{"", 50, "64513 64513"},
+		{"plain", 50, "64513 64513"},
+		{"backup", 200, ""},
+	} {
+		p, err := s.path(prefix, tc.pool, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var gotMED *uint32
+		gotPath := ""
+		for _, a := range p.Attrs {
+			switch a := a.(type) {
+			case *bgp.PathAttributeMultiExitDisc:
+				gotMED = &a.Value
+			case *bgp.PathAttributeAsPath:
+				for _, seg := range a.Value {
+					gotPath = strings.Trim(fmt.Sprint(seg.(*bgp.As4PathParam).AS), "[]")
+				}
+			}
+		}
+		if gotMED == nil || *gotMED != tc.med || gotPath != tc.path {
+			t.Errorf("pool %q: MED %v, AS path %q; want %d, %q", tc.pool, fmtMED(gotMED), gotPath, tc.med, tc.path)
+		}
+	}
+}
+
+func TestPrependRefusedTowardsIBGP(t *testing.T) {
+	two := 2
+	for _, tc := range []struct {
+		c    Config
+		want string
+	}{
+		{Config{ASPathPrepend: 11}, `bgp.as_path_prepend = 11: want 0 to 10`},
+		{Config{ASPathPrepend: 1, Peers: []PeerConfig{{Address: "198.18.0.1", ASN: 64513}}}, `bgp.as_path_prepend = 1: bgp.peer[0] (198.18.0.1) is iBGP`},
+		{Config{Pools: map[string]PoolConfig{"p": {ASPathPrepend: &two}}, Peers: []PeerConfig{{Address: "198.18.0.1", ASN: 64513}}}, `bgp.pool."p".as_path_prepend = 2: bgp.peer[0] (198.18.0.1) is iBGP`},
+	} {
+		c := tc.c
+		c.ASN, c.RouterID = 64513, "198.18.0.2"
+		if err := c.WithDefaults().Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("want an error containing %q, got %v", tc.want, err)
+		}
+	}
+}
+
+func fmtMED(m *uint32) string {
+	if m == nil {
+		return "none"
+	}
+	return fmt.Sprint(*m)
 }

@@ -20,8 +20,9 @@ import (
 // with the attributes of the pool it was allocated from.
 type Route struct {
 	Prefix netip.Prefix
-	// Pool names the Config.Pools entry whose communities and local
-	// preference the route carries; "" or a pool without an entry: none.
+	// Pool names the Config.Pools entry whose communities, local
+	// preference, MED and AS-path prepend the route carries; "" or a pool
+	// without an entry: the gateway's MED and prepend only.
 	Pool string
 }
 
@@ -55,6 +56,8 @@ type Speaker struct {
 type poolAttrs struct {
 	communities []uint32
 	localPref   uint32
+	med         *uint32
+	prepend     int
 }
 
 // exportPolicy lets only this speaker's own routes out: a route learned
@@ -81,12 +84,17 @@ func New(cfg Config, log *slog.Logger) (*Speaker, error) {
 	}
 	s := &Speaker{cfg: cfg, log: log, pools: map[string]poolAttrs{}, announced: map[netip.Prefix]string{}}
 	for name, p := range cfg.Pools {
-		var a poolAttrs
+		a := poolAttrs{localPref: p.LocalPreference, med: cfg.MED, prepend: cfg.ASPathPrepend}
 		for _, c := range p.Communities {
 			v, _ := ParseCommunity(c) // checked by Validate
 			a.communities = append(a.communities, v)
 		}
-		a.localPref = p.LocalPreference
+		if p.MED != nil {
+			a.med = p.MED
+		}
+		if p.ASPathPrepend != nil {
+			a.prepend = *p.ASPathPrepend
+		}
 		s.pools[name] = a
 	}
 	if cfg.NextHopIPv4 != "" {
@@ -329,13 +337,25 @@ func (s *Speaker) path(p netip.Prefix, pool string, withdraw bool) (*apiutil.Pat
 		}
 		attrs = append(attrs, a)
 	}
-	if a, ok := s.pools[pool]; ok {
-		if len(a.communities) > 0 {
-			attrs = append(attrs, bgp.NewPathAttributeCommunities(slices.Clone(a.communities)))
-		}
-		if a.localPref != 0 {
-			attrs = append(attrs, bgp.NewPathAttributeLocalPref(a.localPref))
-		}
+	a, ok := s.pools[pool]
+	if !ok {
+		a = poolAttrs{med: s.cfg.MED, prepend: s.cfg.ASPathPrepend}
+	}
+	if len(a.communities) > 0 {
+		attrs = append(attrs, bgp.NewPathAttributeCommunities(slices.Clone(a.communities)))
+	}
+	if a.localPref != 0 {
+		attrs = append(attrs, bgp.NewPathAttributeLocalPref(a.localPref))
+	}
+	if a.med != nil {
+		attrs = append(attrs, bgp.NewPathAttributeMultiExitDisc(*a.med))
+	}
+	if a.prepend > 0 {
+		// GoBGP puts the session's own AS in front once more on export
+		// to an eBGP peer: the path the peer sees is asn × (1+prepend).
+		attrs = append(attrs, bgp.NewPathAttributeAsPath([]bgp.AsPathParamInterface{
+			bgp.NewAs4PathParam(bgp.BGP_ASPATH_ATTR_TYPE_SEQ, slices.Repeat([]uint32{s.cfg.ASN}, a.prepend)),
+		}))
 	}
 	return &apiutil.Path{Family: family, Nlri: nlri, Attrs: attrs, Withdrawal: withdraw}, nil
 }

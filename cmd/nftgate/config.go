@@ -69,6 +69,9 @@ type Config struct {
 	// when nftgate stops, instead of leaving the routes to graceful
 	// restart.
 	DrainOnStop bool `toml:"drain_on_stop"`
+	// DrainPeriod bounds a drain (drain.go): how long open flows are
+	// waited for after the announcements are withdrawn.
+	DrainPeriod Duration `toml:"drain_period"`
 	// MasqueradeAddresses and KeepClientAddress: what clients outside
 	// cluster_cidrs are masqueraded to, if at all (masquerade.go).
 	MasqueradeAddresses []string `toml:"masquerade_addresses"`
@@ -103,6 +106,7 @@ func defaults() Config {
 		MinSyncInterval:             Duration(50 * time.Millisecond),
 		ReconcileInterval:           Duration(time.Minute),
 		HealthzMaxAge:               Duration(2 * time.Minute),
+		DrainPeriod:                 Duration(DefaultDrainPeriod),
 		MasqueradeBit:               0x4000,
 		Shards:                      ruleset.DefaultShards,
 		ProxyProtocolPort:           proxy.DefaultPort,
@@ -383,6 +387,9 @@ func (c *Config) validate() error {
 	within("healthz_max_sync_age", c.HealthzMaxAge, minHealthzMaxAge, maxHealthzMaxAge, "off")
 	if c.HealthzMaxAge > 0 && c.ReconcileInterval > 0 && c.HealthzMaxAge < c.ReconcileInterval {
 		bad("healthz_max_sync_age", "%s is shorter than reconcile_interval (%s): /healthz would fail between the syncs of a quiet cluster", c.HealthzMaxAge, c.ReconcileInterval)
+	}
+	if c.DrainPeriod < 0 || time.Duration(c.DrainPeriod) > maxDrainPeriod {
+		bad("drain_period", "%s is not between 0s and %s", c.DrainPeriod, maxDrainPeriod)
 	}
 	if c.ManifestMaxFileSize < minManifestFileSize || c.ManifestMaxFileSize > maxManifestFileSize {
 		bad("manifest_max_file_size", "%s is not between %s and %s", c.ManifestMaxFileSize, ByteSize(minManifestFileSize), ByteSize(maxManifestFileSize))

@@ -5,6 +5,7 @@
 //	nftgate [flags]            run the gateway
 //	nftgate render [flags]     print the ruleset the gateway would program
 //	nftgate cleanup [flags]    remove everything nftgate programmed
+//	nftgate drain [flags]      take the running nftgate out of service, then let it exit
 //	nftgate version
 package main
 
@@ -29,9 +30,23 @@ func run(args []string) int {
 	cmd := "run"
 	if len(args) > 0 {
 		switch args[0] {
-		case "run", "render", "cleanup", "version":
+		case "run", "render", "cleanup", "version", "drain":
 			cmd, args = args[0], args[1:]
 		}
+	}
+	if cmd == "drain" {
+		err := drainCommand(args, os.Stdout)
+		var fe flagError
+		switch {
+		case errors.Is(err, flag.ErrHelp):
+			return 0
+		case errors.As(err, &fe):
+			return 2
+		case err != nil:
+			fmt.Fprintln(os.Stderr, "nftgate:", err)
+			return 1
+		}
+		return 0
 	}
 	if cmd == "version" {
 		fmt.Println("nftgate", version)

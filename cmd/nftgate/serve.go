@@ -192,7 +192,8 @@ func serve(ctx context.Context, cfg *Config) error {
 	if err != nil {
 		return err
 	}
-	defer func() { edge.close(cfg.DrainOnStop) }()
+	drain := newDrainer(edge.coord, time.Duration(cfg.DrainPeriod), log)
+	defer func() { edge.close(cfg.DrainOnStop || drain.DrainState().State != appliance.DrainServing) }()
 	if err := edge.routePods(cfg, src, metrics.Registry(), log); err != nil {
 		return err
 	}
@@ -257,8 +258,12 @@ func serve(ctx context.Context, cfg *Config) error {
 	// returns: cancel first, then wait (deferred calls run in reverse).
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	ctx, cancel := context.WithCancel(ctx)
+	// A signal ends serve through stop; what serve starts runs on ctx,
+	// which outlives it while a drain (drain_on_stop) is under way.
+	stop := ctx
+	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
+	wg.Go(func() { drain.run(ctx) })
 
 	// Stale conntrack cleanup: after each sync, on its own goroutine.
 	if ct, err := conntrack.New(); err != nil {
@@ -320,7 +325,7 @@ func serve(ctx context.Context, cfg *Config) error {
 	if ln != nil {
 		srv = httpserver.New(appliance.NewServer(appliance.Options{Source: pub, Metrics: metrics,
 			MaxSyncAge: time.Duration(cfg.HealthzMaxAge), Auth: auth, Logger: log,
-			AllowedHosts: cfg.allowedHosts(), Pprof: cfg.Pprof, Edge: edge.view}), httpserver.Default)
+			AllowedHosts: cfg.allowedHosts(), Pprof: cfg.Pprof, Edge: edge.view, Drain: drain}), httpserver.Default)
 		wg.Go(func() {
 			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				errc <- fmt.Errorf("http: %w", err)
@@ -331,7 +336,11 @@ func serve(ctx context.Context, cfg *Config) error {
 
 	var runErr error
 	select {
-	case <-ctx.Done():
+	case <-stop.Done():
+		if cfg.DrainOnStop {
+			runErr = drainOnStop(drain, errc)
+		}
+	case <-drain.Done(): // nftgate drain
 	case runErr = <-errc:
 	}
 	_ = notifier.Stopping()

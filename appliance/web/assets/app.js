@@ -456,6 +456,16 @@
       'in memory (no cluster)') : '', 'muted');
   }
 
+  // The drain: shown once one started (nftgate drain, or SIGTERM with
+  // drain_on_stop); the announcements are withdrawn by then.
+  function renderDrain(d) {
+    $('drain').hidden = d.state === 'serving';
+    if (d.state === 'serving') return;
+    setText('drain-text', (d.state === 'drained' ? 'Drained; nftgate exits. ' : 'Draining since ' + d.since + ' (' + d.reason + '): ') +
+      (d.withdrawn ? fmtNum(d.withdrawn.length) : '0') + ' addresses withdrawn, ' + fmtNum(d.openFlows) +
+      ' open flows to them' + (d.state === 'draining' ? ', forwarded until they end or ' + d.deadline : '') + '.', 'warn');
+  }
+
   function setLive(ok, why) {
     var live = $('live');
     live.className = ok ? 'live' : 'live stale';
@@ -467,6 +477,7 @@
       renderStatus(st);
       var jobs = [getJSON('api/v1/syncs').then(renderCharts)];
       if ($('edge').dataset.edge) jobs.push(getJSON('api/v1/edge').then(renderEdge));
+      if ($('drain').dataset.drain) jobs.push(getJSON('api/v1/drain').then(renderDrain));
       if (st.sync.servicesRevision !== servicesRevision) {
         jobs.push(getJSON('api/v1/services').then(function (list) {
           list.services.forEach(function (s) { s._text = searchText(s); });

@@ -104,6 +104,12 @@ func tail(s string, n int) string {
 	return strings.Join(lines, "\n")
 }
 
+// Log is what BIRD logged so far.
+func (b *Router) Log() string {
+	l, _ := os.ReadFile(b.log)
+	return string(l)
+}
+
 // Run is one birdc command.
 func (b *Router) Run(cmd string) (string, error) {
 	out, err := exec.Command("birdc", append([]string{"-s", b.sock}, strings.Fields(cmd)...)...).CombinedOutput()
@@ -133,6 +139,43 @@ func listsRoute(out string, prefix netip.Prefix) bool {
 		}
 	}
 	return false
+}
+
+// Route is one of BIRD's routes to a prefix, from birdc show route all.
+type Route struct {
+	// Protocol is the BGP session (or other protocol) it came from.
+	Protocol string
+	// Attributes are the lines "Name: value" under it, as "BGP.med" →
+	// "50", "BGP.as_path" → "64513 64513".
+	Attributes map[string]string
+}
+
+var routeHead = regexp.MustCompile(`^(?:\S+)?\s+unicast \[(\S+)`)
+
+// Routes lists BIRD's routes to prefix with their attributes (none when
+// it has no route).
+func (b *Router) Routes(prefix netip.Prefix) ([]Route, error) {
+	out, err := b.Run("show route all " + prefix.String())
+	if err != nil {
+		if strings.Contains(err.Error(), "Network not found") {
+			return nil, nil
+		}
+		return nil, err
+	}
+	var routes []Route
+	for _, line := range strings.Split(out, "\n") {
+		if m := routeHead.FindStringSubmatch(line); m != nil {
+			routes = append(routes, Route{Protocol: m[1], Attributes: map[string]string{}})
+			continue
+		}
+		if len(routes) == 0 || !strings.HasPrefix(line, "\t") {
+			continue
+		}
+		if k, v, ok := strings.Cut(strings.TrimSpace(line), ": "); ok {
+			routes[len(routes)-1].Attributes[k] = v
+		}
+	}
+	return routes, nil
 }
 
 // ProtocolState is the state of a BGP protocol from birdc show protocols,
@@ -240,6 +283,40 @@ template bgp gateway_tpl {
 	}
 	if gw6.IsValid() {
 		conf += fmt.Sprintf("protocol bgp gw6 from gateway_tpl { neighbor %s as %d; ipv6 { import all; export none; }; }\n", gw6, gatewayASN)
+	}
+	return conf
+}
+
+// Several is the configuration of an upstream router for several gateways
+// announcing the same addresses (IPv4): one BGP session with each (named
+// gw1, gw2, ... in the order of gateways, all of AS gatewayASN), routes
+// equal in BGP merged into one multipath route in the kernel (ECMP), and
+// with bfd, single-hop BFD on every session (interval, 3 missed packets
+// take it down).
+func Several(routerID netip.Addr, asn uint32, gateways []netip.Addr, gatewayASN uint32, bfd time.Duration) string {
+	conf := fmt.Sprintf(`
+router id %s;
+protocol device {}
+protocol kernel k4 { merge paths on; ipv4 { import none; export all; }; }
+`, routerID)
+	session := ""
+	if bfd > 0 {
+		ms := bfd.Milliseconds()
+		conf += fmt.Sprintf("protocol bfd { interface \"*\" { min rx interval %d ms; min tx interval %d ms; multiplier 3; }; }\n", ms, ms)
+		session = "bfd on;"
+	}
+	conf += fmt.Sprintf(`template bgp gateway_tpl {
+  local as %d;
+  hold time 9;
+  connect delay time 1;
+  connect retry time 1;
+  error wait time 1, 2;
+  graceful restart on;
+  %s
+}
+`, asn, session)
+	for i, gw := range gateways {
+		conf += fmt.Sprintf("protocol bgp gw%d from gateway_tpl { neighbor %s as %d; ipv4 { import all; export none; }; }\n", i+1, gw, gatewayASN)
 	}
 	return conf
 }

@@ -82,6 +82,9 @@ func Main(m *testing.M) {
 type Gateway struct {
 	t    testing.TB
 	Topo *lab.Topology
+	// Host is the namespace nftgate runs in: Topo.Gateway unless NewOn
+	// named another.
+	Host *lab.Host
 	Dir  string // the manifests directory it serves
 	Args []string
 	// API is the control plane when the gateway serves one (NewWithAPI).
@@ -105,7 +108,13 @@ var VIPExternalIPs = []string{"--external-ip-cidr", lab.VIPNet4.String(), "--ext
 // writing the first manifests.
 func New(t testing.TB, topo *lab.Topology, extra ...string) *Gateway {
 	t.Helper()
-	g := &Gateway{t: t, Topo: topo, Dir: t.TempDir()}
+	return NewOn(t, topo, topo.Gateway, extra...)
+}
+
+// NewOn is New for nftgate in host, one of several gateways of a lab.
+func NewOn(t testing.TB, topo *lab.Topology, host *lab.Host, extra ...string) *Gateway {
+	t.Helper()
+	g := &Gateway{t: t, Topo: topo, Host: host, Dir: t.TempDir()}
 	g.Args = append([]string{"--manifests", g.Dir, "--listen", "127.0.0.1:9180", "--node-name", "gateway"}, extra...)
 	t.Cleanup(func() {
 		g.Stop()
@@ -128,7 +137,7 @@ func (g *Gateway) Start() {
 func (g *Gateway) Launch() {
 	g.t.Helper()
 	bin := Binary(g.t)
-	g.cmd = g.Topo.Gateway.Command(context.Background(), bin, g.Args...)
+	g.cmd = g.Host.Command(context.Background(), bin, g.Args...)
 	g.cmd.Stdout = lockedWriter{g}
 	g.cmd.Stderr = lockedWriter{g}
 	if err := g.cmd.Start(); err != nil {
@@ -217,7 +226,7 @@ func (g *Gateway) Kill() { g.Signal(syscall.SIGKILL) }
 func (g *Gateway) Get(path string) (int, string, error) {
 	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			return g.Topo.Gateway.DialContext(ctx, network, addr)
+			return g.Host.DialContext(ctx, network, addr)
 		},
 	}}
 	defer client.CloseIdleConnections()
@@ -233,7 +242,7 @@ func (g *Gateway) Get(path string) (int, string, error) {
 // Nft runs the nft CLI in the gateway namespace, to read the ruleset back.
 func (g *Gateway) Nft(args ...string) string {
 	g.t.Helper()
-	out, err := g.Topo.Gateway.Command(context.Background(), "nft", args...).CombinedOutput()
+	out, err := g.Host.Command(context.Background(), "nft", args...).CombinedOutput()
 	if err != nil {
 		g.t.Fatalf("nft %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
