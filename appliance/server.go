@@ -51,6 +51,10 @@ type Options struct {
 	// the pools' use (any JSON-encodable value). Nil: the endpoint answers
 	// 404.
 	Edge func() any
+	// Gateways, when set, gives what GET /api/v1/gateways answers: the
+	// gateway set's peers, their channel and the addresses each holds.
+	// Nil: the endpoint answers 404.
+	Gateways func() any
 	// Refresh is the page's polling interval; zero means DefaultRefresh.
 	Refresh time.Duration
 	// Logger receives request errors; nil discards them.
@@ -135,6 +139,9 @@ func NewServer(opts Options) http.Handler {
 	mux.Handle("GET /api/v1/syncs", auth(http.HandlerFunc(s.syncs)))
 	if opts.Edge != nil {
 		mux.Handle("GET /api/v1/edge", auth(http.HandlerFunc(s.edge)))
+	}
+	if opts.Gateways != nil {
+		mux.Handle("GET /api/v1/gateways", auth(http.HandlerFunc(s.gateways)))
 	}
 	mux.Handle("/api/", auth(http.HandlerFunc(s.apiNotFound)))
 	mux.HandleFunc("GET /healthz", s.healthz)
@@ -223,6 +230,7 @@ type pageData struct {
 	RefreshMS int64
 	Title     string
 	Edge      bool // GET /api/v1/edge answers
+	Gateways  bool // GET /api/v1/gateways answers
 }
 
 func (s *server) page(w http.ResponseWriter, r *http.Request) {
@@ -231,6 +239,7 @@ func (s *server) page(w http.ResponseWriter, r *http.Request) {
 	d := pageData{
 		Now: now, Snap: snap, Status: statusJSON(snap, now, s.maxAge),
 		RefreshMS: s.opts.Refresh.Milliseconds(), Title: "nftgate", Edge: s.opts.Edge != nil,
+		Gateways: s.opts.Gateways != nil,
 	}
 	if snap.Identity.NodeName != "" {
 		d.Title = "nftgate · " + snap.Identity.NodeName
@@ -379,6 +388,10 @@ func (s *server) syncs(w http.ResponseWriter, r *http.Request) {
 
 func (s *server) edge(w http.ResponseWriter, r *http.Request) {
 	s.writeJSON(w, r, http.StatusOK, s.opts.Edge())
+}
+
+func (s *server) gateways(w http.ResponseWriter, r *http.Request) {
+	s.writeJSON(w, r, http.StatusOK, s.opts.Gateways())
 }
 
 func (s *server) apiNotFound(w http.ResponseWriter, r *http.Request) {

@@ -16,6 +16,7 @@ import (
 	"github.com/nftgate/nftgate/announce"
 	"github.com/nftgate/nftgate/announce/bgp"
 	"github.com/nftgate/nftgate/announce/l2"
+	"github.com/nftgate/nftgate/gateways"
 	"github.com/nftgate/nftgate/ipam"
 	"github.com/nftgate/nftgate/loop"
 	"github.com/nftgate/nftgate/model"
@@ -35,6 +36,9 @@ type edge struct {
 	memory  *ipam.Memory     // without a cluster, with pools
 	policy  *ipam.Policy
 	pods    *podRouter // nil: pod_routes = "none"
+	// gateways: nil without [gateways]; else the L2 announcement goes
+	// through it (gateways.go).
+	gateways *gateways.Set
 }
 
 // startEdge starts the announcers the configuration asks for, before the
@@ -66,6 +70,10 @@ func startEdge(cfg *Config, reg prometheus.Registerer, log *slog.Logger) (*edge,
 			return nil, err
 		}
 	}
+	if err := e.startGateways(cfg, reg, log); err != nil {
+		e.close(false)
+		return nil, err
+	}
 	e.coord = &announce.Coordinator{Node: model.Node{Name: cfg.NodeName, Zone: cfg.Zone}, PoolOf: e.poolOf, Log: log,
 		Always: cfg.masqueradeAddrs}
 	if e.speaker != nil {
@@ -73,6 +81,9 @@ func startEdge(cfg *Config, reg prometheus.Registerer, log *slog.Logger) (*edge,
 	}
 	if e.l2 != nil {
 		e.coord.L2 = e.l2
+	}
+	if e.gateways != nil {
+		e.coord.L2 = e.gateways
 	}
 	return e, nil
 }
@@ -162,6 +173,9 @@ func (e *edge) close(drain bool) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		_ = e.speaker.Stop(ctx)
 		cancel()
+	}
+	if e.gateways != nil {
+		_ = e.gateways.Close()
 	}
 	if e.l2 != nil {
 		_ = e.l2.Close()
