@@ -425,7 +425,10 @@ func (s *Set) run(l *link) {
 
 func (s *Set) read(l *link) error {
 	for {
-		l.c.setReadDeadline(time.Now().Add(s.cfg.dead()))
+		// Liveness is the heartbeats' business (lastHeard); the deadline
+		// only ends a link that carries nothing at all, so that it is
+		// dialed afresh, and leaves a slow one be.
+		l.c.setReadDeadline(time.Now().Add(3 * s.cfg.dead()))
 		b, err := l.c.recv()
 		if err != nil {
 			return err
