@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/mdlayher/ndp"
 
 	"github.com/nftgate/nftgate/gateways"
+	"github.com/nftgate/nftgate/internal/testing/browsertest"
 	"github.com/nftgate/nftgate/internal/testing/lab"
 	"github.com/nftgate/nftgate/internal/testing/lab/gatewaytest"
 	"github.com/nftgate/nftgate/internal/testing/lab/labtest"
@@ -36,7 +38,8 @@ type gwLab struct {
 	seg       []string // segment interfaces of gw-a, gw-b, the neighbour
 	ab        lab.Veth // gw-a ↔ gw-b
 	ga, gb    *gatewaytest.Gateway
-	macs      map[string]string // MAC of each gateway's segment interface → name
+	gc        *gatewaytest.Gateway // on the neighbour, with the wrong key
+	macs      map[string]string    // MAC of each gateway's segment interface → name
 	addrs     []netip.Addr
 	configDir string
 }
@@ -100,33 +103,47 @@ func newGWLab(t *testing.T) *gwLab {
 	if err := os.WriteFile(key, []byte("a key shared by gw-a and gw-b only, 32+ bytes\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	e.ga = e.gateway(t, topo.Gateway, "gw-a", e.seg[0], "gw-b", []string{"198.18.8.2:7480", "198.18.10.2:7480"}, key)
-	e.gb = e.gateway(t, e.b, "gw-b", e.seg[1], "gw-a", []string{"198.18.8.1:7480", "198.18.10.1:7480"}, key)
+	// gw-c, on the neighbour, is configured on every side but holds
+	// another key (see wrongKeyPeer).
+	c := gwPeer{"gw-c", []string{"198.18.8.3:7480"}}
+	e.ga = e.gateway(t, topo.Gateway, "gw-a", e.seg[0], key, gwPeer{"gw-b", []string{"198.18.8.2:7480", "198.18.10.2:7480"}}, c)
+	e.gb = e.gateway(t, e.b, "gw-b", e.seg[1], key, gwPeer{"gw-a", []string{"198.18.8.1:7480", "198.18.10.1:7480"}}, c)
+	other := filepath.Join(e.configDir, "other.key")
+	if err := os.WriteFile(other, []byte("another key, not the set's, 32+ bytes\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e.gc = e.gateway(t, e.nb, "gw-c", "", other, gwPeer{"gw-a", []string{"198.18.8.1:7480"}}, gwPeer{"gw-b", []string{"198.18.8.2:7480"}})
 	e.ga.Write("web.yaml", objs...)
 	e.gb.Write("web.yaml", objs...)
 	return e
 }
 
-func (e *gwLab) gateway(t *testing.T, h *lab.Host, name, iface, peer string, peerAddrs []string, key string) *gatewaytest.Gateway {
+// gwPeer is a peer in a gateway's configuration.
+type gwPeer struct {
+	name  string
+	addrs []string
+}
+
+// gateway prepares nftgate in h as the set member name; iface "" leaves
+// [l2] out.
+func (e *gwLab) gateway(t *testing.T, h *lab.Host, name, iface, key string, peers ...gwPeer) *gatewaytest.Gateway {
 	cfg := filepath.Join(e.configDir, name+".toml")
 	q := func(ss []string) string { b, _ := json.Marshal(ss); return string(b) }
-	text := fmt.Sprintf(`external_ip_cidrs = ["198.18.8.16/28", "fd42:8::10/124"]
-
-[l2]
-interfaces = [%q]
-gratuitous_interval = "100ms"
-
+	text := "external_ip_cidrs = [\"198.18.8.16/28\", \"fd42:8::10/124\"]\n"
+	if iface != "" {
+		text += fmt.Sprintf("\n[l2]\ninterfaces = [%q]\ngratuitous_interval = \"100ms\"\n", iface)
+	}
+	text += fmt.Sprintf(`
 [gateways]
 name = %q
 key_file = %q
 # 500 ms dead time: the default 300 ms declares a peer dead on a machine
 # loaded enough to stall a process that long.
 dead_after = 5
-
-[[gateways.peers]]
-name = %q
-addresses = %s
-`, iface, name, key, peer, q(peerAddrs))
+`, name, key)
+	for _, p := range peers {
+		text += fmt.Sprintf("\n[[gateways.peers]]\nname = %q\naddresses = %s\n", p.name, q(p.addrs))
+	}
 	if err := os.WriteFile(cfg, []byte(text), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -336,6 +353,9 @@ func TestGatewaysL2Failover(t *testing.T) {
 		}
 	}
 
+	e.wrongKeyPeer(t, owners)
+	e.panel(t)
+
 	// One of the two channel links cut: one owner per address still.
 	setLink(t, e.topo.Gateway, e.ab.A, false)
 	deadline := time.Now().Add(2 * time.Second) // several dead times
@@ -436,4 +456,53 @@ func mapsEqual(a, b map[netip.Addr]string) bool {
 		}
 	}
 	return true
+}
+
+// wrongKeyPeer starts gw-c, configured in the set but with another key:
+// both gateways refuse it (counted, shown) and nothing changes.
+func (e *gwLab) wrongKeyPeer(t *testing.T, owners map[netip.Addr]string) {
+	t.Helper()
+	e.gc.Start()
+	if err := lab.EventuallyWithin(20*time.Second, func() error {
+		for _, g := range []*gatewaytest.Gateway{e.ga, e.gb} {
+			st, err := gwStatus(g)
+			if err != nil {
+				return err
+			}
+			i := slices.IndexFunc(st.Peers, func(p gateways.PeerStatus) bool { return p.Name == "gw-c" })
+			if i < 0 || st.Peers[i].RefusedHellos == 0 || st.Peers[i].State != "unknown" {
+				return fmt.Errorf("%s sees gw-c as %+v", st.Name, st.Peers)
+			}
+			if len(st.Refused) == 0 || st.Refused[len(st.Refused)-1].Reason != "key" {
+				return fmt.Errorf("%s's refusals: %+v", st.Name, st.Refused)
+			}
+			_, m, err := g.Get("/metrics")
+			if err != nil || !strings.Contains(m, `nftgate_gateway_hellos_refused_total{reason="key"}`) {
+				return fmt.Errorf("%s's metrics count no refusal for the key: %v", st.Name, err)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := e.settled(e.ga, e.gb); err != nil || !mapsEqual(got, owners) {
+		t.Fatalf("with gw-c refused the owners are %v (%v), were %v", got, err, owners)
+	}
+	e.oneAnswerer(t, owners)
+	e.gc.Stop()
+}
+
+// panel: the status page of gw-a shows the set (itself, gw-b, gw-c) and
+// the refusal.
+func (e *gwLab) panel(t *testing.T) {
+	t.Helper()
+	const host = "127.0.0.1:9180"
+	b := browsertest.Start(t, browsertest.Options{Host: host, Netns: e.topo.Gateway.Name()})
+	b.Navigate("http://" + host + "/")
+	b.Poll("the gateway set panel", `!document.getElementById('gateways').hidden && document.querySelectorAll('#gw-peers-body tr').length === 3 && document.querySelectorAll('#gw-refused-body tr').length > 0`)
+	rows := browsertest.Eval[[]string](b, `Array.from(document.querySelectorAll('#gw-peers-body tr'), tr => tr.children[0].textContent + ' ' + tr.children[1].textContent)`)
+	if want := []string{"gw-a (this gateway) alive", "gw-b alive", "gw-c unknown"}; !slices.Equal(rows, want) {
+		t.Errorf("gateway panel rows %q, want %q", rows, want)
+	}
+	b.Screenshot(browsertest.ArtifactDir(t, "nftgate"), "gateways.png")
 }
