@@ -6,12 +6,14 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/goleak"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/nftgate/nftgate/internal/testing/lab"
 )
@@ -129,4 +131,129 @@ func listen(t *testing.T) net.Listener {
 		t.Fatal(err)
 	}
 	return ln
+}
+
+// freezer forwards TCP connections to target until frozen, and from then
+// on swallows what arrives (a link that carries nothing, as a cut cable
+// without a reset).
+type freezer struct {
+	ln     net.Listener
+	frozen atomic.Bool
+	mu     sync.Mutex
+	conns  []net.Conn
+	wg     sync.WaitGroup
+}
+
+func newFreezer(t *testing.T, target string) *freezer {
+	f := &freezer{ln: listen(t)}
+	f.wg.Go(func() {
+		for {
+			c, err := f.ln.Accept()
+			if err != nil {
+				return
+			}
+			d, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			f.mu.Lock()
+			f.conns = append(f.conns, c, d)
+			f.mu.Unlock()
+			f.wg.Go(func() { f.pipe(d, c) })
+			f.wg.Go(func() { f.pipe(c, d) })
+		}
+	})
+	t.Cleanup(f.close)
+	return f
+}
+
+func (f *freezer) pipe(dst, src net.Conn) {
+	buf := make([]byte, 4096)
+	for {
+		n, err := src.Read(buf)
+		if err != nil {
+			dst.Close()
+			return
+		}
+		if !f.frozen.Load() {
+			if _, err := dst.Write(buf[:n]); err != nil {
+				src.Close()
+				return
+			}
+		}
+	}
+}
+
+func (f *freezer) close() {
+	f.ln.Close()
+	f.mu.Lock()
+	for _, c := range f.conns {
+		c.Close()
+	}
+	f.mu.Unlock()
+	f.wg.Wait()
+}
+
+// With the injected clock: a peer whose heartbeats stop is alive until the
+// dead time (3 × 100 ms) has passed on the clock, then dead, and its
+// addresses are taken over.
+func TestSetPeerDeadAfterMissedHeartbeatsOnTheClock(t *testing.T) {
+	ignore := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, ignore) })
+	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
+	ha, hb := &held{}, &held{}
+	lnA, lnB := listen(t), listen(t)
+	f := newFreezer(t, lnB.Addr().String())
+	b, err := New(Config{Name: "gw-b", Listen: lnB.Addr().String(), KeyFile: "k", Peers: []PeerConfig{{Name: "gw-a", Addresses: []string{lnA.Addr().String()}}}},
+		Options{Key: testKey, OnChange: hb.set, Listener: lnB, Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	a, err := New(Config{Name: "gw-a", Listen: lnA.Addr().String(), KeyFile: "k", Peers: []PeerConfig{{Name: "gw-b", Addresses: []string{f.ln.Addr().String()}}}},
+		Options{Key: testKey, OnChange: ha.set, Listener: lnA, Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	as := addrs(16)
+	a.Set(as)
+	b.Set(as)
+	// Heartbeats go when the clock ticks.
+	wait(t, func() error {
+		clk.Step(100 * time.Millisecond)
+		return disjointCover(as, ha.get(), hb.get())
+	})
+	aHeld := ha.get()
+	if len(aHeld) == 0 || len(aHeld) == len(as) {
+		t.Fatalf("a holds %d of %d", len(aHeld), len(as))
+	}
+	// A heartbeat from b at the clock's time now, then silence.
+	clk.Step(100 * time.Millisecond)
+	wait(t, func() error {
+		if st := a.Status(); !st.Peers[0].LastHeartbeat.Equal(clk.Now()) {
+			return fmt.Errorf("b last heard at %v, now is %v", st.Peers[0].LastHeartbeat, clk.Now())
+		}
+		return nil
+	})
+	f.frozen.Store(true)
+	clk.Step(250 * time.Millisecond)
+	if st := a.Status(); st.Peers[0].State != "alive" {
+		t.Fatalf("b is %s 250 ms after its last heartbeat", st.Peers[0].State)
+	}
+	if got := ha.get(); !slices.Equal(got, aHeld) {
+		t.Fatalf("within the dead time a went from %v to %v", aHeld, got)
+	}
+	clk.Step(100 * time.Millisecond)
+	wait(t, func() error {
+		if got := ha.get(); len(got) != len(as) {
+			clk.Step(10 * time.Millisecond)
+			return fmt.Errorf("a holds %d of %d after the dead time", len(got), len(as))
+		}
+		return nil
+	})
+	if st := a.Status(); st.Peers[0].State != "dead" || st.TakenOver != uint64(len(as)-len(aHeld)) {
+		t.Errorf("a's status after b's death: %+v", st)
+	}
 }
