@@ -76,6 +76,7 @@ type view struct {
 	dead        time.Duration
 	startupEnd  time.Time
 	started     bool // the startup wait is over
+	dirty       bool // decide has something to look at
 
 	version uint64
 	serves  map[netip.Addr]uint64 // address → version in which it was added
@@ -124,6 +125,7 @@ func (v *view) setServed(addrs []netip.Addr) bool {
 		return false
 	}
 	v.version++
+	v.dirty = true
 	for _, a := range gone {
 		delete(v.serves, a)
 	}
@@ -142,12 +144,15 @@ func (v *view) receive(name string, incarnation uint64, m stateMsg, now time.Tim
 	}
 	if p.incarnation != incarnation {
 		*p = peerView{incarnation: incarnation}
+		v.dirty = true
 	}
 	p.lastHeard = now
 	if m.AckIncarnation == v.incarnation && m.Ack > p.ack {
 		p.ack = m.Ack
+		v.dirty = true
 	}
 	if m.Full && (!p.known || m.Version > p.version) {
+		v.dirty = true
 		p.known, p.version = true, m.Version
 		p.serves = toSet(m.Serves)
 		p.holds = toSet(m.Holds)
@@ -173,8 +178,8 @@ func (v *view) message(name string, full bool) stateMsg {
 }
 
 // owner is the owner of a among the live gateways that serve it ("" when
-// none does).
-func (v *view) owner(a netip.Addr, now time.Time) string {
+// none does), liveness as of the last decide.
+func (v *view) owner(a netip.Addr) string {
 	best, bestScore := "", uint64(0)
 	consider := func(name string) {
 		if s := score(a, name); best == "" || s > bestScore || s == bestScore && name < best {
@@ -185,7 +190,7 @@ func (v *view) owner(a netip.Addr, now time.Time) string {
 		consider(v.self)
 	}
 	for name, p := range v.peers {
-		if v.alive(p, now) && p.serves[a] {
+		if p.alive && p.serves[a] {
 			consider(name)
 		}
 	}
@@ -194,21 +199,36 @@ func (v *view) owner(a netip.Addr, now time.Time) string {
 
 // decide releases and takes addresses at now; it tells whether the held
 // set changed (then the version has grown and the peers need the state).
+//
+// It costs a pass over the served addresses only when something it
+// depends on changed since the last call: the served set, a peer's state
+// or ack, a peer's liveness, the end of the startup wait. The heartbeat
+// ticks call it every interval.
 func (v *view) decide(now time.Time) bool {
+	for _, p := range v.peers {
+		if alive := v.alive(p, now); alive != p.alive {
+			p.alive = alive
+			v.dirty = true
+		}
+	}
+	if started := v.started; v.mayTake(now) != started {
+		v.dirty = true
+	}
+	if !v.dirty {
+		return false
+	}
+	v.dirty = false
 	changed := false
 	for a := range v.holds {
-		if v.owner(a, now) != v.self {
+		if v.owner(a) != v.self {
 			delete(v.holds, a)
 			v.released++
 			changed = true
 		}
 	}
-	for _, p := range v.peers {
-		p.alive = v.alive(p, now)
-	}
-	if v.mayTake(now) {
+	if v.started {
 		for a, since := range v.serves {
-			if !v.holds[a] && v.owner(a, now) == v.self {
+			if !v.holds[a] && v.owner(a) == v.self {
 				if take, overDead := v.free(a, since); take {
 					v.holds[a] = true
 					changed = true
