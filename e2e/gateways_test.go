@@ -345,6 +345,22 @@ func TestGatewaysL2Failover(t *testing.T) {
 	if count["gw-a"] == 0 || count["gw-b"] == 0 {
 		t.Fatalf("the addresses are not spread: %v", count)
 	}
+	for _, g := range []*gatewaytest.Gateway{e.ga, e.gb} {
+		name, peer := "gw-a", "gw-b"
+		if g == e.gb {
+			name, peer = peer, name
+		}
+		_, m, err := g.Get("/metrics")
+		for _, want := range []string{fmt.Sprintf("nftgate_gateway_peer_up{peer=%q} 1", peer), `nftgate_gateway_peer_up{peer="gw-c"} 0`,
+			fmt.Sprintf("nftgate_gateway_owned_addresses %d", count[name]), `nftgate_gateway_handovers_total{change="taken"}`} {
+			if err != nil || !strings.Contains(m, want) {
+				t.Errorf("%s's /metrics lacks %s (%v)", name, want, err)
+			}
+		}
+	}
+	if _, body, err := e.ga.Get("/api/v1/edge"); err != nil || !strings.Contains(body, `"l2 held by gw-b"`) || !strings.Contains(body, `"l2 `+e.seg[0]+`"`) {
+		t.Errorf("gw-a's /api/v1/edge does not tell its own addresses from gw-b's: %v %s", err, body)
+	}
 	e.oneAnswerer(t, owners)
 	for _, a := range e.addrs {
 		flush(t, e.nb, a)

@@ -235,7 +235,8 @@ type EdgeService struct {
 type EdgeAddress struct {
 	announce.ServiceAddress
 	// Via lists the announcements: "bgp <peer>" for each established
-	// session, "l2 <interface>" for each interface answering for it.
+	// session, "l2 <interface>" for each interface answering for it, "l2
+	// held by <gateway>" when another gateway of the set answers for it.
 	Via []string `json:"via"`
 }
 
@@ -278,6 +279,12 @@ func (e *edge) view() any {
 			for _, i := range a.Interfaces {
 				ifaces[a.Address] = append(ifaces[a.Address], "l2 "+i)
 			}
+		}
+	}
+	// With a gateway set, an address another gateway answers for says so.
+	for a, peer := range e.heldByPeers() {
+		if len(ifaces[a]) == 0 {
+			ifaces[a] = []string{"l2 held by " + peer}
 		}
 	}
 	if e.pods != nil {

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"log/slog"
+	"net/netip"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -44,4 +45,22 @@ func (e *edge) gatewaysAPI() func() any {
 		return nil
 	}
 	return e.gatewaysView
+}
+
+// heldByPeers maps the addresses the other gateways of the set hold to
+// their names; nil without [gateways].
+func (e *edge) heldByPeers() map[netip.Addr]string {
+	if e.gateways == nil {
+		return nil
+	}
+	out := map[netip.Addr]string{}
+	for _, p := range e.gateways.Status().Peers {
+		if p.State != "alive" {
+			continue
+		}
+		for _, a := range p.Holds {
+			out[a] = p.Name
+		}
+	}
+	return out
 }
