@@ -22,7 +22,8 @@
 // unsolicited neighbour advertisements for each address it starts to
 // answer for.
 //
-// The channel is meant to carry the gateways' connection-state sync too:
-// frames start with a message type, and a receiver skips types it does not
-// know.
+// The channel is the set's one channel, and carries the gateways'
+// connection-state sync too: frames start with a message type; another
+// user registers its types with Handle and sends with Send, and a receiver
+// skips types it does not know.
 package gateways

@@ -19,11 +19,19 @@ import (
 	"k8s.io/utils/clock"
 )
 
-// Message types: the first byte of a frame's plaintext. The state sync of
-// connections adds its own types on the same channel.
+// Message types: the first byte of a frame's plaintext. Types below
+// FirstUserType are the set's own; others (the state sync of connections)
+// register theirs with Handle.
 const (
 	msgState byte = 1
+	// FirstUserType is the first message type Handle and Send accept.
+	FirstUserType byte = 16
 )
+
+// Handler receives one message of a registered type from a peer. The
+// payload is valid only during the call. It runs on the link's reader, so
+// it must not block for long.
+type Handler func(peer string, payload []byte)
 
 // Options are what New needs besides the Config.
 type Options struct {
@@ -63,6 +71,7 @@ type Set struct {
 	closed   bool
 	stop     chan struct{}
 	wg       sync.WaitGroup
+	handlers map[byte]Handler
 	upMetric *prometheus.GaugeVec
 	refusals *prometheus.CounterVec
 	chErrors *prometheus.CounterVec
@@ -121,7 +130,7 @@ func New(cfg Config, opts Options) (*Set, error) {
 		return nil, fmt.Errorf("%s.key_file = %q: the key has %d bytes, want at least %d", Key, cfg.KeyFile, len(opts.Key), MinKeyLen)
 	}
 	s := &Set{cfg: cfg, opts: opts, log: opts.Log, clock: opts.Clock, hash: cfg.SetHash(),
-		links: map[*link]bool{}, peers: map[string]*peerStats{}, stop: make(chan struct{})}
+		links: map[*link]bool{}, peers: map[string]*peerStats{}, handlers: map[byte]Handler{}, stop: make(chan struct{})}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -455,8 +464,54 @@ func (s *Set) read(l *link) error {
 			}
 			s.mu.Unlock()
 		default:
-			// a type this version does not know: a newer peer's; skipped
+			s.mu.Lock()
+			h := s.handlers[b[0]]
+			s.mu.Unlock()
+			if h != nil {
+				h(l.peer, b[1:])
+			}
+			// else a type this gateway does not know (a newer peer's):
+			// skipped
 		}
+	}
+}
+
+// Handle registers fn for messages of type t (at least FirstUserType),
+// replacing any before it.
+func (s *Set) Handle(t byte, fn Handler) error {
+	if t < FirstUserType {
+		return fmt.Errorf("message type %d is the gateway set's own (want %d or more)", t, FirstUserType)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.handlers[t] = fn
+	return nil
+}
+
+// Send queues a message of type t to peer on one of its links (the oldest
+// up). It fails when no link to the peer is up or its queue is full (the
+// link is then dropped and dialed afresh, as for the set's own messages).
+func (s *Set) Send(peer string, t byte, payload []byte) error {
+	if t < FirstUserType {
+		return fmt.Errorf("message type %d is the gateway set's own (want %d or more)", t, FirstUserType)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var best *link
+	for l := range s.links {
+		if l.peer == peer && (best == nil || l.since.Before(best.since)) {
+			best = l
+		}
+	}
+	if best == nil {
+		return fmt.Errorf("no link to %q is up", peer)
+	}
+	select {
+	case best.out <- append([]byte{t}, payload...):
+		return nil
+	default:
+		best.close()
+		return fmt.Errorf("the queue to %q is full", peer)
 	}
 }
 

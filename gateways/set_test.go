@@ -257,3 +257,25 @@ func TestSetPeerDeadAfterMissedHeartbeatsOnTheClock(t *testing.T) {
 		t.Errorf("a's status after b's death: %+v", st)
 	}
 }
+
+// Another user of the channel (the state sync) sends its own message
+// types; the set's own are refused to it.
+func TestSetCarriesOtherMessageTypes(t *testing.T) {
+	ignore := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, ignore) })
+	a, b, _, _ := startPair(t, testKey)
+	got := make(chan string, 1)
+	if err := b.Handle(FirstUserType, func(peer string, p []byte) { got <- peer + ": " + string(p) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Handle(msgState, func(string, []byte) {}); err == nil {
+		t.Error("Handle took the set's own message type")
+	}
+	wait(t, func() error { return a.Send("gw-b", FirstUserType, []byte("entry 1")) })
+	if m := <-got; m != "gw-a: entry 1" {
+		t.Errorf("b received %q", m)
+	}
+	if err := a.Send("gw-z", FirstUserType, nil); err == nil {
+		t.Error("Send to an unknown peer succeeded")
+	}
+}
