@@ -62,14 +62,17 @@ type Set struct {
 	inc   uint64
 	ln    net.Listener
 
-	mu       sync.Mutex
-	v        *view
-	applied  []netip.Addr
-	links    map[*link]bool
-	peers    map[string]*peerStats
-	refused  []Refusal
-	closed   bool
-	stop     chan struct{}
+	mu      sync.Mutex
+	v       *view
+	applied []netip.Addr
+	links   map[*link]bool
+	peers   map[string]*peerStats
+	refused []Refusal
+	closed  bool
+	stop    chan struct{}
+	// ctx ends when the Set closes, cancelling dials in progress.
+	ctx      context.Context
+	cancel   context.CancelFunc
 	wg       sync.WaitGroup
 	handlers map[byte]Handler
 	upMetric *prometheus.GaugeVec
@@ -142,6 +145,7 @@ func New(cfg Config, opts Options) (*Set, error) {
 		return nil, err
 	}
 	s.inc = binary.BigEndian.Uint64(b[:])
+	s.ctx, s.cancel = context.WithCancel(context.Background())
 	var names []string
 	for _, p := range cfg.Peers {
 		names = append(names, p.Name)
@@ -165,6 +169,7 @@ func New(cfg Config, opts Options) (*Set, error) {
 	if s.ln == nil {
 		ln, err := net.Listen("tcp", cfg.Listen)
 		if err != nil {
+			s.cancel()
 			return nil, fmt.Errorf("%s.listen = %q: %w", Key, cfg.Listen, err)
 		}
 		s.ln = ln
@@ -301,7 +306,7 @@ func (s *Set) dial(peer, addr string) {
 	backoff := s.cfg.HeartbeatInterval
 	for {
 		d := net.Dialer{Timeout: s.cfg.dead()}
-		nc, err := d.Dial("tcp", addr)
+		nc, err := d.DialContext(s.ctx, "tcp", addr)
 		if err == nil {
 			var c *conn
 			if c, err = s.handshake(nc, peer); err == nil {
@@ -550,6 +555,7 @@ func (s *Set) Close() error {
 		}
 	}
 	close(s.stop)
+	s.cancel()
 	err := s.ln.Close()
 	for _, l := range links {
 		l.close()
