@@ -131,8 +131,14 @@ type handshakeParams struct {
 }
 
 // handshake authenticates nc; on error nc is left to the caller to close.
-// The caller sets the deadline.
-func handshake(nc net.Conn, p handshakeParams) (*conn, error) {
+// The caller sets the deadline. claimed is the name the other end gave in
+// its hello ("" before it), also on error.
+func handshake(nc net.Conn, p handshakeParams) (c *conn, claimed string, err error) {
+	c, err = handshake1(nc, p, &claimed)
+	return c, claimed, err
+}
+
+func handshake1(nc net.Conn, p handshakeParams, claimed *string) (*conn, error) {
 	mine := hello{name: p.self}
 	if _, err := rand.Read(mine.nonce[:]); err != nil {
 		return nil, err
@@ -145,6 +151,7 @@ func handshake(nc net.Conn, p handshakeParams) (*conn, error) {
 	if err != nil {
 		return nil, err
 	}
+	*claimed = theirs.name
 	if p.dialer && theirs.name != p.expect {
 		return nil, fmt.Errorf("%w: %q answered where %q was expected", ErrUnknownPeer, theirs.name, p.expect)
 	}

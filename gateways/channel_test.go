@@ -35,13 +35,13 @@ func pair(t *testing.T, dkey, lkey []byte, dhash, lhash [32]byte) (d, l *conn, d
 	}
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		l, lerr = handshake(b, handshakeParams{key: lkey, self: "gw-b", setHash: lhash, incarnation: 2,
+		l, _, lerr = handshake(b, handshakeParams{key: lkey, self: "gw-b", setHash: lhash, incarnation: 2,
 			accept: func(n string) bool { return n == "gw-a" }})
 		if lerr != nil {
 			b.Close()
 		}
 	})
-	d, derr = handshake(rec, handshakeParams{key: dkey, self: "gw-a", setHash: dhash, incarnation: 1, dialer: true, expect: "gw-b"})
+	d, _, derr = handshake(rec, handshakeParams{key: dkey, self: "gw-a", setHash: dhash, incarnation: 1, dialer: true, expect: "gw-b"})
 	if derr != nil {
 		a.Close()
 	}
@@ -96,12 +96,12 @@ func TestChannelSetDiffersRefused(t *testing.T) {
 func TestChannelUnknownPeerRefused(t *testing.T) {
 	a, b := tcpPair(t)
 	go func() {
-		_, _ = handshake(a, handshakeParams{key: testKey, self: "gw-z", dialer: true, expect: "gw-b"})
+		_, _, _ = handshake(a, handshakeParams{key: testKey, self: "gw-z", dialer: true, expect: "gw-b"})
 		a.Close()
 	}()
-	_, err := handshake(b, handshakeParams{key: testKey, self: "gw-b", accept: func(n string) bool { return n == "gw-a" }})
-	if !errors.Is(err, ErrUnknownPeer) {
-		t.Errorf("got %v, want ErrUnknownPeer", err)
+	_, claimed, err := handshake(b, handshakeParams{key: testKey, self: "gw-b", accept: func(n string) bool { return n == "gw-a" }})
+	if !errors.Is(err, ErrUnknownPeer) || claimed != "gw-z" {
+		t.Errorf("got %v from %q, want ErrUnknownPeer from gw-z", err, claimed)
 	}
 }
 

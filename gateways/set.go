@@ -1,6 +1,7 @@
 package gateways
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
@@ -340,14 +341,14 @@ func (s *Set) pause(d time.Duration) bool {
 
 func (s *Set) handshake(nc net.Conn, expect string) (*conn, error) {
 	_ = nc.SetDeadline(time.Now().Add(max(s.cfg.dead(), time.Second)))
-	c, err := handshake(nc, handshakeParams{
+	c, claimed, err := handshake(nc, handshakeParams{
 		key: s.opts.Key, self: s.cfg.Name, setHash: s.hash, incarnation: s.inc,
 		dialer: expect != "", expect: expect,
 		accept: func(name string) bool { _, ok := s.peers[name]; return ok && name < s.cfg.Name },
 	})
 	if err != nil {
 		if expect == "" || !isNetErr(err) {
-			s.refuse(nc.RemoteAddr().String(), expect, err)
+			s.refuse(nc.RemoteAddr().String(), cmp.Or(expect, claimed), err)
 		}
 		return nil, err
 	}

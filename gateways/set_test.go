@@ -279,3 +279,35 @@ func TestSetCarriesOtherMessageTypes(t *testing.T) {
 		t.Error("Send to an unknown peer succeeded")
 	}
 }
+
+// A peer whose configured set differs (here its timing) is refused on both
+// ends with the reason "set", and shown.
+func TestSetOtherViewOfTheSetRefused(t *testing.T) {
+	ignore := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, ignore) })
+	lnA, lnB := listen(t), listen(t)
+	b, err := New(Config{Name: "gw-b", Listen: lnB.Addr().String(), KeyFile: "k", DeadAfter: 4,
+		Peers: []PeerConfig{{Name: "gw-a", Addresses: []string{lnA.Addr().String()}}}}, Options{Key: testKey, Listener: lnB})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	a, err := New(Config{Name: "gw-a", Listen: lnA.Addr().String(), KeyFile: "k",
+		Peers: []PeerConfig{{Name: "gw-b", Addresses: []string{lnB.Addr().String()}}}}, Options{Key: testKey, Listener: lnA})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	for _, s := range []*Set{a, b} {
+		wait(t, func() error {
+			st := s.Status()
+			if len(st.Refused) == 0 || st.Refused[0].Reason != "set" || st.Peers[0].RefusedHellos == 0 {
+				return fmt.Errorf("%s: refused %+v, peer %+v", st.Name, st.Refused, st.Peers[0])
+			}
+			if st.Peers[0].State != "unknown" {
+				return fmt.Errorf("%s sees its peer %s", st.Name, st.Peers[0].State)
+			}
+			return nil
+		})
+	}
+}
