@@ -60,10 +60,11 @@ type peerView struct {
 	version     uint64
 	serves      map[netip.Addr]bool
 	holds       map[netip.Addr]bool
-	ackInc      uint64
-	ack         uint64
-	lastHeard   time.Time
-	alive       bool // as of the last tick
+	// ack is the version of this gateway's state (this incarnation) the
+	// peer has seen.
+	ack       uint64
+	lastHeard time.Time
+	alive     bool // as of the last tick
 	// answered is the version of this peer's state this gateway last
 	// answered with a full state of its own.
 	answered uint64
