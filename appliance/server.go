@@ -55,6 +55,10 @@ type Options struct {
 	// makes /readyz fail once a drain started, and shows the drain on the
 	// page. Nil: the endpoint answers 404.
 	Drain Drainer
+	// Gateways, when set, gives what GET /api/v1/gateways answers: the
+	// gateway set's peers, their channel and the addresses each holds.
+	// Nil: the endpoint answers 404.
+	Gateways func() any
 	// Refresh is the page's polling interval; zero means DefaultRefresh.
 	Refresh time.Duration
 	// Logger receives request errors; nil discards them.
@@ -145,6 +149,9 @@ func NewServer(opts Options) http.Handler {
 		mux.Handle("GET /api/v1/drain", auth(http.HandlerFunc(s.drainGet)))
 		mux.Handle("POST /api/v1/drain", auth(http.HandlerFunc(s.drainPost)))
 	}
+	if opts.Gateways != nil {
+		mux.Handle("GET /api/v1/gateways", auth(http.HandlerFunc(s.gateways)))
+	}
 	mux.Handle("/api/", auth(http.HandlerFunc(s.apiNotFound)))
 	mux.HandleFunc("GET /healthz", s.healthz)
 	mux.HandleFunc("GET /livez", s.livez)
@@ -233,6 +240,7 @@ type pageData struct {
 	Title     string
 	Edge      bool // GET /api/v1/edge answers
 	Drain     bool // GET /api/v1/drain answers
+	Gateways  bool // GET /api/v1/gateways answers
 }
 
 func (s *server) page(w http.ResponseWriter, r *http.Request) {
@@ -241,6 +249,7 @@ func (s *server) page(w http.ResponseWriter, r *http.Request) {
 	d := pageData{
 		Now: now, Snap: snap, Status: statusJSON(snap, now, s.maxAge),
 		RefreshMS: s.opts.Refresh.Milliseconds(), Title: "nftgate", Edge: s.opts.Edge != nil, Drain: s.opts.Drain != nil,
+		Gateways: s.opts.Gateways != nil,
 	}
 	if snap.Identity.NodeName != "" {
 		d.Title = "nftgate · " + snap.Identity.NodeName
@@ -389,6 +398,10 @@ func (s *server) syncs(w http.ResponseWriter, r *http.Request) {
 
 func (s *server) edge(w http.ResponseWriter, r *http.Request) {
 	s.writeJSON(w, r, http.StatusOK, s.opts.Edge())
+}
+
+func (s *server) gateways(w http.ResponseWriter, r *http.Request) {
+	s.writeJSON(w, r, http.StatusOK, s.opts.Gateways())
 }
 
 func (s *server) apiNotFound(w http.ResponseWriter, r *http.Request) {

@@ -722,3 +722,28 @@ func TestAPIEdge(t *testing.T) {
 		t.Error("the page does not know the edge panel has data")
 	}
 }
+
+// GET /api/v1/gateways encodes what Options.Gateways gives, and is 404
+// without it; the page turns its panel on only with it.
+func TestAPIGateways(t *testing.T) {
+	ts, _ := newTestServer(t, healthySnapshot(), Options{})
+	if code, _, _ := get(t, ts.URL+"/api/v1/gateways"); code != http.StatusNotFound {
+		t.Errorf("without Gateways: %d, want 404", code)
+	}
+	if _, _, page := get(t, ts.URL+"/"); strings.Contains(string(page), `data-gateways="on"`) {
+		t.Error("the gateway panel is on without a gateway set")
+	}
+	ts, _ = newTestServer(t, healthySnapshot(), Options{Gateways: func() any {
+		return map[string]any{"name": "gw-a", "peers": []map[string]string{{"name": "gw-b", "state": "alive"}}}
+	}})
+	code, _, body := get(t, ts.URL+"/api/v1/gateways")
+	var v struct {
+		Peers []struct{ State string } `json:"peers"`
+	}
+	if code != http.StatusOK || json.Unmarshal(body, &v) != nil || len(v.Peers) != 1 || v.Peers[0].State != "alive" {
+		t.Errorf("gateways: %d %s", code, body)
+	}
+	if _, _, page := get(t, ts.URL+"/"); !strings.Contains(string(page), `data-gateways="on"`) {
+		t.Error("the page does not know the gateway panel has data")
+	}
+}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/nftgate/nftgate/announce/bgp"
 	"github.com/nftgate/nftgate/announce/l2"
+	"github.com/nftgate/nftgate/gateways"
 	"github.com/nftgate/nftgate/ipam"
 	"github.com/nftgate/nftgate/podroutes"
 	"github.com/nftgate/nftgate/proxy"
@@ -83,6 +84,9 @@ type Config struct {
 	Pools             []ipam.PoolConfig `toml:"pools"`
 	BGP               *bgp.Config       `toml:"bgp"`
 	L2                *l2.Config        `toml:"l2"`
+	// Gateways is the gateway set (package gateways): with it, the L2
+	// announcement answers only for the addresses this gateway owns.
+	Gateways *gateways.Config `toml:"gateways"`
 	// The routes to pods: pod_routes and its keys (package podroutes).
 	podroutes.Config
 
@@ -449,6 +453,14 @@ func (c *Config) validate() error {
 			errs = append(errs, err)
 		} else {
 			c.L2 = &l
+		}
+	}
+	if c.Gateways != nil {
+		g := c.Gateways.WithDefaults()
+		if err := g.Validate(); err != nil {
+			errs = append(errs, err)
+		} else {
+			c.Gateways = &g
 		}
 	}
 	if pol, err := (ipam.Config{Pools: c.Pools, LoadBalancerClass: c.LoadBalancerClass}).Compile(); err != nil {

@@ -16,6 +16,7 @@ import (
 	"github.com/nftgate/nftgate/announce"
 	"github.com/nftgate/nftgate/announce/bgp"
 	"github.com/nftgate/nftgate/announce/l2"
+	"github.com/nftgate/nftgate/gateways"
 	"github.com/nftgate/nftgate/ipam"
 	"github.com/nftgate/nftgate/loop"
 	"github.com/nftgate/nftgate/model"
@@ -35,6 +36,9 @@ type edge struct {
 	memory  *ipam.Memory     // without a cluster, with pools
 	policy  *ipam.Policy
 	pods    *podRouter // nil: pod_routes = "none"
+	// gateways: nil without [gateways]; else the L2 announcement goes
+	// through it (gateways.go).
+	gateways *gateways.Set
 }
 
 // startEdge starts the announcers the configuration asks for, before the
@@ -66,6 +70,10 @@ func startEdge(cfg *Config, reg prometheus.Registerer, log *slog.Logger) (*edge,
 			return nil, err
 		}
 	}
+	if err := e.startGateways(cfg, reg, log); err != nil {
+		e.close(false)
+		return nil, err
+	}
 	e.coord = &announce.Coordinator{Node: model.Node{Name: cfg.NodeName, Zone: cfg.Zone}, PoolOf: e.poolOf, Log: log,
 		Always: cfg.masqueradeAddrs}
 	if e.speaker != nil {
@@ -73,6 +81,9 @@ func startEdge(cfg *Config, reg prometheus.Registerer, log *slog.Logger) (*edge,
 	}
 	if e.l2 != nil {
 		e.coord.L2 = e.l2
+	}
+	if e.gateways != nil {
+		e.coord.L2 = e.gateways
 	}
 	return e, nil
 }
@@ -163,6 +174,9 @@ func (e *edge) close(drain bool) {
 		_ = e.speaker.Stop(ctx)
 		cancel()
 	}
+	if e.gateways != nil {
+		_ = e.gateways.Close()
+	}
 	if e.l2 != nil {
 		_ = e.l2.Close()
 	}
@@ -221,7 +235,8 @@ type EdgeService struct {
 type EdgeAddress struct {
 	announce.ServiceAddress
 	// Via lists the announcements: "bgp <peer>" for each established
-	// session, "l2 <interface>" for each interface answering for it.
+	// session, "l2 <interface>" for each interface answering for it, "l2
+	// held by <gateway>" when another gateway of the set answers for it.
 	Via []string `json:"via"`
 }
 
@@ -264,6 +279,12 @@ func (e *edge) view() any {
 			for _, i := range a.Interfaces {
 				ifaces[a.Address] = append(ifaces[a.Address], "l2 "+i)
 			}
+		}
+	}
+	// With a gateway set, an address another gateway answers for says so.
+	for a, peer := range e.heldByPeers() {
+		if len(ifaces[a]) == 0 {
+			ifaces[a] = []string{"l2 held by " + peer}
 		}
 	}
 	if e.pods != nil {

@@ -466,6 +466,24 @@
       ' open flows to them' + (d.state === 'draining' ? ', forwarded until they end or ' + d.deadline : '') + '.', 'warn');
   }
 
+  // The gateway set: this gateway and each peer, the addresses each holds
+  // (answers ARP/NDP for), and the hellos refused. Absent without one.
+  function renderGateways(v) {
+    $('gateways').hidden = false;
+    var list = [{name: v.name + ' (this gateway)', state: 'alive', links: [], holds: v.holds, self: true}].concat(v.peers);
+    rows('gw-peers-body', list, function (p) {
+      return [[p.name], [p.state, p.state === 'alive' ? 'good' : 'bad'],
+        [p.self ? '–' : (p.lastHeartbeat || 'never')],
+        [p.self ? '–' : (p.links.length ? p.links.map(function (l) { return l.address; }).join(', ') : 'none'), 'mono'],
+        [p.self ? '–' : fmtNum(p.channelErrors)], [p.self ? '–' : fmtNum(p.refusedHellos), p.refusedHellos ? 'warn' : ''],
+        [p.holds.length ? p.holds.join(', ') : '–', 'mono']];
+    });
+    $('gw-refused').hidden = v.refused.length === 0;
+    rows('gw-refused-body', v.refused, function (r) { return [[r.remote, 'mono'], [r.peer || '–'], [r.reason + ': ' + r.error, 'bad'], [r.time]]; });
+    setText('gw-summary', 'Set ' + v.setHash + ': ' + fmtNum(v.holds.length) + ' of ' + fmtNum(v.serves) +
+      ' served addresses held here; taken ' + fmtNum(v.taken) + ', taken over ' + fmtNum(v.takenOver) + ', released ' + fmtNum(v.released) + '.', 'muted');
+  }
+
   function setLive(ok, why) {
     var live = $('live');
     live.className = ok ? 'live' : 'live stale';
@@ -478,6 +496,7 @@
       var jobs = [getJSON('api/v1/syncs').then(renderCharts)];
       if ($('edge').dataset.edge) jobs.push(getJSON('api/v1/edge').then(renderEdge));
       if ($('drain').dataset.drain) jobs.push(getJSON('api/v1/drain').then(renderDrain));
+      if ($('gateways').dataset.gateways) jobs.push(getJSON('api/v1/gateways').then(renderGateways));
       if (st.sync.servicesRevision !== servicesRevision) {
         jobs.push(getJSON('api/v1/services').then(function (list) {
           list.services.forEach(function (s) { s._text = searchText(s); });

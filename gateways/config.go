@@ -1,0 +1,203 @@
+package gateways
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
+	"fmt"
+	"net"
+	"os"
+	"regexp"
+	"slices"
+	"strconv"
+	"time"
+)
+
+// Config is the [gateways] section of nftgate's configuration: this
+// gateway's name, where the channel listens, the other gateways of the set
+// and the shared key. A zero value of a field means its default (see
+// WithDefaults); Validate names the field and value it refuses.
+type Config struct {
+	// Name is this gateway's name in the set (required): a DNS label,
+	// the same on every peer's list.
+	Name string `toml:"name" json:"name"`
+	// Listen is the TCP address the channel listens on, "host:port"
+	// (host empty: every address, so one listener serves several links).
+	// Default ":7480".
+	Listen string `toml:"listen" json:"listen"`
+	// KeyFile holds the key shared by every gateway of the set (required):
+	// at least 32 bytes, white space around it ignored.
+	KeyFile string `toml:"key_file" json:"key_file"`
+	// HeartbeatInterval is how often a heartbeat goes to each peer on
+	// each link. Default 100ms, from 10ms to 10s.
+	HeartbeatInterval time.Duration `toml:"heartbeat_interval" json:"heartbeat_interval"`
+	// DeadAfter is how many heartbeat intervals without a word from a
+	// peer (on any link) make it dead. Default 3, from 2 to 100.
+	DeadAfter int `toml:"dead_after" json:"dead_after"`
+	// StartupWait is how long a starting gateway waits for its peers
+	// before it takes addresses nobody else holds. Default 1s, at most 1m.
+	StartupWait time.Duration `toml:"startup_wait" json:"startup_wait"`
+	// Peers are the other gateways of the set.
+	Peers []PeerConfig `toml:"peers" json:"peers"`
+}
+
+// PeerConfig is one other gateway.
+type PeerConfig struct {
+	Name string `toml:"name" json:"name"`
+	// Addresses are where its channel listens, "host:port", one per link
+	// (the channel runs over each of them; the peer is alive while any of
+	// them carries its heartbeats).
+	Addresses []string `toml:"addresses" json:"addresses"`
+}
+
+// Key is the configuration section this Config is read from.
+const Key = "gateways"
+
+// Defaults.
+const (
+	DefaultListen            = ":7480"
+	DefaultHeartbeatInterval = 100 * time.Millisecond
+	DefaultDeadAfter         = 3
+	DefaultStartupWait       = time.Second
+	// MinKeyLen is the shortest shared key accepted.
+	MinKeyLen = 32
+	// maxPeers bounds the set (every pair holds a connection per link).
+	maxPeers = 32
+)
+
+// WithDefaults returns a copy of c with every zero field set to its default.
+func (c Config) WithDefaults() Config {
+	if c.Listen == "" {
+		c.Listen = DefaultListen
+	}
+	if c.HeartbeatInterval == 0 {
+		c.HeartbeatInterval = DefaultHeartbeatInterval
+	}
+	if c.DeadAfter == 0 {
+		c.DeadAfter = DefaultDeadAfter
+	}
+	if c.StartupWait == 0 {
+		c.StartupWait = DefaultStartupWait
+	}
+	peers := make([]PeerConfig, len(c.Peers))
+	for i, p := range c.Peers {
+		peers[i] = PeerConfig{Name: p.Name, Addresses: slices.Clone(p.Addresses)}
+	}
+	c.Peers = peers
+	return c
+}
+
+var namePattern = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+
+// Validate checks a Config after WithDefaults and returns an error naming
+// the first field and value it refuses. It does not read the key file
+// (ReadKey does).
+func (c Config) Validate() error {
+	if !namePattern.MatchString(c.Name) {
+		return fmt.Errorf("%s.name = %q: want a DNS label (lower-case letters, digits, '-', at most 63)", Key, c.Name)
+	}
+	if err := checkHostPort(c.Listen, true); err != nil {
+		return fmt.Errorf("%s.listen = %q: %v", Key, c.Listen, err)
+	}
+	if c.KeyFile == "" {
+		return fmt.Errorf("%s.key_file = \"\": want the file holding the set's shared key", Key)
+	}
+	if c.HeartbeatInterval < 10*time.Millisecond || c.HeartbeatInterval > 10*time.Second {
+		return fmt.Errorf("%s.heartbeat_interval = %q: want 10ms to 10s", Key, c.HeartbeatInterval.String())
+	}
+	if c.DeadAfter < 2 || c.DeadAfter > 100 {
+		return fmt.Errorf("%s.dead_after = %d: want 2 to 100", Key, c.DeadAfter)
+	}
+	if c.StartupWait < 0 || c.StartupWait > time.Minute {
+		return fmt.Errorf("%s.startup_wait = %q: want 0 to 1m", Key, c.StartupWait.String())
+	}
+	if len(c.Peers) == 0 {
+		return fmt.Errorf("%s.peers = []: want at least one other gateway", Key)
+	}
+	if len(c.Peers) > maxPeers {
+		return fmt.Errorf("%s.peers: %d gateways, at most %d", Key, len(c.Peers), maxPeers)
+	}
+	seen := map[string]string{c.Name: Key + ".name"}
+	for i, p := range c.Peers {
+		field := fmt.Sprintf("%s.peers[%d]", Key, i)
+		if !namePattern.MatchString(p.Name) {
+			return fmt.Errorf("%s.name = %q: want a DNS label (lower-case letters, digits, '-', at most 63)", field, p.Name)
+		}
+		if other, ok := seen[p.Name]; ok {
+			return fmt.Errorf("%s.name = %q: also %s", field, p.Name, other)
+		}
+		seen[p.Name] = field + ".name"
+		if len(p.Addresses) == 0 {
+			return fmt.Errorf("%s.addresses = []: want the peer's channel address, \"host:port\"", field)
+		}
+		for j, a := range p.Addresses {
+			if err := checkHostPort(a, false); err != nil {
+				return fmt.Errorf("%s.addresses[%d] = %q: %v", field, j, a, err)
+			}
+			if k := slices.Index(p.Addresses[:j], a); k >= 0 {
+				return fmt.Errorf("%s.addresses[%d] = %q: listed twice (also addresses[%d])", field, j, a, k)
+			}
+		}
+	}
+	return nil
+}
+
+func checkHostPort(s string, hostMayBeEmpty bool) error {
+	host, port, err := net.SplitHostPort(s)
+	if err != nil {
+		return fmt.Errorf("want \"host:port\"")
+	}
+	if host == "" && !hostMayBeEmpty {
+		return fmt.Errorf("want a host before the port")
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("port %q: want 1 to 65535", port)
+	}
+	return nil
+}
+
+// ReadKey reads the shared key from c.KeyFile; the error names the key and
+// the file.
+func (c Config) ReadKey() ([]byte, error) {
+	b, err := os.ReadFile(c.KeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("%s.key_file = %q: %w", Key, c.KeyFile, err)
+	}
+	b = bytes.TrimSpace(b)
+	if len(b) < MinKeyLen {
+		return nil, fmt.Errorf("%s.key_file = %q: the key has %d bytes, want at least %d (e.g. head -c 32 /dev/urandom | base64 > %s)",
+			Key, c.KeyFile, len(b), MinKeyLen, c.KeyFile)
+	}
+	return b, nil
+}
+
+// Names are the gateways of the set, this one included, sorted.
+func (c Config) Names() []string {
+	names := []string{c.Name}
+	for _, p := range c.Peers {
+		names = append(names, p.Name)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// SetHash identifies the configured set as every gateway must see it: the
+// names (ownership is a function of them) and the heartbeat timing
+// (liveness must mean the same on both ends). The addresses are not part
+// of it: they are per link and one gateway's listen address may be
+// another's peer address behind a NAT or a wildcard.
+func (c Config) SetHash() [32]byte {
+	h := sha256.New()
+	h.Write([]byte("nftgate gateway set v1\x00"))
+	for _, n := range c.Names() {
+		h.Write([]byte(n))
+		h.Write([]byte{0})
+	}
+	var b [16]byte
+	binary.BigEndian.PutUint64(b[:8], uint64(c.HeartbeatInterval))
+	binary.BigEndian.PutUint64(b[8:], uint64(c.DeadAfter))
+	h.Write(b[:])
+	var out [32]byte
+	h.Sum(out[:0])
+	return out
+}

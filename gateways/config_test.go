@@ -1,0 +1,41 @@
+package gateways
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestReadKeyNamesFileAndLength(t *testing.T) {
+	dir := t.TempDir()
+	short := filepath.Join(dir, "short")
+	if err := os.WriteFile(short, []byte("  too short\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ file, want string }{
+		{short, "has 9 bytes"},
+		{filepath.Join(dir, "missing"), "no such file"},
+	} {
+		_, err := Config{KeyFile: tc.file}.ReadKey()
+		if err == nil || !strings.Contains(err.Error(), "gateways.key_file = \""+tc.file+"\"") || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("ReadKey(%s) = %v, want the key, file and %q", tc.file, err, tc.want)
+		}
+	}
+}
+
+// The set hash is the same from every gateway's configuration of one set,
+// whatever the order, and differs when a name or the timing does.
+func TestSetHashAgreesAcrossTheSet(t *testing.T) {
+	a := Config{Name: "gw-a", Peers: []PeerConfig{{Name: "gw-b"}, {Name: "gw-c"}}}.WithDefaults()
+	b := Config{Name: "gw-b", Peers: []PeerConfig{{Name: "gw-c"}, {Name: "gw-a"}}}.WithDefaults()
+	if a.SetHash() != b.SetHash() {
+		t.Errorf("one set, two hashes")
+	}
+	c := Config{Name: "gw-b", Peers: []PeerConfig{{Name: "gw-a"}}}.WithDefaults()
+	d := b
+	d.DeadAfter = 4
+	if c.SetHash() == b.SetHash() || d.SetHash() == b.SetHash() {
+		t.Errorf("another set, or other timing, hashes the same")
+	}
+}

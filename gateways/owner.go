@@ -1,0 +1,302 @@
+package gateways
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"net/netip"
+	"slices"
+	"time"
+)
+
+// Ownership of the floating addresses, as a state machine without I/O (the
+// Set feeds it messages and the time, and sends what it answers).
+//
+// Each gateway tells its peers, in a state message, the addresses it
+// serves and the addresses it holds (answers for), with a version that
+// grows with every change, and the version of the receiver's state it has
+// seen (its ack). The owner of an address is, among the live gateways that
+// serve it, the one with the highest rendezvous score of (address, name):
+// the same on every gateway that sees the same peers, and spread across
+// them. A gateway
+//   - releases an address as soon as it is no longer its owner (or it no
+//     longer serves it), and only then tells its peers;
+//   - takes an address it owns only when no live peer holds it, and every
+//     live peer has acked a state of this gateway in which it served the
+//     address (so no peer decided on a stale view of what it serves).
+// So while two gateways hear each other, an address passes from one to the
+// other through the old owner's release (the handover message) and the new
+// owner's ack: never two holders. A peer not heard from for the dead time
+// is left out: what it held is taken over without its word.
+
+// score is the rendezvous weight of a gateway for an address.
+func score(a netip.Addr, name string) uint64 {
+	h := sha256.New()
+	b, _ := a.Unmap().MarshalBinary()
+	h.Write(b)
+	h.Write([]byte{0})
+	h.Write([]byte(name))
+	var sum [32]byte
+	return binary.BigEndian.Uint64(h.Sum(sum[:0]))
+}
+
+// stateMsg is a gateway's state as sent to one peer.
+type stateMsg struct {
+	Version uint64 `json:"v"`
+	// Ack is the version of the receiver's state the sender has seen,
+	// with the receiver's incarnation.
+	AckIncarnation uint64       `json:"ai"`
+	Ack            uint64       `json:"a"`
+	Serves         []netip.Addr `json:"s,omitempty"`
+	Holds          []netip.Addr `json:"h,omitempty"`
+	// Full: Serves and Holds are present (a heartbeat carries only the
+	// version and the ack).
+	Full bool `json:"f,omitempty"`
+}
+
+// peerView is what this gateway knows of one peer.
+type peerView struct {
+	incarnation uint64
+	known       bool // a full state arrived from this incarnation
+	version     uint64
+	serves      map[netip.Addr]bool
+	holds       map[netip.Addr]bool
+	// ack is the version of this gateway's state (this incarnation) the
+	// peer has seen.
+	ack       uint64
+	lastHeard time.Time
+	alive     bool // as of the last tick
+	// answered is the version of this peer's state this gateway last
+	// answered with a full state of its own.
+	answered uint64
+}
+
+// view is one gateway's side of the protocol.
+type view struct {
+	self        string
+	incarnation uint64
+	dead        time.Duration
+	startupEnd  time.Time
+	started     bool // the startup wait is over
+	dirty       bool // decide has something to look at
+
+	version uint64
+	serves  map[netip.Addr]uint64 // address → version in which it was added
+	holds   map[netip.Addr]bool
+	peers   map[string]*peerView
+
+	// counters for the metrics: addresses taken from a live peer's
+	// handover or by this gateway alone, taken over from a dead peer,
+	// released.
+	taken, takenOver, released uint64
+}
+
+func newView(self string, peers []string, incarnation uint64, dead time.Duration, startupEnd time.Time) *view {
+	v := &view{self: self, incarnation: incarnation, dead: dead, startupEnd: startupEnd, version: 1,
+		serves: map[netip.Addr]uint64{}, holds: map[netip.Addr]bool{}, peers: map[string]*peerView{}}
+	for _, p := range peers {
+		v.peers[p] = &peerView{}
+	}
+	return v
+}
+
+// alive tells whether p counts at now.
+func (v *view) alive(p *peerView, now time.Time) bool {
+	return p.known && now.Sub(p.lastHeard) < v.dead
+}
+
+// setServed makes the served set equal to addrs; it tells whether the
+// state changed (then the version has grown).
+func (v *view) setServed(addrs []netip.Addr) bool {
+	want := make(map[netip.Addr]bool, len(addrs))
+	for _, a := range addrs {
+		want[a.Unmap()] = true
+	}
+	var gone, added []netip.Addr
+	for a := range v.serves {
+		if !want[a] {
+			gone = append(gone, a)
+		}
+	}
+	for a := range want {
+		if _, ok := v.serves[a]; !ok {
+			added = append(added, a)
+		}
+	}
+	if len(gone)+len(added) == 0 {
+		return false
+	}
+	v.version++
+	v.dirty = true
+	for _, a := range gone {
+		delete(v.serves, a)
+	}
+	for _, a := range added {
+		v.serves[a] = v.version
+	}
+	return true
+}
+
+// receive takes a message from peer name at now; it tells whether the
+// peer's view of this gateway needs a full state in answer.
+func (v *view) receive(name string, incarnation uint64, m stateMsg, now time.Time) (answer bool) {
+	p := v.peers[name]
+	if p == nil {
+		return false
+	}
+	if p.incarnation != incarnation {
+		*p = peerView{incarnation: incarnation}
+		v.dirty = true
+	}
+	p.lastHeard = now
+	if m.AckIncarnation == v.incarnation && m.Ack > p.ack {
+		p.ack = m.Ack
+		v.dirty = true
+	}
+	if m.Full && (!p.known || m.Version > p.version) {
+		v.dirty = true
+		p.known, p.version = true, m.Version
+		p.serves = toSet(m.Serves)
+		p.holds = toSet(m.Holds)
+	}
+	return p.known && p.answered < p.version
+}
+
+// message is this gateway's state for peer name (full, or a heartbeat).
+func (v *view) message(name string, full bool) stateMsg {
+	p := v.peers[name]
+	m := stateMsg{Version: v.version, AckIncarnation: p.incarnation, Full: full}
+	if p.known {
+		m.Ack = p.version
+		if full {
+			p.answered = p.version
+		}
+	}
+	if full {
+		m.Serves = sortedKeys(v.serves)
+		m.Holds = sortedKeys(v.holds)
+	}
+	return m
+}
+
+// owner is the owner of a among the live gateways that serve it ("" when
+// none does), liveness as of the last decide.
+func (v *view) owner(a netip.Addr) string {
+	best, bestScore := "", uint64(0)
+	consider := func(name string) {
+		if s := score(a, name); best == "" || s > bestScore || s == bestScore && name < best {
+			best, bestScore = name, s
+		}
+	}
+	if _, ok := v.serves[a]; ok {
+		consider(v.self)
+	}
+	for name, p := range v.peers {
+		if p.alive && p.serves[a] {
+			consider(name)
+		}
+	}
+	return best
+}
+
+// decide releases and takes addresses at now; it tells whether the held
+// set changed (then the version has grown and the peers need the state).
+//
+// It costs a pass over the served addresses only when something it
+// depends on changed since the last call: the served set, a peer's state
+// or ack, a peer's liveness, the end of the startup wait. The heartbeat
+// ticks call it every interval.
+func (v *view) decide(now time.Time) bool {
+	for _, p := range v.peers {
+		if alive := v.alive(p, now); alive != p.alive {
+			p.alive = alive
+			v.dirty = true
+		}
+	}
+	if started := v.started; v.mayTake(now) != started {
+		v.dirty = true
+	}
+	if !v.dirty {
+		return false
+	}
+	v.dirty = false
+	changed := false
+	for a := range v.holds {
+		if v.owner(a) != v.self {
+			delete(v.holds, a)
+			v.released++
+			changed = true
+		}
+	}
+	if v.started {
+		for a, since := range v.serves {
+			if !v.holds[a] && v.owner(a) == v.self {
+				if take, overDead := v.free(a, since); take {
+					v.holds[a] = true
+					changed = true
+					if overDead {
+						v.takenOver++
+					} else {
+						v.taken++
+					}
+				}
+			}
+		}
+	}
+	if changed {
+		v.version++
+	}
+	return changed
+}
+
+// mayTake: after the startup wait, or once every peer was heard.
+func (v *view) mayTake(now time.Time) bool {
+	if v.started {
+		return true
+	}
+	if now.Before(v.startupEnd) {
+		for _, p := range v.peers {
+			if !p.alive {
+				return false
+			}
+		}
+	}
+	v.started = true
+	return true
+}
+
+// free tells whether this gateway, the owner of a (served since version
+// since), may take it: no live peer holds it and every live peer has
+// acked a state in which this gateway served it. overDead: a dead peer
+// held it.
+func (v *view) free(a netip.Addr, since uint64) (take, overDead bool) {
+	for _, p := range v.peers {
+		if !p.alive {
+			overDead = overDead || p.known && p.holds[a]
+			continue
+		}
+		if p.holds[a] || p.ack < since {
+			return false, false
+		}
+	}
+	return true, overDead
+}
+
+// held is the set this gateway answers for, sorted.
+func (v *view) held() []netip.Addr { return sortedKeys(v.holds) }
+
+func toSet(as []netip.Addr) map[netip.Addr]bool {
+	m := make(map[netip.Addr]bool, len(as))
+	for _, a := range as {
+		m[a.Unmap()] = true
+	}
+	return m
+}
+
+func sortedKeys[V any](m map[netip.Addr]V) []netip.Addr {
+	out := make([]netip.Addr, 0, len(m))
+	for a := range m {
+		out = append(out, a)
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return out
+}

@@ -1,0 +1,688 @@
+package gateways
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/utils/clock"
+)
+
+// Message types: the first byte of a frame's plaintext. Types below
+// FirstUserType are the set's own; others (the state sync of connections)
+// register theirs with Handle.
+const (
+	msgState byte = 1
+	// FirstUserType is the first message type Handle and Send accept.
+	FirstUserType byte = 16
+)
+
+// Handler receives one message of a registered type from a peer. The
+// payload is valid only during the call. It runs on the link's reader, so
+// it must not block for long.
+type Handler func(peer string, payload []byte)
+
+// Options are what New needs besides the Config.
+type Options struct {
+	// Key is the shared key (Config.ReadKey).
+	Key []byte
+	// OnChange receives the addresses this gateway holds (answers for),
+	// sorted, every time the set changes. It is called before the peers
+	// are told, so an address is no longer answered for here before a
+	// peer can take it. It must not call back into the Set.
+	OnChange func(held []netip.Addr)
+	Log      *slog.Logger
+	// Clock drives the heartbeats and the liveness; nil is the real clock.
+	Clock clock.WithTicker
+	// Listener, when set, is used instead of listening on Config.Listen
+	// (tests); the Set closes it.
+	Listener net.Listener
+}
+
+// Set is this gateway's membership in the gateway set: the channel to
+// every peer, the heartbeats, and the ownership of the floating addresses.
+// Its methods are safe for concurrent use.
+type Set struct {
+	cfg   Config
+	opts  Options
+	log   *slog.Logger
+	clock clock.WithTicker
+	hash  [32]byte
+	inc   uint64
+	ln    net.Listener
+
+	mu      sync.Mutex
+	v       *view
+	applied []netip.Addr
+	links   map[*link]bool
+	peers   map[string]*peerStats
+	refused []Refusal
+	closed  bool
+	stop    chan struct{}
+	// ctx ends when the Set closes, cancelling dials in progress.
+	ctx      context.Context
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+	handlers map[byte]Handler
+	upMetric *prometheus.GaugeVec
+	refusals *prometheus.CounterVec
+	chErrors *prometheus.CounterVec
+}
+
+type peerStats struct {
+	errors  uint64
+	refused uint64
+	lastErr string
+	up      bool
+}
+
+// Refusal is one refused hello, for the status page.
+type Refusal struct {
+	Time   time.Time `json:"time"`
+	Remote string    `json:"remote"`
+	Peer   string    `json:"peer,omitempty"`
+	Reason string    `json:"reason"`
+	Error  string    `json:"error"`
+}
+
+// maxRefusals is how many recent refusals the status keeps.
+const maxRefusals = 16
+
+// link is one channel connection to a peer.
+type link struct {
+	peer   string
+	addr   string // the configured address dialed, or the remote address accepted
+	dialed bool
+	c      *conn
+	out    chan []byte
+	since  time.Time
+	done   chan struct{}
+	// flushed is closed when the writer wrote everything queued before
+	// Close's nil frame.
+	flushed chan struct{}
+	once    sync.Once
+}
+
+func (l *link) close() {
+	l.once.Do(func() {
+		close(l.done)
+		_ = l.c.close()
+	})
+}
+
+// New validates cfg (after WithDefaults), listens on cfg.Listen and starts
+// the channel to every peer. It holds no address until its peers answered
+// or cfg.StartupWait passed.
+func New(cfg Config, opts Options) (*Set, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if len(opts.Key) < MinKeyLen {
+		return nil, fmt.Errorf("%s.key_file = %q: the key has %d bytes, want at least %d", Key, cfg.KeyFile, len(opts.Key), MinKeyLen)
+	}
+	s := &Set{cfg: cfg, opts: opts, log: opts.Log, clock: opts.Clock, hash: cfg.SetHash(),
+		links: map[*link]bool{}, peers: map[string]*peerStats{}, handlers: map[byte]Handler{}, stop: make(chan struct{})}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	if s.clock == nil {
+		s.clock = clock.RealClock{}
+	}
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return nil, err
+	}
+	s.inc = binary.BigEndian.Uint64(b[:])
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	var names []string
+	for _, p := range cfg.Peers {
+		names = append(names, p.Name)
+		s.peers[p.Name] = &peerStats{}
+	}
+	s.v = newView(cfg.Name, names, s.inc, cfg.dead(), s.clock.Now().Add(cfg.StartupWait))
+	s.upMetric = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "nftgate_gateway_peer_up", Help: "1 while the peer gateway's heartbeats arrive, else 0.",
+	}, []string{"peer"})
+	for _, n := range names {
+		s.upMetric.WithLabelValues(n).Set(0)
+	}
+	s.refusals = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "nftgate_gateway_hellos_refused_total",
+		Help: "Channel connections refused in the handshake, by reason (key, set, unknown_peer, protocol).",
+	}, []string{"reason"})
+	s.chErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "nftgate_gateway_channel_errors_total", Help: "Channel connections to a peer that failed or ended, by peer.",
+	}, []string{"peer"})
+	s.ln = opts.Listener
+	if s.ln == nil {
+		ln, err := net.Listen("tcp", cfg.Listen)
+		if err != nil {
+			s.cancel()
+			return nil, fmt.Errorf("%s.listen = %q: %w", Key, cfg.Listen, err)
+		}
+		s.ln = ln
+	}
+	s.wg.Go(s.accept)
+	for _, p := range cfg.Peers {
+		if cfg.Name < p.Name { // the lower name dials
+			for _, a := range p.Addresses {
+				s.wg.Go(func() { s.dial(p.Name, a) })
+			}
+		}
+	}
+	s.wg.Go(s.heartbeats)
+	return s, nil
+}
+
+func (c Config) dead() time.Duration { return time.Duration(c.DeadAfter) * c.HeartbeatInterval }
+
+// Addr is the channel's listening address.
+func (s *Set) Addr() net.Addr { return s.ln.Addr() }
+
+// Set makes the served addresses (those this gateway could answer for)
+// equal to addrs; the Set decides which of them it holds. It is the
+// announce.AddrSetter the L2 announcement goes through.
+func (s *Set) Set(addrs []netip.Addr) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return
+	}
+	if s.v.setServed(addrs) {
+		s.v.decide(s.clock.Now())
+		s.applyLocked()
+	}
+}
+
+// applyLocked hands the held set to OnChange if it changed, then sends
+// the state to every link. s.mu is held.
+func (s *Set) applyLocked() {
+	held := s.v.held()
+	if !slices.Equal(held, s.applied) {
+		s.applied = held
+		if s.opts.OnChange != nil {
+			s.opts.OnChange(slices.Clone(held))
+		}
+	}
+	for l := range s.links {
+		s.sendLocked(l, true)
+	}
+}
+
+// sendLocked queues this gateway's state (full or a heartbeat) on l; a
+// link whose queue is full is closed (it reconnects and starts with a
+// full state). s.mu is held.
+func (s *Set) sendLocked(l *link, full bool) {
+	b, err := json.Marshal(s.v.message(l.peer, full))
+	if err != nil {
+		panic(err) // a stateMsg always encodes
+	}
+	select {
+	case l.out <- append([]byte{msgState}, b...):
+	default:
+		s.log.Warn("gateways: send queue full, reconnecting", "peer", l.peer, "link", l.addr)
+		l.close()
+	}
+}
+
+func (s *Set) heartbeats() {
+	t := s.clock.NewTicker(s.cfg.HeartbeatInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C():
+		}
+		s.mu.Lock()
+		for l := range s.links {
+			s.sendLocked(l, false)
+		}
+		s.decideLocked()
+		s.mu.Unlock()
+	}
+}
+
+// decideLocked runs the ownership decision now and logs peers that came
+// or went.
+func (s *Set) decideLocked() {
+	changed := s.v.decide(s.clock.Now())
+	for name, p := range s.v.peers {
+		st := s.peers[name]
+		if p.alive != st.up {
+			st.up = p.alive
+			if p.alive {
+				s.upMetric.WithLabelValues(name).Set(1)
+				s.log.Info("gateways: peer alive", "peer", name)
+			} else {
+				s.upMetric.WithLabelValues(name).Set(0)
+				s.log.Warn("gateways: peer dead", "peer", name, "lastHeard", p.lastHeard)
+			}
+		}
+	}
+	if changed {
+		s.applyLocked()
+	}
+}
+
+func (s *Set) accept() {
+	for {
+		nc, err := s.ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			s.log.Warn("gateways: accept", "error", err)
+			if !s.pause(s.cfg.HeartbeatInterval) {
+				return
+			}
+			continue
+		}
+		s.wg.Go(func() {
+			c, err := s.handshake(nc, "")
+			if err != nil {
+				nc.Close()
+				return
+			}
+			s.run(&link{peer: c.peer, addr: nc.RemoteAddr().String(), c: c})
+		})
+	}
+}
+
+// dial keeps a link to peer at addr until the Set closes.
+func (s *Set) dial(peer, addr string) {
+	backoff := s.cfg.HeartbeatInterval
+	for {
+		d := net.Dialer{Timeout: s.cfg.dead()}
+		nc, err := d.DialContext(s.ctx, "tcp", addr)
+		if err == nil {
+			var c *conn
+			if c, err = s.handshake(nc, peer); err == nil {
+				backoff = s.cfg.HeartbeatInterval
+				s.run(&link{peer: peer, addr: addr, dialed: true, c: c})
+			} else {
+				nc.Close()
+			}
+		}
+		if err != nil {
+			s.linkError(peer, addr, err)
+			backoff = min(2*backoff, time.Second)
+		}
+		if !s.pause(backoff) {
+			return
+		}
+	}
+}
+
+// pause waits d of real time; false when the Set closed meanwhile.
+func (s *Set) pause(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-s.stop:
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+func (s *Set) handshake(nc net.Conn, expect string) (*conn, error) {
+	_ = nc.SetDeadline(time.Now().Add(max(s.cfg.dead(), time.Second)))
+	c, claimed, err := handshake(nc, handshakeParams{
+		key: s.opts.Key, self: s.cfg.Name, setHash: s.hash, incarnation: s.inc,
+		dialer: expect != "", expect: expect,
+		accept: func(name string) bool { _, ok := s.peers[name]; return ok && name < s.cfg.Name },
+	})
+	if err != nil {
+		if expect == "" || !isNetErr(err) {
+			s.refuse(nc.RemoteAddr().String(), cmp.Or(expect, claimed), err)
+		}
+		return nil, err
+	}
+	_ = nc.SetDeadline(time.Time{})
+	return c, nil
+}
+
+func isNetErr(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) || errors.Is(err, net.ErrClosed)
+}
+
+// refuse counts and records a refused hello.
+func (s *Set) refuse(remote, peer string, err error) {
+	reason := refusalReason(err)
+	s.refusals.WithLabelValues(reason).Inc()
+	s.log.Warn("gateways: hello refused", "remote", remote, "peer", peer, "reason", reason, "error", err)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if st := s.peers[peer]; st != nil {
+		st.refused++
+	}
+	s.refused = append(s.refused, Refusal{Time: s.clock.Now(), Remote: remote, Peer: peer, Reason: reason, Error: err.Error()})
+	if len(s.refused) > maxRefusals {
+		s.refused = s.refused[len(s.refused)-maxRefusals:]
+	}
+}
+
+func (s *Set) linkError(peer, addr string, err error) {
+	s.chErrors.WithLabelValues(peer).Inc()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if st := s.peers[peer]; st != nil {
+		st.errors++
+		st.lastErr = fmt.Sprintf("%s: %v", addr, err)
+	}
+}
+
+// run serves one authenticated link until it fails or the Set closes.
+func (s *Set) run(l *link) {
+	l.out = make(chan []byte, 256)
+	l.done = make(chan struct{})
+	l.flushed = make(chan struct{})
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		l.c.close()
+		return
+	}
+	l.since = s.clock.Now()
+	s.links[l] = true
+	s.v.receive(l.peer, l.c.incarnation, stateMsg{}, s.clock.Now())
+	s.sendLocked(l, true)
+	s.mu.Unlock()
+	s.log.Info("gateways: link up", "peer", l.peer, "link", l.addr)
+
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			select {
+			case <-l.done:
+				return
+			case b := <-l.out:
+				if b == nil { // Close: everything before was written
+					close(l.flushed)
+					return
+				}
+				_ = l.c.nc.SetWriteDeadline(time.Now().Add(s.cfg.dead()))
+				if err := l.c.send(b); err != nil {
+					l.close()
+					return
+				}
+			}
+		}
+	})
+	err := s.read(l)
+	l.close()
+	wg.Wait()
+	s.mu.Lock()
+	delete(s.links, l)
+	s.mu.Unlock()
+	select {
+	case <-s.stop:
+	default:
+		s.log.Warn("gateways: link down", "peer", l.peer, "link", l.addr, "error", err)
+		s.linkError(l.peer, l.addr, err)
+	}
+}
+
+func (s *Set) read(l *link) error {
+	for {
+		// Liveness is the heartbeats' business (lastHeard); the deadline
+		// only ends a link that carries nothing at all, so that it is
+		// dialed afresh, and leaves a slow one be.
+		l.c.setReadDeadline(time.Now().Add(3 * s.cfg.dead()))
+		b, err := l.c.recv()
+		if err != nil {
+			return err
+		}
+		if len(b) == 0 {
+			return fmt.Errorf("%w: empty frame", ErrProtocol)
+		}
+		switch b[0] {
+		case msgState:
+			var m stateMsg
+			if err := json.Unmarshal(b[1:], &m); err != nil {
+				return fmt.Errorf("%w: state: %v", ErrProtocol, err)
+			}
+			s.mu.Lock()
+			answer := s.v.receive(l.peer, l.c.incarnation, m, s.clock.Now())
+			before := s.v.version
+			s.decideLocked()
+			if answer && s.v.version == before {
+				for o := range s.links {
+					if o.peer == l.peer {
+						s.sendLocked(o, true)
+					}
+				}
+			}
+			s.mu.Unlock()
+		default:
+			s.mu.Lock()
+			h := s.handlers[b[0]]
+			s.mu.Unlock()
+			if h != nil {
+				h(l.peer, b[1:])
+			}
+			// else a type this gateway does not know (a newer peer's):
+			// skipped
+		}
+	}
+}
+
+// Handle registers fn for messages of type t (at least FirstUserType),
+// replacing any before it.
+func (s *Set) Handle(t byte, fn Handler) error {
+	if t < FirstUserType {
+		return fmt.Errorf("message type %d is the gateway set's own (want %d or more)", t, FirstUserType)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.handlers[t] = fn
+	return nil
+}
+
+// Send queues a message of type t to peer on one of its links (the oldest
+// up). It fails when no link to the peer is up or its queue is full (the
+// link is then dropped and dialed afresh, as for the set's own messages).
+func (s *Set) Send(peer string, t byte, payload []byte) error {
+	if t < FirstUserType {
+		return fmt.Errorf("message type %d is the gateway set's own (want %d or more)", t, FirstUserType)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var best *link
+	for l := range s.links {
+		if l.peer == peer && (best == nil || l.since.Before(best.since)) {
+			best = l
+		}
+	}
+	if best == nil {
+		return fmt.Errorf("no link to %q is up", peer)
+	}
+	select {
+	case best.out <- append([]byte{t}, payload...):
+		return nil
+	default:
+		best.close()
+		return fmt.Errorf("the queue to %q is full", peer)
+	}
+}
+
+// Close tells the peers this gateway serves nothing any more (so they take
+// its addresses at once rather than after the dead time), stops answering
+// (OnChange with nothing), and closes the channel.
+func (s *Set) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	if s.v.setServed(nil) {
+		s.v.decide(s.clock.Now())
+		s.applyLocked()
+	}
+	s.closed = true
+	links := make([]*link, 0, len(s.links))
+	for l := range s.links {
+		links = append(links, l)
+	}
+	s.mu.Unlock()
+	// Let the writers send the last state, within a bound.
+	ctx, cancel := context.WithTimeout(context.Background(), closeFlush)
+	defer cancel()
+	for _, l := range links {
+		select {
+		case l.out <- nil:
+		default:
+			continue
+		}
+		select {
+		case <-l.flushed:
+		case <-l.done:
+		case <-ctx.Done():
+		}
+	}
+	close(s.stop)
+	s.cancel()
+	err := s.ln.Close()
+	for _, l := range links {
+		l.close()
+	}
+	s.wg.Wait()
+	return err
+}
+
+// closeFlush bounds how long Close waits for the last state to be written.
+const closeFlush = 200 * time.Millisecond
+
+// Status is the gateway set as the status page shows it.
+type Status struct {
+	Name string `json:"name"`
+	// SetHash identifies the configured set (names and timing); a peer
+	// with another is refused.
+	SetHash string `json:"setHash"`
+	// Holds are the addresses this gateway answers for; Serves counts
+	// those it could answer for.
+	Holds     []netip.Addr `json:"holds"`
+	Serves    int          `json:"serves"`
+	Peers     []PeerStatus `json:"peers"`
+	Refused   []Refusal    `json:"refused"`
+	Taken     uint64       `json:"taken"`
+	TakenOver uint64       `json:"takenOver"`
+	Released  uint64       `json:"released"`
+}
+
+// PeerStatus is one peer.
+type PeerStatus struct {
+	Name string `json:"name"`
+	// State: "alive" (heartbeats arrive), "dead" (none for the dead
+	// time), "unknown" (never heard since this gateway started).
+	State         string       `json:"state"`
+	LastHeartbeat time.Time    `json:"lastHeartbeat,omitzero"`
+	Holds         []netip.Addr `json:"holds"`
+	Links         []LinkStatus `json:"links"`
+	ChannelErrors uint64       `json:"channelErrors"`
+	RefusedHellos uint64       `json:"refusedHellos"`
+	LastError     string       `json:"lastError,omitempty"`
+}
+
+// LinkStatus is one connection to a peer.
+type LinkStatus struct {
+	Address string    `json:"address"`
+	Dialed  bool      `json:"dialed"`
+	Since   time.Time `json:"since"`
+}
+
+// Status returns the set's state now.
+func (s *Set) Status() Status {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.clock.Now()
+	st := Status{Name: s.cfg.Name, SetHash: hex.EncodeToString(s.hash[:8]), Holds: s.v.held(), Serves: len(s.v.serves),
+		Peers: []PeerStatus{}, Refused: slices.Clone(s.refused), Taken: s.v.taken, TakenOver: s.v.takenOver, Released: s.v.released}
+	if st.Refused == nil {
+		st.Refused = []Refusal{}
+	}
+	for _, pc := range s.cfg.Peers {
+		p, ps := s.v.peers[pc.Name], s.peers[pc.Name]
+		out := PeerStatus{Name: pc.Name, State: "unknown", LastHeartbeat: p.lastHeard, Holds: []netip.Addr{}, Links: []LinkStatus{},
+			ChannelErrors: ps.errors, RefusedHellos: ps.refused, LastError: ps.lastErr}
+		if p.known {
+			out.State = "dead"
+			if s.v.alive(p, now) {
+				out.State = "alive"
+			}
+			out.Holds = sortedKeys(p.holds)
+		}
+		for l := range s.links {
+			if l.peer == pc.Name {
+				out.Links = append(out.Links, LinkStatus{Address: l.addr, Dialed: l.dialed, Since: l.since})
+			}
+		}
+		slices.SortFunc(out.Links, func(a, b LinkStatus) int { return compareStrings(a.Address, b.Address) })
+		st.Peers = append(st.Peers, out)
+	}
+	return st
+}
+
+func compareStrings(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// Register adds the Set's metrics to reg: nftgate_gateway_peer_up{peer},
+// nftgate_gateway_owned_addresses, nftgate_gateway_handovers_total{change},
+// nftgate_gateway_hellos_refused_total{reason} and
+// nftgate_gateway_channel_errors_total{peer}.
+func (s *Set) Register(reg prometheus.Registerer) error {
+	cs := []prometheus.Collector{s.upMetric, s.refusals, s.chErrors,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "nftgate_gateway_owned_addresses", Help: "Floating addresses this gateway holds (answers for).",
+		}, func() float64 {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			return float64(len(s.v.holds))
+		}),
+	}
+	for _, ch := range []string{"taken", "taken_over", "released"} {
+		cs = append(cs, prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "nftgate_gateway_handovers_total",
+			Help:        "Floating addresses taken (handed over by a live peer, or held by none), taken over from a dead peer, and released.",
+			ConstLabels: prometheus.Labels{"change": ch},
+		}, func() float64 {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			switch ch {
+			case "taken":
+				return float64(s.v.taken)
+			case "taken_over":
+				return float64(s.v.takenOver)
+			}
+			return float64(s.v.released)
+		}))
+	}
+	for _, c := range cs {
+		if err := reg.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
