@@ -135,6 +135,7 @@ const (
 	typeIP6Addr     = 8
 	typeInetProto   = 12
 	typeInetService = 13
+	typeMark        = 19 // a 32-bit integer in host byte order: a Maglev slot
 	// concatTypeBits is the width of one type in a concatenation's type.
 	concatTypeBits = 6
 	// nftSetConcat is NFT_SET_CONCAT, which x/sys/unix lacks.
@@ -155,6 +156,8 @@ func setKey(f ruleset.Family, s *ruleset.Set) (types []uint32, lens []uint32) {
 		addr = typeIP6Addr
 	}
 	switch {
+	case s.Shape == ruleset.KeySlot:
+		return []uint32{typeMark}, []uint32{4}
 	case s.Map && s.Shape == ruleset.KeyProtoPort:
 		return []uint32{typeInetProto, typeInetService}, []uint32{1, 2}
 	case s.Map:
@@ -342,6 +345,9 @@ func (e *encoder) addRules(p ruleset.ChainPlan) {
 // appendKey appends a map key as the kernel stores it: each field of a
 // concatenation padded to four bytes.
 func appendKey(b []byte, shape ruleset.KeyShape, k ruleset.Key) []byte {
+	if shape == ruleset.KeySlot {
+		return binary.NativeEndian.AppendUint32(b, k.Slot) // as the hash expression writes it
+	}
 	if k.Addr.IsValid() {
 		b = append(b, k.Addr.AsSlice()...)
 	}

@@ -32,8 +32,10 @@
 package ruleset
 
 import (
+	"cmp"
 	"fmt"
 	"net/netip"
+	"strconv"
 	"time"
 
 	"github.com/nftgate/nftgate/model"
@@ -118,16 +120,22 @@ const (
 	KeyProtoPort                         // l4proto . dport (NodePorts)
 	KeyAddr                              // an address (plain address sets)
 	KeyAddrPair                          // saddr . daddr, both the Key's Addr (hairpin set)
+	KeySlot                              // a slot of a Maglev table, the Key's Slot
 )
 
-// Key is one verdict map key. Addr is unset for KeyProtoPort maps.
+// Key is one verdict map key. Addr is unset for KeyProtoPort maps; only
+// Slot is set for KeySlot maps.
 type Key struct {
 	Addr  netip.Addr
 	Proto model.Protocol
 	Port  uint16
+	Slot  uint32
 }
 
 func (k Key) String() string {
+	if !k.Addr.IsValid() && k.Proto == 0 && k.Port == 0 {
+		return strconv.FormatUint(uint64(k.Slot), 10)
+	}
 	if k.Proto == 0 && k.Port == 0 {
 		return k.Addr.String()
 	}
@@ -147,7 +155,10 @@ func (k Key) compare(o Key) int {
 	if k.Proto != o.Proto {
 		return int(k.Proto) - int(o.Proto)
 	}
-	return int(k.Port) - int(o.Port)
+	if k.Port != o.Port {
+		return int(k.Port) - int(o.Port)
+	}
+	return cmp.Compare(k.Slot, o.Slot)
 }
 
 // Element is one element of a verdict map.

@@ -174,6 +174,9 @@ func setType(f Family, s *Set) string {
 	if s.Shape == KeyAddrPair {
 		return addr + " . " + addr
 	}
+	if s.Shape == KeySlot {
+		return "mark : verdict"
+	}
 	if !s.Map {
 		return addr
 	}
