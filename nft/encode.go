@@ -135,7 +135,7 @@ const (
 	typeIP6Addr     = 8
 	typeInetProto   = 12
 	typeInetService = 13
-	typeMark        = 19 // a 32-bit integer in host byte order: a Maglev slot
+	typeInteger     = 4 // a Maglev slot: a 32-bit integer in host byte order
 	// concatTypeBits is the width of one type in a concatenation's type.
 	concatTypeBits = 6
 	// nftSetConcat is NFT_SET_CONCAT, which x/sys/unix lacks.
@@ -157,7 +157,7 @@ func setKey(f ruleset.Family, s *ruleset.Set) (types []uint32, lens []uint32) {
 	}
 	switch {
 	case s.Shape == ruleset.KeySlot:
-		return []uint32{typeMark}, []uint32{4}
+		return []uint32{typeInteger}, []uint32{4}
 	case s.Map && s.Shape == ruleset.KeyProtoPort:
 		return []uint32{typeInetProto, typeInetService}, []uint32{1, 2}
 	case s.Map:
@@ -220,6 +220,11 @@ func (e *encoder) addSet(s *ruleset.Set) {
 		}
 		w.close(cat)
 		w.close(desc)
+	}
+	if s.Shape == ruleset.KeySlot {
+		// The key's byte order for nft's listing (libnftnl's
+		// NFTNL_UDATA_SET_KEYBYTEORDER: host), as nft writes it.
+		w.attr(unix.NFTA_SET_USERDATA, []byte{0, 4, 1, 0, 0, 0})
 	}
 	w.end()
 	e.note(note{op: noteAddSet, name: s.Name})
