@@ -1,11 +1,15 @@
 package ruleset
 
 import (
+	"bytes"
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
+
+	"github.com/nftgate/nftgate/model"
 )
 
 func maglevBackends(n int) []netip.AddrPort {
@@ -122,4 +126,37 @@ func TestMaglevDisruption(t *testing.T) {
 func ExampleMaglevSize() {
 	fmt.Println(MaglevSize(1), MaglevSize(4), MaglevSize(10), MaglevSize(1000))
 	// Output: 101 401 1009 65537
+}
+
+// TestMaglevRenderingIgnoresArrivalOrder: a Service whose endpoints come
+// in any order (as EndpointSlices and informers deliver them) renders the
+// same nft text, byte for byte, so every gateway programs the same table.
+func TestMaglevRenderingIgnoresArrivalOrder(t *testing.T) {
+	cfg := &Config{Table: "nftgate", HashSeed: 7, EndpointSelection: model.SelectionMaglev}
+	var eps []model.Endpoint
+	for _, ap := range append(maglevBackends(6), netip.MustParseAddrPort("10.1.0.3:8081")) {
+		eps = append(eps, model.Endpoint{Addr: ap.Addr(), Port: ap.Port(), Ready: true, Serving: true})
+	}
+	render := func(eps []model.Endpoint) string {
+		svc := &model.Service{Key: model.ServiceKey{Namespace: "ns", Name: "web"}, Type: "ClusterIP", IPv4: true,
+			ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
+			Ports:      []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80, Endpoints: eps}}}
+		var b bytes.Buffer
+		if err := WriteTables(&b, IPv4, Layout(cfg, IPv4, []*model.Service{svc})); err != nil {
+			t.Fatal(err)
+		}
+		return b.String()
+	}
+	want := render(eps)
+	if !strings.Contains(want, "vmap @mgc-ns/web/tcp/http") {
+		t.Fatalf("no Maglev table:\n%s", want)
+	}
+	r := rand.New(rand.NewPCG(5, 6))
+	for range 20 {
+		shuffled := slices.Clone(eps)
+		r.Shuffle(len(shuffled), func(i, j int) { shuffled[i], shuffled[j] = shuffled[j], shuffled[i] })
+		if got := render(shuffled); got != want {
+			t.Fatalf("endpoints in another order render differently")
+		}
+	}
 }
