@@ -14,7 +14,9 @@
 //   - no maps inside rules: the kernel finds an anonymous set by scanning
 //     the whole transaction, so one per Service makes a cold sync
 //     quadratic; an endpoint is chosen by one jhash bucket rule per
-//     endpoint instead, which DNATs directly;
+//     endpoint instead, which DNATs directly. A Maglev table (maglev.go)
+//     is a named map of slots per Service port, which the kernel finds by
+//     name: a cold sync stays linear, but every slot is an element;
 //   - few objects per Service: endpoint chains exist only for session
 //     affinity, hairpin traffic is found with one set of endpoint address
 //     pairs, and the masquerade decision for ClusterIPs is made once in the
