@@ -6,8 +6,8 @@ package nft
 // the renderer), and a check of a namespace's tables against it.
 
 import (
-	"flag"
 	"encoding/binary"
+	"flag"
 	"fmt"
 	"net/netip"
 	"os/exec"
