@@ -16,12 +16,15 @@ import (
 	"github.com/nftgate/nftgate/model"
 )
 
-// TestMaglevDisruptionWithTraffic sends the same 200 UDP flows (8 client
-// addresses × 25 source ports) to two Services with the same 10 endpoints,
+// TestMaglevDisruptionWithTraffic sends the same 600 UDP flows (8 client
+// addresses × 75 source ports) to two Services with the same 10 endpoints,
 // one annotated for Maglev and one choosing by hash mod N, before and
-// after one endpoint goes, and counts the flows whose endpoint changed.
-// The gateway's conntrack is flushed between the rounds, so every flow is
-// chosen anew by the rules.
+// after the fifth endpoint goes, and counts the flows whose endpoint
+// changed. The gateway's conntrack is flushed between the rounds, so every
+// flow is chosen anew by the rules. The kernel's "jhash … mod N" scales
+// the hash to [0, N) rather than taking the remainder, so removing the
+// fifth of ten endpoints moves about 28 % of the flows by hash (not 90 %);
+// Maglev about 12 %.
 func TestMaglevDisruptionWithTraffic(t *testing.T) {
 	const n, gone = 10, 4
 	topo := labtest.Gateway(t)
@@ -58,7 +61,7 @@ func TestMaglevDisruptionWithTraffic(t *testing.T) {
 		out := map[string][]string{}
 		for name, d := range dst {
 			for _, c := range topo.ClientIPv4 {
-				for p := range 25 {
+				for p := range 75 {
 					r, err := topo.Client.Dial("udp", d, lab.DialOpts{Source: netip.AddrPortFrom(c, uint16(41000+p)), Timeout: 2 * time.Second})
 					if err != nil {
 						t.Fatalf("%s: %v", name, err)
@@ -76,7 +79,7 @@ func TestMaglevDisruptionWithTraffic(t *testing.T) {
 			spread[b] = true
 		}
 		if len(spread) != n {
-			t.Fatalf("%s: 200 flows reached %d endpoints, want %d", name, len(spread), n)
+			t.Fatalf("%s: 600 flows reached %d endpoints, want %d", name, len(spread), n)
 		}
 	}
 
@@ -104,12 +107,12 @@ func TestMaglevDisruptionWithTraffic(t *testing.T) {
 		}
 		moved[name] = float64(m) / float64(len(before[name]))
 	}
-	t.Logf("one of %d endpoints removed: %.1f %% of 200 flows moved with Maglev, %.1f %% by hash mod N", n, 100*moved["maglev"], 100*moved["hash"])
-	// 1/N + 2 %, and the sampling error of 200 flows (2.3 % at 12 %).
-	if moved["maglev"] > 1.0/n+0.02+0.05 {
+	t.Logf("one of %d endpoints removed: %.1f %% of 600 flows moved with Maglev, %.1f %% by hash mod N", n, 100*moved["maglev"], 100*moved["hash"])
+	// 1/N + 2 %, and the sampling error of 600 flows (1.3 % at 12 %).
+	if moved["maglev"] > 1.0/n+0.02+0.03 {
 		t.Errorf("Maglev moved %.3f of the flows, want about 1/%d", moved["maglev"], n)
 	}
-	if moved["hash"] < 0.5 {
+	if moved["hash"] < 0.2 {
 		t.Errorf("hash mod N moved only %.3f of the flows; the comparison measures nothing", moved["hash"])
 	}
 }

@@ -25,27 +25,31 @@ import (
 // the same EndpointSlices fills the same table, whatever order the
 // endpoints arrived in.
 
-// Bounds of a Maglev table's size: the smallest prime at least
+// A Maglev table's size M is the first of MaglevSizes that is at least
 // MaglevSlotsPerEndpoint times the number of endpoints (the paper's
 // M ≥ 100·N: fewer slots per endpoint move more flows when one goes, see
-// TestMaglevDisruption), up to MaglevMaxSlots (the paper's 65,537; past
-// 655 endpoints each holds fewer than 100 slots).
-const (
-	MaglevSlotsPerEndpoint = 100
-	MaglevMaxSlots         = 65537
-)
+// TestMaglevDisruption), and the last one (the paper's 65,537) past that:
+// beyond 655 endpoints each holds fewer than 100 slots.
+//
+// The sizes are a fixed ladder, each about twice the one before, because
+// a flow's slot depends on M: an endpoint that comes or goes keeps M, and
+// moves only about 1/N of the flows, unless the count crosses a step of
+// the ladder (from 5 to 6 endpoints, 10 to 11, 20 to 21, 40 to 41, ...),
+// when the table is rebuilt at the next size and every flow is chosen
+// anew, as with a hash modulo N.
+const MaglevSlotsPerEndpoint = 100
+
+// MaglevSizes are the table sizes, primes.
+var MaglevSizes = []int{509, 1021, 2039, 4093, 8191, 16381, 32749, 65537}
 
 // MaglevSize is the table size for n endpoints.
 func MaglevSize(n int) int {
-	want := MaglevSlotsPerEndpoint * max(n, 1)
-	if want >= MaglevMaxSlots {
-		return MaglevMaxSlots
-	}
-	for m := want; ; m++ {
-		if isPrime(m) {
+	for _, m := range MaglevSizes {
+		if m >= MaglevSlotsPerEndpoint*n {
 			return m
 		}
 	}
+	return MaglevSizes[len(MaglevSizes)-1]
 }
 
 func isPrime(n int) bool {

@@ -691,7 +691,7 @@ func TestTraceMaglev(t *testing.T) {
 			}
 			var text bytes.Buffer
 			ruleset.WriteTables(&text, ruleset.IPv4, tables)
-			if !strings.Contains(text.String(), "jhash ip saddr . th sport mod 307 seed 0x7 vmap @mgc-") {
+			if !strings.Contains(text.String(), "jhash ip saddr . th sport mod 509 seed 0x7 vmap @mgc-") {
 				t.Errorf("no Maglev dispatch in the ruleset:\n%s", text.String())
 			}
 			runFlows(t, cfg, []*model.Service{svc}, []flow{
