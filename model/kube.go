@@ -26,6 +26,13 @@ const (
 // and port before the connection's data.
 const AnnotationProxyProtocol = "nftgate.io/proxy-protocol"
 
+// AnnotationEndpointSelection chooses how a Service's endpoint is picked
+// for a new connection, overriding the gateway's endpoint_selection:
+// "hash" (the client's address and port hashed modulo the number of
+// endpoints) or "maglev" (a Maglev table, which moves few connections'
+// choices when an endpoint comes or goes).
+const AnnotationEndpointSelection = "nftgate.io/endpoint-selection"
+
 // DefaultAffinityTimeout is the API's default ClientIP affinity timeout.
 const DefaultAffinityTimeout = 10800 * time.Second
 
@@ -224,6 +231,7 @@ func serviceBase(svc *corev1.Service, key ServiceKey) (*Service, error) {
 	}
 
 	readProxyProtocol(s, svc.Annotations[AnnotationProxyProtocol])
+	readEndpointSelection(s, svc.Annotations[AnnotationEndpointSelection])
 
 	for _, fam := range svc.Spec.IPFamilies {
 		switch fam {
@@ -243,6 +251,18 @@ func serviceBase(svc *corev1.Service, key ServiceKey) (*Service, error) {
 	}
 
 	return s, nil
+}
+
+// readEndpointSelection reads the endpoint selection annotation into s; a
+// value it does not know is a warning, and the gateway's default applies.
+func readEndpointSelection(s *Service, v string) {
+	switch v {
+	case "":
+	case SelectionHash, SelectionMaglev:
+		s.EndpointSelection = v
+	default:
+		s.Warnings = append(s.Warnings, fmt.Sprintf("annotation %s: invalid value %q (want %q or %q); the gateway's endpoint_selection applies", AnnotationEndpointSelection, v, SelectionHash, SelectionMaglev))
+	}
 }
 
 // readProxyProtocol reads the PROXY protocol annotation into s, with a

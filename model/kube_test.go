@@ -520,3 +520,32 @@ func TestProxyProtocolAnnotation(t *testing.T) {
 		})
 	}
 }
+
+// TestEndpointSelectionAnnotation: "maglev" and "hash" are read; any
+// other value is a warning naming the annotation and the value, and the
+// gateway's default applies.
+func TestEndpointSelectionAnnotation(t *testing.T) {
+	for _, c := range []struct{ value, want, warn string }{
+		{"", "", ""},
+		{"maglev", model.SelectionMaglev, ""},
+		{"hash", model.SelectionHash, ""},
+		{"Maglev", "", `annotation nftgate.io/endpoint-selection: invalid value "Maglev"`},
+	} {
+		svc := service(func(s *corev1.Service) {
+			if c.value != "" {
+				s.Annotations = map[string]string{model.AnnotationEndpointSelection: c.value}
+			}
+		})
+		m, err := model.FromKubernetes(svc, nil, model.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.EndpointSelection != c.want || (c.warn == "") != (len(m.Warnings) == 0) ||
+			c.warn != "" && !strings.Contains(m.Warnings[0], c.warn) {
+			t.Errorf("%q: selection %q, warnings %q; want %q, %q", c.value, m.EndpointSelection, m.Warnings, c.want, c.warn)
+		}
+		if got := m.Maglev(model.SelectionMaglev); got != (c.want != model.SelectionHash) {
+			t.Errorf("%q: Maglev under a Maglev default = %v", c.value, got)
+		}
+	}
+}

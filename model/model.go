@@ -98,6 +98,10 @@ type Service struct {
 	// its TCP connections from outside the cluster to carry
 	// (AnnotationProxyProtocol); zero for none.
 	ProxyProtocol uint8
+	// EndpointSelection is how the Service asks its endpoints to be
+	// chosen (AnnotationEndpointSelection): SelectionHash,
+	// SelectionMaglev, or empty for the gateway's default.
+	EndpointSelection string
 	// Warnings say what the Service asks for that is not served as asked,
 	// and why (an annotation with an invalid value, say); the Service is
 	// served as though it had not asked.
@@ -173,6 +177,21 @@ func (p *ServicePort) OfFamily(ipv6 bool) ServicePort {
 // port is TCP.
 func (s *Service) Proxied(p *ServicePort) bool {
 	return s.ProxyProtocol != 0 && p.Protocol == TCP
+}
+
+// Ways of choosing an endpoint for a new connection.
+const (
+	SelectionHash   = "hash"
+	SelectionMaglev = "maglev"
+)
+
+// Maglev tells whether the Service's endpoints are chosen by a Maglev
+// table, given the gateway's default selection.
+func (s *Service) Maglev(def string) bool {
+	if s.EndpointSelection != "" {
+		return s.EndpointSelection == SelectionMaglev
+	}
+	return def == SelectionMaglev
 }
 
 // AddrPort is the endpoint's address and port.

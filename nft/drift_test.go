@@ -68,6 +68,9 @@ func (w *randomWorld) newService() *model.Service {
 	}
 	s.ExternalLocal = w.r.Intn(4) == 0
 	s.InternalLocal = w.r.Intn(8) == 0
+	if n%3 == 1 {
+		s.EndpointSelection = model.SelectionMaglev
+	}
 	nports := 1 + w.r.Intn(2)
 	for i := 0; i < nports; i++ {
 		p := model.ServicePort{Name: fmt.Sprintf("p%d", i), Protocol: []model.Protocol{model.TCP, model.UDP, model.SCTP}[w.r.Intn(3)], Port: uint16(80 + i)}
@@ -127,8 +130,10 @@ func (w *randomWorld) mutate() (model.ServiceKey, *model.Service) {
 	case 1:
 		if c.AffinityTimeout == 0 {
 			c.AffinityTimeout = 7 * time.Second
+			c.EndpointSelection = model.SelectionMaglev
 		} else {
 			c.AffinityTimeout = 0
+			c.EndpointSelection = ""
 		}
 	case 2:
 		c.ExternalLocal = !c.ExternalLocal

@@ -135,6 +135,7 @@ const (
 	typeIP6Addr     = 8
 	typeInetProto   = 12
 	typeInetService = 13
+	typeInteger     = 4 // a Maglev slot: a 32-bit integer in host byte order
 	// concatTypeBits is the width of one type in a concatenation's type.
 	concatTypeBits = 6
 	// nftSetConcat is NFT_SET_CONCAT, which x/sys/unix lacks.
@@ -155,6 +156,8 @@ func setKey(f ruleset.Family, s *ruleset.Set) (types []uint32, lens []uint32) {
 		addr = typeIP6Addr
 	}
 	switch {
+	case s.Shape == ruleset.KeySlot:
+		return []uint32{typeInteger}, []uint32{4}
 	case s.Map && s.Shape == ruleset.KeyProtoPort:
 		return []uint32{typeInetProto, typeInetService}, []uint32{1, 2}
 	case s.Map:
@@ -217,6 +220,11 @@ func (e *encoder) addSet(s *ruleset.Set) {
 		}
 		w.close(cat)
 		w.close(desc)
+	}
+	if s.Shape == ruleset.KeySlot {
+		// The key's byte order for nft's listing (libnftnl's
+		// NFTNL_UDATA_SET_KEYBYTEORDER: host), as nft writes it.
+		w.attr(unix.NFTA_SET_USERDATA, []byte{0, 4, 1, 0, 0, 0})
 	}
 	w.end()
 	e.note(note{op: noteAddSet, name: s.Name})
@@ -342,6 +350,9 @@ func (e *encoder) addRules(p ruleset.ChainPlan) {
 // appendKey appends a map key as the kernel stores it: each field of a
 // concatenation padded to four bytes.
 func appendKey(b []byte, shape ruleset.KeyShape, k ruleset.Key) []byte {
+	if shape == ruleset.KeySlot {
+		return binary.NativeEndian.AppendUint32(b, k.Slot) // as the hash expression writes it
+	}
 	if k.Addr.IsValid() {
 		b = append(b, k.Addr.AsSlice()...)
 	}

@@ -371,6 +371,11 @@ func kernelProbes() []kernelProbe {
 				add: func(b *probeBatch) {
 					b.rule(b.filterChain(f), ruleset.HashBucket{Seed: ruleset.DefaultHashSeed, Modulus: 2, Bucket: 1})
 				}},
+			kernelProbe{Feature: "hash expression into a verdict map of slots (Maglev)" + w, Option: "CONFIG_NFT_HASH",
+				Needs: []string{base, "hash expression (jhash)" + w}, add: func(b *probeBatch) {
+					b.set(f, &ruleset.Set{Name: "maglev", Map: true, Shape: ruleset.KeySlot})
+					b.rule(b.filterChain(f), ruleset.MaglevDispatch{Seed: ruleset.DefaultHashSeed, Modulus: 509, Map: "maglev"})
+				}},
 			kernelProbe{Feature: "reject expression" + w, Option: "CONFIG_NFT_REJECT and " + opt.reject, Needs: []string{base},
 				add: func(b *probeBatch) {
 					b.rule(b.filterChain(f), ruleset.Reject{})

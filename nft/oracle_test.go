@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
@@ -128,6 +129,9 @@ func setDefinition(table *nftables.Table, f ruleset.Family, s *ruleset.Set) *nft
 		addr = nftables.TypeIP6Addr
 	}
 	switch {
+	case s.Shape == ruleset.KeySlot:
+		ns.IsMap, ns.DataType, ns.KeyType = true, nftables.TypeVerdict, nftables.TypeInteger
+		ns.KeyByteOrder = binaryutil.NativeEndian
 	case s.Map:
 		ns.IsMap, ns.Concatenation, ns.DataType = true, true, nftables.TypeVerdict
 		if s.Shape == ruleset.KeyProtoPort {

@@ -287,6 +287,12 @@ func keyFromBytes(f ruleset.Family, shape ruleset.KeyShape, b []byte) (ruleset.K
 	if shape == ruleset.KeyAddrProtoPort || shape == ruleset.KeyAddr {
 		n = int(f.AddrLen())
 	}
+	if shape == ruleset.KeySlot {
+		if len(b) != 4 {
+			return k, false
+		}
+		return ruleset.Key{Slot: binary.NativeEndian.Uint32(b)}, true
+	}
 	if shape == ruleset.KeyAddr {
 		a, ok := netip.AddrFromSlice(b)
 		return ruleset.Key{Addr: a}, ok && len(b) == n

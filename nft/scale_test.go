@@ -7,6 +7,7 @@ package nft
 
 import (
 	"encoding/binary"
+	"flag"
 	"fmt"
 	"net/netip"
 	"os/exec"
@@ -22,13 +23,20 @@ import (
 // node that no synthetic endpoint lives on.
 func scaleConfig() ruleset.Config {
 	return ruleset.Config{
-		Table:         "nftgate",
-		Node:          model.Node{Name: "gw", Zone: "zone-a"},
-		ClusterCIDRs:  []netip.Prefix{netip.MustParsePrefix("10.128.0.0/9")},
-		MasqueradeBit: ruleset.DefaultMasqueradeBit,
-		HashSeed:      7,
+		Table:             "nftgate",
+		Node:              model.Node{Name: "gw", Zone: "zone-a"},
+		ClusterCIDRs:      []netip.Prefix{netip.MustParsePrefix("10.128.0.0/9")},
+		MasqueradeBit:     ruleset.DefaultMasqueradeBit,
+		HashSeed:          7,
+		EndpointSelection: *benchSelection,
 	}
 }
+
+// benchSelection is the synthetic clusters' endpoint selection, so that
+// the costs of both can be compared in one sitting:
+//
+//	go test -run '^$' -bench 'Kernel(ColdFull|PartialEndpointChange)/services=10000$' ./nft -args -bench-selection maglev
+var benchSelection = flag.String("bench-selection", model.SelectionHash, "endpoint selection of the benchmarks' clusters: hash or maglev")
 
 // Address plan of the synthetic cluster. Nothing is ever sent to these
 // addresses: they only fill map keys and DNAT targets inside test namespaces.
@@ -191,8 +199,8 @@ func (w *scaleExpect) add(svc *model.Service, eps int) {
 	for _, p := range svc.Ports {
 		w.ServiceIPs += len(svc.ClusterIPs) + len(svc.ExternalIPs) + len(svc.LoadBalancerIPs)
 		w.Chains++ // the Service port's chain
-		if svc.AffinityTimeout > 0 {
-			w.Chains += eps // endpoints get chains only for session affinity
+		if svc.AffinityTimeout > 0 || svc.Maglev(*benchSelection) {
+			w.Chains += eps // endpoints get chains only for session affinity and Maglev slots
 		}
 		external := p.NodePort != 0 || len(svc.ExternalIPs) > 0 || len(svc.LoadBalancerIPs) > 0
 		if external {

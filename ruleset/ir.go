@@ -14,7 +14,9 @@
 //   - no maps inside rules: the kernel finds an anonymous set by scanning
 //     the whole transaction, so one per Service makes a cold sync
 //     quadratic; an endpoint is chosen by one jhash bucket rule per
-//     endpoint instead, which DNATs directly;
+//     endpoint instead, which DNATs directly. A Maglev table (maglev.go)
+//     is a named map of slots per Service port, which the kernel finds by
+//     name: a cold sync stays linear, but every slot is an element;
 //   - few objects per Service: endpoint chains exist only for session
 //     affinity, hairpin traffic is found with one set of endpoint address
 //     pairs, and the masquerade decision for ClusterIPs is made once in the
@@ -32,8 +34,10 @@
 package ruleset
 
 import (
+	"cmp"
 	"fmt"
 	"net/netip"
+	"strconv"
 	"time"
 
 	"github.com/nftgate/nftgate/model"
@@ -118,16 +122,22 @@ const (
 	KeyProtoPort                         // l4proto . dport (NodePorts)
 	KeyAddr                              // an address (plain address sets)
 	KeyAddrPair                          // saddr . daddr, both the Key's Addr (hairpin set)
+	KeySlot                              // a slot of a Maglev table, the Key's Slot
 )
 
-// Key is one verdict map key. Addr is unset for KeyProtoPort maps.
+// Key is one verdict map key. Addr is unset for KeyProtoPort maps; only
+// Slot is set for KeySlot maps.
 type Key struct {
 	Addr  netip.Addr
 	Proto model.Protocol
 	Port  uint16
+	Slot  uint32
 }
 
 func (k Key) String() string {
+	if !k.Addr.IsValid() && k.Proto == 0 && k.Port == 0 {
+		return strconv.FormatUint(uint64(k.Slot), 10)
+	}
 	if k.Proto == 0 && k.Port == 0 {
 		return k.Addr.String()
 	}
@@ -147,7 +157,10 @@ func (k Key) compare(o Key) int {
 	if k.Proto != o.Proto {
 		return int(k.Proto) - int(o.Proto)
 	}
-	return int(k.Port) - int(o.Port)
+	if k.Port != o.Port {
+		return int(k.Port) - int(o.Port)
+	}
+	return cmp.Compare(k.Slot, o.Slot)
 }
 
 // Element is one element of a verdict map.

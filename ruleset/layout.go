@@ -262,5 +262,8 @@ func SetShape(name string) KeyShape {
 	case SetHairpin:
 		return KeyAddrPair
 	}
+	if strings.HasPrefix(name, MaglevClusterKind+"-") || strings.HasPrefix(name, MaglevLocalKind+"-") {
+		return KeySlot
+	}
 	return 0
 }

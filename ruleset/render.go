@@ -38,6 +38,11 @@ type Config struct {
 	// HashSeed seeds the endpoint choice; gateways sharing a seed choose
 	// the same endpoint for the same flow.
 	HashSeed uint32
+	// EndpointSelection is how the Services that do not ask for one
+	// (model.Service.EndpointSelection) choose an endpoint: by hash
+	// modulo the number of endpoints (model.SelectionHash, or empty), or
+	// by a Maglev table (model.SelectionMaglev; maglev.go).
+	EndpointSelection string
 	// Shards is the number of service shard tables per family (see
 	// layout.go); zero means DefaultShards.
 	Shards int
@@ -466,16 +471,22 @@ func renderPort(cfg *Config, svc *model.Service, p *model.ServicePort, out *ByFa
 		// with session affinity does it get a chain of its own, which
 		// also records the client in the endpoint's affinity set: fewer
 		// objects is what keeps a cold sync of many Services fast.
+		// A Maglev table's slots jump to the endpoints' chains too.
+		maglev := svc.Maglev(cfg.EndpointSelection)
 		epChain := map[netip.AddrPort]string{}
 		affinitySet := map[netip.AddrPort]string{}
 		addEndpoint := func(e model.Endpoint) {
 			ap := e.AddrPort()
 			hairpin.add(f, ap.Addr())
-			if _, ok := epChain[ap]; ok || svc.AffinityTimeout == 0 {
+			if _, ok := epChain[ap]; ok || svc.AffinityTimeout == 0 && !maglev {
 				return
 			}
 			name := EndpointObject("ep", svc, p, ap, "")
 			epChain[ap] = name
+			if svc.AffinityTimeout == 0 {
+				fr.Chains = append(fr.Chains, &Chain{Name: name, Rules: []Rule{{DNAT{Proto: p.Protocol, To: ap}}}})
+				return
+			}
 			// The timeout is part of the set's name: a changed timeout is
 			// a new set, never an in-place edit the kernel refuses.
 			set := EndpointObject("aff", svc, p, ap, DurationText(svc.AffinityTimeout))
@@ -505,7 +516,7 @@ func renderPort(cfg *Config, svc *model.Service, p *model.ServicePort, out *ByFa
 		for _, e := range local {
 			addEndpoint(e)
 		}
-		dispatch := func(eps []model.Endpoint) []Rule {
+		dispatch := func(eps []model.Endpoint, table string) []Rule {
 			var rules []Rule
 			for _, e := range eps {
 				if set, ok := affinitySet[e.AddrPort()]; ok {
@@ -515,16 +526,19 @@ func renderPort(cfg *Config, svc *model.Service, p *model.ServicePort, out *ByFa
 			if len(eps) == 1 {
 				return append(rules, Rule{send(eps[0])})
 			}
+			if maglev {
+				return append(rules, maglevDispatch(cfg, fr, table, eps, epChain))
+			}
 			for i, e := range eps {
 				rules = append(rules, Rule{HashBucket{Seed: cfg.hashSeed(), Modulus: uint32(len(eps)), Bucket: uint32(i)}, send(e)})
 			}
 			return rules
 		}
 		if len(cluster) > 0 {
-			fr.Chains = append(fr.Chains, &Chain{Name: clusterChain, Rules: dispatch(cluster)})
+			fr.Chains = append(fr.Chains, &Chain{Name: clusterChain, Rules: dispatch(cluster, PortObject(MaglevClusterKind, svc, p))})
 		}
 		if len(local) > 0 {
-			fr.Chains = append(fr.Chains, &Chain{Name: localChain, Rules: dispatch(local)})
+			fr.Chains = append(fr.Chains, &Chain{Name: localChain, Rules: dispatch(local, PortObject(MaglevLocalKind, svc, p))})
 		}
 
 		// internalVerdict is where ClusterIP traffic goes; ok is false
@@ -660,6 +674,31 @@ func renderPort(cfg *Config, svc *model.Service, p *model.ServicePort, out *ByFa
 			}
 		}
 	}
+}
+
+// Kinds of the Maglev tables' names: of a port's cluster-wide endpoints,
+// and of its local ones.
+const (
+	MaglevClusterKind = "mgc"
+	MaglevLocalKind   = "mgl"
+)
+
+// maglevDispatch adds the verdict map of a Maglev table of the endpoints
+// to fr, each slot jumping to its endpoint's chain, and returns the rule
+// that looks a flow's slot up in it.
+func maglevDispatch(cfg *Config, fr *Fragment, name string, eps []model.Endpoint, epChain map[netip.AddrPort]string) Rule {
+	aps := make([]netip.AddrPort, len(eps))
+	for i, e := range eps {
+		aps[i] = e.AddrPort()
+	}
+	m := MaglevSize(len(aps))
+	table := MaglevTable(aps, m, cfg.hashSeed())
+	fr.Sets = append(fr.Sets, &Set{Name: name, Map: true, Shape: KeySlot})
+	fr.Elements = slices.Grow(fr.Elements, len(table))
+	for slot, ap := range table {
+		fr.Elements = append(fr.Elements, Element{Map: name, Key: Key{Slot: uint32(slot)}, Verdict: Verdict{Kind: Goto, Chain: epChain[ap]}})
+	}
+	return Rule{MaglevDispatch{Seed: cfg.hashSeed(), Modulus: uint32(m), Map: name}}
 }
 
 // familyHasNodePorts tells whether family f carries NodePorts at all: with

@@ -477,6 +477,42 @@ func (h HashBucket) Encode(f Family, s bc.Sink) {
 	s.Cmp(bc.Cmp{Op: bc.CmpEq, Sreg: bc.Reg1, Data: bc.U32(h.Bucket)})
 }
 
+// MaglevDispatch sends a flow by its slot in a Service port's Maglev
+// table: the Jenkins hash of the client's address and port modulo the
+// table's size, looked up in the port's verdict map of slots, which jumps
+// to the endpoint's chain (maglev.go). The map is named, not anonymous, so
+// a cold sync stays linear.
+type MaglevDispatch struct {
+	Seed    uint32
+	Modulus uint32
+	Map     string
+}
+
+// AppendText writes "jhash ip saddr . th sport mod 401 seed 0x7 vmap @map".
+func (d MaglevDispatch) AppendText(b []byte, f Family) []byte {
+	b = append(b, "jhash "...)
+	b = append(b, f.String()...)
+	b = append(b, " saddr . th sport mod "...)
+	b = strconv.AppendUint(b, uint64(d.Modulus), 10)
+	b = append(b, " seed 0x"...)
+	b = strconv.AppendUint(b, uint64(d.Seed), 16)
+	b = append(b, " vmap @"...)
+	return append(b, d.Map...)
+}
+
+// Encode hashes the source address and port as HashBucket does and looks
+// the slot up.
+func (d MaglevDispatch) Encode(f Family, s bc.Sink) {
+	sportReg, length := uint32(bc.Reg32c), uint32(8)
+	if f == IPv6 {
+		sportReg, length = bc.Reg3, 20
+	}
+	s.Payload(loadAddr(f, Src, bc.Reg2, f.AddrLen()))
+	s.Payload(bc.Payload{Base: bc.TransportHeader, Offset: 0, Len: 2, Dreg: sportReg})
+	s.Hash(bc.Hash{Sreg: bc.Reg2, Dreg: bc.Reg1, Len: length, Modulus: d.Modulus, Seed: d.Seed})
+	s.Lookup(bc.Lookup{Sreg: bc.Reg1, Set: d.Map, Dreg: bc.RegVerdict, HasDreg: true})
+}
+
 // UpdateAffinity records the client's address in an endpoint's affinity set,
 // refreshing its timeout.
 type UpdateAffinity struct{ Set string }

@@ -71,7 +71,7 @@ func WriteText(w io.Writer, table string, f Family, frags ...*Fragment) error {
 	ew := &errWriter{w: w}
 	ew.printf("table %s %s {\n", f, table)
 	for _, s := range sets {
-		ew.printf("\t%s %s {\n\t\ttype %s\n", map[bool]string{true: "map", false: "set"}[s.Map], s.Name, setType(f, s))
+		ew.printf("\t%s %s {\n\t\t%s\n", map[bool]string{true: "map", false: "set"}[s.Map], s.Name, setType(f, s))
 		if s.Timeout > 0 {
 			ew.printf("\t\tflags dynamic,timeout\n\t\ttimeout %s\n", DurationText(s.Timeout))
 		}
@@ -167,20 +167,26 @@ type keyedElement struct {
 }
 
 func setType(f Family, s *Set) string {
+	if s.Shape == KeySlot {
+		// A 32-bit integer in host byte order, as jhash writes it. nft
+		// takes no "type integer" in a map, and of the expressions with
+		// that type which "typeof" names, numgen is one it lists back;
+		// no numgen expression is used.
+		return "typeof numgen inc mod 2 : verdict"
+	}
 	addr := "ipv4_addr"
 	if f == IPv6 {
 		addr = "ipv6_addr"
 	}
-	if s.Shape == KeyAddrPair {
-		return addr + " . " + addr
+	switch {
+	case s.Shape == KeyAddrPair:
+		return "type " + addr + " . " + addr
+	case !s.Map:
+		return "type " + addr
+	case s.Shape == KeyProtoPort:
+		return "type inet_proto . inet_service : verdict"
 	}
-	if !s.Map {
-		return addr
-	}
-	if s.Shape == KeyProtoPort {
-		return "inet_proto . inet_service : verdict"
-	}
-	return addr + " . inet_proto . inet_service : verdict"
+	return "type " + addr + " . inet_proto . inet_service : verdict"
 }
 
 // DurationText writes a duration as nft does, in whole seconds.

@@ -46,6 +46,7 @@ type Config struct {
 	HealthzMaxAge     Duration `toml:"healthz_max_sync_age"`
 	MasqueradeBit     uint32   `toml:"masquerade_bit"`
 	HashSeed          uint32   `toml:"hash_seed"`
+	EndpointSelection string   `toml:"endpoint_selection"`
 	Shards            int      `toml:"shards"`
 	// ProxyProtocolPort is where the PROXY protocol proxy listens (0:
 	// off); the other two keys bound it (see cmd/nftgate/proxy.go).
@@ -113,6 +114,7 @@ func defaults() Config {
 		DrainPeriod:                 Duration(DefaultDrainPeriod),
 		MasqueradeBit:               0x4000,
 		Shards:                      ruleset.DefaultShards,
+		EndpointSelection:           defaultSelection,
 		ProxyProtocolPort:           proxy.DefaultPort,
 		ProxyProtocolMaxConnections: proxy.DefaultMaxConnections,
 		ProxyProtocolDialTimeout:    Duration(proxy.DefaultDialTimeout),
@@ -274,6 +276,7 @@ func loadConfig(name string, args []string) (*Config, *flag.FlagSet, error) {
 	fs.StringVar(&cfg.Table, "table", cfg.Table, "`name` of nftgate's nftables tables")
 	fs.IntVar(&cfg.Shards, "shards", cfg.Shards, "`number` of service shard tables per family (see config.toml)")
 	flowtableFlags(fs, &cfg)
+	selectionFlags(fs, &cfg)
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&cfg.LogFormat, "log-format", cfg.LogFormat, "text or json")
 	fs.Var(&cfg.MinSyncInterval, "min-sync-interval", "least `time` between two syncs; changes meanwhile are coalesced")
@@ -403,6 +406,7 @@ func (c *Config) validate() error {
 	}
 	c.validateProxy(bad)
 	c.validateFlowtable(bad)
+	c.validateSelection(bad)
 	if c.MasqueradeBit == 0 || c.MasqueradeBit&(c.MasqueradeBit-1) != 0 {
 		bad("masquerade_bit", "%#x is not a single bit", c.MasqueradeBit)
 	}

@@ -126,6 +126,7 @@ func TestBadConfigNamesTheField(t *testing.T) {
 		{args: []string{"--table", strings.Repeat("t", 65)}, want: []string{"table", strings.Repeat("t", 65), "at most 64"}},
 		{args: []string{"--shards", "0"}, want: []string{"shards", "0"}},
 		{args: []string{"--shards", "257"}, want: []string{"shards", "257"}},
+		{args: []string{"--endpoint-selection", "random"}, want: []string{"endpoint_selection", "random"}},
 		{args: []string{"--flowtable"}, want: []string{"flowtable_devices", "empty"}},
 		{file: "flowtable = true\nflowtable_devices = [\"eth0\", \"eth0/1\"]\n", want: []string{"flowtable_devices[1]", "eth0/1"}},
 		{args: []string{"--flowtable", "--flowtable-device", "eth0", "--flowtable-device", "eth0"}, want: []string{"flowtable_devices[1]", "eth0", "twice"}},

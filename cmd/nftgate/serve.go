@@ -44,6 +44,7 @@ func (c *Config) ruleset() ruleset.Config {
 		NodePortAddresses:   c.nodePortAddresses,
 		MasqueradeBit:       c.MasqueradeBit,
 		HashSeed:            c.HashSeed,
+		EndpointSelection:   c.EndpointSelection,
 		Shards:              c.Shards,
 		ProxyPort:           c.ProxyProtocolPort,
 		FlowtableDevices:    c.flowtableDevices(),

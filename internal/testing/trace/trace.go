@@ -543,6 +543,45 @@ func (t *tracer) runRule(st state, tt *traceTable, c *ruleset.Chain, i, depth in
 				return []end{{st, endNext}}
 			}
 			return t.verdict(st.log(c.Name, r, t.f, "element "+k.String()+" : "+v.String()), tt, v, depth)
+		case ruleset.MaglevDispatch:
+			m, ok := tt.elems[s.Map]
+			if !ok {
+				t.fail("chain %s: lookup in missing map %q", c.Name, s.Map)
+				return nil
+			}
+			if s.Modulus == 0 {
+				t.fail("chain %s: hash modulus 0", c.Name)
+				return nil
+			}
+			key := [3]uint32{s.Seed, s.Modulus, 1}
+			if chosen, ok := st.buckets[key]; ok {
+				v, hit := m[ruleset.Key{Slot: chosen}]
+				if !hit {
+					return []end{{st, endNext}}
+				}
+				return t.verdict(st.log(c.Name, r, t.f, fmt.Sprintf("slot %d : %s", chosen, v)), tt, v, depth)
+			}
+			// The flow may fall in any slot: one outcome per distinct
+			// verdict (the first slot that has it), and one for the
+			// slots the map lacks, which fall through to the next rule.
+			var out []end
+			seen := map[ruleset.Verdict]bool{}
+			missed := false
+			for slot := uint32(0); slot < s.Modulus; slot++ {
+				v, hit := m[ruleset.Key{Slot: slot}]
+				if hit && seen[v] || !hit && missed {
+					continue
+				}
+				seen[v], missed = seen[v] || hit, missed || !hit
+				o := orig
+				o.buckets = maps.Clone(orig.buckets)
+				if o.buckets == nil {
+					o.buckets = map[[3]uint32]uint32{}
+				}
+				o.buckets[key] = slot
+				out = append(out, t.runRule(o, tt, c, i, depth)...)
+			}
+			return out
 		case ruleset.HashBucket:
 			if s.Modulus == 0 {
 				t.fail("chain %s: hash modulus 0", c.Name)

@@ -668,3 +668,64 @@ func TestTraceProxyProtocol(t *testing.T) {
 		{name: "proxy off", src: "198.51.100.7", dst: "203.0.113.60:80", want: "dnat 10.180.0.1:8080 masq"},
 	})
 }
+
+// Maglev: a Service's flows spread over every endpoint through its slot
+// map, by annotation or by the gateway's default; with ClientIP affinity,
+// a known client still sticks to its endpoint, and a new one records
+// itself in the set of the endpoint its slot chose.
+func TestTraceMaglev(t *testing.T) {
+	eps := []model.Endpoint{world.Ready("10.180.0.1", 8080), world.Ready("10.180.1.1", 8080), world.Ready("10.180.2.1", 8080)}
+	all := "dnat 10.180.0.1:8080, dnat 10.180.1.1:8080, dnat 10.180.2.1:8080"
+	for _, c := range []struct{ name, def, annotation string }{
+		{"annotation", "", model.SelectionMaglev},
+		{"default", model.SelectionMaglev, ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := world.Config()
+			cfg.EndpointSelection = c.def
+			svc := world.Web(eps...)
+			svc.EndpointSelection = c.annotation
+			res, tables := replay(t, cfg, []*model.Service{svc}, flow{src: "10.1.2.3", dst: "172.30.0.41:80"})
+			if got := res.Summary(); got != all {
+				t.Fatalf("got %q, want %q\n%s", got, all, res.Paths())
+			}
+			var text bytes.Buffer
+			ruleset.WriteTables(&text, ruleset.IPv4, tables)
+			if !strings.Contains(text.String(), "jhash ip saddr . th sport mod 509 seed 0x7 vmap @mgc-") {
+				t.Errorf("no Maglev dispatch in the ruleset:\n%s", text.String())
+			}
+			runFlows(t, cfg, []*model.Service{svc}, []flow{
+				{name: "LB IP from outside", src: "203.0.113.5", dst: "198.51.100.1:80",
+					want: "dnat 10.180.0.1:8080 masq, dnat 10.180.1.1:8080 masq, dnat 10.180.2.1:8080 masq"},
+			})
+
+			svc.AffinityTimeout = 3 * time.Hour
+			first, _ := replay(t, cfg, []*model.Service{svc}, flow{src: "10.1.2.3", dst: "172.30.0.41:80"})
+			if got := first.Summary(); got != all {
+				t.Fatalf("first connection with affinity: got %q\n%s", got, first.Paths())
+			}
+			setOf := map[netip.AddrPort]string{}
+			for _, o := range first.Outcomes {
+				if len(o.Affinity) != 1 {
+					t.Fatalf("outcome %s records affinity in %v, want one set\n%s", o, o.Affinity, first.Paths())
+				}
+				setOf[o.DNAT] = o.Affinity[0]
+			}
+			runFlows(t, cfg, []*model.Service{svc}, []flow{
+				{name: "known client sticks", src: "10.1.2.3", dst: "172.30.0.41:80",
+					affinity: []string{setOf[netip.MustParseAddrPort("10.180.2.1:8080")]}, want: "dnat 10.180.2.1:8080"},
+			})
+		})
+	}
+	// The annotation "hash" wins over a Maglev default.
+	cfg := world.Config()
+	cfg.EndpointSelection = model.SelectionMaglev
+	svc := world.Web(eps...)
+	svc.EndpointSelection = model.SelectionHash
+	_, tables := replay(t, cfg, []*model.Service{svc}, flow{src: "10.1.2.3", dst: "172.30.0.41:80"})
+	var text bytes.Buffer
+	ruleset.WriteTables(&text, ruleset.IPv4, tables)
+	if strings.Contains(text.String(), "vmap @mgc-") {
+		t.Errorf("a Service annotated hash got a Maglev table:\n%s", text.String())
+	}
+}
