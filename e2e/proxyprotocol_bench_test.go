@@ -124,28 +124,12 @@ func (zeros) Read(p []byte) (int, error) { clear(p); return len(p), nil }
 // serveSink starts a backend that skips a PROXY protocol header if there is
 // one, discards the data until the client's half-close and answers "ok".
 func serveSink(b *testing.B, h *lab.Host, addr netip.AddrPort) {
-	b.Helper()
-	ln, err := h.Listen("tcp", addr.String())
-	if err != nil {
-		b.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	b.Cleanup(func() { ln.Close(); wg.Wait() })
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			wg.Go(func() {
-				defer c.Close()
-				r := bufio.NewReaderSize(c, 64<<10)
-				if _, err := proxyproto.Read(r); err != nil && !errors.Is(err, proxyproto.ErrNoProxyProtocol) {
-					return
-				}
-				_, _ = io.Copy(io.Discard, r)
-				_, _ = io.WriteString(c, "ok\n")
-			})
+	serveEach(b, h, addr, func(c net.Conn) {
+		r := bufio.NewReaderSize(c, 64<<10)
+		if _, err := proxyproto.Read(r); err != nil && !errors.Is(err, proxyproto.ErrNoProxyProtocol) {
+			return
 		}
+		_, _ = io.Copy(io.Discard, r)
+		_, _ = io.WriteString(c, "ok\n")
 	})
 }

@@ -44,13 +44,35 @@ type ppReport struct {
 // protocol header with go-proxyproto, reads the data until the client's
 // half-close, and answers with a ppReport; closed when the test ends.
 func servePROXY(t *testing.T, h *lab.Host, addr netip.AddrPort) {
-	t.Helper()
+	serveEach(t, h, addr, func(c net.Conn) {
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		r := bufio.NewReader(c)
+		rep := ppReport{Peer: c.RemoteAddr().String(), Local: c.LocalAddr().String()}
+		hdr, err := proxyproto.Read(r)
+		switch {
+		case err == nil:
+			rep.Version, rep.Src, rep.Dst = int(hdr.Version), hdr.SourceAddr.String(), hdr.DestinationAddr.String()
+		case !errors.Is(err, proxyproto.ErrNoProxyProtocol):
+			fmt.Fprintf(c, "bad header: %v\n", err)
+			return
+		}
+		n, _ := io.Copy(io.Discard, r)
+		rep.Bytes = int(n)
+		_ = json.NewEncoder(c).Encode(rep)
+	})
+}
+
+// serveEach listens on addr in h and hands every connection to handle in a
+// goroutine of its own, which closes it after; everything is closed and
+// waited for when the test ends.
+func serveEach(tb testing.TB, h *lab.Host, addr netip.AddrPort, handle func(net.Conn)) {
+	tb.Helper()
 	ln, err := h.Listen("tcp", addr.String())
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	var wg sync.WaitGroup
-	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	tb.Cleanup(func() { ln.Close(); wg.Wait() })
 	wg.Go(func() {
 		for {
 			c, err := ln.Accept()
@@ -59,20 +81,7 @@ func servePROXY(t *testing.T, h *lab.Host, addr netip.AddrPort) {
 			}
 			wg.Go(func() {
 				defer c.Close()
-				_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-				r := bufio.NewReader(c)
-				rep := ppReport{Peer: c.RemoteAddr().String(), Local: c.LocalAddr().String()}
-				hdr, err := proxyproto.Read(r)
-				switch {
-				case err == nil:
-					rep.Version, rep.Src, rep.Dst = int(hdr.Version), hdr.SourceAddr.String(), hdr.DestinationAddr.String()
-				case !errors.Is(err, proxyproto.ErrNoProxyProtocol):
-					fmt.Fprintf(c, "bad header: %v\n", err)
-					return
-				}
-				n, _ := io.Copy(io.Discard, r)
-				rep.Bytes = int(n)
-				_ = json.NewEncoder(c).Encode(rep)
+				handle(c)
 			})
 		}
 	})
