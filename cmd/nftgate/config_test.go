@@ -68,12 +68,37 @@ func TestFlagsOverrideTheFile(t *testing.T) {
 }
 
 // Every bad input is an error that names the key or flag and the value.
+// badConfig is a configuration (a file's text, flags) that loadConfig must
+// refuse with an error naming every string of want.
+type badConfig struct {
+	file string
+	args []string
+	want []string
+}
+
+// checkConfigErrors loads each case and checks its error names what it must.
+func checkConfigErrors(t *testing.T, cases []badConfig) {
+	t.Helper()
+	for _, tc := range cases {
+		args := append([]string{"--node-name", "n"}, tc.args...)
+		if tc.file != "" {
+			args = append(args, "--config", writeConfig(t, tc.file))
+		}
+		_, _, err := loadConfig("nftgate", args)
+		if err == nil {
+			t.Errorf("%q %v: accepted", tc.file, tc.args)
+			continue
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%q %v: error %q does not name %q", tc.file, tc.args, err, w)
+			}
+		}
+	}
+}
+
 func TestBadConfigNamesTheField(t *testing.T) {
-	for _, tc := range []struct {
-		file string
-		args []string
-		want []string
-	}{
+	checkConfigErrors(t, []badConfig{
 		{file: "bogus = 1\n", want: []string{"unknown key bogus"}},
 		{file: "[[pools]]\nname = \"a\"\naddresses = [\"192.0.2.0/33\"]\n", want: []string{"pools[0]", "192.0.2.0/33"}},
 		{file: "[[pools]]\nname = \"a\"\naddresses = [\"192.0.2.0/28\"]\ncolour = 1\n", want: []string{"unknown key pools.colour"}},
@@ -158,22 +183,7 @@ func TestBadConfigNamesTheField(t *testing.T) {
 		{file: "pod_routes_nodes = [{name = \"n1\", colour = 1}]\n", want: []string{"unknown key pod_routes_nodes.colour"}},
 		{file: "tls_cert_file = \"c.pem\"\n", want: []string{"tls_cert_file", "tls_key_file"}},
 		{file: "tls_cert_file = \"c.pem\"\ntls_key_file = \"k.pem\"\ntls_self_signed_dir = \"/perm/tls\"\n", want: []string{"tls_self_signed_dir", "/perm/tls", "c.pem"}},
-	} {
-		args := append([]string{"--node-name", "n"}, tc.args...)
-		if tc.file != "" {
-			args = append(args, "--config", writeConfig(t, tc.file))
-		}
-		_, _, err := loadConfig("nftgate", args)
-		if err == nil {
-			t.Errorf("%q %v: accepted", tc.file, tc.args)
-			continue
-		}
-		for _, w := range tc.want {
-			if !strings.Contains(err.Error(), w) {
-				t.Errorf("%q %v: error %q does not name %q", tc.file, tc.args, err, w)
-			}
-		}
-	}
+	})
 }
 
 // external_ip_cidrs: none by default; from the file or the repeatable

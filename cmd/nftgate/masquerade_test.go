@@ -3,7 +3,6 @@ package main
 import (
 	"net/netip"
 	"slices"
-	"strings"
 	"testing"
 )
 
@@ -33,11 +32,7 @@ func TestMasqueradeAddresses(t *testing.T) {
 
 func TestBadMasqueradeAddressesNameTheValue(t *testing.T) {
 	pool := "[[pools]]\nname = \"public\"\naddresses = [\"198.51.100.0/28\"]\n"
-	for _, tc := range []struct {
-		file string
-		args []string
-		want []string
-	}{
+	checkConfigErrors(t, []badConfig{
 		{args: []string{"--masquerade-address", "nonsense"}, want: []string{"masquerade_addresses[0]", "nonsense", "not an address or a CIDR"}},
 		{args: []string{"--masquerade-address", "198.51.100.300"}, want: []string{"masquerade_addresses[0]", "198.51.100.300"}},
 		{args: []string{"--masquerade-address", "::ffff:198.51.100.1"}, want: []string{"masquerade_addresses[0]", "::ffff:198.51.100.1", "IPv4-mapped"}},
@@ -50,20 +45,5 @@ func TestBadMasqueradeAddressesNameTheValue(t *testing.T) {
 		{args: []string{"--cluster-cidr", "10.0.0.0/8", "--masquerade-address", "10.1.2.3"}, want: []string{"masquerade_addresses[0]", "10.1.2.3", "cluster_cidrs", "10.0.0.0/8"}},
 		{args: []string{"--external-ip-cidr", "203.0.113.0/24", "--masquerade-address", "203.0.113.7"}, want: []string{"masquerade_addresses[0]", "203.0.113.7", "external_ip_cidrs", "203.0.113.0/24"}},
 		{file: "masquerade_addresses = [\"203.0.113.1\", \"198.51.100.4/30\"]\n" + pool, want: []string{"masquerade_addresses[1]", "198.51.100.4/30", "pool \"public\""}},
-	} {
-		args := append([]string{"--node-name", "n"}, tc.args...)
-		if tc.file != "" {
-			args = append(args, "--config", writeConfig(t, tc.file))
-		}
-		_, _, err := loadConfig("nftgate", args)
-		if err == nil {
-			t.Errorf("%q %v: accepted", tc.file, tc.args)
-			continue
-		}
-		for _, w := range tc.want {
-			if !strings.Contains(err.Error(), w) {
-				t.Errorf("%q %v: error %q does not name %q", tc.file, tc.args, err, w)
-			}
-		}
-	}
+	})
 }
