@@ -1,0 +1,451 @@
+package statesync
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/mdlayher/netlink"
+	ct "github.com/ti-mo/conntrack"
+	"golang.org/x/net/bpf"
+	"golang.org/x/sys/unix"
+)
+
+// ConntrackOptions configure NewConntrack.
+type ConntrackOptions struct {
+	// NetNS is a file descriptor of the network namespace whose conntrack
+	// table is used; 0 means the current one. The caller keeps it open.
+	NetNS int
+	// ReceiveBuffer is the event socket's receive buffer in bytes; 0 means
+	// DefaultReceiveBuffer. Events that do not fit are lost (Listen's lost).
+	ReceiveBuffer int
+}
+
+// DefaultReceiveBuffer holds about 40,000 events: four seconds of 10,000
+// new connections a second, each a NEW and two UPDATE events, or a burst
+// of that size while the reader is descheduled.
+const DefaultReceiveBuffer = 32 << 20
+
+// writeChunk is how many messages go into one sendmsg; their
+// acknowledgements must fit the write socket's receive buffer.
+const writeChunk = 256
+
+// Conntrack is the Kernel of a network namespace's conntrack table.
+type Conntrack struct {
+	opts ConntrackOptions
+
+	mu  sync.Mutex // guards the write socket and its buffers
+	w   *netlink.Conn
+	raw syscall.RawConn
+	enc encoder
+	buf []byte
+}
+
+var _ Kernel = (*Conntrack)(nil)
+
+// NewConntrack opens the socket that writes replicas. Listen and Dump
+// open their own.
+func NewConntrack(opts ConntrackOptions) (*Conntrack, error) {
+	if opts.ReceiveBuffer < 0 {
+		return nil, fmt.Errorf("statesync: ReceiveBuffer must not be negative, got %d", opts.ReceiveBuffer)
+	}
+	if opts.ReceiveBuffer == 0 {
+		opts.ReceiveBuffer = DefaultReceiveBuffer
+	}
+	w, raw, err := dial(opts.NetNS, 1<<20)
+	if err != nil {
+		return nil, err
+	}
+	return &Conntrack{opts: opts, w: w, raw: raw, buf: make([]byte, 1<<16)}, nil
+}
+
+// Close releases the write socket.
+func (c *Conntrack) Close() error { return c.w.Close() }
+
+func dial(netNS, rcvbuf int) (*netlink.Conn, syscall.RawConn, error) {
+	conn, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: netNS})
+	if err != nil {
+		return nil, nil, fmt.Errorf("statesync: open conntrack netlink socket: %w", err)
+	}
+	raw, err := conn.SyscallConn()
+	if err != nil {
+		conn.Close()
+		return nil, nil, fmt.Errorf("statesync: conntrack netlink socket: %w", err)
+	}
+	// SO_RCVBUFFORCE passes net.core.rmem_max (CAP_NET_ADMIN); without the
+	// capability the plain option gives what the limit allows.
+	var serr error
+	if err := raw.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, rcvbuf)
+		if serr != nil {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, rcvbuf)
+		}
+	}); err == nil && serr != nil {
+		conn.Close()
+		return nil, nil, fmt.Errorf("statesync: receive buffer of %d bytes: %w", rcvbuf, serr)
+	}
+	return conn, raw, nil
+}
+
+// natEventFilter is the socket filter of the event socket: the kernel
+// drops events of entries without IPS_DST_NAT or IPS_SRC_NAT, and of
+// replicas (ReplicaMark), before they take room in the receive buffer
+// (libnetfilter_conntrack's filters work the same way). It looks up the
+// top-level CTA_STATUS and CTA_MARK attributes with the kernel's netlink
+// attribute extension; an event without them passes, and Listen checks
+// every event again.
+func natEventFilter() ([]bpf.RawInstruction, error) {
+	const attrs = nlmsgHdrLen + nfgenmsgLen
+	return bpf.Assemble([]bpf.Instruction{
+		// A = offset of CTA_STATUS, or 0.
+		bpf.LoadConstant{Dst: bpf.RegA, Val: attrs},
+		bpf.LoadConstant{Dst: bpf.RegX, Val: ctaStatus},
+		bpf.LoadExtension{Num: bpf.ExtNetlinkAttr},
+		bpf.JumpIf{Cond: bpf.JumpEqual, Val: 0, SkipTrue: 3},
+		bpf.TAX{},
+		bpf.LoadIndirect{Off: 4, Size: 4}, // the status value, big endian
+		bpf.JumpIf{Cond: bpf.JumpBitsNotSet, Val: StatusDstNAT | StatusSrcNAT, SkipTrue: 7},
+		// A = offset of CTA_MARK, or 0.
+		bpf.LoadConstant{Dst: bpf.RegA, Val: attrs},
+		bpf.LoadConstant{Dst: bpf.RegX, Val: ctaMark},
+		bpf.LoadExtension{Num: bpf.ExtNetlinkAttr},
+		bpf.JumpIf{Cond: bpf.JumpEqual, Val: 0, SkipTrue: 3},
+		bpf.TAX{},
+		bpf.LoadIndirect{Off: 4, Size: 4},
+		bpf.JumpIf{Cond: bpf.JumpBitsSet, Val: ReplicaMark, SkipTrue: 1},
+		bpf.RetConstant{Val: 0xffff},
+		bpf.RetConstant{Val: 0},
+	})
+}
+
+// listenBatch bounds the events handed over in one deliver call.
+const listenBatch = 256
+
+// Listen implements Kernel. It returns nil when ctx ends, and an error
+// when the socket fails in any other way than an overflow.
+func (c *Conntrack) Listen(ctx context.Context, deliver func([]Event), lost func(n int)) error {
+	conn, raw, err := dial(c.opts.NetNS, c.opts.ReceiveBuffer)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	if prog, err := natEventFilter(); err != nil {
+		return fmt.Errorf("statesync: event filter: %w", err)
+	} else if err := conn.SetBPF(prog); err != nil {
+		return fmt.Errorf("statesync: attach event filter: %w", err)
+	}
+	for _, g := range []uint32{nfnlgrpConntrackNew, nfnlgrpConntrackUpdate, nfnlgrpConntrackDestroy} {
+		if err := conn.JoinGroup(g); err != nil {
+			return fmt.Errorf("statesync: join conntrack event group %d: %w", g, err)
+		}
+	}
+	stop := context.AfterFunc(ctx, func() { _ = conn.SetReadDeadline(time.Unix(1, 0)) })
+	defer stop()
+
+	buf := make([]byte, 1<<16)
+	batch := make([]Event, 0, listenBatch)
+	for {
+		batch = batch[:0]
+		var overflow bool
+		var rerr error
+		err := raw.Read(func(fd uintptr) bool {
+			for len(batch) < listenBatch {
+				n, _, err := unix.Recvfrom(int(fd), buf, unix.MSG_DONTWAIT)
+				switch {
+				case err == unix.EAGAIN || err == unix.EINTR:
+					return len(batch) > 0
+				case err == unix.ENOBUFS:
+					overflow = true
+					return true
+				case err != nil:
+					rerr = err
+					return true
+				}
+				batch = appendEvents(batch, buf[:n])
+			}
+			return true
+		})
+		if len(batch) > 0 {
+			deliver(batch)
+		}
+		if overflow {
+			lost(0)
+		}
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case err != nil:
+			return fmt.Errorf("statesync: read conntrack events: %w", err)
+		case rerr != nil:
+			return fmt.Errorf("statesync: read conntrack events: %w", rerr)
+		}
+	}
+}
+
+// appendEvents decodes the messages of one datagram and appends the
+// events of entries this gateway translates and does not hold as replicas.
+func appendEvents(out []Event, b []byte) []Event {
+	for len(b) >= nlmsgHdrLen {
+		l := int(nativeUint32(b))
+		if l < nlmsgHdrLen || l > len(b) {
+			return out
+		}
+		if ev, ok := decodeEvent(b[:l]); ok {
+			out = append(out, ev)
+		}
+		b = b[(l+3)&^3:]
+	}
+	return out
+}
+
+// decodeEvent decodes one ctnetlink message (an event or a dump entry)
+// with ti-mo/conntrack and keeps it if it is a translated non-replica
+// entry.
+func decodeEvent(b []byte) (Event, bool) {
+	var m netlink.Message
+	if err := m.UnmarshalBinary(b); err != nil {
+		return Event{}, false
+	}
+	var ev ct.Event
+	if err := ev.Unmarshal(m); err != nil || ev.Flow == nil {
+		return Event{}, false
+	}
+	en := entryOf(ev.Flow)
+	if en.Status&(StatusDstNAT|StatusSrcNAT) == 0 || en.Mark&ReplicaMark != 0 {
+		return Event{}, false
+	}
+	var t EventType
+	switch ev.Type {
+	case ct.EventNew:
+		t = EventNew
+	case ct.EventUpdate:
+		t = EventUpdate
+	case ct.EventDestroy:
+		t = EventDestroy
+	default:
+		return Event{}, false
+	}
+	return Event{Type: t, Entry: en}, true
+}
+
+func entryOf(f *ct.Flow) Entry {
+	en := Entry{
+		Proto:   f.TupleOrig.Proto.Protocol,
+		Status:  uint32(f.Status.Value),
+		Timeout: f.Timeout,
+		Mark:    f.Mark,
+	}
+	en.Orig.Src = addrPort(f.TupleOrig.IP.SourceAddress, f.TupleOrig.Proto.SourcePort)
+	en.Orig.Dst = addrPort(f.TupleOrig.IP.DestinationAddress, f.TupleOrig.Proto.DestinationPort)
+	en.Reply.Src = addrPort(f.TupleReply.IP.SourceAddress, f.TupleReply.Proto.SourcePort)
+	en.Reply.Dst = addrPort(f.TupleReply.IP.DestinationAddress, f.TupleReply.Proto.DestinationPort)
+	if t := f.ProtoInfo.TCP; t != nil {
+		// ti-mo reads the kernel's {flags, mask} pair as one big-endian
+		// uint16: the flags are its high byte.
+		en.TCP = TCPInfo{
+			State:      t.State,
+			WScaleOrig: t.OriginalWindowScale, WScaleReply: t.ReplyWindowScale,
+			FlagsOrig: uint8(t.OriginalFlags >> 8), FlagsReply: uint8(t.ReplyFlags >> 8),
+		}
+	}
+	return en
+}
+
+// Dump implements Kernel: one dump of both address families, entries
+// decoded and filtered as they arrive.
+func (c *Conntrack) Dump(fn func(Entry)) error {
+	conn, _, err := dial(c.opts.NetNS, 4<<20)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	req := netlink.Message{
+		Header: netlink.Header{Type: subsysCTNetlink<<8 | msgCTGet, Flags: netlink.Request | netlink.Dump},
+		Data:   []byte{unix.AF_UNSPEC, nfnetlinkV0, 0, 0},
+	}
+	if _, err := conn.Send(req); err != nil {
+		return fmt.Errorf("statesync: dump conntrack: %w", err)
+	}
+	for m, err := range conn.ReceiveIter() {
+		if err != nil {
+			return fmt.Errorf("statesync: dump conntrack: %w", err)
+		}
+		var ev ct.Event
+		if err := ev.Unmarshal(m); err != nil || ev.Flow == nil {
+			continue
+		}
+		if en := entryOf(ev.Flow); en.Status&(StatusDstNAT|StatusSrcNAT) != 0 {
+			fn(en)
+		}
+	}
+	return nil
+}
+
+// Write implements Kernel. Puts are created with their translations; one
+// that exists is updated (timeout, status, TCP state, mark: the kernel
+// refuses translations on an update), and if the kernel refuses its status
+// (an older state than the replica's own) once more without. Deleting an
+// entry that is gone already is success.
+func (c *Conntrack) Write(puts, dels []Entry) []error {
+	res := make([]error, len(puts)+len(dels))
+	todo := make([]int, 0, len(puts))
+	for i := range puts {
+		if err := checkEntry(&puts[i]); err != nil {
+			res[i] = fmt.Errorf("statesync: write replica: %w", err)
+			continue
+		}
+		if puts[i].Reply.Src == puts[i].Orig.Dst && puts[i].Reply.Dst == puts[i].Orig.Src {
+			res[i] = fmt.Errorf("statesync: write replica %s -> %s: %w", puts[i].Orig.Src, puts[i].Orig.Dst, errNotNAT)
+			continue
+		}
+		todo = append(todo, i)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	at := func(i int) *Entry { return &puts[i] }
+	exist := c.run(kindCreate, todo, at, res, unix.EEXIST)
+	stale := c.run(kindUpdate, exist, at, res, unix.EBUSY)
+	c.run(kindUpdateNoState, stale, at, res, 0)
+
+	todo = todo[:0]
+	for i := range dels {
+		if err := checkEntry(&dels[i]); err != nil {
+			res[len(puts)+i] = fmt.Errorf("statesync: delete replica: %w", err)
+			continue
+		}
+		todo = append(todo, len(puts)+i)
+	}
+	gone := c.run(kindDelete, todo, func(i int) *Entry { return &dels[i-len(puts)] }, res, unix.ENOENT)
+	for _, i := range gone {
+		res[i] = nil
+	}
+	return res
+}
+
+// Adopt implements Kernel.
+func (c *Conntrack) Adopt(entries []Entry) []error {
+	res := make([]error, len(entries))
+	todo := make([]int, 0, len(entries))
+	for i := range entries {
+		if err := checkEntry(&entries[i]); err != nil {
+			res[i] = fmt.Errorf("statesync: adopt replica: %w", err)
+			continue
+		}
+		todo = append(todo, i)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.run(kindAdopt, todo, func(i int) *Entry { return &entries[i] }, res, 0)
+	return res
+}
+
+// run sends the messages of kind k for the entries at idx, writeChunk per
+// sendmsg, and stores each acknowledgement's error in res. The indices
+// whose error is next (when not 0) are returned instead, for the next step.
+func (c *Conntrack) run(k msgKind, idx []int, at func(int) *Entry, res []error, next unix.Errno) []int {
+	var again []int
+	for len(idx) > 0 {
+		chunk := idx[:min(len(idx), writeChunk)]
+		idx = idx[len(chunk):]
+		c.enc.reset()
+		first := c.enc.seq + 1
+		for _, i := range chunk {
+			c.enc.message(k, at(i))
+		}
+		err := c.exchange(first, len(chunk), func(n int, err error) {
+			i := chunk[n]
+			switch {
+			case err == nil:
+				res[i] = nil
+			case next != 0 && errors.Is(err, next):
+				again = append(again, i)
+			default:
+				res[i] = fmt.Errorf("statesync: %s %s %s -> %s: %w", k, protoName(at(i).Proto), at(i).Orig.Src, at(i).Orig.Dst, err)
+			}
+		})
+		if err != nil {
+			for _, i := range chunk {
+				if res[i] == nil {
+					res[i] = fmt.Errorf("statesync: %s: %w", k, err)
+				}
+			}
+		}
+	}
+	return again
+}
+
+// exchange sends the encoded messages (sequence numbers first to
+// first+n-1) in one sendmsg and reads their n acknowledgements.
+func (c *Conntrack) exchange(first uint32, n int, ack func(n int, err error)) error {
+	var serr error
+	if err := c.raw.Write(func(fd uintptr) bool {
+		serr = unix.Sendto(int(fd), c.enc.b, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK})
+		return serr != unix.EAGAIN
+	}); err != nil {
+		return err
+	}
+	if serr != nil {
+		return fmt.Errorf("send: %w", serr)
+	}
+	got := 0
+	for got < n {
+		var rerr error
+		var m int
+		if err := c.raw.Read(func(fd uintptr) bool {
+			m, _, rerr = unix.Recvfrom(int(fd), c.buf, unix.MSG_DONTWAIT)
+			return rerr != unix.EAGAIN
+		}); err != nil {
+			return err
+		}
+		if rerr != nil {
+			// ENOBUFS: acknowledgements were dropped; which ones is unknown.
+			return fmt.Errorf("read acknowledgements (%d of %d): %w", got, n, rerr)
+		}
+		if err := parseAcks(c.buf[:m], func(seq uint32, err error) {
+			if d := seq - first; d < uint32(n) {
+				got++
+				ack(int(d), err)
+			}
+		}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (k msgKind) String() string {
+	switch k {
+	case kindCreate:
+		return "create replica"
+	case kindUpdate, kindUpdateNoState:
+		return "update replica"
+	case kindDelete:
+		return "delete replica"
+	case kindAdopt:
+		return "adopt replica"
+	}
+	return "unknown"
+}
+
+func nativeUint32(b []byte) uint32 { return binary.NativeEndian.Uint32(b) }
+
+func addrPort(a netip.Addr, port uint16) netip.AddrPort {
+	return netip.AddrPortFrom(a.Unmap(), port)
+}
+
+func protoName(p Proto) string {
+	switch p {
+	case unix.IPPROTO_TCP:
+		return "tcp"
+	case unix.IPPROTO_UDP:
+		return "udp"
+	case unix.IPPROTO_SCTP:
+		return "sctp"
+	}
+	return fmt.Sprintf("protocol %d", p)
+}

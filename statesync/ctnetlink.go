@@ -1,0 +1,361 @@
+package statesync
+
+// The ctnetlink messages of the replica writer
+// (net/netfilter/nf_conntrack_netlink.c), encoded here and nowhere else.
+//
+// Why here: github.com/ti-mo/conntrack decodes events and dumps completely
+// (tuples, status, timeout, mark, TCP state) and is used for that, but its
+// Create cannot carry translations (no CTA_NAT_SRC / CTA_NAT_DST), and the
+// kernel ignores the NAT bits of CTA_STATUS (IPS_UNCHANGEABLE_MASK). The
+// conntrack package's encoder is the stale-flow cleaner's: tuples, id and
+// zone of a delete and a dump filter, nothing of NAT, status or timeouts.
+// A replica is a create with both translations, which only this writer
+// needs, so its encoder lives beside it.
+//
+// What the kernel does with a create (checked against Linux 6.12/6.18):
+//   - IPCTNL_MSG_CT_NEW with NLM_F_CREATE and no existing entry of the
+//     original tuple: ctnetlink_create_conntrack allocates the entry with
+//     both tuples, then ctnetlink_setup_nat runs nf_nat_setup_info for
+//     CTA_NAT_DST and CTA_NAT_SRC: each rewrites the reply tuple from the
+//     range (min = max = one address and port here) and sets IPS_DST_NAT /
+//     IPS_SRC_NAT. So the reply tuple sent is the untranslated inverse of
+//     the original (as conntrackd does, NFCT_SOPT_SETUP_REPLY), and the
+//     kernel derives the translated one: the DNAT range is the origin's
+//     reply source (the endpoint), the SNAT range its reply destination
+//     (the masquerade address). CTA_TIMEOUT is required.
+//   - CTA_STATUS goes through nf_ct_change_status_common: IPS_CONFIRMED is
+//     already set on a new entry and must be in the value (a difference in
+//     EXPECTED, CONFIRMED or DYING is EBUSY); SEEN_REPLY and ASSURED can
+//     only be set, never cleared (EBUSY); NAT bits are ignored.
+//   - An existing entry (EEXIST with NLM_F_EXCL): without NLM_F_EXCL the
+//     same message updates it (ctnetlink_change_conntrack), which may
+//     change timeout, status (as above), TCP state and flags, mark and
+//     helper, but refuses CTA_NAT_* (EOPNOTSUPP): an update carries no NAT.
+//   - The TCP flags are a {flags, mask} pair per direction;
+//     IP_CT_TCP_FLAG_BE_LIBERAL set in both makes the entry skip window
+//     checks (a flow whose directions pass different gateways after a
+//     failover is not marked invalid) without the namespace-wide sysctl
+//     nf_conntrack_tcp_be_liberal. Window scales are taken only when both
+//     directions have IP_CT_TCP_FLAG_WINDOW_SCALE, which the same message
+//     sets first.
+//   - A message that needs an acknowledgement gets exactly one, in order,
+//     each in its own datagram (netlink_rcv_skb).
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+
+	"golang.org/x/sys/unix"
+)
+
+const (
+	subsysCTNetlink = 1 // NFNL_SUBSYS_CTNETLINK
+	msgCTNew        = 0 // IPCTNL_MSG_CT_NEW
+	msgCTGet        = 1 // IPCTNL_MSG_CT_GET
+	msgCTDelete     = 2 // IPCTNL_MSG_CT_DELETE
+
+	ctaTupleOrig  = 1
+	ctaTupleReply = 2
+	ctaStatus     = 3
+	ctaProtoinfo  = 4
+	ctaNATSrc     = 6
+	ctaTimeout    = 7
+	ctaMark       = 8
+	ctaNATDst     = 13
+	ctaMarkMask   = 21
+
+	ctaTupleIP    = 1
+	ctaTupleProto = 2
+
+	ctaIPv4Src = 1
+	ctaIPv4Dst = 2
+	ctaIPv6Src = 3
+	ctaIPv6Dst = 4
+
+	ctaProtoNum     = 1
+	ctaProtoSrcPort = 2
+	ctaProtoDstPort = 3
+
+	ctaProtoinfoTCP         = 1
+	ctaProtoinfoTCPState    = 1
+	ctaProtoinfoTCPWScaleO  = 2
+	ctaProtoinfoTCPWScaleR  = 3
+	ctaProtoinfoTCPFlagsO   = 4
+	ctaProtoinfoTCPFlagsR   = 5
+	ctaNATV4MinIP           = 1
+	ctaNATV4MaxIP           = 2
+	ctaNATProto             = 3
+	ctaNATV6MinIP           = 4
+	ctaNATV6MaxIP           = 5
+	ctaProtoNATPortMin      = 1
+	ctaProtoNATPortMax      = 2
+	nlaFNested              = 1 << 15
+	nlmsgHdrLen             = 16
+	nfgenmsgLen             = 4
+	nlmsgerrLen             = 4 + nlmsgHdrLen
+	nfnetlinkV0             = 0
+	nfnlgrpConntrackNew     = 1 // NFNLGRP_CONNTRACK_NEW
+	nfnlgrpConntrackUpdate  = 2 // NFNLGRP_CONNTRACK_UPDATE
+	nfnlgrpConntrackDestroy = 3 // NFNLGRP_CONNTRACK_DESTROY
+)
+
+// IPS_* status bits (include/uapi/linux/netfilter/nf_conntrack_common.h).
+const (
+	StatusSeenReply uint32 = 1 << 1
+	StatusAssured   uint32 = 1 << 2
+	StatusConfirmed uint32 = 1 << 3
+	StatusSrcNAT    uint32 = 1 << 4
+	StatusDstNAT    uint32 = 1 << 5
+)
+
+// IP_CT_TCP_FLAG_* (include/uapi/linux/netfilter/nf_conntrack_tcp.h).
+const (
+	tcpFlagWindowScale = 0x01
+	tcpFlagSACKPerm    = 0x02
+	tcpFlagCloseInit   = 0x04
+	tcpFlagBeLiberal   = 0x08
+	// tcpFlagsCarried are the origin's flags a replica takes over; the
+	// others describe sequence numbers a replica does not have.
+	tcpFlagsCarried = tcpFlagWindowScale | tcpFlagSACKPerm | tcpFlagCloseInit | tcpFlagBeLiberal
+)
+
+// msgKind is what one message asks of the kernel.
+type msgKind uint8
+
+const (
+	kindCreate        msgKind = iota // new replica with NAT; EEXIST if present
+	kindUpdate                       // existing replica: timeout, status, TCP, mark
+	kindUpdateNoState                // the same without CTA_STATUS
+	kindDelete                       // by original tuple
+	kindAdopt                        // clear ReplicaMark
+)
+
+// encoder appends netlink messages to one buffer for one sendmsg.
+type encoder struct {
+	b   []byte
+	seq uint32
+}
+
+func (e *encoder) reset() { e.b = e.b[:0] }
+
+// begin starts a message and returns its offset; end fills in its length.
+func (e *encoder) begin(msgType, flags uint16, family uint8) int {
+	off := len(e.b)
+	e.seq++
+	e.b = binary.NativeEndian.AppendUint32(e.b, 0)
+	e.b = binary.NativeEndian.AppendUint16(e.b, msgType)
+	e.b = binary.NativeEndian.AppendUint16(e.b, flags)
+	e.b = binary.NativeEndian.AppendUint32(e.b, e.seq)
+	e.b = binary.NativeEndian.AppendUint32(e.b, 0)
+	e.b = append(e.b, family, nfnetlinkV0, 0, 0)
+	return off
+}
+
+func (e *encoder) end(off int) {
+	binary.NativeEndian.PutUint32(e.b[off:], uint32(len(e.b)-off))
+}
+
+func (e *encoder) attr(typ uint16, v []byte) {
+	l := 4 + len(v)
+	e.b = binary.NativeEndian.AppendUint16(e.b, uint16(l))
+	e.b = binary.NativeEndian.AppendUint16(e.b, typ)
+	e.b = append(e.b, v...)
+	for l&3 != 0 {
+		e.b = append(e.b, 0)
+		l++
+	}
+}
+
+func (e *encoder) u8(typ uint16, v uint8) { e.attr(typ, []byte{v}) }
+
+func (e *encoder) be16(typ uint16, v uint16) {
+	var b [2]byte
+	binary.BigEndian.PutUint16(b[:], v)
+	e.attr(typ, b[:])
+}
+
+func (e *encoder) be32(typ uint16, v uint32) {
+	var b [4]byte
+	binary.BigEndian.PutUint32(b[:], v)
+	e.attr(typ, b[:])
+}
+
+func (e *encoder) addr(typ uint16, a netip.Addr) {
+	if a.Is4() {
+		b := a.As4()
+		e.attr(typ, b[:])
+		return
+	}
+	b := a.As16()
+	e.attr(typ, b[:])
+}
+
+func (e *encoder) nest(typ uint16) int {
+	off := len(e.b)
+	e.b = binary.NativeEndian.AppendUint16(e.b, 0)
+	e.b = binary.NativeEndian.AppendUint16(e.b, typ|nlaFNested)
+	return off
+}
+
+func (e *encoder) endNest(off int) {
+	binary.NativeEndian.PutUint16(e.b[off:], uint16(len(e.b)-off))
+}
+
+func (e *encoder) tuple(typ uint16, proto Proto, t Tuple) {
+	n := e.nest(typ)
+	ip := e.nest(ctaTupleIP)
+	if t.Src.Addr().Is4() {
+		e.addr(ctaIPv4Src, t.Src.Addr())
+		e.addr(ctaIPv4Dst, t.Dst.Addr())
+	} else {
+		e.addr(ctaIPv6Src, t.Src.Addr())
+		e.addr(ctaIPv6Dst, t.Dst.Addr())
+	}
+	e.endNest(ip)
+	p := e.nest(ctaTupleProto)
+	e.u8(ctaProtoNum, proto)
+	e.be16(ctaProtoSrcPort, t.Src.Port())
+	e.be16(ctaProtoDstPort, t.Dst.Port())
+	e.endNest(p)
+	e.endNest(n)
+}
+
+// nat encodes a translation to exactly one address and port.
+func (e *encoder) nat(typ uint16, to netip.AddrPort) {
+	n := e.nest(typ)
+	if to.Addr().Is4() {
+		e.addr(ctaNATV4MinIP, to.Addr())
+		e.addr(ctaNATV4MaxIP, to.Addr())
+	} else {
+		e.addr(ctaNATV6MinIP, to.Addr())
+		e.addr(ctaNATV6MaxIP, to.Addr())
+	}
+	p := e.nest(ctaNATProto)
+	e.be16(ctaProtoNATPortMin, to.Port())
+	e.be16(ctaProtoNATPortMax, to.Port())
+	e.endNest(p)
+	e.endNest(n)
+}
+
+func (e *encoder) tcp(t TCPInfo) {
+	pi := e.nest(ctaProtoinfo)
+	n := e.nest(ctaProtoinfoTCP)
+	e.u8(ctaProtoinfoTCPState, t.State)
+	// Flags first: the kernel applies the window scales only when both
+	// directions have IP_CT_TCP_FLAG_WINDOW_SCALE.
+	e.attr(ctaProtoinfoTCPFlagsO, []byte{t.FlagsOrig&tcpFlagsCarried | tcpFlagBeLiberal, tcpFlagsCarried})
+	e.attr(ctaProtoinfoTCPFlagsR, []byte{t.FlagsReply&tcpFlagsCarried | tcpFlagBeLiberal, tcpFlagsCarried})
+	e.u8(ctaProtoinfoTCPWScaleO, t.WScaleOrig)
+	e.u8(ctaProtoinfoTCPWScaleR, t.WScaleReply)
+	e.endNest(n)
+	e.endNest(pi)
+}
+
+func family(en *Entry) uint8 {
+	if en.Orig.Src.Addr().Is4() {
+		return unix.AF_INET
+	}
+	return unix.AF_INET6
+}
+
+// replicaStatus is what a replica's CTA_STATUS carries: the origin's
+// SEEN_REPLY and ASSURED, and CONFIRMED, which every live entry has.
+func replicaStatus(s uint32) uint32 {
+	return s&(StatusSeenReply|StatusAssured) | StatusConfirmed
+}
+
+// replicaTimeout is at least one second: a create needs a timeout.
+func replicaTimeout(t uint32) uint32 { return max(t, 1) }
+
+// message appends the message of kind k for en, with an acknowledgement.
+func (e *encoder) message(k msgKind, en *Entry) {
+	const ctNew = subsysCTNetlink<<8 | msgCTNew
+	flags := uint16(unix.NLM_F_REQUEST | unix.NLM_F_ACK)
+	switch k {
+	case kindCreate:
+		off := e.begin(ctNew, flags|unix.NLM_F_CREATE|unix.NLM_F_EXCL, family(en))
+		e.tuple(ctaTupleOrig, en.Proto, en.Orig)
+		e.tuple(ctaTupleReply, en.Proto, Tuple{Src: en.Orig.Dst, Dst: en.Orig.Src})
+		if en.Reply.Src != en.Orig.Dst {
+			e.nat(ctaNATDst, en.Reply.Src)
+		}
+		if en.Reply.Dst != en.Orig.Src {
+			e.nat(ctaNATSrc, en.Reply.Dst)
+		}
+		e.state(en, true)
+		e.end(off)
+	case kindUpdate, kindUpdateNoState:
+		off := e.begin(ctNew, flags, family(en))
+		e.tuple(ctaTupleOrig, en.Proto, en.Orig)
+		e.state(en, k == kindUpdate)
+		e.end(off)
+	case kindDelete:
+		off := e.begin(subsysCTNetlink<<8|msgCTDelete, flags, family(en))
+		e.tuple(ctaTupleOrig, en.Proto, en.Orig)
+		e.end(off)
+	case kindAdopt:
+		off := e.begin(ctNew, flags, family(en))
+		e.tuple(ctaTupleOrig, en.Proto, en.Orig)
+		e.be32(ctaMark, 0)
+		e.be32(ctaMarkMask, ReplicaMark)
+		e.end(off)
+	}
+}
+
+// state appends what a create and an update share.
+func (e *encoder) state(en *Entry, status bool) {
+	e.be32(ctaTimeout, replicaTimeout(en.Timeout))
+	if status {
+		e.be32(ctaStatus, replicaStatus(en.Status))
+	}
+	e.be32(ctaMark, en.Mark|ReplicaMark)
+	if en.Proto == unix.IPPROTO_TCP {
+		e.tcp(en.TCP)
+	}
+}
+
+// parseAcks reads acknowledgements (NLMSG_ERROR messages) from one
+// datagram and calls fn with the sequence number each answers and its
+// error (nil for success).
+func parseAcks(b []byte, fn func(seq uint32, err error)) error {
+	for len(b) >= nlmsgHdrLen {
+		l := int(binary.NativeEndian.Uint32(b[0:4]))
+		typ := binary.NativeEndian.Uint16(b[4:6])
+		if l < nlmsgHdrLen || l > len(b) {
+			return fmt.Errorf("malformed netlink message (length %d, %d bytes left)", l, len(b))
+		}
+		if typ == unix.NLMSG_ERROR && l >= nlmsgHdrLen+nlmsgerrLen {
+			code := int32(binary.NativeEndian.Uint32(b[nlmsgHdrLen:]))
+			seq := binary.NativeEndian.Uint32(b[nlmsgHdrLen+4+8:])
+			var err error
+			if code != 0 {
+				err = unix.Errno(-code)
+			}
+			fn(seq, err)
+		}
+		b = b[(l+3)&^3:]
+	}
+	return nil
+}
+
+var errNotNAT = errors.New("entry has neither a destination nor a source translation")
+
+// checkEntry refuses what cannot be written as a replica; the sync's
+// policy decides what may be, this only keeps the messages well formed.
+func checkEntry(en *Entry) error {
+	switch en.Proto {
+	case unix.IPPROTO_TCP, unix.IPPROTO_UDP, unix.IPPROTO_SCTP:
+	default:
+		return fmt.Errorf("protocol %d: want TCP (6), UDP (17) or SCTP (132)", en.Proto)
+	}
+	is4 := en.Orig.Src.Addr().Is4()
+	for _, a := range []netip.AddrPort{en.Orig.Src, en.Orig.Dst, en.Reply.Src, en.Reply.Dst} {
+		if !a.IsValid() || a.Addr().Is4() != is4 || a.Addr().Is4In6() {
+			return fmt.Errorf("tuples %s -> %s, reply %s -> %s: want four valid addresses of one family",
+				en.Orig.Src, en.Orig.Dst, en.Reply.Src, en.Reply.Dst)
+		}
+	}
+	return nil
+}
