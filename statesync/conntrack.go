@@ -44,6 +44,9 @@ type Conntrack struct {
 	raw syscall.RawConn
 	enc encoder
 	buf []byte
+
+	// listening, when set, is called once Listen's socket receives events.
+	listening func()
 }
 
 var _ Kernel = (*Conntrack)(nil)
@@ -143,6 +146,9 @@ func (c *Conntrack) Listen(ctx context.Context, deliver func([]Event), lost func
 		if err := conn.JoinGroup(g); err != nil {
 			return fmt.Errorf("statesync: join conntrack event group %d: %w", g, err)
 		}
+	}
+	if c.listening != nil {
+		c.listening()
 	}
 	stop := context.AfterFunc(ctx, func() { _ = conn.SetReadDeadline(time.Unix(1, 0)) })
 	defer stop()
@@ -364,6 +370,11 @@ func (c *Conntrack) run(k msgKind, idx []int, at func(int) *Entry, res []error, 
 				res[i] = nil
 			case next != 0 && errors.Is(err, next):
 				again = append(again, i)
+			case k == kindUpdate && errors.Is(err, unix.ENOENT):
+				// The create found its reply tuple, not its original one.
+				e := at(i)
+				res[i] = fmt.Errorf("statesync: create replica %s %s -> %s: its reply tuple %s -> %s belongs to another entry: %w",
+					protoName(e.Proto), e.Orig.Src, e.Orig.Dst, e.Reply.Src, e.Reply.Dst, unix.EEXIST)
 			default:
 				res[i] = fmt.Errorf("statesync: %s %s %s -> %s: %w", k, protoName(at(i).Proto), at(i).Orig.Src, at(i).Orig.Dst, err)
 			}

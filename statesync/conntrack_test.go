@@ -1,0 +1,340 @@
+package statesync
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/nftgate/nftgate/internal/testing/lab"
+	"github.com/nftgate/nftgate/internal/testing/netnstest"
+)
+
+func requireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: creates network namespaces and conntrack entries")
+	}
+}
+
+func newKernel(t testing.TB, ns netns.NsHandle, opts ConntrackOptions) *Conntrack {
+	t.Helper()
+	opts.NetNS = int(ns)
+	k, err := NewConntrack(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { k.Close() })
+	return k
+}
+
+func ap(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }
+
+// natEntry is a flow client → service translated to endpoint and
+// masqueraded to masq, as a gateway's kernel holds it.
+func natEntry(proto Proto, client, service, endpoint, masq string) Entry {
+	e := Entry{
+		Proto:   proto,
+		Orig:    Tuple{Src: ap(client), Dst: ap(service)},
+		Reply:   Tuple{Src: ap(endpoint), Dst: ap(masq)},
+		Status:  StatusSeenReply | StatusAssured | StatusConfirmed | StatusDstNAT | StatusSrcNAT,
+		Timeout: 300,
+		Mark:    0x42,
+	}
+	if proto == unix.IPPROTO_TCP {
+		e.TCP = TCPInfo{State: tcpEstablished, WScaleOrig: 7, WScaleReply: 9,
+			FlagsOrig: tcpFlagWindowScale | tcpFlagSACKPerm, FlagsReply: tcpFlagWindowScale | tcpFlagSACKPerm}
+	}
+	return e
+}
+
+const tcpEstablished = 3 // TCP_CONNTRACK_ESTABLISHED
+
+func dumpAll(t testing.TB, k *Conntrack) map[Tuple]Entry {
+	t.Helper()
+	got := map[Tuple]Entry{}
+	if err := k.Dump(func(e Entry) { got[e.Orig] = e }); err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
+func noErrors(t testing.TB, what string, errs []error) {
+	t.Helper()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+}
+
+// conntrackL lists the namespace's table with the conntrack tool.
+func conntrackL(t testing.TB, ns netns.NsHandle, args ...string) string {
+	t.Helper()
+	path, err := exec.LookPath("conntrack")
+	if err != nil {
+		t.Fatalf("needs the conntrack tool (Debian package conntrack; make statesync-deps): %v", err)
+	}
+	var out []byte
+	if err := netnstest.Do(ns, func() (err error) {
+		out, err = exec.Command(path, append([]string{"-L"}, args...)...).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("conntrack -L: %v: %s", err, out)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return string(out)
+}
+
+// TestWriteReplicas writes replicas of both families and all three
+// protocols, reads them back with Dump and with conntrack -L, updates
+// them, adopts one and deletes them.
+func TestWriteReplicas(t *testing.T) {
+	requireRoot(t)
+	ns := netnstest.Temp(t)
+	k := newKernel(t, ns, ConntrackOptions{})
+	puts := []Entry{
+		natEntry(unix.IPPROTO_TCP, "10.1.0.2:40000", "10.96.0.10:80", "10.2.0.10:8080", "10.2.0.1:40000"),
+		natEntry(unix.IPPROTO_UDP, "10.1.0.2:40001", "10.96.0.10:53", "10.2.0.11:5353", "10.2.0.1:1024"),
+		natEntry(unix.IPPROTO_SCTP, "10.1.0.2:40002", "10.96.0.10:9", "10.2.0.12:9999", "10.2.0.1:40002"),
+		natEntry(unix.IPPROTO_TCP, "[fd01::2]:40000", "[fd96::10]:80", "[fd02::10]:8080", "[fd02::1]:40000"),
+		natEntry(unix.IPPROTO_UDP, "[fd01::2]:40001", "[fd96::10]:53", "[fd02::11]:5353", "[fd01::2]:40001"), // DNAT only
+	}
+	noErrors(t, "write", k.Write(puts, nil))
+
+	got := dumpAll(t, k)
+	for _, want := range puts {
+		e, ok := got[want.Orig]
+		if !ok {
+			t.Fatalf("replica %v not in the dump %v", want.Orig, got)
+		}
+		if e.Reply != want.Reply {
+			t.Errorf("%v: reply tuple %v, want %v (the translations)", want.Orig, e.Reply, want.Reply)
+		}
+		wantNAT := StatusDstNAT
+		if want.Reply.Dst != want.Orig.Src {
+			wantNAT |= StatusSrcNAT
+		}
+		if e.Status&(StatusDstNAT|StatusSrcNAT) != wantNAT || e.Status&(StatusSeenReply|StatusAssured) != StatusSeenReply|StatusAssured {
+			t.Errorf("%v: status %#x, want NAT bits %#x and SEEN_REPLY|ASSURED", want.Orig, e.Status, wantNAT)
+		}
+		if e.Mark != want.Mark|ReplicaMark {
+			t.Errorf("%v: mark %#x, want %#x", want.Orig, e.Mark, want.Mark|ReplicaMark)
+		}
+		if e.Timeout < want.Timeout-5 || e.Timeout > want.Timeout {
+			t.Errorf("%v: timeout %d, want about %d", want.Orig, e.Timeout, want.Timeout)
+		}
+		if want.Proto == unix.IPPROTO_TCP {
+			if e.TCP.State != tcpEstablished || e.TCP.WScaleOrig != 7 || e.TCP.WScaleReply != 9 {
+				t.Errorf("%v: TCP %+v, want ESTABLISHED with window scales 7 and 9", want.Orig, e.TCP)
+			}
+			if e.TCP.FlagsOrig&tcpFlagBeLiberal == 0 || e.TCP.FlagsReply&tcpFlagBeLiberal == 0 {
+				t.Errorf("%v: TCP flags %#x/%#x without BE_LIBERAL", want.Orig, e.TCP.FlagsOrig, e.TCP.FlagsReply)
+			}
+		}
+	}
+	out := conntrackL(t, ns, "-f", "ipv4", "-p", "tcp")
+	for _, w := range []string{"ESTABLISHED", "src=10.1.0.2 dst=10.96.0.10 sport=40000 dport=80",
+		"src=10.2.0.10 dst=10.2.0.1 sport=8080 dport=40000", "[ASSURED]", "mark=2147483714"} {
+		if !strings.Contains(out, w) {
+			t.Errorf("conntrack -L lacks %q:\n%s", w, out)
+		}
+	}
+
+	// Writing again updates: a later state and a longer timeout.
+	upd := puts[0]
+	upd.TCP.State = 5 // TCP_CONNTRACK_CLOSE_WAIT
+	upd.Timeout = 1000
+	older := puts[1]
+	older.Status &^= StatusAssured // an update older than the replica
+	noErrors(t, "update", k.Write([]Entry{upd, older}, nil))
+	got = dumpAll(t, k)
+	if e := got[upd.Orig]; e.TCP.State != 5 || e.Timeout < 990 {
+		t.Errorf("updated replica: state %d timeout %d, want 5 and about 1000", e.TCP.State, e.Timeout)
+	}
+	if e := got[older.Orig]; e.Status&StatusAssured == 0 {
+		t.Errorf("an older update cleared ASSURED: status %#x", e.Status)
+	}
+
+	noErrors(t, "adopt", k.Adopt(puts[:1]))
+	if e := dumpAll(t, k)[puts[0].Orig]; e.Mark != puts[0].Mark {
+		t.Errorf("adopted entry has mark %#x, want %#x", e.Mark, puts[0].Mark)
+	}
+
+	// A replica whose reply tuple another entry holds is refused by name.
+	clash := puts[1]
+	clash.Orig.Src = ap("10.1.0.3:40001")
+	if err := k.Write([]Entry{clash}, nil)[0]; err == nil || !strings.Contains(err.Error(), "belongs to another entry") {
+		t.Errorf("replica with a reply tuple in use: %v", err)
+	}
+
+	// Deleting twice is fine; bad input is refused by name, the rest goes on.
+	bad := puts[0]
+	bad.Proto = 1
+	errs := k.Write([]Entry{bad}, append(puts, puts[0]))
+	if errs[0] == nil || !strings.Contains(errs[0].Error(), "protocol 1") {
+		t.Errorf("ICMP entry: %v, want a refusal naming protocol 1", errs[0])
+	}
+	noErrors(t, "delete", errs[1:])
+	if got := dumpAll(t, k); len(got) != 0 {
+		t.Errorf("after delete: %v", got)
+	}
+}
+
+// listener runs Listen in the background and collects its events.
+type listener struct {
+	mu     sync.Mutex
+	events []Event
+	lost   int
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func listen(t testing.TB, k *Conntrack, hold <-chan struct{}) *listener {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	l := &listener{cancel: cancel, done: make(chan error, 1)}
+	started := make(chan struct{})
+	k.listening = func() { close(started) }
+	go func() {
+		l.done <- k.Listen(ctx, func(evs []Event) {
+			l.mu.Lock()
+			l.events = append(l.events, evs...)
+			l.mu.Unlock()
+			if hold != nil {
+				<-hold
+			}
+		}, func(int) {
+			l.mu.Lock()
+			l.lost++
+			l.mu.Unlock()
+		})
+	}()
+	select {
+	case <-started:
+	case err := <-l.done:
+		t.Fatalf("Listen: %v", err)
+	}
+	t.Cleanup(func() {
+		cancel()
+		if err := <-l.done; err != nil {
+			t.Errorf("Listen: %v", err)
+		}
+	})
+	return l
+}
+
+func (l *listener) snapshot() ([]Event, int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]Event(nil), l.events...), l.lost
+}
+
+// waitFor waits until cond holds for the listener's events.
+func (l *listener) waitFor(t testing.TB, what string, cond func([]Event, int) bool) {
+	t.Helper()
+	err := lab.EventuallyWithin(10*time.Second, func() error {
+		if evs, lost := l.snapshot(); !cond(evs, lost) {
+			return fmt.Errorf("%d events, %d losses so far", len(evs), lost)
+		}
+		return nil
+	})
+	if err != nil {
+		evs, lost := l.snapshot()
+		t.Fatalf("waiting for %s: %v; events %+v, lost %d", what, err, evs, lost)
+	}
+}
+
+// TestListenSkipsReplicas: a replica's own events never come back, the
+// same entry adopted does; both are read from one socket in order, so once
+// the adoption's event is there, a replica event would have been too.
+func TestListenSkipsReplicas(t *testing.T) {
+	requireRoot(t)
+	ns := netnstest.Temp(t)
+	k := newKernel(t, ns, ConntrackOptions{})
+	l := listen(t, k, nil)
+	puts := []Entry{
+		natEntry(unix.IPPROTO_TCP, "10.1.0.2:40000", "10.96.0.10:80", "10.2.0.10:8080", "10.2.0.1:40000"),
+		natEntry(unix.IPPROTO_UDP, "[fd01::2]:40001", "[fd96::10]:53", "[fd02::11]:5353", "[fd02::1]:40001"),
+	}
+	noErrors(t, "write", k.Write(puts, nil))
+	noErrors(t, "update", k.Write(puts, nil))
+	noErrors(t, "adopt", k.Adopt(puts[1:]))
+	l.waitFor(t, "the adopted entry's event", func(evs []Event, _ int) bool { return len(evs) > 0 })
+	evs, _ := l.snapshot()
+	if len(evs) != 1 || evs[0].Type != EventUpdate || evs[0].Entry.Orig != puts[1].Orig {
+		t.Fatalf("events %+v, want one UPDATE of the adopted %v", evs, puts[1].Orig)
+	}
+	if e := evs[0].Entry; e.Reply != puts[1].Reply || e.Mark != puts[1].Mark {
+		t.Errorf("adopted entry's event: %+v", e)
+	}
+	noErrors(t, "delete", k.Write(nil, puts))
+	l.waitFor(t, "the adopted entry's DESTROY", func(evs []Event, _ int) bool { return len(evs) == 2 })
+	if evs, _ := l.snapshot(); evs[1].Type != EventDestroy || evs[1].Entry.Orig != puts[1].Orig {
+		t.Errorf("second event %+v, want the DESTROY of %v only", evs[1], puts[1].Orig)
+	}
+}
+
+// TestListenOverflow: a reader that falls behind a burst loses events; it
+// is told (lost) and carries on.
+func TestListenOverflow(t *testing.T) {
+	requireRoot(t)
+	ns := netnstest.Temp(t)
+	k := newKernel(t, ns, ConntrackOptions{ReceiveBuffer: 4096})
+	hold := make(chan struct{})
+	l := listen(t, k, hold)
+	burst := make([]Entry, 500)
+	for i := range burst {
+		burst[i] = natEntry(unix.IPPROTO_UDP, fmt.Sprintf("10.1.%d.%d:40000", i/250, i%250+1), "10.96.0.10:53", "10.2.0.11:5353", fmt.Sprintf("10.2.0.1:%d", 1024+i))
+		burst[i].Mark = 0
+	}
+	t.Cleanup(func() { k.Write(nil, burst) })
+	// The first adopted entry's event blocks the reader in deliver.
+	noErrors(t, "write", k.Write(burst, nil))
+	noErrors(t, "adopt", k.Adopt(burst[:1]))
+	l.waitFor(t, "the first event", func(evs []Event, _ int) bool { return len(evs) > 0 })
+	// Events of adopted entries pass the socket filter: they fill it.
+	noErrors(t, "adopt the rest", k.Adopt(burst[1:]))
+	close(hold)
+	l.waitFor(t, "the loss", func(_ []Event, lost int) bool { return lost > 0 })
+	evs, _ := l.snapshot()
+	if len(evs) >= len(burst) {
+		t.Fatalf("%d events of %d adoptions with a 4 KiB buffer: nothing was lost, the test proves nothing", len(evs), len(burst))
+	}
+	// Still listening: the next event arrives.
+	before := len(evs)
+	noErrors(t, "delete", k.Write(nil, burst[:1]))
+	l.waitFor(t, "an event after the loss", func(evs []Event, _ int) bool { return len(evs) > before })
+	t.Logf("%d of %d events delivered, loss reported", before, len(burst))
+}
+
+// TestCheckConntrackKernel: this kernel has events and marks; a namespace
+// with events switched off is named as the problem.
+func TestCheckConntrackKernel(t *testing.T) {
+	requireRoot(t)
+	ns := netnstest.Temp(t)
+	if err := CheckConntrackKernel(int(ns)); err != nil {
+		t.Fatalf("on this kernel: %v", err)
+	}
+	if err := netnstest.Do(ns, func() error { return os.WriteFile(eventsSysctl, []byte("0"), 0) }); err != nil {
+		t.Fatal(err)
+	}
+	err := CheckConntrackKernel(int(ns))
+	if err == nil || !strings.Contains(err.Error(), "nf_conntrack_events") {
+		t.Fatalf("with events off: %v, want an error naming nf_conntrack_events", err)
+	}
+	t.Log(err)
+	k := newKernel(t, ns, ConntrackOptions{})
+	if got := dumpAll(t, k); len(got) != 0 {
+		t.Errorf("the check left entries behind: %v", got)
+	}
+}
