@@ -80,7 +80,7 @@ func conntrackL(t testing.TB, ns netns.NsHandle, args ...string) string {
 	t.Helper()
 	path, err := exec.LookPath("conntrack")
 	if err != nil {
-		t.Fatalf("needs the conntrack tool (Debian package conntrack; make statesync-deps): %v", err)
+		t.Fatalf("needs the conntrack tool (Debian package conntrack; make deps): %v", err)
 	}
 	var out []byte
 	if err := netnstest.Do(ns, func() (err error) {
