@@ -49,6 +49,11 @@ type Options struct {
 	// Listener, when set, is used instead of listening on Config.Listen
 	// (tests); the Set closes it.
 	Listener net.Listener
+	// OnPeer, when set, is told when a peer becomes alive or dead, and
+	// when a live peer comes back with another incarnation (it restarted
+	// within the dead time, and lost what it held). It is called with the
+	// Set's lock held: it must not call back into the Set.
+	OnPeer func(peer string, alive bool, incarnation uint64)
 }
 
 // Set is this gateway's membership in the gateway set: the channel to
@@ -86,6 +91,7 @@ type peerStats struct {
 	refused uint64
 	lastErr string
 	up      bool
+	inc     uint64 // the incarnation up was last reported for
 }
 
 // Refusal is one refused hello, for the status page.
@@ -271,6 +277,12 @@ func (s *Set) decideLocked() {
 				s.upMetric.WithLabelValues(name).Set(0)
 				s.log.Warn("gateways: peer dead", "peer", name, "lastHeard", p.lastHeard)
 			}
+		} else if !p.alive || p.incarnation == st.inc {
+			continue
+		}
+		st.inc = p.incarnation
+		if s.opts.OnPeer != nil {
+			s.opts.OnPeer(name, p.alive, p.incarnation)
 		}
 	}
 	if changed {
