@@ -22,6 +22,7 @@ import (
 type Channel interface {
 	Handle(t byte, fn gateways.Handler) error
 	Send(peer string, t byte, payload []byte) error
+	Status() gateways.Status
 }
 
 // Defaults of Options.
@@ -51,9 +52,8 @@ const (
 
 // Options are what New needs.
 type Options struct {
-	Kernel  Kernel
-	Channel Channel
-	Policy  *Policy
+	Kernel Kernel
+	Policy *Policy
 	// Self is this gateway's name; Peers the others' (as in [gateways]).
 	Self  string
 	Peers []string
@@ -141,6 +141,7 @@ type inItem struct {
 // writes theirs here (see the package comment).
 type Syncer struct {
 	o       Options
+	ch      Channel
 	log     *slog.Logger
 	m       *metrics
 	started time.Time
@@ -163,11 +164,11 @@ type Syncer struct {
 	enc        batchEncoder
 }
 
-// New validates opts and registers the sync's message types on the
-// channel; Run starts the work.
+// New validates opts. The gateway set's OnPeer is then PeerChanged,
+// Attach connects the Syncer to the set's channel, and Run starts the work.
 func New(o Options) (*Syncer, error) {
-	if o.Kernel == nil || o.Channel == nil || o.Policy == nil {
-		return nil, errors.New("statesync: Kernel, Channel and Policy are required")
+	if o.Kernel == nil || o.Policy == nil {
+		return nil, errors.New("statesync: Kernel and Policy are required")
 	}
 	o.Queue = cmp.Or(o.Queue, DefaultQueue)
 	o.BatchInterval = cmp.Or(o.BatchInterval, DefaultBatchInterval)
@@ -186,12 +187,31 @@ func New(o Options) (*Syncer, error) {
 			refused: map[string]uint64{}, refuseLog: map[string]*rate.Sometimes{}}
 	}
 	s.m = newMetrics(s)
+	return s, nil
+}
+
+// Attach registers the sync's message types on ch and takes the peers ch
+// knows alive now (those whose OnPeer came before PeerChanged was wired
+// to this Syncer). Call it once, before Run.
+func (s *Syncer) Attach(ch Channel) error {
+	s.ch = ch
 	for t, h := range map[byte]gateways.Handler{msgBatch: s.onBatch, msgAck: s.onAck, msgResyncDone: s.onResyncDone} {
-		if err := o.Channel.Handle(t, h); err != nil {
-			return nil, err
+		if err := ch.Handle(t, h); err != nil {
+			return err
 		}
 	}
-	return s, nil
+	s.evMu.Lock()
+	told := map[string]bool{}
+	for _, ev := range s.events {
+		told[ev.name] = true
+	}
+	s.evMu.Unlock()
+	for _, p := range ch.Status().Peers {
+		if p.State == "alive" && !told[p.Name] {
+			s.PeerChanged(p.Name, true, 0)
+		}
+	}
+	return nil
 }
 
 // PeerChanged is the gateway set's OnPeer: a peer came up (or back with
@@ -220,6 +240,9 @@ func (s *Syncer) Ready() <-chan struct{} { return s.ready }
 // Run listens to the kernel's events and sends, refreshes, resyncs and
 // writes until ctx ends. Kernel errors of Listen are returned.
 func (s *Syncer) Run(ctx context.Context) error {
+	if s.ch == nil {
+		return errors.New("statesync: Run before Attach")
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -491,7 +514,7 @@ func (s *Syncer) flush() {
 	s.mu.Unlock()
 	for p, msgs := range plan {
 		for i, m := range msgs {
-			if err := s.o.Channel.Send(p.name, m.t, m.payload); err != nil {
+			if err := s.ch.Send(p.name, m.t, m.payload); err != nil {
 				s.mu.Lock()
 				for _, r := range msgs[i:] {
 					if r.t == msgBatch {
@@ -796,7 +819,7 @@ func (s *Syncer) writer(ctx context.Context) {
 		s.mu.Lock()
 		p.received += uint64(len(it.bt.ops))
 		s.mu.Unlock()
-		_ = s.o.Channel.Send(p.name, msgAck, encodeAck(ack{seq: it.bt.seq, stamp: it.bt.stamp, written: uint64(written), refused: uint64(refused)}))
+		_ = s.ch.Send(p.name, msgAck, encodeAck(ack{seq: it.bt.seq, stamp: it.bt.stamp, written: uint64(written), refused: uint64(refused)}))
 	}
 }
 
