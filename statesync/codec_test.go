@@ -11,8 +11,8 @@ var errTest = errors.New("test")
 
 func sampleOps() []op {
 	v6 := Entry{Proto: 17,
-		Orig:  Tuple{Src: netip.MustParseAddrPort("[2001:db8::7]:5000"), Dst: netip.MustParseAddrPort("[2001:db8:1::10]:53")},
-		Reply: Tuple{Src: netip.MustParseAddrPort("[fd00:1::5]:5353"), Dst: netip.MustParseAddrPort("[2001:db8:2::1]:5000")},
+		Orig:   Tuple{Src: netip.MustParseAddrPort("[2001:db8::7]:5000"), Dst: netip.MustParseAddrPort("[2001:db8:1::10]:53")},
+		Reply:  Tuple{Src: netip.MustParseAddrPort("[fd00:1::5]:5353"), Dst: netip.MustParseAddrPort("[2001:db8:2::1]:5000")},
 		Status: 0x3a, Timeout: 30, Mark: ReplicaMark | 7}
 	return []op{{entry: flow(1000)}, {del: true, entry: flow(1001)}, {entry: v6}}
 }
