@@ -54,6 +54,10 @@ type Options struct {
 	// within the dead time, and lost what it held). It is called with the
 	// Set's lock held: it must not call back into the Set.
 	OnPeer func(peer string, alive bool, incarnation uint64)
+	// TakeAfter, when set, holds a starting gateway from taking any
+	// address until it is closed (the state sync's Ready: the peers'
+	// connections are here first), besides the startup wait.
+	TakeAfter <-chan struct{}
 }
 
 // Set is this gateway's membership in the gateway set: the channel to
@@ -159,6 +163,16 @@ func New(cfg Config, opts Options) (*Set, error) {
 		s.peers[p.Name] = &peerStats{}
 	}
 	s.v = newView(cfg.Name, names, s.inc, cfg.dead(), s.clock.Now().Add(cfg.StartupWait))
+	if after := opts.TakeAfter; after != nil {
+		s.v.hold = func() bool {
+			select {
+			case <-after:
+				return false
+			default:
+				return true
+			}
+		}
+	}
 	s.upMetric = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "nftgate_gateway_peer_up", Help: "1 while the peer gateway's heartbeats arrive, else 0.",
 	}, []string{"peer"})

@@ -27,12 +27,12 @@ type Channel interface {
 
 // Defaults of Options.
 const (
-	DefaultQueue           = 65536
-	DefaultBatchInterval   = 10 * time.Millisecond
-	DefaultBatchBytes      = 64 << 10
-	DefaultRefreshInterval = 5 * time.Second
-	DefaultPeerWait        = time.Second
-	DefaultReadyWait       = 30 * time.Second
+	DefaultQueue           = gateways.DefaultSyncQueue
+	DefaultBatchInterval   = gateways.DefaultSyncBatchInterval
+	DefaultBatchBytes      = gateways.DefaultSyncBatchBytes
+	DefaultRefreshInterval = gateways.DefaultSyncRefreshInterval
+	DefaultPeerWait        = gateways.DefaultStartupWait
+	DefaultReadyWait       = gateways.DefaultSyncReadyWait
 )
 
 // Internal bounds.
