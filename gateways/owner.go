@@ -79,8 +79,8 @@ type view struct {
 	started     bool // the startup wait is over
 	// hold, when set, keeps a starting gateway from taking addresses
 	// while it answers true.
-	hold func() bool
-	dirty       bool // decide has something to look at
+	hold  func() bool
+	dirty bool // decide has something to look at
 
 	version uint64
 	serves  map[netip.Addr]uint64 // address → version in which it was added
