@@ -59,6 +59,9 @@ type Options struct {
 	// gateway set's peers, their channel and the addresses each holds.
 	// Nil: the endpoint answers 404.
 	Gateways func() any
+	// StateSync, when set, gives what GET /api/v1/statesync answers: the
+	// connection-state sync with each peer gateway. Nil: 404.
+	StateSync func() any
 	// Refresh is the page's polling interval; zero means DefaultRefresh.
 	Refresh time.Duration
 	// Logger receives request errors; nil discards them.
@@ -152,6 +155,9 @@ func NewServer(opts Options) http.Handler {
 	if opts.Gateways != nil {
 		mux.Handle("GET /api/v1/gateways", auth(http.HandlerFunc(s.gateways)))
 	}
+	if opts.StateSync != nil {
+		mux.Handle("GET /api/v1/statesync", auth(http.HandlerFunc(s.stateSync)))
+	}
 	mux.Handle("/api/", auth(http.HandlerFunc(s.apiNotFound)))
 	mux.HandleFunc("GET /healthz", s.healthz)
 	mux.HandleFunc("GET /livez", s.livez)
@@ -241,6 +247,7 @@ type pageData struct {
 	Edge      bool // GET /api/v1/edge answers
 	Drain     bool // GET /api/v1/drain answers
 	Gateways  bool // GET /api/v1/gateways answers
+	StateSync bool // GET /api/v1/statesync answers
 }
 
 func (s *server) page(w http.ResponseWriter, r *http.Request) {
@@ -249,7 +256,7 @@ func (s *server) page(w http.ResponseWriter, r *http.Request) {
 	d := pageData{
 		Now: now, Snap: snap, Status: statusJSON(snap, now, s.maxAge),
 		RefreshMS: s.opts.Refresh.Milliseconds(), Title: "nftgate", Edge: s.opts.Edge != nil, Drain: s.opts.Drain != nil,
-		Gateways: s.opts.Gateways != nil,
+		Gateways: s.opts.Gateways != nil, StateSync: s.opts.StateSync != nil,
 	}
 	if snap.Identity.NodeName != "" {
 		d.Title = "nftgate · " + snap.Identity.NodeName
@@ -402,6 +409,10 @@ func (s *server) edge(w http.ResponseWriter, r *http.Request) {
 
 func (s *server) gateways(w http.ResponseWriter, r *http.Request) {
 	s.writeJSON(w, r, http.StatusOK, s.opts.Gateways())
+}
+
+func (s *server) stateSync(w http.ResponseWriter, r *http.Request) {
+	s.writeJSON(w, r, http.StatusOK, s.opts.StateSync())
 }
 
 func (s *server) apiNotFound(w http.ResponseWriter, r *http.Request) {

@@ -747,3 +747,28 @@ func TestAPIGateways(t *testing.T) {
 		t.Error("the page does not know the gateway panel has data")
 	}
 }
+
+// GET /api/v1/statesync encodes what Options.StateSync gives, and is 404
+// without it; the page turns its panel on only with it.
+func TestAPIStateSync(t *testing.T) {
+	ts, _ := newTestServer(t, healthySnapshot(), Options{})
+	if code, _, _ := get(t, ts.URL+"/api/v1/statesync"); code != http.StatusNotFound {
+		t.Errorf("without StateSync: %d, want 404", code)
+	}
+	if _, _, page := get(t, ts.URL+"/"); strings.Contains(string(page), `data-statesync="on"`) {
+		t.Error("the state sync panel is on without a state sync")
+	}
+	ts, _ = newTestServer(t, healthySnapshot(), Options{StateSync: func() any {
+		return map[string]any{"ready": true, "peers": []map[string]any{{"name": "gw-b", "up": true, "sent": 7}}}
+	}})
+	code, _, body := get(t, ts.URL+"/api/v1/statesync")
+	var v struct {
+		Peers []struct{ Sent int } `json:"peers"`
+	}
+	if code != http.StatusOK || json.Unmarshal(body, &v) != nil || len(v.Peers) != 1 || v.Peers[0].Sent != 7 {
+		t.Errorf("statesync: %d %s", code, body)
+	}
+	if _, _, page := get(t, ts.URL+"/"); !strings.Contains(string(page), `data-statesync="on"`) {
+		t.Error("the page does not know the state sync panel has data")
+	}
+}

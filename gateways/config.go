@@ -2,6 +2,7 @@ package gateways
 
 import (
 	"bytes"
+	"cmp"
 	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
@@ -39,6 +40,26 @@ type Config struct {
 	StartupWait time.Duration `toml:"startup_wait" json:"startup_wait"`
 	// Peers are the other gateways of the set.
 	Peers []PeerConfig `toml:"peers" json:"peers"`
+
+	// StateSync replicates the conntrack entries of the flows each
+	// gateway translates to the others (package statesync), so that
+	// connections survive a gateway. Default true; it needs a kernel with
+	// conntrack events and marks.
+	StateSync *bool `toml:"state_sync" json:"state_sync"`
+	// SyncQueue bounds the updates waiting per peer (distinct flows); an
+	// overflow drops them and resyncs the peer. Default 65536.
+	SyncQueue int `toml:"sync_queue" json:"sync_queue"`
+	// SyncBatchInterval and SyncBatchBytes: a batch of updates goes to a
+	// peer when its oldest waited this long or this many bytes are ready.
+	// Defaults 10ms and 65536.
+	SyncBatchInterval time.Duration `toml:"sync_batch_interval" json:"sync_batch_interval"`
+	SyncBatchBytes    int           `toml:"sync_batch_bytes" json:"sync_batch_bytes"`
+	// SyncRefreshInterval is how often the table is read for entries whose
+	// replicas would expire (UDP, short TCP states). Default 5s.
+	SyncRefreshInterval time.Duration `toml:"sync_refresh_interval" json:"sync_refresh_interval"`
+	// SyncReadyWait bounds how long a starting gateway waits for its live
+	// peers' resyncs before it takes its addresses. Default 30s.
+	SyncReadyWait time.Duration `toml:"sync_ready_wait" json:"sync_ready_wait"`
 }
 
 // PeerConfig is one other gateway.
@@ -60,7 +81,12 @@ const (
 	DefaultDeadAfter         = 3
 	DefaultStartupWait       = time.Second
 	// MinKeyLen is the shortest shared key accepted.
-	MinKeyLen = 32
+	MinKeyLen                  = 32
+	DefaultSyncQueue           = 65536
+	DefaultSyncBatchInterval   = 10 * time.Millisecond
+	DefaultSyncBatchBytes      = 64 << 10
+	DefaultSyncRefreshInterval = 5 * time.Second
+	DefaultSyncReadyWait       = 30 * time.Second
 	// maxPeers bounds the set (every pair holds a connection per link).
 	maxPeers = 32
 )
@@ -79,6 +105,15 @@ func (c Config) WithDefaults() Config {
 	if c.StartupWait == 0 {
 		c.StartupWait = DefaultStartupWait
 	}
+	if c.StateSync == nil {
+		on := true
+		c.StateSync = &on
+	}
+	c.SyncQueue = cmp.Or(c.SyncQueue, DefaultSyncQueue)
+	c.SyncBatchInterval = cmp.Or(c.SyncBatchInterval, DefaultSyncBatchInterval)
+	c.SyncBatchBytes = cmp.Or(c.SyncBatchBytes, DefaultSyncBatchBytes)
+	c.SyncRefreshInterval = cmp.Or(c.SyncRefreshInterval, DefaultSyncRefreshInterval)
+	c.SyncReadyWait = cmp.Or(c.SyncReadyWait, DefaultSyncReadyWait)
 	peers := make([]PeerConfig, len(c.Peers))
 	for i, p := range c.Peers {
 		peers[i] = PeerConfig{Name: p.Name, Addresses: slices.Clone(p.Addresses)}
@@ -110,6 +145,21 @@ func (c Config) Validate() error {
 	}
 	if c.StartupWait < 0 || c.StartupWait > time.Minute {
 		return fmt.Errorf("%s.startup_wait = %q: want 0 to 1m", Key, c.StartupWait.String())
+	}
+	if c.SyncQueue < 1024 || c.SyncQueue > 1<<22 {
+		return fmt.Errorf("%s.sync_queue = %d: want 1024 to %d", Key, c.SyncQueue, 1<<22)
+	}
+	if c.SyncBatchInterval < time.Millisecond || c.SyncBatchInterval > time.Second {
+		return fmt.Errorf("%s.sync_batch_interval = %q: want 1ms to 1s", Key, c.SyncBatchInterval.String())
+	}
+	if c.SyncBatchBytes < 4<<10 || c.SyncBatchBytes > 1<<20 {
+		return fmt.Errorf("%s.sync_batch_bytes = %d: want 4096 to 1048576", Key, c.SyncBatchBytes)
+	}
+	if c.SyncRefreshInterval < time.Second || c.SyncRefreshInterval > time.Minute {
+		return fmt.Errorf("%s.sync_refresh_interval = %q: want 1s to 1m", Key, c.SyncRefreshInterval.String())
+	}
+	if c.SyncReadyWait < time.Second || c.SyncReadyWait > 10*time.Minute {
+		return fmt.Errorf("%s.sync_ready_wait = %q: want 1s to 10m", Key, c.SyncReadyWait.String())
 	}
 	if len(c.Peers) == 0 {
 		return fmt.Errorf("%s.peers = []: want at least one other gateway", Key)

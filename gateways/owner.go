@@ -77,7 +77,10 @@ type view struct {
 	dead        time.Duration
 	startupEnd  time.Time
 	started     bool // the startup wait is over
-	dirty       bool // decide has something to look at
+	// hold, when set, keeps a starting gateway from taking addresses
+	// while it answers true.
+	hold  func() bool
+	dirty bool // decide has something to look at
 
 	version uint64
 	serves  map[netip.Addr]uint64 // address → version in which it was added
@@ -248,10 +251,14 @@ func (v *view) decide(now time.Time) bool {
 	return changed
 }
 
-// mayTake: after the startup wait, or once every peer was heard.
+// mayTake: after the startup wait, or once every peer was heard; and
+// not before hold (when set) says so.
 func (v *view) mayTake(now time.Time) bool {
 	if v.started {
 		return true
+	}
+	if v.hold != nil && v.hold() {
+		return false
 	}
 	if now.Before(v.startupEnd) {
 		for _, p := range v.peers {

@@ -49,6 +49,15 @@ type Options struct {
 	// Listener, when set, is used instead of listening on Config.Listen
 	// (tests); the Set closes it.
 	Listener net.Listener
+	// OnPeer, when set, is told when a peer becomes alive or dead, and
+	// when a live peer comes back with another incarnation (it restarted
+	// within the dead time, and lost what it held). It is called with the
+	// Set's lock held: it must not call back into the Set.
+	OnPeer func(peer string, alive bool, incarnation uint64)
+	// TakeAfter, when set, holds a starting gateway from taking any
+	// address until it is closed (the state sync's Ready: the peers'
+	// connections are here first), besides the startup wait.
+	TakeAfter <-chan struct{}
 }
 
 // Set is this gateway's membership in the gateway set: the channel to
@@ -86,6 +95,7 @@ type peerStats struct {
 	refused uint64
 	lastErr string
 	up      bool
+	inc     uint64 // the incarnation up was last reported for
 }
 
 // Refusal is one refused hello, for the status page.
@@ -153,6 +163,16 @@ func New(cfg Config, opts Options) (*Set, error) {
 		s.peers[p.Name] = &peerStats{}
 	}
 	s.v = newView(cfg.Name, names, s.inc, cfg.dead(), s.clock.Now().Add(cfg.StartupWait))
+	if after := opts.TakeAfter; after != nil {
+		s.v.hold = func() bool {
+			select {
+			case <-after:
+				return false
+			default:
+				return true
+			}
+		}
+	}
 	s.upMetric = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "nftgate_gateway_peer_up", Help: "1 while the peer gateway's heartbeats arrive, else 0.",
 	}, []string{"peer"})
@@ -271,6 +291,12 @@ func (s *Set) decideLocked() {
 				s.upMetric.WithLabelValues(name).Set(0)
 				s.log.Warn("gateways: peer dead", "peer", name, "lastHeard", p.lastHeard)
 			}
+		} else if !p.alive || p.incarnation == st.inc {
+			continue
+		}
+		st.inc = p.incarnation
+		if s.opts.OnPeer != nil {
+			s.opts.OnPeer(name, p.alive, p.incarnation)
 		}
 	}
 	if changed {

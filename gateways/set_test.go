@@ -311,3 +311,65 @@ func TestSetOtherViewOfTheSetRefused(t *testing.T) {
 		})
 	}
 }
+
+// OnPeer hears a peer come alive, come back with another incarnation after
+// a restart within the dead time, and die.
+func TestSetOnPeerReportsLivenessAndRestart(t *testing.T) {
+	ignore := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, ignore) })
+	type ev struct {
+		alive bool
+		inc   uint64
+	}
+	var mu sync.Mutex
+	var got []ev
+	seen := func() []ev { mu.Lock(); defer mu.Unlock(); return slices.Clone(got) }
+	lnA, lnB := listen(t), listen(t)
+	cfgB := Config{Name: "gw-b", KeyFile: "k", HeartbeatInterval: 50 * time.Millisecond, DeadAfter: 20,
+		Peers: []PeerConfig{{Name: "gw-a", Addresses: []string{lnA.Addr().String()}}}}
+	b, err := New(cfgB, Options{Key: testKey, Listener: lnB, OnPeer: func(peer string, alive bool, inc uint64) {
+		mu.Lock()
+		got = append(got, ev{alive, inc})
+		mu.Unlock()
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	cfgA := Config{Name: "gw-a", KeyFile: "k", HeartbeatInterval: 50 * time.Millisecond, DeadAfter: 20,
+		Peers: []PeerConfig{{Name: "gw-b", Addresses: []string{b.Addr().String()}}}}
+	a, err := New(cfgA, Options{Key: testKey, Listener: lnA})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wait(t, func() error {
+		if g := seen(); len(g) != 1 || !g[0].alive || g[0].inc != a.inc {
+			return fmt.Errorf("OnPeer calls %+v, want one: alive, incarnation %x", g, a.inc)
+		}
+		return nil
+	})
+	// A restart on the same address, faster than the dead time (1s).
+	addr := a.Addr().String()
+	a.Close()
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a2, err := New(cfgA, Options{Key: testKey, Listener: ln})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wait(t, func() error {
+		if g := seen(); len(g) == 0 || !g[len(g)-1].alive || g[len(g)-1].inc != a2.inc {
+			return fmt.Errorf("OnPeer calls %+v, want the last: alive, incarnation %x", g, a2.inc)
+		}
+		return nil
+	})
+	a2.Close()
+	wait(t, func() error {
+		if g := seen(); g[len(g)-1].alive {
+			return fmt.Errorf("OnPeer calls %+v, want the last: dead", g)
+		}
+		return nil
+	})
+}

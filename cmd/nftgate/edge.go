@@ -39,6 +39,9 @@ type edge struct {
 	// gateways: nil without [gateways]; else the L2 announcement goes
 	// through it (gateways.go).
 	gateways *gateways.Set
+	// statesync: nil without [gateways] or with state_sync = false
+	// (statesync.go).
+	statesync *stateSync
 }
 
 // startEdge starts the announcers the configuration asks for, before the
@@ -177,6 +180,7 @@ func (e *edge) close(drain bool) {
 	if e.gateways != nil {
 		_ = e.gateways.Close()
 	}
+	e.statesync.close()
 	if e.l2 != nil {
 		_ = e.l2.Close()
 	}

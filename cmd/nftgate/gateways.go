@@ -25,11 +25,20 @@ func (e *edge) startGateways(cfg *Config, reg prometheus.Registerer, log *slog.L
 	if e.l2 != nil {
 		opts.OnChange = e.l2.Set
 	}
+	if e.statesync, err = newStateSync(cfg, reg, log); err != nil {
+		return err
+	}
+	e.statesync.hook(&opts)
 	s, err := gateways.New(*cfg.Gateways, opts)
 	if err != nil {
 		return err
 	}
 	e.gateways = s
+	if e.statesync != nil {
+		if err := e.statesync.s.Attach(s); err != nil {
+			return err
+		}
+	}
 	if err := s.Register(reg); err != nil {
 		return fmt.Errorf("gateways: %w", err)
 	}

@@ -300,7 +300,8 @@ func serve(ctx context.Context, cfg *Config) error {
 		}, log)
 	})
 
-	errc := make(chan error, 4)
+	errc := make(chan error, 5)
+	edge.statesync.run(ctx, syncer, &wg, errc)
 	wg.Go(func() { errc <- src.Run(ctx, sink) })
 	wg.Go(func() {
 		if err := edge.run(ctx); err != nil {
@@ -326,7 +327,7 @@ func serve(ctx context.Context, cfg *Config) error {
 	if ln != nil {
 		srv = httpserver.New(appliance.NewServer(appliance.Options{Source: pub, Metrics: metrics,
 			MaxSyncAge: time.Duration(cfg.HealthzMaxAge), Auth: auth, Logger: log,
-			AllowedHosts: cfg.allowedHosts(), Pprof: cfg.Pprof, Edge: edge.view, Drain: drain, Gateways: edge.gatewaysAPI()}), httpserver.Default)
+			AllowedHosts: cfg.allowedHosts(), Pprof: cfg.Pprof, Edge: edge.view, Drain: drain, Gateways: edge.gatewaysAPI(), StateSync: edge.stateSyncAPI()}), httpserver.Default)
 		wg.Go(func() {
 			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				errc <- fmt.Errorf("http: %w", err)

@@ -484,6 +484,22 @@
       ' served addresses held here; taken ' + fmtNum(v.taken) + ', taken over ' + fmtNum(v.takenOver) + ', released ' + fmtNum(v.released) + '.', 'muted');
   }
 
+  // The connection-state sync: per peer, what waits, what went each way,
+  // what was refused (by reason) or lost, the resyncs and the last lag.
+  function renderStateSync(v) {
+    $('statesync').hidden = false;
+    rows('ss-peers-body', v.peers, function (p) {
+      var refused = Object.keys(p.refused || {}).map(function (r) { return r + ' ' + fmtNum(p.refused[r]); }).join(', ');
+      return [[p.name], [!p.up ? 'down' : (p.resyncing ? 'resyncing' : 'in sync'), !p.up ? 'bad' : (p.resyncing ? 'warn' : 'good')],
+        [fmtNum(p.queue)], [fmtNum(p.sent)], [fmtNum(p.received)], [refused || '0', refused ? 'warn' : ''],
+        [fmtNum(p.lost), p.lost ? 'warn' : ''], [fmtNum(p.resyncsSent) + ' / ' + fmtNum(p.resyncsReceived)],
+        [p.lagSeconds ? (p.lagSeconds * 1000).toFixed(1) + ' ms' : '–']];
+    });
+    setText('ss-summary', (v.ready ? 'Ready: ' : 'Waiting for the peers\' resyncs: ') + fmtNum(v.flows) + ' own entries, ' +
+      fmtNum(v.replicas) + ' replicas of the peers\', ' + fmtNum(v.adopted) + ' adopted from dead peers, kernel event losses ' +
+      fmtNum(v.eventsLost) + '.', v.ready ? 'muted' : 'warn');
+  }
+
   function setLive(ok, why) {
     var live = $('live');
     live.className = ok ? 'live' : 'live stale';
@@ -497,6 +513,7 @@
       if ($('edge').dataset.edge) jobs.push(getJSON('api/v1/edge').then(renderEdge));
       if ($('drain').dataset.drain) jobs.push(getJSON('api/v1/drain').then(renderDrain));
       if ($('gateways').dataset.gateways) jobs.push(getJSON('api/v1/gateways').then(renderGateways));
+      if ($('statesync').dataset.statesync) jobs.push(getJSON('api/v1/statesync').then(renderStateSync));
       if (st.sync.servicesRevision !== servicesRevision) {
         jobs.push(getJSON('api/v1/services').then(function (list) {
           list.services.forEach(function (s) { s._text = searchText(s); });

@@ -1,0 +1,92 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/nftgate/nftgate/gateways"
+	"github.com/nftgate/nftgate/loop"
+	"github.com/nftgate/nftgate/statesync"
+)
+
+// stateSync is the connection-state sync of the gateway set
+// ([gateways] state_sync): the conntrack kernel side, the Policy fed by
+// the sync loop and the Syncer on the set's channel.
+type stateSync struct {
+	kernel *statesync.Conntrack
+	policy *statesync.Policy
+	s      *statesync.Syncer
+}
+
+// newStateSync prepares the state sync before the gateway set starts (the
+// set's OnPeer and TakeAfter are the Syncer's); nil when it is off. A
+// kernel without conntrack events or marks stops nftgate here, naming the
+// key that turns the sync off.
+func newStateSync(cfg *Config, reg prometheus.Registerer, log *slog.Logger) (*stateSync, error) {
+	g := cfg.Gateways
+	if g == nil || g.StateSync == nil || !*g.StateSync {
+		return nil, nil
+	}
+	k, err := statesync.NewConntrack(statesync.ConntrackOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("%s.state_sync = true: %w (state_sync = false runs without it)", gateways.Key, err)
+	}
+	peers := make([]string, 0, len(g.Peers))
+	for _, p := range g.Peers {
+		peers = append(peers, p.Name)
+	}
+	policy := statesync.NewPolicy(cfg.ruleset(), cfg.masqueradeAddrs)
+	s, err := statesync.New(statesync.Options{Kernel: k, Policy: policy, Self: g.Name, Peers: peers,
+		Queue: g.SyncQueue, BatchInterval: g.SyncBatchInterval, BatchBytes: g.SyncBatchBytes,
+		RefreshInterval: g.SyncRefreshInterval, PeerWait: g.StartupWait, ReadyWait: g.SyncReadyWait, Log: log})
+	if err != nil {
+		_ = k.Close()
+		return nil, err
+	}
+	if err := s.Register(reg); err != nil {
+		_ = k.Close()
+		return nil, err
+	}
+	return &stateSync{kernel: k, policy: policy, s: s}, nil
+}
+
+// hook wires the sync into the gateway set's options.
+func (ss *stateSync) hook(opts *gateways.Options) {
+	if ss == nil {
+		return
+	}
+	opts.OnPeer = ss.s.PeerChanged
+	opts.TakeAfter = ss.s.Ready()
+}
+
+// run follows the sync loop (the Policy) and replicates until ctx ends,
+// in wg; a failure of the kernel side goes to errc.
+func (ss *stateSync) run(ctx context.Context, syncer *loop.Syncer, wg *sync.WaitGroup, errc chan<- error) {
+	if ss == nil {
+		return
+	}
+	syncer.Observers = append(syncer.Observers, ss.policy.Observe)
+	wg.Go(func() {
+		if err := ss.s.Run(ctx); err != nil {
+			errc <- err
+		}
+	})
+}
+
+func (ss *stateSync) close() {
+	if ss != nil {
+		_ = ss.kernel.Close()
+	}
+}
+
+// stateSyncAPI is the appliance's StateSync option: nil without the sync.
+func (e *edge) stateSyncAPI() func() any {
+	if e.statesync == nil {
+		return nil
+	}
+	return func() any { return e.statesync.s.Status() }
+}

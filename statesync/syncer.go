@@ -1,0 +1,856 @@
+package statesync
+
+import (
+	"cmp"
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+
+	"github.com/nftgate/nftgate/gateways"
+)
+
+// Channel is the gateway set's channel as the Syncer uses it
+// (*gateways.Set).
+type Channel interface {
+	Handle(t byte, fn gateways.Handler) error
+	Send(peer string, t byte, payload []byte) error
+	Status() gateways.Status
+}
+
+// Defaults of Options.
+const (
+	DefaultQueue           = gateways.DefaultSyncQueue
+	DefaultBatchInterval   = gateways.DefaultSyncBatchInterval
+	DefaultBatchBytes      = gateways.DefaultSyncBatchBytes
+	DefaultRefreshInterval = gateways.DefaultSyncRefreshInterval
+	DefaultPeerWait        = gateways.DefaultStartupWait
+	DefaultReadyWait       = gateways.DefaultSyncReadyWait
+)
+
+// Internal bounds.
+const (
+	// window is how many batches may wait for their ack per peer: the
+	// channel's queue (256 frames) is never filled by the sync alone.
+	window = 32
+	// ackTimeout: a batch not acked by then is taken as lost (the link
+	// broke under it); the peer is resynced.
+	ackTimeout = 3 * time.Second
+	// retryAfter is the pause before a peer whose send failed is tried
+	// again.
+	retryAfter = 500 * time.Millisecond
+	// incoming bounds the batches decoded but not yet written.
+	incoming = 64
+)
+
+// Options are what New needs.
+type Options struct {
+	Kernel Kernel
+	Policy *Policy
+	// Self is this gateway's name; Peers the others' (as in [gateways]).
+	Self  string
+	Peers []string
+	// Queue bounds the updates waiting per peer (distinct flows).
+	Queue int
+	// BatchInterval and BatchBytes: a batch goes out when the oldest
+	// update waited BatchInterval or BatchBytes are ready.
+	BatchInterval time.Duration
+	BatchBytes    int
+	// RefreshInterval is how often the table is read for entries whose
+	// replicas would expire before the next pass.
+	RefreshInterval time.Duration
+	// PeerWait is how long Ready waits for a peer not yet heard; ReadyWait
+	// bounds the wait for the resyncs of the peers that are.
+	PeerWait, ReadyWait time.Duration
+	Log                 *slog.Logger
+}
+
+// flowKey identifies an entry: protocol and original tuple.
+type flowKey struct {
+	proto Proto
+	orig  Tuple
+}
+
+func keyOf(e *Entry) flowKey { return flowKey{e.Proto, e.Orig} }
+
+// flowRec is what was last sent of one of this gateway's own entries.
+type flowRec struct {
+	state   uint8
+	status  uint32
+	mark    uint32
+	expires time.Time // when the replicas expire unless refreshed
+	seen    uint64    // the refresh pass that last saw it
+}
+
+// statusMatters are the IPS_* bits whose change is sent: SEEN_REPLY,
+// ASSURED (both change the timeout), SRC_NAT, DST_NAT.
+const statusMatters = 1<<1 | 1<<2 | 1<<4 | 1<<5
+
+// pending is one flow's update waiting for a batch.
+type pending struct {
+	op    op
+	stamp time.Time // the oldest event it carries
+}
+
+type peer struct {
+	name string
+	up   bool
+	inc  uint64
+
+	queue map[flowKey]*pending
+	fifo  []flowKey
+
+	resync     bool // a full dump is due
+	resyncOps  []op // the dump being sent
+	resyncPos  int
+	resyncing  bool
+	retryAt    time.Time
+	seq        uint64
+	unacked    map[uint64]time.Time
+	doneFromIt bool // it finished its resync to this gateway
+
+	sent, received, lost         uint64
+	resyncsSent, resyncsReceived uint64
+	refused                      map[string]uint64
+	lastLag                      time.Duration
+	refuseLog                    map[string]*rate.Sometimes
+}
+
+// peerEvent is a liveness change told by the gateway set.
+type peerEvent struct {
+	name  string
+	alive bool
+	inc   uint64
+}
+
+// inItem is a message from a peer for the writer, in arrival order.
+type inItem struct {
+	peer string
+	bt   batch
+	done bool // resync done
+}
+
+// Syncer replicates this gateway's conntrack entries to its peers and
+// writes theirs here (see the package comment).
+type Syncer struct {
+	o       Options
+	ch      Channel
+	log     *slog.Logger
+	m       *metrics
+	started time.Time
+	ready   chan struct{}
+	wake    chan struct{}
+	in      chan inItem
+	stop    chan struct{}
+
+	evMu   sync.Mutex
+	events []peerEvent
+
+	mu         sync.Mutex
+	peers      map[string]*peer
+	flows      map[flowKey]*flowRec
+	replicas   map[flowKey]string // replica → the peer that is its origin
+	pass       uint64
+	readyDone  bool
+	eventsLost uint64
+	adopted    uint64
+	enc        batchEncoder
+}
+
+// New validates opts. The gateway set's OnPeer is then PeerChanged,
+// Attach connects the Syncer to the set's channel, and Run starts the work.
+func New(o Options) (*Syncer, error) {
+	if o.Kernel == nil || o.Policy == nil {
+		return nil, errors.New("statesync: Kernel and Policy are required")
+	}
+	o.Queue = cmp.Or(o.Queue, DefaultQueue)
+	o.BatchInterval = cmp.Or(o.BatchInterval, DefaultBatchInterval)
+	o.BatchBytes = cmp.Or(o.BatchBytes, DefaultBatchBytes)
+	o.RefreshInterval = cmp.Or(o.RefreshInterval, DefaultRefreshInterval)
+	o.PeerWait = cmp.Or(o.PeerWait, DefaultPeerWait)
+	o.ReadyWait = cmp.Or(o.ReadyWait, DefaultReadyWait)
+	s := &Syncer{o: o, log: o.Log, started: time.Now(), ready: make(chan struct{}), wake: make(chan struct{}, 1),
+		in: make(chan inItem, incoming), stop: make(chan struct{}),
+		peers: map[string]*peer{}, flows: map[flowKey]*flowRec{}, replicas: map[flowKey]string{}}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	for _, n := range o.Peers {
+		s.peers[n] = &peer{name: n, queue: map[flowKey]*pending{}, unacked: map[uint64]time.Time{},
+			refused: map[string]uint64{}, refuseLog: map[string]*rate.Sometimes{}}
+	}
+	s.m = newMetrics(s)
+	return s, nil
+}
+
+// Attach registers the sync's message types on ch and takes the peers ch
+// knows alive now (those whose OnPeer came before PeerChanged was wired
+// to this Syncer). Call it once, before Run.
+func (s *Syncer) Attach(ch Channel) error {
+	s.ch = ch
+	for t, h := range map[byte]gateways.Handler{msgBatch: s.onBatch, msgAck: s.onAck, msgResyncDone: s.onResyncDone} {
+		if err := ch.Handle(t, h); err != nil {
+			return err
+		}
+	}
+	s.evMu.Lock()
+	told := map[string]bool{}
+	for _, ev := range s.events {
+		told[ev.name] = true
+	}
+	s.evMu.Unlock()
+	for _, p := range ch.Status().Peers {
+		if p.State == "alive" && !told[p.Name] {
+			s.PeerChanged(p.Name, true, 0)
+		}
+	}
+	return nil
+}
+
+// PeerChanged is the gateway set's OnPeer: a peer came up (or back with
+// another incarnation) or went down. It does not block and does not call
+// the set.
+func (s *Syncer) PeerChanged(name string, alive bool, incarnation uint64) {
+	s.evMu.Lock()
+	s.events = append(s.events, peerEvent{name, alive, incarnation})
+	s.evMu.Unlock()
+	s.poke()
+}
+
+func (s *Syncer) poke() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Ready is closed when every live peer has finished its resync to this
+// gateway (a peer not heard within PeerWait of the start is not waited
+// for), or ReadyWait after the start: this gateway then holds every live
+// entry its peers know, and may take its addresses.
+func (s *Syncer) Ready() <-chan struct{} { return s.ready }
+
+// Run listens to the kernel's events and sends, refreshes, resyncs and
+// writes until ctx ends. Kernel errors of Listen are returned.
+func (s *Syncer) Run(ctx context.Context) error {
+	if s.ch == nil {
+		return errors.New("statesync: Run before Attach")
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer close(s.stop)
+	wg.Go(func() { s.writer(ctx) })
+	wg.Go(func() { s.sender(ctx) })
+	err := s.o.Kernel.Listen(ctx, s.deliver, s.lostEvents)
+	if ctx.Err() != nil {
+		return nil
+	}
+	return fmt.Errorf("statesync: conntrack events: %w", err)
+}
+
+// deliver takes a batch of the kernel's events.
+func (s *Syncer) deliver(evs []Event) {
+	now := time.Now()
+	full := false
+	s.mu.Lock()
+	for i := range evs {
+		ev := &evs[i]
+		e := &ev.Entry
+		k := keyOf(e)
+		rec := s.flows[k]
+		switch ev.Type {
+		case EventDestroy:
+			delete(s.flows, k)
+			full = s.enqueue(k, op{del: true, entry: *e}, now) || full
+		case EventNew, EventUpdate:
+			if rec != nil && rec.state == e.TCP.State && rec.status&statusMatters == e.Status&statusMatters && rec.mark == e.Mark {
+				continue // nothing that matters changed
+			}
+			if rec == nil {
+				rec = &flowRec{}
+				s.flows[k] = rec
+			}
+			rec.state, rec.status, rec.mark = e.TCP.State, e.Status, e.Mark
+			rec.expires = now.Add(time.Duration(e.Timeout) * time.Second)
+			rec.seen = s.pass
+			full = s.enqueue(k, op{entry: *e}, now) || full
+		}
+	}
+	s.mu.Unlock()
+	if full {
+		s.poke()
+	}
+}
+
+// enqueue queues o to every live peer, the latest state of a flow
+// replacing the one waiting; it tells whether a queue holds a batch's
+// worth. On overflow the peer's queue is dropped and a full resync (which
+// supersedes it) is due. s.mu is held.
+func (s *Syncer) enqueue(k flowKey, o op, now time.Time) bool {
+	full := false
+	for _, p := range s.peers {
+		if !p.up {
+			continue
+		}
+		if w := p.queue[k]; w != nil {
+			w.op = o
+			continue
+		}
+		if len(p.queue) >= s.o.Queue {
+			s.overflow(p, 1)
+			continue
+		}
+		p.queue[k] = &pending{op: o, stamp: now}
+		p.fifo = append(p.fifo, k)
+		full = full || len(p.queue)*maxEntrySize >= s.o.BatchBytes
+	}
+	return full
+}
+
+// overflow drops p's queue (and extra updates that did not fit), counts
+// them lost and marks p for a resync. s.mu is held.
+func (s *Syncer) overflow(p *peer, extra int) {
+	n := len(p.queue) + extra
+	p.lost += uint64(n)
+	s.m.lost.WithLabelValues(p.name).Add(float64(n))
+	clear(p.queue)
+	p.fifo = p.fifo[:0]
+	if !p.resync {
+		s.log.Warn("statesync: queue to peer full: updates dropped, a full resync follows", "peer", p.name, "dropped", n, "queue", s.o.Queue)
+	}
+	p.resync = true
+}
+
+// lostEvents: the kernel dropped events; every peer gets a full resync.
+func (s *Syncer) lostEvents(n int) {
+	s.mu.Lock()
+	s.eventsLost++
+	for _, p := range s.peers {
+		if p.up {
+			p.resync = true
+		}
+	}
+	s.mu.Unlock()
+	s.m.eventsLost.Inc()
+	s.log.Warn("statesync: the kernel dropped conntrack events: full resync of every peer", "dropped", n)
+	s.poke()
+}
+
+// sender sends batches, runs resyncs and refreshes, applies peer changes
+// and watches for Ready.
+func (s *Syncer) sender(ctx context.Context) {
+	tick := time.NewTicker(s.o.BatchInterval)
+	defer tick.Stop()
+	refresh := time.NewTicker(s.o.RefreshInterval)
+	defer refresh.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		case <-s.wake:
+		case <-refresh.C:
+			s.refresh()
+		}
+		s.applyPeerEvents()
+		s.flush()
+		s.checkReady()
+	}
+}
+
+// applyPeerEvents takes the liveness changes told since the last round.
+func (s *Syncer) applyPeerEvents() {
+	s.evMu.Lock()
+	evs := s.events
+	s.events = nil
+	s.evMu.Unlock()
+	for _, ev := range evs {
+		s.mu.Lock()
+		p := s.peers[ev.name]
+		if p == nil {
+			s.mu.Unlock()
+			continue
+		}
+		wasUp := p.up
+		p.up, p.inc = ev.alive, ev.inc
+		clear(p.queue)
+		p.fifo = p.fifo[:0]
+		clear(p.unacked)
+		p.resyncOps, p.resyncPos, p.resyncing = nil, 0, false
+		p.retryAt = time.Time{}
+		var adopt []Entry
+		if ev.alive {
+			// A peer that comes (back) holds nothing of ours: all of it.
+			p.resync = true
+			s.log.Info("statesync: peer up, full resync", "peer", p.name)
+		} else {
+			p.resync = false
+			if wasUp {
+				adopt = s.custodyLocked(p.name)
+			}
+		}
+		s.mu.Unlock()
+		if len(adopt) > 0 {
+			s.adopt(p.name, adopt)
+		}
+	}
+}
+
+// custodyLocked decides who takes over the entries whose origin is the
+// dead peer: the live gateway (this one included) with the highest
+// rendezvous score for the dead peer's name, the same choice on every
+// gateway that sees the same peers. It returns the entries this gateway
+// adopts; otherwise the replicas are recorded as the successor's. s.mu
+// is held.
+func (s *Syncer) custodyLocked(dead string) []Entry {
+	succ, best := s.o.Self, custodyScore(dead, s.o.Self)
+	for n, p := range s.peers {
+		if sc := custodyScore(dead, n); p.up && (sc > best || sc == best && n < succ) {
+			succ, best = n, sc
+		}
+	}
+	var adopt []Entry
+	for k, origin := range s.replicas {
+		if origin != dead {
+			continue
+		}
+		if succ == s.o.Self {
+			adopt = append(adopt, Entry{Proto: k.proto, Orig: k.orig})
+			delete(s.replicas, k)
+		} else {
+			s.replicas[k] = succ
+		}
+	}
+	s.log.Info("statesync: peer down; custody of its entries", "peer", dead, "custodian", succ, "adopted here", len(adopt))
+	return adopt
+}
+
+func custodyScore(dead, name string) uint64 {
+	h := sha256.Sum256([]byte("nftgate statesync custody\x00" + dead + "\x00" + name))
+	return binary.BigEndian.Uint64(h[:8])
+}
+
+// adopt makes the dead peer's replicas this gateway's own: they are
+// refreshed and replicated from here (the next refresh sends them, as
+// entries not yet sent).
+func (s *Syncer) adopt(dead string, es []Entry) {
+	failed := 0
+	for _, err := range s.o.Kernel.Adopt(es) {
+		if err != nil {
+			failed++
+		}
+	}
+	s.mu.Lock()
+	s.adopted += uint64(len(es) - failed)
+	s.mu.Unlock()
+	s.m.adopted.Add(float64(len(es) - failed))
+	if failed > 0 {
+		s.log.Warn("statesync: adopting a dead peer's entries failed for some (they expire)", "peer", dead, "failed", failed, "of", len(es))
+	}
+	s.poke()
+}
+
+// message is one frame for a peer.
+type message struct {
+	t       byte
+	payload []byte
+	ops     int
+	seq     uint64
+}
+
+// flush sends what is due to every live peer: a resync's dump first,
+// then the queue, within the window of unacked batches.
+func (s *Syncer) flush() {
+	now := time.Now()
+	s.mu.Lock()
+	needDump := false
+	for _, p := range s.peers {
+		for seq, at := range p.unacked {
+			if now.Sub(at) > ackTimeout {
+				delete(p.unacked, seq)
+				if !p.resync {
+					s.log.Warn("statesync: batch not acked in time: full resync", "peer", p.name, "seq", seq)
+				}
+				p.resync = true
+			}
+		}
+		if p.up && p.resync && !now.Before(p.retryAt) {
+			needDump = true
+		}
+	}
+	s.mu.Unlock()
+	var dump []op
+	if needDump {
+		var err error
+		if dump, err = s.originEntries(); err != nil {
+			s.log.Warn("statesync: conntrack dump for a resync failed", "error", err)
+			return
+		}
+	}
+	s.mu.Lock()
+	plan := map[*peer][]message{}
+	for _, p := range s.peers {
+		if !p.up || now.Before(p.retryAt) {
+			continue
+		}
+		if p.resync && needDump {
+			p.resync, p.resyncing, p.resyncOps, p.resyncPos = false, true, dump, 0
+			clear(p.queue) // the dump is newer
+			p.fifo = p.fifo[:0]
+			p.resyncsSent++
+			s.m.resyncs.WithLabelValues(p.name, "sent").Inc()
+		}
+		plan[p] = s.batchesLocked(p, now)
+	}
+	s.mu.Unlock()
+	for p, msgs := range plan {
+		for i, m := range msgs {
+			if err := s.ch.Send(p.name, m.t, m.payload); err != nil {
+				s.mu.Lock()
+				for _, r := range msgs[i:] {
+					if r.t == msgBatch {
+						delete(p.unacked, r.seq)
+						p.lost += uint64(r.ops)
+						s.m.lost.WithLabelValues(p.name).Add(float64(r.ops))
+					}
+				}
+				if p.up {
+					p.resync = true
+					p.retryAt = now.Add(retryAfter)
+				}
+				s.mu.Unlock()
+				s.log.Warn("statesync: send failed: full resync when the peer is back", "peer", p.name, "error", err)
+				break
+			}
+			if m.t == msgBatch {
+				s.m.sent.WithLabelValues(p.name).Add(float64(m.ops))
+			}
+		}
+	}
+}
+
+// batchesLocked cuts what p is due into batch messages (a resync done
+// after a resync's last). s.mu is held.
+func (s *Syncer) batchesLocked(p *peer, now time.Time) []message {
+	var out []message
+	oldestDue := now.Add(-s.o.BatchInterval)
+	for len(p.unacked) < window {
+		more := p.resyncing || len(p.fifo) > 0
+		if !more {
+			break
+		}
+		// A partial batch of the queue waits for BatchInterval or more.
+		if !p.resyncing && len(p.queue)*maxEntrySize < s.o.BatchBytes && p.queue[p.fifo[0]].stamp.After(oldestDue) {
+			break
+		}
+		p.seq++
+		enc := &s.enc
+		enc.reset(p.seq, 0)
+		var stamp time.Time
+		for p.resyncing && enc.size()+maxEntrySize <= s.o.BatchBytes && p.resyncPos < len(p.resyncOps) {
+			if enc.add(&p.resyncOps[p.resyncPos]) != nil {
+				s.log.Warn("statesync: entry cannot be encoded", "entry", p.resyncOps[p.resyncPos].entry)
+			}
+			p.resyncPos++
+		}
+		if stamp.IsZero() && enc.n > 0 {
+			stamp = now
+		}
+		finished := p.resyncing && p.resyncPos >= len(p.resyncOps)
+		for !p.resyncing || finished {
+			if len(p.fifo) == 0 || enc.size()+maxEntrySize > s.o.BatchBytes {
+				break
+			}
+			k := p.fifo[0]
+			p.fifo = p.fifo[1:]
+			w := p.queue[k]
+			delete(p.queue, k)
+			if enc.add(&w.op) != nil {
+				s.log.Warn("statesync: entry cannot be encoded", "entry", w.op.entry)
+			}
+			if stamp.IsZero() || w.stamp.Before(stamp) {
+				stamp = w.stamp
+			}
+		}
+		if len(p.fifo) == 0 {
+			p.fifo = nil // let the backing array go
+		}
+		if enc.n > 0 {
+			enc.stamp = stamp.UnixNano()
+			out = append(out, message{t: msgBatch, payload: slices.Clone(enc.finish()), ops: enc.n, seq: p.seq})
+			p.unacked[p.seq] = now
+			p.sent += uint64(enc.n)
+		}
+		if finished {
+			p.resyncing, p.resyncOps, p.resyncPos = false, nil, 0
+			out = append(out, message{t: msgResyncDone, payload: encodeResyncDone()})
+		}
+		if enc.n == 0 && !finished {
+			break
+		}
+	}
+	return out
+}
+
+// originEntries dumps this gateway's own entries (its origin, or in its
+// custody) as puts.
+func (s *Syncer) originEntries() ([]op, error) {
+	var out []op
+	err := s.o.Kernel.Dump(func(e Entry) {
+		if e.Mark&ReplicaMark == 0 {
+			out = append(out, op{entry: e})
+		}
+	})
+	return out, err
+}
+
+// refresh reads the table and queues the entries whose replicas would
+// expire before the next pass but are alive here (UDP, short TCP states:
+// the events do not say a flow is still alive), and entries never sent
+// (adopted ones; events that were lost). Flows gone without an event are
+// forgotten. A queue without room is left for the next pass.
+func (s *Syncer) refresh() {
+	es, err := s.originEntries()
+	if err != nil {
+		s.log.Warn("statesync: conntrack dump for the refresh failed", "error", err)
+		return
+	}
+	now := time.Now()
+	horizon := now.Add(2 * s.o.RefreshInterval)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.pass++
+	for i := range es {
+		e := &es[i].entry
+		k := keyOf(e)
+		rec := s.flows[k]
+		expires := now.Add(time.Duration(e.Timeout) * time.Second)
+		if rec != nil {
+			rec.seen = s.pass
+			if rec.expires.After(horizon) || !expires.After(rec.expires) {
+				continue
+			}
+		}
+		room := true
+		for _, p := range s.peers {
+			if p.up && len(p.queue) >= s.o.Queue {
+				room = false
+			}
+		}
+		if !room {
+			continue
+		}
+		if rec == nil {
+			rec = &flowRec{seen: s.pass}
+			s.flows[k] = rec
+		}
+		rec.state, rec.status, rec.mark, rec.expires = e.TCP.State, e.Status, e.Mark, expires
+		s.enqueue(k, es[i], now)
+		s.m.refreshed.Inc()
+	}
+	for k, rec := range s.flows {
+		if rec.seen != s.pass {
+			delete(s.flows, k)
+		}
+	}
+}
+
+// checkReady closes Ready when it is time.
+func (s *Syncer) checkReady() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.readyDone {
+		return
+	}
+	since := time.Since(s.started)
+	all := true
+	for _, p := range s.peers {
+		if !p.doneFromIt && (p.up || since < s.o.PeerWait) {
+			all = false
+		}
+	}
+	if all || since >= s.o.ReadyWait {
+		s.readyDone = true
+		close(s.ready)
+		s.m.ready.Set(1)
+		if !all {
+			s.log.Warn("statesync: not every peer finished its resync in time; going ahead", "waited", s.o.ReadyWait)
+		}
+	}
+}
+
+// onBatch decodes a batch from a peer and hands it to the writer.
+func (s *Syncer) onBatch(from string, payload []byte) {
+	bt, err := decodeBatch(payload, nil)
+	if err != nil {
+		s.refuse(from, RefusedDecode, 1, nil, err)
+		return
+	}
+	s.toWriter(inItem{peer: from, bt: bt})
+}
+
+func (s *Syncer) onResyncDone(from string, payload []byte) {
+	if err := decodeResyncDone(payload); err != nil {
+		s.refuse(from, RefusedDecode, 1, nil, err)
+		return
+	}
+	s.toWriter(inItem{peer: from, done: true})
+}
+
+// toWriter hands an item to the writer in order; it waits while the
+// writer is behind (the channel's reader waits with it, which slows the
+// peer's sending), and drops it once the Syncer stopped.
+func (s *Syncer) toWriter(it inItem) {
+	select {
+	case s.in <- it:
+	case <-s.stop:
+	}
+}
+
+func (s *Syncer) onAck(from string, payload []byte) {
+	a, err := decodeAck(payload)
+	if err != nil {
+		s.refuse(from, RefusedDecode, 1, nil, err)
+		return
+	}
+	lag := time.Since(time.Unix(0, a.stamp))
+	s.mu.Lock()
+	p := s.peers[from]
+	if p != nil {
+		if _, ok := p.unacked[a.seq]; ok {
+			delete(p.unacked, a.seq)
+			p.lastLag = lag
+		} else {
+			p = nil // an ack of a batch given up
+		}
+	}
+	s.mu.Unlock()
+	if p != nil {
+		s.m.lag.WithLabelValues(from).Observe(lag.Seconds())
+		s.poke()
+	}
+}
+
+// writer writes the peers' batches into the kernel, in arrival order,
+// and acks them.
+func (s *Syncer) writer(ctx context.Context) {
+	var puts, dels []Entry
+	for {
+		var it inItem
+		select {
+		case <-ctx.Done():
+			return
+		case it = <-s.in:
+		}
+		s.mu.Lock()
+		p := s.peers[it.peer]
+		s.mu.Unlock()
+		if p == nil {
+			continue
+		}
+		if it.done {
+			s.mu.Lock()
+			p.doneFromIt = true
+			p.resyncsReceived++
+			s.mu.Unlock()
+			s.m.resyncs.WithLabelValues(p.name, "received").Inc()
+			s.log.Info("statesync: resync from peer done", "peer", p.name)
+			s.poke()
+			continue
+		}
+		puts, dels = puts[:0], dels[:0]
+		refused := 0
+		for i := range it.bt.ops {
+			o := &it.bt.ops[i]
+			why := ""
+			if o.del {
+				why = s.o.Policy.CheckDelete(&o.entry)
+			} else {
+				why = s.o.Policy.Check(&o.entry)
+			}
+			if why != "" {
+				refused++
+				s.refuse(p.name, why, 1, &o.entry, nil)
+				continue
+			}
+			if o.del {
+				dels = append(dels, o.entry)
+			} else {
+				puts = append(puts, o.entry)
+			}
+		}
+		s.m.received.WithLabelValues(p.name).Add(float64(len(it.bt.ops)))
+		written := 0
+		if len(puts)+len(dels) > 0 {
+			errs := s.o.Kernel.Write(puts, dels)
+			s.mu.Lock()
+			for i, err := range errs {
+				var e *Entry
+				if i < len(puts) {
+					e = &puts[i]
+				} else if i-len(puts) < len(dels) {
+					e = &dels[i-len(puts)]
+				} else {
+					break
+				}
+				if err != nil {
+					refused++
+					s.refuseLocked(p, RefusedWrite, 1, e, err)
+					continue
+				}
+				written++
+				if i < len(puts) {
+					s.replicas[keyOf(e)] = p.name
+				} else {
+					delete(s.replicas, keyOf(e))
+				}
+			}
+			s.mu.Unlock()
+		}
+		s.mu.Lock()
+		p.received += uint64(len(it.bt.ops))
+		s.mu.Unlock()
+		_ = s.ch.Send(p.name, msgAck, encodeAck(ack{seq: it.bt.seq, stamp: it.bt.stamp, written: uint64(written), refused: uint64(refused)}))
+	}
+}
+
+// refuse counts n refused entries from a peer, and logs at a bounded
+// rate.
+func (s *Syncer) refuse(from, reason string, n int, e *Entry, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if p := s.peers[from]; p != nil {
+		s.refuseLocked(p, reason, n, e, err)
+	}
+}
+
+func (s *Syncer) refuseLocked(p *peer, reason string, n int, e *Entry, err error) {
+	p.refused[reason] += uint64(n)
+	s.m.refused.WithLabelValues(p.name, reason).Add(float64(n))
+	lim := p.refuseLog[reason]
+	if lim == nil {
+		lim = &rate.Sometimes{First: 1, Interval: 10 * time.Second}
+		p.refuseLog[reason] = lim
+	}
+	total := p.refused[reason]
+	lim.Do(func() {
+		args := []any{"peer", p.name, "reason", reason, "refused so far", total}
+		if e != nil {
+			args = append(args, "proto", e.Proto, "orig", e.Orig.Src.String()+" → "+e.Orig.Dst.String(),
+				"reply", e.Reply.Src.String()+" → "+e.Reply.Dst.String(), "timeout", e.Timeout)
+		}
+		if err != nil {
+			args = append(args, "error", err)
+		}
+		s.log.Warn("statesync: entry from peer refused, nothing written", args...)
+	})
+}

@@ -1,0 +1,515 @@
+package statesync
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/nftgate/nftgate/gateways"
+	"github.com/nftgate/nftgate/internal/testing/lab"
+)
+
+// fakeKernel is a conntrack table in memory: the sync's logic is what
+// these tests are about; the kernel side has its own tests.
+type fakeKernel struct {
+	mu      sync.Mutex
+	table   map[flowKey]Entry
+	writes  int // Write calls
+	adopted int
+	evs     chan []Event
+	lost    chan int
+	// gate, when set, holds every Write until it is closed.
+	gate chan struct{}
+}
+
+func newFakeKernel() *fakeKernel {
+	return &fakeKernel{table: map[flowKey]Entry{}, evs: make(chan []Event, 1024), lost: make(chan int, 1)}
+}
+
+func (k *fakeKernel) Listen(ctx context.Context, deliver func([]Event), lost func(int)) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case evs := <-k.evs:
+			deliver(evs)
+		case n := <-k.lost:
+			lost(n)
+		}
+	}
+}
+
+func (k *fakeKernel) Dump(fn func(Entry)) error {
+	k.mu.Lock()
+	es := make([]Entry, 0, len(k.table))
+	for _, e := range k.table {
+		es = append(es, e)
+	}
+	k.mu.Unlock()
+	for _, e := range es {
+		fn(e)
+	}
+	return nil
+}
+
+func (k *fakeKernel) Write(puts, dels []Entry) []error {
+	k.mu.Lock()
+	gate := k.gate
+	k.mu.Unlock()
+	if gate != nil {
+		<-gate
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.writes++
+	for _, e := range puts {
+		e.Mark |= ReplicaMark
+		k.table[keyOf(&e)] = e
+	}
+	for _, e := range dels {
+		delete(k.table, keyOf(&e))
+	}
+	return make([]error, len(puts)+len(dels))
+}
+
+func (k *fakeKernel) Adopt(es []Entry) []error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	out := make([]error, len(es))
+	for i, e := range es {
+		got, ok := k.table[keyOf(&e)]
+		if !ok || got.Mark&ReplicaMark == 0 {
+			out[i] = fmt.Errorf("no replica")
+			continue
+		}
+		got.Mark &^= ReplicaMark
+		k.table[keyOf(&e)] = got
+		k.adopted++
+	}
+	return out
+}
+
+// emit makes e this gateway's own entry (or removes it) and reports the
+// event.
+func (k *fakeKernel) emit(t EventType, es ...Entry) {
+	evs := make([]Event, len(es))
+	k.mu.Lock()
+	for i, e := range es {
+		if t == EventDestroy {
+			delete(k.table, keyOf(&e))
+		} else {
+			k.table[keyOf(&e)] = e
+		}
+		evs[i] = Event{Type: t, Entry: e}
+	}
+	k.mu.Unlock()
+	k.evs <- evs
+}
+
+func (k *fakeKernel) get(e Entry) (Entry, bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	got, ok := k.table[keyOf(&e)]
+	return got, ok
+}
+
+func (k *fakeKernel) replicas() int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	n := 0
+	for _, e := range k.table {
+		if e.Mark&ReplicaMark != 0 {
+			n++
+		}
+	}
+	return n
+}
+
+var testKey = []byte("0123456789abcdef0123456789abcdef")
+
+// gw is one gateway: a real gateways.Set on loopback, a Syncer and its
+// fake kernel.
+type gw struct {
+	name   string
+	addr   string
+	k      *fakeKernel
+	set    *gateways.Set
+	s      *Syncer
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// cluster is a gateway set on loopback: heartbeats every 20ms, dead after
+// 100ms.
+type cluster struct {
+	t     *testing.T
+	addrs map[string]string
+	gws   map[string]*gw
+	opts  func(*Options)
+}
+
+func newCluster(t *testing.T, opts func(*Options), names ...string) *cluster {
+	ignore := goleak.IgnoreCurrent()
+	c := &cluster{t: t, addrs: map[string]string{}, gws: map[string]*gw{}, opts: opts}
+	lns := map[string]net.Listener{}
+	for _, n := range names {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		lns[n], c.addrs[n] = ln, ln.Addr().String()
+	}
+	t.Cleanup(func() {
+		for _, g := range c.gws {
+			c.stop(g.name)
+		}
+		goleak.VerifyNone(t, ignore)
+	})
+	for _, n := range names {
+		c.start(n, lns[n], testKey)
+	}
+	return c
+}
+
+func (c *cluster) start(name string, ln net.Listener, key []byte) *gw {
+	t := c.t
+	t.Helper()
+	if ln == nil {
+		var err error
+		if ln, err = net.Listen("tcp", c.addrs[name]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := gateways.Config{Name: name, KeyFile: "k", HeartbeatInterval: 20 * time.Millisecond, DeadAfter: 5, StartupWait: 50 * time.Millisecond}
+	var peers []string
+	for n, a := range c.addrs {
+		if n != name {
+			cfg.Peers = append(cfg.Peers, gateways.PeerConfig{Name: n, Addresses: []string{a}})
+			peers = append(peers, n)
+		}
+	}
+	o := Options{Kernel: newFakeKernel(), Policy: testPolicy(), Self: name, Peers: peers, PeerWait: 300 * time.Millisecond, ReadyWait: 5 * time.Second}
+	if c.opts != nil {
+		c.opts(&o)
+	}
+	s, err := New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, err := gateways.New(cfg, gateways.Options{Key: key, Listener: ln, OnPeer: s.PeerChanged})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Attach(set); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	g := &gw{name: name, addr: c.addrs[name], k: o.Kernel.(*fakeKernel), set: set, s: s, cancel: cancel, done: make(chan error, 1)}
+	go func() { g.done <- s.Run(ctx) }()
+	c.gws[name] = g
+	return g
+}
+
+// stop ends a gateway as a crash would, for its peers: the channel goes
+// silent.
+func (c *cluster) stop(name string) {
+	g := c.gws[name]
+	if g == nil {
+		return
+	}
+	delete(c.gws, name)
+	g.cancel()
+	if err := <-g.done; err != nil {
+		c.t.Errorf("%s: Run: %v", name, err)
+	}
+	g.set.Close()
+}
+
+func eventually(t *testing.T, fn func() error) {
+	t.Helper()
+	if err := lab.EventuallyWithin(10*time.Second, fn); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func waitReady(t *testing.T, gs ...*gw) {
+	t.Helper()
+	for _, g := range gs {
+		select {
+		case <-g.s.Ready():
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: not ready", g.name)
+		}
+	}
+}
+
+func waitUp(t *testing.T, g *gw, peers ...string) {
+	t.Helper()
+	eventually(t, func() error {
+		st := g.s.Status()
+		for _, p := range st.Peers {
+			if slices.Contains(peers, p.Name) && (!p.Up || p.Resyncing) {
+				return fmt.Errorf("%s: peer %s up %v resyncing %v", g.name, p.Name, p.Up, p.Resyncing)
+			}
+		}
+		return nil
+	})
+}
+
+func hasReplica(k *fakeKernel, e Entry) error {
+	got, ok := k.get(e)
+	if !ok {
+		return fmt.Errorf("no replica of %v", e.Orig)
+	}
+	if got.Mark&ReplicaMark == 0 {
+		return fmt.Errorf("%v: not a replica (mark %#x)", e.Orig, got.Mark)
+	}
+	want := e
+	want.Mark |= ReplicaMark
+	if got != want {
+		return fmt.Errorf("replica %+v, want %+v", got, want)
+	}
+	return nil
+}
+
+// An event on A reaches B's kernel within a batch; a state change follows;
+// an update that changes nothing is not sent; a destroy deletes the
+// replica.
+func TestSyncEventReachesPeer(t *testing.T) {
+	c := newCluster(t, nil, "gw-a", "gw-b")
+	a, b := c.gws["gw-a"], c.gws["gw-b"]
+	waitUp(t, a, "gw-b")
+	waitUp(t, b, "gw-a")
+	e := flow(1000)
+	e.TCP.State = 1 // SYN_SENT
+	a.k.emit(EventNew, e)
+	eventually(t, func() error { return hasReplica(b.k, e) })
+	e.TCP.State = 3 // ESTABLISHED
+	a.k.emit(EventUpdate, e)
+	eventually(t, func() error { return hasReplica(b.k, e) })
+	sent := a.s.Status().Peers[0].Sent
+	quiet := e
+	quiet.Timeout = 99 // only the timeout: nothing that matters
+	a.k.emit(EventUpdate, quiet)
+	marker := flow(1001)
+	a.k.emit(EventNew, marker)
+	eventually(t, func() error { return hasReplica(b.k, marker) })
+	if got := a.s.Status().Peers[0].Sent; got != sent+1 {
+		t.Errorf("sent %d entries after the quiet update and another flow's NEW, want 1 (the NEW only)", got-sent)
+	}
+	a.k.emit(EventDestroy, e)
+	eventually(t, func() error {
+		if _, ok := b.k.get(e); ok {
+			return fmt.Errorf("replica still there after the destroy")
+		}
+		return nil
+	})
+	st := a.s.Status().Peers[0]
+	if st.LagSeconds <= 0 || st.LagSeconds > 5 {
+		t.Errorf("lag %v", st.LagSeconds)
+	}
+}
+
+// Updates of one flow waiting for a batch are coalesced: the latest state
+// wins, and many flows go in few writes.
+func TestSyncCoalescesAndBatches(t *testing.T) {
+	c := newCluster(t, func(o *Options) { o.BatchInterval = 200 * time.Millisecond }, "gw-a", "gw-b")
+	a, b := c.gws["gw-a"], c.gws["gw-b"]
+	waitUp(t, a, "gw-b")
+	waitUp(t, b, "gw-a")
+	b.k.mu.Lock()
+	before := b.k.writes
+	b.k.mu.Unlock()
+	var flows []Entry
+	for i := range 500 {
+		flows = append(flows, flow(uint16(2000+i)))
+	}
+	a.k.emit(EventNew, flows...)
+	last := flows[7]
+	for st := uint8(2); st <= 5; st++ { // SYN_RECV … FIN_WAIT
+		last.TCP.State = st
+		a.k.emit(EventUpdate, last)
+	}
+	eventually(t, func() error {
+		if n := b.k.replicas(); n != len(flows) {
+			return fmt.Errorf("%d replicas, want %d", n, len(flows))
+		}
+		return hasReplica(b.k, last)
+	})
+	b.k.mu.Lock()
+	writes := b.k.writes - before
+	b.k.mu.Unlock()
+	if writes > 3 {
+		t.Errorf("%d writes for 500 flows in one batch interval", writes)
+	}
+	if sent := a.s.Status().Peers[0].Sent; sent != uint64(len(flows)) {
+		t.Errorf("sent %d entries, want %d (each flow once: its updates coalesced)", sent, len(flows))
+	}
+}
+
+// A queue that overflows drops its updates, counts them, and the peer gets
+// a full resync that brings it every live entry.
+func TestSyncQueueOverflowResyncs(t *testing.T) {
+	c := newCluster(t, func(o *Options) { o.Queue = 100 }, "gw-a", "gw-b")
+	a, b := c.gws["gw-a"], c.gws["gw-b"]
+	waitUp(t, a, "gw-b")
+	waitUp(t, b, "gw-a")
+	// B's kernel stalls: the window fills, then the queue.
+	gate := make(chan struct{})
+	b.k.mu.Lock()
+	b.k.gate = gate
+	b.k.mu.Unlock()
+	var flows []Entry
+	for i := range 5000 {
+		f := flow(uint16(10000 + i))
+		flows = append(flows, f)
+		a.k.emit(EventNew, f)
+	}
+	eventually(t, func() error {
+		if st := a.s.Status().Peers[0]; st.Lost == 0 {
+			return fmt.Errorf("nothing lost yet: %+v", st)
+		}
+		return nil
+	})
+	b.k.mu.Lock()
+	b.k.gate = nil
+	b.k.mu.Unlock()
+	close(gate)
+	eventually(t, func() error {
+		for _, f := range flows {
+			if err := hasReplica(b.k, f); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	st := a.s.Status().Peers[0]
+	if st.ResyncsSent < 2 || st.Lost == 0 {
+		t.Errorf("after the overflow: %+v, want a second resync and losses counted", st)
+	}
+}
+
+// A peer that restarts gets a full resync of every live entry, and its
+// Ready closes once it has it.
+func TestSyncRestartedPeerResyncedAndReady(t *testing.T) {
+	c := newCluster(t, nil, "gw-a", "gw-b", "gw-c")
+	a, b := c.gws["gw-a"], c.gws["gw-b"]
+	waitReady(t, a, b, c.gws["gw-c"])
+	fa, fb := flow(3000), flow(3001)
+	a.k.emit(EventNew, fa)
+	b.k.emit(EventNew, fb)
+	eventually(t, func() error { return hasReplica(c.gws["gw-c"].k, fa) })
+	c.stop("gw-c")
+	g := c.start("gw-c", nil, testKey)
+	waitReady(t, g)
+	// Ready means it holds both peers' entries already.
+	for _, f := range []Entry{fa, fb} {
+		if err := hasReplica(g.k, f); err != nil {
+			t.Errorf("ready without %v", err)
+		}
+	}
+	st := g.s.Status()
+	for _, p := range st.Peers {
+		if !p.ResyncDone || p.ResyncsReceived == 0 {
+			t.Errorf("%s: %+v", p.Name, p)
+		}
+	}
+}
+
+// When a peer dies, its flows' replicas are adopted by one survivor (the
+// custodian), which refreshes and replicates them from then on.
+func TestSyncCustodyOnPeerDeath(t *testing.T) {
+	c := newCluster(t, func(o *Options) { o.RefreshInterval = 100 * time.Millisecond }, "gw-a", "gw-b", "gw-c")
+	waitReady(t, c.gws["gw-a"], c.gws["gw-b"], c.gws["gw-c"])
+	a := c.gws["gw-a"]
+	var flows []Entry
+	for i := range 20 {
+		flows = append(flows, flow(uint16(4000+i)))
+	}
+	a.k.emit(EventNew, flows...)
+	for _, n := range []string{"gw-b", "gw-c"} {
+		eventually(t, func() error { return hasReplica(c.gws[n].k, flows[19]) })
+	}
+	c.stop("gw-a")
+	b, cc := c.gws["gw-b"], c.gws["gw-c"]
+	custodian, other := b, cc
+	if custodyScore("gw-a", "gw-c") > custodyScore("gw-a", "gw-b") {
+		custodian, other = cc, b
+	}
+	eventually(t, func() error {
+		custodian.k.mu.Lock()
+		defer custodian.k.mu.Unlock()
+		if custodian.k.adopted != len(flows) {
+			return fmt.Errorf("%s adopted %d, want %d", custodian.name, custodian.k.adopted, len(flows))
+		}
+		return nil
+	})
+	other.k.mu.Lock()
+	if other.k.adopted != 0 {
+		t.Errorf("%s adopted %d too", other.name, other.k.adopted)
+	}
+	other.k.mu.Unlock()
+	// The custodian is now the origin: a change there reaches the other.
+	f := flows[0]
+	f.TCP.State = 5
+	custodian.k.emit(EventUpdate, f)
+	eventually(t, func() error { return hasReplica(other.k, f) })
+	if got := custodian.s.Status().Adopted; got != uint64(len(flows)) {
+		t.Errorf("status: adopted %d", got)
+	}
+}
+
+// A peer sending entries for addresses this gateway does not serve: they
+// are refused, counted by reason, and nothing is written.
+func TestSyncRefusesEntriesNotServed(t *testing.T) {
+	c := newCluster(t, nil, "gw-a", "gw-b")
+	a, b := c.gws["gw-a"], c.gws["gw-b"]
+	waitUp(t, a, "gw-b")
+	waitUp(t, b, "gw-a")
+	bad := flow(5000)
+	bad.Orig.Dst = netip.MustParseAddrPort("192.0.2.99:80")
+	stranger := flow(5001)
+	stranger.Reply.Dst = netip.MustParseAddrPort("203.0.113.200:5001")
+	a.k.emit(EventNew, bad, stranger)
+	eventually(t, func() error {
+		st := b.s.Status().Peers[0]
+		if st.Refused[RefusedDestination] != 1 || st.Refused[RefusedReplyDst] != 1 {
+			return fmt.Errorf("refused %v", st.Refused)
+		}
+		return nil
+	})
+	if n := b.k.replicas(); n != 0 {
+		t.Errorf("%d replicas written", n)
+	}
+}
+
+// A gateway with the wrong key never reaches the Syncer: the channel
+// refuses it, and nothing it sends is written.
+func TestSyncWrongKeyNeverReachesSyncer(t *testing.T) {
+	c := newCluster(t, nil, "gw-a", "gw-b")
+	c.stop("gw-a")
+	a := c.start("gw-a", nil, []byte("another key, another key, another key"))
+	b := c.gws["gw-b"]
+	a.k.emit(EventNew, flow(6000))
+	eventually(t, func() error {
+		for _, p := range b.set.Status().Peers {
+			if p.RefusedHellos > 0 {
+				return nil
+			}
+		}
+		return fmt.Errorf("no hello refused yet")
+	})
+	if st := b.s.Status().Peers[0]; st.Up || st.Received != 0 {
+		t.Errorf("b's sync with the keyless peer: %+v", st)
+	}
+	if n := b.k.replicas(); n != 0 {
+		t.Errorf("%d replicas written", n)
+	}
+}
