@@ -304,3 +304,46 @@ func TestSetReadyChannelHandsOver(t *testing.T) {
 		t.Fatalf("a ready: b still holds %v", got)
 	}
 }
+
+// A gateway that becomes ready takes an address only once every live peer
+// has acked a state in which it is ready: a peer still holding the older
+// view (not ready) would take the same address on an ack of its own.
+func TestReadyTakesOnlyAfterThePeersSawIt(t *testing.T) {
+	s := newSim(t, "gw-a", "gw-b")
+	a, b := s.views["gw-a"], s.views["gw-b"]
+	for _, v := range s.views {
+		v.activeBackup = true
+	}
+	a.ready = false
+	base := addrs(2)
+	for _, v := range s.views {
+		v.setServed(base)
+	}
+	s.settle()
+	if got := b.held(); len(got) != 2 {
+		t.Fatalf("a not ready: b holds %v", got)
+	}
+	// A new address served by both at once; the states cross, then a
+	// heartbeat of b's acks a's (messages by hand: no answers, no
+	// decisions in between).
+	x := netip.MustParseAddr("198.51.100.7")
+	withX := append(slices.Clone(base), x)
+	a.setServed(withX)
+	b.setServed(withX)
+	mA, mB := a.message("gw-b", true), b.message("gw-a", true)
+	b.receive("gw-a", a.incarnation, mA, s.now)
+	a.receive("gw-b", b.incarnation, mB, s.now)
+	a.receive("gw-b", b.incarnation, b.message("gw-a", false), s.now)
+	// a becomes ready and decides; then a heartbeat of a's (its ack of
+	// b's state with x) reaches b before a's new state does, and b, which
+	// still sees a not ready, decides.
+	a.setReady()
+	a.decide(s.now)
+	b.receive("gw-a", a.incarnation, a.message("gw-b", false), s.now)
+	b.decide(s.now)
+	s.check()
+	s.settle()
+	if h := s.holders()[x]; len(h) != 1 {
+		t.Fatalf("%v held by %v", x, h)
+	}
+}
