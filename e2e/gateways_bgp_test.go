@@ -71,6 +71,16 @@ type gatewaySet struct {
 // extra configuration, and waits until the router has a path through each.
 func newGatewaySet(t *testing.T, bfd time.Duration, extra string) *gatewaySet {
 	t.Helper()
+	s := newGatewaySetOf(t, setGateways, bfd, extra, nil)
+	s.waitPaths(t, setGateways)
+	return s
+}
+
+// newGatewaySetOf is newGatewaySet with n gateways, each with its own
+// configuration section(i) (1-based; top-level keys, then sections) before
+// its [bgp] section, and waits only until every BGP session is up.
+func newGatewaySetOf(t *testing.T, n int, bfd time.Duration, extra string, section func(i int) string) *gatewaySet {
+	t.Helper()
 	l := labtest.New(t)
 	s := &gatewaySet{lab: l}
 	var err error
@@ -100,7 +110,7 @@ func newGatewaySet(t *testing.T, bfd time.Duration, extra string) *gatewaySet {
 		serveLines(t, s.backend, netip.AddrPortFrom(ep, 8080))
 	}
 	var neighbours []netip.Addr
-	for i := 1; i <= setGateways; i++ {
+	for i := 1; i <= n; i++ {
 		h, err := l.AddHost(fmt.Sprintf("gw%d", i))
 		if err != nil {
 			t.Fatal(err)
@@ -122,6 +132,10 @@ func newGatewaySet(t *testing.T, bfd time.Duration, extra string) *gatewaySet {
 		if err := h.AddRoute(netip.MustParsePrefix("198.18.30.0/24"), backendSide.Addr()); err != nil {
 			t.Fatal(err)
 		}
+		// The other gateways (their channel), through the router.
+		if err := h.AddRoute(netip.MustParsePrefix("198.18.8.0/21"), setRouterSide(i).Addr()); err != nil {
+			t.Fatal(err)
+		}
 		neighbours = append(neighbours, setGatewaySide(i).Addr())
 	}
 	s.bird = bird.Start(t, s.router, bird.Several(setRouterOut.Addr(), edgeRouterASN, neighbours, edgeGatewayASN, bfd))
@@ -136,9 +150,13 @@ connect_retry = "1s"
 		if bfd > 0 {
 			peer += fmt.Sprintf("bfd = true\nbfd_interval = %q\n", bfd.String())
 		}
+		own := ""
+		if section != nil {
+			own = section(i + 1)
+		}
 		cfg := filepath.Join(t.TempDir(), "config.toml")
-		text := fmt.Sprintf("hash_seed = 4242\n%s\n[bgp]\nasn = %d\nrouter_id = %q\nlisten_port = -1\nrestart_deferral = \"1s\"\n%s",
-			extra, edgeGatewayASN, setGatewaySide(i+1).Addr(), peer)
+		text := fmt.Sprintf("hash_seed = 4242\n%s\n%s\n[bgp]\nasn = %d\nrouter_id = %q\nlisten_port = -1\nrestart_deferral = \"1s\"\n%s",
+			extra, own, edgeGatewayASN, setGatewaySide(i+1).Addr(), peer)
 		if err := os.WriteFile(cfg, []byte(text), 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -156,7 +174,6 @@ connect_retry = "1s"
 	for i := range s.gws {
 		s.bird.WaitState(t, fmt.Sprintf("gw%d", i+1), "Established", false, 30*time.Second)
 	}
-	s.waitPaths(t, setGateways)
 	return s
 }
 

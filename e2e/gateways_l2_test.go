@@ -42,11 +42,17 @@ type gwLab struct {
 	macs      map[string]string    // MAC of each gateway's segment interface → name
 	addrs     []netip.Addr
 	configDir string
+	// mode of the set; top: configuration before the sections.
+	mode, top string
 }
 
-func newGWLab(t *testing.T) *gwLab {
+// newGWLab is the lab in active-active mode: each address has its own
+// owner.
+func newGWLab(t *testing.T) *gwLab { return newGWLabMode(t, "active-active", "") }
+
+func newGWLabMode(t *testing.T, mode, top string) *gwLab {
 	topo := labtest.Gateway(t)
-	e := &gwLab{topo: topo, configDir: t.TempDir(), macs: map[string]string{}}
+	e := &gwLab{topo: topo, configDir: t.TempDir(), macs: map[string]string{}, mode: mode, top: top}
 	var err error
 	if e.b, err = topo.AddHost("gwb"); err != nil {
 		t.Fatal(err)
@@ -129,7 +135,7 @@ type gwPeer struct {
 func (e *gwLab) gateway(t *testing.T, h *lab.Host, name, iface, key string, peers ...gwPeer) *gatewaytest.Gateway {
 	cfg := filepath.Join(e.configDir, name+".toml")
 	q := func(ss []string) string { b, _ := json.Marshal(ss); return string(b) }
-	text := "external_ip_cidrs = [\"198.18.8.16/28\", \"fd42:8::10/124\"]\n"
+	text := "external_ip_cidrs = [\"198.18.8.16/28\", \"fd42:8::10/124\"]\n" + e.top
 	if iface != "" {
 		text += fmt.Sprintf("\n[l2]\ninterfaces = [%q]\ngratuitous_interval = \"100ms\"\n", iface)
 	}
@@ -138,7 +144,8 @@ func (e *gwLab) gateway(t *testing.T, h *lab.Host, name, iface, key string, peer
 name = %q
 key_file = %q
 dead_after = %d
-`, name, key, gwDeadAfter)
+mode = %q
+`, name, key, gwDeadAfter, e.mode)
 	for _, p := range peers {
 		text += fmt.Sprintf("\n[[gateways.peers]]\nname = %q\naddresses = %s\n", p.name, q(p.addrs))
 	}

@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"regexp"
 	"slices"
@@ -38,6 +39,13 @@ type Config struct {
 	// StartupWait is how long a starting gateway waits for its peers
 	// before it takes addresses nobody else holds. Default 1s, at most 1m.
 	StartupWait time.Duration `toml:"startup_wait" json:"startup_wait"`
+	// Mode is how the floating addresses are shared out: ModeActiveBackup
+	// (the default) or ModeActiveActive.
+	Mode string `toml:"mode" json:"mode"`
+	// ReadyTimeout bounds how long a gateway that is not ready
+	// (Options.Ready not closed) stays out of the candidates while a ready
+	// peer is alive. Default 30s, from 1s to 10m.
+	ReadyTimeout time.Duration `toml:"ready_timeout" json:"ready_timeout"`
 	// Peers are the other gateways of the set.
 	Peers []PeerConfig `toml:"peers" json:"peers"`
 
@@ -57,10 +65,25 @@ type Config struct {
 	// SyncRefreshInterval is how often the table is read for entries whose
 	// replicas would expire (UDP, short TCP states). Default 5s.
 	SyncRefreshInterval time.Duration `toml:"sync_refresh_interval" json:"sync_refresh_interval"`
-	// SyncReadyWait bounds how long a starting gateway waits for its live
-	// peers' resyncs before it takes its addresses. Default 30s.
-	SyncReadyWait time.Duration `toml:"sync_ready_wait" json:"sync_ready_wait"`
+	// Homes are, in active-active mode, the masquerade addresses of each
+	// gateway of the set (this one's included), by name: each is held by
+	// its own gateway while it is alive and ready. The configuration's
+	// reader parses them (masquerade_addresses, and each peer's).
+	Homes map[string][]netip.Addr `toml:"-" json:"-"`
 }
+
+// Modes.
+const (
+	// ModeActiveBackup: one gateway, the active, holds every floating
+	// address (over L2 and BGP alike); the active is the first in name
+	// order among the live gateways that serve the address.
+	ModeActiveBackup = "active-backup"
+	// ModeActiveActive: each floating address has its own owner
+	// (rendezvous hash), a gateway's masquerade addresses are held by it
+	// while it lives, and the Service addresses go over BGP from every
+	// gateway (ECMP).
+	ModeActiveActive = "active-active"
+)
 
 // PeerConfig is one other gateway.
 type PeerConfig struct {
@@ -69,6 +92,10 @@ type PeerConfig struct {
 	// (the channel runs over each of them; the peer is alive while any of
 	// them carries its heartbeats).
 	Addresses []string `toml:"addresses" json:"addresses"`
+	// MasqueradeAddresses are its masquerade addresses (active-active
+	// mode): held by it while it lives, taken over by a survivor when it
+	// dies. Addresses or CIDRs, as masquerade_addresses.
+	MasqueradeAddresses []string `toml:"masquerade_addresses" json:"masquerade_addresses,omitempty"`
 }
 
 // Key is the configuration section this Config is read from.
@@ -80,13 +107,13 @@ const (
 	DefaultHeartbeatInterval = 100 * time.Millisecond
 	DefaultDeadAfter         = 3
 	DefaultStartupWait       = time.Second
+	DefaultReadyTimeout      = 30 * time.Second
 	// MinKeyLen is the shortest shared key accepted.
 	MinKeyLen                  = 32
 	DefaultSyncQueue           = 65536
 	DefaultSyncBatchInterval   = 10 * time.Millisecond
 	DefaultSyncBatchBytes      = 64 << 10
 	DefaultSyncRefreshInterval = 5 * time.Second
-	DefaultSyncReadyWait       = 30 * time.Second
 	// maxPeers bounds the set (every pair holds a connection per link).
 	maxPeers = 32
 )
@@ -113,12 +140,24 @@ func (c Config) WithDefaults() Config {
 	c.SyncBatchInterval = cmp.Or(c.SyncBatchInterval, DefaultSyncBatchInterval)
 	c.SyncBatchBytes = cmp.Or(c.SyncBatchBytes, DefaultSyncBatchBytes)
 	c.SyncRefreshInterval = cmp.Or(c.SyncRefreshInterval, DefaultSyncRefreshInterval)
-	c.SyncReadyWait = cmp.Or(c.SyncReadyWait, DefaultSyncReadyWait)
+	if c.Mode == "" {
+		c.Mode = ModeActiveBackup
+	}
+	if c.ReadyTimeout == 0 {
+		c.ReadyTimeout = DefaultReadyTimeout
+	}
 	peers := make([]PeerConfig, len(c.Peers))
 	for i, p := range c.Peers {
-		peers[i] = PeerConfig{Name: p.Name, Addresses: slices.Clone(p.Addresses)}
+		peers[i] = PeerConfig{Name: p.Name, Addresses: slices.Clone(p.Addresses), MasqueradeAddresses: slices.Clone(p.MasqueradeAddresses)}
 	}
 	c.Peers = peers
+	if c.Homes != nil {
+		homes := make(map[string][]netip.Addr, len(c.Homes))
+		for n, as := range c.Homes {
+			homes[n] = slices.Clone(as)
+		}
+		c.Homes = homes
+	}
 	return c
 }
 
@@ -158,8 +197,8 @@ func (c Config) Validate() error {
 	if c.SyncRefreshInterval < time.Second || c.SyncRefreshInterval > time.Minute {
 		return fmt.Errorf("%s.sync_refresh_interval = %q: want 1s to 1m", Key, c.SyncRefreshInterval.String())
 	}
-	if c.SyncReadyWait < time.Second || c.SyncReadyWait > 10*time.Minute {
-		return fmt.Errorf("%s.sync_ready_wait = %q: want 1s to 10m", Key, c.SyncReadyWait.String())
+	if c.ReadyTimeout < time.Second || c.ReadyTimeout > 10*time.Minute {
+		return fmt.Errorf("%s.ready_timeout = %q: want 1s to 10m", Key, c.ReadyTimeout.String())
 	}
 	if len(c.Peers) == 0 {
 		return fmt.Errorf("%s.peers = []: want at least one other gateway", Key)
@@ -187,6 +226,10 @@ func (c Config) Validate() error {
 			if k := slices.Index(p.Addresses[:j], a); k >= 0 {
 				return fmt.Errorf("%s.addresses[%d] = %q: listed twice (also addresses[%d])", field, j, a, k)
 			}
+		}
+		if len(p.MasqueradeAddresses) > 0 && c.Mode != ModeActiveActive {
+			return fmt.Errorf("%s.masquerade_addresses = %q: only in mode %q (in %q every gateway lists the one floating address in its own masquerade_addresses)",
+				field, p.MasqueradeAddresses, ModeActiveActive, c.Mode)
 		}
 	}
 	return nil
@@ -231,17 +274,27 @@ func (c Config) Names() []string {
 	return names
 }
 
-// SetHash identifies the configured set as every gateway must see it: the
-// names (ownership is a function of them) and the heartbeat timing
-// (liveness must mean the same on both ends). The addresses are not part
-// of it: they are per link and one gateway's listen address may be
-// another's peer address behind a NAT or a wildcard.
+// SetHash identifies the configured set as every gateway must see it:
+// what ownership is a function of (the names, the mode, each gateway's
+// masquerade addresses in active-active mode) and the heartbeat timing
+// (liveness must mean the same on both ends). The channel addresses are
+// not part of it: they are per link and one gateway's listen address may
+// be another's peer address behind a NAT or a wildcard.
 func (c Config) SetHash() [32]byte {
 	h := sha256.New()
-	h.Write([]byte("nftgate gateway set v1\x00"))
+	h.Write([]byte("nftgate gateway set v2\x00"))
+	h.Write([]byte(c.Mode))
+	h.Write([]byte{0})
 	for _, n := range c.Names() {
 		h.Write([]byte(n))
 		h.Write([]byte{0})
+		if c.Mode == ModeActiveActive {
+			for _, a := range slices.SortedFunc(slices.Values(c.Homes[n]), netip.Addr.Compare) {
+				b, _ := a.Unmap().MarshalBinary()
+				h.Write(b)
+			}
+			h.Write([]byte{0})
+		}
 	}
 	var b [16]byte
 	binary.BigEndian.PutUint64(b[:8], uint64(c.HeartbeatInterval))
@@ -249,5 +302,20 @@ func (c Config) SetHash() [32]byte {
 	h.Write(b[:])
 	var out [32]byte
 	h.Sum(out[:0])
+	return out
+}
+
+// home maps each gateway's masquerade address to its name (active-active
+// mode; nil otherwise).
+func (c Config) home() map[netip.Addr]string {
+	if c.Mode != ModeActiveActive {
+		return nil
+	}
+	out := map[netip.Addr]string{}
+	for n, as := range c.Homes {
+		for _, a := range as {
+			out[a.Unmap()] = n
+		}
+	}
 	return out
 }

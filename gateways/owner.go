@@ -14,15 +14,23 @@ import (
 // Each gateway tells its peers, in a state message, the addresses it
 // serves and the addresses it holds (answers for), with a version that
 // grows with every change, and the version of the receiver's state it has
-// seen (its ack). The owner of an address is, among the live gateways that
-// serve it, the one with the highest rendezvous score of (address, name):
-// the same on every gateway that sees the same peers, and spread across
-// them. A gateway
+// seen (its ack), and whether it is ready (Options.Ready). The owner of an
+// address is chosen among its candidates: the live gateways that serve it
+// and are ready or hold it already (when none is, every live gateway that
+// serves it), so a gateway that starts or returns takes nothing from a
+// ready peer before it holds the flows' state, and one that holds an
+// address keeps it while it gets ready. Among the candidates the owner is,
+// in active-active mode, the address's home gateway (the masquerade
+// addresses of each), else the one with the highest rendezvous score of
+// (address, name), spread across them; in active-backup mode the first in
+// name order, so one gateway holds every address. The same on every
+// gateway that sees the same peers. A gateway
 //   - releases an address as soon as it is no longer its owner (or it no
 //     longer serves it), and only then tells its peers;
 //   - takes an address it owns only when no live peer holds it, and every
 //     live peer has acked a state of this gateway in which it served the
-//     address (so no peer decided on a stale view of what it serves).
+//     address and was as ready as now (so no peer decided on a stale view
+//     of what it serves or whether it is ready).
 // So while two gateways hear each other, an address passes from one to the
 // other through the old owner's release (the handover message) and the new
 // owner's ack: never two holders. A peer not heard from for the dead time
@@ -48,6 +56,8 @@ type stateMsg struct {
 	Ack            uint64       `json:"a"`
 	Serves         []netip.Addr `json:"s,omitempty"`
 	Holds          []netip.Addr `json:"h,omitempty"`
+	// Ready: the sender holds its peers' flow state (Options.Ready).
+	Ready bool `json:"r,omitempty"`
 	// Full: Serves and Holds are present (a heartbeat carries only the
 	// version and the ack).
 	Full bool `json:"f,omitempty"`
@@ -60,6 +70,7 @@ type peerView struct {
 	version     uint64
 	serves      map[netip.Addr]bool
 	holds       map[netip.Addr]bool
+	ready       bool
 	// ack is the version of this gateway's state (this incarnation) the
 	// peer has seen.
 	ack       uint64
@@ -77,10 +88,15 @@ type view struct {
 	dead        time.Duration
 	startupEnd  time.Time
 	started     bool // the startup wait is over
-	// hold, when set, keeps a starting gateway from taking addresses
-	// while it answers true.
-	hold  func() bool
-	dirty bool // decide has something to look at
+	dirty       bool // decide has something to look at
+	// activeBackup: the first candidate in name order owns; else the
+	// home, then the rendezvous hash. home: address → its gateway.
+	activeBackup bool
+	home         map[netip.Addr]string
+	// ready: this gateway holds its peers' flow state; readyVersion is
+	// the version in which it became so.
+	ready        bool
+	readyVersion uint64
 
 	version uint64
 	serves  map[netip.Addr]uint64 // address → version in which it was added
@@ -94,7 +110,7 @@ type view struct {
 }
 
 func newView(self string, peers []string, incarnation uint64, dead time.Duration, startupEnd time.Time) *view {
-	v := &view{self: self, incarnation: incarnation, dead: dead, startupEnd: startupEnd, version: 1,
+	v := &view{self: self, incarnation: incarnation, dead: dead, startupEnd: startupEnd, version: 1, ready: true,
 		serves: map[netip.Addr]uint64{}, holds: map[netip.Addr]bool{}, peers: map[string]*peerView{}}
 	for _, p := range peers {
 		v.peers[p] = &peerView{}
@@ -139,6 +155,17 @@ func (v *view) setServed(addrs []netip.Addr) bool {
 	return true
 }
 
+// setReady marks this gateway ready; it tells whether that changed (then
+// the version has grown and the peers need the state).
+func (v *view) setReady() bool {
+	if v.ready {
+		return false
+	}
+	v.version++
+	v.ready, v.readyVersion, v.dirty = true, v.version, true
+	return true
+}
+
 // receive takes a message from peer name at now; it tells whether the
 // peer's view of this gateway needs a full state in answer.
 func (v *view) receive(name string, incarnation uint64, m stateMsg, now time.Time) (answer bool) {
@@ -160,6 +187,7 @@ func (v *view) receive(name string, incarnation uint64, m stateMsg, now time.Tim
 		p.known, p.version = true, m.Version
 		p.serves = toSet(m.Serves)
 		p.holds = toSet(m.Holds)
+		p.ready = m.Ready
 	}
 	return p.known && p.answered < p.version
 }
@@ -167,7 +195,7 @@ func (v *view) receive(name string, incarnation uint64, m stateMsg, now time.Tim
 // message is this gateway's state for peer name (full, or a heartbeat).
 func (v *view) message(name string, full bool) stateMsg {
 	p := v.peers[name]
-	m := stateMsg{Version: v.version, AckIncarnation: p.incarnation, Full: full}
+	m := stateMsg{Version: v.version, AckIncarnation: p.incarnation, Full: full, Ready: full && v.ready}
 	if p.known {
 		m.Ack = p.version
 		if full {
@@ -181,24 +209,50 @@ func (v *view) message(name string, full bool) stateMsg {
 	return m
 }
 
-// owner is the owner of a among the live gateways that serve it ("" when
-// none does), liveness as of the last decide.
+// owner is the owner of a among its candidates ("" when no live gateway
+// serves it), liveness as of the last decide.
 func (v *view) owner(a netip.Addr) string {
+	_, self := v.serves[a]
+	// The candidates: the eligible (ready, or holding a) if any, else
+	// every live gateway that serves a.
+	eligibleOnly := self && (v.ready || v.holds[a])
+	for _, p := range v.peers {
+		eligibleOnly = eligibleOnly || p.alive && p.serves[a] && (p.ready || p.holds[a])
+	}
 	best, bestScore := "", uint64(0)
-	consider := func(name string) {
-		if s := score(a, name); best == "" || s > bestScore || s == bestScore && name < best {
+	consider := func(name string, eligible bool) {
+		if eligibleOnly && !eligible {
+			return
+		}
+		var s uint64
+		if !v.activeBackup {
+			s = score(a, name)
+		}
+		if best == "" || v.before(a, name, s, best, bestScore) {
 			best, bestScore = name, s
 		}
 	}
-	if _, ok := v.serves[a]; ok {
-		consider(v.self)
+	if self {
+		consider(v.self, v.ready || v.holds[a])
 	}
 	for name, p := range v.peers {
 		if p.alive && p.serves[a] {
-			consider(name)
+			consider(name, p.ready || p.holds[a])
 		}
 	}
 	return best
+}
+
+// before tells whether gateway name (of rendezvous score s) comes before
+// best (of bestScore) as the owner of a.
+func (v *view) before(a netip.Addr, name string, s uint64, best string, bestScore uint64) bool {
+	if v.activeBackup {
+		return name < best
+	}
+	if h, ok := v.home[a]; ok && (h == name || h == best) {
+		return h == name
+	}
+	return s > bestScore || s == bestScore && name < best
 }
 
 // decide releases and takes addresses at now; it tells whether the held
@@ -251,14 +305,10 @@ func (v *view) decide(now time.Time) bool {
 	return changed
 }
 
-// mayTake: after the startup wait, or once every peer was heard; and
-// not before hold (when set) says so.
+// mayTake: after the startup wait, or once every peer was heard.
 func (v *view) mayTake(now time.Time) bool {
 	if v.started {
 		return true
-	}
-	if v.hold != nil && v.hold() {
-		return false
 	}
 	if now.Before(v.startupEnd) {
 		for _, p := range v.peers {
@@ -273,9 +323,10 @@ func (v *view) mayTake(now time.Time) bool {
 
 // free tells whether this gateway, the owner of a (served since version
 // since), may take it: no live peer holds it and every live peer has
-// acked a state in which this gateway served it. overDead: a dead peer
-// held it.
+// acked a state in which this gateway served it and was as ready as now.
+// overDead: a dead peer held it.
 func (v *view) free(a netip.Addr, since uint64) (take, overDead bool) {
+	since = max(since, v.readyVersion)
 	for _, p := range v.peers {
 		if !p.alive {
 			overDead = overDead || p.known && p.holds[a]

@@ -260,21 +260,3 @@ func BenchmarkDecide10000(b *testing.B) {
 		}
 	})
 }
-
-// A hold (the state sync not yet ready) keeps a starting gateway from
-// taking addresses after the startup wait, until it is lifted.
-func TestNothingTakenWhileHeld(t *testing.T) {
-	s := newSim(t, "gw-a", "gw-b")
-	a := s.views["gw-a"]
-	held := true
-	a.hold = func() bool { return held }
-	a.setServed(addrs(4))
-	s.now = s.now.Add(time.Second)
-	if a.decide(s.now); len(a.holds) != 0 {
-		t.Fatalf("held %v while held back", a.held())
-	}
-	held = false
-	if a.decide(s.now); len(a.holds) != 4 {
-		t.Fatalf("after the hold: held %v, want all 4", a.held())
-	}
-}

@@ -54,10 +54,12 @@ type Options struct {
 	// within the dead time, and lost what it held). It is called with the
 	// Set's lock held: it must not call back into the Set.
 	OnPeer func(peer string, alive bool, incarnation uint64)
-	// TakeAfter, when set, holds a starting gateway from taking any
-	// address until it is closed (the state sync's Ready: the peers'
-	// connections are here first), besides the startup wait.
-	TakeAfter <-chan struct{}
+	// Ready, when set, is closed once this gateway holds its peers' flow
+	// state (the connection-state sync's full resync). Until then, or
+	// until Config.ReadyTimeout passes, the gateway takes no address a
+	// ready live peer could hold; its peers learn it from its state, so
+	// every gateway computes the same owner. nil: ready at once.
+	Ready <-chan struct{}
 }
 
 // Set is this gateway's membership in the gateway set: the channel to
@@ -163,16 +165,9 @@ func New(cfg Config, opts Options) (*Set, error) {
 		s.peers[p.Name] = &peerStats{}
 	}
 	s.v = newView(cfg.Name, names, s.inc, cfg.dead(), s.clock.Now().Add(cfg.StartupWait))
-	if after := opts.TakeAfter; after != nil {
-		s.v.hold = func() bool {
-			select {
-			case <-after:
-				return false
-			default:
-				return true
-			}
-		}
-	}
+	s.v.activeBackup = cfg.Mode == ModeActiveBackup
+	s.v.home = cfg.home()
+	s.v.ready = opts.Ready == nil
 	s.upMetric = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "nftgate_gateway_peer_up", Help: "1 while the peer gateway's heartbeats arrive, else 0.",
 	}, []string{"peer"})
@@ -204,7 +199,30 @@ func New(cfg Config, opts Options) (*Set, error) {
 		}
 	}
 	s.wg.Go(s.heartbeats)
+	if opts.Ready != nil {
+		s.wg.Go(s.awaitReady)
+	}
 	return s, nil
+}
+
+// awaitReady marks this gateway ready when Options.Ready is closed, or
+// when Config.ReadyTimeout has passed.
+func (s *Set) awaitReady() {
+	t := s.clock.NewTimer(s.cfg.ReadyTimeout)
+	defer t.Stop()
+	select {
+	case <-s.stop:
+		return
+	case <-s.opts.Ready:
+		s.log.Info("gateways: ready (the peers' flow state is here)")
+	case <-t.C():
+		s.log.Warn("gateways: not ready within ready_timeout; taking part as ready", "ready_timeout", s.cfg.ReadyTimeout)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.closed && s.v.setReady() && !s.decideLocked() {
+		s.applyLocked() // the peers learn it
+	}
 }
 
 func (c Config) dead() time.Duration { return time.Duration(c.DeadAfter) * c.HeartbeatInterval }
@@ -277,8 +295,8 @@ func (s *Set) heartbeats() {
 }
 
 // decideLocked runs the ownership decision now and logs peers that came
-// or went.
-func (s *Set) decideLocked() {
+// or went; it tells whether the held set changed (and was applied).
+func (s *Set) decideLocked() bool {
 	changed := s.v.decide(s.clock.Now())
 	for name, p := range s.v.peers {
 		st := s.peers[name]
@@ -302,6 +320,7 @@ func (s *Set) decideLocked() {
 	if changed {
 		s.applyLocked()
 	}
+	return changed
 }
 
 func (s *Set) accept() {
@@ -597,6 +616,11 @@ const closeFlush = 200 * time.Millisecond
 // Status is the gateway set as the status page shows it.
 type Status struct {
 	Name string `json:"name"`
+	// Mode is the configured mode (active-backup, active-active).
+	Mode string `json:"mode"`
+	// Ready: this gateway holds its peers' flow state (or gave up
+	// waiting after ready_timeout).
+	Ready bool `json:"ready"`
 	// SetHash identifies the configured set (names and timing); a peer
 	// with another is refused.
 	SetHash string `json:"setHash"`
@@ -616,7 +640,9 @@ type PeerStatus struct {
 	Name string `json:"name"`
 	// State: "alive" (heartbeats arrive), "dead" (none for the dead
 	// time), "unknown" (never heard since this gateway started).
-	State         string       `json:"state"`
+	State string `json:"state"`
+	// Ready: the peer said it holds its peers' flow state.
+	Ready         bool         `json:"ready"`
 	LastHeartbeat time.Time    `json:"lastHeartbeat,omitzero"`
 	Holds         []netip.Addr `json:"holds"`
 	Links         []LinkStatus `json:"links"`
@@ -637,7 +663,7 @@ func (s *Set) Status() Status {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.clock.Now()
-	st := Status{Name: s.cfg.Name, SetHash: hex.EncodeToString(s.hash[:8]), Holds: s.v.held(), Serves: len(s.v.serves),
+	st := Status{Name: s.cfg.Name, Mode: s.cfg.Mode, Ready: s.v.ready, SetHash: hex.EncodeToString(s.hash[:8]), Holds: s.v.held(), Serves: len(s.v.serves),
 		Peers: []PeerStatus{}, Refused: slices.Clone(s.refused), Taken: s.v.taken, TakenOver: s.v.takenOver, Released: s.v.released}
 	if st.Refused == nil {
 		st.Refused = []Refusal{}
@@ -652,6 +678,7 @@ func (s *Set) Status() Status {
 				out.State = "alive"
 			}
 			out.Holds = sortedKeys(p.holds)
+			out.Ready = p.ready
 		}
 		for l := range s.links {
 			if l.peer == pc.Name {

@@ -32,14 +32,14 @@ func startPair(t *testing.T, bKey []byte) (a, b *Set, ha, hb *held) {
 	t.Helper()
 	ha, hb = &held{}, &held{}
 	lnA, lnB := listen(t), listen(t)
-	cfgB := Config{Name: "gw-b", Listen: lnB.Addr().String(), KeyFile: "k", Peers: []PeerConfig{{Name: "gw-a", Addresses: []string{lnA.Addr().String()}}}}
+	cfgB := Config{Name: "gw-b", Listen: lnB.Addr().String(), KeyFile: "k", Mode: ModeActiveActive, Peers: []PeerConfig{{Name: "gw-a", Addresses: []string{lnA.Addr().String()}}}}
 	var err error
 	b, err = New(cfgB, Options{Key: bKey, OnChange: hb.set, Listener: lnB})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { b.Close() })
-	cfgA := Config{Name: "gw-a", Listen: lnA.Addr().String(), KeyFile: "k", Peers: []PeerConfig{{Name: "gw-b", Addresses: []string{b.Addr().String()}}}}
+	cfgA := Config{Name: "gw-a", Listen: lnA.Addr().String(), KeyFile: "k", Mode: ModeActiveActive, Peers: []PeerConfig{{Name: "gw-b", Addresses: []string{b.Addr().String()}}}}
 	a, err = New(cfgA, Options{Key: testKey, OnChange: ha.set, Listener: lnA})
 	if err != nil {
 		t.Fatal(err)
@@ -205,13 +205,13 @@ func TestSetPeerDeadAfterMissedHeartbeatsOnTheClock(t *testing.T) {
 	ha, hb := &held{}, &held{}
 	lnA, lnB := listen(t), listen(t)
 	f := newFreezer(t, lnB.Addr().String())
-	b, err := New(Config{Name: "gw-b", Listen: lnB.Addr().String(), KeyFile: "k", Peers: []PeerConfig{{Name: "gw-a", Addresses: []string{lnA.Addr().String()}}}},
+	b, err := New(Config{Name: "gw-b", Listen: lnB.Addr().String(), KeyFile: "k", Mode: ModeActiveActive, Peers: []PeerConfig{{Name: "gw-a", Addresses: []string{lnA.Addr().String()}}}},
 		Options{Key: testKey, OnChange: hb.set, Listener: lnB, Clock: clk})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { b.Close() })
-	a, err := New(Config{Name: "gw-a", Listen: lnA.Addr().String(), KeyFile: "k", Peers: []PeerConfig{{Name: "gw-b", Addresses: []string{f.ln.Addr().String()}}}},
+	a, err := New(Config{Name: "gw-a", Listen: lnA.Addr().String(), KeyFile: "k", Mode: ModeActiveActive, Peers: []PeerConfig{{Name: "gw-b", Addresses: []string{f.ln.Addr().String()}}}},
 		Options{Key: testKey, OnChange: ha.set, Listener: lnA, Clock: clk})
 	if err != nil {
 		t.Fatal(err)

@@ -32,7 +32,7 @@ const (
 	DefaultBatchBytes      = gateways.DefaultSyncBatchBytes
 	DefaultRefreshInterval = gateways.DefaultSyncRefreshInterval
 	DefaultPeerWait        = gateways.DefaultStartupWait
-	DefaultReadyWait       = gateways.DefaultSyncReadyWait
+	DefaultReadyWait       = gateways.DefaultReadyTimeout
 )
 
 // Internal bounds.

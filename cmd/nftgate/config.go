@@ -98,6 +98,9 @@ type Config struct {
 	nodePortAddresses []netip.Prefix
 	externalIPCIDRs   []netip.Prefix
 	masqueradeAddrs   []netip.Addr
+	// peerMasquerade: the other gateways' masquerade addresses
+	// (active-active mode), announced while this gateway holds them.
+	peerMasquerade []netip.Addr
 }
 
 // DefaultManifests is where the gateway looks for manifests when no cluster

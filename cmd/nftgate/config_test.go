@@ -114,7 +114,7 @@ func TestBadConfigNamesTheField(t *testing.T) {
 		{file: "[gateways]\nname = \"gw-a\"\nkey_file = \"k\"\nsync_batch_interval = \"2s\"\n[[gateways.peers]]\nname = \"gw-b\"\naddresses = [\"10.0.0.2:7480\"]\n", want: []string{"gateways.sync_batch_interval", "2s"}},
 		{file: "[gateways]\nname = \"gw-a\"\nkey_file = \"k\"\nsync_batch_bytes = 100\n[[gateways.peers]]\nname = \"gw-b\"\naddresses = [\"10.0.0.2:7480\"]\n", want: []string{"gateways.sync_batch_bytes", "100"}},
 		{file: "[gateways]\nname = \"gw-a\"\nkey_file = \"k\"\nsync_refresh_interval = \"10ms\"\n[[gateways.peers]]\nname = \"gw-b\"\naddresses = [\"10.0.0.2:7480\"]\n", want: []string{"gateways.sync_refresh_interval", "10ms"}},
-		{file: "[gateways]\nname = \"gw-a\"\nkey_file = \"k\"\nsync_ready_wait = \"1h\"\n[[gateways.peers]]\nname = \"gw-b\"\naddresses = [\"10.0.0.2:7480\"]\n", want: []string{"gateways.sync_ready_wait", "1h0m0s"}},
+		{file: "[gateways]\nname = \"gw-a\"\nkey_file = \"k\"\nready_timeout = \"1h\"\n[[gateways.peers]]\nname = \"gw-b\"\naddresses = [\"10.0.0.2:7480\"]\n", want: []string{"gateways.ready_timeout", "1h0m0s"}},
 		{file: "[gateways]\nname = \"gw-a\"\nkey_file = \"k\"\n[[gateways.peers]]\nname = \"gw-b\"\n", want: []string{"gateways.peers[0].addresses", "[]"}},
 		{file: "min_sync_interval = \"soon\"\n", want: []string{"min_sync_interval", "soon"}},
 		{file: "cluster_cidrs = [\"10.0.0.0/33\"]\n", want: []string{"cluster_cidrs[0]", "10.0.0.0/33"}},

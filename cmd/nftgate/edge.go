@@ -36,12 +36,13 @@ type edge struct {
 	memory  *ipam.Memory     // without a cluster, with pools
 	policy  *ipam.Policy
 	pods    *podRouter // nil: pod_routes = "none"
-	// gateways: nil without [gateways]; else the L2 announcement goes
-	// through it (gateways.go).
+	// gateways: nil without [gateways]; else the announcements go
+	// through it and gate (gateways.go).
 	gateways *gateways.Set
 	// statesync: nil without [gateways] or with state_sync = false
 	// (statesync.go).
 	statesync *stateSync
+	gate      *announce.Gate
 }
 
 // startEdge starts the announcers the configuration asks for, before the
@@ -78,16 +79,14 @@ func startEdge(cfg *Config, reg prometheus.Registerer, log *slog.Logger) (*edge,
 		return nil, err
 	}
 	e.coord = &announce.Coordinator{Node: model.Node{Name: cfg.NodeName, Zone: cfg.Zone}, PoolOf: e.poolOf, Log: log,
-		Always: cfg.masqueradeAddrs}
+		Always: cfg.floatingMasquerade()}
 	if e.speaker != nil {
 		e.coord.BGP = e.speaker
 	}
 	if e.l2 != nil {
 		e.coord.L2 = e.l2
 	}
-	if e.gateways != nil {
-		e.coord.L2 = e.gateways
-	}
+	e.announceThroughGateways()
 	return e, nil
 }
 

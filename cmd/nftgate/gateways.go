@@ -7,12 +7,17 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/nftgate/nftgate/announce"
 	"github.com/nftgate/nftgate/gateways"
 )
 
-// startGateways joins the gateway set of [gateways]: the L2 announcer then
-// answers only for the addresses this gateway owns (the Set stands between
-// the announce coordinator and the announcer).
+// startGateways joins the gateway set of [gateways]: the announcers then
+// carry only the addresses this gateway holds (the Set and an
+// announce.Gate stand between the announce coordinator and them): on L2
+// every address; over BGP the masquerade addresses, and in active-backup
+// mode every address, while the Service addresses of active-active mode go
+// over BGP from every gateway. With the state sync on, its Ready is the
+// Set's ready gate (Options.Ready) and its OnPeer the Set's.
 func (e *edge) startGateways(cfg *Config, reg prometheus.Registerer, log *slog.Logger) error {
 	if cfg.Gateways == nil {
 		return nil
@@ -21,13 +26,24 @@ func (e *edge) startGateways(cfg *Config, reg prometheus.Registerer, log *slog.L
 	if err != nil {
 		return err
 	}
-	opts := gateways.Options{Key: key, Log: log}
+	e.gate = &announce.Gate{Log: log}
 	if e.l2 != nil {
-		opts.OnChange = e.l2.Set
+		e.gate.L2 = e.l2
+	}
+	if e.speaker != nil {
+		e.gate.BGP = e.speaker
+	}
+	if cfg.Gateways.Mode == gateways.ModeActiveActive {
+		floating := map[netip.Addr]bool{}
+		for _, a := range cfg.floatingMasquerade() {
+			floating[a] = true
+		}
+		e.gate.Shared = func(a netip.Addr) bool { return !floating[a] }
 	}
 	if e.statesync, err = newStateSync(cfg, reg, log); err != nil {
 		return err
 	}
+	opts := gateways.Options{Key: key, Log: log, OnChange: e.gate.Held}
 	e.statesync.hook(&opts)
 	s, err := gateways.New(*cfg.Gateways, opts)
 	if err != nil {
@@ -43,6 +59,18 @@ func (e *edge) startGateways(cfg *Config, reg prometheus.Registerer, log *slog.L
 		return fmt.Errorf("gateways: %w", err)
 	}
 	return nil
+}
+
+// announceThroughGateways puts the gateway set between the coordinator and
+// the announcers (startGateways).
+func (e *edge) announceThroughGateways() {
+	if e.gateways == nil {
+		return
+	}
+	e.coord.L2 = e.gateways
+	if e.speaker != nil {
+		e.coord.BGP = e.gate.Routes()
+	}
 }
 
 // gatewaysView is GET /api/v1/gateways.

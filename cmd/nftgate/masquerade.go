@@ -3,9 +3,11 @@ package main
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 
 	"go4.org/netipx"
 
+	"github.com/nftgate/nftgate/gateways"
 	"github.com/nftgate/nftgate/ruleset"
 )
 
@@ -14,13 +16,42 @@ import (
 const maxMasqueradeAddresses = 64
 
 // validateMasquerade parses masquerade_addresses into c.masqueradeAddrs,
-// after cluster_cidrs, external_ip_cidrs and the pools are parsed. Each
-// entry is an address or a CIDR; an IPv4 CIDR of /30 or wider leaves out
-// its first and last address (network and broadcast).
+// after cluster_cidrs, external_ip_cidrs, the pools and [gateways] are
+// parsed; in active-active mode also each [[gateways.peers]]'s
+// masquerade_addresses, which none of this gateway's may repeat, into
+// c.peerMasquerade and the set's homes.
 func (c *Config) validateMasquerade(bad func(key, format string, args ...any)) {
+	c.masqueradeAddrs = c.parseMasquerade("masquerade_addresses", c.MasqueradeAddresses, nil, bad)
+	if c.Gateways == nil || c.Gateways.Mode != gateways.ModeActiveActive {
+		return
+	}
+	c.Gateways.Homes = map[string][]netip.Addr{c.Gateways.Name: c.masqueradeAddrs}
+	seen := slices.Clone(c.masqueradeAddrs)
+	for i, p := range c.Gateways.Peers {
+		key := fmt.Sprintf("%s.peers[%d].masquerade_addresses", gateways.Key, i)
+		as := c.parseMasquerade(key, p.MasqueradeAddresses, seen, bad)
+		seen = append(seen, as...)
+		c.peerMasquerade = append(c.peerMasquerade, as...)
+		c.Gateways.Homes[p.Name] = as
+	}
+}
+
+// floatingMasquerade are the masquerade addresses this gateway announces
+// while it holds them: its own, and in active-active mode its peers',
+// which it takes over when they die.
+func (c *Config) floatingMasquerade() []netip.Addr {
+	return append(slices.Clone(c.masqueradeAddrs), c.peerMasquerade...)
+}
+
+// parseMasquerade parses one list of masquerade addresses (configuration
+// key key), none of which may repeat one of taken. Each entry is an
+// address or a CIDR; an IPv4 CIDR of /30 or wider leaves out its first and
+// last address (network and broadcast).
+func (c *Config) parseMasquerade(key string, vals []string, taken []netip.Addr, bad func(key, format string, args ...any)) []netip.Addr {
+	var out []netip.Addr
 	count := map[ruleset.Family]int{}
-	for i, v := range c.MasqueradeAddresses {
-		key := fmt.Sprintf("masquerade_addresses[%d]", i)
+	for i, v := range vals {
+		key := fmt.Sprintf("%s[%d]", key, i)
 		p, err := netip.ParsePrefix(v)
 		if err != nil {
 			a, aerr := netip.ParseAddr(v)
@@ -56,7 +87,7 @@ func (c *Config) validateMasquerade(bad func(key, format string, args ...any)) {
 				bad(key, "%q overlaps external_ip_cidrs entry %s: Services are served there", v, e)
 			}
 		}
-		for _, r := range c.masqueradeAddrs {
+		for _, r := range append(slices.Clone(taken), out...) {
 			if p.Contains(r) {
 				bad(key, "%q repeats masquerade address %s", v, r)
 				break
@@ -73,8 +104,9 @@ func (c *Config) validateMasquerade(bad func(key, format string, args ...any)) {
 					break
 				}
 			}
-			c.masqueradeAddrs = append(c.masqueradeAddrs, a)
+			out = append(out, a)
 			count[f]++
 		}
 	}
+	return out
 }

@@ -47,3 +47,44 @@ func TestBadMasqueradeAddressesNameTheValue(t *testing.T) {
 		{file: "masquerade_addresses = [\"203.0.113.1\", \"198.51.100.4/30\"]\n" + pool, want: []string{"masquerade_addresses[1]", "198.51.100.4/30", "pool \"public\""}},
 	})
 }
+
+// gatewaySet is a [gateways] section of mode with one peer, gw-b, whose
+// masquerade_addresses are peerMasq (TOML).
+func gatewaySet(mode, peerMasq string) string {
+	return "[gateways]\nname = \"gw-a\"\nkey_file = \"k\"\nmode = \"" + mode + "\"\n[[gateways.peers]]\nname = \"gw-b\"\naddresses = [\"10.0.0.2:7480\"]\nmasquerade_addresses = " + peerMasq + "\n"
+}
+
+// Active-active: each gateway's masquerade addresses are its home; this
+// gateway announces its peers' too (while it holds them), and masquerades
+// to its own only.
+func TestActiveActiveMasqueradeHomes(t *testing.T) {
+	cfg, _, err := loadConfig("nftgate", []string{"--node-name", "n", "--config", writeConfig(t,
+		"masquerade_addresses = [\"198.51.100.1\"]\n"+gatewaySet("active-active", "[\"198.51.100.2\", \"2001:db8::2\"]"))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a1, a2, a6 := netip.MustParseAddr("198.51.100.1"), netip.MustParseAddr("198.51.100.2"), netip.MustParseAddr("2001:db8::2")
+	if h := cfg.Gateways.Homes; !slices.Equal(h["gw-a"], []netip.Addr{a1}) || !slices.Equal(h["gw-b"], []netip.Addr{a2, a6}) {
+		t.Errorf("homes %v", h)
+	}
+	if got := cfg.floatingMasquerade(); !slices.Equal(got, []netip.Addr{a1, a2, a6}) {
+		t.Errorf("floating masquerade addresses %v", got)
+	}
+	if got := cfg.ruleset().MasqueradeAddresses; !slices.Equal(got, []netip.Addr{a1}) {
+		t.Errorf("masqueraded to %v, want its own only", got)
+	}
+}
+
+func TestBadPeerMasqueradeAddressesNameTheValue(t *testing.T) {
+	pool := "[[pools]]\nname = \"public\"\naddresses = [\"198.51.100.0/28\"]\n"
+	key := "gateways.peers[0].masquerade_addresses"
+	checkConfigErrors(t, []badConfig{
+		{file: "masquerade_addresses = [\"203.0.113.1\"]\n" + gatewaySet("active-active", "[\"203.0.113.0/30\"]"),
+			want: []string{key + "[0]", "203.0.113.0/30", "repeats", "203.0.113.1"}},
+		{file: gatewaySet("active-active", "[\"203.0.113.9\", \"nonsense\"]"), want: []string{key + "[1]", "nonsense"}},
+		{file: pool + gatewaySet("active-active", "[\"198.51.100.4\"]"), want: []string{key + "[0]", "198.51.100.4", "pool \"public\""}},
+		{args: []string{"--cluster-cidr", "10.0.0.0/8"}, file: gatewaySet("active-active", "[\"10.9.9.9\"]"), want: []string{key + "[0]", "10.9.9.9", "cluster_cidrs"}},
+		{file: gatewaySet("active-backup", "[\"203.0.113.9\"]"), want: []string{key, "203.0.113.9", "only in mode \"active-active\""}},
+		{file: gatewaySet("both", "[]"), want: []string{"gateways.mode", "both"}},
+	})
+}

@@ -23,7 +23,7 @@ type stateSync struct {
 }
 
 // newStateSync prepares the state sync before the gateway set starts (the
-// set's OnPeer and TakeAfter are the Syncer's); nil when it is off. A
+// set's OnPeer and Ready are the Syncer's); nil when it is off. A
 // kernel without conntrack events or marks stops nftgate here, naming the
 // key that turns the sync off.
 func newStateSync(cfg *Config, reg prometheus.Registerer, log *slog.Logger) (*stateSync, error) {
@@ -39,10 +39,10 @@ func newStateSync(cfg *Config, reg prometheus.Registerer, log *slog.Logger) (*st
 	for _, p := range g.Peers {
 		peers = append(peers, p.Name)
 	}
-	policy := statesync.NewPolicy(cfg.ruleset(), cfg.masqueradeAddrs)
+	policy := statesync.NewPolicy(cfg.ruleset(), cfg.floatingMasquerade())
 	s, err := statesync.New(statesync.Options{Kernel: k, Policy: policy, Self: g.Name, Peers: peers,
 		Queue: g.SyncQueue, BatchInterval: g.SyncBatchInterval, BatchBytes: g.SyncBatchBytes,
-		RefreshInterval: g.SyncRefreshInterval, PeerWait: g.StartupWait, ReadyWait: g.SyncReadyWait, Log: log})
+		RefreshInterval: g.SyncRefreshInterval, PeerWait: g.StartupWait, ReadyWait: g.ReadyTimeout, Log: log})
 	if err != nil {
 		_ = k.Close()
 		return nil, err
@@ -60,7 +60,7 @@ func (ss *stateSync) hook(opts *gateways.Options) {
 		return
 	}
 	opts.OnPeer = ss.s.PeerChanged
-	opts.TakeAfter = ss.s.Ready()
+	opts.Ready = ss.s.Ready()
 }
 
 // run follows the sync loop (the Policy) and replicates until ctx ends,

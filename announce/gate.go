@@ -1,0 +1,82 @@
+package announce
+
+import (
+	"log/slog"
+	"net/netip"
+	"slices"
+	"sync"
+
+	"github.com/nftgate/nftgate/announce/bgp"
+)
+
+// Gate stands between the Coordinator and the announcers when a gateway
+// set shares the floating addresses out (package gateways): the
+// Coordinator's served addresses go to the set (its AddrSetter), the set
+// hands the ones this gateway holds to Held, and the announcers carry
+// those: the L2 announcer all of them, the BGP speaker those routes whose
+// address is held, and those Shared says every gateway announces whether
+// it holds them or not (in active-active mode the Service addresses, which
+// the router spreads by ECMP). So over BGP as on L2, a floating address
+// (a masquerade address; in active-backup mode every address) is announced
+// by its holder alone.
+type Gate struct {
+	L2  AddrSetter  // nil: no L2 announcement
+	BGP RouteSetter // nil: no BGP
+	// Shared tells which addresses BGP announces held or not; nil: none.
+	Shared func(netip.Addr) bool
+	Log    *slog.Logger
+
+	mu     sync.Mutex
+	held   map[netip.Addr]bool
+	routes []bgp.Route
+	// routed: the Coordinator set the routes at least once (the speaker
+	// opens its sessions with the first Set, so it is not called before).
+	routed bool
+}
+
+// Held is the gateway set's OnChange: the addresses this gateway holds.
+// It does not call back into the set.
+func (g *Gate) Held(addrs []netip.Addr) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.held = make(map[netip.Addr]bool, len(addrs))
+	for _, a := range addrs {
+		g.held[a.Unmap()] = true
+	}
+	if g.L2 != nil {
+		g.L2.Set(slices.Clone(addrs))
+	}
+	if g.routed {
+		if err := g.setRoutes(); err != nil && g.Log != nil {
+			g.Log.Error("BGP announcement failed", "err", err)
+		}
+	}
+}
+
+// Routes is the RouteSetter the Coordinator hands its routes to (its BGP).
+func (g *Gate) Routes() RouteSetter { return gateRoutes{g} }
+
+type gateRoutes struct{ g *Gate }
+
+func (r gateRoutes) Set(routes []bgp.Route) error {
+	g := r.g
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.routes, g.routed = slices.Clone(routes), true
+	return g.setRoutes()
+}
+
+// setRoutes announces the routes of held or shared addresses; g.mu is held.
+func (g *Gate) setRoutes() error {
+	if g.BGP == nil {
+		return nil
+	}
+	out := make([]bgp.Route, 0, len(g.routes))
+	for _, r := range g.routes {
+		a := r.Prefix.Addr().Unmap()
+		if g.held[a] || g.Shared != nil && g.Shared(a) {
+			out = append(out, r)
+		}
+	}
+	return g.BGP.Set(out)
+}
