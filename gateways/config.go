@@ -197,6 +197,9 @@ func (c Config) Validate() error {
 	if c.SyncRefreshInterval < time.Second || c.SyncRefreshInterval > time.Minute {
 		return fmt.Errorf("%s.sync_refresh_interval = %q: want 1s to 1m", Key, c.SyncRefreshInterval.String())
 	}
+	if c.Mode != ModeActiveBackup && c.Mode != ModeActiveActive {
+		return fmt.Errorf("%s.mode = %q: want %q or %q", Key, c.Mode, ModeActiveBackup, ModeActiveActive)
+	}
 	if c.ReadyTimeout < time.Second || c.ReadyTimeout > 10*time.Minute {
 		return fmt.Errorf("%s.ready_timeout = %q: want 1s to 10m", Key, c.ReadyTimeout.String())
 	}

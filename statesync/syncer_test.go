@@ -494,9 +494,16 @@ func TestSyncRefusesEntriesNotServed(t *testing.T) {
 // refuses it, and nothing it sends is written.
 func TestSyncWrongKeyNeverReachesSyncer(t *testing.T) {
 	c := newCluster(t, nil, "gw-a", "gw-b")
-	c.stop("gw-a")
-	a := c.start("gw-a", nil, []byte("another key, another key, another key"))
 	b := c.gws["gw-b"]
+	c.stop("gw-a")
+	// b sees the first gw-a die before the keyless one dials.
+	eventually(t, func() error {
+		if st := b.s.Status().Peers[0]; st.Up {
+			return fmt.Errorf("gw-a still up at b")
+		}
+		return nil
+	})
+	a := c.start("gw-a", nil, []byte("another key, another key, another key"))
 	a.k.emit(EventNew, flow(6000))
 	eventually(t, func() error {
 		for _, p := range b.set.Status().Peers {
