@@ -163,8 +163,9 @@ func WriteNftgate(topo *Topology, dir string, o NftgateOptions) (*NftgateConfig,
 // the [gateways] keys it does not know, and the error says which.
 func NftgateSupports(bin, cfg string) error {
 	out, _ := exec.Command(bin, "--config", cfg, "--help").CombinedOutput()
-	if first, _, _ := strings.Cut(string(out), "\n"); strings.Contains(first, "config "+cfg) {
-		return fmt.Errorf("this nftgate lacks the gateway set's state sync and floating masquerade addresses: %s", first)
+	first, _, _ := strings.Cut(string(out), "\n")
+	if _, why, found := strings.Cut(first, "config "+cfg+": "); found {
+		return fmt.Errorf("this nftgate lacks the gateway set's state sync and floating masquerade addresses (%s)", why)
 	}
 	return nil
 }
