@@ -92,18 +92,25 @@ func TestFloorLosesConnections(t *testing.T) {
 	}
 }
 
-// startNftgate starts nftgate in every gateway of topo and waits until
-// each is ready; it skips the test when the binary lacks state sync.
-func startNftgate(t *testing.T, topo *failover.Topology, o failover.NftgateOptions) (*failover.NftgateConfig, []*failover.Nftgate) {
+// nftgateConfig writes nftgate's configurations for topo; it skips the
+// test when the binary lacks state sync.
+func nftgateConfig(t *testing.T, topo *failover.Topology, o failover.NftgateOptions) *failover.NftgateConfig {
 	t.Helper()
 	cfg, err := failover.WriteNftgate(topo, t.TempDir(), o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	bin := gatewaytest.Binary(t)
-	if err := failover.NftgateSupports(bin, cfg.Configs[0]); err != nil {
+	if err := failover.NftgateSupports(gatewaytest.Binary(t), cfg.Configs[0]); err != nil {
 		t.Skipf("skipping until nftgate has state sync: %v", err)
 	}
+	return cfg
+}
+
+// startNftgate starts nftgate in every gateway of topo with cfg and waits
+// until each is ready.
+func startNftgate(t *testing.T, topo *failover.Topology, cfg *failover.NftgateConfig) []*failover.Nftgate {
+	t.Helper()
+	bin := gatewaytest.Binary(t)
 	var gs []*failover.Nftgate
 	t.Cleanup(func() {
 		for _, g := range gs {
@@ -127,7 +134,7 @@ func startNftgate(t *testing.T, topo *failover.Topology, o failover.NftgateOptio
 			t.Fatal(err)
 		}
 	}
-	return cfg, gs
+	return gs
 }
 
 // testDeadAfter is the tests' [gateways] dead_after, 500 ms rather than
@@ -141,7 +148,8 @@ const testDeadAfter = 5
 // which held a replica of each before the failure.
 func TestNftgateActiveBackupKeepsConnections(t *testing.T) {
 	topo := newTopology(t, failover.Options{Gateways: 2})
-	cfg, gs := startNftgate(t, topo, failover.NftgateOptions{DeadAfter: testDeadAfter})
+	cfg := nftgateConfig(t, topo, failover.NftgateOptions{DeadAfter: testDeadAfter})
+	gs := startNftgate(t, topo, cfg)
 	holder := -1
 	if err := lab.EventuallyWithin(20*time.Second, func() error {
 		holder = -1
@@ -192,13 +200,7 @@ func TestNftgateActiveBackupKeepsConnections(t *testing.T) {
 // masquerade address over, and every flow continues.
 func TestNftgateECMPKeepsConnections(t *testing.T) {
 	topo := newTopology(t, failover.Options{Gateways: 3, Router: true})
-	cfg, err := failover.WriteNftgate(topo, t.TempDir(), failover.NftgateOptions{ECMP: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := failover.NftgateSupports(gatewaytest.Binary(t), cfg.Configs[0]); err != nil {
-		t.Skipf("skipping until nftgate has state sync: %v", err)
-	}
+	cfg := nftgateConfig(t, topo, failover.NftgateOptions{ECMP: true, DeadAfter: testDeadAfter})
 	router, err := failover.StartRouter(topo, t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -209,7 +211,7 @@ func TestNftgateECMPKeepsConnections(t *testing.T) {
 		}
 		router.Close()
 	})
-	cfg, _ = startNftgate(t, topo, failover.NftgateOptions{ECMP: true, DeadAfter: testDeadAfter})
+	startNftgate(t, topo, cfg)
 	if err := lab.EventuallyWithin(30*time.Second, func() error {
 		routes, err := router.Routes(netip.PrefixFrom(failover.ECMPServiceAddr, 32))
 		if err != nil {

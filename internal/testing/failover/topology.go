@@ -242,15 +242,6 @@ func (t *Topology) Fail(i int) (time.Time, error) {
 	return start, err
 }
 
-// LinkDown sets a gateway's link down (e.g. a test cutting one link).
-func LinkDown(h *lab.Host, name string) error {
-	l, err := h.Netlink().LinkByName(name)
-	if err != nil {
-		return err
-	}
-	return h.Netlink().LinkSetDown(l)
-}
-
 // KillNamespace sends SIGKILL to every process whose network namespace
 // is h's (never this process) and waits until they are gone.
 func KillNamespace(h *lab.Host) error {
