@@ -11,6 +11,11 @@
 #   make bench BENCH_EDGE=10000         then the edge phase: 10,000 LoadBalancer
 #                                       Services allocated by nftgate and
 #                                       announced by BGP to BIRD (see "Edge")
+#   make bench BENCH_FAILOVER=1         then the failover phase: 1,000 TCP + 100
+#                                       UDP flows through a gateway killed with
+#                                       -9: keepalived alone, keepalived +
+#                                       conntrackd, nftgate (see "Failover");
+#                                       BENCH_ARGS=--failover-only: that alone
 #   make bench BENCH_ARGS="--dataplane-only --dataplane-duration 60s"
 #                                       cold start and the data plane only: new
 #                                       connections/s, stalls and iperf3, via a
@@ -25,6 +30,8 @@ BENCH_OUT ?= $(CURDIR)/bench/results
 # LoadBalancer Services of the edge phase; 0: no edge phase. It takes
 # several minutes at 10,000, so it is not on by default.
 BENCH_EDGE ?= 0
+# 1: the failover phase after the others (bench/results/failover/).
+BENCH_FAILOVER ?= 0
 
 # kube-proxy's iptables mode needs iptables, iptables-restore and
 # iptables-save; its nftables mode and the cleanup between runs need nft;
@@ -45,4 +52,5 @@ bench-build:
 
 bench: bench-deps kube-bin bench-build
 	$(BUILD)/nftgate-bench --nftgate $(BUILD)/nftgate --kube-proxy $(BUILD)/kube-proxy \
-		--sizes $(BENCH_SIZES) --edge $(BENCH_EDGE) --out $(BENCH_OUT) $(BENCH_ARGS)
+		--sizes $(BENCH_SIZES) --edge $(BENCH_EDGE) --out $(BENCH_OUT) \
+		$(if $(filter 1,$(BENCH_FAILOVER)),--failover) $(BENCH_ARGS)

@@ -65,6 +65,8 @@ type Config struct {
 	Rerender string
 	// Dataplane is the data-plane phase (dataplane.go).
 	Dataplane DataplaneConfig
+	// Failover is the failover phase (failover.go).
+	Failover FailoverConfig
 }
 
 func main() {
@@ -129,6 +131,7 @@ func parseFlags(args []string) (*Config, error) {
 	})
 	checkDataplane := dataplaneFlags(fs, &cfg.Dataplane)
 	edgeFlags(fs, &cfg.Edge)
+	checkFailover := failoverFlags(fs, &cfg.Failover)
 	fs.StringVar(&cfg.Rerender, "rerender", "", "results.json to render results.md and results.png from again, or edge.json to render edge.md (no measuring)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -191,6 +194,9 @@ func parseFlags(args []string) (*Config, error) {
 	if err := checkDataplane(); err != nil {
 		return nil, err
 	}
+	if err := checkFailover(); err != nil {
+		return nil, err
+	}
 	if cfg.Dataplane.Only {
 		cfg.Changes, cfg.LatencyN = 0, 0
 	}
@@ -198,12 +204,15 @@ func parseFlags(args []string) (*Config, error) {
 	if cfg.NftgateBin, err = filepath.Abs(cfg.NftgateBin); err != nil {
 		return nil, err
 	}
-	if cfg.KubeProxyBin == "" {
+	if cfg.KubeProxyBin == "" && !cfg.Failover.Only {
 		if cfg.KubeProxyBin, err = kubetest.KubeProxy(); err != nil {
 			return nil, fmt.Errorf("--kube-proxy: %w", err)
 		}
 	}
 	for _, bin := range []string{cfg.NftgateBin, cfg.KubeProxyBin} {
+		if bin == "" {
+			continue
+		}
 		if fi, err := os.Stat(bin); err != nil || fi.IsDir() {
 			return nil, fmt.Errorf("binary %s: not found (run `make bench-build kube-bin`)", bin)
 		}
@@ -235,6 +244,10 @@ func run(ctx context.Context, cfg *Config) error {
 
 	machine := describeMachine(cfg)
 	logf("machine: %s", machine.Summary())
+	if cfg.Failover.Only {
+		failed = false
+		return RunFailover(cfg, machine.Summary())
+	}
 
 	topo, err := lab.NewGateway("bench", lab.GatewayOptions{})
 	if err != nil {
@@ -316,6 +329,11 @@ func run(ctx context.Context, cfg *Config) error {
 	if cfg.Edge.Services > 0 && !cfg.LoadOnly {
 		if err := env.RunEdge(ctx, machine.Summary()); err != nil {
 			return fmt.Errorf("edge: %w", err)
+		}
+	}
+	if cfg.Failover.On && !cfg.LoadOnly {
+		if err := RunFailover(cfg, machine.Summary()); err != nil {
+			return fmt.Errorf("failover: %w", err)
 		}
 	}
 	report.Finished = time.Now().UTC()

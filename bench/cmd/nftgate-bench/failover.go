@@ -1,0 +1,269 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/nftgate/nftgate/internal/testing/failover"
+	"github.com/nftgate/nftgate/internal/testing/lab"
+)
+
+// FailoverConfig is the failover phase: long-lived TCP connections and UDP
+// flows through a gateway that is killed, in the harness of
+// internal/testing/failover, for the floor (keepalived alone), the anchor
+// (keepalived + conntrackd) and nftgate (active/backup, and three
+// gateways behind ECMP).
+type FailoverConfig struct {
+	On, Only bool
+	TCP, UDP int
+	Phases   []string
+}
+
+// The failover phase's runs.
+const (
+	foFloor   = "floor"
+	foAnchor  = "anchor"
+	foNftgate = "nftgate"
+	foECMP    = "nftgate-ecmp"
+)
+
+var allFailoverPhases = []string{foFloor, foAnchor, foNftgate, foECMP}
+
+func failoverFlags(fs *flag.FlagSet, c *FailoverConfig) func() error {
+	fs.BoolVar(&c.On, "failover", false, "failover phase after the others: kill a gateway under live flows (bench/results/failover)")
+	fs.BoolVar(&c.Only, "failover-only", false, "the failover phase alone (no kube-apiserver, no proxiers)")
+	fs.IntVar(&c.TCP, "failover-tcp", 1000, "failover phase: long-lived TCP connections, a line every 100 ms each")
+	fs.IntVar(&c.UDP, "failover-udp", 100, "failover phase: UDP flows, a datagram every 100 ms each")
+	phases := fs.String("failover-phases", strings.Join(allFailoverPhases, ","), "failover phase: the runs, of "+strings.Join(allFailoverPhases, ", "))
+	return func() error {
+		c.On = c.On || c.Only
+		for _, p := range strings.Split(*phases, ",") {
+			if p = strings.TrimSpace(p); !slices.Contains(allFailoverPhases, p) {
+				return fmt.Errorf("--failover-phases: %q: want some of %s", p, strings.Join(allFailoverPhases, ", "))
+			}
+			c.Phases = append(c.Phases, p)
+		}
+		if c.TCP < 1 || c.UDP < 0 || c.TCP+c.UDP > 20000 {
+			return fmt.Errorf("--failover-tcp %d, --failover-udp %d: want at least 1 TCP and at most 20,000 flows", c.TCP, c.UDP)
+		}
+		return nil
+	}
+}
+
+// FailoverRun is one run's outcome.
+type FailoverRun struct {
+	Name string `json:"name"`
+	// Skipped says why the run did not happen (nftgate without state
+	// sync).
+	Skipped  string          `json:"skipped,omitempty"`
+	Result   failover.Result `json:"result"`
+	LoadAvg  [2]float64      `json:"load_avg_before_after"`
+	Duration float64         `json:"seconds"`
+}
+
+// FailoverReport is bench/results/failover/results.json.
+type FailoverReport struct {
+	Started time.Time     `json:"started"`
+	Machine string        `json:"machine"`
+	TCP     int           `json:"tcp"`
+	UDP     int           `json:"udp"`
+	Runs    []FailoverRun `json:"runs"`
+}
+
+// RunFailover runs the failover phase and writes failover/results.md and
+// results.json under cfg.Out, after every run.
+func RunFailover(cfg *Config, machine string) error {
+	for _, v := range [][]string{{"keepalived", "--version"}, {"conntrackd", "-v"}} {
+		out, _ := exec.Command(v[0], v[1:]...).CombinedOutput()
+		line, _, _ := strings.Cut(strings.TrimSpace(string(out)), "\n")
+		line, _, _ = strings.Cut(line, ". ") // conntrackd: "... v1.4.7. Licensed under GPLv2."
+		machine += "; " + line
+	}
+	r := &FailoverReport{Started: time.Now().UTC(), Machine: machine, TCP: cfg.Failover.TCP, UDP: cfg.Failover.UDP}
+	dir := filepath.Join(cfg.Out, "failover")
+	traffic := failover.Traffic{TCP: cfg.Failover.TCP, UDP: cfg.Failover.UDP}
+	for _, name := range cfg.Failover.Phases {
+		logf("failover %s: %d TCP + %d UDP, load %.2f", name, traffic.TCP, traffic.UDP, loadAvg())
+		run := FailoverRun{Name: name, LoadAvg: [2]float64{loadAvg(), 0}}
+		start := time.Now()
+		res, skipped, err := failoverRun(cfg, name, traffic)
+		if err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		run.Result, run.Skipped, run.Duration = res, skipped, time.Since(start).Seconds()
+		run.LoadAvg[1] = loadAvg()
+		if skipped != "" {
+			logf("failover %s: skipped: %s", name, skipped)
+		} else {
+			logf("failover %s: %s", name, res)
+		}
+		r.Runs = append(r.Runs, run)
+		if err := r.write(dir); err != nil {
+			return err
+		}
+	}
+	logf("failover results in %s", dir)
+	return nil
+}
+
+func failoverRun(cfg *Config, name string, traffic failover.Traffic) (res failover.Result, skipped string, err error) {
+	tmp, err := os.MkdirTemp("", "nftgate-bench-failover-")
+	if err != nil {
+		return res, "", err
+	}
+	defer os.RemoveAll(tmp)
+	o := failover.Options{Name: "bench-failover", Gateways: 2}
+	if name == foECMP {
+		o.Gateways, o.Router = 3, true
+	}
+	topo, err := failover.New(o)
+	if err != nil {
+		return res, "", err
+	}
+	defer func() { err = errors.Join(err, topo.Close()) }()
+	n := traffic.TCP + traffic.UDP
+	switch name {
+	case foFloor, foAnchor:
+		a, err := failover.StartAnchor(topo, filepath.Join(tmp, "anchor"), name == foAnchor)
+		if err != nil {
+			return res, "", err
+		}
+		defer func() {
+			if err != nil {
+				logf("anchor logs:\n%s", a.Logs())
+			}
+			err = errors.Join(err, a.Close())
+		}()
+		res, err = failover.Failover(topo, netip.AddrPortFrom(failover.ServiceAddr, failover.ServicePort), traffic, 0,
+			func() error { return a.Synced(n, time.Minute) })
+		return res, "", err
+	}
+	nc, err := failover.WriteNftgate(topo, tmp, failover.NftgateOptions{ECMP: name == foECMP})
+	if err != nil {
+		return res, "", err
+	}
+	if err := failover.NftgateSupports(cfg.NftgateBin, nc.Configs[0]); err != nil {
+		return res, err.Error(), nil
+	}
+	if name == foECMP {
+		router, err := failover.StartRouter(topo, filepath.Join(tmp, "bird"))
+		if err != nil {
+			return res, "", err
+		}
+		defer router.Close()
+	}
+	var gs []*failover.Nftgate
+	defer func() {
+		for _, g := range gs {
+			if err != nil {
+				logf("nftgate in %s:\n%s", g.Host, g.Logs())
+			}
+			err = errors.Join(err, failover.KillNamespace(g.Host))
+		}
+	}()
+	for i, h := range topo.Gateways {
+		g, err := failover.StartNftgate(h, cfg.NftgateBin, nc.Args[i])
+		if err != nil {
+			return res, "", err
+		}
+		gs = append(gs, g)
+	}
+	for _, g := range gs {
+		if err := g.WaitReady(time.Minute); err != nil {
+			return res, "", err
+		}
+	}
+	// The gateway to kill: the holder of the Service address (active/
+	// backup), or the first (ECMP, where each carries a share).
+	fail := 0
+	if name == foNftgate {
+		if err := lab.EventuallyWithin(time.Minute, func() error {
+			for i, g := range gs {
+				h, err := g.Holds()
+				if err != nil {
+					return err
+				}
+				if slices.Contains(h, failover.ServiceAddr) {
+					fail = i
+					return nil
+				}
+			}
+			return fmt.Errorf("no gateway holds %v", failover.ServiceAddr)
+		}); err != nil {
+			return res, "", err
+		}
+	}
+	var others []*lab.Host
+	for i, h := range topo.Gateways {
+		if i != fail {
+			others = append(others, h)
+		}
+	}
+	res, err = failover.Failover(topo, nc.Dst, traffic, fail,
+		func() error { return failover.Replicated(others, nc.Dst.Addr(), n, time.Minute) })
+	return res, "", err
+}
+
+func (r *FailoverReport) write(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	data, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "results.json"), append(data, '\n'), 0o644); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "results.md"), []byte(r.markdown()), 0o644)
+}
+
+func (r *FailoverReport) markdown() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# Failover: %d TCP connections and %d UDP flows through a gateway killed with -9\n\n", r.TCP, r.UDP)
+	fmt.Fprintf(&b, "%s, %s. Each flow exchanges a line (datagram) every 100 ms; a flow is kept when it still echoes correctly 3 s after the kill, lost on a reset, a wrong byte or 10 s without an echo. Stall: the longest gap between two echoes of a kept flow (the interval included), from `internal/testing/failover`.\n\n",
+		r.Started.Format("2006-01-02 15:04 UTC"), r.Machine)
+	b.WriteString("| run | TCP lost | TCP stall p50 / p99 / max (ms) | UDP lost | UDP stall p50 / p99 / max (ms) | load avg before / after |\n")
+	b.WriteString("|---|---|---|---|---|---|\n")
+	for _, run := range r.Runs {
+		if run.Skipped != "" {
+			fmt.Fprintf(&b, "| %s | skipped: %s | | | | |\n", run.Name, run.Skipped)
+			continue
+		}
+		t, u := run.Result.TCP, run.Result.UDP
+		fmt.Fprintf(&b, "| %s | %d/%d%s | %s | %d/%d%s | %s | %.2f / %.2f |\n",
+			run.Name, t.Lost, t.Flows, reasons(t.Reasons), stalls(t), u.Lost, u.Flows, reasons(u.Reasons), stalls(u),
+			run.LoadAvg[0], run.LoadAvg[1])
+	}
+	b.WriteString("\nfloor: keepalived alone (VRRP, advert 100 ms) moves the Service address and F; anchor: the same with conntrackd (FTFW) and Debian's primary-backup.sh; nftgate: two gateways, active/backup; nftgate-ecmp: three behind BIRD (ECMP, BFD 100 ms), active/active.\n")
+	return b.String()
+}
+
+func reasons(m map[string]int) string {
+	if len(m) == 0 {
+		return ""
+	}
+	var parts []string
+	for k, v := range m {
+		parts = append(parts, fmt.Sprintf("%s %d", k, v))
+	}
+	slices.Sort(parts)
+	return " (" + strings.Join(parts, ", ") + ")"
+}
+
+// stalls is p50 / p99 / max over the kept flows; a dash when none was.
+func stalls(s failover.Stats) string {
+	if s.Lost == s.Flows {
+		return "–"
+	}
+	return fmt.Sprintf("%.0f / %.0f / %.0f", s.StallP50Ms, s.StallP99Ms, s.StallMaxMs)
+}

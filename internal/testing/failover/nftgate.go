@@ -1,0 +1,273 @@
+package failover
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/nftgate/nftgate/gateways"
+	"github.com/nftgate/nftgate/internal/testing/bird"
+	"github.com/nftgate/nftgate/internal/testing/lab"
+	"github.com/nftgate/nftgate/internal/testing/lab/gatewaytest"
+)
+
+// nftgate in the same topologies: every gateway serves one LoadBalancer
+// Service (its externalIP the Service address, its two endpoints on the
+// cluster segment) from manifests, runs the gateway set ([gateways], a
+// shared key, the channel over every link) with state sync on (the
+// default with [gateways]), and answers ARP ([l2]) on both segments.
+//
+// Active/backup (two gateways, mode "active-backup", the default): the
+// Service address on the upstream segment and F on the cluster segment,
+// F the masquerade address of both. ECMP (three gateways, mode
+// "active-active"): each announces the Service address to the router
+// (BIRD) by BGP with BFD, masquerades to its own address, and lists its
+// peers' so that a survivor takes them over.
+
+// BGP numbers of the ECMP variant.
+const (
+	RouterASN  = 64512
+	GatewayASN = 64513
+	// BFDInterval is the router's and the gateways' BFD interval.
+	BFDInterval = 100 * time.Millisecond
+)
+
+// NftgateOptions tune the nftgate configurations.
+type NftgateOptions struct {
+	// ECMP: three gateways behind BIRD, active/active.
+	ECMP bool
+	// DeadAfter is [gateways] dead_after; 0 leaves nftgate's default.
+	DeadAfter int
+}
+
+// NftgateConfig is the configuration and manifests of every gateway,
+// written by WriteNftgate.
+type NftgateConfig struct {
+	// Args[i] are gateway i's flags (--config, --manifests, --listen,
+	// --node-name).
+	Args [][]string
+	// Configs[i] is gateway i's configuration file.
+	Configs []string
+	// Dst is where the client sends.
+	Dst netip.AddrPort
+}
+
+// nftgateListen is where each gateway's HTTP server listens, in its own
+// namespace.
+const nftgateListen = "127.0.0.1:9180"
+
+// WriteNftgate writes each gateway's configuration and manifests and the
+// shared key under dir.
+func WriteNftgate(topo *Topology, dir string, o NftgateOptions) (*NftgateConfig, error) {
+	key := filepath.Join(dir, "gateways.key")
+	if err := os.WriteFile(key, []byte("the failover harness's gateway set key, 32+ bytes\n"), 0o600); err != nil {
+		return nil, err
+	}
+	svcAddr := ServiceAddr
+	if o.ECMP {
+		svcAddr = ECMPServiceAddr
+	}
+	svc := gatewaytest.Service("default", "web", "LoadBalancer", []string{"198.19.0.10"},
+		gatewaytest.Port{Name: "tcp", Port: ServicePort}, gatewaytest.Port{Name: "udp", Protocol: "UDP", Port: ServicePort})
+	svc.Spec.ExternalIPs = []string{svcAddr.String()}
+	var eps []gatewaytest.Endpoint
+	for _, e := range Endpoints {
+		eps = append(eps, gatewaytest.Endpoint{Addr: e.String()})
+	}
+	var manifest bytes.Buffer
+	for _, obj := range []any{svc, gatewaytest.Slice("default", "web-tcp", "web", "tcp", "TCP", EndpointPort, eps...),
+		gatewaytest.Slice("default", "web-udp", "web", "udp", "UDP", EndpointPort, eps...)} {
+		y, err := yaml.Marshal(obj)
+		if err != nil {
+			return nil, err
+		}
+		manifest.WriteString("---\n")
+		manifest.Write(y)
+	}
+	q := func(v any) string { b, _ := json.Marshal(v); return string(b) }
+	masq := func(i int) netip.Addr {
+		if o.ECMP {
+			return MasqueradeAddr(i)
+		}
+		return Floating
+	}
+	c := &NftgateConfig{Dst: netip.AddrPortFrom(svcAddr, ServicePort)}
+	for i := range topo.Gateways {
+		name := GatewayNames[i]
+		mdir := filepath.Join(dir, name+"-manifests")
+		if err := os.MkdirAll(mdir, 0o755); err != nil {
+			return nil, err
+		}
+		if err := os.WriteFile(filepath.Join(mdir, "web.yaml"), manifest.Bytes(), 0o644); err != nil {
+			return nil, err
+		}
+		l2 := []string{topo.Cluster[i]}
+		if !o.ECMP {
+			l2 = append([]string{topo.Upstream[i]}, l2...)
+		}
+		text := fmt.Sprintf("external_ip_cidrs = [%q]\nhash_seed = 4242\n\n[l2]\ninterfaces = %s\ngratuitous_interval = \"100ms\"\n",
+			netip.PrefixFrom(svcAddr, 32).String(), q(l2))
+		if o.ECMP {
+			text += fmt.Sprintf("\n[bgp]\nasn = %d\nrouter_id = %q\nlisten_port = -1\nrestart_deferral = \"1s\"\n"+
+				"\n[[bgp.peer]]\naddress = %q\nasn = %d\nhold_time = \"9s\"\nconnect_retry = \"1s\"\nbfd = true\nbfd_interval = %q\n",
+				GatewayASN, GatewayAddr(UpstreamNet, i), RouterAddr, RouterASN, BFDInterval.String())
+		}
+		mode := "active-backup"
+		if o.ECMP {
+			mode = "active-active"
+		}
+		text += fmt.Sprintf("\n[gateways]\nname = %q\nkey_file = %q\nlisten = \":7480\"\nmode = %q\nmasquerade_addresses = [%q]\n",
+			name, key, mode, masq(i))
+		if o.DeadAfter > 0 {
+			text += fmt.Sprintf("dead_after = %d\n", o.DeadAfter)
+		}
+		for j := range topo.Gateways {
+			if j == i {
+				continue
+			}
+			addrs := []string{}
+			if i < 2 && j < 2 {
+				addrs = append(addrs, netip.AddrPortFrom(SyncAddr(j), 7480).String())
+			}
+			addrs = append(addrs, netip.AddrPortFrom(GatewayAddr(UpstreamNet, j), 7480).String(),
+				netip.AddrPortFrom(GatewayAddr(ClusterNet, j), 7480).String())
+			text += fmt.Sprintf("\n[[gateways.peers]]\nname = %q\naddresses = %s\n", GatewayNames[j], q(addrs))
+			if o.ECMP {
+				text += fmt.Sprintf("masquerade_addresses = [%q]\n", MasqueradeAddr(j))
+			}
+		}
+		cfg := filepath.Join(dir, name+".toml")
+		if err := os.WriteFile(cfg, []byte(text), 0o644); err != nil {
+			return nil, err
+		}
+		c.Configs = append(c.Configs, cfg)
+		c.Args = append(c.Args, []string{"--config", cfg, "--manifests", mdir, "--listen", nftgateListen, "--node-name", name})
+	}
+	return c, nil
+}
+
+// NftgateSupports tells whether the nftgate binary bin accepts cfg (a
+// configuration WriteNftgate wrote): a binary without state sync refuses
+// the [gateways] keys it does not know, and the error says which.
+func NftgateSupports(bin, cfg string) error {
+	out, _ := exec.Command(bin, "--config", cfg, "--help").CombinedOutput()
+	first, _, _ := strings.Cut(string(out), "\n")
+	if _, why, found := strings.Cut(first, "config "+cfg+": "); found {
+		return fmt.Errorf("this nftgate lacks the gateway set's state sync and floating masquerade addresses (%s)", why)
+	}
+	return nil
+}
+
+// StartRouter starts BIRD in the ECMP variant's router, with a BGP session
+// and BFD to each gateway, its files in dir.
+func StartRouter(topo *Topology, dir string) (*bird.Router, error) {
+	var gws []netip.Addr
+	for i := range topo.Gateways {
+		gws = append(gws, GatewayAddr(UpstreamNet, i))
+	}
+	return bird.Launch(topo.Router, bird.Several(RouterAddr, RouterASN, gws, GatewayASN, BFDInterval), dir)
+}
+
+// Replicated waits until every gateway in hosts holds at least n conntrack
+// entries to dst: the flows reached them before the failure.
+func Replicated(hosts []*lab.Host, dst netip.Addr, n int, timeout time.Duration) error {
+	return lab.EventuallyWithin(timeout, func() error {
+		for _, h := range hosts {
+			out, err := h.Command(context.Background(), "conntrack", "-L", "-d", dst.String()).Output()
+			if err != nil {
+				return fmt.Errorf("%s: conntrack -L: %w", h, err)
+			}
+			if got := strings.Count(string(out), "\n"); got < n {
+				return fmt.Errorf("%s holds %d entries to %v, want %d", h, got, dst, n)
+			}
+		}
+		return nil
+	})
+}
+
+// Nftgate is one nftgate process in a gateway of the topology.
+type Nftgate struct {
+	Host *lab.Host
+	cmd  *exec.Cmd
+	done chan struct{}
+	logs lockedBuffer
+	buf  bytes.Buffer
+}
+
+// StartNftgate runs bin with args in h. It is killed with the lab, or by
+// KillNamespace (Topology.Fail).
+func StartNftgate(h *lab.Host, bin string, args []string) (*Nftgate, error) {
+	n := &Nftgate{Host: h, done: make(chan struct{})}
+	n.logs = lockedBuffer{mu: &sync.Mutex{}, b: &n.buf}
+	n.cmd = h.Command(context.Background(), bin, args...)
+	n.cmd.Stdout, n.cmd.Stderr = &n.logs, &n.logs
+	if err := n.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("failover: %s: start nftgate: %w", h, err)
+	}
+	go func() { _ = n.cmd.Wait(); close(n.done) }()
+	return n, nil
+}
+
+// WaitReady waits until /readyz answers 200.
+func (n *Nftgate) WaitReady(timeout time.Duration) error {
+	return lab.EventuallyWithin(timeout, func() error {
+		select {
+		case <-n.done:
+			return fmt.Errorf("nftgate in %s exited:\n%s", n.Host, n.Logs())
+		default:
+		}
+		code, body, err := n.Get("/readyz")
+		if err != nil {
+			return err
+		}
+		if code != http.StatusOK {
+			return fmt.Errorf("readyz %d: %s", code, body)
+		}
+		return nil
+	})
+}
+
+// Get fetches path from the gateway's HTTP server.
+func (n *Nftgate) Get(path string) (int, string, error) {
+	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DialContext: n.Host.DialContext}}
+	defer client.CloseIdleConnections()
+	resp, err := client.Get("http://" + nftgateListen + path)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), err
+}
+
+// Holds is what the gateway's /api/v1/gateways says it holds.
+func (n *Nftgate) Holds() ([]netip.Addr, error) {
+	_, body, err := n.Get("/api/v1/gateways")
+	if err != nil {
+		return nil, err
+	}
+	var st gateways.Status
+	if err := json.Unmarshal([]byte(body), &st); err != nil {
+		return nil, fmt.Errorf("%s: /api/v1/gateways: %w", n.Host, err)
+	}
+	return st.Holds, nil
+}
+
+// Logs is everything the process wrote.
+func (n *Nftgate) Logs() string {
+	n.logs.mu.Lock()
+	defer n.logs.mu.Unlock()
+	return n.buf.String()
+}
