@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -60,6 +61,23 @@ func (d Drift) String() string {
 		s += fmt.Sprintf("; and %d more", d.More)
 	}
 	return fmt.Sprintf("%s changed nftgate's tables (generation %d): %s", d.Writer, d.Generation, s)
+}
+
+// add notes one change; a table's come first, as they say the most.
+func (d *Drift) add(what string, table bool) {
+	if len(d.Changes) == maxDriftChanges {
+		if !table {
+			d.More++
+			return
+		}
+		d.Changes = d.Changes[:len(d.Changes)-1]
+		d.More++
+	}
+	if table {
+		d.Changes = slices.Insert(d.Changes, 0, what)
+		return
+	}
+	d.Changes = append(d.Changes, what)
 }
 
 // watchState is what the notifications have told so far, shared between
@@ -192,11 +210,7 @@ func (p *Programmer) Watch(ctx context.Context, report func(Drift)) error {
 			if !ok {
 				continue
 			}
-			if len(cur.Changes) < maxDriftChanges {
-				cur.Changes = append(cur.Changes, what)
-			} else {
-				cur.More++
-			}
+			cur.add(what, typ == unix.NFT_MSG_DELTABLE || typ == unix.NFT_MSG_NEWTABLE)
 		}
 	}
 }
