@@ -302,3 +302,10 @@ func decodeGen(attrs []byte) (gen uint32, writer string) {
 
 // nftaFlowtableName is NFTA_FLOWTABLE_NAME, which x/sys/unix lacks.
 const nftaFlowtableName = 2
+
+// watchRunning tells whether Watch has joined the notifications.
+func (p *Programmer) watchRunning() bool {
+	p.watch.mu.Lock()
+	defer p.watch.mu.Unlock()
+	return p.watch.running
+}

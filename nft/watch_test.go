@@ -2,6 +2,8 @@ package nft
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -52,13 +54,9 @@ func watchDrifts(t *testing.T, p *Programmer) <-chan Drift {
 			t.Errorf("Watch: %v", err)
 		}
 	})
-	// Watching has begun when a full sync reads the tables back for it.
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		p.watch.mu.Lock()
-		running := p.watch.running
-		p.watch.mu.Unlock()
-		if running {
+		if p.watchRunning() {
 			return ch
 		}
 		if time.Now().After(deadline) {
@@ -159,4 +157,83 @@ func TestWatchReportsOthersChanges(t *testing.T) {
 		t.Fatalf("the flush was not repaired:\n%s", out)
 	}
 	noDrift(t, p, ch, "the repair")
+}
+
+// BenchmarkKernelColdFullWatched is BenchmarkKernelColdFull with Watch
+// running: what the kernel's notifications of nftgate's own batch cost
+// (the kernel builds them only while someone listens).
+func BenchmarkKernelColdFullWatched(b *testing.B) {
+	for _, n := range benchSizes(10_000, 100_000) {
+		b.Run(sizeName(n), func(b *testing.B) {
+			c := clusterOf(n)
+			var durs, kernel []time.Duration
+			for range b.N {
+				b.StopTimer()
+				_, fd := testNetNS(b)
+				p, err := NewProgrammer(scaleConfig(), Options{NetNSFD: fd})
+				if err != nil {
+					b.Fatal(err)
+				}
+				ctx, cancel := context.WithCancel(context.Background())
+				done := make(chan error, 1)
+				lost := 0
+				go func() { done <- p.Watch(ctx, func(d Drift) { lost++ }) }()
+				for !p.watchRunning() {
+					time.Sleep(time.Millisecond)
+				}
+				b.StartTimer()
+				res, err := p.Full(c.Services)
+				b.StopTimer()
+				if err != nil {
+					b.Fatal(err)
+				}
+				durs, kernel = append(durs, res.Duration), append(kernel, res.Kernel)
+				cancel()
+				if err := <-done; err != nil {
+					b.Fatal(err)
+				}
+				b.Logf("%d reports (lost notifications)", lost)
+				p.Close()
+				b.StartTimer()
+			}
+			reportQuantiles(b, durs)
+			slices.Sort(kernel)
+			b.ReportMetric(float64(kernel[len(kernel)/2])/float64(time.Millisecond), "kernel-p50-ms")
+		})
+	}
+}
+
+// BenchmarkKernelReconcileWatched is the periodic reconcile after another
+// program committed a transaction of its own tables, with Watch running:
+// the notifications say nftgate's tables were not touched, so nothing is
+// read back (BenchmarkKernelReconcileFull is the same without them).
+func BenchmarkKernelReconcileWatched(b *testing.B) {
+	for _, n := range benchSizes(10_000, 100_000) {
+		b.Run(sizeName(n), func(b *testing.B) {
+			c := clusterOf(n)
+			ns, p := coldProgrammer(b, c)
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- p.Watch(ctx, func(Drift) {}) }()
+			b.Cleanup(func() { cancel(); <-done })
+			for !p.watchRunning() {
+				time.Sleep(time.Millisecond)
+			}
+			var durs []time.Duration
+			for i := range b.N {
+				b.StopTimer()
+				scaleNft(b, ns, "add", "table", "ip", fmt.Sprintf("other-%d", i))
+				b.StartTimer()
+				res, err := p.Full(c.Services)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if i > 0 && res.ReadBack {
+					b.Fatalf("reconcile read back after another program's own table: %+v", res)
+				}
+				durs = append(durs, res.Duration)
+			}
+			reportQuantiles(b, durs)
+		})
+	}
 }
