@@ -107,6 +107,13 @@ const wait = 10 * time.Second
 
 func startLoop(t *testing.T, minInterval, reconcile time.Duration, services ...string) *harness {
 	t.Helper()
+	return startLoopWith(t, nil, minInterval, reconcile, services...)
+}
+
+// startLoopWith is startLoop with set, when not nil, changing the Syncer
+// before it runs.
+func startLoopWith(t *testing.T, set func(*Syncer), minInterval, reconcile time.Duration, services ...string) *harness {
+	t.Helper()
 	clk := clocktesting.NewFakeClock(t0)
 	h := &harness{t: t, clk: clk, tr: NewTracker(), events: make(chan Event, 100),
 		prog: &fakeProgrammer{clk: clk, calls: make(chan call, 100), stop: make(chan struct{})}}
@@ -122,6 +129,9 @@ func startLoop(t *testing.T, minInterval, reconcile time.Duration, services ...s
 			case <-h.prog.stop:
 			}
 		}}}
+	if set != nil {
+		set(h.s)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { h.s.Run(ctx); close(done) }()

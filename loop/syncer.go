@@ -34,6 +34,9 @@ type Event struct {
 	// Triggers are when the EndpointSlice changes this sync carried
 	// happened in the cluster (their last-change-trigger-time).
 	Triggers []time.Time
+	// Repair says why the full sync was asked for at once (RequestRepair):
+	// what another program did to the tables. Empty otherwise.
+	Repair string
 	// Before and After hold the models of the changed Services (nil where
 	// a Service did not exist), for observers that act on differences.
 	Before, After map[model.ServiceKey]*model.Service
@@ -79,6 +82,9 @@ type Syncer struct {
 	// Syncer's goroutine: a full sync holds the whole ruleset, built or
 	// read back from the kernel, for a moment.
 	BeforeFull func()
+	// MinRepairInterval is the least time between two full syncs that
+	// RequestRepair asks for.
+	MinRepairInterval time.Duration
 	// Clock is what Run waits with (minimum interval, back-off, periodic
 	// reconcile) and what Event.Start reads; nil is the real clock.
 	Clock clock.WithTicker
@@ -99,6 +105,7 @@ type Syncer struct {
 	exposed   map[model.ServiceKey]struct{}
 	unserved  map[model.ServiceKey][]string
 	conflicts map[model.ServiceKey][]string
+	repair    repairs
 }
 
 type refusal struct {
@@ -168,10 +175,15 @@ func (s *Syncer) Run(ctx context.Context) error {
 	}
 	needFull := true
 	var backoff time.Duration
-	var last, nextFull time.Time
+	var last, nextFull, lastRepair time.Time
+	var repairWhy string
 	for {
 		if needFull && !clk.Now().Before(nextFull) {
-			err := s.full(log)
+			if repairWhy != "" {
+				lastRepair = clk.Now()
+			}
+			err := s.full(log, repairWhy)
+			repairWhy = ""
 			last = clk.Now()
 			if err != nil {
 				backoff = nextBackoff(backoff)
@@ -196,6 +208,15 @@ func (s *Syncer) Run(ctx context.Context) error {
 		case <-reconcile:
 			stopTimer(retry)
 			needFull = true
+			continue
+		case why := <-s.repair.c():
+			stopTimer(retry)
+			if !needFull {
+				needFull, repairWhy = true, why
+				nextFull = s.repairAt(clk.Now(), lastRepair)
+			} else if repairWhy == "" {
+				repairWhy = why // the pending full sync repairs it
+			}
 			continue
 		case <-s.Tracker.Changed():
 			stopTimer(retry)
@@ -331,7 +352,7 @@ func (s *Syncer) warningsLocked(k model.ServiceKey) []string {
 	return append(slices.Clip(r), c...)
 }
 
-func (s *Syncer) full(log *slog.Logger) error {
+func (s *Syncer) full(log *slog.Logger, repair string) error {
 	if s.BeforeFull != nil {
 		s.BeforeFull()
 	}
@@ -382,7 +403,7 @@ func (s *Syncer) full(log *slog.Logger) error {
 		}
 	}
 	res, err := s.Programmer.Full(desired)
-	ev := Event{Full: true, Start: start, Result: res, Err: err, Triggers: triggers}
+	ev := Event{Full: true, Start: start, Result: res, Err: err, Triggers: triggers, Repair: repair}
 	keys := make([]model.ServiceKey, 0, len(objs))
 	for k := range objs {
 		keys = append(keys, k)

@@ -38,7 +38,7 @@ func dialBatch(netnsFD int) (*batchConn, error) {
 	// Error messages carry the kernel's explanation when it has one.
 	_ = nl.SetOption(netlink.ExtendedAcknowledge, true)
 	b := &batchConn{nl: nl, timeout: 30 * time.Second}
-	if err := b.forceBuffer(unix.SO_RCVBUFFORCE, 4<<20); err != nil {
+	if err := forceBuffer(nl, unix.SO_RCVBUFFORCE, 4<<20); err != nil {
 		nl.Close()
 		return nil, err
 	}
@@ -65,8 +65,10 @@ func (b *batchConn) write(bufs [][]byte) error {
 	return serr
 }
 
-func (b *batchConn) forceBuffer(opt, size int) error {
-	rc, err := b.nl.SyscallConn()
+// forceBuffer sets a socket's send or receive buffer (SO_SNDBUFFORCE,
+// SO_RCVBUFFORCE) beyond the system's limit.
+func forceBuffer(nl *netlink.Conn, opt, size int) error {
+	rc, err := nl.SyscallConn()
 	if err != nil {
 		return err
 	}
@@ -116,7 +118,7 @@ func (b *batchConn) send(bt *batch, describe func() []note) error {
 	// must hold.
 	size := bt.size()
 	if want := size + 64<<10; want > b.sndbuf {
-		if err := b.forceBuffer(unix.SO_SNDBUFFORCE, want); err != nil {
+		if err := forceBuffer(b.nl, unix.SO_SNDBUFFORCE, want); err != nil {
 			return err
 		}
 		b.sndbuf = want

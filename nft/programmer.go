@@ -37,6 +37,17 @@ type Programmer struct {
 	state        []*ruleset.TableState               // per table of p.tables
 	services     map[model.ServiceKey]*model.Service // as programmed
 	claims       *ruleset.Claims
+	// trusted tells whether nftgate's record of its tables (state) is
+	// what the kernel holds, as far as nftgate's own transactions go: it
+	// is not after a batch whose fate is unknown, or whose planning
+	// forgot elements, until a read-back.
+	trusted bool
+	// watch is what the kernel's notifications told (Watch), and
+	// readDrifts its count of drifts when the tables were last read back.
+	watch      *watchState
+	readDrifts uint64
+	netnsFD    int
+	ownTables  map[tableRef]bool
 	// bisectOnly makes isolation ignore what the refused messages name,
 	// for tests of the bisection.
 	bisectOnly bool
@@ -109,8 +120,14 @@ func NewProgrammer(cfg ruleset.Config, opts Options) (*Programmer, error) {
 		b.Close()
 		return nil, err
 	}
-	p := &Programmer{cfg: cfg, batch: b, reader: r, services: map[model.ServiceKey]*model.Service{}, claims: ruleset.NewClaims()}
+	p := &Programmer{cfg: cfg, batch: b, reader: r, services: map[model.ServiceKey]*model.Service{}, claims: ruleset.NewClaims(),
+		watch: newWatchState(), netnsFD: opts.NetNSFD, ownTables: map[tableRef]bool{}}
 	p.tables = ruleset.NewTables(&p.cfg)
+	for _, f := range ruleset.Families {
+		for _, n := range p.tables.Names(f) {
+			p.ownTables[tableRef{f, n}] = true
+		}
+	}
 	p.tables.Refuse = opts.RefuseForTest
 	p.staticChains = map[string]bool{}
 	for _, fr := range p.tables.Skeletons {
@@ -175,10 +192,21 @@ func (p *Programmer) Full(services map[model.ServiceKey]*model.Service) (Result,
 		h.Write([]byte(chain))
 		return h.Sum32()%reconcileRounds == p.reconciles%reconcileRounds
 	}
-	if p.synced && p.genKnown {
-		if g, err := p.batch.generation(); err == nil && g == p.generation {
-			// Nothing was committed since nftgate's last transaction:
-			// the kernel holds what nftgate believes, without reading it.
+	if p.synced {
+		drifts := p.watch.snapshot()
+		g, err := p.batch.generation()
+		// Nothing was committed since nftgate's last transaction, or the
+		// kernel's notifications say no other program touched nftgate's
+		// tables since they were last read: the kernel holds what
+		// nftgate believes, without reading it.
+		quiet := err == nil && p.genKnown && g == p.generation
+		if quiet {
+			p.readDrifts = drifts
+		} else if err == nil && p.trusted && p.watch.quietSince(p.readDrifts, g, watchCatchUp) {
+			quiet = true
+			p.generation, p.genKnown = g, true
+		}
+		if quiet {
 			res, err := p.partialLocked(start, res, ruleset.ChangedServices(p.services, services))
 			if err == nil {
 				res.Conflicts = p.claims.Conflicts()
@@ -187,12 +215,19 @@ func (p *Programmer) Full(services map[model.ServiceKey]*model.Service) (Result,
 		}
 	}
 	res.ReadBack = true
+	p.readDrifts = p.watch.snapshot()
+	p.genKnown = false
+	g, genErr := p.batch.generation()
 	observed, drop, err := p.observe(&res, p.synced, sampled)
 	if err != nil {
 		return res, err
 	}
+	// The tables as read are those of generation g or later: if the
+	// kernel is still at g when nftgate commits next, nothing came between.
+	p.generation, p.genKnown = g, genErr == nil
 
 	if p.synced && len(res.Drift) == 0 {
+		p.trusted = true
 		// The kernel holds what nftgate believes: only the Services that
 		// changed since the last sync need planning, as in a partial sync.
 		// Rendering all of them again is most of a full sync's cost, and
@@ -233,7 +268,7 @@ func (p *Programmer) committedFull(res *Result, plan []*ruleset.Ops, observed []
 	res.ServiceConflicts = claims.RebuildLosses(p.claims)
 	p.claims = claims
 	p.services = ruleset.CloneServices(services)
-	p.synced = true
+	p.synced, p.trusted = true, true
 }
 
 // observe reads nftgate's tables back: what each holds, and the shard
@@ -321,7 +356,7 @@ func (p *Programmer) attempt(res *Result, changes map[model.ServiceKey]*model.Se
 		if ruleset.Recreates(ds) {
 			// Planning a set's recreation forgot its elements: only a
 			// read-back knows the kernel again.
-			p.genKnown = false
+			p.genKnown, p.trusted = false, false
 		}
 		var be *BatchError
 		return err, errors.As(err, &be) && p.genKnown
@@ -374,13 +409,21 @@ func (p *Programmer) commit(ds []*ruleset.Ops, drop []ruleset.TableRef) (int, ti
 	start := time.Now()
 	err = p.batch.send(w, describe)
 	took := time.Since(start)
-	if genErr == nil {
+	var be *BatchError
+	if err != nil && !errors.As(err, &be) {
+		// Not the kernel's refusal: the batch may or may not be in.
+		p.trusted = false
+	}
+	// The generation stays known only from one of nftgate's transactions
+	// (or read-backs) to the next with nothing between: a transaction of
+	// another program before this one may have changed nftgate's tables.
+	if known {
 		after, aerr := p.batch.generation()
 		switch {
 		case aerr != nil:
 		case err == nil && after == before+1:
 			p.generation, p.genKnown = after, true
-		case err != nil && known && after == before:
+		case err != nil && after == before:
 			// A refused batch commits nothing: nftgate's record of the
 			// kernel still holds.
 			p.genKnown = true

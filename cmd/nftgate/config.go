@@ -43,6 +43,7 @@ type Config struct {
 	ExternalOnly      bool     `toml:"external_only"`
 	MinSyncInterval   Duration `toml:"min_sync_interval"`
 	ReconcileInterval Duration `toml:"reconcile_interval"`
+	MinRepairInterval Duration `toml:"min_repair_interval"`
 	HealthzMaxAge     Duration `toml:"healthz_max_sync_age"`
 	MasqueradeBit     uint32   `toml:"masquerade_bit"`
 	HashSeed          uint32   `toml:"hash_seed"`
@@ -113,6 +114,7 @@ func defaults() Config {
 		Listen:                      "127.0.0.1:9180",
 		MinSyncInterval:             Duration(50 * time.Millisecond),
 		ReconcileInterval:           Duration(time.Minute),
+		MinRepairInterval:           Duration(time.Second),
 		HealthzMaxAge:               Duration(2 * time.Minute),
 		DrainPeriod:                 Duration(DefaultDrainPeriod),
 		MasqueradeBit:               0x4000,
@@ -309,6 +311,7 @@ const (
 	maxSyncInterval   = time.Minute
 	minReconcile      = time.Second
 	maxReconcile      = 24 * time.Hour
+	maxRepairInterval = time.Hour
 	minHealthzMaxAge  = time.Second
 	maxHealthzMaxAge  = 24 * time.Hour
 	minMemoryLimit    = 16 << 20
@@ -394,6 +397,9 @@ func (c *Config) validate() error {
 	}
 	within("min_sync_interval", c.MinSyncInterval, minSyncInterval, maxSyncInterval, "")
 	within("reconcile_interval", c.ReconcileInterval, minReconcile, maxReconcile, "off")
+	if c.MinRepairInterval < 0 || time.Duration(c.MinRepairInterval) > maxRepairInterval {
+		bad("min_repair_interval", "%s is not between 0s and %s", c.MinRepairInterval, maxRepairInterval)
+	}
 	within("healthz_max_sync_age", c.HealthzMaxAge, minHealthzMaxAge, maxHealthzMaxAge, "off")
 	if c.HealthzMaxAge > 0 && c.ReconcileInterval > 0 && c.HealthzMaxAge < c.ReconcileInterval {
 		bad("healthz_max_sync_age", "%s is shorter than reconcile_interval (%s): /healthz would fail between the syncs of a quiet cluster", c.HealthzMaxAge, c.ReconcileInterval)

@@ -140,6 +140,8 @@ func TestBadConfigNamesTheField(t *testing.T) {
 		{args: []string{"--reconcile-interval", "1ns"}, want: []string{"reconcile_interval", "1ns"}},
 		{args: []string{"--reconcile-interval", "500ms"}, want: []string{"reconcile_interval", "500ms"}},
 		{args: []string{"--reconcile-interval", "48h"}, want: []string{"reconcile_interval", "48h0m0s"}},
+		{file: "min_repair_interval = \"-1s\"\n", want: []string{"min_repair_interval", "-1s"}},
+		{file: "min_repair_interval = \"2h\"\n", want: []string{"min_repair_interval", "2h0m0s"}},
 		{args: []string{"--min-sync-interval", "0s"}, want: []string{"min_sync_interval", "0s"}},
 		{args: []string{"--min-sync-interval", "100us"}, want: []string{"min_sync_interval", "100µs"}},
 		{args: []string{"--min-sync-interval", "-5ms"}, want: []string{"min_sync_interval", "-5ms"}},

@@ -215,6 +215,8 @@ func serve(ctx context.Context, cfg *Config) error {
 		Log:         log,
 		MinInterval: time.Duration(cfg.MinSyncInterval),
 		Reconcile:   time.Duration(cfg.ReconcileInterval),
+
+		MinRepairInterval: time.Duration(cfg.MinRepairInterval),
 	}
 	syncer.BeforeFull = memLimit.BeforeFull
 	syncer.Observers = append(syncer.Observers, edge.observe)
@@ -309,6 +311,7 @@ func serve(ctx context.Context, cfg *Config) error {
 		}
 	})
 	wg.Go(func() { errc <- syncer.Run(ctx) })
+	wg.Go(func() { watchDrift(ctx, prog, syncer, metrics.Registry(), log) })
 	wg.Go(func() { pub.Run(ctx) })
 	wg.Go(func() { status.FollowSource(ctx, src, rec, time.Second) })
 	// The watchdog asks whether the sync loop is alive, not whether the

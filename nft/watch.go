@@ -1,0 +1,311 @@
+package nft
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/nftgate/nftgate/ruleset"
+)
+
+// The kernel multicasts every committed nf_tables transaction to the
+// NFNLGRP_NFTABLES group: one message per object it created or deleted,
+// then NFT_MSG_NEWGEN with the new generation. Each message's header
+// carries the netlink port of the socket that sent the batch, so nftgate's
+// own transactions are told apart by its batch socket's port. The messages
+// are read here with mdlayher/netlink and only their headers and table
+// names are looked at: google/nftables' Monitor decodes every rule and
+// element, which a cold sync's hundreds of thousands of messages would
+// pay for, and it stops for good at the first lost message (ENOBUFS),
+// which a large sync's own messages cause.
+
+// watchBuffer is the receive buffer of the notification socket. A
+// transaction of another program is a handful of messages; nftgate's own
+// cold sync overflows any buffer, which is reported as lost messages.
+const watchBuffer = 8 << 20
+
+// Drift is what another program did to nftgate's tables in one
+// transaction, as the kernel announced it, or the news that announcements
+// were lost (Lost): then what happened is unknown.
+type Drift struct {
+	Generation uint32
+	// Writer is the program that committed the transaction ("nft",
+	// pid 1234), as the kernel names it.
+	Writer string
+	// Changes describe the transaction's changes to nftgate's tables
+	// ("deleted table ip nftgate"), the first few of them; More counts
+	// the others.
+	Changes []string
+	More    int
+	Lost    bool
+}
+
+// maxDriftChanges is how many changes a Drift describes.
+const maxDriftChanges = 4
+
+func (d Drift) String() string {
+	if d.Lost {
+		return "kernel notifications lost (receive buffer overflowed); the tables are read back"
+	}
+	s := strings.Join(d.Changes, "; ")
+	if d.More > 0 {
+		s += fmt.Sprintf("; and %d more", d.More)
+	}
+	return fmt.Sprintf("%s changed nftgate's tables (generation %d): %s", d.Writer, d.Generation, s)
+}
+
+// add notes one change; a table's come first, as they say the most.
+func (d *Drift) add(what string, table bool) {
+	if len(d.Changes) == maxDriftChanges {
+		if !table {
+			d.More++
+			return
+		}
+		d.Changes = d.Changes[:len(d.Changes)-1]
+		d.More++
+	}
+	if table {
+		d.Changes = slices.Insert(d.Changes, 0, what)
+		return
+	}
+	d.Changes = append(d.Changes, what)
+}
+
+// watchState is what the notifications have told so far, shared between
+// the watching goroutine and full syncs.
+type watchState struct {
+	mu      sync.Mutex
+	running bool
+	gen     uint32 // the last generation announced
+	genSeen bool
+	// drifts counts Drifts: another program's changes to nftgate's
+	// tables, and losses. A full sync that finds it unchanged since the
+	// last read-back, with every transaction up to the kernel's
+	// generation announced, need not read the tables back.
+	drifts uint64
+	// changed is closed, and replaced, whenever the state changes.
+	changed chan struct{}
+}
+
+func newWatchState() *watchState { return &watchState{changed: make(chan struct{})} }
+
+func (w *watchState) update(f func()) {
+	w.mu.Lock()
+	f()
+	close(w.changed)
+	w.changed = make(chan struct{})
+	w.mu.Unlock()
+}
+
+// snapshot returns the number of drifts so far.
+func (w *watchState) snapshot() uint64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.drifts
+}
+
+// quietSince tells whether no drift was announced since the count was
+// since, and every transaction up to generation gen has been announced.
+// It waits up to wait for the announcements to catch up with gen.
+func (w *watchState) quietSince(since uint64, gen uint32, wait time.Duration) bool {
+	deadline := time.NewTimer(wait)
+	defer deadline.Stop()
+	for {
+		w.mu.Lock()
+		running, drifts, caughtUp, changed := w.running, w.drifts, w.genSeen && int32(w.gen-gen) >= 0, w.changed
+		w.mu.Unlock()
+		switch {
+		case !running || drifts != since:
+			return false
+		case caughtUp:
+			return true
+		}
+		select {
+		case <-changed:
+		case <-deadline.C:
+			return false
+		}
+	}
+}
+
+// watchCatchUp bounds how long a full sync waits for the notifications of
+// the transactions committed before it.
+const watchCatchUp = time.Second
+
+// Watch listens to the kernel's nf_tables notifications until ctx ends,
+// and calls report, from its own goroutine, for every transaction of
+// another program that changed nftgate's tables and whenever notifications
+// were lost. While it runs, a full sync reads the tables back only when
+// something was reported since the last read-back; otherwise it syncs
+// only what changed, as a partial sync does. It returns an error when the
+// notifications cannot be received.
+func (p *Programmer) Watch(ctx context.Context, report func(Drift)) error {
+	nl, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: p.netnsFD})
+	if err != nil {
+		return fmt.Errorf("open nf_tables notification socket: %w", err)
+	}
+	defer nl.Close()
+	if err := nl.JoinGroup(unix.NFNLGRP_NFTABLES); err != nil {
+		return fmt.Errorf("join the nf_tables notification group: %w", err)
+	}
+	if err := forceBuffer(nl, unix.SO_RCVBUFFORCE, watchBuffer); err != nil {
+		return err
+	}
+	own := p.batch.nl.PID()
+	// What was committed before this point was not announced here.
+	p.watch.update(func() { p.watch.running, p.watch.drifts = true, p.watch.drifts+1 })
+	defer p.watch.update(func() { p.watch.running = false })
+
+	stop := context.AfterFunc(ctx, func() { nl.Close() })
+	defer stop()
+	var cur Drift
+	for {
+		msgs, err := nl.Receive()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			if errors.Is(err, syscall.ENOBUFS) {
+				cur = Drift{}
+				p.watch.update(func() { p.watch.drifts++ })
+				report(Drift{Lost: true})
+				continue
+			}
+			return fmt.Errorf("receive nf_tables notifications: %w", err)
+		}
+		for _, m := range msgs {
+			if m.Header.Type>>8 != unix.NFNL_SUBSYS_NFTABLES || len(m.Data) < 4 {
+				continue
+			}
+			typ := int(m.Header.Type & 0xff)
+			if typ == unix.NFT_MSG_NEWGEN {
+				gen, writer := decodeGen(m.Data[4:])
+				d := cur
+				cur = Drift{}
+				p.watch.update(func() {
+					p.watch.gen, p.watch.genSeen = gen, true
+					if len(d.Changes) > 0 && m.Header.PID != own {
+						p.watch.drifts++
+					}
+				})
+				if len(d.Changes) > 0 && m.Header.PID != own {
+					d.Generation, d.Writer = gen, writer
+					report(d)
+				}
+				continue
+			}
+			if m.Header.PID == own {
+				continue
+			}
+			what, ok := p.describeNotification(typ, ruleset.Family(m.Data[0]), m.Data[4:])
+			if !ok {
+				continue
+			}
+			cur.add(what, typ == unix.NFT_MSG_DELTABLE || typ == unix.NFT_MSG_NEWTABLE)
+		}
+	}
+}
+
+// notificationVerbs name what each notification announces, with the
+// attribute that holds the object's name (0: a table, named by attribute
+// 1). Attribute 1 is the table's name in every one of them.
+var notificationVerbs = map[int]struct {
+	verb     string
+	nameAttr uint16
+}{
+	unix.NFT_MSG_NEWTABLE:     {"added or changed table", 0},
+	unix.NFT_MSG_DELTABLE:     {"deleted table", 0},
+	unix.NFT_MSG_NEWCHAIN:     {"added or changed chain", unix.NFTA_CHAIN_NAME},
+	unix.NFT_MSG_DELCHAIN:     {"deleted chain", unix.NFTA_CHAIN_NAME},
+	unix.NFT_MSG_NEWRULE:      {"added a rule to chain", unix.NFTA_RULE_CHAIN},
+	unix.NFT_MSG_DELRULE:      {"deleted a rule of chain", unix.NFTA_RULE_CHAIN},
+	unix.NFT_MSG_NEWSET:       {"added set", unix.NFTA_SET_NAME},
+	unix.NFT_MSG_DELSET:       {"deleted set", unix.NFTA_SET_NAME},
+	unix.NFT_MSG_NEWSETELEM:   {"added elements to set", unix.NFTA_SET_ELEM_LIST_SET},
+	unix.NFT_MSG_DELSETELEM:   {"deleted elements of set", unix.NFTA_SET_ELEM_LIST_SET},
+	unix.NFT_MSG_NEWOBJ:       {"added object", unix.NFTA_OBJ_NAME},
+	unix.NFT_MSG_DELOBJ:       {"deleted object", unix.NFTA_OBJ_NAME},
+	unix.NFT_MSG_NEWFLOWTABLE: {"added flowtable", nftaFlowtableName},
+	unix.NFT_MSG_DELFLOWTABLE: {"deleted flowtable", nftaFlowtableName},
+}
+
+// describeNotification describes a change a notification announces, when
+// it is of one of nftgate's tables.
+func (p *Programmer) describeNotification(typ int, f ruleset.Family, attrs []byte) (string, bool) {
+	v, ok := notificationVerbs[typ]
+	if !ok {
+		return "", false
+	}
+	ad, err := netlink.NewAttributeDecoder(attrs)
+	if err != nil {
+		return "", false
+	}
+	var table, name string
+	for ad.Next() {
+		switch ad.Type() {
+		case 1:
+			table = ad.String()
+		case v.nameAttr:
+			if v.nameAttr != 0 {
+				name = ad.String()
+			}
+		}
+	}
+	if !p.ownTables[tableRef{f, table}] {
+		return "", false
+	}
+	if v.nameAttr == 0 {
+		return fmt.Sprintf("%s %s %s", v.verb, f, table), true
+	}
+	return fmt.Sprintf("%s %s of table %s %s", v.verb, name, f, table), true
+}
+
+type tableRef struct {
+	family ruleset.Family
+	name   string
+}
+
+// decodeGen reads a NEWGEN notification: the generation and who
+// committed it.
+func decodeGen(attrs []byte) (gen uint32, writer string) {
+	ad, err := netlink.NewAttributeDecoder(attrs)
+	if err != nil {
+		return 0, "a program"
+	}
+	ad.ByteOrder = binary.BigEndian
+	var pid uint32
+	var name string
+	for ad.Next() {
+		switch ad.Type() {
+		case unix.NFTA_GEN_ID:
+			gen = ad.Uint32()
+		case unix.NFTA_GEN_PROC_PID:
+			pid = ad.Uint32()
+		case unix.NFTA_GEN_PROC_NAME:
+			name = ad.String()
+		}
+	}
+	if name == "" {
+		return gen, "a program"
+	}
+	return gen, fmt.Sprintf("%s (pid %d)", name, pid)
+}
+
+// nftaFlowtableName is NFTA_FLOWTABLE_NAME, which x/sys/unix lacks.
+const nftaFlowtableName = 2
+
+// watchRunning tells whether Watch has joined the notifications.
+func (p *Programmer) watchRunning() bool {
+	p.watch.mu.Lock()
+	defer p.watch.mu.Unlock()
+	return p.watch.running
+}

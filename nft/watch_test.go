@@ -1,0 +1,239 @@
+package nft
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nftgate/nftgate/model"
+	"github.com/nftgate/nftgate/ruleset"
+)
+
+// Another program's transaction stays known as one after nftgate commits
+// its own: the next full sync reads the tables back and repairs them.
+func TestFullReadsBackAfterOthersCommitBeforeAPartial(t *testing.T) {
+	ns, p := testProgrammer(t)
+	svc := webService("198.18.2.10")
+	other := webService("198.18.2.20")
+	other.Key.Name, other.ClusterIPs[0] = "other", other.ClusterIPs[0].Next()
+	services := map[model.ServiceKey]*model.Service{svc.Key: svc, other.Key: other}
+	if _, err := p.Full(services); err != nil {
+		t.Fatal(err)
+	}
+	table := p.cfg.TableOf(svc.Key)
+	nftList(t, ns, "delete", "element", "ip", table, ruleset.MapServiceIPs, "{ 198.19.0.10 . tcp . 80 }")
+	moved := webService("198.18.2.11")
+	moved.Key, moved.ClusterIPs = other.Key, other.ClusterIPs
+	services[other.Key] = moved
+	if _, err := p.Partial(map[model.ServiceKey]*model.Service{other.Key: moved}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := p.Full(services)
+	if err != nil || !res.ReadBack || len(res.Drift) == 0 {
+		t.Fatalf("full sync after another program's edit and a partial sync: %+v, %v; want a read-back that finds drift", res, err)
+	}
+	if out := nftList(t, ns, "list", "map", "ip", table, ruleset.MapServiceIPs); !strings.Contains(out, "198.19.0.10") {
+		t.Fatalf("the edit was not repaired:\n%s", out)
+	}
+}
+
+// watchDrifts runs p.Watch until the test ends and returns the channel
+// of what it reports.
+func watchDrifts(t *testing.T, p *Programmer) <-chan Drift {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	ch := make(chan Drift, 64)
+	done := make(chan error, 1)
+	go func() { done <- p.Watch(ctx, func(d Drift) { ch <- d }) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Watch: %v", err)
+		}
+	})
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if p.watchRunning() {
+			return ch
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("Watch did not start")
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("Watch: %v", err)
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
+
+// nextDrift waits for the next report that is not about lost messages.
+func nextDrift(t *testing.T, ch <-chan Drift, what string) Drift {
+	t.Helper()
+	deadline := time.After(5 * time.Second)
+	for {
+		select {
+		case d := <-ch:
+			if !d.Lost {
+				return d
+			}
+		case <-deadline:
+			t.Fatalf("no drift reported after %s", what)
+		}
+	}
+}
+
+// noDrift checks nothing but lost messages was reported, after the
+// notifications caught up with the kernel's generation.
+func noDrift(t *testing.T, p *Programmer, ch <-chan Drift, what string) {
+	t.Helper()
+	g, err := p.batch.generation()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !p.watch.quietSince(p.watch.snapshot(), g, 5*time.Second) {
+		t.Fatalf("notifications did not catch up with generation %d after %s", g, what)
+	}
+	for {
+		select {
+		case d := <-ch:
+			if !d.Lost {
+				t.Fatalf("drift reported after %s: %s", what, d)
+			}
+		default:
+			return
+		}
+	}
+}
+
+func TestWatchReportsOthersChanges(t *testing.T) {
+	ns, p := testProgrammer(t)
+	ch := watchDrifts(t, p)
+	svc := webService("198.18.2.10")
+	services := map[model.ServiceKey]*model.Service{svc.Key: svc}
+	if res, err := p.Full(services); err != nil || !res.ReadBack {
+		t.Fatalf("first full sync: %+v, %v", res, err)
+	}
+	moved := webService("198.18.2.11")
+	services[svc.Key] = moved
+	if _, err := p.Partial(map[model.ServiceKey]*model.Service{svc.Key: moved}); err != nil {
+		t.Fatal(err)
+	}
+	noDrift(t, p, ch, "nftgate's own syncs")
+
+	// Another program's table is none of nftgate's business, and a full
+	// sync after it need not read nftgate's tables back.
+	nftList(t, ns, "add", "table", "ip", "someone-else")
+	noDrift(t, p, ch, "another program's table")
+	if res, err := p.Full(services); err != nil || res.ReadBack {
+		t.Fatalf("full sync after another program changed only its own table: %+v, %v; want no read-back", res, err)
+	}
+
+	table := p.cfg.TableOf(svc.Key)
+	nftList(t, ns, "delete", "element", "ip", table, ruleset.MapServiceIPs, "{ 198.19.0.10 . tcp . 80 }")
+	d := nextDrift(t, ch, "deleting an element")
+	if want := "deleted elements of set " + ruleset.MapServiceIPs + " of table ip " + table; !strings.Contains(d.String(), want) || !strings.Contains(d.Writer, "nft") {
+		t.Fatalf("reported %q; want it to name %q and nft", d, want)
+	}
+	if res, err := p.Full(services); err != nil || !res.ReadBack || len(res.Drift) == 0 {
+		t.Fatalf("full sync after the report: %+v, %v; want a read-back that finds drift", res, err)
+	}
+	if out := nftList(t, ns, "list", "map", "ip", table, ruleset.MapServiceIPs); !strings.Contains(out, "198.19.0.10") {
+		t.Fatalf("the edit was not repaired:\n%s", out)
+	}
+
+	nftList(t, ns, "flush", "ruleset")
+	d = nextDrift(t, ch, "nft flush ruleset")
+	if !strings.Contains(d.String(), "deleted table ip") {
+		t.Fatalf("reported %q; want the tables' deletion", d)
+	}
+	if res, err := p.Full(services); err != nil || !res.ReadBack || len(res.Drift) == 0 {
+		t.Fatalf("full sync after the flush: %+v, %v; want a read-back that finds drift", res, err)
+	}
+	if out := nftList(t, ns, "list", "map", "ip", table, ruleset.MapServiceIPs); !strings.Contains(out, "198.19.0.10") {
+		t.Fatalf("the flush was not repaired:\n%s", out)
+	}
+	noDrift(t, p, ch, "the repair")
+}
+
+// BenchmarkKernelColdFullWatched is BenchmarkKernelColdFull with Watch
+// running: what the kernel's notifications of nftgate's own batch cost
+// (the kernel builds them only while someone listens).
+func BenchmarkKernelColdFullWatched(b *testing.B) {
+	for _, n := range benchSizes(10_000, 100_000) {
+		b.Run(sizeName(n), func(b *testing.B) {
+			c := clusterOf(n)
+			var durs, kernel []time.Duration
+			for range b.N {
+				b.StopTimer()
+				_, fd := testNetNS(b)
+				p, err := NewProgrammer(scaleConfig(), Options{NetNSFD: fd})
+				if err != nil {
+					b.Fatal(err)
+				}
+				ctx, cancel := context.WithCancel(context.Background())
+				done := make(chan error, 1)
+				lost := 0
+				go func() { done <- p.Watch(ctx, func(d Drift) { lost++ }) }()
+				for !p.watchRunning() {
+					time.Sleep(time.Millisecond)
+				}
+				b.StartTimer()
+				res, err := p.Full(c.Services)
+				b.StopTimer()
+				if err != nil {
+					b.Fatal(err)
+				}
+				durs, kernel = append(durs, res.Duration), append(kernel, res.Kernel)
+				cancel()
+				if err := <-done; err != nil {
+					b.Fatal(err)
+				}
+				b.Logf("%d reports (lost notifications)", lost)
+				p.Close()
+				b.StartTimer()
+			}
+			reportQuantiles(b, durs)
+			slices.Sort(kernel)
+			b.ReportMetric(float64(kernel[len(kernel)/2])/float64(time.Millisecond), "kernel-p50-ms")
+		})
+	}
+}
+
+// BenchmarkKernelReconcileWatched is the periodic reconcile after another
+// program committed a transaction of its own tables, with Watch running:
+// the notifications say nftgate's tables were not touched, so nothing is
+// read back (BenchmarkKernelReconcileFull is the same without them).
+func BenchmarkKernelReconcileWatched(b *testing.B) {
+	for _, n := range benchSizes(10_000, 100_000) {
+		b.Run(sizeName(n), func(b *testing.B) {
+			c := clusterOf(n)
+			ns, p := coldProgrammer(b, c)
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- p.Watch(ctx, func(Drift) {}) }()
+			b.Cleanup(func() { cancel(); <-done })
+			for !p.watchRunning() {
+				time.Sleep(time.Millisecond)
+			}
+			var durs []time.Duration
+			for i := range b.N {
+				b.StopTimer()
+				scaleNft(b, ns, "add", "table", "ip", fmt.Sprintf("other-%d", i))
+				b.StartTimer()
+				res, err := p.Full(c.Services)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if i > 0 && res.ReadBack {
+					b.Fatalf("reconcile read back after another program's own table: %+v", res)
+				}
+				durs = append(durs, res.Duration)
+			}
+			reportQuantiles(b, durs)
+		})
+	}
+}
