@@ -117,8 +117,8 @@ func WriteNftgate(topo *Topology, dir string, o NftgateOptions) (*NftgateConfig,
 		if !o.ECMP {
 			l2 = append([]string{topo.Upstream[i]}, l2...)
 		}
-		text := fmt.Sprintf("external_ip_cidrs = [%q]\nhash_seed = 4242\n\n[l2]\ninterfaces = %s\ngratuitous_interval = \"100ms\"\n",
-			netip.PrefixFrom(svcAddr, 32).String(), q(l2))
+		text := fmt.Sprintf("external_ip_cidrs = [%q]\nhash_seed = 4242\nmasquerade_addresses = [%q]\n\n[l2]\ninterfaces = %s\ngratuitous_interval = \"100ms\"\n",
+			netip.PrefixFrom(svcAddr, 32).String(), masq(i), q(l2))
 		if o.ECMP {
 			text += fmt.Sprintf("\n[bgp]\nasn = %d\nrouter_id = %q\nlisten_port = -1\nrestart_deferral = \"1s\"\n"+
 				"\n[[bgp.peer]]\naddress = %q\nasn = %d\nhold_time = \"9s\"\nconnect_retry = \"1s\"\nbfd = true\nbfd_interval = %q\n",
@@ -128,8 +128,8 @@ func WriteNftgate(topo *Topology, dir string, o NftgateOptions) (*NftgateConfig,
 		if o.ECMP {
 			mode = "active-active"
 		}
-		text += fmt.Sprintf("\n[gateways]\nname = %q\nkey_file = %q\nlisten = \":7480\"\nmode = %q\nmasquerade_addresses = [%q]\n",
-			name, key, mode, masq(i))
+		text += fmt.Sprintf("\n[gateways]\nname = %q\nkey_file = %q\nlisten = \":7480\"\nmode = %q\n",
+			name, key, mode)
 		if o.DeadAfter > 0 {
 			text += fmt.Sprintf("dead_after = %d\n", o.DeadAfter)
 		}
