@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/mdlayher/netlink"
@@ -109,4 +110,26 @@ func sawProbe(conn *netlink.Conn, probe Entry) bool {
 			}
 		}
 	}
+}
+
+// liberalSysctl is the namespace's switch for TCP window tracking.
+const liberalSysctl = "/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal"
+
+// LiberalTCP turns off the TCP window checks of conntrack for every entry
+// in the current network namespace (nf_conntrack_tcp_be_liberal = 1). In
+// active-active mode the two halves of a flow can pass different gateways
+// after a failover, also for the flows a gateway originated itself (the
+// router moves some of a survivor's flows to another survivor while their
+// replies still come to the holder of the masquerade address), and an
+// origin entry that sees only one direction would call the other's
+// acknowledgements invalid. Replicas carry the per-entry flag already.
+func LiberalTCP() error {
+	b, err := os.ReadFile(liberalSysctl)
+	if err == nil && strings.TrimSpace(string(b)) == "1" {
+		return nil
+	}
+	if err := os.WriteFile(liberalSysctl, []byte("1\n"), 0o644); err != nil {
+		return fmt.Errorf("set %s = 1: %w", liberalSysctl, err)
+	}
+	return nil
 }

@@ -320,7 +320,7 @@ func (c *Conntrack) Write(puts, dels []Entry) []error {
 
 	todo = todo[:0]
 	for i := range dels {
-		if err := checkEntry(&dels[i]); err != nil {
+		if err := checkOrig(&dels[i]); err != nil {
 			res[len(puts)+i] = fmt.Errorf("statesync: delete replica: %w", err)
 			continue
 		}
@@ -338,7 +338,7 @@ func (c *Conntrack) Adopt(entries []Entry) []error {
 	res := make([]error, len(entries))
 	todo := make([]int, 0, len(entries))
 	for i := range entries {
-		if err := checkEntry(&entries[i]); err != nil {
+		if err := checkOrig(&entries[i]); err != nil {
 			res[i] = fmt.Errorf("statesync: adopt replica: %w", err)
 			continue
 		}

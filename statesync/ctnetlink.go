@@ -344,15 +344,28 @@ var errNotNAT = errors.New("entry has neither a destination nor a source transla
 
 // checkEntry refuses what cannot be written as a replica; the sync's
 // policy decides what may be, this only keeps the messages well formed.
-func checkEntry(en *Entry) error {
+func checkEntry(en *Entry) error { return check(en, true) }
+
+// checkOrig checks what a delete or an adoption needs: the protocol and
+// the original tuple.
+func checkOrig(en *Entry) error { return check(en, false) }
+
+func check(en *Entry, reply bool) error {
 	switch en.Proto {
 	case unix.IPPROTO_TCP, unix.IPPROTO_UDP, unix.IPPROTO_SCTP:
 	default:
 		return fmt.Errorf("protocol %d: want TCP (6), UDP (17) or SCTP (132)", en.Proto)
 	}
 	is4 := en.Orig.Src.Addr().Is4()
-	for _, a := range []netip.AddrPort{en.Orig.Src, en.Orig.Dst, en.Reply.Src, en.Reply.Dst} {
+	addrs := []netip.AddrPort{en.Orig.Src, en.Orig.Dst, en.Reply.Src, en.Reply.Dst}
+	if !reply {
+		addrs = addrs[:2]
+	}
+	for _, a := range addrs {
 		if !a.IsValid() || a.Addr().Is4() != is4 || a.Addr().Is4In6() {
+			if !reply {
+				return fmt.Errorf("tuple %s -> %s: want two valid addresses of one family", en.Orig.Src, en.Orig.Dst)
+			}
 			return fmt.Errorf("tuples %s -> %s, reply %s -> %s: want four valid addresses of one family",
 				en.Orig.Src, en.Orig.Dst, en.Reply.Src, en.Reply.Dst)
 		}

@@ -444,9 +444,13 @@ func custodyScore(dead, name string) uint64 {
 // entries not yet sent).
 func (s *Syncer) adopt(dead string, es []Entry) {
 	failed := 0
+	var first error
 	for _, err := range s.o.Kernel.Adopt(es) {
 		if err != nil {
 			failed++
+			if first == nil {
+				first = err
+			}
 		}
 	}
 	s.mu.Lock()
@@ -454,7 +458,7 @@ func (s *Syncer) adopt(dead string, es []Entry) {
 	s.mu.Unlock()
 	s.m.adopted.Add(float64(len(es) - failed))
 	if failed > 0 {
-		s.log.Warn("statesync: adopting a dead peer's entries failed for some (they expire)", "peer", dead, "failed", failed, "of", len(es))
+		s.log.Warn("statesync: adopting a dead peer's entries failed for some (they expire)", "peer", dead, "failed", failed, "of", len(es), "error", first)
 	}
 	s.poke()
 }
