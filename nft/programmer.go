@@ -37,6 +37,8 @@ type Programmer struct {
 	state        []*ruleset.TableState               // per table of p.tables
 	services     map[model.ServiceKey]*model.Service // as programmed
 	claims       *ruleset.Claims
+	netnsFD      int
+	counters     counterCache
 	// bisectOnly makes isolation ignore what the refused messages name,
 	// for tests of the bisection.
 	bisectOnly bool
@@ -109,7 +111,7 @@ func NewProgrammer(cfg ruleset.Config, opts Options) (*Programmer, error) {
 		b.Close()
 		return nil, err
 	}
-	p := &Programmer{cfg: cfg, batch: b, reader: r, services: map[model.ServiceKey]*model.Service{}, claims: ruleset.NewClaims()}
+	p := &Programmer{cfg: cfg, netnsFD: opts.NetNSFD, batch: b, reader: r, services: map[model.ServiceKey]*model.Service{}, claims: ruleset.NewClaims()}
 	p.tables = ruleset.NewTables(&p.cfg)
 	p.tables.Refuse = opts.RefuseForTest
 	p.staticChains = map[string]bool{}
@@ -124,6 +126,12 @@ func NewProgrammer(cfg ruleset.Config, opts Options) (*Programmer, error) {
 // Close closes the sockets. The rules stay in the kernel.
 func (p *Programmer) Close() error {
 	p.reader.Close()
+	p.counters.mu.Lock()
+	if p.counters.reader != nil {
+		p.counters.reader.Close()
+		p.counters.reader = nil
+	}
+	p.counters.mu.Unlock()
 	return p.batch.Close()
 }
 

@@ -292,3 +292,17 @@ func (b *Claims) Losses() map[model.ServiceKey][]string {
 	}
 	return out
 }
+
+// Holder returns the Service that holds map element id of family f: the
+// winner of its claims.
+func (b *Claims) Holder(f Family, id ElemID) (model.ServiceKey, bool) {
+	cs := b.verdicts[famElem{f, id}]
+	if cs == nil {
+		return model.ServiceKey{}, false
+	}
+	w := cs.winner()
+	if w == nil {
+		return model.ServiceKey{}, false
+	}
+	return w.svc, true
+}

@@ -1,0 +1,216 @@
+package nft
+
+import (
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+
+	"github.com/nftgate/nftgate/model"
+	"github.com/nftgate/nftgate/ruleset"
+)
+
+// Count is a number of packets and their bytes.
+type Count struct{ Packets, Bytes uint64 }
+
+func (c *Count) add(o Count) { c.Packets += o.Packets; c.Bytes += o.Bytes }
+
+// PortRef names one port of a Service by its protocol and port.
+type PortRef struct {
+	Service model.ServiceKey
+	Proto   model.Protocol
+	Port    uint16
+}
+
+// PortCounters are the kernel's counters of one Service port, summed over
+// its addresses, node port and families. They count new connections (the
+// first packet of each): established packets pass no counter.
+type PortCounters struct {
+	// New are the connections dispatched to the port's rules (to an
+	// endpoint, or dropped there by a Local policy without local ones).
+	New Count
+	// Rejected are the connections rejected for want of endpoints.
+	Rejected Count
+	// Dropped are the connections to a LoadBalancer IP dropped by the
+	// port's loadBalancerSourceRanges.
+	Dropped Count
+}
+
+// CountersMaxAge is how long a reading of the counters is served again
+// before the kernel is read anew: a page or a scrape never costs more than
+// one reading per interval, whatever the number of Services.
+const CountersMaxAge = time.Second
+
+// counterCache holds the last reading of the counters.
+type counterCache struct {
+	mu     sync.Mutex // held while reading: callers at once share one reading
+	reader *reader
+	at     time.Time
+	last   map[PortRef]PortCounters
+}
+
+// Counters returns the counters of every programmed Service port, read
+// from the kernel at most once per CountersMaxAge (an older reading is
+// returned until then), with the time of the reading. Without
+// ruleset.Config.Counters it returns nothing.
+func (p *Programmer) Counters() (map[PortRef]PortCounters, time.Time, error) {
+	if !p.cfg.Counters {
+		return nil, time.Time{}, nil
+	}
+	c := &p.counters
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.last != nil && time.Since(c.at) < CountersMaxAge {
+		return c.last, c.at, nil
+	}
+	if c.reader == nil {
+		r, err := newReader(p.netnsFD)
+		if err != nil {
+			return nil, time.Time{}, err
+		}
+		c.reader = r
+	}
+	at := time.Now()
+	elems, drops, err := c.reader.readCounters(&p.cfg)
+	if err != nil {
+		return nil, time.Time{}, fmt.Errorf("read counters: %w", err)
+	}
+	out := p.attribute(elems, drops)
+	c.last, c.at = out, at
+	return out, at, nil
+}
+
+// counted is one map element's counter.
+type counted struct {
+	f  ruleset.Family
+	id ruleset.ElemID
+	n  Count
+}
+
+// countedMaps are the maps whose elements carry counters.
+var countedMaps = []string{ruleset.MapServiceIPs, ruleset.MapServiceNodePorts, ruleset.MapNoEndpointServices, ruleset.MapNoEndpointNodePorts}
+
+// readCounters reads the counters of the counted maps' elements in every
+// table of nftgate's, and of the source-range chains' drop rules.
+func (r *reader) readCounters(cfg *ruleset.Config) ([]counted, map[string]Count, error) {
+	var out []counted
+	drops := map[string]Count{}
+	for _, f := range ruleset.Families {
+		names := []string{cfg.Table}
+		for i := range cfg.ShardCount() {
+			names = append(names, cfg.ShardTable(i))
+		}
+		for _, name := range names {
+			table := &nftables.Table{Name: name, Family: nftFamily(f)}
+			sets, err := r.conn.GetSets(table)
+			if err != nil {
+				continue // not programmed (yet), or the family is unused
+			}
+			for _, s := range sets {
+				if !isCounted(s.Name) {
+					continue
+				}
+				shape := ruleset.SetShape(s.Name)
+				elems, err := r.conn.GetSetElements(s)
+				if err != nil {
+					return nil, nil, fmt.Errorf("list elements of map %s: %w", s.Name, err)
+				}
+				for _, e := range elems {
+					k, ok := keyFromBytes(f, shape, e.Key)
+					if !ok || e.Counter == nil {
+						continue
+					}
+					out = append(out, counted{f, ruleset.ElemID{Map: s.Name, Key: k}, Count{e.Counter.Packets, e.Counter.Bytes}})
+				}
+			}
+			if name != cfg.Table {
+				continue
+			}
+			chains, err := r.conn.ListChainsOfTableFamily(nftFamily(f))
+			if err != nil {
+				return nil, nil, fmt.Errorf("list chains: %w", err)
+			}
+			for _, ch := range chains {
+				if ch.Table.Name != name || !strings.HasPrefix(ch.Name, "fw-") {
+					continue
+				}
+				rules, err := r.conn.GetRules(table, ch)
+				if err != nil {
+					return nil, nil, fmt.Errorf("list rules of chain %s: %w", ch.Name, err)
+				}
+				for _, rl := range rules {
+					for _, x := range rl.Exprs {
+						if c, ok := x.(*expr.Counter); ok {
+							n := drops[ch.Name]
+							n.add(Count{c.Packets, c.Bytes})
+							drops[ch.Name] = n
+						}
+					}
+				}
+			}
+		}
+	}
+	return out, drops, nil
+}
+
+func isCounted(name string) bool {
+	for _, m := range countedMaps {
+		if m == name {
+			return true
+		}
+	}
+	return false
+}
+
+// attribute sums the counters per Service port: each element to the
+// Service that holds it, each source-range chain to its port.
+func (p *Programmer) attribute(elems []counted, drops map[string]Count) map[PortRef]PortCounters {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make(map[PortRef]PortCounters, len(p.services))
+	for _, e := range elems {
+		key, ok := p.claims.Holder(e.f, e.id)
+		if !ok {
+			continue
+		}
+		svc := p.services[key]
+		if svc == nil {
+			continue
+		}
+		nodePort := e.id.Map == ruleset.MapServiceNodePorts || e.id.Map == ruleset.MapNoEndpointNodePorts
+		for i := range svc.Ports {
+			sp := &svc.Ports[i]
+			if sp.Protocol != e.id.Key.Proto || (nodePort && sp.NodePort != e.id.Key.Port) || (!nodePort && sp.Port != e.id.Key.Port) {
+				continue
+			}
+			ref := PortRef{Service: key, Proto: sp.Protocol, Port: sp.Port}
+			pc := out[ref]
+			if e.id.Map == ruleset.MapServiceIPs || e.id.Map == ruleset.MapServiceNodePorts {
+				pc.New.add(e.n)
+			} else {
+				pc.Rejected.add(e.n)
+			}
+			out[ref] = pc
+			break
+		}
+	}
+	if len(drops) > 0 {
+		for key, svc := range p.services {
+			for i := range svc.Ports {
+				sp := &svc.Ports[i]
+				n, ok := drops[ruleset.PortObject("fw", svc, sp)]
+				if !ok {
+					continue
+				}
+				ref := PortRef{Service: key, Proto: sp.Protocol, Port: sp.Port}
+				pc := out[ref]
+				pc.Dropped.add(n)
+				out[ref] = pc
+			}
+		}
+	}
+	return out
+}
