@@ -2,6 +2,7 @@ package nft
 
 import (
 	"fmt"
+	"net/netip"
 	"strings"
 	"sync"
 	"time"
@@ -48,39 +49,59 @@ const CountersMaxAge = time.Second
 type counterCache struct {
 	mu     sync.Mutex // held while reading: callers at once share one reading
 	reader *reader
-	at     time.Time
-	last   map[PortRef]PortCounters
+	last   *Reading
+}
+
+// Reading is one reading of the counters.
+type Reading struct {
+	At    time.Time
+	Ports map[PortRef]PortCounters
+	// dests are the Service port of each counted destination.
+	dests map[ruleset.ElemID]PortRef
+}
+
+// PortOf returns the Service port a new flow to dst went to: the one
+// whose address and port it is, or else whose node port.
+func (r *Reading) PortOf(proto model.Protocol, dst netip.AddrPort) (PortRef, bool) {
+	if r == nil {
+		return PortRef{}, false
+	}
+	if p, ok := r.dests[ruleset.ElemID{Map: ruleset.MapServiceIPs, Key: ruleset.Key{Addr: dst.Addr(), Proto: proto, Port: dst.Port()}}]; ok {
+		return p, true
+	}
+	p, ok := r.dests[ruleset.ElemID{Map: ruleset.MapServiceNodePorts, Key: ruleset.Key{Proto: proto, Port: dst.Port()}}]
+	return p, ok
 }
 
 // Counters returns the counters of every programmed Service port, read
 // from the kernel at most once per CountersMaxAge (an older reading is
-// returned until then), with the time of the reading. Without
-// ruleset.Config.Counters it returns nothing.
-func (p *Programmer) Counters() (map[PortRef]PortCounters, time.Time, error) {
+// returned until then). Without ruleset.Config.Counters the reading is
+// empty.
+func (p *Programmer) Counters() (*Reading, error) {
 	if !p.cfg.Counters {
-		return nil, time.Time{}, nil
+		return &Reading{At: time.Now()}, nil
 	}
 	c := &p.counters
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.last != nil && time.Since(c.at) < CountersMaxAge {
-		return c.last, c.at, nil
+	if c.last != nil && time.Since(c.last.At) < CountersMaxAge {
+		return c.last, nil
 	}
 	if c.reader == nil {
 		r, err := newReader(p.netnsFD)
 		if err != nil {
-			return nil, time.Time{}, err
+			return nil, err
 		}
 		c.reader = r
 	}
 	at := time.Now()
 	elems, drops, err := c.reader.readCounters(&p.cfg)
 	if err != nil {
-		return nil, time.Time{}, fmt.Errorf("read counters: %w", err)
+		return nil, fmt.Errorf("read counters: %w", err)
 	}
-	out := p.attribute(elems, drops)
-	c.last, c.at = out, at
-	return out, at, nil
+	c.last = p.attribute(elems, drops)
+	c.last.At = at
+	return c.last, nil
 }
 
 // counted is one map element's counter.
@@ -167,10 +188,11 @@ func isCounted(name string) bool {
 
 // attribute sums the counters per Service port: each element to the
 // Service that holds it, each source-range chain to its port.
-func (p *Programmer) attribute(elems []counted, drops map[string]Count) map[PortRef]PortCounters {
+func (p *Programmer) attribute(elems []counted, drops map[string]Count) *Reading {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	out := make(map[PortRef]PortCounters, len(p.services))
+	dests := make(map[ruleset.ElemID]PortRef, len(elems))
 	for _, e := range elems {
 		key, ok := p.claims.Holder(e.f, e.id)
 		if !ok {
@@ -190,6 +212,7 @@ func (p *Programmer) attribute(elems []counted, drops map[string]Count) map[Port
 			pc := out[ref]
 			if e.id.Map == ruleset.MapServiceIPs || e.id.Map == ruleset.MapServiceNodePorts {
 				pc.New.add(e.n)
+				dests[e.id] = ref
 			} else {
 				pc.Rejected.add(e.n)
 			}
@@ -212,5 +235,5 @@ func (p *Programmer) attribute(elems []counted, drops map[string]Count) map[Port
 			}
 		}
 	}
-	return out
+	return &Reading{Ports: out, dests: dests}
 }

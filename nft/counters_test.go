@@ -57,9 +57,13 @@ func TestCountersCountConnections(t *testing.T) {
 	connect("198.19.0.11", 2)
 	connect("198.19.1.1", 1)
 
-	got, _, err := p.Counters()
+	reading, err := p.Counters()
 	if err != nil {
 		t.Fatal(err)
+	}
+	got := reading.Ports
+	if r, ok := reading.PortOf(model.TCP, netip.MustParseAddrPort("198.19.0.10:80")); !ok || r.Service != web.Key {
+		t.Errorf("destination 198.19.0.10:80 belongs to %v, want %v", r, web.Key)
 	}
 	ref := func(s *model.Service) PortRef { return PortRef{Service: s.Key, Proto: model.TCP, Port: 80} }
 	if c := got[ref(web)]; c.New.Packets != 3 || c.Rejected.Packets != 0 || c.New.Bytes == 0 {
@@ -74,12 +78,12 @@ func TestCountersCountConnections(t *testing.T) {
 	}
 	// A reading is served again within CountersMaxAge.
 	connect("198.19.0.10", 1)
-	again, _, err := p.Counters()
+	again, err := p.Counters()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if again[ref(web)].New.Packets != 3 {
-		t.Errorf("a second reading at once read the kernel again: %+v", again[ref(web)])
+	if again.Ports[ref(web)].New.Packets != 3 {
+		t.Errorf("a second reading at once read the kernel again: %+v", again.Ports[ref(web)])
 	}
 	// The counted maps read back as what was programmed: no drift.
 	p.genKnown = false
