@@ -22,6 +22,7 @@ type Flow struct {
 	State    string
 	Timeout  time.Duration
 	Bytes    uint64
+	open     bool
 }
 
 // FlowsMaxAge is how long a reading of the conntrack table is served again
@@ -30,7 +31,9 @@ const FlowsMaxAge = time.Second
 
 // Flows reads the translated flows of the conntrack table, the whole table
 // in one dump at most once per FlowsMaxAge, however often it is asked:
-// a page load costs no dump of its own. Only DNATed flows are kept.
+// a page load costs no dump of its own. Only translated flows are kept:
+// those whose reply comes from another address or port than the original
+// destination (an endpoint's, after DNAT).
 type Flows struct {
 	opts options
 	mu   sync.Mutex // held while reading: callers at once share one reading
@@ -67,10 +70,10 @@ func (f *Flows) Read() ([]Flow, time.Time, error) {
 	out := make([]Flow, 0, len(flows))
 	for i := range flows {
 		k := &flows[i]
-		if !k.Status.DstNAT() {
+		o, r := &k.TupleOrig, &k.TupleReply
+		if o.IP.DestinationAddress == r.IP.SourceAddress && o.Proto.DestinationPort == r.Proto.SourcePort {
 			continue
 		}
-		o, r := &k.TupleOrig, &k.TupleReply
 		fl := Flow{
 			Proto:    Protocol(o.Proto.Protocol),
 			Client:   netip.AddrPortFrom(o.IP.SourceAddress.Unmap(), o.Proto.SourcePort),
@@ -79,6 +82,7 @@ func (f *Flows) Read() ([]Flow, time.Time, error) {
 			Timeout:  time.Duration(k.Timeout) * time.Second,
 			Bytes:    k.CountersOrig.Bytes + k.CountersReply.Bytes,
 		}
+		fl.open = open(k)
 		if tcp := k.ProtoInfo.TCP; tcp != nil {
 			fl.State = tcpStateName(tcp.State)
 		}
@@ -97,12 +101,13 @@ func tcpStateName(s uint8) string {
 	return fmt.Sprint(s)
 }
 
-// Open tells whether a flow has not ended: TCP being opened or
-// established, or any UDP and SCTP flow (which ends with its timeout).
-func (f *Flow) Open() bool {
-	switch f.State {
-	case "", "SYN_SENT", "SYN_RECV", "ESTABLISHED":
-		return true
-	}
-	return false
+// Open tells whether the flow has not ended (see open).
+func (f *Flow) Open() bool { return f.open }
+
+// open tells whether a flow has not ended: a TCP connection being opened
+// or established (not closing, not in TIME_WAIT), or any UDP and SCTP
+// flow, which ends with its conntrack timeout.
+func open(f *ct.Flow) bool {
+	tcp := f.ProtoInfo.TCP
+	return tcp == nil || tcp.State >= tcpSynSent && tcp.State <= tcpEstablished
 }
