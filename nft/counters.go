@@ -3,7 +3,7 @@ package nft
 import (
 	"fmt"
 	"net/netip"
-	"strings"
+	"slices"
 	"sync"
 	"time"
 
@@ -95,7 +95,7 @@ func (p *Programmer) Counters() (*Reading, error) {
 		c.reader = r
 	}
 	at := time.Now()
-	elems, drops, err := c.reader.readCounters(&p.cfg)
+	elems, drops, err := c.reader.readCounters(&p.cfg, p.firewallChains())
 	if err != nil {
 		return nil, fmt.Errorf("read counters: %w", err)
 	}
@@ -115,8 +115,10 @@ type counted struct {
 var countedMaps = []string{ruleset.MapServiceIPs, ruleset.MapServiceNodePorts, ruleset.MapNoEndpointServices, ruleset.MapNoEndpointNodePorts}
 
 // readCounters reads the counters of the counted maps' elements in every
-// table of nftgate's, and of the source-range chains' drop rules.
-func (r *reader) readCounters(cfg *ruleset.Config) ([]counted, map[string]Count, error) {
+// table of nftgate's, and of the drop rules of the source-range chains fw
+// (one dump per chain: a dump of the main table's rules would send every
+// Service's).
+func (r *reader) readCounters(cfg *ruleset.Config, fw map[string]PortRef) ([]counted, map[string]Count, error) {
 	var out []counted
 	drops := map[string]Count{}
 	for _, f := range ruleset.Families {
@@ -150,24 +152,17 @@ func (r *reader) readCounters(cfg *ruleset.Config) ([]counted, map[string]Count,
 			if name != cfg.Table {
 				continue
 			}
-			chains, err := r.conn.ListChainsOfTableFamily(nftFamily(f))
-			if err != nil {
-				return nil, nil, fmt.Errorf("list chains: %w", err)
-			}
-			for _, ch := range chains {
-				if ch.Table.Name != name || !strings.HasPrefix(ch.Name, "fw-") {
-					continue
-				}
-				rules, err := r.conn.GetRules(table, ch)
+			for ch := range fw {
+				rules, err := r.conn.GetRules(table, &nftables.Chain{Name: ch, Table: table})
 				if err != nil {
-					return nil, nil, fmt.Errorf("list rules of chain %s: %w", ch.Name, err)
+					continue // not in this family, or gone since
 				}
 				for _, rl := range rules {
 					for _, x := range rl.Exprs {
 						if c, ok := x.(*expr.Counter); ok {
-							n := drops[ch.Name]
+							n := drops[ch]
 							n.add(Count{c.Packets, c.Bytes})
-							drops[ch.Name] = n
+							drops[ch] = n
 						}
 					}
 				}
@@ -177,14 +172,8 @@ func (r *reader) readCounters(cfg *ruleset.Config) ([]counted, map[string]Count,
 	return out, drops, nil
 }
 
-func isCounted(name string) bool {
-	for _, m := range countedMaps {
-		if m == name {
-			return true
-		}
-	}
-	return false
-}
+func isCounted(name string) bool { return slices.Contains(countedMaps, name) }
+
 
 // attribute sums the counters per Service port: each element to the
 // Service that holds it, each source-range chain to its port.
@@ -220,20 +209,37 @@ func (p *Programmer) attribute(elems []counted, drops map[string]Count) *Reading
 			break
 		}
 	}
-	if len(drops) > 0 {
-		for key, svc := range p.services {
-			for i := range svc.Ports {
-				sp := &svc.Ports[i]
-				n, ok := drops[ruleset.PortObject("fw", svc, sp)]
-				if !ok {
-					continue
-				}
-				ref := PortRef{Service: key, Proto: sp.Protocol, Port: sp.Port}
-				pc := out[ref]
-				pc.Dropped.add(n)
-				out[ref] = pc
-			}
+	fw := p.firewallChainsLocked()
+	for ch, n := range drops {
+		ref, ok := fw[ch]
+		if !ok {
+			continue
 		}
+		pc := out[ref]
+		pc.Dropped.add(n)
+		out[ref] = pc
 	}
 	return &Reading{Ports: out, dests: dests}
+}
+
+// firewallChains names the source-range chain of every programmed Service
+// port that has one, with its port.
+func (p *Programmer) firewallChains() map[string]PortRef {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.firewallChainsLocked()
+}
+
+func (p *Programmer) firewallChainsLocked() map[string]PortRef {
+	out := map[string]PortRef{}
+	for key, svc := range p.services {
+		if len(svc.SourceRanges) == 0 || len(svc.LoadBalancerIPs) == 0 {
+			continue
+		}
+		for i := range svc.Ports {
+			sp := &svc.Ports[i]
+			out[ruleset.PortObject("fw", svc, sp)] = PortRef{Service: key, Proto: sp.Protocol, Port: sp.Port}
+		}
+	}
+	return out
 }
