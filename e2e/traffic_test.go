@@ -38,7 +38,7 @@ func trafficOf(g *gatewaytest.Gateway, ns, name, proto string, port uint16) (app
 			return p, nil
 		}
 	}
-	return appliance.TrafficPort{}, nil
+	return appliance.TrafficPort{}, fmt.Errorf("no %s/%s %s/%d in the traffic: %.600s", ns, name, proto, port, body)
 }
 
 // eventuallyTraffic waits until the port's counters satisfy ok (the API

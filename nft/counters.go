@@ -174,7 +174,6 @@ func (r *reader) readCounters(cfg *ruleset.Config, fw map[string]PortRef) ([]cou
 
 func isCounted(name string) bool { return slices.Contains(countedMaps, name) }
 
-
 // attribute sums the counters per Service port: each element to the
 // Service that holds it, each source-range chain to its port.
 func (p *Programmer) attribute(elems []counted, drops map[string]Count) *Reading {

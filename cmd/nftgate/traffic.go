@@ -50,7 +50,7 @@ func (t *traffic) Ports() ([]appliance.TrafficPort, time.Time, error) {
 		a := by[ref]
 		if a == nil {
 			a = &acc{port: appliance.TrafficPort{Namespace: ref.Service.Namespace, Name: ref.Service.Name,
-				Protocol: ref.Proto.String(), Port: ref.Port}, eps: map[netip.AddrPort]int{}}
+				Protocol: ref.Proto.KubeName(), Port: ref.Port}, eps: map[netip.AddrPort]int{}}
 			by[ref] = a
 		}
 		return a
@@ -98,7 +98,7 @@ func (t *traffic) Flows(namespace, name string) ([]appliance.FlowJSON, error) {
 		if ref, ok := rd.PortOf(f.Proto, f.Dest); !ok || ref.Service != key {
 			continue
 		}
-		out = append(out, appliance.FlowJSON{Protocol: f.Proto.String(), Client: f.Client.String(), Destination: f.Dest.String(),
+		out = append(out, appliance.FlowJSON{Protocol: f.Proto.KubeName(), Client: f.Client.String(), Destination: f.Dest.String(),
 			Endpoint: f.Endpoint.String(), State: f.State, TimeoutSeconds: f.Timeout.Seconds(), Bytes: f.Bytes})
 	}
 	return out, nil
