@@ -75,16 +75,18 @@ func (r *Reading) PortOf(proto model.Protocol, dst netip.AddrPort) (PortRef, boo
 
 // Counters returns the counters of every programmed Service port, read
 // from the kernel at most once per CountersMaxAge (an older reading is
-// returned until then). Without ruleset.Config.Counters the reading is
-// empty.
+// returned until then). Without ruleset.Config.Counters the reading has
+// no counts, and still tells each destination's Service port.
 func (p *Programmer) Counters() (*Reading, error) {
-	if !p.cfg.Counters {
-		return &Reading{At: time.Now()}, nil
-	}
 	c := &p.counters
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.last != nil && time.Since(c.last.At) < CountersMaxAge {
+		return c.last, nil
+	}
+	if !p.cfg.Counters {
+		c.last = p.attribute(nil, nil)
+		c.last.At = time.Now()
 		return c.last, nil
 	}
 	if c.reader == nil {
@@ -180,33 +182,30 @@ func (p *Programmer) attribute(elems []counted, drops map[string]Count) *Reading
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	out := make(map[PortRef]PortCounters, len(p.services))
-	dests := make(map[ruleset.ElemID]PortRef, len(elems))
+	dests := make(map[ruleset.ElemID]PortRef, len(p.services))
+	p.claims.EachHolder(func(_ ruleset.Family, id ruleset.ElemID, key model.ServiceKey) {
+		if id.Map == ruleset.MapServiceIPs || id.Map == ruleset.MapServiceNodePorts {
+			if ref, ok := p.portOf(key, id); ok {
+				dests[id] = ref
+			}
+		}
+	})
 	for _, e := range elems {
 		key, ok := p.claims.Holder(e.f, e.id)
 		if !ok {
 			continue
 		}
-		svc := p.services[key]
-		if svc == nil {
+		ref, ok := p.portOf(key, e.id)
+		if !ok {
 			continue
 		}
-		nodePort := e.id.Map == ruleset.MapServiceNodePorts || e.id.Map == ruleset.MapNoEndpointNodePorts
-		for i := range svc.Ports {
-			sp := &svc.Ports[i]
-			if sp.Protocol != e.id.Key.Proto || (nodePort && sp.NodePort != e.id.Key.Port) || (!nodePort && sp.Port != e.id.Key.Port) {
-				continue
-			}
-			ref := PortRef{Service: key, Proto: sp.Protocol, Port: sp.Port}
-			pc := out[ref]
-			if e.id.Map == ruleset.MapServiceIPs || e.id.Map == ruleset.MapServiceNodePorts {
-				pc.New.add(e.n)
-				dests[e.id] = ref
-			} else {
-				pc.Rejected.add(e.n)
-			}
-			out[ref] = pc
-			break
+		pc := out[ref]
+		if e.id.Map == ruleset.MapServiceIPs || e.id.Map == ruleset.MapServiceNodePorts {
+			pc.New.add(e.n)
+		} else {
+			pc.Rejected.add(e.n)
 		}
+		out[ref] = pc
 	}
 	fw := p.firewallChainsLocked()
 	for ch, n := range drops {
@@ -219,6 +218,23 @@ func (p *Programmer) attribute(elems []counted, drops map[string]Count) *Reading
 		out[ref] = pc
 	}
 	return &Reading{Ports: out, dests: dests}
+}
+
+// portOf returns the port of Service key that map element id is of: by
+// its protocol, and its port or node port.
+func (p *Programmer) portOf(key model.ServiceKey, id ruleset.ElemID) (PortRef, bool) {
+	svc := p.services[key]
+	if svc == nil {
+		return PortRef{}, false
+	}
+	nodePort := id.Map == ruleset.MapServiceNodePorts || id.Map == ruleset.MapNoEndpointNodePorts
+	for i := range svc.Ports {
+		sp := &svc.Ports[i]
+		if sp.Protocol == id.Key.Proto && (nodePort && sp.NodePort == id.Key.Port || !nodePort && sp.Port == id.Key.Port) {
+			return PortRef{Service: key, Proto: sp.Protocol, Port: sp.Port}, true
+		}
+	}
+	return PortRef{}, false
 }
 
 // firewallChains names the source-range chain of every programmed Service

@@ -92,3 +92,27 @@ func TestCountersCountConnections(t *testing.T) {
 		t.Fatalf("full sync over counted maps: %+v %v", res, err)
 	}
 }
+
+// TestCountersOffStillTellDestinations: without counters there is nothing
+// counted, and the reading still tells which Service port a destination
+// is (the active flows are attributed by it).
+func TestCountersOffStillTellDestinations(t *testing.T) {
+	_, p := testProgrammer(t)
+	web := webService("198.18.2.10")
+	if _, err := p.Full(map[model.ServiceKey]*model.Service{web.Key: web}); err != nil {
+		t.Fatal(err)
+	}
+	rd, err := p.Counters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rd.Ports) != 0 {
+		t.Errorf("counts without counters: %+v", rd.Ports)
+	}
+	if r, ok := rd.PortOf(model.TCP, netip.MustParseAddrPort("198.19.0.10:80")); !ok || r != (PortRef{Service: web.Key, Proto: model.TCP, Port: 80}) {
+		t.Errorf("198.19.0.10:80 is %+v %v, want web's port 80", r, ok)
+	}
+	if _, ok := rd.PortOf(model.TCP, netip.MustParseAddrPort("198.19.0.10:81")); ok {
+		t.Error("a port the Service does not have belongs to it")
+	}
+}

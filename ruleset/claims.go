@@ -306,3 +306,13 @@ func (b *Claims) Holder(f Family, id ElemID) (model.ServiceKey, bool) {
 	}
 	return w.svc, true
 }
+
+// EachHolder calls fn with every map element that a Service holds, its
+// family, and the Service.
+func (b *Claims) EachHolder(fn func(f Family, id ElemID, svc model.ServiceKey)) {
+	for fe, cs := range b.verdicts {
+		if w := cs.winner(); w != nil {
+			fn(fe.f, fe.id, w.svc)
+		}
+	}
+}

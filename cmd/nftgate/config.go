@@ -120,6 +120,7 @@ func defaults() Config {
 		ProxyProtocolPort:           proxy.DefaultPort,
 		ProxyProtocolMaxConnections: proxy.DefaultMaxConnections,
 		ProxyProtocolDialTimeout:    Duration(proxy.DefaultDialTimeout),
+		Counters:                    true,
 		LogLevel:                    "info",
 		LogFormat:                   "text",
 		MemoryLimit:                 DefaultMemoryLimit,
