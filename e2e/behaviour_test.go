@@ -702,7 +702,7 @@ func chainOf(t *testing.T, g *gatewaytest.Gateway, table, key string) string {
 	t.Helper()
 	out := g.Nft("list", "map", "ip", table, "service-ips")
 	// An element with a counter prints it between the key and the verdict.
-	elem := regexp.MustCompile(`(^|[\s{,])` + regexp.QuoteMeta(key) + `( counter packets \d+ bytes \d+)? : goto (\S+?)[,}]?$`)
+	elem := regexp.MustCompile(`(^|[\s{,])` + regexp.QuoteMeta(key) + `( counter packets \d+ bytes \d+)? : goto ([^\s,}]+)`)
 	for _, line := range strings.Split(out, "\n") {
 		if m := elem.FindStringSubmatch(strings.TrimSpace(line)); m != nil {
 			return m[3]
