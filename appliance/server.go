@@ -62,6 +62,9 @@ type Options struct {
 	// StateSync, when set, gives what GET /api/v1/statesync answers: the
 	// connection-state sync with each peer gateway. Nil: 404.
 	StateSync func() any
+	// Traffic, when set, serves GET /api/v1/traffic and the flows of each
+	// Service. Nil: those answer 404.
+	Traffic Traffic
 	// Refresh is the page's polling interval; zero means DefaultRefresh.
 	Refresh time.Duration
 	// Logger receives request errors; nil discards them.
@@ -87,6 +90,7 @@ type server struct {
 	maxAge  time.Duration
 	metrics *Metrics
 	log     *slog.Logger
+	rates   rates
 }
 
 // NewServer returns the handler for the gateway's HTTP listener:
@@ -97,6 +101,8 @@ type server struct {
 //	/api/v1/services                     JSON Services, ?q=&namespace=&type= filter (auth)
 //	/api/v1/services/{namespace}/{name}  one Service (auth)
 //	/api/v1/syncs                        recent syncs (auth)
+//	/api/v1/traffic                      counters per Service port, ?sort=, with Options.Traffic (auth)
+//	/api/v1/services/{ns}/{name}/flows   live flows, ?client=&limit=, with Options.Traffic (auth)
 //	/api/v1/drain                        drain state; POST starts a drain, with Options.Drain (auth)
 //	/healthz, /livez, /readyz            probes (open)
 //	/metrics                             Prometheus (open)
@@ -157,6 +163,10 @@ func NewServer(opts Options) http.Handler {
 	}
 	if opts.StateSync != nil {
 		mux.Handle("GET /api/v1/statesync", auth(http.HandlerFunc(s.stateSync)))
+	}
+	if opts.Traffic != nil {
+		mux.Handle("GET /api/v1/traffic", auth(http.HandlerFunc(s.traffic)))
+		mux.Handle("GET /api/v1/services/{namespace}/{name}/flows", auth(http.HandlerFunc(s.flows)))
 	}
 	mux.Handle("/api/", auth(http.HandlerFunc(s.apiNotFound)))
 	mux.HandleFunc("GET /healthz", s.healthz)

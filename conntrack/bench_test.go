@@ -164,3 +164,34 @@ func benchClean(b *testing.B, tbl *benchTable, maxNarrow int) {
 	b.ReportMetric(float64(returned)/float64(b.N), "returned/op")
 	b.ReportMetric(float64(deleted)/float64(b.N), "deleted/op")
 }
+
+// BenchmarkFlowsRead reads a table of 100,000 translated flows: what one
+// reading of the active flows (at most one a second, for the page, the API
+// and the metrics together) costs at that size.
+//
+//	go test -run '^$' -bench FlowsRead -benchtime 5x ./conntrack/
+func BenchmarkFlowsRead(b *testing.B) {
+	for _, n := range []int{10_000, 100_000} {
+		b.Run(fmt.Sprint("entries=", n), func(b *testing.B) {
+			t := newBenchTable(b, n)
+			b.ResetTimer()
+			for range b.N {
+				f := NewFlows(WithNetNS(int(t.ns)))
+				runtime.GC()
+				h := startHeapPeak()
+				start := time.Now()
+				flows, _, err := f.Read()
+				d := time.Since(start)
+				peak := h.end()
+				if err != nil {
+					b.Fatal(err)
+				}
+				if len(flows) != n {
+					b.Fatalf("read %d flows, want %d", len(flows), n)
+				}
+				b.ReportMetric(float64(d.Milliseconds()), "read-ms")
+				b.ReportMetric(float64(peak)/(1<<20), "heap-peak-MiB")
+			}
+		})
+	}
+}

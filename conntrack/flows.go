@@ -9,7 +9,7 @@ import (
 )
 
 // TCP states of the kernel's conntrack (enum tcp_conntrack) up to an
-// established connection: the ones OpenFlows counts.
+// established connection: the ones open counts.
 const (
 	tcpSynSent     = 1
 	tcpEstablished = 3
@@ -47,7 +47,7 @@ func OpenFlows(dsts []netip.Addr, opts ...Option) (int, error) {
 		if !want[f.TupleOrig.IP.DestinationAddress.Unmap()] {
 			continue
 		}
-		if tcp := f.ProtoInfo.TCP; tcp != nil && (tcp.State < tcpSynSent || tcp.State > tcpEstablished) {
+		if !open(f) {
 			continue
 		}
 		n++

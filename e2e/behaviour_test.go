@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -700,9 +701,11 @@ func serviceTable(namespace, name string) string {
 func chainOf(t *testing.T, g *gatewaytest.Gateway, table, key string) string {
 	t.Helper()
 	out := g.Nft("list", "map", "ip", table, "service-ips")
+	// An element with a counter prints it between the key and the verdict.
+	elem := regexp.MustCompile(`(^|[\s{,])` + regexp.QuoteMeta(key) + `( counter packets \d+ bytes \d+)? : goto ([^\s,}]+)`)
 	for _, line := range strings.Split(out, "\n") {
-		if i := strings.Index(line, key+" : goto "); i >= 0 {
-			return strings.TrimRight(strings.TrimSpace(line[i+len(key+" : goto "):]), ",}")
+		if m := elem.FindStringSubmatch(strings.TrimSpace(line)); m != nil {
+			return m[3]
 		}
 	}
 	t.Fatalf("no element %q in service-ips:\n%s", key, out)

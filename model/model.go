@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -48,6 +49,10 @@ func (p Protocol) String() string {
 	}
 	return fmt.Sprintf("proto-%d", uint8(p))
 }
+
+// KubeName is the protocol as the Kubernetes API spells it ("TCP"), the
+// inverse of ParseProtocol.
+func (p Protocol) KubeName() string { return strings.ToUpper(p.String()) }
 
 // ParseProtocol reads a Kubernetes protocol name ("TCP", "UDP", "SCTP"; empty
 // means TCP, as the API server defaults it).

@@ -575,3 +575,40 @@ func TestScaleColdAndPartial(t *testing.T) {
 	}
 	t.Log(fmt.Sprintf("cold sync of 2000 Services: %d messages", res.Messages))
 }
+
+// BenchmarkKernelCountersRead reads the counters of every Service port back
+// from the kernel (Programmer.Counters without its one-second cache): what
+// one reading for the API or a scrape costs.
+//
+//	go test -run '^$' -bench KernelCountersRead -benchtime 5x ./nft/
+func BenchmarkKernelCountersRead(b *testing.B) {
+	for _, n := range benchSizes(10_000, 100_000) {
+		b.Run(sizeName(n), func(b *testing.B) {
+			c := clusterOf(n)
+			_, fd := testNetNS(b)
+			cfg := scaleConfig()
+			cfg.Counters = true
+			p, err := NewProgrammer(cfg, Options{NetNSFD: fd})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { p.Close() })
+			if _, err := p.Full(c.Services); err != nil {
+				b.Fatalf("cold full sync of %d Services: %v", n, err)
+			}
+			b.ResetTimer()
+			for range b.N {
+				p.counters.last = nil // read the kernel every time
+				start := time.Now()
+				rd, err := p.Counters()
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.ReportMetric(float64(time.Since(start).Microseconds())/1000, "read-ms")
+				if len(rd.Ports) == 0 {
+					b.Fatal("no counters read")
+				}
+			}
+		})
+	}
+}

@@ -168,6 +168,9 @@ func setKey(f ruleset.Family, s *ruleset.Set) (types []uint32, lens []uint32) {
 	return []uint32{addr}, []uint32{addrLen}
 }
 
+// nftaSetExpr is NFTA_SET_EXPR, which x/sys/unix lacks.
+const nftaSetExpr = 0x11
+
 // addSet writes a new set, numbered for the rules of the batch that use
 // it, as google/nftables writes it.
 func (e *encoder) addSet(s *ruleset.Set) {
@@ -225,6 +228,15 @@ func (e *encoder) addSet(s *ruleset.Set) {
 		// The key's byte order for nft's listing (libnftnl's
 		// NFTNL_UDATA_SET_KEYBYTEORDER: host), as nft writes it.
 		w.attr(unix.NFTA_SET_USERDATA, []byte{0, 4, 1, 0, 0, 0})
+	}
+	if s.Counter {
+		// A counter per element, written as google/nftables writes it:
+		// the expression's name, and an empty attribute the kernel
+		// ignores.
+		x := w.nest(nftaSetExpr)
+		w.str(unix.NFTA_EXPR_NAME, "counter")
+		w.attr(unix.NFTA_SET_ELEM_PAD|unix.NFTA_SET_ELEM_DATA, nil)
+		w.close(x)
 	}
 	w.end()
 	e.note(note{op: noteAddSet, name: s.Name})

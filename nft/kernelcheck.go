@@ -80,6 +80,9 @@ func kernelProbesFor(cfg *ruleset.Config) []kernelProbe {
 	if len(cfg.FlowtableDevices) > 0 {
 		probes = append(probes, flowtableProbes()...)
 	}
+	if cfg.Counters {
+		probes = append(probes, counterProbes()...)
+	}
 	return probes
 }
 
@@ -277,6 +280,27 @@ func flowtableProbes() []kernelProbe {
 					b.flowtable(f)
 					c := b.chain(f, "filter-forward", &ruleset.Hook{Type: "filter", Hook: "forward", Priority: ruleset.PrioFilter})
 					b.rule(c, ruleset.MatchCtEstablished{}, ruleset.MatchCtDNAT{}, ruleset.FlowOffload{Flowtable: ruleset.FlowtableName})
+				}},
+		)
+	}
+	return ps
+}
+
+// counterProbes try, per family, the counter statement and a map whose
+// elements each carry a counter.
+func counterProbes() []kernelProbe {
+	var ps []kernelProbe
+	for _, f := range ruleset.Families {
+		w := " (" + f.String() + ")"
+		base := "nf_tables " + f.String() + " family with filter chains"
+		ps = append(ps,
+			kernelProbe{Feature: "counter expression" + w, Option: "CONFIG_NFT_COUNTER", Needs: []string{base},
+				add: func(b *probeBatch) {
+					b.rule(b.filterChain(f), ruleset.Counter{}, ruleset.Verdict{Kind: ruleset.Drop})
+				}},
+			kernelProbe{Feature: "counters on map elements" + w, Option: "CONFIG_NFT_COUNTER", Needs: []string{base},
+				add: func(b *probeBatch) {
+					b.set(f, &ruleset.Set{Name: "counted", Map: true, Shape: ruleset.KeyAddrProtoPort, Counter: true})
 				}},
 		)
 	}

@@ -114,6 +114,8 @@ func (g *googleSink) Reject(x bc.Reject) { g.add(&expr.Reject{Type: x.Type, Code
 
 func (g *googleSink) FlowOffload(x bc.FlowOffload) { g.add(&expr.FlowOffload{Name: x.Flowtable}) }
 
+func (g *googleSink) Counter() { g.add(&expr.Counter{}) }
+
 // flowtableDefinition is a flowtable of nftgate's as google/nftables
 // describes it.
 func flowtableDefinition(table *nftables.Table, ft *ruleset.Flowtable) *nftables.Flowtable {
@@ -124,6 +126,7 @@ func flowtableDefinition(table *nftables.Table, ft *ruleset.Flowtable) *nftables
 // setDefinition is a set of nftgate's as google/nftables describes it.
 func setDefinition(table *nftables.Table, f ruleset.Family, s *ruleset.Set) *nftables.Set {
 	ns := &nftables.Set{Table: table, Name: s.Name}
+	ns.Counter = s.Counter
 	addr := nftables.TypeIPAddr
 	if f == ruleset.IPv6 {
 		addr = nftables.TypeIP6Addr

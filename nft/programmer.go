@@ -48,6 +48,7 @@ type Programmer struct {
 	readDrifts uint64
 	netnsFD    int
 	ownTables  map[tableRef]bool
+	counters   counterCache
 	// bisectOnly makes isolation ignore what the refused messages name,
 	// for tests of the bisection.
 	bisectOnly bool
@@ -141,6 +142,12 @@ func NewProgrammer(cfg ruleset.Config, opts Options) (*Programmer, error) {
 // Close closes the sockets. The rules stay in the kernel.
 func (p *Programmer) Close() error {
 	p.reader.Close()
+	p.counters.mu.Lock()
+	if p.counters.reader != nil {
+		p.counters.reader.Close()
+		p.counters.reader = nil
+	}
+	p.counters.mu.Unlock()
 	return p.batch.Close()
 }
 

@@ -139,7 +139,7 @@ func (r *reader) readFamily(cfg *ruleset.Config, f ruleset.Family, names []strin
 		if !out[i].Exists {
 			continue
 		}
-		if err := r.readSets(n, f, out[i]); err != nil {
+		if err := r.readSets(n, f, out[i], cfg.Counters); err != nil {
 			return nil, nil, fmt.Errorf("table %s: %w", n, err)
 		}
 		if err := r.readFlowtables(n, f, cfg.FlowtableDevices, out[i]); err != nil {
@@ -150,7 +150,10 @@ func (r *reader) readFamily(cfg *ruleset.Config, f ruleset.Family, names []strin
 }
 
 // readSets reads a table's sets and the elements of the maps nftgate fills.
-func (r *reader) readSets(name string, f ruleset.Family, st *ruleset.TableState) error {
+// google/nftables does not decode a set's own counter flag, only its
+// elements' counters: a map counts when its elements carry counters, and
+// an empty map of those that count is taken to be as counters says.
+func (r *reader) readSets(name string, f ruleset.Family, st *ruleset.TableState, counters bool) error {
 	table := &nftables.Table{Name: name, Family: nftFamily(f)}
 	sets, err := r.conn.GetSets(table)
 	if err != nil {
@@ -173,6 +176,13 @@ func (r *reader) readSets(name string, f ruleset.Family, st *ruleset.TableState)
 		elems, err := r.conn.GetSetElements(s)
 		if err != nil {
 			return fmt.Errorf("list elements of map %s: %w", s.Name, err)
+		}
+		if def.Map {
+			def.Counter = counters && isCounted(s.Name)
+			if len(elems) > 0 {
+				def.Counter = elems[0].Counter != nil
+			}
+			st.Sets[s.Name] = def
 		}
 		for _, e := range elems {
 			if e.VerdictData == nil {

@@ -29,8 +29,15 @@ func scaleConfig() ruleset.Config {
 		MasqueradeBit:     ruleset.DefaultMasqueradeBit,
 		HashSeed:          7,
 		EndpointSelection: *benchSelection,
+		Counters:          *benchCounters,
 	}
 }
+
+// benchCounters turns the counters on in the synthetic clusters' ruleset,
+// to measure what they cost:
+//
+//	go test -run '^$' -bench 'Kernel(ColdFull|PartialEndpointChange)/services=10000$' ./nft -args -bench-counters
+var benchCounters = flag.Bool("bench-counters", false, "count new connections per service map element (Config.Counters)")
 
 // benchSelection is the synthetic clusters' endpoint selection, so that
 // the costs of both can be compared in one sitting:

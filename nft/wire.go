@@ -382,6 +382,15 @@ func (e *encoder) FlowOffload(x bc.FlowOffload) {
 	w.exprEnd(elem, at)
 }
 
+// Counter writes a counter from zero, as google/nftables writes it.
+func (e *encoder) Counter() {
+	w := e.w
+	elem, at := w.exprBegin("counter")
+	w.u64(unix.NFTA_COUNTER_BYTES, 0)
+	w.u64(unix.NFTA_COUNTER_PACKETS, 0)
+	w.exprEnd(elem, at)
+}
+
 // Reject writes an ICMP reject.
 func (e *encoder) Reject(x bc.Reject) {
 	w := e.w

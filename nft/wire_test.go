@@ -226,6 +226,7 @@ func TestWireMatchesGoogleNftables(t *testing.T) {
 			if seed%2 == 1 {
 				cfg.FlowtableDevices = []string{"eth0", "eth1.100"}
 			}
+			cfg.Counters = seed > 2
 			w := &randomWorld{r: rand.New(rand.NewSource(seed)), services: map[model.ServiceKey]*model.Service{}, unique: seed%2 == 0}
 			for range 80 {
 				s := w.newService()
@@ -372,6 +373,7 @@ func TestWireExpressions(t *testing.T) {
 		func(s bc.Sink) { s.Redir(bc.Redir{}) },
 		func(s bc.Sink) { s.Reject(bc.Reject{Type: bc.RejectICMPUnrch, Code: 3}) },
 		func(s bc.Sink) { s.FlowOffload(bc.FlowOffload{Flowtable: ruleset.FlowtableName}) },
+		func(s bc.Sink) { s.Counter() },
 	}
 	for _, fam := range []byte{unix.NFPROTO_IPV4, unix.NFPROTO_IPV6} {
 		for i, emit := range exprs {

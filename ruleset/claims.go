@@ -292,3 +292,27 @@ func (b *Claims) Losses() map[model.ServiceKey][]string {
 	}
 	return out
 }
+
+// Holder returns the Service that holds map element id of family f: the
+// winner of its claims.
+func (b *Claims) Holder(f Family, id ElemID) (model.ServiceKey, bool) {
+	cs := b.verdicts[famElem{f, id}]
+	if cs == nil {
+		return model.ServiceKey{}, false
+	}
+	w := cs.winner()
+	if w == nil {
+		return model.ServiceKey{}, false
+	}
+	return w.svc, true
+}
+
+// EachHolder calls fn with every map element that a Service holds, its
+// family, and the Service.
+func (b *Claims) EachHolder(fn func(f Family, id ElemID, svc model.ServiceKey)) {
+	for fe, cs := range b.verdicts {
+		if w := cs.winner(); w != nil {
+			fn(fe.f, fe.id, w.svc)
+		}
+	}
+}

@@ -190,6 +190,9 @@ type Set struct {
 	// Timeout, when set, makes the set dynamic with element timeouts (the
 	// session-affinity sets, filled by the packet path with `update`).
 	Timeout time.Duration
+	// Counter gives every element a counter of the packets that matched
+	// it (Config.Counters).
+	Counter bool
 }
 
 // Hook attaches a base chain to a netfilter hook.

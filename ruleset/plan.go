@@ -69,10 +69,11 @@ type SetDef struct {
 	Map     bool
 	Shape   KeyShape
 	Timeout int64 // seconds
+	Counter bool
 }
 
 func DefOf(s *Set) SetDef {
-	return SetDef{Map: s.Map, Shape: s.Shape, Timeout: int64(s.Timeout.Seconds())}
+	return SetDef{Map: s.Map, Shape: s.Shape, Timeout: int64(s.Timeout.Seconds()), Counter: s.Counter}
 }
 
 // ruleFingerprint identifies a rule by its nft text. It is stored in the

@@ -55,6 +55,12 @@ type Config struct {
 	// table of each family gets a flowtable on these interfaces' ingress,
 	// and the established connections nftgate DNATs are added to it.
 	FlowtableDevices []string
+	// Counters count, per element of the service maps (hence per Service
+	// port and address), the new connections dispatched, the new
+	// connections rejected for want of endpoints, and per source-range
+	// chain the new connections dropped. Only new connections reach
+	// these maps and chains: established packets pass no counter.
+	Counters bool
 }
 
 // DefaultMasqueradeBit is kube-proxy's masquerade mark bit.
@@ -113,8 +119,8 @@ func Static(cfg *Config, f Family) Fragment {
 
 	fr := Fragment{
 		Sets: []*Set{
-			{Name: MapNoEndpointServices, Map: true, Shape: KeyAddrProtoPort},
-			{Name: MapNoEndpointNodePorts, Map: true, Shape: KeyProtoPort},
+			{Name: MapNoEndpointServices, Map: true, Shape: KeyAddrProtoPort, Counter: cfg.Counters},
+			{Name: MapNoEndpointNodePorts, Map: true, Shape: KeyProtoPort, Counter: cfg.Counters},
 			{Name: MapFirewallIPs, Map: true, Shape: KeyAddrProtoPort},
 			{Name: SetClusterIPs, Shape: KeyAddr},
 			{Name: SetHairpin, Shape: KeyAddrPair},
@@ -191,8 +197,8 @@ func StaticShard(cfg *Config, f Family) Fragment {
 	jump := func(c string) Verdict { return Verdict{Kind: Jump, Chain: c} }
 	fr := Fragment{
 		Sets: []*Set{
-			{Name: MapServiceIPs, Map: true, Shape: KeyAddrProtoPort},
-			{Name: MapServiceNodePorts, Map: true, Shape: KeyProtoPort},
+			{Name: MapServiceIPs, Map: true, Shape: KeyAddrProtoPort, Counter: cfg.Counters},
+			{Name: MapServiceNodePorts, Map: true, Shape: KeyProtoPort, Counter: cfg.Counters},
 		},
 	}
 	base := func(name, hook string, rules ...Rule) {
@@ -666,7 +672,11 @@ func renderPort(cfg *Config, svc *model.Service, p *model.ServicePort, out *ByFa
 			}
 		}
 		if len(rules) > 0 && !open && len(lbIPs) > 0 {
-			rules = append(rules, Rule{Verdict{Kind: Drop}})
+			if cfg.Counters {
+				rules = append(rules, Rule{Counter{}, Verdict{Kind: Drop}})
+			} else {
+				rules = append(rules, Rule{Verdict{Kind: Drop}})
+			}
 			fwChain := PortObject("fw", svc, p)
 			fr.Chains = append(fr.Chains, &Chain{Name: fwChain, Rules: rules})
 			for _, a := range lbIPs {

@@ -319,6 +319,16 @@ func (n SNAT) Encode(f Family, s bc.Sink) {
 	s.NAT(bc.NAT{Type: bc.NATSource, Family: fam, RegAddr: bc.Reg1})
 }
 
+// Counter counts the packets and bytes that reach it; nft reads it back
+// from the rule (nft.Programmer.Counters).
+type Counter struct{}
+
+// AppendText writes "counter".
+func (Counter) AppendText(b []byte, _ Family) []byte { return append(b, "counter"...) }
+
+// Encode writes a counter starting at zero.
+func (Counter) Encode(_ Family, s bc.Sink) { s.Counter() }
+
 // Reject answers with ICMP port unreachable, so a client of a Service with no
 // endpoint fails at once instead of waiting for a timeout.
 type Reject struct{}

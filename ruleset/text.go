@@ -75,6 +75,9 @@ func WriteText(w io.Writer, table string, f Family, frags ...*Fragment) error {
 		if s.Timeout > 0 {
 			ew.printf("\t\tflags dynamic,timeout\n\t\ttimeout %s\n", DurationText(s.Timeout))
 		}
+		if s.Counter {
+			ew.printf("\t\tcounter\n")
+		}
 		if es := elems[s.Name]; len(es) > 0 {
 			// In the order of their text, each key formatted once.
 			keyed := make([]keyedElement, len(es))

@@ -8,7 +8,6 @@ import (
 	"net/netip"
 	"slices"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
@@ -188,7 +187,7 @@ func serviceRow(st loop.ServiceState, node *model.Node) (appliance.Service, bool
 		v.Ports = make([]appliance.ServicePort, 0, len(m.Ports))
 		for pi := range m.Ports {
 			p := &m.Ports[pi]
-			v.Ports = append(v.Ports, appliance.ServicePort{Name: p.Name, Protocol: strings.ToUpper(p.Protocol.String()), Port: p.Port, NodePort: p.NodePort})
+			v.Ports = append(v.Ports, appliance.ServicePort{Name: p.Name, Protocol: p.Protocol.KubeName(), Port: p.Port, NodePort: p.NodePort})
 		}
 		eps := endpointRows(m, node)
 		v.EndpointCount = len(eps)

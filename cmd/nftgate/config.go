@@ -56,6 +56,8 @@ type Config struct {
 	ProxyProtocolDialTimeout    Duration `toml:"proxy_protocol_dial_timeout"`
 	Flowtable                   bool     `toml:"flowtable"`
 	FlowtableDevices            []string `toml:"flowtable_devices"`
+	Counters                    bool     `toml:"counters"`
+	MetricsPerService           bool     `toml:"metrics_per_service"`
 	LogLevel                    string   `toml:"log_level"`
 	LogFormat                   string   `toml:"log_format"`
 	AuthUser                    string   `toml:"auth_user"`
@@ -123,6 +125,7 @@ func defaults() Config {
 		ProxyProtocolPort:           proxy.DefaultPort,
 		ProxyProtocolMaxConnections: proxy.DefaultMaxConnections,
 		ProxyProtocolDialTimeout:    Duration(proxy.DefaultDialTimeout),
+		Counters:                    true,
 		LogLevel:                    "info",
 		LogFormat:                   "text",
 		MemoryLimit:                 DefaultMemoryLimit,
@@ -281,6 +284,7 @@ func loadConfig(name string, args []string) (*Config, *flag.FlagSet, error) {
 	fs.StringVar(&cfg.Table, "table", cfg.Table, "`name` of nftgate's nftables tables")
 	fs.IntVar(&cfg.Shards, "shards", cfg.Shards, "`number` of service shard tables per family (see config.toml)")
 	flowtableFlags(fs, &cfg)
+	trafficFlags(fs, &cfg)
 	selectionFlags(fs, &cfg)
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&cfg.LogFormat, "log-format", cfg.LogFormat, "text or json")

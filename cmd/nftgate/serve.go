@@ -50,6 +50,7 @@ func (c *Config) ruleset() ruleset.Config {
 		FlowtableDevices:    c.flowtableDevices(),
 		MasqueradeAddresses: c.masqueradeAddrs,
 		KeepClientAddress:   c.KeepClientAddress,
+		Counters:            c.Counters,
 	}
 }
 
@@ -327,10 +328,14 @@ func serve(ctx context.Context, cfg *Config) error {
 	}
 	wg.Go(func() { notifier.Watchdog(ctx, watchdog) })
 	var srv *http.Server
+	// The counters and flows: the API always, Prometheus their totals
+	// (and per Service port with metrics_per_service).
+	tr := newTraffic(prog)
+	metrics.Registry().MustRegister(appliance.NewTrafficCollector(tr, cfg.MetricsPerService))
 	if ln != nil {
 		srv = httpserver.New(appliance.NewServer(appliance.Options{Source: pub, Metrics: metrics,
 			MaxSyncAge: time.Duration(cfg.HealthzMaxAge), Auth: auth, Logger: log,
-			AllowedHosts: cfg.allowedHosts(), Pprof: cfg.Pprof, Edge: edge.view, Drain: drain, Gateways: edge.gatewaysAPI(), StateSync: edge.stateSyncAPI()}), httpserver.Default)
+			AllowedHosts: cfg.allowedHosts(), Pprof: cfg.Pprof, Edge: edge.view, Drain: drain, Gateways: edge.gatewaysAPI(), StateSync: edge.stateSyncAPI(), Traffic: tr}), httpserver.Default)
 		wg.Go(func() {
 			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				errc <- fmt.Errorf("http: %w", err)

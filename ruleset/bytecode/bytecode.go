@@ -227,4 +227,6 @@ type Sink interface {
 	Redir(Redir)
 	Reject(Reject)
 	FlowOffload(FlowOffload)
+	// Counter counts packets and bytes, from zero.
+	Counter()
 }

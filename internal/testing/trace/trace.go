@@ -475,6 +475,8 @@ func (t *tracer) runRule(st state, tt *traceTable, c *ruleset.Chain, i, depth in
 			}
 		case ruleset.MatchCtNew:
 			// Trace replays the first packet of a connection.
+		case ruleset.Counter:
+			// Counts; changes nothing.
 		case ruleset.MatchCtEstablished, ruleset.MatchCtDNAT, ruleset.FlowOffload:
 			// The first packet of a connection is not established, and is
 			// never offloaded.

@@ -1,0 +1,291 @@
+package appliance
+
+import (
+	"cmp"
+	"net/http"
+	"net/netip"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Traffic supplies what the gateway counts: the kernel's counters per
+// Service port with their active flows, and the live flows. Both are read
+// from the kernel at a bounded rate by their implementation.
+type Traffic interface {
+	// Ports returns the counters of every Service port, and when they were
+	// read.
+	Ports() ([]TrafficPort, time.Time, error)
+	// Flows returns the live flows of a Service.
+	Flows(namespace, name string) ([]FlowJSON, error)
+}
+
+// TrafficPort is what the gateway counted of one Service port: totals
+// since the port's map elements were made.
+type TrafficPort struct {
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	Protocol  string `json:"protocol"`
+	Port      uint16 `json:"port"`
+	// NewConnections were dispatched to the port's endpoints.
+	NewConnections uint64 `json:"newConnections"`
+	// Rejected were refused for want of endpoints.
+	Rejected uint64 `json:"rejected"`
+	// Dropped were dropped by loadBalancerSourceRanges.
+	Dropped uint64 `json:"dropped"`
+	// ActiveFlows are the conntrack flows translated to the port's
+	// endpoints that have not ended; Bytes their bytes both ways (with
+	// nf_conntrack_acct).
+	ActiveFlows int               `json:"activeFlows"`
+	Bytes       uint64            `json:"bytes"`
+	Endpoints   []TrafficEndpoint `json:"endpoints"`
+	// NewPerSecond is the rate of new connections over the last minute
+	// (over what is known of it, since the start).
+	NewPerSecond float64 `json:"newPerSecond"`
+}
+
+// TrafficEndpoint is one endpoint's share of a port's active flows.
+type TrafficEndpoint struct {
+	Endpoint    string `json:"endpoint"`
+	ActiveFlows int    `json:"activeFlows"`
+}
+
+// TrafficJSON is the body of GET /api/v1/traffic.
+type TrafficJSON struct {
+	ReadAt time.Time     `json:"readAt"`
+	Sort   string        `json:"sort"`
+	Ports  []TrafficPort `json:"ports"`
+}
+
+// FlowJSON is one live flow of a Service.
+type FlowJSON struct {
+	Protocol       string  `json:"protocol"`
+	Client         string  `json:"client"`
+	Destination    string  `json:"destination"`
+	Endpoint       string  `json:"endpoint"`
+	State          string  `json:"state,omitempty"`
+	TimeoutSeconds float64 `json:"timeoutSeconds"`
+	Bytes          uint64  `json:"bytes"`
+}
+
+// FlowsJSON is the body of GET /api/v1/services/{namespace}/{name}/flows.
+type FlowsJSON struct {
+	Total     int        `json:"total"`
+	Truncated bool       `json:"truncated"`
+	Flows     []FlowJSON `json:"flows"`
+}
+
+// Flow listing bounds: ?limit= defaults to, and is capped at, these.
+const (
+	DefaultFlowLimit = 100
+	MaxFlowLimit     = 1000
+)
+
+// trafficSorts are the orders of ?sort=, each descending but "name".
+var trafficSorts = map[string]func(a, b *TrafficPort) int{
+	"new":      func(a, b *TrafficPort) int { return cmp.Compare(b.NewConnections, a.NewConnections) },
+	"rate":     func(a, b *TrafficPort) int { return cmp.Compare(b.NewPerSecond, a.NewPerSecond) },
+	"rejected": func(a, b *TrafficPort) int { return cmp.Compare(b.Rejected, a.Rejected) },
+	"dropped":  func(a, b *TrafficPort) int { return cmp.Compare(b.Dropped, a.Dropped) },
+	"flows":    func(a, b *TrafficPort) int { return cmp.Compare(b.ActiveFlows, a.ActiveFlows) },
+	"bytes":    func(a, b *TrafficPort) int { return cmp.Compare(b.Bytes, a.Bytes) },
+	"name":     func(a, b *TrafficPort) int { return 0 },
+}
+
+// portID identifies a Service port in the rate history.
+type portID struct {
+	ns, name, proto string
+	port            uint16
+}
+
+func idOf(p *TrafficPort) portID { return portID{p.Namespace, p.Name, p.Protocol, p.Port} }
+
+// rateWindow is the span NewPerSecond is measured over; rateStep the
+// least time between two kept readings, which bounds the history to
+// rateWindow/rateStep+1 readings.
+const (
+	rateWindow = time.Minute
+	rateStep   = 5 * time.Second
+)
+
+// reading is one kept reading of the new-connection counters.
+type reading struct {
+	at  time.Time
+	new map[portID]uint64
+}
+
+// rates keeps the readings of the last minute.
+type rates struct {
+	mu   sync.Mutex
+	hist []reading
+}
+
+// fill sets NewPerSecond of ports read at at, from the oldest kept reading
+// of the window, and keeps this one when the last is rateStep old.
+func (r *rates) fill(ports []TrafficPort, at time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for len(r.hist) > 0 && at.Sub(r.hist[0].at) > rateWindow {
+		r.hist = r.hist[1:]
+	}
+	if len(r.hist) > 0 {
+		old := r.hist[0]
+		if dt := at.Sub(old.at).Seconds(); dt > 0 {
+			for i := range ports {
+				p := &ports[i]
+				if n, ok := old.new[idOf(p)]; ok && p.NewConnections >= n {
+					p.NewPerSecond = float64(p.NewConnections-n) / dt
+				}
+			}
+		}
+	}
+	if len(r.hist) == 0 || at.Sub(r.hist[len(r.hist)-1].at) >= rateStep {
+		m := make(map[portID]uint64, len(ports))
+		for i := range ports {
+			m[idOf(&ports[i])] = ports[i].NewConnections
+		}
+		r.hist = append(r.hist, reading{at, m})
+	}
+}
+
+func (s *server) traffic(w http.ResponseWriter, r *http.Request) {
+	sortBy := r.URL.Query().Get("sort")
+	if sortBy == "" {
+		sortBy = "new"
+	}
+	order, ok := trafficSorts[sortBy]
+	if !ok {
+		s.writeJSON(w, r, http.StatusBadRequest, ErrorJSON{Error: "sort: " + strconv.Quote(sortBy) + " is none of new, rate, rejected, dropped, flows, bytes, name"})
+		return
+	}
+	ports, at, err := s.opts.Traffic.Ports()
+	if err != nil {
+		s.writeJSON(w, r, http.StatusServiceUnavailable, ErrorJSON{Error: err.Error()})
+		return
+	}
+	ports = slices.Clone(ports)
+	s.rates.fill(ports, at)
+	slices.SortStableFunc(ports, func(a, b TrafficPort) int {
+		if c := order(&a, &b); c != 0 {
+			return c
+		}
+		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name), cmp.Compare(a.Protocol, b.Protocol), cmp.Compare(a.Port, b.Port))
+	})
+	s.writeJSONIndent(w, r, http.StatusOK, TrafficJSON{ReadAt: at, Sort: sortBy, Ports: ports}, false)
+}
+
+func (s *server) flows(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	limit := DefaultFlowLimit
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			s.writeJSON(w, r, http.StatusBadRequest, ErrorJSON{Error: "limit: " + strconv.Quote(v) + " is not a positive number"})
+			return
+		}
+		limit = min(n, MaxFlowLimit)
+	}
+	var client netip.Prefix
+	if v := q.Get("client"); v != "" {
+		p, err := netip.ParsePrefix(v)
+		if err != nil {
+			a, aerr := netip.ParseAddr(v)
+			if aerr != nil {
+				s.writeJSON(w, r, http.StatusBadRequest, ErrorJSON{Error: "client: " + strconv.Quote(v) + " is no address or prefix"})
+				return
+			}
+			p = netip.PrefixFrom(a, a.BitLen())
+		}
+		client = p.Masked()
+	}
+	all, err := s.opts.Traffic.Flows(r.PathValue("namespace"), r.PathValue("name"))
+	if err != nil {
+		s.writeJSON(w, r, http.StatusServiceUnavailable, ErrorJSON{Error: err.Error()})
+		return
+	}
+	out := FlowsJSON{Flows: []FlowJSON{}}
+	for _, f := range all {
+		if client.IsValid() {
+			ap, err := netip.ParseAddrPort(f.Client)
+			if err != nil || !client.Contains(ap.Addr()) {
+				continue
+			}
+		}
+		out.Total++
+		if len(out.Flows) < limit {
+			out.Flows = append(out.Flows, f)
+		}
+	}
+	out.Truncated = out.Total > len(out.Flows)
+	s.writeJSON(w, r, http.StatusOK, out)
+}
+
+// TrafficCollector exports the counters to Prometheus, read at most at
+// the Traffic's own rate: the gateway's totals always, and per Service
+// port only with perService (a series set per port: a cardinality the
+// operator chooses).
+type TrafficCollector struct {
+	traffic    Traffic
+	perService bool
+}
+
+// NewTrafficCollector returns the collector of t's counters.
+func NewTrafficCollector(t Traffic, perService bool) *TrafficCollector {
+	return &TrafficCollector{traffic: t, perService: perService}
+}
+
+var (
+	trafficLabels   = []string{"kind"}
+	descConnections = prometheus.NewDesc("nftgate_connections_total",
+		"New connections to Services counted by the kernel, by kind: new (dispatched to endpoints), rejected (no endpoints), dropped (loadBalancerSourceRanges).", trafficLabels, nil)
+	descActiveFlows = prometheus.NewDesc("nftgate_active_flows",
+		"Conntrack flows translated to Service endpoints that have not ended.", nil, nil)
+	serviceLabels          = []string{"namespace", "service", "protocol", "port", "kind"}
+	descServiceConnections = prometheus.NewDesc("nftgate_service_connections_total",
+		"New connections to one Service port, by kind as nftgate_connections_total (metrics_per_service).", serviceLabels, nil)
+	descServiceActiveFlows = prometheus.NewDesc("nftgate_service_active_flows",
+		"Active flows of one Service port (metrics_per_service).", serviceLabels[:4], nil)
+)
+
+// Describe implements prometheus.Collector.
+func (c *TrafficCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- descConnections
+	ch <- descActiveFlows
+	if c.perService {
+		ch <- descServiceConnections
+		ch <- descServiceActiveFlows
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *TrafficCollector) Collect(ch chan<- prometheus.Metric) {
+	ports, _, err := c.traffic.Ports()
+	if err != nil {
+		// The rest of the scrape stands; the API says what failed.
+		return
+	}
+	var n, rej, drop uint64
+	flows := 0
+	for i := range ports {
+		p := &ports[i]
+		n, rej, drop, flows = n+p.NewConnections, rej+p.Rejected, drop+p.Dropped, flows+p.ActiveFlows
+		if !c.perService {
+			continue
+		}
+		port := strconv.Itoa(int(p.Port))
+		for _, k := range []struct {
+			kind string
+			v    uint64
+		}{{"new", p.NewConnections}, {"rejected", p.Rejected}, {"dropped", p.Dropped}} {
+			ch <- prometheus.MustNewConstMetric(descServiceConnections, prometheus.CounterValue, float64(k.v), p.Namespace, p.Name, p.Protocol, port, k.kind)
+		}
+		ch <- prometheus.MustNewConstMetric(descServiceActiveFlows, prometheus.GaugeValue, float64(p.ActiveFlows), p.Namespace, p.Name, p.Protocol, port)
+	}
+	ch <- prometheus.MustNewConstMetric(descConnections, prometheus.CounterValue, float64(n), "new")
+	ch <- prometheus.MustNewConstMetric(descConnections, prometheus.CounterValue, float64(rej), "rejected")
+	ch <- prometheus.MustNewConstMetric(descConnections, prometheus.CounterValue, float64(drop), "dropped")
+	ch <- prometheus.MustNewConstMetric(descActiveFlows, prometheus.GaugeValue, float64(flows))
+}

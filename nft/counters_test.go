@@ -1,0 +1,118 @@
+package nft
+
+import (
+	"net/netip"
+	"os/exec"
+	"testing"
+
+	"github.com/nftgate/nftgate/model"
+	"github.com/nftgate/nftgate/ruleset"
+)
+
+// TestCountersCountConnections sends real connections from inside a
+// namespace to a Service with an endpoint, one without, and one whose
+// source ranges leave the gateway out, and reads the counters back.
+func TestCountersCountConnections(t *testing.T) {
+	ns, fd := testNetNS(t)
+	for _, args := range [][]string{
+		{"link", "set", "lo", "up"},
+		{"link", "add", "dummy0", "type", "veth", "peer", "name", "dummy1"},
+		{"link", "set", "dummy1", "up"},
+		{"addr", "add", "198.19.0.1/16", "dev", "dummy0"},
+		{"link", "set", "dummy0", "up"},
+	} {
+		if out, err := exec.Command("ip", append([]string{"-n", ns}, args...)...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %v: %v: %s", args, err, out)
+		}
+	}
+	p, err := NewProgrammer(ruleset.Config{Table: "nftgate", Node: model.Node{Name: "gw"}, HashSeed: 1, Counters: true}, Options{NetNSFD: fd})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	// The endpoint is the namespace's own address, where nothing listens:
+	// the connection is refused by the endpoint, after the DNAT counted it.
+	web := webService("198.19.0.1")
+	empty := &model.Service{Key: model.ServiceKey{Namespace: "default", Name: "empty"}, Type: "ClusterIP",
+		ClusterIPs: []netip.Addr{netip.MustParseAddr("198.19.0.11")},
+		Ports:      []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80}}}
+	guarded := &model.Service{Key: model.ServiceKey{Namespace: "default", Name: "guarded"}, Type: "LoadBalancer",
+		ClusterIPs: []netip.Addr{netip.MustParseAddr("198.19.0.12")}, LoadBalancerIPs: []netip.Addr{netip.MustParseAddr("198.19.1.1")},
+		SourceRanges: []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24")},
+		Ports: []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80, Endpoints: []model.Endpoint{
+			{Addr: netip.MustParseAddr("198.19.0.1"), Port: 8080, Ready: true, Serving: true}}}}}
+	services := map[model.ServiceKey]*model.Service{web.Key: web, empty.Key: empty, guarded.Key: guarded}
+	if _, err := p.Full(services); err != nil {
+		t.Fatal(err)
+	}
+	connect := func(addr string, n int) {
+		t.Helper()
+		for range n {
+			// Refused, rejected or (dropped) timed out: the counters
+			// count each attempt either way.
+			exec.Command("ip", "netns", "exec", ns, "timeout", "0.3", "bash", "-c", "echo > /dev/tcp/"+addr+"/80").Run()
+		}
+	}
+	connect("198.19.0.10", 3)
+	connect("198.19.0.11", 2)
+	connect("198.19.1.1", 1)
+
+	reading, err := p.Counters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := reading.Ports
+	if r, ok := reading.PortOf(model.TCP, netip.MustParseAddrPort("198.19.0.10:80")); !ok || r.Service != web.Key {
+		t.Errorf("destination 198.19.0.10:80 belongs to %v, want %v", r, web.Key)
+	}
+	ref := func(s *model.Service) PortRef { return PortRef{Service: s.Key, Proto: model.TCP, Port: 80} }
+	if c := got[ref(web)]; c.New.Packets != 3 || c.Rejected.Packets != 0 || c.New.Bytes == 0 {
+		t.Errorf("web: %+v, want 3 new connections", c)
+	}
+	if c := got[ref(empty)]; c.Rejected.Packets != 2 || c.New.Packets != 0 {
+		t.Errorf("empty: %+v, want 2 rejected", c)
+	}
+	// A dropped SYN is sent again, and each is a new connection.
+	if c := got[ref(guarded)]; c.Dropped.Packets < 1 || c.New.Packets != 0 {
+		t.Errorf("guarded: %+v, want drops and no new connection", c)
+	}
+	// A reading is served again within CountersMaxAge.
+	connect("198.19.0.10", 1)
+	again, err := p.Counters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.Ports[ref(web)].New.Packets != 3 {
+		t.Errorf("a second reading at once read the kernel again: %+v", again.Ports[ref(web)])
+	}
+	// The counted maps read back as what was programmed: no drift.
+	p.genKnown = false
+	res, err := p.Full(services)
+	if err != nil || !res.ReadBack || res.Counts.Changes() != 0 || len(res.Drift) != 0 {
+		t.Fatalf("full sync over counted maps: %+v %v", res, err)
+	}
+}
+
+// TestCountersOffStillTellDestinations: without counters there is nothing
+// counted, and the reading still tells which Service port a destination
+// is (the active flows are attributed by it).
+func TestCountersOffStillTellDestinations(t *testing.T) {
+	_, p := testProgrammer(t)
+	web := webService("198.18.2.10")
+	if _, err := p.Full(map[model.ServiceKey]*model.Service{web.Key: web}); err != nil {
+		t.Fatal(err)
+	}
+	rd, err := p.Counters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rd.Ports) != 0 {
+		t.Errorf("counts without counters: %+v", rd.Ports)
+	}
+	if r, ok := rd.PortOf(model.TCP, netip.MustParseAddrPort("198.19.0.10:80")); !ok || r != (PortRef{Service: web.Key, Proto: model.TCP, Port: 80}) {
+		t.Errorf("198.19.0.10:80 is %+v %v, want web's port 80", r, ok)
+	}
+	if _, ok := rd.PortOf(model.TCP, netip.MustParseAddrPort("198.19.0.10:81")); ok {
+		t.Error("a port the Service does not have belongs to it")
+	}
+}
