@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net/netip"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -31,10 +30,9 @@ type Publisher struct {
 	all     bool // rebuild every row
 	touched map[model.ServiceKey]struct{}
 
-	// rows are the rows last published, in name order: the Recorder owns
-	// the slice and it is never modified, only replaced. One copy of the
-	// rows, not a map of them besides, as they hold every endpoint.
-	rows []appliance.Service // owned by run
+	// rows are the rows last published: a list that never changes, so
+	// the next is made from it by replacing only the touched rows.
+	rows appliance.ServiceList // owned by run
 	// warned holds the warnings last logged for each Service that has
 	// some (owned by run): each is logged once, when it appears.
 	warned map[model.ServiceKey][]string
@@ -115,14 +113,20 @@ func (p *Publisher) Run(ctx context.Context) {
 					p.noteWarnings(k, nil)
 				}
 			}
-			p.rows = rows
-			p.rec.SetServices(rows)
+			p.rows = appliance.NewServiceList(rows...)
+			p.rec.SetServices(p.rows)
 		} else if len(touched) > 0 {
-			p.rows = mergeRows(p.rows, touched, func(k model.ServiceKey) (appliance.Service, bool) {
+			var set, remove []appliance.Service
+			for k := range touched {
 				st, _ := p.syncer.Service(k)
 				p.noteWarnings(k, st.Warnings)
-				return serviceRow(st, &p.node)
-			})
+				if row, ok := serviceRow(st, &p.node); ok {
+					set = append(set, row)
+				} else {
+					remove = append(remove, row)
+				}
+			}
+			p.rows = p.rows.With(set, remove...)
 			p.rec.SetServices(p.rows)
 		}
 		select {
@@ -131,37 +135,6 @@ func (p *Publisher) Run(ctx context.Context) {
 		case <-time.After(time.Second):
 		}
 	}
-}
-
-// mergeRows returns a new list of rows in name order: the rows of old, with
-// those of the touched Services replaced by what row returns for them
-// (removed where it returns false). old is left as it is: the Recorder
-// may be showing it.
-func mergeRows(old []appliance.Service, touched map[model.ServiceKey]struct{}, row func(model.ServiceKey) (appliance.Service, bool)) []appliance.Service {
-	keys := make([]model.ServiceKey, 0, len(touched))
-	for k := range touched {
-		keys = append(keys, k)
-	}
-	sort.Slice(keys, func(i, j int) bool { return keys[i].Less(keys[j]) })
-	out := make([]appliance.Service, 0, len(old)+len(keys))
-	i := 0
-	for _, k := range keys {
-		for i < len(old) && rowKey(&old[i]).Less(k) {
-			out = append(out, old[i])
-			i++
-		}
-		if i < len(old) && rowKey(&old[i]) == k {
-			i++ // replaced (or removed) below
-		}
-		if r, ok := row(k); ok {
-			out = append(out, r)
-		}
-	}
-	return append(out, old[i:]...)
-}
-
-func rowKey(r *appliance.Service) model.ServiceKey {
-	return model.ServiceKey{Namespace: r.Namespace, Name: r.Name}
 }
 
 // serviceRow turns one Service's state into its row on the page; ok is
