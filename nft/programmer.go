@@ -34,14 +34,14 @@ type Programmer struct {
 	generation   uint32
 	genKnown     bool
 	staticChains map[string]bool
-	state        []*ruleset.TableState               // per table of p.tables
+	state        []*ruleset.TableState // per table of p.tables
 	// rules counts the rules of state, kept up to date by partial syncs
 	// for Totals: counting them walks every chain. rulesOf is the state
 	// the count is of (its first table's); any other is counted afresh.
-	rules   int
-	rulesOf *ruleset.TableState
-	services     map[model.ServiceKey]*model.Service // as programmed
-	claims       *ruleset.Claims
+	rules    int
+	rulesOf  *ruleset.TableState
+	services map[model.ServiceKey]*model.Service // as programmed
+	claims   *ruleset.Claims
 	// bisectOnly makes isolation ignore what the refused messages name,
 	// for tests of the bisection.
 	bisectOnly bool
