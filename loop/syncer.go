@@ -571,6 +571,13 @@ func (s *Syncer) Services() []ServiceState {
 	return out
 }
 
+// Programmed counts the Services programmed.
+func (s *Syncer) Programmed() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.programmed)
+}
+
 // KernelRefused counts the Services whose rules the kernel refused.
 func (s *Syncer) KernelRefused() int {
 	s.mu.Lock()

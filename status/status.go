@@ -163,11 +163,14 @@ func serviceRow(st loop.ServiceState, node *model.Node) (appliance.Service, bool
 			p := &m.Ports[pi]
 			v.Ports = append(v.Ports, appliance.ServicePort{Name: p.Name, Protocol: strings.ToUpper(p.Protocol.String()), Port: p.Port, NodePort: p.NodePort})
 		}
-		eps := endpointRows(m, node)
-		v.EndpointCount = len(eps)
-		for _, e := range eps {
-			if e.Used {
-				v.UsedCount++
+		for pi := range m.Ports {
+			p := &m.Ports[pi]
+			used := usedEndpoints(m, p, node)
+			v.EndpointCount += len(p.Endpoints)
+			for _, e := range p.Endpoints {
+				if used[e.AddrPort()] {
+					v.UsedCount++
+				}
 			}
 		}
 		v.EndpointsFunc = func() []appliance.Endpoint { return endpointRows(m, node) }
@@ -182,11 +185,7 @@ func endpointRows(m *model.Service, node *model.Node) []appliance.Endpoint {
 	var out []appliance.Endpoint
 	for pi := range m.Ports {
 		p := &m.Ports[pi]
-		sets := model.Categorize(m, p, *node)
-		used := make(map[netip.AddrPort]bool, len(sets.Cluster)+len(sets.Local))
-		for _, e := range append(sets.Cluster, sets.Local...) {
-			used[e.AddrPort()] = true
-		}
+		used := usedEndpoints(m, p, node)
 		for _, e := range p.Endpoints {
 			out = append(out, appliance.Endpoint{PortName: p.Name, Addr: e.Addr, Port: e.Port,
 				Ready: e.Ready, Serving: e.Serving, Terminating: e.Terminating, Node: e.NodeName, Zone: e.Zone,
@@ -194,6 +193,20 @@ func endpointRows(m *model.Service, node *model.Node) []appliance.Endpoint {
 		}
 	}
 	return out
+}
+
+// usedEndpoints are the endpoints of a Service port the rules send traffic
+// to.
+func usedEndpoints(m *model.Service, p *model.ServicePort, node *model.Node) map[netip.AddrPort]bool {
+	sets := model.Categorize(m, p, *node)
+	used := make(map[netip.AddrPort]bool, len(sets.Cluster)+len(sets.Local))
+	for _, e := range sets.Cluster {
+		used[e.AddrPort()] = true
+	}
+	for _, e := range sets.Local {
+		used[e.AddrPort()] = true
+	}
+	return used
 }
 
 func policy(local bool) string {

@@ -3,6 +3,7 @@ package status
 import (
 	"context"
 	"errors"
+	"net/netip"
 	"slices"
 	"sync"
 	"testing"
@@ -10,6 +11,8 @@ import (
 
 	"github.com/nftgate/nftgate/appliance"
 	"github.com/nftgate/nftgate/internal/testing/lab"
+	"github.com/nftgate/nftgate/loop"
+	"github.com/nftgate/nftgate/model"
 	"github.com/nftgate/nftgate/source"
 )
 
@@ -64,4 +67,32 @@ func TestFollowSource(t *testing.T) {
 	await("problem shown", func(s appliance.Snapshot) bool { return len(s.SourceProblems) == 1 && !s.Identity.APIConnected })
 	src.set(nil, true)
 	await("problem gone", func(s appliance.Snapshot) bool { return len(s.SourceProblems) == 0 && s.Identity.APIConnected })
+}
+
+// TestServiceRowCounts: a row counts its endpoints, and those in use, as
+// the list the page makes from the model says.
+func TestServiceRowCounts(t *testing.T) {
+	ep := func(a string, ready bool) model.Endpoint {
+		return model.Endpoint{Addr: netip.MustParseAddr(a), Port: 8080, Ready: ready, Serving: ready}
+	}
+	m := &model.Service{Key: model.ServiceKey{Namespace: "ns", Name: "web"}, Type: "ClusterIP",
+		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.1")},
+		Ports: []model.ServicePort{
+			{Name: "http", Protocol: model.TCP, Port: 80, Endpoints: []model.Endpoint{ep("10.1.0.1", true), ep("10.1.0.2", false), ep("10.1.0.3", true)}},
+			{Name: "dns", Protocol: model.UDP, Port: 53, Endpoints: []model.Endpoint{ep("10.1.0.1", false)}},
+		}}
+	row, ok := serviceRow(loop.ServiceState{Key: m.Key, Model: m}, &model.Node{})
+	if !ok {
+		t.Fatal("no row")
+	}
+	used := 0
+	eps := row.EndpointsFunc()
+	for _, e := range eps {
+		if e.Used {
+			used++
+		}
+	}
+	if row.EndpointCount != 4 || row.UsedCount != 2 || len(eps) != 4 || used != 2 {
+		t.Errorf("row counts %d endpoints, %d used; the list has %d, %d used; want 4, 2", row.EndpointCount, row.UsedCount, len(eps), used)
+	}
 }
