@@ -282,6 +282,7 @@ func BenchmarkKernelPartialEndpointChange(b *testing.B) {
 			var durs []time.Duration
 			var lastKey model.ServiceKey
 			var lastAddr netip.Addr
+			cpu := cpuTime()
 			for i := range b.N {
 				k := c.Keys[(i*7919)%len(c.Keys)]
 				lastKey, lastAddr = k, addrPlus(scaleReplaceBase, uint32(i))
@@ -298,6 +299,7 @@ func BenchmarkKernelPartialEndpointChange(b *testing.B) {
 				durs = append(durs, res.Duration)
 			}
 			b.StopTimer()
+			b.ReportMetric(float64(cpuTime()-cpu)/float64(time.Millisecond)/float64(b.N), "cpu-ms/op")
 			b.ReportMetric(float64(msgs)/float64(b.N), "msgs/op")
 			reportQuantiles(b, durs)
 

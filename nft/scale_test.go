@@ -29,8 +29,15 @@ func scaleConfig() ruleset.Config {
 		MasqueradeBit:     ruleset.DefaultMasqueradeBit,
 		HashSeed:          7,
 		EndpointSelection: *benchSelection,
+		Shards:            *benchShards,
 	}
 }
+
+// benchShards is the synthetic clusters' number of service shard tables
+// (0: ruleset.DefaultShards), to compare what a change costs the kernel:
+//
+//	go test -run '^$' -bench 'KernelPartialEndpointChange' ./nft -args -bench-shards 64
+var benchShards = flag.Int("bench-shards", 0, "service shard tables of the benchmarks' clusters (0: the default)")
 
 // benchSelection is the synthetic clusters' endpoint selection, so that
 // the costs of both can be compared in one sitting:
