@@ -142,15 +142,7 @@ func (s *Syncer) Run(ctx context.Context) error {
 		log = slog.Default()
 	}
 	clk := s.clock()
-	s.mu.Lock()
-	s.programmed = map[model.ServiceKey]*model.Service{}
-	s.errs = map[model.ServiceKey]string{}
-	s.skipped = map[model.ServiceKey]string{}
-	s.refused = map[model.ServiceKey]refusal{}
-	s.exposed = map[model.ServiceKey]struct{}{}
-	s.unserved = map[model.ServiceKey][]string{}
-	s.conflicts = map[model.ServiceKey][]string{}
-	s.mu.Unlock()
+	s.reset()
 
 	for !s.Tracker.Synced() {
 		select {
@@ -223,6 +215,19 @@ func (s *Syncer) Run(ctx context.Context) error {
 			log.Error("sync failed; the rules in the kernel are unchanged", "err", err, "retry_in", backoff)
 		}
 	}
+}
+
+// reset empties what the Syncer knows of the Services.
+func (s *Syncer) reset() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.programmed = map[model.ServiceKey]*model.Service{}
+	s.errs = map[model.ServiceKey]string{}
+	s.skipped = map[model.ServiceKey]string{}
+	s.refused = map[model.ServiceKey]refusal{}
+	s.exposed = map[model.ServiceKey]struct{}{}
+	s.unserved = map[model.ServiceKey][]string{}
+	s.conflicts = map[model.ServiceKey][]string{}
 }
 
 // clock is the Syncer's clock: Clock, or the real one.
