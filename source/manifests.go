@@ -14,7 +14,6 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
-	goruntime "runtime"
 	"slices"
 	"sort"
 	"strings"
@@ -273,34 +272,19 @@ func (m *ManifestSource) scan(t Sink, log *slog.Logger) {
 	problems := map[string]string{}
 	present := map[string]bool{}
 	changed := !slices.Equal(files, m.files)
-	// A file whose stamp is as at its last read is not read again: reading
-	// and hashing every file of a hundred thousand Services at each
-	// rescan cost a CPU second. The others are loaded in parallel, and
-	// what they hold applied in file order.
-	var toLoad []string
-	stamps := map[string]fileStamp{}
-	for _, f := range files {
-		stamp, stamped := stampFile(f)
-		if prev, ok := m.read[f]; ok && stamped && prev.stamp == stamp {
-			continue
-		}
-		if stamped {
-			stamps[f] = stamp
-		}
-		toLoad = append(toLoad, f)
-	}
-	loads := m.loadAll(toLoad)
 	for _, f := range files {
 		present[f] = true
-		i, load := slices.BinarySearch(toLoad, f) // files are sorted
-		if !load {
-			if err := m.read[f].err; err != nil {
-				problems[f] = err.Error()
+		// A file whose stamp is as at its last read is not read again:
+		// reading and hashing every file of a hundred thousand Services
+		// at each rescan cost a CPU second.
+		stamp, stamped := stampFile(f)
+		if prev, ok := m.read[f]; ok && stamped && prev.stamp == stamp {
+			if prev.err != nil {
+				problems[f] = prev.err.Error()
 			}
 			continue
 		}
-		stamp, stamped := stamps[f]
-		objs, err := m.record(f, loads[i])
+		objs, err := m.readChanged(f)
 		if r, ok := m.read[f]; ok && stamped {
 			r.stamp = stamp
 			m.read[f] = r
@@ -455,94 +439,35 @@ func setObject(t Sink, o any) {
 // last read, converting the objects to what the model reads of them. objs
 // is nil when the content is the same; err repeats the last error then.
 func (m *ManifestSource) readChanged(path string) (objs []any, err error) {
-	prev, known := m.read[path]
-	return m.record(path, m.load(path, prev, known))
-}
-
-// loaded is one read of a file: the content's hash and, when it differs
-// from the last read's, its objects or why they could not be decoded.
-type loaded struct {
-	sum  [sha256.Size]byte
-	same bool // the content is the last read's
-	objs []any
-	// readErr is why the file could not be read; err why it could not
-	// be decoded.
-	readErr, err error
-}
-
-// load reads and decodes a file whose last read, if known, was prev. It
-// changes nothing of m: files are loaded in parallel.
-func (m *ManifestSource) load(path string, prev fileRead, known bool) (l loaded) {
+	m.reads++
 	data, err := readManifestData(path, m.MaxFileSize)
 	if err != nil {
-		l.readErr = err
-		return l
+		delete(m.read, path)
+		return nil, err
 	}
-	l.sum = sha256.Sum256(data)
-	if known && prev.sum == l.sum {
-		l.same = true
-		return l
+	sum := sha256.Sum256(data)
+	if prev, ok := m.read[path]; ok && prev.sum == sum {
+		return nil, prev.err
 	}
 	decoded, err := decodeManifest(path, data)
+	m.read[path] = fileRead{sum: sum, err: err}
 	if err != nil {
-		l.err = err
-		return l
+		return nil, err
 	}
-	l.objs = make([]any, 0, len(decoded)) // a file without objects is still read
+	objs = make([]any, 0, len(decoded)) // a file without objects is still read
 	for _, o := range decoded {
 		switch obj := o.(type) {
 		case *corev1.Service:
 			if m.staged {
-				l.objs = append(l.objs, &stagedService{obj, path})
+				objs = append(objs, &stagedService{obj, path})
 				continue
 			}
-			l.objs = append(l.objs, model.NewServiceObject(obj).InFile(path))
+			objs = append(objs, model.NewServiceObject(obj).InFile(path))
 		case *discoveryv1.EndpointSlice:
-			l.objs = append(l.objs, model.NewSliceObject(obj).InFile(path))
+			objs = append(objs, model.NewSliceObject(obj).InFile(path))
 		}
 	}
-	return l
-}
-
-// record keeps what a load found, and returns the file's objects (nil
-// when the content is the same as at the last read) or its error.
-func (m *ManifestSource) record(path string, l loaded) (objs []any, err error) {
-	m.reads++
-	switch {
-	case l.readErr != nil:
-		delete(m.read, path)
-		return nil, l.readErr
-	case l.same:
-		return nil, m.read[path].err
-	}
-	m.read[path] = fileRead{sum: l.sum, err: l.err}
-	if l.err != nil {
-		return nil, l.err
-	}
-	return l.objs, nil
-}
-
-// loadAll loads the given files, on every CPU: decoding a hundred
-// thousand Services' manifests is most of a cold start's work in user
-// space besides the first sync.
-func (m *ManifestSource) loadAll(paths []string) []loaded {
-	out := make([]loaded, len(paths))
-	next := make(chan int)
-	var wg sync.WaitGroup
-	for range min(goruntime.GOMAXPROCS(0), len(paths)) {
-		wg.Go(func() {
-			for i := range next {
-				prev, known := m.read[paths[i]]
-				out[i] = m.load(paths[i], prev, known)
-			}
-		})
-	}
-	for i := range paths {
-		next <- i
-	}
-	close(next)
-	wg.Wait()
-	return out
+	return objs, nil
 }
 
 func keyOf(o any) objectKey {
