@@ -414,7 +414,6 @@ func (m *ManifestSource) scanFiles(t Sink, log *slog.Logger, paths map[string]bo
 		}
 	}
 	m.unmerged = unmerged // current follows the files replaced
-
 }
 
 // sameKeys tells whether two lists of objects name the same objects in the
