@@ -25,7 +25,8 @@ func lessService(a, b *Service) bool {
 }
 
 // NewServiceList returns the list of the given Services (a later one
-// replaces an earlier one of the same name).
+// replaces an earlier one of the same name). It keeps the rows of
+// services, as With does.
 func NewServiceList(services ...Service) ServiceList {
 	return ServiceList{}.With(services)
 }
@@ -64,7 +65,9 @@ func (l ServiceList) Summary() SummaryJSON {
 
 // With returns the list with the given rows put in, each replacing the row
 // of its name, and the rows named by remove (only their Namespace and Name
-// are read) taken out. l is left as it is.
+// are read) taken out. l is left as it is. The list keeps the rows of set
+// where they are, without a copy: the caller must not modify them
+// afterwards.
 func (l ServiceList) With(set []Service, remove ...Service) ServiceList {
 	out := ServiceList{sum: l.sum}
 	if l.t == nil {
@@ -78,11 +81,11 @@ func (l ServiceList) With(set []Service, remove ...Service) ServiceList {
 		}
 	}
 	for i := range set {
-		row := set[i]
-		if old, ok := out.t.ReplaceOrInsert(&row); ok {
+		row := &set[i]
+		if old, ok := out.t.ReplaceOrInsert(row); ok {
 			out.sum.count(old, -1)
 		}
-		out.sum.count(&row, 1)
+		out.sum.count(row, 1)
 	}
 	return out
 }
