@@ -202,30 +202,7 @@ func statusJSON(s Snapshot, now time.Time, maxAge time.Duration) StatusJSON {
 		out.Sync.LastSyncAgeSeconds = &age
 	}
 	out.SourceProblems = orEmpty(s.SourceProblems)
-	out.Services = summarize(s.Services)
-	return out
-}
-
-// summarize counts Services by condition, for the API and the metrics.
-func summarize(services []Service) SummaryJSON {
-	out := SummaryJSON{Total: len(services)}
-	for i := range services {
-		svc := &services[i]
-		if svc.Error != "" {
-			out.Rejected++
-		}
-		if svc.KernelError != "" {
-			out.KernelRefused++
-		}
-		if len(svc.Warnings) > 0 {
-			out.WithWarnings++
-		}
-		total, used := svc.endpointCounts()
-		if used == 0 && svc.Type != "ExternalName" && svc.Type != "" {
-			out.NoEndpoints++
-		}
-		out.Endpoints += total
-	}
+	out.Services = s.Services.Summary()
 	return out
 }
 

@@ -9,7 +9,7 @@ import (
 // the list changed; both must stay cheap at 10,000 Services.
 func benchmarkEndpoint(b *testing.B, path string) {
 	snap := healthySnapshot()
-	snap.Services = manyServices(10000)
+	snap.Services = NewServiceList(manyServices(10000)...)
 	h := NewServer(Options{Source: &fakeSource{snap: snap}})
 	b.ReportAllocs()
 	var size int

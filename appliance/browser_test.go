@@ -23,7 +23,7 @@ func browserSnapshot() Snapshot {
 				Port: 8080, Ready: true, Serving: true, Node: "node-b", Used: true})
 		}
 	}
-	s.Services = append(s.Services, more...)
+	s.Services = s.Services.With(more)
 	return s
 }
 
@@ -54,8 +54,8 @@ func TestStatusPageInBrowser(t *testing.T) {
 	if got := b.Text("#f-last-sync"); got != "3s ago" {
 		t.Errorf("last sync = %q, want 3s ago", got)
 	}
-	want := make([]string, 0, len(src.snap.Services))
-	for _, s := range src.snap.Services {
+	want := make([]string, 0, src.snap.Services.Len())
+	for s := range src.snap.Services.All() {
 		want = append(want, s.Key())
 	}
 	slices.Sort(want)
@@ -101,8 +101,8 @@ func TestStatusPageInBrowser(t *testing.T) {
 	// The page follows the gateway without reloading: a new Service shows up,
 	// and a drift turns the state red.
 	next := browserSnapshot()
-	next.Services = append(next.Services, Service{Namespace: "zeta", Name: "late-arrival", Type: "ClusterIP",
-		ClusterIPs: addrs("10.96.200.1"), Ports: []ServicePort{{Protocol: "TCP", Port: 80}}})
+	next.Services = next.Services.With([]Service{{Namespace: "zeta", Name: "late-arrival", Type: "ClusterIP",
+		ClusterIPs: addrs("10.96.200.1"), Ports: []ServicePort{{Protocol: "TCP", Port: 80}}}})
 	next.Sync.ServicesRevision++
 	next.Sync.KernelMatches = false
 	src.set(next)
@@ -131,18 +131,26 @@ func problemsSnapshot() Snapshot {
 		"/etc/nftgate/manifests/f.yaml: a FIFO, not a regular file; not read",
 		`/etc/nftgate/manifests/<b>z</b>.yaml: a character device (through the symlink to /dev/zero), not a regular file; not read`,
 	}
-	for i := range s.Services {
-		switch s.Services[i].Key() {
+	rows := s.Services.rows()
+	for i := range rows {
+		switch rows[i].Key() {
 		case "shop/web":
-			s.Services[i].KernelError = `netlink: chain <b>x</b> add: file name too long`
+			rows[i].KernelError = `netlink: chain <b>x</b> add: file name too long`
 		case "kube-system/kube-dns":
-			s.Services[i].Warnings = []string{
+			rows[i].Warnings = []string{
 				"externalIP 192.0.2.9 is outside external_ip_cidrs: not served",
 				`<img src=x onerror="window.__xss=1">`,
 			}
 		}
 	}
+	s.Services = NewServiceList(rows...)
 	return s
+}
+
+// dnsWarnings are the warnings problemsSnapshot gives kube-system/kube-dns.
+func dnsWarnings() []string {
+	svc, _ := problemsSnapshot().Services.Get("kube-system", "kube-dns")
+	return svc.Warnings
 }
 
 // TestStatusPageShowsProblems: files the source refused, Services the
@@ -186,7 +194,7 @@ func TestStatusPageShowsProblems(t *testing.T) {
 	if got := b.Text(`tr[data-key="shop/web"] .svc-kerr`); got != "kernel refused, last good state kept: netlink: chain <b>x</b> add: file name too long" {
 		t.Errorf("kernel error in the list = %q", got)
 	}
-	if got := browsertest.Eval[[]string](b, `Array.from(document.querySelectorAll('tr[data-key="kube-system/kube-dns"] .svc-warn li'), e => e.textContent)`); !slices.Equal(got, problemsSnapshot().Services[1].Warnings) {
+	if got := browsertest.Eval[[]string](b, `Array.from(document.querySelectorAll('tr[data-key="kube-system/kube-dns"] .svc-warn li'), e => e.textContent)`); !slices.Equal(got, dnsWarnings()) {
 		t.Errorf("warnings in the list = %q", got)
 	}
 	b.Click("#problems")
@@ -204,7 +212,7 @@ func TestStatusPageShowsProblems(t *testing.T) {
 	if n := browsertest.Eval[int](b, `document.querySelectorAll('tr.detail').length`); n != 1 {
 		t.Errorf("%d detail views open, want 1", n)
 	}
-	if got := browsertest.Eval[[]string](b, `Array.from(document.querySelectorAll('tr.detail .d-warnings li'), e => e.textContent)`); !slices.Equal(got, problemsSnapshot().Services[1].Warnings) {
+	if got := browsertest.Eval[[]string](b, `Array.from(document.querySelectorAll('tr.detail .d-warnings li'), e => e.textContent)`); !slices.Equal(got, dnsWarnings()) {
 		t.Errorf("warnings in the detail view = %q", got)
 	}
 	b.Screenshot(artifacts, "status-problems.png")

@@ -103,7 +103,7 @@ func healthySnapshot() Snapshot {
 			KernelMatches: true, Syncs: 1234, Failures: 1, Chains: 41, Rules: 97, MapElements: 312,
 			ServicesRevision: 7,
 		},
-		Services:  svcs,
+		Services:  NewServiceList(svcs...),
 		Conntrack: ConntrackState{Cleanups: 17, FlowsDeleted: 5, LastCleanup: fixtureNow.Add(-time.Minute), LastDuration: 90 * time.Microsecond},
 		History:   fixtureHistory(60),
 	}
@@ -115,12 +115,21 @@ func manyServices(n int) []Service {
 	for i := range out {
 		out[i] = Service{
 			Namespace: fmt.Sprintf("ns-%02d", i%40), Name: fmt.Sprintf("svc-%05d", i), Type: "ClusterIP",
-			ClusterIPs:     addrs(fmt.Sprintf("10.96.%d.%d", i/250, i%250+1)),
+			ClusterIPs:     addrs(fmt.Sprintf("10.%d.%d.%d", 96+i/62500, i/250%250, i%250+1)),
 			Ports:          []ServicePort{{Name: "http", Protocol: "TCP", Port: 80}},
 			ExternalPolicy: "Cluster", InternalPolicy: "Cluster", Affinity: "None",
-			Endpoints: []Endpoint{{PortName: "http", Addr: netip.MustParseAddr(fmt.Sprintf("10.244.%d.%d", i/250, i%250+1)),
+			Endpoints: []Endpoint{{PortName: "http", Addr: netip.MustParseAddr(fmt.Sprintf("10.%d.%d.%d", 244-i/62500, i/250%250, i%250+1)),
 				Port: 8080, Ready: true, Serving: true, Node: "node-a", Used: true}},
 		}
+	}
+	return out
+}
+
+// rows copies the list's Services, in name order.
+func (l ServiceList) rows() []Service {
+	out := make([]Service, 0, l.Len())
+	for s := range l.All() {
+		out = append(out, *s)
 	}
 	return out
 }

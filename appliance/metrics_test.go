@@ -218,7 +218,7 @@ func TestProblemGauges(t *testing.T) {
 	svcs[0].KernelError = "netlink: chain add: invalid argument"
 	svcs[1].Warnings = []string{"externalIP 192.0.2.1 is outside external_ip_cidrs: not served"}
 	svcs[2].Warnings = []string{"a", "b"}
-	r.SetServices(svcs)
+	r.SetServices(NewServiceList(svcs...))
 	problems := []string{"/m/f.yaml: a FIFO, not a regular file; not read", "/m/z.yaml: a character device"}
 	r.SetSourceProblems(problems)
 	if g := gauges(); g != [3]float64{2, 1, 2} {
@@ -231,7 +231,7 @@ func TestProblemGauges(t *testing.T) {
 	if got := statusJSON(r.Snapshot(), fixtureNow, time.Minute); len(got.SourceProblems) != 2 || got.Services.KernelRefused != 1 || got.Services.WithWarnings != 2 {
 		t.Errorf("status: problems %q, summary %+v", got.SourceProblems, got.Services)
 	}
-	r.SetServices(fixtureServices())
+	r.SetServices(NewServiceList(fixtureServices()...))
 	r.SetSourceProblems(nil)
 	if g := gauges(); g != [3]float64{} {
 		t.Errorf("gauges after the problems went = %v, want zeros", g)

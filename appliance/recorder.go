@@ -105,16 +105,15 @@ func (r *Recorder) SetAPIConnected(ok bool) {
 	id.APIConnected = ok
 }
 
-// SetServices replaces the Services shown. The Recorder takes ownership of
-// the slice: the caller must not modify it afterwards.
-func (r *Recorder) SetServices(services []Service) {
+// SetServices replaces the Services shown.
+func (r *Recorder) SetServices(services ServiceList) {
 	r.mu.Lock()
 	r.snap.Services = services
 	r.revision++
 	r.snap.Sync.ServicesRevision = r.revision
 	r.mu.Unlock()
 	if r.metrics != nil {
-		sum := summarize(services)
+		sum := services.Summary()
 		r.metrics.SetServiceProblems(sum.KernelRefused, sum.WithWarnings)
 	}
 }

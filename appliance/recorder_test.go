@@ -56,12 +56,12 @@ func TestRecorder(t *testing.T) {
 
 	r.SetKernelMatches(false)
 	r.SetAPIConnected(true)
-	r.SetServices(fixtureServices())
-	r.SetServices(fixtureServices())
+	r.SetServices(NewServiceList(fixtureServices()...))
+	r.SetServices(NewServiceList(fixtureServices()...))
 	r.RecordConntrack(4, time.Millisecond, nil)
 	r.RecordConntrack(2, time.Millisecond, errors.New("ENOBUFS"))
 	s = r.Snapshot()
-	if s.Sync.KernelMatches || !s.Identity.APIConnected || len(s.Services) != 5 || s.Sync.ServicesRevision != 2 {
+	if s.Sync.KernelMatches || !s.Identity.APIConnected || s.Services.Len() != 5 || s.Sync.ServicesRevision != 2 {
 		t.Fatalf("setters: %+v", s)
 	}
 	if c := s.Conntrack; c.Cleanups != 2 || c.FlowsDeleted != 6 || c.Errors != 1 || c.LastError != "ENOBUFS" {

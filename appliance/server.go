@@ -2,7 +2,6 @@ package appliance
 
 import (
 	"bytes"
-	"cmp"
 	"compress/gzip"
 	"embed"
 	"encoding/json"
@@ -13,7 +12,6 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"net/netip"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -377,34 +375,25 @@ func (s *server) services(w http.ResponseWriter, r *http.Request) {
 		typ:       q.Get("type"),
 	}
 	snap := s.opts.Source.Snapshot()
-	idx := make([]int, 0, len(snap.Services))
-	for i := range snap.Services {
-		if f.match(&snap.Services[i]) {
-			idx = append(idx, i)
+	out := ServiceListJSON{
+		Revision: snap.Sync.ServicesRevision, Total: snap.Services.Len(),
+		Services: []ServiceJSON{},
+	}
+	for svc := range snap.Services.All() { // in name order
+		if f.match(svc) {
+			out.Services = append(out.Services, serviceJSON(svc))
 		}
 	}
-	slices.SortFunc(idx, func(a, b int) int {
-		sa, sb := &snap.Services[a], &snap.Services[b]
-		return cmp.Or(cmp.Compare(sa.Namespace, sb.Namespace), cmp.Compare(sa.Name, sb.Name))
-	})
-	out := ServiceListJSON{
-		Revision: snap.Sync.ServicesRevision, Total: len(snap.Services), Matched: len(idx),
-		Services: make([]ServiceJSON, 0, len(idx)),
-	}
-	for _, i := range idx {
-		out.Services = append(out.Services, serviceJSON(&snap.Services[i]))
-	}
+	out.Matched = len(out.Services)
 	s.writeJSONIndent(w, r, http.StatusOK, out, len(out.Services) <= 50)
 }
 
 func (s *server) service(w http.ResponseWriter, r *http.Request) {
 	ns, name := r.PathValue("namespace"), r.PathValue("name")
 	snap := s.opts.Source.Snapshot()
-	for i := range snap.Services {
-		if snap.Services[i].Namespace == ns && snap.Services[i].Name == name {
-			s.writeJSON(w, r, http.StatusOK, serviceJSON(&snap.Services[i]))
-			return
-		}
+	if svc, ok := snap.Services.Get(ns, name); ok {
+		s.writeJSON(w, r, http.StatusOK, serviceJSON(svc))
+		return
 	}
 	s.writeJSON(w, r, http.StatusNotFound, ErrorJSON{Error: "service " + strconv.Quote(ns+"/"+name) + " not found"})
 }

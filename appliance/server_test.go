@@ -109,7 +109,7 @@ func TestStatusAPI(t *testing.T) {
 // counted as rejected only, not as a Service without endpoints.
 func TestStatusSummaryOfUnprogrammedService(t *testing.T) {
 	s := healthySnapshot()
-	s.Services = append(s.Services, Service{Namespace: "legacy", Name: "never", Error: `spec.clusterIPs[0]: invalid IP address "10.96.0.300"`})
+	s.Services = s.Services.With([]Service{{Namespace: "legacy", Name: "never", Error: `spec.clusterIPs[0]: invalid IP address "10.96.0.300"`}})
 	got := statusJSON(s, fixtureNow, 0).Services
 	want := SummaryJSON{Total: 6, Rejected: 2, NoEndpoints: 2, Endpoints: 5}
 	if got != want {
@@ -184,7 +184,7 @@ func TestServicesAPI(t *testing.T) {
 
 func TestServicesAPILargeIsCompressed(t *testing.T) {
 	snap := healthySnapshot()
-	snap.Services = manyServices(2000)
+	snap.Services = NewServiceList(manyServices(2000)...)
 	ts, _ := newTestServer(t, snap, Options{})
 	// The default transport asks for gzip and decompresses transparently.
 	resp, err := http.Get(ts.URL + "/api/v1/services")
@@ -245,16 +245,13 @@ func TestServiceAPI(t *testing.T) {
 func TestServiceEndpointsFunc(t *testing.T) {
 	snap := healthySnapshot()
 	made := 0
-	for i := range snap.Services {
-		svc := &snap.Services[i]
-		if svc.Namespace+"/"+svc.Name != "shop/web" {
-			continue
-		}
-		eps := svc.Endpoints
-		svc.Endpoints = nil
-		svc.EndpointCount, svc.UsedCount = len(eps), 2
-		svc.EndpointsFunc = func() []Endpoint { made++; return eps }
-	}
+	web, _ := snap.Services.Get("shop", "web")
+	svc := *web
+	eps := svc.Endpoints
+	svc.Endpoints = nil
+	svc.EndpointCount, svc.UsedCount = len(eps), 2
+	svc.EndpointsFunc = func() []Endpoint { made++; return eps }
+	snap.Services = snap.Services.With([]Service{svc})
 	if got, want := statusJSON(snap, fixtureNow, 0).Services, (SummaryJSON{Total: 5, Rejected: 1, NoEndpoints: 2, Endpoints: 5}); got != want {
 		t.Errorf("services summary = %+v, want %+v", got, want)
 	}

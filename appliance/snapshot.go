@@ -25,7 +25,7 @@ const (
 type Snapshot struct {
 	Identity  Identity
 	Sync      SyncState
-	Services  []Service
+	Services  ServiceList
 	Conntrack ConntrackState
 	// History holds recent syncs, oldest first.
 	History []SyncSample
@@ -258,7 +258,7 @@ func StatusLine(s Snapshot, now time.Time) string {
 		return "waiting for first sync"
 	}
 	line := fmt.Sprintf("%d services, last %s sync %s ago took %s (%d changes)",
-		len(s.Services), s.Sync.LastKind, now.Sub(s.Sync.LastSync).Round(time.Second),
+		s.Services.Len(), s.Sync.LastKind, now.Sub(s.Sync.LastSync).Round(time.Second),
 		s.Sync.LastDuration.Round(time.Microsecond), s.Sync.LastChanges)
 	if !s.Sync.KernelMatches {
 		line += "; kernel drift"

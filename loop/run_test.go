@@ -221,6 +221,9 @@ func TestLoopCoalescesABurst(t *testing.T) {
 	if st, _ := h.s.Service(key("a")); st.Model != nil {
 		t.Errorf("a still programmed: %+v", st)
 	}
+	if n := h.s.Programmed(); n != 4 {
+		t.Errorf("%d Services programmed, want b, c, d and e", n)
+	}
 }
 
 // A failed sync is followed by full syncs after 100 ms, 200 ms, 400 ms ...

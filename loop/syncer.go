@@ -149,15 +149,7 @@ func (s *Syncer) Run(ctx context.Context) error {
 		log = slog.Default()
 	}
 	clk := s.clock()
-	s.mu.Lock()
-	s.programmed = map[model.ServiceKey]*model.Service{}
-	s.errs = map[model.ServiceKey]string{}
-	s.skipped = map[model.ServiceKey]string{}
-	s.refused = map[model.ServiceKey]refusal{}
-	s.exposed = map[model.ServiceKey]struct{}{}
-	s.unserved = map[model.ServiceKey][]string{}
-	s.conflicts = map[model.ServiceKey][]string{}
-	s.mu.Unlock()
+	s.reset()
 
 	for !s.Tracker.Synced() {
 		select {
@@ -244,6 +236,19 @@ func (s *Syncer) Run(ctx context.Context) error {
 			log.Error("sync failed; the rules in the kernel are unchanged", "err", err, "retry_in", backoff)
 		}
 	}
+}
+
+// reset empties what the Syncer knows of the Services.
+func (s *Syncer) reset() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.programmed = map[model.ServiceKey]*model.Service{}
+	s.errs = map[model.ServiceKey]string{}
+	s.skipped = map[model.ServiceKey]string{}
+	s.refused = map[model.ServiceKey]refusal{}
+	s.exposed = map[model.ServiceKey]struct{}{}
+	s.unserved = map[model.ServiceKey][]string{}
+	s.conflicts = map[model.ServiceKey][]string{}
 }
 
 // clock is the Syncer's clock: Clock, or the real one.
@@ -590,6 +595,13 @@ func (s *Syncer) Services() []ServiceState {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Key.Less(out[j].Key) })
 	return out
+}
+
+// Programmed counts the Services programmed.
+func (s *Syncer) Programmed() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.programmed)
 }
 
 // KernelRefused counts the Services whose rules the kernel refused.

@@ -282,6 +282,7 @@ func BenchmarkKernelPartialEndpointChange(b *testing.B) {
 			var durs []time.Duration
 			var lastKey model.ServiceKey
 			var lastAddr netip.Addr
+			cpu := cpuTime()
 			for i := range b.N {
 				k := c.Keys[(i*7919)%len(c.Keys)]
 				lastKey, lastAddr = k, addrPlus(scaleReplaceBase, uint32(i))
@@ -298,6 +299,7 @@ func BenchmarkKernelPartialEndpointChange(b *testing.B) {
 				durs = append(durs, res.Duration)
 			}
 			b.StopTimer()
+			b.ReportMetric(float64(cpuTime()-cpu)/float64(time.Millisecond)/float64(b.N), "cpu-ms/op")
 			b.ReportMetric(float64(msgs)/float64(b.N), "msgs/op")
 			reportQuantiles(b, durs)
 
@@ -533,6 +535,26 @@ func TestScaleCluster(t *testing.T) {
 // TestScaleColdAndPartial programs a mid-size cluster into a namespace,
 // checks the kernel with nft, moves one endpoint with a Partial sync and
 // checks that a Full sync then finds nothing to do.
+// checkTotals compares the Programmer's totals, kept up to date by each
+// sync, with a count of its tables' state.
+func checkTotals(t *testing.T, p *Programmer) {
+	t.Helper()
+	got := p.Totals()
+	var want Totals
+	p.mu.Lock()
+	for _, st := range p.state {
+		want.Chains += len(st.Chains)
+		want.Elements += len(st.Elems)
+		for _, c := range st.Chains {
+			want.Rules += int(c.Rules)
+		}
+	}
+	p.mu.Unlock()
+	if got != want || want.Rules == 0 {
+		t.Errorf("totals %+v, counted %+v", got, want)
+	}
+}
+
 func TestScaleColdAndPartial(t *testing.T) {
 	c := newScaleCluster(2_000, scaleEndpoints)
 	ns, fd := testNetNS(t)
@@ -561,6 +583,18 @@ func TestScaleColdAndPartial(t *testing.T) {
 	if out := scaleNft(t, ns, "list", "table", "ip", p.Config().TableOf(k)); !strings.Contains(out, "dnat to "+newAddr.String()+":8080") {
 		t.Fatalf("no DNAT to the new endpoint %s after the partial sync", newAddr)
 	}
+	checkTotals(t, p)
+	// A Service gone and one back: the rule count kept by partial syncs
+	// follows chains deleted and added.
+	gone := c.Keys[5]
+	if _, err := p.Partial(map[model.ServiceKey]*model.Service{gone: nil}); err != nil {
+		t.Fatal(err)
+	}
+	checkTotals(t, p)
+	if _, err := p.Partial(map[model.ServiceKey]*model.Service{gone: c.Services[gone]}); err != nil {
+		t.Fatal(err)
+	}
+	checkTotals(t, p)
 	current := map[model.ServiceKey]*model.Service{}
 	for k, s := range c.Services {
 		current[k] = s

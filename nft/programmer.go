@@ -34,9 +34,14 @@ type Programmer struct {
 	generation   uint32
 	genKnown     bool
 	staticChains map[string]bool
-	state        []*ruleset.TableState               // per table of p.tables
-	services     map[model.ServiceKey]*model.Service // as programmed
-	claims       *ruleset.Claims
+	state        []*ruleset.TableState // per table of p.tables
+	// rules counts the rules of state, kept up to date by partial syncs
+	// for Totals: counting them walks every chain. rulesOf is the state
+	// the count is of (its first table's); any other is counted afresh.
+	rules    int
+	rulesOf  *ruleset.TableState
+	services map[model.ServiceKey]*model.Service // as programmed
+	claims   *ruleset.Claims
 	// trusted tells whether nftgate's record of its tables (state) is
 	// what the kernel holds, as far as nftgate's own transactions go: it
 	// is not after a batch whose fate is unknown, or whose planning
@@ -158,16 +163,27 @@ type Totals struct{ Chains, Rules, Elements int }
 func (p *Programmer) Totals() Totals {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	var t Totals
+	if len(p.state) == 0 || p.state[0] == nil {
+		return Totals{}
+	}
+	if p.rulesOf != p.state[0] {
+		p.rules, p.rulesOf = 0, p.state[0]
+		for _, st := range p.state {
+			if st == nil {
+				continue
+			}
+			for _, c := range st.Chains {
+				p.rules += int(c.Rules)
+			}
+		}
+	}
+	t := Totals{Rules: p.rules}
 	for _, st := range p.state {
 		if st == nil {
 			continue
 		}
 		t.Chains += len(st.Chains)
 		t.Elements += len(st.Elems)
-		for _, c := range st.Chains {
-			t.Rules += int(c.Rules)
-		}
 	}
 	return t
 }
@@ -369,7 +385,7 @@ func (p *Programmer) attempt(res *Result, changes map[model.ServiceKey]*model.Se
 		return err, errors.As(err, &be) && p.genKnown
 	}
 	for slot, o := range ds {
-		p.state[slot].Apply(o)
+		p.rules += p.state[slot].Apply(o)
 		res.Counts.Add(o)
 	}
 	// Isolation commits in several attempts: their changes add up.

@@ -30,6 +30,7 @@ func scaleConfig() ruleset.Config {
 		HashSeed:          7,
 		EndpointSelection: *benchSelection,
 		Counters:          *benchCounters,
+		Shards:            *benchShards,
 	}
 }
 
@@ -38,6 +39,12 @@ func scaleConfig() ruleset.Config {
 //
 //	go test -run '^$' -bench 'Kernel(ColdFull|PartialEndpointChange)/services=10000$' ./nft -args -bench-counters
 var benchCounters = flag.Bool("bench-counters", false, "count new connections per service map element (Config.Counters)")
+
+// benchShards is the synthetic clusters' number of service shard tables
+// (0: ruleset.DefaultShards), to compare what a change costs the kernel:
+//
+//	go test -run '^$' -bench 'KernelPartialEndpointChange' ./nft -args -bench-shards 64
+var benchShards = flag.Int("bench-shards", 0, "service shard tables of the benchmarks' clusters (0: the default)")
 
 // benchSelection is the synthetic clusters' endpoint selection, so that
 // the costs of both can be compared in one sitting:

@@ -325,9 +325,13 @@ func (d *differ) element(id ElemID, desired *Verdict) {
 	}
 }
 
-// apply records a committed plan in the state.
-// Apply records a committed plan in the state.
-func (st *TableState) Apply(o *Ops) {
+// Apply records a committed plan in the state, and returns by how many
+// rules it changed the table's count of rules.
+func (st *TableState) Apply(o *Ops) (rules int) {
+	setChain := func(name string, info ChainInfo) {
+		rules += int(info.Rules) - int(st.Chains[name].Rules)
+		st.Chains[name] = info
+	}
 	if o.CreateTable {
 		st.Exists, st.Replace = true, false
 	}
@@ -338,10 +342,10 @@ func (st *TableState) Apply(o *Ops) {
 		st.Sets[s.Name] = DefOf(s)
 	}
 	for _, c := range o.AddChains {
-		st.Chains[c.Chain.Name] = ChainInfo{c.FP, int32(len(c.RuleFPs))}
+		setChain(c.Chain.Name, ChainInfo{c.FP, int32(len(c.RuleFPs))})
 	}
 	for _, c := range o.RewriteChains {
-		st.Chains[c.Chain.Name] = ChainInfo{c.FP, int32(len(c.RuleFPs))}
+		setChain(c.Chain.Name, ChainInfo{c.FP, int32(len(c.RuleFPs))})
 	}
 	for _, e := range o.DelElems {
 		delete(st.Elems, e.ID())
@@ -350,6 +354,7 @@ func (st *TableState) Apply(o *Ops) {
 		st.Elems[e.ID()] = e.Verdict
 	}
 	for _, n := range o.DelChains {
+		rules -= int(st.Chains[n].Rules)
 		delete(st.Chains, n)
 	}
 	for _, n := range o.DelSets {
@@ -364,6 +369,7 @@ func (st *TableState) Apply(o *Ops) {
 	for _, n := range o.DelFlowtables {
 		delete(st.Flowtables, n)
 	}
+	return rules
 }
 
 // planFull decides everything a full sync changes: the tables must hold

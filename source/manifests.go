@@ -101,6 +101,10 @@ type ManifestSource struct {
 	current map[objectKey]placed
 	// staged: the sink is a ServiceStage, Services are kept in API form.
 	staged bool
+	// unmerged is set when lastGood changed since current was made.
+	unmerged bool
+	// reads counts the files read, for tests.
+	reads int
 }
 
 // placed is an object in effect and the file it comes from.
@@ -112,6 +116,51 @@ type placed struct {
 type fileRead struct {
 	sum [sha256.Size]byte
 	err error
+	// stamp is the file's stamp taken before that read.
+	stamp fileStamp
+}
+
+// fileStamp identifies a file's content without reading it: its inode,
+// size, and modification and change times (nanoseconds), and those of
+// the file a symlink names. A write, a rename over it or a retargeted
+// symlink changes it.
+type fileStamp struct {
+	link, target stampOf
+}
+
+type stampOf struct {
+	dev, ino, size uint64
+	mtime, ctime   int64
+	mode           fs.FileMode
+}
+
+// stampFile returns path's stamp; ok is false when it cannot be taken.
+func stampFile(path string) (s fileStamp, ok bool) {
+	of := func(st fs.FileInfo) (stampOf, bool) {
+		sys, ok := st.Sys().(*syscall.Stat_t)
+		if !ok {
+			return stampOf{}, false
+		}
+		return stampOf{dev: uint64(sys.Dev), ino: sys.Ino, size: uint64(sys.Size),
+			mtime: sys.Mtim.Nano(), ctime: sys.Ctim.Nano(), mode: st.Mode()}, true
+	}
+	lst, err := os.Lstat(path)
+	if err != nil {
+		return s, false
+	}
+	if s.link, ok = of(lst); !ok {
+		return s, false
+	}
+	if lst.Mode()&fs.ModeSymlink != 0 {
+		st, err := os.Stat(path)
+		if err != nil {
+			return s, false
+		}
+		if s.target, ok = of(st); !ok {
+			return s, false
+		}
+	}
+	return s, true
 }
 
 type objectKey struct {
@@ -222,9 +271,24 @@ func (m *ManifestSource) scan(t Sink, log *slog.Logger) {
 	}
 	problems := map[string]string{}
 	present := map[string]bool{}
+	changed := !slices.Equal(files, m.files)
 	for _, f := range files {
 		present[f] = true
+		// A file whose stamp is as at its last read is not read again:
+		// reading and hashing every file of a hundred thousand Services
+		// at each rescan cost a CPU second.
+		stamp, stamped := stampFile(f)
+		if prev, ok := m.read[f]; ok && stamped && prev.stamp == stamp {
+			if prev.err != nil {
+				problems[f] = prev.err.Error()
+			}
+			continue
+		}
 		objs, err := m.readChanged(f)
+		if r, ok := m.read[f]; ok && stamped {
+			r.stamp = stamp
+			m.read[f] = r
+		}
 		if err != nil {
 			problems[f] = err.Error()
 			if m.problems[f] != err.Error() {
@@ -234,11 +298,13 @@ func (m *ManifestSource) scan(t Sink, log *slog.Logger) {
 		}
 		if objs != nil {
 			m.lastGood[f] = objs
+			changed = true
 		}
 	}
 	for f := range m.lastGood {
 		if !present[f] {
 			delete(m.lastGood, f)
+			changed = true
 		}
 	}
 	for f := range m.read {
@@ -248,7 +314,9 @@ func (m *ManifestSource) scan(t Sink, log *slog.Logger) {
 	}
 	m.problems = problems
 	m.files = files
-	m.mergeLocked(t, log)
+	if changed || m.unmerged {
+		m.mergeLocked(t, log)
+	}
 }
 
 // mergeLocked works out which objects are in effect from every file's last
@@ -282,6 +350,7 @@ func (m *ManifestSource) mergeLocked(t Sink, log *slog.Logger) {
 		}
 	}
 	m.current = next
+	m.unmerged = false
 }
 
 // scanFiles reads the files events named, and tells the tracker what
@@ -296,6 +365,7 @@ func (m *ManifestSource) scanFiles(t Sink, log *slog.Logger, paths map[string]bo
 		return
 	}
 	full := false
+	unmerged := m.unmerged
 	var replace []string
 	for p := range paths {
 		if !manifestName(filepath.Base(p)) {
@@ -325,6 +395,7 @@ func (m *ManifestSource) scanFiles(t Sink, log *slog.Logger, paths map[string]bo
 			full = true
 		}
 		m.lastGood[p] = objs
+		m.unmerged = true
 		replace = append(replace, p)
 	}
 	if full {
@@ -342,6 +413,7 @@ func (m *ManifestSource) scanFiles(t Sink, log *slog.Logger, paths map[string]bo
 			}
 		}
 	}
+	m.unmerged = unmerged // current follows the files replaced
 }
 
 // sameKeys tells whether two lists of objects name the same objects in the
@@ -366,6 +438,7 @@ func setObject(t Sink, o any) {
 // last read, converting the objects to what the model reads of them. objs
 // is nil when the content is the same; err repeats the last error then.
 func (m *ManifestSource) readChanged(path string) (objs []any, err error) {
+	m.reads++
 	data, err := readManifestData(path, m.MaxFileSize)
 	if err != nil {
 		delete(m.read, path)

@@ -76,6 +76,25 @@ func TestManifestSourceRescan(t *testing.T) {
 		t.Errorf("rescan: problems = %q, want bad.yaml's still", p)
 	}
 
+	// A rescan reads no file whose stamp is as it was: neither web.yaml
+	// nor bad.yaml, whose problem stays.
+	reads := m.reads
+	m.scan(tr, log)
+	if m.reads != reads {
+		t.Errorf("rescan of unchanged files read %d files, want none", m.reads-reads)
+	}
+	if p := m.Problems(); len(p) != 1 {
+		t.Errorf("rescan without reading: problems = %q, want bad.yaml's still", p)
+	}
+	// Content of the same size, written over the file: its times change,
+	// and it is read.
+	write("web.yaml", strings.Replace(manifestWeb, "10.1.0.1", "10.1.0.2", 1))
+	m.scan(tr, log)
+	dirty, _ = tr.TakeDirty()
+	if o := dirty[web]; len(o.Slices) != 1 || endpointOf(t, o) != "10.1.0.2:8080" || m.reads != reads+1 {
+		t.Errorf("after a rewrite of the same size: changed = %v, %d files read; want shop/web's new endpoint, one file", dirty, m.reads-reads)
+	}
+
 	// A changed file is read again; fixing the bad one clears its problem.
 	write("web.yaml", manifestWeb+"  zone: zone-1\n")
 	write("bad.yaml", "")

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net/netip"
 	"slices"
-	"sort"
 	"sync"
 	"time"
 
@@ -30,10 +29,9 @@ type Publisher struct {
 	all     bool // rebuild every row
 	touched map[model.ServiceKey]struct{}
 
-	// rows are the rows last published, in name order: the Recorder owns
-	// the slice and it is never modified, only replaced. One copy of the
-	// rows, not a map of them besides, as they hold every endpoint.
-	rows []appliance.Service // owned by run
+	// rows are the rows last published: a list that never changes, so
+	// the next is made from it by replacing only the touched rows.
+	rows appliance.ServiceList // owned by run
 	// warned holds the warnings last logged for each Service that has
 	// some (owned by run): each is logged once, when it appears.
 	warned map[model.ServiceKey][]string
@@ -114,14 +112,20 @@ func (p *Publisher) Run(ctx context.Context) {
 					p.noteWarnings(k, nil)
 				}
 			}
-			p.rows = rows
-			p.rec.SetServices(rows)
+			p.rows = appliance.NewServiceList(rows...)
+			p.rec.SetServices(p.rows)
 		} else if len(touched) > 0 {
-			p.rows = mergeRows(p.rows, touched, func(k model.ServiceKey) (appliance.Service, bool) {
+			var set, remove []appliance.Service
+			for k := range touched {
 				st, _ := p.syncer.Service(k)
 				p.noteWarnings(k, st.Warnings)
-				return serviceRow(st, &p.node)
-			})
+				if row, ok := serviceRow(st, &p.node); ok {
+					set = append(set, row)
+				} else {
+					remove = append(remove, row)
+				}
+			}
+			p.rows = p.rows.With(set, remove...)
 			p.rec.SetServices(p.rows)
 		}
 		select {
@@ -130,37 +134,6 @@ func (p *Publisher) Run(ctx context.Context) {
 		case <-time.After(time.Second):
 		}
 	}
-}
-
-// mergeRows returns a new list of rows in name order: the rows of old, with
-// those of the touched Services replaced by what row returns for them
-// (removed where it returns false). old is left as it is: the Recorder
-// may be showing it.
-func mergeRows(old []appliance.Service, touched map[model.ServiceKey]struct{}, row func(model.ServiceKey) (appliance.Service, bool)) []appliance.Service {
-	keys := make([]model.ServiceKey, 0, len(touched))
-	for k := range touched {
-		keys = append(keys, k)
-	}
-	sort.Slice(keys, func(i, j int) bool { return keys[i].Less(keys[j]) })
-	out := make([]appliance.Service, 0, len(old)+len(keys))
-	i := 0
-	for _, k := range keys {
-		for i < len(old) && rowKey(&old[i]).Less(k) {
-			out = append(out, old[i])
-			i++
-		}
-		if i < len(old) && rowKey(&old[i]) == k {
-			i++ // replaced (or removed) below
-		}
-		if r, ok := row(k); ok {
-			out = append(out, r)
-		}
-	}
-	return append(out, old[i:]...)
-}
-
-func rowKey(r *appliance.Service) model.ServiceKey {
-	return model.ServiceKey{Namespace: r.Namespace, Name: r.Name}
 }
 
 // serviceRow turns one Service's state into its row on the page; ok is
@@ -189,11 +162,14 @@ func serviceRow(st loop.ServiceState, node *model.Node) (appliance.Service, bool
 			p := &m.Ports[pi]
 			v.Ports = append(v.Ports, appliance.ServicePort{Name: p.Name, Protocol: p.Protocol.KubeName(), Port: p.Port, NodePort: p.NodePort})
 		}
-		eps := endpointRows(m, node)
-		v.EndpointCount = len(eps)
-		for _, e := range eps {
-			if e.Used {
-				v.UsedCount++
+		for pi := range m.Ports {
+			p := &m.Ports[pi]
+			used := usedEndpoints(m, p, node)
+			v.EndpointCount += len(p.Endpoints)
+			for _, e := range p.Endpoints {
+				if used[e.AddrPort()] {
+					v.UsedCount++
+				}
 			}
 		}
 		v.EndpointsFunc = func() []appliance.Endpoint { return endpointRows(m, node) }
@@ -208,11 +184,7 @@ func endpointRows(m *model.Service, node *model.Node) []appliance.Endpoint {
 	var out []appliance.Endpoint
 	for pi := range m.Ports {
 		p := &m.Ports[pi]
-		sets := model.Categorize(m, p, *node)
-		used := make(map[netip.AddrPort]bool, len(sets.Cluster)+len(sets.Local))
-		for _, e := range append(sets.Cluster, sets.Local...) {
-			used[e.AddrPort()] = true
-		}
+		used := usedEndpoints(m, p, node)
 		for _, e := range p.Endpoints {
 			out = append(out, appliance.Endpoint{PortName: p.Name, Addr: e.Addr, Port: e.Port,
 				Ready: e.Ready, Serving: e.Serving, Terminating: e.Terminating, Node: e.NodeName, Zone: e.Zone,
@@ -220,6 +192,20 @@ func endpointRows(m *model.Service, node *model.Node) []appliance.Endpoint {
 		}
 	}
 	return out
+}
+
+// usedEndpoints are the endpoints of a Service port the rules send traffic
+// to.
+func usedEndpoints(m *model.Service, p *model.ServicePort, node *model.Node) map[netip.AddrPort]bool {
+	sets := model.Categorize(m, p, *node)
+	used := make(map[netip.AddrPort]bool, len(sets.Cluster)+len(sets.Local))
+	for _, e := range sets.Cluster {
+		used[e.AddrPort()] = true
+	}
+	for _, e := range sets.Local {
+		used[e.AddrPort()] = true
+	}
+	return used
 }
 
 func policy(local bool) string {

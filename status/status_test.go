@@ -3,6 +3,7 @@ package status
 import (
 	"context"
 	"errors"
+	"net/netip"
 	"slices"
 	"sync"
 	"testing"
@@ -10,45 +11,10 @@ import (
 
 	"github.com/nftgate/nftgate/appliance"
 	"github.com/nftgate/nftgate/internal/testing/lab"
+	"github.com/nftgate/nftgate/loop"
 	"github.com/nftgate/nftgate/model"
 	"github.com/nftgate/nftgate/source"
 )
-
-func TestMergeRows(t *testing.T) {
-	row := func(ns, name, typ string) appliance.Service {
-		return appliance.Service{Namespace: ns, Name: name, Type: typ}
-	}
-	old := []appliance.Service{row("a", "api", "ClusterIP"), row("a", "web", "ClusterIP"), row("b", "db", "ClusterIP")}
-	kept := slices.Clone(old)
-	touched := map[model.ServiceKey]struct{}{
-		{Namespace: "a", Name: "web"}:  {}, // changed
-		{Namespace: "b", Name: "db"}:   {}, // gone
-		{Namespace: "a", Name: "aaa"}:  {}, // new, first
-		{Namespace: "a", Name: "mail"}: {}, // new, between
-		{Namespace: "c", Name: "last"}: {}, // new, last
-		{Namespace: "c", Name: "none"}: {}, // never was, still is not
-	}
-	got := mergeRows(old, touched, func(k model.ServiceKey) (appliance.Service, bool) {
-		switch k.Name {
-		case "db", "none":
-			return appliance.Service{}, false
-		}
-		return row(k.Namespace, k.Name, "NodePort"), true
-	})
-	want := []appliance.Service{row("a", "aaa", "NodePort"), row("a", "api", "ClusterIP"), row("a", "mail", "NodePort"),
-		row("a", "web", "NodePort"), row("c", "last", "NodePort")}
-	if !slices.EqualFunc(got, want, func(a, b appliance.Service) bool {
-		return a.Namespace == b.Namespace && a.Name == b.Name && a.Type == b.Type
-	}) {
-		t.Errorf("merged rows:\n%+v\nwant\n%+v", got, want)
-	}
-	if !slices.EqualFunc(old, kept, func(a, b appliance.Service) bool { return a.Name == b.Name && a.Type == b.Type }) {
-		t.Errorf("the published rows were modified: %+v", old)
-	}
-	if got := mergeRows(nil, nil, nil); got == nil || len(got) != 0 {
-		t.Errorf("merge of nothing = %#v, want an empty list", got)
-	}
-}
 
 // problemSource is a Source whose problems and connection a test sets.
 type problemSource struct {
@@ -101,4 +67,32 @@ func TestFollowSource(t *testing.T) {
 	await("problem shown", func(s appliance.Snapshot) bool { return len(s.SourceProblems) == 1 && !s.Identity.APIConnected })
 	src.set(nil, true)
 	await("problem gone", func(s appliance.Snapshot) bool { return len(s.SourceProblems) == 0 && s.Identity.APIConnected })
+}
+
+// TestServiceRowCounts: a row counts its endpoints, and those in use, as
+// the list the page makes from the model says.
+func TestServiceRowCounts(t *testing.T) {
+	ep := func(a string, ready bool) model.Endpoint {
+		return model.Endpoint{Addr: netip.MustParseAddr(a), Port: 8080, Ready: ready, Serving: ready}
+	}
+	m := &model.Service{Key: model.ServiceKey{Namespace: "ns", Name: "web"}, Type: "ClusterIP",
+		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.1")},
+		Ports: []model.ServicePort{
+			{Name: "http", Protocol: model.TCP, Port: 80, Endpoints: []model.Endpoint{ep("10.1.0.1", true), ep("10.1.0.2", false), ep("10.1.0.3", true)}},
+			{Name: "dns", Protocol: model.UDP, Port: 53, Endpoints: []model.Endpoint{ep("10.1.0.1", false)}},
+		}}
+	row, ok := serviceRow(loop.ServiceState{Key: m.Key, Model: m}, &model.Node{})
+	if !ok {
+		t.Fatal("no row")
+	}
+	used := 0
+	eps := row.EndpointsFunc()
+	for _, e := range eps {
+		if e.Used {
+			used++
+		}
+	}
+	if row.EndpointCount != 4 || row.UsedCount != 2 || len(eps) != 4 || used != 2 {
+		t.Errorf("row counts %d endpoints, %d used; the list has %d, %d used; want 4, 2", row.EndpointCount, row.UsedCount, len(eps), used)
+	}
 }

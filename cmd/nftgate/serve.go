@@ -251,7 +251,7 @@ func serve(ctx context.Context, cfg *Config) error {
 			for _, d := range ev.Result.Drift {
 				metrics.DriftRepaired(driftReason(d))
 			}
-			_ = notifier.Ready(fmt.Sprintf("serving %d services", len(syncer.Services())))
+			_ = notifier.Ready(fmt.Sprintf("serving %d services", syncer.Programmed()))
 		}
 		if ev.Changed > 0 {
 			metrics.ServiceChanged(ev.Changed)
