@@ -187,7 +187,10 @@ func (c *cluster) start(name string, ln net.Listener, key []byte) *gw {
 			t.Fatal(err)
 		}
 	}
-	cfg := gateways.Config{Name: name, KeyFile: "k", HeartbeatInterval: 20 * time.Millisecond, DeadAfter: 5, StartupWait: 50 * time.Millisecond}
+	// A peer is dead after a second without a word: short enough for the
+	// tests that kill one, long enough that a loaded machine (-race, other
+	// tests) does not make a live one look dead.
+	cfg := gateways.Config{Name: name, KeyFile: "k", HeartbeatInterval: 50 * time.Millisecond, DeadAfter: 20, StartupWait: 50 * time.Millisecond}
 	var peers []string
 	for n, a := range c.addrs {
 		if n != name {
