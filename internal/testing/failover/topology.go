@@ -22,6 +22,7 @@
 package failover
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -292,4 +293,29 @@ func namespacePIDs(h *lab.Host) ([]int, error) {
 		}
 	}
 	return out, nil
+}
+
+// Return brings gateway i back after Fail as a rebooted box comes back:
+// its conntrack table and nftables ruleset are emptied (a reboot loses
+// them; what the gateway holds again must come from its peers), then its
+// links are up. Start the gateway's programs after it.
+func (t *Topology) Return(i int) error {
+	h := t.Gateways[i]
+	ctx := context.Background()
+	if out, err := h.Command(ctx, "conntrack", "-F").CombinedOutput(); err != nil {
+		return fmt.Errorf("failover: %s: conntrack -F: %w: %s", h, err, out)
+	}
+	if out, err := h.Command(ctx, "nft", "flush", "ruleset").CombinedOutput(); err != nil {
+		return fmt.Errorf("failover: %s: nft flush ruleset: %w: %s", h, err, out)
+	}
+	links, err := h.Netlink().LinkList()
+	if err != nil {
+		return err
+	}
+	for _, l := range links {
+		if e := h.Netlink().LinkSetUp(l); e != nil {
+			err = errors.Join(err, fmt.Errorf("failover: %s: %s up: %w", h, l.Attrs().Name, e))
+		}
+	}
+	return err
 }
