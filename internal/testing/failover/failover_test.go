@@ -392,6 +392,11 @@ func TestNftgateECMPReturns(t *testing.T) {
 			}); err != nil {
 				return err
 			}
+			// It holds every flow (the full resync) before the router
+			// sends it any.
+			if err := failover.Replicated(topo.Gateways[:1], failover.ECMPServiceAddr, 2*n, 0); err != nil {
+				return err
+			}
 			return routes(len(topo.Gateways))
 		})
 	if err != nil {
