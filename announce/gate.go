@@ -24,7 +24,11 @@ type Gate struct {
 	BGP RouteSetter // nil: no BGP
 	// Shared tells which addresses BGP announces held or not; nil: none.
 	Shared func(netip.Addr) bool
-	Log    *slog.Logger
+	// SharedWaits holds the Shared routes back until Ready: a gateway
+	// that (re)joins the set must not draw flows from the router before
+	// it holds their conntrack entries (the state sync's resync).
+	SharedWaits bool
+	Log         *slog.Logger
 
 	mu     sync.Mutex
 	held   map[netip.Addr]bool
@@ -32,6 +36,21 @@ type Gate struct {
 	// routed: the Coordinator set the routes at least once (the speaker
 	// opens its sessions with the first Set, so it is not called before).
 	routed bool
+	ready  bool
+}
+
+// Ready lets the Shared routes out (SharedWaits): this gateway holds its
+// peers' flow state, or gave up waiting. It is the gateway set's
+// OnReady, and does not call back into the set.
+func (g *Gate) Ready() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.ready = true
+	if g.routed {
+		if err := g.setRoutes(); err != nil && g.Log != nil {
+			g.Log.Error("BGP announcement failed", "err", err)
+		}
+	}
 }
 
 // Held is the gateway set's OnChange: the addresses this gateway holds.
@@ -74,7 +93,7 @@ func (g *Gate) setRoutes() error {
 	out := make([]bgp.Route, 0, len(g.routes))
 	for _, r := range g.routes {
 		a := r.Prefix.Addr().Unmap()
-		if g.held[a] || g.Shared != nil && g.Shared(a) {
+		if g.held[a] || g.Shared != nil && (g.ready || !g.SharedWaits) && g.Shared(a) {
 			out = append(out, r)
 		}
 	}

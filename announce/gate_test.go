@@ -47,3 +47,25 @@ func TestGateAnnouncesHeldAndShared(t *testing.T) {
 		t.Errorf("active-backup, nothing held: BGP %v", got)
 	}
 }
+
+// With SharedWaits the shared routes wait for Ready; a held address goes
+// out at once.
+func TestGateSharedWaitsForReady(t *testing.T) {
+	svcAddr, m := netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("198.51.100.1")
+	r := &fakeBGP{}
+	g := &Gate{BGP: r, SharedWaits: true, Shared: func(a netip.Addr) bool { return a == svcAddr }}
+	if err := g.Routes().Set([]bgp.Route{bgp.HostRoute(svcAddr, ""), bgp.HostRoute(m, "")}); err != nil {
+		t.Fatal(err)
+	}
+	if got := lastAddrs(r); len(got) != 0 {
+		t.Errorf("not ready: BGP %v", got)
+	}
+	g.Held([]netip.Addr{m})
+	if got := lastAddrs(r); !slices.Equal(got, []netip.Addr{m}) {
+		t.Errorf("not ready, m held: BGP %v", got)
+	}
+	g.Ready()
+	if got := lastAddrs(r); !slices.Equal(got, []netip.Addr{svcAddr, m}) {
+		t.Errorf("ready: BGP %v", got)
+	}
+}

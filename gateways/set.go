@@ -60,6 +60,10 @@ type Options struct {
 	// ready live peer could hold; its peers learn it from its state, so
 	// every gateway computes the same owner. nil: ready at once.
 	Ready <-chan struct{}
+	// OnReady, when set, is called once this gateway is ready (Ready
+	// closed, or ReadyTimeout passed; at once without Ready), with the
+	// Set's lock held: it must not call back into the Set.
+	OnReady func()
 }
 
 // Set is this gateway's membership in the gateway set: the channel to
@@ -201,6 +205,8 @@ func New(cfg Config, opts Options) (*Set, error) {
 	s.wg.Go(s.heartbeats)
 	if opts.Ready != nil {
 		s.wg.Go(s.awaitReady)
+	} else if opts.OnReady != nil {
+		opts.OnReady()
 	}
 	return s, nil
 }
@@ -220,8 +226,14 @@ func (s *Set) awaitReady() {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.closed && s.v.setReady() && !s.decideLocked() {
+	if s.closed {
+		return
+	}
+	if s.v.setReady() && !s.decideLocked() {
 		s.applyLocked() // the peers learn it
+	}
+	if s.opts.OnReady != nil {
+		s.opts.OnReady()
 	}
 }
 

@@ -46,10 +46,14 @@ const (
 type Policy struct {
 	rcfg ruleset.Config
 
-	mu    sync.RWMutex
-	masq  map[netip.Addr]bool
-	bySvc map[model.ServiceKey]map[ruleset.Destination][]netip.AddrPort
-	dests map[ruleset.Destination]map[model.ServiceKey][]netip.AddrPort
+	mu   sync.RWMutex
+	masq map[netip.Addr]bool
+	// primed is closed by the first sync observed: before it the Policy
+	// knows no Service, and would refuse every entry.
+	primed     chan struct{}
+	primedOnce sync.Once
+	bySvc      map[model.ServiceKey]map[ruleset.Destination][]netip.AddrPort
+	dests      map[ruleset.Destination]map[model.ServiceKey][]netip.AddrPort
 }
 
 // NewPolicy returns a Policy for the ruleset rendered with rcfg (its Node
@@ -57,7 +61,7 @@ type Policy struct {
 // addresses.
 func NewPolicy(rcfg ruleset.Config, masquerade []netip.Addr) *Policy {
 	p := &Policy{rcfg: rcfg, bySvc: map[model.ServiceKey]map[ruleset.Destination][]netip.AddrPort{},
-		dests: map[ruleset.Destination]map[model.ServiceKey][]netip.AddrPort{}}
+		dests: map[ruleset.Destination]map[model.ServiceKey][]netip.AddrPort{}, primed: make(chan struct{})}
 	p.SetMasquerade(masquerade)
 	return p
 }
@@ -82,7 +86,12 @@ func (p *Policy) Observe(ev loop.Event) {
 	for k, svc := range ev.After {
 		p.update(k, svc)
 	}
+	p.primedOnce.Do(func() { close(p.primed) })
 }
+
+// Primed is closed once the Policy has followed a sync (Observe without
+// an error): from then on it knows the Services this gateway serves.
+func (p *Policy) Primed() <-chan struct{} { return p.primed }
 
 // update replaces Service k's destinations with those svc (nil: none)
 // translates to.

@@ -745,9 +745,17 @@ func (s *Syncer) onAck(from string, payload []byte) {
 }
 
 // writer writes the peers' batches into the kernel, in arrival order,
-// and acks them.
+// and acks them, once the Policy knows the Services (before, the peers'
+// batches wait, as they do while the writer is behind).
 func (s *Syncer) writer(ctx context.Context) {
 	var puts, dels []Entry
+	// A gateway that (re)starts hears its peers' resync before its first
+	// sync: checked then, every entry would be refused.
+	select {
+	case <-ctx.Done():
+		return
+	case <-s.o.Policy.Primed():
+	}
 	for {
 		var it inItem
 		select {

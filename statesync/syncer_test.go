@@ -14,6 +14,9 @@ import (
 
 	"github.com/nftgate/nftgate/gateways"
 	"github.com/nftgate/nftgate/internal/testing/lab"
+	"github.com/nftgate/nftgate/loop"
+	"github.com/nftgate/nftgate/model"
+	"github.com/nftgate/nftgate/ruleset"
 )
 
 // fakeKernel is a conntrack table in memory: the sync's logic is what
@@ -423,6 +426,43 @@ func TestSyncRestartedPeerResyncedAndReady(t *testing.T) {
 		if !p.ResyncDone || p.ResyncsReceived == 0 {
 			t.Errorf("%s: %+v", p.Name, p)
 		}
+	}
+}
+
+// A gateway that restarts hears its peers' resync before its first sync
+// fed the Policy: the entries wait for it rather than being refused, and
+// it is ready only once they are written.
+func TestSyncResyncWaitsForPolicy(t *testing.T) {
+	c := newCluster(t, nil, "gw-a", "gw-b")
+	a := c.gws["gw-a"]
+	waitReady(t, a, c.gws["gw-b"])
+	fa := flow(3100)
+	fa.Timeout = 400000 // established: no refresh sends it again
+	a.k.emit(EventNew, fa)
+	eventually(t, func() error { return hasReplica(c.gws["gw-b"].k, fa) })
+	sent := a.s.Status().Peers[0].ResyncsSent
+	c.stop("gw-b")
+	pol := NewPolicy(ruleset.Config{Node: model.Node{Name: "gw"}}, []netip.Addr{masq})
+	c.opts = func(o *Options) { o.Policy = pol }
+	b := c.start("gw-b", nil, testKey)
+	eventually(t, func() error {
+		if st := a.s.Status().Peers[0]; !st.Up || st.ResyncsSent == sent || st.Resyncing {
+			return fmt.Errorf("a's resync of the restarted b: %+v", st)
+		}
+		return nil
+	})
+	select {
+	case <-b.s.Ready():
+		t.Fatal("ready before the Policy knew the Services")
+	default:
+	}
+	pol.Observe(loop.Event{After: map[model.ServiceKey]*model.Service{webKey: webService()}})
+	waitReady(t, b)
+	if err := hasReplica(b.k, fa); err != nil {
+		t.Error(err)
+	}
+	if st := b.s.Status().Peers[0]; len(st.Refused) > 0 {
+		t.Errorf("refused: %v", st.Refused)
 	}
 }
 

@@ -16,8 +16,9 @@ import (
 // announce.Gate stand between the announce coordinator and them): on L2
 // every address; over BGP the masquerade addresses, and in active-backup
 // mode every address, while the Service addresses of active-active mode go
-// over BGP from every gateway. With the state sync on, its Ready is the
-// Set's ready gate (Options.Ready) and its OnPeer the Set's.
+// over BGP from every gateway, once this gateway is ready. With the state
+// sync on, its Ready is the Set's ready gate (Options.Ready) and its OnPeer
+// the Set's.
 func (e *edge) startGateways(cfg *Config, reg prometheus.Registerer, log *slog.Logger) error {
 	if cfg.Gateways == nil {
 		return nil
@@ -43,8 +44,11 @@ func (e *edge) startGateways(cfg *Config, reg prometheus.Registerer, log *slog.L
 	if e.statesync, err = newStateSync(cfg, reg, log); err != nil {
 		return err
 	}
-	opts := gateways.Options{Key: key, Log: log, OnChange: e.gate.Held}
+	opts := gateways.Options{Key: key, Log: log, OnChange: e.gate.Held, OnReady: e.gate.Ready}
 	e.statesync.hook(&opts)
+	// The Service routes every gateway announces in active-active mode
+	// wait for the same ready gate as the addresses.
+	e.gate.SharedWaits = opts.Ready != nil
 	s, err := gateways.New(*cfg.Gateways, opts)
 	if err != nil {
 		return err

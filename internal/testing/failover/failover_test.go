@@ -150,32 +150,7 @@ func TestNftgateActiveBackupKeepsConnections(t *testing.T) {
 	topo := newTopology(t, failover.Options{Gateways: 2})
 	cfg := nftgateConfig(t, topo, failover.NftgateOptions{DeadAfter: testDeadAfter})
 	gs := startNftgate(t, topo, cfg)
-	holder := -1
-	if err := lab.EventuallyWithin(20*time.Second, func() error {
-		holder = -1
-		for i, g := range gs {
-			h, err := g.Holds()
-			if err != nil {
-				return err
-			}
-			sa, f := slices.Contains(h, failover.ServiceAddr), slices.Contains(h, failover.Floating)
-			if sa != f {
-				return fmt.Errorf("%s holds %v: the Service address and F apart", failover.GatewayNames[i], h)
-			}
-			if sa {
-				if holder >= 0 {
-					return fmt.Errorf("both gateways hold %v", failover.ServiceAddr)
-				}
-				holder = i
-			}
-		}
-		if holder < 0 {
-			return fmt.Errorf("no gateway holds %v", failover.ServiceAddr)
-		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	holder := waitHolder(t, gs)
 	standby := topo.Gateways[1-holder]
 	n := testTraffic.TCP + testTraffic.UDP
 	res, err := failover.Failover(topo, cfg.Dst, testTraffic, holder,
@@ -192,6 +167,125 @@ func TestNftgateActiveBackupKeepsConnections(t *testing.T) {
 	if res.TCP.StallMaxMs > 10000 || res.UDP.StallMaxMs > 10000 {
 		t.Errorf("stalls beyond 10 s: %s", res)
 	}
+}
+
+// holderOf is the gateway of gs that holds the Service address and F
+// (active/backup): an error while none or both do, or one holds only one
+// of them.
+func holderOf(gs []*failover.Nftgate) (int, error) {
+	holder := -1
+	for i, g := range gs {
+		h, err := g.Holds()
+		if err != nil {
+			return -1, err
+		}
+		sa, f := slices.Contains(h, failover.ServiceAddr), slices.Contains(h, failover.Floating)
+		if sa != f {
+			return -1, fmt.Errorf("%s holds %v: the Service address and F apart", failover.GatewayNames[i], h)
+		}
+		if sa {
+			if holder >= 0 {
+				return -1, fmt.Errorf("both gateways hold %v", failover.ServiceAddr)
+			}
+			holder = i
+		}
+	}
+	if holder < 0 {
+		return -1, fmt.Errorf("no gateway holds %v", failover.ServiceAddr)
+	}
+	return holder, nil
+}
+
+// waitHolder waits until one gateway of gs holds the Service address and F
+// (holderOf) and returns it.
+func waitHolder(t *testing.T, gs []*failover.Nftgate) int {
+	t.Helper()
+	holder := -1
+	if err := lab.EventuallyWithin(20*time.Second, func() (err error) {
+		holder, err = holderOf(gs)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return holder
+}
+
+// restart starts nftgate again in gateway i (after Topology.Return) and
+// waits until it answers /readyz; its logs are shown if the test fails.
+func restart(t *testing.T, topo *failover.Topology, cfg *failover.NftgateConfig, i int) (*failover.Nftgate, error) {
+	g, err := failover.StartNftgate(topo.Gateways[i], gatewaytest.Binary(t), cfg.Args[i])
+	if err != nil {
+		return nil, err
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("nftgate in %s after its return:\n%s", g.Host, g.Logs())
+		}
+		if err := failover.KillNamespace(g.Host); err != nil {
+			t.Error(err)
+		}
+	})
+	return g, g.WaitReady(30 * time.Second)
+}
+
+// checkReturn fails t unless every flow, those of before the failure and
+// those opened after it, was kept through the failure and the return.
+func checkReturn(t *testing.T, res failover.Return) {
+	t.Helper()
+	t.Logf("%s", res)
+	if res.Failover.TCP.Lost > 0 || res.Failover.UDP.Lost > 0 {
+		t.Errorf("nftgate lost connections at the failure: %s", res.Failover)
+	}
+	if res.Back.TCP.Flows != 2*testTraffic.TCP || res.Back.UDP.Flows != 2*testTraffic.UDP {
+		t.Errorf("after the return: %d TCP and %d UDP flows, want %d and %d", res.Back.TCP.Flows, res.Back.UDP.Flows, 2*testTraffic.TCP, 2*testTraffic.UDP)
+	}
+	if res.Back.TCP.Lost > 0 || res.Back.UDP.Lost > 0 {
+		t.Errorf("nftgate lost connections at the return: %s", res.Back)
+	}
+	if res.Back.TCP.StallMaxMs > 10000 || res.Back.UDP.StallMaxMs > 10000 {
+		t.Errorf("stalls beyond 10 s at the return: %s", res.Back)
+	}
+}
+
+// TestNftgateActiveBackupReturns: the active gateway fails as in
+// TestNftgateActiveBackupKeepsConnections, and new connections open
+// through the backup; then it comes back (links up, state lost, nftgate
+// started again): it receives every flow from the backup, takes the
+// Service address and F back only once it holds them, and every
+// connection, old and new, carries on through it.
+func TestNftgateActiveBackupReturns(t *testing.T) {
+	topo := newTopology(t, failover.Options{Gateways: 2})
+	cfg := nftgateConfig(t, topo, failover.NftgateOptions{DeadAfter: testDeadAfter})
+	gs := startNftgate(t, topo, cfg)
+	holder := waitHolder(t, gs)
+	standby := topo.Gateways[1-holder]
+	n := testTraffic.TCP + testTraffic.UDP
+	res, err := failover.FailAndReturn(topo, cfg.Dst, testTraffic, holder,
+		func() error {
+			return failover.Replicated([]*lab.Host{standby}, failover.ServiceAddr, n, 30*time.Second)
+		}, nil,
+		func() error {
+			g, err := restart(t, topo, cfg, holder)
+			if err != nil {
+				return err
+			}
+			gs[holder] = g
+			if err := lab.EventuallyWithin(60*time.Second, func() error {
+				h, err := holderOf(gs)
+				if err == nil && h != holder {
+					err = fmt.Errorf("%s holds the addresses, not %s", failover.GatewayNames[h], failover.GatewayNames[holder])
+				}
+				return err
+			}); err != nil {
+				return err
+			}
+			// It took them holding every flow (the full resync).
+			return failover.Replicated([]*lab.Host{topo.Gateways[holder]}, failover.ServiceAddr, 2*n, 0)
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkReturn(t, res)
 }
 
 // TestNftgateECMPKeepsConnections: three nftgates behind BIRD (ECMP, BFD),
@@ -239,4 +333,74 @@ func TestNftgateECMPKeepsConnections(t *testing.T) {
 	if res.TCP.StallMaxMs > 10000 || res.UDP.StallMaxMs > 10000 {
 		t.Errorf("stalls beyond 10 s: %s", res)
 	}
+}
+
+// TestNftgateECMPReturns: gw-a fails as in TestNftgateECMPKeepsConnections
+// and new connections open through the survivors; then gw-a comes back
+// (links up, state lost, nftgate started again): the router gives it its
+// buckets back once it announces the Service address, it takes its
+// masquerade address back, and every flow, old and new, continues.
+func TestNftgateECMPReturns(t *testing.T) {
+	topo := newTopology(t, failover.Options{Gateways: 3, Router: true})
+	cfg := nftgateConfig(t, topo, failover.NftgateOptions{ECMP: true, DeadAfter: testDeadAfter})
+	router, err := failover.StartRouter(topo, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("BIRD:\n%s", router.Output(60))
+		}
+		router.Close()
+	})
+	gs := startNftgate(t, topo, cfg)
+	routes := func(want int) error {
+		return lab.EventuallyWithin(60*time.Second, func() error {
+			routes, err := router.Routes(netip.PrefixFrom(failover.ECMPServiceAddr, 32))
+			if err != nil {
+				return err
+			}
+			if len(routes) != want {
+				return fmt.Errorf("BIRD has %d routes to %v, want %d", len(routes), failover.ECMPServiceAddr, want)
+			}
+			return nil
+		})
+	}
+	if err := routes(len(topo.Gateways)); err != nil {
+		t.Fatal(err)
+	}
+	n := testTraffic.TCP + testTraffic.UDP
+	res, err := failover.FailAndReturn(topo, cfg.Dst, testTraffic, 0,
+		func() error {
+			return failover.Replicated(topo.Gateways[1:], failover.ECMPServiceAddr, n, 30*time.Second)
+		},
+		func() error {
+			return failover.Replicated(topo.Gateways[1:], failover.ECMPServiceAddr, 2*n, 30*time.Second)
+		},
+		func() error {
+			g, err := restart(t, topo, cfg, 0)
+			if err != nil {
+				return err
+			}
+			gs[0] = g
+			if err := lab.EventuallyWithin(60*time.Second, func() error {
+				h, err := g.Holds()
+				if err == nil && !slices.Contains(h, failover.MasqueradeAddr(0)) {
+					err = fmt.Errorf("gw-a holds %v, not its masquerade address %v", h, failover.MasqueradeAddr(0))
+				}
+				return err
+			}); err != nil {
+				return err
+			}
+			// It holds every flow (the full resync) before the router
+			// sends it any.
+			if err := failover.Replicated(topo.Gateways[:1], failover.ECMPServiceAddr, 2*n, 0); err != nil {
+				return err
+			}
+			return routes(len(topo.Gateways))
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkReturn(t, res)
 }

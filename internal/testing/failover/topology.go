@@ -22,6 +22,7 @@
 package failover
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -191,8 +192,8 @@ func (t *Topology) build(o Options) error {
 	}
 	if o.Router {
 		t.RouterUpstream = ifs[0]
-		for _, g := range t.Gateways {
-			if err := g.AddRoute(RouterNet, RouterAddr); err != nil {
+		for i := range t.Gateways {
+			if err := t.addRoutes(i); err != nil {
 				return err
 			}
 		}
@@ -218,6 +219,15 @@ func (t *Topology) build(o Options) error {
 	}
 	t.Sync = []string{v.A, v.B}
 	return nil
+}
+
+// addRoutes adds gateway i's static routes: with a router, the client's
+// network through it.
+func (t *Topology) addRoutes(i int) error {
+	if t.Router == nil {
+		return nil
+	}
+	return t.Gateways[i].AddRoute(RouterNet, RouterAddr)
 }
 
 // Fail kills gateway i as a dead box would die: SIGKILL to every process
@@ -292,4 +302,33 @@ func namespacePIDs(h *lab.Host) ([]int, error) {
 		}
 	}
 	return out, nil
+}
+
+// Return brings gateway i back after Fail as a rebooted box comes back:
+// its conntrack table and nftables ruleset are emptied (a reboot loses
+// them; what the gateway holds again must come from its peers), then its
+// links are up and its static routes back. Start the gateway's programs after it.
+func (t *Topology) Return(i int) error {
+	h := t.Gateways[i]
+	ctx := context.Background()
+	if out, err := h.Command(ctx, "conntrack", "-F").CombinedOutput(); err != nil {
+		return fmt.Errorf("failover: %s: conntrack -F: %w: %s", h, err, out)
+	}
+	if out, err := h.Command(ctx, "nft", "flush", "ruleset").CombinedOutput(); err != nil {
+		return fmt.Errorf("failover: %s: nft flush ruleset: %w: %s", h, err, out)
+	}
+	links, err := h.Netlink().LinkList()
+	if err != nil {
+		return err
+	}
+	for _, l := range links {
+		if e := h.Netlink().LinkSetUp(l); e != nil {
+			err = errors.Join(err, fmt.Errorf("failover: %s: %s up: %w", h, l.Attrs().Name, e))
+		}
+	}
+	if err != nil {
+		return err
+	}
+	// Its links down took its static routes with them.
+	return t.addRoutes(i)
 }

@@ -145,30 +145,44 @@ func Start(client *lab.Host, dst netip.AddrPort, cfg Traffic) (*Run, error) {
 	cfg.defaults()
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &Run{cfg: cfg, ctx: ctx, cancel: cancel}
-	var conns []net.Conn
-	fail := func(err error) (*Run, error) {
+	if err := r.Add(client, dst, cfg.TCP, cfg.UDP); err != nil {
 		cancel()
-		for _, c := range conns {
-			c.Close()
-		}
 		return nil, err
 	}
-	for i := range cfg.TCP + cfg.UDP {
+	return r, nil
+}
+
+// Add opens tcp more connections and udp more flows from client to dst
+// into the run (new ones after a failure), followed like the first. On
+// error none of them is added.
+func (r *Run) Add(client *lab.Host, dst netip.AddrPort, tcp, udp int) error {
+	r.mu.Lock()
+	first := len(r.flows)
+	r.mu.Unlock()
+	var conns []net.Conn
+	var flows []*flow
+	for i := range tcp + udp {
 		proto := "tcp"
-		if i >= cfg.TCP {
+		if i >= tcp {
 			proto = "udp"
 		}
-		dctx, dcancel := context.WithTimeout(ctx, 10*time.Second)
+		dctx, dcancel := context.WithTimeout(r.ctx, 10*time.Second)
 		c, err := client.DialContext(dctx, proto, dst.String())
 		dcancel()
 		if err != nil {
-			return fail(fmt.Errorf("failover: %s flow %d to %v: %w", proto, i, dst, err))
+			for _, c := range conns {
+				c.Close()
+			}
+			return fmt.Errorf("failover: %s flow %d to %v: %w", proto, first+i, dst, err)
 		}
 		conns = append(conns, c)
-		r.flows = append(r.flows, &flow{id: i, proto: proto})
+		flows = append(flows, &flow{id: first + i, proto: proto})
 	}
+	r.mu.Lock()
+	r.flows = append(r.flows, flows...)
+	r.mu.Unlock()
 	for i, c := range conns {
-		f := r.flows[i]
+		f := flows[i]
 		r.wg.Add(1)
 		if f.proto == "tcp" {
 			go r.tcp(f, c)
@@ -176,7 +190,14 @@ func Start(client *lab.Host, dst netip.AddrPort, cfg Traffic) (*Run, error) {
 			go r.udp(f, c)
 		}
 	}
-	return r, nil
+	return nil
+}
+
+// all is a copy of the flows.
+func (r *Run) all() []*flow {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.flows)
 }
 
 // classify names a flow's end for the results.
@@ -292,7 +313,7 @@ func (r *Run) udp(f *flow, c net.Conn) {
 func (r *Run) Established(timeout time.Duration) error {
 	return lab.EventuallyWithin(timeout, func() error {
 		waiting := 0
-		for _, f := range r.flows {
+		for _, f := range r.all() {
 			f.mu.Lock()
 			lost, n := f.lost, f.echoes
 			f.mu.Unlock()
@@ -317,6 +338,16 @@ func (r *Run) Failed(at time.Time) {
 	r.mu.Unlock()
 }
 
+// RestartStalls makes each flow's longest stall count again from now
+// (a second event after the failure: the failed gateway's return).
+func (r *Run) RestartStalls() {
+	for _, f := range r.all() {
+		f.mu.Lock()
+		f.maxGap = 0
+		f.mu.Unlock()
+	}
+}
+
 // Settle waits until every flow is decided: kept (a correct echo at least
 // Survive after the failure) or lost (a reset, a wrong byte, or no echo
 // for LossTimeout). It returns once all are decided, at the latest
@@ -327,7 +358,7 @@ func (r *Run) Settle() {
 	r.mu.Unlock()
 	deadline := failed.Add(r.cfg.Survive + r.cfg.LossTimeout + 5*time.Second)
 	_ = lab.EventuallyWithin(time.Until(deadline), func() error {
-		for _, f := range r.flows {
+		for _, f := range r.all() {
 			f.mu.Lock()
 			undecided := f.lost == "" && f.last.Before(failed.Add(r.cfg.Survive))
 			f.mu.Unlock()
@@ -339,24 +370,31 @@ func (r *Run) Settle() {
 	})
 }
 
-// Stop ends the traffic and returns the result. A flow that never echoed
-// Survive after the failure counts as lost ("timeout").
+// Stop ends the traffic and returns the result (Result).
 func (r *Run) Stop() Result {
 	r.cancel()
 	r.wg.Wait()
+	return r.Result()
+}
+
+// Result is the outcome so far: a flow that never echoed Survive after
+// the failure counts as lost ("timeout").
+func (r *Run) Result() Result {
 	r.mu.Lock()
 	failed := r.failed
 	r.mu.Unlock()
 	res := Result{TCP: Stats{Reasons: map[string]int{}}, UDP: Stats{Reasons: map[string]int{}}}
 	var stalls = map[string][]time.Duration{}
-	for _, f := range r.flows {
+	for _, f := range r.all() {
 		st := &res.TCP
 		if f.proto == "udp" {
 			st = &res.UDP
 		}
 		st.Flows++
-		lost := f.lost
-		if lost == "" && !failed.IsZero() && f.last.Before(failed.Add(r.cfg.Survive)) {
+		f.mu.Lock()
+		lost, last, gap := f.lost, f.last, f.maxGap
+		f.mu.Unlock()
+		if lost == "" && !failed.IsZero() && last.Before(failed.Add(r.cfg.Survive)) {
 			lost = "timeout"
 		}
 		if lost != "" {
@@ -367,7 +405,7 @@ func (r *Run) Stop() Result {
 			st.Reasons[lost]++
 			continue
 		}
-		stalls[f.proto] = append(stalls[f.proto], f.maxGap)
+		stalls[f.proto] = append(stalls[f.proto], gap)
 	}
 	for proto, st := range map[string]*Stats{"tcp": &res.TCP, "udp": &res.UDP} {
 		s := stalls[proto]
