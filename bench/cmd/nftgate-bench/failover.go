@@ -209,7 +209,17 @@ func failoverRun(cfg *Config, name string, traffic failover.Traffic) (res failov
 		}
 	}
 	res, err = failover.Failover(topo, nc.Dst, traffic, fail,
-		func() error { return failover.Replicated(others, nc.Dst.Addr(), n, time.Minute) })
+		func() error {
+			err := failover.Replicated(others, nc.Dst.Addr(), n, time.Minute)
+			if err != nil && name == foNftgate || err != nil && name == foECMP {
+				// Say what the state sync saw, so a miss can be told apart.
+				for _, g := range gs {
+					_, body, _ := g.Get("/api/v1/statesync")
+					err = fmt.Errorf("%w\n%s /api/v1/statesync: %s", err, g.Host, body)
+				}
+			}
+			return err
+		})
 	return res, "", err
 }
 
