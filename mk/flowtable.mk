@@ -17,7 +17,7 @@ VMTEST_FLOWTABLE_VARS = KERNEL=custom NETWORK=$(CURDIR)/internal/testing/vmtest/
 .PHONY: vmtest-flowtable vmtest-flowtable-images vmtest-flowtable-deps
 
 vmtest-flowtable-deps:
-	@command -v iperf3 >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iperf3; }
+	@command -v iperf3 >/dev/null && command -v tcpdump >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iperf3 tcpdump; }
 
 vmtest-flowtable-images: kernel
 	$(MAKE) --no-print-directory image $(VMTEST_FLOWTABLE_VARS) IMAGE_NAME=nftgate-vmtest-flowtable-on \

@@ -21,15 +21,6 @@ import (
 	"time"
 )
 
-// The Service of testdata/flowtable/manifests, and the two iperf3 servers
-// on the cluster namespace's address: the Service's endpoint, and one
-// reached directly (routed through the VM, not translated).
-const (
-	flowServiceIP  = "10.96.0.20"
-	flowPort       = "5201" // the Service's port and its endpoint's
-	flowDirectPort = "5202"
-)
-
 // bulkResult is one iperf3 transfer through the VM, and the VM's CPU
 // meanwhile.
 type bulkResult struct {
@@ -61,7 +52,7 @@ func TestApplianceFlowtable(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: creates network namespaces and tap devices")
 	}
-	for _, tool := range []string{"qemu-system-x86_64", "iperf3", "ip"} {
+	for _, tool := range []string{"qemu-system-x86_64", "iperf3", "tcpdump", "ip"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Fatalf("%s not installed (make vmtest-flowtable installs what it needs): %v", tool, err)
 		}
@@ -100,6 +91,27 @@ func flowtableRun(t *testing.T, image string, offload bool) map[string]bulkResul
 	for _, port := range []string{flowPort, flowDirectPort} {
 		startIperfServer(ctx, t, cluster, port)
 	}
+	// When it fails: the packets of both ports on both of the VM's links
+	// (all but bulk data and pure acknowledgements, so that iperf3's
+	// control connections are kept whole), and the VM's counters.
+	var captures []*capture
+	for _, c := range []struct {
+		ns  *Netns
+		dev string
+	}{{client, "vm-eth0"}, {cluster, "vm-eth1"}} {
+		captures = append(captures, startCapture(ctx, t, c.ns, c.dev, 4000, flowCaptureFilter))
+	}
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		t.Logf("the VM's connections and counters:\n%s", vmNetState(ctx, vm))
+		for _, c := range captures {
+			t.Logf("%s", c.Summary(150))
+		}
+	})
 	service := net.JoinHostPort(flowServiceIP, flowPort)
 	direct := net.JoinHostPort(clusterIP, flowDirectPort)
 	// The Service answers once nftgate has programmed it; the direct
@@ -148,58 +160,54 @@ func flowtableRun(t *testing.T, image string, offload bool) map[string]bulkResul
 	return res
 }
 
+// flowCaptureFilter keeps the packets of both iperf3 ports that open or
+// close a connection or carry up to 300 bytes of data: iperf3's control
+// messages, not its bulk data nor pure acknowledgements.
+const flowCaptureFilter = "tcp and (port " + flowPort + " or port " + flowDirectPort + ") and " +
+	"(tcp[tcpflags] & (tcp-syn|tcp-fin|tcp-rst) != 0 or " +
+	"(ip[2:2] - ((ip[0] & 0xf) << 2) - ((tcp[12] & 0xf0) >> 2) > 0 and less 400))"
+
 // bulkRounds is the number of transfers per path and image.
 const bulkRounds = 3
 
 // checkOffloaded waits until the VM's conntrack table shows both
 // transfers established, and then, with the flowtable on, until the
 // Service's connections are offloaded; the direct one never is, nor is
-// anything with the flowtable off.
+// anything with the flowtable off. It gives up after offloadWait.
 func checkOffloaded(ctx context.Context, t *testing.T, vm *VM, offload bool) {
 	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, offloadWait)
+	defer cancel()
 	var last string
+	var c offloadCount
 	for {
-		out, err := vm.Shell(ctx, "grep -E 'dport=(5201|5202) ' /proc/net/nf_conntrack")
+		out, err := vm.Shell(ctx, "grep -E 'dport=("+flowPort+"|"+flowDirectPort+") ' /proc/net/nf_conntrack")
 		if err != nil {
 			t.Fatalf("the VM's conntrack table: %v (last read:\n%s)", err, last)
 		}
-		last = out
-		var svc, svcOffloaded, dir, dirOffloaded int
-		for _, line := range strings.Split(out, "\n") {
-			if !strings.Contains(line, "ESTABLISHED") {
-				continue
-			}
-			off := strings.Contains(line, "[OFFLOAD]")
-			switch {
-			case strings.Contains(line, "dst="+flowServiceIP+" "):
-				svc++
-				if off {
-					svcOffloaded++
-				}
-			case strings.Contains(line, "dst="+clusterIP+" ") && strings.Contains(line, "dport="+flowDirectPort+" "):
-				dir++
-				if off {
-					dirOffloaded++
-				}
-			}
+		if out != "" {
+			last = out
 		}
-		if dirOffloaded > 0 || (!offload && svcOffloaded > 0) {
-			t.Fatalf("flowtable %v: offloaded connections that must not be (service %d of %d, direct %d of %d):\n%s",
-				offload, svcOffloaded, svc, dirOffloaded, dir, out)
+		c = countOffloaded(out)
+		if c.dirOffloaded > 0 || (!offload && c.svcOffloaded > 0) {
+			t.Fatalf("flowtable %v: offloaded connections that must not be (%v):\n%s", offload, c, out)
 		}
-		if svc > 0 && dir > 0 && (!offload || svcOffloaded > 0) {
-			t.Logf("flowtable %v: service connections %d (offloaded %d), direct %d (offloaded %d):\n%s",
-				offload, svc, svcOffloaded, dir, dirOffloaded, out)
+		if c.svc > 0 && c.dir > 0 && (!offload || c.svcOffloaded > 0) {
+			t.Logf("flowtable %v: %v:\n%s", offload, c, out)
 			return
 		}
 		select {
 		case <-ctx.Done():
-			t.Fatalf("flowtable %v: the transfers never showed as expected (service %d, offloaded %d; direct %d); last read:\n%s",
-				offload, svc, svcOffloaded, dir, out)
+			t.Fatalf("flowtable %v: the transfers never showed as expected within %v (%v); last read:\n%s",
+				offload, offloadWait, c, last)
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
 }
+
+// offloadWait is how long checkOffloaded waits, well past the time the
+// transfers take to start under emulation on a loaded host.
+const offloadWait = 3 * time.Minute
 
 // startIperfServer runs an iperf3 server on the cluster namespace's
 // address and port until the test ends.
@@ -215,6 +223,8 @@ func startIperfServer(ctx context.Context, t *testing.T, ns *Netns, port string)
 		cmd.Process.Kill()
 		cmd.Wait()
 		if t.Failed() {
+			// waitDial's connections, closed before a test began, show
+			// here as "unable to receive parameters from client".
 			t.Logf("iperf3 server on port %s:\n%s", port, out)
 		}
 	})
