@@ -177,6 +177,9 @@ func StartRouter(topo *Topology, dir string) (*bird.Router, error) {
 	for i := range topo.Gateways {
 		gws = append(gws, GatewayAddr(UpstreamNet, i))
 	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
 	return bird.Launch(topo.Router, bird.Several(RouterAddr, RouterASN, gws, GatewayASN, BFDInterval), dir)
 }
 
