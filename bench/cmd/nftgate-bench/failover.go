@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nftgate/nftgate/internal/testing/bird"
 	"github.com/nftgate/nftgate/internal/testing/failover"
 	"github.com/nftgate/nftgate/internal/testing/lab"
 )
@@ -154,8 +155,9 @@ func failoverRun(cfg *Config, name string, traffic failover.Traffic) (res failov
 	if err := failover.NftgateSupports(cfg.NftgateBin, nc.Configs[0]); err != nil {
 		return res, err.Error(), nil
 	}
+	var router *bird.Router
 	if name == foECMP {
-		router, err := failover.StartRouter(topo, filepath.Join(tmp, "bird"))
+		router, err = failover.StartRouter(topo, filepath.Join(tmp, "bird"))
 		if err != nil {
 			return res, "", err
 		}
@@ -179,6 +181,22 @@ func failoverRun(cfg *Config, name string, traffic failover.Traffic) (res failov
 	}
 	for _, g := range gs {
 		if err := g.WaitReady(time.Minute); err != nil {
+			return res, "", err
+		}
+	}
+	if router != nil {
+		// Traffic starts once the router spreads the Service over every
+		// gateway.
+		if err := lab.EventuallyWithin(time.Minute, func() error {
+			routes, err := router.Routes(netip.PrefixFrom(failover.ECMPServiceAddr, 32))
+			if err != nil {
+				return err
+			}
+			if len(routes) != len(topo.Gateways) {
+				return fmt.Errorf("BIRD has %d routes to %v, want %d", len(routes), failover.ECMPServiceAddr, len(topo.Gateways))
+			}
+			return nil
+		}); err != nil {
 			return res, "", err
 		}
 	}
