@@ -347,3 +347,37 @@ func TestReadyTakesOnlyAfterThePeersSawIt(t *testing.T) {
 		t.Fatalf("%v held by %v", x, h)
 	}
 }
+
+// A draining active (leaving) hands every address, the Service addresses
+// and F alike, to the backup by handover, never two holders; one that is
+// left alone keeps what no other gateway can hold.
+func TestActiveBackupLeavingHandsEverythingOver(t *testing.T) {
+	s := newSim(t, "gw-a", "gw-b")
+	for _, v := range s.views {
+		v.activeBackup = true
+	}
+	f := netip.MustParseAddr("198.51.100.1")
+	as := append(addrs(5), f)
+	slices.SortFunc(as, netip.Addr.Compare)
+	for _, v := range s.views {
+		v.setServed(as)
+	}
+	s.settle()
+	if got := s.heldBy("gw-a"); !slices.Equal(got, as) {
+		t.Fatalf("a holds %v, want all", got)
+	}
+	// The drain withdraws the Service addresses; a still serves F.
+	a := s.views["gw-a"]
+	a.setServed([]netip.Addr{f})
+	a.setLeaving()
+	s.settle()
+	if got := s.heldBy("gw-b"); !slices.Equal(got, as) || len(s.heldBy("gw-a")) != 0 {
+		t.Fatalf("a leaving: b holds %v, a %v; want b all", got, s.heldBy("gw-a"))
+	}
+
+	// b dies: a, leaving but alone, takes F back (its flows' replies).
+	s.kill("gw-b")
+	if got := s.heldBy("gw-a"); !slices.Equal(got, []netip.Addr{f}) {
+		t.Fatalf("a leaving and alone holds %v, want F", got)
+	}
+}

@@ -19,7 +19,10 @@ import (
 // and are ready or hold it already (when none is, every live gateway that
 // serves it), so a gateway that starts or returns takes nothing from a
 // ready peer before it holds the flows' state, and one that holds an
-// address keeps it while it gets ready. Among the candidates the owner is,
+// address keeps it while it gets ready. A gateway that drains (leaving, in
+// its state) is no candidate while another live gateway serves the
+// address, so it hands everything over and keeps only what no one else
+// can hold. Among the candidates the owner is,
 // in active-active mode, the address's home gateway (the masquerade
 // addresses of each), else the one with the highest rendezvous score of
 // (address, name), spread across them; in active-backup mode the first in
@@ -58,6 +61,9 @@ type stateMsg struct {
 	Holds          []netip.Addr `json:"h,omitempty"`
 	// Ready: the sender holds its peers' flow state (Options.Ready).
 	Ready bool `json:"r,omitempty"`
+	// Leaving: the sender drains (Set.Leave): it is a candidate for an
+	// address only while no other live gateway serves it.
+	Leaving bool `json:"l,omitempty"`
 	// Full: Serves and Holds are present (a heartbeat carries only the
 	// version and the ack).
 	Full bool `json:"f,omitempty"`
@@ -71,6 +77,7 @@ type peerView struct {
 	serves      map[netip.Addr]bool
 	holds       map[netip.Addr]bool
 	ready       bool
+	leaving     bool
 	// ack is the version of this gateway's state (this incarnation) the
 	// peer has seen.
 	ack       uint64
@@ -97,6 +104,8 @@ type view struct {
 	// the version in which it became so.
 	ready        bool
 	readyVersion uint64
+	// leaving: this gateway drains (setLeaving).
+	leaving bool
 
 	version uint64
 	serves  map[netip.Addr]uint64 // address → version in which it was added
@@ -166,6 +175,18 @@ func (v *view) setReady() bool {
 	return true
 }
 
+// setLeaving makes this gateway a candidate for an address only while no
+// other live gateway serves it; it tells whether that changed (then the
+// version has grown and the peers need the state).
+func (v *view) setLeaving() bool {
+	if v.leaving {
+		return false
+	}
+	v.version++
+	v.leaving, v.dirty = true, true
+	return true
+}
+
 // receive takes a message from peer name at now; it tells whether the
 // peer's view of this gateway needs a full state in answer.
 func (v *view) receive(name string, incarnation uint64, m stateMsg, now time.Time) (answer bool) {
@@ -188,6 +209,7 @@ func (v *view) receive(name string, incarnation uint64, m stateMsg, now time.Tim
 		p.serves = toSet(m.Serves)
 		p.holds = toSet(m.Holds)
 		p.ready = m.Ready
+		p.leaving = m.Leaving
 	}
 	return p.known && p.answered < p.version
 }
@@ -195,7 +217,7 @@ func (v *view) receive(name string, incarnation uint64, m stateMsg, now time.Tim
 // message is this gateway's state for peer name (full, or a heartbeat).
 func (v *view) message(name string, full bool) stateMsg {
 	p := v.peers[name]
-	m := stateMsg{Version: v.version, AckIncarnation: p.incarnation, Full: full, Ready: full && v.ready}
+	m := stateMsg{Version: v.version, AckIncarnation: p.incarnation, Full: full, Ready: full && v.ready, Leaving: full && v.leaving}
 	if p.known {
 		m.Ack = p.version
 		if full {
@@ -213,11 +235,18 @@ func (v *view) message(name string, full bool) stateMsg {
 // serves it), liveness as of the last decide.
 func (v *view) owner(a netip.Addr) string {
 	_, self := v.serves[a]
+	// A leaving gateway is a candidate only while no other live gateway
+	// serves a.
+	staying := self && !v.leaving
+	for _, p := range v.peers {
+		staying = staying || p.alive && p.serves[a] && !p.leaving
+	}
+	self = self && !(staying && v.leaving)
 	// The candidates: the eligible (ready, or holding a) if any, else
 	// every live gateway that serves a.
 	eligibleOnly := self && (v.ready || v.holds[a])
 	for _, p := range v.peers {
-		eligibleOnly = eligibleOnly || p.alive && p.serves[a] && (p.ready || p.holds[a])
+		eligibleOnly = eligibleOnly || p.alive && p.serves[a] && !(staying && p.leaving) && (p.ready || p.holds[a])
 	}
 	best, bestScore := "", uint64(0)
 	consider := func(name string, eligible bool) {
@@ -236,7 +265,7 @@ func (v *view) owner(a netip.Addr) string {
 		consider(v.self, v.ready || v.holds[a])
 	}
 	for name, p := range v.peers {
-		if p.alive && p.serves[a] {
+		if p.alive && p.serves[a] && !(staying && p.leaving) {
 			consider(name, p.ready || p.holds[a])
 		}
 	}

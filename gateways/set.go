@@ -257,6 +257,21 @@ func (s *Set) Set(addrs []netip.Addr) {
 	}
 }
 
+// Leave makes this gateway no candidate for any address another live
+// gateway serves (a drain): it releases those addresses, tells its peers,
+// and they take them by handover; it keeps only what no other gateway
+// can hold. It stays in the set (heartbeats, the channel) until Close.
+func (s *Set) Leave() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return
+	}
+	if s.v.setLeaving() && !s.decideLocked() {
+		s.applyLocked() // the peers learn it
+	}
+}
+
 // applyLocked hands the held set to OnChange if it changed, then sends
 // the state to every link. s.mu is held.
 func (s *Set) applyLocked() {
@@ -633,6 +648,8 @@ type Status struct {
 	// Ready: this gateway holds its peers' flow state (or gave up
 	// waiting after ready_timeout).
 	Ready bool `json:"ready"`
+	// Leaving: this gateway drains (Leave) and hands its addresses over.
+	Leaving bool `json:"leaving,omitempty"`
 	// SetHash identifies the configured set (names and timing); a peer
 	// with another is refused.
 	SetHash string `json:"setHash"`
@@ -654,7 +671,9 @@ type PeerStatus struct {
 	// time), "unknown" (never heard since this gateway started).
 	State string `json:"state"`
 	// Ready: the peer said it holds its peers' flow state.
-	Ready         bool         `json:"ready"`
+	Ready bool `json:"ready"`
+	// Leaving: the peer drains and hands its addresses over.
+	Leaving       bool         `json:"leaving,omitempty"`
 	LastHeartbeat time.Time    `json:"lastHeartbeat,omitzero"`
 	Holds         []netip.Addr `json:"holds"`
 	Links         []LinkStatus `json:"links"`
@@ -675,7 +694,7 @@ func (s *Set) Status() Status {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.clock.Now()
-	st := Status{Name: s.cfg.Name, Mode: s.cfg.Mode, Ready: s.v.ready, SetHash: hex.EncodeToString(s.hash[:8]), Holds: s.v.held(), Serves: len(s.v.serves),
+	st := Status{Name: s.cfg.Name, Mode: s.cfg.Mode, Ready: s.v.ready, Leaving: s.v.leaving, SetHash: hex.EncodeToString(s.hash[:8]), Holds: s.v.held(), Serves: len(s.v.serves),
 		Peers: []PeerStatus{}, Refused: slices.Clone(s.refused), Taken: s.v.taken, TakenOver: s.v.takenOver, Released: s.v.released}
 	if st.Refused == nil {
 		st.Refused = []Refusal{}
@@ -690,7 +709,7 @@ func (s *Set) Status() Status {
 				out.State = "alive"
 			}
 			out.Holds = sortedKeys(p.holds)
-			out.Ready = p.ready
+			out.Ready, out.Leaving = p.ready, p.leaving
 		}
 		for l := range s.links {
 			if l.peer == pc.Name {

@@ -47,6 +47,13 @@ type drainer struct {
 	period time.Duration
 	// count counts the open flows to addrs (conntrack.OpenFlows).
 	count func(addrs []netip.Addr) (int, error)
+	// leave, when set, hands every floating address to the other
+	// gateways of the set (active-backup: gateways.Set.Leave); moved,
+	// when set, tells whether the open flows to addrs have moved to a
+	// gateway that holds their state (edge.flowsMoved), which ends the
+	// drain as no open flow does.
+	leave func()
+	moved func(addrs []netip.Addr) bool
 	log   *slog.Logger
 
 	mu      sync.Mutex
@@ -68,6 +75,9 @@ func (d *drainer) StartDrain(reason string) appliance.DrainState {
 	defer d.mu.Unlock()
 	if d.st.State != appliance.DrainServing {
 		return d.st
+	}
+	if d.leave != nil {
+		d.leave()
 	}
 	now := time.Now()
 	d.st = appliance.DrainState{State: appliance.DrainDraining, Reason: reason, Since: now, Deadline: now.Add(d.period),
@@ -100,20 +110,28 @@ func (d *drainer) run(ctx context.Context) {
 	st := d.DrainState()
 	t := time.NewTicker(drainPoll)
 	defer t.Stop()
+	movedPolls := 0
 	for {
 		n, err := d.count(st.Withdrawn)
 		if err != nil {
 			d.log.Error("draining: counting the open flows failed; waiting for the period to end", "err", err)
 			n = -1
 		}
+		// Moved twice in a row: the last updates of the flows had one poll
+		// to reach the sync.
+		if d.moved != nil && n != 0 && d.moved(st.Withdrawn) {
+			movedPolls++
+		} else {
+			movedPolls = 0
+		}
 		d.mu.Lock()
 		if n >= 0 {
 			d.st.OpenFlows = n
 		}
-		over := n == 0 || !time.Now().Before(d.st.Deadline)
+		over := n == 0 || movedPolls >= 2 || !time.Now().Before(d.st.Deadline)
 		if over {
 			d.st.State = appliance.DrainDrained
-			d.log.Info("drained", "open_flows", d.st.OpenFlows, "took", time.Since(d.st.Since).Round(time.Millisecond))
+			d.log.Info("drained", "open_flows", d.st.OpenFlows, "moved_to_peers", movedPolls >= 2, "took", time.Since(d.st.Since).Round(time.Millisecond))
 		}
 		d.mu.Unlock()
 		if over {

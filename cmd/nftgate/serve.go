@@ -195,6 +195,7 @@ func serve(ctx context.Context, cfg *Config) error {
 		return err
 	}
 	drain := newDrainer(edge.coord, time.Duration(cfg.DrainPeriod), log)
+	edge.handOver(drain, cfg)
 	defer func() { edge.close(cfg.DrainOnStop || drain.DrainState().State != appliance.DrainServing) }()
 	if err := edge.routePods(cfg, src, metrics.Registry(), log); err != nil {
 		return err

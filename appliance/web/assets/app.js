@@ -470,9 +470,14 @@
   // (answers ARP/NDP for), and the hellos refused. Absent without one.
   function renderGateways(v) {
     $('gateways').hidden = false;
-    var list = [{name: v.name + ' (this gateway)', state: 'alive', links: [], holds: v.holds, self: true}].concat(v.peers);
+    setText('gw-mode', v.mode, 'muted');
+    var list = [{name: v.name + ' (this gateway)', state: 'alive', ready: v.ready, leaving: v.leaving, links: [], holds: v.holds, self: true}].concat(v.peers);
+    // Readiness: holds its peers' flow state (or gave up waiting); a
+    // leaving gateway drains and hands its addresses over.
     rows('gw-peers-body', list, function (p) {
+      var ready = p.state !== 'alive' ? '–' : (p.leaving ? 'leaving' : (p.ready ? 'ready' : 'not ready'));
       return [[p.name], [p.state, p.state === 'alive' ? 'good' : 'bad'],
+        [ready, ready === 'ready' ? 'good' : (ready === '–' ? '' : 'warn')],
         [p.self ? '–' : (p.lastHeartbeat || 'never')],
         [p.self ? '–' : (p.links.length ? p.links.map(function (l) { return l.address; }).join(', ') : 'none'), 'mono'],
         [p.self ? '–' : fmtNum(p.channelErrors)], [p.self ? '–' : fmtNum(p.refusedHellos), p.refusedHellos ? 'warn' : ''],

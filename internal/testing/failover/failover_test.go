@@ -404,3 +404,60 @@ func TestNftgateECMPReturns(t *testing.T) {
 	}
 	checkReturn(t, res)
 }
+
+// TestNftgateActiveBackupDrainHandsOver: `nftgate drain` on the active
+// gateway under live flows: it hands the Service address and F to the
+// backup at once (both directions of every flow then pass the backup,
+// which holds their replicas), exits with status 0 while the flows are
+// still open (they moved), and every TCP connection and UDP flow carries
+// on through the backup after its exit.
+func TestNftgateActiveBackupDrainHandsOver(t *testing.T) {
+	topo := newTopology(t, failover.Options{Gateways: 2})
+	cfg := nftgateConfig(t, topo, failover.NftgateOptions{DeadAfter: testDeadAfter})
+	gs := startNftgate(t, topo, cfg)
+	holder := waitHolder(t, gs)
+	standby := 1 - holder
+	n := testTraffic.TCP + testTraffic.UDP
+	var handedOver, exited time.Duration
+	res, err := failover.FailoverBy(topo, cfg.Dst, testTraffic,
+		func() (time.Time, error) {
+			start := time.Now()
+			if err := gs[holder].Drain(gatewaytest.Binary(t), cfg.Configs[holder]); err != nil {
+				return start, err
+			}
+			if err := lab.EventuallyWithin(10*time.Second, func() error {
+				h, err := gs[standby].Holds()
+				if err != nil {
+					return err
+				}
+				if !slices.Contains(h, failover.ServiceAddr) || !slices.Contains(h, failover.Floating) {
+					return fmt.Errorf("the backup holds %v, want %v and %v", h, failover.ServiceAddr, failover.Floating)
+				}
+				return nil
+			}); err != nil {
+				return start, err
+			}
+			handedOver = time.Since(start)
+			// The flows are open: the draining gateway exits because they
+			// moved, well before drain_period (30 s).
+			if err := gs[holder].Exited(20 * time.Second); err != nil {
+				return start, err
+			}
+			exited = time.Since(start)
+			return time.Now(), nil
+		},
+		func() error {
+			return failover.Replicated([]*lab.Host{topo.Gateways[standby]}, failover.ServiceAddr, n, 30*time.Second)
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("drain: the backup held the Service address and F %v after it started, the draining gateway exited after %v; %s",
+		handedOver.Round(time.Millisecond), exited.Round(time.Millisecond), res)
+	if res.TCP.Lost > 0 || res.UDP.Lost > 0 {
+		t.Errorf("flows lost in the drain: %s", res)
+	}
+	if res.TCP.StallMaxMs > 10000 || res.UDP.StallMaxMs > 10000 {
+		t.Errorf("stalls beyond 10 s: %s", res)
+	}
+}

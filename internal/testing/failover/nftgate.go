@@ -207,6 +207,7 @@ type Nftgate struct {
 	done chan struct{}
 	logs lockedBuffer
 	buf  bytes.Buffer
+	err  error // the process's exit, once done is closed
 }
 
 // StartNftgate runs bin with args in h. It is killed with the lab, or by
@@ -219,7 +220,7 @@ func StartNftgate(h *lab.Host, bin string, args []string) (*Nftgate, error) {
 	if err := n.cmd.Start(); err != nil {
 		return nil, fmt.Errorf("failover: %s: start nftgate: %w", h, err)
 	}
-	go func() { _ = n.cmd.Wait(); close(n.done) }()
+	go func() { n.err = n.cmd.Wait(); close(n.done) }()
 	return n, nil
 }
 
@@ -240,6 +241,32 @@ func (n *Nftgate) WaitReady(timeout time.Duration) error {
 		}
 		return nil
 	})
+}
+
+// Exited waits until the process has exited and returns its exit error
+// (nil: status 0); an error also when it still runs after timeout.
+func (n *Nftgate) Exited(timeout time.Duration) error {
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-n.done:
+		if n.err != nil {
+			return fmt.Errorf("nftgate in %s: %w", n.Host, n.err)
+		}
+		return nil
+	case <-t.C:
+		return fmt.Errorf("nftgate in %s still runs after %s", n.Host, timeout)
+	}
+}
+
+// Drain runs `nftgate drain` (bin, the gateway's configuration cfg) in
+// the gateway against its HTTP server, without following the drain.
+func (n *Nftgate) Drain(bin, cfg string) error {
+	out, err := n.Host.Command(context.Background(), bin, "drain", "--config", cfg, "--url", "http://"+nftgateListen, "--wait=false").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%s: nftgate drain: %w: %s", n.Host, err, out)
+	}
+	return nil
 }
 
 // Get fetches path from the gateway's HTTP server.

@@ -11,6 +11,12 @@ import (
 // until the standby holds the flows), then gateway fail dies and the flows
 // are followed until each is kept or lost.
 func Failover(topo *Topology, dst netip.AddrPort, traffic Traffic, fail int, ready func() error) (Result, error) {
+	return FailoverBy(topo, dst, traffic, func() (time.Time, error) { return topo.Fail(fail) }, ready)
+}
+
+// FailoverBy is Failover with another failure: fail injects it (a drain,
+// say) and returns the moment the flows are followed from.
+func FailoverBy(topo *Topology, dst netip.AddrPort, traffic Traffic, fail func() (time.Time, error), ready func() error) (Result, error) {
 	stop, err := ServeEcho(topo.Endpoints, Endpoints, EndpointPort)
 	if err != nil {
 		return Result{}, err
@@ -34,7 +40,7 @@ func Failover(topo *Topology, dst netip.AddrPort, traffic Traffic, fail int, rea
 			return Result{}, fmt.Errorf("failover: before the failure: %w", err)
 		}
 	}
-	at, err := topo.Fail(fail)
+	at, err := fail()
 	if err != nil {
 		return Result{}, err
 	}
