@@ -36,6 +36,10 @@ const (
 	RefusedReplyDst    = "reply_destination"
 	RefusedTimeout     = "timeout" // beyond the protocol's bound
 	RefusedWrite       = "write"   // the kernel refused it
+	// RefusedOwn: this gateway is the flow's origin itself (the two saw
+	// its first packets each, e.g. while an address moved): its own entry
+	// is neither overwritten nor deleted by a peer's.
+	RefusedOwn = "own_flow"
 )
 
 // Policy decides which entries a peer may write into this gateway's

@@ -789,6 +789,13 @@ func (s *Syncer) writer(ctx context.Context) {
 			} else {
 				why = s.o.Policy.Check(&o.entry)
 			}
+			if why == "" {
+				s.mu.Lock()
+				if s.flows[keyOf(&o.entry)] != nil {
+					why = RefusedOwn
+				}
+				s.mu.Unlock()
+			}
 			if why != "" {
 				refused++
 				s.refuse(p.name, why, 1, &o.entry, nil)

@@ -533,6 +533,45 @@ func TestSyncRefusesEntriesNotServed(t *testing.T) {
 	}
 }
 
+// A flow both gateways originated (each saw its first packets, as while
+// an address moves) stays each one's own: neither overwrites the other's
+// entry with a replica nor deletes it.
+func TestSyncKeepsOwnFlows(t *testing.T) {
+	c := newCluster(t, nil, "gw-a", "gw-b")
+	a, b := c.gws["gw-a"], c.gws["gw-b"]
+	waitUp(t, a, "gw-b")
+	waitUp(t, b, "gw-a")
+	f := flow(7000)
+	b.k.emit(EventNew, f)
+	eventually(t, func() error {
+		if st := a.s.Status().Peers[0]; st.Received != 1 {
+			return fmt.Errorf("a received %d", st.Received)
+		}
+		return nil
+	})
+	// a took b's entry as a replica; now a's kernel sees the flow's
+	// packets itself and owns it, and b's later update must not turn it
+	// back into a replica.
+	a.k.emit(EventNew, f)
+	b.k.emit(EventUpdate, func() Entry { g := f; g.TCP.State = 5; return g }())
+	b.k.emit(EventDestroy, f)
+	eventually(t, func() error {
+		// b coalesces the update and the delete per flow: one or both
+		// arrive, each after the first refused.
+		st := a.s.Status().Peers[0]
+		if st.Refused[RefusedOwn] == 0 || st.Refused[RefusedOwn] != st.Received-1 || b.s.Status().Peers[0].Queue != 0 {
+			return fmt.Errorf("a refused %v of %d received", st.Refused, st.Received)
+		}
+		return nil
+	})
+	a.k.mu.Lock()
+	e, ok := a.k.table[keyOf(&f)]
+	a.k.mu.Unlock()
+	if !ok || e.Mark&ReplicaMark != 0 || e.TCP.State == 5 {
+		t.Errorf("a's own entry after b's update and delete: present %v, %+v", ok, e)
+	}
+}
+
 // A gateway with the wrong key never reaches the Syncer: the channel
 // refuses it, and nothing it sends is written.
 func TestSyncWrongKeyNeverReachesSyncer(t *testing.T) {
