@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -68,7 +69,10 @@ type FlowJSON struct {
 	Endpoint       string  `json:"endpoint"`
 	State          string  `json:"state,omitempty"`
 	TimeoutSeconds float64 `json:"timeoutSeconds"`
-	Bytes          uint64  `json:"bytes"`
+	// AgeSeconds is how long ago the flow began; zero when the kernel
+	// does not stamp flows (nf_conntrack_timestamp = 0).
+	AgeSeconds float64 `json:"ageSeconds,omitempty"`
+	Bytes      uint64  `json:"bytes"`
 }
 
 // FlowsJSON is the body of GET /api/v1/services/{namespace}/{name}/flows.
@@ -76,7 +80,22 @@ type FlowsJSON struct {
 	Total     int        `json:"total"`
 	Truncated bool       `json:"truncated"`
 	Flows     []FlowJSON `json:"flows"`
+	// All counts the Service's flows, whatever the filter; Endpoints and
+	// TopClients share them out (the ten clients with the most flows).
+	All        int             `json:"all"`
+	Endpoints  []FlowShareJSON `json:"endpoints"`
+	TopClients []FlowShareJSON `json:"topClients"`
 }
+
+// FlowShareJSON is one endpoint's or client's share of a Service's flows.
+type FlowShareJSON struct {
+	Address string `json:"address"`
+	Flows   int    `json:"flows"`
+	Bytes   uint64 `json:"bytes"`
+}
+
+// TopClients is how many clients FlowsJSON.TopClients lists.
+const TopClients = 10
 
 // Flow listing bounds: ?limit= defaults to, and is capped at, these.
 const (
@@ -201,26 +220,60 @@ func (s *server) flows(w http.ResponseWriter, r *http.Request) {
 		}
 		client = p.Masked()
 	}
+	search := strings.ToLower(q.Get("q"))
 	all, err := s.opts.Traffic.Flows(r.PathValue("namespace"), r.PathValue("name"))
 	if err != nil {
 		s.writeJSON(w, r, http.StatusServiceUnavailable, ErrorJSON{Error: err.Error()})
 		return
 	}
-	out := FlowsJSON{Flows: []FlowJSON{}}
-	for _, f := range all {
-		if client.IsValid() {
-			ap, err := netip.ParseAddrPort(f.Client)
-			if err != nil || !client.Contains(ap.Addr()) {
-				continue
-			}
+	out := FlowsJSON{Flows: []FlowJSON{}, All: len(all)}
+	eps, clients := map[string]*FlowShareJSON{}, map[string]*FlowShareJSON{}
+	share := func(m map[string]*FlowShareJSON, addr string, f *FlowJSON) {
+		sh := m[addr]
+		if sh == nil {
+			sh = &FlowShareJSON{Address: addr}
+			m[addr] = sh
+		}
+		sh.Flows++
+		sh.Bytes += f.Bytes
+	}
+	for i := range all {
+		f := &all[i]
+		share(eps, f.Endpoint, f)
+		ap, perr := netip.ParseAddrPort(f.Client)
+		if perr == nil {
+			share(clients, ap.Addr().String(), f)
+		}
+		if client.IsValid() && (perr != nil || !client.Contains(ap.Addr())) {
+			continue
+		}
+		if search != "" && !strings.Contains(strings.ToLower(f.Client+" "+f.Destination+" "+f.Endpoint+" "+f.State+" "+f.Protocol), search) {
+			continue
 		}
 		out.Total++
 		if len(out.Flows) < limit {
-			out.Flows = append(out.Flows, f)
+			out.Flows = append(out.Flows, *f)
 		}
 	}
 	out.Truncated = out.Total > len(out.Flows)
+	out.Endpoints, out.TopClients = shares(eps, 0), shares(clients, TopClients)
 	s.writeJSON(w, r, http.StatusOK, out)
+}
+
+// shares lists m by flows, most first, then by address; the first n when
+// n > 0.
+func shares(m map[string]*FlowShareJSON, n int) []FlowShareJSON {
+	out := make([]FlowShareJSON, 0, len(m))
+	for _, sh := range m {
+		out = append(out, *sh)
+	}
+	slices.SortFunc(out, func(a, b FlowShareJSON) int {
+		return cmp.Or(cmp.Compare(b.Flows, a.Flows), cmp.Compare(a.Address, b.Address))
+	})
+	if n > 0 && len(out) > n {
+		out = out[:n]
+	}
+	return out
 }
 
 // TrafficCollector exports the counters to Prometheus, read at most at
