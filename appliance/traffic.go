@@ -80,14 +80,14 @@ type FlowsJSON struct {
 	Total     int        `json:"total"`
 	Truncated bool       `json:"truncated"`
 	Flows     []FlowJSON `json:"flows"`
-	// All counts the Service's flows, whatever the filter; Endpoints and
-	// TopClients share them out (the ten clients with the most flows).
+	// All counts the Service's flows, whatever the filter; TopClients are
+	// the ten client addresses with the most of them (each endpoint's
+	// share of the open flows is in GET /api/v1/traffic).
 	All        int             `json:"all"`
-	Endpoints  []FlowShareJSON `json:"endpoints"`
 	TopClients []FlowShareJSON `json:"topClients"`
 }
 
-// FlowShareJSON is one endpoint's or client's share of a Service's flows.
+// FlowShareJSON is one client's share of a Service's flows.
 type FlowShareJSON struct {
 	Address string `json:"address"`
 	Flows   int    `json:"flows"`
@@ -227,22 +227,19 @@ func (s *server) flows(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	out := FlowsJSON{Flows: []FlowJSON{}, All: len(all)}
-	eps, clients := map[string]*FlowShareJSON{}, map[string]*FlowShareJSON{}
-	share := func(m map[string]*FlowShareJSON, addr string, f *FlowJSON) {
-		sh := m[addr]
-		if sh == nil {
-			sh = &FlowShareJSON{Address: addr}
-			m[addr] = sh
-		}
-		sh.Flows++
-		sh.Bytes += f.Bytes
-	}
+	clients := map[string]*FlowShareJSON{}
 	for i := range all {
 		f := &all[i]
-		share(eps, f.Endpoint, f)
 		ap, perr := netip.ParseAddrPort(f.Client)
 		if perr == nil {
-			share(clients, ap.Addr().String(), f)
+			a := ap.Addr().String()
+			sh := clients[a]
+			if sh == nil {
+				sh = &FlowShareJSON{Address: a}
+				clients[a] = sh
+			}
+			sh.Flows++
+			sh.Bytes += f.Bytes
 		}
 		if client.IsValid() && (perr != nil || !client.Contains(ap.Addr())) {
 			continue
@@ -256,13 +253,13 @@ func (s *server) flows(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	out.Truncated = out.Total > len(out.Flows)
-	out.Endpoints, out.TopClients = shares(eps, 0), shares(clients, TopClients)
+	out.TopClients = topClients(clients)
 	s.writeJSON(w, r, http.StatusOK, out)
 }
 
-// shares lists m by flows, most first, then by address; the first n when
-// n > 0.
-func shares(m map[string]*FlowShareJSON, n int) []FlowShareJSON {
+// topClients lists the TopClients clients of m with the most flows, then
+// by address.
+func topClients(m map[string]*FlowShareJSON) []FlowShareJSON {
 	out := make([]FlowShareJSON, 0, len(m))
 	for _, sh := range m {
 		out = append(out, *sh)
@@ -270,10 +267,7 @@ func shares(m map[string]*FlowShareJSON, n int) []FlowShareJSON {
 	slices.SortFunc(out, func(a, b FlowShareJSON) int {
 		return cmp.Or(cmp.Compare(b.Flows, a.Flows), cmp.Compare(a.Address, b.Address))
 	})
-	if n > 0 && len(out) > n {
-		out = out[:n]
-	}
-	return out
+	return out[:min(len(out), TopClients)]
 }
 
 // TrafficCollector exports the counters to Prometheus, read at most at
