@@ -186,6 +186,11 @@ func (s *server) traffic(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ports = slices.Clone(ports)
+	for i := range ports {
+		if ports[i].Endpoints == nil {
+			ports[i].Endpoints = []TrafficEndpoint{} // the API's empty lists are []
+		}
+	}
 	s.rates.fill(ports, at)
 	slices.SortStableFunc(ports, func(a, b TrafficPort) int {
 		if c := order(&a, &b); c != 0 {
