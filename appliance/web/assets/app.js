@@ -4,7 +4,7 @@
   'use strict';
 
   var REFRESH = Number(document.body.dataset.refreshMs) || 2000;
-  var MAX_ROWS = 500;
+  var MAX_ROWS = 100;
   var SVG = 'http://www.w3.org/2000/svg';
 
   var TRAFFIC = !!document.body.dataset.traffic;
