@@ -60,22 +60,23 @@ func NewHistory(step time.Duration, points, maxPorts int) *History {
 // Step is the time between two points.
 func (h *History) Step() time.Duration { return h.step }
 
-// Run samples t every step until ctx ends. A failed reading leaves a gap
+// Run samples t every step, from one step after it starts, until ctx
+// ends. A failed reading leaves a gap
 // (logged at debug level: the API says what failed).
 func (h *History) Run(ctx context.Context, t Traffic, log *slog.Logger) {
 	tick := time.NewTicker(h.step)
 	defer tick.Stop()
 	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
 		ports, at, err := t.Ports()
 		if err != nil {
 			log.Debug("traffic history: reading the counters failed", "err", err)
 		} else {
 			h.Sample(ports, at)
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
 		}
 	}
 }
