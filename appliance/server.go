@@ -63,6 +63,11 @@ type Options struct {
 	// Traffic, when set, serves GET /api/v1/traffic and the flows of each
 	// Service. Nil: those answer 404.
 	Traffic Traffic
+	// History, when set with Traffic, serves GET /api/v1/traffic/history
+	// and the charts of the page. Its Run must be started by the caller.
+	History *History
+	// Events, when set, serves GET /api/v1/events and the page's timeline.
+	Events *Events
 	// Refresh is the page's polling interval; zero means DefaultRefresh.
 	Refresh time.Duration
 	// Logger receives request errors; nil discards them.
@@ -100,7 +105,9 @@ type server struct {
 //	/api/v1/services/{namespace}/{name}  one Service (auth)
 //	/api/v1/syncs                        recent syncs (auth)
 //	/api/v1/traffic                      counters per Service port, ?sort=, with Options.Traffic (auth)
-//	/api/v1/services/{ns}/{name}/flows   live flows, ?client=&limit=, with Options.Traffic (auth)
+//	/api/v1/services/{ns}/{name}/flows   live flows, ?client=&q=&limit=, with Options.Traffic (auth)
+//	/api/v1/traffic/history              the last hour per Service port, with Options.History (auth)
+//	/api/v1/events                       the gateway's timeline, ?kind=&limit=, with Options.Events (auth)
 //	/api/v1/drain                        drain state; POST starts a drain, with Options.Drain (auth)
 //	/healthz, /livez, /readyz            probes (open)
 //	/metrics                             Prometheus (open)
@@ -165,6 +172,12 @@ func NewServer(opts Options) http.Handler {
 	if opts.Traffic != nil {
 		mux.Handle("GET /api/v1/traffic", auth(http.HandlerFunc(s.traffic)))
 		mux.Handle("GET /api/v1/services/{namespace}/{name}/flows", auth(http.HandlerFunc(s.flows)))
+		if opts.History != nil {
+			mux.Handle("GET /api/v1/traffic/history", auth(http.HandlerFunc(s.history)))
+		}
+	}
+	if opts.Events != nil {
+		mux.Handle("GET /api/v1/events", auth(http.HandlerFunc(s.events)))
 	}
 	mux.Handle("/api/", auth(http.HandlerFunc(s.apiNotFound)))
 	mux.HandleFunc("GET /healthz", s.healthz)
@@ -256,6 +269,9 @@ type pageData struct {
 	Drain     bool // GET /api/v1/drain answers
 	Gateways  bool // GET /api/v1/gateways answers
 	StateSync bool // GET /api/v1/statesync answers
+	Traffic   bool // GET /api/v1/traffic answers
+	History   bool // GET /api/v1/traffic/history answers
+	Events    bool // GET /api/v1/events answers
 }
 
 func (s *server) page(w http.ResponseWriter, r *http.Request) {
@@ -265,6 +281,7 @@ func (s *server) page(w http.ResponseWriter, r *http.Request) {
 		Now: now, Snap: snap, Status: statusJSON(snap, now, s.maxAge),
 		RefreshMS: s.opts.Refresh.Milliseconds(), Title: "nftgate", Edge: s.opts.Edge != nil, Drain: s.opts.Drain != nil,
 		Gateways: s.opts.Gateways != nil, StateSync: s.opts.StateSync != nil,
+		Traffic: s.opts.Traffic != nil, History: s.opts.Traffic != nil && s.opts.History != nil, Events: s.opts.Events != nil,
 	}
 	if snap.Identity.NodeName != "" {
 		d.Title = "nftgate · " + snap.Identity.NodeName

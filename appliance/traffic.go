@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -68,7 +69,10 @@ type FlowJSON struct {
 	Endpoint       string  `json:"endpoint"`
 	State          string  `json:"state,omitempty"`
 	TimeoutSeconds float64 `json:"timeoutSeconds"`
-	Bytes          uint64  `json:"bytes"`
+	// AgeSeconds is how long ago the flow began; zero when the kernel
+	// does not stamp flows (nf_conntrack_timestamp = 0).
+	AgeSeconds float64 `json:"ageSeconds,omitempty"`
+	Bytes      uint64  `json:"bytes"`
 }
 
 // FlowsJSON is the body of GET /api/v1/services/{namespace}/{name}/flows.
@@ -76,7 +80,22 @@ type FlowsJSON struct {
 	Total     int        `json:"total"`
 	Truncated bool       `json:"truncated"`
 	Flows     []FlowJSON `json:"flows"`
+	// All counts the Service's flows, whatever the filter; TopClients are
+	// the ten client addresses with the most of them (each endpoint's
+	// share of the open flows is in GET /api/v1/traffic).
+	All        int             `json:"all"`
+	TopClients []FlowShareJSON `json:"topClients"`
 }
+
+// FlowShareJSON is one client's share of a Service's flows.
+type FlowShareJSON struct {
+	Address string `json:"address"`
+	Flows   int    `json:"flows"`
+	Bytes   uint64 `json:"bytes"`
+}
+
+// TopClients is how many clients FlowsJSON.TopClients lists.
+const TopClients = 10
 
 // Flow listing bounds: ?limit= defaults to, and is capped at, these.
 const (
@@ -167,6 +186,11 @@ func (s *server) traffic(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ports = slices.Clone(ports)
+	for i := range ports {
+		if ports[i].Endpoints == nil {
+			ports[i].Endpoints = []TrafficEndpoint{} // the API's empty lists are []
+		}
+	}
 	s.rates.fill(ports, at)
 	slices.SortStableFunc(ports, func(a, b TrafficPort) int {
 		if c := order(&a, &b); c != 0 {
@@ -201,26 +225,54 @@ func (s *server) flows(w http.ResponseWriter, r *http.Request) {
 		}
 		client = p.Masked()
 	}
+	search := strings.ToLower(q.Get("q"))
 	all, err := s.opts.Traffic.Flows(r.PathValue("namespace"), r.PathValue("name"))
 	if err != nil {
 		s.writeJSON(w, r, http.StatusServiceUnavailable, ErrorJSON{Error: err.Error()})
 		return
 	}
-	out := FlowsJSON{Flows: []FlowJSON{}}
-	for _, f := range all {
-		if client.IsValid() {
-			ap, err := netip.ParseAddrPort(f.Client)
-			if err != nil || !client.Contains(ap.Addr()) {
-				continue
+	out := FlowsJSON{Flows: []FlowJSON{}, All: len(all)}
+	clients := map[string]*FlowShareJSON{}
+	for i := range all {
+		f := &all[i]
+		ap, perr := netip.ParseAddrPort(f.Client)
+		if perr == nil {
+			a := ap.Addr().String()
+			sh := clients[a]
+			if sh == nil {
+				sh = &FlowShareJSON{Address: a}
+				clients[a] = sh
 			}
+			sh.Flows++
+			sh.Bytes += f.Bytes
+		}
+		if client.IsValid() && (perr != nil || !client.Contains(ap.Addr())) {
+			continue
+		}
+		if search != "" && !strings.Contains(strings.ToLower(f.Client+" "+f.Destination+" "+f.Endpoint+" "+f.State+" "+f.Protocol), search) {
+			continue
 		}
 		out.Total++
 		if len(out.Flows) < limit {
-			out.Flows = append(out.Flows, f)
+			out.Flows = append(out.Flows, *f)
 		}
 	}
 	out.Truncated = out.Total > len(out.Flows)
+	out.TopClients = topClients(clients)
 	s.writeJSON(w, r, http.StatusOK, out)
+}
+
+// topClients lists the TopClients clients of m with the most flows, then
+// by address.
+func topClients(m map[string]*FlowShareJSON) []FlowShareJSON {
+	out := make([]FlowShareJSON, 0, len(m))
+	for _, sh := range m {
+		out = append(out, *sh)
+	}
+	slices.SortFunc(out, func(a, b FlowShareJSON) int {
+		return cmp.Or(cmp.Compare(b.Flows, a.Flows), cmp.Compare(a.Address, b.Address))
+	})
+	return out[:min(len(out), TopClients)]
 }
 
 // TrafficCollector exports the counters to Prometheus, read at most at

@@ -21,8 +21,11 @@ type Flow struct {
 	Endpoint netip.AddrPort
 	State    string
 	Timeout  time.Duration
-	Bytes    uint64
-	open     bool
+	// Age is how long ago the flow began; zero unless the kernel stamps
+	// flows (nf_conntrack_timestamp = 1).
+	Age   time.Duration
+	Bytes uint64
+	open  bool
 }
 
 // FlowsMaxAge is how long a reading of the conntrack table is served again
@@ -81,6 +84,9 @@ func (f *Flows) Read() ([]Flow, time.Time, error) {
 			Endpoint: netip.AddrPortFrom(r.IP.SourceAddress.Unmap(), r.Proto.SourcePort),
 			Timeout:  time.Duration(k.Timeout) * time.Second,
 			Bytes:    k.CountersOrig.Bytes + k.CountersReply.Bytes,
+		}
+		if st := k.Timestamp.Start; !st.IsZero() {
+			fl.Age = max(at.Sub(st), 0)
 		}
 		fl.open = open(k)
 		if tcp := k.ProtoInfo.TCP; tcp != nil {

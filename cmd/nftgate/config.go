@@ -19,6 +19,7 @@ import (
 
 	"github.com/nftgate/nftgate/announce/bgp"
 	"github.com/nftgate/nftgate/announce/l2"
+	"github.com/nftgate/nftgate/appliance"
 	"github.com/nftgate/nftgate/gateways"
 	"github.com/nftgate/nftgate/ipam"
 	"github.com/nftgate/nftgate/podroutes"
@@ -58,6 +59,10 @@ type Config struct {
 	FlowtableDevices            []string `toml:"flowtable_devices"`
 	Counters                    bool     `toml:"counters"`
 	MetricsPerService           bool     `toml:"metrics_per_service"`
+	TrafficHistoryStep          Duration `toml:"traffic_history_step"`
+	TrafficHistoryPoints        int      `toml:"traffic_history_points"`
+	TrafficHistoryPorts         int      `toml:"traffic_history_ports"`
+	TimelineEvents              int      `toml:"timeline_events"`
 	LogLevel                    string   `toml:"log_level"`
 	LogFormat                   string   `toml:"log_format"`
 	AuthUser                    string   `toml:"auth_user"`
@@ -126,6 +131,10 @@ func defaults() Config {
 		ProxyProtocolMaxConnections: proxy.DefaultMaxConnections,
 		ProxyProtocolDialTimeout:    Duration(proxy.DefaultDialTimeout),
 		Counters:                    true,
+		TrafficHistoryStep:          Duration(appliance.DefaultHistoryStep),
+		TrafficHistoryPoints:        appliance.DefaultHistoryPoints,
+		TrafficHistoryPorts:         appliance.DefaultHistoryPorts,
+		TimelineEvents:              appliance.DefaultEventsSize,
 		LogLevel:                    "info",
 		LogFormat:                   "text",
 		MemoryLimit:                 DefaultMemoryLimit,
@@ -285,6 +294,7 @@ func loadConfig(name string, args []string) (*Config, *flag.FlagSet, error) {
 	fs.IntVar(&cfg.Shards, "shards", cfg.Shards, "`number` of service shard tables per family (see config.toml)")
 	flowtableFlags(fs, &cfg)
 	trafficFlags(fs, &cfg)
+	pageFlags(fs, &cfg)
 	selectionFlags(fs, &cfg)
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&cfg.LogFormat, "log-format", cfg.LogFormat, "text or json")
@@ -418,6 +428,7 @@ func (c *Config) validate() error {
 		bad("shards", "%d is not between 1 and %d", c.Shards, ruleset.MaxShards)
 	}
 	c.validateProxy(bad)
+	c.validatePage(bad)
 	c.validateFlowtable(bad)
 	c.validateSelection(bad)
 	if c.MasqueradeBit == 0 || c.MasqueradeBit&(c.MasqueradeBit-1) != 0 {

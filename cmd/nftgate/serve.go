@@ -113,6 +113,9 @@ func serve(ctx context.Context, cfg *Config) error {
 	if err != nil {
 		return err
 	}
+	// The page's timeline: events as they are logged, and the syncs.
+	events := appliance.NewEvents(cfg.TimelineEvents)
+	log = slog.New(appliance.NewEventHandler(log.Handler(), events, eventMessages))
 	src, err := cfg.source(log)
 	if err != nil {
 		return err
@@ -221,7 +224,7 @@ func serve(ctx context.Context, cfg *Config) error {
 		MinRepairInterval: time.Duration(cfg.MinRepairInterval),
 	}
 	syncer.BeforeFull = memLimit.BeforeFull
-	syncer.Observers = append(syncer.Observers, edge.observe)
+	syncer.Observers = append(syncer.Observers, edge.observe, syncEvent(events))
 	pub := status.NewPublisher(syncer, rec, cfg.ruleset().Node, log)
 	syncer.Touched = pub.Touch
 	syncer.Observers = append(syncer.Observers, func(ev loop.Event) {
@@ -333,10 +336,15 @@ func serve(ctx context.Context, cfg *Config) error {
 	// (and per Service port with metrics_per_service).
 	tr := newTraffic(prog)
 	metrics.Registry().MustRegister(appliance.NewTrafficCollector(tr, cfg.MetricsPerService))
+	hist := cfg.history()
+	if hist != nil {
+		wg.Go(func() { hist.Run(ctx, tr, log) })
+	}
 	if ln != nil {
 		srv = httpserver.New(appliance.NewServer(appliance.Options{Source: pub, Metrics: metrics,
 			MaxSyncAge: time.Duration(cfg.HealthzMaxAge), Auth: auth, Logger: log,
-			AllowedHosts: cfg.allowedHosts(), Pprof: cfg.Pprof, Edge: edge.view, Drain: drain, Gateways: edge.gatewaysAPI(), StateSync: edge.stateSyncAPI(), Traffic: tr}), httpserver.Default)
+			AllowedHosts: cfg.allowedHosts(), Pprof: cfg.Pprof, Edge: edge.view, Drain: drain, Gateways: edge.gatewaysAPI(), StateSync: edge.stateSyncAPI(), Traffic: tr,
+			History: hist, Events: events}), httpserver.Default)
 		wg.Go(func() {
 			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				errc <- fmt.Errorf("http: %w", err)

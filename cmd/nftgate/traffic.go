@@ -99,7 +99,7 @@ func (t *traffic) Flows(namespace, name string) ([]appliance.FlowJSON, error) {
 			continue
 		}
 		out = append(out, appliance.FlowJSON{Protocol: f.Proto.KubeName(), Client: f.Client.String(), Destination: f.Dest.String(),
-			Endpoint: f.Endpoint.String(), State: f.State, TimeoutSeconds: f.Timeout.Seconds(), Bytes: f.Bytes})
+			Endpoint: f.Endpoint.String(), State: f.State, TimeoutSeconds: f.Timeout.Seconds(), AgeSeconds: f.Age.Seconds(), Bytes: f.Bytes})
 	}
 	return out, nil
 }

@@ -4,12 +4,22 @@
   'use strict';
 
   var REFRESH = Number(document.body.dataset.refreshMs) || 2000;
-  var MAX_ROWS = 500;
+  var MAX_ROWS = 100;
   var SVG = 'http://www.w3.org/2000/svg';
+
+  var TRAFFIC = !!document.body.dataset.traffic;
+  var HISTORY = !!document.body.dataset.history;
+  var EVENTS = !!document.body.dataset.events;
+  var COLS = TRAFFIC ? 6 : 5;
 
   var services = [];
   var servicesRevision = null;
   var openKey = null; // the Service whose detail view is open
+  var traffic = {};   // namespace/name → the counters of its ports, summed
+  var trafficAt = null;
+  var hist = {};      // namespace/name → its ports' history, summed point by point
+  var histStep = 0, histFetched = 0, histTimes = [];
+  var detail = null;  // the open Service's traffic panel, kept across redraws
 
   function $(id) { return document.getElementById(id); }
 
@@ -331,6 +341,7 @@
     else if (order.length && !usedCount(s) && proxied) eps.appendChild(el('span', 'none', 'none usable'));
     td.appendChild(eps);
     tr.appendChild(td);
+    if (TRAFFIC) tr.appendChild(trafficCell(key));
     return tr;
   }
 
@@ -340,7 +351,7 @@
     var tr = el('tr', 'detail');
     tr.dataset.detailKey = s.namespace + '/' + s.name;
     var td = el('td');
-    td.colSpan = 5;
+    td.colSpan = COLS;
     var dl = el('dl', 'kv detail-kv');
     function item(label, value, cls) {
       dl.appendChild(el('dt', '', label));
@@ -375,8 +386,228 @@
     if (!s.endpoints.length) eps.appendChild(el('li', 'muted', 'none'));
     item('Endpoints', eps);
     td.appendChild(dl);
+    if (TRAFFIC && programmed(s)) {
+      var p = trafficPanel(s);
+      p.s = s;
+      drawPanel();
+      td.appendChild(p.box);
+    }
     tr.appendChild(td);
     return tr;
+  }
+
+  // ---- traffic ----
+  function fmtRate(r) { return (r >= 10 ? r.toFixed(0) : r >= 1 ? r.toFixed(1) : r > 0 ? r.toFixed(2) : '0') + '/s'; }
+
+  function fmtBytes(b) {
+    if (!b) return '0 B';
+    var u = ['B', 'KiB', 'MiB', 'GiB', 'TiB'], i = 0;
+    while (b >= 1024 && i < u.length - 1) { b /= 1024; i++; }
+    return (i ? b.toFixed(b < 10 ? 1 : 0) : b) + ' ' + u[i];
+  }
+
+  // renderTraffic sums the counters of each Service's ports.
+  function setTraffic(v) {
+    var by = {};
+    v.ports.forEach(function (p) {
+      var key = p.namespace + '/' + p.name;
+      var t = by[key] || (by[key] = { new: 0, rate: 0, flows: 0, rejected: 0, dropped: 0, bytes: 0, endpoints: {} });
+      t.new += p.newConnections; t.rate += p.newPerSecond; t.flows += p.activeFlows;
+      t.rejected += p.rejected; t.dropped += p.dropped; t.bytes += p.bytes;
+      p.endpoints.forEach(function (e) { t.endpoints[e.endpoint] = (t.endpoints[e.endpoint] || 0) + e.activeFlows; });
+    });
+    traffic = by;
+    trafficAt = v.readAt;
+  }
+
+  function setHistory(v) {
+    var by = {};
+    var n = v.times.length;
+    v.ports.forEach(function (p) {
+      var key = p.namespace + '/' + p.name;
+      var h = by[key] || (by[key] = { new: new Array(n).fill(0), refused: new Array(n).fill(0), flows: new Array(n).fill(0) });
+      for (var i = 0; i < n; i++) {
+        h.new[i] += p.newPerSecond[i]; h.refused[i] += p.refusedPerSecond[i]; h.flows[i] += p.flows[i];
+      }
+    });
+    hist = by;
+    histStep = v.stepSeconds;
+    histTimes = v.times;
+    var span = $('history-span');
+    if (span) span.textContent = n ? 'last ' + fmtAge(n * histStep) + ', a point per ' + fmtAge(histStep) : '';
+  }
+
+  // spark draws a Service's recent new and refused connections per second
+  // (areas) and its active flows (a line, on its own scale).
+  function spark(h, W, H, cls) {
+    var svg = svgEl('svg', { viewBox: '0 0 ' + W + ' ' + H, preserveAspectRatio: 'none', class: cls });
+    var n = h.new.length;
+    if (n < 1) return svg;
+    var maxR = Math.max.apply(null, h.new.concat(h.refused)) || 1;
+    var maxF = Math.max.apply(null, h.flows) || 1;
+    var x = function (i) { return n === 1 ? W : (i * W / (n - 1)); };
+    function path(vals, max, area) {
+      var d = vals.map(function (v, i) { return (i ? 'L' : 'M') + x(i).toFixed(1) + ' ' + (H - 1 - (H - 2) * v / max).toFixed(1); }).join(' ');
+      return area ? d + ' L' + x(n - 1).toFixed(1) + ' ' + H + ' L' + x(0).toFixed(1) + ' ' + H + ' Z' : d;
+    }
+    svg.appendChild(svgEl('path', { d: path(h.new, maxR, true), class: 's-new' }));
+    if (h.refused.some(function (v) { return v > 0; })) svg.appendChild(svgEl('path', { d: path(h.refused, maxR, true), class: 's-refused' }));
+    svg.appendChild(svgEl('path', { d: path(h.flows, maxF, false), class: 's-flows' }));
+    var title = svgEl('title', {});
+    title.textContent = 'last ' + fmtAge(n * histStep) + ': up to ' + fmtRate(Math.max.apply(null, h.new)) + ' new, ' +
+      fmtNum(Math.max.apply(null, h.flows)) + ' flows' + (h.refused.some(function (v) { return v > 0; }) ? ', up to ' + fmtRate(Math.max.apply(null, h.refused)) + ' refused' : '');
+    svg.appendChild(title);
+    return svg;
+  }
+
+  function trafficCell(key) {
+    var td = el('td', 'traffic');
+    var t = traffic[key];
+    if (!t) {
+      td.appendChild(el('span', 'muted', '–'));
+      return td;
+    }
+    var nums = el('div', 'tnums');
+    nums.appendChild(el('span', 't-new', fmtNum(t.new) + ' new'));
+    nums.appendChild(el('span', 't-rate', fmtRate(t.rate)));
+    nums.appendChild(el('span', 't-flows', plural(t.flows, 'flow')));
+    if (t.rejected) nums.appendChild(el('span', 't-rejected', fmtNum(t.rejected) + ' rejected'));
+    if (t.dropped) nums.appendChild(el('span', 't-dropped', fmtNum(t.dropped) + ' dropped'));
+    td.appendChild(nums);
+    if (hist[key]) td.appendChild(spark(hist[key], 160, 28, 'spark'));
+    return td;
+  }
+
+  var sortKeys = {
+    new: function (t) { return t.new; }, rate: function (t) { return t.rate; }, flows: function (t) { return t.flows; },
+    rejected: function (t) { return t.rejected; }, dropped: function (t) { return t.dropped; }
+  };
+
+  // trafficPanel is the open Service's traffic: its chart, each
+  // endpoint's share of its open flows, the top clients and the live
+  // flows with their search. It is made once per opened Service and kept
+  // across redraws of the table, so a search being typed survives them.
+  function trafficPanel(s) {
+    var key = s.namespace + '/' + s.name;
+    if (detail && detail.key === key) return detail;
+    var box = el('div', 'traffic-detail');
+    box.dataset.trafficKey = key;
+    var chart = el('div', 'd-chart');
+    var shares = el('ul', 'd-shares');
+    var clients = el('ol', 'd-clients');
+    var search = el('input', 'd-flow-search');
+    search.type = 'search';
+    search.placeholder = 'Search flows: client, endpoint, state…';
+    search.setAttribute('aria-label', 'search flows');
+    search.autocomplete = 'off';
+    search.spellcheck = false;
+    var count = el('span', 'd-flows-count muted');
+    var table = el('table', 'd-flows');
+    var head = el('tr');
+    ['Client', 'Endpoint', 'Protocol', 'State', 'Age', 'Expires in', 'Bytes'].forEach(function (h) { head.appendChild(el('th', '', h)); });
+    var thead = el('thead');
+    thead.appendChild(head);
+    var tbody = el('tbody');
+    table.appendChild(thead);
+    table.appendChild(tbody);
+    function section(title, body, extra) {
+      var d = el('div', 'd-sec');
+      var h = el('h3', '', title);
+      d.appendChild(h);
+      if (extra) extra.forEach(function (x) { d.appendChild(x); });
+      d.appendChild(body);
+      return d;
+    }
+    var grid = el('div', 'd-grid');
+    if (HISTORY) grid.appendChild(section('Last hour', chart));
+    grid.appendChild(section('Endpoints\' share of open flows', shares));
+    grid.appendChild(section('Top clients', clients));
+    box.appendChild(grid);
+    var wrap = el('div', 'table-wrap');
+    wrap.appendChild(table);
+    box.appendChild(section('Live flows', wrap, [search, count]));
+    detail = { key: key, s: s, box: box, chart: chart, shares: shares, clients: clients, search: search, count: count, tbody: tbody, seq: 0 };
+    var wait = 0;
+    search.addEventListener('input', function () {
+      clearTimeout(wait);
+      wait = setTimeout(loadFlows, 150);
+    });
+    drawPanel();
+    loadFlows();
+    return detail;
+  }
+
+  // drawPanel draws what comes from the traffic counters and history.
+  function drawPanel() {
+    if (!detail) return;
+    var t = traffic[detail.key];
+    var h = hist[detail.key];
+    if (HISTORY) {
+      if (h) detail.chart.replaceChildren(spark(h, 600, 90, 'spark big'));
+      else detail.chart.replaceChildren(el('span', 'muted', 'no traffic in the last hour'));
+    }
+    var known = {};
+    detail.s.endpoints.forEach(function (e) { known[(e.addr.indexOf(':') >= 0 ? '[' + e.addr + ']' : e.addr) + ':' + e.port] = e; });
+    var eps = t ? Object.keys(t.endpoints) : [];
+    var total = eps.reduce(function (a, k) { return a + t.endpoints[k]; }, 0);
+    eps.sort(function (a, b) { return t.endpoints[b] - t.endpoints[a] || (a < b ? -1 : 1); });
+    detail.shares.replaceChildren.apply(detail.shares, eps.map(function (k) {
+      var n = t.endpoints[k];
+      var li = el('li', known[k] ? '' : 'gone');
+      li.dataset.endpoint = k;
+      li.dataset.flows = String(n);
+      li.appendChild(el('span', 'mono', k));
+      var bar = el('span', 'share');
+      var fill = el('i');
+      fill.style.width = (total ? 100 * n / total : 0).toFixed(1) + '%';
+      bar.appendChild(fill);
+      li.appendChild(bar);
+      li.appendChild(el('span', 'num', plural(n, 'flow') + (total ? ' · ' + Math.round(100 * n / total) + '%' : '')));
+      if (!known[k]) li.appendChild(el('span', 'warn', 'removed: draining'));
+      return li;
+    }));
+    if (!eps.length) detail.shares.appendChild(el('li', 'muted', 'no open flows'));
+  }
+
+  function loadFlows() {
+    if (!detail) return Promise.resolve();
+    var d = detail, seq = ++d.seq;
+    var q = d.search.value.trim();
+    var parts = d.key.split('/');
+    return getJSON('api/v1/services/' + encodeURIComponent(parts[0]) + '/' + encodeURIComponent(parts[1]) + '/flows?limit=100' +
+      (q ? '&q=' + encodeURIComponent(q) : '')).then(function (v) {
+      if (d !== detail || seq !== d.seq) return; // a later search or another Service
+      d.tbody.replaceChildren.apply(d.tbody, v.flows.map(function (f) {
+        var tr = el('tr');
+        [[f.client, 'mono'], [f.endpoint, 'mono'], [f.protocol], [f.state || '–'], [f.ageSeconds ? fmtAge(f.ageSeconds) : '–'],
+          [fmtAge(f.timeoutSeconds)], [fmtBytes(f.bytes)]].forEach(function (c) { tr.appendChild(el('td', c[1] || '', c[0])); });
+        return tr;
+      }));
+      d.count.textContent = (q ? fmtNum(v.total) + ' of ' : '') + plural(v.all, 'flow') + (v.truncated ? ', the first ' + v.flows.length + ' shown' : '');
+      d.clients.replaceChildren.apply(d.clients, v.topClients.map(function (c) {
+        var li = el('li');
+        li.appendChild(el('span', 'mono', c.address));
+        li.appendChild(el('span', 'num', plural(c.flows, 'flow') + ' · ' + fmtBytes(c.bytes)));
+        return li;
+      }));
+      if (!v.topClients.length) d.clients.appendChild(el('li', 'muted', 'none'));
+    });
+  }
+
+  // ---- events ----
+  function renderEvents(v) {
+    var body = $('events-body');
+    body.replaceChildren.apply(body, v.events.map(function (e) {
+      var li = el('li', 'ev ' + e.kind + ' ' + e.level.toLowerCase());
+      li.appendChild(el('time', 'muted', new Date(e.time).toLocaleTimeString()));
+      li.appendChild(el('span', 'kind', e.kind));
+      li.appendChild(el('span', 'msg', e.message));
+      var attrs = Object.keys(e.attrs || {}).sort().map(function (k) { return k + '=' + e.attrs[k]; }).join(' ');
+      if (attrs) li.appendChild(el('span', 'attrs mono', attrs));
+      return li;
+    }));
+    if (!v.events.length) body.appendChild(el('li', 'muted', 'No events yet.'));
+    setText('events-count', fmtNum(v.total) + ' since the start' + (v.events.length < v.total ? ', the last ' + fmtNum(v.events.length) + ' shown' : ''), 'muted');
   }
 
   function renderServices() {
@@ -388,6 +619,14 @@
       if (problems && !hasProblem(s)) return false;
       return !q || s._text.indexOf(q) >= 0;
     });
+    var by = TRAFFIC && sortKeys[$('sort').value];
+    if (by) {
+      var none = { new: 0, rate: 0, flows: 0, rejected: 0, dropped: 0 };
+      rows.sort(function (a, b) {
+        return by(traffic[b.namespace + '/' + b.name] || none) - by(traffic[a.namespace + '/' + a.name] || none);
+      });
+    }
+    if (detail && (detail.key !== openKey)) detail = null;
     var body = $('svc-body');
     var frag = document.createDocumentFragment();
     rows.slice(0, MAX_ROWS).forEach(function (s) {
@@ -397,17 +636,18 @@
     if (!rows.length) {
       var tr = el('tr', 'empty');
       var td = el('td', '', services.length ? 'No services match the filter.' : 'No services.');
-      td.colSpan = 5;
+      td.colSpan = COLS;
       tr.appendChild(td);
       frag.appendChild(tr);
     } else if (rows.length > MAX_ROWS) {
       var more = el('tr', 'more');
       var mtd = el('td', '', 'Showing the first ' + MAX_ROWS + ' — refine the filter to see the other ' + fmtNum(rows.length - MAX_ROWS) + '.');
-      mtd.colSpan = 5;
+      mtd.colSpan = COLS;
       more.appendChild(mtd);
       frag.appendChild(more);
     }
     body.replaceChildren(frag);
+    if (services.length && !performance.getEntriesByName('nftgate:services').length) performance.mark('nftgate:services');
     setText('svc-count', (rows.length === services.length ? fmtNum(services.length) : fmtNum(rows.length) + ' of ' + fmtNum(services.length)) +
       ' service' + (services.length === 1 ? '' : 's'), 'muted');
   }
@@ -519,15 +759,33 @@
       if ($('drain').dataset.drain) jobs.push(getJSON('api/v1/drain').then(renderDrain));
       if ($('gateways').dataset.gateways) jobs.push(getJSON('api/v1/gateways').then(renderGateways));
       if ($('statesync').dataset.statesync) jobs.push(getJSON('api/v1/statesync').then(renderStateSync));
+      var redraw = false, drawn = false;
+      if (TRAFFIC) {
+        jobs.push(getJSON('api/v1/traffic?sort=name').then(function (v) {
+          if (v.readAt !== trafficAt) { setTraffic(v); redraw = true; }
+        }));
+      }
+      if (HISTORY && Date.now() - histFetched >= Math.max(histStep * 1000, REFRESH)) {
+        jobs.push(getJSON('api/v1/traffic/history').then(function (v) { histFetched = Date.now(); setHistory(v); redraw = true; }));
+      }
+      if (EVENTS) {
+        var kind = $('event-kind').value;
+        jobs.push(getJSON('api/v1/events?limit=100' + (kind ? '&kind=' + kind : '')).then(renderEvents));
+      }
+      if (detail) jobs.push(loadFlows());
       if (st.sync.servicesRevision !== servicesRevision) {
         jobs.push(getJSON('api/v1/services').then(function (list) {
           list.services.forEach(function (s) { s._text = searchText(s); });
           services = list.services;
           servicesRevision = list.revision;
           renderServices();
+          drawn = true;
         }));
       }
-      return Promise.all(jobs);
+      return Promise.all(jobs).then(function () {
+        // The table follows the counters only when nothing else redrew it.
+        if (redraw && !drawn && services.length) renderServices();
+      });
     }).then(function () {
       setLive(true);
       document.body.dataset.loaded = 'true';
@@ -538,13 +796,29 @@
     });
   }
 
-  var debounce = 0;
-  function onFilter() {
-    clearTimeout(debounce);
-    debounce = setTimeout(renderServices, 80);
+  // A filter redraws at the next frame (typing faster than frames
+  // coalesces), and its time, from the keystroke until the frame after the
+  // redraw is painted, is kept as a performance measure.
+  var pending = 0, since = 0;
+  function onFilter(e) {
+    if (!since) since = e.timeStamp;
+    if (pending) return;
+    pending = requestAnimationFrame(function () {
+      pending = 0;
+      var start = since;
+      since = 0;
+      renderServices();
+      requestAnimationFrame(function () {
+        setTimeout(function () { performance.measure('nftgate:filter', { start: start, end: performance.now() }); }, 0);
+      });
+    });
   }
   $('search').addEventListener('input', onFilter);
   $('type-filter').addEventListener('change', renderServices);
+  $('sort').addEventListener('change', renderServices);
+  $('event-kind').addEventListener('change', function () {
+    getJSON('api/v1/events?limit=100' + ($('event-kind').value ? '&kind=' + $('event-kind').value : '')).then(renderEvents);
+  });
   $('problems').addEventListener('change', renderServices);
   document.addEventListener('keydown', function (e) {
     if (e.key === '/' && document.activeElement !== $('search')) { e.preventDefault(); $('search').focus(); }
