@@ -57,6 +57,10 @@ type Programmer struct {
 	// bisectOnly makes isolation ignore what the refused messages name,
 	// for tests of the bisection.
 	bisectOnly bool
+	// mutedSend, when set, runs while the notification socket is out of
+	// the group, before the batch is sent: tests commit another
+	// program's transaction there.
+	mutedSend func()
 }
 
 // reconcileRounds is how many full syncs it takes to read every rule back.
@@ -429,28 +433,38 @@ func (p *Programmer) commit(ds []*ruleset.Ops, drop []ruleset.TableRef) (int, ti
 	before, genErr := p.batch.generation()
 	known := p.genKnown && genErr == nil && before == p.generation
 	p.genKnown = false
+	// A large batch of nftgate's own goes unannounced: the generation
+	// after it tells whether anything else was committed meanwhile.
+	muted := genErr == nil && w.count() > muteAbove && p.mute(before)
+	if muted && p.mutedSend != nil {
+		p.mutedSend()
+	}
 	start := time.Now()
 	err = p.batch.send(w, describe)
 	took := time.Since(start)
 	var be *BatchError
-	if err != nil && !errors.As(err, &be) {
+	refused := errors.As(err, &be)
+	if err != nil && !refused {
 		// Not the kernel's refusal: the batch may or may not be in.
 		p.trusted = false
+	}
+	if !known && !muted {
+		return w.count(), took, err
+	}
+	after, aerr := p.batch.generation()
+	// Only this batch was committed since before (or nothing, when the
+	// kernel refused it).
+	alone := aerr == nil && ((err == nil && after == before+1) || (refused && after == before))
+	if muted {
+		p.unmute(after, alone)
 	}
 	// The generation stays known only from one of nftgate's transactions
 	// (or read-backs) to the next with nothing between: a transaction of
 	// another program before this one may have changed nftgate's tables.
-	if known {
-		after, aerr := p.batch.generation()
-		switch {
-		case aerr != nil:
-		case err == nil && after == before+1:
-			p.generation, p.genKnown = after, true
-		case err != nil && after == before:
-			// A refused batch commits nothing: nftgate's record of the
-			// kernel still holds.
-			p.genKnown = true
-		}
+	if known && alone {
+		// A refused batch commits nothing: nftgate's record of the
+		// kernel still holds.
+		p.generation, p.genKnown = after, true
 	}
 	return w.count(), took, err
 }

@@ -237,3 +237,72 @@ func BenchmarkKernelReconcileWatched(b *testing.B) {
 		})
 	}
 }
+
+// watchedScaleProgrammer is a Programmer of the synthetic clusters' config
+// in a namespace of its own, with Watch running.
+func watchedScaleProgrammer(t *testing.T) (string, *Programmer, <-chan Drift) {
+	t.Helper()
+	ns, fd := testNetNS(t)
+	p, err := NewProgrammer(scaleConfig(), Options{NetNSFD: fd})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return ns, p, watchDrifts(t, p)
+}
+
+// nftgate's own large batch goes unannounced: the notification socket
+// leaves the group for it, so the kernel builds no notifications of its
+// messages and none overflow the socket, and the announcements are caught
+// up with the kernel's generation right after it.
+func TestOwnLargeBatchUnannounced(t *testing.T) {
+	_, p, ch := watchedScaleProgrammer(t)
+	c := clusterOf(10_000)
+	res, err := p.Full(c.Services)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Messages <= muteAbove {
+		t.Fatalf("the cold sync sent %d messages; the test needs more than %d", res.Messages, muteAbove)
+	}
+	noDrift(t, p, ch, "nftgate's cold sync")
+	// noDrift lets lost notifications pass: here there must be none.
+	select {
+	case d := <-ch:
+		t.Fatalf("reported after nftgate's own batch: %s", d)
+	default:
+	}
+}
+
+// Another program's transaction while the socket is out of the group for
+// one of nftgate's batches is not announced; the kernel's generation tells
+// of it, it counts as notifications lost, and the next full sync reads the
+// tables back.
+func TestTransactionWhileMutedCountsAsLost(t *testing.T) {
+	ns, p, ch := watchedScaleProgrammer(t)
+	c := clusterOf(1_000)
+	committed := false
+	p.mutedSend = func() {
+		nftList(t, ns, "add", "table", "ip", "someone-else")
+		committed = true
+	}
+	if _, err := p.Full(c.Services); err != nil {
+		t.Fatal(err)
+	}
+	if !committed {
+		t.Fatal("the cold sync was not sent muted")
+	}
+	deadline := time.After(5 * time.Second)
+	for lost := false; !lost; {
+		select {
+		case d := <-ch:
+			lost = d.Lost
+		case <-deadline:
+			t.Fatal("the transaction committed while muted was not reported as notifications lost")
+		}
+	}
+	p.mutedSend = nil
+	if res, err := p.Full(c.Services); err != nil || !res.ReadBack {
+		t.Fatalf("full sync after a transaction went unannounced: %+v, %v; want a read-back", res, err)
+	}
+}
