@@ -93,6 +93,10 @@ type Result struct {
 	// ReadBack tells whether a full sync read the tables back. It does
 	// not when no transaction has been committed since nftgate's last.
 	ReadBack bool
+	// ReadTables is how many tables a read-back read: every table, or
+	// those another program changed, as the kernel's notifications
+	// named them.
+	ReadTables int
 	// Conflicts name elements claimed by more than one Service.
 	Conflicts []string
 	// Refused are the Services whose rules the kernel refused, with its
@@ -219,6 +223,10 @@ func (p *Programmer) Full(services map[model.ServiceKey]*model.Service) (Result,
 		h.Write([]byte(chain))
 		return h.Sum32()%reconcileRounds == p.reconciles%reconcileRounds
 	}
+	// targeted: the notifications name every table another program
+	// changed since the last read-back, up to generation gen, and none
+	// were lost: only those tables are read back.
+	targeted, gen := false, uint32(0)
 	if p.synced {
 		drifts := p.watch.snapshot()
 		g, err := p.batch.generation()
@@ -240,14 +248,26 @@ func (p *Programmer) Full(services map[model.ServiceKey]*model.Service) (Result,
 			}
 			return res, err
 		}
+		targeted = err == nil && p.trusted && p.watch.caughtUp(g, watchCatchUp, nil)
+		gen = g
 	}
 	res.ReadBack = true
-	p.readDrifts = p.watch.snapshot()
+	var only map[tableRef]bool
+	p.readDrifts, only = p.watch.readBack(targeted)
 	p.genKnown = false
 	g, genErr := p.batch.generation()
-	observed, drop, err := p.observe(&res, p.synced, sampled)
+	if only != nil {
+		// Every other program's transaction up to gen is in only; one
+		// after it may not be, and must not count as read.
+		g = gen
+	}
+	observed, drop, err := p.observe(&res, p.synced, sampled, only)
 	if err != nil {
 		return res, err
+	}
+	res.ReadTables = len(p.tables.Refs)
+	if only != nil {
+		res.ReadTables = len(only)
 	}
 	// The tables as read are those of generation g or later: if the
 	// kernel is still at g when nftgate commits next, nothing came between.
@@ -302,17 +322,23 @@ func (p *Programmer) committedFull(res *Result, plan []*ruleset.Ops, observed []
 // tables of another shard count, to drop. With believe, the rules of the
 // chains sampled does not pick are taken to be what nftgate committed,
 // unless the kernel is found to have drifted; differences are added to
-// res.Drift.
-func (p *Programmer) observe(res *Result, believe bool, sampled func(string) bool) ([]*ruleset.TableState, []ruleset.TableRef, error) {
+// res.Drift. With only, just the tables it names are read: the others are
+// taken to be what nftgate committed (believe must be set).
+func (p *Programmer) observe(res *Result, believe bool, sampled func(string) bool, only map[tableRef]bool) ([]*ruleset.TableState, []ruleset.TableRef, error) {
 	observed := make([]*ruleset.TableState, len(p.tables.Refs))
 	var drop []ruleset.TableRef
 	for _, f := range ruleset.Families {
 		slots := p.tables.Slots(f)
+		names := p.tables.Names(f)
 		var believed []*ruleset.TableState
 		if believe {
 			believed = p.state[slots[0] : slots[len(slots)-1]+1]
 		}
-		sts, extra, err := p.reader.readFamily(&p.cfg, f, p.tables.Names(f), believed, sampled)
+		var keep func(int) bool
+		if only != nil {
+			keep = func(i int) bool { return !only[tableRef{f, names[i]}] }
+		}
+		sts, extra, err := p.reader.readFamily(&p.cfg, f, names, believed, sampled, keep)
 		if err == nil && believed != nil {
 			var drift []string
 			for i, slot := range slots {
@@ -320,7 +346,12 @@ func (p *Programmer) observe(res *Result, believe bool, sampled func(string) boo
 			}
 			if len(drift) > 0 {
 				res.Drift = append(res.Drift, drift...)
-				sts, extra, err = p.reader.readFamily(&p.cfg, f, p.tables.Names(f), nil, nil)
+				if keep != nil {
+					// Every rule of the tables read, the others as believed.
+					sts, extra, err = p.reader.readFamily(&p.cfg, f, names, believed, func(string) bool { return true }, keep)
+				} else {
+					sts, extra, err = p.reader.readFamily(&p.cfg, f, names, nil, nil, nil)
+				}
 			}
 		}
 		if err != nil {

@@ -48,6 +48,8 @@ type Drift struct {
 	Changes []string
 	More    int
 	Lost    bool
+	// tables are those the changes were to.
+	tables map[tableRef]bool
 }
 
 // maxDriftChanges is how many changes a Drift describes.
@@ -100,6 +102,12 @@ type watchState struct {
 	// nftgate's own large batches.
 	conn   *netlink.Conn
 	report func(Drift)
+	// touched are nftgate's tables another program changed since the
+	// last read-back, as announced; whole says that something went
+	// unannounced since (notifications lost, or not yet listened to), so
+	// every table must be read.
+	touched map[tableRef]bool
+	whole   bool
 }
 
 func newWatchState() *watchState { return &watchState{changed: make(chan struct{})} }
@@ -110,6 +118,27 @@ func (w *watchState) update(f func()) {
 	close(w.changed)
 	w.changed = make(chan struct{})
 	w.mu.Unlock()
+}
+
+// readBack notes a read-back starting now: it returns the number of
+// drifts so far and, with targeted, the tables another program changed
+// since the last read-back when the notifications named them all (nil:
+// read every table).
+func (w *watchState) readBack(targeted bool) (uint64, map[tableRef]bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	only := w.touched
+	if !targeted || w.whole || len(only) == 0 {
+		only = nil
+	}
+	w.touched, w.whole = nil, false
+	return w.drifts, only
+}
+
+// lost notes a drift whose changes are unknown.
+func (w *watchState) lost() {
+	w.drifts++
+	w.whole = true
 }
 
 // snapshot returns the number of drifts so far.
@@ -203,7 +232,7 @@ func (p *Programmer) unmute(after uint32, ownOnly bool) {
 		w.update(func() { w.seen(after) })
 		return
 	}
-	w.update(func() { w.drifts++ })
+	w.update(w.lost)
 	report(Drift{Lost: true})
 }
 
@@ -239,7 +268,8 @@ func (p *Programmer) Watch(ctx context.Context, report func(Drift)) error {
 		return err
 	}
 	p.watch.update(func() {
-		p.watch.running, p.watch.drifts = true, p.watch.drifts+1
+		p.watch.running = true
+		p.watch.lost()
 		p.watch.seen(gen)
 		p.watch.conn, p.watch.report = nl, report
 	})
@@ -259,7 +289,7 @@ func (p *Programmer) Watch(ctx context.Context, report func(Drift)) error {
 			}
 			if errors.Is(err, syscall.ENOBUFS) {
 				cur = Drift{}
-				p.watch.update(func() { p.watch.drifts++ })
+				p.watch.update(p.watch.lost)
 				report(Drift{Lost: true})
 				continue
 			}
@@ -278,6 +308,12 @@ func (p *Programmer) Watch(ctx context.Context, report func(Drift)) error {
 					p.watch.seen(gen)
 					if len(d.Changes) > 0 && m.Header.PID != own {
 						p.watch.drifts++
+						if p.watch.touched == nil {
+							p.watch.touched = map[tableRef]bool{}
+						}
+						for t := range d.tables {
+							p.watch.touched[t] = true
+						}
 					}
 				})
 				if len(d.Changes) > 0 && m.Header.PID != own {
@@ -289,11 +325,15 @@ func (p *Programmer) Watch(ctx context.Context, report func(Drift)) error {
 			if m.Header.PID == own {
 				continue
 			}
-			what, ok := p.describeNotification(typ, ruleset.Family(m.Data[0]), m.Data[4:])
+			what, t, ok := p.describeNotification(typ, ruleset.Family(m.Data[0]), m.Data[4:])
 			if !ok {
 				continue
 			}
 			cur.add(what, typ == unix.NFT_MSG_DELTABLE || typ == unix.NFT_MSG_NEWTABLE)
+			if cur.tables == nil {
+				cur.tables = map[tableRef]bool{}
+			}
+			cur.tables[t] = true
 		}
 	}
 }
@@ -323,14 +363,14 @@ var notificationVerbs = map[int]struct {
 
 // describeNotification describes a change a notification announces, when
 // it is of one of nftgate's tables.
-func (p *Programmer) describeNotification(typ int, f ruleset.Family, attrs []byte) (string, bool) {
+func (p *Programmer) describeNotification(typ int, f ruleset.Family, attrs []byte) (string, tableRef, bool) {
 	v, ok := notificationVerbs[typ]
 	if !ok {
-		return "", false
+		return "", tableRef{}, false
 	}
 	ad, err := netlink.NewAttributeDecoder(attrs)
 	if err != nil {
-		return "", false
+		return "", tableRef{}, false
 	}
 	var table, name string
 	for ad.Next() {
@@ -343,13 +383,14 @@ func (p *Programmer) describeNotification(typ int, f ruleset.Family, attrs []byt
 			}
 		}
 	}
-	if !p.ownTables[tableRef{f, table}] {
-		return "", false
+	t := tableRef{f, table}
+	if !p.ownTables[t] {
+		return "", t, false
 	}
 	if v.nameAttr == 0 {
-		return fmt.Sprintf("%s %s %s", v.verb, f, table), true
+		return fmt.Sprintf("%s %s %s", v.verb, f, table), t, true
 	}
-	return fmt.Sprintf("%s %s of table %s %s", v.verb, name, f, table), true
+	return fmt.Sprintf("%s %s of table %s %s", v.verb, name, f, table), t, true
 }
 
 type tableRef struct {

@@ -306,3 +306,44 @@ func TestTransactionWhileMutedCountsAsLost(t *testing.T) {
 		t.Fatalf("full sync after a transaction went unannounced: %+v, %v; want a read-back", res, err)
 	}
 }
+
+// A repair reads back only the tables the notifications named, when none
+// were lost since the last read-back; after a loss, every table.
+func TestRepairReadsOnlyTheTablesChanged(t *testing.T) {
+	ns, p := testProgrammer(t)
+	ch := watchDrifts(t, p)
+	svc := webService("198.18.2.10")
+	services := map[model.ServiceKey]*model.Service{svc.Key: svc}
+	if _, err := p.Full(services); err != nil {
+		t.Fatal(err)
+	}
+	all := len(p.tables.Refs)
+	if all < 3 {
+		t.Fatalf("%d tables: the test needs several", all)
+	}
+	table := p.cfg.TableOf(svc.Key)
+	nftList(t, ns, "delete", "element", "ip", table, ruleset.MapServiceIPs, "{ 198.19.0.10 . tcp . 80 }")
+	nextDrift(t, ch, "deleting an element")
+	res, err := p.Full(services)
+	if err != nil || !res.ReadBack || len(res.Drift) == 0 || res.ReadTables != 1 {
+		t.Fatalf("repair of one deleted element: %+v, %v; want a read-back of its table alone (of %d) that finds drift", res, err, all)
+	}
+	if out := nftList(t, ns, "list", "map", "ip", table, ruleset.MapServiceIPs); !strings.Contains(out, "198.19.0.10") {
+		t.Fatalf("the element was not put back:\n%s", out)
+	}
+	noDrift(t, p, ch, "the repair")
+	if res, err := p.Full(services); err != nil || res.ReadBack {
+		t.Fatalf("full sync after the repair: %+v, %v; want no read-back", res, err)
+	}
+
+	// Notifications lost: nothing tells which tables changed.
+	nftList(t, ns, "delete", "element", "ip", table, ruleset.MapServiceIPs, "{ 198.19.0.10 . tcp . 80 }")
+	nextDrift(t, ch, "deleting the element again")
+	p.watch.update(p.watch.lost)
+	if res, err := p.Full(services); err != nil || res.ReadTables != all || len(res.Drift) == 0 {
+		t.Fatalf("repair after lost notifications: %+v, %v; want every table (%d) read back", res, err, all)
+	}
+	if out := nftList(t, ns, "list", "map", "ip", table, ruleset.MapServiceIPs); !strings.Contains(out, "198.19.0.10") {
+		t.Fatalf("the element was not put back:\n%s", out)
+	}
+}
