@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -253,7 +254,8 @@ func (p *Programmer) Full(services map[model.ServiceKey]*model.Service) (Result,
 	}
 	res.ReadBack = true
 	var only map[tableRef]bool
-	p.readDrifts, only = p.watch.readBack(targeted)
+	var elems bool
+	p.readDrifts, only, elems = p.watch.readBack(targeted)
 	p.genKnown = false
 	g, genErr := p.batch.generation()
 	if only != nil {
@@ -261,8 +263,16 @@ func (p *Programmer) Full(services map[model.ServiceKey]*model.Service) (Result,
 		// after it may not be, and must not count as read.
 		g = gen
 	}
+	if elems {
+		return p.restoreElems(start, res, only, gen, services)
+	}
 	observed, drop, err := p.observe(&res, p.synced, sampled, only)
 	if err != nil {
+		if only != nil {
+			// What the notifications named is consumed: read everything
+			// next time.
+			p.watch.update(p.watch.lost)
+		}
 		return res, err
 	}
 	res.ReadTables = len(p.tables.Refs)
@@ -305,6 +315,53 @@ func (p *Programmer) Full(services map[model.ServiceKey]*model.Service) (Result,
 	return res, nil
 }
 
+// restoreElems repairs the tables in only, where another program
+// changed map elements and nothing else (as the kernel's notifications
+// told up to generation gen): it reads their elements back and puts them
+// back as nftgate last committed them, without rendering anything, then
+// syncs the Services that changed as a partial sync does.
+func (p *Programmer) restoreElems(start time.Time, res Result, only map[tableRef]bool, gen uint32, services map[model.ServiceKey]*model.Service) (Result, error) {
+	res.ReadTables = len(only)
+	observed := slices.Clone(p.state)
+	ds := make([]*ruleset.Ops, len(p.tables.Refs))
+	for slot, ref := range p.tables.Refs {
+		ds[slot] = &ruleset.Ops{}
+		if !only[tableRef{ref.Family, ref.Name}] {
+			continue
+		}
+		st, err := p.reader.readElems(&p.cfg, ref.Family, ref.Name, p.state[slot])
+		if err != nil {
+			p.watch.update(p.watch.lost)
+			return res, fmt.Errorf("read %s table %s back: %w", ref.Family, ref.Name, err)
+		}
+		res.Drift = append(res.Drift, ruleset.CompareStates(ref, p.state[slot], st)...)
+		observed[slot], ds[slot] = st, ruleset.PlanRestore(p.state[slot], st)
+	}
+	// The tables are as read and believed as of generation gen: if the
+	// kernel is still at gen when this batch is committed, nothing came
+	// between.
+	p.generation, p.genKnown = gen, true
+	n, kernel, err := p.commit(ds, nil)
+	res.Messages, res.Kernel = n, kernel
+	if err != nil {
+		// The next full sync reads every table back.
+		p.trusted = false
+		p.watch.update(p.watch.lost)
+		res.Duration = time.Since(start)
+		return res, err
+	}
+	for slot, o := range ds {
+		observed[slot].Apply(o)
+		res.Counts.Add(o)
+	}
+	p.state = observed
+	res, err = p.partialLocked(start, res, ruleset.ChangedServices(p.services, services))
+	if err == nil {
+		res.Conflicts = p.claims.Conflicts()
+	}
+	return res, err
+}
+
 // committedFull records a full sync's plan that the kernel accepted.
 func (p *Programmer) committedFull(res *Result, plan []*ruleset.Ops, observed []*ruleset.TableState, claims *ruleset.Claims, services map[model.ServiceKey]*model.Service) {
 	for slot, o := range plan {
@@ -335,10 +392,13 @@ func (p *Programmer) observe(res *Result, believe bool, sampled func(string) boo
 			believed = p.state[slots[0] : slots[len(slots)-1]+1]
 		}
 		var keep func(int) bool
+		readRules := sampled
 		if only != nil {
+			// The tables another program changed are read in full.
 			keep = func(i int) bool { return !only[tableRef{f, names[i]}] }
+			readRules = func(string) bool { return true }
 		}
-		sts, extra, err := p.reader.readFamily(&p.cfg, f, names, believed, sampled, keep)
+		sts, extra, err := p.reader.readFamily(&p.cfg, f, names, believed, readRules, keep)
 		if err == nil && believed != nil {
 			var drift []string
 			for i, slot := range slots {
@@ -346,10 +406,7 @@ func (p *Programmer) observe(res *Result, believe bool, sampled func(string) boo
 			}
 			if len(drift) > 0 {
 				res.Drift = append(res.Drift, drift...)
-				if keep != nil {
-					// Every rule of the tables read, the others as believed.
-					sts, extra, err = p.reader.readFamily(&p.cfg, f, names, believed, func(string) bool { return true }, keep)
-				} else {
+				if keep == nil {
 					sts, extra, err = p.reader.readFamily(&p.cfg, f, names, nil, nil, nil)
 				}
 			}

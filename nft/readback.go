@@ -158,6 +158,17 @@ func (r *reader) readFamily(cfg *ruleset.Config, f ruleset.Family, names []strin
 	return out, extra, nil
 }
 
+// readElems reads table name's sets and map elements; its chains and
+// flowtables are taken to be as believed.
+func (r *reader) readElems(cfg *ruleset.Config, f ruleset.Family, name string, believed *ruleset.TableState) (*ruleset.TableState, error) {
+	st := ruleset.NewTableState()
+	st.Exists, st.Chains, st.Flowtables = true, believed.Chains, believed.Flowtables
+	if err := r.readSets(name, f, st, cfg.Counters); err != nil {
+		return nil, fmt.Errorf("table %s: %w", name, err)
+	}
+	return st, nil
+}
+
 // readSets reads a table's sets and the elements of the maps nftgate fills.
 // google/nftables does not decode a set's own counter flag, only its
 // elements' counters: a map counts when its elements carry counters, and

@@ -48,8 +48,10 @@ type Drift struct {
 	Changes []string
 	More    int
 	Lost    bool
-	// tables are those the changes were to.
-	tables map[tableRef]bool
+	// tables are those the changes were to; structural says whether any
+	// change was to more than map elements.
+	tables     map[tableRef]bool
+	structural bool
 }
 
 // maxDriftChanges is how many changes a Drift describes.
@@ -108,6 +110,9 @@ type watchState struct {
 	// every table must be read.
 	touched map[tableRef]bool
 	whole   bool
+	// structural says that those changes were to more than map
+	// elements.
+	structural bool
 }
 
 func newWatchState() *watchState { return &watchState{changed: make(chan struct{})} }
@@ -124,15 +129,18 @@ func (w *watchState) update(f func()) {
 // drifts so far and, with targeted, the tables another program changed
 // since the last read-back when the notifications named them all (nil:
 // read every table).
-func (w *watchState) readBack(targeted bool) (uint64, map[tableRef]bool) {
+// elems tells whether those changes were to map elements and nothing
+// else.
+func (w *watchState) readBack(targeted bool) (drifts uint64, only map[tableRef]bool, elems bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	only := w.touched
+	only = w.touched
 	if !targeted || w.whole || len(only) == 0 {
 		only = nil
 	}
-	w.touched, w.whole = nil, false
-	return w.drifts, only
+	elems = only != nil && !w.structural
+	w.touched, w.whole, w.structural = nil, false, false
+	return w.drifts, only, elems
 }
 
 // lost notes a drift whose changes are unknown.
@@ -314,6 +322,7 @@ func (p *Programmer) Watch(ctx context.Context, report func(Drift)) error {
 						for t := range d.tables {
 							p.watch.touched[t] = true
 						}
+						p.watch.structural = p.watch.structural || d.structural
 					}
 				})
 				if len(d.Changes) > 0 && m.Header.PID != own {
@@ -334,6 +343,7 @@ func (p *Programmer) Watch(ctx context.Context, report func(Drift)) error {
 				cur.tables = map[tableRef]bool{}
 			}
 			cur.tables[t] = true
+			cur.structural = cur.structural || (typ != unix.NFT_MSG_NEWSETELEM && typ != unix.NFT_MSG_DELSETELEM)
 		}
 	}
 }

@@ -331,9 +331,34 @@ func TestRepairReadsOnlyTheTablesChanged(t *testing.T) {
 	if out := nftList(t, ns, "list", "map", "ip", table, ruleset.MapServiceIPs); !strings.Contains(out, "198.19.0.10") {
 		t.Fatalf("the element was not put back:\n%s", out)
 	}
+	if res.Counts.ElementsAdded != 1 || res.Messages > 4 {
+		t.Fatalf("repair of one deleted element: %+v; want the element added back and nothing else", res)
+	}
 	noDrift(t, p, ch, "the repair")
 	if res, err := p.Full(services); err != nil || res.ReadBack {
 		t.Fatalf("full sync after the repair: %+v, %v; want no read-back", res, err)
+	}
+
+	// More than elements: the table is read back in full and planned.
+	var chain string
+	for slot, ref := range p.tables.Refs {
+		if ref.Family == ruleset.IPv4 && ref.Name == table {
+			for id, v := range p.state[slot].Elems {
+				if id.Map == ruleset.MapServiceIPs {
+					chain = v.Chain
+				}
+			}
+		}
+	}
+	before := nftList(t, ns, "list", "chain", "ip", table, chain)
+	nftList(t, ns, "flush", "chain", "ip", table, chain)
+	nextDrift(t, ch, "flushing a chain")
+	res, err = p.Full(services)
+	if err != nil || len(res.Drift) == 0 || res.ReadTables != 1 || res.Counts.ChainsChanged != 1 {
+		t.Fatalf("repair of a flushed chain: %+v, %v; want a read-back of its table alone that finds the chain changed", res, err)
+	}
+	if after := nftList(t, ns, "list", "chain", "ip", table, chain); after != before {
+		t.Fatalf("the chain was not repaired:\n%s\nwant\n%s", after, before)
 	}
 
 	// Notifications lost: nothing tells which tables changed.
