@@ -297,7 +297,18 @@ func (p *Programmer) Watch(ctx context.Context, report func(Drift)) error {
 			}
 			if errors.Is(err, syscall.ENOBUFS) {
 				cur = Drift{}
-				p.watch.update(p.watch.lost)
+				// What was lost is unknown: every table is read back.
+				// The transactions up to the generation now are
+				// accounted for by that, announced or not, so nobody
+				// waits for their announcements (a transaction's last
+				// one may be among those lost).
+				gen, gerr := currentGeneration(p.netnsFD)
+				p.watch.update(func() {
+					p.watch.lost()
+					if gerr == nil {
+						p.watch.seen(gen)
+					}
+				})
 				report(Drift{Lost: true})
 				continue
 			}

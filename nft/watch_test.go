@@ -372,3 +372,49 @@ func TestRepairReadsOnlyTheTablesChanged(t *testing.T) {
 		t.Fatalf("the element was not put back:\n%s", out)
 	}
 }
+
+// `nft flush ruleset` at scale overflows the notification socket with the
+// deletion of every object: the loss asks for a read-back of every table,
+// and the repair's own batch still goes unannounced, without waiting for
+// announcements the overflow dropped, so the one repair is all it takes.
+func TestFlushOverflowRepairedOnce(t *testing.T) {
+	ns, p, ch := watchedScaleProgrammer(t)
+	c := clusterOf(10_000)
+	if _, err := p.Full(c.Services); err != nil {
+		t.Fatal(err)
+	}
+	noDrift(t, p, ch, "the cold sync")
+	nftList(t, ns, "flush", "ruleset")
+	deadline := time.After(30 * time.Second)
+	for lost := false; !lost; {
+		select {
+		case d := <-ch:
+			lost = d.Lost
+		case <-deadline:
+			t.Fatal("the flush of 10,000 Services' tables did not overflow the notification socket; the test needs it to")
+		}
+	}
+	res, err := p.Full(c.Services)
+	if err != nil || res.ReadTables != len(p.tables.Refs) || res.Messages <= muteAbove {
+		t.Fatalf("repair after the flush: %+v, %v; want every table read back and recreated", res, err)
+	}
+	// Wait out the announcements the flush left queued.
+	g, err := p.batch.generation()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !p.watch.caughtUp(g, 5*time.Second, nil) {
+		t.Fatalf("notifications did not catch up with generation %d after the repair", g)
+	}
+	for {
+		select {
+		case d := <-ch:
+			if d.Lost {
+				t.Fatalf("notifications lost again after the repair: its own batch was announced")
+			}
+			continue
+		default:
+		}
+		break
+	}
+}
