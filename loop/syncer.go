@@ -464,7 +464,7 @@ func (s *Syncer) full(log *slog.Logger, repair string) error {
 		for _, d := range res.Drift {
 			log.Warn("kernel ruleset had drifted; repaired", "drift", d)
 		}
-		log.Info("full sync", "services", len(desired), "changes", res.Counts.Changes(), "messages", res.Messages, "duration", res.Duration, "kernel", res.Kernel)
+		log.Info("full sync", "services", len(desired), "changes", res.Counts.Changes(), "messages", res.Messages, "duration", res.Duration, "kernel", res.Kernel, "tables_read", res.ReadTables)
 	}
 	s.notify(ev)
 	return err

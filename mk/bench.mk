@@ -20,6 +20,9 @@
 #                                       cold start and the data plane only: new
 #                                       connections/s, stalls and iperf3, via a
 #                                       Service against direct ("The data plane")
+#   make bench BENCH_ARGS="--drift 9"   drift under traffic: nft flush ruleset and a
+#                                       deleted map element while a client connects
+#                                       every 10 ms, 9 times each (default 5; "Drift")
 #
 # Results (markdown table, PNG plot, raw JSON) land in bench/results/.
 .PHONY: bench bench-build bench-deps

@@ -157,7 +157,7 @@ func (p *Programmer) fullIsolating(res *Result, observed []*ruleset.TableState, 
 	}
 	if recreated {
 		var err error
-		if observed, drop, err = p.observe(res, false, nil); err != nil {
+		if observed, drop, err = p.observe(res, false, nil, nil); err != nil {
 			return err
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -57,6 +58,10 @@ type Programmer struct {
 	// bisectOnly makes isolation ignore what the refused messages name,
 	// for tests of the bisection.
 	bisectOnly bool
+	// mutedSend, when set, runs while the notification socket is out of
+	// the group, before the batch is sent: tests commit another
+	// program's transaction there.
+	mutedSend func()
 }
 
 // reconcileRounds is how many full syncs it takes to read every rule back.
@@ -89,6 +94,10 @@ type Result struct {
 	// ReadBack tells whether a full sync read the tables back. It does
 	// not when no transaction has been committed since nftgate's last.
 	ReadBack bool
+	// ReadTables is how many tables a read-back read: every table, or
+	// those another program changed, as the kernel's notifications
+	// named them.
+	ReadTables int
 	// Conflicts name elements claimed by more than one Service.
 	Conflicts []string
 	// Refused are the Services whose rules the kernel refused, with its
@@ -215,6 +224,10 @@ func (p *Programmer) Full(services map[model.ServiceKey]*model.Service) (Result,
 		h.Write([]byte(chain))
 		return h.Sum32()%reconcileRounds == p.reconciles%reconcileRounds
 	}
+	// targeted: the notifications name every table another program
+	// changed since the last read-back, up to generation gen, and none
+	// were lost: only those tables are read back.
+	targeted, gen := false, uint32(0)
 	if p.synced {
 		drifts := p.watch.snapshot()
 		g, err := p.batch.generation()
@@ -236,14 +249,35 @@ func (p *Programmer) Full(services map[model.ServiceKey]*model.Service) (Result,
 			}
 			return res, err
 		}
+		targeted = err == nil && p.trusted && p.watch.caughtUp(g, watchCatchUp, nil)
+		gen = g
 	}
 	res.ReadBack = true
-	p.readDrifts = p.watch.snapshot()
+	var only map[tableRef]bool
+	var elems bool
+	p.readDrifts, only, elems = p.watch.readBack(targeted)
 	p.genKnown = false
 	g, genErr := p.batch.generation()
-	observed, drop, err := p.observe(&res, p.synced, sampled)
+	if only != nil {
+		// Every other program's transaction up to gen is in only; one
+		// after it may not be, and must not count as read.
+		g = gen
+	}
+	if elems {
+		return p.restoreElems(start, res, only, gen, services)
+	}
+	observed, drop, err := p.observe(&res, p.synced, sampled, only)
 	if err != nil {
+		if only != nil {
+			// What the notifications named is consumed: read everything
+			// next time.
+			p.watch.update(p.watch.lost)
+		}
 		return res, err
+	}
+	res.ReadTables = len(p.tables.Refs)
+	if only != nil {
+		res.ReadTables = len(only)
 	}
 	// The tables as read are those of generation g or later: if the
 	// kernel is still at g when nftgate commits next, nothing came between.
@@ -281,6 +315,53 @@ func (p *Programmer) Full(services map[model.ServiceKey]*model.Service) (Result,
 	return res, nil
 }
 
+// restoreElems repairs the tables in only, where another program
+// changed map elements and nothing else (as the kernel's notifications
+// told up to generation gen): it reads their elements back and puts them
+// back as nftgate last committed them, without rendering anything, then
+// syncs the Services that changed as a partial sync does.
+func (p *Programmer) restoreElems(start time.Time, res Result, only map[tableRef]bool, gen uint32, services map[model.ServiceKey]*model.Service) (Result, error) {
+	res.ReadTables = len(only)
+	observed := slices.Clone(p.state)
+	ds := make([]*ruleset.Ops, len(p.tables.Refs))
+	for slot, ref := range p.tables.Refs {
+		ds[slot] = &ruleset.Ops{}
+		if !only[tableRef{ref.Family, ref.Name}] {
+			continue
+		}
+		st, err := p.reader.readElems(&p.cfg, ref.Family, ref.Name, p.state[slot])
+		if err != nil {
+			p.watch.update(p.watch.lost)
+			return res, fmt.Errorf("read %s table %s back: %w", ref.Family, ref.Name, err)
+		}
+		res.Drift = append(res.Drift, ruleset.CompareStates(ref, p.state[slot], st)...)
+		observed[slot], ds[slot] = st, ruleset.PlanRestore(p.state[slot], st)
+	}
+	// The tables are as read and believed as of generation gen: if the
+	// kernel is still at gen when this batch is committed, nothing came
+	// between.
+	p.generation, p.genKnown = gen, true
+	n, kernel, err := p.commit(ds, nil)
+	res.Messages, res.Kernel = n, kernel
+	if err != nil {
+		// The next full sync reads every table back.
+		p.trusted = false
+		p.watch.update(p.watch.lost)
+		res.Duration = time.Since(start)
+		return res, err
+	}
+	for slot, o := range ds {
+		observed[slot].Apply(o)
+		res.Counts.Add(o)
+	}
+	p.state = observed
+	res, err = p.partialLocked(start, res, ruleset.ChangedServices(p.services, services))
+	if err == nil {
+		res.Conflicts = p.claims.Conflicts()
+	}
+	return res, err
+}
+
 // committedFull records a full sync's plan that the kernel accepted.
 func (p *Programmer) committedFull(res *Result, plan []*ruleset.Ops, observed []*ruleset.TableState, claims *ruleset.Claims, services map[model.ServiceKey]*model.Service) {
 	for slot, o := range plan {
@@ -298,17 +379,26 @@ func (p *Programmer) committedFull(res *Result, plan []*ruleset.Ops, observed []
 // tables of another shard count, to drop. With believe, the rules of the
 // chains sampled does not pick are taken to be what nftgate committed,
 // unless the kernel is found to have drifted; differences are added to
-// res.Drift.
-func (p *Programmer) observe(res *Result, believe bool, sampled func(string) bool) ([]*ruleset.TableState, []ruleset.TableRef, error) {
+// res.Drift. With only, just the tables it names are read: the others are
+// taken to be what nftgate committed (believe must be set).
+func (p *Programmer) observe(res *Result, believe bool, sampled func(string) bool, only map[tableRef]bool) ([]*ruleset.TableState, []ruleset.TableRef, error) {
 	observed := make([]*ruleset.TableState, len(p.tables.Refs))
 	var drop []ruleset.TableRef
 	for _, f := range ruleset.Families {
 		slots := p.tables.Slots(f)
+		names := p.tables.Names(f)
 		var believed []*ruleset.TableState
 		if believe {
 			believed = p.state[slots[0] : slots[len(slots)-1]+1]
 		}
-		sts, extra, err := p.reader.readFamily(&p.cfg, f, p.tables.Names(f), believed, sampled)
+		var keep func(int) bool
+		readRules := sampled
+		if only != nil {
+			// The tables another program changed are read in full.
+			keep = func(i int) bool { return !only[tableRef{f, names[i]}] }
+			readRules = func(string) bool { return true }
+		}
+		sts, extra, err := p.reader.readFamily(&p.cfg, f, names, believed, readRules, keep)
 		if err == nil && believed != nil {
 			var drift []string
 			for i, slot := range slots {
@@ -316,7 +406,9 @@ func (p *Programmer) observe(res *Result, believe bool, sampled func(string) boo
 			}
 			if len(drift) > 0 {
 				res.Drift = append(res.Drift, drift...)
-				sts, extra, err = p.reader.readFamily(&p.cfg, f, p.tables.Names(f), nil, nil)
+				if keep == nil {
+					sts, extra, err = p.reader.readFamily(&p.cfg, f, names, nil, nil, nil)
+				}
 			}
 		}
 		if err != nil {
@@ -429,28 +521,38 @@ func (p *Programmer) commit(ds []*ruleset.Ops, drop []ruleset.TableRef) (int, ti
 	before, genErr := p.batch.generation()
 	known := p.genKnown && genErr == nil && before == p.generation
 	p.genKnown = false
+	// A large batch of nftgate's own goes unannounced: the generation
+	// after it tells whether anything else was committed meanwhile.
+	muted := genErr == nil && w.count() > muteAbove && p.mute(before)
+	if muted && p.mutedSend != nil {
+		p.mutedSend()
+	}
 	start := time.Now()
 	err = p.batch.send(w, describe)
 	took := time.Since(start)
 	var be *BatchError
-	if err != nil && !errors.As(err, &be) {
+	refused := errors.As(err, &be)
+	if err != nil && !refused {
 		// Not the kernel's refusal: the batch may or may not be in.
 		p.trusted = false
+	}
+	if !known && !muted {
+		return w.count(), took, err
+	}
+	after, aerr := p.batch.generation()
+	// Only this batch was committed since before (or nothing, when the
+	// kernel refused it).
+	alone := aerr == nil && ((err == nil && after == before+1) || (refused && after == before))
+	if muted {
+		p.unmute(after, alone)
 	}
 	// The generation stays known only from one of nftgate's transactions
 	// (or read-backs) to the next with nothing between: a transaction of
 	// another program before this one may have changed nftgate's tables.
-	if known {
-		after, aerr := p.batch.generation()
-		switch {
-		case aerr != nil:
-		case err == nil && after == before+1:
-			p.generation, p.genKnown = after, true
-		case err != nil && after == before:
-			// A refused batch commits nothing: nftgate's record of the
-			// kernel still holds.
-			p.genKnown = true
-		}
+	if known && alone {
+		// A refused batch commits nothing: nftgate's record of the
+		// kernel still holds.
+		p.generation, p.genKnown = after, true
 	}
 	return w.count(), took, err
 }

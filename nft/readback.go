@@ -74,8 +74,11 @@ var hookNames = map[nftables.ChainHook]string{
 // costs at scale, so when believed (what nftgate last committed, per table)
 // is given, only the chains for which readRules says so have their rules
 // read; the others are taken to hold what nftgate believes. Chains, sets
-// and map elements are always read in full.
-func (r *reader) readFamily(cfg *ruleset.Config, f ruleset.Family, names []string, believed []*ruleset.TableState, readRules func(chain string) bool) ([]*ruleset.TableState, []string, error) {
+// and map elements are always read in full. With keep, the tables it
+// names (by their index in names) are not read at all: believed holds
+// them as they are.
+func (r *reader) readFamily(cfg *ruleset.Config, f ruleset.Family, names []string, believed []*ruleset.TableState, readRules func(chain string) bool, keep func(int) bool) ([]*ruleset.TableState, []string, error) {
+	kept := func(i int) bool { return keep != nil && keep(i) && believed != nil && believed[i] != nil }
 	own, foreign, err := r.owned(cfg, f)
 	if err != nil {
 		return nil, nil, err
@@ -99,6 +102,7 @@ func (r *reader) readFamily(cfg *ruleset.Config, f ruleset.Family, names []strin
 		switch {
 		case !ok:
 			extra = append(extra, n)
+		case kept(i):
 		case replace:
 			out[i].Replace = true // read as empty: created anew
 		default:
@@ -106,6 +110,11 @@ func (r *reader) readFamily(cfg *ruleset.Config, f ruleset.Family, names []strin
 		}
 	}
 	sort.Strings(extra)
+	for i := range out {
+		if kept(i) {
+			out[i] = believed[i]
+		}
+	}
 	// One dump of the family's chains serves every table.
 	chains, err := r.conn.ListChainsOfTableFamily(nftFamily(f))
 	if err != nil {
@@ -116,7 +125,7 @@ func (r *reader) readFamily(cfg *ruleset.Config, f ruleset.Family, names []strin
 			continue
 		}
 		i, ok := slot[c.Table.Name]
-		if !ok || !out[i].Exists {
+		if !ok || !out[i].Exists || kept(i) {
 			continue
 		}
 		var h *ruleset.Hook
@@ -136,7 +145,7 @@ func (r *reader) readFamily(cfg *ruleset.Config, f ruleset.Family, names []strin
 		out[i].Chains[c.Name] = ruleset.ChainInfo{FP: ruleset.ChainFingerprint(h, rules), Rules: int32(len(rules))}
 	}
 	for i, n := range names {
-		if !out[i].Exists {
+		if !out[i].Exists || kept(i) {
 			continue
 		}
 		if err := r.readSets(n, f, out[i], cfg.Counters); err != nil {
@@ -147,6 +156,17 @@ func (r *reader) readFamily(cfg *ruleset.Config, f ruleset.Family, names []strin
 		}
 	}
 	return out, extra, nil
+}
+
+// readElems reads table name's sets and map elements; its chains and
+// flowtables are taken to be as believed.
+func (r *reader) readElems(cfg *ruleset.Config, f ruleset.Family, name string, believed *ruleset.TableState) (*ruleset.TableState, error) {
+	st := ruleset.NewTableState()
+	st.Exists, st.Chains, st.Flowtables = true, believed.Chains, believed.Flowtables
+	if err := r.readSets(name, f, st, cfg.Counters); err != nil {
+		return nil, fmt.Errorf("table %s: %w", name, err)
+	}
+	return st, nil
 }
 
 // readSets reads a table's sets and the elements of the maps nftgate fills.

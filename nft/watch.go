@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -47,6 +48,10 @@ type Drift struct {
 	Changes []string
 	More    int
 	Lost    bool
+	// tables are those the changes were to; structural says whether any
+	// change was to more than map elements.
+	tables     map[tableRef]bool
+	structural bool
 }
 
 // maxDriftChanges is how many changes a Drift describes.
@@ -94,6 +99,20 @@ type watchState struct {
 	drifts uint64
 	// changed is closed, and replaced, whenever the state changes.
 	changed chan struct{}
+	// conn is the notification socket and report Watch's callback,
+	// while Watch runs: mute takes the socket out of the group for
+	// nftgate's own large batches.
+	conn   *netlink.Conn
+	report func(Drift)
+	// touched are nftgate's tables another program changed since the
+	// last read-back, as announced; whole says that something went
+	// unannounced since (notifications lost, or not yet listened to), so
+	// every table must be read.
+	touched map[tableRef]bool
+	whole   bool
+	// structural says that those changes were to more than map
+	// elements.
+	structural bool
 }
 
 func newWatchState() *watchState { return &watchState{changed: make(chan struct{})} }
@@ -104,6 +123,30 @@ func (w *watchState) update(f func()) {
 	close(w.changed)
 	w.changed = make(chan struct{})
 	w.mu.Unlock()
+}
+
+// readBack notes a read-back starting now: it returns the number of
+// drifts so far and, with targeted, the tables another program changed
+// since the last read-back when the notifications named them all (nil:
+// read every table).
+// elems tells whether those changes were to map elements and nothing
+// else.
+func (w *watchState) readBack(targeted bool) (drifts uint64, only map[tableRef]bool, elems bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	only = w.touched
+	if !targeted || w.whole || len(only) == 0 {
+		only = nil
+	}
+	elems = only != nil && !w.structural
+	w.touched, w.whole, w.structural = nil, false, false
+	return w.drifts, only, elems
+}
+
+// lost notes a drift whose changes are unknown.
+func (w *watchState) lost() {
+	w.drifts++
+	w.whole = true
 }
 
 // snapshot returns the number of drifts so far.
@@ -117,6 +160,13 @@ func (w *watchState) snapshot() uint64 {
 // since, and every transaction up to generation gen has been announced.
 // It waits up to wait for the announcements to catch up with gen.
 func (w *watchState) quietSince(since uint64, gen uint32, wait time.Duration) bool {
+	return w.caughtUp(gen, wait, &since)
+}
+
+// caughtUp tells whether every transaction up to generation gen has been
+// announced, waiting up to wait for it; with since, also whether no drift
+// was announced since that count.
+func (w *watchState) caughtUp(gen uint32, wait time.Duration, since *uint64) bool {
 	deadline := time.NewTimer(wait)
 	defer deadline.Stop()
 	for {
@@ -124,7 +174,7 @@ func (w *watchState) quietSince(since uint64, gen uint32, wait time.Duration) bo
 		running, drifts, caughtUp, changed := w.running, w.drifts, w.genSeen && int32(w.gen-gen) >= 0, w.changed
 		w.mu.Unlock()
 		switch {
-		case !running || drifts != since:
+		case !running || (since != nil && drifts != *since):
 			return false
 		case caughtUp:
 			return true
@@ -135,6 +185,63 @@ func (w *watchState) quietSince(since uint64, gen uint32, wait time.Duration) bo
 			return false
 		}
 	}
+}
+
+// seen notes that every transaction up to generation gen was announced
+// (or is accounted for otherwise); the generation only moves forward.
+func (w *watchState) seen(gen uint32) {
+	if !w.genSeen || int32(gen-w.gen) > 0 {
+		w.gen, w.genSeen = gen, true
+	}
+}
+
+// muteAbove is the number of messages above which one of nftgate's own
+// batches is sent with the notification socket out of the group. The
+// kernel builds a notification for each message of a batch, only while
+// someone listens: for a cold sync that is a large part of the kernel's
+// time, and overflows the socket anyway.
+const muteAbove = 2000
+
+// mute takes the notification socket out of the group before one of
+// nftgate's own batches, once every transaction up to the kernel's
+// generation gen (read before the batch) has been announced. It tells
+// whether it did; unmute must then follow the batch.
+func (p *Programmer) mute(gen uint32) bool {
+	w := p.watch
+	w.mu.Lock()
+	conn := w.conn
+	w.mu.Unlock()
+	if conn == nil || !w.caughtUp(gen, watchCatchUp, nil) {
+		return false
+	}
+	return conn.LeaveGroup(unix.NFNLGRP_NFTABLES) == nil
+}
+
+// unmute puts the notification socket back in the group after a batch
+// sent muted. ownOnly tells whether the kernel's generation shows that
+// nftgate's batch was all that was committed meanwhile (the generation
+// now is after); otherwise another program's transaction went
+// unannounced, which counts as notifications lost, as an overflow does.
+// When the socket cannot join again it is closed: Watch then returns its
+// error, and full syncs read the tables back as without notifications.
+func (p *Programmer) unmute(after uint32, ownOnly bool) {
+	w := p.watch
+	w.mu.Lock()
+	conn, report := w.conn, w.report
+	w.mu.Unlock()
+	if conn == nil {
+		return
+	}
+	if err := conn.JoinGroup(unix.NFNLGRP_NFTABLES); err != nil {
+		conn.Close()
+		return
+	}
+	if ownOnly {
+		w.update(func() { w.seen(after) })
+		return
+	}
+	w.update(w.lost)
+	report(Drift{Lost: true})
 }
 
 // watchCatchUp bounds how long a full sync waits for the notifications of
@@ -161,9 +268,20 @@ func (p *Programmer) Watch(ctx context.Context, report func(Drift)) error {
 		return err
 	}
 	own := p.batch.nl.PID()
-	// What was committed before this point was not announced here.
-	p.watch.update(func() { p.watch.running, p.watch.drifts = true, p.watch.drifts+1 })
-	defer p.watch.update(func() { p.watch.running = false })
+	// What was committed before this point was not announced here: it
+	// counts as a drift, so the next full sync reads the tables back.
+	// The kernel's generation now is where the announcements start.
+	gen, err := currentGeneration(p.netnsFD)
+	if err != nil {
+		return err
+	}
+	p.watch.update(func() {
+		p.watch.running = true
+		p.watch.lost()
+		p.watch.seen(gen)
+		p.watch.conn, p.watch.report = nl, report
+	})
+	defer p.watch.update(func() { p.watch.running, p.watch.conn, p.watch.report = false, nil, nil })
 
 	stop := context.AfterFunc(ctx, func() { nl.Close() })
 	defer stop()
@@ -174,9 +292,23 @@ func (p *Programmer) Watch(ctx context.Context, report func(Drift)) error {
 			if ctx.Err() != nil {
 				return nil
 			}
+			if errors.Is(err, net.ErrClosed) {
+				return errors.New("nf_tables notifications: the socket could not join the group again after a batch")
+			}
 			if errors.Is(err, syscall.ENOBUFS) {
 				cur = Drift{}
-				p.watch.update(func() { p.watch.drifts++ })
+				// What was lost is unknown: every table is read back.
+				// The transactions up to the generation now are
+				// accounted for by that, announced or not, so nobody
+				// waits for their announcements (a transaction's last
+				// one may be among those lost).
+				gen, gerr := currentGeneration(p.netnsFD)
+				p.watch.update(func() {
+					p.watch.lost()
+					if gerr == nil {
+						p.watch.seen(gen)
+					}
+				})
 				report(Drift{Lost: true})
 				continue
 			}
@@ -192,9 +324,16 @@ func (p *Programmer) Watch(ctx context.Context, report func(Drift)) error {
 				d := cur
 				cur = Drift{}
 				p.watch.update(func() {
-					p.watch.gen, p.watch.genSeen = gen, true
+					p.watch.seen(gen)
 					if len(d.Changes) > 0 && m.Header.PID != own {
 						p.watch.drifts++
+						if p.watch.touched == nil {
+							p.watch.touched = map[tableRef]bool{}
+						}
+						for t := range d.tables {
+							p.watch.touched[t] = true
+						}
+						p.watch.structural = p.watch.structural || d.structural
 					}
 				})
 				if len(d.Changes) > 0 && m.Header.PID != own {
@@ -206,11 +345,16 @@ func (p *Programmer) Watch(ctx context.Context, report func(Drift)) error {
 			if m.Header.PID == own {
 				continue
 			}
-			what, ok := p.describeNotification(typ, ruleset.Family(m.Data[0]), m.Data[4:])
+			what, t, ok := p.describeNotification(typ, ruleset.Family(m.Data[0]), m.Data[4:])
 			if !ok {
 				continue
 			}
 			cur.add(what, typ == unix.NFT_MSG_DELTABLE || typ == unix.NFT_MSG_NEWTABLE)
+			if cur.tables == nil {
+				cur.tables = map[tableRef]bool{}
+			}
+			cur.tables[t] = true
+			cur.structural = cur.structural || (typ != unix.NFT_MSG_NEWSETELEM && typ != unix.NFT_MSG_DELSETELEM)
 		}
 	}
 }
@@ -240,14 +384,14 @@ var notificationVerbs = map[int]struct {
 
 // describeNotification describes a change a notification announces, when
 // it is of one of nftgate's tables.
-func (p *Programmer) describeNotification(typ int, f ruleset.Family, attrs []byte) (string, bool) {
+func (p *Programmer) describeNotification(typ int, f ruleset.Family, attrs []byte) (string, tableRef, bool) {
 	v, ok := notificationVerbs[typ]
 	if !ok {
-		return "", false
+		return "", tableRef{}, false
 	}
 	ad, err := netlink.NewAttributeDecoder(attrs)
 	if err != nil {
-		return "", false
+		return "", tableRef{}, false
 	}
 	var table, name string
 	for ad.Next() {
@@ -260,13 +404,14 @@ func (p *Programmer) describeNotification(typ int, f ruleset.Family, attrs []byt
 			}
 		}
 	}
-	if !p.ownTables[tableRef{f, table}] {
-		return "", false
+	t := tableRef{f, table}
+	if !p.ownTables[t] {
+		return "", t, false
 	}
 	if v.nameAttr == 0 {
-		return fmt.Sprintf("%s %s %s", v.verb, f, table), true
+		return fmt.Sprintf("%s %s %s", v.verb, f, table), t, true
 	}
-	return fmt.Sprintf("%s %s of table %s %s", v.verb, name, f, table), true
+	return fmt.Sprintf("%s %s of table %s %s", v.verb, name, f, table), t, true
 }
 
 type tableRef struct {
@@ -308,4 +453,15 @@ func (p *Programmer) watchRunning() bool {
 	p.watch.mu.Lock()
 	defer p.watch.mu.Unlock()
 	return p.watch.running
+}
+
+// currentGeneration reads the kernel's ruleset generation through a socket
+// of its own.
+func currentGeneration(netnsFD int) (uint32, error) {
+	b, err := dialBatch(netnsFD)
+	if err != nil {
+		return 0, err
+	}
+	defer b.Close()
+	return b.generation()
 }

@@ -237,3 +237,184 @@ func BenchmarkKernelReconcileWatched(b *testing.B) {
 		})
 	}
 }
+
+// watchedScaleProgrammer is a Programmer of the synthetic clusters' config
+// in a namespace of its own, with Watch running.
+func watchedScaleProgrammer(t *testing.T) (string, *Programmer, <-chan Drift) {
+	t.Helper()
+	ns, fd := testNetNS(t)
+	p, err := NewProgrammer(scaleConfig(), Options{NetNSFD: fd})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return ns, p, watchDrifts(t, p)
+}
+
+// nftgate's own large batch goes unannounced: the notification socket
+// leaves the group for it, so the kernel builds no notifications of its
+// messages and none overflow the socket, and the announcements are caught
+// up with the kernel's generation right after it.
+func TestOwnLargeBatchUnannounced(t *testing.T) {
+	_, p, ch := watchedScaleProgrammer(t)
+	c := clusterOf(10_000)
+	res, err := p.Full(c.Services)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Messages <= muteAbove {
+		t.Fatalf("the cold sync sent %d messages; the test needs more than %d", res.Messages, muteAbove)
+	}
+	noDrift(t, p, ch, "nftgate's cold sync")
+	// noDrift lets lost notifications pass: here there must be none.
+	select {
+	case d := <-ch:
+		t.Fatalf("reported after nftgate's own batch: %s", d)
+	default:
+	}
+}
+
+// Another program's transaction while the socket is out of the group for
+// one of nftgate's batches is not announced; the kernel's generation tells
+// of it, it counts as notifications lost, and the next full sync reads the
+// tables back.
+func TestTransactionWhileMutedCountsAsLost(t *testing.T) {
+	ns, p, ch := watchedScaleProgrammer(t)
+	c := clusterOf(1_000)
+	committed := false
+	p.mutedSend = func() {
+		nftList(t, ns, "add", "table", "ip", "someone-else")
+		committed = true
+	}
+	if _, err := p.Full(c.Services); err != nil {
+		t.Fatal(err)
+	}
+	if !committed {
+		t.Fatal("the cold sync was not sent muted")
+	}
+	deadline := time.After(5 * time.Second)
+	for lost := false; !lost; {
+		select {
+		case d := <-ch:
+			lost = d.Lost
+		case <-deadline:
+			t.Fatal("the transaction committed while muted was not reported as notifications lost")
+		}
+	}
+	p.mutedSend = nil
+	if res, err := p.Full(c.Services); err != nil || !res.ReadBack {
+		t.Fatalf("full sync after a transaction went unannounced: %+v, %v; want a read-back", res, err)
+	}
+}
+
+// A repair reads back only the tables the notifications named, when none
+// were lost since the last read-back; after a loss, every table.
+func TestRepairReadsOnlyTheTablesChanged(t *testing.T) {
+	ns, p := testProgrammer(t)
+	ch := watchDrifts(t, p)
+	svc := webService("198.18.2.10")
+	services := map[model.ServiceKey]*model.Service{svc.Key: svc}
+	if _, err := p.Full(services); err != nil {
+		t.Fatal(err)
+	}
+	all := len(p.tables.Refs)
+	if all < 3 {
+		t.Fatalf("%d tables: the test needs several", all)
+	}
+	table := p.cfg.TableOf(svc.Key)
+	nftList(t, ns, "delete", "element", "ip", table, ruleset.MapServiceIPs, "{ 198.19.0.10 . tcp . 80 }")
+	nextDrift(t, ch, "deleting an element")
+	res, err := p.Full(services)
+	if err != nil || !res.ReadBack || len(res.Drift) == 0 || res.ReadTables != 1 {
+		t.Fatalf("repair of one deleted element: %+v, %v; want a read-back of its table alone (of %d) that finds drift", res, err, all)
+	}
+	if out := nftList(t, ns, "list", "map", "ip", table, ruleset.MapServiceIPs); !strings.Contains(out, "198.19.0.10") {
+		t.Fatalf("the element was not put back:\n%s", out)
+	}
+	if res.Counts.ElementsAdded != 1 || res.Messages > 4 {
+		t.Fatalf("repair of one deleted element: %+v; want the element added back and nothing else", res)
+	}
+	noDrift(t, p, ch, "the repair")
+	if res, err := p.Full(services); err != nil || res.ReadBack {
+		t.Fatalf("full sync after the repair: %+v, %v; want no read-back", res, err)
+	}
+
+	// More than elements: the table is read back in full and planned.
+	var chain string
+	for slot, ref := range p.tables.Refs {
+		if ref.Family == ruleset.IPv4 && ref.Name == table {
+			for id, v := range p.state[slot].Elems {
+				if id.Map == ruleset.MapServiceIPs {
+					chain = v.Chain
+				}
+			}
+		}
+	}
+	before := nftList(t, ns, "list", "chain", "ip", table, chain)
+	nftList(t, ns, "flush", "chain", "ip", table, chain)
+	nextDrift(t, ch, "flushing a chain")
+	res, err = p.Full(services)
+	if err != nil || len(res.Drift) == 0 || res.ReadTables != 1 || res.Counts.ChainsChanged != 1 {
+		t.Fatalf("repair of a flushed chain: %+v, %v; want a read-back of its table alone that finds the chain changed", res, err)
+	}
+	if after := nftList(t, ns, "list", "chain", "ip", table, chain); after != before {
+		t.Fatalf("the chain was not repaired:\n%s\nwant\n%s", after, before)
+	}
+
+	// Notifications lost: nothing tells which tables changed.
+	nftList(t, ns, "delete", "element", "ip", table, ruleset.MapServiceIPs, "{ 198.19.0.10 . tcp . 80 }")
+	nextDrift(t, ch, "deleting the element again")
+	p.watch.update(p.watch.lost)
+	if res, err := p.Full(services); err != nil || res.ReadTables != all || len(res.Drift) == 0 {
+		t.Fatalf("repair after lost notifications: %+v, %v; want every table (%d) read back", res, err, all)
+	}
+	if out := nftList(t, ns, "list", "map", "ip", table, ruleset.MapServiceIPs); !strings.Contains(out, "198.19.0.10") {
+		t.Fatalf("the element was not put back:\n%s", out)
+	}
+}
+
+// `nft flush ruleset` at scale overflows the notification socket with the
+// deletion of every object: the loss asks for a read-back of every table,
+// and the repair's own batch still goes unannounced, without waiting for
+// announcements the overflow dropped, so the one repair is all it takes.
+func TestFlushOverflowRepairedOnce(t *testing.T) {
+	ns, p, ch := watchedScaleProgrammer(t)
+	c := clusterOf(10_000)
+	if _, err := p.Full(c.Services); err != nil {
+		t.Fatal(err)
+	}
+	noDrift(t, p, ch, "the cold sync")
+	nftList(t, ns, "flush", "ruleset")
+	deadline := time.After(30 * time.Second)
+	for lost := false; !lost; {
+		select {
+		case d := <-ch:
+			lost = d.Lost
+		case <-deadline:
+			t.Fatal("the flush of 10,000 Services' tables did not overflow the notification socket; the test needs it to")
+		}
+	}
+	res, err := p.Full(c.Services)
+	if err != nil || res.ReadTables != len(p.tables.Refs) || res.Messages <= muteAbove {
+		t.Fatalf("repair after the flush: %+v, %v; want every table read back and recreated", res, err)
+	}
+	// Wait out the announcements the flush left queued.
+	g, err := p.batch.generation()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !p.watch.caughtUp(g, 5*time.Second, nil) {
+		t.Fatalf("notifications did not catch up with generation %d after the repair", g)
+	}
+	for {
+		select {
+		case d := <-ch:
+			if d.Lost {
+				t.Fatalf("notifications lost again after the repair: its own batch was announced")
+			}
+			continue
+		default:
+		}
+		break
+	}
+}

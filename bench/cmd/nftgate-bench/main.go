@@ -67,6 +67,8 @@ type Config struct {
 	Dataplane DataplaneConfig
 	// Failover is the failover phase (failover.go).
 	Failover FailoverConfig
+	// Drift is the drift phase (drift.go).
+	Drift DriftConfig
 }
 
 func main() {
@@ -132,6 +134,7 @@ func parseFlags(args []string) (*Config, error) {
 	checkDataplane := dataplaneFlags(fs, &cfg.Dataplane)
 	edgeFlags(fs, &cfg.Edge)
 	checkFailover := failoverFlags(fs, &cfg.Failover)
+	checkDrift := driftFlags(fs, &cfg.Drift)
 	fs.StringVar(&cfg.Rerender, "rerender", "", "results.json to render results.md and results.png from again, or edge.json to render edge.md (no measuring)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -197,8 +200,11 @@ func parseFlags(args []string) (*Config, error) {
 	if err := checkFailover(); err != nil {
 		return nil, err
 	}
+	if err := checkDrift(); err != nil {
+		return nil, err
+	}
 	if cfg.Dataplane.Only {
-		cfg.Changes, cfg.LatencyN = 0, 0
+		cfg.Changes, cfg.LatencyN, cfg.Drift.Repeats = 0, 0, 0
 	}
 	var err error
 	if cfg.NftgateBin, err = filepath.Abs(cfg.NftgateBin); err != nil {

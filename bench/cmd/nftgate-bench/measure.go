@@ -54,6 +54,9 @@ type Result struct {
 	// Dataplane: new connections per second and bulk throughput, via a
 	// Service and direct (dataplane.go).
 	Dataplane *DataplaneResult `json:"dataplane,omitempty"`
+	// Drift: traffic's gap when another program changes the tables
+	// (drift.go).
+	Drift *DriftResult `json:"drift,omitempty"`
 
 	// TimedOut says what did not finish within --timeout; the numbers
 	// after that point are missing.
@@ -171,6 +174,12 @@ func (e *Env) Measure(ctx context.Context, p *Proxier, n int) (res Result, err e
 	if e.dataplaneFor(p.Name) {
 		if res.Dataplane, err = e.measureDataplane(ctx, proc, p, n); err != nil {
 			return res, err
+		}
+	}
+
+	if e.driftFor(p.Name) {
+		if res.Drift, err = e.measureDrift(ctx, proc, n); err != nil {
+			return res, fmt.Errorf("drift: %w", err)
 		}
 	}
 

@@ -138,6 +138,9 @@ func (r *Report) Write(dir string) error {
 	if err := os.WriteFile(filepath.Join(dir, "results.md"), []byte(r.Markdown()), 0o644); err != nil {
 		return err
 	}
+	if err := r.PlotDrift(filepath.Join(dir, "drift.png")); err != nil {
+		return err
+	}
 	return r.Plot(filepath.Join(dir, "results.png"))
 }
 
@@ -160,6 +163,7 @@ func (r *Report) Markdown() string {
 		fmt.Fprintf(&b, "Source: %s. Run with `--dataplane-only`: cold start and the data plane; no endpoint changes, no latency samples.\n",
 			cmp.Or(r.Source, sourceAPI))
 		b.WriteString(r.DataplaneMarkdown())
+		b.WriteString(r.DriftMarkdown())
 		return b.String()
 	}
 	if r.Source == sourceManifests {
@@ -215,6 +219,7 @@ func (r *Report) Markdown() string {
 		b.WriteString(".\n")
 	}
 	b.WriteString(r.DataplaneMarkdown())
+	b.WriteString(r.DriftMarkdown())
 	return b.String()
 }
 

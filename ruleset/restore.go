@@ -1,0 +1,36 @@
+package ruleset
+
+import "sort"
+
+// PlanRestore plans putting a table's map elements back to believed (what
+// nftgate last committed) where the kernel holds observed, when another
+// program added, changed or deleted elements and nothing else: elements
+// missing or changed are added (a changed one deleted first), unknown ones
+// deleted. Nothing needs rendering.
+func PlanRestore(believed, observed *TableState) *Ops {
+	o := &Ops{}
+	for id, v := range believed.Elems {
+		got, ok := observed.Elems[id]
+		if ok && got == v {
+			continue
+		}
+		if ok {
+			o.DelElems = append(o.DelElems, Element{Map: id.Map, Key: id.Key, Verdict: got})
+		}
+		o.AddElems = append(o.AddElems, Element{Map: id.Map, Key: id.Key, Verdict: v})
+	}
+	for id, v := range observed.Elems {
+		if _, ok := believed.Elems[id]; !ok {
+			o.DelElems = append(o.DelElems, Element{Map: id.Map, Key: id.Key, Verdict: v})
+		}
+	}
+	for _, es := range [][]Element{o.DelElems, o.AddElems} {
+		sort.Slice(es, func(i, j int) bool {
+			if es[i].Map != es[j].Map {
+				return es[i].Map < es[j].Map
+			}
+			return es[i].Key.String() < es[j].Key.String()
+		})
+	}
+	return o
+}

@@ -1,0 +1,47 @@
+package ruleset
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/nftgate/nftgate/model"
+)
+
+func TestPlanRestore(t *testing.T) {
+	key := func(a string) Key { return Key{Addr: netip.MustParseAddr(a), Proto: model.TCP, Port: 80} }
+	id := func(a string) ElemID { return ElemID{Map: MapServiceIPs, Key: key(a)} }
+	believed, observed := NewTableState(), NewTableState()
+	believed.Elems[id("198.19.0.1")] = Verdict{Kind: Goto, Chain: "svc-a"}
+	believed.Elems[id("198.19.0.2")] = Verdict{Kind: Goto, Chain: "svc-b"}
+	believed.Elems[id("198.19.0.3")] = Verdict{Kind: Goto, Chain: "svc-c"}
+	observed.Elems[id("198.19.0.1")] = Verdict{Kind: Goto, Chain: "svc-a"} // as believed
+	observed.Elems[id("198.19.0.3")] = Verdict{Kind: Goto, Chain: "svc-x"} // changed
+	observed.Elems[id("198.19.0.4")] = Verdict{Kind: Goto, Chain: "svc-a"} // unknown
+	o := PlanRestore(believed, observed)
+	want := &Ops{
+		DelElems: []Element{{MapServiceIPs, key("198.19.0.3"), Verdict{Kind: Goto, Chain: "svc-x"}}, {MapServiceIPs, key("198.19.0.4"), Verdict{Kind: Goto, Chain: "svc-a"}}},
+		AddElems: []Element{{MapServiceIPs, key("198.19.0.2"), Verdict{Kind: Goto, Chain: "svc-b"}}, {MapServiceIPs, key("198.19.0.3"), Verdict{Kind: Goto, Chain: "svc-c"}}},
+	}
+	if len(o.DelElems) != len(want.DelElems) || len(o.AddElems) != len(want.AddElems) {
+		t.Fatalf("PlanRestore = %+v, want %+v", o, want)
+	}
+	for i := range want.DelElems {
+		if o.DelElems[i] != want.DelElems[i] {
+			t.Errorf("DelElems[%d] = %v, want %v", i, o.DelElems[i], want.DelElems[i])
+		}
+	}
+	for i := range want.AddElems {
+		if o.AddElems[i] != want.AddElems[i] {
+			t.Errorf("AddElems[%d] = %v, want %v", i, o.AddElems[i], want.AddElems[i])
+		}
+	}
+	observed.Apply(o)
+	if len(observed.Elems) != len(believed.Elems) {
+		t.Fatalf("after the plan: %v, want %v", observed.Elems, believed.Elems)
+	}
+	for k, v := range believed.Elems {
+		if observed.Elems[k] != v {
+			t.Fatalf("after the plan: %v, want %v", observed.Elems, believed.Elems)
+		}
+	}
+}
