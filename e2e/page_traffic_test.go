@@ -216,6 +216,16 @@ func TestPageTimings10000(t *testing.T) {
 	if tm.FCP <= 0 || tm.Services <= 0 {
 		t.Errorf("timings missing: %+v", tm)
 	}
+	// Where the time went: each API request (sent, first byte, last byte,
+	// size on the wire and decoded) and the page's own marks.
+	steps := browsertest.Eval[[]string](br, `[].concat(
+  performance.getEntriesByType('resource').filter(r => r.name.includes('/api/')).map(r =>
+    new URL(r.name).pathname + new URL(r.name).search + ': sent ' + r.startTime.toFixed(0) + ', first byte ' + r.responseStart.toFixed(0) +
+    ', done ' + r.responseEnd.toFixed(0) + ' ms, ' + (r.encodedBodySize / 1024).toFixed(0) + ' / ' + (r.decodedBodySize / 1024).toFixed(0) + ' KiB'),
+  performance.getEntriesByType('mark').filter(m => m.name.startsWith('nftgate:')).map(m => m.name + ' ' + m.startTime.toFixed(0) + ' ms'))`)
+	for _, s := range steps {
+		t.Logf("  %s", s)
+	}
 	br.Screenshot(artifacts, "page-10000.png")
 
 	br.Search("svc-0424")

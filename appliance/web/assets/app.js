@@ -66,6 +66,10 @@
 
   function ago(s) { return s === undefined || s === null ? 'never' : (s < 1 ? 'just now' : fmtAge(s) + ' ago'); }
 
+  // mark keeps the first time a step of the page's loading was reached,
+  // for the browser test's timings.
+  function mark(name) { if (!performance.getEntriesByName(name).length) performance.mark(name); }
+
   function getJSON(path) {
     return fetch(path, { cache: 'no-store', credentials: 'same-origin' }).then(function (r) {
       if (!r.ok) throw new Error(path + ': HTTP ' + r.status);
@@ -647,7 +651,7 @@
       frag.appendChild(more);
     }
     body.replaceChildren(frag);
-    if (services.length && !performance.getEntriesByName('nftgate:services').length) performance.mark('nftgate:services');
+    if (services.length) mark('nftgate:services');
     setText('svc-count', (rows.length === services.length ? fmtNum(services.length) : fmtNum(rows.length) + ' of ' + fmtNum(services.length)) +
       ' service' + (services.length === 1 ? '' : 's'), 'muted');
   }
@@ -751,41 +755,51 @@
     setText('live-text', ok ? 'live' : 'no answer from the gateway' + (why ? ' (' + why + ')' : ''));
   }
 
+  function loadServices() {
+    return getJSON('api/v1/services').then(function (list) {
+      mark('nftgate:services-json');
+      list.services.forEach(function (s) { s._text = searchText(s); });
+      services = list.services;
+      servicesRevision = list.revision;
+      renderServices();
+    });
+  }
+
+  // tick asks for everything at once; the Service list, the largest
+  // answer, only when its revision changed since the last one, which the
+  // status tells. The first tick asks for it beside the status, not after.
   function tick() {
-    getJSON('api/v1/status').then(function (st) {
+    var first = servicesRevision === null;
+    var listed = first ? loadServices() : null;
+    var redraw = false;
+    var jobs = [getJSON('api/v1/status').then(function (st) {
+      mark('nftgate:status-json');
       renderStatus(st);
-      var jobs = [getJSON('api/v1/syncs').then(renderCharts)];
-      if ($('edge').dataset.edge) jobs.push(getJSON('api/v1/edge').then(renderEdge));
-      if ($('drain').dataset.drain) jobs.push(getJSON('api/v1/drain').then(renderDrain));
-      if ($('gateways').dataset.gateways) jobs.push(getJSON('api/v1/gateways').then(renderGateways));
-      if ($('statesync').dataset.statesync) jobs.push(getJSON('api/v1/statesync').then(renderStateSync));
-      var redraw = false, drawn = false;
-      if (TRAFFIC) {
-        jobs.push(getJSON('api/v1/traffic?sort=name').then(function (v) {
-          if (v.readAt !== trafficAt) { setTraffic(v); redraw = true; }
-        }));
-      }
-      if (HISTORY && Date.now() - histFetched >= Math.max(histStep * 1000, REFRESH)) {
-        jobs.push(getJSON('api/v1/traffic/history').then(function (v) { histFetched = Date.now(); setHistory(v); redraw = true; }));
-      }
-      if (EVENTS) {
-        var kind = $('event-kind').value;
-        jobs.push(getJSON('api/v1/events?limit=100' + (kind ? '&kind=' + kind : '')).then(renderEvents));
-      }
-      if (detail) jobs.push(loadFlows());
-      if (st.sync.servicesRevision !== servicesRevision) {
-        jobs.push(getJSON('api/v1/services').then(function (list) {
-          list.services.forEach(function (s) { s._text = searchText(s); });
-          services = list.services;
-          servicesRevision = list.revision;
-          renderServices();
-          drawn = true;
-        }));
-      }
-      return Promise.all(jobs).then(function () {
-        // The table follows the counters only when nothing else redrew it.
-        if (redraw && !drawn && services.length) renderServices();
-      });
+      if (!first && st.sync.servicesRevision !== servicesRevision) listed = loadServices();
+      return listed;
+    }), getJSON('api/v1/syncs').then(renderCharts)];
+    if ($('edge').dataset.edge) jobs.push(getJSON('api/v1/edge').then(renderEdge));
+    if ($('drain').dataset.drain) jobs.push(getJSON('api/v1/drain').then(renderDrain));
+    if ($('gateways').dataset.gateways) jobs.push(getJSON('api/v1/gateways').then(renderGateways));
+    if ($('statesync').dataset.statesync) jobs.push(getJSON('api/v1/statesync').then(renderStateSync));
+    if (TRAFFIC) {
+      jobs.push(getJSON('api/v1/traffic?sort=name').then(function (v) {
+        mark('nftgate:traffic-json');
+        if (v.readAt !== trafficAt) { setTraffic(v); redraw = true; }
+      }));
+    }
+    if (HISTORY && Date.now() - histFetched >= Math.max(histStep * 1000, REFRESH)) {
+      jobs.push(getJSON('api/v1/traffic/history').then(function (v) { histFetched = Date.now(); setHistory(v); redraw = true; }));
+    }
+    if (EVENTS) {
+      var kind = $('event-kind').value;
+      jobs.push(getJSON('api/v1/events?limit=100' + (kind ? '&kind=' + kind : '')).then(renderEvents));
+    }
+    if (detail) jobs.push(loadFlows());
+    Promise.all(jobs).then(function () {
+      // The table follows the counters only when the list did not just
+      // redraw it.
+      if (redraw && !listed && services.length) renderServices();
     }).then(function () {
       setLive(true);
       document.body.dataset.loaded = 'true';
