@@ -205,12 +205,13 @@ func (s *server) traffic(w http.ResponseWriter, r *http.Request) {
 		}
 		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name), cmp.Compare(a.Protocol, b.Protocol), cmp.Compare(a.Port, b.Port))
 	})
-	sorted := make([]TrafficPort, len(ports))
-	for i, p := range byOrder {
-		sorted[i] = *p
-	}
-	ports = sorted
-	s.writeJSONIndent(w, r, http.StatusOK, TrafficJSON{ReadAt: at, Sort: sortBy, Ports: ports}, false)
+	s.writeJSONList(w, r, TrafficJSON{ReadAt: at, Sort: sortBy}, "ports", func(yield func(any) bool) {
+		for _, p := range byOrder {
+			if !yield(p) {
+				return
+			}
+		}
+	})
 }
 
 func (s *server) flows(w http.ResponseWriter, r *http.Request) {
