@@ -104,7 +104,7 @@ type server struct {
 //	/                                    status page (auth)
 //	/assets/                             its CSS and JavaScript (auth)
 //	/api/v1/status                       JSON status (auth)
-//	/api/v1/services                     JSON Services, ?q=&namespace=&type= filter (auth)
+//	/api/v1/services                     JSON Services, ?q=&namespace=&type= filter, ?limit= (auth)
 //	/api/v1/services/{namespace}/{name}  one Service (auth)
 //	/api/v1/syncs                        recent syncs (auth)
 //	/api/v1/traffic                      counters per Service port, ?sort=, with Options.Traffic (auth)
@@ -362,7 +362,8 @@ func (s *server) writeJSONList(w http.ResponseWriter, r *http.Request, head any,
 		defer zw.Close()
 		out = zw
 	}
-	bw := bufio.NewWriterSize(out, 32<<10)
+	sent := &writeErr{w: out}
+	bw := bufio.NewWriterSize(sent, 32<<10)
 	defer bw.Flush()
 	w.WriteHeader(http.StatusOK)
 	_, _ = bw.Write(open)
@@ -374,12 +375,31 @@ func (s *server) writeJSONList(w http.ResponseWriter, r *http.Request, head any,
 		}
 		first = false
 		if err := enc.Encode(v); err != nil {
+			if sent.err != nil { // the client went away
+				s.log.Debug("API response not sent", "path", r.URL.Path, "err", err)
+				return
+			}
 			// Too late for another status: the answer ends malformed.
 			s.log.Error("encode API response", "err", err)
 			return
 		}
 	}
 	_, _ = bw.WriteString("]}\n")
+}
+
+// writeErr keeps the first error of the writes to w.
+type writeErr struct {
+	w   io.Writer
+	err error
+}
+
+func (e *writeErr) Write(b []byte) (int, error) {
+	if e.err != nil {
+		return 0, e.err
+	}
+	n, err := e.w.Write(b)
+	e.err = err
+	return n, err
 }
 
 func (s *server) status(w http.ResponseWriter, r *http.Request) {
@@ -440,6 +460,15 @@ func (s *server) services(w http.ResponseWriter, r *http.Request) {
 		namespace: q.Get("namespace"),
 		typ:       q.Get("type"),
 	}
+	limit := -1
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			s.writeJSON(w, r, http.StatusBadRequest, ErrorJSON{Error: "limit: " + strconv.Quote(v) + " is not a positive number"})
+			return
+		}
+		limit = n
+	}
 	snap := s.opts.Source.Snapshot()
 	var matched []*Service
 	for svc := range snap.Services.All() { // in name order
@@ -448,6 +477,9 @@ func (s *server) services(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	head := ServiceListJSON{Revision: snap.Sync.ServicesRevision, Total: snap.Services.Len(), Matched: len(matched)}
+	if limit >= 0 && len(matched) > limit {
+		matched = matched[:limit]
+	}
 	if len(matched) <= 50 {
 		head.Services = make([]ServiceJSON, 0, len(matched))
 		for _, svc := range matched {

@@ -184,6 +184,36 @@ func TestServicesAPI(t *testing.T) {
 	}
 }
 
+func TestServicesAPILimit(t *testing.T) {
+	ts, _ := newTestServer(t, healthySnapshot(), Options{})
+	// The first in name order; matched and total count them all.
+	for _, c := range []struct {
+		query, want string
+		matched     int
+	}{
+		{"limit=2", "default/docs kube-system/kube-dns", 5},
+		{"limit=1&q=shop", "shop/cart", 2},
+		{"limit=100", "default/docs kube-system/kube-dns legacy/broken shop/cart shop/web", 5},
+	} {
+		var l ServiceListJSON
+		getJSON(t, ts.URL+"/api/v1/services?"+c.query, 200, &l)
+		var got []string
+		for _, s := range l.Services {
+			got = append(got, s.Namespace+"/"+s.Name)
+		}
+		if strings.Join(got, " ") != c.want || l.Matched != c.matched || l.Total != 5 {
+			t.Errorf("?%s: got %q (matched %d, total %d), want %q (matched %d)", c.query, got, l.Matched, l.Total, c.want, c.matched)
+		}
+	}
+	for _, v := range []string{"0", "-1", "ten"} {
+		var e ErrorJSON
+		getJSON(t, ts.URL+"/api/v1/services?limit="+v, 400, &e)
+		if e.Error != "limit: \""+v+"\" is not a positive number" {
+			t.Errorf("limit=%s: error %q", v, e.Error)
+		}
+	}
+}
+
 func TestServicesAPILargeIsCompressed(t *testing.T) {
 	snap := healthySnapshot()
 	snap.Services = NewServiceList(manyServices(2000)...)

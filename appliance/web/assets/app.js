@@ -13,6 +13,7 @@
   var COLS = TRAFFIC ? 6 : 5;
 
   var services = [];
+  var headTotal = null; // while only the first rows are here: how many Services there are
   var servicesRevision = null;
   var openKey = null; // the Service whose detail view is open
   var traffic = {};   // namespace/name → the counters of its ports, summed
@@ -618,12 +619,17 @@
     var q = $('search').value.trim().toLowerCase();
     var typ = $('type-filter').value;
     var problems = $('problems').checked;
-    var rows = services.filter(function (s) {
+    var by = TRAFFIC && sortKeys[$('sort').value];
+    // Only the first rows by name are here yet: a filter or another order
+    // waits for the whole list.
+    var waiting = headTotal !== null && !!(q || typ || problems || by);
+    var all = headTotal !== null ? headTotal : services.length;
+    var rows = waiting ? [] : services.filter(function (s) {
       if (typ && s.type !== typ) return false;
       if (problems && !hasProblem(s)) return false;
       return !q || s._text.indexOf(q) >= 0;
     });
-    var by = TRAFFIC && sortKeys[$('sort').value];
+    var matched = headTotal !== null ? (waiting ? 0 : headTotal) : rows.length;
     if (by) {
       var none = { new: 0, rate: 0, flows: 0, rejected: 0, dropped: 0 };
       rows.sort(function (a, b) {
@@ -638,22 +644,22 @@
       if (s.namespace + '/' + s.name === openKey) frag.appendChild(detailRow(s));
     });
     if (!rows.length) {
-      var tr = el('tr', 'empty');
-      var td = el('td', '', services.length ? 'No services match the filter.' : 'No services.');
+      var tr = el('tr', waiting ? 'loading' : 'empty');
+      var td = el('td', '', waiting ? 'Loading all ' + fmtNum(all) + ' services to filter…' : (all ? 'No services match the filter.' : 'No services.'));
       td.colSpan = COLS;
       tr.appendChild(td);
       frag.appendChild(tr);
-    } else if (rows.length > MAX_ROWS) {
+    } else if (matched > MAX_ROWS) {
       var more = el('tr', 'more');
-      var mtd = el('td', '', 'Showing the first ' + MAX_ROWS + ' — refine the filter to see the other ' + fmtNum(rows.length - MAX_ROWS) + '.');
+      var mtd = el('td', '', 'Showing the first ' + MAX_ROWS + ' — refine the filter to see the other ' + fmtNum(matched - MAX_ROWS) + '.');
       mtd.colSpan = COLS;
       more.appendChild(mtd);
       frag.appendChild(more);
     }
     body.replaceChildren(frag);
-    if (services.length) mark('nftgate:services');
-    setText('svc-count', (rows.length === services.length ? fmtNum(services.length) : fmtNum(rows.length) + ' of ' + fmtNum(services.length)) +
-      ' service' + (services.length === 1 ? '' : 's'), 'muted');
+    if (all) mark('nftgate:services');
+    setText('svc-count', (waiting || matched === all ? fmtNum(all) : fmtNum(matched) + ' of ' + fmtNum(all)) +
+      ' service' + (all === 1 ? '' : 's'), 'muted');
   }
 
   function rows(id, list, cells) {
@@ -755,11 +761,28 @@
     setText('live-text', ok ? 'live' : 'no answer from the gateway' + (why ? ' (' + why + ')' : ''));
   }
 
-  function loadServices() {
+  function keep(list) {
+    list.services.forEach(function (s) { s._text = searchText(s); });
+    services = list.services;
+  }
+
+  // loadServices fetches the whole Service list. The first time, the
+  // first rows by name come beside it in a small answer of their own, and
+  // are drawn while the whole list is on its way.
+  function loadServices(first) {
+    if (first) {
+      getJSON('api/v1/services?limit=' + MAX_ROWS).then(function (list) {
+        if (servicesRevision !== null) return; // the whole list came first
+        mark('nftgate:services-head-json');
+        keep(list);
+        headTotal = list.total;
+        renderServices();
+      }, function () {}); // the whole list's request tells of failures
+    }
     return getJSON('api/v1/services').then(function (list) {
       mark('nftgate:services-json');
-      list.services.forEach(function (s) { s._text = searchText(s); });
-      services = list.services;
+      keep(list);
+      headTotal = null;
       servicesRevision = list.revision;
       renderServices();
     });
@@ -770,12 +793,12 @@
   // status tells. The first tick asks for it beside the status, not after.
   function tick() {
     var first = servicesRevision === null;
-    var listed = first ? loadServices() : null;
+    var listed = first ? loadServices(true) : null;
     var redraw = false;
     var jobs = [getJSON('api/v1/status').then(function (st) {
       mark('nftgate:status-json');
       renderStatus(st);
-      if (!first && st.sync.servicesRevision !== servicesRevision) listed = loadServices();
+      if (!first && st.sync.servicesRevision !== servicesRevision) listed = loadServices(false);
       return listed;
     }), getJSON('api/v1/syncs').then(renderCharts)];
     if ($('edge').dataset.edge) jobs.push(getJSON('api/v1/edge').then(renderEdge));
