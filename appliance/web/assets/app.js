@@ -844,7 +844,9 @@
       pending = 0;
       var start = since;
       since = 0;
+      var t0 = performance.now();
       renderServices();
+      performance.measure('nftgate:filter-render', { start: t0, end: performance.now() });
       requestAnimationFrame(function () {
         setTimeout(function () { performance.measure('nftgate:filter', { start: start, end: performance.now() }); }, 0);
       });
