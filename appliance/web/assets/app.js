@@ -662,6 +662,22 @@
       ' service' + (all === 1 ? '' : 's'), 'muted');
   }
 
+  // refreshTraffic shows new counters: in the rows drawn, in place, when
+  // the order does not follow them; by a redraw when it does.
+  function refreshTraffic() {
+    if (!TRAFFIC) return;
+    if (sortKeys[$('sort').value]) {
+      renderServices();
+      return;
+    }
+    var drawn = $('svc-body').querySelectorAll('tr[data-key]');
+    for (var i = 0; i < drawn.length; i++) {
+      var old = drawn[i].querySelector('td.traffic');
+      if (old) drawn[i].replaceChild(trafficCell(drawn[i].dataset.key), old);
+    }
+    drawPanel();
+  }
+
   function rows(id, list, cells) {
     var body = $(id);
     body.replaceChildren.apply(body, list.map(function (x) {
@@ -822,7 +838,7 @@
     Promise.all(jobs).then(function () {
       // The table follows the counters only when the list did not just
       // redraw it.
-      if (redraw && !listed && services.length) renderServices();
+      if (redraw && !listed && services.length) refreshTraffic();
     }).then(function () {
       setLive(true);
       document.body.dataset.loaded = 'true';
