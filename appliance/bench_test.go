@@ -10,12 +10,19 @@ import (
 func benchmarkEndpoint(b *testing.B, path string) {
 	snap := healthySnapshot()
 	snap.Services = NewServiceList(manyServices(10000)...)
-	h := NewServer(Options{Source: &fakeSource{snap: snap}})
+	tr := &fakeTraffic{at: fixtureNow}
+	for i, svc := range manyServices(10000) {
+		tr.ports = append(tr.ports, TrafficPort{Namespace: svc.Namespace, Name: svc.Name, Protocol: "TCP", Port: 80,
+			NewConnections: uint64(i * 7 % 1000), ActiveFlows: i % 13, Endpoints: []TrafficEndpoint{{Endpoint: "10.244.0.1:8080", ActiveFlows: i % 13}}})
+	}
+	h := NewServer(Options{Source: &fakeSource{snap: snap}, Traffic: tr})
 	b.ReportAllocs()
 	var size int
 	for b.Loop() {
 		w := httptest.NewRecorder()
-		h.ServeHTTP(w, httptest.NewRequest("GET", path, nil))
+		r := httptest.NewRequest("GET", "http://127.0.0.1"+path, nil)
+		r.Header.Set("Accept-Encoding", "gzip") // as a browser asks
+		h.ServeHTTP(w, r)
 		if w.Code != 200 {
 			b.Fatalf("%s: %d", path, w.Code)
 		}
@@ -28,3 +35,7 @@ func BenchmarkStatus10k(b *testing.B)   { benchmarkEndpoint(b, "/api/v1/status")
 func BenchmarkServices10k(b *testing.B) { benchmarkEndpoint(b, "/api/v1/services") }
 func BenchmarkSearch10k(b *testing.B)   { benchmarkEndpoint(b, "/api/v1/services?q=svc-0999") }
 func BenchmarkPage10k(b *testing.B)     { benchmarkEndpoint(b, "/") }
+
+// The page asks for the counters of every Service port each refresh, in
+// name order.
+func BenchmarkTraffic10k(b *testing.B) { benchmarkEndpoint(b, "/api/v1/traffic?sort=name") }

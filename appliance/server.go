@@ -1,12 +1,15 @@
 package appliance
 
 import (
+	"bufio"
 	"bytes"
 	"compress/gzip"
 	"embed"
 	"encoding/json"
 	"html/template"
+	"io"
 	"io/fs"
+	"iter"
 	"log/slog"
 	"net"
 	"net/http"
@@ -101,7 +104,7 @@ type server struct {
 //	/                                    status page (auth)
 //	/assets/                             its CSS and JavaScript (auth)
 //	/api/v1/status                       JSON status (auth)
-//	/api/v1/services                     JSON Services, ?q=&namespace=&type= filter (auth)
+//	/api/v1/services                     JSON Services, ?q=&namespace=&type= filter, ?limit= (auth)
 //	/api/v1/services/{namespace}/{name}  one Service (auth)
 //	/api/v1/syncs                        recent syncs (auth)
 //	/api/v1/traffic                      counters per Service port, ?sort=, with Options.Traffic (auth)
@@ -333,6 +336,72 @@ func (s *server) writeJSONIndent(w http.ResponseWriter, r *http.Request, code in
 	_, _ = w.Write(b)
 }
 
+// writeJSONList writes a long list, the Services or the traffic
+// counters at 10,000 Services, element by element into the (gzip) stream,
+// never holding the whole answer or a slice of the converted elements: in
+// a process near its memory limit, megabytes of garbage a request cost
+// more in the collector than the encoding itself. head is the answer with
+// the list, its last field, named field and left nil; items are the
+// list's elements in order.
+func (s *server) writeJSONList(w http.ResponseWriter, r *http.Request, head any, field string, items iter.Seq[any]) {
+	open, err := json.Marshal(head)
+	null := []byte(strconv.Quote(field) + ":null}")
+	if err != nil || !bytes.HasSuffix(open, null) {
+		s.log.Error("encode API response", "err", err, "field", field)
+		s.writeJSON(w, r, http.StatusInternalServerError, ErrorJSON{Error: "internal error encoding the response"})
+		return
+	}
+	open = append(open[:len(open)-len(null)], strconv.Quote(field)+":["...)
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Add("Vary", "Accept-Encoding")
+	var out io.Writer = w
+	if strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
+		w.Header().Set("Content-Encoding", "gzip")
+		zw, _ := gzip.NewWriterLevel(w, gzip.BestSpeed)
+		defer zw.Close()
+		out = zw
+	}
+	sent := &writeErr{w: out}
+	bw := bufio.NewWriterSize(sent, 32<<10)
+	defer bw.Flush()
+	w.WriteHeader(http.StatusOK)
+	_, _ = bw.Write(open)
+	enc := json.NewEncoder(bw)
+	first := true
+	for v := range items {
+		if !first {
+			_ = bw.WriteByte(',')
+		}
+		first = false
+		if err := enc.Encode(v); err != nil {
+			if sent.err != nil { // the client went away
+				s.log.Debug("API response not sent", "path", r.URL.Path, "err", err)
+				return
+			}
+			// Too late for another status: the answer ends malformed.
+			s.log.Error("encode API response", "err", err)
+			return
+		}
+	}
+	_, _ = bw.WriteString("]}\n")
+}
+
+// writeErr keeps the first error of the writes to w.
+type writeErr struct {
+	w   io.Writer
+	err error
+}
+
+func (e *writeErr) Write(b []byte) (int, error) {
+	if e.err != nil {
+		return 0, e.err
+	}
+	n, err := e.w.Write(b)
+	e.err = err
+	return n, err
+}
+
 func (s *server) status(w http.ResponseWriter, r *http.Request) {
 	now := s.opts.Now()
 	s.writeJSON(w, r, http.StatusOK, statusJSON(s.opts.Source.Snapshot(), now, s.maxAge))
@@ -391,18 +460,41 @@ func (s *server) services(w http.ResponseWriter, r *http.Request) {
 		namespace: q.Get("namespace"),
 		typ:       q.Get("type"),
 	}
-	snap := s.opts.Source.Snapshot()
-	out := ServiceListJSON{
-		Revision: snap.Sync.ServicesRevision, Total: snap.Services.Len(),
-		Services: []ServiceJSON{},
+	limit := -1
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			s.writeJSON(w, r, http.StatusBadRequest, ErrorJSON{Error: "limit: " + strconv.Quote(v) + " is not a positive number"})
+			return
+		}
+		limit = n
 	}
+	snap := s.opts.Source.Snapshot()
+	var matched []*Service
 	for svc := range snap.Services.All() { // in name order
 		if f.match(svc) {
-			out.Services = append(out.Services, serviceJSON(svc))
+			matched = append(matched, svc)
 		}
 	}
-	out.Matched = len(out.Services)
-	s.writeJSONIndent(w, r, http.StatusOK, out, len(out.Services) <= 50)
+	head := ServiceListJSON{Revision: snap.Sync.ServicesRevision, Total: snap.Services.Len(), Matched: len(matched)}
+	if limit >= 0 && len(matched) > limit {
+		matched = matched[:limit]
+	}
+	if len(matched) <= 50 {
+		head.Services = make([]ServiceJSON, 0, len(matched))
+		for _, svc := range matched {
+			head.Services = append(head.Services, serviceJSON(svc))
+		}
+		s.writeJSON(w, r, http.StatusOK, head)
+		return
+	}
+	s.writeJSONList(w, r, head, "services", func(yield func(any) bool) {
+		for _, svc := range matched {
+			if !yield(serviceJSON(svc)) {
+				return
+			}
+		}
+	})
 }
 
 func (s *server) service(w http.ResponseWriter, r *http.Request) {

@@ -2,6 +2,7 @@ package appliance
 
 import (
 	"bytes"
+	"compress/gzip"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
@@ -10,6 +11,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -182,6 +184,36 @@ func TestServicesAPI(t *testing.T) {
 	}
 }
 
+func TestServicesAPILimit(t *testing.T) {
+	ts, _ := newTestServer(t, healthySnapshot(), Options{})
+	// The first in name order; matched and total count them all.
+	for _, c := range []struct {
+		query, want string
+		matched     int
+	}{
+		{"limit=2", "default/docs kube-system/kube-dns", 5},
+		{"limit=1&q=shop", "shop/cart", 2},
+		{"limit=100", "default/docs kube-system/kube-dns legacy/broken shop/cart shop/web", 5},
+	} {
+		var l ServiceListJSON
+		getJSON(t, ts.URL+"/api/v1/services?"+c.query, 200, &l)
+		var got []string
+		for _, s := range l.Services {
+			got = append(got, s.Namespace+"/"+s.Name)
+		}
+		if strings.Join(got, " ") != c.want || l.Matched != c.matched || l.Total != 5 {
+			t.Errorf("?%s: got %q (matched %d, total %d), want %q (matched %d)", c.query, got, l.Matched, l.Total, c.want, c.matched)
+		}
+	}
+	for _, v := range []string{"0", "-1", "ten"} {
+		var e ErrorJSON
+		getJSON(t, ts.URL+"/api/v1/services?limit="+v, 400, &e)
+		if e.Error != "limit: \""+v+"\" is not a positive number" {
+			t.Errorf("limit=%s: error %q", v, e.Error)
+		}
+	}
+}
+
 func TestServicesAPILargeIsCompressed(t *testing.T) {
 	snap := healthySnapshot()
 	snap.Services = NewServiceList(manyServices(2000)...)
@@ -201,6 +233,53 @@ func TestServicesAPILargeIsCompressed(t *testing.T) {
 	}
 	if l.Total != 2000 || len(l.Services) != 2000 || l.Services[0].Namespace != "ns-00" {
 		t.Errorf("total=%d len=%d first=%s", l.Total, len(l.Services), l.Services[0].Namespace)
+	}
+
+	// Written element by element, with or without gzip, the answer is the
+	// whole list encoded in one piece.
+	want := ServiceListJSON{Revision: snap.Sync.ServicesRevision, Total: 2000, Matched: 2000}
+	for svc := range snap.Services.All() {
+		want.Services = append(want.Services, serviceJSON(svc))
+	}
+	wantJSON, err := json.Marshal(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, enc := range []string{"identity", "gzip"} {
+		// Set by hand, the header leaves the answer as it came.
+		req, _ := http.NewRequest("GET", ts.URL+"/api/v1/services", nil)
+		req.Header.Set("Accept-Encoding", enc)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var body io.Reader = resp.Body
+		if enc == "gzip" {
+			if body, err = gzip.NewReader(resp.Body); err != nil {
+				t.Fatal(err)
+			}
+		}
+		b, err := io.ReadAll(body)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("%s: %d %v", enc, resp.StatusCode, err)
+		}
+		sameJSON(t, enc, b, wantJSON)
+	}
+}
+
+// sameJSON fails the test unless got and want hold the same JSON value.
+func sameJSON(t *testing.T, what string, got, want []byte) {
+	t.Helper()
+	var g, w any
+	if err := json.Unmarshal(got, &g); err != nil {
+		t.Fatalf("%s: %v in %.200s…", what, err, got)
+	}
+	if err := json.Unmarshal(want, &w); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(g, w) {
+		t.Errorf("%s: got %.300s…\nwant %.300s…", what, got, want)
 	}
 }
 

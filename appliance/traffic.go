@@ -192,13 +192,26 @@ func (s *server) traffic(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	s.rates.fill(ports, at)
-	slices.SortStableFunc(ports, func(a, b TrafficPort) int {
-		if c := order(&a, &b); c != 0 {
+	// The order is total (the name breaks ties), so an unstable sort gives the
+	// same answer; sorting pointers moves and copies no ports, which at
+	// 10,000 ports is several times faster than a stable sort of the ports.
+	byOrder := make([]*TrafficPort, len(ports))
+	for i := range ports {
+		byOrder[i] = &ports[i]
+	}
+	slices.SortFunc(byOrder, func(a, b *TrafficPort) int {
+		if c := order(a, b); c != 0 {
 			return c
 		}
 		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name), cmp.Compare(a.Protocol, b.Protocol), cmp.Compare(a.Port, b.Port))
 	})
-	s.writeJSONIndent(w, r, http.StatusOK, TrafficJSON{ReadAt: at, Sort: sortBy, Ports: ports}, false)
+	s.writeJSONList(w, r, TrafficJSON{ReadAt: at, Sort: sortBy}, "ports", func(yield func(any) bool) {
+		for _, p := range byOrder {
+			if !yield(p) {
+				return
+			}
+		}
+	})
 }
 
 func (s *server) flows(w http.ResponseWriter, r *http.Request) {

@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -81,11 +82,13 @@ type Set struct {
 	mu      sync.Mutex
 	v       *view
 	applied []netip.Addr
-	links   map[*link]bool
-	peers   map[string]*peerStats
-	refused []Refusal
-	closed  bool
-	stop    chan struct{}
+	// loggedTakenOver is v.takenOver when ownership was last logged.
+	loggedTakenOver uint64
+	links           map[*link]bool
+	peers           map[string]*peerStats
+	refused         []Refusal
+	closed          bool
+	stop            chan struct{}
 	// ctx ends when the Set closes, cancelling dials in progress.
 	ctx      context.Context
 	cancel   context.CancelFunc
@@ -277,6 +280,7 @@ func (s *Set) Leave() {
 func (s *Set) applyLocked() {
 	held := s.v.held()
 	if !slices.Equal(held, s.applied) {
+		s.logOwnership(s.applied, held)
 		s.applied = held
 		if s.opts.OnChange != nil {
 			s.opts.OnChange(slices.Clone(held))
@@ -285,6 +289,51 @@ func (s *Set) applyLocked() {
 	for l := range s.links {
 		s.sendLocked(l, true)
 	}
+}
+
+// logOwnership logs the addresses this gateway took and released between
+// two held sets (sorted), and how many it took over from a dead peer
+// since the last time. s.mu is held.
+func (s *Set) logOwnership(before, after []netip.Addr) {
+	var took, released []netip.Addr
+	i, j := 0, 0
+	for i < len(before) || j < len(after) {
+		switch {
+		case j == len(after) || i < len(before) && before[i].Less(after[j]):
+			released = append(released, before[i])
+			i++
+		case i == len(before) || after[j].Less(before[i]):
+			took = append(took, after[j])
+			j++
+		default:
+			i++
+			j++
+		}
+	}
+	over := s.v.takenOver - s.loggedTakenOver
+	s.loggedTakenOver = s.v.takenOver
+	if len(took) > 0 {
+		s.log.Info("gateways: addresses taken", "count", len(took), "fromDeadPeer", over, "addresses", someAddrs(took))
+	}
+	if len(released) > 0 {
+		s.log.Info("gateways: addresses released", "count", len(released), "addresses", someAddrs(released))
+	}
+}
+
+// someAddrs lists up to 10 addresses for a log line, and how many more.
+func someAddrs(as []netip.Addr) string {
+	const most = 10
+	var b strings.Builder
+	for i, a := range as[:min(len(as), most)] {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(a.String())
+	}
+	if len(as) > most {
+		fmt.Fprintf(&b, " and %d more", len(as)-most)
+	}
+	return b.String()
 }
 
 // sendLocked queues this gateway's state (full or a heartbeat) on l; a

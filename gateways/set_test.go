@@ -2,9 +2,11 @@ package gateways
 
 import (
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -71,6 +73,80 @@ func TestSetSharesAddressesAndTakesOverOnClose(t *testing.T) {
 	})
 	if got := hb.get(); len(got) != 0 {
 		t.Errorf("b closed but still holds %v", got)
+	}
+}
+
+// logLines keeps the messages and attributes a Set logs.
+type logLines struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (l *logLines) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.lines = append(l.lines, string(b))
+	return len(b), nil
+}
+
+// find returns the first line with every part.
+func (l *logLines) find(parts ...string) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, line := range l.lines {
+		if !slices.ContainsFunc(parts, func(p string) bool { return !strings.Contains(line, p) }) {
+			return line
+		}
+	}
+	return ""
+}
+
+func TestSetLogsAddressesTakenAndReleased(t *testing.T) {
+	logs := &logLines{}
+	lnA, lnB := listen(t), listen(t)
+	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
+	f := newFreezer(t, lnB.Addr().String())
+	hb := &held{}
+	b, err := New(Config{Name: "gw-b", Listen: lnB.Addr().String(), KeyFile: "k", Mode: ModeActiveActive, Peers: []PeerConfig{{Name: "gw-a", Addresses: []string{lnA.Addr().String()}}}},
+		Options{Key: testKey, OnChange: hb.set, Listener: lnB, Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	ha := &held{}
+	a, err := New(Config{Name: "gw-a", Listen: lnA.Addr().String(), KeyFile: "k", Mode: ModeActiveActive, Peers: []PeerConfig{{Name: "gw-b", Addresses: []string{f.ln.Addr().String()}}}},
+		Options{Key: testKey, OnChange: ha.set, Listener: lnA, Clock: clk, Log: slog.New(slog.NewTextHandler(logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	as := addrs(16)
+	a.Set(as)
+	b.Set(as)
+	wait(t, func() error {
+		clk.Step(100 * time.Millisecond)
+		return disjointCover(as, ha.get(), hb.get())
+	})
+	wait(t, func() error {
+		clk.Step(10 * time.Millisecond)
+		if logs.find(`msg="gateways: addresses taken"`, fmt.Sprintf("count=%d", len(ha.get())), "fromDeadPeer=0") == "" {
+			return fmt.Errorf("no log of the %d addresses a took", len(ha.get()))
+		}
+		return nil
+	})
+	// b falls silent: a takes over the rest, and says so.
+	rest := len(as) - len(ha.get())
+	f.frozen.Store(true)
+	wait(t, func() error {
+		clk.Step(100 * time.Millisecond)
+		if logs.find(`msg="gateways: addresses taken"`, fmt.Sprintf("count=%d", rest), fmt.Sprintf("fromDeadPeer=%d", rest)) == "" {
+			return fmt.Errorf("no log of the %d addresses taken over from b", rest)
+		}
+		return nil
+	})
+	a.Set(as[:4])
+	if line := logs.find(`msg="gateways: addresses released"`, "count=12"); line == "" || !strings.Contains(line, "and 2 more") {
+		t.Errorf("release of 12 addresses logged as %q", line)
 	}
 }
 

@@ -254,6 +254,37 @@ func TestStopWithdraws(t *testing.T) {
 	t.Logf("Stop: route gone from BIRD after %v", time.Since(start))
 }
 
+// A session coming up and going down is logged, for the gateway's
+// timeline.
+func TestSessionUpAndDownLogged(t *testing.T) {
+	e := newEdge(t)
+	b := bird.Start(t, e.router, birdConf(""))
+	sp := startSpeaker(t, e.gateway, speakerConfig())
+	sp.Set(HostRoute(service4, ""))
+	b.WaitState(t, "gw4", "Established", false, 30*time.Second)
+	up := `msg="bgp: session up" peer=` + routerGW4.Addr().String() + ` asn=` + fmt.Sprint(routerASN)
+	waitLog(t, sp, up)
+	if _, err := b.Run("disable gw4"); err != nil {
+		t.Fatal(err)
+	}
+	waitLog(t, sp, `msg="bgp: session down" peer=`+routerGW4.Addr().String()+` asn=`+fmt.Sprint(routerASN)+` reason=`)
+	if strings.Contains(sp.Log(), `msg="bgp: session down" peer=`+routerGW6.Addr().String()) {
+		t.Errorf("the IPv6 session, still up, logged as down:\n%s", sp.Log())
+	}
+}
+
+// waitLog waits until the speaker logged a line holding want.
+func waitLog(t *testing.T, sp *speakerProc, want string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(sp.Log(), want) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the speaker never logged %q:\n%s", want, sp.Log())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // TCP-MD5 (RFC 2385): with the router's password the session comes up and
 // the route arrives; with another one the router's kernel drops every
 // segment (counted as TCPMD5Failure) and nothing is learned.

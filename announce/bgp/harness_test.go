@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/netip"
 	"os"
@@ -53,7 +54,8 @@ func speakerChild(path string) int {
 		fmt.Println("error:", err)
 		return 1
 	}
-	s, err := New(cfg, nil)
+	// Its log goes to stderr, which the test keeps (speakerProc.Log).
+	s, err := New(cfg, slog.New(slog.NewTextHandler(os.Stderr, nil)))
 	if err != nil {
 		fmt.Println("error:", err)
 		return 1
@@ -140,6 +142,28 @@ type speakerProc struct {
 	done  chan struct{}
 	mu    sync.Mutex
 	ended bool
+	log   lockedBuffer
+}
+
+// lockedBuffer keeps what the speaker logs, and passes it on to the
+// test's stderr.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	os.Stderr.Write(b)
+	return l.b.Write(b)
+}
+
+// Log is what the speaker logged so far.
+func (p *speakerProc) Log() string {
+	p.log.mu.Lock()
+	defer p.log.mu.Unlock()
+	return p.log.b.String()
 }
 
 // startSpeaker starts a speaker with cfg in host's namespace; the test's
@@ -160,7 +184,8 @@ func startSpeaker(t testing.TB, host *lab.Host, cfg Config) *speakerProc {
 	}
 	cmd := host.Command(context.Background(), exe, "-test.run=^$")
 	cmd.Env = append(os.Environ(), speakerEnv+"="+path)
-	cmd.Stderr = os.Stderr
+	p := &speakerProc{t: t, cmd: cmd, done: make(chan struct{})}
+	cmd.Stderr = &p.log
 	in, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -172,7 +197,7 @@ func startSpeaker(t testing.TB, host *lab.Host, cfg Config) *speakerProc {
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start speaker: %v", err)
 	}
-	p := &speakerProc{t: t, cmd: cmd, in: in, out: bufio.NewScanner(outPipe), done: make(chan struct{})}
+	p.in, p.out = in, bufio.NewScanner(outPipe)
 	t.Cleanup(p.Kill)
 	if err := p.await(); err != nil {
 		t.Fatalf("speaker start: %v", err)

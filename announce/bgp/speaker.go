@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -51,6 +52,12 @@ type Speaker struct {
 	// speaker holds the routes of a whole sync.
 	peers   []*api.Peer
 	peersUp bool
+
+	// stopWatch ends the watch of the sessions' states; up holds the
+	// sessions established, by peer address.
+	stopWatch context.CancelFunc
+	upMu      sync.Mutex
+	up        map[netip.Addr]bool
 }
 
 type poolAttrs struct {
@@ -114,19 +121,49 @@ func New(cfg Config, log *slog.Logger) (*Speaker, error) {
 		s.bgp.Stop()
 		return nil, fmt.Errorf("%s: start: %w", Key, err)
 	}
+	watch, stopWatch := context.WithCancel(ctx)
+	s.stopWatch, s.up = stopWatch, map[netip.Addr]bool{}
+	if err := s.bgp.WatchEvent(watch, server.WatchEventMessageCallbacks{OnPeerUpdate: s.sessionEvent}, server.WatchPeer()); err != nil {
+		stopWatch()
+		s.bgp.Stop()
+		return nil, fmt.Errorf("%s: watch the sessions: %w", Key, err)
+	}
 	if err := s.setPolicies(ctx); err != nil {
+		stopWatch()
 		s.bgp.Stop()
 		return nil, err
 	}
 	for i, p := range cfg.Peers {
 		peer, err := s.peer(p)
 		if err != nil {
+			stopWatch()
 			s.bgp.Stop()
 			return nil, fmt.Errorf("%s.peer[%d] (%s): %w", Key, i, p.Address, err)
 		}
 		s.peers = append(s.peers, peer)
 	}
 	return s, nil
+}
+
+// sessionEvent logs a session that came up (established) or went down
+// (left established), with the reason GoBGP gives.
+func (s *Speaker) sessionEvent(ev *apiutil.WatchEventMessage_PeerEvent, _ time.Time) {
+	if ev.Type != apiutil.PEER_EVENT_STATE {
+		return
+	}
+	st := ev.Peer.State
+	up := st.SessionState == bgp.BGP_FSM_ESTABLISHED
+	s.upMu.Lock()
+	was := s.up[st.NeighborAddress]
+	s.up[st.NeighborAddress] = up
+	s.upMu.Unlock()
+	switch {
+	case up && !was:
+		s.log.Info("bgp: session up", "peer", st.NeighborAddress, "asn", st.PeerASN)
+	case !up && was:
+		reason := strings.ToLower(strings.TrimPrefix(st.DisconnectReason.String(), "DISCONNECT_REASON_"))
+		s.log.Info("bgp: session down", "peer", st.NeighborAddress, "asn", st.PeerASN, "reason", reason, "message", st.DisconnectMessage)
+	}
 }
 
 // openSessions adds the peers to the BGP server, once; s.mu is held.
@@ -393,6 +430,7 @@ func (s *Speaker) Stop(ctx context.Context) error {
 		}
 	}
 	s.bgp.Stop()
+	s.stopWatch()
 	return err
 }
 

@@ -55,21 +55,25 @@ func (c *Config) history() *appliance.History {
 // repairs come from the sync loop (syncEvent). Each message is checked to
 // be logged somewhere (TestEventMessagesAreLogged).
 var eventMessages = map[string]string{
-	"l2: announced":                                                               appliance.EventAnnouncement,
-	"l2: no longer announced":                                                     appliance.EventAnnouncement,
-	"BGP announcement failed":                                                     appliance.EventAnnouncement,
-	"gateways: peer alive":                                                        appliance.EventFailover,
-	"gateways: peer dead":                                                         appliance.EventFailover,
-	"statesync: peer up, full resync":                                             appliance.EventFailover,
-	"statesync: peer down; custody of its entries":                                appliance.EventFailover,
-	"this gateway now writes LoadBalancer addresses":                              appliance.EventFailover,
-	"this gateway no longer writes LoadBalancer addresses":                        appliance.EventFailover,
-	"service not applied; its previous state stays in effect":                     appliance.EventRefused,
+	"l2: announced":                                           appliance.EventAnnouncement,
+	"l2: no longer announced":                                 appliance.EventAnnouncement,
+	"BGP announcement failed":                                 appliance.EventAnnouncement,
+	"bgp: session up":                                         appliance.EventAnnouncement,
+	"bgp: session down":                                       appliance.EventAnnouncement,
+	"gateways: peer alive":                                    appliance.EventFailover,
+	"gateways: peer dead":                                     appliance.EventFailover,
+	"gateways: addresses taken":                               appliance.EventFailover,
+	"gateways: addresses released":                            appliance.EventFailover,
+	"statesync: peer up, full resync":                         appliance.EventFailover,
+	"statesync: peer down; custody of its entries":            appliance.EventFailover,
+	"this gateway now writes LoadBalancer addresses":          appliance.EventFailover,
+	"this gateway no longer writes LoadBalancer addresses":    appliance.EventFailover,
+	"service not applied; its previous state stays in effect": appliance.EventRefused,
 	"the kernel refused the service's rules; its last good state stays in effect": appliance.EventRefused,
 	"manifest not applied; its previous content stays in effect":                  appliance.EventRefused,
-	"gateways: hello refused":                                                     appliance.EventRefused,
-	"statesync: entry from peer refused, nothing written":                         appliance.EventRefused,
-	"LoadBalancer address":                                                        appliance.EventRefused,
+	"gateways: hello refused":                             appliance.EventRefused,
+	"statesync: entry from peer refused, nothing written": appliance.EventRefused,
+	"LoadBalancer address":                                appliance.EventRefused,
 }
 
 // syncEvent adds to the timeline the syncs that changed something or

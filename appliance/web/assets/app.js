@@ -13,6 +13,7 @@
   var COLS = TRAFFIC ? 6 : 5;
 
   var services = [];
+  var headTotal = null; // while only the first rows are here: how many Services there are
   var servicesRevision = null;
   var openKey = null; // the Service whose detail view is open
   var traffic = {};   // namespace/name → the counters of its ports, summed
@@ -65,6 +66,10 @@
   }
 
   function ago(s) { return s === undefined || s === null ? 'never' : (s < 1 ? 'just now' : fmtAge(s) + ' ago'); }
+
+  // mark keeps the first time a step of the page's loading was reached,
+  // for the browser test's timings.
+  function mark(name) { if (!performance.getEntriesByName(name).length) performance.mark(name); }
 
   function getJSON(path) {
     return fetch(path, { cache: 'no-store', credentials: 'same-origin' }).then(function (r) {
@@ -614,12 +619,17 @@
     var q = $('search').value.trim().toLowerCase();
     var typ = $('type-filter').value;
     var problems = $('problems').checked;
-    var rows = services.filter(function (s) {
+    var by = TRAFFIC && sortKeys[$('sort').value];
+    // Only the first rows by name are here yet: a filter or another order
+    // waits for the whole list.
+    var waiting = headTotal !== null && !!(q || typ || problems || by);
+    var all = headTotal !== null ? headTotal : services.length;
+    var rows = waiting ? [] : services.filter(function (s) {
       if (typ && s.type !== typ) return false;
       if (problems && !hasProblem(s)) return false;
       return !q || s._text.indexOf(q) >= 0;
     });
-    var by = TRAFFIC && sortKeys[$('sort').value];
+    var matched = headTotal !== null ? (waiting ? 0 : headTotal) : rows.length;
     if (by) {
       var none = { new: 0, rate: 0, flows: 0, rejected: 0, dropped: 0 };
       rows.sort(function (a, b) {
@@ -634,22 +644,38 @@
       if (s.namespace + '/' + s.name === openKey) frag.appendChild(detailRow(s));
     });
     if (!rows.length) {
-      var tr = el('tr', 'empty');
-      var td = el('td', '', services.length ? 'No services match the filter.' : 'No services.');
+      var tr = el('tr', waiting ? 'loading' : 'empty');
+      var td = el('td', '', waiting ? 'Loading all ' + fmtNum(all) + ' services to filter…' : (all ? 'No services match the filter.' : 'No services.'));
       td.colSpan = COLS;
       tr.appendChild(td);
       frag.appendChild(tr);
-    } else if (rows.length > MAX_ROWS) {
+    } else if (matched > MAX_ROWS) {
       var more = el('tr', 'more');
-      var mtd = el('td', '', 'Showing the first ' + MAX_ROWS + ' — refine the filter to see the other ' + fmtNum(rows.length - MAX_ROWS) + '.');
+      var mtd = el('td', '', 'Showing the first ' + MAX_ROWS + ' — refine the filter to see the other ' + fmtNum(matched - MAX_ROWS) + '.');
       mtd.colSpan = COLS;
       more.appendChild(mtd);
       frag.appendChild(more);
     }
     body.replaceChildren(frag);
-    if (services.length && !performance.getEntriesByName('nftgate:services').length) performance.mark('nftgate:services');
-    setText('svc-count', (rows.length === services.length ? fmtNum(services.length) : fmtNum(rows.length) + ' of ' + fmtNum(services.length)) +
-      ' service' + (services.length === 1 ? '' : 's'), 'muted');
+    if (all) mark('nftgate:services');
+    setText('svc-count', (waiting || matched === all ? fmtNum(all) : fmtNum(matched) + ' of ' + fmtNum(all)) +
+      ' service' + (all === 1 ? '' : 's'), 'muted');
+  }
+
+  // refreshTraffic shows new counters: in the rows drawn, in place, when
+  // the order does not follow them; by a redraw when it does.
+  function refreshTraffic() {
+    if (!TRAFFIC) return;
+    if (sortKeys[$('sort').value]) {
+      renderServices();
+      return;
+    }
+    var drawn = $('svc-body').querySelectorAll('tr[data-key]');
+    for (var i = 0; i < drawn.length; i++) {
+      var old = drawn[i].querySelector('td.traffic');
+      if (old) drawn[i].replaceChild(trafficCell(drawn[i].dataset.key), old);
+    }
+    drawPanel();
   }
 
   function rows(id, list, cells) {
@@ -751,41 +777,68 @@
     setText('live-text', ok ? 'live' : 'no answer from the gateway' + (why ? ' (' + why + ')' : ''));
   }
 
+  function keep(list) {
+    list.services.forEach(function (s) { s._text = searchText(s); });
+    services = list.services;
+  }
+
+  // loadServices fetches the whole Service list. The first time, the
+  // first rows by name come beside it in a small answer of their own, and
+  // are drawn while the whole list is on its way.
+  function loadServices(first) {
+    if (first) {
+      getJSON('api/v1/services?limit=' + MAX_ROWS).then(function (list) {
+        if (servicesRevision !== null) return; // the whole list came first
+        mark('nftgate:services-head-json');
+        keep(list);
+        headTotal = list.total;
+        renderServices();
+      }, function () {}); // the whole list's request tells of failures
+    }
+    return getJSON('api/v1/services').then(function (list) {
+      mark('nftgate:services-json');
+      keep(list);
+      headTotal = null;
+      servicesRevision = list.revision;
+      renderServices();
+    });
+  }
+
+  // tick asks for everything at once; the Service list, the largest
+  // answer, only when its revision changed since the last one, which the
+  // status tells. The first tick asks for it beside the status, not after.
   function tick() {
-    getJSON('api/v1/status').then(function (st) {
+    var first = servicesRevision === null;
+    var listed = first ? loadServices(true) : null;
+    var redraw = false;
+    var jobs = [getJSON('api/v1/status').then(function (st) {
+      mark('nftgate:status-json');
       renderStatus(st);
-      var jobs = [getJSON('api/v1/syncs').then(renderCharts)];
-      if ($('edge').dataset.edge) jobs.push(getJSON('api/v1/edge').then(renderEdge));
-      if ($('drain').dataset.drain) jobs.push(getJSON('api/v1/drain').then(renderDrain));
-      if ($('gateways').dataset.gateways) jobs.push(getJSON('api/v1/gateways').then(renderGateways));
-      if ($('statesync').dataset.statesync) jobs.push(getJSON('api/v1/statesync').then(renderStateSync));
-      var redraw = false, drawn = false;
-      if (TRAFFIC) {
-        jobs.push(getJSON('api/v1/traffic?sort=name').then(function (v) {
-          if (v.readAt !== trafficAt) { setTraffic(v); redraw = true; }
-        }));
-      }
-      if (HISTORY && Date.now() - histFetched >= Math.max(histStep * 1000, REFRESH)) {
-        jobs.push(getJSON('api/v1/traffic/history').then(function (v) { histFetched = Date.now(); setHistory(v); redraw = true; }));
-      }
-      if (EVENTS) {
-        var kind = $('event-kind').value;
-        jobs.push(getJSON('api/v1/events?limit=100' + (kind ? '&kind=' + kind : '')).then(renderEvents));
-      }
-      if (detail) jobs.push(loadFlows());
-      if (st.sync.servicesRevision !== servicesRevision) {
-        jobs.push(getJSON('api/v1/services').then(function (list) {
-          list.services.forEach(function (s) { s._text = searchText(s); });
-          services = list.services;
-          servicesRevision = list.revision;
-          renderServices();
-          drawn = true;
-        }));
-      }
-      return Promise.all(jobs).then(function () {
-        // The table follows the counters only when nothing else redrew it.
-        if (redraw && !drawn && services.length) renderServices();
-      });
+      if (!first && st.sync.servicesRevision !== servicesRevision) listed = loadServices(false);
+      return listed;
+    }), getJSON('api/v1/syncs').then(renderCharts)];
+    if ($('edge').dataset.edge) jobs.push(getJSON('api/v1/edge').then(renderEdge));
+    if ($('drain').dataset.drain) jobs.push(getJSON('api/v1/drain').then(renderDrain));
+    if ($('gateways').dataset.gateways) jobs.push(getJSON('api/v1/gateways').then(renderGateways));
+    if ($('statesync').dataset.statesync) jobs.push(getJSON('api/v1/statesync').then(renderStateSync));
+    if (TRAFFIC) {
+      jobs.push(getJSON('api/v1/traffic?sort=name').then(function (v) {
+        mark('nftgate:traffic-json');
+        if (v.readAt !== trafficAt) { setTraffic(v); redraw = true; }
+      }));
+    }
+    if (HISTORY && Date.now() - histFetched >= Math.max(histStep * 1000, REFRESH)) {
+      jobs.push(getJSON('api/v1/traffic/history').then(function (v) { histFetched = Date.now(); setHistory(v); redraw = true; }));
+    }
+    if (EVENTS) {
+      var kind = $('event-kind').value;
+      jobs.push(getJSON('api/v1/events?limit=100' + (kind ? '&kind=' + kind : '')).then(renderEvents));
+    }
+    if (detail) jobs.push(loadFlows());
+    Promise.all(jobs).then(function () {
+      // The table follows the counters only when the list did not just
+      // redraw it.
+      if (redraw && !listed && services.length) refreshTraffic();
     }).then(function () {
       setLive(true);
       document.body.dataset.loaded = 'true';
@@ -807,7 +860,9 @@
       pending = 0;
       var start = since;
       since = 0;
+      var t0 = performance.now();
       renderServices();
+      performance.measure('nftgate:filter-render', { start: t0, end: performance.now() });
       requestAnimationFrame(function () {
         setTimeout(function () { performance.measure('nftgate:filter', { start: start, end: performance.now() }); }, 0);
       });
