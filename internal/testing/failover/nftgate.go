@@ -50,6 +50,10 @@ type NftgateOptions struct {
 	ECMP bool
 	// DeadAfter is [gateways] dead_after; 0 leaves nftgate's default.
 	DeadAfter int
+	// NoStateSync sets [gateways] state_sync = false.
+	NoStateSync bool
+	// SyncQueue is [gateways] sync_queue; 0 leaves nftgate's default.
+	SyncQueue int
 }
 
 // NftgateConfig is the configuration and manifests of every gateway,
@@ -132,6 +136,12 @@ func WriteNftgate(topo *Topology, dir string, o NftgateOptions) (*NftgateConfig,
 			name, key, mode)
 		if o.DeadAfter > 0 {
 			text += fmt.Sprintf("dead_after = %d\n", o.DeadAfter)
+		}
+		if o.NoStateSync {
+			text += "state_sync = false\n"
+		}
+		if o.SyncQueue > 0 {
+			text += fmt.Sprintf("sync_queue = %d\n", o.SyncQueue)
 		}
 		for j := range topo.Gateways {
 			if j == i {
@@ -237,6 +247,19 @@ func (n *Nftgate) WaitReady(timeout time.Duration) error {
 		}
 		return nil
 	})
+}
+
+// PID is the nftgate process's id.
+func (n *Nftgate) PID() int { return n.cmd.Process.Pid }
+
+// Exited tells whether the process has ended.
+func (n *Nftgate) Exited() bool {
+	select {
+	case <-n.done:
+		return true
+	default:
+		return false
+	}
 }
 
 // Get fetches path from the gateway's HTTP server.
