@@ -97,6 +97,7 @@ const statusMatters = 1<<1 | 1<<2 | 1<<4 | 1<<5
 type pending struct {
 	op    op
 	stamp time.Time // the oldest event it carries
+	last  time.Time // the newest
 }
 
 type peer struct {
@@ -107,8 +108,9 @@ type peer struct {
 	queue map[flowKey]*pending
 	fifo  []flowKey
 
-	resync     bool // a full dump is due
-	resyncOps  []op // the dump being sent
+	resync     bool      // a full dump is due
+	resyncAsk  time.Time // when it was last asked for
+	resyncOps  []op      // the dump being sent
 	resyncPos  int
 	resyncing  bool
 	retryAt    time.Time
@@ -302,14 +304,14 @@ func (s *Syncer) enqueue(k flowKey, o op, now time.Time) bool {
 			continue
 		}
 		if w := p.queue[k]; w != nil {
-			w.op = o
+			w.op, w.last = o, now
 			continue
 		}
 		if len(p.queue) >= s.o.Queue {
 			s.overflow(p, 1)
 			continue
 		}
-		p.queue[k] = &pending{op: o, stamp: now}
+		p.queue[k] = &pending{op: o, stamp: now, last: now}
 		p.fifo = append(p.fifo, k)
 		full = full || len(p.queue)*maxEntrySize >= s.o.BatchBytes
 	}
@@ -327,16 +329,24 @@ func (s *Syncer) overflow(p *peer, extra int) {
 	if !p.resync {
 		s.log.Warn("statesync: queue to peer full: updates dropped, a full resync follows", "peer", p.name, "dropped", n, "queue", s.o.Queue)
 	}
-	p.resync = true
+	askResync(p, time.Now())
+}
+
+// askResync makes a full resync of p due. One that starts with a dump
+// begun before now does not cover what was dropped now, so another
+// follows it. s.mu is held.
+func askResync(p *peer, now time.Time) {
+	p.resync, p.resyncAsk = true, now
 }
 
 // lostEvents: the kernel dropped events; every peer gets a full resync.
 func (s *Syncer) lostEvents(n int) {
 	s.mu.Lock()
 	s.eventsLost++
+	now := time.Now()
 	for _, p := range s.peers {
 		if p.up {
-			p.resync = true
+			askResync(p, now)
 		}
 	}
 	s.mu.Unlock()
@@ -390,7 +400,7 @@ func (s *Syncer) applyPeerEvents() {
 		var adopt []Entry
 		if ev.alive {
 			// A peer that comes (back) holds nothing of ours: all of it.
-			p.resync = true
+			askResync(p, time.Now())
 			s.log.Info("statesync: peer up, full resync", "peer", p.name)
 		} else {
 			p.resync = false
@@ -484,17 +494,22 @@ func (s *Syncer) flush() {
 				if !p.resync {
 					s.log.Warn("statesync: batch not acked in time: full resync", "peer", p.name, "seq", seq)
 				}
-				p.resync = true
+				askResync(p, now)
 			}
 		}
-		if p.up && p.resync && !now.Before(p.retryAt) {
+		// A resync under way is not restarted: one asked for meanwhile
+		// follows it, so that each makes progress however often the
+		// queue overflows.
+		if p.up && p.resync && !p.resyncing && !now.Before(p.retryAt) {
 			needDump = true
 		}
 	}
 	s.mu.Unlock()
 	var dump []op
+	var dumpAt time.Time
 	if needDump {
 		var err error
+		dumpAt = time.Now()
 		if dump, err = s.originEntries(); err != nil {
 			s.log.Warn("statesync: conntrack dump for a resync failed", "error", err)
 			return
@@ -506,10 +521,11 @@ func (s *Syncer) flush() {
 		if !p.up || now.Before(p.retryAt) {
 			continue
 		}
-		if p.resync && needDump {
-			p.resync, p.resyncing, p.resyncOps, p.resyncPos = false, true, dump, 0
-			clear(p.queue) // the dump is newer
-			p.fifo = p.fifo[:0]
+		if p.resync && needDump && !p.resyncing {
+			// What was dropped after the dump began is not in it.
+			p.resync = !p.resyncAsk.Before(dumpAt)
+			p.resyncing, p.resyncOps, p.resyncPos = true, dump, 0
+			s.supersedeLocked(p, dumpAt)
 			p.resyncsSent++
 			s.m.resyncs.WithLabelValues(p.name, "sent").Inc()
 		}
@@ -528,7 +544,7 @@ func (s *Syncer) flush() {
 					}
 				}
 				if p.up {
-					p.resync = true
+					askResync(p, time.Now())
 					p.retryAt = now.Add(retryAfter)
 				}
 				s.mu.Unlock()
@@ -540,6 +556,22 @@ func (s *Syncer) flush() {
 			}
 		}
 	}
+}
+
+// supersedeLocked drops p's waiting updates that the dump begun at
+// dumpAt supersedes: those of flows not updated since. An update that came
+// while the dump was read stays queued (it goes after the dump): the dump
+// may have read the table before its flow existed. s.mu is held.
+func (s *Syncer) supersedeLocked(p *peer, dumpAt time.Time) {
+	kept := p.fifo[:0]
+	for _, k := range p.fifo {
+		if w := p.queue[k]; w != nil && w.last.Before(dumpAt) {
+			delete(p.queue, k)
+		} else if w != nil {
+			kept = append(kept, k)
+		}
+	}
+	p.fifo = kept
 }
 
 // batchesLocked cuts what p is due into batch messages (a resync done

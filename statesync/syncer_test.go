@@ -27,6 +27,9 @@ type fakeKernel struct {
 	lost    chan int
 	// gate, when set, holds every Write until it is closed.
 	gate chan struct{}
+	// duringDump, when set, runs once in the next Dump, after the table
+	// was read and before it is handed over.
+	duringDump func()
 }
 
 func newFakeKernel() *fakeKernel {
@@ -52,7 +55,12 @@ func (k *fakeKernel) Dump(fn func(Entry)) error {
 	for _, e := range k.table {
 		es = append(es, e)
 	}
+	during := k.duringDump
+	k.duringDump = nil
 	k.mu.Unlock()
+	if during != nil {
+		during()
+	}
 	for _, e := range es {
 		fn(e)
 	}
@@ -396,6 +404,43 @@ func TestSyncQueueOverflowResyncs(t *testing.T) {
 	}
 }
 
+// A flow whose event comes while the dump of a resync is read (after the
+// kernel read its part of the table) is neither in the dump nor dropped
+// with the queue the dump supersedes: it reaches the peer.
+func TestSyncEventDuringResyncDumpKept(t *testing.T) {
+	c := newCluster(t, nil, "gw-a", "gw-b")
+	a, b := c.gws["gw-a"], c.gws["gw-b"]
+	waitUp(t, a, "gw-b")
+	waitUp(t, b, "gw-a")
+	old := flow(3000)
+	a.k.emit(EventNew, old)
+	eventually(t, func() error { return hasReplica(b.k, old) })
+	late := flow(3001)
+	flows := a.s.Status().Flows
+	a.k.mu.Lock()
+	a.k.duringDump = func() {
+		a.k.emit(EventNew, late)
+		// Dump runs in the Syncer's goroutine: no t.Fatal here.
+		if err := lab.EventuallyWithin(10*time.Second, func() error {
+			if got := a.s.Status().Flows; got != flows+1 {
+				return fmt.Errorf("%d flows, want %d: the late event not taken yet", got, flows+1)
+			}
+			return nil
+		}); err != nil {
+			t.Error(err)
+		}
+	}
+	a.k.mu.Unlock()
+	a.k.lost <- 1 // events lost: a full resync of B
+	eventually(t, func() error {
+		if st := a.s.Status().Peers[0]; st.ResyncsSent < 2 {
+			return fmt.Errorf("no second resync yet: %+v", st)
+		}
+		return nil
+	})
+	eventually(t, func() error { return hasReplica(b.k, late) })
+}
+
 // A peer that restarts gets a full resync of every live entry, and its
 // Ready closes once it has it.
 func TestSyncRestartedPeerResyncedAndReady(t *testing.T) {
@@ -495,8 +540,10 @@ func TestSyncRefusesEntriesNotServed(t *testing.T) {
 func TestSyncWrongKeyNeverReachesSyncer(t *testing.T) {
 	c := newCluster(t, nil, "gw-a", "gw-b")
 	b := c.gws["gw-b"]
+	// b saw the first gw-a up (else its late news could be taken for
+	// the keyless one), and sees it die before the keyless one dials.
+	waitUp(t, b, "gw-a")
 	c.stop("gw-a")
-	// b sees the first gw-a die before the keyless one dials.
 	eventually(t, func() error {
 		if st := b.s.Status().Peers[0]; st.Up {
 			return fmt.Errorf("gw-a still up at b")
