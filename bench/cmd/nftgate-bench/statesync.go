@@ -380,15 +380,16 @@ func statesyncRun(cfg *Config, topo *failover.Topology, gs []*failover.Nftgate, 
 	run.CPUWindow = time.Since(start).Seconds()
 	run.CPUSecondsA, run.CPUSecondsB = (cpuA1.CPU - cpuA0.CPU).Seconds(), (cpuB1.CPU - cpuB0.CPU).Seconds()
 	if syncOn {
-		// Late replicas still count (and show in the lag); those not on
-		// B 10 s after the load never were.
-		_ = lab.EventuallyWithin(10*time.Second, w.allSeen)
+		// First whether B holds what A holds, while A's entries live
+		// (CLOSE: 10 s); then late replicas still count (and show in the
+		// lag); those not on B 10 s after the load never were.
 		held, first, missing, entries, err := heldByB(topo.Gateways[a], topo.Gateways[b], svc, 30*time.Second)
 		if err != nil {
 			return run, err
 		}
 		run.Held, run.HeldMissingFirst, run.HeldMissing, run.HeldEntries = held, first, missing, entries
 		run.HeldAfter = time.Since(loadEnd).Seconds()
+		_ = lab.EventuallyWithin(10*time.Second, w.allSeen)
 		after, lagAfter, err := syncSnapshot(ga, gb)
 		if err != nil {
 			return run, err
