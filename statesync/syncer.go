@@ -780,6 +780,7 @@ func (s *Syncer) onAck(from string, payload []byte) {
 // and acks them.
 func (s *Syncer) writer(ctx context.Context) {
 	var puts, dels []Entry
+	lastOp := map[flowKey]int{}
 	for {
 		var it inItem
 		select {
@@ -805,8 +806,17 @@ func (s *Syncer) writer(ctx context.Context) {
 		}
 		puts, dels = puts[:0], dels[:0]
 		refused := 0
+		// A flow twice in a batch (the end of a resync's dump, then the
+		// queue) takes its last op: Write deletes before it creates.
+		clear(lastOp)
+		for i := range it.bt.ops {
+			lastOp[keyOf(&it.bt.ops[i].entry)] = i
+		}
 		for i := range it.bt.ops {
 			o := &it.bt.ops[i]
+			if lastOp[keyOf(&o.entry)] != i {
+				continue
+			}
 			why := ""
 			if o.del {
 				why = s.o.Policy.CheckDelete(&o.entry)

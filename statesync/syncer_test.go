@@ -77,12 +77,12 @@ func (k *fakeKernel) Write(puts, dels []Entry) []error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.writes++
+	for _, e := range dels { // first, as the kernel's Write
+		delete(k.table, keyOf(&e))
+	}
 	for _, e := range puts {
 		e.Mark |= ReplicaMark
 		k.table[keyOf(&e)] = e
-	}
-	for _, e := range dels {
-		delete(k.table, keyOf(&e))
 	}
 	return make([]error, len(puts)+len(dels))
 }
@@ -439,6 +439,47 @@ func TestSyncEventDuringResyncDumpKept(t *testing.T) {
 		return nil
 	})
 	eventually(t, func() error { return hasReplica(b.k, late) })
+}
+
+// A flow that ends while a resync's dump is read is in the dump (a put)
+// and in the queue (a delete) that follows it in the same batch: the
+// delete wins, its replica is not left behind.
+func TestSyncDestroyDuringResyncDumpWins(t *testing.T) {
+	c := newCluster(t, nil, "gw-a", "gw-b")
+	a, b := c.gws["gw-a"], c.gws["gw-b"]
+	waitUp(t, a, "gw-b")
+	waitUp(t, b, "gw-a")
+	gone := flow(3100)
+	a.k.emit(EventNew, gone)
+	eventually(t, func() error { return hasReplica(b.k, gone) })
+	flows := a.s.Status().Flows
+	a.k.mu.Lock()
+	a.k.duringDump = func() {
+		a.k.emit(EventDestroy, gone)
+		// Dump runs in the Syncer's goroutine: no t.Fatal here.
+		if err := lab.EventuallyWithin(10*time.Second, func() error {
+			if got := a.s.Status().Flows; got != flows-1 {
+				return fmt.Errorf("%d flows, want %d: the destroy not taken yet", got, flows-1)
+			}
+			return nil
+		}); err != nil {
+			t.Error(err)
+		}
+	}
+	a.k.mu.Unlock()
+	a.k.lost <- 1 // events lost: a full resync of B
+	marker := flow(3101)
+	eventually(t, func() error {
+		if st := a.s.Status().Peers[0]; st.ResyncsSent < 2 || st.Resyncing {
+			return fmt.Errorf("the second resync not done yet: %+v", st)
+		}
+		return nil
+	})
+	a.k.emit(EventNew, marker)
+	eventually(t, func() error { return hasReplica(b.k, marker) })
+	if _, ok := b.k.get(gone); ok {
+		t.Errorf("the replica of %v is left after its flow ended during the resync", gone.Orig)
+	}
 }
 
 // A peer that restarts gets a full resync of every live entry, and its
