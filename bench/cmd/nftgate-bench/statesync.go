@@ -7,12 +7,15 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
+	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -39,6 +42,9 @@ type StateSyncConfig struct {
 	OverflowRate  int
 	OverflowQueue int
 	OverflowStop  time.Duration
+	// Profile, when set, is where CPU profiles of A's and B's nftgate
+	// during each sync run are written (nftgate runs with --pprof).
+	Profile string
 }
 
 // The runs of the state-sync phase.
@@ -60,11 +66,12 @@ func statesyncFlags(fs *flag.FlagSet, c *StateSyncConfig) func() error {
 	fs.BoolVar(&c.Only, "statesync-load-only", false, "the state-sync load phase alone (no kube-apiserver, no proxiers)")
 	rates := fs.String("statesync-rates", "1000,10000,0", "state-sync phase: target new connections per second, 0 as fast as the generator goes")
 	fs.DurationVar(&c.Duration, "statesync-duration", 10*time.Second, "state-sync phase: how long each rate runs")
-	fs.IntVar(&c.Workers, "statesync-workers", 64, "state-sync phase: generator goroutines")
+	fs.IntVar(&c.Workers, "statesync-workers", 256, "state-sync phase: generator goroutines")
 	runs := fs.String("statesync-runs", strings.Join(allStateSyncRuns, ","), "state-sync phase: the runs, of "+strings.Join(allStateSyncRuns, ", "))
 	fs.IntVar(&c.OverflowRate, "statesync-overflow-rate", 10000, "state-sync phase: the overflow run's target rate")
 	fs.IntVar(&c.OverflowQueue, "statesync-overflow-queue", 1024, "state-sync phase: the overflow run's sync_queue")
 	fs.DurationVar(&c.OverflowStop, "statesync-overflow-stop", time.Second, "state-sync phase: how long B is stopped (SIGSTOP) in the overflow run")
+	fs.StringVar(&c.Profile, "statesync-profile", "", "state-sync phase: directory for CPU profiles of both nftgates during each sync run")
 	return func() error {
 		c.On = c.On || c.Only
 		for _, r := range strings.Split(*rates, ",") {
@@ -152,24 +159,10 @@ type StateSyncReport struct {
 
 // RunStateSync runs the state-sync phase and writes statesync/results.md
 // and results.json under cfg.Out after every run.
-func RunStateSync(cfg *Config, machine string) (err error) {
+func RunStateSync(cfg *Config, machine string) error {
 	c := &cfg.StateSync
 	r := &StateSyncReport{Started: time.Now().UTC(), Machine: machine, Duration: c.Duration.Seconds(), Workers: c.Workers}
 	dir := filepath.Join(cfg.Out, "statesync")
-	topo, err := failover.New(failover.Options{Name: "bench-statesync", Gateways: 2})
-	if err != nil {
-		return err
-	}
-	defer func() { err = errors.Join(err, topo.Close()) }()
-	srcs, err := loadClient(topo)
-	if err != nil {
-		return err
-	}
-	stopEcho, err := failover.ServeEcho(topo.Endpoints, failover.Endpoints, failover.EndpointPort)
-	if err != nil {
-		return err
-	}
-	defer stopEcho()
 	for _, name := range c.Runs {
 		o := failover.NftgateOptions{NoStateSync: name == ssNoSync}
 		rates := c.Rates
@@ -178,7 +171,7 @@ func RunStateSync(cfg *Config, machine string) (err error) {
 			// peer would stop queueing to it, not overflow).
 			o.SyncQueue, o.DeadAfter, rates = c.OverflowQueue, 100, []int{c.OverflowRate}
 		}
-		err := statesyncGateways(cfg, topo, o, func(gs []*failover.Nftgate, a int) error {
+		err := statesyncGateways(cfg, o, func(topo *failover.Topology, srcs []netip.Addr, gs []*failover.Nftgate, a int) error {
 			for _, rate := range rates {
 				for _, i := range []int{a, 1 - a} {
 					if err := flushConntrack(topo.Gateways[i]); err != nil {
@@ -206,12 +199,9 @@ func RunStateSync(cfg *Config, machine string) (err error) {
 	return nil
 }
 
-// loadClient gives the client namespace the source addresses and ports
-// the load needs.
+// loadClient gives the client namespace the source addresses the load
+// needs.
 func loadClient(topo *failover.Topology) ([]netip.Addr, error) {
-	if err := topo.Client.Sysctl("net.ipv4.ip_local_port_range", "1024 65535"); err != nil {
-		return nil, err
-	}
 	srcs := []netip.Addr{failover.ClientAddr}
 	var extra []netip.Prefix
 	for a := failover.ClientAddr.Next(); len(srcs) < clientSources; a = a.Next() {
@@ -221,10 +211,26 @@ func loadClient(topo *failover.Topology) ([]netip.Addr, error) {
 	return srcs, topo.Client.AddAddress(topo.ClientIface, extra...)
 }
 
-// statesyncGateways runs nftgate with o in both gateways, calls fn with
-// them and the index of A (the holder of the Service address), and stops
-// them.
-func statesyncGateways(cfg *Config, topo *failover.Topology, o failover.NftgateOptions, fn func([]*failover.Nftgate, int) error) (err error) {
+// statesyncGateways builds the topology (a fresh one for each
+// configuration: a killed nftgate's sockets may outlive the kill by a
+// moment), starts the echo servers and nftgate with o in both gateways,
+// calls fn with them, the client's source addresses and the index of A
+// (the holder of the Service address), and removes it all.
+func statesyncGateways(cfg *Config, o failover.NftgateOptions, fn func(*failover.Topology, []netip.Addr, []*failover.Nftgate, int) error) (err error) {
+	topo, err := failover.New(failover.Options{Name: "bench-statesync", Gateways: 2})
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, topo.Close()) }()
+	srcs, err := loadClient(topo)
+	if err != nil {
+		return err
+	}
+	stopEcho, err := failover.ServeEcho(topo.Endpoints, failover.Endpoints, failover.EndpointPort)
+	if err != nil {
+		return err
+	}
+	defer stopEcho()
 	tmp, err := os.MkdirTemp("", "nftgate-bench-statesync-")
 	if err != nil {
 		return err
@@ -237,13 +243,13 @@ func statesyncGateways(cfg *Config, topo *failover.Topology, o failover.NftgateO
 	if err := failover.NftgateSupports(cfg.NftgateBin, nc.Configs[0]); err != nil {
 		return err
 	}
-	gs, err := startNftgates(cfg, topo, nc)
-	defer func() {
-		err = errors.Join(err, stopNftgates(gs, err != nil))
-		for _, h := range topo.Gateways {
-			err = errors.Join(err, flushConntrack(h))
+	if cfg.StateSync.Profile != "" {
+		for i := range nc.Args {
+			nc.Args[i] = append(nc.Args[i], "--pprof")
 		}
-	}()
+	}
+	gs, err := startNftgates(cfg, topo, nc)
+	defer func() { err = errors.Join(err, stopNftgates(gs, err != nil)) }()
 	if err != nil {
 		return err
 	}
@@ -285,7 +291,7 @@ func statesyncGateways(cfg *Config, topo *failover.Topology, o failover.NftgateO
 			return err
 		}
 	}
-	return fn(gs, a)
+	return fn(topo, srcs, gs, a)
 }
 
 // flushConntrack empties h's conntrack table and waits until it is empty.
@@ -349,6 +355,18 @@ func statesyncRun(cfg *Config, topo *failover.Topology, gs []*failover.Nftgate, 
 	if err := cmd.Start(); err != nil {
 		return run, err
 	}
+	var profiles sync.WaitGroup
+	if c.Profile != "" && name == ssSync {
+		for _, g := range []*failover.Nftgate{ga, gb} {
+			path := filepath.Join(c.Profile, fmt.Sprintf("%s-%d-%s.pprof", name, rate, g.Host))
+			profiles.Go(func() {
+				if err := fetchProfile(g, c.Duration, path); err != nil {
+					logf("profile of %s: %v", g.Host, err)
+				}
+			})
+		}
+	}
+	defer profiles.Wait()
 	if name == ssOverflow && c.OverflowStop > 0 {
 		// B stops in the middle of the load: its reads of the channel
 		// and its writes to the kernel pause, A's queue to it fills.
@@ -397,6 +415,13 @@ func statesyncRun(cfg *Config, topo *failover.Topology, gs []*failover.Nftgate, 
 		run.Sync = syncDelta(before, after, lagBefore, lagAfter)
 	}
 	run.Lag = w.result(syncOn)
+	if os.Getenv("SSDEBUG") != "" {
+		for _, l := range strings.Split(gb.Logs(), "\n") {
+			if strings.Contains(l, "refused") {
+				logf("B: %s", l)
+			}
+		}
+	}
 	run.Alive = !ga.Exited() && !gb.Exited()
 	for _, g := range gs {
 		if code, _, err := g.Get("/readyz"); err != nil || code != 200 {
@@ -535,4 +560,27 @@ func bucketMs(ms float64) string {
 		return "> 8192"
 	}
 	return strconv.FormatFloat(ms, 'f', -1, 64)
+}
+
+// fetchProfile writes a CPU profile of g over d to path.
+func fetchProfile(g *failover.Nftgate, d time.Duration, path string) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	client := &http.Client{Timeout: d + 30*time.Second, Transport: &http.Transport{DialContext: g.Host.DialContext}}
+	defer client.CloseIdleConnections()
+	resp, err := client.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", failover.NftgateListen, int(d.Seconds())))
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: %s", path, resp.Status)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(f, resp.Body)
+	return errors.Join(err, f.Close())
 }

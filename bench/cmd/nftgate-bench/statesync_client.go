@@ -11,6 +11,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -20,12 +21,19 @@ import (
 // bench's listeners.
 const statesyncClientCmd = "statesync-client"
 
+// firstPort is the generator's first source port.
+const firstPort = 1024
+
 // shortRequest is what the generator sends; the endpoints echo it.
 var shortRequest = []byte("nftgate-bench statesync\n")
 
 // runPacedClients opens short connections to dst at rate per second in
-// total (0: as fast as the workers go), from workers goroutines, worker i
-// bound to srcs[i % len(srcs)], until the window ends. Each worker keeps
+// total (0: as fast as the workers go), from workers goroutines, until the
+// window ends. Connection n goes from srcs[n % len(srcs)] and a port that
+// counts up from 1024 per source: no tuple is used twice before 64,512
+// connections per source, so every connection is a new conntrack entry
+// (the kernel's own choice reuses a port a reset freed at once, and a SYN
+// on an entry in CLOSE reopens it). Each worker keeps
 // its own schedule; a worker that falls behind goes on at once without
 // catching up more than 100 ms, so the achieved rate is what the machine
 // did. One connection: connect, write a line, read its echo, close with
@@ -40,11 +48,11 @@ func runPacedClients(ctx context.Context, dst netip.AddrPort, srcs []netip.Addr,
 		interval = time.Duration(float64(workers) / rate * float64(time.Second))
 	}
 	var wg sync.WaitGroup
+	var conns atomic.Uint64
 	for i := range ws {
 		wg.Add(1)
-		go func(w *connWorker, src netip.Addr) {
+		go func(w *connWorker) {
 			defer wg.Done()
-			d := net.Dialer{LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(src, 0)), Control: bindNoPort}
 			next := start.Add(interval * time.Duration(i) / time.Duration(workers))
 			for ctx.Err() == nil {
 				if interval > 0 {
@@ -59,6 +67,9 @@ func runPacedClients(ctx context.Context, dst netip.AddrPort, srcs []netip.Addr,
 				if !t0.Before(end) {
 					return
 				}
+				n := conns.Add(1) - 1
+				src := netip.AddrPortFrom(srcs[n%uint64(len(srcs))], uint16(firstPort+n/uint64(len(srcs))%(65536-firstPort)))
+				d := net.Dialer{LocalAddr: net.TCPAddrFromAddrPort(src)}
 				err := shortExchange(ctx, &d, dst, t0.Add(exchangeTimeout))
 				t1 := time.Now()
 				if err != nil {
@@ -71,7 +82,7 @@ func runPacedClients(ctx context.Context, dst netip.AddrPort, srcs []netip.Addr,
 					w.inWindow++
 				}
 			}
-		}(&ws[i], srcs[i%len(srcs)])
+		}(&ws[i])
 	}
 	wg.Wait()
 	var all []float64
@@ -121,7 +132,7 @@ func statesyncClientMain(args []string) int {
 	dst := fs.String("dst", "", "address:port to connect to")
 	srcList := fs.String("src", "", "comma-separated source addresses")
 	rate := fs.Float64("rate", 1000, "new connections per second in total; 0: as fast as the workers go")
-	workers := fs.Int("workers", 64, "generator goroutines")
+	workers := fs.Int("workers", 256, "generator goroutines")
 	window := fs.Duration("duration", 10*time.Second, "how long to open connections")
 	if err := fs.Parse(args); err != nil {
 		return 2

@@ -68,9 +68,9 @@ type NftgateConfig struct {
 	Dst netip.AddrPort
 }
 
-// nftgateListen is where each gateway's HTTP server listens, in its own
+// NftgateListen is where each gateway's HTTP server listens, in its own
 // namespace.
-const nftgateListen = "127.0.0.1:9180"
+const NftgateListen = "127.0.0.1:9180"
 
 // WriteNftgate writes each gateway's configuration and manifests and the
 // shared key under dir.
@@ -163,7 +163,7 @@ func WriteNftgate(topo *Topology, dir string, o NftgateOptions) (*NftgateConfig,
 			return nil, err
 		}
 		c.Configs = append(c.Configs, cfg)
-		c.Args = append(c.Args, []string{"--config", cfg, "--manifests", mdir, "--listen", nftgateListen, "--node-name", name})
+		c.Args = append(c.Args, []string{"--config", cfg, "--manifests", mdir, "--listen", NftgateListen, "--node-name", name})
 	}
 	return c, nil
 }
@@ -266,7 +266,7 @@ func (n *Nftgate) Exited() bool {
 func (n *Nftgate) Get(path string) (int, string, error) {
 	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DialContext: n.Host.DialContext}}
 	defer client.CloseIdleConnections()
-	resp, err := client.Get("http://" + nftgateListen + path)
+	resp, err := client.Get("http://" + NftgateListen + path)
 	if err != nil {
 		return 0, "", err
 	}
