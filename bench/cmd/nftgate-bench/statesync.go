@@ -133,6 +133,8 @@ type StateSyncRun struct {
 	HeldEntries      int        `json:"held_entries"`
 	HeldMissing      int        `json:"held_missing,omitempty"`
 	LoadAvg          [2]float64 `json:"load_avg_before_after"`
+	// RefusedLog: B's first log lines about refused entries.
+	RefusedLog []string `json:"refused_log,omitempty"`
 }
 
 // SyncCounters are deltas of nftgate's own counters over a run.
@@ -415,11 +417,10 @@ func statesyncRun(cfg *Config, topo *failover.Topology, gs []*failover.Nftgate, 
 		run.Sync = syncDelta(before, after, lagBefore, lagAfter)
 	}
 	run.Lag = w.result(syncOn)
-	if os.Getenv("SSDEBUG") != "" {
-		for _, l := range strings.Split(gb.Logs(), "\n") {
-			if strings.Contains(l, "refused") {
-				logf("B: %s", l)
-			}
+	// Why B refused entries, as it logs it (at most every 10 s a reason).
+	for _, l := range strings.Split(gb.Logs(), "\n") {
+		if strings.Contains(l, "refused") && len(run.RefusedLog) < 3 {
+			run.RefusedLog = append(run.RefusedLog, l)
 		}
 	}
 	run.Alive = !ga.Exited() && !gb.Exited()
