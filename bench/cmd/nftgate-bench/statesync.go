@@ -42,6 +42,9 @@ type StateSyncConfig struct {
 	OverflowRate  int
 	OverflowQueue int
 	OverflowStop  time.Duration
+	// DeadAfter is [gateways] dead_after of the sync and nosync runs; 0
+	// leaves nftgate's default.
+	DeadAfter int
 	// Profile, when set, is where CPU profiles of A's and B's nftgate
 	// during each sync run are written (nftgate runs with --pprof).
 	Profile string
@@ -71,6 +74,7 @@ func statesyncFlags(fs *flag.FlagSet, c *StateSyncConfig) func() error {
 	fs.IntVar(&c.OverflowRate, "statesync-overflow-rate", 10000, "state-sync phase: the overflow run's target rate")
 	fs.IntVar(&c.OverflowQueue, "statesync-overflow-queue", 1024, "state-sync phase: the overflow run's sync_queue")
 	fs.DurationVar(&c.OverflowStop, "statesync-overflow-stop", time.Second, "state-sync phase: how long B is stopped (SIGSTOP) in the overflow run")
+	fs.IntVar(&c.DeadAfter, "statesync-dead-after", 0, "state-sync phase: [gateways] dead_after of the sync and nosync runs (0: nftgate's default)")
 	fs.StringVar(&c.Profile, "statesync-profile", "", "state-sync phase: directory for CPU profiles of both nftgates during each sync run")
 	return func() error {
 		c.On = c.On || c.Only
@@ -92,6 +96,8 @@ func statesyncFlags(fs *flag.FlagSet, c *StateSyncConfig) func() error {
 			return fmt.Errorf("--statesync-duration: %v: want 1s to 5m", c.Duration)
 		case c.Workers < 1 || c.Workers > 1024:
 			return fmt.Errorf("--statesync-workers: %d: want 1 to 1024", c.Workers)
+		case c.DeadAfter != 0 && (c.DeadAfter < 2 || c.DeadAfter > 100):
+			return fmt.Errorf("--statesync-dead-after: %d: want 0, or 2 to 100 as [gateways] dead_after", c.DeadAfter)
 		case c.OverflowRate < 0:
 			return fmt.Errorf("--statesync-overflow-rate: %d: want 0 or more", c.OverflowRate)
 		case c.OverflowQueue < 1024:
@@ -133,6 +139,11 @@ type StateSyncRun struct {
 	HeldEntries      int        `json:"held_entries"`
 	HeldMissing      int        `json:"held_missing,omitempty"`
 	LoadAvg          [2]float64 `json:"load_avg_before_after"`
+	// PeerDead: how often A and B took the other for dead during the run
+	// (heartbeats missed: a gateway starved of CPU for dead_after
+	// heartbeat intervals); while B is dead to A, A queues nothing for it
+	// and B gets the flows with the resync when it is back.
+	PeerDead [2]int `json:"peer_dead_a_b"`
 	// RefusedLog: B's first log lines about refused entries.
 	RefusedLog []string `json:"refused_log,omitempty"`
 }
@@ -145,28 +156,32 @@ type SyncCounters struct {
 	Lost          uint64            `json:"lost"`
 	ResyncsSent   uint64            `json:"resyncs_sent"`
 	KernelLossesA uint64            `json:"kernel_event_losses_a"`
-	LagP50Ms      float64           `json:"lag_metric_p50_ms"`
-	LagP99Ms      float64           `json:"lag_metric_p99_ms"`
-	LagBatches    uint64            `json:"lag_metric_batches"`
+	// Refreshes: A's entries sent again by its refresh passes.
+	Refreshes  uint64  `json:"refreshes"`
+	LagP50Ms   float64 `json:"lag_metric_p50_ms"`
+	LagP99Ms   float64 `json:"lag_metric_p99_ms"`
+	LagBatches uint64  `json:"lag_metric_batches"`
 }
 
 // StateSyncReport is bench/results/statesync/results.json.
 type StateSyncReport struct {
-	Started  time.Time      `json:"started"`
-	Machine  string         `json:"machine"`
-	Duration float64        `json:"seconds_per_run"`
-	Workers  int            `json:"workers"`
-	Runs     []StateSyncRun `json:"runs"`
+	Started  time.Time `json:"started"`
+	Machine  string    `json:"machine"`
+	Duration float64   `json:"seconds_per_run"`
+	Workers  int       `json:"workers"`
+	// DeadAfter is the sync and nosync runs' dead_after (0: the default).
+	DeadAfter int            `json:"dead_after,omitempty"`
+	Runs      []StateSyncRun `json:"runs"`
 }
 
 // RunStateSync runs the state-sync phase and writes statesync/results.md
 // and results.json under cfg.Out after every run.
 func RunStateSync(cfg *Config, machine string) error {
 	c := &cfg.StateSync
-	r := &StateSyncReport{Started: time.Now().UTC(), Machine: machine, Duration: c.Duration.Seconds(), Workers: c.Workers}
+	r := &StateSyncReport{Started: time.Now().UTC(), Machine: machine, Duration: c.Duration.Seconds(), Workers: c.Workers, DeadAfter: c.DeadAfter}
 	dir := filepath.Join(cfg.Out, "statesync")
 	for _, name := range c.Runs {
-		o := failover.NftgateOptions{NoStateSync: name == ssNoSync}
+		o := failover.NftgateOptions{NoStateSync: name == ssNoSync, DeadAfter: c.DeadAfter}
 		rates := c.Rates
 		if name == ssOverflow {
 			// B stops for a second: it must not be declared dead (its
@@ -313,6 +328,9 @@ func flushConntrack(h *lab.Host) error {
 	})
 }
 
+// peerDead is what nftgate logs when it takes a peer for dead.
+const peerDead = "gateways: peer dead"
+
 // cpuTail is how long after the load the CPU window goes on: the sync of
 // the last connections belongs to the load.
 const cpuTail = 2 * time.Second
@@ -329,10 +347,9 @@ func statesyncRun(cfg *Config, topo *failover.Topology, gs []*failover.Nftgate, 
 	}
 	defer w.Close()
 	syncOn := name != ssNoSync
-	var before [2]statesync.Status
-	var lagBefore lagBuckets
+	var before syncReading
 	if syncOn {
-		if before, lagBefore, err = syncSnapshot(ga, gb); err != nil {
+		if before, err = syncSnapshot(ga, gb); err != nil {
 			return run, err
 		}
 	}
@@ -344,6 +361,7 @@ func statesyncRun(cfg *Config, topo *failover.Topology, gs []*failover.Nftgate, 
 	for i, s := range srcs {
 		src[i] = s.String()
 	}
+	deadA0, deadB0 := strings.Count(ga.Logs(), peerDead), strings.Count(gb.Logs(), peerDead)
 	cpuA0, errA := readProcStats(ga.PID())
 	cpuB0, errB := readProcStats(gb.PID())
 	if err := errors.Join(errA, errB); err != nil {
@@ -410,13 +428,14 @@ func statesyncRun(cfg *Config, topo *failover.Topology, gs []*failover.Nftgate, 
 		run.Held, run.HeldMissingFirst, run.HeldMissing, run.HeldEntries = held, first, missing, entries
 		run.HeldAfter = time.Since(loadEnd).Seconds()
 		_ = lab.EventuallyWithin(10*time.Second, w.allSeen)
-		after, lagAfter, err := syncSnapshot(ga, gb)
+		after, err := syncSnapshot(ga, gb)
 		if err != nil {
 			return run, err
 		}
-		run.Sync = syncDelta(before, after, lagBefore, lagAfter)
+		run.Sync = syncDelta(before, after)
 	}
 	run.Lag = w.result(syncOn)
+	run.PeerDead = [2]int{strings.Count(ga.Logs(), peerDead) - deadA0, strings.Count(gb.Logs(), peerDead) - deadB0}
 	// Why B refused entries, as it logs it (at most every 10 s a reason).
 	for _, l := range strings.Split(gb.Logs(), "\n") {
 		if strings.Contains(l, "refused") && len(run.RefusedLog) < 3 {
@@ -449,26 +468,34 @@ func syncStatus(g *failover.Nftgate) (statesync.Status, error) {
 	return st, nil
 }
 
-func syncSnapshot(ga, gb *failover.Nftgate) ([2]statesync.Status, lagBuckets, error) {
-	var st [2]statesync.Status
-	var err error
-	for i, g := range []*failover.Nftgate{ga, gb} {
-		if st[i], err = syncStatus(g); err != nil {
-			return st, nil, err
-		}
-		if len(st[i].Peers) != 1 {
-			return st, nil, fmt.Errorf("%s: %d state-sync peers, want 1", g.Host, len(st[i].Peers))
-		}
-	}
-	lag, err := lagHistogram(ga)
-	return st, lag, err
+// syncReading is what A and B say of the sync at one moment.
+type syncReading struct {
+	st        [2]statesync.Status
+	lag       lagBuckets
+	refreshes uint64
 }
 
-func syncDelta(before, after [2]statesync.Status, lagBefore, lagAfter lagBuckets) SyncCounters {
-	pa0, pa1 := before[0].Peers[0], after[0].Peers[0]
-	pb0, pb1 := before[1].Peers[0], after[1].Peers[0]
+func syncSnapshot(ga, gb *failover.Nftgate) (syncReading, error) {
+	var r syncReading
+	var err error
+	for i, g := range []*failover.Nftgate{ga, gb} {
+		if r.st[i], err = syncStatus(g); err != nil {
+			return r, err
+		}
+		if len(r.st[i].Peers) != 1 {
+			return r, fmt.Errorf("%s: %d state-sync peers, want 1", g.Host, len(r.st[i].Peers))
+		}
+	}
+	r.lag, r.refreshes, err = lagHistogram(ga)
+	return r, err
+}
+
+func syncDelta(r0, r1 syncReading) SyncCounters {
+	pa0, pa1 := r0.st[0].Peers[0], r1.st[0].Peers[0]
+	pb0, pb1 := r0.st[1].Peers[0], r1.st[1].Peers[0]
 	s := SyncCounters{Sent: pa1.Sent - pa0.Sent, Received: pb1.Received - pb0.Received, Lost: pa1.Lost - pa0.Lost,
-		ResyncsSent: pa1.ResyncsSent - pa0.ResyncsSent, KernelLossesA: after[0].EventsLost - before[0].EventsLost}
+		ResyncsSent: pa1.ResyncsSent - pa0.ResyncsSent, KernelLossesA: r1.st[0].EventsLost - r0.st[0].EventsLost,
+		Refreshes: r1.refreshes - r0.refreshes}
 	for k, v := range pb1.Refused {
 		if d := v - pb0.Refused[k]; d > 0 {
 			if s.Refused == nil {
@@ -477,7 +504,7 @@ func syncDelta(before, after [2]statesync.Status, lagBefore, lagAfter lagBuckets
 			s.Refused[k] = d
 		}
 	}
-	d := lagAfter.sub(lagBefore)
+	d := r1.lag.sub(r0.lag)
 	s.LagBatches = d.count()
 	s.LagP50Ms, s.LagP99Ms = d.quantile(0.50)*1000, d.quantile(0.99)*1000
 	return s
@@ -485,9 +512,9 @@ func syncDelta(before, after [2]statesync.Status, lagBefore, lagAfter lagBuckets
 
 // Summary is one line for the log.
 func (r StateSyncRun) Summary() string {
-	return fmt.Sprintf("%s at %d/s: %.0f/s achieved (%d failed), %d flows on A, %d never on B; lag p50 %.1f p99 %.1f max %.1f ms; CPU A %.2f s B %.2f s; lost %d, resyncs %d, alive %v, held %v",
+	return fmt.Sprintf("%s at %d/s: %.0f/s achieved (%d failed), %d flows on A, %d never on B; lag p50 %.1f p99 %.1f max %.1f ms; CPU A %.2f s B %.2f s; lost %d, resyncs %d, refreshes %d, peer dead %v, alive %v, held %v",
 		r.Name, r.TargetRate, r.Client.PerSecond, r.Client.Failed, r.Lag.FlowsA, r.Lag.NeverOnB, r.Lag.P50Ms, r.Lag.P99Ms, r.Lag.MaxMs,
-		r.CPUSecondsA, r.CPUSecondsB, r.Sync.Lost, r.Sync.ResyncsSent, r.Alive, r.Held)
+		r.CPUSecondsA, r.CPUSecondsB, r.Sync.Lost, r.Sync.ResyncsSent, r.Sync.Refreshes, r.PeerDead, r.Alive, r.Held)
 }
 
 func (r *StateSyncReport) write(dir string) error {
@@ -511,8 +538,8 @@ func (r *StateSyncReport) markdown() string {
 		r.Started.Format("2006-01-02 15:04 UTC"), r.Machine, r.Workers, clientSources, r.Duration)
 	b.WriteString("Lag: from the NEW event of the flow in A's kernel to the NEW event of its replica (mark bit 31) in B's, both read by conntrack event listeners in this process, matched by original tuple; \"never\": A's flows with no replica on B 10 s after the load. ")
 	b.WriteString("nftgate's own lag metric (`nftgate_statesync_lag_seconds`, from the oldest event of a batch to B's ack of its write, bucket upper bounds) beside it. CPU: nftgate's utime+stime on A and B over the load and 2 s after it, per 1,000 connections completed.\n\n")
-	b.WriteString("| run | target /s | achieved /s (failed) | flows on A | never on B | lag p50 / p90 / p99 / max (ms) | metric p50 / p99 (ms) | CPU A / B (s) | CPU A / B per 1,000 conns (ms) | generator CPU (s) | lost / resyncs | B held all after | alive | load avg before / after |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| run | target /s | achieved /s (failed) | flows on A | never on B | lag p50 / p90 / p99 / max (ms) | metric p50 / p99 (ms) | CPU A / B (s) | CPU A / B per 1,000 conns (ms) | generator CPU (s) | lost / resyncs / refreshes | peer taken for dead by A / B | refused by B | B held all after | alive | load avg before / after |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, run := range r.Runs {
 		target := strconv.Itoa(run.TargetRate)
 		if run.TargetRate == 0 {
@@ -528,24 +555,35 @@ func (r *StateSyncReport) markdown() string {
 			}
 			return fmt.Sprintf("%.1f", s*1000*1000/float64(run.Client.Exchanges))
 		}
-		lag, never, metric, lost, held := "–", "–", "–", "–", "–"
+		lag, never, metric, lost, held, refused := "–", "–", "–", "–", "–", "–"
 		if run.Name != ssNoSync {
 			l := run.Lag
 			lag = fmt.Sprintf("%.1f / %.1f / %.1f / %.1f", l.P50Ms, l.P90Ms, l.P99Ms, l.MaxMs)
 			never = fmt.Sprintf("%d (%.3f%%)", l.NeverOnB, 100*l.NeverFraction)
 			metric = fmt.Sprintf("≤ %s / ≤ %s", bucketMs(run.Sync.LagP50Ms), bucketMs(run.Sync.LagP99Ms))
-			lost = fmt.Sprintf("%d / %d", run.Sync.Lost, run.Sync.ResyncsSent)
+			lost = fmt.Sprintf("%d / %d / %d", run.Sync.Lost, run.Sync.ResyncsSent, run.Sync.Refreshes)
+			refused = fmt.Sprint(run.Sync.Refused)
 			held = fmt.Sprintf("no (%d of %d missing)", run.HeldMissing, run.HeldEntries)
 			if run.Held {
 				held = fmt.Sprintf("yes, %.1f s (%d entries; %d missing at first)", run.HeldAfter, run.HeldEntries, run.HeldMissingFirst)
 			}
 		}
-		fmt.Fprintf(&b, "| %s | %s | %.0f (%d) | %d | %s | %s | %s | %.2f / %.2f | %s / %s | %.2f | %s | %s | %v | %.2f / %.2f |\n",
+		fmt.Fprintf(&b, "| %s | %s | %.0f (%d) | %d | %s | %s | %s | %.2f / %.2f | %s / %s | %.2f | %s | %d / %d | %s | %s | %v | %.2f / %.2f |\n",
 			name, target, run.Client.PerSecond, run.Client.Failed, run.Lag.FlowsA, never, lag, metric,
-			run.CPUSecondsA, run.CPUSecondsB, per(run.CPUSecondsA), per(run.CPUSecondsB), run.ClientCPUSeconds, lost, held, run.Alive,
-			run.LoadAvg[0], run.LoadAvg[1])
+			run.CPUSecondsA, run.CPUSecondsB, per(run.CPUSecondsA), per(run.CPUSecondsB), run.ClientCPUSeconds, lost,
+			run.PeerDead[0], run.PeerDead[1], refused, held, run.Alive, run.LoadAvg[0], run.LoadAvg[1])
 	}
 	b.WriteString("\nsync: state_sync on (the default); nosync: state_sync = false, the same load (the difference is the sync's cost); overflow: sync_queue at its minimum and B stopped (SIGSTOP) in the middle of the load, dead_after raised so that A keeps B alive and its queue overflows: the updates dropped are counted as lost and a full resync follows. \"B held all after\": how long after the load's end B's kernel first held a replica of every entry A's kernel still had.\n")
+	if r.DeadAfter != 0 {
+		fmt.Fprintf(&b, "\nThe sync and nosync runs with dead_after = %d.\n", r.DeadAfter)
+	}
+	b.WriteString("\nLongest lag of the flows A created in each half second (ms):\n")
+	for _, run := range r.Runs {
+		if len(run.Lag.MaxBy500ms) > 0 {
+			fmt.Fprintf(&b, "\n- %s at %d/s: %v", run.Name, run.TargetRate, run.Lag.MaxBy500ms)
+		}
+	}
+	b.WriteString("\n")
 	for _, run := range r.Runs {
 		if len(run.Lag.ListenerErrors) > 0 || run.Lag.OnlyB > 0 || run.Lag.ReusedA > 0 || len(run.Sync.Refused) > 0 || run.Client.LastError != "" {
 			fmt.Fprintf(&b, "\n- %s at %d/s: listener errors %q, replicas without A's event %d, tuples reused %d, refused %v, generator's last error %q",

@@ -44,6 +44,9 @@ type SyncLag struct {
 	P90Ms   float64 `json:"p90_ms"`
 	P99Ms   float64 `json:"p99_ms"`
 	MaxMs   float64 `json:"max_ms"`
+	// MaxBy500ms is the longest lag of the flows A created in each half
+	// second of the run, in ms: when the tail happened.
+	MaxBy500ms []float64 `json:"max_by_500ms,omitempty"`
 	// ListenerErrors: the listeners' socket errors (an overflow loses
 	// events and stops one of the listener's readers).
 	ListenerErrors []string `json:"listener_errors,omitempty"`
@@ -177,6 +180,24 @@ func (w *syncWatch) result(syncOn bool) SyncLag {
 		}
 	}
 	r.SeenB = len(lags)
+	var t0 time.Time
+	for _, ta := range w.a {
+		if t0.IsZero() || ta.Before(t0) {
+			t0 = ta
+		}
+	}
+	series := map[int]float64{}
+	last := 0
+	for k, ta := range w.a {
+		if tb, ok := w.b[k]; ok {
+			s := int(ta.Sub(t0) / (500 * time.Millisecond))
+			series[s] = max(series[s], tb.Sub(ta).Seconds()*1000)
+			last = max(last, s)
+		}
+	}
+	for s := range last + 1 {
+		r.MaxBy500ms = append(r.MaxBy500ms, math.Round(series[s]))
+	}
 	if r.FlowsA > 0 {
 		r.NeverFraction = float64(r.NeverOnB) / float64(r.FlowsA)
 	}
@@ -245,19 +266,24 @@ type lagBuckets []struct {
 	count uint64
 }
 
-// lagHistogram reads A's lag histogram from its /metrics.
-func lagHistogram(g *failover.Nftgate) (lagBuckets, error) {
+// lagHistogram reads A's lag histogram and refresh count from its
+// /metrics.
+func lagHistogram(g *failover.Nftgate) (lagBuckets, uint64, error) {
 	code, body, err := g.Get("/metrics")
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	if code != 200 {
-		return nil, fmt.Errorf("%s: /metrics: %d", g.Host, code)
+		return nil, 0, fmt.Errorf("%s: /metrics: %d", g.Host, code)
 	}
 	p := expfmt.NewTextParser(model.UTF8Validation)
 	fams, err := p.TextToMetricFamilies(strings.NewReader(body))
 	if err != nil {
-		return nil, fmt.Errorf("%s: /metrics: %w", g.Host, err)
+		return nil, 0, fmt.Errorf("%s: /metrics: %w", g.Host, err)
+	}
+	var refreshes uint64
+	if f := fams["nftgate_statesync_refreshes_total"]; f != nil && len(f.Metric) == 1 {
+		refreshes = uint64(f.Metric[0].GetCounter().GetValue())
 	}
 	var out lagBuckets
 	if f := fams["nftgate_statesync_lag_seconds"]; f != nil {
@@ -275,7 +301,7 @@ func lagHistogram(g *failover.Nftgate) (lagBuckets, error) {
 			}{math.Inf(1), h.GetSampleCount()})
 		}
 	}
-	return out, nil
+	return out, refreshes, nil
 }
 
 // sub is l minus an earlier reading of the same histogram.
