@@ -86,7 +86,7 @@ type flowRec struct {
 	status  uint32
 	mark    uint32
 	expires time.Time // when the replicas expire unless refreshed
-	seen    uint64    // the refresh pass that last saw it
+	seen    uint64    // the refresh pass that last saw it (or will: see deliver)
 }
 
 // statusMatters are the IPS_* bits whose change is sent: SEEN_REPLY,
@@ -283,7 +283,9 @@ func (s *Syncer) deliver(evs []Event) {
 			}
 			rec.state, rec.status, rec.mark = e.TCP.State, e.Status, e.Mark
 			rec.expires = now.Add(time.Duration(e.Timeout) * time.Second)
-			rec.seen = s.pass
+			// Seen by the next refresh pass too, whose dump may have been
+			// read before the flow existed: it is not taken for gone.
+			rec.seen = s.pass + 1
 			full = s.enqueue(k, op{entry: *e}, now) || full
 		}
 	}

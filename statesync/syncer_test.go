@@ -3,6 +3,7 @@ package statesync
 import (
 	"context"
 	"fmt"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"net"
 	"net/netip"
 	"slices"
@@ -479,6 +480,55 @@ func TestSyncDestroyDuringResyncDumpWins(t *testing.T) {
 	eventually(t, func() error { return hasReplica(b.k, marker) })
 	if _, ok := b.k.get(gone); ok {
 		t.Errorf("the replica of %v is left after its flow ended during the resync", gone.Orig)
+	}
+}
+
+// A flow whose event comes while a refresh pass reads the table is kept
+// as sent: the pass does not take it for gone (and send it again at the
+// next as never sent).
+func TestSyncRefreshKeepsFlowsBornDuringItsDump(t *testing.T) {
+	c := newCluster(t, func(o *Options) { o.RefreshInterval = time.Second }, "gw-a", "gw-b")
+	a, b := c.gws["gw-a"], c.gws["gw-b"]
+	waitUp(t, a, "gw-b")
+	waitUp(t, b, "gw-a")
+	born := flow(3300)
+	flows := a.s.Status().Flows
+	a.k.mu.Lock()
+	a.k.duringDump = func() {
+		a.k.emit(EventNew, born)
+		// Dump runs in the Syncer's goroutine: no t.Fatal here.
+		if err := lab.EventuallyWithin(10*time.Second, func() error {
+			if got := a.s.Status().Flows; got != flows+1 {
+				return fmt.Errorf("%d flows, want %d: the event not taken yet", got, flows+1)
+			}
+			return nil
+		}); err != nil {
+			t.Error(err)
+		}
+	}
+	a.k.mu.Unlock()
+	eventually(t, func() error {
+		a.k.mu.Lock()
+		defer a.k.mu.Unlock()
+		if a.k.duringDump != nil {
+			return fmt.Errorf("no refresh pass yet")
+		}
+		return nil
+	})
+	eventually(t, func() error { return hasReplica(b.k, born) })
+	a.s.mu.Lock()
+	pass := a.s.pass
+	a.s.mu.Unlock()
+	eventually(t, func() error {
+		a.s.mu.Lock()
+		defer a.s.mu.Unlock()
+		if a.s.pass < pass+1 {
+			return fmt.Errorf("refresh pass %d, want %d", a.s.pass, pass+1)
+		}
+		return nil
+	})
+	if n := testutil.ToFloat64(a.s.m.refreshed); n != 0 {
+		t.Errorf("%v entries refreshed: the flow born during a pass's dump was sent again", n)
 	}
 }
 
