@@ -674,7 +674,9 @@ func (s *Syncer) refresh() {
 		expires := now.Add(time.Duration(e.Timeout) * time.Second)
 		if rec != nil {
 			rec.seen = s.pass
-			if rec.expires.After(horizon) || !expires.After(rec.expires) {
+			// Timeouts come in whole seconds rounded down: an entry
+			// lives longer than its replica only past that second.
+			if rec.expires.After(horizon) || !expires.After(rec.expires.Add(time.Second)) {
 				continue
 			}
 		}

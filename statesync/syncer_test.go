@@ -532,6 +532,41 @@ func TestSyncRefreshKeepsFlowsBornDuringItsDump(t *testing.T) {
 	}
 }
 
+// An entry whose timeout only counts down is not sent again by the
+// refresh: the kernel gives timeouts in whole seconds rounded down, so at a
+// pass the entry seems to live up to a second longer than its event said.
+// That is no reason to resend it (at 10,000 connections a second every
+// entry in CLOSE was, once a pass).
+func TestSyncRefreshSkipsEntriesThatOnlyCountDown(t *testing.T) {
+	c := newCluster(t, func(o *Options) { o.RefreshInterval = time.Second }, "gw-a", "gw-b")
+	a, b := c.gws["gw-a"], c.gws["gw-b"]
+	waitUp(t, a, "gw-b")
+	waitUp(t, b, "gw-a")
+	a.s.mu.Lock()
+	pass := a.s.pass
+	a.s.mu.Unlock()
+	e := flow(3200)
+	e.Timeout = 2
+	a.k.emit(EventNew, e)
+	eventually(t, func() error { return hasReplica(b.k, e) })
+	// A second later the kernel says 1: the entry ends when it did.
+	a.k.mu.Lock()
+	e.Timeout = 1
+	a.k.table[keyOf(&e)] = e
+	a.k.mu.Unlock()
+	eventually(t, func() error {
+		a.s.mu.Lock()
+		defer a.s.mu.Unlock()
+		if a.s.pass < pass+2 {
+			return fmt.Errorf("refresh pass %d, want %d", a.s.pass, pass+2)
+		}
+		return nil
+	})
+	if n := testutil.ToFloat64(a.s.m.refreshed); n != 0 {
+		t.Errorf("%v entries refreshed: one that only counts down was sent again", n)
+	}
+}
+
 // A peer that restarts gets a full resync of every live entry, and its
 // Ready closes once it has it.
 func TestSyncRestartedPeerResyncedAndReady(t *testing.T) {
