@@ -155,9 +155,12 @@ type Syncer struct {
 	evMu   sync.Mutex
 	events []peerEvent
 
-	mu         sync.Mutex
-	peers      map[string]*peer
-	flows      map[flowKey]*flowRec
+	mu    sync.Mutex
+	peers map[string]*peer
+	flows map[flowKey]*flowRec
+	// ended are flows whose DESTROY came since the last refresh pass
+	// began (until the next ends).
+	ended      map[flowKey]uint64
 	replicas   map[flowKey]string // replica → the peer that is its origin
 	pass       uint64
 	readyDone  bool
@@ -180,7 +183,7 @@ func New(o Options) (*Syncer, error) {
 	o.ReadyWait = cmp.Or(o.ReadyWait, DefaultReadyWait)
 	s := &Syncer{o: o, log: o.Log, started: time.Now(), ready: make(chan struct{}), wake: make(chan struct{}, 1),
 		in: make(chan inItem, incoming), stop: make(chan struct{}),
-		peers: map[string]*peer{}, flows: map[flowKey]*flowRec{}, replicas: map[flowKey]string{}}
+		peers: map[string]*peer{}, flows: map[flowKey]*flowRec{}, ended: map[flowKey]uint64{}, replicas: map[flowKey]string{}}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -272,6 +275,9 @@ func (s *Syncer) deliver(evs []Event) {
 		switch ev.Type {
 		case EventDestroy:
 			delete(s.flows, k)
+			// A refresh pass whose dump was read before this must not
+			// take the flow for one never sent.
+			s.ended[k] = s.pass + 1
 			full = s.enqueue(k, op{del: true, entry: *e}, now) || full
 		case EventNew, EventUpdate:
 			if rec != nil && rec.state == e.TCP.State && rec.status&statusMatters == e.Status&statusMatters && rec.mark == e.Mark {
@@ -280,6 +286,7 @@ func (s *Syncer) deliver(evs []Event) {
 			if rec == nil {
 				rec = &flowRec{}
 				s.flows[k] = rec
+				delete(s.ended, k) // its tuple began another flow
 			}
 			rec.state, rec.status, rec.mark = e.TCP.State, e.Status, e.Mark
 			rec.expires = now.Add(time.Duration(e.Timeout) * time.Second)
@@ -671,6 +678,9 @@ func (s *Syncer) refresh() {
 		e := &es[i].entry
 		k := keyOf(e)
 		rec := s.flows[k]
+		if _, ok := s.ended[k]; ok && rec == nil {
+			continue // ended while the table was read
+		}
 		expires := now.Add(time.Duration(e.Timeout) * time.Second)
 		if rec != nil {
 			rec.seen = s.pass
@@ -700,6 +710,11 @@ func (s *Syncer) refresh() {
 	for k, rec := range s.flows {
 		if rec.seen != s.pass {
 			delete(s.flows, k)
+		}
+	}
+	for k, pass := range s.ended {
+		if pass <= s.pass {
+			delete(s.ended, k)
 		}
 	}
 }

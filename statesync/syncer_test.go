@@ -567,6 +567,60 @@ func TestSyncRefreshSkipsEntriesThatOnlyCountDown(t *testing.T) {
 	}
 }
 
+// A flow that ends while a refresh pass reads the table (it is in the
+// dump) is not sent again as if it had never been: its replica, deleted by
+// the DESTROY, is not written back (where it would hold its reply tuple
+// against the flow the origin gives it to next).
+func TestSyncRefreshSkipsFlowsEndedDuringItsDump(t *testing.T) {
+	c := newCluster(t, func(o *Options) { o.RefreshInterval = time.Second }, "gw-a", "gw-b")
+	a, b := c.gws["gw-a"], c.gws["gw-b"]
+	waitUp(t, a, "gw-b")
+	waitUp(t, b, "gw-a")
+	ended := flow(3400)
+	a.k.emit(EventNew, ended)
+	eventually(t, func() error { return hasReplica(b.k, ended) })
+	flows := a.s.Status().Flows
+	a.k.mu.Lock()
+	a.k.duringDump = func() {
+		a.k.emit(EventDestroy, ended)
+		// Dump runs in the Syncer's goroutine: no t.Fatal here.
+		if err := lab.EventuallyWithin(10*time.Second, func() error {
+			if got := a.s.Status().Flows; got != flows-1 {
+				return fmt.Errorf("%d flows, want %d: the destroy not taken yet", got, flows-1)
+			}
+			return nil
+		}); err != nil {
+			t.Error(err)
+		}
+	}
+	a.k.mu.Unlock()
+	eventually(t, func() error {
+		a.k.mu.Lock()
+		defer a.k.mu.Unlock()
+		if a.k.duringDump != nil {
+			return fmt.Errorf("no refresh pass yet")
+		}
+		return nil
+	})
+	a.s.mu.Lock()
+	pass := a.s.pass
+	a.s.mu.Unlock()
+	eventually(t, func() error {
+		a.s.mu.Lock()
+		defer a.s.mu.Unlock()
+		if a.s.pass < pass+1 {
+			return fmt.Errorf("refresh pass %d, want %d", a.s.pass, pass+1)
+		}
+		return nil
+	})
+	marker := flow(3401)
+	a.k.emit(EventNew, marker)
+	eventually(t, func() error { return hasReplica(b.k, marker) })
+	if _, ok := b.k.get(ended); ok {
+		t.Errorf("the replica of %v was written back after its flow ended", ended.Orig)
+	}
+}
+
 // A peer that restarts gets a full resync of every live entry, and its
 // Ready closes once it has it.
 func TestSyncRestartedPeerResyncedAndReady(t *testing.T) {
