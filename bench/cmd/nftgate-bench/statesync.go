@@ -573,7 +573,7 @@ func (r *StateSyncReport) markdown() string {
 			run.CPUSecondsA, run.CPUSecondsB, per(run.CPUSecondsA), per(run.CPUSecondsB), run.ClientCPUSeconds, lost,
 			run.PeerDead[0], run.PeerDead[1], refused, held, run.Alive, run.LoadAvg[0], run.LoadAvg[1])
 	}
-	b.WriteString("\nsync: state_sync on (the default); nosync: state_sync = false, the same load (the difference is the sync's cost); overflow: sync_queue at its minimum and B stopped (SIGSTOP) in the middle of the load, dead_after raised so that A keeps B alive and its queue overflows: the updates dropped are counted as lost and a full resync follows. \"B held all after\": how long after the load's end B's kernel first held a replica of every entry A's kernel still had.\n")
+	b.WriteString("\nsync: state_sync on (the default); nosync: state_sync = false, the same load (the difference is the sync's cost); overflow: sync_queue at its minimum and B stopped (SIGSTOP) in the middle of the load, dead_after raised so that A keeps B alive and its queue overflows: the updates dropped are counted as lost and a full resync follows. \"B held all after\": how long after the load's end B's kernel first held a replica of every entry A's kernel still had (but those with 2 s or less left), how many that was and how many B lacked at the first look.\n")
 	if r.DeadAfter != 0 {
 		fmt.Fprintf(&b, "\nThe sync and nosync runs with dead_after = %d.\n", r.DeadAfter)
 	}

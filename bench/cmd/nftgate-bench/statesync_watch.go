@@ -206,7 +206,9 @@ func (w *syncWatch) result(syncOn bool) SyncLag {
 }
 
 // heldByB waits up to timeout until B's kernel holds a replica of every
-// entry to svc A's kernel holds as its own. It returns whether it did,
+// entry to svc A's kernel holds as its own, but those about to expire (a
+// replica may expire up to the timeout's one-second resolution, plus the
+// lag, before its origin: nftgate does not resend an entry for less). It returns whether it did,
 // how many were missing at the first look and at the last, and how many
 // entries A had at the last.
 func heldByB(a, b *lab.Host, svc netip.AddrPort, timeout time.Duration) (held bool, first, missing, entries int, err error) {
@@ -223,7 +225,7 @@ func heldByB(a, b *lab.Host, svc netip.AddrPort, timeout time.Duration) (held bo
 		out := map[netip.AddrPort]bool{}
 		for _, f := range fs {
 			if f.TupleOrig.Proto.Protocol == 6 && netip.AddrPortFrom(f.TupleOrig.IP.DestinationAddress, f.TupleOrig.Proto.DestinationPort) == svc &&
-				(f.Mark&statesync.ReplicaMark != 0) == replica {
+				(f.Mark&statesync.ReplicaMark != 0) == replica && (replica || f.Timeout > expiringSoon) {
 				out[netip.AddrPortFrom(f.TupleOrig.IP.SourceAddress, f.TupleOrig.Proto.SourcePort)] = true
 			}
 		}
@@ -258,6 +260,10 @@ func heldByB(a, b *lab.Host, svc netip.AddrPort, timeout time.Duration) (held bo
 	})
 	return werr == nil && hard == nil, first, missing, entries, hard
 }
+
+// expiringSoon: A's entries with this many seconds left or fewer are not
+// looked for on B.
+const expiringSoon = 2
 
 // lagBuckets is nftgate_statesync_lag_seconds of one peer: cumulative
 // counts by upper bound (seconds), +Inf last.
