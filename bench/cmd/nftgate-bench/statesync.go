@@ -195,6 +195,9 @@ func RunStateSync(cfg *Config, machine string) error {
 						return err
 					}
 				}
+				if err := aloneHolds(topo, gs, a); err != nil {
+					return err
+				}
 				logf("statesync %s at %d/s: load %.2f", name, rate, loadAvg())
 				run, err := statesyncRun(cfg, topo, gs, a, name, rate, srcs)
 				if err != nil {
@@ -270,10 +273,33 @@ func statesyncGateways(cfg *Config, o failover.NftgateOptions, fn func(*failover
 	if err != nil {
 		return err
 	}
-	// A is the first by name (active/backup); the load starts once it
-	// alone holds the addresses and the neighbours have forgotten any
-	// other holder of the start.
 	a := 0
+	if err := aloneHolds(topo, gs, a); err != nil {
+		return err
+	}
+	if !o.NoStateSync {
+		if err := lab.EventuallyWithin(time.Minute, func() error {
+			st, err := syncStatus(gs[a])
+			if err != nil {
+				return err
+			}
+			if len(st.Peers) != 1 || !st.Peers[0].Up || !st.Ready {
+				return fmt.Errorf("%s: state sync not ready with its peer: %+v", gs[a].Host, st)
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+	}
+	return fn(topo, srcs, gs, a)
+}
+
+// aloneHolds waits until gateway a alone holds the Service address and F
+// (active/backup: the first by name), and makes the client and the
+// endpoints forget any other holder they learnt: the load must go through
+// A. A gateway starved of CPU for dead_after heartbeats is taken for dead
+// and its peer takes the addresses for a while.
+func aloneHolds(topo *failover.Topology, gs []*failover.Nftgate, a int) error {
 	if err := lab.EventuallyWithin(time.Minute, func() error {
 		for i, g := range gs {
 			h, err := g.Holds()
@@ -294,21 +320,7 @@ func statesyncGateways(cfg *Config, o failover.NftgateOptions, fn func(*failover
 			return fmt.Errorf("%s: ip neigh flush: %v: %s", h, err, out)
 		}
 	}
-	if !o.NoStateSync {
-		if err := lab.EventuallyWithin(time.Minute, func() error {
-			st, err := syncStatus(gs[a])
-			if err != nil {
-				return err
-			}
-			if len(st.Peers) != 1 || !st.Peers[0].Up || !st.Ready {
-				return fmt.Errorf("%s: state sync not ready with its peer: %+v", gs[a].Host, st)
-			}
-			return nil
-		}); err != nil {
-			return err
-		}
-	}
-	return fn(topo, srcs, gs, a)
+	return nil
 }
 
 // flushConntrack empties h's conntrack table and waits until it is empty.
