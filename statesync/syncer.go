@@ -685,8 +685,10 @@ func (s *Syncer) refresh() {
 		if rec != nil {
 			rec.seen = s.pass
 			// Timeouts come in whole seconds rounded down: an entry
-			// lives longer than its replica only past that second.
-			if rec.expires.After(horizon) || !expires.After(rec.expires.Add(time.Second)) {
+			// lives longer than its replica only past that second. A TCP
+			// connection that is over (a late packet lengthens its
+			// entry in CLOSE or TIME_WAIT) needs no replica that long.
+			if rec.expires.After(horizon) || !expires.After(rec.expires.Add(time.Second)) || tcpOver(e) {
 				continue
 			}
 		}
@@ -717,6 +719,12 @@ func (s *Syncer) refresh() {
 			delete(s.ended, k)
 		}
 	}
+}
+
+// tcpOver: e is a TCP connection in TIME_WAIT or CLOSE.
+func tcpOver(e *Entry) bool {
+	const timeWait, closed = 7, 8 // TCP_CONNTRACK_TIME_WAIT, _CLOSE
+	return e.Proto == 6 && (e.TCP.State == timeWait || e.TCP.State == closed)
 }
 
 // checkReady closes Ready when it is time.

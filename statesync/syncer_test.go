@@ -2,6 +2,7 @@ package statesync
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"net"
@@ -618,6 +619,54 @@ func TestSyncRefreshSkipsFlowsEndedDuringItsDump(t *testing.T) {
 	eventually(t, func() error { return hasReplica(b.k, marker) })
 	if _, ok := b.k.get(ended); ok {
 		t.Errorf("the replica of %v was written back after its flow ended", ended.Orig)
+	}
+}
+
+// A UDP flow whose entry lives longer than its replica (traffic the
+// events do not tell of) is sent again; a TCP connection that is over
+// (CLOSE, TIME_WAIT) is not, though a late packet lengthened its entry:
+// its replica may go first, nothing is lost with it.
+func TestSyncRefreshResendsLiveFlowsOnly(t *testing.T) {
+	c := newCluster(t, func(o *Options) { o.RefreshInterval = time.Second }, "gw-a", "gw-b")
+	a, b := c.gws["gw-a"], c.gws["gw-b"]
+	waitUp(t, a, "gw-b")
+	waitUp(t, b, "gw-a")
+	udp := flow(3500)
+	udp.Proto, udp.TCP, udp.Timeout = 17, TCPInfo{}, 2
+	udp.Orig.Dst = netip.AddrPortFrom(vip, 53)
+	closed := flow(3501)
+	closed.TCP.State, closed.Timeout = 8, 2 // CLOSE
+	a.k.emit(EventNew, udp, closed)
+	eventually(t, func() error { return errors.Join(hasReplica(b.k, udp), hasReplica(b.k, closed)) })
+	// Both live 5 s more now.
+	a.k.mu.Lock()
+	for _, e := range []Entry{udp, closed} {
+		e.Timeout = 7
+		a.k.table[keyOf(&e)] = e
+	}
+	a.k.mu.Unlock()
+	eventually(t, func() error {
+		if got, _ := b.k.get(udp); got.Timeout != 7 {
+			return fmt.Errorf("the UDP flow's replica has timeout %d, want 7 (refreshed)", got.Timeout)
+		}
+		return nil
+	})
+	a.s.mu.Lock()
+	pass := a.s.pass
+	a.s.mu.Unlock()
+	eventually(t, func() error {
+		a.s.mu.Lock()
+		defer a.s.mu.Unlock()
+		if a.s.pass < pass+1 {
+			return fmt.Errorf("refresh pass %d, want %d", a.s.pass, pass+1)
+		}
+		return nil
+	})
+	if n := testutil.ToFloat64(a.s.m.refreshed); n != 1 {
+		t.Errorf("%v entries refreshed, want 1 (the UDP flow, not the closed connection)", n)
+	}
+	if got, _ := b.k.get(closed); got.Timeout != 2 {
+		t.Errorf("the closed connection's replica has timeout %d: sent again", got.Timeout)
 	}
 }
 
