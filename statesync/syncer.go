@@ -255,6 +255,7 @@ func (s *Syncer) Run(ctx context.Context) error {
 	defer close(s.stop)
 	wg.Go(func() { s.writer(ctx) })
 	wg.Go(func() { s.sender(ctx) })
+	wg.Go(func() { s.refresher(ctx) })
 	err := s.o.Kernel.Listen(ctx, s.deliver, s.lostEvents)
 	if ctx.Err() != nil {
 		return nil
@@ -364,21 +365,17 @@ func (s *Syncer) lostEvents(n int) {
 	s.poke()
 }
 
-// sender sends batches, runs resyncs and refreshes, applies peer changes
-// and watches for Ready.
+// sender sends batches, runs resyncs, applies peer changes and watches
+// for Ready.
 func (s *Syncer) sender(ctx context.Context) {
 	tick := time.NewTicker(s.o.BatchInterval)
 	defer tick.Stop()
-	refresh := time.NewTicker(s.o.RefreshInterval)
-	defer refresh.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
 		case <-s.wake:
-		case <-refresh.C:
-			s.refresh()
 		}
 		s.applyPeerEvents()
 		s.flush()
@@ -656,6 +653,23 @@ func (s *Syncer) originEntries() ([]op, error) {
 		}
 	})
 	return out, err
+}
+
+// refresher runs the refresh passes, apart from the sender: reading a
+// large table takes long (a second for 50,000 entries on a loaded
+// machine), and the batches must not wait for it.
+func (s *Syncer) refresher(ctx context.Context) {
+	tick := time.NewTicker(s.o.RefreshInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			s.refresh()
+			s.poke()
+		}
+	}
 }
 
 // refresh reads the table and queues the entries whose replicas would

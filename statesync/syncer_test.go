@@ -670,6 +670,27 @@ func TestSyncRefreshResendsLiveFlowsOnly(t *testing.T) {
 	}
 }
 
+// A refresh pass that takes long to read the table does not hold the
+// batches back: a new flow reaches the peer meanwhile.
+func TestSyncSlowRefreshDumpDoesNotHoldBatches(t *testing.T) {
+	c := newCluster(t, func(o *Options) { o.RefreshInterval = time.Second }, "gw-a", "gw-b")
+	a, b := c.gws["gw-a"], c.gws["gw-b"]
+	waitUp(t, a, "gw-b")
+	waitUp(t, b, "gw-a")
+	release, dumping := make(chan struct{}), make(chan struct{})
+	defer close(release)
+	a.k.mu.Lock()
+	a.k.duringDump = func() {
+		close(dumping)
+		<-release
+	}
+	a.k.mu.Unlock()
+	<-dumping
+	e := flow(3600)
+	a.k.emit(EventNew, e)
+	eventually(t, func() error { return hasReplica(b.k, e) })
+}
+
 // A peer that restarts gets a full resync of every live entry, and its
 // Ready closes once it has it.
 func TestSyncRestartedPeerResyncedAndReady(t *testing.T) {
