@@ -16,6 +16,13 @@
 #                                       -9: keepalived alone, keepalived +
 #                                       conntrackd, nftgate (see "Failover");
 #                                       BENCH_ARGS=--failover-only: that alone
+#   make bench BENCH_STATESYNC=1        then the state-sync load phase: short
+#                                       connections through gateway A at 1,000/s,
+#                                       10,000/s and as fast as the machine goes,
+#                                       the time until B's kernel holds each,
+#                                       CPU with the sync on and off, a queue
+#                                       overflow (see "State sync under load");
+#                                       BENCH_ARGS=--statesync-load-only: that alone
 #   make bench BENCH_ARGS="--dataplane-only --dataplane-duration 60s"
 #                                       cold start and the data plane only: new
 #                                       connections/s, stalls and iperf3, via a
@@ -35,6 +42,8 @@ BENCH_OUT ?= $(CURDIR)/bench/results
 BENCH_EDGE ?= 0
 # 1: the failover phase after the others (bench/results/failover/).
 BENCH_FAILOVER ?= 0
+# 1: the state-sync load phase after the others (bench/results/statesync/).
+BENCH_STATESYNC ?= 0
 
 # kube-proxy's iptables mode needs iptables, iptables-restore and
 # iptables-save; its nftables mode and the cleanup between runs need nft;
@@ -56,4 +65,5 @@ bench-build:
 bench: bench-deps kube-bin bench-build
 	$(BUILD)/nftgate-bench --nftgate $(BUILD)/nftgate --kube-proxy $(BUILD)/kube-proxy \
 		--sizes $(BENCH_SIZES) --edge $(BENCH_EDGE) --out $(BENCH_OUT) \
-		$(if $(filter 1,$(BENCH_FAILOVER)),--failover) $(BENCH_ARGS)
+		$(if $(filter 1,$(BENCH_FAILOVER)),--failover) \
+		$(if $(filter 1,$(BENCH_STATESYNC)),--statesync-load) $(BENCH_ARGS)

@@ -296,7 +296,8 @@ func (c *Conntrack) Dump(fn func(Entry)) error {
 // that exists is updated (timeout, status, TCP state, mark: the kernel
 // refuses translations on an update), and if the kernel refuses its status
 // (an older state than the replica's own) once more without. Deleting an
-// entry that is gone already is success.
+// entry that is gone already is success. The deletes go first: a flow of
+// dels must not also be in puts.
 func (c *Conntrack) Write(puts, dels []Entry) []error {
 	res := make([]error, len(puts)+len(dels))
 	todo := make([]int, 0, len(puts))
@@ -311,25 +312,27 @@ func (c *Conntrack) Write(puts, dels []Entry) []error {
 		}
 		todo = append(todo, i)
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	at := func(i int) *Entry { return &puts[i] }
-	exist := c.run(kindCreate, todo, at, res, unix.EEXIST)
-	stale := c.run(kindUpdate, exist, at, res, unix.EBUSY)
-	c.run(kindUpdateNoState, stale, at, res, 0)
-
-	todo = todo[:0]
+	deleting := make([]int, 0, len(dels))
 	for i := range dels {
 		if err := checkOrig(&dels[i]); err != nil {
 			res[len(puts)+i] = fmt.Errorf("statesync: delete replica: %w", err)
 			continue
 		}
-		todo = append(todo, len(puts)+i)
+		deleting = append(deleting, len(puts)+i)
 	}
-	gone := c.run(kindDelete, todo, func(i int) *Entry { return &dels[i-len(puts)] }, res, unix.ENOENT)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	// The deletes first: a flow that ended frees its reply tuple, which
+	// the origin's kernel may have given to a new flow of the same batch
+	// (a masquerade port of a closed flow).
+	gone := c.run(kindDelete, deleting, func(i int) *Entry { return &dels[i-len(puts)] }, res, unix.ENOENT)
 	for _, i := range gone {
 		res[i] = nil
 	}
+	at := func(i int) *Entry { return &puts[i] }
+	exist := c.run(kindCreate, todo, at, res, unix.EEXIST)
+	stale := c.run(kindUpdate, exist, at, res, unix.EBUSY)
+	c.run(kindUpdateNoState, stale, at, res, 0)
 	return res
 }
 

@@ -98,6 +98,26 @@ func conntrackL(t testing.TB, ns netns.NsHandle, args ...string) string {
 // TestWriteReplicas writes replicas of both families and all three
 // protocols, reads them back with Dump and with conntrack -L, updates
 // them, adopts one and deletes them.
+// A batch that deletes a flow and creates another with the same reply
+// tuple (the origin's kernel gave the masquerade port of a closed flow to
+// a new one) writes both: the delete goes first.
+func TestWriteReplicasDeleteFreesReplyTuple(t *testing.T) {
+	requireRoot(t)
+	ns := netnstest.Temp(t)
+	k := newKernel(t, ns, ConntrackOptions{})
+	old := natEntry(unix.IPPROTO_TCP, "10.1.0.2:1165", "10.96.0.10:80", "10.2.0.10:8080", "10.2.0.1:1165")
+	noErrors(t, "write", k.Write([]Entry{old}, nil))
+	reused := natEntry(unix.IPPROTO_TCP, "10.1.0.3:1232", "10.96.0.10:80", "10.2.0.10:8080", "10.2.0.1:1165")
+	noErrors(t, "write the new flow and delete the old", k.Write([]Entry{reused}, []Entry{old}))
+	got := dumpAll(t, k)
+	if _, ok := got[old.Orig]; ok {
+		t.Errorf("the old flow's replica %v is still there", old.Orig)
+	}
+	if e, ok := got[reused.Orig]; !ok || e.Reply != reused.Reply {
+		t.Errorf("the new flow's replica %v: %v (present %v), want reply %v", reused.Orig, e.Reply, ok, reused.Reply)
+	}
+}
+
 func TestWriteReplicas(t *testing.T) {
 	requireRoot(t)
 	ns := netnstest.Temp(t)

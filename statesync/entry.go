@@ -75,8 +75,8 @@ type Kernel interface {
 	// Write creates each of puts as a replica (with its translations,
 	// status, timeout, TCP state and ReplicaMark set in its mark), or
 	// updates the replica that exists; it deletes each of dels (matched
-	// by the original tuple). One result per entry, puts first, nil for
-	// success.
+	// by the original tuple), before the puts: no flow is in both. One
+	// result per entry, puts first, nil for success.
 	Write(puts, dels []Entry) []error
 	// Adopt clears ReplicaMark on the given replicas (matched by the
 	// original tuple): this gateway becomes their origin.

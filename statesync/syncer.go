@@ -86,7 +86,7 @@ type flowRec struct {
 	status  uint32
 	mark    uint32
 	expires time.Time // when the replicas expire unless refreshed
-	seen    uint64    // the refresh pass that last saw it
+	seen    uint64    // the refresh pass that last saw it (or will: see deliver)
 }
 
 // statusMatters are the IPS_* bits whose change is sent: SEEN_REPLY,
@@ -97,6 +97,7 @@ const statusMatters = 1<<1 | 1<<2 | 1<<4 | 1<<5
 type pending struct {
 	op    op
 	stamp time.Time // the oldest event it carries
+	last  time.Time // the newest
 }
 
 type peer struct {
@@ -107,8 +108,9 @@ type peer struct {
 	queue map[flowKey]*pending
 	fifo  []flowKey
 
-	resync     bool // a full dump is due
-	resyncOps  []op // the dump being sent
+	resync     bool      // a full dump is due
+	resyncAsk  time.Time // when it was last asked for
+	resyncOps  []op      // the dump being sent
 	resyncPos  int
 	resyncing  bool
 	retryAt    time.Time
@@ -153,9 +155,12 @@ type Syncer struct {
 	evMu   sync.Mutex
 	events []peerEvent
 
-	mu         sync.Mutex
-	peers      map[string]*peer
-	flows      map[flowKey]*flowRec
+	mu    sync.Mutex
+	peers map[string]*peer
+	flows map[flowKey]*flowRec
+	// ended are flows whose DESTROY came since the last refresh pass
+	// began (until the next ends).
+	ended      map[flowKey]uint64
 	replicas   map[flowKey]string // replica → the peer that is its origin
 	pass       uint64
 	readyDone  bool
@@ -178,7 +183,7 @@ func New(o Options) (*Syncer, error) {
 	o.ReadyWait = cmp.Or(o.ReadyWait, DefaultReadyWait)
 	s := &Syncer{o: o, log: o.Log, started: time.Now(), ready: make(chan struct{}), wake: make(chan struct{}, 1),
 		in: make(chan inItem, incoming), stop: make(chan struct{}),
-		peers: map[string]*peer{}, flows: map[flowKey]*flowRec{}, replicas: map[flowKey]string{}}
+		peers: map[string]*peer{}, flows: map[flowKey]*flowRec{}, ended: map[flowKey]uint64{}, replicas: map[flowKey]string{}}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -250,6 +255,7 @@ func (s *Syncer) Run(ctx context.Context) error {
 	defer close(s.stop)
 	wg.Go(func() { s.writer(ctx) })
 	wg.Go(func() { s.sender(ctx) })
+	wg.Go(func() { s.refresher(ctx) })
 	err := s.o.Kernel.Listen(ctx, s.deliver, s.lostEvents)
 	if ctx.Err() != nil {
 		return nil
@@ -270,6 +276,9 @@ func (s *Syncer) deliver(evs []Event) {
 		switch ev.Type {
 		case EventDestroy:
 			delete(s.flows, k)
+			// A refresh pass whose dump was read before this must not
+			// take the flow for one never sent.
+			s.ended[k] = s.pass + 1
 			full = s.enqueue(k, op{del: true, entry: *e}, now) || full
 		case EventNew, EventUpdate:
 			if rec != nil && rec.state == e.TCP.State && rec.status&statusMatters == e.Status&statusMatters && rec.mark == e.Mark {
@@ -278,10 +287,13 @@ func (s *Syncer) deliver(evs []Event) {
 			if rec == nil {
 				rec = &flowRec{}
 				s.flows[k] = rec
+				delete(s.ended, k) // its tuple began another flow
 			}
 			rec.state, rec.status, rec.mark = e.TCP.State, e.Status, e.Mark
 			rec.expires = now.Add(time.Duration(e.Timeout) * time.Second)
-			rec.seen = s.pass
+			// Seen by the next refresh pass too, whose dump may have been
+			// read before the flow existed: it is not taken for gone.
+			rec.seen = s.pass + 1
 			full = s.enqueue(k, op{entry: *e}, now) || full
 		}
 	}
@@ -302,14 +314,14 @@ func (s *Syncer) enqueue(k flowKey, o op, now time.Time) bool {
 			continue
 		}
 		if w := p.queue[k]; w != nil {
-			w.op = o
+			w.op, w.last = o, now
 			continue
 		}
 		if len(p.queue) >= s.o.Queue {
 			s.overflow(p, 1)
 			continue
 		}
-		p.queue[k] = &pending{op: o, stamp: now}
+		p.queue[k] = &pending{op: o, stamp: now, last: now}
 		p.fifo = append(p.fifo, k)
 		full = full || len(p.queue)*maxEntrySize >= s.o.BatchBytes
 	}
@@ -327,16 +339,24 @@ func (s *Syncer) overflow(p *peer, extra int) {
 	if !p.resync {
 		s.log.Warn("statesync: queue to peer full: updates dropped, a full resync follows", "peer", p.name, "dropped", n, "queue", s.o.Queue)
 	}
-	p.resync = true
+	askResync(p, time.Now())
+}
+
+// askResync makes a full resync of p due. One that starts with a dump
+// begun before now does not cover what was dropped now, so another
+// follows it. s.mu is held.
+func askResync(p *peer, now time.Time) {
+	p.resync, p.resyncAsk = true, now
 }
 
 // lostEvents: the kernel dropped events; every peer gets a full resync.
 func (s *Syncer) lostEvents(n int) {
 	s.mu.Lock()
 	s.eventsLost++
+	now := time.Now()
 	for _, p := range s.peers {
 		if p.up {
-			p.resync = true
+			askResync(p, now)
 		}
 	}
 	s.mu.Unlock()
@@ -345,21 +365,17 @@ func (s *Syncer) lostEvents(n int) {
 	s.poke()
 }
 
-// sender sends batches, runs resyncs and refreshes, applies peer changes
-// and watches for Ready.
+// sender sends batches, runs resyncs, applies peer changes and watches
+// for Ready.
 func (s *Syncer) sender(ctx context.Context) {
 	tick := time.NewTicker(s.o.BatchInterval)
 	defer tick.Stop()
-	refresh := time.NewTicker(s.o.RefreshInterval)
-	defer refresh.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
 		case <-s.wake:
-		case <-refresh.C:
-			s.refresh()
 		}
 		s.applyPeerEvents()
 		s.flush()
@@ -390,7 +406,7 @@ func (s *Syncer) applyPeerEvents() {
 		var adopt []Entry
 		if ev.alive {
 			// A peer that comes (back) holds nothing of ours: all of it.
-			p.resync = true
+			askResync(p, time.Now())
 			s.log.Info("statesync: peer up, full resync", "peer", p.name)
 		} else {
 			p.resync = false
@@ -484,17 +500,22 @@ func (s *Syncer) flush() {
 				if !p.resync {
 					s.log.Warn("statesync: batch not acked in time: full resync", "peer", p.name, "seq", seq)
 				}
-				p.resync = true
+				askResync(p, now)
 			}
 		}
-		if p.up && p.resync && !now.Before(p.retryAt) {
+		// A resync under way is not restarted: one asked for meanwhile
+		// follows it, so that each makes progress however often the
+		// queue overflows.
+		if p.up && p.resync && !p.resyncing && !now.Before(p.retryAt) {
 			needDump = true
 		}
 	}
 	s.mu.Unlock()
 	var dump []op
+	var dumpAt time.Time
 	if needDump {
 		var err error
+		dumpAt = time.Now()
 		if dump, err = s.originEntries(); err != nil {
 			s.log.Warn("statesync: conntrack dump for a resync failed", "error", err)
 			return
@@ -506,10 +527,11 @@ func (s *Syncer) flush() {
 		if !p.up || now.Before(p.retryAt) {
 			continue
 		}
-		if p.resync && needDump {
-			p.resync, p.resyncing, p.resyncOps, p.resyncPos = false, true, dump, 0
-			clear(p.queue) // the dump is newer
-			p.fifo = p.fifo[:0]
+		if p.resync && needDump && !p.resyncing {
+			// What was dropped after the dump began is not in it.
+			p.resync = !p.resyncAsk.Before(dumpAt)
+			p.resyncing, p.resyncOps, p.resyncPos = true, dump, 0
+			s.supersedeLocked(p, dumpAt)
 			p.resyncsSent++
 			s.m.resyncs.WithLabelValues(p.name, "sent").Inc()
 		}
@@ -528,7 +550,7 @@ func (s *Syncer) flush() {
 					}
 				}
 				if p.up {
-					p.resync = true
+					askResync(p, time.Now())
 					p.retryAt = now.Add(retryAfter)
 				}
 				s.mu.Unlock()
@@ -540,6 +562,22 @@ func (s *Syncer) flush() {
 			}
 		}
 	}
+}
+
+// supersedeLocked drops p's waiting updates that the dump begun at
+// dumpAt supersedes: those of flows not updated since. An update that came
+// while the dump was read stays queued (it goes after the dump): the dump
+// may have read the table before its flow existed. s.mu is held.
+func (s *Syncer) supersedeLocked(p *peer, dumpAt time.Time) {
+	kept := p.fifo[:0]
+	for _, k := range p.fifo {
+		if w := p.queue[k]; w != nil && w.last.Before(dumpAt) {
+			delete(p.queue, k)
+		} else if w != nil {
+			kept = append(kept, k)
+		}
+	}
+	p.fifo = kept
 }
 
 // batchesLocked cuts what p is due into batch messages (a resync done
@@ -617,6 +655,23 @@ func (s *Syncer) originEntries() ([]op, error) {
 	return out, err
 }
 
+// refresher runs the refresh passes, apart from the sender: reading a
+// large table takes long (a second for 50,000 entries on a loaded
+// machine), and the batches must not wait for it.
+func (s *Syncer) refresher(ctx context.Context) {
+	tick := time.NewTicker(s.o.RefreshInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			s.refresh()
+			s.poke()
+		}
+	}
+}
+
 // refresh reads the table and queues the entries whose replicas would
 // expire before the next pass but are alive here (UDP, short TCP states:
 // the events do not say a flow is still alive), and entries never sent
@@ -637,10 +692,17 @@ func (s *Syncer) refresh() {
 		e := &es[i].entry
 		k := keyOf(e)
 		rec := s.flows[k]
+		if _, ok := s.ended[k]; ok && rec == nil {
+			continue // ended while the table was read
+		}
 		expires := now.Add(time.Duration(e.Timeout) * time.Second)
 		if rec != nil {
 			rec.seen = s.pass
-			if rec.expires.After(horizon) || !expires.After(rec.expires) {
+			// Timeouts come in whole seconds rounded down: an entry
+			// lives longer than its replica only past that second. A TCP
+			// connection that is over (a late packet lengthens its
+			// entry in CLOSE or TIME_WAIT) needs no replica that long.
+			if rec.expires.After(horizon) || !expires.After(rec.expires.Add(time.Second)) || tcpOver(e) {
 				continue
 			}
 		}
@@ -666,6 +728,17 @@ func (s *Syncer) refresh() {
 			delete(s.flows, k)
 		}
 	}
+	for k, pass := range s.ended {
+		if pass <= s.pass {
+			delete(s.ended, k)
+		}
+	}
+}
+
+// tcpOver: e is a TCP connection in TIME_WAIT or CLOSE.
+func tcpOver(e *Entry) bool {
+	const timeWait, closed = 7, 8 // TCP_CONNTRACK_TIME_WAIT, _CLOSE
+	return e.Proto == 6 && (e.TCP.State == timeWait || e.TCP.State == closed)
 }
 
 // checkReady closes Ready when it is time.
@@ -749,6 +822,7 @@ func (s *Syncer) onAck(from string, payload []byte) {
 // batches wait, as they do while the writer is behind).
 func (s *Syncer) writer(ctx context.Context) {
 	var puts, dels []Entry
+	lastOp := map[flowKey]int{}
 	// A gateway that (re)starts hears its peers' resync before its first
 	// sync: checked then, every entry would be refused.
 	select {
@@ -781,8 +855,17 @@ func (s *Syncer) writer(ctx context.Context) {
 		}
 		puts, dels = puts[:0], dels[:0]
 		refused := 0
+		// A flow twice in a batch (the end of a resync's dump, then the
+		// queue) takes its last op: Write deletes before it creates.
+		clear(lastOp)
+		for i := range it.bt.ops {
+			lastOp[keyOf(&it.bt.ops[i].entry)] = i
+		}
 		for i := range it.bt.ops {
 			o := &it.bt.ops[i]
+			if lastOp[keyOf(&o.entry)] != i {
+				continue
+			}
 			why := ""
 			if o.del {
 				why = s.o.Policy.CheckDelete(&o.entry)

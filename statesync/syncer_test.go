@@ -2,7 +2,9 @@ package statesync
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"net"
 	"net/netip"
 	"slices"
@@ -30,6 +32,9 @@ type fakeKernel struct {
 	lost    chan int
 	// gate, when set, holds every Write until it is closed.
 	gate chan struct{}
+	// duringDump, when set, runs once in the next Dump, after the table
+	// was read and before it is handed over.
+	duringDump func()
 }
 
 func newFakeKernel() *fakeKernel {
@@ -55,7 +60,12 @@ func (k *fakeKernel) Dump(fn func(Entry)) error {
 	for _, e := range k.table {
 		es = append(es, e)
 	}
+	during := k.duringDump
+	k.duringDump = nil
 	k.mu.Unlock()
+	if during != nil {
+		during()
+	}
 	for _, e := range es {
 		fn(e)
 	}
@@ -72,12 +82,12 @@ func (k *fakeKernel) Write(puts, dels []Entry) []error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.writes++
+	for _, e := range dels { // first, as the kernel's Write
+		delete(k.table, keyOf(&e))
+	}
 	for _, e := range puts {
 		e.Mark |= ReplicaMark
 		k.table[keyOf(&e)] = e
-	}
-	for _, e := range dels {
-		delete(k.table, keyOf(&e))
 	}
 	return make([]error, len(puts)+len(dels))
 }
@@ -402,6 +412,291 @@ func TestSyncQueueOverflowResyncs(t *testing.T) {
 	}
 }
 
+// A flow whose event comes while the dump of a resync is read (after the
+// kernel read its part of the table) is neither in the dump nor dropped
+// with the queue the dump supersedes: it reaches the peer.
+func TestSyncEventDuringResyncDumpKept(t *testing.T) {
+	c := newCluster(t, nil, "gw-a", "gw-b")
+	a, b := c.gws["gw-a"], c.gws["gw-b"]
+	waitUp(t, a, "gw-b")
+	waitUp(t, b, "gw-a")
+	old := flow(3000)
+	a.k.emit(EventNew, old)
+	eventually(t, func() error { return hasReplica(b.k, old) })
+	late := flow(3001)
+	flows := a.s.Status().Flows
+	a.k.mu.Lock()
+	a.k.duringDump = func() {
+		a.k.emit(EventNew, late)
+		// Dump runs in the Syncer's goroutine: no t.Fatal here.
+		if err := lab.EventuallyWithin(10*time.Second, func() error {
+			if got := a.s.Status().Flows; got != flows+1 {
+				return fmt.Errorf("%d flows, want %d: the late event not taken yet", got, flows+1)
+			}
+			return nil
+		}); err != nil {
+			t.Error(err)
+		}
+	}
+	a.k.mu.Unlock()
+	a.k.lost <- 1 // events lost: a full resync of B
+	eventually(t, func() error {
+		if st := a.s.Status().Peers[0]; st.ResyncsSent < 2 {
+			return fmt.Errorf("no second resync yet: %+v", st)
+		}
+		return nil
+	})
+	eventually(t, func() error { return hasReplica(b.k, late) })
+}
+
+// A flow that ends while a resync's dump is read is in the dump (a put)
+// and in the queue (a delete) that follows it in the same batch: the
+// delete wins, its replica is not left behind.
+func TestSyncDestroyDuringResyncDumpWins(t *testing.T) {
+	c := newCluster(t, nil, "gw-a", "gw-b")
+	a, b := c.gws["gw-a"], c.gws["gw-b"]
+	waitUp(t, a, "gw-b")
+	waitUp(t, b, "gw-a")
+	gone := flow(3100)
+	a.k.emit(EventNew, gone)
+	eventually(t, func() error { return hasReplica(b.k, gone) })
+	flows := a.s.Status().Flows
+	a.k.mu.Lock()
+	a.k.duringDump = func() {
+		a.k.emit(EventDestroy, gone)
+		// Dump runs in the Syncer's goroutine: no t.Fatal here.
+		if err := lab.EventuallyWithin(10*time.Second, func() error {
+			if got := a.s.Status().Flows; got != flows-1 {
+				return fmt.Errorf("%d flows, want %d: the destroy not taken yet", got, flows-1)
+			}
+			return nil
+		}); err != nil {
+			t.Error(err)
+		}
+	}
+	a.k.mu.Unlock()
+	a.k.lost <- 1 // events lost: a full resync of B
+	marker := flow(3101)
+	eventually(t, func() error {
+		if st := a.s.Status().Peers[0]; st.ResyncsSent < 2 || st.Resyncing {
+			return fmt.Errorf("the second resync not done yet: %+v", st)
+		}
+		return nil
+	})
+	a.k.emit(EventNew, marker)
+	eventually(t, func() error { return hasReplica(b.k, marker) })
+	if _, ok := b.k.get(gone); ok {
+		t.Errorf("the replica of %v is left after its flow ended during the resync", gone.Orig)
+	}
+}
+
+// A flow whose event comes while a refresh pass reads the table is kept
+// as sent: the pass does not take it for gone (and send it again at the
+// next as never sent).
+func TestSyncRefreshKeepsFlowsBornDuringItsDump(t *testing.T) {
+	c := newCluster(t, func(o *Options) { o.RefreshInterval = time.Second }, "gw-a", "gw-b")
+	a, b := c.gws["gw-a"], c.gws["gw-b"]
+	waitUp(t, a, "gw-b")
+	waitUp(t, b, "gw-a")
+	born := flow(3300)
+	flows := a.s.Status().Flows
+	a.k.mu.Lock()
+	a.k.duringDump = func() {
+		a.k.emit(EventNew, born)
+		// Dump runs in the Syncer's goroutine: no t.Fatal here.
+		if err := lab.EventuallyWithin(10*time.Second, func() error {
+			if got := a.s.Status().Flows; got != flows+1 {
+				return fmt.Errorf("%d flows, want %d: the event not taken yet", got, flows+1)
+			}
+			return nil
+		}); err != nil {
+			t.Error(err)
+		}
+	}
+	a.k.mu.Unlock()
+	eventually(t, func() error {
+		a.k.mu.Lock()
+		defer a.k.mu.Unlock()
+		if a.k.duringDump != nil {
+			return fmt.Errorf("no refresh pass yet")
+		}
+		return nil
+	})
+	eventually(t, func() error { return hasReplica(b.k, born) })
+	a.s.mu.Lock()
+	pass := a.s.pass
+	a.s.mu.Unlock()
+	eventually(t, func() error {
+		a.s.mu.Lock()
+		defer a.s.mu.Unlock()
+		if a.s.pass < pass+1 {
+			return fmt.Errorf("refresh pass %d, want %d", a.s.pass, pass+1)
+		}
+		return nil
+	})
+	if n := testutil.ToFloat64(a.s.m.refreshed); n != 0 {
+		t.Errorf("%v entries refreshed: the flow born during a pass's dump was sent again", n)
+	}
+}
+
+// An entry whose timeout only counts down is not sent again by the
+// refresh: the kernel gives timeouts in whole seconds rounded down, so at a
+// pass the entry seems to live up to a second longer than its event said.
+// That is no reason to resend it (at 10,000 connections a second every
+// entry in CLOSE was, once a pass).
+func TestSyncRefreshSkipsEntriesThatOnlyCountDown(t *testing.T) {
+	c := newCluster(t, func(o *Options) { o.RefreshInterval = time.Second }, "gw-a", "gw-b")
+	a, b := c.gws["gw-a"], c.gws["gw-b"]
+	waitUp(t, a, "gw-b")
+	waitUp(t, b, "gw-a")
+	a.s.mu.Lock()
+	pass := a.s.pass
+	a.s.mu.Unlock()
+	e := flow(3200)
+	e.Timeout = 2
+	a.k.emit(EventNew, e)
+	eventually(t, func() error { return hasReplica(b.k, e) })
+	// A second later the kernel says 1: the entry ends when it did.
+	a.k.mu.Lock()
+	e.Timeout = 1
+	a.k.table[keyOf(&e)] = e
+	a.k.mu.Unlock()
+	eventually(t, func() error {
+		a.s.mu.Lock()
+		defer a.s.mu.Unlock()
+		if a.s.pass < pass+2 {
+			return fmt.Errorf("refresh pass %d, want %d", a.s.pass, pass+2)
+		}
+		return nil
+	})
+	if n := testutil.ToFloat64(a.s.m.refreshed); n != 0 {
+		t.Errorf("%v entries refreshed: one that only counts down was sent again", n)
+	}
+}
+
+// A flow that ends while a refresh pass reads the table (it is in the
+// dump) is not sent again as if it had never been: its replica, deleted by
+// the DESTROY, is not written back (where it would hold its reply tuple
+// against the flow the origin gives it to next).
+func TestSyncRefreshSkipsFlowsEndedDuringItsDump(t *testing.T) {
+	c := newCluster(t, func(o *Options) { o.RefreshInterval = time.Second }, "gw-a", "gw-b")
+	a, b := c.gws["gw-a"], c.gws["gw-b"]
+	waitUp(t, a, "gw-b")
+	waitUp(t, b, "gw-a")
+	ended := flow(3400)
+	a.k.emit(EventNew, ended)
+	eventually(t, func() error { return hasReplica(b.k, ended) })
+	flows := a.s.Status().Flows
+	a.k.mu.Lock()
+	a.k.duringDump = func() {
+		a.k.emit(EventDestroy, ended)
+		// Dump runs in the Syncer's goroutine: no t.Fatal here.
+		if err := lab.EventuallyWithin(10*time.Second, func() error {
+			if got := a.s.Status().Flows; got != flows-1 {
+				return fmt.Errorf("%d flows, want %d: the destroy not taken yet", got, flows-1)
+			}
+			return nil
+		}); err != nil {
+			t.Error(err)
+		}
+	}
+	a.k.mu.Unlock()
+	eventually(t, func() error {
+		a.k.mu.Lock()
+		defer a.k.mu.Unlock()
+		if a.k.duringDump != nil {
+			return fmt.Errorf("no refresh pass yet")
+		}
+		return nil
+	})
+	a.s.mu.Lock()
+	pass := a.s.pass
+	a.s.mu.Unlock()
+	eventually(t, func() error {
+		a.s.mu.Lock()
+		defer a.s.mu.Unlock()
+		if a.s.pass < pass+1 {
+			return fmt.Errorf("refresh pass %d, want %d", a.s.pass, pass+1)
+		}
+		return nil
+	})
+	marker := flow(3401)
+	a.k.emit(EventNew, marker)
+	eventually(t, func() error { return hasReplica(b.k, marker) })
+	if _, ok := b.k.get(ended); ok {
+		t.Errorf("the replica of %v was written back after its flow ended", ended.Orig)
+	}
+}
+
+// A UDP flow whose entry lives longer than its replica (traffic the
+// events do not tell of) is sent again; a TCP connection that is over
+// (CLOSE, TIME_WAIT) is not, though a late packet lengthened its entry:
+// its replica may go first, nothing is lost with it.
+func TestSyncRefreshResendsLiveFlowsOnly(t *testing.T) {
+	c := newCluster(t, func(o *Options) { o.RefreshInterval = time.Second }, "gw-a", "gw-b")
+	a, b := c.gws["gw-a"], c.gws["gw-b"]
+	waitUp(t, a, "gw-b")
+	waitUp(t, b, "gw-a")
+	udp := flow(3500)
+	udp.Proto, udp.TCP, udp.Timeout = 17, TCPInfo{}, 2
+	udp.Orig.Dst = netip.AddrPortFrom(vip, 53)
+	closed := flow(3501)
+	closed.TCP.State, closed.Timeout = 8, 2 // CLOSE
+	a.k.emit(EventNew, udp, closed)
+	eventually(t, func() error { return errors.Join(hasReplica(b.k, udp), hasReplica(b.k, closed)) })
+	// Both live 5 s more now.
+	a.k.mu.Lock()
+	for _, e := range []Entry{udp, closed} {
+		e.Timeout = 7
+		a.k.table[keyOf(&e)] = e
+	}
+	a.k.mu.Unlock()
+	eventually(t, func() error {
+		if got, _ := b.k.get(udp); got.Timeout != 7 {
+			return fmt.Errorf("the UDP flow's replica has timeout %d, want 7 (refreshed)", got.Timeout)
+		}
+		return nil
+	})
+	a.s.mu.Lock()
+	pass := a.s.pass
+	a.s.mu.Unlock()
+	eventually(t, func() error {
+		a.s.mu.Lock()
+		defer a.s.mu.Unlock()
+		if a.s.pass < pass+1 {
+			return fmt.Errorf("refresh pass %d, want %d", a.s.pass, pass+1)
+		}
+		return nil
+	})
+	if n := testutil.ToFloat64(a.s.m.refreshed); n != 1 {
+		t.Errorf("%v entries refreshed, want 1 (the UDP flow, not the closed connection)", n)
+	}
+	if got, _ := b.k.get(closed); got.Timeout != 2 {
+		t.Errorf("the closed connection's replica has timeout %d: sent again", got.Timeout)
+	}
+}
+
+// A refresh pass that takes long to read the table does not hold the
+// batches back: a new flow reaches the peer meanwhile.
+func TestSyncSlowRefreshDumpDoesNotHoldBatches(t *testing.T) {
+	c := newCluster(t, func(o *Options) { o.RefreshInterval = time.Second }, "gw-a", "gw-b")
+	a, b := c.gws["gw-a"], c.gws["gw-b"]
+	waitUp(t, a, "gw-b")
+	waitUp(t, b, "gw-a")
+	release, dumping := make(chan struct{}), make(chan struct{})
+	defer close(release)
+	a.k.mu.Lock()
+	a.k.duringDump = func() {
+		close(dumping)
+		<-release
+	}
+	a.k.mu.Unlock()
+	<-dumping
+	e := flow(3600)
+	a.k.emit(EventNew, e)
+	eventually(t, func() error { return hasReplica(b.k, e) })
+}
+
 // A peer that restarts gets a full resync of every live entry, and its
 // Ready closes once it has it.
 func TestSyncRestartedPeerResyncedAndReady(t *testing.T) {
@@ -577,8 +872,10 @@ func TestSyncKeepsOwnFlows(t *testing.T) {
 func TestSyncWrongKeyNeverReachesSyncer(t *testing.T) {
 	c := newCluster(t, nil, "gw-a", "gw-b")
 	b := c.gws["gw-b"]
+	// b saw the first gw-a up (else its late news could be taken for
+	// the keyless one), and sees it die before the keyless one dials.
+	waitUp(t, b, "gw-a")
 	c.stop("gw-a")
-	// b sees the first gw-a die before the keyless one dials.
 	eventually(t, func() error {
 		if st := b.s.Status().Peers[0]; st.Up {
 			return fmt.Errorf("gw-a still up at b")

@@ -163,26 +163,10 @@ func failoverRun(cfg *Config, name string, traffic failover.Traffic) (res failov
 		}
 		defer router.Close()
 	}
-	var gs []*failover.Nftgate
-	defer func() {
-		for _, g := range gs {
-			if err != nil {
-				logf("nftgate in %s:\n%s", g.Host, g.Logs())
-			}
-			err = errors.Join(err, failover.KillNamespace(g.Host))
-		}
-	}()
-	for i, h := range topo.Gateways {
-		g, err := failover.StartNftgate(h, cfg.NftgateBin, nc.Args[i])
-		if err != nil {
-			return res, "", err
-		}
-		gs = append(gs, g)
-	}
-	for _, g := range gs {
-		if err := g.WaitReady(time.Minute); err != nil {
-			return res, "", err
-		}
+	gs, err := startNftgates(cfg, topo, nc)
+	defer func() { err = errors.Join(err, stopNftgates(gs, err != nil)) }()
+	if err != nil {
+		return res, "", err
 	}
 	if router != nil {
 		// Traffic starts once the router spreads the Service over every
@@ -204,19 +188,7 @@ func failoverRun(cfg *Config, name string, traffic failover.Traffic) (res failov
 	// backup), or the first (ECMP, where each carries a share).
 	fail := 0
 	if name == foNftgate {
-		if err := lab.EventuallyWithin(time.Minute, func() error {
-			for i, g := range gs {
-				h, err := g.Holds()
-				if err != nil {
-					return err
-				}
-				if slices.Contains(h, failover.ServiceAddr) {
-					fail = i
-					return nil
-				}
-			}
-			return fmt.Errorf("no gateway holds %v", failover.ServiceAddr)
-		}); err != nil {
+		if fail, err = holderOf(gs, failover.ServiceAddr); err != nil {
 			return res, "", err
 		}
 	}
@@ -239,6 +211,58 @@ func failoverRun(cfg *Config, name string, traffic failover.Traffic) (res failov
 			return err
 		})
 	return res, "", err
+}
+
+// startNftgates starts nftgate in every gateway of topo and waits until
+// each is ready. The gateways started are returned also on error, for
+// stopNftgates.
+func startNftgates(cfg *Config, topo *failover.Topology, nc *failover.NftgateConfig) ([]*failover.Nftgate, error) {
+	var gs []*failover.Nftgate
+	for i, h := range topo.Gateways {
+		g, err := failover.StartNftgate(h, cfg.NftgateBin, append(slices.Clone(nc.Args[i]), cfg.NftgateArgs...))
+		if err != nil {
+			return gs, err
+		}
+		gs = append(gs, g)
+	}
+	for _, g := range gs {
+		if err := g.WaitReady(time.Minute); err != nil {
+			return gs, err
+		}
+	}
+	return gs, nil
+}
+
+// stopNftgates kills every process in the gateways' namespaces; with
+// failed, it logs each nftgate's output first.
+func stopNftgates(gs []*failover.Nftgate, failed bool) error {
+	var err error
+	for _, g := range gs {
+		if failed {
+			logf("nftgate in %s:\n%s", g.Host, g.Logs())
+		}
+		err = errors.Join(err, failover.KillNamespace(g.Host))
+	}
+	return err
+}
+
+// holderOf waits until one of gs holds addr and returns its index.
+func holderOf(gs []*failover.Nftgate, addr netip.Addr) (int, error) {
+	holder := -1
+	err := lab.EventuallyWithin(time.Minute, func() error {
+		for i, g := range gs {
+			h, err := g.Holds()
+			if err != nil {
+				return err
+			}
+			if slices.Contains(h, addr) {
+				holder = i
+				return nil
+			}
+		}
+		return fmt.Errorf("no gateway holds %v", addr)
+	})
+	return holder, err
 }
 
 func (r *FailoverReport) write(dir string) error {

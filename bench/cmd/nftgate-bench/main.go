@@ -69,11 +69,16 @@ type Config struct {
 	Failover FailoverConfig
 	// Drift is the drift phase (drift.go).
 	Drift DriftConfig
+	// StateSync is the state-sync load phase (statesync.go).
+	StateSync StateSyncConfig
 }
 
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == dataplaneClientCmd {
 		os.Exit(dataplaneClientMain(os.Args[2:]))
+	}
+	if len(os.Args) > 1 && os.Args[1] == statesyncClientCmd {
+		os.Exit(statesyncClientMain(os.Args[2:]))
 	}
 	cfg, err := parseFlags(os.Args[1:])
 	if errors.Is(err, flag.ErrHelp) {
@@ -135,6 +140,7 @@ func parseFlags(args []string) (*Config, error) {
 	edgeFlags(fs, &cfg.Edge)
 	checkFailover := failoverFlags(fs, &cfg.Failover)
 	checkDrift := driftFlags(fs, &cfg.Drift)
+	checkStateSync := statesyncFlags(fs, &cfg.StateSync)
 	fs.StringVar(&cfg.Rerender, "rerender", "", "results.json to render results.md and results.png from again, or edge.json to render edge.md (no measuring)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -203,6 +209,9 @@ func parseFlags(args []string) (*Config, error) {
 	if err := checkDrift(); err != nil {
 		return nil, err
 	}
+	if err := checkStateSync(); err != nil {
+		return nil, err
+	}
 	if cfg.Dataplane.Only {
 		cfg.Changes, cfg.LatencyN, cfg.Drift.Repeats = 0, 0, 0
 	}
@@ -210,7 +219,7 @@ func parseFlags(args []string) (*Config, error) {
 	if cfg.NftgateBin, err = filepath.Abs(cfg.NftgateBin); err != nil {
 		return nil, err
 	}
-	if cfg.KubeProxyBin == "" && !cfg.Failover.Only {
+	if cfg.KubeProxyBin == "" && !cfg.Failover.Only && !cfg.StateSync.Only {
 		if cfg.KubeProxyBin, err = kubetest.KubeProxy(); err != nil {
 			return nil, fmt.Errorf("--kube-proxy: %w", err)
 		}
@@ -250,9 +259,19 @@ func run(ctx context.Context, cfg *Config) error {
 
 	machine := describeMachine(cfg)
 	logf("machine: %s", machine.Summary())
-	if cfg.Failover.Only {
+	if cfg.Failover.Only || cfg.StateSync.Only {
+		if cfg.Failover.On {
+			if err := RunFailover(cfg, machine.Summary()); err != nil {
+				return fmt.Errorf("failover: %w", err)
+			}
+		}
+		if cfg.StateSync.On {
+			if err := RunStateSync(cfg, machine.Summary()); err != nil {
+				return fmt.Errorf("statesync: %w", err)
+			}
+		}
 		failed = false
-		return RunFailover(cfg, machine.Summary())
+		return nil
 	}
 
 	topo, err := lab.NewGateway("bench", lab.GatewayOptions{})
@@ -340,6 +359,11 @@ func run(ctx context.Context, cfg *Config) error {
 	if cfg.Failover.On && !cfg.LoadOnly {
 		if err := RunFailover(cfg, machine.Summary()); err != nil {
 			return fmt.Errorf("failover: %w", err)
+		}
+	}
+	if cfg.StateSync.On && !cfg.LoadOnly {
+		if err := RunStateSync(cfg, machine.Summary()); err != nil {
+			return fmt.Errorf("statesync: %w", err)
 		}
 	}
 	report.Finished = time.Now().UTC()

@@ -50,6 +50,10 @@ type NftgateOptions struct {
 	ECMP bool
 	// DeadAfter is [gateways] dead_after; 0 leaves nftgate's default.
 	DeadAfter int
+	// NoStateSync sets [gateways] state_sync = false.
+	NoStateSync bool
+	// SyncQueue is [gateways] sync_queue; 0 leaves nftgate's default.
+	SyncQueue int
 }
 
 // NftgateConfig is the configuration and manifests of every gateway,
@@ -64,9 +68,9 @@ type NftgateConfig struct {
 	Dst netip.AddrPort
 }
 
-// nftgateListen is where each gateway's HTTP server listens, in its own
+// NftgateListen is where each gateway's HTTP server listens, in its own
 // namespace.
-const nftgateListen = "127.0.0.1:9180"
+const NftgateListen = "127.0.0.1:9180"
 
 // WriteNftgate writes each gateway's configuration and manifests and the
 // shared key under dir.
@@ -133,6 +137,12 @@ func WriteNftgate(topo *Topology, dir string, o NftgateOptions) (*NftgateConfig,
 		if o.DeadAfter > 0 {
 			text += fmt.Sprintf("dead_after = %d\n", o.DeadAfter)
 		}
+		if o.NoStateSync {
+			text += "state_sync = false\n"
+		}
+		if o.SyncQueue > 0 {
+			text += fmt.Sprintf("sync_queue = %d\n", o.SyncQueue)
+		}
 		for j := range topo.Gateways {
 			if j == i {
 				continue
@@ -153,7 +163,7 @@ func WriteNftgate(topo *Topology, dir string, o NftgateOptions) (*NftgateConfig,
 			return nil, err
 		}
 		c.Configs = append(c.Configs, cfg)
-		c.Args = append(c.Args, []string{"--config", cfg, "--manifests", mdir, "--listen", nftgateListen, "--node-name", name})
+		c.Args = append(c.Args, []string{"--config", cfg, "--manifests", mdir, "--listen", NftgateListen, "--node-name", name})
 	}
 	return c, nil
 }
@@ -262,18 +272,31 @@ func (n *Nftgate) Exited(timeout time.Duration) error {
 // Drain runs `nftgate drain` (bin, the gateway's configuration cfg) in
 // the gateway against its HTTP server, without following the drain.
 func (n *Nftgate) Drain(bin, cfg string) error {
-	out, err := n.Host.Command(context.Background(), bin, "drain", "--config", cfg, "--url", "http://"+nftgateListen, "--wait=false").CombinedOutput()
+	out, err := n.Host.Command(context.Background(), bin, "drain", "--config", cfg, "--url", "http://"+NftgateListen, "--wait=false").CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("%s: nftgate drain: %w: %s", n.Host, err, out)
 	}
 	return nil
 }
 
+// PID is the nftgate process's id.
+func (n *Nftgate) PID() int { return n.cmd.Process.Pid }
+
+// Ended tells whether the process has ended.
+func (n *Nftgate) Ended() bool {
+	select {
+	case <-n.done:
+		return true
+	default:
+		return false
+	}
+}
+
 // Get fetches path from the gateway's HTTP server.
 func (n *Nftgate) Get(path string) (int, string, error) {
 	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DialContext: n.Host.DialContext}}
 	defer client.CloseIdleConnections()
-	resp, err := client.Get("http://" + nftgateListen + path)
+	resp, err := client.Get("http://" + NftgateListen + path)
 	if err != nil {
 		return 0, "", err
 	}

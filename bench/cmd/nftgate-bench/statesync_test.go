@@ -1,0 +1,70 @@
+package main
+
+import (
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseFlagsStateSync(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "bin")
+	if err := os.WriteFile(bin, nil, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := parseFlags([]string{"--nftgate", bin, "--statesync-load-only", "--statesync-rates", "1000, 0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := cfg.StateSync; !c.On || !c.Only || !slices.Equal(c.Rates, []int{1000, 0}) || c.Duration != 10*time.Second ||
+		!slices.Equal(c.Runs, allStateSyncRuns) || c.OverflowQueue != 1024 {
+		t.Errorf("--statesync-load-only: %+v", c)
+	}
+	bins := []string{"--nftgate", bin, "--kube-proxy", bin}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--statesync-load", "--statesync-rates", "1000,fast"}, `--statesync-rates: "fast"`},
+		{[]string{"--statesync-load", "--statesync-runs", "sync,conntrackd"}, `--statesync-runs: "conntrackd"`},
+		{[]string{"--statesync-load", "--statesync-overflow-queue", "100"}, "--statesync-overflow-queue: 100"},
+		{[]string{"--statesync-load", "--statesync-overflow-stop", "10s"}, "--statesync-overflow-stop: 10s"},
+		{[]string{"--statesync-load", "--statesync-dead-after", "1"}, "--statesync-dead-after: 1"},
+	} {
+		_, err := parseFlags(append(bins, c.args...))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("parseFlags(%q) = %v, want an error naming %s", c.args, err, c.want)
+		}
+	}
+}
+
+// The lag metric's quantiles are the upper bound of the bucket that holds
+// them, over the run's part of the histogram; past the last bound, -1.
+func TestLagBucketsQuantile(t *testing.T) {
+	bucket := func(le float64, n uint64) struct {
+		le    float64
+		count uint64
+	} {
+		return struct {
+			le    float64
+			count uint64
+		}{le, n}
+	}
+	before := lagBuckets{bucket(0.01, 5), bucket(0.1, 5), bucket(1, 5), bucket(math.Inf(1), 5)}
+	after := lagBuckets{bucket(0.01, 55), bucket(0.1, 104), bucket(1, 105), bucket(math.Inf(1), 106)}
+	d := after.sub(before)
+	if d.count() != 101 {
+		t.Fatalf("count %d, want 101", d.count())
+	}
+	for _, c := range []struct{ q, want float64 }{{0.4, 0.01}, {0.5, 0.1}, {0.98, 0.1}, {0.99, 1}, {1, -1}} {
+		if got := d.quantile(c.q); got != c.want {
+			t.Errorf("quantile(%v) = %v, want %v", c.q, got, c.want)
+		}
+	}
+	if got := (lagBuckets{}).quantile(0.5); got != 0 {
+		t.Errorf("no batches: %v, want 0", got)
+	}
+}
