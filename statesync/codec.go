@@ -17,6 +17,7 @@ import (
 //	batch:       version u8, seq u64, stamp i64, count uvarint, count × (op u8, entry)
 //	ack:         version u8, seq u64, stamp i64, written uvarint, refused uvarint
 //	resync done: version u8
+//	resync begin: version u8 (sent before a resync's first batch)
 //
 // An entry is: proto u8, family u8 (4 or 6), then the original source,
 // original destination, reply source and reply destination, each an
@@ -29,6 +30,7 @@ const (
 	msgBatch byte = gateways.FirstUserType + iota
 	msgAck
 	msgResyncDone
+	msgResyncBegin
 )
 
 // codecVersion is the version of the encoding.
@@ -316,3 +318,7 @@ func decodeResyncDone(msg []byte) error {
 	}
 	return nil
 }
+
+// A resync begin is, like a resync done, only the version.
+func encodeResyncBegin() []byte          { return encodeResyncDone() }
+func decodeResyncBegin(msg []byte) error { return decodeResyncDone(msg) }

@@ -14,11 +14,14 @@ type Status struct {
 	Ready bool `json:"ready"`
 	// Flows are this gateway's own entries as last sent; Replicas the
 	// peers' entries written here.
-	Flows      int          `json:"flows"`
-	Replicas   int          `json:"replicas"`
-	EventsLost uint64       `json:"eventsLost"`
-	Adopted    uint64       `json:"adopted"`
-	Peers      []PeerStatus `json:"peers"`
+	Flows      int    `json:"flows"`
+	Replicas   int    `json:"replicas"`
+	EventsLost uint64 `json:"eventsLost"`
+	Adopted    uint64 `json:"adopted"`
+	// Swept are the replicas deleted because their origin's full resync
+	// left them out.
+	Swept uint64       `json:"swept"`
+	Peers []PeerStatus `json:"peers"`
 }
 
 // PeerStatus is the sync with one peer.
@@ -50,7 +53,7 @@ type PeerStatus struct {
 func (s *Syncer) Status() Status {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	st := Status{Ready: s.readyDone, Flows: len(s.flows), Replicas: len(s.replicas), EventsLost: s.eventsLost, Adopted: s.adopted,
+	st := Status{Ready: s.readyDone, Flows: len(s.flows), Replicas: len(s.replicas), EventsLost: s.eventsLost, Adopted: s.adopted, Swept: s.swept,
 		Peers: []PeerStatus{}}
 	for _, n := range slices.Sorted(maps.Keys(s.peers)) {
 		p := s.peers[n]
@@ -67,6 +70,7 @@ type metrics struct {
 	lag                  *prometheus.HistogramVec
 	eventsLost           prometheus.Counter
 	adopted, refreshed   prometheus.Counter
+	swept                prometheus.Counter
 	ready                prometheus.Gauge
 	all                  []prometheus.Collector
 }
@@ -91,12 +95,14 @@ func newMetrics(s *Syncer) *metrics {
 			Help: "Times the kernel dropped conntrack events (each resyncs every peer)."}),
 		adopted: prometheus.NewCounter(prometheus.CounterOpts{Name: "nftgate_statesync_adopted_total",
 			Help: "Replicas of a dead peer's entries this gateway took into its custody."}),
+		swept: prometheus.NewCounter(prometheus.CounterOpts{Name: "nftgate_statesync_replicas_swept_total",
+			Help: "Replicas deleted because the origin's full resync left them out (their deletes were lost)."}),
 		refreshed: prometheus.NewCounter(prometheus.CounterOpts{Name: "nftgate_statesync_refreshes_total",
 			Help: "Entries resent because their replicas would have expired (or had never been sent)."}),
 		ready: prometheus.NewGauge(prometheus.GaugeOpts{Name: "nftgate_statesync_ready",
 			Help: "1 once every live peer finished its resync to this gateway (or the wait ended)."}),
 	}
-	m.all = []prometheus.Collector{m.sent, m.received, m.refused, m.lost, m.resyncs, m.lag, m.eventsLost, m.adopted, m.refreshed, m.ready,
+	m.all = []prometheus.Collector{m.sent, m.received, m.refused, m.lost, m.resyncs, m.lag, m.eventsLost, m.adopted, m.swept, m.refreshed, m.ready,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "nftgate_statesync_replicas",
 			Help: "Peers' entries written here (as far as this gateway knows)."}, func() float64 { return float64(s.Status().Replicas) })}
 	for _, n := range s.o.Peers {

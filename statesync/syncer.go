@@ -113,10 +113,16 @@ type peer struct {
 	resyncOps  []op      // the dump being sent
 	resyncPos  int
 	resyncing  bool
+	begun      bool // the resync's begin was sent
 	retryAt    time.Time
 	seq        uint64
 	unacked    map[uint64]time.Time
 	doneFromIt bool // it finished its resync to this gateway
+	// stale, between the begin and the done of its resync to this
+	// gateway, holds the replicas of its flows written before and not
+	// sent again since: what it no longer has (its deletes were lost with
+	// an overflowed queue) and the done deletes.
+	stale map[flowKey]Entry
 
 	sent, received, lost         uint64
 	resyncsSent, resyncsReceived uint64
@@ -136,7 +142,8 @@ type peerEvent struct {
 type inItem struct {
 	peer string
 	bt   batch
-	done bool // resync done
+	done  bool // resync done
+	begin bool // resync begin
 }
 
 // Syncer replicates this gateway's conntrack entries to its peers and
@@ -166,6 +173,7 @@ type Syncer struct {
 	readyDone  bool
 	eventsLost uint64
 	adopted    uint64
+	swept      uint64
 	enc        batchEncoder
 }
 
@@ -200,7 +208,7 @@ func New(o Options) (*Syncer, error) {
 // to this Syncer). Call it once, before Run.
 func (s *Syncer) Attach(ch Channel) error {
 	s.ch = ch
-	for t, h := range map[byte]gateways.Handler{msgBatch: s.onBatch, msgAck: s.onAck, msgResyncDone: s.onResyncDone} {
+	for t, h := range map[byte]gateways.Handler{msgBatch: s.onBatch, msgAck: s.onAck, msgResyncDone: s.onResyncDone, msgResyncBegin: s.onResyncBegin} {
 		if err := ch.Handle(t, h); err != nil {
 			return err
 		}
@@ -401,7 +409,7 @@ func (s *Syncer) applyPeerEvents() {
 		clear(p.queue)
 		p.fifo = p.fifo[:0]
 		clear(p.unacked)
-		p.resyncOps, p.resyncPos, p.resyncing = nil, 0, false
+		p.resyncOps, p.resyncPos, p.resyncing, p.begun = nil, 0, false, false
 		p.retryAt = time.Time{}
 		var adopt []Entry
 		if ev.alive {
@@ -594,6 +602,10 @@ func (s *Syncer) batchesLocked(p *peer, now time.Time) []message {
 		if !p.resyncing && len(p.queue)*maxEntrySize < s.o.BatchBytes && p.queue[p.fifo[0]].stamp.After(oldestDue) {
 			break
 		}
+		if p.resyncing && !p.begun {
+			p.begun = true
+			out = append(out, message{t: msgResyncBegin, payload: encodeResyncBegin()})
+		}
 		p.seq++
 		enc := &s.enc
 		enc.reset(p.seq, 0)
@@ -633,7 +645,7 @@ func (s *Syncer) batchesLocked(p *peer, now time.Time) []message {
 			p.sent += uint64(enc.n)
 		}
 		if finished {
-			p.resyncing, p.resyncOps, p.resyncPos = false, nil, 0
+			p.resyncing, p.resyncOps, p.resyncPos, p.begun = false, nil, 0, false
 			out = append(out, message{t: msgResyncDone, payload: encodeResyncDone()})
 		}
 		if enc.n == 0 && !finished {
@@ -775,6 +787,14 @@ func (s *Syncer) onBatch(from string, payload []byte) {
 	s.toWriter(inItem{peer: from, bt: bt})
 }
 
+func (s *Syncer) onResyncBegin(from string, payload []byte) {
+	if err := decodeResyncBegin(payload); err != nil {
+		s.refuse(from, RefusedDecode, 1, nil, err)
+		return
+	}
+	s.toWriter(inItem{peer: from, begin: true})
+}
+
 func (s *Syncer) onResyncDone(from string, payload []byte) {
 	if err := decodeResyncDone(payload); err != nil {
 		s.refuse(from, RefusedDecode, 1, nil, err)
@@ -843,7 +863,19 @@ func (s *Syncer) writer(ctx context.Context) {
 		if p == nil {
 			continue
 		}
+		if it.begin {
+			s.mu.Lock()
+			p.stale = map[flowKey]Entry{}
+			for k, origin := range s.replicas {
+				if origin == p.name {
+					p.stale[k] = Entry{Proto: k.proto, Orig: k.orig}
+				}
+			}
+			s.mu.Unlock()
+			continue
+		}
 		if it.done {
+			s.sweep(p)
 			s.mu.Lock()
 			p.doneFromIt = true
 			p.resyncsReceived++
@@ -860,6 +892,11 @@ func (s *Syncer) writer(ctx context.Context) {
 		clear(lastOp)
 		for i := range it.bt.ops {
 			lastOp[keyOf(&it.bt.ops[i].entry)] = i
+		}
+		if p.stale != nil {
+			for i := range it.bt.ops {
+				delete(p.stale, keyOf(&it.bt.ops[i].entry))
+			}
 		}
 		for i := range it.bt.ops {
 			o := &it.bt.ops[i]
@@ -923,6 +960,40 @@ func (s *Syncer) writer(ctx context.Context) {
 		s.mu.Unlock()
 		_ = s.ch.Send(p.name, msgAck, encodeAck(ack{seq: it.bt.seq, stamp: it.bt.stamp, written: uint64(written), refused: uint64(refused)}))
 	}
+}
+
+// sweep deletes, when p's resync is done, the replicas of p's flows that
+// the resync did not include: p has none of them any more (their deletes
+// were lost, e.g. with a queue that overflowed), and a stale one would hold
+// its reply tuple against p's next flow on that masquerade port. Runs on
+// the writer.
+func (s *Syncer) sweep(p *peer) {
+	s.mu.Lock()
+	stale := p.stale
+	p.stale = nil
+	s.mu.Unlock()
+	if len(stale) == 0 {
+		return
+	}
+	dels := make([]Entry, 0, len(stale))
+	for _, e := range stale {
+		dels = append(dels, e)
+	}
+	errs := s.o.Kernel.Write(nil, dels)
+	s.mu.Lock()
+	n := 0
+	for i, err := range errs {
+		if err == nil {
+			n++
+			if s.replicas[keyOf(&dels[i])] == p.name {
+				delete(s.replicas, keyOf(&dels[i]))
+			}
+		}
+	}
+	s.swept += uint64(n)
+	s.mu.Unlock()
+	s.m.swept.Add(float64(n))
+	s.log.Info("statesync: replicas the peer's resync left out deleted", "peer", p.name, "deleted", n, "of", len(dels))
 }
 
 // refuse counts n refused entries from a peer, and logs at a bounded

@@ -412,6 +412,67 @@ func TestSyncQueueOverflowResyncs(t *testing.T) {
 	}
 }
 
+// Replicas whose deletes were lost (here: flows that leave A's table
+// without an event) are deleted on B when A's next full resync leaves them
+// out; the rest stay.
+func TestSyncResyncSweepsLostDeletes(t *testing.T) {
+	c := newCluster(t, func(o *Options) { o.Queue = 100 }, "gw-a", "gw-b")
+	a, b := c.gws["gw-a"], c.gws["gw-b"]
+	waitUp(t, a, "gw-b")
+	waitUp(t, b, "gw-a")
+	var old []Entry
+	for i := range 50 {
+		old = append(old, flow(uint16(20000+i)))
+	}
+	a.k.emit(EventNew, old...)
+	eventually(t, func() error {
+		if n := b.k.replicas(); n != 50 {
+			return fmt.Errorf("b holds %d replicas", n)
+		}
+		return nil
+	})
+	// Half of them end on A, their DESTROYs lost.
+	a.k.mu.Lock()
+	for _, f := range old[:25] {
+		delete(a.k.table, keyOf(&f))
+	}
+	a.k.mu.Unlock()
+	// An overflow makes A resync B in full.
+	gate := make(chan struct{})
+	b.k.mu.Lock()
+	b.k.gate = gate
+	b.k.mu.Unlock()
+	for i := range 5000 {
+		a.k.emit(EventNew, flow(uint16(30000+i)))
+	}
+	eventually(t, func() error {
+		if st := a.s.Status().Peers[0]; st.Lost == 0 {
+			return fmt.Errorf("nothing lost yet")
+		}
+		return nil
+	})
+	b.k.mu.Lock()
+	b.k.gate = nil
+	b.k.mu.Unlock()
+	close(gate)
+	eventually(t, func() error {
+		for _, f := range old[:25] {
+			if hasReplica(b.k, f) == nil {
+				return fmt.Errorf("b still holds %v, which a no longer has", f.Orig)
+			}
+		}
+		for _, f := range old[25:] {
+			if err := hasReplica(b.k, f); err != nil {
+				return err
+			}
+		}
+		if st := b.s.Status(); st.Swept < 25 {
+			return fmt.Errorf("swept %d", st.Swept)
+		}
+		return nil
+	})
+}
+
 // A flow whose event comes while the dump of a resync is read (after the
 // kernel read its part of the table) is neither in the dump nor dropped
 // with the queue the dump supersedes: it reaches the peer.
