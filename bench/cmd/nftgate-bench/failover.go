@@ -187,16 +187,7 @@ func failoverRun(cfg *Config, name string, traffic failover.Traffic) (res failov
 	if router != nil {
 		// Traffic starts once the router spreads the Service over every
 		// gateway.
-		if err := lab.EventuallyWithin(time.Minute, func() error {
-			routes, err := router.Routes(netip.PrefixFrom(failover.ECMPServiceAddr, 32))
-			if err != nil {
-				return err
-			}
-			if len(routes) != len(topo.Gateways) {
-				return fmt.Errorf("BIRD has %d routes to %v, want %d", len(routes), failover.ECMPServiceAddr, len(topo.Gateways))
-			}
-			return nil
-		}); err != nil {
+		if err := failover.ECMPRoutes(router, len(topo.Gateways), time.Minute); err != nil {
 			return res, "", err
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nftgate/nftgate/internal/testing/bird"
 	"github.com/nftgate/nftgate/internal/testing/failover"
 	"github.com/nftgate/nftgate/internal/testing/lab"
 	"github.com/nftgate/nftgate/internal/testing/lab/gatewaytest"
@@ -135,6 +136,23 @@ func startNftgate(t *testing.T, topo *failover.Topology, cfg *failover.NftgateCo
 		}
 	}
 	return gs
+}
+
+// startRouter starts BIRD in topo's router and stops it at the end of the
+// test, showing its log if the test failed.
+func startRouter(t *testing.T, topo *failover.Topology) *bird.Router {
+	t.Helper()
+	router, err := failover.StartRouter(topo, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("BIRD:\n%s", router.Output(60))
+		}
+		router.Close()
+	})
+	return router
 }
 
 // testDeadAfter is the tests' [gateways] dead_after, 500 ms rather than
@@ -295,27 +313,9 @@ func TestNftgateActiveBackupReturns(t *testing.T) {
 func TestNftgateECMPKeepsConnections(t *testing.T) {
 	topo := newTopology(t, failover.Options{Gateways: 3, Router: true})
 	cfg := nftgateConfig(t, topo, failover.NftgateOptions{ECMP: true, DeadAfter: testDeadAfter})
-	router, err := failover.StartRouter(topo, t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("BIRD:\n%s", router.Output(60))
-		}
-		router.Close()
-	})
+	router := startRouter(t, topo)
 	startNftgate(t, topo, cfg)
-	if err := lab.EventuallyWithin(30*time.Second, func() error {
-		routes, err := router.Routes(netip.PrefixFrom(failover.ECMPServiceAddr, 32))
-		if err != nil {
-			return err
-		}
-		if len(routes) != len(topo.Gateways) {
-			return fmt.Errorf("BIRD has %d routes to %v, want %d", len(routes), failover.ECMPServiceAddr, len(topo.Gateways))
-		}
-		return nil
-	}); err != nil {
+	if err := failover.ECMPRoutes(router, len(topo.Gateways), 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	n := testTraffic.TCP + testTraffic.UDP
@@ -343,28 +343,10 @@ func TestNftgateECMPKeepsConnections(t *testing.T) {
 func TestNftgateECMPReturns(t *testing.T) {
 	topo := newTopology(t, failover.Options{Gateways: 3, Router: true})
 	cfg := nftgateConfig(t, topo, failover.NftgateOptions{ECMP: true, DeadAfter: testDeadAfter})
-	router, err := failover.StartRouter(topo, t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("BIRD:\n%s", router.Output(60))
-		}
-		router.Close()
-	})
+	router := startRouter(t, topo)
 	gs := startNftgate(t, topo, cfg)
 	routes := func(want int) error {
-		return lab.EventuallyWithin(60*time.Second, func() error {
-			routes, err := router.Routes(netip.PrefixFrom(failover.ECMPServiceAddr, 32))
-			if err != nil {
-				return err
-			}
-			if len(routes) != want {
-				return fmt.Errorf("BIRD has %d routes to %v, want %d", len(routes), failover.ECMPServiceAddr, want)
-			}
-			return nil
-		})
+		return failover.ECMPRoutes(router, want, 60*time.Second)
 	}
 	if err := routes(len(topo.Gateways)); err != nil {
 		t.Fatal(err)

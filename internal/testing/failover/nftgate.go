@@ -183,6 +183,21 @@ func StartRouter(topo *Topology, dir string) (*bird.Router, error) {
 	return bird.Launch(topo.Router, bird.Several(RouterAddr, RouterASN, gws, GatewayASN, BFDInterval), dir)
 }
 
+// ECMPRoutes waits until the router has want routes to the ECMP variant's
+// Service address: one per gateway that announces it.
+func ECMPRoutes(router *bird.Router, want int, timeout time.Duration) error {
+	return lab.EventuallyWithin(timeout, func() error {
+		routes, err := router.Routes(netip.PrefixFrom(ECMPServiceAddr, 32))
+		if err != nil {
+			return err
+		}
+		if len(routes) != want {
+			return fmt.Errorf("BIRD has %d routes to %v, want %d", len(routes), ECMPServiceAddr, want)
+		}
+		return nil
+	})
+}
+
 // Replicated waits until every gateway in hosts holds at least n conntrack
 // entries to dst: the flows reached them before the failure.
 func Replicated(hosts []*lab.Host, dst netip.Addr, n int, timeout time.Duration) error {
