@@ -5,8 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -63,10 +61,6 @@ type NftgateConfig struct {
 	// Dst is where the client sends.
 	Dst netip.AddrPort
 }
-
-// nftgateListen is where each gateway's HTTP server listens, in its own
-// namespace.
-const nftgateListen = "127.0.0.1:9180"
 
 // WriteNftgate writes each gateway's configuration and manifests and the
 // shared key under dir.
@@ -153,7 +147,7 @@ func WriteNftgate(topo *Topology, dir string, o NftgateOptions) (*NftgateConfig,
 			return nil, err
 		}
 		c.Configs = append(c.Configs, cfg)
-		c.Args = append(c.Args, []string{"--config", cfg, "--manifests", mdir, "--listen", nftgateListen, "--node-name", name})
+		c.Args = append(c.Args, []string{"--config", cfg, "--manifests", mdir, "--listen", gatewaytest.Listen, "--node-name", name})
 	}
 	return c, nil
 }
@@ -241,21 +235,13 @@ func StartNftgate(h *lab.Host, bin string, args []string) (*Nftgate, error) {
 
 // WaitReady waits until /readyz answers 200.
 func (n *Nftgate) WaitReady(timeout time.Duration) error {
-	return lab.EventuallyWithin(timeout, func() error {
-		select {
-		case <-n.done:
-			return fmt.Errorf("nftgate in %s exited:\n%s", n.Host, n.Logs())
-		default:
-		}
-		code, body, err := n.Get("/readyz")
-		if err != nil {
-			return err
-		}
-		if code != http.StatusOK {
-			return fmt.Errorf("readyz %d: %s", code, body)
-		}
-		return nil
-	})
+	err := gatewaytest.WaitReady(n.Host, n.done, timeout)
+	select {
+	case <-n.done:
+		return fmt.Errorf("%w:\n%s", err, n.Logs())
+	default:
+		return err
+	}
 }
 
 // Exited waits until the process has exited and returns its exit error
@@ -277,7 +263,7 @@ func (n *Nftgate) Exited(timeout time.Duration) error {
 // Drain runs `nftgate drain` (bin, the gateway's configuration cfg) in
 // the gateway against its HTTP server, without following the drain.
 func (n *Nftgate) Drain(bin, cfg string) error {
-	out, err := n.Host.Command(context.Background(), bin, "drain", "--config", cfg, "--url", "http://"+nftgateListen, "--wait=false").CombinedOutput()
+	out, err := n.Host.Command(context.Background(), bin, "drain", "--config", cfg, "--url", "http://"+gatewaytest.Listen, "--wait=false").CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("%s: nftgate drain: %w: %s", n.Host, err, out)
 	}
@@ -285,17 +271,7 @@ func (n *Nftgate) Drain(bin, cfg string) error {
 }
 
 // Get fetches path from the gateway's HTTP server.
-func (n *Nftgate) Get(path string) (int, string, error) {
-	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DialContext: n.Host.DialContext}}
-	defer client.CloseIdleConnections()
-	resp, err := client.Get("http://" + nftgateListen + path)
-	if err != nil {
-		return 0, "", err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b), err
-}
+func (n *Nftgate) Get(path string) (int, string, error) { return gatewaytest.Get(n.Host, path) }
 
 // Holds is what the gateway's /api/v1/gateways says it holds.
 func (n *Nftgate) Holds() ([]netip.Addr, error) {
