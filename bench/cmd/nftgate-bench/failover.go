@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -233,17 +232,7 @@ func failoverRun(cfg *Config, name string, traffic failover.Traffic) (res failov
 }
 
 func (r *FailoverReport) write(dir string) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	data, err := json.MarshalIndent(r, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(dir, "results.json"), append(data, '\n'), 0o644); err != nil {
-		return err
-	}
-	return os.WriteFile(filepath.Join(dir, "results.md"), []byte(r.markdown()), 0o644)
+	return writeResults(dir, "results", r, r.markdown)
 }
 
 func (r *FailoverReport) markdown() string {
