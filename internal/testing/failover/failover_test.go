@@ -160,21 +160,31 @@ func startRouter(t *testing.T, topo *failover.Topology) *bird.Router {
 // live peer dead (see e2e/gateways_l2_test.go).
 const testDeadAfter = 5
 
+// startActiveBackup starts two nftgates, active/backup, and waits until
+// one, gs[holder], holds the addresses.
+func startActiveBackup(t *testing.T) (topo *failover.Topology, cfg *failover.NftgateConfig, gs []*failover.Nftgate, holder int) {
+	t.Helper()
+	topo = newTopology(t, failover.Options{Gateways: 2})
+	cfg = nftgateConfig(t, topo, failover.NftgateOptions{DeadAfter: testDeadAfter})
+	gs = startNftgate(t, topo, cfg)
+	return topo, cfg, gs, waitHolder(t, gs)
+}
+
+// replicatedTo waits until standby holds a replica of every test flow to
+// the Service address.
+func replicatedTo(standby *lab.Host) func() error {
+	return func() error {
+		return failover.Replicated([]*lab.Host{standby}, failover.ServiceAddr, testTraffic.TCP+testTraffic.UDP, 30*time.Second)
+	}
+}
+
 // TestNftgateActiveBackupKeepsConnections: two nftgates, active/backup
 // with F floating; kill -9 the one holding the addresses and cut its
 // links: every TCP connection and UDP flow carries on through the other,
 // which held a replica of each before the failure.
 func TestNftgateActiveBackupKeepsConnections(t *testing.T) {
-	topo := newTopology(t, failover.Options{Gateways: 2})
-	cfg := nftgateConfig(t, topo, failover.NftgateOptions{DeadAfter: testDeadAfter})
-	gs := startNftgate(t, topo, cfg)
-	holder := waitHolder(t, gs)
-	standby := topo.Gateways[1-holder]
-	n := testTraffic.TCP + testTraffic.UDP
-	res, err := failover.Failover(topo, cfg.Dst, testTraffic, holder,
-		func() error {
-			return failover.Replicated([]*lab.Host{standby}, failover.ServiceAddr, n, 30*time.Second)
-		})
+	topo, cfg, _, holder := startActiveBackup(t)
+	res, err := failover.Failover(topo, cfg.Dst, testTraffic, holder, replicatedTo(topo.Gateways[1-holder]))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -272,16 +282,9 @@ func checkReturn(t *testing.T, res failover.Return) {
 // Service address and F back only once it holds them, and every
 // connection, old and new, carries on through it.
 func TestNftgateActiveBackupReturns(t *testing.T) {
-	topo := newTopology(t, failover.Options{Gateways: 2})
-	cfg := nftgateConfig(t, topo, failover.NftgateOptions{DeadAfter: testDeadAfter})
-	gs := startNftgate(t, topo, cfg)
-	holder := waitHolder(t, gs)
-	standby := topo.Gateways[1-holder]
+	topo, cfg, gs, holder := startActiveBackup(t)
 	n := testTraffic.TCP + testTraffic.UDP
-	res, err := failover.FailAndReturn(topo, cfg.Dst, testTraffic, holder,
-		func() error {
-			return failover.Replicated([]*lab.Host{standby}, failover.ServiceAddr, n, 30*time.Second)
-		}, nil,
+	res, err := failover.FailAndReturn(topo, cfg.Dst, testTraffic, holder, replicatedTo(topo.Gateways[1-holder]), nil,
 		func() error {
 			g, err := restart(t, topo, cfg, holder)
 			if err != nil {
@@ -394,12 +397,8 @@ func TestNftgateECMPReturns(t *testing.T) {
 // still open (they moved), and every TCP connection and UDP flow carries
 // on through the backup after its exit.
 func TestNftgateActiveBackupDrainHandsOver(t *testing.T) {
-	topo := newTopology(t, failover.Options{Gateways: 2})
-	cfg := nftgateConfig(t, topo, failover.NftgateOptions{DeadAfter: testDeadAfter})
-	gs := startNftgate(t, topo, cfg)
-	holder := waitHolder(t, gs)
+	topo, cfg, gs, holder := startActiveBackup(t)
 	standby := 1 - holder
-	n := testTraffic.TCP + testTraffic.UDP
 	var handedOver, exited time.Duration
 	res, err := failover.FailoverBy(topo, cfg.Dst, testTraffic,
 		func() (time.Time, error) {
@@ -428,9 +427,7 @@ func TestNftgateActiveBackupDrainHandsOver(t *testing.T) {
 			exited = time.Since(start)
 			return time.Now(), nil
 		},
-		func() error {
-			return failover.Replicated([]*lab.Host{topo.Gateways[standby]}, failover.ServiceAddr, n, 30*time.Second)
-		})
+		replicatedTo(topo.Gateways[standby]))
 	if err != nil {
 		t.Fatal(err)
 	}
