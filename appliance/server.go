@@ -153,46 +153,48 @@ func NewServer(opts Options) http.Handler {
 	}
 	auth := opts.Auth.wrap
 	mux := http.NewServeMux()
-	mux.Handle("GET /{$}", auth(http.HandlerFunc(s.page)))
+	// authed registers a handler behind the authentication.
+	authed := func(pattern string, f http.HandlerFunc) { mux.Handle(pattern, auth(f)) }
+	authed("GET /{$}", s.page)
 	mux.Handle("GET /assets/", auth(http.StripPrefix("/assets/", staticHeaders(http.FileServerFS(assets)))))
-	mux.Handle("GET /api/v1/status", auth(http.HandlerFunc(s.status)))
-	mux.Handle("GET /api/v1/services", auth(http.HandlerFunc(s.services)))
-	mux.Handle("GET /api/v1/services/{namespace}/{name}", auth(http.HandlerFunc(s.service)))
-	mux.Handle("GET /api/v1/syncs", auth(http.HandlerFunc(s.syncs)))
+	authed("GET /api/v1/status", s.status)
+	authed("GET /api/v1/services", s.services)
+	authed("GET /api/v1/services/{namespace}/{name}", s.service)
+	authed("GET /api/v1/syncs", s.syncs)
 	if opts.Edge != nil {
-		mux.Handle("GET /api/v1/edge", auth(http.HandlerFunc(s.edge)))
+		authed("GET /api/v1/edge", s.edge)
 	}
 	if opts.Drain != nil {
-		mux.Handle("GET /api/v1/drain", auth(http.HandlerFunc(s.drainGet)))
-		mux.Handle("POST /api/v1/drain", auth(http.HandlerFunc(s.drainPost)))
+		authed("GET /api/v1/drain", s.drainGet)
+		authed("POST /api/v1/drain", s.drainPost)
 	}
 	if opts.Gateways != nil {
-		mux.Handle("GET /api/v1/gateways", auth(http.HandlerFunc(s.gateways)))
+		authed("GET /api/v1/gateways", s.gateways)
 	}
 	if opts.StateSync != nil {
-		mux.Handle("GET /api/v1/statesync", auth(http.HandlerFunc(s.stateSync)))
+		authed("GET /api/v1/statesync", s.stateSync)
 	}
 	if opts.Traffic != nil {
-		mux.Handle("GET /api/v1/traffic", auth(http.HandlerFunc(s.traffic)))
-		mux.Handle("GET /api/v1/services/{namespace}/{name}/flows", auth(http.HandlerFunc(s.flows)))
+		authed("GET /api/v1/traffic", s.traffic)
+		authed("GET /api/v1/services/{namespace}/{name}/flows", s.flows)
 		if opts.History != nil {
-			mux.Handle("GET /api/v1/traffic/history", auth(http.HandlerFunc(s.history)))
+			authed("GET /api/v1/traffic/history", s.history)
 		}
 	}
 	if opts.Events != nil {
-		mux.Handle("GET /api/v1/events", auth(http.HandlerFunc(s.events)))
+		authed("GET /api/v1/events", s.events)
 	}
-	mux.Handle("/api/", auth(http.HandlerFunc(s.apiNotFound)))
+	authed("/api/", s.apiNotFound)
 	mux.HandleFunc("GET /healthz", s.healthz)
 	mux.HandleFunc("GET /livez", s.livez)
 	mux.HandleFunc("GET /readyz", s.readyz)
 	mux.Handle("GET /metrics", metricsHandler)
 	if opts.Pprof {
-		mux.Handle("/debug/pprof/", auth(http.HandlerFunc(pprof.Index)))
-		mux.Handle("/debug/pprof/cmdline", auth(http.HandlerFunc(pprof.Cmdline)))
-		mux.Handle("/debug/pprof/profile", auth(http.HandlerFunc(pprof.Profile)))
-		mux.Handle("/debug/pprof/symbol", auth(http.HandlerFunc(pprof.Symbol)))
-		mux.Handle("/debug/pprof/trace", auth(http.HandlerFunc(pprof.Trace)))
+		authed("/debug/pprof/", pprof.Index)
+		authed("/debug/pprof/cmdline", pprof.Cmdline)
+		authed("/debug/pprof/profile", pprof.Profile)
+		authed("/debug/pprof/symbol", pprof.Symbol)
+		authed("/debug/pprof/trace", pprof.Trace)
 	}
 	var h http.Handler = mux
 	if opts.Auth == nil {

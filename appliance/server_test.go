@@ -776,75 +776,64 @@ func TestSelfSignedCertificate(t *testing.T) {
 
 func fixtureClock() time.Time { return fixtureNow }
 
-// GET /api/v1/edge encodes what Options.Edge gives, behind auth like the
-// rest of the API, and is 404 without it.
-func TestAPIEdge(t *testing.T) {
+// checkPanel checks an optional panel's endpoint: without the option path
+// is 404 and the page's data-<panel> is not on; with opts path answers
+// JSON that ok accepts, and the page turns the panel on.
+func checkPanel(t *testing.T, path, panel string, opts Options, ok func(body []byte) bool) {
+	t.Helper()
 	ts, _ := newTestServer(t, healthySnapshot(), Options{})
-	if code, _, _ := get(t, ts.URL+"/api/v1/edge"); code != http.StatusNotFound {
-		t.Errorf("without Edge: %d, want 404", code)
+	if code, _, _ := get(t, ts.URL+path); code != http.StatusNotFound {
+		t.Errorf("%s without its option: %d, want 404", path, code)
 	}
-	ts, _ = newTestServer(t, healthySnapshot(), Options{Edge: func() any {
+	on := `data-` + panel + `="on"`
+	if _, _, page := get(t, ts.URL+"/"); strings.Contains(string(page), on) {
+		t.Errorf("the %s panel is on without its option", panel)
+	}
+	ts, _ = newTestServer(t, healthySnapshot(), opts)
+	code, hdr, body := get(t, ts.URL+path)
+	if code != http.StatusOK || !strings.HasPrefix(hdr.Get("Content-Type"), "application/json") || !ok(body) {
+		t.Errorf("%s: %d %s %s", path, code, hdr.Get("Content-Type"), body)
+	}
+	if _, _, page := get(t, ts.URL+"/"); !strings.Contains(string(page), on) {
+		t.Errorf("the page does not know the %s panel has data", panel)
+	}
+}
+
+// GET /api/v1/edge encodes what Options.Edge gives, and is 404 without it;
+// the page turns its panel on only with it.
+func TestAPIEdge(t *testing.T) {
+	checkPanel(t, "/api/v1/edge", "edge", Options{Edge: func() any {
 		return map[string]any{"bgp": []map[string]string{{"address": "198.18.6.1", "state": "established"}}}
-	}})
-	code, hdr, body := get(t, ts.URL+"/api/v1/edge")
-	var v struct {
-		BGP []struct{ State string } `json:"bgp"`
-	}
-	if code != http.StatusOK || !strings.HasPrefix(hdr.Get("Content-Type"), "application/json") ||
-		json.Unmarshal(body, &v) != nil || len(v.BGP) != 1 || v.BGP[0].State != "established" {
-		t.Errorf("edge: %d %s %s", code, hdr.Get("Content-Type"), body)
-	}
-	if _, _, page := get(t, ts.URL+"/"); !strings.Contains(string(page), `data-edge="on"`) {
-		t.Error("the page does not know the edge panel has data")
-	}
+	}}, func(body []byte) bool {
+		var v struct {
+			BGP []struct{ State string } `json:"bgp"`
+		}
+		return json.Unmarshal(body, &v) == nil && len(v.BGP) == 1 && v.BGP[0].State == "established"
+	})
 }
 
 // GET /api/v1/gateways encodes what Options.Gateways gives, and is 404
 // without it; the page turns its panel on only with it.
 func TestAPIGateways(t *testing.T) {
-	ts, _ := newTestServer(t, healthySnapshot(), Options{})
-	if code, _, _ := get(t, ts.URL+"/api/v1/gateways"); code != http.StatusNotFound {
-		t.Errorf("without Gateways: %d, want 404", code)
-	}
-	if _, _, page := get(t, ts.URL+"/"); strings.Contains(string(page), `data-gateways="on"`) {
-		t.Error("the gateway panel is on without a gateway set")
-	}
-	ts, _ = newTestServer(t, healthySnapshot(), Options{Gateways: func() any {
+	checkPanel(t, "/api/v1/gateways", "gateways", Options{Gateways: func() any {
 		return map[string]any{"name": "gw-a", "peers": []map[string]string{{"name": "gw-b", "state": "alive"}}}
-	}})
-	code, _, body := get(t, ts.URL+"/api/v1/gateways")
-	var v struct {
-		Peers []struct{ State string } `json:"peers"`
-	}
-	if code != http.StatusOK || json.Unmarshal(body, &v) != nil || len(v.Peers) != 1 || v.Peers[0].State != "alive" {
-		t.Errorf("gateways: %d %s", code, body)
-	}
-	if _, _, page := get(t, ts.URL+"/"); !strings.Contains(string(page), `data-gateways="on"`) {
-		t.Error("the page does not know the gateway panel has data")
-	}
+	}}, func(body []byte) bool {
+		var v struct {
+			Peers []struct{ State string } `json:"peers"`
+		}
+		return json.Unmarshal(body, &v) == nil && len(v.Peers) == 1 && v.Peers[0].State == "alive"
+	})
 }
 
 // GET /api/v1/statesync encodes what Options.StateSync gives, and is 404
 // without it; the page turns its panel on only with it.
 func TestAPIStateSync(t *testing.T) {
-	ts, _ := newTestServer(t, healthySnapshot(), Options{})
-	if code, _, _ := get(t, ts.URL+"/api/v1/statesync"); code != http.StatusNotFound {
-		t.Errorf("without StateSync: %d, want 404", code)
-	}
-	if _, _, page := get(t, ts.URL+"/"); strings.Contains(string(page), `data-statesync="on"`) {
-		t.Error("the state sync panel is on without a state sync")
-	}
-	ts, _ = newTestServer(t, healthySnapshot(), Options{StateSync: func() any {
+	checkPanel(t, "/api/v1/statesync", "statesync", Options{StateSync: func() any {
 		return map[string]any{"ready": true, "peers": []map[string]any{{"name": "gw-b", "up": true, "sent": 7}}}
-	}})
-	code, _, body := get(t, ts.URL+"/api/v1/statesync")
-	var v struct {
-		Peers []struct{ Sent int } `json:"peers"`
-	}
-	if code != http.StatusOK || json.Unmarshal(body, &v) != nil || len(v.Peers) != 1 || v.Peers[0].Sent != 7 {
-		t.Errorf("statesync: %d %s", code, body)
-	}
-	if _, _, page := get(t, ts.URL+"/"); !strings.Contains(string(page), `data-statesync="on"`) {
-		t.Error("the page does not know the state sync panel has data")
-	}
+	}}, func(body []byte) bool {
+		var v struct {
+			Peers []struct{ Sent int } `json:"peers"`
+		}
+		return json.Unmarshal(body, &v) == nil && len(v.Peers) == 1 && v.Peers[0].Sent == 7
+	})
 }

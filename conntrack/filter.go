@@ -29,35 +29,12 @@ import (
 
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/nftgate/nftgate/internal/ctnetlink"
 )
 
 const (
 	netlinkNetfilter = unix.NETLINK_NETFILTER
-
-	subsysCTNetlink = 1 // NFNL_SUBSYS_CTNETLINK
-	msgCTGet        = 1 // IPCTNL_MSG_CT_GET
-	msgCTDelete     = 2 // IPCTNL_MSG_CT_DELETE
-
-	ctaTupleOrig  = 1  // CTA_TUPLE_ORIG
-	ctaTupleReply = 2  // CTA_TUPLE_REPLY
-	ctaID         = 12 // CTA_ID
-	ctaZone       = 18 // CTA_ZONE
-	ctaFilter     = 25 // CTA_FILTER
-
-	ctaTupleIP    = 1 // CTA_TUPLE_IP
-	ctaTupleProto = 2 // CTA_TUPLE_PROTO
-
-	ctaIPv4Src = 1 // CTA_IP_V4_SRC
-	ctaIPv4Dst = 2 // CTA_IP_V4_DST
-	ctaIPv6Src = 3 // CTA_IP_V6_SRC
-	ctaIPv6Dst = 4 // CTA_IP_V6_DST
-
-	ctaProtoNum     = 1 // CTA_PROTO_NUM
-	ctaProtoSrcPort = 2 // CTA_PROTO_SRC_PORT
-	ctaProtoDstPort = 3 // CTA_PROTO_DST_PORT
-
-	ctaFilterOrigFlags  = 1 // CTA_FILTER_ORIG_FLAGS
-	ctaFilterReplyFlags = 2 // CTA_FILTER_REPLY_FLAGS
 
 	// CTA_FILTER_F_* from net/netfilter/nf_internals.h.
 	filterIPSrc     = 1 << 0
@@ -65,11 +42,9 @@ const (
 	filterProtoNum  = 1 << 3
 	filterSrcPort   = 1 << 4
 	filterDstPort   = 1 << 5
-	nfnetlinkV0     = 0
-	nfgenmsgLen     = 4
 	nlaTypeMask     = 0x3fff
-	ctMsgTypeGet    = subsysCTNetlink<<8 | msgCTGet
-	ctMsgTypeDelete = subsysCTNetlink<<8 | msgCTDelete
+	ctMsgTypeGet    = ctnetlink.Subsys<<8 | ctnetlink.MsgGet
+	ctMsgTypeDelete = ctnetlink.Subsys<<8 | ctnetlink.MsgDelete
 )
 
 // kernelFilter is one filtered dump. Zero fields are not filtered on; the
@@ -97,7 +72,7 @@ func (f kernelFilter) describe(k groupKey) string {
 }
 
 func nfgenmsg(family uint8) []byte {
-	return []byte{family, nfnetlinkV0, 0, 0}
+	return []byte{family, ctnetlink.NFNetlinkV0, 0, 0}
 }
 
 // dumpRequest builds the filtered dump for f. Fields the kernel would get
@@ -107,19 +82,19 @@ func dumpRequest(k groupKey, f kernelFilter) netlink.Message {
 	ipExact := k.family == unix.AF_INET
 
 	origFlags := uint32(filterProtoNum)
-	ae.Nested(ctaTupleOrig, func(nae *netlink.AttributeEncoder) error {
+	ae.Nested(ctnetlink.TupleOrig, func(nae *netlink.AttributeEncoder) error {
 		if f.dst.IsValid() && ipExact {
 			origFlags |= filterIPDst
-			nae.Nested(ctaTupleIP, func(ipe *netlink.AttributeEncoder) error {
-				ipe.Bytes(ctaIPv4Dst, f.dst.AsSlice())
+			nae.Nested(ctnetlink.TupleIP, func(ipe *netlink.AttributeEncoder) error {
+				ipe.Bytes(ctnetlink.IPv4Dst, f.dst.AsSlice())
 				return nil
 			})
 		}
-		nae.Nested(ctaTupleProto, func(pe *netlink.AttributeEncoder) error {
-			pe.Uint8(ctaProtoNum, uint8(k.proto))
+		nae.Nested(ctnetlink.TupleProto, func(pe *netlink.AttributeEncoder) error {
+			pe.Uint8(ctnetlink.ProtoNum, uint8(k.proto))
 			if f.dport != 0 {
 				origFlags |= filterDstPort
-				pe.Bytes(ctaProtoDstPort, be16(f.dport))
+				pe.Bytes(ctnetlink.ProtoDstPort, be16(f.dport))
 			}
 			return nil
 		})
@@ -129,28 +104,28 @@ func dumpRequest(k groupKey, f kernelFilter) netlink.Message {
 	var replyFlags uint32
 	if f.replySrc.IsValid() {
 		replyFlags = filterProtoNum | filterSrcPort
-		ae.Nested(ctaTupleReply, func(nae *netlink.AttributeEncoder) error {
+		ae.Nested(ctnetlink.TupleReply, func(nae *netlink.AttributeEncoder) error {
 			if ipExact {
 				replyFlags |= filterIPSrc
-				nae.Nested(ctaTupleIP, func(ipe *netlink.AttributeEncoder) error {
-					ipe.Bytes(ctaIPv4Src, f.replySrc.Addr().AsSlice())
+				nae.Nested(ctnetlink.TupleIP, func(ipe *netlink.AttributeEncoder) error {
+					ipe.Bytes(ctnetlink.IPv4Src, f.replySrc.Addr().AsSlice())
 					return nil
 				})
 			}
-			nae.Nested(ctaTupleProto, func(pe *netlink.AttributeEncoder) error {
-				pe.Uint8(ctaProtoNum, uint8(k.proto))
-				pe.Bytes(ctaProtoSrcPort, be16(f.replySrc.Port()))
+			nae.Nested(ctnetlink.TupleProto, func(pe *netlink.AttributeEncoder) error {
+				pe.Uint8(ctnetlink.ProtoNum, uint8(k.proto))
+				pe.Bytes(ctnetlink.ProtoSrcPort, be16(f.replySrc.Port()))
 				return nil
 			})
 			return nil
 		})
 	}
 
-	ae.Nested(ctaFilter, func(fe *netlink.AttributeEncoder) error {
+	ae.Nested(ctnetlink.Filter, func(fe *netlink.AttributeEncoder) error {
 		// Flag words are host-endian NLA_U32.
-		fe.Uint32(ctaFilterOrigFlags, origFlags)
+		fe.Uint32(ctnetlink.FilterOrigFlags, origFlags)
 		if replyFlags != 0 {
-			fe.Uint32(ctaFilterReplyFlags, replyFlags)
+			fe.Uint32(ctnetlink.FilterReplyFlags, replyFlags)
 		}
 		return nil
 	})
@@ -207,30 +182,30 @@ func (e *entry) deleteReq() deleteReq {
 // kernel refuse if the tuple now belongs to a newer flow.
 func deleteMessage(family uint8, d *deleteReq) netlink.Message {
 	ae := netlink.NewAttributeEncoder()
-	ae.Nested(ctaTupleOrig, func(nae *netlink.AttributeEncoder) error {
-		nae.Nested(ctaTupleIP, func(ipe *netlink.AttributeEncoder) error {
+	ae.Nested(ctnetlink.TupleOrig, func(nae *netlink.AttributeEncoder) error {
+		nae.Nested(ctnetlink.TupleIP, func(ipe *netlink.AttributeEncoder) error {
 			if family == unix.AF_INET {
-				ipe.Bytes(ctaIPv4Src, d.orig.src.Addr().AsSlice())
-				ipe.Bytes(ctaIPv4Dst, d.orig.dst.Addr().AsSlice())
+				ipe.Bytes(ctnetlink.IPv4Src, d.orig.src.Addr().AsSlice())
+				ipe.Bytes(ctnetlink.IPv4Dst, d.orig.dst.Addr().AsSlice())
 			} else {
-				ipe.Bytes(ctaIPv6Src, d.orig.src.Addr().AsSlice())
-				ipe.Bytes(ctaIPv6Dst, d.orig.dst.Addr().AsSlice())
+				ipe.Bytes(ctnetlink.IPv6Src, d.orig.src.Addr().AsSlice())
+				ipe.Bytes(ctnetlink.IPv6Dst, d.orig.dst.Addr().AsSlice())
 			}
 			return nil
 		})
-		nae.Nested(ctaTupleProto, func(pe *netlink.AttributeEncoder) error {
-			pe.Uint8(ctaProtoNum, d.orig.proto)
-			pe.Bytes(ctaProtoSrcPort, be16(d.orig.src.Port()))
-			pe.Bytes(ctaProtoDstPort, be16(d.orig.dst.Port()))
+		nae.Nested(ctnetlink.TupleProto, func(pe *netlink.AttributeEncoder) error {
+			pe.Uint8(ctnetlink.ProtoNum, d.orig.proto)
+			pe.Bytes(ctnetlink.ProtoSrcPort, be16(d.orig.src.Port()))
+			pe.Bytes(ctnetlink.ProtoDstPort, be16(d.orig.dst.Port()))
 			return nil
 		})
 		return nil
 	})
 	if d.hasID {
-		ae.Bytes(ctaID, binary.BigEndian.AppendUint32(nil, d.id))
+		ae.Bytes(ctnetlink.ID, binary.BigEndian.AppendUint32(nil, d.id))
 	}
 	if d.hasZone {
-		ae.Bytes(ctaZone, be16(d.zone))
+		ae.Bytes(ctnetlink.Zone, be16(d.zone))
 	}
 	attrs, err := ae.Encode()
 	if err != nil {
@@ -251,30 +226,30 @@ var errShortEntry = errors.New("conntrack entry without complete tuples")
 // attributes in place without building a full flow object.
 func parseEntry(b []byte, e *entry) error {
 	*e = entry{}
-	if len(b) < nfgenmsgLen {
+	if len(b) < ctnetlink.NFGenMsgLen {
 		return errShortEntry
 	}
 	e.family = b[0]
 	var origOK, replyOK bool
-	err := walkAttrs(b[nfgenmsgLen:], func(typ uint16, v []byte) error {
+	err := walkAttrs(b[ctnetlink.NFGenMsgLen:], func(typ uint16, v []byte) error {
 		switch typ {
-		case ctaTupleOrig:
+		case ctnetlink.TupleOrig:
 			t, err := parseTuple(v)
 			if err != nil {
 				return err
 			}
 			e.orig, e.proto, e.origDst, origOK = t, t.proto, t.dst, true
-		case ctaTupleReply:
+		case ctnetlink.TupleReply:
 			t, err := parseTuple(v)
 			if err != nil {
 				return err
 			}
 			e.replySrc, replyOK = t.src, true
-		case ctaID:
+		case ctnetlink.ID:
 			if len(v) >= 4 {
 				e.id, e.hasID = binary.BigEndian.Uint32(v), true
 			}
-		case ctaZone:
+		case ctnetlink.Zone:
 			if len(v) >= 2 {
 				e.zone, e.hasZone = binary.BigEndian.Uint16(v), true
 			}
@@ -296,24 +271,24 @@ func parseTuple(b []byte) (tuple, error) {
 	var sport, dport uint16
 	err := walkAttrs(b, func(typ uint16, v []byte) error {
 		switch typ {
-		case ctaTupleIP:
+		case ctnetlink.TupleIP:
 			return walkAttrs(v, func(typ uint16, v []byte) error {
 				switch typ {
-				case ctaIPv4Src, ctaIPv6Src:
+				case ctnetlink.IPv4Src, ctnetlink.IPv6Src:
 					src, _ = netip.AddrFromSlice(v)
-				case ctaIPv4Dst, ctaIPv6Dst:
+				case ctnetlink.IPv4Dst, ctnetlink.IPv6Dst:
 					dst, _ = netip.AddrFromSlice(v)
 				}
 				return nil
 			})
-		case ctaTupleProto:
+		case ctnetlink.TupleProto:
 			return walkAttrs(v, func(typ uint16, v []byte) error {
 				switch {
-				case typ == ctaProtoNum && len(v) >= 1:
+				case typ == ctnetlink.ProtoNum && len(v) >= 1:
 					t.proto = v[0]
-				case typ == ctaProtoSrcPort && len(v) >= 2:
+				case typ == ctnetlink.ProtoSrcPort && len(v) >= 2:
 					sport = binary.BigEndian.Uint16(v)
-				case typ == ctaProtoDstPort && len(v) >= 2:
+				case typ == ctnetlink.ProtoDstPort && len(v) >= 2:
 					dport = binary.BigEndian.Uint16(v)
 				}
 				return nil

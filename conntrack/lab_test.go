@@ -2,6 +2,7 @@ package conntrack
 
 import (
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -15,6 +16,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	testlab "github.com/nftgate/nftgate/internal/testing/lab"
 	"github.com/nftgate/nftgate/internal/testing/netnstest"
 )
 
@@ -196,20 +198,9 @@ func udpEcho(t *testing.T, ns netns.NsHandle, at netip.AddrPort, name string) {
 		return err
 	})
 	t.Cleanup(func() { pc.Close() })
-	go func() {
-		buf := make([]byte, 1500)
-		for {
-			n, from, err := pc.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			// The request is echoed so that a client can tell the answer to
-			// this datagram from a late answer to an earlier one.
-			if _, err := pc.WriteTo(append([]byte(name+" "), buf[:n]...), from); err != nil {
-				return
-			}
-		}
-	}()
+	// The request is echoed so that a client can tell the answer to this
+	// datagram from a late answer to an earlier one.
+	testlab.ServeDatagrams(pc, func(req []byte) []byte { return append([]byte(name+" "), req...) })
 }
 
 // tcpEcho echoes lines on every accepted connection.
@@ -221,27 +212,8 @@ func tcpEcho(t *testing.T, ns netns.NsHandle, at netip.AddrPort) {
 		return err
 	})
 	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				buf := make([]byte, 1500)
-				for {
-					n, err := c.Read(buf)
-					if err != nil {
-						return
-					}
-					if _, err := c.Write(buf[:n]); err != nil {
-						return
-					}
-				}
-			}()
-		}
-	}()
+	testlab.ServeConns(ln, func(c net.Conn) { _, _ = io.Copy(c, c) })
+
 }
 
 // ctDump lists the gateway's conntrack table (small in these tests).

@@ -7,6 +7,8 @@ import (
 
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/nftgate/nftgate/internal/ctnetlink"
 )
 
 // A flow in a flowtable stays in conntrack with the OFFLOAD status bit, and
@@ -21,25 +23,25 @@ func TestParseOffloadedEntry(t *testing.T) {
 	gw := netip.MustParseAddrPort("10.123.2.1:40000")
 	tupleAttrs := func(src, dst netip.AddrPort) func(*netlink.AttributeEncoder) error {
 		return func(ae *netlink.AttributeEncoder) error {
-			ae.Nested(ctaTupleIP, func(ipe *netlink.AttributeEncoder) error {
-				ipe.Bytes(ctaIPv4Src, src.Addr().AsSlice())
-				ipe.Bytes(ctaIPv4Dst, dst.Addr().AsSlice())
+			ae.Nested(ctnetlink.TupleIP, func(ipe *netlink.AttributeEncoder) error {
+				ipe.Bytes(ctnetlink.IPv4Src, src.Addr().AsSlice())
+				ipe.Bytes(ctnetlink.IPv4Dst, dst.Addr().AsSlice())
 				return nil
 			})
-			ae.Nested(ctaTupleProto, func(pe *netlink.AttributeEncoder) error {
-				pe.Uint8(ctaProtoNum, unix.IPPROTO_UDP)
-				pe.Bytes(ctaProtoSrcPort, be16(src.Port()))
-				pe.Bytes(ctaProtoDstPort, be16(dst.Port()))
+			ae.Nested(ctnetlink.TupleProto, func(pe *netlink.AttributeEncoder) error {
+				pe.Uint8(ctnetlink.ProtoNum, unix.IPPROTO_UDP)
+				pe.Bytes(ctnetlink.ProtoSrcPort, be16(src.Port()))
+				pe.Bytes(ctnetlink.ProtoDstPort, be16(dst.Port()))
 				return nil
 			})
 			return nil
 		}
 	}
 	ae := netlink.NewAttributeEncoder()
-	ae.Nested(ctaTupleOrig, tupleAttrs(client, svc))
-	ae.Nested(ctaTupleReply, tupleAttrs(ep, gw))
+	ae.Nested(ctnetlink.TupleOrig, tupleAttrs(client, svc))
+	ae.Nested(ctnetlink.TupleReply, tupleAttrs(ep, gw))
 	ae.Bytes(3, binary.BigEndian.AppendUint32(nil, ipsOffload|0x2|0x8|0x20)) // CTA_STATUS: seen reply, confirmed, dnat
-	ae.Bytes(ctaID, binary.BigEndian.AppendUint32(nil, 77))
+	ae.Bytes(ctnetlink.ID, binary.BigEndian.AppendUint32(nil, 77))
 	b, err := ae.Encode()
 	if err != nil {
 		t.Fatal(err)

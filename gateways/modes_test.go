@@ -42,14 +42,15 @@ func (s *sim) restart(name string, as []netip.Addr, inc uint64) *view {
 
 func (s *sim) heldBy(name string) []netip.Addr { return s.views[name].held() }
 
-func TestActiveBackupOneGatewayHoldsEverything(t *testing.T) {
-	s := newSim(t, "gw-a", "gw-b")
-	for _, v := range s.views {
-		v.activeBackup = true
-	}
-	// Service addresses and the one floating masquerade address F.
-	f := netip.MustParseAddr("198.51.100.1")
-	as := append(addrs(20), f)
+// activeBackupSim is gw-a and gw-b, active/backup, both serving n Service
+// addresses and the one floating masquerade address f, settled: gw-a (first
+// by name) holds all of as.
+func activeBackupSim(t *testing.T, n int) (s *sim, f netip.Addr, as []netip.Addr) {
+	t.Helper()
+	s = newSim(t, "gw-a", "gw-b")
+	s.setActiveBackup()
+	f = netip.MustParseAddr("198.51.100.1")
+	as = append(addrs(n), f)
 	slices.SortFunc(as, netip.Addr.Compare)
 	for _, v := range s.views {
 		v.setServed(as)
@@ -58,6 +59,17 @@ func TestActiveBackupOneGatewayHoldsEverything(t *testing.T) {
 	if got := s.heldBy("gw-a"); !slices.Equal(got, as) || len(s.heldBy("gw-b")) != 0 {
 		t.Fatalf("active-backup: a holds %v, b %v; want a (first by name) all", got, s.heldBy("gw-b"))
 	}
+	return s, f, as
+}
+
+func (s *sim) setActiveBackup() {
+	for _, v := range s.views {
+		v.activeBackup = true
+	}
+}
+
+func TestActiveBackupOneGatewayHoldsEverything(t *testing.T) {
+	s, _, as := activeBackupSim(t, 20)
 
 	// The active dies: the backup takes everything.
 	s.kill("gw-a")
@@ -311,9 +323,7 @@ func TestSetReadyChannelHandsOver(t *testing.T) {
 func TestReadyTakesOnlyAfterThePeersSawIt(t *testing.T) {
 	s := newSim(t, "gw-a", "gw-b")
 	a, b := s.views["gw-a"], s.views["gw-b"]
-	for _, v := range s.views {
-		v.activeBackup = true
-	}
+	s.setActiveBackup()
 	a.ready = false
 	base := addrs(2)
 	for _, v := range s.views {
@@ -352,20 +362,7 @@ func TestReadyTakesOnlyAfterThePeersSawIt(t *testing.T) {
 // and F alike, to the backup by handover, never two holders; one that is
 // left alone keeps what no other gateway can hold.
 func TestActiveBackupLeavingHandsEverythingOver(t *testing.T) {
-	s := newSim(t, "gw-a", "gw-b")
-	for _, v := range s.views {
-		v.activeBackup = true
-	}
-	f := netip.MustParseAddr("198.51.100.1")
-	as := append(addrs(5), f)
-	slices.SortFunc(as, netip.Addr.Compare)
-	for _, v := range s.views {
-		v.setServed(as)
-	}
-	s.settle()
-	if got := s.heldBy("gw-a"); !slices.Equal(got, as) {
-		t.Fatalf("a holds %v, want all", got)
-	}
+	s, f, as := activeBackupSim(t, 5)
 	// The drain withdraws the Service addresses; a still serves F.
 	a := s.views["gw-a"]
 	a.setServed([]netip.Addr{f})

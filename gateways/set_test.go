@@ -101,32 +101,41 @@ func (l *logLines) find(parts ...string) string {
 	return ""
 }
 
-func TestSetLogsAddressesTakenAndReleased(t *testing.T) {
-	logs := &logLines{}
+// frozenPair starts gw-a (logging to log) and gw-b, active/active on clk,
+// and waits until they share 16 addresses as. a sends its heartbeats to b
+// through f, which drops b's answers once frozen.
+func frozenPair(t *testing.T, clk *clocktesting.FakeClock, log *slog.Logger) (a *Set, ha, hb *held, f *freezer, as []netip.Addr) {
+	t.Helper()
 	lnA, lnB := listen(t), listen(t)
-	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
-	f := newFreezer(t, lnB.Addr().String())
-	hb := &held{}
+	f = newFreezer(t, lnB.Addr().String())
+	ha, hb = &held{}, &held{}
 	b, err := New(Config{Name: "gw-b", Listen: lnB.Addr().String(), KeyFile: "k", Mode: ModeActiveActive, Peers: []PeerConfig{{Name: "gw-a", Addresses: []string{lnA.Addr().String()}}}},
 		Options{Key: testKey, OnChange: hb.set, Listener: lnB, Clock: clk})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { b.Close() })
-	ha := &held{}
-	a, err := New(Config{Name: "gw-a", Listen: lnA.Addr().String(), KeyFile: "k", Mode: ModeActiveActive, Peers: []PeerConfig{{Name: "gw-b", Addresses: []string{f.ln.Addr().String()}}}},
-		Options{Key: testKey, OnChange: ha.set, Listener: lnA, Clock: clk, Log: slog.New(slog.NewTextHandler(logs, nil))})
+	a, err = New(Config{Name: "gw-a", Listen: lnA.Addr().String(), KeyFile: "k", Mode: ModeActiveActive, Peers: []PeerConfig{{Name: "gw-b", Addresses: []string{f.ln.Addr().String()}}}},
+		Options{Key: testKey, OnChange: ha.set, Listener: lnA, Clock: clk, Log: log})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { a.Close() })
-	as := addrs(16)
+	as = addrs(16)
 	a.Set(as)
 	b.Set(as)
+	// Heartbeats go when the clock ticks.
 	wait(t, func() error {
 		clk.Step(100 * time.Millisecond)
 		return disjointCover(as, ha.get(), hb.get())
 	})
+	return a, ha, hb, f, as
+}
+
+func TestSetLogsAddressesTakenAndReleased(t *testing.T) {
+	logs := &logLines{}
+	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
+	a, ha, _, f, as := frozenPair(t, clk, slog.New(slog.NewTextHandler(logs, nil)))
 	wait(t, func() error {
 		clk.Step(10 * time.Millisecond)
 		if logs.find(`msg="gateways: addresses taken"`, fmt.Sprintf("count=%d", len(ha.get())), "fromDeadPeer=0") == "" {
@@ -278,29 +287,7 @@ func TestSetPeerDeadAfterMissedHeartbeatsOnTheClock(t *testing.T) {
 	ignore := goleak.IgnoreCurrent()
 	t.Cleanup(func() { goleak.VerifyNone(t, ignore) })
 	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
-	ha, hb := &held{}, &held{}
-	lnA, lnB := listen(t), listen(t)
-	f := newFreezer(t, lnB.Addr().String())
-	b, err := New(Config{Name: "gw-b", Listen: lnB.Addr().String(), KeyFile: "k", Mode: ModeActiveActive, Peers: []PeerConfig{{Name: "gw-a", Addresses: []string{lnA.Addr().String()}}}},
-		Options{Key: testKey, OnChange: hb.set, Listener: lnB, Clock: clk})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.Close() })
-	a, err := New(Config{Name: "gw-a", Listen: lnA.Addr().String(), KeyFile: "k", Mode: ModeActiveActive, Peers: []PeerConfig{{Name: "gw-b", Addresses: []string{f.ln.Addr().String()}}}},
-		Options{Key: testKey, OnChange: ha.set, Listener: lnA, Clock: clk})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { a.Close() })
-	as := addrs(16)
-	a.Set(as)
-	b.Set(as)
-	// Heartbeats go when the clock ticks.
-	wait(t, func() error {
-		clk.Step(100 * time.Millisecond)
-		return disjointCover(as, ha.get(), hb.get())
-	})
+	a, ha, _, f, as := frozenPair(t, clk, nil)
 	aHeld := ha.get()
 	if len(aHeld) == 0 || len(aHeld) == len(as) {
 		t.Fatalf("a holds %d of %d", len(aHeld), len(as))

@@ -6,6 +6,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/nftgate/nftgate/internal/ctnetlink"
 	"github.com/nftgate/nftgate/internal/testing/netnstest"
 )
 
@@ -62,7 +63,7 @@ func BenchmarkDecodeEvent(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer conn.Close()
-	if err := conn.JoinGroup(nfnlgrpConntrackUpdate); err != nil {
+	if err := conn.JoinGroup(ctnetlink.GroupUpdate); err != nil {
 		b.Fatal(err)
 	}
 	e := benchEntries(1)

@@ -12,6 +12,8 @@ import (
 	"github.com/mdlayher/netlink"
 	ct "github.com/ti-mo/conntrack"
 	"golang.org/x/sys/unix"
+
+	"github.com/nftgate/nftgate/internal/ctnetlink"
 )
 
 // eventsSysctl exists only in kernels built with NF_CONNTRACK_EVENTS.
@@ -40,7 +42,7 @@ func CheckConntrackKernel(netns int) error {
 		return err
 	}
 	defer ev.Close()
-	if err := ev.JoinGroup(nfnlgrpConntrackNew); err != nil {
+	if err := ev.JoinGroup(ctnetlink.GroupNew); err != nil {
 		return fmt.Errorf("statesync: join conntrack event group: %w (the kernel needs NF_CT_NETLINK)", err)
 	}
 

@@ -14,6 +14,8 @@ import (
 	ct "github.com/ti-mo/conntrack"
 	"golang.org/x/net/bpf"
 	"golang.org/x/sys/unix"
+
+	"github.com/nftgate/nftgate/internal/ctnetlink"
 )
 
 // ConntrackOptions configure NewConntrack.
@@ -103,11 +105,11 @@ func dial(netNS, rcvbuf int) (*netlink.Conn, syscall.RawConn, error) {
 // attribute extension; an event without them passes, and Listen checks
 // every event again.
 func natEventFilter() ([]bpf.RawInstruction, error) {
-	const attrs = nlmsgHdrLen + nfgenmsgLen
+	const attrs = nlmsgHdrLen + ctnetlink.NFGenMsgLen
 	return bpf.Assemble([]bpf.Instruction{
 		// A = offset of CTA_STATUS, or 0.
 		bpf.LoadConstant{Dst: bpf.RegA, Val: attrs},
-		bpf.LoadConstant{Dst: bpf.RegX, Val: ctaStatus},
+		bpf.LoadConstant{Dst: bpf.RegX, Val: ctnetlink.Status},
 		bpf.LoadExtension{Num: bpf.ExtNetlinkAttr},
 		bpf.JumpIf{Cond: bpf.JumpEqual, Val: 0, SkipTrue: 3},
 		bpf.TAX{},
@@ -115,7 +117,7 @@ func natEventFilter() ([]bpf.RawInstruction, error) {
 		bpf.JumpIf{Cond: bpf.JumpBitsNotSet, Val: StatusDstNAT | StatusSrcNAT, SkipTrue: 7},
 		// A = offset of CTA_MARK, or 0.
 		bpf.LoadConstant{Dst: bpf.RegA, Val: attrs},
-		bpf.LoadConstant{Dst: bpf.RegX, Val: ctaMark},
+		bpf.LoadConstant{Dst: bpf.RegX, Val: ctnetlink.Mark},
 		bpf.LoadExtension{Num: bpf.ExtNetlinkAttr},
 		bpf.JumpIf{Cond: bpf.JumpEqual, Val: 0, SkipTrue: 3},
 		bpf.TAX{},
@@ -142,7 +144,7 @@ func (c *Conntrack) Listen(ctx context.Context, deliver func([]Event), lost func
 	} else if err := conn.SetBPF(prog); err != nil {
 		return fmt.Errorf("statesync: attach event filter: %w", err)
 	}
-	for _, g := range []uint32{nfnlgrpConntrackNew, nfnlgrpConntrackUpdate, nfnlgrpConntrackDestroy} {
+	for _, g := range []uint32{ctnetlink.GroupNew, ctnetlink.GroupUpdate, ctnetlink.GroupDestroy} {
 		if err := conn.JoinGroup(g); err != nil {
 			return fmt.Errorf("statesync: join conntrack event group %d: %w", g, err)
 		}
@@ -271,8 +273,8 @@ func (c *Conntrack) Dump(fn func(Entry)) error {
 	}
 	defer conn.Close()
 	req := netlink.Message{
-		Header: netlink.Header{Type: subsysCTNetlink<<8 | msgCTGet, Flags: netlink.Request | netlink.Dump},
-		Data:   []byte{unix.AF_UNSPEC, nfnetlinkV0, 0, 0},
+		Header: netlink.Header{Type: ctnetlink.Subsys<<8 | ctnetlink.MsgGet, Flags: netlink.Request | netlink.Dump},
+		Data:   []byte{unix.AF_UNSPEC, ctnetlink.NFNetlinkV0, 0, 0},
 	}
 	if _, err := conn.Send(req); err != nil {
 		return fmt.Errorf("statesync: dump conntrack: %w", err)

@@ -48,57 +48,14 @@ import (
 	"net/netip"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nftgate/nftgate/internal/ctnetlink"
 )
 
 const (
-	subsysCTNetlink = 1 // NFNL_SUBSYS_CTNETLINK
-	msgCTNew        = 0 // IPCTNL_MSG_CT_NEW
-	msgCTGet        = 1 // IPCTNL_MSG_CT_GET
-	msgCTDelete     = 2 // IPCTNL_MSG_CT_DELETE
-
-	ctaTupleOrig  = 1
-	ctaTupleReply = 2
-	ctaStatus     = 3
-	ctaProtoinfo  = 4
-	ctaNATSrc     = 6
-	ctaTimeout    = 7
-	ctaMark       = 8
-	ctaNATDst     = 13
-	ctaMarkMask   = 21
-
-	ctaTupleIP    = 1
-	ctaTupleProto = 2
-
-	ctaIPv4Src = 1
-	ctaIPv4Dst = 2
-	ctaIPv6Src = 3
-	ctaIPv6Dst = 4
-
-	ctaProtoNum     = 1
-	ctaProtoSrcPort = 2
-	ctaProtoDstPort = 3
-
-	ctaProtoinfoTCP         = 1
-	ctaProtoinfoTCPState    = 1
-	ctaProtoinfoTCPWScaleO  = 2
-	ctaProtoinfoTCPWScaleR  = 3
-	ctaProtoinfoTCPFlagsO   = 4
-	ctaProtoinfoTCPFlagsR   = 5
-	ctaNATV4MinIP           = 1
-	ctaNATV4MaxIP           = 2
-	ctaNATProto             = 3
-	ctaNATV6MinIP           = 4
-	ctaNATV6MaxIP           = 5
-	ctaProtoNATPortMin      = 1
-	ctaProtoNATPortMax      = 2
-	nlaFNested              = 1 << 15
-	nlmsgHdrLen             = 16
-	nfgenmsgLen             = 4
-	nlmsgerrLen             = 4 + nlmsgHdrLen
-	nfnetlinkV0             = 0
-	nfnlgrpConntrackNew     = 1 // NFNLGRP_CONNTRACK_NEW
-	nfnlgrpConntrackUpdate  = 2 // NFNLGRP_CONNTRACK_UPDATE
-	nfnlgrpConntrackDestroy = 3 // NFNLGRP_CONNTRACK_DESTROY
+	nlaFNested  = 1 << 15
+	nlmsgHdrLen = 16
+	nlmsgerrLen = 4 + nlmsgHdrLen
 )
 
 // IPS_* status bits (include/uapi/linux/netfilter/nf_conntrack_common.h).
@@ -149,7 +106,7 @@ func (e *encoder) begin(msgType, flags uint16, family uint8) int {
 	e.b = binary.NativeEndian.AppendUint16(e.b, flags)
 	e.b = binary.NativeEndian.AppendUint32(e.b, e.seq)
 	e.b = binary.NativeEndian.AppendUint32(e.b, 0)
-	e.b = append(e.b, family, nfnetlinkV0, 0, 0)
+	e.b = append(e.b, family, ctnetlink.NFNetlinkV0, 0, 0)
 	return off
 }
 
@@ -205,19 +162,19 @@ func (e *encoder) endNest(off int) {
 
 func (e *encoder) tuple(typ uint16, proto Proto, t Tuple) {
 	n := e.nest(typ)
-	ip := e.nest(ctaTupleIP)
+	ip := e.nest(ctnetlink.TupleIP)
 	if t.Src.Addr().Is4() {
-		e.addr(ctaIPv4Src, t.Src.Addr())
-		e.addr(ctaIPv4Dst, t.Dst.Addr())
+		e.addr(ctnetlink.IPv4Src, t.Src.Addr())
+		e.addr(ctnetlink.IPv4Dst, t.Dst.Addr())
 	} else {
-		e.addr(ctaIPv6Src, t.Src.Addr())
-		e.addr(ctaIPv6Dst, t.Dst.Addr())
+		e.addr(ctnetlink.IPv6Src, t.Src.Addr())
+		e.addr(ctnetlink.IPv6Dst, t.Dst.Addr())
 	}
 	e.endNest(ip)
-	p := e.nest(ctaTupleProto)
-	e.u8(ctaProtoNum, proto)
-	e.be16(ctaProtoSrcPort, t.Src.Port())
-	e.be16(ctaProtoDstPort, t.Dst.Port())
+	p := e.nest(ctnetlink.TupleProto)
+	e.u8(ctnetlink.ProtoNum, proto)
+	e.be16(ctnetlink.ProtoSrcPort, t.Src.Port())
+	e.be16(ctnetlink.ProtoDstPort, t.Dst.Port())
 	e.endNest(p)
 	e.endNest(n)
 }
@@ -226,29 +183,29 @@ func (e *encoder) tuple(typ uint16, proto Proto, t Tuple) {
 func (e *encoder) nat(typ uint16, to netip.AddrPort) {
 	n := e.nest(typ)
 	if to.Addr().Is4() {
-		e.addr(ctaNATV4MinIP, to.Addr())
-		e.addr(ctaNATV4MaxIP, to.Addr())
+		e.addr(ctnetlink.NATV4MinIP, to.Addr())
+		e.addr(ctnetlink.NATV4MaxIP, to.Addr())
 	} else {
-		e.addr(ctaNATV6MinIP, to.Addr())
-		e.addr(ctaNATV6MaxIP, to.Addr())
+		e.addr(ctnetlink.NATV6MinIP, to.Addr())
+		e.addr(ctnetlink.NATV6MaxIP, to.Addr())
 	}
-	p := e.nest(ctaNATProto)
-	e.be16(ctaProtoNATPortMin, to.Port())
-	e.be16(ctaProtoNATPortMax, to.Port())
+	p := e.nest(ctnetlink.NATProto)
+	e.be16(ctnetlink.ProtoNATPortMin, to.Port())
+	e.be16(ctnetlink.ProtoNATPortMax, to.Port())
 	e.endNest(p)
 	e.endNest(n)
 }
 
 func (e *encoder) tcp(t TCPInfo) {
-	pi := e.nest(ctaProtoinfo)
-	n := e.nest(ctaProtoinfoTCP)
-	e.u8(ctaProtoinfoTCPState, t.State)
+	pi := e.nest(ctnetlink.Protoinfo)
+	n := e.nest(ctnetlink.ProtoinfoTCP)
+	e.u8(ctnetlink.ProtoinfoTCPState, t.State)
 	// Flags first: the kernel applies the window scales only when both
 	// directions have IP_CT_TCP_FLAG_WINDOW_SCALE.
-	e.attr(ctaProtoinfoTCPFlagsO, []byte{t.FlagsOrig&tcpFlagsCarried | tcpFlagBeLiberal, tcpFlagsCarried})
-	e.attr(ctaProtoinfoTCPFlagsR, []byte{t.FlagsReply&tcpFlagsCarried | tcpFlagBeLiberal, tcpFlagsCarried})
-	e.u8(ctaProtoinfoTCPWScaleO, t.WScaleOrig)
-	e.u8(ctaProtoinfoTCPWScaleR, t.WScaleReply)
+	e.attr(ctnetlink.ProtoinfoTCPFlagsO, []byte{t.FlagsOrig&tcpFlagsCarried | tcpFlagBeLiberal, tcpFlagsCarried})
+	e.attr(ctnetlink.ProtoinfoTCPFlagsR, []byte{t.FlagsReply&tcpFlagsCarried | tcpFlagBeLiberal, tcpFlagsCarried})
+	e.u8(ctnetlink.ProtoinfoTCPWScaleO, t.WScaleOrig)
+	e.u8(ctnetlink.ProtoinfoTCPWScaleR, t.WScaleReply)
 	e.endNest(n)
 	e.endNest(pi)
 }
@@ -271,46 +228,46 @@ func replicaTimeout(t uint32) uint32 { return max(t, 1) }
 
 // message appends the message of kind k for en, with an acknowledgement.
 func (e *encoder) message(k msgKind, en *Entry) {
-	const ctNew = subsysCTNetlink<<8 | msgCTNew
+	const ctNew = ctnetlink.Subsys<<8 | ctnetlink.MsgNew
 	flags := uint16(unix.NLM_F_REQUEST | unix.NLM_F_ACK)
 	switch k {
 	case kindCreate:
 		off := e.begin(ctNew, flags|unix.NLM_F_CREATE|unix.NLM_F_EXCL, family(en))
-		e.tuple(ctaTupleOrig, en.Proto, en.Orig)
-		e.tuple(ctaTupleReply, en.Proto, Tuple{Src: en.Orig.Dst, Dst: en.Orig.Src})
+		e.tuple(ctnetlink.TupleOrig, en.Proto, en.Orig)
+		e.tuple(ctnetlink.TupleReply, en.Proto, Tuple{Src: en.Orig.Dst, Dst: en.Orig.Src})
 		if en.Reply.Src != en.Orig.Dst {
-			e.nat(ctaNATDst, en.Reply.Src)
+			e.nat(ctnetlink.NATDst, en.Reply.Src)
 		}
 		if en.Reply.Dst != en.Orig.Src {
-			e.nat(ctaNATSrc, en.Reply.Dst)
+			e.nat(ctnetlink.NATSrc, en.Reply.Dst)
 		}
 		e.state(en, true)
 		e.end(off)
 	case kindUpdate, kindUpdateNoState:
 		off := e.begin(ctNew, flags, family(en))
-		e.tuple(ctaTupleOrig, en.Proto, en.Orig)
+		e.tuple(ctnetlink.TupleOrig, en.Proto, en.Orig)
 		e.state(en, k == kindUpdate)
 		e.end(off)
 	case kindDelete:
-		off := e.begin(subsysCTNetlink<<8|msgCTDelete, flags, family(en))
-		e.tuple(ctaTupleOrig, en.Proto, en.Orig)
+		off := e.begin(ctnetlink.Subsys<<8|ctnetlink.MsgDelete, flags, family(en))
+		e.tuple(ctnetlink.TupleOrig, en.Proto, en.Orig)
 		e.end(off)
 	case kindAdopt:
 		off := e.begin(ctNew, flags, family(en))
-		e.tuple(ctaTupleOrig, en.Proto, en.Orig)
-		e.be32(ctaMark, 0)
-		e.be32(ctaMarkMask, ReplicaMark)
+		e.tuple(ctnetlink.TupleOrig, en.Proto, en.Orig)
+		e.be32(ctnetlink.Mark, 0)
+		e.be32(ctnetlink.MarkMask, ReplicaMark)
 		e.end(off)
 	}
 }
 
 // state appends what a create and an update share.
 func (e *encoder) state(en *Entry, status bool) {
-	e.be32(ctaTimeout, replicaTimeout(en.Timeout))
+	e.be32(ctnetlink.Timeout, replicaTimeout(en.Timeout))
 	if status {
-		e.be32(ctaStatus, replicaStatus(en.Status))
+		e.be32(ctnetlink.Status, replicaStatus(en.Status))
 	}
-	e.be32(ctaMark, en.Mark|ReplicaMark)
+	e.be32(ctnetlink.Mark, en.Mark|ReplicaMark)
 	if en.Proto == unix.IPPROTO_TCP {
 		e.tcp(en.TCP)
 	}

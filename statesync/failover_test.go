@@ -126,41 +126,21 @@ func (f *failoverLab) serve(t *testing.T, ep netip.Addr) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
+	lab.ServeConns(ln, func(c net.Conn) {
+		r := bufio.NewScanner(c)
+		for r.Scan() {
+			if _, err := fmt.Fprintf(c, "%s %s\n", tcp, r.Text()); err != nil {
 				return
 			}
-			go func() {
-				defer c.Close()
-				r := bufio.NewScanner(c)
-				for r.Scan() {
-					if _, err := fmt.Fprintf(c, "%s %s\n", tcp, r.Text()); err != nil {
-						return
-					}
-				}
-			}()
 		}
-	}()
+	})
 	udp := netip.AddrPortFrom(ep, 5353).String()
 	pc, err := f.endpoint.ListenPacket("udp", udp)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { pc.Close() })
-	go func() {
-		buf := make([]byte, 1500)
-		for {
-			n, from, err := pc.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			if _, err := pc.WriteTo([]byte(udp+" "+string(buf[:n])), from); err != nil {
-				return
-			}
-		}
-	}()
+	lab.ServeDatagrams(pc, func(req []byte) []byte { return []byte(udp + " " + string(req)) })
 }
 
 // exchange sends line and returns the answer.

@@ -623,17 +623,7 @@ func rerenderEdge(path string, data []byte) error {
 
 // write puts edge.json and edge.md into dir.
 func (r *EdgeResult) write(dir string) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	data, err := json.MarshalIndent(r, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(dir, "edge.json"), append(data, '\n'), 0o644); err != nil {
-		return err
-	}
-	return os.WriteFile(filepath.Join(dir, "edge.md"), []byte(r.markdown()), 0o644)
+	return writeResults(dir, "edge", r, r.markdown)
 }
 
 func (r *EdgeResult) markdown() string {

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -171,16 +170,7 @@ func failoverRun(cfg *Config, name string, traffic failover.Traffic) (res failov
 	if router != nil {
 		// Traffic starts once the router spreads the Service over every
 		// gateway.
-		if err := lab.EventuallyWithin(time.Minute, func() error {
-			routes, err := router.Routes(netip.PrefixFrom(failover.ECMPServiceAddr, 32))
-			if err != nil {
-				return err
-			}
-			if len(routes) != len(topo.Gateways) {
-				return fmt.Errorf("BIRD has %d routes to %v, want %d", len(routes), failover.ECMPServiceAddr, len(topo.Gateways))
-			}
-			return nil
-		}); err != nil {
+		if err := failover.ECMPRoutes(router, len(topo.Gateways), time.Minute); err != nil {
 			return res, "", err
 		}
 	}
@@ -266,17 +256,7 @@ func holderOf(gs []*failover.Nftgate, addr netip.Addr) (int, error) {
 }
 
 func (r *FailoverReport) write(dir string) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	data, err := json.MarshalIndent(r, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(dir, "results.json"), append(data, '\n'), 0o644); err != nil {
-		return err
-	}
-	return os.WriteFile(filepath.Join(dir, "results.md"), []byte(r.markdown()), 0o644)
+	return writeResults(dir, "results", r, r.markdown)
 }
 
 func (r *FailoverReport) markdown() string {

@@ -123,19 +123,25 @@ func percentile(xs []float64, p float64) float64 {
 	return s[min(max(rank, 1), len(s))-1]
 }
 
-// Write stores results.json, results.md and results.png in dir.
-func (r *Report) Write(dir string) error {
+// writeResults stores v as <name>.json and markdown() as <name>.md in dir,
+// creating dir.
+func writeResults(dir, name string, v any, markdown func() string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	data, err := json.MarshalIndent(r, "", "  ")
+	data, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(dir, "results.json"), append(data, '\n'), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, name+".json"), append(data, '\n'), 0o644); err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(dir, "results.md"), []byte(r.Markdown()), 0o644); err != nil {
+	return os.WriteFile(filepath.Join(dir, name+".md"), []byte(markdown()), 0o644)
+}
+
+// Write stores results.json, results.md and results.png in dir.
+func (r *Report) Write(dir string) error {
+	if err := writeResults(dir, "results", r, r.Markdown); err != nil {
 		return err
 	}
 	if err := r.PlotDrift(filepath.Join(dir, "drift.png")); err != nil {

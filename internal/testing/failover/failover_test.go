@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nftgate/nftgate/internal/testing/bird"
 	"github.com/nftgate/nftgate/internal/testing/failover"
 	"github.com/nftgate/nftgate/internal/testing/lab"
 	"github.com/nftgate/nftgate/internal/testing/lab/gatewaytest"
@@ -70,12 +71,17 @@ func anchor(t *testing.T, withSync bool) failover.Result {
 // TestAnchorKeepsConnections: keepalived and conntrackd (Debian's) carry
 // every TCP connection and UDP flow over to gw-b when gw-a dies.
 func TestAnchorKeepsConnections(t *testing.T) {
-	res := anchor(t, true)
+	checkKept(t, "the anchor", anchor(t, true))
+}
+
+// checkKept fails t unless who kept every flow of res, none stalled beyond
+// 10 s. The goal is 2 s on L2; the bound is generous so that a loaded
+// machine does not fail the test (make bench measures).
+func checkKept(t *testing.T, who string, res failover.Result) {
+	t.Helper()
 	if res.TCP.Lost > 0 || res.UDP.Lost > 0 {
-		t.Errorf("the anchor lost connections: %s", res)
+		t.Errorf("%s lost connections: %s", who, res)
 	}
-	// The goal is 2 s on L2; the bound is generous so that a loaded
-	// machine does not fail the test (make bench measures).
 	if res.TCP.StallMaxMs > 10000 || res.UDP.StallMaxMs > 10000 {
 		t.Errorf("stalls beyond 10 s: %s", res)
 	}
@@ -137,36 +143,58 @@ func startNftgate(t *testing.T, topo *failover.Topology, cfg *failover.NftgateCo
 	return gs
 }
 
+// startRouter starts BIRD in topo's router and stops it at the end of the
+// test, showing its log if the test failed.
+func startRouter(t *testing.T, topo *failover.Topology) *bird.Router {
+	t.Helper()
+	router, err := failover.StartRouter(topo, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("BIRD:\n%s", router.Output(60))
+		}
+		router.Close()
+	})
+	return router
+}
+
 // testDeadAfter is the tests' [gateways] dead_after, 500 ms rather than
 // 300 ms, so that a loaded machine stalling a process does not declare a
 // live peer dead (see e2e/gateways_l2_test.go).
 const testDeadAfter = 5
+
+// startActiveBackup starts two nftgates, active/backup, and waits until
+// one, gs[holder], holds the addresses.
+func startActiveBackup(t *testing.T) (topo *failover.Topology, cfg *failover.NftgateConfig, gs []*failover.Nftgate, holder int) {
+	t.Helper()
+	topo = newTopology(t, failover.Options{Gateways: 2})
+	cfg = nftgateConfig(t, topo, failover.NftgateOptions{DeadAfter: testDeadAfter})
+	gs = startNftgate(t, topo, cfg)
+	return topo, cfg, gs, waitHolder(t, gs)
+}
+
+// replicatedTo waits until standby holds a replica of every test flow to
+// the Service address.
+func replicatedTo(standby *lab.Host) func() error {
+	return func() error {
+		return failover.Replicated([]*lab.Host{standby}, failover.ServiceAddr, testTraffic.TCP+testTraffic.UDP, 30*time.Second)
+	}
+}
 
 // TestNftgateActiveBackupKeepsConnections: two nftgates, active/backup
 // with F floating; kill -9 the one holding the addresses and cut its
 // links: every TCP connection and UDP flow carries on through the other,
 // which held a replica of each before the failure.
 func TestNftgateActiveBackupKeepsConnections(t *testing.T) {
-	topo := newTopology(t, failover.Options{Gateways: 2})
-	cfg := nftgateConfig(t, topo, failover.NftgateOptions{DeadAfter: testDeadAfter})
-	gs := startNftgate(t, topo, cfg)
-	holder := waitHolder(t, gs)
-	standby := topo.Gateways[1-holder]
-	n := testTraffic.TCP + testTraffic.UDP
-	res, err := failover.Failover(topo, cfg.Dst, testTraffic, holder,
-		func() error {
-			return failover.Replicated([]*lab.Host{standby}, failover.ServiceAddr, n, 30*time.Second)
-		})
+	topo, cfg, _, holder := startActiveBackup(t)
+	res, err := failover.Failover(topo, cfg.Dst, testTraffic, holder, replicatedTo(topo.Gateways[1-holder]))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("%s", res)
-	if res.TCP.Lost > 0 || res.UDP.Lost > 0 {
-		t.Errorf("nftgate lost connections: %s", res)
-	}
-	if res.TCP.StallMaxMs > 10000 || res.UDP.StallMaxMs > 10000 {
-		t.Errorf("stalls beyond 10 s: %s", res)
-	}
+	checkKept(t, "nftgate", res)
 }
 
 // holderOf is the gateway of gs that holds the Service address and F
@@ -254,16 +282,9 @@ func checkReturn(t *testing.T, res failover.Return) {
 // Service address and F back only once it holds them, and every
 // connection, old and new, carries on through it.
 func TestNftgateActiveBackupReturns(t *testing.T) {
-	topo := newTopology(t, failover.Options{Gateways: 2})
-	cfg := nftgateConfig(t, topo, failover.NftgateOptions{DeadAfter: testDeadAfter})
-	gs := startNftgate(t, topo, cfg)
-	holder := waitHolder(t, gs)
-	standby := topo.Gateways[1-holder]
+	topo, cfg, gs, holder := startActiveBackup(t)
 	n := testTraffic.TCP + testTraffic.UDP
-	res, err := failover.FailAndReturn(topo, cfg.Dst, testTraffic, holder,
-		func() error {
-			return failover.Replicated([]*lab.Host{standby}, failover.ServiceAddr, n, 30*time.Second)
-		}, nil,
+	res, err := failover.FailAndReturn(topo, cfg.Dst, testTraffic, holder, replicatedTo(topo.Gateways[1-holder]), nil,
 		func() error {
 			g, err := restart(t, topo, cfg, holder)
 			if err != nil {
@@ -295,27 +316,9 @@ func TestNftgateActiveBackupReturns(t *testing.T) {
 func TestNftgateECMPKeepsConnections(t *testing.T) {
 	topo := newTopology(t, failover.Options{Gateways: 3, Router: true})
 	cfg := nftgateConfig(t, topo, failover.NftgateOptions{ECMP: true, DeadAfter: testDeadAfter})
-	router, err := failover.StartRouter(topo, t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("BIRD:\n%s", router.Output(60))
-		}
-		router.Close()
-	})
+	router := startRouter(t, topo)
 	startNftgate(t, topo, cfg)
-	if err := lab.EventuallyWithin(30*time.Second, func() error {
-		routes, err := router.Routes(netip.PrefixFrom(failover.ECMPServiceAddr, 32))
-		if err != nil {
-			return err
-		}
-		if len(routes) != len(topo.Gateways) {
-			return fmt.Errorf("BIRD has %d routes to %v, want %d", len(routes), failover.ECMPServiceAddr, len(topo.Gateways))
-		}
-		return nil
-	}); err != nil {
+	if err := failover.ECMPRoutes(router, len(topo.Gateways), 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	n := testTraffic.TCP + testTraffic.UDP
@@ -327,12 +330,7 @@ func TestNftgateECMPKeepsConnections(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("%s", res)
-	if res.TCP.Lost > 0 || res.UDP.Lost > 0 {
-		t.Errorf("nftgate lost connections: %s", res)
-	}
-	if res.TCP.StallMaxMs > 10000 || res.UDP.StallMaxMs > 10000 {
-		t.Errorf("stalls beyond 10 s: %s", res)
-	}
+	checkKept(t, "nftgate", res)
 }
 
 // TestNftgateECMPReturns: gw-a fails as in TestNftgateECMPKeepsConnections
@@ -343,28 +341,10 @@ func TestNftgateECMPKeepsConnections(t *testing.T) {
 func TestNftgateECMPReturns(t *testing.T) {
 	topo := newTopology(t, failover.Options{Gateways: 3, Router: true})
 	cfg := nftgateConfig(t, topo, failover.NftgateOptions{ECMP: true, DeadAfter: testDeadAfter})
-	router, err := failover.StartRouter(topo, t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("BIRD:\n%s", router.Output(60))
-		}
-		router.Close()
-	})
+	router := startRouter(t, topo)
 	gs := startNftgate(t, topo, cfg)
 	routes := func(want int) error {
-		return lab.EventuallyWithin(60*time.Second, func() error {
-			routes, err := router.Routes(netip.PrefixFrom(failover.ECMPServiceAddr, 32))
-			if err != nil {
-				return err
-			}
-			if len(routes) != want {
-				return fmt.Errorf("BIRD has %d routes to %v, want %d", len(routes), failover.ECMPServiceAddr, want)
-			}
-			return nil
-		})
+		return failover.ECMPRoutes(router, want, 60*time.Second)
 	}
 	if err := routes(len(topo.Gateways)); err != nil {
 		t.Fatal(err)
@@ -412,12 +392,8 @@ func TestNftgateECMPReturns(t *testing.T) {
 // still open (they moved), and every TCP connection and UDP flow carries
 // on through the backup after its exit.
 func TestNftgateActiveBackupDrainHandsOver(t *testing.T) {
-	topo := newTopology(t, failover.Options{Gateways: 2})
-	cfg := nftgateConfig(t, topo, failover.NftgateOptions{DeadAfter: testDeadAfter})
-	gs := startNftgate(t, topo, cfg)
-	holder := waitHolder(t, gs)
+	topo, cfg, gs, holder := startActiveBackup(t)
 	standby := 1 - holder
-	n := testTraffic.TCP + testTraffic.UDP
 	var handedOver, exited time.Duration
 	res, err := failover.FailoverBy(topo, cfg.Dst, testTraffic,
 		func() (time.Time, error) {
@@ -446,18 +422,11 @@ func TestNftgateActiveBackupDrainHandsOver(t *testing.T) {
 			exited = time.Since(start)
 			return time.Now(), nil
 		},
-		func() error {
-			return failover.Replicated([]*lab.Host{topo.Gateways[standby]}, failover.ServiceAddr, n, 30*time.Second)
-		})
+		replicatedTo(topo.Gateways[standby]))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("drain: the backup held the Service address and F %v after it started, the draining gateway exited after %v; %s",
 		handedOver.Round(time.Millisecond), exited.Round(time.Millisecond), res)
-	if res.TCP.Lost > 0 || res.UDP.Lost > 0 {
-		t.Errorf("flows lost in the drain: %s", res)
-	}
-	if res.TCP.StallMaxMs > 10000 || res.UDP.StallMaxMs > 10000 {
-		t.Errorf("stalls beyond 10 s: %s", res)
-	}
+	checkKept(t, "nftgate in the drain", res)
 }

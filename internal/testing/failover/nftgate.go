@@ -5,8 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -70,7 +68,7 @@ type NftgateConfig struct {
 
 // NftgateListen is where each gateway's HTTP server listens, in its own
 // namespace.
-const NftgateListen = "127.0.0.1:9180"
+const NftgateListen = gatewaytest.Listen
 
 // WriteNftgate writes each gateway's configuration and manifests and the
 // shared key under dir.
@@ -163,7 +161,7 @@ func WriteNftgate(topo *Topology, dir string, o NftgateOptions) (*NftgateConfig,
 			return nil, err
 		}
 		c.Configs = append(c.Configs, cfg)
-		c.Args = append(c.Args, []string{"--config", cfg, "--manifests", mdir, "--listen", NftgateListen, "--node-name", name})
+		c.Args = append(c.Args, []string{"--config", cfg, "--manifests", mdir, "--listen", gatewaytest.Listen, "--node-name", name})
 	}
 	return c, nil
 }
@@ -191,6 +189,21 @@ func StartRouter(topo *Topology, dir string) (*bird.Router, error) {
 		return nil, err
 	}
 	return bird.Launch(topo.Router, bird.Several(RouterAddr, RouterASN, gws, GatewayASN, BFDInterval), dir)
+}
+
+// ECMPRoutes waits until the router has want routes to the ECMP variant's
+// Service address: one per gateway that announces it.
+func ECMPRoutes(router *bird.Router, want int, timeout time.Duration) error {
+	return lab.EventuallyWithin(timeout, func() error {
+		routes, err := router.Routes(netip.PrefixFrom(ECMPServiceAddr, 32))
+		if err != nil {
+			return err
+		}
+		if len(routes) != want {
+			return fmt.Errorf("BIRD has %d routes to %v, want %d", len(routes), ECMPServiceAddr, want)
+		}
+		return nil
+	})
 }
 
 // Replicated waits until every gateway in hosts holds at least n conntrack
@@ -236,21 +249,13 @@ func StartNftgate(h *lab.Host, bin string, args []string) (*Nftgate, error) {
 
 // WaitReady waits until /readyz answers 200.
 func (n *Nftgate) WaitReady(timeout time.Duration) error {
-	return lab.EventuallyWithin(timeout, func() error {
-		select {
-		case <-n.done:
-			return fmt.Errorf("nftgate in %s exited:\n%s", n.Host, n.Logs())
-		default:
-		}
-		code, body, err := n.Get("/readyz")
-		if err != nil {
-			return err
-		}
-		if code != http.StatusOK {
-			return fmt.Errorf("readyz %d: %s", code, body)
-		}
-		return nil
-	})
+	err := gatewaytest.WaitReady(n.Host, n.done, timeout)
+	select {
+	case <-n.done:
+		return fmt.Errorf("%w:\n%s", err, n.Logs())
+	default:
+		return err
+	}
 }
 
 // Exited waits until the process has exited and returns its exit error
@@ -272,7 +277,7 @@ func (n *Nftgate) Exited(timeout time.Duration) error {
 // Drain runs `nftgate drain` (bin, the gateway's configuration cfg) in
 // the gateway against its HTTP server, without following the drain.
 func (n *Nftgate) Drain(bin, cfg string) error {
-	out, err := n.Host.Command(context.Background(), bin, "drain", "--config", cfg, "--url", "http://"+NftgateListen, "--wait=false").CombinedOutput()
+	out, err := n.Host.Command(context.Background(), bin, "drain", "--config", cfg, "--url", "http://"+gatewaytest.Listen, "--wait=false").CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("%s: nftgate drain: %w: %s", n.Host, err, out)
 	}
@@ -293,17 +298,7 @@ func (n *Nftgate) Ended() bool {
 }
 
 // Get fetches path from the gateway's HTTP server.
-func (n *Nftgate) Get(path string) (int, string, error) {
-	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DialContext: n.Host.DialContext}}
-	defer client.CloseIdleConnections()
-	resp, err := client.Get("http://" + NftgateListen + path)
-	if err != nil {
-		return 0, "", err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b), err
-}
+func (n *Nftgate) Get(path string) (int, string, error) { return gatewaytest.Get(n.Host, path) }
 
 // Holds is what the gateway's /api/v1/gateways says it holds.
 func (n *Nftgate) Holds() ([]netip.Addr, error) {

@@ -63,34 +63,14 @@ func ServeEcho(h *lab.Host, addrs []netip.Addr, port uint16) (func(), error) {
 			return nil, err
 		}
 		closers = append(closers, ln)
-		go func() {
-			for {
-				c, err := ln.Accept()
-				if err != nil {
-					return
-				}
-				go func() {
-					defer c.Close()
-					_, _ = io.Copy(c, c)
-				}()
-			}
-		}()
+		lab.ServeConns(ln, func(c net.Conn) { _, _ = io.Copy(c, c) })
 		pc, err := h.ListenPacket("udp", ap)
 		if err != nil {
 			stop()
 			return nil, err
 		}
 		closers = append(closers, pc)
-		go func() {
-			buf := make([]byte, 2048)
-			for {
-				n, from, err := pc.ReadFrom(buf)
-				if err != nil {
-					return
-				}
-				_, _ = pc.WriteTo(buf[:n], from)
-			}
-		}()
+		lab.ServeDatagrams(pc, func(req []byte) []byte { return req })
 	}
 	return stop, nil
 }

@@ -305,16 +305,7 @@ func serveBackend(t *testing.T, ns *Netns, addr string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			fmt.Fprintf(c, "%s saw %s\n", addr, c.RemoteAddr())
-			c.Close()
-		}
-	}()
+	lab.ServeConns(ln, func(c net.Conn) { fmt.Fprintf(c, "%s saw %s\n", addr, c.RemoteAddr()) })
 }
 
 // fetch connects from ns to addr and returns the backend's address (without

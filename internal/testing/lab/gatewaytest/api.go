@@ -27,7 +27,7 @@ func NewWithAPI(t testing.TB, topo *lab.Topology, extra ...string) *Gateway {
 	g.API = cp
 	g.client = cp.Client()
 	g.files = map[string][]objKey{}
-	g.Args = append([]string{"--kubeconfig", cp.Kubeconfig(), "--listen", "127.0.0.1:9180", "--node-name", "gateway"}, extra...)
+	g.Args = append([]string{"--kubeconfig", cp.Kubeconfig(), "--listen", Listen, "--node-name", "gateway"}, extra...)
 	return g
 }
 

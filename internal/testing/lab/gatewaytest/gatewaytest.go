@@ -7,7 +7,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -115,7 +114,7 @@ func New(t testing.TB, topo *lab.Topology, extra ...string) *Gateway {
 func NewOn(t testing.TB, topo *lab.Topology, host *lab.Host, extra ...string) *Gateway {
 	t.Helper()
 	g := &Gateway{t: t, Topo: topo, Host: host, Dir: t.TempDir()}
-	g.Args = append([]string{"--manifests", g.Dir, "--listen", "127.0.0.1:9180", "--node-name", "gateway"}, extra...)
+	g.Args = append([]string{"--manifests", g.Dir, "--listen", Listen, "--node-name", "gateway"}, extra...)
 	t.Cleanup(func() {
 		g.Stop()
 		if t.Failed() {
@@ -153,13 +152,21 @@ func (g *Gateway) Launch() {
 // WaitReady waits until the process reports ready.
 func (g *Gateway) WaitReady() {
 	g.t.Helper()
-	err := lab.EventuallyWithin(30*time.Second, func() error {
+	if err := WaitReady(g.Host, g.done, 30*time.Second); err != nil {
+		g.t.Fatalf("nftgate never became ready: %v\nlogs:\n%s", err, g.Logs())
+	}
+}
+
+// WaitReady waits until the nftgate in h answers /readyz on Listen with 200;
+// it fails at once when done is closed (the process exited).
+func WaitReady(h *lab.Host, done <-chan struct{}, timeout time.Duration) error {
+	return lab.EventuallyWithin(timeout, func() error {
 		select {
-		case <-g.done:
-			return fmt.Errorf("nftgate exited")
+		case <-done:
+			return fmt.Errorf("nftgate in %s exited", h)
 		default:
 		}
-		code, body, err := g.Get("/readyz")
+		code, body, err := Get(h, "/readyz")
 		if err != nil {
 			return err
 		}
@@ -168,9 +175,6 @@ func (g *Gateway) WaitReady() {
 		}
 		return nil
 	})
-	if err != nil {
-		g.t.Fatalf("nftgate never became ready: %v\nlogs:\n%s", err, g.Logs())
-	}
 }
 
 type lockedWriter struct{ g *Gateway }
@@ -222,15 +226,18 @@ func (g *Gateway) Stop() { g.Signal(syscall.SIGTERM) }
 // Kill ends the process with SIGKILL, as a crash would.
 func (g *Gateway) Kill() { g.Signal(syscall.SIGKILL) }
 
-// Get fetches a path from the gateway's HTTP server.
-func (g *Gateway) Get(path string) (int, string, error) {
-	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
-		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			return g.Host.DialContext(ctx, network, addr)
-		},
-	}}
+// Get fetches path from the nftgate's HTTP server.
+func (g *Gateway) Get(path string) (int, string, error) { return Get(g.Host, path) }
+
+// Listen is where an nftgate started by this package or the failover
+// harness serves HTTP, in its own network namespace.
+const Listen = "127.0.0.1:9180"
+
+// Get fetches path from the HTTP server of the nftgate in h.
+func Get(h *lab.Host, path string) (int, string, error) {
+	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DialContext: h.DialContext}}
 	defer client.CloseIdleConnections()
-	resp, err := client.Get("http://127.0.0.1:9180" + path)
+	resp, err := client.Get("http://" + Listen + path)
 	if err != nil {
 		return 0, "", err
 	}
