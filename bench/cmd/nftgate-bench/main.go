@@ -69,6 +69,8 @@ type Config struct {
 	Failover FailoverConfig
 	// Drift is the drift phase (drift.go).
 	Drift DriftConfig
+	// Maglev is the Maglev comparison (maglev.go).
+	Maglev MaglevConfig
 }
 
 func main() {
@@ -135,6 +137,7 @@ func parseFlags(args []string) (*Config, error) {
 	edgeFlags(fs, &cfg.Edge)
 	checkFailover := failoverFlags(fs, &cfg.Failover)
 	checkDrift := driftFlags(fs, &cfg.Drift)
+	checkMaglev := maglevFlags(fs, &cfg.Maglev)
 	fs.StringVar(&cfg.Rerender, "rerender", "", "results.json to render results.md and results.png from again, or edge.json to render edge.md (no measuring)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -201,6 +204,9 @@ func parseFlags(args []string) (*Config, error) {
 		return nil, err
 	}
 	if err := checkDrift(); err != nil {
+		return nil, err
+	}
+	if err := checkMaglev(cfg); err != nil {
 		return nil, err
 	}
 	if cfg.Dataplane.Only {
@@ -344,6 +350,11 @@ func run(ctx context.Context, cfg *Config) error {
 	}
 	report.Finished = time.Now().UTC()
 	report.Machine.LoadAvgEnd = loadAvg()
+	if cfg.Maglev.On {
+		if err := writeMaglev(cfg, report); err != nil {
+			return fmt.Errorf("maglev: %w", err)
+		}
+	}
 	if err := report.Write(cfg.Out); err != nil {
 		return err
 	}
