@@ -158,10 +158,11 @@ func writeMaglev(cfg *Config, r *Report) error {
 func (m *MaglevReport) markdown() string {
 	var b strings.Builder
 	b.WriteString("# Maglev against hash: what consistent endpoint choice costs\n\n")
-	fmt.Fprintf(&b, "Run %s to %s. Machine: %s.\n\n", m.Started, m.Finished, m.Machine.Summary())
+	fmt.Fprintf(&b, "Run %s to %s. Machine: %s. Load average (1 min) %.1f at the start, %.1f at the end.\n\n",
+		m.Started, m.Finished, m.Machine.Summary(), m.Machine.LoadAvgStart, m.Machine.LoadAvgEnd)
 	b.WriteString("nftgate measured twice at each size by the sizes phase, every Service with `endpoint_selection = \"hash\"` (row nftgate) and `\"maglev\"` (row nftgate-maglev, a Maglev table of 509 slots per Service port with 4 endpoints). ")
-	fmt.Fprintf(&b, "Cold sync: from the process start until the probe Services are served. Endpoint change: %d EndpointSlice writes, each until a client reaches the new endpoint (p99 of %d is their worst but one at most). ", m.Changes, m.Changes)
-	b.WriteString("Kernel slab: the growth of `Slab` in /proc/meminfo from before the start to the end of the cold sync (the whole machine's: other work moves it by tens of MiB).\n\n")
+	fmt.Fprintf(&b, "Cold sync: from the process start until the probe Services are served. Endpoint change: %d EndpointSlice writes, each until a client reaches the new endpoint (p99 by nearest rank: of fewer than 100, the slowest). ", m.Changes)
+	b.WriteString("RSS: nftgate's resident memory after the run (its peak in brackets). Kernel slab: the growth of `Slab` in /proc/meminfo from before the start to the end of the cold sync (the whole machine's: other work moves it by tens of MiB).\n\n")
 	b.WriteString("| Services | selection | cold sync | CPU in the cold sync | change p50 | change p99 | kernel slab | RSS |\n")
 	b.WriteString("|---:|---|---:|---:|---:|---:|---:|---:|\n")
 	for _, res := range m.Rows {
@@ -173,9 +174,9 @@ func (m *MaglevReport) markdown() string {
 			fmt.Fprintf(&b, "| %s | %s | over %s (%s) | | | | | |\n", thousands(res.Services), sel, seconds(res.ColdStartSeconds), res.TimedOut)
 			continue
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %.1f s | %s | %s | %.0f MiB | %.0f MiB |\n",
+		fmt.Fprintf(&b, "| %s | %s | %s | %.1f s | %s | %s | %.0f MiB | %.0f MiB (%.0f) |\n",
 			thousands(res.Services), sel, seconds(res.ColdStartSeconds), res.CPUColdSeconds, millis(res.ChangeP50Ms),
-			millis(percentile(res.ChangeMs, 99)), res.SlabMiB, res.RSSMiB)
+			millis(percentile(res.ChangeMs, 99)), res.SlabMiB, res.RSSMiB, res.HWMMiB)
 	}
 	for _, h := range m.Rows {
 		if h.Proxier != proxNftgate || h.TimedOut != "" {
@@ -183,8 +184,9 @@ func (m *MaglevReport) markdown() string {
 		}
 		for _, g := range m.Rows {
 			if g.Proxier == proxNftgateMaglev && g.Services == h.Services && g.TimedOut == "" {
-				fmt.Fprintf(&b, "\nAt %s Services, maglev against hash: cold sync %s, change p50 %s, kernel slab %s.\n",
-					thousands(h.Services), times(g.ColdStartSeconds, h.ColdStartSeconds), times(g.ChangeP50Ms, h.ChangeP50Ms), times(g.SlabMiB, h.SlabMiB))
+				fmt.Fprintf(&b, "\nAt %s Services, maglev against hash: cold sync %s, change p50 %s, kernel slab %s, RSS %s.\n",
+					thousands(h.Services), times(g.ColdStartSeconds, h.ColdStartSeconds), times(g.ChangeP50Ms, h.ChangeP50Ms),
+					times(g.SlabMiB, h.SlabMiB), times(g.RSSMiB, h.RSSMiB))
 			}
 		}
 	}
@@ -203,4 +205,13 @@ func times(a, b float64) string {
 		return "n/a"
 	}
 	return fmt.Sprintf("%.1f×", a/b)
+}
+
+// rerenderMaglev writes maglev.md next to a maglev.json.
+func rerenderMaglev(path string, data []byte) error {
+	var m MaglevReport
+	if err := json.Unmarshal(data, &m); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return os.WriteFile(filepath.Join(filepath.Dir(path), "maglev.md"), []byte(m.markdown()), 0o644)
 }

@@ -138,7 +138,7 @@ func parseFlags(args []string) (*Config, error) {
 	checkFailover := failoverFlags(fs, &cfg.Failover)
 	checkDrift := driftFlags(fs, &cfg.Drift)
 	checkMaglev := maglevFlags(fs, &cfg.Maglev)
-	fs.StringVar(&cfg.Rerender, "rerender", "", "results.json to render results.md and results.png from again, or edge.json to render edge.md (no measuring)")
+	fs.StringVar(&cfg.Rerender, "rerender", "", "results.json to render results.md and results.png from again, edge.json to render edge.md, or maglev.json to render maglev.md (no measuring)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -386,6 +386,9 @@ func rerender(path string) error {
 	}
 	if filepath.Base(path) == "edge.json" {
 		return rerenderEdge(path, data)
+	}
+	if filepath.Base(path) == "maglev.json" {
+		return rerenderMaglev(path, data)
 	}
 	var r Report
 	if err := json.Unmarshal(data, &r); err != nil {
