@@ -276,7 +276,7 @@ func (r *FailoverReport) markdown() string {
 	fmt.Fprintf(&b, "# Failover: %d TCP connections and %d UDP flows through a gateway killed with -9\n\n", r.TCP, r.UDP)
 	fmt.Fprintf(&b, "%s, %s. Each flow exchanges a line (datagram) every 100 ms; a flow is kept when it still echoes correctly 3 s after the kill, lost on a reset, a wrong byte or 10 s without an echo. Stall: the longest gap between two echoes of a kept flow (the interval included), from `internal/testing/failover`.\n\n",
 		r.Started.Format("2006-01-02 15:04 UTC"), r.Machine)
-	b.WriteString("| run | TCP lost | TCP stall p50 / p99 / max (ms) | UDP lost | UDP stall p50 / p99 / max (ms) | new connections failed | longest failure window (ms) | load avg before / after |\n")
+	b.WriteString("| run | TCP lost | TCP stall p50 / p99 / max (ms) | UDP lost | UDP stall p50 / p99 / max (ms) | new connections failed | failure window (ms) | load avg before / after |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|\n")
 	for _, run := range r.Runs {
 		if run.Skipped != "" {
@@ -292,7 +292,7 @@ func (r *FailoverReport) markdown() string {
 	b.WriteString("\nfloor: keepalived alone (VRRP, advert 100 ms) moves the Service address and F; anchor: the same with conntrackd (FTFW) and Debian's primary-backup.sh; nftgate: two gateways, active/backup; nftgate-ecmp: three behind BIRD (ECMP, BFD 100 ms), active/active; nftgate-ecmp-drain: the same with `nftgate drain` on the first gateway instead of the kill (the flows are followed from the drain's start, once BIRD has withdrawn its route).\n")
 	for _, run := range r.Runs {
 		if n := run.Result.New; n != nil {
-			fmt.Fprintf(&b, "\nNew connections: one every %.0f ms from before the failure to the end (each a line echoed, failed without the echo within %.0f ms); counted when they ended after the failure. Longest failure window: from the start of a failed one to the start of the next that echoed.\n", n.IntervalMs, n.TimeoutMs)
+			fmt.Fprintf(&b, "\nNew connections: one every %.0f ms from before the failure to the end (each a line echoed, failed without the echo within %.0f ms); counted when they ended after the failure. Failure window: from the start of the first that failed to the start of the first that echoed after the last that failed (behind ECMP, only those hashed to the dead gateway fail, so failures and successes alternate within it).\n", n.IntervalMs, n.TimeoutMs)
 			break
 		}
 	}
@@ -320,7 +320,7 @@ func stalls(s failover.Stats) string {
 }
 
 // newConns is the new connections' columns: failed of attempted, with
-// the reasons, and the longest failure window; dashes without them.
+// the reasons, and the failure window; dashes without them.
 func newConns(n *failover.NewConnStats) (string, string) {
 	if n == nil {
 		return "–", "–"

@@ -154,12 +154,14 @@ func (n *NewConns) Result() NewConnStats {
 
 // newConnStats sums up the attempts: those that ended after the failure
 // count (one started just before it may fail by it), in the order they
-// started; a failure window runs from the start of a failed attempt to
-// the start of the next one that echoed (or the end).
+// started. The failure window runs from the start of the first that
+// failed to the start of the first that echoed after the last that failed
+// (or the end): behind ECMP only the share hashed to the dead gateway
+// fails, so failures and successes alternate within it.
 func newConnStats(as []attempt, failed, end time.Time, interval, timeout time.Duration) NewConnStats {
 	s := NewConnStats{IntervalMs: ms(interval), TimeoutMs: ms(timeout), Reasons: map[string]int{}}
 	slices.SortFunc(as, func(a, b attempt) int { return a.start.Compare(b.start) })
-	var open time.Time // start of the failed run under way
+	var first, open time.Time // the first failed attempt's start; set while no attempt echoed since the last failed one
 	for _, a := range as {
 		if !failed.IsZero() && a.end.Before(failed) {
 			if a.err != "" {
@@ -171,7 +173,7 @@ func newConnStats(as []attempt, failed, end time.Time, interval, timeout time.Du
 		if a.err == "" {
 			s.SlowestMs = max(s.SlowestMs, ms(a.end.Sub(a.start)))
 			if !open.IsZero() {
-				s.GapMs = max(s.GapMs, ms(a.start.Sub(open)))
+				s.GapMs = ms(a.start.Sub(first))
 				open = time.Time{}
 			}
 			continue
@@ -181,12 +183,13 @@ func newConnStats(as []attempt, failed, end time.Time, interval, timeout time.Du
 		if !failed.IsZero() {
 			s.LastFailedMs = max(s.LastFailedMs, ms(a.start.Sub(failed)))
 		}
-		if open.IsZero() {
-			open = a.start
+		if first.IsZero() {
+			first = a.start
 		}
+		open = a.start
 	}
 	if !open.IsZero() {
-		s.GapMs = max(s.GapMs, ms(end.Sub(open)))
+		s.GapMs = ms(end.Sub(first))
 	}
 	return s
 }
@@ -203,8 +206,9 @@ type NewConnStats struct {
 	// FailedBefore: attempts that failed before the failure (none, in a
 	// sound run).
 	FailedBefore int `json:"failed_before,omitempty"`
-	// GapMs is the longest failure window: from the start of a failed
-	// attempt to the start of the next one that echoed.
+	// GapMs is the failure window: from the start of the first failed
+	// attempt to the start of the first that echoed after the last
+	// failed one.
 	GapMs float64 `json:"gap_ms"`
 	// LastFailedMs: the last failed attempt started this long after the
 	// failure.
@@ -214,6 +218,9 @@ type NewConnStats struct {
 }
 
 func (s NewConnStats) String() string {
-	return fmt.Sprintf("new connections (every %.0f ms, %.0f ms timeout): %d of %d failed %v, longest failure window %.0f ms, the last failed one started %.0f ms after the failure, slowest that echoed %.0f ms",
-		s.IntervalMs, s.TimeoutMs, s.Failed, s.Attempts, s.Reasons, s.GapMs, s.LastFailedMs, s.SlowestMs)
+	out := fmt.Sprintf("new connections (every %.0f ms, %.0f ms timeout): %d of %d failed", s.IntervalMs, s.TimeoutMs, s.Failed, s.Attempts)
+	if s.Failed > 0 {
+		out += fmt.Sprintf(" %v within a window of %.0f ms, the last started %.0f ms after the failure", s.Reasons, s.GapMs, s.LastFailedMs)
+	}
+	return out + fmt.Sprintf(", slowest that echoed %.0f ms", s.SlowestMs)
 }
