@@ -325,7 +325,11 @@ func newConns(n *failover.NewConnStats) (string, string) {
 	if n == nil {
 		return "–", "–"
 	}
-	return fmt.Sprintf("%d/%d%s", n.Failed, n.Attempts, reasons(n.Reasons)), fmt.Sprintf("%.0f", n.GapMs)
+	failed := fmt.Sprintf("%d/%d%s", n.Failed, n.Attempts, reasons(n.Reasons))
+	if n.FailedBefore > 0 {
+		failed += fmt.Sprintf("; %d before the failure", n.FailedBefore)
+	}
+	return failed, fmt.Sprintf("%.0f", n.GapMs)
 }
 
 // drainECMP runs `nftgate drain` on g and waits until the router has
