@@ -27,6 +27,10 @@
 #                                       cold start and the data plane only: new
 #                                       connections/s, stalls and iperf3, via a
 #                                       Service against direct ("The data plane")
+#   make bench BENCH_SIZES=10000 BENCH_ARGS="--maglev-only --changes 50"
+#                                       nftgate with endpoint_selection hash and
+#                                       maglev side by side, and the disruption
+#                                       figures, in bench/results/maglev/ ("Maglev")
 #   make bench BENCH_ARGS="--drift 9"   drift under traffic: nft flush ruleset and a
 #                                       deleted map element while a client connects
 #                                       every 10 ms, 9 times each (default 5; "Drift")

@@ -116,3 +116,53 @@ func maglevHashes(b netip.AddrPort, seed uint32) (uint64, uint64) {
 	sum := sha256.Sum256(buf)
 	return binary.BigEndian.Uint64(sum[0:8]), binary.BigEndian.Uint64(sum[8:16])
 }
+
+// KernelBucket is what the kernel's hash expression makes of a flow's
+// 32-bit Jenkins hash for "mod n": reciprocal_scale, the hash scaled to
+// [0, n), not the remainder.
+func KernelBucket(h uint32, n int) int { return int(uint64(h) * uint64(n) >> 32) }
+
+// Disruption is the share of flows whose endpoint changes when one of N
+// endpoints goes, averaged over which one goes, and the worst case.
+type Disruption struct {
+	Endpoints int     `json:"endpoints"`
+	TableSize int     `json:"table_size"`
+	Mean      float64 `json:"mean"`
+	Worst     float64 `json:"worst"`
+	// ModNMean and ModNWorst are the same for the choice by hash mod N.
+	ModNMean  float64 `json:"mod_n_mean"`
+	ModNWorst float64 `json:"mod_n_worst"`
+}
+
+// MaglevDisruption removes each of the backends in turn and counts the
+// share of flows (their jhash values) whose endpoint changes, read from
+// the Maglev tables before and after (each sized for its own endpoint
+// count) and, beside it, from the choice by hash mod N as the kernel
+// computes it (the endpoints in the order given).
+func MaglevDisruption(backends []netip.AddrPort, flows []uint32, seed uint32) Disruption {
+	n := len(backends)
+	d := Disruption{Endpoints: n, TableSize: MaglevSize(n)}
+	if n < 2 || len(flows) == 0 {
+		return d
+	}
+	before := MaglevTable(backends, d.TableSize, seed)
+	for gone := range n {
+		rest := slices.Delete(slices.Clone(backends), gone, gone+1)
+		after := MaglevTable(rest, MaglevSize(n-1), seed)
+		moved, modMoved := 0, 0
+		for _, h := range flows {
+			if before[KernelBucket(h, len(before))] != after[KernelBucket(h, len(after))] {
+				moved++
+			}
+			if backends[KernelBucket(h, n)] != rest[KernelBucket(h, n-1)] {
+				modMoved++
+			}
+		}
+		f, mf := float64(moved)/float64(len(flows)), float64(modMoved)/float64(len(flows))
+		d.Mean, d.Worst = d.Mean+f, max(d.Worst, f)
+		d.ModNMean, d.ModNWorst = d.ModNMean+mf, max(d.ModNWorst, mf)
+	}
+	d.Mean /= float64(n)
+	d.ModNMean /= float64(n)
+	return d
+}

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -140,20 +141,25 @@ func (c *DataplaneConfig) settings() *DataplaneSettings {
 }
 
 // nftgateConfigArgs prepends --config FILE to nftgate's arguments when
-// --nftgate-config-extra is given: FILE in dir holds a header and the extra
-// file's content. The benchmark's own settings stay flags, which override
-// the file.
-func (e *Env) nftgateConfigArgs(dir string, args []string) ([]string, error) {
+// --nftgate-config-extra is given or more holds settings (top-level TOML
+// lines, such as a proxier variant's): FILE in dir holds a header, more,
+// then the extra file's content. The benchmark's own settings stay flags,
+// which override the file.
+func (e *Env) nftgateConfigArgs(dir string, args []string, more ...string) ([]string, error) {
 	extra := e.Cfg.Dataplane.NftgateConfigExtra
-	if extra == "" {
+	if extra == "" && len(more) == 0 {
 		return args, nil
 	}
-	b, err := os.ReadFile(extra)
-	if err != nil {
-		return nil, fmt.Errorf("--nftgate-config-extra: %w", err)
+	var b []byte
+	if extra != "" {
+		var err error
+		if b, err = os.ReadFile(extra); err != nil {
+			return nil, fmt.Errorf("--nftgate-config-extra: %w", err)
+		}
 	}
 	path := filepath.Join(dir, "nftgate.toml")
-	content := fmt.Sprintf("# Written by nftgate-bench: its settings are flags (--node-name, --listen, --cluster-cidr and the source);\n# what follows is %s.\n\n%s\n", extra, b)
+	content := fmt.Sprintf("# Written by nftgate-bench: its settings are flags (--node-name, --listen, --cluster-cidr and the source);\n# what follows is the proxier's own settings, then %s.\n\n%s\n%s\n",
+		cmp.Or(extra, "nothing else"), strings.Join(more, "\n"), b)
 	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
 		return nil, err
 	}

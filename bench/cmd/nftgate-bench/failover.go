@@ -26,6 +26,9 @@ type FailoverConfig struct {
 	On, Only bool
 	TCP, UDP int
 	Phases   []string
+	// NewEvery: a new TCP connection this often beside the flows, each
+	// failed without an echo within NewTimeout; 0: none.
+	NewEvery, NewTimeout time.Duration
 }
 
 // The failover phase's runs.
@@ -34,15 +37,19 @@ const (
 	foAnchor  = "anchor"
 	foNftgate = "nftgate"
 	foECMP    = "nftgate-ecmp"
+	// foECMPDrain: nftgate-ecmp with `nftgate drain` instead of the kill.
+	foECMPDrain = "nftgate-ecmp-drain"
 )
 
-var allFailoverPhases = []string{foFloor, foAnchor, foNftgate, foECMP}
+var allFailoverPhases = []string{foFloor, foAnchor, foNftgate, foECMP, foECMPDrain}
 
 func failoverFlags(fs *flag.FlagSet, c *FailoverConfig) func() error {
 	fs.BoolVar(&c.On, "failover", false, "failover phase after the others: kill a gateway under live flows (bench/results/failover)")
 	fs.BoolVar(&c.Only, "failover-only", false, "the failover phase alone (no kube-apiserver, no proxiers)")
 	fs.IntVar(&c.TCP, "failover-tcp", 1000, "failover phase: long-lived TCP connections, a line every 100 ms each")
 	fs.IntVar(&c.UDP, "failover-udp", 100, "failover phase: UDP flows, a datagram every 100 ms each")
+	fs.DurationVar(&c.NewEvery, "failover-new-every", 10*time.Millisecond, "failover phase: open a new TCP connection this often beside the flows (0: none)")
+	fs.DurationVar(&c.NewTimeout, "failover-new-timeout", time.Second, "failover phase: a new connection without its echo within this fails")
 	phases := fs.String("failover-phases", strings.Join(allFailoverPhases, ","), "failover phase: the runs, of "+strings.Join(allFailoverPhases, ", "))
 	return func() error {
 		c.On = c.On || c.Only
@@ -51,6 +58,9 @@ func failoverFlags(fs *flag.FlagSet, c *FailoverConfig) func() error {
 				return fmt.Errorf("--failover-phases: %q: want some of %s", p, strings.Join(allFailoverPhases, ", "))
 			}
 			c.Phases = append(c.Phases, p)
+		}
+		if c.NewEvery < 0 || c.NewTimeout <= 0 {
+			return fmt.Errorf("--failover-new-every %v, --failover-new-timeout %v: want zero or more, and more than zero", c.NewEvery, c.NewTimeout)
 		}
 		if c.TCP < 1 || c.UDP < 0 || c.TCP+c.UDP > 20000 {
 			return fmt.Errorf("--failover-tcp %d, --failover-udp %d: want at least 1 TCP and at most 20,000 flows", c.TCP, c.UDP)
@@ -90,7 +100,8 @@ func RunFailover(cfg *Config, machine string) error {
 	}
 	r := &FailoverReport{Started: time.Now().UTC(), Machine: machine, TCP: cfg.Failover.TCP, UDP: cfg.Failover.UDP}
 	dir := filepath.Join(cfg.Out, "failover")
-	traffic := failover.Traffic{TCP: cfg.Failover.TCP, UDP: cfg.Failover.UDP}
+	traffic := failover.Traffic{TCP: cfg.Failover.TCP, UDP: cfg.Failover.UDP,
+		NewEvery: cfg.Failover.NewEvery, NewTimeout: cfg.Failover.NewTimeout}
 	for _, name := range cfg.Failover.Phases {
 		logf("failover %s: %d TCP + %d UDP, load %.2f", name, traffic.TCP, traffic.UDP, loadAvg())
 		run := FailoverRun{Name: name, LoadAvg: [2]float64{loadAvg(), 0}}
@@ -121,8 +132,9 @@ func failoverRun(cfg *Config, name string, traffic failover.Traffic) (res failov
 		return res, "", err
 	}
 	defer os.RemoveAll(tmp)
+	ecmp := name == foECMP || name == foECMPDrain
 	o := failover.Options{Name: "bench-failover", Gateways: 2}
-	if name == foECMP {
+	if ecmp {
 		o.Gateways, o.Router = 3, true
 	}
 	topo, err := failover.New(o)
@@ -147,7 +159,7 @@ func failoverRun(cfg *Config, name string, traffic failover.Traffic) (res failov
 			func() error { return a.Synced(n, time.Minute) })
 		return res, "", err
 	}
-	nc, err := failover.WriteNftgate(topo, tmp, failover.NftgateOptions{ECMP: name == foECMP})
+	nc, err := failover.WriteNftgate(topo, tmp, failover.NftgateOptions{ECMP: ecmp})
 	if err != nil {
 		return res, "", err
 	}
@@ -155,7 +167,7 @@ func failoverRun(cfg *Config, name string, traffic failover.Traffic) (res failov
 		return res, err.Error(), nil
 	}
 	var router *bird.Router
-	if name == foECMP {
+	if ecmp {
 		router, err = failover.StartRouter(topo, filepath.Join(tmp, "bird"))
 		if err != nil {
 			return res, "", err
@@ -188,10 +200,14 @@ func failoverRun(cfg *Config, name string, traffic failover.Traffic) (res failov
 			others = append(others, h)
 		}
 	}
-	res, err = failover.Failover(topo, nc.Dst, traffic, fail,
+	inject := func() (time.Time, error) { return topo.Fail(fail) }
+	if name == foECMPDrain {
+		inject = func() (time.Time, error) { return drainECMP(cfg, gs[fail], nc.Configs[fail], router, len(gs)-1) }
+	}
+	res, err = failover.FailoverBy(topo, nc.Dst, traffic, inject,
 		func() error {
 			err := failover.Replicated(others, nc.Dst.Addr(), n, time.Minute)
-			if err != nil && name == foNftgate || err != nil && name == foECMP {
+			if err != nil && (name == foNftgate || ecmp) {
 				// Say what the state sync saw, so a miss can be told apart.
 				for _, g := range gs {
 					_, body, _ := g.Get("/api/v1/statesync")
@@ -264,19 +280,26 @@ func (r *FailoverReport) markdown() string {
 	fmt.Fprintf(&b, "# Failover: %d TCP connections and %d UDP flows through a gateway killed with -9\n\n", r.TCP, r.UDP)
 	fmt.Fprintf(&b, "%s, %s. Each flow exchanges a line (datagram) every 100 ms; a flow is kept when it still echoes correctly 3 s after the kill, lost on a reset, a wrong byte or 10 s without an echo. Stall: the longest gap between two echoes of a kept flow (the interval included), from `internal/testing/failover`.\n\n",
 		r.Started.Format("2006-01-02 15:04 UTC"), r.Machine)
-	b.WriteString("| run | TCP lost | TCP stall p50 / p99 / max (ms) | UDP lost | UDP stall p50 / p99 / max (ms) | load avg before / after |\n")
-	b.WriteString("|---|---|---|---|---|---|\n")
+	b.WriteString("| run | TCP lost | TCP stall p50 / p99 / max (ms) | UDP lost | UDP stall p50 / p99 / max (ms) | new connections failed | failure window (ms) | load avg before / after |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|\n")
 	for _, run := range r.Runs {
 		if run.Skipped != "" {
-			fmt.Fprintf(&b, "| %s | skipped: %s | | | | |\n", run.Name, run.Skipped)
+			fmt.Fprintf(&b, "| %s | skipped: %s | | | | | | | |\n", run.Name, run.Skipped)
 			continue
 		}
 		t, u := run.Result.TCP, run.Result.UDP
-		fmt.Fprintf(&b, "| %s | %d/%d%s | %s | %d/%d%s | %s | %.2f / %.2f |\n",
+		newFailed, newGap := newConns(run.Result.New)
+		fmt.Fprintf(&b, "| %s | %d/%d%s | %s | %d/%d%s | %s | %s | %s | %.2f / %.2f |\n",
 			run.Name, t.Lost, t.Flows, reasons(t.Reasons), stalls(t), u.Lost, u.Flows, reasons(u.Reasons), stalls(u),
-			run.LoadAvg[0], run.LoadAvg[1])
+			newFailed, newGap, run.LoadAvg[0], run.LoadAvg[1])
 	}
-	b.WriteString("\nfloor: keepalived alone (VRRP, advert 100 ms) moves the Service address and F; anchor: the same with conntrackd (FTFW) and Debian's primary-backup.sh; nftgate: two gateways, active/backup; nftgate-ecmp: three behind BIRD (ECMP, BFD 100 ms), active/active.\n")
+	b.WriteString("\nfloor: keepalived alone (VRRP, advert 100 ms) moves the Service address and F; anchor: the same with conntrackd (FTFW) and Debian's primary-backup.sh; nftgate: two gateways, active/backup; nftgate-ecmp: three behind BIRD (ECMP, BFD 100 ms), active/active; nftgate-ecmp-drain: the same with `nftgate drain` on the first gateway instead of the kill (the flows are followed from the drain's start, once BIRD has withdrawn its route).\n")
+	for _, run := range r.Runs {
+		if n := run.Result.New; n != nil {
+			fmt.Fprintf(&b, "\nNew connections: one every %.0f ms from before the failure to the end (each a line echoed, failed without the echo within %.0f ms); counted when they ended after the failure. Failure window: from the start of the first that failed to the start of the first that echoed after the last that failed (behind ECMP, only those hashed to the dead gateway fail, so failures and successes alternate within it).\n", n.IntervalMs, n.TimeoutMs)
+			break
+		}
+	}
 	return b.String()
 }
 
@@ -298,4 +321,38 @@ func stalls(s failover.Stats) string {
 		return "–"
 	}
 	return fmt.Sprintf("%.0f / %.0f / %.0f", s.StallP50Ms, s.StallP99Ms, s.StallMaxMs)
+}
+
+// newConns is the new connections' columns: failed of attempted, with
+// the reasons, and the failure window; dashes without them.
+func newConns(n *failover.NewConnStats) (string, string) {
+	if n == nil {
+		return "–", "–"
+	}
+	failed := fmt.Sprintf("%d/%d%s", n.Failed, n.Attempts, reasons(n.Reasons))
+	if n.FailedBefore > 0 {
+		failed += fmt.Sprintf("; %d before the failure", n.FailedBefore)
+	}
+	return failed, fmt.Sprintf("%.0f", n.GapMs)
+}
+
+// drainECMP runs `nftgate drain` on g and waits until the router has
+// withdrawn its route (want routes left); it returns the drain's start.
+func drainECMP(cfg *Config, g *failover.Nftgate, config string, router *bird.Router, want int) (time.Time, error) {
+	start := time.Now()
+	if err := g.Drain(cfg.NftgateBin, config); err != nil {
+		return start, err
+	}
+	err := lab.EventuallyWithin(time.Minute, func() error {
+		routes, err := router.Routes(netip.PrefixFrom(failover.ECMPServiceAddr, 32))
+		if err != nil {
+			return err
+		}
+		if len(routes) != want {
+			return fmt.Errorf("BIRD has %d routes to %v, want %d after the drain", len(routes), failover.ECMPServiceAddr, want)
+		}
+		return nil
+	})
+	logf("failover %s: drain started; BIRD withdrew its route after %v", g.Host, time.Since(start).Round(time.Millisecond))
+	return start, err
 }

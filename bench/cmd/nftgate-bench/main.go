@@ -71,6 +71,8 @@ type Config struct {
 	Drift DriftConfig
 	// StateSync is the state-sync load phase (statesync.go).
 	StateSync StateSyncConfig
+	// Maglev is the Maglev comparison (maglev.go).
+	Maglev MaglevConfig
 }
 
 func main() {
@@ -141,7 +143,8 @@ func parseFlags(args []string) (*Config, error) {
 	checkFailover := failoverFlags(fs, &cfg.Failover)
 	checkDrift := driftFlags(fs, &cfg.Drift)
 	checkStateSync := statesyncFlags(fs, &cfg.StateSync)
-	fs.StringVar(&cfg.Rerender, "rerender", "", "results.json to render results.md and results.png from again, or edge.json to render edge.md (no measuring)")
+	checkMaglev := maglevFlags(fs, &cfg.Maglev)
+	fs.StringVar(&cfg.Rerender, "rerender", "", "results.json to render results.md and results.png from again, edge.json to render edge.md, or maglev.json to render maglev.md (no measuring)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -210,6 +213,9 @@ func parseFlags(args []string) (*Config, error) {
 		return nil, err
 	}
 	if err := checkStateSync(); err != nil {
+		return nil, err
+	}
+	if err := checkMaglev(cfg); err != nil {
 		return nil, err
 	}
 	if cfg.Dataplane.Only {
@@ -368,6 +374,11 @@ func run(ctx context.Context, cfg *Config) error {
 	}
 	report.Finished = time.Now().UTC()
 	report.Machine.LoadAvgEnd = loadAvg()
+	if cfg.Maglev.On {
+		if err := writeMaglev(cfg, report); err != nil {
+			return fmt.Errorf("maglev: %w", err)
+		}
+	}
 	if err := report.Write(cfg.Out); err != nil {
 		return err
 	}
@@ -399,6 +410,9 @@ func rerender(path string) error {
 	}
 	if filepath.Base(path) == "edge.json" {
 		return rerenderEdge(path, data)
+	}
+	if filepath.Base(path) == "maglev.json" {
+		return rerenderMaglev(path, data)
 	}
 	var r Report
 	if err := json.Unmarshal(data, &r); err != nil {

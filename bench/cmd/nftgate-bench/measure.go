@@ -42,6 +42,9 @@ type Result struct {
 	// number of changes (pauses between changes included).
 	CPUPerChangeMs float64 `json:"cpu_per_change_ms"`
 	RunSeconds     float64 `json:"run_seconds"`
+	// SlabMiB: the kernel's slab memory grown from before the start to
+	// the end of the cold start (the whole machine's, see slabBytes).
+	SlabMiB float64 `json:"slab_growth_mib"`
 
 	// Connection latency from the client: the whole exchange (connect,
 	// one line each way, close) to the backend directly and through the
@@ -91,6 +94,10 @@ func (e *Env) Measure(ctx context.Context, p *Proxier, n int) (res Result, err e
 		return res, err
 	}
 	logf("%s N=%d: starting", p.Name, n)
+	slabBefore, err := slabBytes()
+	if err != nil {
+		return res, err
+	}
 	proc, err := p.Start(e, e.LogDir)
 	if err != nil {
 		return res, err
@@ -119,6 +126,11 @@ func (e *Env) Measure(ctx context.Context, p *Proxier, n int) (res Result, err e
 		return res, fmt.Errorf("cold start: %w", err)
 	}
 	res.ColdStartSeconds = served.Sub(proc.Started).Seconds()
+	slabCold, err := slabBytes()
+	if err != nil {
+		return res, err
+	}
+	res.SlabMiB = float64(slabCold-slabBefore) / (1 << 20)
 	cold, err := readProcStats(proc.PID())
 	if err != nil {
 		return res, err

@@ -45,7 +45,11 @@ type Proxier struct {
 
 func proxierByName(name string, e *Env) *Proxier {
 	switch name {
-	case proxNftgate:
+	case proxNftgate, proxNftgateMaglev:
+		var more []string
+		if name == proxNftgateMaglev {
+			more = append(more, maglevSetting)
+		}
 		var source []string
 		if e.Manifests != nil {
 			source = []string{"--manifests", e.Manifests.Dir}
@@ -57,9 +61,9 @@ func proxierByName(name string, e *Env) *Proxier {
 		return &Proxier{
 			Name: name, MetricPrefix: "nftgate_", bin: e.Cfg.NftgateBin,
 			MetricsURL: "http://" + nftgateListen + "/metrics", ReadyURL: "http://" + nftgateListen + "/readyz",
-			args: func(dir string) ([]string, error) { return e.nftgateConfigArgs(dir, args) },
+			args: func(dir string) ([]string, error) { return e.nftgateConfigArgs(dir, args, more...) },
 			cleanupCmd: func(dir string) ([]string, error) {
-				flags, err := e.nftgateConfigArgs(dir, nil)
+				flags, err := e.nftgateConfigArgs(dir, nil, more...)
 				return append([]string{e.Cfg.NftgateBin, "cleanup"}, flags...), err
 			},
 		}

@@ -257,7 +257,7 @@ func (r *Report) Ratios() string {
 			continue
 		}
 		for _, kp := range r.Results {
-			if kp.Services != ng.Services || kp.Proxier == proxNftgate || ng.TimedOut != "" {
+			if kp.Services != ng.Services || strings.HasPrefix(kp.Proxier, proxNftgate) || ng.TimedOut != "" {
 				continue
 			}
 			if kp.TimedOut != "" {

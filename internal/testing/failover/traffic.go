@@ -31,6 +31,10 @@ type Traffic struct {
 	// Survive is how long after the failure a flow must still echo
 	// correctly to count as kept; 3 s when zero.
 	Survive time.Duration
+	// NewEvery, when not zero, also opens a new short TCP connection
+	// this often from the start to the end (NewConns), each failing
+	// when it has not echoed within NewTimeout (1 s when zero).
+	NewEvery, NewTimeout time.Duration
 }
 
 func (t *Traffic) defaults() {
@@ -117,6 +121,8 @@ type Run struct {
 	flows  []*flow
 	failed time.Time
 	mu     sync.Mutex
+	// newConns: the new connections, when Traffic.NewEvery asks for them.
+	newConns *NewConns
 }
 
 // Start opens the flows from client to dst (TCP and UDP on the same
@@ -128,6 +134,9 @@ func Start(client *lab.Host, dst netip.AddrPort, cfg Traffic) (*Run, error) {
 	if err := r.Add(client, dst, cfg.TCP, cfg.UDP); err != nil {
 		cancel()
 		return nil, err
+	}
+	if cfg.NewEvery > 0 {
+		r.newConns = StartNewConns(client, dst, cfg.NewEvery, cfg.NewTimeout)
 	}
 	return r, nil
 }
@@ -289,8 +298,13 @@ func (r *Run) udp(f *flow, c net.Conn) {
 }
 
 // Established waits until every flow has echoed at least twice, or one is
-// lost.
+// lost, and new connections (if any) have echoed.
 func (r *Run) Established(timeout time.Duration) error {
+	if r.newConns != nil {
+		if err := r.newConns.Succeeded(10, timeout); err != nil {
+			return err
+		}
+	}
 	return lab.EventuallyWithin(timeout, func() error {
 		waiting := 0
 		for _, f := range r.all() {
@@ -316,6 +330,9 @@ func (r *Run) Failed(at time.Time) {
 	r.mu.Lock()
 	r.failed = at
 	r.mu.Unlock()
+	if r.newConns != nil {
+		r.newConns.Failed(at)
+	}
 }
 
 // RestartStalls makes each flow's longest stall count again from now
@@ -354,6 +371,9 @@ func (r *Run) Settle() {
 func (r *Run) Stop() Result {
 	r.cancel()
 	r.wg.Wait()
+	if r.newConns != nil {
+		r.newConns.Stop()
+	}
 	return r.Result()
 }
 
@@ -397,6 +417,10 @@ func (r *Run) Result() Result {
 		st.StallP99Ms = ms(s[(len(s)*99+99)/100-1])
 		st.StallP50Ms = ms(s[(len(s)-1)/2])
 	}
+	if r.newConns != nil {
+		n := r.newConns.Result()
+		res.New = &n
+	}
 	return res
 }
 
@@ -406,6 +430,8 @@ func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 type Result struct {
 	TCP Stats `json:"tcp"`
 	UDP Stats `json:"udp"`
+	// New: the new connections opened during the run (Traffic.NewEvery).
+	New *NewConnStats `json:"new_connections,omitempty"`
 }
 
 // Stats: flows, how many were lost and why, and over the flows kept the
@@ -425,4 +451,10 @@ func (s Stats) String() string {
 		s.Lost, s.Flows, s.Reasons, s.StallP50Ms, s.StallP99Ms, s.StallMaxMs)
 }
 
-func (r Result) String() string { return "TCP " + r.TCP.String() + "; UDP " + r.UDP.String() }
+func (r Result) String() string {
+	s := "TCP " + r.TCP.String() + "; UDP " + r.UDP.String()
+	if r.New != nil {
+		s += "; " + r.New.String()
+	}
+	return s
+}
