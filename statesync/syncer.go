@@ -140,8 +140,8 @@ type peerEvent struct {
 
 // inItem is a message from a peer for the writer, in arrival order.
 type inItem struct {
-	peer string
-	bt   batch
+	peer  string
+	bt    batch
 	done  bool // resync done
 	begin bool // resync begin
 }
