@@ -21,6 +21,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"sync"
 	"time"
 
@@ -220,6 +221,10 @@ func (cp *ControlPlane) startOnce(ctx context.Context) error {
 	// Fail with a clear error when the address is not on an interface of
 	// the namespace, rather than in kube-apiserver's log.
 	if err := canListen(cp.nsPath, cp.bindIP, cp.apiPort); err != nil {
+		if errors.Is(err, syscall.EADDRINUSE) {
+			// Taken since it was chosen (the machine is shared): choose again.
+			return fmt.Errorf("kubetest: port %d on %s: %w", cp.apiPort, cp.bindIP, errAddrInUse)
+		}
 		return fmt.Errorf("kubetest: Options.Address %s: cannot listen there: %w", cp.bindIP, err)
 	}
 
