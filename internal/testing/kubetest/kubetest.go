@@ -21,8 +21,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"sync"
+	"syscall"
 	"time"
 
 	authnv1 "k8s.io/api/authentication/v1"
