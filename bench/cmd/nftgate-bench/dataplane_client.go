@@ -11,12 +11,15 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nftgate/nftgate/internal/testing/lab"
 )
 
 // The connection test's client runs as a process of its own in the client
@@ -84,6 +87,34 @@ type connWorker struct {
 	lastErr  string
 }
 
+// record counts one exchange that started at t0 and ended at t1 with err;
+// it is in the window when it ended by end.
+func (w *connWorker) record(t0, t1, end time.Time, err error) {
+	if err != nil {
+		w.failed++
+		w.lastErr = t1.UTC().Format("15:04:05.000") + " " + err.Error()
+		return
+	}
+	w.us = append(w.us, float64(t1.Sub(t0))/float64(time.Microsecond))
+	if !t1.After(end) {
+		w.inWindow++
+	}
+}
+
+// summarizeWorkers merges the workers' records of a run of window into a
+// ConnStats.
+func summarizeWorkers(ws []connWorker, window time.Duration) ConnStats {
+	var all []float64
+	failed, inWindow, lastErr := 0, 0, ""
+	for _, w := range ws {
+		all = append(all, w.us...)
+		failed += w.failed
+		inWindow += w.inWindow
+		lastErr = max(lastErr, w.lastErr)
+	}
+	return summarizeExchanges(all, failed, inWindow, window, lastErr)
+}
+
 // runConnClients opens connections to dst from parallel workers, worker i
 // bound to srcs[i % len(srcs)], until the window ends: connect, read the
 // one line the server writes, read its close, close. Workers start no new
@@ -101,31 +132,12 @@ func runConnClients(ctx context.Context, dst netip.AddrPort, srcs []netip.Addr, 
 			for ctx.Err() == nil && time.Now().Before(end) {
 				t0 := time.Now()
 				err := oneExchange(ctx, &d, dst, t0.Add(exchangeTimeout))
-				t1 := time.Now()
-				if err != nil {
-					w.failed++
-					w.lastErr = t1.UTC().Format("15:04:05.000") + " " + err.Error()
-					continue
-				}
-				w.us = append(w.us, float64(t1.Sub(t0))/float64(time.Microsecond))
-				if !t1.After(end) {
-					w.inWindow++
-				}
+				w.record(t0, time.Now(), end, err)
 			}
 		}(&workers[i], srcs[i%len(srcs)])
 	}
 	wg.Wait()
-	var all []float64
-	failed, inWindow, lastErr := 0, 0, ""
-	for _, w := range workers {
-		all = append(all, w.us...)
-		failed += w.failed
-		inWindow += w.inWindow
-		if w.lastErr > lastErr {
-			lastErr = w.lastErr
-		}
-	}
-	return summarizeExchanges(all, failed, inWindow, window, lastErr)
+	return summarizeWorkers(workers, window)
 }
 
 // oneExchange is one connection: the server writes a line and closes
@@ -184,26 +196,52 @@ func dataplaneClientMain(args []string) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
+	return clientMain(dataplaneClientCmd, *dst, *srcList, func(to netip.AddrPort, srcs []netip.Addr) (ConnStats, error) {
+		if *parallel < 1 || *window <= 0 {
+			return ConnStats{}, fmt.Errorf("-parallel %d, -duration %v: want at least 1 and more than 0", *parallel, *window)
+		}
+		return runConnClients(context.Background(), to, srcs, *parallel, *window), nil
+	})
+}
+
+// clientCommand is this program run as the client process cmd in h's
+// namespace, connecting to dst from srcs, with the test's own flags args.
+func clientCommand(ctx context.Context, h *lab.Host, cmd string, dst netip.AddrPort, srcs []netip.Addr, args ...string) (*exec.Cmd, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	src := make([]string, len(srcs))
+	for i, a := range srcs {
+		src[i] = a.String()
+	}
+	return h.Command(ctx, self, append([]string{cmd, "-dst", dst.String(), "-src", strings.Join(src, ",")}, args...)...), nil
+}
+
+// clientMain is the end of a client process named cmd: it parses -dst and
+// the comma-separated -src, runs the test and writes its ConnStats as JSON
+// on stdout. A bad flag or a failed write is told on stderr, exit status 2.
+func clientMain(cmd, dst, srcList string, run func(to netip.AddrPort, srcs []netip.Addr) (ConnStats, error)) int {
 	fail := func(err error) int {
-		fmt.Fprintf(os.Stderr, "%s: %v\n", dataplaneClientCmd, err)
+		fmt.Fprintf(os.Stderr, "%s: %v\n", cmd, err)
 		return 2
 	}
-	to, err := netip.ParseAddrPort(*dst)
+	to, err := netip.ParseAddrPort(dst)
 	if err != nil {
 		return fail(fmt.Errorf("-dst: %w", err))
 	}
 	var srcs []netip.Addr
-	for _, s := range strings.Split(*srcList, ",") {
+	for _, s := range strings.Split(srcList, ",") {
 		a, err := netip.ParseAddr(strings.TrimSpace(s))
 		if err != nil {
 			return fail(fmt.Errorf("-src: %w", err))
 		}
 		srcs = append(srcs, a)
 	}
-	if *parallel < 1 || *window <= 0 {
-		return fail(fmt.Errorf("-parallel %d, -duration %v: want at least 1 and more than 0", *parallel, *window))
+	st, err := run(to, srcs)
+	if err != nil {
+		return fail(err)
 	}
-	st := runConnClients(context.Background(), to, srcs, *parallel, *window)
 	if err := json.NewEncoder(os.Stdout).Encode(st); err != nil {
 		return fail(err)
 	}
