@@ -525,17 +525,7 @@ func (r StateSyncRun) Summary() string {
 }
 
 func (r *StateSyncReport) write(dir string) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	data, err := json.MarshalIndent(r, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(dir, "results.json"), append(data, '\n'), 0o644); err != nil {
-		return err
-	}
-	return os.WriteFile(filepath.Join(dir, "results.md"), []byte(r.markdown()), 0o644)
+	return writeResults(dir, "results", r, r.markdown)
 }
 
 func (r *StateSyncReport) markdown() string {
