@@ -148,16 +148,11 @@ func runConnClients(ctx context.Context, dst netip.AddrPort, srcs []netip.Addr, 
 // the gateway's when it masquerades. The client's side ends in LAST_ACK,
 // not TIME_WAIT, so its own ports are never the limit.
 func oneExchange(ctx context.Context, d *net.Dialer, dst netip.AddrPort, deadline time.Time) error {
-	dctx, cancel := context.WithDeadline(ctx, deadline)
-	defer cancel()
-	c, err := d.DialContext(dctx, "tcp", dst.String())
+	c, err := dialBy(ctx, d, dst, deadline)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	if err := c.SetDeadline(deadline); err != nil {
-		return err
-	}
 	r := bufio.NewReaderSize(c, 256)
 	line, err := r.ReadString('\n')
 	if err != nil {
@@ -170,6 +165,23 @@ func oneExchange(ctx context.Context, d *net.Dialer, dst netip.AddrPort, deadlin
 		return fmt.Errorf("waiting for the server's close: read %d bytes, %v", n, err)
 	}
 	return nil
+}
+
+// dialBy connects to dst over TCP by deadline, which then bounds the
+// connection's reads and writes too.
+func dialBy(ctx context.Context, d *net.Dialer, dst netip.AddrPort, deadline time.Time) (*net.TCPConn, error) {
+	dctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	c, err := d.DialContext(dctx, "tcp", dst.String())
+	if err != nil {
+		return nil, err
+	}
+	tc := c.(*net.TCPConn)
+	if err := tc.SetDeadline(deadline); err != nil {
+		tc.Close()
+		return nil, err
+	}
+	return tc, nil
 }
 
 // bindNoPort lets the kernel choose the source port at connect() time, per

@@ -78,20 +78,14 @@ func runPacedClients(ctx context.Context, dst netip.AddrPort, srcs []netip.Addr,
 
 // shortExchange is one short connection (see runPacedClients).
 func shortExchange(ctx context.Context, d *net.Dialer, dst netip.AddrPort, deadline time.Time) error {
-	dctx, cancel := context.WithDeadline(ctx, deadline)
-	defer cancel()
-	c, err := d.DialContext(dctx, "tcp", dst.String())
+	tc, err := dialBy(ctx, d, dst, deadline)
 	if err != nil {
 		return err
 	}
-	tc := c.(*net.TCPConn)
 	defer func() {
 		_ = tc.SetLinger(0)
 		tc.Close()
 	}()
-	if err := tc.SetDeadline(deadline); err != nil {
-		return err
-	}
 	if _, err := tc.Write(shortRequest); err != nil {
 		return fmt.Errorf("writing the request: %w", err)
 	}
