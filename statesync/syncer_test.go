@@ -375,6 +375,15 @@ func waitDumped(t *testing.T, g *gw) {
 	})
 }
 
+// sendMarker sends a new flow from client port port from a to b and waits
+// for its replica: what a queued for b before it has gone too.
+func sendMarker(t *testing.T, a, b *gw, port uint16) {
+	t.Helper()
+	marker := flow(port)
+	a.k.emit(EventNew, marker)
+	eventually(t, func() error { return hasReplica(b.k, marker) })
+}
+
 // refreshPass is the number of g's refresh passes so far.
 func refreshPass(g *gw) uint64 {
 	g.s.mu.Lock()
@@ -409,9 +418,7 @@ func TestSyncEventReachesPeer(t *testing.T) {
 	quiet := e
 	quiet.Timeout = 99 // only the timeout: nothing that matters
 	a.k.emit(EventUpdate, quiet)
-	marker := flow(1001)
-	a.k.emit(EventNew, marker)
-	eventually(t, func() error { return hasReplica(b.k, marker) })
+	sendMarker(t, a, b, 1001)
 	if got := a.s.Status().Peers[0].Sent; got != sent+1 {
 		t.Errorf("sent %d entries after the quiet update and another flow's NEW, want 1 (the NEW only)", got-sent)
 	}
@@ -559,15 +566,13 @@ func TestSyncDestroyDuringResyncDumpWins(t *testing.T) {
 	eventually(t, func() error { return hasReplica(b.k, gone) })
 	emitDuringDump(t, a, EventDestroy, gone, -1)
 	a.k.lost <- 1 // events lost: a full resync of B
-	marker := flow(3101)
 	eventually(t, func() error {
 		if st := a.s.Status().Peers[0]; st.ResyncsSent < 2 || st.Resyncing {
 			return fmt.Errorf("the second resync not done yet: %+v", st)
 		}
 		return nil
 	})
-	a.k.emit(EventNew, marker)
-	eventually(t, func() error { return hasReplica(b.k, marker) })
+	sendMarker(t, a, b, 3101)
 	if _, ok := b.k.get(gone); ok {
 		t.Errorf("the replica of %v is left after its flow ended during the resync", gone.Orig)
 	}
@@ -625,9 +630,7 @@ func TestSyncRefreshSkipsFlowsEndedDuringItsDump(t *testing.T) {
 	waitDumped(t, a)
 	pass := refreshPass(a)
 	waitPass(t, a, pass+1)
-	marker := flow(3401)
-	a.k.emit(EventNew, marker)
-	eventually(t, func() error { return hasReplica(b.k, marker) })
+	sendMarker(t, a, b, 3401)
 	if _, ok := b.k.get(ended); ok {
 		t.Errorf("the replica of %v was written back after its flow ended", ended.Orig)
 	}
