@@ -200,19 +200,14 @@ func bindNoPort(_, _ string, rc syscall.RawConn) error {
 // dataplaneClientMain is the client process: it runs one connection test
 // and writes its ConnStats as JSON on stdout.
 func dataplaneClientMain(args []string) int {
-	fs := flag.NewFlagSet(dataplaneClientCmd, flag.ContinueOnError)
-	dst := fs.String("dst", "", "address:port to connect to")
-	srcList := fs.String("src", "", "comma-separated source addresses")
-	parallel := fs.Int("parallel", 8, "parallel clients")
-	window := fs.Duration("duration", 10*time.Second, "how long to open connections")
-	if err := fs.Parse(args); err != nil {
-		return 2
-	}
-	return clientMain(dataplaneClientCmd, *dst, *srcList, func(to netip.AddrPort, srcs []netip.Addr) (ConnStats, error) {
-		if *parallel < 1 || *window <= 0 {
-			return ConnStats{}, fmt.Errorf("-parallel %d, -duration %v: want at least 1 and more than 0", *parallel, *window)
+	return clientMain(dataplaneClientCmd, args, func(fs *flag.FlagSet) clientRun {
+		parallel := fs.Int("parallel", 8, "parallel clients")
+		return func(to netip.AddrPort, srcs []netip.Addr, window time.Duration) (ConnStats, error) {
+			if *parallel < 1 || window <= 0 {
+				return ConnStats{}, fmt.Errorf("-parallel %d, -duration %v: want at least 1 and more than 0", *parallel, window)
+			}
+			return runConnClients(context.Background(), to, srcs, *parallel, window), nil
 		}
-		return runConnClients(context.Background(), to, srcs, *parallel, *window), nil
 	})
 }
 
@@ -230,27 +225,39 @@ func clientCommand(ctx context.Context, h *lab.Host, cmd string, dst netip.AddrP
 	return h.Command(ctx, self, append([]string{cmd, "-dst", dst.String(), "-src", strings.Join(src, ",")}, args...)...), nil
 }
 
-// clientMain is the end of a client process named cmd: it parses -dst and
-// the comma-separated -src, runs the test and writes its ConnStats as JSON
-// on stdout. A bad flag or a failed write is told on stderr, exit status 2.
-func clientMain(cmd, dst, srcList string, run func(to netip.AddrPort, srcs []netip.Addr) (ConnStats, error)) int {
+// clientRun runs a client process's test from srcs to to for window.
+type clientRun func(to netip.AddrPort, srcs []netip.Addr, window time.Duration) (ConnStats, error)
+
+// clientMain is a client process named cmd: it parses args, -dst, the
+// comma-separated -src, -duration and the test's own flags (those flags
+// defines on fs), runs the test and writes its ConnStats as JSON on stdout.
+// A bad flag or a failed write is told on stderr, exit status 2.
+func clientMain(cmd string, args []string, flags func(fs *flag.FlagSet) clientRun) int {
+	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
+	dst := fs.String("dst", "", "address:port to connect to")
+	srcList := fs.String("src", "", "comma-separated source addresses")
+	window := fs.Duration("duration", 10*time.Second, "how long to open connections")
+	run := flags(fs)
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
 	fail := func(err error) int {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", cmd, err)
 		return 2
 	}
-	to, err := netip.ParseAddrPort(dst)
+	to, err := netip.ParseAddrPort(*dst)
 	if err != nil {
 		return fail(fmt.Errorf("-dst: %w", err))
 	}
 	var srcs []netip.Addr
-	for _, s := range strings.Split(srcList, ",") {
+	for _, s := range strings.Split(*srcList, ",") {
 		a, err := netip.ParseAddr(strings.TrimSpace(s))
 		if err != nil {
 			return fail(fmt.Errorf("-src: %w", err))
 		}
 		srcs = append(srcs, a)
 	}
-	st, err := run(to, srcs)
+	st, err := run(to, srcs, *window)
 	if err != nil {
 		return fail(err)
 	}

@@ -102,19 +102,14 @@ func shortExchange(ctx context.Context, d *net.Dialer, dst netip.AddrPort, deadl
 // statesyncClientMain is the generator process: it runs once and writes
 // its ConnStats as JSON on stdout.
 func statesyncClientMain(args []string) int {
-	fs := flag.NewFlagSet(statesyncClientCmd, flag.ContinueOnError)
-	dst := fs.String("dst", "", "address:port to connect to")
-	srcList := fs.String("src", "", "comma-separated source addresses")
-	rate := fs.Float64("rate", 1000, "new connections per second in total; 0: as fast as the workers go")
-	workers := fs.Int("workers", 256, "generator goroutines")
-	window := fs.Duration("duration", 10*time.Second, "how long to open connections")
-	if err := fs.Parse(args); err != nil {
-		return 2
-	}
-	return clientMain(statesyncClientCmd, *dst, *srcList, func(to netip.AddrPort, srcs []netip.Addr) (ConnStats, error) {
-		if *workers < 1 || *window <= 0 || *rate < 0 {
-			return ConnStats{}, fmt.Errorf("-workers %d, -duration %v, -rate %v: want at least 1, more than 0, not negative", *workers, *window, *rate)
+	return clientMain(statesyncClientCmd, args, func(fs *flag.FlagSet) clientRun {
+		rate := fs.Float64("rate", 1000, "new connections per second in total; 0: as fast as the workers go")
+		workers := fs.Int("workers", 256, "generator goroutines")
+		return func(to netip.AddrPort, srcs []netip.Addr, window time.Duration) (ConnStats, error) {
+			if *workers < 1 || window <= 0 || *rate < 0 {
+				return ConnStats{}, fmt.Errorf("-workers %d, -duration %v, -rate %v: want at least 1, more than 0, not negative", *workers, window, *rate)
+			}
+			return runPacedClients(context.Background(), to, srcs, *rate, *workers, window), nil
 		}
-		return runPacedClients(context.Background(), to, srcs, *rate, *workers, *window), nil
 	})
 }
