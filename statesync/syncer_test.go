@@ -375,13 +375,12 @@ func waitDumped(t *testing.T, g *gw) {
 	})
 }
 
-// sendMarker sends a new flow from client port port from a to b and waits
-// for its replica: what a queued for b before it has gone too.
-func sendMarker(t *testing.T, a, b *gw, port uint16) {
+// replicate emits e as a new flow on a and waits for its replica on b
+// (and so for what a queued for b before it).
+func replicate(t *testing.T, a, b *gw, e Entry) {
 	t.Helper()
-	marker := flow(port)
-	a.k.emit(EventNew, marker)
-	eventually(t, func() error { return hasReplica(b.k, marker) })
+	a.k.emit(EventNew, e)
+	eventually(t, func() error { return hasReplica(b.k, e) })
 }
 
 // refreshPass is the number of g's refresh passes so far.
@@ -409,8 +408,7 @@ func TestSyncEventReachesPeer(t *testing.T) {
 	_, a, b := pair(t, nil)
 	e := flow(1000)
 	e.TCP.State = 1 // SYN_SENT
-	a.k.emit(EventNew, e)
-	eventually(t, func() error { return hasReplica(b.k, e) })
+	replicate(t, a, b, e)
 	e.TCP.State = 3 // ESTABLISHED
 	a.k.emit(EventUpdate, e)
 	eventually(t, func() error { return hasReplica(b.k, e) })
@@ -418,7 +416,7 @@ func TestSyncEventReachesPeer(t *testing.T) {
 	quiet := e
 	quiet.Timeout = 99 // only the timeout: nothing that matters
 	a.k.emit(EventUpdate, quiet)
-	sendMarker(t, a, b, 1001)
+	replicate(t, a, b, flow(1001))
 	if got := a.s.Status().Peers[0].Sent; got != sent+1 {
 		t.Errorf("sent %d entries after the quiet update and another flow's NEW, want 1 (the NEW only)", got-sent)
 	}
@@ -542,8 +540,7 @@ func TestSyncResyncSweepsLostDeletes(t *testing.T) {
 func TestSyncEventDuringResyncDumpKept(t *testing.T) {
 	_, a, b := pair(t, nil)
 	old := flow(3000)
-	a.k.emit(EventNew, old)
-	eventually(t, func() error { return hasReplica(b.k, old) })
+	replicate(t, a, b, old)
 	late := flow(3001)
 	emitDuringDump(t, a, EventNew, late, +1)
 	a.k.lost <- 1 // events lost: a full resync of B
@@ -562,8 +559,7 @@ func TestSyncEventDuringResyncDumpKept(t *testing.T) {
 func TestSyncDestroyDuringResyncDumpWins(t *testing.T) {
 	_, a, b := pair(t, nil)
 	gone := flow(3100)
-	a.k.emit(EventNew, gone)
-	eventually(t, func() error { return hasReplica(b.k, gone) })
+	replicate(t, a, b, gone)
 	emitDuringDump(t, a, EventDestroy, gone, -1)
 	a.k.lost <- 1 // events lost: a full resync of B
 	eventually(t, func() error {
@@ -572,7 +568,7 @@ func TestSyncDestroyDuringResyncDumpWins(t *testing.T) {
 		}
 		return nil
 	})
-	sendMarker(t, a, b, 3101)
+	replicate(t, a, b, flow(3101))
 	if _, ok := b.k.get(gone); ok {
 		t.Errorf("the replica of %v is left after its flow ended during the resync", gone.Orig)
 	}
@@ -587,8 +583,7 @@ func TestSyncRefreshKeepsFlowsBornDuringItsDump(t *testing.T) {
 	emitDuringDump(t, a, EventNew, born, +1)
 	waitDumped(t, a)
 	eventually(t, func() error { return hasReplica(b.k, born) })
-	pass := refreshPass(a)
-	waitPass(t, a, pass+1)
+	waitPass(t, a, refreshPass(a)+1)
 	if n := testutil.ToFloat64(a.s.m.refreshed); n != 0 {
 		t.Errorf("%v entries refreshed: the flow born during a pass's dump was sent again", n)
 	}
@@ -604,8 +599,7 @@ func TestSyncRefreshSkipsEntriesThatOnlyCountDown(t *testing.T) {
 	pass := refreshPass(a)
 	e := flow(3200)
 	e.Timeout = 2
-	a.k.emit(EventNew, e)
-	eventually(t, func() error { return hasReplica(b.k, e) })
+	replicate(t, a, b, e)
 	// A second later the kernel says 1: the entry ends when it did.
 	a.k.mu.Lock()
 	e.Timeout = 1
@@ -624,13 +618,11 @@ func TestSyncRefreshSkipsEntriesThatOnlyCountDown(t *testing.T) {
 func TestSyncRefreshSkipsFlowsEndedDuringItsDump(t *testing.T) {
 	_, a, b := pair(t, func(o *Options) { o.RefreshInterval = time.Second })
 	ended := flow(3400)
-	a.k.emit(EventNew, ended)
-	eventually(t, func() error { return hasReplica(b.k, ended) })
+	replicate(t, a, b, ended)
 	emitDuringDump(t, a, EventDestroy, ended, -1)
 	waitDumped(t, a)
-	pass := refreshPass(a)
-	waitPass(t, a, pass+1)
-	sendMarker(t, a, b, 3401)
+	waitPass(t, a, refreshPass(a)+1)
+	replicate(t, a, b, flow(3401))
 	if _, ok := b.k.get(ended); ok {
 		t.Errorf("the replica of %v was written back after its flow ended", ended.Orig)
 	}
@@ -662,8 +654,7 @@ func TestSyncRefreshResendsLiveFlowsOnly(t *testing.T) {
 		}
 		return nil
 	})
-	pass := refreshPass(a)
-	waitPass(t, a, pass+1)
+	waitPass(t, a, refreshPass(a)+1)
 	if n := testutil.ToFloat64(a.s.m.refreshed); n != 1 {
 		t.Errorf("%v entries refreshed, want 1 (the UDP flow, not the closed connection)", n)
 	}
@@ -686,8 +677,7 @@ func TestSyncSlowRefreshDumpDoesNotHoldBatches(t *testing.T) {
 	a.k.mu.Unlock()
 	<-dumping
 	e := flow(3600)
-	a.k.emit(EventNew, e)
-	eventually(t, func() error { return hasReplica(b.k, e) })
+	replicate(t, a, b, e)
 }
 
 // A peer that restarts gets a full resync of every live entry, and its
