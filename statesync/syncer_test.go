@@ -295,18 +295,120 @@ func hasReplica(k *fakeKernel, e Entry) error {
 	return nil
 }
 
+// pair starts gateways gw-a and gw-b with opts and waits until each has
+// the other up.
+func pair(t *testing.T, opts func(*Options)) (c *cluster, a, b *gw) {
+	t.Helper()
+	c = newCluster(t, opts, "gw-a", "gw-b")
+	a, b = c.gws["gw-a"], c.gws["gw-b"]
+	waitUp(t, a, "gw-b")
+	waitUp(t, b, "gw-a")
+	return c, a, b
+}
+
+// newFlows is n flows from client ports first, first+1, ...
+func newFlows(first, n int) []Entry {
+	var out []Entry
+	for i := range n {
+		out = append(out, flow(uint16(first+i)))
+	}
+	return out
+}
+
+// stall holds every Write of k until the returned function is called.
+func (k *fakeKernel) stall() (release func()) {
+	gate := make(chan struct{})
+	k.mu.Lock()
+	k.gate = gate
+	k.mu.Unlock()
+	return func() {
+		k.mu.Lock()
+		k.gate = nil
+		k.mu.Unlock()
+		close(gate)
+	}
+}
+
+// waitLost waits until g counts updates for its first peer lost.
+func waitLost(t *testing.T, g *gw) {
+	t.Helper()
+	eventually(t, func() error {
+		if st := g.s.Status().Peers[0]; st.Lost == 0 {
+			return fmt.Errorf("nothing lost yet: %+v", st)
+		}
+		return nil
+	})
+}
+
+// emitDuringDump has g's next Dump emit an event of type et for e and
+// wait until g's Syncer took it (its flow count moved by delta): the event
+// comes after the kernel read its part of the table.
+func emitDuringDump(t *testing.T, g *gw, et EventType, e Entry, delta int) {
+	before := g.s.Status().Flows
+	g.k.mu.Lock()
+	g.k.duringDump = func() {
+		g.k.emit(et, e)
+		// Dump runs in the Syncer's goroutine: no t.Fatal here.
+		if err := lab.EventuallyWithin(10*time.Second, func() error {
+			if got := g.s.Status().Flows; got != before+delta {
+				return fmt.Errorf("%d flows, want %d: the event not taken yet", got, before+delta)
+			}
+			return nil
+		}); err != nil {
+			t.Error(err)
+		}
+	}
+	g.k.mu.Unlock()
+}
+
+// waitDumped waits until g's kernel ran the Dump set up by
+// emitDuringDump.
+func waitDumped(t *testing.T, g *gw) {
+	t.Helper()
+	eventually(t, func() error {
+		g.k.mu.Lock()
+		defer g.k.mu.Unlock()
+		if g.k.duringDump != nil {
+			return fmt.Errorf("no refresh pass yet")
+		}
+		return nil
+	})
+}
+
+// replicate emits e as a new flow on a and waits for its replica on b
+// (and so for what a queued for b before it).
+func replicate(t *testing.T, a, b *gw, e Entry) {
+	t.Helper()
+	a.k.emit(EventNew, e)
+	eventually(t, func() error { return hasReplica(b.k, e) })
+}
+
+// refreshPass is the number of g's refresh passes so far.
+func refreshPass(g *gw) uint64 {
+	g.s.mu.Lock()
+	defer g.s.mu.Unlock()
+	return g.s.pass
+}
+
+// waitPass waits until g's refresh passes number at least pass.
+func waitPass(t *testing.T, g *gw, pass uint64) {
+	t.Helper()
+	eventually(t, func() error {
+		if got := refreshPass(g); got < pass {
+			return fmt.Errorf("refresh pass %d, want %d", got, pass)
+		}
+		return nil
+	})
+}
+
 // An event on A reaches B's kernel within a batch; a state change follows;
 // an update that changes nothing is not sent; a destroy deletes the
 // replica.
 func TestSyncEventReachesPeer(t *testing.T) {
-	c := newCluster(t, nil, "gw-a", "gw-b")
-	a, b := c.gws["gw-a"], c.gws["gw-b"]
-	waitUp(t, a, "gw-b")
-	waitUp(t, b, "gw-a")
+	_, a, b := pair(t, nil)
 	e := flow(1000)
 	e.TCP.State = 1 // SYN_SENT
-	a.k.emit(EventNew, e)
-	eventually(t, func() error { return hasReplica(b.k, e) })
+	replicate(t, a, b, e)
 	e.TCP.State = 3 // ESTABLISHED
 	a.k.emit(EventUpdate, e)
 	eventually(t, func() error { return hasReplica(b.k, e) })
@@ -314,9 +416,7 @@ func TestSyncEventReachesPeer(t *testing.T) {
 	quiet := e
 	quiet.Timeout = 99 // only the timeout: nothing that matters
 	a.k.emit(EventUpdate, quiet)
-	marker := flow(1001)
-	a.k.emit(EventNew, marker)
-	eventually(t, func() error { return hasReplica(b.k, marker) })
+	replicate(t, a, b, flow(1001))
 	if got := a.s.Status().Peers[0].Sent; got != sent+1 {
 		t.Errorf("sent %d entries after the quiet update and another flow's NEW, want 1 (the NEW only)", got-sent)
 	}
@@ -336,17 +436,11 @@ func TestSyncEventReachesPeer(t *testing.T) {
 // Updates of one flow waiting for a batch are coalesced: the latest state
 // wins, and many flows go in few writes.
 func TestSyncCoalescesAndBatches(t *testing.T) {
-	c := newCluster(t, func(o *Options) { o.BatchInterval = 200 * time.Millisecond }, "gw-a", "gw-b")
-	a, b := c.gws["gw-a"], c.gws["gw-b"]
-	waitUp(t, a, "gw-b")
-	waitUp(t, b, "gw-a")
+	_, a, b := pair(t, func(o *Options) { o.BatchInterval = 200 * time.Millisecond })
 	b.k.mu.Lock()
 	before := b.k.writes
 	b.k.mu.Unlock()
-	var flows []Entry
-	for i := range 500 {
-		flows = append(flows, flow(uint16(2000+i)))
-	}
+	flows := newFlows(2000, 500)
 	a.k.emit(EventNew, flows...)
 	last := flows[7]
 	for st := uint8(2); st <= 5; st++ { // SYN_RECV … FIN_WAIT
@@ -373,31 +467,15 @@ func TestSyncCoalescesAndBatches(t *testing.T) {
 // A queue that overflows drops its updates, counts them, and the peer gets
 // a full resync that brings it every live entry.
 func TestSyncQueueOverflowResyncs(t *testing.T) {
-	c := newCluster(t, func(o *Options) { o.Queue = 100 }, "gw-a", "gw-b")
-	a, b := c.gws["gw-a"], c.gws["gw-b"]
-	waitUp(t, a, "gw-b")
-	waitUp(t, b, "gw-a")
+	_, a, b := pair(t, func(o *Options) { o.Queue = 100 })
 	// B's kernel stalls: the window fills, then the queue.
-	gate := make(chan struct{})
-	b.k.mu.Lock()
-	b.k.gate = gate
-	b.k.mu.Unlock()
-	var flows []Entry
-	for i := range 5000 {
-		f := flow(uint16(10000 + i))
-		flows = append(flows, f)
+	release := b.k.stall()
+	flows := newFlows(10000, 5000)
+	for _, f := range flows {
 		a.k.emit(EventNew, f)
 	}
-	eventually(t, func() error {
-		if st := a.s.Status().Peers[0]; st.Lost == 0 {
-			return fmt.Errorf("nothing lost yet: %+v", st)
-		}
-		return nil
-	})
-	b.k.mu.Lock()
-	b.k.gate = nil
-	b.k.mu.Unlock()
-	close(gate)
+	waitLost(t, a)
+	release()
 	eventually(t, func() error {
 		for _, f := range flows {
 			if err := hasReplica(b.k, f); err != nil {
@@ -416,14 +494,8 @@ func TestSyncQueueOverflowResyncs(t *testing.T) {
 // without an event) are deleted on B when A's next full resync leaves them
 // out; the rest stay.
 func TestSyncResyncSweepsLostDeletes(t *testing.T) {
-	c := newCluster(t, func(o *Options) { o.Queue = 100 }, "gw-a", "gw-b")
-	a, b := c.gws["gw-a"], c.gws["gw-b"]
-	waitUp(t, a, "gw-b")
-	waitUp(t, b, "gw-a")
-	var old []Entry
-	for i := range 50 {
-		old = append(old, flow(uint16(20000+i)))
-	}
+	_, a, b := pair(t, func(o *Options) { o.Queue = 100 })
+	old := newFlows(20000, 50)
 	a.k.emit(EventNew, old...)
 	eventually(t, func() error {
 		if n := b.k.replicas(); n != 50 {
@@ -438,23 +510,12 @@ func TestSyncResyncSweepsLostDeletes(t *testing.T) {
 	}
 	a.k.mu.Unlock()
 	// An overflow makes A resync B in full.
-	gate := make(chan struct{})
-	b.k.mu.Lock()
-	b.k.gate = gate
-	b.k.mu.Unlock()
-	for i := range 5000 {
-		a.k.emit(EventNew, flow(uint16(30000+i)))
+	release := b.k.stall()
+	for _, f := range newFlows(30000, 5000) {
+		a.k.emit(EventNew, f)
 	}
-	eventually(t, func() error {
-		if st := a.s.Status().Peers[0]; st.Lost == 0 {
-			return fmt.Errorf("nothing lost yet")
-		}
-		return nil
-	})
-	b.k.mu.Lock()
-	b.k.gate = nil
-	b.k.mu.Unlock()
-	close(gate)
+	waitLost(t, a)
+	release()
 	eventually(t, func() error {
 		for _, f := range old[:25] {
 			if hasReplica(b.k, f) == nil {
@@ -477,29 +538,11 @@ func TestSyncResyncSweepsLostDeletes(t *testing.T) {
 // kernel read its part of the table) is neither in the dump nor dropped
 // with the queue the dump supersedes: it reaches the peer.
 func TestSyncEventDuringResyncDumpKept(t *testing.T) {
-	c := newCluster(t, nil, "gw-a", "gw-b")
-	a, b := c.gws["gw-a"], c.gws["gw-b"]
-	waitUp(t, a, "gw-b")
-	waitUp(t, b, "gw-a")
+	_, a, b := pair(t, nil)
 	old := flow(3000)
-	a.k.emit(EventNew, old)
-	eventually(t, func() error { return hasReplica(b.k, old) })
+	replicate(t, a, b, old)
 	late := flow(3001)
-	flows := a.s.Status().Flows
-	a.k.mu.Lock()
-	a.k.duringDump = func() {
-		a.k.emit(EventNew, late)
-		// Dump runs in the Syncer's goroutine: no t.Fatal here.
-		if err := lab.EventuallyWithin(10*time.Second, func() error {
-			if got := a.s.Status().Flows; got != flows+1 {
-				return fmt.Errorf("%d flows, want %d: the late event not taken yet", got, flows+1)
-			}
-			return nil
-		}); err != nil {
-			t.Error(err)
-		}
-	}
-	a.k.mu.Unlock()
+	emitDuringDump(t, a, EventNew, late, +1)
 	a.k.lost <- 1 // events lost: a full resync of B
 	eventually(t, func() error {
 		if st := a.s.Status().Peers[0]; st.ResyncsSent < 2 {
@@ -514,38 +557,18 @@ func TestSyncEventDuringResyncDumpKept(t *testing.T) {
 // and in the queue (a delete) that follows it in the same batch: the
 // delete wins, its replica is not left behind.
 func TestSyncDestroyDuringResyncDumpWins(t *testing.T) {
-	c := newCluster(t, nil, "gw-a", "gw-b")
-	a, b := c.gws["gw-a"], c.gws["gw-b"]
-	waitUp(t, a, "gw-b")
-	waitUp(t, b, "gw-a")
+	_, a, b := pair(t, nil)
 	gone := flow(3100)
-	a.k.emit(EventNew, gone)
-	eventually(t, func() error { return hasReplica(b.k, gone) })
-	flows := a.s.Status().Flows
-	a.k.mu.Lock()
-	a.k.duringDump = func() {
-		a.k.emit(EventDestroy, gone)
-		// Dump runs in the Syncer's goroutine: no t.Fatal here.
-		if err := lab.EventuallyWithin(10*time.Second, func() error {
-			if got := a.s.Status().Flows; got != flows-1 {
-				return fmt.Errorf("%d flows, want %d: the destroy not taken yet", got, flows-1)
-			}
-			return nil
-		}); err != nil {
-			t.Error(err)
-		}
-	}
-	a.k.mu.Unlock()
+	replicate(t, a, b, gone)
+	emitDuringDump(t, a, EventDestroy, gone, -1)
 	a.k.lost <- 1 // events lost: a full resync of B
-	marker := flow(3101)
 	eventually(t, func() error {
 		if st := a.s.Status().Peers[0]; st.ResyncsSent < 2 || st.Resyncing {
 			return fmt.Errorf("the second resync not done yet: %+v", st)
 		}
 		return nil
 	})
-	a.k.emit(EventNew, marker)
-	eventually(t, func() error { return hasReplica(b.k, marker) })
+	replicate(t, a, b, flow(3101))
 	if _, ok := b.k.get(gone); ok {
 		t.Errorf("the replica of %v is left after its flow ended during the resync", gone.Orig)
 	}
@@ -555,46 +578,12 @@ func TestSyncDestroyDuringResyncDumpWins(t *testing.T) {
 // as sent: the pass does not take it for gone (and send it again at the
 // next as never sent).
 func TestSyncRefreshKeepsFlowsBornDuringItsDump(t *testing.T) {
-	c := newCluster(t, func(o *Options) { o.RefreshInterval = time.Second }, "gw-a", "gw-b")
-	a, b := c.gws["gw-a"], c.gws["gw-b"]
-	waitUp(t, a, "gw-b")
-	waitUp(t, b, "gw-a")
+	_, a, b := pair(t, func(o *Options) { o.RefreshInterval = time.Second })
 	born := flow(3300)
-	flows := a.s.Status().Flows
-	a.k.mu.Lock()
-	a.k.duringDump = func() {
-		a.k.emit(EventNew, born)
-		// Dump runs in the Syncer's goroutine: no t.Fatal here.
-		if err := lab.EventuallyWithin(10*time.Second, func() error {
-			if got := a.s.Status().Flows; got != flows+1 {
-				return fmt.Errorf("%d flows, want %d: the event not taken yet", got, flows+1)
-			}
-			return nil
-		}); err != nil {
-			t.Error(err)
-		}
-	}
-	a.k.mu.Unlock()
-	eventually(t, func() error {
-		a.k.mu.Lock()
-		defer a.k.mu.Unlock()
-		if a.k.duringDump != nil {
-			return fmt.Errorf("no refresh pass yet")
-		}
-		return nil
-	})
+	emitDuringDump(t, a, EventNew, born, +1)
+	waitDumped(t, a)
 	eventually(t, func() error { return hasReplica(b.k, born) })
-	a.s.mu.Lock()
-	pass := a.s.pass
-	a.s.mu.Unlock()
-	eventually(t, func() error {
-		a.s.mu.Lock()
-		defer a.s.mu.Unlock()
-		if a.s.pass < pass+1 {
-			return fmt.Errorf("refresh pass %d, want %d", a.s.pass, pass+1)
-		}
-		return nil
-	})
+	waitPass(t, a, refreshPass(a)+1)
 	if n := testutil.ToFloat64(a.s.m.refreshed); n != 0 {
 		t.Errorf("%v entries refreshed: the flow born during a pass's dump was sent again", n)
 	}
@@ -606,30 +595,17 @@ func TestSyncRefreshKeepsFlowsBornDuringItsDump(t *testing.T) {
 // That is no reason to resend it (at 10,000 connections a second every
 // entry in CLOSE was, once a pass).
 func TestSyncRefreshSkipsEntriesThatOnlyCountDown(t *testing.T) {
-	c := newCluster(t, func(o *Options) { o.RefreshInterval = time.Second }, "gw-a", "gw-b")
-	a, b := c.gws["gw-a"], c.gws["gw-b"]
-	waitUp(t, a, "gw-b")
-	waitUp(t, b, "gw-a")
-	a.s.mu.Lock()
-	pass := a.s.pass
-	a.s.mu.Unlock()
+	_, a, b := pair(t, func(o *Options) { o.RefreshInterval = time.Second })
+	pass := refreshPass(a)
 	e := flow(3200)
 	e.Timeout = 2
-	a.k.emit(EventNew, e)
-	eventually(t, func() error { return hasReplica(b.k, e) })
+	replicate(t, a, b, e)
 	// A second later the kernel says 1: the entry ends when it did.
 	a.k.mu.Lock()
 	e.Timeout = 1
 	a.k.table[keyOf(&e)] = e
 	a.k.mu.Unlock()
-	eventually(t, func() error {
-		a.s.mu.Lock()
-		defer a.s.mu.Unlock()
-		if a.s.pass < pass+2 {
-			return fmt.Errorf("refresh pass %d, want %d", a.s.pass, pass+2)
-		}
-		return nil
-	})
+	waitPass(t, a, pass+2)
 	if n := testutil.ToFloat64(a.s.m.refreshed); n != 0 {
 		t.Errorf("%v entries refreshed: one that only counts down was sent again", n)
 	}
@@ -640,50 +616,13 @@ func TestSyncRefreshSkipsEntriesThatOnlyCountDown(t *testing.T) {
 // the DESTROY, is not written back (where it would hold its reply tuple
 // against the flow the origin gives it to next).
 func TestSyncRefreshSkipsFlowsEndedDuringItsDump(t *testing.T) {
-	c := newCluster(t, func(o *Options) { o.RefreshInterval = time.Second }, "gw-a", "gw-b")
-	a, b := c.gws["gw-a"], c.gws["gw-b"]
-	waitUp(t, a, "gw-b")
-	waitUp(t, b, "gw-a")
+	_, a, b := pair(t, func(o *Options) { o.RefreshInterval = time.Second })
 	ended := flow(3400)
-	a.k.emit(EventNew, ended)
-	eventually(t, func() error { return hasReplica(b.k, ended) })
-	flows := a.s.Status().Flows
-	a.k.mu.Lock()
-	a.k.duringDump = func() {
-		a.k.emit(EventDestroy, ended)
-		// Dump runs in the Syncer's goroutine: no t.Fatal here.
-		if err := lab.EventuallyWithin(10*time.Second, func() error {
-			if got := a.s.Status().Flows; got != flows-1 {
-				return fmt.Errorf("%d flows, want %d: the destroy not taken yet", got, flows-1)
-			}
-			return nil
-		}); err != nil {
-			t.Error(err)
-		}
-	}
-	a.k.mu.Unlock()
-	eventually(t, func() error {
-		a.k.mu.Lock()
-		defer a.k.mu.Unlock()
-		if a.k.duringDump != nil {
-			return fmt.Errorf("no refresh pass yet")
-		}
-		return nil
-	})
-	a.s.mu.Lock()
-	pass := a.s.pass
-	a.s.mu.Unlock()
-	eventually(t, func() error {
-		a.s.mu.Lock()
-		defer a.s.mu.Unlock()
-		if a.s.pass < pass+1 {
-			return fmt.Errorf("refresh pass %d, want %d", a.s.pass, pass+1)
-		}
-		return nil
-	})
-	marker := flow(3401)
-	a.k.emit(EventNew, marker)
-	eventually(t, func() error { return hasReplica(b.k, marker) })
+	replicate(t, a, b, ended)
+	emitDuringDump(t, a, EventDestroy, ended, -1)
+	waitDumped(t, a)
+	waitPass(t, a, refreshPass(a)+1)
+	replicate(t, a, b, flow(3401))
 	if _, ok := b.k.get(ended); ok {
 		t.Errorf("the replica of %v was written back after its flow ended", ended.Orig)
 	}
@@ -694,10 +633,7 @@ func TestSyncRefreshSkipsFlowsEndedDuringItsDump(t *testing.T) {
 // (CLOSE, TIME_WAIT) is not, though a late packet lengthened its entry:
 // its replica may go first, nothing is lost with it.
 func TestSyncRefreshResendsLiveFlowsOnly(t *testing.T) {
-	c := newCluster(t, func(o *Options) { o.RefreshInterval = time.Second }, "gw-a", "gw-b")
-	a, b := c.gws["gw-a"], c.gws["gw-b"]
-	waitUp(t, a, "gw-b")
-	waitUp(t, b, "gw-a")
+	_, a, b := pair(t, func(o *Options) { o.RefreshInterval = time.Second })
 	udp := flow(3500)
 	udp.Proto, udp.TCP, udp.Timeout = 17, TCPInfo{}, 2
 	udp.Orig.Dst = netip.AddrPortFrom(vip, 53)
@@ -718,17 +654,7 @@ func TestSyncRefreshResendsLiveFlowsOnly(t *testing.T) {
 		}
 		return nil
 	})
-	a.s.mu.Lock()
-	pass := a.s.pass
-	a.s.mu.Unlock()
-	eventually(t, func() error {
-		a.s.mu.Lock()
-		defer a.s.mu.Unlock()
-		if a.s.pass < pass+1 {
-			return fmt.Errorf("refresh pass %d, want %d", a.s.pass, pass+1)
-		}
-		return nil
-	})
+	waitPass(t, a, refreshPass(a)+1)
 	if n := testutil.ToFloat64(a.s.m.refreshed); n != 1 {
 		t.Errorf("%v entries refreshed, want 1 (the UDP flow, not the closed connection)", n)
 	}
@@ -740,10 +666,7 @@ func TestSyncRefreshResendsLiveFlowsOnly(t *testing.T) {
 // A refresh pass that takes long to read the table does not hold the
 // batches back: a new flow reaches the peer meanwhile.
 func TestSyncSlowRefreshDumpDoesNotHoldBatches(t *testing.T) {
-	c := newCluster(t, func(o *Options) { o.RefreshInterval = time.Second }, "gw-a", "gw-b")
-	a, b := c.gws["gw-a"], c.gws["gw-b"]
-	waitUp(t, a, "gw-b")
-	waitUp(t, b, "gw-a")
+	_, a, b := pair(t, func(o *Options) { o.RefreshInterval = time.Second })
 	release, dumping := make(chan struct{}), make(chan struct{})
 	defer close(release)
 	a.k.mu.Lock()
@@ -754,8 +677,7 @@ func TestSyncSlowRefreshDumpDoesNotHoldBatches(t *testing.T) {
 	a.k.mu.Unlock()
 	<-dumping
 	e := flow(3600)
-	a.k.emit(EventNew, e)
-	eventually(t, func() error { return hasReplica(b.k, e) })
+	replicate(t, a, b, e)
 }
 
 // A peer that restarts gets a full resync of every live entry, and its
@@ -828,10 +750,7 @@ func TestSyncCustodyOnPeerDeath(t *testing.T) {
 	c := newCluster(t, func(o *Options) { o.RefreshInterval = 100 * time.Millisecond }, "gw-a", "gw-b", "gw-c")
 	waitReady(t, c.gws["gw-a"], c.gws["gw-b"], c.gws["gw-c"])
 	a := c.gws["gw-a"]
-	var flows []Entry
-	for i := range 20 {
-		flows = append(flows, flow(uint16(4000+i)))
-	}
+	flows := newFlows(4000, 20)
 	a.k.emit(EventNew, flows...)
 	for _, n := range []string{"gw-b", "gw-c"} {
 		eventually(t, func() error { return hasReplica(c.gws[n].k, flows[19]) })
@@ -868,10 +787,7 @@ func TestSyncCustodyOnPeerDeath(t *testing.T) {
 // A peer sending entries for addresses this gateway does not serve: they
 // are refused, counted by reason, and nothing is written.
 func TestSyncRefusesEntriesNotServed(t *testing.T) {
-	c := newCluster(t, nil, "gw-a", "gw-b")
-	a, b := c.gws["gw-a"], c.gws["gw-b"]
-	waitUp(t, a, "gw-b")
-	waitUp(t, b, "gw-a")
+	_, a, b := pair(t, nil)
 	bad := flow(5000)
 	bad.Orig.Dst = netip.MustParseAddrPort("192.0.2.99:80")
 	stranger := flow(5001)
@@ -893,10 +809,7 @@ func TestSyncRefusesEntriesNotServed(t *testing.T) {
 // an address moves) stays each one's own: neither overwrites the other's
 // entry with a replica nor deletes it.
 func TestSyncKeepsOwnFlows(t *testing.T) {
-	c := newCluster(t, nil, "gw-a", "gw-b")
-	a, b := c.gws["gw-a"], c.gws["gw-b"]
-	waitUp(t, a, "gw-b")
-	waitUp(t, b, "gw-a")
+	_, a, b := pair(t, nil)
 	f := flow(7000)
 	b.k.emit(EventNew, f)
 	eventually(t, func() error {

@@ -479,16 +479,11 @@ func (e *Env) connRun(ctx context.Context, path string, dst netip.AddrPort, srcs
 	if err := e.resetFlows(ctx); err != nil {
 		return run, err
 	}
-	self, err := os.Executable()
+	cmd, err := clientCommand(ctx, e.Topo.Client, dataplaneClientCmd, dst, srcs,
+		"-parallel", strconv.Itoa(parallel), "-duration", d.String())
 	if err != nil {
 		return run, err
 	}
-	src := make([]string, len(srcs))
-	for i, a := range srcs {
-		src[i] = a.String()
-	}
-	cmd := e.Topo.Client.Command(ctx, self, dataplaneClientCmd, "-dst", dst.String(), "-src", strings.Join(src, ","),
-		"-parallel", strconv.Itoa(parallel), "-duration", d.String())
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	backendBefore, err := readNetstat(e.Topo.Backend)

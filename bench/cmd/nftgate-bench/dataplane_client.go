@@ -11,12 +11,15 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nftgate/nftgate/internal/testing/lab"
 )
 
 // The connection test's client runs as a process of its own in the client
@@ -84,6 +87,34 @@ type connWorker struct {
 	lastErr  string
 }
 
+// record counts one exchange that started at t0 and ended at t1 with err;
+// it is in the window when it ended by end.
+func (w *connWorker) record(t0, t1, end time.Time, err error) {
+	if err != nil {
+		w.failed++
+		w.lastErr = t1.UTC().Format("15:04:05.000") + " " + err.Error()
+		return
+	}
+	w.us = append(w.us, float64(t1.Sub(t0))/float64(time.Microsecond))
+	if !t1.After(end) {
+		w.inWindow++
+	}
+}
+
+// summarizeWorkers merges the workers' records of a run of window into a
+// ConnStats.
+func summarizeWorkers(ws []connWorker, window time.Duration) ConnStats {
+	var all []float64
+	failed, inWindow, lastErr := 0, 0, ""
+	for _, w := range ws {
+		all = append(all, w.us...)
+		failed += w.failed
+		inWindow += w.inWindow
+		lastErr = max(lastErr, w.lastErr)
+	}
+	return summarizeExchanges(all, failed, inWindow, window, lastErr)
+}
+
 // runConnClients opens connections to dst from parallel workers, worker i
 // bound to srcs[i % len(srcs)], until the window ends: connect, read the
 // one line the server writes, read its close, close. Workers start no new
@@ -101,31 +132,12 @@ func runConnClients(ctx context.Context, dst netip.AddrPort, srcs []netip.Addr, 
 			for ctx.Err() == nil && time.Now().Before(end) {
 				t0 := time.Now()
 				err := oneExchange(ctx, &d, dst, t0.Add(exchangeTimeout))
-				t1 := time.Now()
-				if err != nil {
-					w.failed++
-					w.lastErr = t1.UTC().Format("15:04:05.000") + " " + err.Error()
-					continue
-				}
-				w.us = append(w.us, float64(t1.Sub(t0))/float64(time.Microsecond))
-				if !t1.After(end) {
-					w.inWindow++
-				}
+				w.record(t0, time.Now(), end, err)
 			}
 		}(&workers[i], srcs[i%len(srcs)])
 	}
 	wg.Wait()
-	var all []float64
-	failed, inWindow, lastErr := 0, 0, ""
-	for _, w := range workers {
-		all = append(all, w.us...)
-		failed += w.failed
-		inWindow += w.inWindow
-		if w.lastErr > lastErr {
-			lastErr = w.lastErr
-		}
-	}
-	return summarizeExchanges(all, failed, inWindow, window, lastErr)
+	return summarizeWorkers(workers, window)
 }
 
 // oneExchange is one connection: the server writes a line and closes
@@ -136,16 +148,11 @@ func runConnClients(ctx context.Context, dst netip.AddrPort, srcs []netip.Addr, 
 // the gateway's when it masquerades. The client's side ends in LAST_ACK,
 // not TIME_WAIT, so its own ports are never the limit.
 func oneExchange(ctx context.Context, d *net.Dialer, dst netip.AddrPort, deadline time.Time) error {
-	dctx, cancel := context.WithDeadline(ctx, deadline)
-	defer cancel()
-	c, err := d.DialContext(dctx, "tcp", dst.String())
+	c, err := dialBy(ctx, d, dst, deadline)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	if err := c.SetDeadline(deadline); err != nil {
-		return err
-	}
 	r := bufio.NewReaderSize(c, 256)
 	line, err := r.ReadString('\n')
 	if err != nil {
@@ -158,6 +165,23 @@ func oneExchange(ctx context.Context, d *net.Dialer, dst netip.AddrPort, deadlin
 		return fmt.Errorf("waiting for the server's close: read %d bytes, %v", n, err)
 	}
 	return nil
+}
+
+// dialBy connects to dst over TCP by deadline, which then bounds the
+// connection's reads and writes too.
+func dialBy(ctx context.Context, d *net.Dialer, dst netip.AddrPort, deadline time.Time) (*net.TCPConn, error) {
+	dctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	c, err := d.DialContext(dctx, "tcp", dst.String())
+	if err != nil {
+		return nil, err
+	}
+	tc := c.(*net.TCPConn)
+	if err := tc.SetDeadline(deadline); err != nil {
+		tc.Close()
+		return nil, err
+	}
+	return tc, nil
 }
 
 // bindNoPort lets the kernel choose the source port at connect() time, per
@@ -176,16 +200,49 @@ func bindNoPort(_, _ string, rc syscall.RawConn) error {
 // dataplaneClientMain is the client process: it runs one connection test
 // and writes its ConnStats as JSON on stdout.
 func dataplaneClientMain(args []string) int {
-	fs := flag.NewFlagSet(dataplaneClientCmd, flag.ContinueOnError)
+	return clientMain(dataplaneClientCmd, args, func(fs *flag.FlagSet) clientRun {
+		parallel := fs.Int("parallel", 8, "parallel clients")
+		return func(to netip.AddrPort, srcs []netip.Addr, window time.Duration) (ConnStats, error) {
+			if *parallel < 1 || window <= 0 {
+				return ConnStats{}, fmt.Errorf("-parallel %d, -duration %v: want at least 1 and more than 0", *parallel, window)
+			}
+			return runConnClients(context.Background(), to, srcs, *parallel, window), nil
+		}
+	})
+}
+
+// clientCommand is this program run as the client process cmd in h's
+// namespace, connecting to dst from srcs, with the test's own flags args.
+func clientCommand(ctx context.Context, h *lab.Host, cmd string, dst netip.AddrPort, srcs []netip.Addr, args ...string) (*exec.Cmd, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	src := make([]string, len(srcs))
+	for i, a := range srcs {
+		src[i] = a.String()
+	}
+	return h.Command(ctx, self, append([]string{cmd, "-dst", dst.String(), "-src", strings.Join(src, ",")}, args...)...), nil
+}
+
+// clientRun runs a client process's test from srcs to to for window.
+type clientRun func(to netip.AddrPort, srcs []netip.Addr, window time.Duration) (ConnStats, error)
+
+// clientMain is a client process named cmd: it parses args, -dst, the
+// comma-separated -src, -duration and the test's own flags (those flags
+// defines on fs), runs the test and writes its ConnStats as JSON on stdout.
+// A bad flag or a failed write is told on stderr, exit status 2.
+func clientMain(cmd string, args []string, flags func(fs *flag.FlagSet) clientRun) int {
+	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
 	dst := fs.String("dst", "", "address:port to connect to")
 	srcList := fs.String("src", "", "comma-separated source addresses")
-	parallel := fs.Int("parallel", 8, "parallel clients")
 	window := fs.Duration("duration", 10*time.Second, "how long to open connections")
+	run := flags(fs)
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	fail := func(err error) int {
-		fmt.Fprintf(os.Stderr, "%s: %v\n", dataplaneClientCmd, err)
+		fmt.Fprintf(os.Stderr, "%s: %v\n", cmd, err)
 		return 2
 	}
 	to, err := netip.ParseAddrPort(*dst)
@@ -200,10 +257,10 @@ func dataplaneClientMain(args []string) int {
 		}
 		srcs = append(srcs, a)
 	}
-	if *parallel < 1 || *window <= 0 {
-		return fail(fmt.Errorf("-parallel %d, -duration %v: want at least 1 and more than 0", *parallel, *window))
+	st, err := run(to, srcs, *window)
+	if err != nil {
+		return fail(err)
 	}
-	st := runConnClients(context.Background(), to, srcs, *parallel, *window)
 	if err := json.NewEncoder(os.Stdout).Encode(st); err != nil {
 		return fail(err)
 	}

@@ -142,17 +142,7 @@ func writeMaglev(cfg *Config, r *Report) error {
 			m.Rows = append(m.Rows, res)
 		}
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	data, err := json.MarshalIndent(m, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(dir, "maglev.json"), append(data, '\n'), 0o644); err != nil {
-		return err
-	}
-	return os.WriteFile(filepath.Join(dir, "maglev.md"), []byte(m.markdown()), 0o644)
+	return writeResults(dir, "maglev", m, m.markdown)
 }
 
 func (m *MaglevReport) markdown() string {

@@ -365,22 +365,17 @@ func statesyncRun(cfg *Config, topo *failover.Topology, gs []*failover.Nftgate, 
 			return run, err
 		}
 	}
-	self, err := os.Executable()
-	if err != nil {
-		return run, err
-	}
-	src := make([]string, len(srcs))
-	for i, s := range srcs {
-		src[i] = s.String()
-	}
 	deadA0, deadB0 := strings.Count(ga.Logs(), peerDead), strings.Count(gb.Logs(), peerDead)
 	cpuA0, errA := readProcStats(ga.PID())
 	cpuB0, errB := readProcStats(gb.PID())
 	if err := errors.Join(errA, errB); err != nil {
 		return run, err
 	}
-	cmd := topo.Client.Command(context.Background(), self, statesyncClientCmd, "-dst", svc.String(), "-src", strings.Join(src, ","),
+	cmd, err := clientCommand(context.Background(), topo.Client, statesyncClientCmd, svc, srcs,
 		"-rate", strconv.Itoa(rate), "-workers", strconv.Itoa(c.Workers), "-duration", c.Duration.String())
+	if err != nil {
+		return run, err
+	}
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	start := time.Now()
@@ -530,17 +525,7 @@ func (r StateSyncRun) Summary() string {
 }
 
 func (r *StateSyncReport) write(dir string) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	data, err := json.MarshalIndent(r, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(dir, "results.json"), append(data, '\n'), 0o644); err != nil {
-		return err
-	}
-	return os.WriteFile(filepath.Join(dir, "results.md"), []byte(r.markdown()), 0o644)
+	return writeResults(dir, "results", r, r.markdown)
 }
 
 func (r *StateSyncReport) markdown() string {

@@ -2,14 +2,11 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
 	"net"
 	"net/netip"
-	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -71,47 +68,24 @@ func runPacedClients(ctx context.Context, dst netip.AddrPort, srcs []netip.Addr,
 				src := netip.AddrPortFrom(srcs[n%uint64(len(srcs))], uint16(firstPort+n/uint64(len(srcs))%(65536-firstPort)))
 				d := net.Dialer{LocalAddr: net.TCPAddrFromAddrPort(src)}
 				err := shortExchange(ctx, &d, dst, t0.Add(exchangeTimeout))
-				t1 := time.Now()
-				if err != nil {
-					w.failed++
-					w.lastErr = t1.UTC().Format("15:04:05.000") + " " + err.Error()
-					continue
-				}
-				w.us = append(w.us, float64(t1.Sub(t0))/float64(time.Microsecond))
-				if !t1.After(end) {
-					w.inWindow++
-				}
+				w.record(t0, time.Now(), end, err)
 			}
 		}(&ws[i])
 	}
 	wg.Wait()
-	var all []float64
-	failed, inWindow, lastErr := 0, 0, ""
-	for _, w := range ws {
-		all = append(all, w.us...)
-		failed += w.failed
-		inWindow += w.inWindow
-		lastErr = max(lastErr, w.lastErr)
-	}
-	return summarizeExchanges(all, failed, inWindow, window, lastErr)
+	return summarizeWorkers(ws, window)
 }
 
 // shortExchange is one short connection (see runPacedClients).
 func shortExchange(ctx context.Context, d *net.Dialer, dst netip.AddrPort, deadline time.Time) error {
-	dctx, cancel := context.WithDeadline(ctx, deadline)
-	defer cancel()
-	c, err := d.DialContext(dctx, "tcp", dst.String())
+	tc, err := dialBy(ctx, d, dst, deadline)
 	if err != nil {
 		return err
 	}
-	tc := c.(*net.TCPConn)
 	defer func() {
 		_ = tc.SetLinger(0)
 		tc.Close()
 	}()
-	if err := tc.SetDeadline(deadline); err != nil {
-		return err
-	}
 	if _, err := tc.Write(shortRequest); err != nil {
 		return fmt.Errorf("writing the request: %w", err)
 	}
@@ -128,37 +102,14 @@ func shortExchange(ctx context.Context, d *net.Dialer, dst netip.AddrPort, deadl
 // statesyncClientMain is the generator process: it runs once and writes
 // its ConnStats as JSON on stdout.
 func statesyncClientMain(args []string) int {
-	fs := flag.NewFlagSet(statesyncClientCmd, flag.ContinueOnError)
-	dst := fs.String("dst", "", "address:port to connect to")
-	srcList := fs.String("src", "", "comma-separated source addresses")
-	rate := fs.Float64("rate", 1000, "new connections per second in total; 0: as fast as the workers go")
-	workers := fs.Int("workers", 256, "generator goroutines")
-	window := fs.Duration("duration", 10*time.Second, "how long to open connections")
-	if err := fs.Parse(args); err != nil {
-		return 2
-	}
-	fail := func(err error) int {
-		fmt.Fprintf(os.Stderr, "%s: %v\n", statesyncClientCmd, err)
-		return 2
-	}
-	to, err := netip.ParseAddrPort(*dst)
-	if err != nil {
-		return fail(fmt.Errorf("-dst: %w", err))
-	}
-	var srcs []netip.Addr
-	for _, s := range strings.Split(*srcList, ",") {
-		a, err := netip.ParseAddr(strings.TrimSpace(s))
-		if err != nil {
-			return fail(fmt.Errorf("-src: %w", err))
+	return clientMain(statesyncClientCmd, args, func(fs *flag.FlagSet) clientRun {
+		rate := fs.Float64("rate", 1000, "new connections per second in total; 0: as fast as the workers go")
+		workers := fs.Int("workers", 256, "generator goroutines")
+		return func(to netip.AddrPort, srcs []netip.Addr, window time.Duration) (ConnStats, error) {
+			if *workers < 1 || window <= 0 || *rate < 0 {
+				return ConnStats{}, fmt.Errorf("-workers %d, -duration %v, -rate %v: want at least 1, more than 0, not negative", *workers, window, *rate)
+			}
+			return runPacedClients(context.Background(), to, srcs, *rate, *workers, window), nil
 		}
-		srcs = append(srcs, a)
-	}
-	if *workers < 1 || *window <= 0 || *rate < 0 {
-		return fail(fmt.Errorf("-workers %d, -duration %v, -rate %v: want at least 1, more than 0, not negative", *workers, *window, *rate))
-	}
-	st := runPacedClients(context.Background(), to, srcs, *rate, *workers, *window)
-	if err := json.NewEncoder(os.Stdout).Encode(st); err != nil {
-		return fail(err)
-	}
-	return 0
+	})
 }

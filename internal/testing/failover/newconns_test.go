@@ -8,7 +8,6 @@ import (
 
 	"github.com/nftgate/nftgate/internal/testing/failover"
 	"github.com/nftgate/nftgate/internal/testing/lab"
-	"github.com/nftgate/nftgate/internal/testing/lab/labtest"
 )
 
 // TestNewConnsMeasuresTheGap: new connections to an echo server that
@@ -16,20 +15,7 @@ import (
 // longer; the failure window covers it, and every attempt that
 // started after the server was back echoed.
 func TestNewConnsMeasuresTheGap(t *testing.T) {
-	l := labtest.New(t)
-	client, err := l.AddHost("client")
-	if err != nil {
-		t.Fatal(err)
-	}
-	server, err := l.AddHost("server")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := netip.MustParsePrefix
-	if _, err := l.Link(client, []netip.Prefix{p("198.18.41.1/24")}, server, []netip.Prefix{p("198.18.41.2/24")}); err != nil {
-		t.Fatal(err)
-	}
-	addr := netip.MustParseAddr("198.18.41.2")
+	client, server, addr := clientServer(t, "198.18.41.0/24")
 	stop, err := failover.ServeEcho(server, []netip.Addr{addr}, 8080)
 	if err != nil {
 		t.Fatal(err)

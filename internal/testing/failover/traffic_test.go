@@ -9,26 +9,13 @@ import (
 	"time"
 
 	"github.com/nftgate/nftgate/internal/testing/failover"
-	"github.com/nftgate/nftgate/internal/testing/lab/labtest"
 )
 
 // TestTrafficCountsLosses: the generator counts a reset and a wrong byte
 // as lost and keeps a flow that echoes correctly, with its stall.
 func TestTrafficCountsLosses(t *testing.T) {
-	l := labtest.New(t)
-	client, err := l.AddHost("client")
-	if err != nil {
-		t.Fatal(err)
-	}
-	server, err := l.AddHost("server")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := netip.MustParsePrefix
-	if _, err := l.Link(client, []netip.Prefix{p("198.18.40.1/24")}, server, []netip.Prefix{p("198.18.40.2/24")}); err != nil {
-		t.Fatal(err)
-	}
-	dst := netip.MustParseAddrPort("198.18.40.2:8080")
+	client, server, addr := clientServer(t, "198.18.40.0/24")
+	dst := netip.AddrPortFrom(addr, 8080)
 	ln, err := server.Listen("tcp", dst.String())
 	if err != nil {
 		t.Fatal(err)
