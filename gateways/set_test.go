@@ -124,10 +124,19 @@ func frozenPair(t *testing.T, clk *clocktesting.FakeClock, log *slog.Logger) (a 
 	as = addrs(16)
 	a.Set(as)
 	b.Set(as)
-	// Heartbeats go when the clock ticks.
+	// Heartbeats go when the clock ticks. On a loaded machine a tick can
+	// outrun the heartbeats it sends (a peer then looks dead for a while
+	// and the other takes everything): wait until the addresses are
+	// spread over both.
 	wait(t, func() error {
 		clk.Step(100 * time.Millisecond)
-		return disjointCover(as, ha.get(), hb.get())
+		if err := disjointCover(as, ha.get(), hb.get()); err != nil {
+			return err
+		}
+		if len(ha.get()) == 0 || len(hb.get()) == 0 {
+			return fmt.Errorf("not spread: a holds %d, b %d", len(ha.get()), len(hb.get()))
+		}
+		return nil
 	})
 	return a, ha, hb, f, as
 }
