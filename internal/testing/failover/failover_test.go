@@ -231,6 +231,11 @@ func waitHolder(t *testing.T, gs []*failover.Nftgate) int {
 	holder := -1
 	if err := lab.EventuallyWithin(20*time.Second, func() (err error) {
 		holder, err = holderOf(gs)
+		// The active is the first gateway by name among the ready ones:
+		// gw-a once both are ready (gw-b may hold everything until then).
+		if err == nil && holder != 0 {
+			err = fmt.Errorf("%s holds the addresses; waiting for %s, the first by name", failover.GatewayNames[holder], failover.GatewayNames[0])
+		}
 		return err
 	}); err != nil {
 		t.Fatal(err)
