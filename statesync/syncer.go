@@ -842,6 +842,7 @@ func (s *Syncer) onAck(from string, payload []byte) {
 // batches wait, as they do while the writer is behind).
 func (s *Syncer) writer(ctx context.Context) {
 	var puts, dels []Entry
+	var own []bool
 	lastOp := map[flowKey]int{}
 	// A gateway that (re)starts hears its peers' resync before its first
 	// sync: checked then, every entry would be refused.
@@ -898,6 +899,14 @@ func (s *Syncer) writer(ctx context.Context) {
 				delete(p.stale, keyOf(&it.bt.ops[i].entry))
 			}
 		}
+		// Which of them this gateway originated itself, under one lock
+		// for the batch.
+		own = slices.Grow(own[:0], len(it.bt.ops))[:len(it.bt.ops)]
+		s.mu.Lock()
+		for i := range it.bt.ops {
+			own[i] = s.flows[keyOf(&it.bt.ops[i].entry)] != nil
+		}
+		s.mu.Unlock()
 		for i := range it.bt.ops {
 			o := &it.bt.ops[i]
 			if lastOp[keyOf(&o.entry)] != i {
@@ -909,12 +918,8 @@ func (s *Syncer) writer(ctx context.Context) {
 			} else {
 				why = s.o.Policy.Check(&o.entry)
 			}
-			if why == "" {
-				s.mu.Lock()
-				if s.flows[keyOf(&o.entry)] != nil {
-					why = RefusedOwn
-				}
-				s.mu.Unlock()
+			if why == "" && own[i] {
+				why = RefusedOwn
 			}
 			if why != "" {
 				refused++
