@@ -57,12 +57,17 @@ func TestSetSharesAddressesAndTakesOverOnClose(t *testing.T) {
 	as := addrs(16)
 	a.Set(as)
 	b.Set(as)
+	// Until each has heard the other, one may hold all 16: the test waits
+	// for them to be spread over both, and fails if they never are.
 	wait(t, func() error {
-		return disjointCover(as, ha.get(), hb.get())
+		if err := disjointCover(as, ha.get(), hb.get()); err != nil {
+			return err
+		}
+		if len(ha.get()) == 0 || len(hb.get()) == 0 {
+			return fmt.Errorf("16 addresses all on one gateway: a %v b %v", ha.get(), hb.get())
+		}
+		return nil
 	})
-	if len(ha.get()) == 0 || len(hb.get()) == 0 {
-		t.Errorf("16 addresses all on one gateway: a %v b %v", ha.get(), hb.get())
-	}
 	st := a.Status()
 	if len(st.Peers) != 1 || st.Peers[0].State != "alive" || len(st.Peers[0].Links) != 1 {
 		t.Errorf("status of a: %+v", st.Peers)
