@@ -23,7 +23,8 @@ import (
 // original destination, reply source and reply destination, each an
 // address (4 or 16 bytes) and a port u16; status, timeout and mark, u32
 // each; for TCP (proto 6) five more bytes: state, window scale and flags
-// of each direction. Integers are big-endian. stamp is the sender's clock
+// of each direction; for SCTP (proto 132) nine more: state, then the
+// verification tag of each direction (u32). Integers are big-endian. stamp is the sender's clock
 // (Unix nanoseconds) at the oldest event the batch carries: the ack
 // echoes it, so the sender measures the lag on its own clock.
 const (
@@ -34,7 +35,7 @@ const (
 )
 
 // codecVersion is the version of the encoding.
-const codecVersion = 1
+const codecVersion = 2
 
 // Operations of a batch.
 const (
@@ -46,7 +47,7 @@ const (
 const (
 	batchHead    = 1 + 8 + 8
 	minEntrySize = 1 + 1 + 4*(4+2) + 3*4
-	maxEntrySize = 1 + 1 + 4*(16+2) + 3*4 + 5
+	maxEntrySize = 1 + 1 + 4*(16+2) + 3*4 + 9
 )
 
 // op is one operation of a batch.
@@ -88,6 +89,11 @@ func appendEntry(b []byte, e *Entry) ([]byte, error) {
 	b = binary.BigEndian.AppendUint32(b, e.Mark)
 	if e.Proto == protoTCP {
 		b = append(b, e.TCP.State, e.TCP.WScaleOrig, e.TCP.WScaleReply, e.TCP.FlagsOrig, e.TCP.FlagsReply)
+	}
+	if e.Proto == protoSCTP {
+		b = append(b, e.SCTP.State)
+		b = binary.BigEndian.AppendUint32(b, e.SCTP.VTagOrig)
+		b = binary.BigEndian.AppendUint32(b, e.SCTP.VTagReply)
 	}
 	return b, nil
 }
@@ -199,6 +205,9 @@ func (d *decoder) entry(e *Entry) {
 		if b := d.take(5); b != nil {
 			e.TCP = TCPInfo{State: b[0], WScaleOrig: b[1], WScaleReply: b[2], FlagsOrig: b[3], FlagsReply: b[4]}
 		}
+	}
+	if e.Proto == protoSCTP {
+		e.SCTP = SCTPInfo{State: d.u8(), VTagOrig: d.u32(), VTagReply: d.u32()}
 	}
 }
 

@@ -14,7 +14,10 @@ func sampleOps() []op {
 		Orig:   Tuple{Src: netip.MustParseAddrPort("[2001:db8::7]:5000"), Dst: netip.MustParseAddrPort("[2001:db8:1::10]:53")},
 		Reply:  Tuple{Src: netip.MustParseAddrPort("[fd00:1::5]:5353"), Dst: netip.MustParseAddrPort("[2001:db8:2::1]:5000")},
 		Status: 0x3a, Timeout: 30, Mark: ReplicaMark | 7}
-	return []op{{entry: flow(1000)}, {del: true, entry: flow(1001)}, {entry: v6}}
+	sctp := flow(1002)
+	sctp.Proto, sctp.TCP = protoSCTP, TCPInfo{}
+	sctp.SCTP = SCTPInfo{State: 3, VTagOrig: 0x5678ef01, VTagReply: 0x1234abcd}
+	return []op{{entry: flow(1000)}, {del: true, entry: flow(1001)}, {entry: v6}, {entry: sctp}}
 }
 
 func TestBatchRoundTrip(t *testing.T) {
@@ -44,9 +47,9 @@ func TestBatchRoundTrip(t *testing.T) {
 		}
 	}
 	bad := append([]byte{}, msg...)
-	bad[0] = 2
+	bad[0] = codecVersion + 1
 	if _, err := decodeBatch(bad, nil); err == nil {
-		t.Error("version 2 decoded")
+		t.Errorf("version %d decoded", bad[0])
 	}
 	a := ack{seq: 9, stamp: -5, written: 300, refused: 2}
 	if got, err := decodeAck(encodeAck(a)); err != nil || got != a {

@@ -261,6 +261,9 @@ func entryOf(f *ct.Flow) Entry {
 			FlagsOrig: uint8(t.OriginalFlags >> 8), FlagsReply: uint8(t.ReplyFlags >> 8),
 		}
 	}
+	if s := f.ProtoInfo.SCTP; s != nil {
+		en.SCTP = SCTPInfo{State: s.State, VTagOrig: s.VTagOriginal, VTagReply: s.VTagReply}
+	}
 	return en
 }
 

@@ -38,6 +38,10 @@ package statesync
 //     nf_conntrack_tcp_be_liberal. Window scales are taken only when both
 //     directions have IP_CT_TCP_FLAG_WINDOW_SCALE, which the same message
 //     sets first.
+//   - SCTP protocol info (nlattr_to_sctp) needs the state and both
+//     verification tags, or the message is refused (EINVAL); a replica
+//     without it is in state NONE with tags 0, and conntrack takes every
+//     packet of the association, whose tags are not 0, for invalid.
 //   - A message that needs an acknowledgement gets exactly one, in order,
 //     each in its own datagram (netlink_rcv_skb).
 
@@ -210,6 +214,18 @@ func (e *encoder) tcp(t TCPInfo) {
 	e.endNest(pi)
 }
 
+// sctp appends the association's state and both verification tags; the
+// kernel refuses SCTP protocol info without all three.
+func (e *encoder) sctp(s SCTPInfo) {
+	pi := e.nest(ctnetlink.Protoinfo)
+	n := e.nest(ctnetlink.ProtoinfoSCTP)
+	e.u8(ctnetlink.ProtoinfoSCTPState, s.State)
+	e.be32(ctnetlink.ProtoinfoSCTPVTagOrig, s.VTagOrig)
+	e.be32(ctnetlink.ProtoinfoSCTPVTagReply, s.VTagReply)
+	e.endNest(n)
+	e.endNest(pi)
+}
+
 func family(en *Entry) uint8 {
 	if en.Orig.Src.Addr().Is4() {
 		return unix.AF_INET
@@ -268,8 +284,11 @@ func (e *encoder) state(en *Entry, status bool) {
 		e.be32(ctnetlink.Status, replicaStatus(en.Status))
 	}
 	e.be32(ctnetlink.Mark, en.Mark|ReplicaMark)
-	if en.Proto == unix.IPPROTO_TCP {
+	switch en.Proto {
+	case unix.IPPROTO_TCP:
 		e.tcp(en.TCP)
+	case unix.IPPROTO_SCTP:
+		e.sctp(en.SCTP)
 	}
 }
 

@@ -21,6 +21,15 @@ type TCPInfo struct {
 	FlagsOrig, FlagsReply   uint8
 }
 
+// SCTPInfo is the SCTP part of an entry: the association's state (the
+// kernel's enum sctp_conntrack) and the verification tag each direction's
+// packets carry. A replica without the tags would take every packet of the
+// association for invalid.
+type SCTPInfo struct {
+	State               uint8
+	VTagOrig, VTagReply uint32
+}
+
 // Entry is one conntrack entry as the sync carries it: what the kernel of
 // the origin holds and what a replica is created from.
 type Entry struct {
@@ -38,6 +47,8 @@ type Entry struct {
 	Mark uint32
 	// TCP is zero for other protocols.
 	TCP TCPInfo
+	// SCTP is zero for other protocols.
+	SCTP SCTPInfo
 }
 
 // ReplicaMark is the ct mark bit of entries written by the sync: the

@@ -17,8 +17,8 @@ var (
 	client = netip.MustParseAddrPort("203.0.113.7:40000")
 )
 
-// webService is a LoadBalancer on vip:80 (TCP) and vip:53 (UDP) with the
-// endpoint ep1 (port 8080 for both).
+// webService is a LoadBalancer on vip:80 (TCP), vip:53 (UDP) and
+// vip:3868 (SCTP) with the endpoint ep1 (port 8080 for all).
 func webService() *model.Service {
 	e := model.Endpoint{Addr: ep1.Addr(), Port: ep1.Port(), NodeName: "other", Ready: true, Serving: true}
 	return &model.Service{Key: webKey, Type: "LoadBalancer", IPv4: true,
@@ -27,6 +27,7 @@ func webService() *model.Service {
 		Ports: []model.ServicePort{
 			{Name: "http", Protocol: model.TCP, Port: 80, Endpoints: []model.Endpoint{e}},
 			{Name: "dns", Protocol: model.UDP, Port: 53, Endpoints: []model.Endpoint{e}},
+			{Name: "diameter", Protocol: model.SCTP, Port: 3868, Endpoints: []model.Endpoint{e}},
 		}}
 }
 

@@ -82,7 +82,7 @@ func keyOf(e *Entry) flowKey { return flowKey{e.Proto, e.Orig} }
 
 // flowRec is what was last sent of one of this gateway's own entries.
 type flowRec struct {
-	state   uint8
+	state   protoState
 	status  uint32
 	mark    uint32
 	expires time.Time // when the replicas expire unless refreshed
@@ -92,6 +92,21 @@ type flowRec struct {
 // statusMatters are the IPS_* bits whose change is sent: SEEN_REPLY,
 // ASSURED (both change the timeout), SRC_NAT, DST_NAT.
 const statusMatters = 1<<1 | 1<<2 | 1<<4 | 1<<5
+
+// protoState is the part of an entry's protocol info whose change is sent:
+// the TCP state, or the SCTP state and verification tags (the tag of the
+// original direction is known only once the INIT-ACK passed).
+type protoState struct {
+	state               uint8
+	vtagOrig, vtagReply uint32
+}
+
+func protoStateOf(e *Entry) protoState {
+	if e.Proto == protoSCTP {
+		return protoState{e.SCTP.State, e.SCTP.VTagOrig, e.SCTP.VTagReply}
+	}
+	return protoState{state: e.TCP.State}
+}
 
 // pending is one flow's update waiting for a batch.
 type pending struct {
@@ -289,7 +304,7 @@ func (s *Syncer) deliver(evs []Event) {
 			s.ended[k] = s.pass + 1
 			full = s.enqueue(k, op{del: true, entry: *e}, now) || full
 		case EventNew, EventUpdate:
-			if rec != nil && rec.state == e.TCP.State && rec.status&statusMatters == e.Status&statusMatters && rec.mark == e.Mark {
+			if rec != nil && rec.state == protoStateOf(e) && rec.status&statusMatters == e.Status&statusMatters && rec.mark == e.Mark {
 				continue // nothing that matters changed
 			}
 			if rec == nil {
@@ -297,7 +312,7 @@ func (s *Syncer) deliver(evs []Event) {
 				s.flows[k] = rec
 				delete(s.ended, k) // its tuple began another flow
 			}
-			rec.state, rec.status, rec.mark = e.TCP.State, e.Status, e.Mark
+			rec.state, rec.status, rec.mark = protoStateOf(e), e.Status, e.Mark
 			rec.expires = now.Add(time.Duration(e.Timeout) * time.Second)
 			// Seen by the next refresh pass too, whose dump may have been
 			// read before the flow existed: it is not taken for gone.
@@ -714,7 +729,7 @@ func (s *Syncer) refresh() {
 			// lives longer than its replica only past that second. A TCP
 			// connection that is over (a late packet lengthens its
 			// entry in CLOSE or TIME_WAIT) needs no replica that long.
-			if rec.expires.After(horizon) || !expires.After(rec.expires.Add(time.Second)) || tcpOver(e) {
+			if rec.expires.After(horizon) || !expires.After(rec.expires.Add(time.Second)) || over(e) {
 				continue
 			}
 		}
@@ -731,7 +746,7 @@ func (s *Syncer) refresh() {
 			rec = &flowRec{seen: s.pass}
 			s.flows[k] = rec
 		}
-		rec.state, rec.status, rec.mark, rec.expires = e.TCP.State, e.Status, e.Mark, expires
+		rec.state, rec.status, rec.mark, rec.expires = protoStateOf(e), e.Status, e.Mark, expires
 		s.enqueue(k, es[i], now)
 		s.m.refreshed.Inc()
 	}
@@ -747,10 +762,18 @@ func (s *Syncer) refresh() {
 	}
 }
 
-// tcpOver: e is a TCP connection in TIME_WAIT or CLOSE.
-func tcpOver(e *Entry) bool {
+// over: e is a TCP connection in TIME_WAIT or CLOSE, or an SCTP
+// association that is CLOSED.
+func over(e *Entry) bool {
 	const timeWait, closed = 7, 8 // TCP_CONNTRACK_TIME_WAIT, _CLOSE
-	return e.Proto == 6 && (e.TCP.State == timeWait || e.TCP.State == closed)
+	const sctpClosed = 1          // SCTP_CONNTRACK_CLOSED
+	switch e.Proto {
+	case protoTCP:
+		return e.TCP.State == timeWait || e.TCP.State == closed
+	case protoSCTP:
+		return e.SCTP.State == sctpClosed
+	}
+	return false
 }
 
 // checkReady closes Ready when it is time.

@@ -433,6 +433,25 @@ func TestSyncEventReachesPeer(t *testing.T) {
 	}
 }
 
+// An SCTP association's replica follows its state and verification tags:
+// the INIT gives the reply direction's tag, the INIT-ACK the original
+// direction's without a change of state, and that change is sent too (a
+// replica without it takes the association's packets for invalid).
+func TestSyncSCTPTagsReachPeer(t *testing.T) {
+	_, a, b := pair(t, nil)
+	e := flow(1000)
+	e.Proto, e.TCP = protoSCTP, TCPInfo{}
+	e.Orig.Dst = netip.AddrPortFrom(vip, 3868)
+	e.SCTP = SCTPInfo{State: 2, VTagReply: 0x1234abcd} // COOKIE_WAIT after the INIT
+	replicate(t, a, b, e)
+	e.SCTP.VTagOrig = 0x5678ef01 // the INIT-ACK: still COOKIE_WAIT
+	a.k.emit(EventUpdate, e)
+	eventually(t, func() error { return hasReplica(b.k, e) })
+	e.SCTP.State = 4 // ESTABLISHED
+	a.k.emit(EventUpdate, e)
+	eventually(t, func() error { return hasReplica(b.k, e) })
+}
+
 // Updates of one flow waiting for a batch are coalesced: the latest state
 // wins, and many flows go in few writes.
 func TestSyncCoalescesAndBatches(t *testing.T) {
