@@ -9,20 +9,15 @@ package e2e_test
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"net"
 	"net/http"
 	"net/netip"
-	"os"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -847,108 +842,23 @@ func TestSCTP(t *testing.T) {
 	}
 }
 
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
-
-// sctpPacket builds an SCTP packet with one chunk; the checksum is
-// CRC32c, stored little-endian as the kernel does.
-func sctpPacket(sport, dport uint16, vtag uint32, chunkType byte, body []byte) []byte {
-	b := make([]byte, 12+4+len(body))
-	binary.BigEndian.PutUint16(b[0:], sport)
-	binary.BigEndian.PutUint16(b[2:], dport)
-	binary.BigEndian.PutUint32(b[4:], vtag)
-	b[12] = chunkType
-	binary.BigEndian.PutUint16(b[14:], uint16(4+len(body)))
-	copy(b[16:], body)
-	binary.LittleEndian.PutUint32(b[8:], crc32.Checksum(b, castagnoli))
-	return b
-}
-
-// initBody is the fixed part of an INIT or INIT-ACK chunk, plus params.
-func initBody(tag uint32, params ...byte) []byte {
-	b := make([]byte, 16, 16+len(params))
-	binary.BigEndian.PutUint32(b[0:], tag)      // initiate tag
-	binary.BigEndian.PutUint32(b[4:], 65536)    // a_rwnd
-	binary.BigEndian.PutUint16(b[8:], 1)        // outbound streams
-	binary.BigEndian.PutUint16(b[10:], 1)       // inbound streams
-	binary.BigEndian.PutUint32(b[12:], tag+100) // initial TSN
-	return append(b, params...)
-}
-
-// sctpIn is one received SCTP packet.
-type sctpIn struct {
-	src, dst     netip.Addr
-	sport, dport uint16
-	vtag         uint32
-	chunk        byte
-	initTag      uint32
-}
-
-// rawSCTP opens an IPv4 raw socket for SCTP in h, with a receive timeout so
-// that reads wake up to check their deadline.
-func rawSCTP(h *lab.Host) (int, error) {
-	fd := -1
-	err := h.Do(func() error {
-		var err error
-		fd, err = unix.Socket(unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_SCTP)
-		return err
-	})
-	if err != nil {
-		return -1, err
-	}
-	tv := unix.NsecToTimeval((100 * time.Millisecond).Nanoseconds())
-	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
-		unix.Close(fd)
-		return -1, err
-	}
-	return fd, nil
-}
-
-// recvSCTP reads packets until one satisfies match or the deadline passes.
-func recvSCTP(fd int, deadline time.Time, match func(sctpIn) bool) (sctpIn, error) {
-	buf := make([]byte, 2048)
-	for time.Now().Before(deadline) {
-		n, _, err := unix.Recvfrom(fd, buf, 0)
-		if err == unix.EAGAIN || err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return sctpIn{}, err
-		}
-		ihl := int(buf[0]&0x0f) * 4
-		if n < ihl+20 {
-			continue
-		}
-		p := buf[ihl:n]
-		in := sctpIn{
-			src: netip.AddrFrom4([4]byte(buf[12:16])), dst: netip.AddrFrom4([4]byte(buf[16:20])),
-			sport: binary.BigEndian.Uint16(p[0:]), dport: binary.BigEndian.Uint16(p[2:]),
-			vtag: binary.BigEndian.Uint32(p[4:]), chunk: p[12],
-			initTag: binary.BigEndian.Uint32(p[16:]),
-		}
-		if match(in) {
-			return in, nil
-		}
-	}
-	return sctpIn{}, fmt.Errorf("nothing matching before the deadline: %w", os.ErrDeadlineExceeded)
-}
-
 // sctpExchange sends an INIT from client port sport to dst and expects it
 // at backend; the backend answers with an INIT-ACK, which must reach the
 // client from dst. It returns the source address the backend saw.
 func sctpExchange(client, backendHost *lab.Host, dst, backend netip.AddrPort, sport uint16) (netip.Addr, error) {
-	cfd, err := rawSCTP(client)
+	cs, err := client.RawSCTP(false)
 	if err != nil {
 		return netip.Addr{}, err
 	}
-	defer unix.Close(cfd)
-	bfd, err := rawSCTP(backendHost)
+	defer cs.Close()
+	bs, err := backendHost.RawSCTP(false)
 	if err != nil {
 		return netip.Addr{}, err
 	}
-	defer unix.Close(bfd)
+	defer bs.Close()
 	// The reply must come from the endpoint's own address, which is not
 	// the backend host's first one.
-	if err := unix.Bind(bfd, &unix.SockaddrInet4{Addr: backend.Addr().As4()}); err != nil {
+	if err := bs.Bind(backend.Addr()); err != nil {
 		return netip.Addr{}, err
 	}
 
@@ -960,38 +870,37 @@ func sctpExchange(client, backendHost *lab.Host, dst, backend netip.AddrPort, sp
 	}
 	got := make(chan result, 1)
 	go func() {
-		in, err := recvSCTP(bfd, deadline, func(in sctpIn) bool {
-			return in.dst == backend.Addr() && in.dport == backend.Port() && in.chunk == 1
+		in, err := bs.Recv(deadline, func(in lab.SCTPIn) bool {
+			return in.Dst == backend.Addr() && in.Dport == backend.Port() && in.Chunk == lab.SCTPInit
 		})
 		if err != nil {
 			got <- result{err: fmt.Errorf("the backend got no INIT at %s: %w", backend, err)}
 			return
 		}
-		if in.vtag != 0 || in.initTag != clientTag {
-			got <- result{err: fmt.Errorf("the INIT arrived altered: vtag %#x, initiate tag %#x", in.vtag, in.initTag)}
+		if in.VTag != 0 || in.InitTag() != clientTag {
+			got <- result{err: fmt.Errorf("the INIT arrived altered: vtag %#x, initiate tag %#x", in.VTag, in.InitTag())}
 			return
 		}
 		cookie := []byte{0, 7, 0, 8, 'c', 'o', 'o', 'k'} // State Cookie parameter
-		ack := sctpPacket(backend.Port(), in.sport, in.initTag, 2, initBody(backendTag, cookie...))
-		to := &unix.SockaddrInet4{Addr: in.src.As4()}
-		got <- result{seen: in.src, err: unix.Sendto(bfd, ack, 0, to)}
+		ack := lab.SCTPPacket(backend.Port(), in.Sport, in.InitTag(), lab.SCTPInitAck, lab.SCTPInitBody(backendTag, cookie...))
+		got <- result{seen: in.Src, err: bs.Send(in.Src, ack)}
 	}()
 
-	init := sctpPacket(sport, dst.Port(), 0, 1, initBody(clientTag))
-	if err := unix.Sendto(cfd, init, 0, &unix.SockaddrInet4{Addr: dst.Addr().As4()}); err != nil {
+	init := lab.SCTPPacket(sport, dst.Port(), 0, lab.SCTPInit, lab.SCTPInitBody(clientTag))
+	if err := cs.Send(dst.Addr(), init); err != nil {
 		return netip.Addr{}, err
 	}
 	r := <-got
 	if r.err != nil {
 		return netip.Addr{}, r.err
 	}
-	in, err := recvSCTP(cfd, deadline, func(in sctpIn) bool { return in.chunk == 2 && in.dport == sport })
+	in, err := cs.Recv(deadline, func(in lab.SCTPIn) bool { return in.Chunk == lab.SCTPInitAck && in.Dport == sport })
 	if err != nil {
 		return r.seen, fmt.Errorf("the client got no INIT-ACK: %w", err)
 	}
-	if in.src != dst.Addr() || in.sport != dst.Port() || in.vtag != clientTag || in.initTag != backendTag {
+	if in.Src != dst.Addr() || in.Sport != dst.Port() || in.VTag != clientTag || in.InitTag() != backendTag {
 		return r.seen, fmt.Errorf("INIT-ACK from %s:%d vtag %#x tag %#x, want from %s with vtag %#x tag %#x",
-			in.src, in.sport, in.vtag, in.initTag, dst, clientTag, backendTag)
+			in.Src, in.Sport, in.VTag, in.InitTag(), dst, clientTag, backendTag)
 	}
 	return r.seen, nil
 }
