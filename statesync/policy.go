@@ -42,6 +42,21 @@ const (
 	RefusedOwn = "own_flow"
 )
 
+// Reasons one of this gateway's own entries is not sent to its peers (the
+// reason label of nftgate_statesync_flows_not_replicated_total). Such a
+// flow does not survive this gateway's failure.
+const (
+	// NotReplicatedNodePort: a flow to a node port on one of this
+	// gateway's own addresses. The address does not move to a peer when
+	// the gateway fails (only Service and masquerade addresses float), so
+	// no packet of the flow could reach a replica; the peers would refuse
+	// it anyway (RefusedDestination).
+	NotReplicatedNodePort = "node_port"
+	// NotReplicatedNotService: a translated flow to no Service address
+	// this gateway serves (another rule's NAT, or a Service gone since).
+	NotReplicatedNotService = "not_a_service"
+)
+
 // Policy decides which entries a peer may write into this gateway's
 // kernel: only flows this gateway would have translated the same way
 // itself. It follows the sync loop (Observe), as the conntrack cleaner
@@ -58,6 +73,10 @@ type Policy struct {
 	primedOnce sync.Once
 	bySvc      map[model.ServiceKey]map[ruleset.Destination][]netip.AddrPort
 	dests      map[ruleset.Destination]map[model.ServiceKey][]netip.AddrPort
+	// nodePorts counts the Services of each node port (address left out:
+	// a node port is on every address of the gateway).
+	svcNodePorts map[model.ServiceKey][]ruleset.Destination
+	nodePorts    map[ruleset.Destination]int
 }
 
 // NewPolicy returns a Policy for the ruleset rendered with rcfg (its Node
@@ -65,7 +84,9 @@ type Policy struct {
 // addresses.
 func NewPolicy(rcfg ruleset.Config, masquerade []netip.Addr) *Policy {
 	p := &Policy{rcfg: rcfg, bySvc: map[model.ServiceKey]map[ruleset.Destination][]netip.AddrPort{},
-		dests: map[ruleset.Destination]map[model.ServiceKey][]netip.AddrPort{}, primed: make(chan struct{})}
+		dests:        map[ruleset.Destination]map[model.ServiceKey][]netip.AddrPort{},
+		svcNodePorts: map[model.ServiceKey][]ruleset.Destination{}, nodePorts: map[ruleset.Destination]int{},
+		primed: make(chan struct{})}
 	p.SetMasquerade(masquerade)
 	return p
 }
@@ -101,13 +122,18 @@ func (p *Policy) Primed() <-chan struct{} { return p.primed }
 // translates to.
 func (p *Policy) update(k model.ServiceKey, svc *model.Service) {
 	var mine map[ruleset.Destination][]netip.AddrPort
+	var nodePorts []ruleset.Destination
 	if svc != nil {
 		rendered := ruleset.RenderService(&p.rcfg, svc)
 		ruleset.Translations(&rendered, func(d ruleset.Destination, eps []netip.AddrPort) {
 			// A node port is any of the gateway's addresses: a flow to
 			// a peer's own address cannot move here, so only Service
 			// addresses are synced.
-			if d.NodePort || len(eps) == 0 {
+			if d.NodePort {
+				nodePorts = append(nodePorts, nodePortOf(d.Family, d.Proto, d.Port))
+				return
+			}
+			if len(eps) == 0 {
 				return
 			}
 			if mine == nil {
@@ -125,6 +151,18 @@ func (p *Policy) update(k model.ServiceKey, svc *model.Service) {
 		}
 	}
 	delete(p.bySvc, k)
+	for _, d := range p.svcNodePorts[k] {
+		if p.nodePorts[d]--; p.nodePorts[d] == 0 {
+			delete(p.nodePorts, d)
+		}
+	}
+	delete(p.svcNodePorts, k)
+	if len(nodePorts) > 0 {
+		p.svcNodePorts[k] = nodePorts
+		for _, d := range nodePorts {
+			p.nodePorts[d]++
+		}
+	}
 	if mine == nil {
 		return
 	}
@@ -167,6 +205,32 @@ func (p *Policy) Check(e *Entry) string {
 		return RefusedTimeout
 	}
 	return ""
+}
+
+// CheckOwn tells why this gateway's own entry e is not sent to the peers
+// ("" when it is): a flow to a node port (NotReplicatedNodePort) or to no
+// Service address served here (NotReplicatedNotService). Until the Policy
+// has followed a sync it knows no Service and sends everything.
+func (p *Policy) CheckOwn(e *Entry) string {
+	select {
+	case <-p.primed:
+	default:
+		return ""
+	}
+	d := destinationOf(e)
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if len(p.dests[d]) > 0 {
+		return ""
+	}
+	if p.nodePorts[nodePortOf(d.Family, d.Proto, d.Port)] > 0 {
+		return NotReplicatedNodePort
+	}
+	return NotReplicatedNotService
+}
+
+func nodePortOf(f ruleset.Family, proto model.Protocol, port uint16) ruleset.Destination {
+	return ruleset.Destination{Family: f, Proto: proto, Port: port, NodePort: true}
 }
 
 // CheckDelete tells why a peer may not delete the replica of e here: only

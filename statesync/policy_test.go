@@ -17,15 +17,15 @@ var (
 	client = netip.MustParseAddrPort("203.0.113.7:40000")
 )
 
-// webService is a LoadBalancer on vip:80 (TCP), vip:53 (UDP) and
-// vip:3868 (SCTP) with the endpoint ep1 (port 8080 for all).
+// webService is a LoadBalancer on vip:80 (TCP, node port 30080), vip:53
+// (UDP) and vip:3868 (SCTP) with the endpoint ep1 (port 8080 for all).
 func webService() *model.Service {
 	e := model.Endpoint{Addr: ep1.Addr(), Port: ep1.Port(), NodeName: "other", Ready: true, Serving: true}
 	return &model.Service{Key: webKey, Type: "LoadBalancer", IPv4: true,
 		ClusterIPs:      []netip.Addr{netip.MustParseAddr("10.96.0.10")},
 		LoadBalancerIPs: []netip.Addr{vip},
 		Ports: []model.ServicePort{
-			{Name: "http", Protocol: model.TCP, Port: 80, Endpoints: []model.Endpoint{e}},
+			{Name: "http", Protocol: model.TCP, Port: 80, NodePort: 30080, Endpoints: []model.Endpoint{e}},
 			{Name: "dns", Protocol: model.UDP, Port: 53, Endpoints: []model.Endpoint{e}},
 			{Name: "diameter", Protocol: model.SCTP, Port: 3868, Endpoints: []model.Endpoint{e}},
 		}}
@@ -44,6 +44,50 @@ func flow(clientPort uint16) Entry {
 		Reply:   Tuple{Src: ep1, Dst: netip.AddrPortFrom(masq, clientPort)},
 		Status:  1<<4 | 1<<5 | 1<<3,
 		Timeout: 120, TCP: TCPInfo{State: 3}}
+}
+
+// nodePortFlow is a masqueraded TCP flow client → the gateway's own
+// address at the node port of webService's http port.
+func nodePortFlow(clientPort uint16) *Entry {
+	e := flow(clientPort)
+	e.Orig.Dst = netip.MustParseAddrPort("198.51.100.9:30080")
+	return &e
+}
+
+// CheckOwn: which of this gateway's own flows go to the peers. Flows to a
+// Service address do; flows to a node port, or to no Service address, do
+// not, each by its own reason; before the first sync everything goes.
+func TestPolicyCheckOwn(t *testing.T) {
+	p := NewPolicy(ruleset.Config{Node: model.Node{Name: "gw"}}, []netip.Addr{masq})
+	if got := p.CheckOwn(nodePortFlow(1000)); got != "" {
+		t.Errorf("before the first sync: %q, want \"\" (sent)", got)
+	}
+	p.Observe(loop.Event{After: map[model.ServiceKey]*model.Service{webKey: webService()}})
+	other := flow(1000)
+	other.Orig.Dst = netip.MustParseAddrPort("192.0.2.11:80")
+	udpNodePort := *nodePortFlow(1000)
+	udpNodePort.Proto = protoUDP
+	for _, c := range []struct {
+		name string
+		e    *Entry
+		want string
+	}{
+		{"service address", func() *Entry { e := flow(1000); return &e }(), ""},
+		{"node port", nodePortFlow(1000), NotReplicatedNodePort},
+		{"node port number, other protocol", &udpNodePort, NotReplicatedNotService},
+		{"no service", &other, NotReplicatedNotService},
+	} {
+		if got := p.CheckOwn(c.e); got != c.want {
+			t.Errorf("%s: CheckOwn = %q, want %q", c.name, got, c.want)
+		}
+	}
+	// The Service loses its node port: the port is nobody's any more.
+	svc := webService()
+	svc.Ports[0].NodePort = 0
+	p.Observe(loop.Event{After: map[model.ServiceKey]*model.Service{webKey: svc}})
+	if got := p.CheckOwn(nodePortFlow(1000)); got != NotReplicatedNotService {
+		t.Errorf("node port gone: %q, want %q", got, NotReplicatedNotService)
+	}
 }
 
 func TestPolicy(t *testing.T) {
@@ -80,6 +124,11 @@ func TestPolicy(t *testing.T) {
 		if got := p.Check(c.e); got != c.want {
 			t.Errorf("%s: Check = %q, want %q", c.name, got, c.want)
 		}
+	}
+	// A flow to the node port, on the gateway's own address: a peer
+	// holds no such address.
+	if got := p.Check(nodePortFlow(1000)); got != RefusedDestination {
+		t.Errorf("node port: Check = %q, want %q", got, RefusedDestination)
 	}
 	// The Service goes: nothing of it is accepted any more.
 	p.Observe(loop.Event{After: map[model.ServiceKey]*model.Service{webKey: nil}})

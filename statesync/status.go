@@ -20,8 +20,12 @@ type Status struct {
 	Adopted    uint64 `json:"adopted"`
 	// Swept are the replicas deleted because their origin's full resync
 	// left them out.
-	Swept uint64       `json:"swept"`
-	Peers []PeerStatus `json:"peers"`
+	Swept uint64 `json:"swept"`
+	// NotReplicated are this gateway's own flows not sent to the peers,
+	// by reason (NotReplicatedNodePort, NotReplicatedNotService): they
+	// do not survive its failure. Not errors: the peers never see them.
+	NotReplicated map[string]uint64 `json:"notReplicated"`
+	Peers         []PeerStatus      `json:"peers"`
 }
 
 // PeerStatus is the sync with one peer.
@@ -54,7 +58,7 @@ func (s *Syncer) Status() Status {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := Status{Ready: s.readyDone, Flows: len(s.flows), Replicas: len(s.replicas), EventsLost: s.eventsLost, Adopted: s.adopted, Swept: s.swept,
-		Peers: []PeerStatus{}}
+		NotReplicated: maps.Clone(s.notReplicated), Peers: []PeerStatus{}}
 	for _, n := range slices.Sorted(maps.Keys(s.peers)) {
 		p := s.peers[n]
 		st.Peers = append(st.Peers, PeerStatus{Name: n, Up: p.up, Queue: len(p.queue), Unacked: len(p.unacked), Resyncing: p.resyncing || p.resync,
@@ -67,6 +71,7 @@ func (s *Syncer) Status() Status {
 type metrics struct {
 	sent, received, lost *prometheus.CounterVec
 	refused, resyncs     *prometheus.CounterVec
+	notReplicated        *prometheus.CounterVec
 	lag                  *prometheus.HistogramVec
 	eventsLost           prometheus.Counter
 	adopted, refreshed   prometheus.Counter
@@ -91,6 +96,9 @@ func newMetrics(s *Syncer) *metrics {
 		lag: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "nftgate_statesync_lag_seconds",
 			Help:    "Time from a conntrack event here to the peer's ack of its write (the oldest event of each batch).",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}, []string{"peer"}),
+		notReplicated: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nftgate_statesync_flows_not_replicated_total",
+			Help: "Own flows not sent to the peers, by reason (node_port: to a node port on this gateway's own address, which does not move to a peer; not_a_service: to no Service address served here); they do not survive a failover."},
+			[]string{"reason"}),
 		eventsLost: prometheus.NewCounter(prometheus.CounterOpts{Name: "nftgate_statesync_kernel_event_losses_total",
 			Help: "Times the kernel dropped conntrack events (each resyncs every peer)."}),
 		adopted: prometheus.NewCounter(prometheus.CounterOpts{Name: "nftgate_statesync_adopted_total",
@@ -102,9 +110,12 @@ func newMetrics(s *Syncer) *metrics {
 		ready: prometheus.NewGauge(prometheus.GaugeOpts{Name: "nftgate_statesync_ready",
 			Help: "1 once every live peer finished its resync to this gateway (or the wait ended)."}),
 	}
-	m.all = []prometheus.Collector{m.sent, m.received, m.refused, m.lost, m.resyncs, m.lag, m.eventsLost, m.adopted, m.swept, m.refreshed, m.ready,
+	m.all = []prometheus.Collector{m.sent, m.received, m.refused, m.notReplicated, m.lost, m.resyncs, m.lag, m.eventsLost, m.adopted, m.swept, m.refreshed, m.ready,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "nftgate_statesync_replicas",
 			Help: "Peers' entries written here (as far as this gateway knows)."}, func() float64 { return float64(s.Status().Replicas) })}
+	for _, r := range []string{NotReplicatedNodePort, NotReplicatedNotService} {
+		m.notReplicated.WithLabelValues(r)
+	}
 	for _, n := range s.o.Peers {
 		m.sent.WithLabelValues(n)
 		m.received.WithLabelValues(n)

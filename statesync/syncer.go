@@ -188,8 +188,11 @@ type Syncer struct {
 	readyDone  bool
 	eventsLost uint64
 	adopted    uint64
-	swept      uint64
-	enc        batchEncoder
+	// notReplicated counts the own flows not sent, by reason
+	// (Policy.CheckOwn), at their NEW events.
+	notReplicated map[string]uint64
+	swept         uint64
+	enc           batchEncoder
 }
 
 // New validates opts. The gateway set's OnPeer is then PeerChanged,
@@ -206,7 +209,8 @@ func New(o Options) (*Syncer, error) {
 	o.ReadyWait = cmp.Or(o.ReadyWait, DefaultReadyWait)
 	s := &Syncer{o: o, log: o.Log, started: time.Now(), ready: make(chan struct{}), wake: make(chan struct{}, 1),
 		in: make(chan inItem, incoming), stop: make(chan struct{}),
-		peers: map[string]*peer{}, flows: map[flowKey]*flowRec{}, ended: map[flowKey]uint64{}, replicas: map[flowKey]string{}}
+		peers: map[string]*peer{}, flows: map[flowKey]*flowRec{}, ended: map[flowKey]uint64{}, replicas: map[flowKey]string{},
+		notReplicated: map[string]uint64{}}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -298,6 +302,9 @@ func (s *Syncer) deliver(evs []Event) {
 		rec := s.flows[k]
 		switch ev.Type {
 		case EventDestroy:
+			if rec == nil && s.o.Policy.CheckOwn(e) != "" {
+				continue // never sent
+			}
 			delete(s.flows, k)
 			// A refresh pass whose dump was read before this must not
 			// take the flow for one never sent.
@@ -308,6 +315,13 @@ func (s *Syncer) deliver(evs []Event) {
 				continue // nothing that matters changed
 			}
 			if rec == nil {
+				if why := s.o.Policy.CheckOwn(e); why != "" {
+					if ev.Type == EventNew {
+						s.notReplicated[why]++
+						s.m.notReplicated.WithLabelValues(why).Inc()
+					}
+					continue
+				}
 				rec = &flowRec{}
 				s.flows[k] = rec
 				delete(s.ended, k) // its tuple began another flow
@@ -671,11 +685,11 @@ func (s *Syncer) batchesLocked(p *peer, now time.Time) []message {
 }
 
 // originEntries dumps this gateway's own entries (its origin, or in its
-// custody) as puts.
+// custody) that go to the peers (Policy.CheckOwn) as puts.
 func (s *Syncer) originEntries() ([]op, error) {
 	var out []op
 	err := s.o.Kernel.Dump(func(e Entry) {
-		if e.Mark&ReplicaMark == 0 {
+		if e.Mark&ReplicaMark == 0 && s.o.Policy.CheckOwn(&e) == "" {
 			out = append(out, op{entry: e})
 		}
 	})

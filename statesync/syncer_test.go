@@ -803,10 +803,18 @@ func TestSyncCustodyOnPeerDeath(t *testing.T) {
 	}
 }
 
-// A peer sending entries for addresses this gateway does not serve: they
-// are refused, counted by reason, and nothing is written.
+// A peer sending entries for addresses this gateway does not serve (gw-a
+// serves an address gw-b does not): they are refused, counted by reason,
+// and nothing is written.
 func TestSyncRefusesEntriesNotServed(t *testing.T) {
-	_, a, b := pair(t, nil)
+	_, a, b := pair(t, func(o *Options) {
+		if o.Self == "gw-a" {
+			svc := webService()
+			svc.LoadBalancerIPs = append(svc.LoadBalancerIPs, netip.MustParseAddr("192.0.2.99"))
+			o.Policy = NewPolicy(ruleset.Config{Node: model.Node{Name: "gw"}}, []netip.Addr{masq})
+			o.Policy.Observe(loop.Event{After: map[model.ServiceKey]*model.Service{webKey: svc}})
+		}
+	})
 	bad := flow(5000)
 	bad.Orig.Dst = netip.MustParseAddrPort("192.0.2.99:80")
 	stranger := flow(5001)
@@ -821,6 +829,28 @@ func TestSyncRefusesEntriesNotServed(t *testing.T) {
 	})
 	if n := b.k.replicas(); n != 0 {
 		t.Errorf("%d replicas written", n)
+	}
+}
+
+// This gateway's own flows to a node port are not sent: the peers never
+// see them (no refusal there), and they are counted here by reason, at
+// their NEW event only; their DESTROY is not sent either.
+func TestSyncNodePortFlowsNotReplicated(t *testing.T) {
+	_, a, b := pair(t, nil)
+	np := nodePortFlow(6000)
+	a.k.emit(EventNew, *np)
+	a.k.emit(EventUpdate, func() Entry { e := *np; e.TCP.State = 4; return e }())
+	replicate(t, a, b, flow(6001))
+	a.k.emit(EventDestroy, *np)
+	replicate(t, a, b, flow(6002))
+	if st := a.s.Status(); st.NotReplicated[NotReplicatedNodePort] != 1 || st.Peers[0].Sent != 2 {
+		t.Errorf("not replicated %v, sent %d: want node_port 1 and the 2 other flows sent", st.NotReplicated, st.Peers[0].Sent)
+	}
+	if _, ok := b.k.get(*np); ok {
+		t.Error("the node-port flow has a replica")
+	}
+	if st := b.s.Status().Peers[0]; len(st.Refused) != 0 {
+		t.Errorf("the peer refused %v, want nothing (nothing sent)", st.Refused)
 	}
 }
 

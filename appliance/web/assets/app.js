@@ -768,7 +768,10 @@
     });
     setText('ss-summary', (v.ready ? 'Ready: ' : 'Waiting for the peers\' resyncs: ') + fmtNum(v.flows) + ' own entries, ' +
       fmtNum(v.replicas) + ' replicas of the peers\', ' + fmtNum(v.adopted) + ' adopted from dead peers, kernel event losses ' +
-      fmtNum(v.eventsLost) + '.', v.ready ? 'muted' : 'warn');
+      fmtNum(v.eventsLost) + '; not replicated (no failover for them): ' + (Object.keys(v.notReplicated || {}).filter(function (r) {
+        return v.notReplicated[r];
+      }).map(function (r) { return r.replace(/_/g, ' ') + ' ' + fmtNum(v.notReplicated[r]); }).join(', ') || 'none') + '.',
+      v.ready ? 'muted' : 'warn');
   }
 
   function setLive(ok, why) {
