@@ -65,6 +65,15 @@ type Config struct {
 	// SyncRefreshInterval is how often the table is read for entries whose
 	// replicas would expire (UDP, short TCP states). Default 5s.
 	SyncRefreshInterval time.Duration `toml:"sync_refresh_interval" json:"sync_refresh_interval"`
+	// MidstreamTCP is what becomes of a TCP packet to a masqueraded
+	// Service connection that has no conntrack entry here and is not a
+	// SYN: a connection another gateway opened, moved here by the router.
+	// MidstreamWait (the default with state sync) drops it, so that the
+	// client retransmits and meets the entry the state sync brings;
+	// MidstreamPickup (the default and only value without state sync) has
+	// conntrack pick it up and masquerade it afresh, to an address the
+	// endpoint does not know, which resets it.
+	MidstreamTCP string `toml:"midstream_tcp" json:"midstream_tcp"`
 	// Homes are, in active-active mode, the masquerade addresses of each
 	// gateway of the set (this one's included), by name: each is held by
 	// its own gateway while it is alive and ready. The configuration's
@@ -83,6 +92,12 @@ const (
 	// while it lives, and the Service addresses go over BGP from every
 	// gateway (ECMP).
 	ModeActiveActive = "active-active"
+)
+
+// What becomes of a TCP packet picked up in mid-stream (Config.MidstreamTCP).
+const (
+	MidstreamWait   = "wait"
+	MidstreamPickup = "pickup"
 )
 
 // PeerConfig is one other gateway.
@@ -143,6 +158,12 @@ func (c Config) WithDefaults() Config {
 	if c.Mode == "" {
 		c.Mode = ModeActiveBackup
 	}
+	if c.MidstreamTCP == "" {
+		c.MidstreamTCP = MidstreamPickup
+		if *c.StateSync {
+			c.MidstreamTCP = MidstreamWait
+		}
+	}
 	if c.ReadyTimeout == 0 {
 		c.ReadyTimeout = DefaultReadyTimeout
 	}
@@ -199,6 +220,12 @@ func (c Config) Validate() error {
 	}
 	if c.Mode != ModeActiveBackup && c.Mode != ModeActiveActive {
 		return fmt.Errorf("%s.mode = %q: want %q or %q", Key, c.Mode, ModeActiveBackup, ModeActiveActive)
+	}
+	switch {
+	case c.MidstreamTCP != MidstreamWait && c.MidstreamTCP != MidstreamPickup:
+		return fmt.Errorf("%s.midstream_tcp = %q: want %q or %q", Key, c.MidstreamTCP, MidstreamWait, MidstreamPickup)
+	case c.MidstreamTCP == MidstreamWait && !*c.StateSync:
+		return fmt.Errorf("%s.midstream_tcp = %q: needs state_sync = true (without it no entry ever comes, and a connection would hang rather than be reset)", Key, c.MidstreamTCP)
 	}
 	if c.ReadyTimeout < time.Second || c.ReadyTimeout > 10*time.Minute {
 		return fmt.Errorf("%s.ready_timeout = %q: want 1s to 10m", Key, c.ReadyTimeout.String())

@@ -39,3 +39,17 @@ func TestSetHashAgreesAcrossTheSet(t *testing.T) {
 		t.Errorf("another set, or other timing, hashes the same")
 	}
 }
+
+// TestMidstreamTCPDefaultsToWaitWithStateSync: the ruleset waits for the
+// replica only where one can come.
+func TestMidstreamTCPDefaultsToWaitWithStateSync(t *testing.T) {
+	off := false
+	for _, tc := range []struct {
+		sync *bool
+		want string
+	}{{nil, MidstreamWait}, {&off, MidstreamPickup}} {
+		if got := (Config{StateSync: tc.sync}).WithDefaults().MidstreamTCP; got != tc.want {
+			t.Errorf("state_sync %v: midstream_tcp defaults to %q, want %q", tc.sync, got, tc.want)
+		}
+	}
+}

@@ -346,10 +346,11 @@ func kernelProbes() []kernelProbe {
 					// ip saddr != 192.0.2.0/25: a cluster CIDR match
 					b.rule(b.filterChain(f), ruleset.MatchAddr{Dir: ruleset.Src, Prefix: netip.PrefixFrom(addr, 25).Masked(), Not: true})
 				}},
-			kernelProbe{Feature: "meta expression (l4proto, mark)" + w, Option: "CONFIG_NF_TABLES", Needs: []string{base},
+			kernelProbe{Feature: "meta expression (l4proto, mark) and TCP flags" + w, Option: "CONFIG_NF_TABLES", Needs: []string{base},
 				add: func(b *probeBatch) {
 					c := b.filterChain(f)
 					b.rule(c, ruleset.MatchMarkUnset{Bit: ruleset.DefaultMasqueradeBit})
+					b.rule(c, ruleset.MatchTCPNotSYN{}, ruleset.Verdict{Kind: ruleset.Drop})
 					b.rule(c, ruleset.SetMark{Bit: ruleset.DefaultMasqueradeBit, Xor: true})
 				}},
 			kernelProbe{Feature: "immediate expression (jump, goto)" + w, Option: "CONFIG_NF_TABLES", Needs: []string{base},

@@ -61,6 +61,14 @@ type Config struct {
 	// chain the new connections dropped. Only new connections reach
 	// these maps and chains: established packets pass no counter.
 	Counters bool
+	// DropMidstreamTCP drops, instead of translating, a masqueraded TCP
+	// packet that is not a SYN and has no conntrack entry (the kernel's
+	// loose pickup of a connection in mid-stream): with state sync, the
+	// entry of a connection that another gateway of the set opened and the
+	// router moved here is on its way, and the client's retransmission
+	// meets it; picked up, the connection would be masqueraded afresh to
+	// this gateway's address, which the endpoint does not know.
+	DropMidstreamTCP bool
 }
 
 // DefaultMasqueradeBit is kube-proxy's masquerade mark bit.
@@ -177,7 +185,7 @@ func Static(cfg *Config, f Family) Fragment {
 		// must be masqueraded, or it would answer itself directly.
 		{MatchAddrPairInSet{Set: SetHairpin}, SetMark{Bit: bit}},
 		{MatchMarkUnset{Bit: bit}, Verdict{Kind: Return}},
-	}, masqueradeRules(cfg, f)...)...)
+	}, append(midstreamRules(cfg), masqueradeRules(cfg, f)...)...)...)
 	var outside []Rule
 	for _, p := range cfg.ClusterCIDRs {
 		if Of(p.Addr()) == f {
@@ -217,6 +225,18 @@ func StaticShard(cfg *Config, f Family) Fragment {
 	regular(ChainNodePorts, nodePortRules(cfg, f, MapServiceNodePorts)...)
 	regular(ChainMarkForMasquerade, markRule(cfg))
 	return fr
+}
+
+// midstreamRules drop, with Config.DropMidstreamTCP, the masqueraded TCP
+// packets that are not a SYN. Only the first packet of a connection
+// passes a NAT chain, so these are the packets conntrack picked up in
+// mid-stream: dropped, the entry is not kept, and the state sync's
+// replica takes the connection's next packet.
+func midstreamRules(cfg *Config) []Rule {
+	if !cfg.DropMidstreamTCP {
+		return nil
+	}
+	return []Rule{{MatchTCPNotSYN{}, Verdict{Kind: Drop}}}
 }
 
 // markRule asks for masquerade of a connection to a Service under policy

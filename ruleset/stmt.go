@@ -243,6 +243,33 @@ func (o FlowOffload) Encode(_ Family, s bc.Sink) {
 	s.FlowOffload(bc.FlowOffload{Flowtable: o.Flowtable})
 }
 
+// MatchTCPNotSYN matches TCP packets that do not open a connection: any
+// of FIN, RST or ACK set, or SYN unset (iptables' "! --syn").
+type MatchTCPNotSYN struct{}
+
+// tcpFlags are the TCP header's flag bits MatchTCPNotSYN looks at.
+const (
+	tcpFIN = 0x01
+	tcpSYN = 0x02
+	tcpRST = 0x04
+	tcpACK = 0x10
+)
+
+// AppendText writes "tcp flags & (fin | syn | rst | ack) != syn".
+func (MatchTCPNotSYN) AppendText(b []byte, _ Family) []byte {
+	return append(b, "tcp flags & (fin | syn | rst | ack) != syn"...)
+}
+
+// Encode matches the protocol, loads the flags byte, masks it and compares
+// it with SYN alone.
+func (MatchTCPNotSYN) Encode(_ Family, s bc.Sink) {
+	s.Meta(bc.Meta{Key: bc.MetaL4Proto, Reg: bc.Reg1})
+	s.Cmp(bc.Cmp{Op: bc.CmpEq, Sreg: bc.Reg1, Data: bc.Bytes(byte(model.TCP))})
+	s.Payload(bc.Payload{Base: bc.TransportHeader, Offset: 13, Len: 1, Dreg: bc.Reg1})
+	s.Bitwise(bc.Bitwise{Sreg: bc.Reg1, Dreg: bc.Reg1, Len: 1, Mask: bc.Bytes(tcpFIN | tcpSYN | tcpRST | tcpACK), Xor: bc.Zero(1)})
+	s.Cmp(bc.Cmp{Op: bc.CmpNeq, Sreg: bc.Reg1, Data: bc.Bytes(tcpSYN)})
+}
+
 // MatchMarkUnset matches packets without the masquerade mark bit.
 type MatchMarkUnset struct{ Bit uint32 }
 

@@ -114,6 +114,8 @@ func TestBadConfigNamesTheField(t *testing.T) {
 		{file: "[gateways]\nname = \"gw-a\"\nkey_file = \"k\"\nsync_batch_interval = \"2s\"\n[[gateways.peers]]\nname = \"gw-b\"\naddresses = [\"10.0.0.2:7480\"]\n", want: []string{"gateways.sync_batch_interval", "2s"}},
 		{file: "[gateways]\nname = \"gw-a\"\nkey_file = \"k\"\nsync_batch_bytes = 100\n[[gateways.peers]]\nname = \"gw-b\"\naddresses = [\"10.0.0.2:7480\"]\n", want: []string{"gateways.sync_batch_bytes", "100"}},
 		{file: "[gateways]\nname = \"gw-a\"\nkey_file = \"k\"\nsync_refresh_interval = \"10ms\"\n[[gateways.peers]]\nname = \"gw-b\"\naddresses = [\"10.0.0.2:7480\"]\n", want: []string{"gateways.sync_refresh_interval", "10ms"}},
+		{file: "[gateways]\nname = \"gw-a\"\nkey_file = \"k\"\nmidstream_tcp = \"drop\"\n[[gateways.peers]]\nname = \"gw-b\"\naddresses = [\"10.0.0.2:7480\"]\n", want: []string{"gateways.midstream_tcp", "drop", "wait", "pickup"}},
+		{file: "[gateways]\nname = \"gw-a\"\nkey_file = \"k\"\nstate_sync = false\nmidstream_tcp = \"wait\"\n[[gateways.peers]]\nname = \"gw-b\"\naddresses = [\"10.0.0.2:7480\"]\n", want: []string{"gateways.midstream_tcp", "wait", "state_sync = true"}},
 		{file: "[gateways]\nname = \"gw-a\"\nkey_file = \"k\"\nready_timeout = \"1h\"\n[[gateways.peers]]\nname = \"gw-b\"\naddresses = [\"10.0.0.2:7480\"]\n", want: []string{"gateways.ready_timeout", "1h0m0s"}},
 		{file: "[gateways]\nname = \"gw-a\"\nkey_file = \"k\"\n[[gateways.peers]]\nname = \"gw-b\"\n", want: []string{"gateways.peers[0].addresses", "[]"}},
 		{file: "min_sync_interval = \"soon\"\n", want: []string{"min_sync_interval", "soon"}},

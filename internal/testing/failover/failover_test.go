@@ -349,11 +349,11 @@ func TestNftgateECMPKeepsConnections(t *testing.T) {
 // TestNftgateECMPDrainFailsNoNewConnection: `nftgate drain` on one of
 // three gateways behind BIRD while a new connection opens every 10 ms:
 // BIRD withdraws its route, new connections go to the other two, and the
-// established flows carry on. A connection opened through the draining
-// gateway a few milliseconds before the withdrawal can be reset: its
-// next packets reach a peer before its state does (make bench counts
-// them); any failure later than a second after the withdrawal, or more
-// than 2, fails the test.
+// established flows carry on, and no new connection fails. One opened
+// through the draining gateway a few milliseconds before the withdrawal
+// sends its next packets to a peer before its state gets there: the peer
+// drops them ([gateways] midstream_tcp = "wait") rather than masquerade
+// them afresh, and the client's retransmission meets the replica.
 func TestNftgateECMPDrainFailsNoNewConnection(t *testing.T) {
 	topo := newTopology(t, failover.Options{Gateways: 3, Router: true})
 	cfg := nftgateConfig(t, topo, failover.NftgateOptions{ECMP: true, DeadAfter: testDeadAfter})
@@ -386,9 +386,8 @@ func TestNftgateECMPDrainFailsNoNewConnection(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("drain: BIRD withdrew the route after %v; %s", withdrawn.Round(time.Millisecond), res)
-	if res.New.Attempts < 100 || res.New.Failed > 2 ||
-		res.New.Failed > 0 && res.New.LastFailedMs > float64((withdrawn+time.Second).Milliseconds()) {
-		t.Errorf("new connections in the drain: %s, want at least 100, failed only around the withdrawal (%v), at most 2", res.New, withdrawn)
+	if res.New.Attempts < 100 || res.New.Failed > 0 {
+		t.Errorf("new connections in the drain (BIRD withdrew the route after %v): %s, want at least 100, none failed", withdrawn, res.New)
 	}
 	checkKept(t, "nftgate in the drain", res)
 }

@@ -52,6 +52,12 @@ type NftgateOptions struct {
 	NoStateSync bool
 	// SyncQueue is [gateways] sync_queue; 0 leaves nftgate's default.
 	SyncQueue int
+	// SyncBatchInterval is [gateways] sync_batch_interval; 0 leaves
+	// nftgate's default.
+	SyncBatchInterval time.Duration
+	// MidstreamTCP is [gateways] midstream_tcp; empty leaves nftgate's
+	// default.
+	MidstreamTCP string
 }
 
 // NftgateConfig is the configuration and manifests of every gateway,
@@ -140,6 +146,12 @@ func WriteNftgate(topo *Topology, dir string, o NftgateOptions) (*NftgateConfig,
 		}
 		if o.SyncQueue > 0 {
 			text += fmt.Sprintf("sync_queue = %d\n", o.SyncQueue)
+		}
+		if o.SyncBatchInterval > 0 {
+			text += fmt.Sprintf("sync_batch_interval = %q\n", o.SyncBatchInterval.String())
+		}
+		if o.MidstreamTCP != "" {
+			text += fmt.Sprintf("midstream_tcp = %q\n", o.MidstreamTCP)
 		}
 		for j := range topo.Gateways {
 			if j == i {

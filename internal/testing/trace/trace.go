@@ -477,9 +477,9 @@ func (t *tracer) runRule(st state, tt *traceTable, c *ruleset.Chain, i, depth in
 			// Trace replays the first packet of a connection.
 		case ruleset.Counter:
 			// Counts; changes nothing.
-		case ruleset.MatchCtEstablished, ruleset.MatchCtDNAT, ruleset.FlowOffload:
-			// The first packet of a connection is not established, and is
-			// never offloaded.
+		case ruleset.MatchCtEstablished, ruleset.MatchCtDNAT, ruleset.FlowOffload, ruleset.MatchTCPNotSYN:
+			// The first packet of a connection is not established, is
+			// never offloaded, and opens a TCP connection with a SYN.
 			return []end{{st, endNext}}
 		case ruleset.MatchMarkUnset:
 			if st.mark&s.Bit != 0 {

@@ -1,0 +1,13 @@
+package main
+
+import "github.com/nftgate/nftgate/gateways"
+
+// dropMidstreamTCP tells whether the ruleset drops masqueraded TCP packets
+// that conntrack would pick up in mid-stream ([gateways] midstream_tcp =
+// "wait", the default with state sync): a connection another gateway
+// opened a moment before the router moved it here (a drain's withdrawal,
+// a failure) then waits for its replica instead of being masqueraded
+// afresh and reset by its endpoint.
+func (c *Config) dropMidstreamTCP() bool {
+	return c.Gateways != nil && c.Gateways.MidstreamTCP == gateways.MidstreamWait
+}
