@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/nftgate/nftgate/model"
 )
@@ -61,7 +62,19 @@ type Config struct {
 	// chain the new connections dropped. Only new connections reach
 	// these maps and chains: established packets pass no counter.
 	Counters bool
+	// TrafficElements, with Counters, turns on the traffic sets: packets
+	// and bytes of every translated connection, each way, per Service
+	// destination and endpoint, counted in the forward path (CountTraffic)
+	// into a set per direction of at most this many elements each. Zero:
+	// no traffic sets.
+	TrafficElements uint32
 }
+
+// TrafficTimeout is how long an element of a traffic set outlives its
+// last packet. Longer than the readings of the counters are apart (the
+// history reads them every minute by default), so that what an element
+// counted is read before it expires.
+const TrafficTimeout = 10 * time.Minute
 
 // DefaultMasqueradeBit is kube-proxy's masquerade mark bit.
 const DefaultMasqueradeBit = 0x4000
@@ -88,6 +101,8 @@ const (
 	MapFirewallIPs         = "firewall-ips"
 	SetClusterIPs          = "cluster-ips"
 	SetHairpin             = "hairpin-endpoints"
+	SetTrafficIn           = "traffic-to-endpoints"
+	SetTrafficOut          = "traffic-from-endpoints"
 	FlowtableName          = "established"
 
 	ChainServices          = "services"
@@ -151,6 +166,17 @@ func Static(cfg *Config, f Family) Fragment {
 	forward := []Rule{
 		{MatchCtNew{}, jump(ChainServiceEPCheck)},
 		{MatchCtNew{}, jump(ChainClusterIPsCheck)},
+	}
+	if cfg.Counters && cfg.TrafficElements > 0 {
+		// Every packet of a translated connection, both ways, before a
+		// flowtable takes the connection past this hook.
+		for _, name := range []string{SetTrafficIn, SetTrafficOut} {
+			fr.Sets = append(fr.Sets, &Set{Name: name, Shape: KeyTraffic, Timeout: TrafficTimeout, Size: cfg.TrafficElements})
+		}
+		forward = append([]Rule{
+			{MatchCtDNAT{}, CountTraffic{Set: SetTrafficIn}},
+			{MatchCtDNAT{}, CountTraffic{Set: SetTrafficOut, Reply: true}},
+		}, forward...)
 	}
 	if len(cfg.FlowtableDevices) > 0 {
 		// Only the connections nftgate translated: a flow in the

@@ -542,6 +542,60 @@ func (u UpdateAffinity) Encode(f Family, s bc.Sink) {
 	s.Dynset(bc.Dynset{Sreg: bc.Reg1, Op: bc.DynsetUpdate, Set: u.Set})
 }
 
+// CountTraffic counts a translated connection's packet of one direction
+// (the client's, or with Reply the endpoint's) in that direction's traffic
+// set, under its Service destination (the original destination address
+// and port, and the protocol) and the endpoint it was translated to (the
+// reply's source): the element is made on the first packet, with a
+// counter that every later packet adds to, and expires when no packet
+// came for the set's timeout. One hash lookup per packet, and nothing per
+// Service in the rules.
+type CountTraffic struct {
+	Set   string
+	Reply bool
+}
+
+func (c CountTraffic) dir() (string, uint32) {
+	if c.Reply {
+		return "reply", bc.CtDirReply
+	}
+	return "original", bc.CtDirOriginal
+}
+
+// AppendText writes "ct direction original update @set { ct original ip
+// daddr . meta l4proto . ct original proto-dst . ct reply ip saddr . ct
+// reply proto-src counter }".
+func (c CountTraffic) AppendText(b []byte, f Family) []byte {
+	dir, _ := c.dir()
+	return fmt.Appendf(b, "ct direction %s update @%s { ct original %s daddr . meta l4proto . ct original proto-dst . ct reply %s saddr . ct reply proto-src counter }", dir, c.Set, f, f)
+}
+
+// reg32 is the register nft names the i-th 32-bit word of the registers
+// by: a 128-bit register where the word starts one.
+func reg32(i uint32) uint32 {
+	if i%4 == 0 {
+		return bc.Reg1 + i/4
+	}
+	return bc.Reg32First + i
+}
+
+// Encode matches the direction, loads the key's fields into consecutive
+// registers, each field taking whole 32-bit words, and updates the set
+// with them.
+func (c CountTraffic) Encode(f Family, s bc.Sink) {
+	_, dir := c.dir()
+	s.Ct(bc.Ct{Key: bc.CtDirection, Dreg: bc.Reg1})
+	s.Cmp(bc.Cmp{Op: bc.CmpEq, Sreg: bc.Reg1, Data: bc.Bytes(byte(dir))})
+	words := f.AddrLen() / 4
+	proto := words
+	s.Ct(bc.Ct{Key: bc.CtDst, Dreg: reg32(0), Dir: bc.CtDirOriginal})
+	s.Meta(bc.Meta{Key: bc.MetaL4Proto, Reg: reg32(proto)})
+	s.Ct(bc.Ct{Key: bc.CtProtoDst, Dreg: reg32(proto + 1), Dir: bc.CtDirOriginal})
+	s.Ct(bc.Ct{Key: bc.CtSrc, Dreg: reg32(proto + 2), Dir: bc.CtDirReply})
+	s.Ct(bc.Ct{Key: bc.CtProtoSrc, Dreg: reg32(proto + 2 + words), Dir: bc.CtDirReply})
+	s.Dynset(bc.Dynset{Sreg: bc.Reg1, Op: bc.DynsetUpdate, Set: c.Set, Counter: true})
+}
+
 // DNAT sends the packet to an endpoint. It carries its protocol because a
 // port rewrite needs a transport protocol match first.
 type DNAT struct {

@@ -21,6 +21,7 @@ const (
 	Reg1       = 1  // 128-bit register 1
 	Reg2       = 2  // 128-bit register 2
 	Reg3       = 3  // 128-bit register 3
+	Reg32First = 8  // the first 32-bit slot of register 1, by 32-bit number
 	Reg32a     = 9  // second 32-bit slot of register 1
 	Reg32b     = 10 // third 32-bit slot of register 1
 	Reg32c     = 13 // second 32-bit slot of register 2
@@ -119,11 +120,27 @@ const (
 	CtStateEstablished = 1 << 1 // NF_CT_STATE_BIT(IP_CT_ESTABLISHED)
 	CtStatus           = unix.NFT_CT_STATUS
 	CtStatusDstNAT     = 1 << 5 // IPS_DST_NAT
+	// CtDirection is the direction of the packet in its connection
+	// (CtDirOriginal or CtDirReply); CtSrc and CtDst the addresses, and
+	// CtProtoSrc and CtProtoDst the ports, of one direction's tuple.
+	CtDirection   = unix.NFT_CT_DIRECTION
+	CtSrc         = unix.NFT_CT_SRC
+	CtDst         = unix.NFT_CT_DST
+	CtProtoSrc    = unix.NFT_CT_PROTO_SRC
+	CtProtoDst    = unix.NFT_CT_PROTO_DST
+	CtDirOriginal = 0 // IP_CT_DIR_ORIGINAL
+	CtDirReply    = 1 // IP_CT_DIR_REPLY
 )
 
-// Ct loads a conntrack key into Dreg.
+// Ct loads a conntrack key into Dreg; the keys of a tuple (CtSrc, CtDst,
+// CtProtoSrc, CtProtoDst) from the tuple of direction Dir.
 type Ct struct {
-	Key, Dreg uint32
+	Key, Dreg, Dir uint32
+}
+
+// CtTupleKey tells the keys that read one direction's tuple.
+func CtTupleKey(key uint32) bool {
+	return key == CtSrc || key == CtDst || key == CtProtoSrc || key == CtProtoDst
 }
 
 // Fib flags and results.
@@ -180,10 +197,13 @@ type NAT struct {
 	Type, Family, RegAddr, RegProto, Flags uint32
 }
 
-// Dynset adds or updates the key in Sreg in the named set.
+// Dynset adds or updates the key in Sreg in the named set. With Counter,
+// the element carries a counter that every update counts the packet in
+// (the element's expression list).
 type Dynset struct {
 	Sreg, Op uint32
 	Set      string
+	Counter  bool
 }
 
 // Masq masquerades with Flags.
