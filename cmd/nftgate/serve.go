@@ -51,6 +51,7 @@ func (c *Config) ruleset() ruleset.Config {
 		MasqueradeAddresses: c.masqueradeAddrs,
 		KeepClientAddress:   c.KeepClientAddress,
 		Counters:            c.Counters,
+		TrafficElements:     uint32(c.CountersTrafficElements),
 	}
 }
 
