@@ -66,7 +66,7 @@ func (g *googleSink) Meta(x bc.Meta) {
 }
 
 func (g *googleSink) Ct(x bc.Ct) {
-	g.add(&expr.Ct{Register: x.Dreg, Key: expr.CtKey(x.Key), Direction: x.Dir})
+	g.add(&expr.Ct{Register: x.Dreg, Key: expr.CtKey(x.Key)})
 }
 
 func (g *googleSink) Fib(x bc.Fib) {

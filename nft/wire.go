@@ -253,7 +253,7 @@ func (e *encoder) Ct(x bc.Ct) {
 	w.u32(unix.NFTA_CT_KEY, x.Key)
 	w.u32(unix.NFTA_CT_DREG, x.Dreg)
 	if bc.CtTupleKey(x.Key) {
-		w.u32(unix.NFTA_CT_DIRECTION, x.Dir)
+		w.u32(unix.NFTA_CT_DIRECTION, bc.CtDirOriginal)
 	}
 	w.exprEnd(elem, at)
 }

@@ -355,8 +355,8 @@ func TestWireExpressions(t *testing.T) {
 		func(s bc.Sink) { s.Meta(bc.Meta{Key: bc.MetaL4Proto, Reg: 9}) },
 		func(s bc.Sink) { s.Ct(bc.Ct{Key: bc.CtState, Dreg: 1}) },
 		func(s bc.Sink) { s.Ct(bc.Ct{Key: bc.CtDirection, Dreg: 1}) },
-		func(s bc.Sink) { s.Ct(bc.Ct{Key: bc.CtDst, Dreg: 9, Dir: bc.CtDirOriginal}) },
-		func(s bc.Sink) { s.Ct(bc.Ct{Key: bc.CtProtoSrc, Dreg: 19, Dir: bc.CtDirReply}) },
+		func(s bc.Sink) { s.Ct(bc.Ct{Key: bc.CtDst, Dreg: 9}) },
+		func(s bc.Sink) { s.Ct(bc.Ct{Key: bc.CtProtoDst, Dreg: 19}) },
 		func(s bc.Sink) { s.Fib(bc.Fib{Dreg: 1, Flags: bc.FibDaddr, Result: bc.FibAddrType}) },
 		func(s bc.Sink) {
 			s.Fib(bc.Fib{Dreg: 1, Flags: bc.FibSaddr | unix.NFTA_FIB_F_IIF, Result: unix.NFT_FIB_RESULT_OIF})

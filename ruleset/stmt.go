@@ -545,29 +545,26 @@ func (u UpdateAffinity) Encode(f Family, s bc.Sink) {
 // CountTraffic counts a translated connection's packet of one direction
 // (the client's, or with Reply the endpoint's) in that direction's traffic
 // set, under its Service destination (the original destination address
-// and port, and the protocol) and the endpoint it was translated to (the
-// reply's source): the element is made on the first packet, with a
-// counter that every later packet adds to, and expires when no packet
-// came for the set's timeout. One hash lookup per packet, and nothing per
-// Service in the rules.
+// and port, and the protocol) and its endpoint (where the client's packets
+// go after the translation, and the endpoint's replies come from): the
+// element is made on the first packet, with a counter that every later
+// packet adds to, and expires when no packet came for the set's timeout.
+// One hash lookup per packet, and nothing per Service in the rules.
 type CountTraffic struct {
 	Set   string
 	Reply bool
 }
 
-func (c CountTraffic) dir() (string, uint32) {
-	if c.Reply {
-		return "reply", bc.CtDirReply
-	}
-	return "original", bc.CtDirOriginal
-}
-
 // AppendText writes "ct direction original update @set { ct original ip
-// daddr . meta l4proto . ct original proto-dst . ct reply ip saddr . ct
-// reply proto-src counter }".
+// daddr . meta l4proto . ct original proto-dst . ip daddr . th dport
+// counter }" (for replies: "ct direction reply", "ip saddr . th sport").
 func (c CountTraffic) AppendText(b []byte, f Family) []byte {
-	dir, _ := c.dir()
-	return fmt.Appendf(b, "ct direction %s update @%s { ct original %s daddr . meta l4proto . ct original proto-dst . ct reply %s saddr . ct reply proto-src counter }", dir, c.Set, f, f)
+	dir, ep, port := "original", Dst, "dport"
+	if c.Reply {
+		dir, ep, port = "reply", Src, "sport"
+	}
+	return fmt.Appendf(b, "ct direction %s update @%s { ct original %s daddr . meta l4proto . ct original proto-dst . %s %s . th %s counter }",
+		dir, c.Set, f, f, ep.word(), port)
 }
 
 // reg32 is the register nft names the i-th 32-bit word of the registers
@@ -583,16 +580,18 @@ func reg32(i uint32) uint32 {
 // registers, each field taking whole 32-bit words, and updates the set
 // with them.
 func (c CountTraffic) Encode(f Family, s bc.Sink) {
-	_, dir := c.dir()
+	dir, ep, port := uint32(bc.CtDirOriginal), Dst, uint32(2)
+	if c.Reply {
+		dir, ep, port = bc.CtDirReply, Src, 0
+	}
 	s.Ct(bc.Ct{Key: bc.CtDirection, Dreg: bc.Reg1})
 	s.Cmp(bc.Cmp{Op: bc.CmpEq, Sreg: bc.Reg1, Data: bc.Bytes(byte(dir))})
 	words := f.AddrLen() / 4
-	proto := words
-	s.Ct(bc.Ct{Key: bc.CtDst, Dreg: reg32(0), Dir: bc.CtDirOriginal})
-	s.Meta(bc.Meta{Key: bc.MetaL4Proto, Reg: reg32(proto)})
-	s.Ct(bc.Ct{Key: bc.CtProtoDst, Dreg: reg32(proto + 1), Dir: bc.CtDirOriginal})
-	s.Ct(bc.Ct{Key: bc.CtSrc, Dreg: reg32(proto + 2), Dir: bc.CtDirReply})
-	s.Ct(bc.Ct{Key: bc.CtProtoSrc, Dreg: reg32(proto + 2 + words), Dir: bc.CtDirReply})
+	s.Ct(bc.Ct{Key: bc.CtDst, Dreg: reg32(0)})
+	s.Meta(bc.Meta{Key: bc.MetaL4Proto, Reg: reg32(words)})
+	s.Ct(bc.Ct{Key: bc.CtProtoDst, Dreg: reg32(words + 1)})
+	s.Payload(loadAddr(f, ep, reg32(words+2), f.AddrLen()))
+	s.Payload(bc.Payload{Base: bc.TransportHeader, Offset: port, Len: 2, Dreg: reg32(2*words + 2)})
 	s.Dynset(bc.Dynset{Sreg: bc.Reg1, Op: bc.DynsetUpdate, Set: c.Set, Counter: true})
 }
 

@@ -121,26 +121,27 @@ const (
 	CtStatus           = unix.NFT_CT_STATUS
 	CtStatusDstNAT     = 1 << 5 // IPS_DST_NAT
 	// CtDirection is the direction of the packet in its connection
-	// (CtDirOriginal or CtDirReply); CtSrc and CtDst the addresses, and
-	// CtProtoSrc and CtProtoDst the ports, of one direction's tuple.
+	// (CtDirOriginal or CtDirReply); CtDst the destination address and
+	// CtProtoDst the destination port of the connection's original
+	// tuple.
 	CtDirection   = unix.NFT_CT_DIRECTION
-	CtSrc         = unix.NFT_CT_SRC
 	CtDst         = unix.NFT_CT_DST
-	CtProtoSrc    = unix.NFT_CT_PROTO_SRC
 	CtProtoDst    = unix.NFT_CT_PROTO_DST
 	CtDirOriginal = 0 // IP_CT_DIR_ORIGINAL
 	CtDirReply    = 1 // IP_CT_DIR_REPLY
 )
 
-// Ct loads a conntrack key into Dreg; the keys of a tuple (CtSrc, CtDst,
-// CtProtoSrc, CtProtoDst) from the tuple of direction Dir.
+// Ct loads a conntrack key into Dreg. The keys of a tuple (CtDst,
+// CtProtoDst) are read from the original direction's: the kernel reads
+// the direction as one byte and google/nftables, the encoder's oracle,
+// writes four, which agree only on zero.
 type Ct struct {
-	Key, Dreg, Dir uint32
+	Key, Dreg uint32
 }
 
 // CtTupleKey tells the keys that read one direction's tuple.
 func CtTupleKey(key uint32) bool {
-	return key == CtSrc || key == CtDst || key == CtProtoSrc || key == CtProtoDst
+	return key == unix.NFT_CT_SRC || key == CtDst || key == unix.NFT_CT_PROTO_SRC || key == CtProtoDst
 }
 
 // Fib flags and results.
