@@ -308,7 +308,7 @@ func counterProbes(traffic bool) []kernelProbe {
 			ps = append(ps, kernelProbe{Feature: "dynset expression with counters on a set of conntrack tuples" + w, Option: "CONFIG_NFT_CT",
 				Needs: []string{base}, add: func(b *probeBatch) {
 					b.set(f, &ruleset.Set{Name: "traffic", Shape: ruleset.KeyTraffic, Timeout: ruleset.TrafficTimeout, Size: 16})
-					b.rule(b.filterChain(f), ruleset.CountTraffic{Set: "traffic", Reply: true})
+					b.rule(b.filterChain(f), ruleset.CountTraffic{Set: "traffic", Reply: true, Proto: model.TCP})
 				}})
 		}
 	}

@@ -39,6 +39,7 @@ func scaleConfig() ruleset.Config {
 // to measure what they cost:
 //
 //	go test -run '^$' -bench 'Kernel(ColdFull|PartialEndpointChange)/services=10000$' ./nft -args -bench-counters
+//
 // benchTrafficElements bounds the traffic sets as nftgate's default does
 // (counters_traffic_elements); they are on with -bench-counters.
 const benchTrafficElements = 65536

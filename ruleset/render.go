@@ -173,10 +173,13 @@ func Static(cfg *Config, f Family) Fragment {
 		for _, name := range []string{SetTrafficIn, SetTrafficOut} {
 			fr.Sets = append(fr.Sets, &Set{Name: name, Shape: KeyTraffic, Timeout: TrafficTimeout, Size: cfg.TrafficElements})
 		}
-		forward = append([]Rule{
-			{MatchCtDNAT{}, CountTraffic{Set: SetTrafficIn}},
-			{MatchCtDNAT{}, CountTraffic{Set: SetTrafficOut, Reply: true}},
-		}, forward...)
+		var count []Rule
+		for _, p := range []model.Protocol{model.TCP, model.UDP, model.SCTP} {
+			count = append(count,
+				Rule{MatchCtDNAT{}, CountTraffic{Set: SetTrafficIn, Proto: p}},
+				Rule{MatchCtDNAT{}, CountTraffic{Set: SetTrafficOut, Reply: true, Proto: p}})
+		}
+		forward = append(count, forward...)
 	}
 	if len(cfg.FlowtableDevices) > 0 {
 		// Only the connections nftgate translated: a flow in the

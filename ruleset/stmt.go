@@ -549,22 +549,26 @@ func (u UpdateAffinity) Encode(f Family, s bc.Sink) {
 // go after the translation, and the endpoint's replies come from): the
 // element is made on the first packet, with a counter that every later
 // packet adds to, and expires when no packet came for the set's timeout.
-// One hash lookup per packet, and nothing per Service in the rules.
+// One hash lookup per packet, and nothing per Service in the rules. It
+// matches one protocol, which gives nft the type of the original
+// destination port when it reads the rule's text.
 type CountTraffic struct {
 	Set   string
 	Reply bool
+	Proto model.Protocol
 }
 
-// AppendText writes "ct direction original update @set { ct original ip
-// daddr . meta l4proto . ct original proto-dst . ip daddr . th dport
-// counter }" (for replies: "ct direction reply", "ip saddr . th sport").
+// AppendText writes "meta l4proto tcp ct direction original update @set {
+// ct original ip daddr . meta l4proto . ct original proto-dst . ip daddr .
+// th dport counter }" (for replies: "ct direction reply", "ip saddr . th
+// sport").
 func (c CountTraffic) AppendText(b []byte, f Family) []byte {
 	dir, ep, port := "original", Dst, "dport"
 	if c.Reply {
 		dir, ep, port = "reply", Src, "sport"
 	}
-	return fmt.Appendf(b, "ct direction %s update @%s { ct original %s daddr . meta l4proto . ct original proto-dst . %s %s . th %s counter }",
-		dir, c.Set, f, f, ep.word(), port)
+	return fmt.Appendf(b, "meta l4proto %s ct direction %s update @%s { ct original %s daddr . meta l4proto . ct original proto-dst . %s %s . th %s counter }",
+		c.Proto, dir, c.Set, f, f, ep.word(), port)
 }
 
 // reg32 is the register nft names the i-th 32-bit word of the registers
@@ -576,7 +580,7 @@ func reg32(i uint32) uint32 {
 	return bc.Reg32First + i
 }
 
-// Encode matches the direction, loads the key's fields into consecutive
+// Encode matches the protocol and the direction, loads the key's fields into consecutive
 // registers, each field taking whole 32-bit words, and updates the set
 // with them.
 func (c CountTraffic) Encode(f Family, s bc.Sink) {
@@ -584,6 +588,8 @@ func (c CountTraffic) Encode(f Family, s bc.Sink) {
 	if c.Reply {
 		dir, ep, port = bc.CtDirReply, Src, 0
 	}
+	s.Meta(bc.Meta{Key: bc.MetaL4Proto, Reg: bc.Reg1})
+	s.Cmp(bc.Cmp{Op: bc.CmpEq, Sreg: bc.Reg1, Data: bc.Bytes(byte(c.Proto))})
 	s.Ct(bc.Ct{Key: bc.CtDirection, Dreg: bc.Reg1})
 	s.Cmp(bc.Cmp{Op: bc.CmpEq, Sreg: bc.Reg1, Data: bc.Bytes(byte(dir))})
 	words := f.AddrLen() / 4
