@@ -40,18 +40,31 @@ type TrafficPort struct {
 	// ActiveFlows are the conntrack flows translated to the port's
 	// endpoints that have not ended; Bytes their bytes both ways (with
 	// nf_conntrack_acct).
-	ActiveFlows int               `json:"activeFlows"`
-	Bytes       uint64            `json:"bytes"`
-	Endpoints   []TrafficEndpoint `json:"endpoints"`
+	ActiveFlows int    `json:"activeFlows"`
+	Bytes       uint64 `json:"bytes"`
+	// PacketsIn and BytesIn are what clients sent to the port's endpoints,
+	// PacketsOut and BytesOut the endpoints' replies: every packet of the
+	// port's translated connections, counted in the forward path
+	// (counters_traffic_elements), since nftgate started.
+	PacketsIn  uint64            `json:"packetsIn"`
+	BytesIn    uint64            `json:"bytesIn"`
+	PacketsOut uint64            `json:"packetsOut"`
+	BytesOut   uint64            `json:"bytesOut"`
+	Endpoints  []TrafficEndpoint `json:"endpoints"`
 	// NewPerSecond is the rate of new connections over the last minute
 	// (over what is known of it, since the start).
 	NewPerSecond float64 `json:"newPerSecond"`
 }
 
-// TrafficEndpoint is one endpoint's share of a port's active flows.
+// TrafficEndpoint is one endpoint's share of a port's active flows and
+// of its traffic (as TrafficPort's, while the port has the endpoint).
 type TrafficEndpoint struct {
 	Endpoint    string `json:"endpoint"`
 	ActiveFlows int    `json:"activeFlows"`
+	PacketsIn   uint64 `json:"packetsIn"`
+	BytesIn     uint64 `json:"bytesIn"`
+	PacketsOut  uint64 `json:"packetsOut"`
+	BytesOut    uint64 `json:"bytesOut"`
 }
 
 // TrafficJSON is the body of GET /api/v1/traffic.
@@ -111,6 +124,7 @@ var trafficSorts = map[string]func(a, b *TrafficPort) int{
 	"dropped":  func(a, b *TrafficPort) int { return cmp.Compare(b.Dropped, a.Dropped) },
 	"flows":    func(a, b *TrafficPort) int { return cmp.Compare(b.ActiveFlows, a.ActiveFlows) },
 	"bytes":    func(a, b *TrafficPort) int { return cmp.Compare(b.Bytes, a.Bytes) },
+	"traffic":  func(a, b *TrafficPort) int { return cmp.Compare(b.BytesIn+b.BytesOut, a.BytesIn+a.BytesOut) },
 	"name":     func(a, b *TrafficPort) int { return 0 },
 }
 
@@ -177,7 +191,7 @@ func (s *server) traffic(w http.ResponseWriter, r *http.Request) {
 	}
 	order, ok := trafficSorts[sortBy]
 	if !ok {
-		s.writeJSON(w, r, http.StatusBadRequest, ErrorJSON{Error: "sort: " + strconv.Quote(sortBy) + " is none of new, rate, rejected, dropped, flows, bytes, name"})
+		s.writeJSON(w, r, http.StatusBadRequest, ErrorJSON{Error: "sort: " + strconv.Quote(sortBy) + " is none of new, rate, rejected, dropped, flows, bytes, traffic, name"})
 		return
 	}
 	ports, at, err := s.opts.Traffic.Ports()
@@ -313,15 +327,29 @@ var (
 		"New connections to one Service port, by kind as nftgate_connections_total (metrics_per_service).", serviceLabels, nil)
 	descServiceActiveFlows = prometheus.NewDesc("nftgate_service_active_flows",
 		"Active flows of one Service port (metrics_per_service).", serviceLabels[:4], nil)
+	directionLabels  = []string{"direction"}
+	descTrafficBytes = prometheus.NewDesc("nftgate_traffic_bytes_total",
+		"Bytes of the connections translated to Service endpoints, counted in the forward path, by direction: in (from clients), out (replies).", directionLabels, nil)
+	descTrafficPackets = prometheus.NewDesc("nftgate_traffic_packets_total",
+		"Packets of the connections translated to Service endpoints, by direction as nftgate_traffic_bytes_total.", directionLabels, nil)
+	serviceDirectionLabels  = append(slices.Clone(serviceLabels[:4]), "direction")
+	descServiceTrafficBytes = prometheus.NewDesc("nftgate_service_traffic_bytes_total",
+		"Bytes of one Service port's connections, by direction as nftgate_traffic_bytes_total (metrics_per_service).", serviceDirectionLabels, nil)
+	descServiceTrafficPackets = prometheus.NewDesc("nftgate_service_traffic_packets_total",
+		"Packets of one Service port's connections, by direction as nftgate_traffic_bytes_total (metrics_per_service).", serviceDirectionLabels, nil)
 )
 
 // Describe implements prometheus.Collector.
 func (c *TrafficCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descConnections
 	ch <- descActiveFlows
+	ch <- descTrafficBytes
+	ch <- descTrafficPackets
 	if c.perService {
 		ch <- descServiceConnections
 		ch <- descServiceActiveFlows
+		ch <- descServiceTrafficBytes
+		ch <- descServiceTrafficPackets
 	}
 }
 
@@ -332,11 +360,12 @@ func (c *TrafficCollector) Collect(ch chan<- prometheus.Metric) {
 		// The rest of the scrape stands; the API says what failed.
 		return
 	}
-	var n, rej, drop uint64
+	var n, rej, drop, pin, bin, pout, bout uint64
 	flows := 0
 	for i := range ports {
 		p := &ports[i]
 		n, rej, drop, flows = n+p.NewConnections, rej+p.Rejected, drop+p.Dropped, flows+p.ActiveFlows
+		pin, bin, pout, bout = pin+p.PacketsIn, bin+p.BytesIn, pout+p.PacketsOut, bout+p.BytesOut
 		if !c.perService {
 			continue
 		}
@@ -348,9 +377,20 @@ func (c *TrafficCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descServiceConnections, prometheus.CounterValue, float64(k.v), p.Namespace, p.Name, p.Protocol, port, k.kind)
 		}
 		ch <- prometheus.MustNewConstMetric(descServiceActiveFlows, prometheus.GaugeValue, float64(p.ActiveFlows), p.Namespace, p.Name, p.Protocol, port)
+		for _, d := range []struct {
+			dir             string
+			packets, nbytes uint64
+		}{{"in", p.PacketsIn, p.BytesIn}, {"out", p.PacketsOut, p.BytesOut}} {
+			ch <- prometheus.MustNewConstMetric(descServiceTrafficBytes, prometheus.CounterValue, float64(d.nbytes), p.Namespace, p.Name, p.Protocol, port, d.dir)
+			ch <- prometheus.MustNewConstMetric(descServiceTrafficPackets, prometheus.CounterValue, float64(d.packets), p.Namespace, p.Name, p.Protocol, port, d.dir)
+		}
 	}
 	ch <- prometheus.MustNewConstMetric(descConnections, prometheus.CounterValue, float64(n), "new")
 	ch <- prometheus.MustNewConstMetric(descConnections, prometheus.CounterValue, float64(rej), "rejected")
 	ch <- prometheus.MustNewConstMetric(descConnections, prometheus.CounterValue, float64(drop), "dropped")
 	ch <- prometheus.MustNewConstMetric(descActiveFlows, prometheus.GaugeValue, float64(flows))
+	ch <- prometheus.MustNewConstMetric(descTrafficBytes, prometheus.CounterValue, float64(bin), "in")
+	ch <- prometheus.MustNewConstMetric(descTrafficBytes, prometheus.CounterValue, float64(bout), "out")
+	ch <- prometheus.MustNewConstMetric(descTrafficPackets, prometheus.CounterValue, float64(pin), "in")
+	ch <- prometheus.MustNewConstMetric(descTrafficPackets, prometheus.CounterValue, float64(pout), "out")
 }

@@ -23,8 +23,10 @@ func (f *fakeTraffic) Flows(ns, name string) ([]FlowJSON, error) { return f.flow
 
 func trafficFixture() *fakeTraffic {
 	return &fakeTraffic{at: fixtureNow, ports: []TrafficPort{
-		{Namespace: "shop", Name: "web", Protocol: "TCP", Port: 80, NewConnections: 10, ActiveFlows: 4},
-		{Namespace: "shop", Name: "cart", Protocol: "TCP", Port: 8080, NewConnections: 500, ActiveFlows: 1},
+		{Namespace: "shop", Name: "web", Protocol: "TCP", Port: 80, NewConnections: 10, ActiveFlows: 4,
+			PacketsIn: 30, BytesIn: 3_000, PacketsOut: 40, BytesOut: 2_000_000},
+		{Namespace: "shop", Name: "cart", Protocol: "TCP", Port: 8080, NewConnections: 500, ActiveFlows: 1,
+			PacketsIn: 1_000, BytesIn: 60_000, PacketsOut: 900, BytesOut: 50_000},
 		{Namespace: "legacy", Name: "broken", Protocol: "TCP", Port: 80, Rejected: 7},
 	}, flows: map[string][]FlowJSON{"shop/web": {
 		{Protocol: "TCP", Client: "198.51.100.7:40000", Endpoint: "10.244.1.5:8080", State: "ESTABLISHED"},
@@ -48,6 +50,7 @@ func TestTrafficSorts(t *testing.T) {
 		"new":      "shop/cart shop/web legacy/broken",
 		"rejected": "legacy/broken shop/cart shop/web",
 		"flows":    "shop/web shop/cart legacy/broken",
+		"traffic":  "shop/web shop/cart legacy/broken",
 		"name":     "legacy/broken shop/cart shop/web",
 	} {
 		var got TrafficJSON
@@ -129,14 +132,21 @@ func TestTrafficMetricsPerServiceOnlyWhenAsked(t *testing.T) {
 			resp.Body.Close()
 			body := string(b)
 			for _, want := range []string{`nftgate_connections_total{kind="new"} 510`, `nftgate_connections_total{kind="rejected"} 7`,
-				`nftgate_connections_total{kind="dropped"} 0`, `nftgate_active_flows 5`} {
+				`nftgate_connections_total{kind="dropped"} 0`, `nftgate_active_flows 5`,
+				`nftgate_traffic_bytes_total{direction="in"} 63000`, `nftgate_traffic_bytes_total{direction="out"} 2.05e+06`,
+				`nftgate_traffic_packets_total{direction="in"} 1030`, `nftgate_traffic_packets_total{direction="out"} 940`} {
 				if !strings.Contains(body, want) {
 					t.Errorf("no %s in the metrics", want)
 				}
 			}
-			series := `nftgate_service_connections_total{kind="new",namespace="shop",port="8080",protocol="TCP",service="cart"} 500`
-			if strings.Contains(body, series) != perService {
-				t.Errorf("per-Service series present: %v, want %v", !perService, perService)
+			for _, series := range []string{
+				`nftgate_service_connections_total{kind="new",namespace="shop",port="8080",protocol="TCP",service="cart"} 500`,
+				`nftgate_service_traffic_bytes_total{direction="out",namespace="shop",port="80",protocol="TCP",service="web"} 2e+06`,
+				`nftgate_service_traffic_packets_total{direction="in",namespace="shop",port="8080",protocol="TCP",service="cart"} 1000`,
+			} {
+				if strings.Contains(body, series) != perService {
+					t.Errorf("per-Service series %s present: %v, want %v", series, !perService, perService)
+				}
 			}
 		})
 	}

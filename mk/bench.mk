@@ -31,6 +31,10 @@
 #                                       nftgate with endpoint_selection hash and
 #                                       maglev side by side, and the disruption
 #                                       figures, in bench/results/maglev/ ("Maglev")
+#   make bench BENCH_SIZES=10000 BENCH_ARGS="--counters-only --changes 50"
+#                                       nftgate with counters on and off side by
+#                                       side, data plane included, in
+#                                       bench/results/counters/ ("Counters")
 #   make bench BENCH_ARGS="--drift 9"   drift under traffic: nft flush ruleset and a
 #                                       deleted map element while a client connects
 #                                       every 10 ms, 9 times each (default 5; "Drift")

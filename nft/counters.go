@@ -38,6 +38,29 @@ type PortCounters struct {
 	// Dropped are the connections to a LoadBalancer IP dropped by the
 	// port's loadBalancerSourceRanges.
 	Dropped Count
+	// Traffic is every packet of the port's translated connections, both
+	// ways, counted in the forward path (ruleset.Config.TrafficElements).
+	Traffic Traffic
+}
+
+// Traffic is what the traffic sets counted: In the packets from clients
+// to endpoints, Out the endpoints' replies.
+type Traffic struct{ In, Out Count }
+
+func (t *Traffic) add(o Traffic) { t.In.add(o.In); t.Out.add(o.Out) }
+
+// EndpointRef names one endpoint of a Service port.
+type EndpointRef struct {
+	Port     PortRef
+	Endpoint netip.AddrPort
+}
+
+// trafficKey is one element of a traffic set: a Service destination and
+// the endpoint it was translated to, one way.
+type trafficKey struct {
+	reply    bool
+	proto    model.Protocol
+	dest, ep netip.AddrPort
 }
 
 // CountersMaxAge is how long a reading of the counters is served again
@@ -50,12 +73,23 @@ type counterCache struct {
 	mu     sync.Mutex // held while reading: callers at once share one reading
 	reader *reader
 	last   *Reading
+	// seen are the traffic sets' elements of the last reading; retired
+	// what the elements that expired since (or were made anew) had
+	// counted, so that a port's or endpoint's totals never go down while
+	// it is programmed; gone what the endpoints a port no longer has
+	// counted, kept in the port's totals.
+	seen    map[trafficKey]Count
+	retired map[trafficKey]Count
+	gone    map[PortRef]Traffic
 }
 
 // Reading is one reading of the counters.
 type Reading struct {
 	At    time.Time
 	Ports map[PortRef]PortCounters
+	// Endpoints are the traffic of each endpoint of a port that the
+	// traffic sets counted.
+	Endpoints map[EndpointRef]Traffic
 	// dests are the Service port of each counted destination.
 	dests map[ruleset.ElemID]PortRef
 }
@@ -85,7 +119,7 @@ func (p *Programmer) Counters() (*Reading, error) {
 		return c.last, nil
 	}
 	if !p.cfg.Counters {
-		c.last = p.attribute(nil, nil)
+		c.last = p.attribute(nil, nil, nil)
 		c.last.At = time.Now()
 		return c.last, nil
 	}
@@ -97,11 +131,11 @@ func (p *Programmer) Counters() (*Reading, error) {
 		c.reader = r
 	}
 	at := time.Now()
-	elems, drops, err := c.reader.readCounters(&p.cfg, p.firewallChains())
+	elems, drops, flows, err := c.reader.readCounters(&p.cfg, p.firewallChains())
 	if err != nil {
 		return nil, fmt.Errorf("read counters: %w", err)
 	}
-	c.last = p.attribute(elems, drops)
+	c.last = p.attribute(elems, drops, c.traffic(flows))
 	c.last.At = at
 	return c.last, nil
 }
@@ -120,9 +154,10 @@ var countedMaps = []string{ruleset.MapServiceIPs, ruleset.MapServiceNodePorts, r
 // table of nftgate's, and of the drop rules of the source-range chains fw
 // (one dump per chain: a dump of the main table's rules would send every
 // Service's).
-func (r *reader) readCounters(cfg *ruleset.Config, fw map[string]PortRef) ([]counted, map[string]Count, error) {
+func (r *reader) readCounters(cfg *ruleset.Config, fw map[string]PortRef) ([]counted, map[string]Count, map[trafficKey]Count, error) {
 	var out []counted
 	drops := map[string]Count{}
+	flows := map[trafficKey]Count{}
 	for _, f := range ruleset.Families {
 		names := []string{cfg.Table}
 		for i := range cfg.ShardCount() {
@@ -135,13 +170,19 @@ func (r *reader) readCounters(cfg *ruleset.Config, fw map[string]PortRef) ([]cou
 				continue // not programmed (yet), or the family is unused
 			}
 			for _, s := range sets {
+				if s.Name == ruleset.SetTrafficIn || s.Name == ruleset.SetTrafficOut {
+					if err := r.readTraffic(f, s, flows); err != nil {
+						return nil, nil, nil, err
+					}
+					continue
+				}
 				if !isCounted(s.Name) {
 					continue
 				}
 				shape := ruleset.SetShape(s.Name)
 				elems, err := r.conn.GetSetElements(s)
 				if err != nil {
-					return nil, nil, fmt.Errorf("list elements of map %s: %w", s.Name, err)
+					return nil, nil, nil, fmt.Errorf("list elements of map %s: %w", s.Name, err)
 				}
 				for _, e := range elems {
 					k, ok := keyFromBytes(f, shape, e.Key)
@@ -171,14 +212,70 @@ func (r *reader) readCounters(cfg *ruleset.Config, fw map[string]PortRef) ([]cou
 			}
 		}
 	}
-	return out, drops, nil
+	return out, drops, flows, nil
+}
+
+// readTraffic reads the elements of traffic set s into flows.
+func (r *reader) readTraffic(f ruleset.Family, s *nftables.Set, flows map[trafficKey]Count) error {
+	elems, err := r.conn.GetSetElements(s)
+	if err != nil {
+		return fmt.Errorf("list elements of set %s: %w", s.Name, err)
+	}
+	n := int(f.AddrLen())
+	for _, e := range elems {
+		// The destination's fields as in the service maps, then the
+		// endpoint's address and port (padded to four bytes).
+		if e.Counter == nil || len(e.Key) != 2*n+12 {
+			continue
+		}
+		dest, ok := keyFromBytes(f, ruleset.KeyAddrProtoPort, e.Key[:n+8])
+		ep, _ := netip.AddrFromSlice(e.Key[n+8 : 2*n+8])
+		if !ok {
+			continue
+		}
+		k := trafficKey{reply: s.Name == ruleset.SetTrafficOut, proto: dest.Proto, dest: netip.AddrPortFrom(dest.Addr, dest.Port),
+			ep: netip.AddrPortFrom(ep, uint16(e.Key[2*n+8])<<8|uint16(e.Key[2*n+9]))}
+		c := flows[k]
+		c.add(Count{e.Counter.Packets, e.Counter.Bytes})
+		flows[k] = c
+	}
+	return nil
+}
+
+// traffic returns what each traffic element counted since it was first
+// seen: its count now plus what the elements under its key that expired
+// had counted.
+func (c *counterCache) traffic(now map[trafficKey]Count) map[trafficKey]Count {
+	if c.retired == nil {
+		c.retired = map[trafficKey]Count{}
+	}
+	for k, old := range c.seen {
+		if cur, ok := now[k]; !ok || cur.Packets < old.Packets {
+			n := c.retired[k]
+			n.add(old)
+			c.retired[k] = n
+		}
+	}
+	c.seen = now
+	out := make(map[trafficKey]Count, len(now)+len(c.retired))
+	for k, n := range c.retired {
+		out[k] = n
+	}
+	for k, n := range now {
+		t := out[k]
+		t.add(n)
+		out[k] = t
+	}
+	return out
 }
 
 func isCounted(name string) bool { return slices.Contains(countedMaps, name) }
 
 // attribute sums the counters per Service port: each element to the
-// Service that holds it, each source-range chain to its port.
-func (p *Programmer) attribute(elems []counted, drops map[string]Count) *Reading {
+// Service that holds it, each source-range chain to its port, each traffic
+// element to the port of its destination and, while the port has it, its
+// endpoint. Called with p.counters.mu held.
+func (p *Programmer) attribute(elems []counted, drops map[string]Count, flows map[trafficKey]Count) *Reading {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	out := make(map[PortRef]PortCounters, len(p.services))
@@ -190,6 +287,10 @@ func (p *Programmer) attribute(elems []counted, drops map[string]Count) *Reading
 			}
 		}
 	})
+	rd := &Reading{Ports: out, dests: dests}
+	if flows != nil {
+		rd.Endpoints = p.attributeTraffic(rd, flows)
+	}
 	for _, e := range elems {
 		key, ok := p.claims.Holder(e.f, e.id)
 		if !ok {
@@ -217,7 +318,89 @@ func (p *Programmer) attribute(elems []counted, drops map[string]Count) *Reading
 		pc.Dropped.add(n)
 		out[ref] = pc
 	}
-	return &Reading{Ports: out, dests: dests}
+	return rd
+}
+
+// attributeTraffic adds each traffic element's count to its port in rd,
+// and returns the endpoints' counts. What an endpoint the port no longer
+// has counted stays in the port's totals (p.counters.gone), and what
+// belongs to no programmed port is forgotten.
+func (p *Programmer) attributeTraffic(rd *Reading, flows map[trafficKey]Count) map[EndpointRef]Traffic {
+	c := &p.counters
+	if c.gone == nil {
+		c.gone = map[PortRef]Traffic{}
+	}
+	eps := map[EndpointRef]Traffic{}
+	for k, n := range flows {
+		ref, ok := rd.PortOf(k.proto, k.dest)
+		if !ok {
+			delete(c.retired, k)
+			continue
+		}
+		var t Traffic
+		if k.reply {
+			t.Out = n
+		} else {
+			t.In = n
+		}
+		if !p.hasEndpoint(ref, k.ep) {
+			// What expired moves to the port's; what still lives is
+			// added below, and moves when it expires.
+			if old, ok := c.retired[k]; ok {
+				var g Traffic
+				if k.reply {
+					g.Out, t.Out = old, Count{n.Packets - old.Packets, n.Bytes - old.Bytes}
+				} else {
+					g.In, t.In = old, Count{n.Packets - old.Packets, n.Bytes - old.Bytes}
+				}
+				gone := c.gone[ref]
+				gone.add(g)
+				c.gone[ref] = gone
+				delete(c.retired, k)
+			}
+			pc := rd.Ports[ref]
+			pc.Traffic.add(t)
+			rd.Ports[ref] = pc
+			continue
+		}
+		er := EndpointRef{Port: ref, Endpoint: k.ep}
+		et := eps[er]
+		et.add(t)
+		eps[er] = et
+		pc := rd.Ports[ref]
+		pc.Traffic.add(t)
+		rd.Ports[ref] = pc
+	}
+	for ref, g := range c.gone {
+		if p.services[ref.Service] == nil {
+			delete(c.gone, ref)
+			continue
+		}
+		pc := rd.Ports[ref]
+		pc.Traffic.add(g)
+		rd.Ports[ref] = pc
+	}
+	return eps
+}
+
+// hasEndpoint tells whether port ref has endpoint ep now.
+func (p *Programmer) hasEndpoint(ref PortRef, ep netip.AddrPort) bool {
+	svc := p.services[ref.Service]
+	if svc == nil {
+		return false
+	}
+	for i := range svc.Ports {
+		sp := &svc.Ports[i]
+		if sp.Protocol != ref.Proto || sp.Port != ref.Port {
+			continue
+		}
+		for _, e := range sp.Endpoints {
+			if e.Addr == ep.Addr() && e.Port == ep.Port() {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // portOf returns the port of Service key that map element id is of: by

@@ -25,7 +25,7 @@ func TestCountersCountConnections(t *testing.T) {
 			t.Fatalf("ip %v: %v: %s", args, err, out)
 		}
 	}
-	p, err := NewProgrammer(ruleset.Config{Table: "nftgate", Node: model.Node{Name: "gw"}, HashSeed: 1, Counters: true}, Options{NetNSFD: fd})
+	p, err := NewProgrammer(ruleset.Config{Table: "nftgate", Node: model.Node{Name: "gw"}, HashSeed: 1, Counters: true, TrafficElements: 1024}, Options{NetNSFD: fd})
 	if err != nil {
 		t.Fatal(err)
 	}

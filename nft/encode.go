@@ -158,6 +158,8 @@ func setKey(f ruleset.Family, s *ruleset.Set) (types []uint32, lens []uint32) {
 	switch {
 	case s.Shape == ruleset.KeySlot:
 		return []uint32{typeInteger}, []uint32{4}
+	case s.Shape == ruleset.KeyTraffic:
+		return []uint32{addr, typeInetProto, typeInetService, addr, typeInetService}, []uint32{addrLen, 1, 2, addrLen, 2}
 	case s.Map && s.Shape == ruleset.KeyProtoPort:
 		return []uint32{typeInetProto, typeInetService}, []uint32{1, 2}
 	case s.Map:
@@ -213,15 +215,20 @@ func (e *encoder) addSet(s *ruleset.Set) {
 	if s.Timeout > 0 {
 		w.u64(unix.NFTA_SET_TIMEOUT, uint64(s.Timeout.Milliseconds()))
 	}
-	if concat {
+	if concat || s.Size > 0 {
 		desc := w.nest(unix.NFTA_SET_DESC)
-		cat := w.nest(nftaSetDescConcat)
-		for _, l := range lens {
-			field := w.open(unix.NFTA_LIST_ELEM)
-			w.u32(nftaSetFieldLen, l)
-			w.close(field)
+		if s.Size > 0 {
+			w.u32(unix.NFTA_SET_DESC_SIZE, s.Size)
 		}
-		w.close(cat)
+		if concat {
+			cat := w.nest(nftaSetDescConcat)
+			for _, l := range lens {
+				field := w.open(unix.NFTA_LIST_ELEM)
+				w.u32(nftaSetFieldLen, l)
+				w.close(field)
+			}
+			w.close(cat)
+		}
 		w.close(desc)
 	}
 	if s.Shape == ruleset.KeySlot {

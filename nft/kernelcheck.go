@@ -81,7 +81,7 @@ func kernelProbesFor(cfg *ruleset.Config) []kernelProbe {
 		probes = append(probes, flowtableProbes()...)
 	}
 	if cfg.Counters {
-		probes = append(probes, counterProbes()...)
+		probes = append(probes, counterProbes(cfg.TrafficElements > 0)...)
 	}
 	return probes
 }
@@ -287,8 +287,9 @@ func flowtableProbes() []kernelProbe {
 }
 
 // counterProbes try, per family, the counter statement and a map whose
-// elements each carry a counter.
-func counterProbes() []kernelProbe {
+// elements each carry a counter, and with traffic, the traffic sets'
+// update from the forward path.
+func counterProbes(traffic bool) []kernelProbe {
 	var ps []kernelProbe
 	for _, f := range ruleset.Families {
 		w := " (" + f.String() + ")"
@@ -303,6 +304,13 @@ func counterProbes() []kernelProbe {
 					b.set(f, &ruleset.Set{Name: "counted", Map: true, Shape: ruleset.KeyAddrProtoPort, Counter: true})
 				}},
 		)
+		if traffic {
+			ps = append(ps, kernelProbe{Feature: "dynset expression with counters on a set of conntrack tuples" + w, Option: "CONFIG_NFT_CT",
+				Needs: []string{base}, add: func(b *probeBatch) {
+					b.set(f, &ruleset.Set{Name: "traffic", Shape: ruleset.KeyTraffic, Timeout: ruleset.TrafficTimeout, Size: 16})
+					b.rule(b.filterChain(f), ruleset.CountTraffic{Set: "traffic", Reply: true, Proto: model.TCP})
+				}})
+		}
 	}
 	return ps
 }

@@ -65,7 +65,9 @@ func (g *googleSink) Meta(x bc.Meta) {
 	g.add(&expr.Meta{Key: expr.MetaKey(x.Key), Register: x.Reg, SourceRegister: x.Set})
 }
 
-func (g *googleSink) Ct(x bc.Ct) { g.add(&expr.Ct{Register: x.Dreg, Key: expr.CtKey(x.Key)}) }
+func (g *googleSink) Ct(x bc.Ct) {
+	g.add(&expr.Ct{Register: x.Dreg, Key: expr.CtKey(x.Key)})
+}
 
 func (g *googleSink) Fib(x bc.Fib) {
 	g.add(&expr.Fib{Register: x.Dreg,
@@ -98,7 +100,11 @@ func (g *googleSink) NAT(x bc.NAT) {
 
 func (g *googleSink) Dynset(x bc.Dynset) {
 	s := g.set(x.Set)
-	g.add(&expr.Dynset{SrcRegKey: x.Sreg, SetName: s.Name, SetID: s.ID, Operation: x.Op})
+	d := &expr.Dynset{SrcRegKey: x.Sreg, SetName: s.Name, SetID: s.ID, Operation: x.Op}
+	if x.Counter {
+		d.Exprs = []expr.Any{&expr.Counter{}}
+	}
+	g.add(d)
 }
 
 func (g *googleSink) Masq(x bc.Masq) {
@@ -125,7 +131,7 @@ func flowtableDefinition(table *nftables.Table, ft *ruleset.Flowtable) *nftables
 
 // setDefinition is a set of nftgate's as google/nftables describes it.
 func setDefinition(table *nftables.Table, f ruleset.Family, s *ruleset.Set) *nftables.Set {
-	ns := &nftables.Set{Table: table, Name: s.Name}
+	ns := &nftables.Set{Table: table, Name: s.Name, Size: s.Size}
 	ns.Counter = s.Counter
 	addr := nftables.TypeIPAddr
 	if f == ruleset.IPv6 {
@@ -145,6 +151,10 @@ func setDefinition(table *nftables.Table, f ruleset.Family, s *ruleset.Set) *nft
 	case s.Shape == ruleset.KeyAddrPair:
 		ns.Concatenation = true
 		ns.KeyType = nftables.MustConcatSetType(addr, addr)
+	case s.Shape == ruleset.KeyTraffic:
+		ns.Concatenation = true
+		ns.KeyType = nftables.MustConcatSetType(addr, nftables.TypeInetProto, nftables.TypeInetService, addr, nftables.TypeInetService)
+		ns.Dynamic, ns.HasTimeout, ns.Timeout = true, true, s.Timeout
 	default:
 		ns.KeyType = addr
 		if s.Timeout > 0 {

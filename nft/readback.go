@@ -190,7 +190,7 @@ func (r *reader) readSets(name string, f ruleset.Family, st *ruleset.TableState,
 			def.Timeout = int64(s.Timeout.Seconds())
 		}
 		st.Sets[s.Name] = def
-		if def.Shape == 0 {
+		if def.Shape == 0 || def.Shape == ruleset.KeyTraffic {
 			continue // filled by the packet path, or not nftgate's
 		}
 		elems, err := r.conn.GetSetElements(s)

@@ -30,6 +30,7 @@ func scaleConfig() ruleset.Config {
 		HashSeed:          7,
 		EndpointSelection: *benchSelection,
 		Counters:          *benchCounters,
+		TrafficElements:   benchTrafficElements,
 		Shards:            *benchShards,
 	}
 }
@@ -38,6 +39,11 @@ func scaleConfig() ruleset.Config {
 // to measure what they cost:
 //
 //	go test -run '^$' -bench 'Kernel(ColdFull|PartialEndpointChange)/services=10000$' ./nft -args -bench-counters
+//
+// benchTrafficElements bounds the traffic sets as nftgate's default does
+// (counters_traffic_elements); they are on with -bench-counters.
+const benchTrafficElements = 65536
+
 var benchCounters = flag.Bool("bench-counters", false, "count new connections per service map element (Config.Counters)")
 
 // benchShards is the synthetic clusters' number of service shard tables

@@ -252,6 +252,9 @@ func (e *encoder) Ct(x bc.Ct) {
 	elem, at := w.exprBegin("ct")
 	w.u32(unix.NFTA_CT_KEY, x.Key)
 	w.u32(unix.NFTA_CT_DREG, x.Dreg)
+	if bc.CtTupleKey(x.Key) {
+		w.u32(unix.NFTA_CT_DIRECTION, bc.CtDirOriginal)
+	}
 	w.exprEnd(elem, at)
 }
 
@@ -335,7 +338,8 @@ func (e *encoder) NAT(x bc.NAT) {
 }
 
 // Dynset writes a set update from the packet path, with the ID of a set
-// created in the same batch.
+// created in the same batch, and the expression its elements carry (a
+// counter) as google/nftables writes a list of one.
 func (e *encoder) Dynset(x bc.Dynset) {
 	w := e.w
 	elem, at := w.exprBegin("dynset")
@@ -343,6 +347,15 @@ func (e *encoder) Dynset(x bc.Dynset) {
 	w.u32(unix.NFTA_DYNSET_OP, x.Op)
 	w.str(unix.NFTA_DYNSET_SET_NAME, x.Set)
 	w.u32(unix.NFTA_DYNSET_SET_ID, e.ids[x.Set])
+	if x.Counter {
+		ex := w.open(unix.NFTA_DYNSET_EXPR)
+		w.str(unix.NFTA_EXPR_NAME, "counter")
+		data := w.nest(unix.NFTA_EXPR_DATA)
+		w.u64(unix.NFTA_COUNTER_BYTES, 0)
+		w.u64(unix.NFTA_COUNTER_PACKETS, 0)
+		w.close(data)
+		w.close(ex)
+	}
 	w.u32(unix.NFTA_DYNSET_FLAGS, 0)
 	w.exprEnd(elem, at)
 }

@@ -227,6 +227,9 @@ func TestWireMatchesGoogleNftables(t *testing.T) {
 				cfg.FlowtableDevices = []string{"eth0", "eth1.100"}
 			}
 			cfg.Counters = seed > 2
+			if seed == 4 {
+				cfg.TrafficElements = 4096
+			}
 			w := &randomWorld{r: rand.New(rand.NewSource(seed)), services: map[model.ServiceKey]*model.Service{}, unique: seed%2 == 0}
 			for range 80 {
 				s := w.newService()
@@ -351,6 +354,9 @@ func TestWireExpressions(t *testing.T) {
 		func(s bc.Sink) { s.Meta(bc.Meta{Key: bc.MetaMark, Reg: 1, Set: true}) },
 		func(s bc.Sink) { s.Meta(bc.Meta{Key: bc.MetaL4Proto, Reg: 9}) },
 		func(s bc.Sink) { s.Ct(bc.Ct{Key: bc.CtState, Dreg: 1}) },
+		func(s bc.Sink) { s.Ct(bc.Ct{Key: bc.CtDirection, Dreg: 1}) },
+		func(s bc.Sink) { s.Ct(bc.Ct{Key: bc.CtDst, Dreg: 9}) },
+		func(s bc.Sink) { s.Ct(bc.Ct{Key: bc.CtProtoDst, Dreg: 19}) },
 		func(s bc.Sink) { s.Fib(bc.Fib{Dreg: 1, Flags: bc.FibDaddr, Result: bc.FibAddrType}) },
 		func(s bc.Sink) {
 			s.Fib(bc.Fib{Dreg: 1, Flags: bc.FibSaddr | unix.NFTA_FIB_F_IIF, Result: unix.NFT_FIB_RESULT_OIF})
@@ -366,6 +372,7 @@ func TestWireExpressions(t *testing.T) {
 		func(s bc.Sink) { s.NAT(bc.NAT{Type: bc.NATDest, Family: unix.NFPROTO_IPV4, RegAddr: 1}) },
 		func(s bc.Sink) { s.NAT(bc.NAT{Type: bc.NATSource, Family: unix.NFPROTO_IPV6, RegAddr: 1}) },
 		func(s bc.Sink) { s.Dynset(bc.Dynset{Sreg: 1, Op: bc.DynsetUpdate, Set: "aff"}) },
+		func(s bc.Sink) { s.Dynset(bc.Dynset{Sreg: 1, Op: bc.DynsetUpdate, Set: "s", Counter: true}) },
 		func(s bc.Sink) { s.Dynset(bc.Dynset{Sreg: 1, Op: unix.NFT_DYNSET_OP_ADD, Set: "other"}) },
 		func(s bc.Sink) { s.Masq(bc.Masq{Flags: bc.NATFullyRandom}) },
 		func(s bc.Sink) { s.Masq(bc.Masq{}) },

@@ -123,6 +123,10 @@ const (
 	KeyAddr                              // an address (plain address sets)
 	KeyAddrPair                          // saddr . daddr, both the Key's Addr (hairpin set)
 	KeySlot                              // a slot of a Maglev table, the Key's Slot
+	// KeyTraffic is original daddr . l4proto . original dport . reply
+	// saddr . reply sport: a Service destination and the endpoint it was
+	// translated to (the traffic sets, which the packet path fills).
+	KeyTraffic
 )
 
 // Key is one verdict map key. Addr is unset for KeyProtoPort maps; only
@@ -193,6 +197,9 @@ type Set struct {
 	// Counter gives every element a counter of the packets that matched
 	// it (Config.Counters).
 	Counter bool
+	// Size bounds the elements of a set the packet path fills: past it,
+	// no element is added (zero: the kernel's default).
+	Size uint32
 }
 
 // Hook attaches a base chain to a netfilter hook.

@@ -261,6 +261,8 @@ func SetShape(name string) KeyShape {
 		return KeyAddr
 	case SetHairpin:
 		return KeyAddrPair
+	case SetTrafficIn, SetTrafficOut:
+		return KeyTraffic
 	}
 	if strings.HasPrefix(name, MaglevClusterKind+"-") || strings.HasPrefix(name, MaglevLocalKind+"-") {
 		return KeySlot

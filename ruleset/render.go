@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/nftgate/nftgate/model"
 )
@@ -69,7 +70,19 @@ type Config struct {
 	// meets it; picked up, the connection would be masqueraded afresh to
 	// this gateway's address, which the endpoint does not know.
 	DropMidstreamTCP bool
+	// TrafficElements, with Counters, turns on the traffic sets: packets
+	// and bytes of every translated connection, each way, per Service
+	// destination and endpoint, counted in the forward path (CountTraffic)
+	// into a set per direction of at most this many elements each. Zero:
+	// no traffic sets.
+	TrafficElements uint32
 }
+
+// TrafficTimeout is how long an element of a traffic set outlives its
+// last packet. Longer than the readings of the counters are apart (the
+// history reads them every minute by default), so that what an element
+// counted is read before it expires.
+const TrafficTimeout = 10 * time.Minute
 
 // DefaultMasqueradeBit is kube-proxy's masquerade mark bit.
 const DefaultMasqueradeBit = 0x4000
@@ -96,6 +109,8 @@ const (
 	MapFirewallIPs         = "firewall-ips"
 	SetClusterIPs          = "cluster-ips"
 	SetHairpin             = "hairpin-endpoints"
+	SetTrafficIn           = "traffic-to-endpoints"
+	SetTrafficOut          = "traffic-from-endpoints"
 	FlowtableName          = "established"
 
 	ChainServices          = "services"
@@ -159,6 +174,20 @@ func Static(cfg *Config, f Family) Fragment {
 	forward := []Rule{
 		{MatchCtNew{}, jump(ChainServiceEPCheck)},
 		{MatchCtNew{}, jump(ChainClusterIPsCheck)},
+	}
+	if cfg.Counters && cfg.TrafficElements > 0 {
+		// Every packet of a translated connection, both ways, before a
+		// flowtable takes the connection past this hook.
+		for _, name := range []string{SetTrafficIn, SetTrafficOut} {
+			fr.Sets = append(fr.Sets, &Set{Name: name, Shape: KeyTraffic, Timeout: TrafficTimeout, Size: cfg.TrafficElements})
+		}
+		var count []Rule
+		for _, p := range []model.Protocol{model.TCP, model.UDP, model.SCTP} {
+			count = append(count,
+				Rule{MatchCtDNAT{}, CountTraffic{Set: SetTrafficIn, Proto: p}},
+				Rule{MatchCtDNAT{}, CountTraffic{Set: SetTrafficOut, Reply: true, Proto: p}})
+		}
+		forward = append(count, forward...)
 	}
 	if len(cfg.FlowtableDevices) > 0 {
 		// Only the connections nftgate translated: a flow in the

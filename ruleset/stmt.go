@@ -569,6 +569,65 @@ func (u UpdateAffinity) Encode(f Family, s bc.Sink) {
 	s.Dynset(bc.Dynset{Sreg: bc.Reg1, Op: bc.DynsetUpdate, Set: u.Set})
 }
 
+// CountTraffic counts a translated connection's packet of one direction
+// (the client's, or with Reply the endpoint's) in that direction's traffic
+// set, under its Service destination (the original destination address
+// and port, and the protocol) and its endpoint (where the client's packets
+// go after the translation, and the endpoint's replies come from): the
+// element is made on the first packet, with a counter that every later
+// packet adds to, and expires when no packet came for the set's timeout.
+// One hash lookup per packet, and nothing per Service in the rules. It
+// matches one protocol, which gives nft the type of the original
+// destination port when it reads the rule's text.
+type CountTraffic struct {
+	Set   string
+	Reply bool
+	Proto model.Protocol
+}
+
+// AppendText writes "meta l4proto tcp ct direction original update @set {
+// ct original ip daddr . meta l4proto . ct original proto-dst . ip daddr .
+// th dport counter }" (for replies: "ct direction reply", "ip saddr . th
+// sport").
+func (c CountTraffic) AppendText(b []byte, f Family) []byte {
+	dir, ep, port := "original", Dst, "dport"
+	if c.Reply {
+		dir, ep, port = "reply", Src, "sport"
+	}
+	return fmt.Appendf(b, "meta l4proto %s ct direction %s update @%s { ct original %s daddr . meta l4proto . ct original proto-dst . %s %s . th %s counter }",
+		c.Proto, dir, c.Set, f, f, ep.word(), port)
+}
+
+// reg32 is the register nft names the i-th 32-bit word of the registers
+// by: a 128-bit register where the word starts one.
+func reg32(i uint32) uint32 {
+	if i%4 == 0 {
+		return bc.Reg1 + i/4
+	}
+	return bc.Reg32First + i
+}
+
+// Encode matches the protocol and the direction, loads the key's fields into consecutive
+// registers, each field taking whole 32-bit words, and updates the set
+// with them.
+func (c CountTraffic) Encode(f Family, s bc.Sink) {
+	dir, ep, port := uint32(bc.CtDirOriginal), Dst, uint32(2)
+	if c.Reply {
+		dir, ep, port = bc.CtDirReply, Src, 0
+	}
+	s.Meta(bc.Meta{Key: bc.MetaL4Proto, Reg: bc.Reg1})
+	s.Cmp(bc.Cmp{Op: bc.CmpEq, Sreg: bc.Reg1, Data: bc.Bytes(byte(c.Proto))})
+	s.Ct(bc.Ct{Key: bc.CtDirection, Dreg: bc.Reg1})
+	s.Cmp(bc.Cmp{Op: bc.CmpEq, Sreg: bc.Reg1, Data: bc.Bytes(byte(dir))})
+	words := f.AddrLen() / 4
+	s.Ct(bc.Ct{Key: bc.CtDst, Dreg: reg32(0)})
+	s.Meta(bc.Meta{Key: bc.MetaL4Proto, Reg: reg32(words)})
+	s.Ct(bc.Ct{Key: bc.CtProtoDst, Dreg: reg32(words + 1)})
+	s.Payload(loadAddr(f, ep, reg32(words+2), f.AddrLen()))
+	s.Payload(bc.Payload{Base: bc.TransportHeader, Offset: port, Len: 2, Dreg: reg32(2*words + 2)})
+	s.Dynset(bc.Dynset{Sreg: bc.Reg1, Op: bc.DynsetUpdate, Set: c.Set, Counter: true})
+}
+
 // DNAT sends the packet to an endpoint. It carries its protocol because a
 // port rewrite needs a transport protocol match first.
 type DNAT struct {

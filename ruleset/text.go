@@ -75,6 +75,9 @@ func WriteText(w io.Writer, table string, f Family, frags ...*Fragment) error {
 		if s.Timeout > 0 {
 			ew.printf("\t\tflags dynamic,timeout\n\t\ttimeout %s\n", DurationText(s.Timeout))
 		}
+		if s.Size > 0 {
+			ew.printf("\t\tsize %d\n", s.Size)
+		}
 		if s.Counter {
 			ew.printf("\t\tcounter\n")
 		}
@@ -182,6 +185,8 @@ func setType(f Family, s *Set) string {
 		addr = "ipv6_addr"
 	}
 	switch {
+	case s.Shape == KeyTraffic:
+		return "type " + addr + " . inet_proto . inet_service . " + addr + " . inet_service"
 	case s.Shape == KeyAddrPair:
 		return "type " + addr + " . " + addr
 	case !s.Map:

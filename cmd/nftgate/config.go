@@ -58,6 +58,7 @@ type Config struct {
 	Flowtable                   bool     `toml:"flowtable"`
 	FlowtableDevices            []string `toml:"flowtable_devices"`
 	Counters                    bool     `toml:"counters"`
+	CountersTrafficElements     int      `toml:"counters_traffic_elements"`
 	MetricsPerService           bool     `toml:"metrics_per_service"`
 	TrafficHistoryStep          Duration `toml:"traffic_history_step"`
 	TrafficHistoryPoints        int      `toml:"traffic_history_points"`
@@ -131,6 +132,7 @@ func defaults() Config {
 		ProxyProtocolMaxConnections: proxy.DefaultMaxConnections,
 		ProxyProtocolDialTimeout:    Duration(proxy.DefaultDialTimeout),
 		Counters:                    true,
+		CountersTrafficElements:     defaultTrafficElements,
 		TrafficHistoryStep:          Duration(appliance.DefaultHistoryStep),
 		TrafficHistoryPoints:        appliance.DefaultHistoryPoints,
 		TrafficHistoryPorts:         appliance.DefaultHistoryPorts,
@@ -429,6 +431,7 @@ func (c *Config) validate() error {
 	}
 	c.validateProxy(bad)
 	c.validatePage(bad)
+	c.validateTraffic(bad)
 	c.validateFlowtable(bad)
 	c.validateSelection(bad)
 	if c.MasqueradeBit == 0 || c.MasqueradeBit&(c.MasqueradeBit-1) != 0 {

@@ -119,6 +119,7 @@ func TestBadConfigNamesTheField(t *testing.T) {
 		{file: "[gateways]\nname = \"gw-a\"\nkey_file = \"k\"\nready_timeout = \"1h\"\n[[gateways.peers]]\nname = \"gw-b\"\naddresses = [\"10.0.0.2:7480\"]\n", want: []string{"gateways.ready_timeout", "1h0m0s"}},
 		{file: "[gateways]\nname = \"gw-a\"\nkey_file = \"k\"\n[[gateways.peers]]\nname = \"gw-b\"\n", want: []string{"gateways.peers[0].addresses", "[]"}},
 		{file: "min_sync_interval = \"soon\"\n", want: []string{"min_sync_interval", "soon"}},
+		{file: "counters_traffic_elements = -1\n", want: []string{"counters_traffic_elements", "-1"}},
 		{file: "cluster_cidrs = [\"10.0.0.0/33\"]\n", want: []string{"cluster_cidrs[0]", "10.0.0.0/33"}},
 		{args: []string{"--nodeport-addresses", "nonsense"}, want: []string{"nodeport_addresses[0]", "nonsense"}},
 		{args: []string{"--external-ip-cidr", "198.51.100.0/24", "--external-ip-cidr", "all"}, want: []string{"external_ip_cidrs[1]", "all"}},

@@ -52,6 +52,7 @@ func (c *Config) ruleset() ruleset.Config {
 		KeepClientAddress:   c.KeepClientAddress,
 		Counters:            c.Counters,
 		DropMidstreamTCP:    c.dropMidstreamTCP(),
+		TrafficElements:     uint32(c.CountersTrafficElements),
 	}
 }
 

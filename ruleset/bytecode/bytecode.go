@@ -21,6 +21,7 @@ const (
 	Reg1       = 1  // 128-bit register 1
 	Reg2       = 2  // 128-bit register 2
 	Reg3       = 3  // 128-bit register 3
+	Reg32First = 8  // the first 32-bit slot of register 1, by 32-bit number
 	Reg32a     = 9  // second 32-bit slot of register 1
 	Reg32b     = 10 // third 32-bit slot of register 1
 	Reg32c     = 13 // second 32-bit slot of register 2
@@ -119,11 +120,28 @@ const (
 	CtStateEstablished = 1 << 1 // NF_CT_STATE_BIT(IP_CT_ESTABLISHED)
 	CtStatus           = unix.NFT_CT_STATUS
 	CtStatusDstNAT     = 1 << 5 // IPS_DST_NAT
+	// CtDirection is the direction of the packet in its connection
+	// (CtDirOriginal or CtDirReply); CtDst the destination address and
+	// CtProtoDst the destination port of the connection's original
+	// tuple.
+	CtDirection   = unix.NFT_CT_DIRECTION
+	CtDst         = unix.NFT_CT_DST
+	CtProtoDst    = unix.NFT_CT_PROTO_DST
+	CtDirOriginal = 0 // IP_CT_DIR_ORIGINAL
+	CtDirReply    = 1 // IP_CT_DIR_REPLY
 )
 
-// Ct loads a conntrack key into Dreg.
+// Ct loads a conntrack key into Dreg. The keys of a tuple (CtDst,
+// CtProtoDst) are read from the original direction's: the kernel reads
+// the direction as one byte and google/nftables, the encoder's oracle,
+// writes four, which agree only on zero.
 type Ct struct {
 	Key, Dreg uint32
+}
+
+// CtTupleKey tells the keys that read one direction's tuple.
+func CtTupleKey(key uint32) bool {
+	return key == unix.NFT_CT_SRC || key == CtDst || key == unix.NFT_CT_PROTO_SRC || key == CtProtoDst
 }
 
 // Fib flags and results.
@@ -180,10 +198,13 @@ type NAT struct {
 	Type, Family, RegAddr, RegProto, Flags uint32
 }
 
-// Dynset adds or updates the key in Sreg in the named set.
+// Dynset adds or updates the key in Sreg in the named set. With Counter,
+// the element carries a counter that every update counts the packet in
+// (the element's expression list).
 type Dynset struct {
 	Sreg, Op uint32
 	Set      string
+	Counter  bool
 }
 
 // Masq masquerades with Flags.

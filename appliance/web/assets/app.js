@@ -416,10 +416,14 @@
     var by = {};
     v.ports.forEach(function (p) {
       var key = p.namespace + '/' + p.name;
-      var t = by[key] || (by[key] = { new: 0, rate: 0, flows: 0, rejected: 0, dropped: 0, bytes: 0, endpoints: {} });
+      var t = by[key] || (by[key] = { new: 0, rate: 0, flows: 0, rejected: 0, dropped: 0, bytes: 0, bytesIn: 0, bytesOut: 0, endpoints: {}, epBytes: {} });
       t.new += p.newConnections; t.rate += p.newPerSecond; t.flows += p.activeFlows;
       t.rejected += p.rejected; t.dropped += p.dropped; t.bytes += p.bytes;
-      p.endpoints.forEach(function (e) { t.endpoints[e.endpoint] = (t.endpoints[e.endpoint] || 0) + e.activeFlows; });
+      t.bytesIn += p.bytesIn; t.bytesOut += p.bytesOut;
+      p.endpoints.forEach(function (e) {
+        t.endpoints[e.endpoint] = (t.endpoints[e.endpoint] || 0) + e.activeFlows;
+        t.epBytes[e.endpoint] = (t.epBytes[e.endpoint] || 0) + e.bytesIn + e.bytesOut;
+      });
     });
     traffic = by;
     trafficAt = v.readAt;
@@ -476,6 +480,11 @@
     nums.appendChild(el('span', 't-new', fmtNum(t.new) + ' new'));
     nums.appendChild(el('span', 't-rate', fmtRate(t.rate)));
     nums.appendChild(el('span', 't-flows', plural(t.flows, 'flow')));
+    if (t.bytesIn || t.bytesOut) {
+      var tb = el('span', 't-bytes', '↓' + fmtBytes(t.bytesIn) + ' ↑' + fmtBytes(t.bytesOut));
+      tb.title = 'bytes from clients (↓ in) and replies (↑ out) since the start';
+      nums.appendChild(tb);
+    }
     if (t.rejected) nums.appendChild(el('span', 't-rejected', fmtNum(t.rejected) + ' rejected'));
     if (t.dropped) nums.appendChild(el('span', 't-dropped', fmtNum(t.dropped) + ' dropped'));
     td.appendChild(nums);
@@ -485,7 +494,8 @@
 
   var sortKeys = {
     new: function (t) { return t.new; }, rate: function (t) { return t.rate; }, flows: function (t) { return t.flows; },
-    rejected: function (t) { return t.rejected; }, dropped: function (t) { return t.dropped; }
+    rejected: function (t) { return t.rejected; }, dropped: function (t) { return t.dropped; },
+    traffic: function (t) { return t.bytesIn + t.bytesOut; }
   };
 
   // trafficPanel is the open Service's traffic: its chart, each
@@ -525,7 +535,7 @@
     }
     var grid = el('div', 'd-grid');
     if (HISTORY) grid.appendChild(section('Last hour', chart));
-    grid.appendChild(section('Endpoints\' share of open flows', shares));
+    grid.appendChild(section('Endpoints\' share of open flows and bytes', shares));
     grid.appendChild(section('Top clients', clients));
     box.appendChild(grid);
     var wrap = el('div', 'table-wrap');
@@ -555,12 +565,14 @@
     detail.s.endpoints.forEach(function (e) { known[(e.addr.indexOf(':') >= 0 ? '[' + e.addr + ']' : e.addr) + ':' + e.port] = e; });
     var eps = t ? Object.keys(t.endpoints) : [];
     var total = eps.reduce(function (a, k) { return a + t.endpoints[k]; }, 0);
-    eps.sort(function (a, b) { return t.endpoints[b] - t.endpoints[a] || (a < b ? -1 : 1); });
+    var totalBytes = eps.reduce(function (a, k) { return a + t.epBytes[k]; }, 0);
+    eps.sort(function (a, b) { return t.endpoints[b] - t.endpoints[a] || t.epBytes[b] - t.epBytes[a] || (a < b ? -1 : 1); });
     detail.shares.replaceChildren.apply(detail.shares, eps.map(function (k) {
-      var n = t.endpoints[k];
+      var n = t.endpoints[k], nb = t.epBytes[k];
       var li = el('li', known[k] ? '' : 'gone');
       li.dataset.endpoint = k;
       li.dataset.flows = String(n);
+      li.dataset.bytes = String(nb);
       li.appendChild(el('span', 'mono', k));
       var bar = el('span', 'share');
       var fill = el('i');
@@ -568,6 +580,14 @@
       bar.appendChild(fill);
       li.appendChild(bar);
       li.appendChild(el('span', 'num', plural(n, 'flow') + (total ? ' · ' + Math.round(100 * n / total) + '%' : '')));
+      if (totalBytes) {
+        var bbar = el('span', 'share bytes');
+        var bfill = el('i');
+        bfill.style.width = (100 * nb / totalBytes).toFixed(1) + '%';
+        bbar.appendChild(bfill);
+        li.appendChild(bbar);
+        li.appendChild(el('span', 'num', fmtBytes(nb) + ' · ' + Math.round(100 * nb / totalBytes) + '% of bytes'));
+      }
       if (!known[k]) li.appendChild(el('span', 'warn', 'removed: draining'));
       return li;
     }));
@@ -631,7 +651,7 @@
     });
     var matched = headTotal !== null ? (waiting ? 0 : headTotal) : rows.length;
     if (by) {
-      var none = { new: 0, rate: 0, flows: 0, rejected: 0, dropped: 0 };
+      var none = { new: 0, rate: 0, flows: 0, rejected: 0, dropped: 0, bytesIn: 0, bytesOut: 0 };
       rows.sort(function (a, b) {
         return by(traffic[b.namespace + '/' + b.name] || none) - by(traffic[a.namespace + '/' + a.name] || none);
       });

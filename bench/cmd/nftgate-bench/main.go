@@ -73,6 +73,8 @@ type Config struct {
 	StateSync StateSyncConfig
 	// Maglev is the Maglev comparison (maglev.go).
 	Maglev MaglevConfig
+	// Counters is the counters comparison (counters.go).
+	Counters CountersConfig
 }
 
 func main() {
@@ -144,6 +146,7 @@ func parseFlags(args []string) (*Config, error) {
 	checkDrift := driftFlags(fs, &cfg.Drift)
 	checkStateSync := statesyncFlags(fs, &cfg.StateSync)
 	checkMaglev := maglevFlags(fs, &cfg.Maglev)
+	checkCounters := countersFlags(fs, &cfg.Counters)
 	fs.StringVar(&cfg.Rerender, "rerender", "", "results.json to render results.md and results.png from again, edge.json to render edge.md, or maglev.json to render maglev.md (no measuring)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -216,6 +219,9 @@ func parseFlags(args []string) (*Config, error) {
 		return nil, err
 	}
 	if err := checkMaglev(cfg); err != nil {
+		return nil, err
+	}
+	if err := checkCounters(cfg); err != nil {
 		return nil, err
 	}
 	if cfg.Dataplane.Only {
@@ -374,6 +380,11 @@ func run(ctx context.Context, cfg *Config) error {
 	}
 	report.Finished = time.Now().UTC()
 	report.Machine.LoadAvgEnd = loadAvg()
+	if cfg.Counters.On {
+		if err := writeCounters(cfg, report); err != nil {
+			return fmt.Errorf("counters: %w", err)
+		}
+	}
 	if cfg.Maglev.On {
 		if err := writeMaglev(cfg, report); err != nil {
 			return fmt.Errorf("maglev: %w", err)
@@ -410,6 +421,9 @@ func rerender(path string) error {
 	}
 	if filepath.Base(path) == "edge.json" {
 		return rerenderEdge(path, data)
+	}
+	if filepath.Base(path) == "counters.json" {
+		return rerenderCounters(path, data)
 	}
 	if filepath.Base(path) == "maglev.json" {
 		return rerenderMaglev(path, data)

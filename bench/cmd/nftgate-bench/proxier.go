@@ -45,10 +45,13 @@ type Proxier struct {
 
 func proxierByName(name string, e *Env) *Proxier {
 	switch name {
-	case proxNftgate, proxNftgateMaglev:
+	case proxNftgate, proxNftgateMaglev, proxNftgateNoCounters:
 		var more []string
-		if name == proxNftgateMaglev {
+		switch name {
+		case proxNftgateMaglev:
 			more = append(more, maglevSetting)
+		case proxNftgateNoCounters:
+			more = append(more, countersOffSetting)
 		}
 		var source []string
 		if e.Manifests != nil {

@@ -475,7 +475,7 @@ func (t *tracer) runRule(st state, tt *traceTable, c *ruleset.Chain, i, depth in
 			}
 		case ruleset.MatchCtNew:
 			// Trace replays the first packet of a connection.
-		case ruleset.Counter:
+		case ruleset.Counter, ruleset.CountTraffic:
 			// Counts; changes nothing.
 		case ruleset.MatchCtEstablished, ruleset.MatchCtDNAT, ruleset.FlowOffload, ruleset.MatchTCPNotSYN:
 			// The first packet of a connection is not established, is
