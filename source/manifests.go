@@ -840,9 +840,8 @@ func decodeDocument(raw []byte) ([]runtime.Object, error) {
 	if !wantedKind(tm.APIVersion, tm.Kind) {
 		return nil, nil
 	}
-	// Decoded once, strictly, as the API server's strict field validation
-	// does (and as the strict codec would, after reading the type twice
-	// more).
+	// Decoded once, strictly: unknown and duplicate fields are errors,
+	// as with Kubernetes' strict codec (which read the type twice more).
 	var obj runtime.Object
 	switch tm.Kind {
 	case "Service":
