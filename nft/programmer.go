@@ -17,7 +17,8 @@ import (
 // Programmer keeps nftgate's tables in the kernel equal to the desired
 // ruleset. Every sync is one netlink batch: the kernel applies all of it or
 // none of it, and the Programmer's own record of the kernel changes only
-// when the kernel accepted the batch.
+// when the kernel accepted the batch. The one exception is a cold start
+// onto no tables, which commits table by table (see Full).
 type Programmer struct {
 	mu     sync.Mutex
 	cfg    ruleset.Config
