@@ -119,15 +119,16 @@ func BenchmarkPlanCold(b *testing.B) {
 			}
 			b.ReportAllocs()
 			b.ResetTimer()
-			var msgs int
+			var msgs, size int
 			cpu := cpuTime()
 			for range b.N {
 				_, m := planCold(b, &cfg, c.Services)
-				msgs = m.count()
+				msgs, size = m.count(), m.size()
 				m.release()
 			}
 			b.ReportMetric(float64(cpuTime()-cpu)/float64(time.Millisecond)/float64(b.N), "cpu-ms/op")
 			b.ReportMetric(float64(msgs), "msgs/op")
+			b.ReportMetric(float64(size)/(1<<20), "batch-MiB/op")
 		})
 	}
 }

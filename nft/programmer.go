@@ -17,7 +17,8 @@ import (
 // Programmer keeps nftgate's tables in the kernel equal to the desired
 // ruleset. Every sync is one netlink batch: the kernel applies all of it or
 // none of it, and the Programmer's own record of the kernel changes only
-// when the kernel accepted the batch.
+// when the kernel accepted the batch. The one exception is a cold start
+// onto no tables, which commits table by table (see Full).
 type Programmer struct {
 	mu     sync.Mutex
 	cfg    ruleset.Config
@@ -299,8 +300,29 @@ func (p *Programmer) Full(services map[model.ServiceKey]*model.Service) (Result,
 	ds, claims, conflicts := ruleset.PlanFull(&p.cfg, p.tables, observed, services)
 	res.Conflicts = conflicts
 
+	if !p.synced && len(drop) == 0 && !slices.ContainsFunc(observed, func(st *ruleset.TableState) bool { return st.Exists }) {
+		// A cold start onto no tables at all: nothing is served yet, so
+		// nothing is lost by the tables arriving one after another, and
+		// one table's batch is mapped at a time instead of the whole
+		// ruleset's (226 MiB at 100,000 Services).
+		n, kernel, err := p.commitEach(ds)
+		res.Messages, res.Kernel = n, kernel
+		if err == nil {
+			res.Duration = time.Since(start)
+			p.committedFull(&res, ds, observed, claims, services)
+			return res, nil
+		}
+		// Some tables may be in: read them back, and sync as one batch,
+		// with isolation of what the kernel refuses.
+		if observed, drop, err = p.observe(&res, false, sampled, nil); err != nil {
+			return res, err
+		}
+		ds, claims, conflicts = ruleset.PlanFull(&p.cfg, p.tables, observed, services)
+		res.Conflicts = conflicts
+	}
+
 	n, kernel, err := p.commit(ds, drop)
-	res.Messages, res.Kernel = n, kernel
+	res.Messages, res.Kernel = res.Messages+n, res.Kernel+kernel
 	var be *BatchError
 	if errors.As(err, &be) {
 		err = p.fullIsolating(&res, observed, drop, ruleset.Recreates(ds), services, be)
@@ -555,6 +577,41 @@ func (p *Programmer) commit(ds []*ruleset.Ops, drop []ruleset.TableRef) (int, ti
 		p.generation, p.genKnown = after, true
 	}
 	return w.count(), took, err
+}
+
+// commitEach commits the operations of each table in a batch of its own:
+// the main tables first (what the shards' rules rely on, such as
+// masquerading, is in place when a Service starts being served), then the
+// shards. It stops at the first error.
+func (p *Programmer) commitEach(ds []*ruleset.Ops) (int, time.Duration, error) {
+	order := make([]int, 0, len(ds))
+	for _, f := range ruleset.Families {
+		order = append(order, p.tables.Main(f))
+	}
+	for slot := range ds {
+		if !slices.Contains(order, slot) {
+			order = append(order, slot)
+		}
+	}
+	none := &ruleset.Ops{}
+	one := make([]*ruleset.Ops, len(ds))
+	var msgs int
+	var kernel time.Duration
+	for _, slot := range order {
+		if ds[slot].Empty() {
+			continue
+		}
+		for i := range one {
+			one[i] = none
+		}
+		one[slot] = ds[slot]
+		n, k, err := p.commit(one, nil)
+		msgs, kernel = msgs+n, kernel+k
+		if err != nil {
+			return msgs, kernel, err
+		}
+	}
+	return msgs, kernel, nil
 }
 
 // Cleanup deletes nftgate's tables (the main table and every service

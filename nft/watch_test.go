@@ -280,7 +280,9 @@ func TestOwnLargeBatchUnannounced(t *testing.T) {
 // tables back.
 func TestTransactionWhileMutedCountsAsLost(t *testing.T) {
 	ns, p, ch := watchedScaleProgrammer(t)
-	c := clusterOf(1_000)
+	// A cold sync commits table by table: at 10,000 Services each
+	// table's batch is above muteAbove.
+	c := clusterOf(10_000)
 	committed := false
 	p.mutedSend = func() {
 		nftList(t, ns, "add", "table", "ip", "someone-else")

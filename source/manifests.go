@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -22,11 +21,12 @@ import (
 	"time"
 
 	"github.com/fsnotify/fsnotify"
+	"github.com/go-json-experiment/json/jsontext"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/serializer"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	kjson "sigs.k8s.io/json"
 
 	"github.com/nftgate/nftgate/model"
 )
@@ -519,20 +519,6 @@ func ManifestFiles(dir string) ([]string, error) {
 	return out, nil
 }
 
-var (
-	manifestScheme = runtime.NewScheme()
-	manifestCodecs serializer.CodecFactory
-)
-
-func init() {
-	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, discoveryv1.AddToScheme} {
-		if err := add(manifestScheme); err != nil {
-			panic(err)
-		}
-	}
-	manifestCodecs = serializer.NewCodecFactory(manifestScheme, serializer.EnableStrict)
-}
-
 // ReadManifestFile decodes every Service and EndpointSlice in a file of
 // at most maxSize bytes (zero means DefaultMaxFileSize), read as
 // readManifestData reads it. Objects of other kinds are skipped, as a
@@ -708,12 +694,122 @@ func isOnlyComments(doc []byte) bool {
 	return true
 }
 
-// typeMeta is what every document must have, read before full decoding so
-// that unrelated kinds are skipped without error.
+// typeMeta is what every document must have, read before the full decode
+// so that unrelated kinds are skipped without error.
 type typeMeta struct {
-	APIVersion string            `json:"apiVersion"`
-	Kind       string            `json:"kind"`
-	Items      []json.RawMessage `json:"items"`
+	APIVersion, Kind string
+	Items            [][]byte // the items of a List
+}
+
+// wantedKind tells whether a document of this type is decoded.
+func wantedKind(apiVersion, kind string) bool {
+	return (apiVersion == "v1" && kind == "Service") ||
+		(apiVersion == "discovery.k8s.io/v1" && kind == "EndpointSlice")
+}
+
+// readTypeMeta reads a JSON document's apiVersion, kind and, for a List,
+// items, with a tokenizer that skips every other member without decoding
+// it. It stops as soon as it knows the document is a Service or an
+// EndpointSlice: the strict decode that follows reads all of it again,
+// and a second full pass over every document was most of the cost of a
+// cold start at a hundred thousand Services. The document is otherwise
+// read to its end, so a malformed document of another kind is an error.
+// Duplicate members and invalid UTF-8 are left to the strict decode, as
+// encoding/json leaves them.
+func readTypeMeta(doc []byte) (typeMeta, error) {
+	var tm typeMeta
+	d := jsontext.NewDecoder(bytes.NewReader(doc), jsontext.AllowDuplicateNames(true), jsontext.AllowInvalidUTF8(true))
+	tok, err := d.ReadToken()
+	if err != nil {
+		return tm, err
+	}
+	if tok.Kind() != '{' {
+		return tm, fmt.Errorf("a JSON %s, not an object", kindName(tok.Kind()))
+	}
+	var hasVersion, hasKind bool
+	for d.PeekKind() != '}' {
+		tok, err := d.ReadToken()
+		if err != nil {
+			return tm, err
+		}
+		switch name := tok.String(); name {
+		case "apiVersion", "kind":
+			v, err := d.ReadToken()
+			if err != nil {
+				return tm, err
+			}
+			var str string
+			switch v.Kind() {
+			case '"':
+				str = v.String()
+			case 'n': // null, as encoding/json reads it: no value
+			default:
+				return tm, fmt.Errorf("%s: a JSON %s, not a string", name, kindName(v.Kind()))
+			}
+			if name == "kind" {
+				tm.Kind, hasKind = str, true
+			} else {
+				tm.APIVersion, hasVersion = str, true
+			}
+			if hasVersion && hasKind && wantedKind(tm.APIVersion, tm.Kind) {
+				return tm, nil
+			}
+		case "items":
+			if d.PeekKind() != '[' {
+				if err := d.SkipValue(); err != nil {
+					return tm, err
+				}
+				continue
+			}
+			if _, err := d.ReadToken(); err != nil {
+				return tm, err
+			}
+			tm.Items = tm.Items[:0]
+			for d.PeekKind() != ']' {
+				v, err := d.ReadValue()
+				if err != nil {
+					return tm, err
+				}
+				tm.Items = append(tm.Items, bytes.Clone(v))
+			}
+			if _, err := d.ReadToken(); err != nil {
+				return tm, err
+			}
+		default:
+			if err := d.SkipValue(); err != nil {
+				return tm, err
+			}
+		}
+	}
+	if _, err := d.ReadToken(); err != nil {
+		return tm, err
+	}
+	if _, err := d.ReadToken(); err != io.EOF {
+		if err == nil {
+			err = errors.New("more than one JSON value")
+		}
+		return tm, err
+	}
+	return tm, nil
+}
+
+// kindName names a JSON value's kind for an error.
+func kindName(k jsontext.Kind) string {
+	switch k {
+	case '"':
+		return "string"
+	case '0':
+		return "number"
+	case 't', 'f':
+		return "boolean"
+	case 'n':
+		return "null"
+	case '[':
+		return "array"
+	case '{':
+		return "object"
+	}
+	return "value"
 }
 
 func decodeDocument(raw []byte) ([]runtime.Object, error) {
@@ -721,8 +817,8 @@ func decodeDocument(raw []byte) ([]runtime.Object, error) {
 	if err != nil {
 		return nil, fmt.Errorf("not YAML or JSON: %w", err)
 	}
-	var tm typeMeta
-	if err := json.Unmarshal(jsonDoc, &tm); err != nil {
+	tm, err := readTypeMeta(jsonDoc)
+	if err != nil {
 		return nil, fmt.Errorf("not a Kubernetes object: %w", err)
 	}
 	switch {
@@ -741,12 +837,22 @@ func decodeDocument(raw []byte) ([]runtime.Object, error) {
 		}
 		return out, nil
 	}
-	wanted := (tm.APIVersion == "v1" && tm.Kind == "Service") ||
-		(tm.APIVersion == "discovery.k8s.io/v1" && tm.Kind == "EndpointSlice")
-	if !wanted {
+	if !wantedKind(tm.APIVersion, tm.Kind) {
 		return nil, nil
 	}
-	obj, _, err := manifestCodecs.UniversalDeserializer().Decode(jsonDoc, nil, nil)
+	// Decoded once, strictly: unknown and duplicate fields are errors,
+	// as with Kubernetes' strict codec (which read the type twice more).
+	var obj runtime.Object
+	switch tm.Kind {
+	case "Service":
+		obj = &corev1.Service{}
+	default:
+		obj = &discoveryv1.EndpointSlice{}
+	}
+	strictErrs, err := kjson.UnmarshalStrict(jsonDoc, obj)
+	if err == nil && len(strictErrs) > 0 {
+		err = runtime.NewStrictDecodingError(strictErrs)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", tm.Kind, err)
 	}

@@ -12,8 +12,8 @@ import (
 )
 
 // BenchmarkManifestScan is a cold start's read of n Services, each with
-// an EndpointSlice of 4 endpoints, 1,000 to a file: decoding the JSON
-// (twice for the kind, once more strictly) is most of it.
+// an EndpointSlice of 4 endpoints, 1,000 to a file: the strict decode of
+// the JSON is most of it.
 func BenchmarkManifestScan(b *testing.B) {
 	const n, perFile = 10_000, 1_000
 	dir := b.TempDir()
