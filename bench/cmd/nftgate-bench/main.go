@@ -73,6 +73,8 @@ type Config struct {
 	StateSync StateSyncConfig
 	// Maglev is the Maglev comparison (maglev.go).
 	Maglev MaglevConfig
+	// Churn is the churn phase (churn.go).
+	Churn ChurnConfig
 }
 
 func main() {
@@ -144,6 +146,7 @@ func parseFlags(args []string) (*Config, error) {
 	checkDrift := driftFlags(fs, &cfg.Drift)
 	checkStateSync := statesyncFlags(fs, &cfg.StateSync)
 	checkMaglev := maglevFlags(fs, &cfg.Maglev)
+	checkChurn := churnFlags(fs, &cfg.Churn)
 	fs.StringVar(&cfg.Rerender, "rerender", "", "results.json to render results.md and results.png from again, edge.json to render edge.md, or maglev.json to render maglev.md (no measuring)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -216,6 +219,9 @@ func parseFlags(args []string) (*Config, error) {
 		return nil, err
 	}
 	if err := checkMaglev(cfg); err != nil {
+		return nil, err
+	}
+	if err := checkChurn(cfg); err != nil {
 		return nil, err
 	}
 	if cfg.Dataplane.Only {
@@ -318,7 +324,7 @@ func run(ctx context.Context, cfg *Config) error {
 	}
 
 	report := &Report{Machine: machine, Started: time.Now().UTC(), Source: cfg.Source, Endpoints: cfg.Endpoints,
-		Changes: cfg.Changes, ChangeGap: cfg.ChangeGap.String(), LatencySamples: cfg.LatencyN,
+		Changes: cfg.Changes, ChangeGap: cfg.ChangeGap.String(), LatencySamples: cfg.LatencyN, LoadWorkers: cfg.LoadWorkers,
 		Dataplane: cfg.Dataplane.settings()}
 	if env.Manifests != nil {
 		report.ManifestsPerFile = cfg.ManifestsPerFile
