@@ -150,6 +150,11 @@ type ChurnRun struct {
 	ChangeP50Ms float64   `json:"change_p50_ms"`
 	ChangeP99Ms float64   `json:"change_p99_ms"`
 	ChangeMaxMs float64   `json:"change_max_ms"`
+	// AfterAPI: ChangeMs less APIMs, each change: from the API's answer
+	// to the write until traffic reached the new endpoints, the part
+	// the API server's load does not add to (watch delivery included).
+	AfterAPIP50Ms float64 `json:"after_api_p50_ms"`
+	AfterAPIMaxMs float64 `json:"after_api_max_ms"`
 	// The proxier's syncs during the run (its own metrics) and the goal
 	// they give: 2 × its least time between syncs + the mean sync.
 	Syncs      float64 `json:"syncs"`
@@ -194,8 +199,9 @@ type churnWriter struct {
 	lastErr  atomic.Value
 }
 
-// run writes at perSecond until ctx ends, and returns how long it wrote.
-func (w *churnWriter) run(ctx context.Context, perSecond int) time.Duration {
+// run writes at perSecond until pace ends, and returns how long it wrote.
+// Writes in flight then finish under ctx.
+func (w *churnWriter) run(ctx, pace context.Context, perSecond int) time.Duration {
 	lim := rate.NewLimiter(rate.Limit(perSecond), max(1, perSecond/20))
 	start := time.Now()
 	var wg sync.WaitGroup
@@ -203,7 +209,7 @@ func (w *churnWriter) run(ctx context.Context, perSecond int) time.Duration {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for lim.Wait(ctx) == nil {
+			for lim.Wait(pace) == nil {
 				k := int(w.e.churnWrites.Add(1) - 1)
 				name, backends := w.e.churnSlice(k, w.services)
 				sl := slice(name, bulkPort, backends)
@@ -283,7 +289,7 @@ func (e *Env) measureChurn(ctx context.Context, proc *Proc, p *Proxier, n int) (
 		samples := sampleProc(proc.PID(), stopSampling)
 		wctx, cancel := context.WithTimeout(ctx, c.Duration)
 		wrote := make(chan time.Duration, 1)
-		go func() { wrote <- w.run(wctx, target) }()
+		go func() { wrote <- w.run(ctx, wctx, target) }()
 
 		// The unrelated Service, about every c.Every: a deliberate pace,
 		// not a wait for readiness. A change that takes longer than
@@ -349,6 +355,13 @@ func (e *Env) measureChurn(ctx context.Context, proc *Proc, p *Proxier, n int) (
 // proxier's sync counters over it.
 func (r *ChurnRun) summarize(ss []procSample, m SyncMetrics, minSync time.Duration) {
 	r.ChangeP50Ms, r.ChangeP99Ms, r.ChangeMaxMs = percentile(r.ChangeMs, 50), percentile(r.ChangeMs, 99), percentile(r.ChangeMs, 100)
+	if len(r.APIMs) == len(r.ChangeMs) {
+		after := make([]float64, len(r.ChangeMs))
+		for i := range after {
+			after[i] = r.ChangeMs[i] - r.APIMs[i]
+		}
+		r.AfterAPIP50Ms, r.AfterAPIMaxMs = percentile(after, 50), percentile(after, 100)
+	}
 	r.Syncs = m.Syncs
 	if m.Syncs > 0 {
 		r.SyncMeanMs = m.SyncSeconds / m.Syncs * 1000
@@ -403,16 +416,17 @@ func (r *Report) ChurnMarkdown() string {
 				"least time between syncs (nftgate's `min_sync_interval`, 50 ms; kube-proxy's `minSyncPeriod`, 1 s) + its mean sync "+
 				"during the run (its own metrics). CPU: the proxier's, children included, from /proc/PID/stat, sampled every second; "+
 				"per write = CPU over the run / writes. API write: the unrelated change's own round trip to kube-apiserver (p50), "+
-				"part of the change's time. Plot: churn.png.\n\n"+
-				"| Proxier | N | writes/s aimed | written | unrelated change p50 | p99 | max | bound | API write | syncs/s | CPU | CPU max (1 s) | CPU per write | RSS (max) | kube-apiserver + etcd |\n"+
-				"|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+				"part of the change's time; *after the API*: the change's time less it, each change (p50 / max): what the "+
+				"API server's load does not add to. p99 by nearest rank (of fewer than 100 changes, the slowest). Plot: churn.png.\n\n"+
+				"| Proxier | N | writes/s aimed | written | unrelated change p50 | p99 | max | bound | API write | after the API | syncs/s | CPU | CPU max (1 s) | CPU per write | RSS (max) | kube-apiserver + etcd |\n"+
+				"|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
 				thousands(res.Churn.Services), r.churnWorkers())
 		}
 		for _, run := range res.Churn.Runs {
-			fmt.Fprintf(&b, "| %s | %s | %s | %s/s | %s | %s | %s | %s | %s | %.1f | %.2f cores | %.2f | %.2f ms | %.0f MiB (%.0f) | %.2f cores |\n",
+			fmt.Fprintf(&b, "| %s | %s | %s | %s/s | %s | %s | %s | %s | %s | %s / %s | %.1f | %.2f cores | %.2f | %.2f ms | %.0f MiB (%.0f) | %.2f cores |\n",
 				res.Proxier, thousands(res.Services), thousands(run.TargetPerSecond), thousands(int(math.Round(run.PerSecond))),
 				millis(run.ChangeP50Ms), millis(run.ChangeP99Ms), millis(run.ChangeMaxMs), millis(run.BoundMs),
-				millis(percentile(run.APIMs, 50)), run.Syncs/run.Seconds, run.Cores, slices.Max(append([]float64{0}, run.CoresPerSec...)),
+				millis(percentile(run.APIMs, 50)), millis(run.AfterAPIP50Ms), millis(run.AfterAPIMaxMs), run.Syncs/run.Seconds, run.Cores, slices.Max(append([]float64{0}, run.CoresPerSec...)),
 				run.CPUPerWriteMs, run.RSSMiB, run.RSSMaxMiB, run.APIServerCores+run.EtcdCores)
 		}
 	}

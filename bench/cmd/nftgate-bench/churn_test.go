@@ -91,10 +91,11 @@ func TestChurnRunSummarize(t *testing.T) {
 		{t0.Add(time.Second), ProcStats{CPU: 10*time.Second + 500*time.Millisecond, RSSKiB: 70 << 10}},
 		{t0.Add(2 * time.Second), ProcStats{CPU: 10*time.Second + 600*time.Millisecond, RSSKiB: 60 << 10}},
 	}
-	r := ChurnRun{Writes: 200, ChangeMs: []float64{60, 70, 130}}
+	r := ChurnRun{Writes: 200, ChangeMs: []float64{60, 70, 130}, APIMs: []float64{5, 10, 100}}
 	r.summarize(ss, SyncMetrics{Syncs: 40, SyncSeconds: 0.8}, 50*time.Millisecond)
 	if r.Cores != 0.3 || r.CPUPerWriteMs != 3 || !slices.Equal(r.CoresPerSec, []float64{0.5, 0.1}) ||
-		r.RSSMiB != 60 || r.RSSMaxMiB != 70 || r.SyncMeanMs != 20 || r.BoundMs != 120 || r.ChangeP50Ms != 70 || r.ChangeMaxMs != 130 {
+		r.RSSMiB != 60 || r.RSSMaxMiB != 70 || r.SyncMeanMs != 20 || r.BoundMs != 120 || r.ChangeP50Ms != 70 || r.ChangeMaxMs != 130 ||
+		r.AfterAPIP50Ms != 55 || r.AfterAPIMaxMs != 60 {
 		t.Fatalf("%+v", r)
 	}
 }
@@ -111,7 +112,7 @@ func TestChurnReport(t *testing.T) {
 	}}
 	md := r.ChurnMarkdown()
 	for _, want := range []string{"## Under churn", "up to 32 writes in flight",
-		"| nftgate | 10,000 | 1,000 | 900/s | 60 ms | 70 ms | 70 ms | 120 ms | 0.0 ms | 10.0 | 0.50 cores | 0.60 | 1.50 ms |",
+		"| nftgate | 10,000 | 1,000 | 900/s | 60 ms | 70 ms | 70 ms | 120 ms | 0.0 ms | 0.0 ms / 0.0 ms | 10.0 | 0.50 cores | 0.60 | 1.50 ms |",
 		"- nftgate, 100 writes/s aimed: CPU per write 4.00 ms at 1,000 Services, 5.00 ms at 10,000 (1.2×; 10.0× the Services)."} {
 		if !strings.Contains(md, want) {
 			t.Errorf("markdown lacks %q:\n%s", want, md)
