@@ -35,6 +35,12 @@
 #                                       nftgate with counters on and off side by
 #                                       side, data plane included, in
 #                                       bench/results/counters/ ("Counters")
+#   make bench BENCH_CHURN=1            then, for nftgate and kube-proxy nftables at
+#                                       each size, the churn phase: EndpointSlices
+#                                       rewritten at 100/s, then 1,000/s, 60 s each,
+#                                       an unrelated change timed meanwhile, CPU
+#                                       per write ("Under churn"); BENCH_ARGS=
+#                                       --churn-only: that alone, in results/churn/
 #   make bench BENCH_ARGS="--drift 9"   drift under traffic: nft flush ruleset and a
 #                                       deleted map element while a client connects
 #                                       every 10 ms, 9 times each (default 5; "Drift")
@@ -52,6 +58,8 @@ BENCH_EDGE ?= 0
 BENCH_FAILOVER ?= 0
 # 1: the state-sync load phase after the others (bench/results/statesync/).
 BENCH_STATESYNC ?= 0
+# 1: the churn phase after each proxier's other measurements.
+BENCH_CHURN ?= 0
 
 # kube-proxy's iptables mode needs iptables, iptables-restore and
 # iptables-save; its nftables mode and the cleanup between runs need nft;
@@ -74,4 +82,5 @@ bench: bench-deps kube-bin bench-build
 	$(BUILD)/nftgate-bench --nftgate $(BUILD)/nftgate --kube-proxy $(BUILD)/kube-proxy \
 		--sizes $(BENCH_SIZES) --edge $(BENCH_EDGE) --out $(BENCH_OUT) \
 		$(if $(filter 1,$(BENCH_FAILOVER)),--failover) \
-		$(if $(filter 1,$(BENCH_STATESYNC)),--statesync-load) $(BENCH_ARGS)
+		$(if $(filter 1,$(BENCH_STATESYNC)),--statesync-load) \
+		$(if $(filter 1,$(BENCH_CHURN)),--churn) $(BENCH_ARGS)

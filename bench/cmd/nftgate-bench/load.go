@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -117,6 +118,9 @@ type Env struct {
 	change     *discoveryv1.EndpointSlice
 	changeOnB  bool // the changed Service's endpoints are on changePortB
 	extraCIDRs bool
+	// churnWrites counts the churn phase's EndpointSlice writes over the
+	// whole run (churn.go).
+	churnWrites atomic.Int64
 }
 
 // Setup creates the Node object (in the API), the echo servers and the
@@ -226,12 +230,7 @@ func (e *Env) LoadTo(ctx context.Context, n int) (time.Duration, error) {
 			return 0, err
 		}
 	}
-	// Protobuf, as kube-apiserver's own clients use: cheaper than JSON to
-	// encode here and to decode there, on the same two cores.
-	cfg := e.API.RESTConfig()
-	cfg.ContentType = "application/vnd.kubernetes.protobuf"
-	cfg.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
-	client, err := kubernetes.NewForConfig(cfg)
+	client, err := e.protoClient()
 	if err != nil {
 		return 0, err
 	}
@@ -285,6 +284,16 @@ feed:
 	}
 	e.bulk = target
 	return time.Since(start), nil
+}
+
+// protoClient is a client of the API that speaks protobuf, as
+// kube-apiserver's own clients do: cheaper than JSON to encode here and to
+// decode there, on the same two cores.
+func (e *Env) protoClient() (kubernetes.Interface, error) {
+	cfg := e.API.RESTConfig()
+	cfg.ContentType = "application/vnd.kubernetes.protobuf"
+	cfg.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
+	return kubernetes.NewForConfig(cfg)
 }
 
 func (e *Env) createBulk(ctx context.Context, client kubernetes.Interface, i int) (netip.Addr, error) {

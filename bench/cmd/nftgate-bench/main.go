@@ -75,6 +75,8 @@ type Config struct {
 	Maglev MaglevConfig
 	// Counters is the counters comparison (counters.go).
 	Counters CountersConfig
+	// Churn is the churn phase (churn.go).
+	Churn ChurnConfig
 }
 
 func main() {
@@ -147,6 +149,7 @@ func parseFlags(args []string) (*Config, error) {
 	checkStateSync := statesyncFlags(fs, &cfg.StateSync)
 	checkMaglev := maglevFlags(fs, &cfg.Maglev)
 	checkCounters := countersFlags(fs, &cfg.Counters)
+	checkChurn := churnFlags(fs, &cfg.Churn)
 	fs.StringVar(&cfg.Rerender, "rerender", "", "results.json to render results.md and results.png from again, edge.json to render edge.md, or maglev.json to render maglev.md (no measuring)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -222,6 +225,9 @@ func parseFlags(args []string) (*Config, error) {
 		return nil, err
 	}
 	if err := checkCounters(cfg); err != nil {
+		return nil, err
+	}
+	if err := checkChurn(cfg); err != nil {
 		return nil, err
 	}
 	if cfg.Dataplane.Only {
@@ -324,7 +330,7 @@ func run(ctx context.Context, cfg *Config) error {
 	}
 
 	report := &Report{Machine: machine, Started: time.Now().UTC(), Source: cfg.Source, Endpoints: cfg.Endpoints,
-		Changes: cfg.Changes, ChangeGap: cfg.ChangeGap.String(), LatencySamples: cfg.LatencyN,
+		Changes: cfg.Changes, ChangeGap: cfg.ChangeGap.String(), LatencySamples: cfg.LatencyN, LoadWorkers: cfg.LoadWorkers,
 		Dataplane: cfg.Dataplane.settings()}
 	if env.Manifests != nil {
 		report.ManifestsPerFile = cfg.ManifestsPerFile

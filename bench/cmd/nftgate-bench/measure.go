@@ -60,6 +60,9 @@ type Result struct {
 	// Drift: traffic's gap when another program changes the tables
 	// (drift.go).
 	Drift *DriftResult `json:"drift,omitempty"`
+	// Churn: an unrelated change and the CPU under a rolling update
+	// (churn.go).
+	Churn *ChurnResult `json:"churn,omitempty"`
 
 	// TimedOut says what did not finish within --timeout; the numbers
 	// after that point are missing.
@@ -192,6 +195,12 @@ func (e *Env) Measure(ctx context.Context, p *Proxier, n int) (res Result, err e
 	if e.driftFor(p.Name) {
 		if res.Drift, err = e.measureDrift(ctx, proc, n); err != nil {
 			return res, fmt.Errorf("drift: %w", err)
+		}
+	}
+
+	if e.churnFor(p.Name) {
+		if res.Churn, err = e.measureChurn(ctx, proc, p, n); err != nil {
+			return res, fmt.Errorf("churn: %w", err)
 		}
 	}
 

@@ -113,10 +113,16 @@ func (r *Report) Plot(path string) (err error) {
 		row[i] = p
 	}
 
-	const w, h = 15 * vg.Inch, 5 * vg.Inch
+	return saveRow(path, row)
+}
+
+// saveRow draws plots side by side, 5 inches each, into a PNG file at
+// path.
+func saveRow(path string, row []*plot.Plot) error {
+	w, h := vg.Length(len(row))*5*vg.Inch, 5*vg.Inch
 	img := vgimg.NewWith(vgimg.UseWH(w, h), vgimg.UseDPI(96))
 	dc := draw.New(img)
-	tiles := draw.Tiles{Rows: 1, Cols: len(panels), PadX: vg.Millimeter * 4, PadTop: vg.Millimeter * 2,
+	tiles := draw.Tiles{Rows: 1, Cols: len(row), PadX: vg.Millimeter * 4, PadTop: vg.Millimeter * 2,
 		PadBottom: vg.Millimeter * 2, PadLeft: vg.Millimeter * 2, PadRight: vg.Millimeter * 2}
 	canvases := plot.Align([][]*plot.Plot{row}, tiles, dc)
 	for i, p := range row {

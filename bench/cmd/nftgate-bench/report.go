@@ -18,15 +18,18 @@ import (
 
 // Report is everything one run measured.
 type Report struct {
-	Machine        Machine    `json:"machine"`
-	Started        time.Time  `json:"started"`
-	Finished       time.Time  `json:"finished,omitzero"`
-	Endpoints      int        `json:"endpoints_per_service"`
-	Changes        int        `json:"changes"`
-	ChangeGap      string     `json:"change_gap"`
-	LatencySamples int        `json:"latency_samples"`
-	LoadSeconds    []LoadTime `json:"load_seconds"`
-	Results        []Result   `json:"results"`
+	Machine        Machine   `json:"machine"`
+	Started        time.Time `json:"started"`
+	Finished       time.Time `json:"finished,omitzero"`
+	Endpoints      int       `json:"endpoints_per_service"`
+	Changes        int       `json:"changes"`
+	ChangeGap      string    `json:"change_gap"`
+	LatencySamples int       `json:"latency_samples"`
+	// LoadWorkers is how many API writes the loading and the churn phase
+	// keep in flight.
+	LoadWorkers int        `json:"load_workers,omitempty"`
+	LoadSeconds []LoadTime `json:"load_seconds"`
+	Results     []Result   `json:"results"`
 	// Source is where the Services were: "api" (also when empty, as in
 	// runs from before manifests) or "manifests".
 	Source           string `json:"source,omitempty"`
@@ -147,6 +150,9 @@ func (r *Report) Write(dir string) error {
 	if err := r.PlotDrift(filepath.Join(dir, "drift.png")); err != nil {
 		return err
 	}
+	if err := r.PlotChurn(filepath.Join(dir, "churn.png")); err != nil {
+		return err
+	}
 	return r.Plot(filepath.Join(dir, "results.png"))
 }
 
@@ -170,6 +176,7 @@ func (r *Report) Markdown() string {
 			cmp.Or(r.Source, sourceAPI))
 		b.WriteString(r.DataplaneMarkdown())
 		b.WriteString(r.DriftMarkdown())
+		b.WriteString(r.ChurnMarkdown())
 		return b.String()
 	}
 	if r.Source == sourceManifests {
@@ -226,6 +233,7 @@ func (r *Report) Markdown() string {
 	}
 	b.WriteString(r.DataplaneMarkdown())
 	b.WriteString(r.DriftMarkdown())
+	b.WriteString(r.ChurnMarkdown())
 	return b.String()
 }
 
