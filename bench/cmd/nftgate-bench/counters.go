@@ -99,35 +99,7 @@ func (c *CountersReport) markdown() string {
 	b.WriteString("nftgate measured twice at each size by the sizes phase: with its defaults (row nftgate: `counters = true`, " +
 		"a counter on every Service map element and the traffic sets counting every forwarded packet of a translated " +
 		"connection, both ways) and with `counters = false` (row nftgate-nocounters). ")
-	fmt.Fprintf(&b, "Cold sync: from the process start until the probe Services are served. Endpoint change: %d EndpointSlice writes, each until a client reaches the new endpoint (p99 by nearest rank: of fewer than 100, the slowest). ", c.Changes)
-	b.WriteString("RSS: nftgate's resident memory after the run (its peak in brackets). Kernel slab: the growth of `Slab` in /proc/meminfo from before the start to the end of the cold sync (the whole machine's: other work moves it by tens of MiB).\n\n")
-	b.WriteString("| Services | counters | cold sync | CPU in the cold sync | change p50 | change p99 | kernel slab | RSS |\n")
-	b.WriteString("|---:|---|---:|---:|---:|---:|---:|---:|\n")
-	for _, res := range c.Rows {
-		on := "on"
-		if res.Proxier == proxNftgateNoCounters {
-			on = "off"
-		}
-		if res.TimedOut != "" {
-			fmt.Fprintf(&b, "| %s | %s | over %s (%s) | | | | | |\n", thousands(res.Services), on, seconds(res.ColdStartSeconds), res.TimedOut)
-			continue
-		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %.1f s | %s | %s | %.0f MiB | %.0f MiB (%.0f) |\n",
-			thousands(res.Services), on, seconds(res.ColdStartSeconds), res.CPUColdSeconds, millis(res.ChangeP50Ms),
-			millis(percentile(res.ChangeMs, 99)), res.SlabMiB, res.RSSMiB, res.HWMMiB)
-	}
-	for _, on := range c.Rows {
-		if on.Proxier != proxNftgate || on.TimedOut != "" {
-			continue
-		}
-		for _, off := range c.Rows {
-			if off.Proxier == proxNftgateNoCounters && off.Services == on.Services && off.TimedOut == "" {
-				fmt.Fprintf(&b, "\nAt %s Services, counters on against off: cold sync %s, change p50 %s, kernel slab %s, RSS %s.\n",
-					thousands(on.Services), times(on.ColdStartSeconds, off.ColdStartSeconds), times(on.ChangeP50Ms, off.ChangeP50Ms),
-					times(on.SlabMiB, off.SlabMiB), times(on.RSSMiB, off.RSSMiB))
-			}
-		}
-	}
+	variantTable(&b, c.Rows, c.Changes, variant{Column: "counters", Base: "on", Alt: proxNftgateNoCounters, AltLabel: "off", Lead: "counters "}, false)
 	dp := (&Report{Results: c.Rows, Dataplane: c.Dataplane}).DataplaneMarkdown()
 	b.WriteString(dp)
 	return b.String()

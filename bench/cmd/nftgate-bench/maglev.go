@@ -151,35 +151,7 @@ func (m *MaglevReport) markdown() string {
 	fmt.Fprintf(&b, "Run %s to %s. Machine: %s. Load average (1 min) %.1f at the start, %.1f at the end.\n\n",
 		m.Started, m.Finished, m.Machine.Summary(), m.Machine.LoadAvgStart, m.Machine.LoadAvgEnd)
 	b.WriteString("nftgate measured twice at each size by the sizes phase, every Service with `endpoint_selection = \"hash\"` (row nftgate) and `\"maglev\"` (row nftgate-maglev, a Maglev table of 509 slots per Service port with 4 endpoints). ")
-	fmt.Fprintf(&b, "Cold sync: from the process start until the probe Services are served. Endpoint change: %d EndpointSlice writes, each until a client reaches the new endpoint (p99 by nearest rank: of fewer than 100, the slowest). ", m.Changes)
-	b.WriteString("RSS: nftgate's resident memory after the run (its peak in brackets). Kernel slab: the growth of `Slab` in /proc/meminfo from before the start to the end of the cold sync (the whole machine's: other work moves it by tens of MiB).\n\n")
-	b.WriteString("| Services | selection | cold sync | CPU in the cold sync | change p50 | change p99 | kernel slab | RSS |\n")
-	b.WriteString("|---:|---|---:|---:|---:|---:|---:|---:|\n")
-	for _, res := range m.Rows {
-		sel := "hash"
-		if res.Proxier == proxNftgateMaglev {
-			sel = "maglev"
-		}
-		if res.TimedOut != "" {
-			fmt.Fprintf(&b, "| %s | %s | over %s (%s) | | | | | |\n", thousands(res.Services), sel, seconds(res.ColdStartSeconds), res.TimedOut)
-			continue
-		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %.1f s | %s | %s | %.0f MiB | %.0f MiB (%.0f) |\n",
-			thousands(res.Services), sel, seconds(res.ColdStartSeconds), res.CPUColdSeconds, millis(res.ChangeP50Ms),
-			millis(percentile(res.ChangeMs, 99)), res.SlabMiB, res.RSSMiB, res.HWMMiB)
-	}
-	for _, h := range m.Rows {
-		if h.Proxier != proxNftgate || h.TimedOut != "" {
-			continue
-		}
-		for _, g := range m.Rows {
-			if g.Proxier == proxNftgateMaglev && g.Services == h.Services && g.TimedOut == "" {
-				fmt.Fprintf(&b, "\nAt %s Services, maglev against hash: cold sync %s, change p50 %s, kernel slab %s, RSS %s.\n",
-					thousands(h.Services), times(g.ColdStartSeconds, h.ColdStartSeconds), times(g.ChangeP50Ms, h.ChangeP50Ms),
-					times(g.SlabMiB, h.SlabMiB), times(g.RSSMiB, h.RSSMiB))
-			}
-		}
-	}
+	variantTable(&b, m.Rows, m.Changes, variant{Column: "selection", Base: "hash", Alt: proxNftgateMaglev, AltLabel: "maglev"}, true)
 	fmt.Fprintf(&b, "\n## Disruption\n\nRemoving one of N endpoints: the share of %s flows (uniform 32-bit flow hashes) whose endpoint changes, averaged over which endpoint goes (worst in brackets), from the tables before and after and the kernel's scaling of the hash (`ruleset.MaglevDisruption`); the goal is 1/N + 2 %%.\n\n", thousands(m.Flows))
 	b.WriteString("| N | M | maglev | hash mod N | goal |\n|---:|---:|---:|---:|---:|\n")
 	for _, d := range m.Disruption {
@@ -187,6 +159,53 @@ func (m *MaglevReport) markdown() string {
 			100*d.Mean, 100*d.Worst, 100*d.ModNMean, 100*d.ModNWorst, 100*(1/float64(d.Endpoints)+0.02))
 	}
 	return b.String()
+}
+
+// variant names the second nftgate row of a side-by-side phase: the
+// column telling the two apart, the default's label in it, the other
+// row's proxier and label, and the word before the labels in the
+// comparison line ("counters on against off").
+type variant struct{ Column, Base, Alt, AltLabel, Lead string }
+
+// variantTable writes the cold sync, endpoint change, kernel slab and RSS
+// of nftgate's default (row nftgate) and a variant side by side, then a
+// line per size comparing them: the variant against the default when
+// altFirst, else the default against the variant.
+func variantTable(b *strings.Builder, rows []Result, changes int, v variant, altFirst bool) {
+	fmt.Fprintf(b, "Cold sync: from the process start until the probe Services are served. Endpoint change: %d EndpointSlice writes, each until a client reaches the new endpoint (p99 by nearest rank: of fewer than 100, the slowest). ", changes)
+	b.WriteString("RSS: nftgate's resident memory after the run (its peak in brackets). Kernel slab: the growth of `Slab` in /proc/meminfo from before the start to the end of the cold sync (the whole machine's: other work moves it by tens of MiB).\n\n")
+	fmt.Fprintf(b, "| Services | %s | cold sync | CPU in the cold sync | change p50 | change p99 | kernel slab | RSS |\n", v.Column)
+	b.WriteString("|---:|---|---:|---:|---:|---:|---:|---:|\n")
+	for _, res := range rows {
+		label := v.Base
+		if res.Proxier == v.Alt {
+			label = v.AltLabel
+		}
+		if res.TimedOut != "" {
+			fmt.Fprintf(b, "| %s | %s | over %s (%s) | | | | | |\n", thousands(res.Services), label, seconds(res.ColdStartSeconds), res.TimedOut)
+			continue
+		}
+		fmt.Fprintf(b, "| %s | %s | %s | %.1f s | %s | %s | %.0f MiB | %.0f MiB (%.0f) |\n",
+			thousands(res.Services), label, seconds(res.ColdStartSeconds), res.CPUColdSeconds, millis(res.ChangeP50Ms),
+			millis(percentile(res.ChangeMs, 99)), res.SlabMiB, res.RSSMiB, res.HWMMiB)
+	}
+	for _, base := range rows {
+		if base.Proxier != proxNftgate || base.TimedOut != "" {
+			continue
+		}
+		for _, alt := range rows {
+			if alt.Proxier != v.Alt || alt.Services != base.Services || alt.TimedOut != "" {
+				continue
+			}
+			x, y, xl, yl := base, alt, v.Base, v.AltLabel
+			if altFirst {
+				x, y, xl, yl = alt, base, v.AltLabel, v.Base
+			}
+			fmt.Fprintf(b, "\nAt %s Services, %s%s against %s: cold sync %s, change p50 %s, kernel slab %s, RSS %s.\n",
+				thousands(base.Services), v.Lead, xl, yl, times(x.ColdStartSeconds, y.ColdStartSeconds), times(x.ChangeP50Ms, y.ChangeP50Ms),
+				times(x.SlabMiB, y.SlabMiB), times(x.RSSMiB, y.RSSMiB))
+		}
+	}
 }
 
 // times is a/b as "N×", or n/a.
