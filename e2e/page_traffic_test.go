@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -28,10 +29,16 @@ import (
 // holder accepts connections on a backend address and keeps them open
 // until closed: flows that stay in conntrack as long as the test wants.
 type holder struct {
-	ln    net.Listener
-	mu    sync.Mutex
-	conns []net.Conn
+	ln       net.Listener
+	mu       sync.Mutex
+	conns    []net.Conn
+	received atomic.Int64 // bytes read from all connections
 }
+
+// counter counts what is written to it.
+type counter struct{ n *atomic.Int64 }
+
+func (c counter) Write(b []byte) (int, error) { c.n.Add(int64(len(b))); return len(b), nil }
 
 func hold(t *testing.T, h *lab.Host, addr string) *holder {
 	t.Helper()
@@ -50,7 +57,7 @@ func hold(t *testing.T, h *lab.Host, addr string) *holder {
 			o.conns = append(o.conns, c)
 			o.mu.Unlock()
 			go func() {
-				_, _ = io.Copy(io.Discard, c) // until the client closes
+				_, _ = io.Copy(counter{&o.received}, c) // until the client closes
 				o.mu.Lock()
 				defer o.mu.Unlock()
 				o.conns = slices.DeleteFunc(o.conns, func(x net.Conn) bool { return x == c })
@@ -141,6 +148,56 @@ func TestPageTraffic(t *testing.T) {
 		t.Errorf("quiet Service shows %q, want 0 new", got)
 	}
 
+	// Bytes through the Services: 2 MiB to web in 16 connections, spread
+	// over its endpoints by the hash, 1 KiB to quiet. The bytes column
+	// shows them, and "Most traffic" puts web first.
+	q := hold(t, topo.Backend, "198.18.2.12:8080")
+	send := func(dst string, conns, size int) {
+		t.Helper()
+		for range conns {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			c, err := topo.Client.DialContext(ctx, "tcp", dst)
+			cancel()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := c.Write(make([]byte, size)); err != nil {
+				t.Fatal(err)
+			}
+			c.Close()
+		}
+	}
+	const webBytes = 2 << 20
+	send("198.19.0.10:80", 16, webBytes/16)
+	send("198.19.0.11:80", 1, 1024)
+	if err := lab.EventuallyWithin(10*time.Second, func() error {
+		if n := a.received.Load() + b.received.Load(); n != webBytes {
+			return fmt.Errorf("web's endpoints received %d bytes of %d", n, webBytes)
+		}
+		if n := q.received.Load(); n != 1024 {
+			return fmt.Errorf("quiet's endpoint received %d bytes of 1024", n)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	bytesOf := func(key string) string {
+		return `(document.querySelector('#svc-body tr[data-key="` + key + `"] td.traffic .t-bytes') || {}).textContent`
+	}
+	// In: the 2 MiB and the headers of the packets that carried them (and
+	// of the connections before); out: acknowledgements, a few KiB.
+	br.Poll("web's bytes in the column", `/^↓2\.[0-2] MiB ↑\d+(\.\d)? KiB$/.test(`+bytesOf("default/web")+`)`)
+	br.Poll("quiet's bytes in the column", `/^↓[1-9](\.\d)? KiB ↑/.test(`+bytesOf("default/quiet")+`)`)
+	br.Do("sort by name", chromedp.SetValue(chromedp.CSS("#sort"), "name"))
+	browsertest.Eval[bool](br, `document.getElementById('sort').dispatchEvent(new Event('change')), true`)
+	br.WaitRows("Services by name", "default/quiet", "default/web")
+	br.Do("sort by most traffic", chromedp.SetValue(chromedp.CSS("#sort"), "traffic"))
+	browsertest.Eval[bool](br, `document.getElementById('sort').dispatchEvent(new Event('change')), true`)
+	br.WaitRows("Services by most traffic", "default/web", "default/quiet")
+	t.Logf("bytes column: web %q, quiet %q", br.Text(`#svc-body tr[data-key="default/web"] td.traffic .t-bytes`),
+		br.Text(`#svc-body tr[data-key="default/quiet"] td.traffic .t-bytes`))
+	br.Screenshot(artifacts, "page-traffic-bytes.png")
+
 	// The detail view: each endpoint's share of the 8 open flows, the top
 	// client, the live flows and their search.
 	br.Click(`#svc-body tr[data-key="default/web"] .svc-open`)
@@ -148,6 +205,16 @@ func TestPageTraffic(t *testing.T) {
 	br.Poll("endpoints' shares", `(s => s.length === 2 && s.reduce((n, x) => n + Number(x.split('=')[1].split(' ')[0]), 0) === 8)(`+shares+`)`)
 	if n := a.held() + b.held(); n != 8 {
 		t.Errorf("the backends hold %d connections, want 8", n)
+	}
+	// Each endpoint's share of the bytes: what its backend received (the
+	// headers and acknowledgements on top stay under a fifth more), its
+	// percentage within one of the backends' own.
+	recv := map[string]int64{"198.18.2.10:8080": a.received.Load(), "198.18.2.11:8080": b.received.Load()}
+	for ep, n := range recv {
+		li := `document.querySelector('.d-shares li[data-endpoint="` + ep + `"]')`
+		br.Poll("bytes share of "+ep, fmt.Sprintf(`(l => l && Number(l.dataset.bytes) >= %d && Number(l.dataset.bytes) <= %d && (m => m && Math.abs(Number(m[1]) - %d) <= 1)(l.textContent.match(/(\d+)%% of bytes$/)))(%s)`,
+			n, n+n/5+64<<10, (100*n+webBytes/2)/webBytes, li))
+		t.Logf("endpoint %s received %d bytes; the detail view: %q", ep, n, br.Text(`.d-shares li[data-endpoint="`+ep+`"]`))
 	}
 	br.Poll("top client", `document.querySelector('.d-clients li .mono') && document.querySelector('.d-clients li .mono').textContent === '`+topo.ClientIPv4[0].String()+`'`)
 	br.Poll("live flows", `document.querySelectorAll('.d-flows tbody tr').length >= 8`)

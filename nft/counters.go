@@ -63,16 +63,29 @@ type trafficKey struct {
 	dest, ep netip.AddrPort
 }
 
-// CountersMaxAge is how long a reading of the counters is served again
-// before the kernel is read anew: a page or a scrape never costs more than
-// one reading per interval, whatever the number of Services.
+// CountersMaxAge is how long a reading of the counters is served before a
+// new one is started: a page or a scrape never costs more than one reading
+// per interval, whatever the number of Services.
 const CountersMaxAge = time.Second
+
+// countersPace bounds the time spent reading the counters to a share of
+// one core: a reading that took d is followed by the next one no sooner
+// than countersPace × d after it (full traffic sets take seconds to dump).
+const countersPace = 10
 
 // counterCache holds the last reading of the counters.
 type counterCache struct {
-	mu     sync.Mutex // held while reading: callers at once share one reading
+	mu sync.Mutex // guards last, next, refreshing, closed
+	// last is served to every caller; a caller that finds it older than
+	// next starts the next reading in the background (wg), and gets last.
+	last       *Reading
+	next       time.Time
+	refreshing bool
+	closed     bool
+	wg         sync.WaitGroup
+
+	read   sync.Mutex // held while reading, taken before mu; guards what follows
 	reader *reader
-	last   *Reading
 	// seen are the traffic sets' elements of the last reading; retired
 	// what the elements that expired since (or were made anew) had
 	// counted, so that a port's or endpoint's totals never go down while
@@ -107,21 +120,68 @@ func (r *Reading) PortOf(proto model.Protocol, dst netip.AddrPort) (PortRef, boo
 	return p, ok
 }
 
-// Counters returns the counters of every programmed Service port, read
-// from the kernel at most once per CountersMaxAge (an older reading is
-// returned until then). Without ruleset.Config.Counters the reading has
-// no counts, and still tells each destination's Service port.
+// Counters returns the last reading of the counters of every programmed
+// Service port. Only the first call waits for the kernel: a later one gets
+// the last reading at once and, when it is older than CountersMaxAge (or
+// countersPace times what it took), starts the next one in the background,
+// so that a scrape or a page is never held up by a dump of large sets. A
+// reading that fails is not served: the next call reads again, and gets
+// the error. Without ruleset.Config.Counters the reading has no counts,
+// and still tells each destination's Service port.
 func (p *Programmer) Counters() (*Reading, error) {
 	c := &p.counters
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.last != nil && time.Since(c.last.At) < CountersMaxAge {
-		return c.last, nil
+	last := c.last
+	if last != nil && !c.refreshing && !c.closed && !time.Now().Before(c.next) {
+		c.refreshing = true
+		c.wg.Add(1)
+		go func() {
+			defer c.wg.Done()
+			p.readCounters(true)
+		}()
 	}
+	c.mu.Unlock()
+	if last != nil {
+		return last, nil
+	}
+	return p.readCounters(false)
+}
+
+// readCounters reads the counters into p.counters.last. In the
+// background it replaces the last reading whatever its age; otherwise it
+// returns one that another caller made meanwhile.
+func (p *Programmer) readCounters(background bool) (*Reading, error) {
+	c := &p.counters
+	c.read.Lock()
+	defer c.read.Unlock()
+	c.mu.Lock()
+	last := c.last
+	c.mu.Unlock()
+	if last != nil && !background {
+		return last, nil
+	}
+	start := time.Now()
+	rd, err := p.readKernelCounters()
+	took := time.Since(start)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.refreshing = false
+	if err != nil {
+		c.last = nil
+		return nil, err
+	}
+	rd.At = start
+	c.last = rd
+	c.next = start.Add(max(CountersMaxAge, countersPace*took))
+	return rd, nil
+}
+
+// readKernelCounters reads the kernel's counters; called with
+// p.counters.read held.
+func (p *Programmer) readKernelCounters() (*Reading, error) {
+	c := &p.counters
 	if !p.cfg.Counters {
-		c.last = p.attribute(nil, nil, nil)
-		c.last.At = time.Now()
-		return c.last, nil
+		return p.attribute(nil, nil, nil), nil
 	}
 	if c.reader == nil {
 		r, err := newReader(p.netnsFD)
@@ -130,14 +190,11 @@ func (p *Programmer) Counters() (*Reading, error) {
 		}
 		c.reader = r
 	}
-	at := time.Now()
 	elems, drops, flows, err := c.reader.readCounters(&p.cfg, p.firewallChains())
 	if err != nil {
 		return nil, fmt.Errorf("read counters: %w", err)
 	}
-	c.last = p.attribute(elems, drops, c.traffic(flows))
-	c.last.At = at
-	return c.last, nil
+	return p.attribute(elems, drops, c.traffic(flows)), nil
 }
 
 // counted is one map element's counter.
@@ -274,7 +331,7 @@ func isCounted(name string) bool { return slices.Contains(countedMaps, name) }
 // attribute sums the counters per Service port: each element to the
 // Service that holds it, each source-range chain to its port, each traffic
 // element to the port of its destination and, while the port has it, its
-// endpoint. Called with p.counters.mu held.
+// endpoint. Called with p.counters.read held.
 func (p *Programmer) attribute(elems []counted, drops map[string]Count, flows map[trafficKey]Count) *Reading {
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -1,10 +1,13 @@
 package nft
 
 import (
+	"fmt"
 	"net/netip"
 	"os/exec"
 	"testing"
+	"time"
 
+	"github.com/nftgate/nftgate/internal/testing/lab"
 	"github.com/nftgate/nftgate/model"
 	"github.com/nftgate/nftgate/ruleset"
 )
@@ -84,6 +87,23 @@ func TestCountersCountConnections(t *testing.T) {
 	}
 	if again.Ports[ref(web)].New.Packets != 3 {
 		t.Errorf("a second reading at once read the kernel again: %+v", again.Ports[ref(web)])
+	}
+	// Past its age, the last reading is still what a caller gets at once,
+	// and the next one is made in the background.
+	p.counters.mu.Lock()
+	p.counters.next = time.Time{}
+	p.counters.mu.Unlock()
+	if stale, err := p.Counters(); err != nil || stale != again {
+		t.Errorf("a reading past its age: %p %v, want the last one (%p) served at once", stale, err, again)
+	}
+	if err := lab.EventuallyWithin(10*time.Second, func() error {
+		rd, err := p.Counters()
+		if err == nil && rd.Ports[ref(web)].New.Packets != 4 {
+			err = fmt.Errorf("web: %+v, want 4 new connections", rd.Ports[ref(web)])
+		}
+		return err
+	}); err != nil {
+		t.Errorf("the background reading: %v", err)
 	}
 	// The counted maps read back as what was programmed: no drift.
 	p.genKnown = false

@@ -157,12 +157,17 @@ func NewProgrammer(cfg ruleset.Config, opts Options) (*Programmer, error) {
 // Close closes the sockets. The rules stay in the kernel.
 func (p *Programmer) Close() error {
 	p.reader.Close()
-	p.counters.mu.Lock()
-	if p.counters.reader != nil {
-		p.counters.reader.Close()
-		p.counters.reader = nil
+	c := &p.counters
+	c.mu.Lock()
+	c.closed = true
+	c.mu.Unlock()
+	c.wg.Wait()
+	c.read.Lock()
+	if c.reader != nil {
+		c.reader.Close()
+		c.reader = nil
 	}
-	p.counters.mu.Unlock()
+	c.read.Unlock()
 	return p.batch.Close()
 }
 

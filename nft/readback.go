@@ -31,7 +31,7 @@ type reader struct {
 }
 
 func newReader(netnsFD int) (*reader, error) {
-	conn, err := nftables.New(nftables.AsLasting(), nftables.WithNetNSFd(netnsFD))
+	conn, err := nftables.New(nftables.AsLasting(), nftables.WithNetNSFd(netnsFD), nftables.WithSockOptions(largeDumps))
 	if err != nil {
 		return nil, fmt.Errorf("open nf_tables netlink socket: %w", err)
 	}
