@@ -175,7 +175,11 @@ func failoverRun(cfg *Config, name string, traffic failover.Traffic) (res failov
 		defer router.Close()
 	}
 	gs, err := startNftgates(cfg, topo, nc)
-	defer func() { err = errors.Join(err, stopNftgates(gs, err != nil)) }()
+	// Each nftgate's output goes to the bench's log when the run failed,
+	// or when a new connection did, to tell why.
+	defer func() {
+		err = errors.Join(err, stopNftgates(gs, err != nil || (res.New != nil && res.New.Failed > 0)))
+	}()
 	if err != nil {
 		return res, "", err
 	}
