@@ -237,16 +237,13 @@ func (r *reader) readCounters(cfg *ruleset.Config, fw map[string]PortRef) ([]cou
 					continue
 				}
 				shape := ruleset.SetShape(s.Name)
-				elems, err := r.conn.GetSetElements(s)
-				if err != nil {
-					return nil, nil, nil, fmt.Errorf("list elements of map %s: %w", s.Name, err)
-				}
-				for _, e := range elems {
-					k, ok := keyFromBytes(f, shape, e.Key)
-					if !ok || e.Counter == nil {
-						continue
+				if err := r.eachElem(f, name, s.Name, func(e *setElem) error {
+					if k, ok := keyFromBytes(f, shape, e.Key); ok && e.HasCounter {
+						out = append(out, counted{f, ruleset.ElemID{Map: s.Name, Key: k}, e.Counter})
 					}
-					out = append(out, counted{f, ruleset.ElemID{Map: s.Name, Key: k}, Count{e.Counter.Packets, e.Counter.Bytes}})
+					return nil
+				}); err != nil {
+					return nil, nil, nil, err
 				}
 			}
 			if name != cfg.Table {
@@ -274,29 +271,26 @@ func (r *reader) readCounters(cfg *ruleset.Config, fw map[string]PortRef) ([]cou
 
 // readTraffic reads the elements of traffic set s into flows.
 func (r *reader) readTraffic(f ruleset.Family, s *nftables.Set, flows map[trafficKey]Count) error {
-	elems, err := r.conn.GetSetElements(s)
-	if err != nil {
-		return fmt.Errorf("list elements of set %s: %w", s.Name, err)
-	}
 	n := int(f.AddrLen())
-	for _, e := range elems {
+	reply := s.Name == ruleset.SetTrafficOut
+	return r.eachElem(f, s.Table.Name, s.Name, func(e *setElem) error {
 		// The destination's fields as in the service maps, then the
 		// endpoint's address and port (padded to four bytes).
-		if e.Counter == nil || len(e.Key) != 2*n+12 {
-			continue
+		if !e.HasCounter || len(e.Key) != 2*n+12 {
+			return nil
 		}
 		dest, ok := keyFromBytes(f, ruleset.KeyAddrProtoPort, e.Key[:n+8])
 		ep, _ := netip.AddrFromSlice(e.Key[n+8 : 2*n+8])
 		if !ok {
-			continue
+			return nil
 		}
-		k := trafficKey{reply: s.Name == ruleset.SetTrafficOut, proto: dest.Proto, dest: netip.AddrPortFrom(dest.Addr, dest.Port),
+		k := trafficKey{reply: reply, proto: dest.Proto, dest: netip.AddrPortFrom(dest.Addr, dest.Port),
 			ep: netip.AddrPortFrom(ep, uint16(e.Key[2*n+8])<<8|uint16(e.Key[2*n+9]))}
 		c := flows[k]
-		c.add(Count{e.Counter.Packets, e.Counter.Bytes})
+		c.add(e.Counter)
 		flows[k] = c
-	}
-	return nil
+		return nil
+	})
 }
 
 // traffic returns what each traffic element counted since it was first

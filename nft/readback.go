@@ -28,6 +28,7 @@ type reader struct {
 	conn  *nftables.Conn
 	nl    *netlink.Conn
 	links *vnl.Handle // the namespace's links, for the flowtable's devices
+	buf   []byte      // eachElem's receive buffer
 }
 
 func newReader(netnsFD int) (*reader, error) {
