@@ -1,6 +1,7 @@
 package nft
 
 import (
+	"encoding/binary"
 	"fmt"
 	"os"
 	"os/exec"
@@ -10,6 +11,8 @@ import (
 	"time"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/nftgate/nftgate/model"
@@ -164,7 +167,7 @@ func describeOracle(e nftables.SetElement, verdictMap bool) oracleElem {
 	if verdictMap {
 		vd := e.VerdictData
 		if vd == nil {
-			vd = verdictFromData(e.Val)
+			vd = oracleVerdict(e.Val)
 		}
 		v, data = fmt.Sprintf("%d/%s", int32(vd.Kind), vd.Chain), nil
 	}
@@ -212,4 +215,33 @@ func compareElems(t *testing.T, set string, got, want []oracleElem, took time.Du
 			t.Errorf("set %s: element %s: expires in %v, GetSetElements said %v (%v before)", set, g.desc, g.expires, w.expires, took)
 		}
 	}
+}
+
+// oracleVerdict decodes a verdict map element's data as google/nftables
+// gives it, undecoded (NFTA_VERDICT_CODE and NFTA_VERDICT_CHAIN), with
+// mdlayher/netlink's decoder rather than eachElem's.
+func oracleVerdict(b []byte) *expr.Verdict {
+	ad, err := netlink.NewAttributeDecoder(b)
+	if err != nil {
+		return nil
+	}
+	var v *expr.Verdict
+	for ad.Next() {
+		switch ad.Type() {
+		case unix.NFTA_VERDICT_CODE:
+			if v == nil {
+				v = &expr.Verdict{}
+			}
+			v.Kind = expr.VerdictKind(int32(binary.BigEndian.Uint32(ad.Bytes())))
+		case unix.NFTA_VERDICT_CHAIN:
+			if v == nil {
+				v = &expr.Verdict{}
+			}
+			v.Chain = ad.String()
+		}
+	}
+	if ad.Err() != nil {
+		return nil
+	}
+	return v
 }
