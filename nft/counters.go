@@ -190,7 +190,7 @@ func (p *Programmer) readKernelCounters() (*Reading, error) {
 		}
 		c.reader = r
 	}
-	elems, drops, flows, err := c.reader.readCounters(&p.cfg, p.firewallChains())
+	elems, drops, flows, err := c.reader.readCounters(&p.cfg, p.firewallChains(), len(c.seen))
 	if err != nil {
 		return nil, fmt.Errorf("read counters: %w", err)
 	}
@@ -210,11 +210,12 @@ var countedMaps = []string{ruleset.MapServiceIPs, ruleset.MapServiceNodePorts, r
 // readCounters reads the counters of the counted maps' elements in every
 // table of nftgate's, and of the drop rules of the source-range chains fw
 // (one dump per chain: a dump of the main table's rules would send every
-// Service's).
-func (r *reader) readCounters(cfg *ruleset.Config, fw map[string]PortRef) ([]counted, map[string]Count, map[trafficKey]Count, error) {
+// Service's). flows is the number of traffic elements expected (the last
+// reading's), to size their map once.
+func (r *reader) readCounters(cfg *ruleset.Config, fw map[string]PortRef, flows int) ([]counted, map[string]Count, map[trafficKey]Count, error) {
 	var out []counted
 	drops := map[string]Count{}
-	flows := map[trafficKey]Count{}
+	traffic := make(map[trafficKey]Count, flows)
 	for _, f := range ruleset.Families {
 		names := []string{cfg.Table}
 		for i := range cfg.ShardCount() {
@@ -228,7 +229,7 @@ func (r *reader) readCounters(cfg *ruleset.Config, fw map[string]PortRef) ([]cou
 			}
 			for _, s := range sets {
 				if s.Name == ruleset.SetTrafficIn || s.Name == ruleset.SetTrafficOut {
-					if err := r.readTraffic(f, s, flows); err != nil {
+					if err := r.readTraffic(f, s, traffic); err != nil {
 						return nil, nil, nil, err
 					}
 					continue
@@ -266,7 +267,7 @@ func (r *reader) readCounters(cfg *ruleset.Config, fw map[string]PortRef) ([]cou
 			}
 		}
 	}
-	return out, drops, flows, nil
+	return out, drops, traffic, nil
 }
 
 // readTraffic reads the elements of traffic set s into flows.
