@@ -31,6 +31,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nftgate/nftgate/internal/ctnetlink"
+	"github.com/nftgate/nftgate/internal/nlattr"
 )
 
 const (
@@ -42,7 +43,6 @@ const (
 	filterProtoNum  = 1 << 3
 	filterSrcPort   = 1 << 4
 	filterDstPort   = 1 << 5
-	nlaTypeMask     = 0x3fff
 	ctMsgTypeGet    = ctnetlink.Subsys<<8 | ctnetlink.MsgGet
 	ctMsgTypeDelete = ctnetlink.Subsys<<8 | ctnetlink.MsgDelete
 )
@@ -231,7 +231,7 @@ func parseEntry(b []byte, e *entry) error {
 	}
 	e.family = b[0]
 	var origOK, replyOK bool
-	err := walkAttrs(b[ctnetlink.NFGenMsgLen:], func(typ uint16, v []byte) error {
+	err := nlattr.Walk(b[ctnetlink.NFGenMsgLen:], func(typ uint16, v []byte) error {
 		switch typ {
 		case ctnetlink.TupleOrig:
 			t, err := parseTuple(v)
@@ -269,10 +269,10 @@ func parseTuple(b []byte) (tuple, error) {
 	var t tuple
 	var src, dst netip.Addr
 	var sport, dport uint16
-	err := walkAttrs(b, func(typ uint16, v []byte) error {
+	err := nlattr.Walk(b, func(typ uint16, v []byte) error {
 		switch typ {
 		case ctnetlink.TupleIP:
-			return walkAttrs(v, func(typ uint16, v []byte) error {
+			return nlattr.Walk(v, func(typ uint16, v []byte) error {
 				switch typ {
 				case ctnetlink.IPv4Src, ctnetlink.IPv6Src:
 					src, _ = netip.AddrFromSlice(v)
@@ -282,7 +282,7 @@ func parseTuple(b []byte) (tuple, error) {
 				return nil
 			})
 		case ctnetlink.TupleProto:
-			return walkAttrs(v, func(typ uint16, v []byte) error {
+			return nlattr.Walk(v, func(typ uint16, v []byte) error {
 				switch {
 				case typ == ctnetlink.ProtoNum && len(v) >= 1:
 					t.proto = v[0]
@@ -305,27 +305,6 @@ func parseTuple(b []byte) (tuple, error) {
 	t.src = netip.AddrPortFrom(src, sport)
 	t.dst = netip.AddrPortFrom(dst, dport)
 	return t, nil
-}
-
-// walkAttrs calls fn for each netlink attribute in b. It allocates nothing,
-// which matters when a broad dump streams every flow of a protocol.
-func walkAttrs(b []byte, fn func(typ uint16, v []byte) error) error {
-	for len(b) >= 4 {
-		l := int(binary.NativeEndian.Uint16(b[0:2]))
-		typ := binary.NativeEndian.Uint16(b[2:4]) & nlaTypeMask
-		if l < 4 || l > len(b) {
-			return fmt.Errorf("malformed netlink attribute (length %d, %d bytes left)", l, len(b))
-		}
-		if err := fn(typ, b[4:l]); err != nil {
-			return err
-		}
-		al := (l + 3) &^ 3
-		if al > len(b) {
-			break
-		}
-		b = b[al:]
-	}
-	return nil
 }
 
 // isNotFound reports whether a delete failed because the entry was already

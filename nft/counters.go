@@ -190,7 +190,7 @@ func (p *Programmer) readKernelCounters() (*Reading, error) {
 		}
 		c.reader = r
 	}
-	elems, drops, flows, err := c.reader.readCounters(&p.cfg, p.firewallChains())
+	elems, drops, flows, err := c.reader.readCounters(&p.cfg, p.firewallChains(), len(c.seen))
 	if err != nil {
 		return nil, fmt.Errorf("read counters: %w", err)
 	}
@@ -210,11 +210,12 @@ var countedMaps = []string{ruleset.MapServiceIPs, ruleset.MapServiceNodePorts, r
 // readCounters reads the counters of the counted maps' elements in every
 // table of nftgate's, and of the drop rules of the source-range chains fw
 // (one dump per chain: a dump of the main table's rules would send every
-// Service's).
-func (r *reader) readCounters(cfg *ruleset.Config, fw map[string]PortRef) ([]counted, map[string]Count, map[trafficKey]Count, error) {
+// Service's). flows is the number of traffic elements expected (the last
+// reading's), to size their map once.
+func (r *reader) readCounters(cfg *ruleset.Config, fw map[string]PortRef, flows int) ([]counted, map[string]Count, map[trafficKey]Count, error) {
 	var out []counted
 	drops := map[string]Count{}
-	flows := map[trafficKey]Count{}
+	traffic := make(map[trafficKey]Count, flows)
 	for _, f := range ruleset.Families {
 		names := []string{cfg.Table}
 		for i := range cfg.ShardCount() {
@@ -228,7 +229,7 @@ func (r *reader) readCounters(cfg *ruleset.Config, fw map[string]PortRef) ([]cou
 			}
 			for _, s := range sets {
 				if s.Name == ruleset.SetTrafficIn || s.Name == ruleset.SetTrafficOut {
-					if err := r.readTraffic(f, s, flows); err != nil {
+					if err := r.readTraffic(f, s, traffic); err != nil {
 						return nil, nil, nil, err
 					}
 					continue
@@ -237,16 +238,13 @@ func (r *reader) readCounters(cfg *ruleset.Config, fw map[string]PortRef) ([]cou
 					continue
 				}
 				shape := ruleset.SetShape(s.Name)
-				elems, err := r.conn.GetSetElements(s)
-				if err != nil {
-					return nil, nil, nil, fmt.Errorf("list elements of map %s: %w", s.Name, err)
-				}
-				for _, e := range elems {
-					k, ok := keyFromBytes(f, shape, e.Key)
-					if !ok || e.Counter == nil {
-						continue
+				if err := r.eachElem(f, name, s.Name, func(e *setElem) error {
+					if k, ok := keyFromBytes(f, shape, e.Key); ok && e.HasCounter {
+						out = append(out, counted{f, ruleset.ElemID{Map: s.Name, Key: k}, e.Counter})
 					}
-					out = append(out, counted{f, ruleset.ElemID{Map: s.Name, Key: k}, Count{e.Counter.Packets, e.Counter.Bytes}})
+					return nil
+				}); err != nil {
+					return nil, nil, nil, err
 				}
 			}
 			if name != cfg.Table {
@@ -269,34 +267,31 @@ func (r *reader) readCounters(cfg *ruleset.Config, fw map[string]PortRef) ([]cou
 			}
 		}
 	}
-	return out, drops, flows, nil
+	return out, drops, traffic, nil
 }
 
 // readTraffic reads the elements of traffic set s into flows.
 func (r *reader) readTraffic(f ruleset.Family, s *nftables.Set, flows map[trafficKey]Count) error {
-	elems, err := r.conn.GetSetElements(s)
-	if err != nil {
-		return fmt.Errorf("list elements of set %s: %w", s.Name, err)
-	}
 	n := int(f.AddrLen())
-	for _, e := range elems {
+	reply := s.Name == ruleset.SetTrafficOut
+	return r.eachElem(f, s.Table.Name, s.Name, func(e *setElem) error {
 		// The destination's fields as in the service maps, then the
 		// endpoint's address and port (padded to four bytes).
-		if e.Counter == nil || len(e.Key) != 2*n+12 {
-			continue
+		if !e.HasCounter || len(e.Key) != 2*n+12 {
+			return nil
 		}
 		dest, ok := keyFromBytes(f, ruleset.KeyAddrProtoPort, e.Key[:n+8])
 		ep, _ := netip.AddrFromSlice(e.Key[n+8 : 2*n+8])
 		if !ok {
-			continue
+			return nil
 		}
-		k := trafficKey{reply: s.Name == ruleset.SetTrafficOut, proto: dest.Proto, dest: netip.AddrPortFrom(dest.Addr, dest.Port),
+		k := trafficKey{reply: reply, proto: dest.Proto, dest: netip.AddrPortFrom(dest.Addr, dest.Port),
 			ep: netip.AddrPortFrom(ep, uint16(e.Key[2*n+8])<<8|uint16(e.Key[2*n+9]))}
 		c := flows[k]
-		c.add(Count{e.Counter.Packets, e.Counter.Bytes})
+		c.add(e.Counter)
 		flows[k] = c
-	}
-	return nil
+		return nil
+	})
 }
 
 // traffic returns what each traffic element counted since it was first

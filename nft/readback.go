@@ -10,7 +10,6 @@ import (
 	"sort"
 
 	"github.com/google/nftables"
-	"github.com/google/nftables/expr"
 	"github.com/mdlayher/netlink"
 	vnl "github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -28,6 +27,7 @@ type reader struct {
 	conn  *nftables.Conn
 	nl    *netlink.Conn
 	links *vnl.Handle // the namespace's links, for the flowtable's devices
+	buf   []byte      // eachElem's receive buffer
 }
 
 func newReader(netnsFD int) (*reader, error) {
@@ -193,31 +193,38 @@ func (r *reader) readSets(name string, f ruleset.Family, st *ruleset.TableState,
 		if def.Shape == 0 || def.Shape == ruleset.KeyTraffic {
 			continue // filled by the packet path, or not nftgate's
 		}
-		elems, err := r.conn.GetSetElements(s)
-		if err != nil {
-			return fmt.Errorf("list elements of map %s: %w", s.Name, err)
-		}
-		if def.Map {
-			def.Counter = counters && isCounted(s.Name)
-			if len(elems) > 0 {
-				def.Counter = elems[0].Counter != nil
+		first, other := true, false
+		if err := r.eachElem(f, name, s.Name, func(e *setElem) error {
+			if def.Map && first {
+				def.Counter = e.HasCounter
 			}
-			st.Sets[s.Name] = def
-		}
-		for _, e := range elems {
-			if e.VerdictData == nil {
-				e.VerdictData = verdictFromData(e.Val)
+			first = false
+			if other {
+				return nil
 			}
 			k, ok := keyFromBytes(f, def.Shape, e.Key)
 			if !ok {
 				// Keys of another shape: the map is not what nftgate
 				// made, so it is recreated.
-				def.Shape = 0
-				st.Sets[s.Name] = def
-				break
+				other = true
+				return nil
 			}
-			st.Elems[ruleset.ElemID{Map: s.Name, Key: k}] = verdictFromExpr(e.VerdictData)
+			var v ruleset.Verdict
+			if e.HasVerdict {
+				v = ruleset.VerdictOf(e.Verdict, string(e.Chain))
+			}
+			st.Elems[ruleset.ElemID{Map: s.Name, Key: k}] = v
+			return nil
+		}); err != nil {
+			return err
 		}
+		if def.Map && first {
+			def.Counter = counters && isCounted(s.Name)
+		}
+		if other {
+			def.Shape = 0
+		}
+		st.Sets[s.Name] = def
 	}
 	return nil
 }
@@ -346,42 +353,6 @@ func keyFromBytes(f ruleset.Family, shape ruleset.KeyShape, b []byte) (ruleset.K
 	k.Proto = model.Protocol(b[0])
 	k.Port = uint16(b[4])<<8 | uint16(b[5])
 	return k, true
-}
-
-func verdictFromExpr(v *expr.Verdict) ruleset.Verdict {
-	if v == nil {
-		return ruleset.Verdict{}
-	}
-	return ruleset.VerdictOf(int32(v.Kind), v.Chain)
-}
-
-// verdictFromData decodes an element's verdict data (NFTA_VERDICT_CODE and
-// NFTA_VERDICT_CHAIN), which google/nftables leaves undecoded when it does
-// not recognise the map's data type.
-func verdictFromData(b []byte) *expr.Verdict {
-	ad, err := netlink.NewAttributeDecoder(b)
-	if err != nil {
-		return nil
-	}
-	var v *expr.Verdict
-	for ad.Next() {
-		switch ad.Type() {
-		case unix.NFTA_VERDICT_CODE:
-			if v == nil {
-				v = &expr.Verdict{}
-			}
-			v.Kind = expr.VerdictKind(int32(binary.BigEndian.Uint32(ad.Bytes())))
-		case unix.NFTA_VERDICT_CHAIN:
-			if v == nil {
-				v = &expr.Verdict{}
-			}
-			v.Chain = ad.String()
-		}
-	}
-	if ad.Err() != nil {
-		return nil
-	}
-	return v
 }
 
 // nftFamily is f as google/nftables names it, for reading back.
