@@ -37,14 +37,7 @@ protocol bfd {
 func TestBFDWithBIRD(t *testing.T) {
 	e := newEdge(t)
 	b := bird.Start(t, e.router, bfdBirdConf())
-	cfg := speakerConfig()
-	for i := range cfg.Peers {
-		cfg.Peers[i].HoldTime = bfdHoldTime
-		cfg.Peers[i].BFD = true
-		cfg.Peers[i].BFDInterval = bfdInterval
-		cfg.Peers[i].BFDMultiplier = bfdMultiplier
-	}
-	sp := startSpeaker(t, e.gateway, cfg)
+	sp := startSpeaker(t, e.gateway, bfdSpeakerConfig())
 	sp.Set(HostRoute(service4, ""), HostRoute(service6, ""))
 	prefixes := []netip.Prefix{netip.PrefixFrom(service4, 32), netip.PrefixFrom(service6, 128)}
 	for i, protocol := range []string{"gw4", "gw6"} {
@@ -91,6 +84,91 @@ func TestBFDWithBIRD(t *testing.T) {
 		t.Error(err)
 	}
 	if err := lab.EventuallyWithin(bound, func() error { return speakerBFD(sp, "down", 0) }); err != nil {
+		t.Error(err)
+	}
+}
+
+// bfdSpeakerConfig is speakerConfig with BFD on every session, at the
+// interval and multiplier of BIRD's side (bfdBirdConf).
+func bfdSpeakerConfig() Config {
+	cfg := speakerConfig()
+	for i := range cfg.Peers {
+		cfg.Peers[i].HoldTime = bfdHoldTime
+		cfg.Peers[i].BFD = true
+		cfg.Peers[i].BFDInterval = bfdInterval
+		cfg.Peers[i].BFDMultiplier = bfdMultiplier
+	}
+	return cfg
+}
+
+// A router starved of CPU for longer than the BFD window (BIRD frozen by
+// SIGSTOP) makes the speaker's BFD expire and reset the sessions. Once
+// the router runs again, the sessions and the routes are back within a
+// few seconds: the speaker waits idle_hold_after_reset (default 3 s)
+// after a reset, not GoBGP's own 30 s, and the router's error wait time
+// is short (bird.Upstream sets 1 s, as the README tells operators to).
+func TestBFDResetRecoversWithinSeconds(t *testing.T) {
+	e := newEdge(t)
+	b := bird.Start(t, e.router, bfdBirdConf())
+	sp := startSpeaker(t, e.gateway, bfdSpeakerConfig())
+	sp.Set(HostRoute(service4, ""), HostRoute(service6, ""))
+	prefixes := []netip.Prefix{netip.PrefixFrom(service4, 32), netip.PrefixFrom(service6, 128)}
+	for i, protocol := range []string{"gw4", "gw6"} {
+		b.WaitState(t, protocol, "Established", false, 30*time.Second)
+		b.WaitRoute(t, prefixes[i], true, 30*time.Second)
+	}
+	if err := lab.EventuallyWithin(30*time.Second, func() error { return speakerBFD(sp, "up", 1) }); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := b.Freeze(); err != nil {
+		t.Fatal(err)
+	}
+	frozen := time.Now()
+	t.Cleanup(func() { _ = b.Thaw() })
+	// The router is frozen until the speaker's BFD has reset every
+	// session (interval x multiplier = 0.3 s after the freeze).
+	err := lab.EventuallyWithin(30*time.Second, func() error {
+		for _, p := range sp.Status().Peers {
+			if p.State == StateEstablished {
+				return fmt.Errorf("the session with %s is still established", p.Address)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Thaw(); err != nil {
+		t.Fatal(err)
+	}
+	thawed := time.Now()
+	t.Logf("BIRD frozen for %v; the speaker's BFD reset the sessions", thawed.Sub(frozen))
+
+	// The bound is the behaviour: a few seconds, where GoBGP's default
+	// idle hold after a reset kept the sessions down for 30 s.
+	const bound = 10 * time.Second
+	err = lab.EventuallyWithin(bound, func() error {
+		for _, p := range sp.Status().Peers {
+			if p.State != StateEstablished || !p.Since.After(frozen) {
+				return fmt.Errorf("the session with %s is %s (since %v), want established again", p.Address, p.State, p.Since)
+			}
+		}
+		for i, protocol := range []string{"gw4", "gw6"} {
+			if st, err := b.ProtocolState(protocol); err != nil || st != "Established" {
+				return fmt.Errorf("BIRD's %s is %q (%v)", protocol, st, err)
+			}
+			if has, err := b.HasRoute(prefixes[i]); err != nil || !has {
+				return fmt.Errorf("BIRD has no route to %s (%v)", prefixes[i], err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("%v after BIRD resumed: %v", bound, err)
+	}
+	t.Logf("sessions and routes back %v after BIRD resumed", time.Since(thawed))
+	if err := lab.EventuallyWithin(bound, func() error { return speakerBFD(sp, "up", 1) }); err != nil {
 		t.Error(err)
 	}
 }

@@ -76,6 +76,15 @@ type PeerConfig struct {
 	// ConnectRetry is the wait between two attempts to connect, default
 	// 5s.
 	ConnectRetry time.Duration `toml:"connect_retry" json:"connect_retry"`
+	// IdleHoldAfterReset is how long the session stays idle after this
+	// speaker reset it (BFD down) before it connects again, default 3s
+	// (GoBGP's own default, 30s, made one BFD blip a 30 s outage). A
+	// session that goes down again before it has stayed up for
+	// IdleHoldAfterResetMax waits twice as long as the time before, up to
+	// IdleHoldAfterResetMax (default 60s): a flapping session is dampened,
+	// not re-established in a tight loop. Equal values: no dampening.
+	IdleHoldAfterReset    time.Duration `toml:"idle_hold_after_reset" json:"idle_hold_after_reset"`
+	IdleHoldAfterResetMax time.Duration `toml:"idle_hold_after_reset_max" json:"idle_hold_after_reset_max"`
 	// Multihop is the TTL of an eBGP session to a peer not on a connected
 	// network, 2 to 255. 0: directly connected (TTL 1 for eBGP).
 	Multihop int `toml:"multihop" json:"multihop"`
@@ -113,14 +122,16 @@ const MaxASPathPrepend = 10
 
 // Defaults of the fields a zero value leaves to the speaker.
 const (
-	DefaultListenPort        = 179
-	DefaultRestartTime       = 120 * time.Second
-	DefaultSelectionDeferral = 5 * time.Second
-	DefaultPeerPort          = 179
-	DefaultHoldTime          = 90 * time.Second
-	DefaultConnectRetry      = 5 * time.Second
-	DefaultBFDInterval       = 300 * time.Millisecond
-	DefaultBFDMultiplier     = 3
+	DefaultListenPort            = 179
+	DefaultRestartTime           = 120 * time.Second
+	DefaultSelectionDeferral     = 5 * time.Second
+	DefaultPeerPort              = 179
+	DefaultHoldTime              = 90 * time.Second
+	DefaultConnectRetry          = 5 * time.Second
+	DefaultIdleHoldAfterReset    = 3 * time.Second
+	DefaultIdleHoldAfterResetMax = 60 * time.Second
+	DefaultBFDInterval           = 300 * time.Millisecond
+	DefaultBFDMultiplier         = 3
 )
 
 // Key is the configuration section this Config is read from, used in the
@@ -152,6 +163,12 @@ func (c Config) WithDefaults() Config {
 		}
 		if p.ConnectRetry == 0 {
 			p.ConnectRetry = DefaultConnectRetry
+		}
+		if p.IdleHoldAfterReset == 0 {
+			p.IdleHoldAfterReset = DefaultIdleHoldAfterReset
+		}
+		if p.IdleHoldAfterResetMax == 0 {
+			p.IdleHoldAfterResetMax = max(DefaultIdleHoldAfterResetMax, p.IdleHoldAfterReset)
 		}
 		if p.BFDInterval == 0 {
 			p.BFDInterval = DefaultBFDInterval
@@ -238,6 +255,12 @@ func (c Config) Validate() error {
 		}
 		if p.ConnectRetry < time.Second || p.ConnectRetry > time.Hour || p.ConnectRetry%time.Second != 0 {
 			bad(f("connect_retry"), p.ConnectRetry, "want whole seconds from 1s to 1h")
+		}
+		// GoBGP counts it in whole seconds and takes 0 for its own 30s.
+		if p.IdleHoldAfterReset < time.Second || p.IdleHoldAfterReset > time.Hour || p.IdleHoldAfterReset%time.Second != 0 {
+			bad(f("idle_hold_after_reset"), p.IdleHoldAfterReset, "want whole seconds from 1s to 1h")
+		} else if p.IdleHoldAfterResetMax < p.IdleHoldAfterReset || p.IdleHoldAfterResetMax > time.Hour || p.IdleHoldAfterResetMax%time.Second != 0 {
+			bad(f("idle_hold_after_reset_max"), p.IdleHoldAfterResetMax, fmt.Sprintf("want whole seconds from idle_hold_after_reset (%v) to 1h", p.IdleHoldAfterReset))
 		}
 		if p.Multihop != 0 && (p.Multihop < 2 || p.Multihop > 255) {
 			bad(f("multihop"), p.Multihop, "want a TTL from 2 to 255, or 0 for a directly connected peer")

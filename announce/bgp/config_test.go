@@ -76,6 +76,12 @@ func TestBadConfigNamesFieldAndValue(t *testing.T) {
 		{func(c *Config) { c.Peers = append(c.Peers, c.Peers[0]) }, `bgp.peer[1].address = "198.18.0.1": the same peer as bgp.peer[0]`},
 		{func(c *Config) { c.Peers[0].ASN = 0 }, `bgp.peer[0].asn = 0: required`},
 		{func(c *Config) { c.Peers[0].HoldTime = time.Second }, `bgp.peer[0].hold_time = "1s": want whole seconds from 3s to 65535s`},
+		{func(c *Config) { c.Peers[0].IdleHoldAfterReset = 1500 * time.Millisecond }, `bgp.peer[0].idle_hold_after_reset = "1.5s": want whole seconds from 1s to 1h`},
+		{func(c *Config) { c.Peers[0].IdleHoldAfterReset = -time.Second }, `bgp.peer[0].idle_hold_after_reset = "-1s": want whole seconds from 1s to 1h`},
+		{func(c *Config) {
+			c.Peers[0].IdleHoldAfterReset = 10 * time.Second
+			c.Peers[0].IdleHoldAfterResetMax = 5 * time.Second
+		}, `bgp.peer[0].idle_hold_after_reset_max = "5s": want whole seconds from idle_hold_after_reset (10s) to 1h`},
 		{func(c *Config) { c.Peers[0].Multihop = 1 }, `bgp.peer[0].multihop = 1: want a TTL from 2 to 255`},
 		{func(c *Config) { c.Peers[0].Multihop = 2; c.Peers[0].BFD = true }, `bgp.peer[0].bfd = true: BFD is single-hop only`},
 		{func(c *Config) { c.Peers[0].PasswordFile = filepath.Join(dir, "missing") }, `bgp.peer[0].password_file = "` + filepath.Join(dir, "missing") + `": open `},
@@ -196,7 +202,8 @@ func TestConfigTOMLExample(t *testing.T) {
 	dp := d.Peers[0]
 	dp.LocalASN = 0
 	if c.ListenPort != d.ListenPort || c.RestartTime != d.RestartTime || c.SelectionDeferral != d.SelectionDeferral ||
-		p.Port != dp.Port || p.HoldTime != dp.HoldTime || p.ConnectRetry != dp.ConnectRetry || p.BFDInterval != dp.BFDInterval || p.BFDMultiplier != dp.BFDMultiplier || p.LocalASN != 0 {
+		p.Port != dp.Port || p.HoldTime != dp.HoldTime || p.ConnectRetry != dp.ConnectRetry ||
+		p.IdleHoldAfterReset != dp.IdleHoldAfterReset || p.IdleHoldAfterResetMax != dp.IdleHoldAfterResetMax || p.BFDInterval != dp.BFDInterval || p.BFDMultiplier != dp.BFDMultiplier || p.LocalASN != 0 {
 		t.Fatalf("config.toml's example %+v differs from the defaults %+v", c, d)
 	}
 }

@@ -58,6 +58,11 @@ type Speaker struct {
 	stopWatch context.CancelFunc
 	upMu      sync.Mutex
 	up        map[netip.Addr]bool
+
+	// holds are the sessions' dampened idle holds after reset.
+	holdMu       sync.Mutex
+	holds        map[netip.Addr]*peerHold
+	holdsStopped bool
 }
 
 type poolAttrs struct {
@@ -89,7 +94,7 @@ func New(cfg Config, log *slog.Logger) (*Speaker, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Speaker{cfg: cfg, log: log, pools: map[string]poolAttrs{}, announced: map[netip.Prefix]string{}}
+	s := &Speaker{cfg: cfg, log: log, pools: map[string]poolAttrs{}, announced: map[netip.Prefix]string{}, holds: newPeerHolds(cfg.Peers)}
 	for name, p := range cfg.Pools {
 		a := poolAttrs{localPref: p.LocalPreference, med: cfg.MED, prepend: cfg.ASPathPrepend}
 		for _, c := range p.Communities {
@@ -157,6 +162,7 @@ func (s *Speaker) sessionEvent(ev *apiutil.WatchEventMessage_PeerEvent, _ time.T
 	was := s.up[st.NeighborAddress]
 	s.up[st.NeighborAddress] = up
 	s.upMu.Unlock()
+	s.dampen(st.NeighborAddress, up)
 	switch {
 	case up && !was:
 		s.log.Info("bgp: session up", "peer", st.NeighborAddress, "asn", st.PeerASN)
@@ -234,6 +240,9 @@ func (s *Speaker) peer(p PeerConfig) (*api.Peer, error) {
 			HoldTime:          uint64(p.HoldTime / time.Second),
 			KeepaliveInterval: uint64(max(p.HoldTime/3/time.Second, 1)),
 			ConnectRetry:      uint64(p.ConnectRetry / time.Second),
+			// GoBGP's own default (for 0) is 30s: after a BFD blip the
+			// session would stay down that long.
+			IdleHoldTimeAfterReset: uint64(p.IdleHoldAfterReset / time.Second),
 		}},
 		Transport: &api.Transport{PassiveMode: p.Passive, RemotePort: uint32(p.Port)},
 		AfiSafis:  []*api.AfiSafi{afi},
@@ -429,6 +438,7 @@ func (s *Speaker) Stop(ctx context.Context) error {
 			err = s.waitSent(ctx)
 		}
 	}
+	s.stopHolds()
 	s.bgp.Stop()
 	s.stopWatch()
 	return err

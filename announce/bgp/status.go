@@ -39,6 +39,9 @@ type PeerStatus struct {
 	// BFD is the BFD session state ("up", "down", "init", "admin-down"),
 	// "" without BFD.
 	BFD string `json:"bfd,omitempty"`
+	// IdleHoldAfterReset is how long the session will stay idle after
+	// its next reset: idle_hold_after_reset, or more while it flaps.
+	IdleHoldAfterReset time.Duration `json:"idleHoldAfterReset"`
 }
 
 // Status returns every configured session, in configuration order.
@@ -77,6 +80,7 @@ func (s *Speaker) Status() []PeerStatus {
 		if !ok {
 			st = PeerStatus{Address: addr, ASN: p.ASN, State: StateIdle}
 		}
+		st.IdleHoldAfterReset = s.idleHold(netip.MustParseAddr(p.Address))
 		if p.BFD && st.BFD == "" {
 			st.BFD = "down"
 		}

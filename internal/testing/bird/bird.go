@@ -14,6 +14,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -85,6 +86,13 @@ func (b *Router) Close() {
 	_ = b.cmd.Process.Kill()
 	<-b.done
 }
+
+// Freeze stops bird with SIGSTOP, as a router starved of CPU: it sends,
+// answers and times out nothing until Thaw. Close ends a frozen bird too.
+func (b *Router) Freeze() error { return b.cmd.Process.Signal(syscall.SIGSTOP) }
+
+// Thaw resumes a frozen bird (SIGCONT).
+func (b *Router) Thaw() error { return b.cmd.Process.Signal(syscall.SIGCONT) }
 
 // Output is what bird wrote to its standard streams, and the last lines
 // of its log.
