@@ -168,8 +168,23 @@ func TestBFDResetRecoversWithinSeconds(t *testing.T) {
 		t.Fatalf("%v after BIRD resumed: %v", bound, err)
 	}
 	t.Logf("sessions and routes back %v after BIRD resumed", time.Since(thawed))
+	since := map[string]time.Time{}
+	for _, p := range sp.Status().Peers {
+		since[p.Address] = p.Since
+	}
+	// And they stay up: BFD comes up on both sides with these sessions
+	// (a BFD left paired with the router's old BFD session expires and
+	// resets them again).
 	if err := lab.EventuallyWithin(bound, func() error { return speakerBFD(sp, "up", 1) }); err != nil {
-		t.Error(err)
+		t.Fatal(err)
+	}
+	if err := lab.EventuallyWithin(bound, func() error { return birdBFD(b, []netip.Addr{gatewayGW4.Addr(), gatewayGW6.Addr()}, "Up") }); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range sp.Status().Peers {
+		if p.State != StateEstablished || !p.Since.Equal(since[p.Address]) {
+			t.Errorf("the session with %s was reset again: %s since %v, was up since %v", p.Address, p.State, p.Since, since[p.Address])
+		}
 	}
 }
 

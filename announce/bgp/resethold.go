@@ -6,11 +6,10 @@ import (
 	"time"
 
 	"github.com/osrg/gobgp/v4/api"
-	"google.golang.org/protobuf/proto"
 )
 
 // resetHold is the dampened idle hold after reset of one session: how
-// long GoBGP keeps the session idle after it reset it (BFD down) before it
+// long the speaker keeps the session down after BFD reset it before it
 // connects again. Each time the session leaves established before it has
 // stayed up for max, the hold doubles, up to max; once it has stayed up
 // for max, the hold is base again.
@@ -36,13 +35,13 @@ func (h *resetHold) stable() time.Duration {
 // peerHold is a session's resetHold and what the speaker knows of it.
 type peerHold struct {
 	resetHold
-	index int // in Config.Peers and Speaker.peers
+	index int  // in Config.Peers and Speaker.peers
+	bfd   bool // the session has BFD
 	// up and gen are the session's state and how many times it changed,
-	// so that a decay timer set when it came up acts only if it is still
-	// that same up.
+	// so that a timer set at one change acts only if no other came since.
 	up    bool
 	gen   uint64
-	decay *time.Timer
+	timer *time.Timer
 }
 
 func newPeerHolds(peers []PeerConfig) map[netip.Addr]*peerHold {
@@ -51,75 +50,84 @@ func newPeerHolds(peers []PeerConfig) map[netip.Addr]*peerHold {
 		holds[netip.MustParseAddr(p.Address)] = &peerHold{
 			resetHold: resetHold{base: p.IdleHoldAfterReset, max: p.IdleHoldAfterResetMax, cur: p.IdleHoldAfterReset},
 			index:     i,
+			bfd:       p.BFD,
 		}
 	}
 	return holds
 }
 
-// dampen follows a session up or down (from sessionEvent): down doubles
-// the hold for the next reset; up starts the time after which the hold
-// is back to base.
+// dampen follows a session with BFD up or down (from sessionEvent).
+//
+// Down: the speaker removes the peer from GoBGP at once and adds it again
+// after the hold, which then doubles for the next time. Waiting in GoBGP's
+// own idle state instead (its idle hold after reset) lets a session come
+// back and be cut at once: GoBGP's BFD keeps the session it had with the
+// router's BFD, which the router replaces when its BGP session restarts;
+// GoBGP's BFD expires a moment later, and the reset it then asks for,
+// with BGP idle, waits in GoBGP's queue and goes out the moment the next
+// session is established, again and again. A peer added anew has fresh
+// BGP and BFD state.
+//
+// Up: once the session has stayed up for the hold's max, the hold is back
+// to its base.
 func (s *Speaker) dampen(addr netip.Addr, up bool) {
 	s.holdMu.Lock()
 	defer s.holdMu.Unlock()
 	h, ok := s.holds[addr]
-	if !ok || h.up == up || s.holdsStopped {
+	if !ok || !h.bfd || h.up == up || s.holdsStopped {
 		return
 	}
 	h.up = up
 	h.gen++
-	if h.decay != nil {
-		h.decay.Stop()
-		h.decay = nil
+	if h.timer != nil {
+		h.timer.Stop()
+		h.timer = nil
 	}
-	if up {
-		if h.cur == h.base {
-			return
-		}
-		gen := h.gen
-		h.decay = time.AfterFunc(h.max, func() {
+	gen := h.gen
+	after := func(d time.Duration, f func()) {
+		h.timer = time.AfterFunc(d, func() {
 			s.holdMu.Lock()
 			defer s.holdMu.Unlock()
-			if h.gen != gen || s.holdsStopped {
-				return
+			if h.gen == gen && !s.holdsStopped {
+				f()
 			}
-			s.setHold(addr, h, h.stable())
 		})
+	}
+	if up {
+		if h.cur != h.base {
+			after(h.max, func() { h.stable() })
+		}
 		return
 	}
-	if prev := h.cur; h.down() != prev {
-		s.setHold(addr, h, h.cur)
+	wait := h.cur
+	if next := h.down(); next != wait {
+		s.log.Info("bgp: session flapping: the wait after its next reset is raised", "peer", addr, "wait", next)
 	}
-}
-
-// setHold gives GoBGP the session's hold after reset; s.holdMu is held.
-// Only the timers change, which GoBGP applies without touching the
-// session.
-func (s *Speaker) setHold(addr netip.Addr, h *peerHold, d time.Duration) {
-	peer := proto.Clone(s.peers[h.index]).(*api.Peer)
-	peer.Timers.Config.IdleHoldTimeAfterReset = uint64(d / time.Second)
-	if _, err := s.bgp.UpdatePeer(context.Background(), &api.UpdatePeerRequest{Peer: peer}); err != nil {
-		s.log.Warn("bgp: set the idle hold after reset", "peer", addr, "hold", d, "err", err)
+	ctx := context.Background()
+	if err := s.bgp.DeletePeer(ctx, &api.DeletePeerRequest{Address: addr.String()}); err != nil {
+		s.log.Warn("bgp: remove the peer after its session went down", "peer", addr, "err", err)
 		return
 	}
-	if d != h.base {
-		s.log.Info("bgp: session flapping: idle hold after reset raised", "peer", addr, "hold", d)
-	}
+	after(wait, func() {
+		if err := s.bgp.AddPeer(ctx, &api.AddPeerRequest{Peer: s.peers[h.index]}); err != nil {
+			s.log.Warn("bgp: add the peer again after its session went down", "peer", addr, "err", err)
+		}
+	})
 }
 
-// stopHolds ends the decay timers (Stop).
+// stopHolds ends the timers (Stop).
 func (s *Speaker) stopHolds() {
 	s.holdMu.Lock()
 	defer s.holdMu.Unlock()
 	s.holdsStopped = true
 	for _, h := range s.holds {
-		if h.decay != nil {
-			h.decay.Stop()
+		if h.timer != nil {
+			h.timer.Stop()
 		}
 	}
 }
 
-// idleHold is the session's hold after the next reset, for Status.
+// idleHold is the session's wait after the next reset, for Status.
 func (s *Speaker) idleHold(addr netip.Addr) time.Duration {
 	s.holdMu.Lock()
 	defer s.holdMu.Unlock()
