@@ -12,12 +12,13 @@ import (
 )
 
 // Policy makes memory_limit the floor of the Go runtime's soft memory
-// limit: the collector then runs before the heap grows past it, instead of
-// letting it reach twice the live data, and returns freed memory to the
-// kernel sooner. The limit follows the cluster: after every sync it leaves
-// room above the live data for minHeadroom or a quarter of the live data,
-// whichever is more, so a larger cluster never has the collector running
-// without pause (past the limit it costs up to half the CPU).
+// limit: in a small cluster the collector then runs before the heap grows
+// past it, instead of letting it reach twice the live data, and returns
+// freed memory to the kernel sooner. The limit follows the cluster: after
+// every sync it leaves room above the live data for minHeadroom or
+// live/headroomDivisor, whichever is more, so that in a larger cluster the
+// collector runs no more often per change than in a small one (past the
+// limit it costs up to half the CPU).
 //
 // A full sync holds, for a moment, several times the data of the steady
 // state: the whole ruleset built (the first one) or read back from the
@@ -43,6 +44,15 @@ type Policy struct {
 // sync took 0.94 s with 400 against 1.15-1.29 s with 100, alternating runs
 // under the same load). What it held is handed back when it ends.
 const coldGCPercent = 400
+
+// headroomDivisor sets the room the memory limit leaves above the live data
+// of a larger cluster: live/headroomDivisor (or minHeadroom, whichever is
+// more). Under churn every change allocates about the same whatever the
+// cluster's size, and each collection scans the whole live heap: the
+// collector's CPU per change goes as live / room × bytes per change, so a
+// room in proportion to the live data keeps it from growing with the
+// Services, at the price of that much more resident memory.
+const headroomDivisor = 1
 
 // minHeadroom is the least room the memory limit leaves above the live
 // data: more than a partial sync allocates at ten thousand Services, so
@@ -99,7 +109,7 @@ func (m *Policy) Synced(full bool) {
 		runtime.GC()
 	}
 	live := liveHeap()
-	limit := max(m.floor, live+max(minHeadroom, live/4))
+	limit := max(m.floor, live+max(minHeadroom, live/headroomDivisor))
 	debug.SetMemoryLimit(limit)
 	if limit > m.floor && (m.last < limit*9/10 || m.last > limit*11/10) {
 		m.log.Info("memory limit follows the live data", "memory_limit_bytes", limit)

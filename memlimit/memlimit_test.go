@@ -47,3 +47,25 @@ func TestMemoryLimitFollowsLiveData(t *testing.T) {
 	}
 	runtime.KeepAlive(keep)
 }
+
+// TestMemoryLimitRoomGrowsWithLiveData checks that, above minHeadroom, the
+// room left above the live data grows with it: a cluster ten times larger
+// allocates no more per change, and the collector must then run no more
+// often.
+func TestMemoryLimitRoomGrowsWithLiveData(t *testing.T) {
+	t.Setenv("GOMEMLIMIT", "")
+	defer debug.SetMemoryLimit(math.MaxInt64)
+	keep := make([]byte, 2*minHeadroom*headroomDivisor) // room: more than minHeadroom
+	m := New(1<<20, slog.New(slog.DiscardHandler))
+	m.BeforeFull()
+	m.Synced(true)
+	want := int64(len(keep)) + int64(len(keep))/headroomDivisor
+	if got := debug.SetMemoryLimit(-1); got < want {
+		t.Errorf("limit after the full sync = %d, want at least %d live bytes + %d", got, len(keep), int64(len(keep))/headroomDivisor)
+	}
+	m.Synced(false)
+	if got := debug.SetMemoryLimit(-1); got < want {
+		t.Errorf("limit after a partial sync = %d, want at least %d again", got, want)
+	}
+	runtime.KeepAlive(keep)
+}

@@ -9,10 +9,12 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/mdlayher/netlink"
+	"golang.org/x/net/bpf"
 	"golang.org/x/sys/unix"
 
 	"github.com/nftgate/nftgate/ruleset"
@@ -113,6 +115,8 @@ type watchState struct {
 	// structural says that those changes were to more than map
 	// elements.
 	structural bool
+	// received counts the notifications the socket received.
+	received atomic.Uint64
 }
 
 func newWatchState() *watchState { return &watchState{changed: make(chan struct{})} }
@@ -268,6 +272,9 @@ func (p *Programmer) Watch(ctx context.Context, report func(Drift)) error {
 		return err
 	}
 	own := p.batch.nl.PID()
+	if err := nl.SetBPF(ownNotificationsFilter(own)); err != nil {
+		return fmt.Errorf("filter nf_tables notifications: %w", err)
+	}
 	// What was committed before this point was not announced here: it
 	// counts as a drift, so the next full sync reads the tables back.
 	// The kernel's generation now is where the announcements start.
@@ -314,6 +321,7 @@ func (p *Programmer) Watch(ctx context.Context, report func(Drift)) error {
 			}
 			return fmt.Errorf("receive nf_tables notifications: %w", err)
 		}
+		p.watch.received.Add(uint64(len(msgs)))
 		for _, m := range msgs {
 			if m.Header.Type>>8 != unix.NFNL_SUBSYS_NFTABLES || len(m.Data) < 4 {
 				continue
@@ -357,6 +365,42 @@ func (p *Programmer) Watch(ctx context.Context, report func(Drift)) error {
 			cur.structural = cur.structural || (typ != unix.NFT_MSG_NEWSETELEM && typ != unix.NFT_MSG_DELSETELEM)
 		}
 	}
+}
+
+// ownNotificationsFilter keeps the kernel from queueing the notifications
+// of nftgate's own transactions (those of the batch socket's port own) to
+// the notification socket, all but their NFT_MSG_NEWGEN: that one says the
+// transaction was announced, and nothing else of it is looked at. Under
+// churn they were most of what the socket received, each datagram a
+// buffer allocated. The kernel sends a transaction's NEWGEN in a datagram
+// of its own, after the others, which it packs together: the first
+// message's header tells of the whole datagram.
+func ownNotificationsFilter(own uint32) []bpf.RawInstruction {
+	// A filter loads words and halves in network byte order; netlink
+	// headers are in the host's.
+	host32 := func(v uint32) uint32 {
+		var b [4]byte
+		binary.NativeEndian.PutUint32(b[:], v)
+		return binary.BigEndian.Uint32(b[:])
+	}
+	host16 := func(v uint16) uint32 {
+		var b [2]byte
+		binary.NativeEndian.PutUint16(b[:], v)
+		return uint32(binary.BigEndian.Uint16(b[:]))
+	}
+	const keep, drop = 0xffffffff, 0
+	prog, err := bpf.Assemble([]bpf.Instruction{
+		bpf.LoadAbsolute{Off: 12, Size: 4}, // nlmsg_pid
+		bpf.JumpIf{Cond: bpf.JumpEqual, Val: host32(own), SkipFalse: 3},
+		bpf.LoadAbsolute{Off: 4, Size: 2}, // nlmsg_type
+		bpf.JumpIf{Cond: bpf.JumpNotEqual, Val: host16(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_NEWGEN), SkipFalse: 1},
+		bpf.RetConstant{Val: drop},
+		bpf.RetConstant{Val: keep},
+	})
+	if err != nil {
+		panic(err) // the program is fixed: only its constants vary
+	}
+	return prog
 }
 
 // notificationVerbs name what each notification announces, with the

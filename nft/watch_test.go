@@ -420,3 +420,65 @@ func TestFlushOverflowRepairedOnce(t *testing.T) {
 		break
 	}
 }
+
+// The notifications of nftgate's own transactions stay in the kernel, all
+// but each transaction's NEWGEN: the socket receives one message per
+// generation of nftgate's, however many changes each commits, and another
+// program's changes still arrive whole.
+func TestOwnNotificationsFiltered(t *testing.T) {
+	ns, p := testProgrammer(t)
+	ch := watchDrifts(t, p)
+	services := map[model.ServiceKey]*model.Service{}
+	for i := range 20 {
+		svc := webService(fmt.Sprintf("198.18.2.%d", 10+i))
+		svc.Key.Name, svc.ClusterIPs[0] = fmt.Sprintf("web-%d", i), svc.ClusterIPs[0].Next()
+		for range i {
+			svc.ClusterIPs[0] = svc.ClusterIPs[0].Next()
+		}
+		services[svc.Key] = svc
+	}
+	if _, err := p.Full(services); err != nil {
+		t.Fatal(err)
+	}
+	noDrift(t, p, ch, "the first full sync")
+	gen0, err := p.batch.generation()
+	if err != nil {
+		t.Fatal(err)
+	}
+	received0 := p.watch.received.Load()
+	for round := range 5 {
+		changed := map[model.ServiceKey]*model.Service{}
+		for k, svc := range services {
+			moved := *svc
+			moved.Ports = slices.Clone(svc.Ports)
+			moved.Ports[0].Endpoints = slices.Clone(svc.Ports[0].Endpoints)
+			moved.Ports[0].Endpoints[0].Port = uint16(9000 + round)
+			changed[k], services[k] = &moved, &moved
+		}
+		if _, err := p.Partial(changed); err != nil {
+			t.Fatal(err)
+		}
+	}
+	noDrift(t, p, ch, "nftgate's partial syncs")
+	gen1, err := p.batch.generation()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, gens := p.watch.received.Load()-received0, uint64(gen1-gen0); gens == 0 || got > gens {
+		t.Fatalf("received %d notifications of %d transactions of nftgate's own; want one each (their NEWGEN)", got, gens)
+	}
+
+	var table string
+	for k := range services {
+		table = p.cfg.TableOf(k)
+		break
+	}
+	received0 = p.watch.received.Load()
+	nftList(t, ns, "add", "chain", "ip", table, "someone-elses")
+	if d := nextDrift(t, ch, "adding a chain"); !strings.Contains(d.String(), "added or changed chain someone-elses") {
+		t.Fatalf("reported %q; want the chain added", d)
+	}
+	if got := p.watch.received.Load() - received0; got < 2 {
+		t.Fatalf("received %d notifications of another program's transaction; want its change and its NEWGEN", got)
+	}
+}
