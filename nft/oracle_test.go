@@ -2,6 +2,7 @@ package nft
 
 import (
 	"bytes"
+	"encoding/binary"
 	"sync/atomic"
 
 	"github.com/google/nftables"
@@ -202,5 +203,91 @@ func (r *recorder) take() ([]netlink.Message, error) {
 	if len(msgs) >= 2 {
 		msgs = msgs[1 : len(msgs)-1] // drop BATCH_BEGIN and BATCH_END
 	}
+	for i, m := range msgs {
+		if m.Header.Type == netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8|unix.NFT_MSG_NEWRULE) {
+			msgs[i].Data = append(m.Data[:4:4], ctDirected(m.Data[4:])...)
+		}
+	}
 	return msgs, nil
+}
+
+// google/nftables writes a conntrack load's direction only for the generic
+// tuple keys (NFT_CT_SRC, _DST, _PROTO_SRC, _PROTO_DST), not for the
+// family's own address keys (NFT_CT_DST_IP, _DST_IP6, ...), which the
+// kernel refuses without one. ctDirected adds, to every "ct" expression
+// in an attribute stream that loads such a key without a direction, the
+// original direction as the encoder writes it: the only place the oracle's
+// bytes are mended.
+func ctDirected(b []byte) []byte {
+	var out []byte
+	for len(b) >= 4 {
+		l := int(binary.NativeEndian.Uint16(b))
+		typ := binary.NativeEndian.Uint16(b[2:])
+		if l < 4 || l > len(b) {
+			return append(out, b...)
+		}
+		data := b[4:l]
+		if typ&unix.NLA_F_NESTED != 0 {
+			data = ctDirected(data)
+			if typ&^unix.NLA_F_NESTED == unix.NFTA_LIST_ELEM {
+				data = directCt(data)
+			}
+		}
+		out = binary.NativeEndian.AppendUint16(out, uint16(4+len(data)))
+		out = binary.NativeEndian.AppendUint16(out, typ)
+		out = append(out, data...)
+		for len(out)%4 != 0 {
+			out = append(out, 0)
+		}
+		b = b[min((l+3)&^3, len(b)):]
+	}
+	return out
+}
+
+// directCt mends one list element, as ctDirected says.
+func directCt(elem []byte) []byte {
+	ad, err := netlink.NewAttributeDecoder(elem)
+	if err != nil {
+		return elem
+	}
+	var name string
+	var data []byte
+	for ad.Next() {
+		switch ad.Type() {
+		case unix.NFTA_EXPR_NAME:
+			name = ad.String()
+		case unix.NFTA_EXPR_DATA:
+			data = ad.Bytes()
+		}
+	}
+	if name != "ct" || data == nil {
+		return elem
+	}
+	ad, err = netlink.NewAttributeDecoder(data)
+	if err != nil {
+		return elem
+	}
+	ad.ByteOrder = binary.BigEndian
+	familyKey, directed := false, false
+	for ad.Next() {
+		switch ad.Type() {
+		case unix.NFTA_CT_KEY:
+			switch ad.Uint32() {
+			case unix.NFT_CT_SRC_IP, unix.NFT_CT_DST_IP, unix.NFT_CT_SRC_IP6, unix.NFT_CT_DST_IP6:
+				familyKey = true
+			}
+		case unix.NFTA_CT_DIRECTION:
+			directed = true
+		}
+	}
+	if !familyKey || directed {
+		return elem
+	}
+	dir, _ := netlink.MarshalAttributes([]netlink.Attribute{{Type: unix.NFTA_CT_DIRECTION, Data: binaryutil.BigEndian.PutUint32(bc.CtDirOriginal)}})
+	data = append(bytes.Clone(data), dir...)
+	out, _ := netlink.MarshalAttributes([]netlink.Attribute{
+		{Type: unix.NFTA_EXPR_NAME, Data: []byte("ct\x00")},
+		{Type: unix.NLA_F_NESTED | unix.NFTA_EXPR_DATA, Data: data},
+	})
+	return out
 }

@@ -335,7 +335,7 @@ func exprBytes(t testing.TB, fam byte, emit func(bc.Sink)) (got, want []byte, ok
 	if err != nil {
 		t.Fatal(err)
 	}
-	return e.w.b, want, true
+	return e.w.b, ctDirected(want), true
 }
 
 // TestWireExpressions compares single expressions, of every kind and
@@ -355,7 +355,7 @@ func TestWireExpressions(t *testing.T) {
 		func(s bc.Sink) { s.Meta(bc.Meta{Key: bc.MetaL4Proto, Reg: 9}) },
 		func(s bc.Sink) { s.Ct(bc.Ct{Key: bc.CtState, Dreg: 1}) },
 		func(s bc.Sink) { s.Ct(bc.Ct{Key: bc.CtDirection, Dreg: 1}) },
-		func(s bc.Sink) { s.Ct(bc.Ct{Key: bc.CtDst, Dreg: 9}) },
+		func(s bc.Sink) { s.Ct(bc.Ct{Key: bc.CtDstIP, Dreg: 9}) },
 		func(s bc.Sink) { s.Ct(bc.Ct{Key: bc.CtProtoDst, Dreg: 19}) },
 		func(s bc.Sink) { s.Fib(bc.Fib{Dreg: 1, Flags: bc.FibDaddr, Result: bc.FibAddrType}) },
 		func(s bc.Sink) {

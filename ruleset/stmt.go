@@ -620,7 +620,11 @@ func (c CountTraffic) Encode(f Family, s bc.Sink) {
 	s.Ct(bc.Ct{Key: bc.CtDirection, Dreg: bc.Reg1})
 	s.Cmp(bc.Cmp{Op: bc.CmpEq, Sreg: bc.Reg1, Data: bc.Bytes(byte(dir))})
 	words := f.AddrLen() / 4
-	s.Ct(bc.Ct{Key: bc.CtDst, Dreg: reg32(0)})
+	dst := uint32(bc.CtDstIP)
+	if f == IPv6 {
+		dst = bc.CtDstIP6
+	}
+	s.Ct(bc.Ct{Key: dst, Dreg: reg32(0)})
 	s.Meta(bc.Meta{Key: bc.MetaL4Proto, Reg: reg32(words)})
 	s.Ct(bc.Ct{Key: bc.CtProtoDst, Dreg: reg32(words + 1)})
 	s.Payload(loadAddr(f, ep, reg32(words+2), f.AddrLen()))

@@ -121,18 +121,22 @@ const (
 	CtStatus           = unix.NFT_CT_STATUS
 	CtStatusDstNAT     = 1 << 5 // IPS_DST_NAT
 	// CtDirection is the direction of the packet in its connection
-	// (CtDirOriginal or CtDirReply); CtDst the destination address and
-	// CtProtoDst the destination port of the connection's original
-	// tuple.
+	// (CtDirOriginal or CtDirReply); CtDstIP and CtDstIP6 the destination
+	// address and CtProtoDst the destination port of the connection's
+	// original tuple. The address is loaded by its family's key, as nft
+	// does: nft reads the generic NFT_CT_DST back as 128 bits, and a
+	// concatenation it starts as longer than the set's key (nft 1.0.6
+	// aborts listing such a rule).
 	CtDirection   = unix.NFT_CT_DIRECTION
-	CtDst         = unix.NFT_CT_DST
+	CtDstIP       = unix.NFT_CT_DST_IP
+	CtDstIP6      = unix.NFT_CT_DST_IP6
 	CtProtoDst    = unix.NFT_CT_PROTO_DST
 	CtDirOriginal = 0 // IP_CT_DIR_ORIGINAL
 	CtDirReply    = 1 // IP_CT_DIR_REPLY
 )
 
-// Ct loads a conntrack key into Dreg. The keys of a tuple (CtDst,
-// CtProtoDst) are read from the original direction's: the kernel reads
+// Ct loads a conntrack key into Dreg. The keys of a tuple (CtDstIP,
+// CtProtoDst, ...) are read from the original direction's: the kernel reads
 // the direction as one byte and google/nftables, the encoder's oracle,
 // writes four, which agree only on zero.
 type Ct struct {
@@ -141,7 +145,11 @@ type Ct struct {
 
 // CtTupleKey tells the keys that read one direction's tuple.
 func CtTupleKey(key uint32) bool {
-	return key == unix.NFT_CT_SRC || key == CtDst || key == unix.NFT_CT_PROTO_SRC || key == CtProtoDst
+	switch key {
+	case unix.NFT_CT_SRC, unix.NFT_CT_DST, unix.NFT_CT_SRC_IP, CtDstIP, unix.NFT_CT_SRC_IP6, CtDstIP6, unix.NFT_CT_PROTO_SRC, CtProtoDst:
+		return true
+	}
+	return false
 }
 
 // Fib flags and results.
