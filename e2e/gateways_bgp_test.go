@@ -138,7 +138,7 @@ func newGatewaySetOf(t *testing.T, n int, bfd time.Duration, extra string, secti
 		}
 		neighbours = append(neighbours, setGatewaySide(i).Addr())
 	}
-	s.bird = bird.Start(t, s.router, bird.Several(setRouterOut.Addr(), edgeRouterASN, neighbours, edgeGatewayASN, bfd))
+	s.bird = bird.Start(t, s.router, bird.Several(setRouterOut.Addr(), edgeRouterASN, neighbours, edgeGatewayASN, bfd, 0))
 	for i, h := range s.hosts {
 		peer := fmt.Sprintf(`
 [[bgp.peer]]

@@ -168,7 +168,7 @@ func failoverRun(cfg *Config, name string, traffic failover.Traffic) (res failov
 	}
 	var router *bird.Router
 	if ecmp {
-		router, err = failover.StartRouter(topo, filepath.Join(tmp, "bird"))
+		router, err = failover.StartRouter(topo, filepath.Join(tmp, "bird"), 0)
 		if err != nil {
 			return res, "", err
 		}

@@ -299,9 +299,12 @@ template bgp gateway_tpl {
 // announcing the same addresses (IPv4): one BGP session with each (named
 // gw1, gw2, ... in the order of gateways, all of AS gatewayASN), routes
 // equal in BGP merged into one multipath route in the kernel (ECMP), and
-// with bfd, single-hop BFD on every session (interval, 3 missed packets
-// take it down).
-func Several(routerID netip.Addr, asn uint32, gateways []netip.Addr, gatewayASN uint32, bfd time.Duration) string {
+// with bfd, single-hop BFD on every session (interval, multiplier missed
+// packets take it down; 0: 3).
+func Several(routerID netip.Addr, asn uint32, gateways []netip.Addr, gatewayASN uint32, bfd time.Duration, multiplier int) string {
+	if multiplier == 0 {
+		multiplier = 3
+	}
 	conf := fmt.Sprintf(`
 router id %s;
 protocol device {}
@@ -310,7 +313,7 @@ protocol kernel k4 { merge paths on; ipv4 { import none; export all; }; }
 	session := ""
 	if bfd > 0 {
 		ms := bfd.Milliseconds()
-		conf += fmt.Sprintf("protocol bfd { interface \"*\" { min rx interval %d ms; min tx interval %d ms; multiplier 3; }; }\n", ms, ms)
+		conf += fmt.Sprintf("protocol bfd { interface \"*\" { min rx interval %d ms; min tx interval %d ms; multiplier %d; }; }\n", ms, ms, multiplier)
 		session = "bfd on;"
 	}
 	conf += fmt.Sprintf(`template bgp gateway_tpl {

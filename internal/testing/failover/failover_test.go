@@ -147,7 +147,7 @@ func startNftgate(t *testing.T, topo *failover.Topology, cfg *failover.NftgateCo
 // test, showing its log if the test failed.
 func startRouter(t *testing.T, topo *failover.Topology) *bird.Router {
 	t.Helper()
-	router, err := failover.StartRouter(topo, t.TempDir())
+	router, err := failover.StartRouter(topo, t.TempDir(), testBFDMultiplier)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,6 +164,11 @@ func startRouter(t *testing.T, topo *failover.Topology) *bird.Router {
 // 300 ms, so that a loaded machine stalling a process does not declare a
 // live peer dead (see e2e/gateways_l2_test.go).
 const testDeadAfter = 5
+
+// testBFDMultiplier is the tests' BFD detection multiplier, 500 ms rather
+// than 300 ms at 100 ms, for the same reason: a router or gateway starved
+// for 300 ms on a loaded machine took every session down at once.
+const testBFDMultiplier = 5
 
 // startActiveBackup starts two nftgates, active/backup, and waits until
 // one, gs[holder], holds the addresses.
@@ -323,7 +328,7 @@ func TestNftgateActiveBackupReturns(t *testing.T) {
 // bound here is generous, the machine being shared).
 func TestNftgateECMPKeepsConnections(t *testing.T) {
 	topo := newTopology(t, failover.Options{Gateways: 3, Router: true})
-	cfg := nftgateConfig(t, topo, failover.NftgateOptions{ECMP: true, DeadAfter: testDeadAfter})
+	cfg := nftgateConfig(t, topo, failover.NftgateOptions{ECMP: true, DeadAfter: testDeadAfter, BFDMultiplier: testBFDMultiplier})
 	router := startRouter(t, topo)
 	startNftgate(t, topo, cfg)
 	if err := failover.ECMPRoutes(router, len(topo.Gateways), 30*time.Second); err != nil {
@@ -356,7 +361,7 @@ func TestNftgateECMPKeepsConnections(t *testing.T) {
 // them afresh, and the client's retransmission meets the replica.
 func TestNftgateECMPDrainFailsNoNewConnection(t *testing.T) {
 	topo := newTopology(t, failover.Options{Gateways: 3, Router: true})
-	cfg := nftgateConfig(t, topo, failover.NftgateOptions{ECMP: true, DeadAfter: testDeadAfter})
+	cfg := nftgateConfig(t, topo, failover.NftgateOptions{ECMP: true, DeadAfter: testDeadAfter, BFDMultiplier: testBFDMultiplier})
 	router := startRouter(t, topo)
 	gs := startNftgate(t, topo, cfg)
 	routes := func(want int) error { return failover.ECMPRoutes(router, want, 30*time.Second) }
@@ -399,7 +404,7 @@ func TestNftgateECMPDrainFailsNoNewConnection(t *testing.T) {
 // masquerade address back, and every flow, old and new, continues.
 func TestNftgateECMPReturns(t *testing.T) {
 	topo := newTopology(t, failover.Options{Gateways: 3, Router: true})
-	cfg := nftgateConfig(t, topo, failover.NftgateOptions{ECMP: true, DeadAfter: testDeadAfter})
+	cfg := nftgateConfig(t, topo, failover.NftgateOptions{ECMP: true, DeadAfter: testDeadAfter, BFDMultiplier: testBFDMultiplier})
 	router := startRouter(t, topo)
 	gs := startNftgate(t, topo, cfg)
 	routes := func(want int) error {

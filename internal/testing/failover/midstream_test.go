@@ -31,7 +31,7 @@ func TestNftgateECMPMovedBeforeItsReplica(t *testing.T) {
 	}{{"wait", true}, {"pickup", false}} {
 		t.Run(tc.midstream, func(t *testing.T) {
 			topo := newTopology(t, failover.Options{Gateways: 3, Router: true})
-			cfg := nftgateConfig(t, topo, failover.NftgateOptions{ECMP: true, DeadAfter: testDeadAfter,
+			cfg := nftgateConfig(t, topo, failover.NftgateOptions{ECMP: true, DeadAfter: testDeadAfter, BFDMultiplier: testBFDMultiplier,
 				SyncBatchInterval: time.Second, MidstreamTCP: tc.midstream})
 			router := startRouter(t, topo)
 			startNftgate(t, topo, cfg)

@@ -58,6 +58,10 @@ type NftgateOptions struct {
 	// MidstreamTCP is [gateways] midstream_tcp; empty leaves nftgate's
 	// default.
 	MidstreamTCP string
+	// BFDMultiplier is the BFD sessions' detection multiplier on the
+	// gateways (bfd_multiplier) and, given to StartRouter, the router;
+	// 0 leaves the default, 3.
+	BFDMultiplier int
 }
 
 // NftgateConfig is the configuration and manifests of every gateway,
@@ -131,6 +135,9 @@ func WriteNftgate(topo *Topology, dir string, o NftgateOptions) (*NftgateConfig,
 			text += fmt.Sprintf("\n[bgp]\nasn = %d\nrouter_id = %q\nlisten_port = -1\nrestart_deferral = \"1s\"\n"+
 				"\n[[bgp.peer]]\naddress = %q\nasn = %d\nhold_time = \"9s\"\nconnect_retry = \"1s\"\nbfd = true\nbfd_interval = %q\n",
 				GatewayASN, GatewayAddr(UpstreamNet, i), RouterAddr, RouterASN, BFDInterval.String())
+			if o.BFDMultiplier != 0 {
+				text += fmt.Sprintf("bfd_multiplier = %d\n", o.BFDMultiplier)
+			}
 		}
 		mode := "active-backup"
 		if o.ECMP {
@@ -191,8 +198,9 @@ func NftgateSupports(bin, cfg string) error {
 }
 
 // StartRouter starts BIRD in the ECMP variant's router, with a BGP session
-// and BFD to each gateway, its files in dir.
-func StartRouter(topo *Topology, dir string) (*bird.Router, error) {
+// and BFD to each gateway (bfdMultiplier as NftgateOptions.BFDMultiplier),
+// its files in dir.
+func StartRouter(topo *Topology, dir string, bfdMultiplier int) (*bird.Router, error) {
 	var gws []netip.Addr
 	for i := range topo.Gateways {
 		gws = append(gws, GatewayAddr(UpstreamNet, i))
@@ -200,7 +208,7 @@ func StartRouter(topo *Topology, dir string) (*bird.Router, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	return bird.Launch(topo.Router, bird.Several(RouterAddr, RouterASN, gws, GatewayASN, BFDInterval), dir)
+	return bird.Launch(topo.Router, bird.Several(RouterAddr, RouterASN, gws, GatewayASN, BFDInterval, bfdMultiplier), dir)
 }
 
 // ECMPRoutes waits until the router has want routes to the ECMP variant's
