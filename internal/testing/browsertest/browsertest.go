@@ -189,9 +189,16 @@ func (b *Browser) Poll(what, expr string) {
 
 // Text is the trimmed text content of the first element matching the CSS
 // selector sel.
+//
+// It waits until an element matches and reads it in one step in the page:
+// a page that redraws the element between the two steps of chromedp's
+// TextContent (find the node, then read it) made that fail with "No node
+// with given id found".
 func (b *Browser) Text(sel string) string {
 	b.t.Helper()
-	s, err := chromedp.Run(b.ctx, chromedp.TextContent(chromedp.CSS(sel)))
+	q := strconv.Quote(sel)
+	b.Poll("an element "+sel, `document.querySelector(`+q+`) !== null`)
+	s, err := chromedp.Run(b.ctx, chromedp.Evaluate[string](`(document.querySelector(`+q+`) || {textContent: ""}).textContent`))
 	if err != nil {
 		b.t.Fatalf("text of %s: %v", sel, err)
 	}
