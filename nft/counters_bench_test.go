@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/nftgate/nftgate/ruleset"
 )
@@ -38,18 +37,7 @@ func BenchmarkKernelCountersReadFullTraffic(b *testing.B) {
 	fillTrafficSets(b, ns, &cfg, c, benchTrafficElements)
 	b.ReportAllocs()
 	b.ResetTimer()
-	for range b.N {
-		p.counters.last = nil // read the kernel every time
-		start := time.Now()
-		rd, err := p.Counters()
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.ReportMetric(float64(time.Since(start).Microseconds())/1000, "read-ms")
-		if len(rd.Endpoints) == 0 {
-			b.Fatal("no traffic read")
-		}
-	}
+	benchCountersReads(b, p, func(rd *Reading) bool { return len(rd.Endpoints) > 0 })
 	b.StopTimer()
 	var traffic int
 	for _, pc := range p.counters.last.Ports {

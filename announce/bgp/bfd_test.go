@@ -35,14 +35,8 @@ protocol bfd {
 // the gateway, no interface goes down) BIRD withdraws the gateway's
 // routes within BFD's detection time, long before the 90 s hold time.
 func TestBFDWithBIRD(t *testing.T) {
-	e := newEdge(t)
-	b := bird.Start(t, e.router, bfdBirdConf())
-	sp := startSpeaker(t, e.gateway, bfdSpeakerConfig())
-	sp.Set(HostRoute(service4, ""), HostRoute(service6, ""))
-	prefixes := []netip.Prefix{netip.PrefixFrom(service4, 32), netip.PrefixFrom(service6, 128)}
-	for i, protocol := range []string{"gw4", "gw6"} {
-		b.WaitState(t, protocol, "Established", false, 30*time.Second)
-		b.WaitRoute(t, prefixes[i], true, 30*time.Second)
+	e, b, sp, prefixes := startBFDEdge(t)
+	for _, protocol := range []string{"gw4", "gw6"} {
 		out, err := b.Run("show protocols all " + protocol)
 		if err != nil {
 			t.Fatal(err)
@@ -108,15 +102,7 @@ func bfdSpeakerConfig() Config {
 // after a reset, not GoBGP's own 30 s, and the router's error wait time
 // is short (bird.Upstream sets 1 s, as the README tells operators to).
 func TestBFDResetRecoversWithinSeconds(t *testing.T) {
-	e := newEdge(t)
-	b := bird.Start(t, e.router, bfdBirdConf())
-	sp := startSpeaker(t, e.gateway, bfdSpeakerConfig())
-	sp.Set(HostRoute(service4, ""), HostRoute(service6, ""))
-	prefixes := []netip.Prefix{netip.PrefixFrom(service4, 32), netip.PrefixFrom(service6, 128)}
-	for i, protocol := range []string{"gw4", "gw6"} {
-		b.WaitState(t, protocol, "Established", false, 30*time.Second)
-		b.WaitRoute(t, prefixes[i], true, 30*time.Second)
-	}
+	_, b, sp, prefixes := startBFDEdge(t)
 	if err := lab.EventuallyWithin(30*time.Second, func() error { return speakerBFD(sp, "up", 1) }); err != nil {
 		t.Fatal(err)
 	}
@@ -230,4 +216,22 @@ func speakerBFD(sp *speakerProc, state string, up float64) error {
 		return fmt.Errorf("speaker reports no peers")
 	}
 	return nil
+}
+
+// startBFDEdge starts BIRD in the router and a speaker in the gateway,
+// both with BFD, announcing service4 and service6, and waits until BIRD
+// has both sessions established and both routes (prefixes, in the order
+// of the sessions gw4, gw6).
+func startBFDEdge(t *testing.T) (e *edge, b *bird.Router, sp *speakerProc, prefixes []netip.Prefix) {
+	t.Helper()
+	e = newEdge(t)
+	b = bird.Start(t, e.router, bfdBirdConf())
+	sp = startSpeaker(t, e.gateway, bfdSpeakerConfig())
+	sp.Set(HostRoute(service4, ""), HostRoute(service6, ""))
+	prefixes = []netip.Prefix{netip.PrefixFrom(service4, 32), netip.PrefixFrom(service6, 128)}
+	for i, protocol := range []string{"gw4", "gw6"} {
+		b.WaitState(t, protocol, "Established", false, 30*time.Second)
+		b.WaitRoute(t, prefixes[i], true, 30*time.Second)
+	}
+	return e, b, sp, prefixes
 }

@@ -77,18 +77,9 @@ type CountersReport struct {
 // writeCounters writes counters/counters.json and counters.md under the
 // output directory from the nftgate and nftgate-nocounters rows of r.
 func writeCounters(cfg *Config, r *Report) error {
-	dir := cfg.Out
-	if !cfg.Counters.Only {
-		dir = filepath.Join(dir, countersDir)
-	}
 	c := &CountersReport{Machine: r.Machine, Started: r.Started.Format(time.RFC3339), Finished: time.Now().UTC().Format(time.RFC3339),
-		Changes: r.Changes, Dataplane: r.Dataplane}
-	for _, res := range r.Results {
-		if res.Proxier == proxNftgate || res.Proxier == proxNftgateNoCounters {
-			c.Rows = append(c.Rows, res)
-		}
-	}
-	return writeResults(dir, "counters", c, c.markdown)
+		Changes: r.Changes, Dataplane: r.Dataplane, Rows: variantRows(r, proxNftgateNoCounters)}
+	return writeResults(variantDir(cfg, cfg.Counters.Only, countersDir), "counters", c, c.markdown)
 }
 
 func (c *CountersReport) markdown() string {

@@ -131,18 +131,9 @@ func maglevDisruption() []ruleset.Disruption {
 // writeMaglev writes maglev/results.json and results.md under dir from the
 // nftgate and nftgate-maglev rows of r.
 func writeMaglev(cfg *Config, r *Report) error {
-	dir := cfg.Out
-	if !cfg.Maglev.Only {
-		dir = filepath.Join(dir, maglevDir)
-	}
 	m := &MaglevReport{Machine: r.Machine, Started: r.Started.Format(time.RFC3339), Finished: time.Now().UTC().Format(time.RFC3339),
-		Changes: r.Changes, Flows: maglevFlows, Disruption: maglevDisruption()}
-	for _, res := range r.Results {
-		if res.Proxier == proxNftgate || res.Proxier == proxNftgateMaglev {
-			m.Rows = append(m.Rows, res)
-		}
-	}
-	return writeResults(dir, "maglev", m, m.markdown)
+		Changes: r.Changes, Flows: maglevFlows, Disruption: maglevDisruption(), Rows: variantRows(r, proxNftgateMaglev)}
+	return writeResults(variantDir(cfg, cfg.Maglev.Only, maglevDir), "maglev", m, m.markdown)
 }
 
 func (m *MaglevReport) markdown() string {
@@ -166,6 +157,26 @@ func (m *MaglevReport) markdown() string {
 // row's proxier and label, and the word before the labels in the
 // comparison line ("counters on against off").
 type variant struct{ Column, Base, Alt, AltLabel, Lead string }
+
+// variantRows are r's rows of nftgate's default and of the variant alt.
+func variantRows(r *Report, alt string) []Result {
+	var rows []Result
+	for _, res := range r.Results {
+		if res.Proxier == proxNftgate || res.Proxier == alt {
+			rows = append(rows, res)
+		}
+	}
+	return rows
+}
+
+// variantDir is where a side-by-side phase writes: the output directory
+// when it ran alone (only), else its sub directory there.
+func variantDir(cfg *Config, only bool, sub string) string {
+	if only {
+		return cfg.Out
+	}
+	return filepath.Join(cfg.Out, sub)
+}
 
 // variantTable writes the cold sync, endpoint change, kernel slab and RSS
 // of nftgate's default (row nftgate) and a variant side by side, then a
