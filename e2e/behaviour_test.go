@@ -728,7 +728,7 @@ func TestServiceBehaviourAPI(t *testing.T) {
 		cip, np, lb := ap("198.19.0.95:80"), l.nodePort4(30095), ap("198.19.2.95:80")
 		leftovers := func(t *testing.T, absent ...string) {
 			t.Helper()
-			out := l.g.Nft("list", "ruleset", "ip")
+			out := withoutTrafficSets(l.g.Nft("list", "ruleset", "ip"))
 			for _, a := range absent {
 				if strings.Contains(out, a) {
 					t.Errorf("table still holds %q:\n%s", a, out)
