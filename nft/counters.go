@@ -19,6 +19,11 @@ type Count struct{ Packets, Bytes uint64 }
 
 func (c *Count) add(o Count) { c.Packets += o.Packets; c.Bytes += o.Bytes }
 
+// sub returns c less o, each at least 0.
+func (c Count) sub(o Count) Count {
+	return Count{c.Packets - min(c.Packets, o.Packets), c.Bytes - min(c.Bytes, o.Bytes)}
+}
+
 // PortRef names one port of a Service by its protocol and port.
 type PortRef struct {
 	Service model.ServiceKey
@@ -90,10 +95,15 @@ type counterCache struct {
 	// what the elements that expired since (or were made anew) had
 	// counted, so that a port's or endpoint's totals never go down while
 	// it is programmed; gone what the endpoints a port no longer has
-	// counted, kept in the port's totals.
+	// counted, kept in the port's totals. before is what the kernel's
+	// element under a key had counted at the last reading where no
+	// programmed port owned it (a deleted Service's, until it expires): a
+	// port that owns the key later (its address reused) counts only what
+	// came after.
 	seen    map[trafficKey]Count
 	retired map[trafficKey]Count
 	gone    map[PortRef]Traffic
+	before  map[trafficKey]Count
 }
 
 // Reading is one reading of the counters.
@@ -376,19 +386,32 @@ func (p *Programmer) attribute(elems []counted, drops map[string]Count, flows ma
 // attributeTraffic adds each traffic element's count to its port in rd,
 // and returns the endpoints' counts. What an endpoint the port no longer
 // has counted stays in the port's totals (p.counters.gone), and what
-// belongs to no programmed port is forgotten.
+// belongs to no programmed port is forgotten, also by a port that owns its
+// key later (p.counters.before).
 func (p *Programmer) attributeTraffic(rd *Reading, flows map[trafficKey]Count) map[EndpointRef]Traffic {
 	c := &p.counters
 	if c.gone == nil {
 		c.gone = map[PortRef]Traffic{}
+	}
+	if c.before == nil {
+		c.before = map[trafficKey]Count{}
 	}
 	eps := map[EndpointRef]Traffic{}
 	for k, n := range flows {
 		ref, ok := rd.PortOf(k.proto, k.dest)
 		if !ok {
 			delete(c.retired, k)
+			// Before the first sync no port is programmed yet: what
+			// lives then is the Services' that are still to come.
+			if live, ok := c.seen[k]; ok && p.synced {
+				c.before[k] = live
+			} else {
+				delete(c.before, k)
+			}
 			continue
 		}
+		b := c.before[k]
+		n = n.sub(b)
 		var t Traffic
 		if k.reply {
 			t.Out = n
@@ -397,16 +420,23 @@ func (p *Programmer) attributeTraffic(rd *Reading, flows map[trafficKey]Count) m
 		}
 		if !p.hasEndpoint(ref, k.ep) {
 			// What expired moves to the port's; what still lives is
-			// added below, and moves when it expires.
+			// added below, and moves when it expires. What was counted
+			// before the port owned the key is in either, expired first.
 			if old, ok := c.retired[k]; ok {
-				var g Traffic
-				if k.reply {
-					g.Out, t.Out = old, Count{n.Packets - old.Packets, n.Bytes - old.Bytes}
+				g, live := old.sub(b), n.sub(old.sub(b))
+				if rest := b.sub(old); rest == (Count{}) {
+					delete(c.before, k)
 				} else {
-					g.In, t.In = old, Count{n.Packets - old.Packets, n.Bytes - old.Bytes}
+					c.before[k] = rest
+				}
+				var gt Traffic
+				if k.reply {
+					gt.Out, t.Out = g, live
+				} else {
+					gt.In, t.In = g, live
 				}
 				gone := c.gone[ref]
-				gone.add(g)
+				gone.add(gt)
 				c.gone[ref] = gone
 				delete(c.retired, k)
 			}
@@ -422,6 +452,11 @@ func (p *Programmer) attributeTraffic(rd *Reading, flows map[trafficKey]Count) m
 		pc := rd.Ports[ref]
 		pc.Traffic.add(t)
 		rd.Ports[ref] = pc
+	}
+	for k := range c.before {
+		if _, ok := flows[k]; !ok {
+			delete(c.before, k)
+		}
 	}
 	for ref, g := range c.gone {
 		if p.services[ref.Service] == nil {

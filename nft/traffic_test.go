@@ -1,0 +1,141 @@
+package nft
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/nftgate/nftgate/model"
+	"github.com/nftgate/nftgate/ruleset"
+)
+
+// trafficSvc is a ClusterIP Service with one TCP port at dest and one
+// endpoint.
+func trafficSvc(name string, dest, ep netip.AddrPort) *model.Service {
+	return &model.Service{
+		Key:        model.ServiceKey{Namespace: "default", Name: name},
+		Type:       "ClusterIP",
+		IPv4:       true,
+		ClusterIPs: []netip.Addr{dest.Addr()},
+		Ports: []model.ServicePort{{Protocol: model.TCP, Port: dest.Port(), Endpoints: []model.Endpoint{
+			{Addr: ep.Addr(), Port: ep.Port(), Ready: true, Serving: true},
+		}}},
+	}
+}
+
+// trafficReading runs the bookkeeping of one reading of the traffic sets,
+// which hold now, with svcs programmed (none before the first sync when
+// !synced), and returns the traffic of each port.
+func trafficReading(p *Programmer, synced bool, now map[trafficKey]Count, svcs ...*model.Service) map[string]Traffic {
+	p.synced = synced
+	p.services = map[model.ServiceKey]*model.Service{}
+	rd := &Reading{Ports: map[PortRef]PortCounters{}, dests: map[ruleset.ElemID]PortRef{}}
+	for _, s := range svcs {
+		p.services[s.Key] = s
+		for _, sp := range s.Ports {
+			for _, a := range s.ClusterIPs {
+				id := ruleset.ElemID{Map: ruleset.MapServiceIPs, Key: ruleset.Key{Addr: a, Proto: sp.Protocol, Port: sp.Port}}
+				rd.dests[id] = PortRef{Service: s.Key, Proto: sp.Protocol, Port: sp.Port}
+			}
+		}
+	}
+	rd.Endpoints = p.attributeTraffic(rd, p.counters.traffic(now))
+	out := map[string]Traffic{}
+	for ref, pc := range rd.Ports {
+		out[ref.Service.Name] = pc.Traffic
+	}
+	return out
+}
+
+func trafficIn(n uint64) Count { return Count{Packets: n, Bytes: 100 * n} }
+
+// TestTrafficAddressReused: a Service gets the address and port of one
+// deleted while the deleted one's traffic elements still live. Its totals
+// start at 0 and count only its own packets, whether its flows go to
+// other endpoints or to the same endpoint address (the old elements then
+// go on counting), also when those elements expire and are made anew.
+func TestTrafficAddressReused(t *testing.T) {
+	dest := netip.MustParseAddrPort("10.96.0.10:80")
+	epA := netip.MustParseAddrPort("10.0.0.1:8080")
+	epB := netip.MustParseAddrPort("10.0.0.2:8080")
+	kA := trafficKey{proto: model.TCP, dest: dest, ep: epA}
+	kAOut := trafficKey{reply: true, proto: model.TCP, dest: dest, ep: epA}
+	kB := trafficKey{proto: model.TCP, dest: dest, ep: epB}
+	a := trafficSvc("a", dest, epA)
+
+	type step struct {
+		now    map[trafficKey]Count
+		svc    *model.Service // nil: no Service at dest
+		wantIn uint64         // the packets In of svc's port
+	}
+	check := func(t *testing.T, steps []step) {
+		t.Helper()
+		var p Programmer
+		for i, s := range steps {
+			var svcs []*model.Service
+			if s.svc != nil {
+				svcs = append(svcs, s.svc)
+			}
+			got := trafficReading(&p, true, s.now, svcs...)
+			if s.svc == nil {
+				if len(got) != 0 {
+					t.Fatalf("reading %d: no Service, yet traffic %v", i, got)
+				}
+				continue
+			}
+			if g := got[s.svc.Key.Name]; g.In != trafficIn(s.wantIn) {
+				t.Fatalf("reading %d: %s in = %+v, want %+v", i, s.svc.Key.Name, g.In, trafficIn(s.wantIn))
+			}
+		}
+		if len(p.counters.before) != 0 {
+			t.Errorf("remembered counts of keys no longer read: %v", p.counters.before)
+		}
+	}
+
+	t.Run("other endpoint", func(t *testing.T) {
+		b := trafficSvc("b", dest, epB)
+		check(t, []step{
+			{map[trafficKey]Count{kA: trafficIn(10), kAOut: trafficIn(8)}, a, 10},
+			{map[trafficKey]Count{kA: trafficIn(12), kAOut: trafficIn(9)}, nil, 0},
+			{map[trafficKey]Count{kA: trafficIn(12), kAOut: trafficIn(9), kB: trafficIn(3)}, b, 3},
+			{map[trafficKey]Count{kAOut: trafficIn(9), kB: trafficIn(5)}, b, 5}, // kA expired
+			{map[trafficKey]Count{kB: trafficIn(7)}, b, 7},
+			{map[trafficKey]Count{kB: trafficIn(8)}, b, 8},
+		})
+	})
+	t.Run("same endpoint", func(t *testing.T) {
+		b := trafficSvc("b", dest, epA)
+		check(t, []step{
+			{map[trafficKey]Count{kA: trafficIn(10)}, a, 10},
+			{map[trafficKey]Count{kA: trafficIn(12)}, nil, 0},
+			{map[trafficKey]Count{kA: trafficIn(15)}, b, 3},
+			{map[trafficKey]Count{kA: trafficIn(2)}, b, 5}, // made anew
+			{map[trafficKey]Count{kA: trafficIn(4)}, b, 7},
+			{map[trafficKey]Count{}, b, 7},
+			{map[trafficKey]Count{}, nil, 0},
+		})
+	})
+}
+
+// TestTrafficKeptAcrossRestart: a restarted nftgate finds the traffic
+// elements of Services that still exist and keeps their counts, also
+// when it reads the counters before its first sync.
+func TestTrafficKeptAcrossRestart(t *testing.T) {
+	dest := netip.MustParseAddrPort("10.96.0.10:80")
+	ep := netip.MustParseAddrPort("10.0.0.1:8080")
+	k := trafficKey{proto: model.TCP, dest: dest, ep: ep}
+	a := trafficSvc("a", dest, ep)
+
+	var before Programmer
+	if got := trafficReading(&before, true, map[trafficKey]Count{k: trafficIn(10)}, a); got["a"].In != trafficIn(10) {
+		t.Fatalf("before the restart: %+v", got)
+	}
+	var p Programmer
+	if got := trafficReading(&p, false, map[trafficKey]Count{k: trafficIn(11)}); len(got) != 0 {
+		t.Fatalf("before the first sync: %+v", got)
+	}
+	for _, n := range []uint64{12, 14} {
+		if got := trafficReading(&p, true, map[trafficKey]Count{k: trafficIn(n)}, a); got["a"].In != trafficIn(n) {
+			t.Fatalf("after the restart: a in = %+v, want %+v", got["a"].In, trafficIn(n))
+		}
+	}
+}
