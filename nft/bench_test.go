@@ -619,18 +619,9 @@ func TestScaleColdAndPartial(t *testing.T) {
 func BenchmarkKernelCountersRead(b *testing.B) {
 	for _, n := range benchSizes(10_000, 100_000) {
 		b.Run(sizeName(n), func(b *testing.B) {
-			c := clusterOf(n)
-			_, fd := testNetNS(b)
 			cfg := scaleConfig()
 			cfg.Counters = true
-			p, err := NewProgrammer(cfg, Options{NetNSFD: fd})
-			if err != nil {
-				b.Fatal(err)
-			}
-			b.Cleanup(func() { p.Close() })
-			if _, err := p.Full(c.Services); err != nil {
-				b.Fatalf("cold full sync of %d Services: %v", n, err)
-			}
+			p, _, _ := countedCluster(b, n, cfg)
 			b.ResetTimer()
 			benchCountersReads(b, p, func(rd *Reading) bool { return len(rd.Ports) > 0 })
 		})
@@ -653,4 +644,21 @@ func benchCountersReads(b *testing.B, p *Programmer, read func(*Reading) bool) {
 			b.Fatal("nothing read")
 		}
 	}
+}
+
+// countedCluster programs n Services with cfg into a new namespace and
+// returns the programmer, the namespace's name and the cluster.
+func countedCluster(b *testing.B, n int, cfg ruleset.Config) (*Programmer, string, *scaleCluster) {
+	b.Helper()
+	c := clusterOf(n)
+	ns, fd := testNetNS(b)
+	p, err := NewProgrammer(cfg, Options{NetNSFD: fd})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { p.Close() })
+	if _, err := p.Full(c.Services); err != nil {
+		b.Fatalf("cold full sync of %d Services: %v", n, err)
+	}
+	return p, ns, c
 }

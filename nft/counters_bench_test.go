@@ -21,19 +21,10 @@ import (
 //	go test -run '^$' -bench KernelCountersReadFullTraffic -benchtime 5x ./nft/
 func BenchmarkKernelCountersReadFullTraffic(b *testing.B) {
 	const n = 10_000
-	c := clusterOf(n)
-	ns, fd := testNetNS(b)
 	cfg := scaleConfig()
 	cfg.Counters = true
 	cfg.TrafficElements = benchTrafficElements
-	p, err := NewProgrammer(cfg, Options{NetNSFD: fd})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { p.Close() })
-	if _, err := p.Full(c.Services); err != nil {
-		b.Fatalf("cold full sync of %d Services: %v", n, err)
-	}
+	p, ns, c := countedCluster(b, n, cfg)
 	fillTrafficSets(b, ns, &cfg, c, benchTrafficElements)
 	b.ReportAllocs()
 	b.ResetTimer()
