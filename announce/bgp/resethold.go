@@ -70,11 +70,14 @@ func newPeerHolds(peers []PeerConfig) map[netip.Addr]*peerHold {
 //
 // Up: once the session has stayed up for the hold's max, the hold is back
 // to its base.
+//
+// GoBGP is called outside holdMu: its calls may wait for its event loop,
+// which may be handing this speaker an event that waits for holdMu.
 func (s *Speaker) dampen(addr netip.Addr, up bool) {
 	s.holdMu.Lock()
-	defer s.holdMu.Unlock()
 	h, ok := s.holds[addr]
 	if !ok || !h.bfd || h.up == up || s.holdsStopped {
+		s.holdMu.Unlock()
 		return
 	}
 	h.up = up
@@ -84,32 +87,45 @@ func (s *Speaker) dampen(addr netip.Addr, up bool) {
 		h.timer = nil
 	}
 	gen := h.gen
-	after := func(d time.Duration, f func()) {
-		h.timer = time.AfterFunc(d, func() {
-			s.holdMu.Lock()
-			defer s.holdMu.Unlock()
-			if h.gen == gen && !s.holdsStopped {
-				f()
-			}
-		})
-	}
+	// current tells, under holdMu, whether no change came since this one.
+	current := func() bool { return h.gen == gen && !s.holdsStopped }
 	if up {
 		if h.cur != h.base {
-			after(h.max, func() { h.stable() })
+			h.timer = time.AfterFunc(h.max, func() {
+				s.holdMu.Lock()
+				defer s.holdMu.Unlock()
+				if current() {
+					h.stable()
+				}
+			})
 		}
+		s.holdMu.Unlock()
 		return
 	}
 	wait := h.cur
 	if next := h.down(); next != wait {
 		s.log.Info("bgp: session flapping: the wait after its next reset is raised", "peer", addr, "wait", next)
 	}
+	peer := s.peers[h.index]
+	s.holdMu.Unlock()
 	ctx := context.Background()
 	if err := s.bgp.DeletePeer(ctx, &api.DeletePeerRequest{Address: addr.String()}); err != nil {
 		s.log.Warn("bgp: remove the peer after its session went down", "peer", addr, "err", err)
 		return
 	}
-	after(wait, func() {
-		if err := s.bgp.AddPeer(ctx, &api.AddPeerRequest{Peer: s.peers[h.index]}); err != nil {
+	s.holdMu.Lock()
+	defer s.holdMu.Unlock()
+	if !current() {
+		return
+	}
+	h.timer = time.AfterFunc(wait, func() {
+		s.holdMu.Lock()
+		ok := current()
+		s.holdMu.Unlock()
+		if !ok {
+			return
+		}
+		if err := s.bgp.AddPeer(ctx, &api.AddPeerRequest{Peer: peer}); err != nil {
 			s.log.Warn("bgp: add the peer again after its session went down", "peer", addr, "err", err)
 		}
 	})
