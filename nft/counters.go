@@ -104,6 +104,10 @@ type counterCache struct {
 	retired map[trafficKey]Count
 	gone    map[PortRef]Traffic
 	before  map[trafficKey]Count
+	// prev is the last reading of the traffic sets; seenBefore its
+	// elements, from traffic to attributeTraffic of the next reading.
+	prev       *Reading
+	seenBefore map[trafficKey]Count
 }
 
 // Reading is one reading of the counters.
@@ -318,7 +322,7 @@ func (c *counterCache) traffic(now map[trafficKey]Count) map[trafficKey]Count {
 			c.retired[k] = n
 		}
 	}
-	c.seen = now
+	c.seen, c.seenBefore = now, c.seen
 	out := make(map[trafficKey]Count, len(now)+len(c.retired))
 	for k, n := range c.retired {
 		out[k] = n
@@ -329,6 +333,17 @@ func (c *counterCache) traffic(now map[trafficKey]Count) map[trafficKey]Count {
 		out[k] = t
 	}
 	return out
+}
+
+// fresh tells whether traffic key k, owned by port ref now, belonged to
+// something else at the last reading: its port's Service was deleted
+// since, or its destination was another port's.
+func (c *counterCache) fresh(k trafficKey, ref PortRef, fg forgotten) bool {
+	if fg.deleted[ref.Service] {
+		return true
+	}
+	was, ok := c.prev.PortOf(k.proto, k.dest)
+	return ok && was != ref
 }
 
 func isCounted(name string) bool { return slices.Contains(countedMaps, name) }
@@ -351,7 +366,7 @@ func (p *Programmer) attribute(elems []counted, drops map[string]Count, flows ma
 	})
 	rd := &Reading{Ports: out, dests: dests}
 	if flows != nil {
-		rd.Endpoints = p.attributeTraffic(rd, flows)
+		rd.Endpoints = p.attributeTraffic(rd, flows, p.forgotten.take())
 	}
 	for _, e := range elems {
 		key, ok := p.claims.Holder(e.f, e.id)
@@ -387,9 +402,16 @@ func (p *Programmer) attribute(elems []counted, drops map[string]Count, flows ma
 // and returns the endpoints' counts. What an endpoint the port no longer
 // has counted stays in the port's totals (p.counters.gone), and what
 // belongs to no programmed port is forgotten, also by a port that owns its
-// key later (p.counters.before).
-func (p *Programmer) attributeTraffic(rd *Reading, flows map[trafficKey]Count) map[EndpointRef]Traffic {
+// key later (p.counters.before). A port whose Service was deleted since the
+// last reading, or whose destination another port owned then, starts
+// afresh (fg).
+func (p *Programmer) attributeTraffic(rd *Reading, flows map[trafficKey]Count, fg forgotten) map[EndpointRef]Traffic {
 	c := &p.counters
+	for ref := range c.gone {
+		if fg.deleted[ref.Service] {
+			delete(c.gone, ref)
+		}
+	}
 	if c.gone == nil {
 		c.gone = map[PortRef]Traffic{}
 	}
@@ -409,6 +431,19 @@ func (p *Programmer) attributeTraffic(rd *Reading, flows map[trafficKey]Count) m
 				delete(c.before, k)
 			}
 			continue
+		}
+		if c.fresh(k, ref, fg) {
+			// What the element counted for what owned it before is gone
+			// with it where the sync destroyed it, and was at most one
+			// reading's worth where it is new since the last reading;
+			// otherwise it is all the element counted until now.
+			delete(c.retired, k)
+			n = c.seen[k]
+			if _, old := c.seenBefore[k]; fg.destroyed[k] || !old {
+				delete(c.before, k)
+			} else {
+				c.before[k] = n
+			}
 		}
 		b := c.before[k]
 		n = n.sub(b)
@@ -458,6 +493,7 @@ func (p *Programmer) attributeTraffic(rd *Reading, flows map[trafficKey]Count) m
 			delete(c.before, k)
 		}
 	}
+	c.seenBefore, c.prev = nil, rd
 	for ref, g := range c.gone {
 		if p.services[ref.Service] == nil {
 			delete(c.gone, ref)

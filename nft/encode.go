@@ -53,6 +53,7 @@ const (
 	noteDelElems
 	noteAddFlowtable
 	noteDelFlowtable
+	noteDestroyTraffic
 )
 
 // note describes one message of a batch. It is formatted only when the
@@ -93,6 +94,8 @@ func (n note) String() string {
 		return fmt.Sprintf("add flowtable %s %s %s", n.f, n.table, n.name)
 	case noteDelFlowtable:
 		return fmt.Sprintf("delete flowtable %s %s %s", n.f, n.table, n.name)
+	case noteDestroyTraffic:
+		return fmt.Sprintf("destroy %d elements of set %s %s %s", n.n, n.f, n.table, n.name)
 	}
 	return "?"
 }
@@ -494,7 +497,7 @@ func (e *encoder) body(o *ruleset.Ops) {
 // encodeBatch encodes the operations of every table of ts, and the
 // deletion of the tables in drop, into one batch; with a note on every
 // message when describe is set.
-func encodeBatch(ts *ruleset.Tables, ds []*ruleset.Ops, drop []ruleset.TableRef, describe bool) (*batch, error) {
+func encodeBatch(ts *ruleset.Tables, ds []*ruleset.Ops, drop []ruleset.TableRef, forget []trafficKey, describe bool) (*batch, error) {
 	var lastID atomic.Uint32
 	head := newWire(4096, 64, describe)
 	head.marker(unix.NFNL_MSG_BATCH_BEGIN)
@@ -574,6 +577,9 @@ func encodeBatch(ts *ruleset.Tables, ds []*ruleset.Ops, drop []ruleset.TableRef,
 			e.note(note{op: noteDelTable})
 		}
 		bt.parts = append(bt.parts, tail)
+	}
+	if len(forget) > 0 {
+		bt.parts = append(bt.parts, encodeForget(ts, &lastID, forget, describe))
 	}
 	for _, w := range bt.parts {
 		if w.err != nil {

@@ -162,7 +162,7 @@ func (p *Programmer) fullIsolating(res *Result, observed []*ruleset.TableState, 
 		}
 	}
 	ds, claims, _ := ruleset.PlanFull(&p.cfg, p.tables, observed, base)
-	n, kernel, err := p.commit(ds, drop)
+	n, kernel, err := p.commit(ds, drop, nil)
 	res.Messages += n
 	res.Kernel += kernel
 	if err != nil {

@@ -164,6 +164,8 @@ type probeBatch struct {
 	name   string
 	order  []ruleset.Family
 	tables map[ruleset.Family]*probeTable
+	// forget are traffic elements to destroy once the tables are made.
+	forget []trafficKey
 }
 
 type probeTable struct {
@@ -253,6 +255,9 @@ func (b *probeBatch) encode() (*batch, error) {
 		if e.err != nil {
 			return nil, e.err
 		}
+	}
+	for _, f := range b.order {
+		newEncoder(w, &lastID, b.name, f).destroyTraffic(ofFamily(b.forget, f))
 	}
 	for _, f := range b.order {
 		newEncoder(w, &lastID, b.name, f).tableMessage(unix.NFT_MSG_DELTABLE, netlink.Request, nil)

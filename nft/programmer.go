@@ -56,6 +56,13 @@ type Programmer struct {
 	netnsFD    int
 	ownTables  map[tableRef]bool
 	counters   counterCache
+	// destroy tells whether the kernel destroys set elements (probed at
+	// the first full sync, when traffic is counted): a partial sync then
+	// deletes the traffic elements of the destinations it removes.
+	destroy, destroyProbed bool
+	// forgotten is what partial syncs removed since the counters were
+	// last read (forget.go).
+	forgotten forgotten
 	// bisectOnly makes isolation ignore what the refused messages name,
 	// for tests of the bisection.
 	bisectOnly bool
@@ -216,6 +223,13 @@ func (p *Programmer) Full(services map[model.ServiceKey]*model.Service) (Result,
 	defer p.mu.Unlock()
 	start := time.Now()
 	res := Result{Full: true}
+	if !p.destroyProbed && p.countsTraffic() {
+		ok, err := canDestroy(p.netnsFD, fmt.Sprintf("%s-%d", probeTableName(), probeSeq.Add(1)))
+		if err != nil {
+			return res, fmt.Errorf("nft: probe the kernel for destroying set elements: %w", err)
+		}
+		p.destroy, p.destroyProbed = ok, true
+	}
 
 	// Every full sync reads chains, sets and elements, and the rules of
 	// the skeleton's chains and of one eighth of the others, in turn: a
@@ -326,7 +340,7 @@ func (p *Programmer) Full(services map[model.ServiceKey]*model.Service) (Result,
 		res.Conflicts = conflicts
 	}
 
-	n, kernel, err := p.commit(ds, drop)
+	n, kernel, err := p.commit(ds, drop, nil)
 	res.Messages, res.Kernel = res.Messages+n, res.Kernel+kernel
 	var be *BatchError
 	if errors.As(err, &be) {
@@ -368,7 +382,7 @@ func (p *Programmer) restoreElems(start time.Time, res Result, only map[tableRef
 	// kernel is still at gen when this batch is committed, nothing came
 	// between.
 	p.generation, p.genKnown = gen, true
-	n, kernel, err := p.commit(ds, nil)
+	n, kernel, err := p.commit(ds, nil, nil)
 	res.Messages, res.Kernel = n, kernel
 	if err != nil {
 		// The next full sync reads every table back.
@@ -398,6 +412,13 @@ func (p *Programmer) committedFull(res *Result, plan []*ruleset.Ops, observed []
 	p.state = observed
 	res.ServiceConflicts = claims.RebuildLosses(p.claims)
 	p.claims = claims
+	if p.countsTraffic() {
+		for k := range p.services {
+			if services[k] == nil {
+				p.forgotten.deleteService(k)
+			}
+		}
+	}
 	p.services = ruleset.CloneServices(services)
 	p.synced, p.trusted = true, true
 }
@@ -489,8 +510,12 @@ func (p *Programmer) partialLocked(start time.Time, res Result, changes map[mode
 func (p *Programmer) attempt(res *Result, changes map[model.ServiceKey]*model.Service) (err error, isolatable bool) {
 	ds, undo, conflicts := ruleset.PlanPartial(&p.cfg, p.tables, p.state, p.claims, p.services, changes)
 	res.Conflicts = conflicts
+	var forget []trafficKey
+	if p.destroy {
+		forget = removedTraffic(p.services, changes)
+	}
 
-	n, kernel, err := p.commit(ds, nil)
+	n, kernel, err := p.commit(ds, nil, forget)
 	res.Messages += n
 	res.Kernel += kernel
 	if err != nil {
@@ -514,6 +539,9 @@ func (p *Programmer) attempt(res *Result, changes map[model.ServiceKey]*model.Se
 		}
 		res.ServiceConflicts[k] = c
 	}
+	if p.countsTraffic() {
+		p.forgotten.note(p.services, changes, forget)
+	}
 	for k, svc := range changes {
 		if svc == nil {
 			delete(p.services, k)
@@ -527,8 +555,8 @@ func (p *Programmer) attempt(res *Result, changes map[model.ServiceKey]*model.Se
 // commit encodes the operations of every table, and the deletion of the
 // tables in drop, into one batch and sends it. It returns the number of
 // messages and how long the kernel took to answer.
-func (p *Programmer) commit(ds []*ruleset.Ops, drop []ruleset.TableRef) (int, time.Duration, error) {
-	w, err := encodeBatch(p.tables, ds, drop, false)
+func (p *Programmer) commit(ds []*ruleset.Ops, drop []ruleset.TableRef, forget []trafficKey) (int, time.Duration, error) {
+	w, err := encodeBatch(p.tables, ds, drop, forget, false)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -536,7 +564,7 @@ func (p *Programmer) commit(ds []*ruleset.Ops, drop []ruleset.TableRef) (int, ti
 	// A refused batch is encoded again, with notes, to name the messages
 	// the kernel refused: the encoding is deterministic.
 	describe := func() []note {
-		d, err := encodeBatch(p.tables, ds, drop, true)
+		d, err := encodeBatch(p.tables, ds, drop, forget, true)
 		if err != nil {
 			return nil
 		}
@@ -610,7 +638,7 @@ func (p *Programmer) commitEach(ds []*ruleset.Ops) (int, time.Duration, error) {
 			one[i] = none
 		}
 		one[slot] = ds[slot]
-		n, k, err := p.commit(one, nil)
+		n, k, err := p.commit(one, nil, nil)
 		msgs, kernel = msgs+n, kernel+k
 		if err != nil {
 			return msgs, kernel, err
@@ -656,7 +684,7 @@ func Cleanup(table string, opts Options) error {
 		return drop[i].Name < drop[j].Name
 	})
 	if len(drop) > 0 {
-		w, err := encodeBatch(&ruleset.Tables{}, nil, drop, true)
+		w, err := encodeBatch(&ruleset.Tables{}, nil, drop, nil, true)
 		if err != nil {
 			return err
 		}

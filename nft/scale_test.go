@@ -314,7 +314,7 @@ func planChange(tb testing.TB, cfg *ruleset.Config, ts *ruleset.Tables, state []
 
 // encodeOps encodes every table's operations as Programmer.commit does.
 func encodeOps(tb testing.TB, ts *ruleset.Tables, ds []*ruleset.Ops) *batch {
-	w, err := encodeBatch(ts, ds, nil, false)
+	w, err := encodeBatch(ts, ds, nil, nil, false)
 	if err != nil {
 		tb.Fatal(err)
 	}

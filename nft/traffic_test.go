@@ -38,7 +38,7 @@ func trafficReading(p *Programmer, synced bool, now map[trafficKey]Count, svcs .
 			}
 		}
 	}
-	rd.Endpoints = p.attributeTraffic(rd, p.counters.traffic(now))
+	rd.Endpoints = p.attributeTraffic(rd, p.counters.traffic(now), p.forgotten.take())
 	out := map[string]Traffic{}
 	for ref, pc := range rd.Ports {
 		out[ref.Service.Name] = pc.Traffic
@@ -137,5 +137,75 @@ func TestTrafficKeptAcrossRestart(t *testing.T) {
 		if got := trafficReading(&p, true, map[trafficKey]Count{k: trafficIn(n)}, a); got["a"].In != trafficIn(n) {
 			t.Fatalf("after the restart: a in = %+v, want %+v", got["a"].In, trafficIn(n))
 		}
+	}
+}
+
+// TestTrafficReusedBetweenReadings: a Service takes the address and port
+// of one deleted since the last reading (another Service, or the same one
+// deleted and made again). With the kernel's elements destroyed by the
+// deleting sync it counts exactly its own packets; without (a kernel that
+// cannot destroy elements), it starts from the elements' count at the
+// first reading that sees it, never from the deleted one's.
+func TestTrafficReusedBetweenReadings(t *testing.T) {
+	dest := netip.MustParseAddrPort("10.96.0.10:80")
+	epA := netip.MustParseAddrPort("10.0.0.1:8080")
+	epB := netip.MustParseAddrPort("10.0.0.2:8080")
+	kA := trafficKey{proto: model.TCP, dest: dest, ep: epA}
+	kB := trafficKey{proto: model.TCP, dest: dest, ep: epB}
+	a := trafficSvc("a", dest, epA)
+	deletedA := func(destroyed ...trafficKey) forgotten {
+		f := forgotten{deleted: map[model.ServiceKey]bool{a.Key: true}, destroyed: map[trafficKey]bool{}}
+		for _, k := range destroyed {
+			f.destroyed[k] = true
+		}
+		return f
+	}
+	type step struct {
+		forgot forgotten // what the syncs since the last reading removed
+		now    map[trafficKey]Count
+		svc    *model.Service
+		in     uint64 // the packets In of its port
+	}
+	for _, tc := range []struct {
+		name  string
+		svc   *model.Service // the one programmed after a's deletion
+		steps []step
+	}{
+		{"other Service, destroyed", trafficSvc("b", dest, epA), []step{
+			{forgotten{}, map[trafficKey]Count{kA: trafficIn(10)}, a, 10},
+			{deletedA(kA), map[trafficKey]Count{kA: trafficIn(3)}, nil, 3},
+			{forgotten{}, map[trafficKey]Count{kA: trafficIn(5)}, nil, 5},
+		}},
+		{"same Service made again, destroyed", a, []step{
+			{forgotten{}, map[trafficKey]Count{kA: trafficIn(10)}, a, 10},
+			{deletedA(kA), map[trafficKey]Count{kA: trafficIn(4)}, nil, 4},
+			{forgotten{}, map[trafficKey]Count{kA: trafficIn(6)}, nil, 6},
+			{forgotten{}, map[trafficKey]Count{kA: trafficIn(2)}, nil, 8}, // made anew
+		}},
+		{"other Service, not destroyed", trafficSvc("b", dest, epA), []step{
+			{forgotten{}, map[trafficKey]Count{kA: trafficIn(10)}, a, 10},
+			{deletedA(), map[trafficKey]Count{kA: trafficIn(14)}, nil, 0},
+			{forgotten{}, map[trafficKey]Count{kA: trafficIn(20)}, nil, 6},
+		}},
+		{"same Service made again, not destroyed, new endpoint", trafficSvc("a", dest, epB), []step{
+			{forgotten{}, map[trafficKey]Count{kA: trafficIn(10)}, a, 10},
+			{deletedA(), map[trafficKey]Count{kA: trafficIn(10), kB: trafficIn(4)}, nil, 4},
+			{forgotten{}, map[trafficKey]Count{kB: trafficIn(9)}, nil, 9},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var p Programmer
+			for i, s := range tc.steps {
+				svc := s.svc
+				if svc == nil {
+					svc = tc.svc
+				}
+				p.forgotten = s.forgot
+				got := trafficReading(&p, true, s.now, svc)
+				if g := got[svc.Key.Name]; g.In != trafficIn(s.in) {
+					t.Fatalf("reading %d: %s in = %+v, want %+v", i, svc.Key.Name, g.In, trafficIn(s.in))
+				}
+			}
+		})
 	}
 }
