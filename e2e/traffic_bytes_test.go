@@ -5,6 +5,7 @@ package e2e_test
 // and metrics after real transfers through the gateway.
 
 import (
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -171,4 +172,70 @@ func TestTrafficBytesBothWaysPerEndpoint(t *testing.T) {
 			t.Errorf("%s: %q, want at least %d", series, line, transfers*reply)
 		}
 	}
+}
+
+// TestTrafficServiceMadeAgainStartsAtZero: a Service deleted and made
+// again with the same ClusterIP, port and endpoints (kubectl delete, then
+// apply), with no reading of the counters in between, counts only its own
+// bytes: the sync that deleted it destroyed its traffic elements, and the
+// reading takes the port afresh.
+func TestTrafficServiceMadeAgainStartsAtZero(t *testing.T) {
+	const first, second = 400_000, 2_000
+	topo := labtest.Gateway(t)
+	backend := netip.AddrPortFrom(topo.BackendIPv4[0], 9000)
+	newByteSink(t, topo.Backend, backend, 10)
+	g := gatewaytest.New(t, topo, gatewaytest.VIPExternalIPs...)
+	objs := []any{gatewaytest.Service("default", "again", "ClusterIP", []string{"198.19.0.105"}, gatewaytest.Port{Name: "data", Port: 91}),
+		gatewaytest.Slice("default", "again-1", "again", "data", "", 9000, ep(backend.Addr().String(), ""))}
+	g.Write("again.yaml", objs...)
+	g.Start()
+	dst := ap("198.19.0.105:91")
+	if err := lab.EventuallyWithin(10*time.Second, func() error {
+		_, err := transfer(topo.Client, dst, first)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	eventuallyTraffic(t, g, "default", "again", "TCP", 91, "the first transfer counted", func(p appliance.TrafficPort) bool {
+		return p.BytesIn >= first
+	})
+
+	// Deleted: wait for its address to leave the kernel's set of
+	// ClusterIPs (not for a reading of the counters), then made again.
+	g.Remove("again.yaml")
+	if err := lab.EventuallyWithin(10*time.Second, func() error {
+		if out := g.Nft("list", "set", "ip", "nftgate", "cluster-ips"); strings.Contains(out, "198.19.0.105") {
+			return fmt.Errorf("198.19.0.105 still a ClusterIP:\n%s", out)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	g.Write("again.yaml", objs...)
+	if err := lab.EventuallyWithin(10*time.Second, func() error {
+		_, err := transfer(topo.Client, dst, second)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// A reading made after the transfer (the API serves the last one at
+	// once and starts the next).
+	done := time.Now()
+	var p appliance.TrafficPort
+	if err := lab.EventuallyWithin(10*time.Second, func() error {
+		var at time.Time
+		var err error
+		if p, at, err = trafficRead(g, "default", "again", "TCP", 91); err == nil && at.Before(done) {
+			err = fmt.Errorf("the reading served is of %s, before the transfer", at.Format(time.StampMicro))
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// The second transfer, its retries' and the headers: far less than
+	// the first one's bytes, which belong to the deleted Service.
+	if p.BytesIn < second || p.BytesIn >= first/2 {
+		t.Errorf("the Service made again counts %d bytes in, want its own %d and no more than a few KB beside: it inherited the deleted one's", p.BytesIn, second)
+	}
+	t.Logf("made again: %d bytes in, %d out", p.BytesIn, p.BytesOut)
 }

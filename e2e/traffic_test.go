@@ -22,23 +22,29 @@ import (
 
 // trafficOf reads /api/v1/traffic and returns the port of a Service.
 func trafficOf(g *gatewaytest.Gateway, ns, name, proto string, port uint16) (appliance.TrafficPort, error) {
+	p, _, err := trafficRead(g, ns, name, proto, port)
+	return p, err
+}
+
+// trafficRead is trafficOf with the time of the reading the API served.
+func trafficRead(g *gatewaytest.Gateway, ns, name, proto string, port uint16) (appliance.TrafficPort, time.Time, error) {
 	code, body, err := g.Get("/api/v1/traffic?sort=name")
 	if err != nil {
-		return appliance.TrafficPort{}, err
+		return appliance.TrafficPort{}, time.Time{}, err
 	}
 	if code != http.StatusOK {
-		return appliance.TrafficPort{}, fmt.Errorf("traffic: %d %s", code, body)
+		return appliance.TrafficPort{}, time.Time{}, fmt.Errorf("traffic: %d %s", code, body)
 	}
 	var tj appliance.TrafficJSON
 	if err := json.Unmarshal([]byte(body), &tj); err != nil {
-		return appliance.TrafficPort{}, err
+		return appliance.TrafficPort{}, time.Time{}, err
 	}
 	for _, p := range tj.Ports {
 		if p.Namespace == ns && p.Name == name && p.Protocol == proto && p.Port == port {
-			return p, nil
+			return p, tj.ReadAt, nil
 		}
 	}
-	return appliance.TrafficPort{}, fmt.Errorf("no %s/%s %s/%d in the traffic: %.600s", ns, name, proto, port, body)
+	return appliance.TrafficPort{}, tj.ReadAt, fmt.Errorf("no %s/%s %s/%d in the traffic: %.600s", ns, name, proto, port, body)
 }
 
 // eventuallyTraffic waits until the port's counters satisfy ok (the API
