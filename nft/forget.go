@@ -1,7 +1,6 @@
 package nft
 
 import (
-	"errors"
 	"maps"
 	"net/netip"
 	"slices"
@@ -127,8 +126,8 @@ func ofFamily(keys []trafficKey, f ruleset.Family) []trafficKey {
 }
 
 // canDestroy tells whether the kernel destroys set elements: it sends a
-// batch that makes a table with a traffic set, destroys an element it does
-// not have and deletes the table again.
+// batch that makes a table with the traffic sets, destroys an element they
+// do not have and deletes the table again.
 func canDestroy(netnsFD int, table string) (bool, error) {
 	probe := kernelProbe{Feature: "destroying set elements", add: func(b *probeBatch) {
 		for _, name := range []string{ruleset.SetTrafficIn, ruleset.SetTrafficOut} {
@@ -139,15 +138,10 @@ func canDestroy(netnsFD int, table string) (bool, error) {
 		k.reply = true
 		b.forget = append(b.forget, k)
 	}}
-	err := netlinkProbeRunner(netnsFD, table)([]kernelProbe{probe})
-	switch {
-	case err == nil:
-		return true, nil
-	case errors.Is(err, unix.EINVAL), errors.Is(err, unix.EOPNOTSUPP):
-		// An older kernel knows no such message.
-		return false, nil
+	if err := netlinkProbeRunner(netnsFD, table)([]kernelProbe{probe}); err != nil {
+		return false, err
 	}
-	return false, err
+	return true, nil
 }
 
 // probeSeq numbers the probe tables of one process.
