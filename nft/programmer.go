@@ -70,6 +70,9 @@ type Programmer struct {
 	// the group, before the batch is sent: tests commit another
 	// program's transaction there.
 	mutedSend func()
+	// beforeReceive, when set, runs before each read of the
+	// notification socket: tests hold the watcher there.
+	beforeReceive func()
 }
 
 // reconcileRounds is how many full syncs it takes to read every rule back.

@@ -293,7 +293,14 @@ func (p *Programmer) Watch(ctx context.Context, report func(Drift)) error {
 	stop := context.AfterFunc(ctx, func() { nl.Close() })
 	defer stop()
 	var cur Drift
+	// stale is the generation up to which, after a loss, announcements
+	// are of transactions the read-back accounts for.
+	var stale uint32
+	var staleSet bool
 	for {
+		if p.beforeReceive != nil {
+			p.beforeReceive()
+		}
 		msgs, err := nl.Receive()
 		if err != nil {
 			if ctx.Err() != nil {
@@ -305,10 +312,15 @@ func (p *Programmer) Watch(ctx context.Context, report func(Drift)) error {
 			if errors.Is(err, syscall.ENOBUFS) {
 				cur = Drift{}
 				// What was lost is unknown: every table is read back.
-				// The transactions up to the generation now are
-				// accounted for by that, announced or not, so nobody
-				// waits for their announcements (a transaction's last
-				// one may be among those lost).
+				// What is still queued is of the transactions before
+				// now, whose announcements are incomplete (the last
+				// ones, or a transaction's NEWGEN, may be among those
+				// lost): it is dropped unread, and the transactions up
+				// to the generation after that are accounted for by
+				// the read-back, announced or not, so nobody waits for
+				// their announcements, and what still arrives of them
+				// is not taken for a later transaction's changes.
+				p.watch.received.Add(drainQueued(nl))
 				gen, gerr := currentGeneration(p.netnsFD)
 				p.watch.update(func() {
 					p.watch.lost()
@@ -316,6 +328,7 @@ func (p *Programmer) Watch(ctx context.Context, report func(Drift)) error {
 						p.watch.seen(gen)
 					}
 				})
+				stale, staleSet = gen, gerr == nil
 				report(Drift{Lost: true})
 				continue
 			}
@@ -331,6 +344,9 @@ func (p *Programmer) Watch(ctx context.Context, report func(Drift)) error {
 				gen, writer := decodeGen(m.Data[4:])
 				d := cur
 				cur = Drift{}
+				if staleSet && int32(gen-stale) <= 0 {
+					continue // read back already
+				}
 				p.watch.update(func() {
 					p.watch.seen(gen)
 					if len(d.Changes) > 0 && m.Header.PID != own {
@@ -365,6 +381,35 @@ func (p *Programmer) Watch(ctx context.Context, report func(Drift)) error {
 			cur.structural = cur.structural || (typ != unix.NFT_MSG_NEWSETELEM && typ != unix.NFT_MSG_DELSETELEM)
 		}
 	}
+}
+
+// drainQueued drops what the socket has queued, without waiting for more,
+// and returns the number of datagrams dropped. It reads at most twice the
+// socket's buffer, so that another program committing without pause
+// cannot keep it here.
+func drainQueued(nl *netlink.Conn) uint64 {
+	rc, err := nl.SyscallConn()
+	if err != nil {
+		return 0
+	}
+	var n uint64
+	buf := make([]byte, 64<<10)
+	read := 0
+	rc.Read(func(fd uintptr) bool {
+		for read < 2*watchBuffer {
+			m, _, err := unix.Recvfrom(int(fd), buf, unix.MSG_DONTWAIT)
+			switch {
+			case err == unix.EINTR, err == unix.ENOBUFS:
+				continue // ENOBUFS: overflowed again meanwhile
+			case err != nil:
+				return true // EAGAIN: nothing left
+			}
+			read += m
+			n++
+		}
+		return true
+	})
+	return n
 }
 
 // ownNotificationsFilter keeps the kernel from queueing the notifications
