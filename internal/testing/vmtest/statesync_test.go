@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -135,6 +136,19 @@ func TestApplianceStateSync(t *testing.T) {
 		return nil
 	})
 	t.Logf("the pair is up %.1f s after gw-a's QEMU started: gw-a holds %v", time.Since(a.Started).Seconds(), floating)
+
+	// Without a replica, gw-b would pick a moved connection up in
+	// mid-stream (conntrack's loose pickup) and translate it exactly as
+	// gw-a did: the same endpoint (the same hash_seed), F, the client's
+	// port kept. The connection would carry on without any state sync.
+	// With pickup off in gw-b's kernel only a replica carries it, as in
+	// the failover harness; set through the serial console, as nftgate
+	// leaves this sysctl alone.
+	if out, err := b.Shell(ctx, "echo 0 > /proc/sys/net/netfilter/nf_conntrack_tcp_loose; cat /proc/sys/net/netfilter/nf_conntrack_tcp_loose"); err != nil {
+		t.Fatal(err)
+	} else if !strings.HasSuffix(out, "0") {
+		t.Fatalf("gw-b's nf_conntrack_tcp_loose: %q, want 0", out)
+	}
 
 	traffic := failover.Traffic{TCP: 32, UDP: 4, LossTimeout: 20 * time.Second}
 	run, err := failover.Start(client, syncService, traffic)
