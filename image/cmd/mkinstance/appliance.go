@@ -44,6 +44,9 @@ type nftgateConfig struct {
 	// gatewaysKey: the config has a [gateways] section whose key_file is
 	// applianceGatewaysKey, which the build installs.
 	gatewaysKey bool
+	// stateSync: the config has a [gateways] section with state sync on
+	// (gateways.state_sync, true unless set false).
+	stateSync bool
 }
 
 // applianceConfig is the user's config.toml with the appliance's values
@@ -87,6 +90,8 @@ func applianceConfig(path string, haveCert bool) (nftgateConfig, error) {
 		// set's key can only be installed by the build, or kept on /perm.
 		section, _ := values["gateways"].(map[string]any)
 		keyFile, _ := section["key_file"].(string)
+		on, set := section["state_sync"].(bool)
+		c.stateSync = on || !set
 		switch {
 		case keyFile == applianceGatewaysKey:
 			c.gatewaysKey = true

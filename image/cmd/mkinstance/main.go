@@ -236,6 +236,13 @@ func run(o options) error {
 		return fmt.Errorf("builddir: %w", err)
 	}
 	p.KernelPackage = stockKernel
+	if nc.stateSync && o.kernelDir == "" {
+		// nftgate would stop on the box at every start, naming the
+		// options (statesync.CheckConntrackKernel).
+		return fmt.Errorf("config %s: [gateways] state_sync (on by default) needs conntrack events and marks "+
+			"(CONFIG_NF_CONNTRACK_EVENTS, CONFIG_NF_CONNTRACK_MARK), which the stock kernel %s lacks: "+
+			"build with KERNEL=custom (make kernel), or set gateways.state_sync = false", userConfig, stockKernel)
+	}
 	if o.kernelDir != "" {
 		if p.KernelPackage, err = localKernel(o.kernelDir, filepath.Join(instanceDir, "builddir")); err != nil {
 			return err

@@ -173,14 +173,17 @@ func TestBadInputsNameTheField(t *testing.T) {
 		{"bad hostname", func(o *options) { o.hostname = "gw_1" }, `hostname: "gw_1" is not a valid host name`},
 		{"bad network", func(o *options) { o.network = "/nonexistent/network.json" }, "network: open /nonexistent/network.json"},
 		{"kernel_dir without vmlinuz", func(o *options) { o.kernelDir = filepath.Dir(o.config) }, "is not a kernel package (make kernel builds one)"},
+		{"state sync on the stock kernel", func(o *options) {
+			writeFile(t, o.config, "[gateways]\nname = \"gw-a\"\nkey_file = \"/perm/gateways.key\"\n")
+		}, "[gateways] state_sync (on by default) needs conntrack events and marks"},
 		{"gateways without the key", func(o *options) {
-			writeFile(t, o.config, "[gateways]\nname = \"gw-a\"\nkey_file = \"/etc/nftgate/gateways.key\"\n")
+			writeFile(t, o.config, "[gateways]\nname = \"gw-a\"\nkey_file = \"/etc/nftgate/gateways.key\"\nstate_sync = false\n")
 		}, "gateways_key_file: must be set"},
 		{"gateways key elsewhere on the image", func(o *options) {
 			writeFile(t, o.config, "[gateways]\nname = \"gw-a\"\nkey_file = \"/etc/key\"\n")
 		}, `gateways.key_file = "/etc/key": on the appliance it must be "/etc/nftgate/gateways.key"`},
 		{"gateways key too short", func(o *options) {
-			writeFile(t, o.config, "[gateways]\nname = \"gw-a\"\nkey_file = \"/etc/nftgate/gateways.key\"\n")
+			writeFile(t, o.config, "[gateways]\nname = \"gw-a\"\nkey_file = \"/etc/nftgate/gateways.key\"\nstate_sync = false\n")
 			o.gatewaysKeyFile = writeFile(t, filepath.Join(filepath.Dir(o.config), "short.key"), "short\n")
 		}, "gateways_key_file: gateways.key_file = "},
 		{"kernel_dir with the stock path", func(o *options) {
@@ -247,6 +250,7 @@ func TestRenderCustomKernel(t *testing.T) {
 // /perm gets none; a config without the section gets none.
 func TestRenderGatewaysKey(t *testing.T) {
 	o := baseOptions(t)
+	o.kernelDir = kernelPackage(t, "github.com/nftgate/kernel.amd64")
 	o.gatewaysKeyFile = filepath.Join(filepath.Dir(o.config), "secret", "gateways-key.txt")
 	key := func(c instanceConfig) string {
 		return c.PackageConfig["github.com/nftgate/nftgate/cmd/nftgate"].ExtraFilePaths["/etc/nftgate/gateways.key"]
@@ -275,5 +279,11 @@ func TestRenderGatewaysKey(t *testing.T) {
 	writeFile(t, o.config, "[gateways]\nname = \"gw-a\"\nkey_file = \"/perm/nftgate/gateways.key\"\n")
 	if got := key(render(t, o)); got != "" {
 		t.Errorf("key_file on /perm: key installed from %q", got)
+	}
+	// The stock kernel serves a set without state sync.
+	o.kernelDir = ""
+	writeFile(t, o.config, "[gateways]\nname = \"gw-a\"\nkey_file = \"/etc/nftgate/gateways.key\"\nstate_sync = false\n")
+	if got := key(render(t, o)); got != o.gatewaysKeyFile {
+		t.Errorf("stock kernel, state_sync = false: key installed from %q, want %q", got, o.gatewaysKeyFile)
 	}
 }
