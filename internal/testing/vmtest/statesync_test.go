@@ -185,8 +185,21 @@ func TestApplianceStateSync(t *testing.T) {
 		return nil
 	})
 	p := syncPeer(received.Peers, "gw-a")
-	t.Logf("gw-b's /api/v1/statesync: peer gw-a up, %d entries received, %d refused, lag %.3f s, %d replicas held",
-		p.Received, len(p.Refused), p.LagSeconds, received.Replicas)
+	t.Logf("gw-b's /api/v1/statesync: peer gw-a up, %d entries received, none refused, %d replicas held",
+		p.Received, received.Replicas)
+
+	// The sender's side: gw-a's view of the sync to gw-b, and its lag
+	// (from an event in gw-a's kernel to gw-b's acknowledgement of the
+	// write, on gw-a's clock).
+	sent := waitAPI(ctx, t, a, apis[0], acc, api(0, "/api/v1/statesync"), func(st statesync.Status) error {
+		if p := syncPeer(st.Peers, "gw-b"); p == nil || !p.Up || p.Sent < uint64(flows) {
+			return fmt.Errorf("peer gw-b %+v; want up, at least %d entries sent", p, flows)
+		}
+		return nil
+	})
+	p = syncPeer(sent.Peers, "gw-b")
+	t.Logf("gw-a's /api/v1/statesync: peer gw-b up, %d entries sent, %d lost, last lag %.3f s, %d own flows",
+		p.Sent, p.Lost, p.LagSeconds, sent.Flows)
 
 	// The box pulled out: QEMU killed with -9, its taps gone with it.
 	killed := time.Now()
