@@ -15,6 +15,10 @@
 #   NFTGATE_PASSWORD_FILE  status page password (user admin) (default: build/nftgate-password.txt, created once)
 #   NFTGATE_TLS_CERT, NFTGATE_TLS_KEY  status page certificate (default: none; the box makes one
 #                    on its first boot and keeps it on /perm)
+#   GATEWAYS_KEY_FILE  the gateway set's shared key, installed as /etc/nftgate/gateways.key
+#                    when NFTGATE_CONFIG has a [gateways] section with that key_file
+#                    (default: build/gateways-key.txt, created once; build every
+#                    gateway of the set with the same file)
 #   HOSTNAME_GW      host name of the appliance     (default: nftgate)
 #   IMAGE_NAME       image and instance name        (default: nftgate -> build/nftgate.img)
 #   UPDATE_HOST      where `make image-update` reaches the box (default: HOSTNAME_GW)
@@ -37,6 +41,7 @@ GOKRAZY_TLS_DIR ?= $(BUILD)/gokrazy-tls/$(HOSTNAME_GW)
 NFTGATE_PASSWORD_FILE ?= $(BUILD)/nftgate-password.txt
 NFTGATE_TLS_CERT ?=
 NFTGATE_TLS_KEY ?=
+GATEWAYS_KEY_FILE ?= $(BUILD)/gateways-key.txt
 IMAGE_NAME ?= nftgate
 UPDATE_HOST ?=
 KERNEL ?= stock
@@ -71,7 +76,8 @@ image-instance: $(GOK) $(IMAGE_KERNEL_DEPS)
 		-manifests "$(MANIFESTS)" -network "$(NETWORK)" \
 		-password_file "$(GOKRAZY_PASSWORD_FILE)" -kernel_dir "$(IMAGE_KERNEL_DIR)" \
 		-nftgate_password_file "$(NFTGATE_PASSWORD_FILE)" -gokrazy_tls_dir "$(GOKRAZY_TLS_DIR)" \
-		-tls_cert "$(NFTGATE_TLS_CERT)" -tls_key "$(NFTGATE_TLS_KEY)"
+		-tls_cert "$(NFTGATE_TLS_CERT)" -tls_key "$(NFTGATE_TLS_KEY)" \
+		-gateways_key_file "$(GATEWAYS_KEY_FILE)"
 	@for pkg in cmd/nftgate image/cmd/netconfig; do \
 		$(GOK) --parent_dir $(GOKRAZY_PARENT) -i $(IMAGE_NAME) add ./$$pkg >$(INSTANCE_DIR)/add.log 2>&1 \
 			|| { cat $(INSTANCE_DIR)/add.log; exit 1; }; \

@@ -25,6 +25,12 @@ const (
 	applianceSelfSigned   = "/perm/nftgate/tls"
 	applianceCert         = "/etc/nftgate/tls/cert.pem"
 	applianceKey          = "/etc/nftgate/tls/key.pem"
+	// applianceGatewaysKey is where the gateway set's shared key goes on
+	// the image ([gateways] key_file), from -gateways_key_file.
+	applianceGatewaysKey = "/etc/nftgate/gateways.key"
+	// applianceKept is the only writable place on the box: a key_file
+	// there is the operator's to put, not the build's.
+	applianceKept = "/perm/"
 )
 
 // nftgateConfig is the config.toml that goes onto the image, and what the
@@ -35,6 +41,12 @@ type nftgateConfig struct {
 	user        string // "" without authentication
 	ourPassword bool   // the password is the one made at build time
 	tls         string // how HTTPS is served; "" for plain HTTP
+	// gatewaysKey: the config has a [gateways] section whose key_file is
+	// applianceGatewaysKey, which the build installs.
+	gatewaysKey bool
+	// stateSync: the config has a [gateways] section with state sync on
+	// (gateways.state_sync, true unless set false).
+	stateSync bool
 }
 
 // applianceConfig is the user's config.toml with the appliance's values
@@ -73,6 +85,21 @@ func applianceConfig(path string, haveCert bool) (nftgateConfig, error) {
 	}
 	c := nftgateConfig{text: text, listen: get("listen"), user: get("auth_user"),
 		ourPassword: get("auth_password_file") == appliancePasswordHash}
+	if md.IsDefined("gateways") {
+		// The image's root file system is read-only and built here: the
+		// set's key can only be installed by the build, or kept on /perm.
+		section, _ := values["gateways"].(map[string]any)
+		keyFile, _ := section["key_file"].(string)
+		on, set := section["state_sync"].(bool)
+		c.stateSync = on || !set
+		switch {
+		case keyFile == applianceGatewaysKey:
+			c.gatewaysKey = true
+		case !strings.HasPrefix(keyFile, applianceKept):
+			return nftgateConfig{}, fmt.Errorf("config %s: gateways.key_file = %q: on the appliance it must be %q, "+
+				"where the build installs the set's key (GATEWAYS_KEY_FILE), or a file under %s", path, keyFile, applianceGatewaysKey, applianceKept)
+		}
+	}
 	switch {
 	case get("tls_cert_file") != "":
 		c.tls = "certificate " + get("tls_cert_file")

@@ -31,6 +31,7 @@ import (
 	"strings"
 	"text/template"
 
+	"github.com/nftgate/nftgate/gateways"
 	"github.com/nftgate/nftgate/image/network"
 )
 
@@ -55,8 +56,11 @@ type params struct {
 	// certificate given at build time (empty: none).
 	NftgatePasswordHash     string
 	NftgateCert, NftgateKey string
+	// GatewaysKey is the file installed as the gateway set's shared key
+	// (empty: none).
+	GatewaysKey string
 	// OnBox are the paths those files are installed at.
-	OnBox struct{ PasswordHash, Cert, Key string }
+	OnBox struct{ PasswordHash, Cert, Key, GatewaysKey string }
 }
 
 // stockKernel is the kernel package pinned in image/builddir.
@@ -80,6 +84,9 @@ type options struct {
 	nftgatePasswordFile string
 	gokrazyTLSDir       string
 	tlsCert, tlsKey     string
+	// gatewaysKeyFile holds the gateway set's shared key (made when
+	// missing), installed when the config has a [gateways] section.
+	gatewaysKeyFile string
 }
 
 func main() {
@@ -99,6 +106,8 @@ func main() {
 	flag.StringVar(&o.gokrazyTLSDir, "gokrazy_tls_dir", "", "directory keeping the certificate of gokrazy's web interface and update endpoint (cert.pem, key.pem); made when missing")
 	flag.StringVar(&o.tlsCert, "tls_cert", "", "certificate (PEM) of nftgate's status page; empty: one made on the box's first boot and kept on /perm")
 	flag.StringVar(&o.tlsKey, "tls_key", "", "key (PEM) of -tls_cert")
+	flag.StringVar(&o.gatewaysKeyFile, "gateways_key_file", "", "file holding the shared key of the gateway set, installed as "+applianceGatewaysKey+
+		" when the config has a [gateways] section naming it as key_file; created with a random key when missing (give every gateway of the set the same file)")
 	flag.Parse()
 	if err := run(o); err != nil {
 		log.Fatal(err)
@@ -125,6 +134,7 @@ func run(o options) error {
 	}
 	p := params{Hostname: o.hostname, UpdateHost: o.updateHost}
 	p.OnBox.PasswordHash, p.OnBox.Cert, p.OnBox.Key = appliancePasswordHash, applianceCert, applianceKey
+	p.OnBox.GatewaysKey = applianceGatewaysKey
 	var err error
 	userConfig, err := absFile("config", o.config, false)
 	if err != nil {
@@ -191,6 +201,21 @@ func run(o options) error {
 	if err != nil {
 		return err
 	}
+	if nc.gatewaysKey {
+		if o.gatewaysKeyFile == "" {
+			return fmt.Errorf("gateways_key_file: must be set: config %s has a [gateways] section whose key_file is %s", userConfig, applianceGatewaysKey)
+		}
+		// Random bytes in hex: twice as long as a key must be.
+		if _, err := readOrCreateSecret(o.gatewaysKeyFile, gateways.MinKeyLen); err != nil {
+			return fmt.Errorf("gateways_key_file: %w", err)
+		}
+		if _, err := (gateways.Config{KeyFile: o.gatewaysKeyFile}).ReadKey(); err != nil {
+			return fmt.Errorf("gateways_key_file: %w", err)
+		}
+		if p.GatewaysKey, err = filepath.Abs(o.gatewaysKeyFile); err != nil {
+			return err
+		}
+	}
 	p.ConfigFile = filepath.Join(instanceDir, "nftgate-config.toml")
 	if err := writeIfChanged(p.ConfigFile, nc.text, 0o644); err != nil {
 		return err
@@ -211,6 +236,13 @@ func run(o options) error {
 		return fmt.Errorf("builddir: %w", err)
 	}
 	p.KernelPackage = stockKernel
+	if nc.stateSync && o.kernelDir == "" {
+		// nftgate would stop on the box at every start, naming the
+		// options (statesync.CheckConntrackKernel).
+		return fmt.Errorf("config %s: [gateways] state_sync (on by default) needs conntrack events and marks "+
+			"(CONFIG_NF_CONNTRACK_EVENTS, CONFIG_NF_CONNTRACK_MARK), which the stock kernel %s lacks: "+
+			"build with KERNEL=custom (make kernel), or set gateways.state_sync = false", userConfig, stockKernel)
+	}
 	if o.kernelDir != "" {
 		if p.KernelPackage, err = localKernel(o.kernelDir, filepath.Join(instanceDir, "builddir")); err != nil {
 			return err

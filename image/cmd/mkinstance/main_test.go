@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/nftgate/nftgate/gateways"
 )
 
 // instanceConfig is the part of gokrazy's config.json this test inspects.
@@ -171,6 +173,19 @@ func TestBadInputsNameTheField(t *testing.T) {
 		{"bad hostname", func(o *options) { o.hostname = "gw_1" }, `hostname: "gw_1" is not a valid host name`},
 		{"bad network", func(o *options) { o.network = "/nonexistent/network.json" }, "network: open /nonexistent/network.json"},
 		{"kernel_dir without vmlinuz", func(o *options) { o.kernelDir = filepath.Dir(o.config) }, "is not a kernel package (make kernel builds one)"},
+		{"state sync on the stock kernel", func(o *options) {
+			writeFile(t, o.config, "[gateways]\nname = \"gw-a\"\nkey_file = \"/perm/gateways.key\"\n")
+		}, "[gateways] state_sync (on by default) needs conntrack events and marks"},
+		{"gateways without the key", func(o *options) {
+			writeFile(t, o.config, "[gateways]\nname = \"gw-a\"\nkey_file = \"/etc/nftgate/gateways.key\"\nstate_sync = false\n")
+		}, "gateways_key_file: must be set"},
+		{"gateways key elsewhere on the image", func(o *options) {
+			writeFile(t, o.config, "[gateways]\nname = \"gw-a\"\nkey_file = \"/etc/key\"\n")
+		}, `gateways.key_file = "/etc/key": on the appliance it must be "/etc/nftgate/gateways.key"`},
+		{"gateways key too short", func(o *options) {
+			writeFile(t, o.config, "[gateways]\nname = \"gw-a\"\nkey_file = \"/etc/nftgate/gateways.key\"\nstate_sync = false\n")
+			o.gatewaysKeyFile = writeFile(t, filepath.Join(filepath.Dir(o.config), "short.key"), "short\n")
+		}, "gateways_key_file: gateways.key_file = "},
 		{"kernel_dir with the stock path", func(o *options) {
 			o.kernelDir = kernelPackage(t, "github.com/gokrazy/kernel.amd64")
 		}, "kernel_dir: module github.com/gokrazy/kernel.amd64 of"},
@@ -226,5 +241,49 @@ func TestRenderCustomKernel(t *testing.T) {
 	o.kernelDir = ""
 	if c := render(t, o); c.KernelPackage == nil || *c.KernelPackage != "github.com/gokrazy/kernel.amd64" {
 		t.Errorf("KernelPackage after switching back = %v, want the stock package", c.KernelPackage)
+	}
+}
+
+// A config with a [gateways] section whose key_file is the appliance's
+// gets the set's key installed there, made once and kept, so that every
+// gateway built from the same file shares it; one keeping its key on
+// /perm gets none; a config without the section gets none.
+func TestRenderGatewaysKey(t *testing.T) {
+	o := baseOptions(t)
+	o.kernelDir = kernelPackage(t, "github.com/nftgate/kernel.amd64")
+	o.gatewaysKeyFile = filepath.Join(filepath.Dir(o.config), "secret", "gateways-key.txt")
+	key := func(c instanceConfig) string {
+		return c.PackageConfig["github.com/nftgate/nftgate/cmd/nftgate"].ExtraFilePaths["/etc/nftgate/gateways.key"]
+	}
+	if got := key(render(t, o)); got != "" {
+		t.Errorf("without [gateways]: key installed from %q", got)
+	}
+	if _, err := os.Stat(o.gatewaysKeyFile); err == nil {
+		t.Errorf("without [gateways]: %s made", o.gatewaysKeyFile)
+	}
+	writeFile(t, o.config, "[gateways]\nname = \"gw-a\"\nkey_file = \"/etc/nftgate/gateways.key\"\n")
+	if got := key(render(t, o)); got != o.gatewaysKeyFile {
+		t.Errorf("key installed from %q, want %q", got, o.gatewaysKeyFile)
+	}
+	made, err := os.ReadFile(o.gatewaysKeyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := (gateways.Config{KeyFile: o.gatewaysKeyFile}).ReadKey(); err != nil {
+		t.Errorf("made key: %v", err)
+	}
+	render(t, o)
+	if again, _ := os.ReadFile(o.gatewaysKeyFile); string(again) != string(made) {
+		t.Errorf("a second build changed the key")
+	}
+	writeFile(t, o.config, "[gateways]\nname = \"gw-a\"\nkey_file = \"/perm/nftgate/gateways.key\"\n")
+	if got := key(render(t, o)); got != "" {
+		t.Errorf("key_file on /perm: key installed from %q", got)
+	}
+	// The stock kernel serves a set without state sync.
+	o.kernelDir = ""
+	writeFile(t, o.config, "[gateways]\nname = \"gw-a\"\nkey_file = \"/etc/nftgate/gateways.key\"\nstate_sync = false\n")
+	if got := key(render(t, o)); got != o.gatewaysKeyFile {
+		t.Errorf("stock kernel, state_sync = false: key installed from %q, want %q", got, o.gatewaysKeyFile)
 	}
 }

@@ -219,6 +219,19 @@ func (vm *VM) Stop() error {
 	return errors.New("vmtest: QEMU ignored SIGTERM and was killed")
 }
 
+// Kill ends QEMU at once with SIGKILL, as pulling the box's power cord:
+// the guest says nothing more to anyone, and its taps disappear with QEMU.
+// It returns when QEMU has exited.
+func (vm *VM) Kill() {
+	select {
+	case <-vm.done:
+		return
+	default:
+	}
+	vm.cmd.Process.Kill()
+	<-vm.done
+}
+
 // Console returns the last n bytes of the serial console and QEMU's own
 // output, for failure messages.
 func (vm *VM) Console(n int64) string {
