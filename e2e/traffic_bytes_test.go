@@ -49,10 +49,12 @@ func newByteSink(t *testing.T, h *lab.Host, addr netip.AddrPort, reply int) *byt
 			}
 			n, _ := io.Copy(io.Discard, c)
 			m, _ := c.Write(make([]byte, reply))
-			c.Close()
+			// Counted before the close, which ends the client's
+			// transfer: a test reading the counts after it finds them.
 			s.mu.Lock()
 			s.received, s.sent, s.got = s.received+int(n), s.sent+m, s.got+1
 			s.mu.Unlock()
+			c.Close()
 		}
 	}()
 	return s
