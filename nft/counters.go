@@ -195,7 +195,7 @@ func (p *Programmer) readCounters(background bool) (*Reading, error) {
 func (p *Programmer) readKernelCounters() (*Reading, error) {
 	c := &p.counters
 	if !p.cfg.Counters {
-		return p.attribute(nil, nil, nil), nil
+		return p.attribute(nil, nil, false), nil
 	}
 	if c.reader == nil {
 		r, err := newReader(p.netnsFD)
@@ -208,7 +208,8 @@ func (p *Programmer) readKernelCounters() (*Reading, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read counters: %w", err)
 	}
-	return p.attribute(elems, drops, c.traffic(flows)), nil
+	c.traffic(flows)
+	return p.attribute(elems, drops, true), nil
 }
 
 // counted is one map element's counter.
@@ -308,10 +309,13 @@ func (r *reader) readTraffic(f ruleset.Family, s *nftables.Set, flows map[traffi
 	})
 }
 
-// traffic returns what each traffic element counted since it was first
-// seen: its count now plus what the elements under its key that expired
-// had counted.
-func (c *counterCache) traffic(now map[trafficKey]Count) map[trafficKey]Count {
+// traffic takes the traffic sets' elements read now: what the elements
+// seen last time had counted moves to retired where they expired (or were
+// made anew). What each key counted since it was first seen is then its
+// count now plus its retired count (attributeTraffic adds them up, key by
+// key, rather than in a map of its own: with full sets that map was a
+// quarter of a reading's allocations).
+func (c *counterCache) traffic(now map[trafficKey]Count) {
 	if c.retired == nil {
 		c.retired = map[trafficKey]Count{}
 	}
@@ -323,16 +327,6 @@ func (c *counterCache) traffic(now map[trafficKey]Count) map[trafficKey]Count {
 		}
 	}
 	c.seen, c.seenBefore = now, c.seen
-	out := make(map[trafficKey]Count, len(now)+len(c.retired))
-	for k, n := range c.retired {
-		out[k] = n
-	}
-	for k, n := range now {
-		t := out[k]
-		t.add(n)
-		out[k] = t
-	}
-	return out
 }
 
 // fresh tells whether traffic key k, owned by port ref now, belonged to
@@ -352,7 +346,7 @@ func isCounted(name string) bool { return slices.Contains(countedMaps, name) }
 // Service that holds it, each source-range chain to its port, each traffic
 // element to the port of its destination and, while the port has it, its
 // endpoint. Called with p.counters.read held.
-func (p *Programmer) attribute(elems []counted, drops map[string]Count, flows map[trafficKey]Count) *Reading {
+func (p *Programmer) attribute(elems []counted, drops map[string]Count, traffic bool) *Reading {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	out := make(map[PortRef]PortCounters, len(p.services))
@@ -365,8 +359,8 @@ func (p *Programmer) attribute(elems []counted, drops map[string]Count, flows ma
 		}
 	})
 	rd := &Reading{Ports: out, dests: dests}
-	if flows != nil {
-		rd.Endpoints = p.attributeTraffic(rd, flows, p.forgotten.take())
+	if traffic {
+		rd.Endpoints = p.attributeTraffic(rd, p.forgotten.take())
 	}
 	for _, e := range elems {
 		key, ok := p.claims.Holder(e.f, e.id)
@@ -405,7 +399,7 @@ func (p *Programmer) attribute(elems []counted, drops map[string]Count, flows ma
 // key later (p.counters.before). A port whose Service was deleted since the
 // last reading, or whose destination another port owned then, starts
 // afresh (fg).
-func (p *Programmer) attributeTraffic(rd *Reading, flows map[trafficKey]Count, fg forgotten) map[EndpointRef]Traffic {
+func (p *Programmer) attributeTraffic(rd *Reading, fg forgotten) map[EndpointRef]Traffic {
 	c := &p.counters
 	for ref := range c.gone {
 		if fg.deleted[ref.Service] {
@@ -418,8 +412,14 @@ func (p *Programmer) attributeTraffic(rd *Reading, flows map[trafficKey]Count, f
 	if c.before == nil {
 		c.before = map[trafficKey]Count{}
 	}
+	for k := range c.before {
+		_, live := c.seen[k]
+		if _, expired := c.retired[k]; !live && !expired {
+			delete(c.before, k)
+		}
+	}
 	eps := map[EndpointRef]Traffic{}
-	for k, n := range flows {
+	one := func(k trafficKey, n Count) {
 		ref, ok := rd.PortOf(k.proto, k.dest)
 		if !ok {
 			delete(c.retired, k)
@@ -430,7 +430,7 @@ func (p *Programmer) attributeTraffic(rd *Reading, flows map[trafficKey]Count, f
 			} else {
 				delete(c.before, k)
 			}
-			continue
+			return
 		}
 		if c.fresh(k, ref, fg) {
 			// What the element counted for what owned it before is gone
@@ -478,7 +478,7 @@ func (p *Programmer) attributeTraffic(rd *Reading, flows map[trafficKey]Count, f
 			pc := rd.Ports[ref]
 			pc.Traffic.add(t)
 			rd.Ports[ref] = pc
-			continue
+			return
 		}
 		er := EndpointRef{Port: ref, Endpoint: k.ep}
 		et := eps[er]
@@ -488,9 +488,15 @@ func (p *Programmer) attributeTraffic(rd *Reading, flows map[trafficKey]Count, f
 		pc.Traffic.add(t)
 		rd.Ports[ref] = pc
 	}
-	for k := range c.before {
-		if _, ok := flows[k]; !ok {
-			delete(c.before, k)
+	for k, n := range c.seen {
+		if r, ok := c.retired[k]; ok {
+			n.add(r)
+		}
+		one(k, n)
+	}
+	for k, r := range c.retired {
+		if _, ok := c.seen[k]; !ok {
+			one(k, r)
 		}
 	}
 	c.seenBefore, c.prev = nil, rd

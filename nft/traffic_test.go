@@ -38,7 +38,8 @@ func trafficReading(p *Programmer, synced bool, now map[trafficKey]Count, svcs .
 			}
 		}
 	}
-	rd.Endpoints = p.attributeTraffic(rd, p.counters.traffic(now), p.forgotten.take())
+	p.counters.traffic(now)
+	rd.Endpoints = p.attributeTraffic(rd, p.forgotten.take())
 	out := map[string]Traffic{}
 	for ref, pc := range rd.Ports {
 		out[ref.Service.Name] = pc.Traffic
