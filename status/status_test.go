@@ -3,6 +3,7 @@ package status
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"slices"
 	"sync"
@@ -80,6 +81,7 @@ func TestServiceRowCounts(t *testing.T) {
 		Ports: []model.ServicePort{
 			{Name: "http", Protocol: model.TCP, Port: 80, Endpoints: []model.Endpoint{ep("10.1.0.1", true), ep("10.1.0.2", false), ep("10.1.0.3", true)}},
 			{Name: "dns", Protocol: model.UDP, Port: 53, Endpoints: []model.Endpoint{ep("10.1.0.1", false)}},
+			{Name: "https", Protocol: model.TCP, Port: 443, Endpoints: []model.Endpoint{ep("10.1.0.4", true), ep("10.1.0.5", true)}},
 		}}
 	row, ok := serviceRow(loop.ServiceState{Key: m.Key, Model: m}, &model.Node{})
 	if !ok {
@@ -92,7 +94,34 @@ func TestServiceRowCounts(t *testing.T) {
 			used++
 		}
 	}
-	if row.EndpointCount != 4 || row.UsedCount != 2 || len(eps) != 4 || used != 2 {
-		t.Errorf("row counts %d endpoints, %d used; the list has %d, %d used; want 4, 2", row.EndpointCount, row.UsedCount, len(eps), used)
+	if row.EndpointCount != 6 || row.UsedCount != 4 || len(eps) != 6 || used != 4 {
+		t.Errorf("row counts %d endpoints, %d used; the list has %d, %d used; want 6, 4", row.EndpointCount, row.UsedCount, len(eps), used)
+	}
+}
+
+// BenchmarkServiceRows makes the rows of 100,000 Services of 4 ready
+// endpoints each, as after the first full sync.
+func BenchmarkServiceRows(b *testing.B) {
+	const n = 100_000
+	states := make([]loop.ServiceState, n)
+	for i := range states {
+		eps := make([]model.Endpoint, 4)
+		for j := range eps {
+			eps[j] = model.Endpoint{Addr: netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}), Port: 8080 + uint16(j), Ready: true, Serving: true}
+		}
+		m := &model.Service{Key: model.ServiceKey{Namespace: "ns", Name: fmt.Sprintf("s%d", i)}, Type: "ClusterIP",
+			ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})},
+			Ports:      []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80, Endpoints: eps}}}
+		states[i] = loop.ServiceState{Key: m.Key, Model: m}
+	}
+	node := &model.Node{}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		for _, st := range states {
+			if row, ok := serviceRow(st, node); !ok || row.UsedCount != 4 {
+				b.Fatalf("row of %s: %+v, %v", st.Key, row, ok)
+			}
+		}
 	}
 }
