@@ -79,3 +79,29 @@ func BenchmarkEndpointChange(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkServices lists every Service as the status page's first rows
+// are made from it, at 100,000 Services.
+func BenchmarkServices(b *testing.B) {
+	tr := NewTracker()
+	const n = 100_000
+	for i := range n {
+		svc := service(fmt.Sprintf("s%d", i), "http")
+		svc.Spec.ClusterIP = fmt.Sprintf("10.%d.%d.%d", 96+i/62500, i/250%250, i%250+1)
+		tr.SetService(svc)
+		tr.SetSlice(benchSlice(i, 8080))
+	}
+	tr.SetSynced()
+	s := &Syncer{Tracker: tr, Programmer: nopProgrammer{}, Log: slog.New(slog.DiscardHandler)}
+	s.reset()
+	if err := s.full(s.Log, ""); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		if got := s.Services(); len(got) != n {
+			b.Fatalf("%d Services listed, want %d", len(got), n)
+		}
+	}
+}

@@ -3,11 +3,11 @@ package loop
 import (
 	"context"
 	"errors"
+	"iter"
 	"log/slog"
 	"maps"
 	"reflect"
 	"slices"
-	"sort"
 	"sync"
 	"time"
 
@@ -576,24 +576,26 @@ func (s *Syncer) FirstSyncDone() bool {
 func (s *Syncer) Services() []ServiceState {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	keys := map[model.ServiceKey]bool{}
-	for k := range s.programmed {
-		keys[k] = true
-	}
-	for k := range s.errs {
-		keys[k] = true
-	}
-	for k := range s.skipped {
-		keys[k] = true
-	}
-	for k := range s.refused {
-		keys[k] = true
-	}
-	out := make([]ServiceState, 0, len(keys))
-	for k := range keys {
+	// Nearly every Service is programmed: the others (refused, skipped,
+	// in error) are added where the programmed do not hold them, without
+	// a set of every key.
+	out := make([]ServiceState, 0, len(s.programmed)+len(s.errs)+len(s.skipped)+len(s.refused))
+	add := func(k model.ServiceKey) {
 		out = append(out, ServiceState{Key: k, Model: s.programmed[k], Error: s.errs[k], Skipped: s.skipped[k], KernelError: s.refused[k].err, Warnings: s.warningsLocked(k)})
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Key.Less(out[j].Key) })
+	for k := range s.programmed {
+		add(k)
+	}
+	seen := map[model.ServiceKey]bool{}
+	for _, others := range []iter.Seq[model.ServiceKey]{maps.Keys(s.errs), maps.Keys(s.skipped), maps.Keys(s.refused)} {
+		for k := range others {
+			if _, programmed := s.programmed[k]; !programmed && !seen[k] {
+				seen[k] = true
+				add(k)
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b ServiceState) int { return a.Key.Compare(b.Key) })
 	return out
 }
 
