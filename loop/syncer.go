@@ -373,11 +373,13 @@ func (s *Syncer) full(log *slog.Logger, repair string) error {
 	var objs map[model.ServiceKey]Objects
 	var triggers []time.Time
 	var desired map[model.ServiceKey]*model.Service
+	var retried []model.ServiceKey // refused before, tried again
 	if incremental {
 		objs, triggers = s.Tracker.TakeDirty()
 		desired = maps.Clone(before)
 		// A full sync tries again what the kernel refused.
 		s.mu.Lock()
+		retried = slices.Collect(maps.Keys(s.refused))
 		for k, r := range s.refused {
 			if r.want != nil {
 				desired[k] = r.want
@@ -442,14 +444,30 @@ func (s *Syncer) full(log *slog.Logger, repair string) error {
 			keys = append(keys, k)
 		}
 		ev.Before, ev.After = map[model.ServiceKey]*model.Service{}, map[model.ServiceKey]*model.Service{}
-		for k, m := range desired {
-			if before[k] != m {
-				ev.Before[k], ev.After[k] = before[k], m
+		differs := func(k model.ServiceKey) {
+			if b, d := before[k], desired[k]; b != d {
+				ev.Before[k], ev.After[k] = b, d
 			}
 		}
-		for k, m := range before {
-			if _, ok := desired[k]; !ok {
-				ev.Before[k], ev.After[k] = m, nil
+		if incremental {
+			// Only the Services built again, refused or tried again
+			// may differ: a walk over every Service cost more than
+			// the rest of a reconcile that changes nothing.
+			for k := range objs {
+				differs(k)
+			}
+			for _, k := range retried {
+				differs(k)
+			}
+			for k := range res.Refused {
+				differs(k)
+			}
+		} else {
+			for k := range desired {
+				differs(k)
+			}
+			for k := range before {
+				differs(k)
 			}
 		}
 		ev.Changed = len(ev.After)
