@@ -5,7 +5,6 @@
 package model
 
 import (
-	"cmp"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -22,11 +21,11 @@ type ServiceKey struct {
 func (k ServiceKey) String() string { return k.Namespace + "/" + k.Name }
 
 // Less orders keys by namespace, then name.
-func (k ServiceKey) Less(o ServiceKey) bool { return k.Compare(o) < 0 }
-
-// Compare orders keys by namespace, then name, as slices.SortFunc takes.
-func (k ServiceKey) Compare(o ServiceKey) int {
-	return cmp.Or(strings.Compare(k.Namespace, o.Namespace), strings.Compare(k.Name, o.Name))
+func (k ServiceKey) Less(o ServiceKey) bool {
+	if k.Namespace != o.Namespace {
+		return k.Namespace < o.Namespace
+	}
+	return k.Name < o.Name
 }
 
 // Protocol is an IP protocol number of a Service port.

@@ -97,7 +97,7 @@ func (p *Publisher) Run(ctx context.Context) {
 		p.all, p.touched = false, map[model.ServiceKey]struct{}{}
 		p.mu.Unlock()
 		if all {
-			states := p.syncer.Services() // in name order
+			states := p.syncer.Services() // the list orders them
 			rows := make([]appliance.Service, 0, len(states))
 			seen := make(map[model.ServiceKey]bool, len(p.warned))
 			for _, st := range states {
