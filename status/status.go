@@ -97,23 +97,7 @@ func (p *Publisher) Run(ctx context.Context) {
 		p.all, p.touched = false, map[model.ServiceKey]struct{}{}
 		p.mu.Unlock()
 		if all {
-			states := p.syncer.Services() // the list orders them
-			rows := make([]appliance.Service, 0, len(states))
-			seen := make(map[model.ServiceKey]bool, len(p.warned))
-			for _, st := range states {
-				p.noteWarnings(st.Key, st.Warnings)
-				seen[st.Key] = true
-				if row, ok := serviceRow(st, &p.node); ok {
-					rows = append(rows, row)
-				}
-			}
-			for k := range p.warned {
-				if !seen[k] {
-					p.noteWarnings(k, nil)
-				}
-			}
-			p.rows = appliance.NewServiceList(rows...)
-			p.rec.SetServices(p.rows)
+			p.rebuild(p.syncer.Services())
 		} else if len(touched) > 0 {
 			var set, remove []appliance.Service
 			for k := range touched {
@@ -134,6 +118,31 @@ func (p *Publisher) Run(ctx context.Context) {
 		case <-time.After(time.Second):
 		}
 	}
+}
+
+// rebuild makes every row anew from states (in any order: the list orders
+// them), and logs what changed of the Services' warnings.
+func (p *Publisher) rebuild(states []loop.ServiceState) {
+	rows := make([]appliance.Service, 0, len(states))
+	// seen: the listed Services with warnings, those noteWarnings keeps
+	// in warned (a set of every Service cost as much as their rows).
+	seen := make(map[model.ServiceKey]bool, len(p.warned))
+	for _, st := range states {
+		p.noteWarnings(st.Key, st.Warnings)
+		if len(st.Warnings) > 0 {
+			seen[st.Key] = true
+		}
+		if row, ok := serviceRow(st, &p.node); ok {
+			rows = append(rows, row)
+		}
+	}
+	for k := range p.warned {
+		if !seen[k] {
+			p.noteWarnings(k, nil)
+		}
+	}
+	p.rows = appliance.NewServiceList(rows...)
+	p.rec.SetServices(p.rows)
 }
 
 // serviceRow turns one Service's state into its row on the page; ok is
