@@ -79,3 +79,59 @@ func BenchmarkEndpointChange(b *testing.B) {
 		})
 	}
 }
+
+// benchSyncer is a Syncer of n Services, after its first full sync, with
+// a programmer that programs nothing.
+func benchSyncer(b *testing.B, n int) *Syncer {
+	tr := NewTracker()
+	for i := range n {
+		svc := service(fmt.Sprintf("s%d", i), "http")
+		svc.Spec.ClusterIP = fmt.Sprintf("10.%d.%d.%d", 96+i/62500, i/250%250, i%250+1)
+		tr.SetService(svc)
+		tr.SetSlice(benchSlice(i, 8080))
+	}
+	tr.SetSynced()
+	s := &Syncer{Tracker: tr, Programmer: nopProgrammer{}, Log: slog.New(slog.DiscardHandler)}
+	s.reset()
+	if err := s.full(s.Log, ""); err != nil {
+		b.Fatal(err)
+	}
+	return s
+}
+
+// BenchmarkServices lists every Service as the status page's first rows
+// are made from it, at 100,000 Services.
+func BenchmarkServices(b *testing.B) {
+	const n = 100_000
+	s := benchSyncer(b, n)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		if got := s.Services(); len(got) != n {
+			b.Fatalf("%d Services listed, want %d", len(got), n)
+		}
+	}
+}
+
+// BenchmarkReconcile is the loop's part of a periodic full sync when
+// nothing changed, with a programmer that programs nothing.
+func BenchmarkReconcile(b *testing.B) {
+	for _, n := range []int{1_000, 100_000} {
+		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
+			s := benchSyncer(b, n)
+			changed := 0
+			s.Observers = []func(Event){func(ev Event) { changed += ev.Changed }}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				if err := s.full(s.Log, ""); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.StopTimer()
+			if changed != 0 {
+				b.Fatalf("%d Services changed by reconciles of nothing", changed)
+			}
+		})
+	}
+}

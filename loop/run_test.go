@@ -380,7 +380,10 @@ func TestLoopIsolatesFailures(t *testing.T) {
 	// The next full sync tries c again, and the kernel takes it.
 	h.timers(2)
 	h.clk.Step(58 * time.Second)
-	h.expect(true, time.Minute, "a", "b", "c")
+	ev = h.expect(true, time.Minute, "a", "b", "c")
+	if len(ev.After) != 1 || ev.After[key("c")] == nil || ev.Before[key("c")] != nil {
+		t.Errorf("full sync's event: before %v, after %v; want c alone, new", ev.Before, ev.After)
+	}
 	st, _ = h.s.Service(key("c"))
 	if st.Model == nil || st.KernelError != "" || h.s.KernelRefused() != 0 {
 		t.Errorf("c after the full sync: %+v, want programmed", st)

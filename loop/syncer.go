@@ -3,11 +3,11 @@ package loop
 import (
 	"context"
 	"errors"
+	"iter"
 	"log/slog"
 	"maps"
 	"reflect"
 	"slices"
-	"sort"
 	"sync"
 	"time"
 
@@ -373,11 +373,13 @@ func (s *Syncer) full(log *slog.Logger, repair string) error {
 	var objs map[model.ServiceKey]Objects
 	var triggers []time.Time
 	var desired map[model.ServiceKey]*model.Service
+	var retried []model.ServiceKey // refused before, tried again
 	if incremental {
 		objs, triggers = s.Tracker.TakeDirty()
 		desired = maps.Clone(before)
 		// A full sync tries again what the kernel refused.
 		s.mu.Lock()
+		retried = slices.Collect(maps.Keys(s.refused))
 		for k, r := range s.refused {
 			if r.want != nil {
 				desired[k] = r.want
@@ -442,14 +444,30 @@ func (s *Syncer) full(log *slog.Logger, repair string) error {
 			keys = append(keys, k)
 		}
 		ev.Before, ev.After = map[model.ServiceKey]*model.Service{}, map[model.ServiceKey]*model.Service{}
-		for k, m := range desired {
-			if before[k] != m {
-				ev.Before[k], ev.After[k] = before[k], m
+		differs := func(k model.ServiceKey) {
+			if b, d := before[k], desired[k]; b != d {
+				ev.Before[k], ev.After[k] = b, d
 			}
 		}
-		for k, m := range before {
-			if _, ok := desired[k]; !ok {
-				ev.Before[k], ev.After[k] = m, nil
+		if incremental {
+			// Only the Services built again, refused or tried again
+			// may differ: a walk over every Service cost more than
+			// the rest of a reconcile that changes nothing.
+			for k := range objs {
+				differs(k)
+			}
+			for _, k := range retried {
+				differs(k)
+			}
+			for k := range res.Refused {
+				differs(k)
+			}
+		} else {
+			for k := range desired {
+				differs(k)
+			}
+			for k := range before {
+				differs(k)
 			}
 		}
 		ev.Changed = len(ev.After)
@@ -572,28 +590,31 @@ func (s *Syncer) FirstSyncDone() bool {
 	return s.firstDone
 }
 
-// Services lists every Service known to the Syncer, in name order.
+// Services lists every Service known to the Syncer, in no order (the
+// status page's list orders them itself: sorting a hundred thousand here
+// cost as much again).
 func (s *Syncer) Services() []ServiceState {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	keys := map[model.ServiceKey]bool{}
-	for k := range s.programmed {
-		keys[k] = true
-	}
-	for k := range s.errs {
-		keys[k] = true
-	}
-	for k := range s.skipped {
-		keys[k] = true
-	}
-	for k := range s.refused {
-		keys[k] = true
-	}
-	out := make([]ServiceState, 0, len(keys))
-	for k := range keys {
+	// Nearly every Service is programmed: the others (refused, skipped,
+	// in error) are added where the programmed do not hold them, without
+	// a set of every key.
+	out := make([]ServiceState, 0, len(s.programmed)+len(s.errs)+len(s.skipped)+len(s.refused))
+	add := func(k model.ServiceKey) {
 		out = append(out, ServiceState{Key: k, Model: s.programmed[k], Error: s.errs[k], Skipped: s.skipped[k], KernelError: s.refused[k].err, Warnings: s.warningsLocked(k)})
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Key.Less(out[j].Key) })
+	for k := range s.programmed {
+		add(k)
+	}
+	seen := map[model.ServiceKey]bool{}
+	for _, others := range []iter.Seq[model.ServiceKey]{maps.Keys(s.errs), maps.Keys(s.skipped), maps.Keys(s.refused)} {
+		for k := range others {
+			if _, programmed := s.programmed[k]; !programmed && !seen[k] {
+				seen[k] = true
+				add(k)
+			}
+		}
+	}
 	return out
 }
 

@@ -105,6 +105,9 @@ type ManifestSource struct {
 	unmerged bool
 	// reads counts the files read, for tests.
 	reads int
+	// settleQuiet and settleMax replace the consts of those names when
+	// set (tests).
+	settleQuiet, settleMax time.Duration
 }
 
 // placed is an object in effect and the file it comes from.
@@ -235,11 +238,23 @@ func (m *ManifestSource) Run(ctx context.Context, t Sink) error {
 			if ev.Has(fsnotify.Chmod) && !ev.Has(fsnotify.Write) {
 				continue
 			}
+			if ev.Op == fsnotify.Create && !changed[ev.Name] && m.known(ev.Name) {
+				// A file created where a manifest is, with no removal
+				// before it, was renamed over it: its content is whole
+				// (the way tools replace a file at once), so it is read
+				// now rather than after the settling wait.
+				m.scanFiles(t, log, map[string]bool{ev.Name: true})
+				continue
+			}
 			changed[ev.Name] = true
 			if first.IsZero() {
 				first = time.Now()
 			}
-			settle.Reset(min(settleQuiet, max(0, settleMax-time.Since(first))))
+			quiet, most := settleQuiet, settleMax
+			if m.settleQuiet > 0 {
+				quiet, most = m.settleQuiet, m.settleMax
+			}
+			settle.Reset(min(quiet, max(0, most-time.Since(first))))
 		case err, ok := <-w.Errors:
 			if !ok {
 				return errors.New("manifests watcher closed")
@@ -252,6 +267,19 @@ func (m *ManifestSource) Run(ctx context.Context, t Sink) error {
 			m.scan(t, log)
 		}
 	}
+}
+
+// known tells whether path is a manifest file of the last full scan.
+func (m *ManifestSource) known(path string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.knownLocked(path)
+}
+
+func (m *ManifestSource) knownLocked(path string) bool {
+	_, read := m.read[path]
+	_, listed := slices.BinarySearch(m.files, path) // in name order
+	return read && listed
 }
 
 // scan reads the directory and tells the tracker what changed.
@@ -371,7 +399,7 @@ func (m *ManifestSource) scanFiles(t Sink, log *slog.Logger, paths map[string]bo
 		if !manifestName(filepath.Base(p)) {
 			continue // a temporary file, say, before it is renamed into place
 		}
-		if _, known := m.read[p]; !known || !slices.Contains(m.files, p) {
+		if !m.knownLocked(p) {
 			full = true // a new file, or one the last full scan skipped
 			continue
 		}

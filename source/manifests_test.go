@@ -1,12 +1,14 @@
 package source
 
 import (
+	"context"
 	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -288,5 +290,60 @@ func TestManifestSourceFeedsAServiceStage(t *testing.T) {
 	m.scan(st, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if dirty, _ := st.TakeDirty(); len(dirty) != 1 {
 		t.Fatalf("the deletion did not reach the sink: %v", dirty)
+	}
+}
+
+// TestManifestSourceReadsARenameAtOnce: a file renamed over a manifest is
+// whole, and is read at once; a file written in place is read only once
+// its writes have settled (here never: the wait is an hour).
+func TestManifestSourceReadsARenameAtOnce(t *testing.T) {
+	dir := t.TempDir()
+	path := func(name string) string { return filepath.Join(dir, name) }
+	writeFile(t, path("web.yaml"), manifestWeb)
+	writeFile(t, path("api.yaml"), manifestAPI)
+	m := &ManifestSource{Dir: dir, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), settleQuiet: time.Hour, settleMax: time.Hour}
+	tr := loop.NewTracker()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx, tr) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for !tr.Synced() {
+		if time.Now().After(deadline) {
+			t.Fatal("the first scan did not end within 10 s")
+		}
+		<-tr.Changed()
+	}
+	tr.TakeDirty()
+
+	// Written in place (the event comes first), then a file renamed over
+	// web.yaml: web changes, api waits for its writes to settle.
+	writeFile(t, path("api.yaml"), strings.Replace(manifestAPI, "10.1.0.1", "10.1.0.5", 1))
+	writeFile(t, path(".web.yaml.tmp"), strings.Replace(manifestWeb, "10.1.0.1", "10.1.0.2", 1))
+	if err := os.Rename(path(".web.yaml.tmp"), path("web.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	timeout := time.After(10 * time.Second)
+	for {
+		select {
+		case <-tr.Changed():
+		case <-timeout:
+			t.Fatal("web.yaml renamed over was not read within 10 s")
+		}
+		dirty, _ := tr.TakeDirty()
+		if _, ok := dirty[keyAPI]; ok {
+			t.Fatalf("api.yaml written in place was read before its writes settled: %v", dirty)
+		}
+		if o, ok := dirty[keyWeb]; ok {
+			if got := endpointOf(t, o); got != "10.1.0.2:8080" {
+				t.Fatalf("web after the rename: endpoint %s, want 10.1.0.2:8080", got)
+			}
+			return
+		}
 	}
 }

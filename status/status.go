@@ -97,23 +97,7 @@ func (p *Publisher) Run(ctx context.Context) {
 		p.all, p.touched = false, map[model.ServiceKey]struct{}{}
 		p.mu.Unlock()
 		if all {
-			states := p.syncer.Services() // in name order
-			rows := make([]appliance.Service, 0, len(states))
-			seen := make(map[model.ServiceKey]bool, len(p.warned))
-			for _, st := range states {
-				p.noteWarnings(st.Key, st.Warnings)
-				seen[st.Key] = true
-				if row, ok := serviceRow(st, &p.node); ok {
-					rows = append(rows, row)
-				}
-			}
-			for k := range p.warned {
-				if !seen[k] {
-					p.noteWarnings(k, nil)
-				}
-			}
-			p.rows = appliance.NewServiceList(rows...)
-			p.rec.SetServices(p.rows)
+			p.rebuild(p.syncer.Services())
 		} else if len(touched) > 0 {
 			var set, remove []appliance.Service
 			for k := range touched {
@@ -134,6 +118,31 @@ func (p *Publisher) Run(ctx context.Context) {
 		case <-time.After(time.Second):
 		}
 	}
+}
+
+// rebuild makes every row anew from states (in any order: the list orders
+// them), and logs what changed of the Services' warnings.
+func (p *Publisher) rebuild(states []loop.ServiceState) {
+	rows := make([]appliance.Service, 0, len(states))
+	// seen: the listed Services with warnings, those noteWarnings keeps
+	// in warned (a set of every Service cost as much as their rows).
+	seen := make(map[model.ServiceKey]bool, len(p.warned))
+	for _, st := range states {
+		p.noteWarnings(st.Key, st.Warnings)
+		if len(st.Warnings) > 0 {
+			seen[st.Key] = true
+		}
+		if row, ok := serviceRow(st, &p.node); ok {
+			rows = append(rows, row)
+		}
+	}
+	for k := range p.warned {
+		if !seen[k] {
+			p.noteWarnings(k, nil)
+		}
+	}
+	p.rows = appliance.NewServiceList(rows...)
+	p.rec.SetServices(p.rows)
 }
 
 // serviceRow turns one Service's state into its row on the page; ok is
@@ -164,13 +173,8 @@ func serviceRow(st loop.ServiceState, node *model.Node) (appliance.Service, bool
 		}
 		for pi := range m.Ports {
 			p := &m.Ports[pi]
-			used := usedEndpoints(m, p, node)
 			v.EndpointCount += len(p.Endpoints)
-			for _, e := range p.Endpoints {
-				if used[e.AddrPort()] {
-					v.UsedCount++
-				}
-			}
+			v.UsedCount += usedCount(m, p, node)
 		}
 		v.EndpointsFunc = func() []appliance.Endpoint { return endpointRows(m, node) }
 	}
@@ -194,10 +198,33 @@ func endpointRows(m *model.Service, node *model.Node) []appliance.Endpoint {
 	return out
 }
 
+// usedCount counts the endpoints of a Service port the rules send traffic
+// to. Most often that is every one, and no set of them is made: a set per
+// port was most of the cost of the rows of a hundred thousand Services.
+func usedCount(m *model.Service, p *model.ServicePort, node *model.Node) int {
+	sets := model.Categorize(m, p, *node)
+	if len(sets.Cluster) == len(p.Endpoints) || len(sets.Local) == len(p.Endpoints) {
+		// Either set is the port's endpoints less some, in order: as
+		// long as them, it is all of them.
+		return len(p.Endpoints)
+	}
+	used, n := usedIn(sets), 0
+	for _, e := range p.Endpoints {
+		if used[e.AddrPort()] {
+			n++
+		}
+	}
+	return n
+}
+
 // usedEndpoints are the endpoints of a Service port the rules send traffic
 // to.
 func usedEndpoints(m *model.Service, p *model.ServicePort, node *model.Node) map[netip.AddrPort]bool {
-	sets := model.Categorize(m, p, *node)
+	return usedIn(model.Categorize(m, p, *node))
+}
+
+// usedIn are the endpoints of a port's sets.
+func usedIn(sets model.EndpointSets) map[netip.AddrPort]bool {
 	used := make(map[netip.AddrPort]bool, len(sets.Cluster)+len(sets.Local))
 	for _, e := range sets.Cluster {
 		used[e.AddrPort()] = true

@@ -1,10 +1,15 @@
 package status
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
 	"net/netip"
+	"reflect"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -80,6 +85,7 @@ func TestServiceRowCounts(t *testing.T) {
 		Ports: []model.ServicePort{
 			{Name: "http", Protocol: model.TCP, Port: 80, Endpoints: []model.Endpoint{ep("10.1.0.1", true), ep("10.1.0.2", false), ep("10.1.0.3", true)}},
 			{Name: "dns", Protocol: model.UDP, Port: 53, Endpoints: []model.Endpoint{ep("10.1.0.1", false)}},
+			{Name: "https", Protocol: model.TCP, Port: 443, Endpoints: []model.Endpoint{ep("10.1.0.4", true), ep("10.1.0.5", true)}},
 		}}
 	row, ok := serviceRow(loop.ServiceState{Key: m.Key, Model: m}, &model.Node{})
 	if !ok {
@@ -92,7 +98,82 @@ func TestServiceRowCounts(t *testing.T) {
 			used++
 		}
 	}
-	if row.EndpointCount != 4 || row.UsedCount != 2 || len(eps) != 4 || used != 2 {
-		t.Errorf("row counts %d endpoints, %d used; the list has %d, %d used; want 4, 2", row.EndpointCount, row.UsedCount, len(eps), used)
+	if row.EndpointCount != 6 || row.UsedCount != 4 || len(eps) != 6 || used != 4 {
+		t.Errorf("row counts %d endpoints, %d used; the list has %d, %d used; want 6, 4", row.EndpointCount, row.UsedCount, len(eps), used)
+	}
+}
+
+// benchStates are n Services of 4 ready endpoints each, as after the first
+// full sync.
+func benchStates(n int) []loop.ServiceState {
+	states := make([]loop.ServiceState, n)
+	for i := range states {
+		eps := make([]model.Endpoint, 4)
+		for j := range eps {
+			eps[j] = model.Endpoint{Addr: netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}), Port: 8080 + uint16(j), Ready: true, Serving: true}
+		}
+		m := &model.Service{Key: model.ServiceKey{Namespace: "ns", Name: fmt.Sprintf("s%d", i)}, Type: "ClusterIP",
+			ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})},
+			Ports:      []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80, Endpoints: eps}}}
+		states[i] = loop.ServiceState{Key: m.Key, Model: m}
+	}
+	return states
+}
+
+// BenchmarkServiceRows makes the rows of 100,000 Services.
+func BenchmarkServiceRows(b *testing.B) {
+	states := benchStates(100_000)
+	node := &model.Node{}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		for _, st := range states {
+			if row, ok := serviceRow(st, node); !ok || row.UsedCount != 4 {
+				b.Fatalf("row of %s: %+v, %v", st.Key, row, ok)
+			}
+		}
+	}
+}
+
+// BenchmarkRebuild makes the page's list of 100,000 Services, as after the
+// first full sync.
+func BenchmarkRebuild(b *testing.B) {
+	states := benchStates(100_000)
+	p := NewPublisher(nil, appliance.NewRecorder(appliance.Identity{}, nil, 1), model.Node{}, slog.New(slog.DiscardHandler))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		p.rebuild(states)
+		if n := p.rows.Len(); n != len(states) {
+			b.Fatalf("%d rows, want %d", n, len(states))
+		}
+	}
+}
+
+// TestRebuildLogsWarningsOnce: rebuilding every row logs a warning that
+// appeared, not one already logged, and that a Service with warnings has
+// none any more, whether it lost them or is gone.
+func TestRebuildLogsWarningsOnce(t *testing.T) {
+	var logged bytes.Buffer
+	p := NewPublisher(nil, appliance.NewRecorder(appliance.Identity{}, nil, 1), model.Node{}, slog.New(slog.NewTextHandler(&logged, nil)))
+	key := func(name string) model.ServiceKey { return model.ServiceKey{Namespace: "ns", Name: name} }
+	p.warned = map[model.ServiceKey][]string{key("kept"): {"old"}, key("gone"): {"old"}, key("healed"): {"old"}}
+	p.rebuild([]loop.ServiceState{
+		{Key: key("kept"), Warnings: []string{"old"}},
+		{Key: key("new"), Warnings: []string{"fresh"}},
+		{Key: key("healed")},
+		{Key: key("plain")},
+	})
+	if want := map[model.ServiceKey][]string{key("kept"): {"old"}, key("new"): {"fresh"}}; !reflect.DeepEqual(p.warned, want) {
+		t.Errorf("warned %v, want %v", p.warned, want)
+	}
+	out := logged.String()
+	for _, want := range []string{`msg="service not served in full" service=ns/new warning=fresh`, `msg="service served in full" service=ns/gone`, `msg="service served in full" service=ns/healed`} {
+		if !strings.Contains(out, want) {
+			t.Errorf("log lacks %s:\n%s", want, out)
+		}
+	}
+	if n := strings.Count(out, "level="); n != 3 {
+		t.Errorf("%d lines logged, want 3:\n%s", n, out)
 	}
 }
