@@ -358,6 +358,28 @@ func (c *Conntrack) Adopt(entries []Entry) []error {
 	return res
 }
 
+// CreateOrigins creates entries as the kernel's own translated flows
+// (both translations, no ReplicaMark), as a flow's first packet would:
+// their NEW events are what the sync of this namespace reads for a real
+// connection. It is the state-sync load generator's stand-in for
+// connections, which lets it reach rates the handshakes of real ones do
+// not on a small machine. An entry that exists is an error (EEXIST).
+func (c *Conntrack) CreateOrigins(entries []Entry) []error {
+	res := make([]error, len(entries))
+	todo := make([]int, 0, len(entries))
+	for i := range entries {
+		if err := checkEntry(&entries[i]); err != nil {
+			res[i] = fmt.Errorf("statesync: create entry: %w", err)
+			continue
+		}
+		todo = append(todo, i)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.run(kindCreateOrigin, todo, func(i int) *Entry { return &entries[i] }, res, 0)
+	return res
+}
+
 // run sends the messages of kind k for the entries at idx, writeChunk per
 // sendmsg, and stores each acknowledgement's error in res. The indices
 // whose error is next (when not 0) are returned instead, for the next step.
@@ -441,6 +463,8 @@ func (k msgKind) String() string {
 	switch k {
 	case kindCreate:
 		return "create replica"
+	case kindCreateOrigin:
+		return "create entry"
 	case kindUpdate, kindUpdateNoState:
 		return "update replica"
 	case kindDelete:

@@ -360,3 +360,27 @@ func TestCheckConntrackKernel(t *testing.T) {
 		t.Errorf("the check left entries behind: %v", got)
 	}
 }
+
+// TestCreateOrigins: an entry created as the namespace's own translated
+// flow gives the NEW event a real flow gives (both translations, the mark
+// without ReplicaMark), which Listen delivers; a second create of it is
+// refused.
+func TestCreateOrigins(t *testing.T) {
+	requireRoot(t)
+	ns := netnstest.Temp(t)
+	k := newKernel(t, ns, ConntrackOptions{})
+	l := listen(t, k, nil)
+	e := natEntry(unix.IPPROTO_TCP, "10.1.0.2:40000", "10.96.0.10:80", "10.2.0.10:8080", "10.2.0.1:1024")
+	t.Cleanup(func() { k.Write(nil, []Entry{e}) })
+	noErrors(t, "create", k.CreateOrigins([]Entry{e}))
+	l.waitFor(t, "the NEW event", func(evs []Event, _ int) bool { return len(evs) > 0 })
+	evs, _ := l.snapshot()
+	got := evs[0].Entry
+	if evs[0].Type != EventNew || got.Orig != e.Orig || got.Reply != e.Reply || got.Mark != e.Mark ||
+		got.Status&(StatusDstNAT|StatusSrcNAT) != StatusDstNAT|StatusSrcNAT || got.TCP.State != tcpEstablished {
+		t.Fatalf("event %+v, want the NEW of %+v", evs[0], e)
+	}
+	if errs := k.CreateOrigins([]Entry{e}); !errors.Is(errs[0], unix.EEXIST) {
+		t.Errorf("second create: %v, want EEXIST", errs[0])
+	}
+}

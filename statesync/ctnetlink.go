@@ -91,6 +91,7 @@ const (
 	kindUpdateNoState                // the same without CTA_STATUS
 	kindDelete                       // by original tuple
 	kindAdopt                        // clear ReplicaMark
+	kindCreateOrigin                 // new entry with NAT, without ReplicaMark
 )
 
 // encoder appends netlink messages to one buffer for one sendmsg.
@@ -247,7 +248,7 @@ func (e *encoder) message(k msgKind, en *Entry) {
 	const ctNew = ctnetlink.Subsys<<8 | ctnetlink.MsgNew
 	flags := uint16(unix.NLM_F_REQUEST | unix.NLM_F_ACK)
 	switch k {
-	case kindCreate:
+	case kindCreate, kindCreateOrigin:
 		off := e.begin(ctNew, flags|unix.NLM_F_CREATE|unix.NLM_F_EXCL, family(en))
 		e.tuple(ctnetlink.TupleOrig, en.Proto, en.Orig)
 		e.tuple(ctnetlink.TupleReply, en.Proto, Tuple{Src: en.Orig.Dst, Dst: en.Orig.Src})
@@ -257,12 +258,12 @@ func (e *encoder) message(k msgKind, en *Entry) {
 		if en.Reply.Dst != en.Orig.Src {
 			e.nat(ctnetlink.NATSrc, en.Reply.Dst)
 		}
-		e.state(en, true)
+		e.state(en, true, k == kindCreate)
 		e.end(off)
 	case kindUpdate, kindUpdateNoState:
 		off := e.begin(ctNew, flags, family(en))
 		e.tuple(ctnetlink.TupleOrig, en.Proto, en.Orig)
-		e.state(en, k == kindUpdate)
+		e.state(en, k == kindUpdate, true)
 		e.end(off)
 	case kindDelete:
 		off := e.begin(ctnetlink.Subsys<<8|ctnetlink.MsgDelete, flags, family(en))
@@ -277,13 +278,18 @@ func (e *encoder) message(k msgKind, en *Entry) {
 	}
 }
 
-// state appends what a create and an update share.
-func (e *encoder) state(en *Entry, status bool) {
+// state appends what a create and an update share; a replica's mark has
+// ReplicaMark.
+func (e *encoder) state(en *Entry, status, replica bool) {
 	e.be32(ctnetlink.Timeout, replicaTimeout(en.Timeout))
 	if status {
 		e.be32(ctnetlink.Status, replicaStatus(en.Status))
 	}
-	e.be32(ctnetlink.Mark, en.Mark|ReplicaMark)
+	mark := en.Mark
+	if replica {
+		mark |= ReplicaMark
+	}
+	e.be32(ctnetlink.Mark, mark)
 	switch en.Proto {
 	case unix.IPPROTO_TCP:
 		e.tcp(en.TCP)
