@@ -80,8 +80,8 @@ type Kernel interface {
 	// (the socket overflowed), lost is called with what is known of the
 	// count (0 when unknown): the caller then resyncs from a Dump.
 	Listen(ctx context.Context, deliver func([]Event), lost func(n int)) error
-	// Dump calls fn for every entry with the DNAT or SNAT status bit.
-	// Replicas carry ReplicaMark in Entry.Mark.
+	// Dump calls fn for every entry with the DNAT or SNAT status bit
+	// that is not a replica (without ReplicaMark).
 	Dump(fn func(Entry)) error
 	// Write creates each of puts as a replica (with its translations,
 	// status, timeout, TCP state and ReplicaMark set in its mark), or
