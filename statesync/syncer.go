@@ -407,17 +407,42 @@ func (s *Syncer) lostEvents(n int) {
 func (s *Syncer) sender(ctx context.Context) {
 	tick := time.NewTicker(s.o.BatchInterval)
 	defer tick.Stop()
+	// due wakes the sender when the oldest waiting update has waited
+	// BatchInterval: the tick alone would add up to another interval.
+	due := time.NewTimer(time.Hour)
+	defer due.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
+		case <-due.C:
 		case <-s.wake:
 		}
 		s.applyPeerEvents()
 		s.flush()
 		s.checkReady()
+		if at, ok := s.nextDue(); ok {
+			due.Reset(time.Until(at))
+		}
 	}
+}
+
+// nextDue is when the oldest update waiting for a peer that has room in
+// its window is due to go out.
+func (s *Syncer) nextDue() (time.Time, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var at time.Time
+	for _, p := range s.peers {
+		if !p.up || len(p.fifo) == 0 || len(p.unacked) >= window {
+			continue
+		}
+		if w := p.queue[p.fifo[0]]; w != nil && (at.IsZero() || w.stamp.Before(at)) {
+			at = w.stamp
+		}
+	}
+	return at.Add(s.o.BatchInterval), !at.IsZero()
 }
 
 // applyPeerEvents takes the liveness changes told since the last round.
@@ -726,44 +751,27 @@ func (s *Syncer) refresh() {
 	}
 	now := time.Now()
 	horizon := now.Add(2 * s.o.RefreshInterval)
+	// The pass's number: the events that come while it runs mark their
+	// flows seen by it (deliver), as those that came while the table was
+	// read.
+	s.mu.Lock()
+	pass := s.pass + 1
+	s.mu.Unlock()
+	// A chunk at a time: the events and the batches wait for the lock no
+	// longer than a chunk takes, not for a pass over the whole table.
+	for chunk := range slices.Chunk(es, refreshChunk) {
+		s.mu.Lock()
+		for i := range chunk {
+			s.refreshOneLocked(&chunk[i], pass, now, horizon)
+		}
+		s.mu.Unlock()
+		if testHookRefreshChunk != nil {
+			testHookRefreshChunk()
+		}
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.pass++
-	for i := range es {
-		e := &es[i].entry
-		k := keyOf(e)
-		rec := s.flows[k]
-		if _, ok := s.ended[k]; ok && rec == nil {
-			continue // ended while the table was read
-		}
-		expires := now.Add(time.Duration(e.Timeout) * time.Second)
-		if rec != nil {
-			rec.seen = s.pass
-			// Timeouts come in whole seconds rounded down: an entry
-			// lives longer than its replica only past that second. A TCP
-			// connection that is over (a late packet lengthens its
-			// entry in CLOSE or TIME_WAIT) needs no replica that long.
-			if rec.expires.After(horizon) || !expires.After(rec.expires.Add(time.Second)) || over(e) {
-				continue
-			}
-		}
-		room := true
-		for _, p := range s.peers {
-			if p.up && len(p.queue) >= s.o.Queue {
-				room = false
-			}
-		}
-		if !room {
-			continue
-		}
-		if rec == nil {
-			rec = &flowRec{seen: s.pass}
-			s.flows[k] = rec
-		}
-		rec.state, rec.status, rec.mark, rec.expires = protoStateOf(e), e.Status, e.Mark, expires
-		s.enqueue(k, es[i], now)
-		s.m.refreshed.Inc()
-	}
+	s.pass = pass
 	for k, rec := range s.flows {
 		if rec.seen != s.pass {
 			delete(s.flows, k)
@@ -774,6 +782,48 @@ func (s *Syncer) refresh() {
 			delete(s.ended, k)
 		}
 	}
+}
+
+// refreshChunk is how many entries of a refresh pass are taken under one
+// hold of s.mu.
+const refreshChunk = 1024
+
+// testHookRefreshChunk, when set (by tests), runs after each chunk of a
+// refresh pass.
+var testHookRefreshChunk func()
+
+// refreshOneLocked takes one entry of refresh pass number pass. s.mu is
+// held.
+func (s *Syncer) refreshOneLocked(o *op, pass uint64, now, horizon time.Time) {
+	e := &o.entry
+	k := keyOf(e)
+	rec := s.flows[k]
+	if _, ok := s.ended[k]; ok && rec == nil {
+		return // ended while the table was read
+	}
+	expires := now.Add(time.Duration(e.Timeout) * time.Second)
+	if rec != nil {
+		rec.seen = pass
+		// Timeouts come in whole seconds rounded down: an entry lives
+		// longer than its replica only past that second. A TCP
+		// connection that is over (a late packet lengthens its entry in
+		// CLOSE or TIME_WAIT) needs no replica that long.
+		if rec.expires.After(horizon) || !expires.After(rec.expires.Add(time.Second)) || over(e) {
+			return
+		}
+	}
+	for _, p := range s.peers {
+		if p.up && len(p.queue) >= s.o.Queue {
+			return // no room: left for the next pass
+		}
+	}
+	if rec == nil {
+		rec = &flowRec{seen: pass}
+		s.flows[k] = rec
+	}
+	rec.state, rec.status, rec.mark, rec.expires = protoStateOf(e), e.Status, e.Mark, expires
+	s.enqueue(k, *o, now)
+	s.m.refreshed.Inc()
 }
 
 // over: e is a TCP connection in TIME_WAIT or CLOSE, or an SCTP

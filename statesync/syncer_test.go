@@ -922,3 +922,46 @@ func TestSyncWrongKeyNeverReachesSyncer(t *testing.T) {
 		t.Errorf("%d replicas written", n)
 	}
 }
+
+// A refresh pass over a large table lets the kernel's events in between
+// its chunks: deliver does not wait for the whole pass.
+func TestSyncRefreshLetsEventsInBetween(t *testing.T) {
+	k := newFakeKernel()
+	s, err := New(Options{Kernel: k, Policy: testPolicy(), Self: "gw-a", Peers: []string{"gw-b"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.peers["gw-b"].up = true
+	for _, e := range newFlows(1, 3*refreshChunk) {
+		k.table[keyOf(&e)] = e
+	}
+	late := flow(60000)
+	var delivered bool
+	chunks := 0
+	testHookRefreshChunk = func() {
+		chunks++
+		if chunks != 1 {
+			return
+		}
+		done := make(chan struct{})
+		go func() {
+			s.deliver([]Event{{Type: EventNew, Entry: late}})
+			close(done)
+		}()
+		select {
+		case <-done:
+			delivered = true
+		case <-time.After(10 * time.Second):
+		}
+	}
+	t.Cleanup(func() { testHookRefreshChunk = nil })
+	s.refresh()
+	if !delivered {
+		t.Fatal("an event waited for the whole refresh pass")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if chunks != 3 || s.flows[keyOf(&late)] == nil || s.pass != 1 {
+		t.Errorf("%d chunks, the event's flow known %v, pass %d: want 3, true, 1", chunks, s.flows[keyOf(&late)] != nil, s.pass)
+	}
+}
