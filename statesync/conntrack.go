@@ -340,11 +340,46 @@ func (c *Conntrack) Write(puts, dels []Entry) []error {
 	for _, i := range gone {
 		res[i] = nil
 	}
-	at := func(i int) *Entry { return &puts[i] }
-	exist := c.run(kindCreate, todo, at, res, unix.EEXIST)
-	stale := c.run(kindUpdate, exist, at, res, unix.EBUSY)
-	c.run(kindUpdateNoState, stale, at, res, 0)
+	c.put(todo, nil, func(i int) *Entry { return &puts[i] }, res)
 	return res
+}
+
+// Update implements Kernel: each of puts is updated as a replica that
+// exists, and created if it is gone (expired) after all. An update sets
+// up no translation: the kernel's cost of a create, most of it, is spent
+// only on a replica that is missing, where Write would spend it on every
+// put to find it exists.
+func (c *Conntrack) Update(puts []Entry) []error {
+	res := make([]error, len(puts))
+	todo := make([]int, 0, len(puts))
+	for i := range puts {
+		if err := checkEntry(&puts[i]); err != nil {
+			res[i] = fmt.Errorf("statesync: update replica: %w", err)
+			continue
+		}
+		todo = append(todo, i)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.put(nil, todo, func(i int) *Entry { return &puts[i] }, res)
+	return res
+}
+
+// put writes replicas: those at fresh by a create (an update if it
+// exists), those at known by an update (a create if it is gone). c.mu is
+// held.
+func (c *Conntrack) put(fresh, known []int, at func(int) *Entry, res []error) {
+	var busy []int
+	for _, i := range c.run(kindUpdate, known, at, res, unix.EBUSY, unix.ENOENT) {
+		if errors.Is(res[i], unix.ENOENT) {
+			fresh = append(fresh, i)
+		} else {
+			busy = append(busy, i)
+		}
+	}
+	exist := c.run(kindCreate, fresh, at, res, unix.EEXIST)
+	busy = append(busy, c.run(kindUpdate, exist, at, res, unix.EBUSY)...)
+	c.run(kindUpdateNoState, busy, at, res)
 }
 
 // Adopt implements Kernel.
@@ -360,7 +395,7 @@ func (c *Conntrack) Adopt(entries []Entry) []error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.run(kindAdopt, todo, func(i int) *Entry { return &entries[i] }, res, 0)
+	c.run(kindAdopt, todo, func(i int) *Entry { return &entries[i] }, res)
 	return res
 }
 
@@ -382,14 +417,15 @@ func (c *Conntrack) CreateOrigins(entries []Entry) []error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.run(kindCreateOrigin, todo, func(i int) *Entry { return &entries[i] }, res, 0)
+	c.run(kindCreateOrigin, todo, func(i int) *Entry { return &entries[i] }, res)
 	return res
 }
 
 // run sends the messages of kind k for the entries at idx, writeChunk per
 // sendmsg, and stores each acknowledgement's error in res. The indices
-// whose error is next (when not 0) are returned instead, for the next step.
-func (c *Conntrack) run(k msgKind, idx []int, at func(int) *Entry, res []error, next unix.Errno) []int {
+// whose error is one of next are returned too, for the next step (which
+// sets their res again).
+func (c *Conntrack) run(k msgKind, idx []int, at func(int) *Entry, res []error, next ...unix.Errno) []int {
 	var again []int
 	for len(idx) > 0 {
 		chunk := idx[:min(len(idx), writeChunk)]
@@ -404,7 +440,8 @@ func (c *Conntrack) run(k msgKind, idx []int, at func(int) *Entry, res []error, 
 			switch {
 			case err == nil:
 				res[i] = nil
-			case next != 0 && errors.Is(err, next):
+			case isErrno(err, next):
+				res[i] = err
 				again = append(again, i)
 			case k == kindUpdate && errors.Is(err, unix.ENOENT):
 				// The create found its reply tuple, not its original one.
@@ -479,6 +516,15 @@ func (k msgKind) String() string {
 		return "adopt replica"
 	}
 	return "unknown"
+}
+
+func isErrno(err error, errnos []unix.Errno) bool {
+	for _, e := range errnos {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }
 
 func nativeUint32(b []byte) uint32 { return binary.NativeEndian.Uint32(b) }

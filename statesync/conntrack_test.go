@@ -523,3 +523,24 @@ func TestDumpLeavesReplicasOut(t *testing.T) {
 		t.Errorf("DumpAll: %v, want both", all)
 	}
 }
+
+// TestUpdateReplicas: Update changes a replica that exists, and creates,
+// with its translations, one that is gone.
+func TestUpdateReplicas(t *testing.T) {
+	requireRoot(t)
+	k := newKernel(t, netnstest.Temp(t), ConntrackOptions{})
+	e := natEntry(unix.IPPROTO_TCP, "10.1.0.2:40000", "10.96.0.10:80", "10.2.0.10:8080", "10.2.0.1:1024")
+	t.Cleanup(func() { k.Write(nil, []Entry{e}) })
+	noErrors(t, "write", k.Write([]Entry{e}, nil))
+	e.Timeout = 1000
+	noErrors(t, "update", k.Update([]Entry{e}))
+	if got := dumpAll(t, k)[e.Orig]; got.Timeout < 990 || got.Reply != e.Reply {
+		t.Errorf("after the update: %+v, want timeout about 1000 and reply %v", got, e.Reply)
+	}
+	noErrors(t, "delete", k.Write(nil, []Entry{e}))
+	noErrors(t, "update of a replica that is gone", k.Update([]Entry{e}))
+	got, ok := dumpAll(t, k)[e.Orig]
+	if !ok || got.Reply != e.Reply || got.Status&(StatusDstNAT|StatusSrcNAT) != StatusDstNAT|StatusSrcNAT || got.Mark&ReplicaMark == 0 {
+		t.Errorf("after an update of a replica that was gone: %+v (present %v), want it created with both translations", got, ok)
+	}
+}

@@ -89,6 +89,9 @@ type Kernel interface {
 	// by the original tuple), before the puts: no flow is in both. One
 	// result per entry, puts first, nil for success.
 	Write(puts, dels []Entry) []error
+	// Update writes each of puts as Write does, for replicas written
+	// before: it tries the update first, and creates one that is gone.
+	Update(puts []Entry) []error
 	// Adopt clears ReplicaMark on the given replicas (matched by the
 	// original tuple): this gateway becomes their origin.
 	Adopt(entries []Entry) []error

@@ -928,8 +928,8 @@ func (s *Syncer) onAck(from string, payload []byte) {
 // and acks them, once the Policy knows the Services (before, the peers'
 // batches wait, as they do while the writer is behind).
 func (s *Syncer) writer(ctx context.Context) {
-	var puts, dels []Entry
-	var own []bool
+	var puts, updates, dels []Entry
+	var own, known []bool
 	lastOp := map[flowKey]int{}
 	// A gateway that (re)starts hears its peers' resync before its first
 	// sync: checked then, every entry would be refused.
@@ -973,7 +973,7 @@ func (s *Syncer) writer(ctx context.Context) {
 			s.poke()
 			continue
 		}
-		puts, dels = puts[:0], dels[:0]
+		puts, updates, dels = puts[:0], updates[:0], dels[:0]
 		refused := 0
 		// A flow twice in a batch (the end of a resync's dump, then the
 		// queue) takes its last op: Write deletes before it creates.
@@ -986,12 +986,16 @@ func (s *Syncer) writer(ctx context.Context) {
 				delete(p.stale, keyOf(&it.bt.ops[i].entry))
 			}
 		}
-		// Which of them this gateway originated itself, under one lock
-		// for the batch.
+		// Which of them this gateway originated itself, and which it
+		// holds replicas of from this peer already, under one lock for
+		// the batch.
 		own = slices.Grow(own[:0], len(it.bt.ops))[:len(it.bt.ops)]
+		known = slices.Grow(known[:0], len(it.bt.ops))[:len(it.bt.ops)]
 		s.mu.Lock()
 		for i := range it.bt.ops {
-			own[i] = s.flows[keyOf(&it.bt.ops[i].entry)] != nil
+			k := keyOf(&it.bt.ops[i].entry)
+			own[i] = s.flows[k] != nil
+			known[i] = s.replicas[k] == p.name
 		}
 		s.mu.Unlock()
 		for i := range it.bt.ops {
@@ -1013,17 +1017,21 @@ func (s *Syncer) writer(ctx context.Context) {
 				s.refuse(p.name, why, 1, &o.entry, nil)
 				continue
 			}
-			if o.del {
+			switch {
+			case o.del:
 				dels = append(dels, o.entry)
-			} else {
+			case known[i]:
+				updates = append(updates, o.entry)
+			default:
 				puts = append(puts, o.entry)
 			}
 		}
 		s.m.received.WithLabelValues(p.name).Add(float64(len(it.bt.ops)))
 		written := 0
-		if len(puts)+len(dels) > 0 {
-			errs := s.o.Kernel.Write(puts, dels)
+		// What the kernel said of each, puts first, then dels.
+		results := func(errs []error, puts, dels []Entry) {
 			s.mu.Lock()
+			defer s.mu.Unlock()
 			for i, err := range errs {
 				var e *Entry
 				if i < len(puts) {
@@ -1045,7 +1053,12 @@ func (s *Syncer) writer(ctx context.Context) {
 					delete(s.replicas, keyOf(e))
 				}
 			}
-			s.mu.Unlock()
+		}
+		if len(puts)+len(dels) > 0 {
+			results(s.o.Kernel.Write(puts, dels), puts, dels)
+		}
+		if len(updates) > 0 {
+			results(s.o.Kernel.Update(updates), updates, nil)
 		}
 		s.mu.Lock()
 		p.received += uint64(len(it.bt.ops))
