@@ -53,8 +53,7 @@ func ctgenEntry(n int, svc netip.AddrPort, srcs []netip.Addr, eps []netip.AddrPo
 	}
 }
 
-// runCtgen creates entries at rate per second (0: as fast as it goes)
-// for window and returns what it did as ConnStats (an exchange is an
+// runCtgen creates entries at rate per second for window and returns what it did as ConnStats (an exchange is an
 // entry created). A generator that falls behind does not catch up more
 // than 100 ms, as the TCP generator's workers do not.
 func runCtgen(k *statesync.Conntrack, svc netip.AddrPort, srcs []netip.Addr, eps []netip.AddrPort, masq netip.Addr, rate float64, window time.Duration) ConnStats {
@@ -67,12 +66,9 @@ func runCtgen(k *statesync.Conntrack, svc netip.AddrPort, srcs []netip.Addr, eps
 	tick := time.NewTicker(ctgenTick)
 	defer tick.Stop()
 	for now := start; now.Before(end); now = time.Now() {
-		due := 256
-		if rate > 0 {
-			target := rate * now.Sub(start).Seconds()
-			done = max(done, target-rate/10)
-			due = min(int(target-done), 4096)
-		}
+		target := rate * now.Sub(start).Seconds()
+		done = max(done, target-rate/10)
+		due := min(int(target-done), 4096)
 		batch = batch[:0]
 		for range due {
 			batch = append(batch, ctgenEntry(n, svc, srcs, eps, masq))
@@ -86,9 +82,7 @@ func runCtgen(k *statesync.Conntrack, svc netip.AddrPort, srcs []netip.Addr, eps
 			}
 		}
 		st.Exchanges += len(batch)
-		if rate > 0 {
-			<-tick.C // pacing, not waiting for readiness
-		}
+		<-tick.C // pacing, not waiting for readiness
 	}
 	st.Failed = failed
 	st.Completed = st.Exchanges - failed
@@ -100,7 +94,7 @@ func runCtgen(k *statesync.Conntrack, svc netip.AddrPort, srcs []netip.Addr, eps
 // Service, -src the clients.
 func statesyncCtgenMain(args []string) int {
 	return clientMain(statesyncCtgenCmd, args, func(fs *flag.FlagSet) clientRun {
-		rate := fs.Float64("rate", 1000, "new entries per second; 0: as fast as it goes")
+		rate := fs.Float64("rate", 1000, "new entries per second")
 		epList := fs.String("endpoints", "", "comma-separated endpoint address:port pairs (the DNAT's)")
 		masqAddr := fs.String("masquerade", "", "the masquerade address (the SNAT's)")
 		return func(to netip.AddrPort, srcs []netip.Addr, window time.Duration) (ConnStats, error) {
@@ -116,8 +110,10 @@ func statesyncCtgenMain(args []string) int {
 			if err != nil {
 				return ConnStats{}, fmt.Errorf("-masquerade: %w", err)
 			}
-			if window <= 0 || *rate < 0 {
-				return ConnStats{}, fmt.Errorf("-duration %v, -rate %v: want more than 0, not negative", window, *rate)
+			// The reply tuples (the masquerade address and a port per
+			// endpoint) last for 129,024 entries of 10 s.
+			if window <= 0 || *rate <= 0 || *rate > 12000 {
+				return ConnStats{}, fmt.Errorf("-duration %v, -rate %v: want more than 0, and a rate up to 12,000", window, *rate)
 			}
 			k, err := statesync.NewConntrack(statesync.ConntrackOptions{})
 			if err != nil {

@@ -2,12 +2,15 @@ package main
 
 import (
 	"math"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nftgate/nftgate/statesync"
 )
 
 func TestParseFlagsStateSync(t *testing.T) {
@@ -66,5 +69,25 @@ func TestLagBucketsQuantile(t *testing.T) {
 	}
 	if got := (lagBuckets{}).quantile(0.5); got != 0 {
 		t.Errorf("no batches: %v, want 0", got)
+	}
+}
+
+// The netlink generator's entries have distinct original and reply
+// tuples for as many as its highest rate makes in their 10 s.
+func TestCtgenEntriesDistinct(t *testing.T) {
+	svc := netip.MustParseAddrPort("198.18.20.100:80")
+	srcs := []netip.Addr{netip.MustParseAddr("198.18.20.2"), netip.MustParseAddr("198.18.20.3")}
+	eps := []netip.AddrPort{netip.MustParseAddrPort("198.18.21.50:8080"), netip.MustParseAddrPort("198.18.21.51:8080")}
+	masq := netip.MustParseAddr("198.18.21.100")
+	orig, reply := map[statesync.Tuple]bool{}, map[statesync.Tuple]bool{}
+	for n := range 12000 * ctgenTimeout {
+		e := ctgenEntry(n, svc, srcs, eps, masq)
+		if orig[e.Orig] || reply[e.Reply] {
+			t.Fatalf("entry %d: %+v repeats a tuple", n, e)
+		}
+		orig[e.Orig], reply[e.Reply] = true, true
+		if e.Orig.Dst != svc || e.Reply.Dst.Addr() != masq {
+			t.Fatalf("entry %d: %+v", n, e)
+		}
 	}
 }
