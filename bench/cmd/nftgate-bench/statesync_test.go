@@ -23,7 +23,7 @@ func TestParseFlagsStateSync(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c := cfg.StateSync; !c.On || !c.Only || !slices.Equal(c.Rates, []int{1000, 0}) || c.Duration != 10*time.Second ||
-		!slices.Equal(c.Runs, allStateSyncRuns) || c.OverflowQueue != 1024 {
+		!slices.Equal(c.Runs, allStateSyncRuns) || !slices.Equal(c.Modes, allStateSyncModes) || c.OverflowQueue != 1024 {
 		t.Errorf("--statesync-load-only: %+v", c)
 	}
 	bins := []string{"--nftgate", bin, "--kube-proxy", bin}
@@ -33,6 +33,7 @@ func TestParseFlagsStateSync(t *testing.T) {
 	}{
 		{[]string{"--statesync-load", "--statesync-rates", "1000,fast"}, `--statesync-rates: "fast"`},
 		{[]string{"--statesync-load", "--statesync-runs", "sync,conntrackd"}, `--statesync-runs: "conntrackd"`},
+		{[]string{"--statesync-load", "--statesync-modes", "tcp,udp"}, `--statesync-modes: "udp"`},
 		{[]string{"--statesync-load", "--statesync-overflow-queue", "100"}, "--statesync-overflow-queue: 100"},
 		{[]string{"--statesync-load", "--statesync-overflow-stop", "10s"}, "--statesync-overflow-stop: 10s"},
 		{[]string{"--statesync-load", "--statesync-dead-after", "1"}, "--statesync-dead-after: 1"},
