@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"net/netip"
 	"sync"
 	"syscall"
 	"time"
@@ -528,10 +527,6 @@ func isErrno(err error, errnos []unix.Errno) bool {
 }
 
 func nativeUint32(b []byte) uint32 { return binary.NativeEndian.Uint32(b) }
-
-func addrPort(a netip.Addr, port uint16) netip.AddrPort {
-	return netip.AddrPortFrom(a.Unmap(), port)
-}
 
 func protoName(p Proto) string {
 	switch p {
