@@ -266,45 +266,11 @@ func parseEntry(b []byte, e *entry) error {
 }
 
 func parseTuple(b []byte) (tuple, error) {
-	var t tuple
-	var src, dst netip.Addr
-	var sport, dport uint16
-	err := nlattr.Walk(b, func(typ uint16, v []byte) error {
-		switch typ {
-		case ctnetlink.TupleIP:
-			return nlattr.Walk(v, func(typ uint16, v []byte) error {
-				switch typ {
-				case ctnetlink.IPv4Src, ctnetlink.IPv6Src:
-					src, _ = netip.AddrFromSlice(v)
-				case ctnetlink.IPv4Dst, ctnetlink.IPv6Dst:
-					dst, _ = netip.AddrFromSlice(v)
-				}
-				return nil
-			})
-		case ctnetlink.TupleProto:
-			return nlattr.Walk(v, func(typ uint16, v []byte) error {
-				switch {
-				case typ == ctnetlink.ProtoNum && len(v) >= 1:
-					t.proto = v[0]
-				case typ == ctnetlink.ProtoSrcPort && len(v) >= 2:
-					sport = binary.BigEndian.Uint16(v)
-				case typ == ctnetlink.ProtoDstPort && len(v) >= 2:
-					dport = binary.BigEndian.Uint16(v)
-				}
-				return nil
-			})
-		}
-		return nil
-	})
-	if err != nil {
-		return t, err
+	t, err := ctnetlink.ParseTuple(b)
+	if errors.Is(err, ctnetlink.ErrShortTuple) {
+		err = errShortEntry
 	}
-	if !src.IsValid() || !dst.IsValid() {
-		return t, errShortEntry
-	}
-	t.src = netip.AddrPortFrom(src, sport)
-	t.dst = netip.AddrPortFrom(dst, dport)
-	return t, nil
+	return tuple{src: t.Src, dst: t.Dst, proto: t.Proto}, err
 }
 
 // isNotFound reports whether a delete failed because the entry was already

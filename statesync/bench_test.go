@@ -36,9 +36,19 @@ func BenchmarkWrite10000(b *testing.B) {
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(puts)), "ns/entry")
 }
 
-// BenchmarkUpdate10000 writes 10,000 replicas that exist: each is a
-// create refused with EEXIST and an update.
+// BenchmarkUpdate10000 writes 10,000 replicas that exist with Write: each
+// is a create refused with EEXIST and an update.
 func BenchmarkUpdate10000(b *testing.B) {
+	benchUpdate(b, func(k *Conntrack, puts []Entry) []error { return k.Write(puts, nil) })
+}
+
+// BenchmarkUpdateKnown10000 writes 10,000 replicas that exist with
+// Update, as the writer does for the replicas it knows: an update each.
+func BenchmarkUpdateKnown10000(b *testing.B) {
+	benchUpdate(b, (*Conntrack).Update)
+}
+
+func benchUpdate(b *testing.B, write func(*Conntrack, []Entry) []error) {
 	requireRoot(b)
 	k := newKernel(b, netnstest.Temp(b), ConntrackOptions{})
 	puts := benchEntries(10000)
@@ -47,13 +57,13 @@ func BenchmarkUpdate10000(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for range b.N {
-		noErrors(b, "write", k.Write(puts, nil))
+		noErrors(b, "write", write(k, puts))
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(puts)), "ns/entry")
 }
 
 // BenchmarkDecodeEvent decodes one real UPDATE event of a translated TCP
-// entry as Listen does (ti-mo/conntrack's decoder and the entry filter).
+// entry as Listen does (parseMessage and the entry filter).
 func BenchmarkDecodeEvent(b *testing.B) {
 	requireRoot(b)
 	ns := netnstest.Temp(b)
@@ -89,4 +99,44 @@ func BenchmarkDecodeEvent(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
+}
+
+// BenchmarkDumpOwn10000 reads a table of 10,000 translated entries of
+// this gateway's own, as a refresh pass or a resync on the active gateway
+// does.
+func BenchmarkDumpOwn10000(b *testing.B) {
+	requireRoot(b)
+	k := newKernel(b, netnstest.Temp(b), ConntrackOptions{})
+	es := benchEntries(10000)
+	noErrors(b, "create", k.CreateOrigins(es))
+	benchDump(b, k, len(es))
+}
+
+// BenchmarkDumpReplicas10000 reads a table of 10,000 replicas, as a
+// refresh pass on the backup gateway does: none of them is its own.
+func BenchmarkDumpReplicas10000(b *testing.B) {
+	requireRoot(b)
+	k := newKernel(b, netnstest.Temp(b), ConntrackOptions{})
+	es := benchEntries(10000)
+	noErrors(b, "write", k.Write(es, nil))
+	benchDump(b, k, 0)
+}
+
+func benchDump(b *testing.B, k *Conntrack, want int) {
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		n := 0
+		if err := k.Dump(func(e Entry) {
+			if e.Mark&ReplicaMark == 0 {
+				n++
+			}
+		}); err != nil {
+			b.Fatal(err)
+		}
+		if n != want {
+			b.Fatalf("%d own entries, want %d", n, want)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*10000), "ns/entry")
 }

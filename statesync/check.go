@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/mdlayher/netlink"
-	ct "github.com/ti-mo/conntrack"
 	"golang.org/x/sys/unix"
 
 	"github.com/nftgate/nftgate/internal/ctnetlink"
@@ -73,7 +72,7 @@ func CheckConntrackKernel(netns int) error {
 	}
 	var mark uint32
 	found := false
-	if err := k.Dump(func(e Entry) {
+	if err := k.DumpAll(func(e Entry) {
 		if e.Proto == probe.Proto && e.Orig == probe.Orig {
 			mark, found = e.Mark, true
 		}
@@ -103,11 +102,11 @@ func sawProbe(conn *netlink.Conn, probe Entry) bool {
 			return false
 		}
 		for _, m := range msgs {
-			var ev ct.Event
-			if ev.Unmarshal(m) != nil || ev.Flow == nil {
+			b, err := m.MarshalBinary()
+			if err != nil {
 				continue
 			}
-			if e := entryOf(ev.Flow); e.Proto == probe.Proto && e.Orig == probe.Orig {
+			if _, e, ok := parseMessage(b); ok && e.Proto == probe.Proto && e.Orig == probe.Orig {
 				return true
 			}
 		}

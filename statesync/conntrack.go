@@ -5,13 +5,11 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"net/netip"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/mdlayher/netlink"
-	ct "github.com/ti-mo/conntrack"
 	"golang.org/x/net/bpf"
 	"golang.org/x/sys/unix"
 
@@ -211,90 +209,97 @@ func appendEvents(out []Event, b []byte) []Event {
 	return out
 }
 
-// decodeEvent decodes one ctnetlink message (an event or a dump entry)
-// with ti-mo/conntrack and keeps it if it is a translated non-replica
-// entry.
+// decodeEvent decodes one ctnetlink event and keeps it if it is a
+// translated non-replica entry.
 func decodeEvent(b []byte) (Event, bool) {
-	var m netlink.Message
-	if err := m.UnmarshalBinary(b); err != nil {
-		return Event{}, false
-	}
-	var ev ct.Event
-	if err := ev.Unmarshal(m); err != nil || ev.Flow == nil {
-		return Event{}, false
-	}
-	en := entryOf(ev.Flow)
-	if en.Status&(StatusDstNAT|StatusSrcNAT) == 0 || en.Mark&ReplicaMark != 0 {
-		return Event{}, false
-	}
-	var t EventType
-	switch ev.Type {
-	case ct.EventNew:
-		t = EventNew
-	case ct.EventUpdate:
-		t = EventUpdate
-	case ct.EventDestroy:
-		t = EventDestroy
-	default:
+	t, en, ok := parseMessage(b)
+	if !ok || t == 0 || en.Status&(StatusDstNAT|StatusSrcNAT) == 0 || en.Mark&ReplicaMark != 0 {
 		return Event{}, false
 	}
 	return Event{Type: t, Entry: en}, true
 }
 
-func entryOf(f *ct.Flow) Entry {
-	en := Entry{
-		Proto:   f.TupleOrig.Proto.Protocol,
-		Status:  uint32(f.Status.Value),
-		Timeout: f.Timeout,
-		Mark:    f.Mark,
-	}
-	en.Orig.Src = addrPort(f.TupleOrig.IP.SourceAddress, f.TupleOrig.Proto.SourcePort)
-	en.Orig.Dst = addrPort(f.TupleOrig.IP.DestinationAddress, f.TupleOrig.Proto.DestinationPort)
-	en.Reply.Src = addrPort(f.TupleReply.IP.SourceAddress, f.TupleReply.Proto.SourcePort)
-	en.Reply.Dst = addrPort(f.TupleReply.IP.DestinationAddress, f.TupleReply.Proto.DestinationPort)
-	if t := f.ProtoInfo.TCP; t != nil {
-		// ti-mo reads the kernel's {flags, mask} pair as one big-endian
-		// uint16: the flags are its high byte.
-		en.TCP = TCPInfo{
-			State:      t.State,
-			WScaleOrig: t.OriginalWindowScale, WScaleReply: t.ReplyWindowScale,
-			FlagsOrig: uint8(t.OriginalFlags >> 8), FlagsReply: uint8(t.ReplyFlags >> 8),
-		}
-	}
-	if s := f.ProtoInfo.SCTP; s != nil {
-		en.SCTP = SCTPInfo{State: s.State, VTagOrig: s.VTagOriginal, VTagReply: s.VTagReply}
-	}
-	return en
-}
+// Dump implements Kernel: this gateway's own entries, the replicas left
+// out by the kernel (a dump filtered on the ct mark).
+func (c *Conntrack) Dump(fn func(Entry)) error { return c.dump(true, fn) }
 
-// Dump implements Kernel: one dump of both address families, entries
-// decoded and filtered as they arrive.
-func (c *Conntrack) Dump(fn func(Entry)) error {
-	conn, _, err := dial(c.opts.NetNS, 4<<20)
+// DumpAll calls fn for every translated entry, replicas included.
+func (c *Conntrack) DumpAll(fn func(Entry)) error { return c.dump(false, fn) }
+
+// dumpBuffer holds the largest datagram of a dump (the kernel's are at
+// most 32 KiB) several times over.
+const dumpBuffer = 1 << 17
+
+// dump reads one dump of both address families, entries decoded in place
+// and filtered as they arrive; own leaves the replicas out.
+func (c *Conntrack) dump(own bool, fn func(Entry)) error {
+	conn, raw, err := dial(c.opts.NetNS, 4<<20)
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
-	req := netlink.Message{
-		Header: netlink.Header{Type: ctnetlink.Subsys<<8 | ctnetlink.MsgGet, Flags: netlink.Request | netlink.Dump},
-		Data:   []byte{unix.AF_UNSPEC, ctnetlink.NFNetlinkV0, 0, 0},
+	var enc encoder
+	off := enc.begin(ctnetlink.Subsys<<8|ctnetlink.MsgGet, unix.NLM_F_REQUEST|unix.NLM_F_DUMP, unix.AF_UNSPEC)
+	if own {
+		enc.be32(ctnetlink.Mark, 0)
+		enc.be32(ctnetlink.MarkMask, ReplicaMark)
 	}
-	if _, err := conn.Send(req); err != nil {
-		return fmt.Errorf("statesync: dump conntrack: %w", err)
+	enc.end(off)
+	var serr error
+	if err := raw.Write(func(fd uintptr) bool {
+		serr = unix.Sendto(int(fd), enc.b, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK})
+		return serr != unix.EAGAIN
+	}); err != nil || serr != nil {
+		return fmt.Errorf("statesync: dump conntrack: %w", errors.Join(err, serr))
 	}
-	for m, err := range conn.ReceiveIter() {
+	buf := make([]byte, dumpBuffer)
+	for {
+		var n int
+		var rerr error
+		if err := raw.Read(func(fd uintptr) bool {
+			n, _, rerr = unix.Recvfrom(int(fd), buf, unix.MSG_DONTWAIT)
+			return rerr != unix.EAGAIN
+		}); err != nil {
+			return fmt.Errorf("statesync: dump conntrack: %w", err)
+		}
+		if rerr != nil {
+			return fmt.Errorf("statesync: dump conntrack: %w", rerr)
+		}
+		done, err := dumpMessages(buf[:n], fn)
 		if err != nil {
 			return fmt.Errorf("statesync: dump conntrack: %w", err)
 		}
-		var ev ct.Event
-		if err := ev.Unmarshal(m); err != nil || ev.Flow == nil {
-			continue
-		}
-		if en := entryOf(ev.Flow); en.Status&(StatusDstNAT|StatusSrcNAT) != 0 {
-			fn(en)
+		if done {
+			return nil
 		}
 	}
-	return nil
+}
+
+// dumpMessages decodes the messages of one datagram of a dump; done at
+// its end (NLMSG_DONE), an error for an NLMSG_ERROR that is not 0.
+func dumpMessages(b []byte, fn func(Entry)) (done bool, err error) {
+	for len(b) >= nlmsgHdrLen {
+		l := int(nativeUint32(b))
+		if l < nlmsgHdrLen || l > len(b) {
+			return false, fmt.Errorf("malformed netlink message (length %d, %d bytes left)", l, len(b))
+		}
+		switch binary.NativeEndian.Uint16(b[4:6]) {
+		case unix.NLMSG_DONE:
+			return true, nil
+		case unix.NLMSG_ERROR:
+			if l >= nlmsgHdrLen+4 {
+				if code := int32(nativeUint32(b[nlmsgHdrLen:])); code != 0 {
+					return true, unix.Errno(-code)
+				}
+			}
+		default:
+			if _, en, ok := parseMessage(b[:l]); ok && en.Status&(StatusDstNAT|StatusSrcNAT) != 0 {
+				fn(en)
+			}
+		}
+		b = b[min((l+3)&^3, len(b)):]
+	}
+	return false, nil
 }
 
 // Write implements Kernel. Puts are created with their translations; one
@@ -334,11 +339,46 @@ func (c *Conntrack) Write(puts, dels []Entry) []error {
 	for _, i := range gone {
 		res[i] = nil
 	}
-	at := func(i int) *Entry { return &puts[i] }
-	exist := c.run(kindCreate, todo, at, res, unix.EEXIST)
-	stale := c.run(kindUpdate, exist, at, res, unix.EBUSY)
-	c.run(kindUpdateNoState, stale, at, res, 0)
+	c.put(todo, nil, func(i int) *Entry { return &puts[i] }, res)
 	return res
+}
+
+// Update implements Kernel: each of puts is updated as a replica that
+// exists, and created if it is gone (expired) after all. An update sets
+// up no translation: the kernel's cost of a create, most of it, is spent
+// only on a replica that is missing, where Write would spend it on every
+// put to find it exists.
+func (c *Conntrack) Update(puts []Entry) []error {
+	res := make([]error, len(puts))
+	todo := make([]int, 0, len(puts))
+	for i := range puts {
+		if err := checkEntry(&puts[i]); err != nil {
+			res[i] = fmt.Errorf("statesync: update replica: %w", err)
+			continue
+		}
+		todo = append(todo, i)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.put(nil, todo, func(i int) *Entry { return &puts[i] }, res)
+	return res
+}
+
+// put writes replicas: those at fresh by a create (an update if it
+// exists), those at known by an update (a create if it is gone). c.mu is
+// held.
+func (c *Conntrack) put(fresh, known []int, at func(int) *Entry, res []error) {
+	var busy []int
+	for _, i := range c.run(kindUpdate, known, at, res, unix.EBUSY, unix.ENOENT) {
+		if errors.Is(res[i], unix.ENOENT) {
+			fresh = append(fresh, i)
+		} else {
+			busy = append(busy, i)
+		}
+	}
+	exist := c.run(kindCreate, fresh, at, res, unix.EEXIST)
+	busy = append(busy, c.run(kindUpdate, exist, at, res, unix.EBUSY)...)
+	c.run(kindUpdateNoState, busy, at, res)
 }
 
 // Adopt implements Kernel.
@@ -354,14 +394,37 @@ func (c *Conntrack) Adopt(entries []Entry) []error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.run(kindAdopt, todo, func(i int) *Entry { return &entries[i] }, res, 0)
+	c.run(kindAdopt, todo, func(i int) *Entry { return &entries[i] }, res)
+	return res
+}
+
+// CreateOrigins creates entries as the kernel's own translated flows
+// (both translations, no ReplicaMark), as a flow's first packet would:
+// their NEW events are what the sync of this namespace reads for a real
+// connection. It is the state-sync load generator's stand-in for
+// connections, which lets it reach rates the handshakes of real ones do
+// not on a small machine. An entry that exists is an error (EEXIST).
+func (c *Conntrack) CreateOrigins(entries []Entry) []error {
+	res := make([]error, len(entries))
+	todo := make([]int, 0, len(entries))
+	for i := range entries {
+		if err := checkEntry(&entries[i]); err != nil {
+			res[i] = fmt.Errorf("statesync: create entry: %w", err)
+			continue
+		}
+		todo = append(todo, i)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.run(kindCreateOrigin, todo, func(i int) *Entry { return &entries[i] }, res)
 	return res
 }
 
 // run sends the messages of kind k for the entries at idx, writeChunk per
 // sendmsg, and stores each acknowledgement's error in res. The indices
-// whose error is next (when not 0) are returned instead, for the next step.
-func (c *Conntrack) run(k msgKind, idx []int, at func(int) *Entry, res []error, next unix.Errno) []int {
+// whose error is one of next are returned too, for the next step (which
+// sets their res again).
+func (c *Conntrack) run(k msgKind, idx []int, at func(int) *Entry, res []error, next ...unix.Errno) []int {
 	var again []int
 	for len(idx) > 0 {
 		chunk := idx[:min(len(idx), writeChunk)]
@@ -376,7 +439,8 @@ func (c *Conntrack) run(k msgKind, idx []int, at func(int) *Entry, res []error, 
 			switch {
 			case err == nil:
 				res[i] = nil
-			case next != 0 && errors.Is(err, next):
+			case isErrno(err, next):
+				res[i] = err
 				again = append(again, i)
 			case k == kindUpdate && errors.Is(err, unix.ENOENT):
 				// The create found its reply tuple, not its original one.
@@ -441,6 +505,8 @@ func (k msgKind) String() string {
 	switch k {
 	case kindCreate:
 		return "create replica"
+	case kindCreateOrigin:
+		return "create entry"
 	case kindUpdate, kindUpdateNoState:
 		return "update replica"
 	case kindDelete:
@@ -451,11 +517,16 @@ func (k msgKind) String() string {
 	return "unknown"
 }
 
-func nativeUint32(b []byte) uint32 { return binary.NativeEndian.Uint32(b) }
-
-func addrPort(a netip.Addr, port uint16) netip.AddrPort {
-	return netip.AddrPortFrom(a.Unmap(), port)
+func isErrno(err error, errnos []unix.Errno) bool {
+	for _, e := range errnos {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }
+
+func nativeUint32(b []byte) uint32 { return binary.NativeEndian.Uint32(b) }
 
 func protoName(p Proto) string {
 	switch p {

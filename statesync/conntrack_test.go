@@ -12,9 +12,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mdlayher/netlink"
+	ct "github.com/ti-mo/conntrack"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/nftgate/nftgate/internal/ctnetlink"
 	"github.com/nftgate/nftgate/internal/testing/lab"
 	"github.com/nftgate/nftgate/internal/testing/netnstest"
 )
@@ -62,7 +65,7 @@ const tcpEstablished = 3 // TCP_CONNTRACK_ESTABLISHED
 func dumpAll(t testing.TB, k *Conntrack) map[Tuple]Entry {
 	t.Helper()
 	got := map[Tuple]Entry{}
-	if err := k.Dump(func(e Entry) { got[e.Orig] = e }); err != nil {
+	if err := k.DumpAll(func(e Entry) { got[e.Orig] = e }); err != nil {
 		t.Fatal(err)
 	}
 	return got
@@ -358,5 +361,186 @@ func TestCheckConntrackKernel(t *testing.T) {
 	k := newKernel(t, ns, ConntrackOptions{})
 	if got := dumpAll(t, k); len(got) != 0 {
 		t.Errorf("the check left entries behind: %v", got)
+	}
+}
+
+// TestCreateOrigins: an entry created as the namespace's own translated
+// flow gives the NEW event a real flow gives (both translations, the mark
+// without ReplicaMark), which Listen delivers; a second create of it is
+// refused.
+func TestCreateOrigins(t *testing.T) {
+	requireRoot(t)
+	ns := netnstest.Temp(t)
+	k := newKernel(t, ns, ConntrackOptions{})
+	l := listen(t, k, nil)
+	e := natEntry(unix.IPPROTO_TCP, "10.1.0.2:40000", "10.96.0.10:80", "10.2.0.10:8080", "10.2.0.1:1024")
+	t.Cleanup(func() { k.Write(nil, []Entry{e}) })
+	noErrors(t, "create", k.CreateOrigins([]Entry{e}))
+	l.waitFor(t, "the NEW event", func(evs []Event, _ int) bool { return len(evs) > 0 })
+	evs, _ := l.snapshot()
+	got := evs[0].Entry
+	if evs[0].Type != EventNew || got.Orig != e.Orig || got.Reply != e.Reply || got.Mark != e.Mark ||
+		got.Status&(StatusDstNAT|StatusSrcNAT) != StatusDstNAT|StatusSrcNAT || got.TCP.State != tcpEstablished {
+		t.Fatalf("event %+v, want the NEW of %+v", evs[0], e)
+	}
+	if errs := k.CreateOrigins([]Entry{e}); !errors.Is(errs[0], unix.EEXIST) {
+		t.Errorf("second create: %v, want EEXIST", errs[0])
+	}
+}
+
+// TestParseMessageMatchesTiMo: the in-place decoder reads the kernel's
+// dumped entries and events of both families and all three protocols as
+// ti-mo/conntrack's complete decoder does.
+func TestParseMessageMatchesTiMo(t *testing.T) {
+	requireRoot(t)
+	ns := netnstest.Temp(t)
+	k := newKernel(t, ns, ConntrackOptions{})
+	conn, _, err := dial(int(ns), 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	for _, g := range []uint32{ctnetlink.GroupNew, ctnetlink.GroupUpdate, ctnetlink.GroupDestroy} {
+		if err := conn.JoinGroup(g); err != nil {
+			t.Fatal(err)
+		}
+	}
+	es := []Entry{
+		natEntry(unix.IPPROTO_TCP, "10.1.0.2:40000", "10.96.0.10:80", "10.2.0.10:8080", "10.2.0.1:40000"),
+		natEntry(unix.IPPROTO_UDP, "10.1.0.2:40001", "10.96.0.10:53", "10.2.0.11:5353", "10.2.0.1:1024"),
+		natEntry(unix.IPPROTO_SCTP, "10.1.0.2:40002", "10.96.0.10:9", "10.2.0.12:9999", "10.2.0.1:40002"),
+		natEntry(unix.IPPROTO_TCP, "[fd01::2]:40000", "[fd96::10]:80", "[fd02::10]:8080", "[fd02::1]:40000"),
+	}
+	es[2].SCTP = SCTPInfo{State: 3, VTagOrig: 0x01020304, VTagReply: 0x0a0b0c0d}
+	noErrors(t, "create", k.CreateOrigins(es))
+	noErrors(t, "update", k.Write(es, nil)) // an UPDATE event each (mark)
+	noErrors(t, "delete", k.Write(nil, es))
+	noErrors(t, "write", k.Write(es, nil))
+	t.Cleanup(func() { k.Write(nil, es) })
+
+	compare := func(what string, m netlink.Message) {
+		t.Helper()
+		raw, err := m.MarshalBinary()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ev ct.Event
+		if err := ev.Unmarshal(m); err != nil || ev.Flow == nil {
+			t.Fatalf("%s: ti-mo: %v", what, err)
+		}
+		typ, got, ok := parseMessage(raw)
+		if !ok {
+			t.Fatalf("%s: parseMessage refused %x", what, raw)
+		}
+		if want := tiMoEntry(ev.Flow); got != want {
+			t.Errorf("%s:\n got  %+v\n want %+v", what, got, want)
+		}
+		var wantType EventType
+		switch {
+		case what == "dump":
+		case ev.Type == ct.EventNew:
+			wantType = EventNew
+		case ev.Type == ct.EventUpdate:
+			wantType = EventUpdate
+		case ev.Type == ct.EventDestroy:
+			wantType = EventDestroy
+		}
+		if typ != wantType {
+			t.Errorf("%s: type %d, want %d (ti-mo %v)", what, typ, wantType, ev.Type)
+		}
+	}
+	// Each entry: NEW, UPDATE, DESTROY, then NEW of the replica.
+	if err := conn.SetReadDeadline(time.Now().Add(5 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	for n := 0; n < 4*len(es); {
+		msgs, err := conn.Receive()
+		if err != nil {
+			t.Fatalf("after %d events: %v", n, err)
+		}
+		for _, m := range msgs {
+			compare("event", m)
+			n++
+		}
+	}
+	dumped := 0
+	if err := k.DumpAll(func(Entry) { dumped++ }); err != nil || dumped != len(es) {
+		t.Fatalf("dump: %d entries, %v; want %d", dumped, err, len(es))
+	}
+	d, _, err := dial(int(ns), 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	msgs, err := d.Execute(netlink.Message{
+		Header: netlink.Header{Type: ctnetlink.Subsys<<8 | ctnetlink.MsgGet, Flags: netlink.Request | netlink.Dump},
+		Data:   []byte{unix.AF_UNSPEC, ctnetlink.NFNetlinkV0, 0, 0},
+	})
+	if err != nil || len(msgs) != len(es) {
+		t.Fatalf("dump through mdlayher/netlink: %d messages, %v", len(msgs), err)
+	}
+	for _, m := range msgs {
+		compare("dump", m)
+	}
+}
+
+// tiMoEntry is an Entry from ti-mo/conntrack's decoding of a flow.
+func tiMoEntry(f *ct.Flow) Entry {
+	ap := func(a netip.Addr, port uint16) netip.AddrPort { return netip.AddrPortFrom(a.Unmap(), port) }
+	en := Entry{Proto: f.TupleOrig.Proto.Protocol, Status: uint32(f.Status.Value), Timeout: f.Timeout, Mark: f.Mark,
+		Orig:  Tuple{ap(f.TupleOrig.IP.SourceAddress, f.TupleOrig.Proto.SourcePort), ap(f.TupleOrig.IP.DestinationAddress, f.TupleOrig.Proto.DestinationPort)},
+		Reply: Tuple{ap(f.TupleReply.IP.SourceAddress, f.TupleReply.Proto.SourcePort), ap(f.TupleReply.IP.DestinationAddress, f.TupleReply.Proto.DestinationPort)}}
+	if t := f.ProtoInfo.TCP; t != nil {
+		// ti-mo reads the kernel's {flags, mask} pair as one big-endian
+		// uint16: the flags are its high byte.
+		en.TCP = TCPInfo{State: t.State, WScaleOrig: t.OriginalWindowScale, WScaleReply: t.ReplyWindowScale,
+			FlagsOrig: uint8(t.OriginalFlags >> 8), FlagsReply: uint8(t.ReplyFlags >> 8)}
+	}
+	if s := f.ProtoInfo.SCTP; s != nil {
+		en.SCTP = SCTPInfo{State: s.State, VTagOrig: s.VTagOriginal, VTagReply: s.VTagReply}
+	}
+	return en
+}
+
+// TestDumpLeavesReplicasOut: Dump (the sync's) has the kernel leave the
+// replicas out; DumpAll has them.
+func TestDumpLeavesReplicasOut(t *testing.T) {
+	requireRoot(t)
+	k := newKernel(t, netnstest.Temp(t), ConntrackOptions{})
+	own := natEntry(unix.IPPROTO_TCP, "10.1.0.2:40000", "10.96.0.10:80", "10.2.0.10:8080", "10.2.0.1:1024")
+	replica := natEntry(unix.IPPROTO_TCP, "10.1.0.3:40000", "10.96.0.10:80", "10.2.0.10:8080", "10.2.0.1:1025")
+	noErrors(t, "create", k.CreateOrigins([]Entry{own}))
+	noErrors(t, "write", k.Write([]Entry{replica}, nil))
+	t.Cleanup(func() { k.Write(nil, []Entry{own, replica}) })
+	var got []Tuple
+	if err := k.Dump(func(e Entry) { got = append(got, e.Orig) }); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[0] != own.Orig {
+		t.Errorf("Dump: %v, want only the own entry %v", got, own.Orig)
+	}
+	if all := dumpAll(t, k); len(all) != 2 {
+		t.Errorf("DumpAll: %v, want both", all)
+	}
+}
+
+// TestUpdateReplicas: Update changes a replica that exists, and creates,
+// with its translations, one that is gone.
+func TestUpdateReplicas(t *testing.T) {
+	requireRoot(t)
+	k := newKernel(t, netnstest.Temp(t), ConntrackOptions{})
+	e := natEntry(unix.IPPROTO_TCP, "10.1.0.2:40000", "10.96.0.10:80", "10.2.0.10:8080", "10.2.0.1:1024")
+	t.Cleanup(func() { k.Write(nil, []Entry{e}) })
+	noErrors(t, "write", k.Write([]Entry{e}, nil))
+	e.Timeout = 1000
+	noErrors(t, "update", k.Update([]Entry{e}))
+	if got := dumpAll(t, k)[e.Orig]; got.Timeout < 990 || got.Reply != e.Reply {
+		t.Errorf("after the update: %+v, want timeout about 1000 and reply %v", got, e.Reply)
+	}
+	noErrors(t, "delete", k.Write(nil, []Entry{e}))
+	noErrors(t, "update of a replica that is gone", k.Update([]Entry{e}))
+	got, ok := dumpAll(t, k)[e.Orig]
+	if !ok || got.Reply != e.Reply || got.Status&(StatusDstNAT|StatusSrcNAT) != StatusDstNAT|StatusSrcNAT || got.Mark&ReplicaMark == 0 {
+		t.Errorf("after an update of a replica that was gone: %+v (present %v), want it created with both translations", got, ok)
 	}
 }

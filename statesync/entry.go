@@ -80,8 +80,8 @@ type Kernel interface {
 	// (the socket overflowed), lost is called with what is known of the
 	// count (0 when unknown): the caller then resyncs from a Dump.
 	Listen(ctx context.Context, deliver func([]Event), lost func(n int)) error
-	// Dump calls fn for every entry with the DNAT or SNAT status bit.
-	// Replicas carry ReplicaMark in Entry.Mark.
+	// Dump calls fn for every entry with the DNAT or SNAT status bit
+	// that is not a replica (without ReplicaMark).
 	Dump(fn func(Entry)) error
 	// Write creates each of puts as a replica (with its translations,
 	// status, timeout, TCP state and ReplicaMark set in its mark), or
@@ -89,6 +89,9 @@ type Kernel interface {
 	// by the original tuple), before the puts: no flow is in both. One
 	// result per entry, puts first, nil for success.
 	Write(puts, dels []Entry) []error
+	// Update writes each of puts as Write does, for replicas written
+	// before: it tries the update first, and creates one that is gone.
+	Update(puts []Entry) []error
 	// Adopt clears ReplicaMark on the given replicas (matched by the
 	// original tuple): this gateway becomes their origin.
 	Adopt(entries []Entry) []error

@@ -407,17 +407,42 @@ func (s *Syncer) lostEvents(n int) {
 func (s *Syncer) sender(ctx context.Context) {
 	tick := time.NewTicker(s.o.BatchInterval)
 	defer tick.Stop()
+	// due wakes the sender when the oldest waiting update has waited
+	// BatchInterval: the tick alone would add up to another interval.
+	due := time.NewTimer(time.Hour)
+	defer due.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
+		case <-due.C:
 		case <-s.wake:
 		}
 		s.applyPeerEvents()
 		s.flush()
 		s.checkReady()
+		if at, ok := s.nextDue(); ok {
+			due.Reset(time.Until(at))
+		}
 	}
+}
+
+// nextDue is when the oldest update waiting for a peer that has room in
+// its window is due to go out.
+func (s *Syncer) nextDue() (time.Time, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var at time.Time
+	for _, p := range s.peers {
+		if !p.up || len(p.fifo) == 0 || len(p.unacked) >= window {
+			continue
+		}
+		if w := p.queue[p.fifo[0]]; w != nil && (at.IsZero() || w.stamp.Before(at)) {
+			at = w.stamp
+		}
+	}
+	return at.Add(s.o.BatchInterval), !at.IsZero()
 }
 
 // applyPeerEvents takes the liveness changes told since the last round.
@@ -726,44 +751,27 @@ func (s *Syncer) refresh() {
 	}
 	now := time.Now()
 	horizon := now.Add(2 * s.o.RefreshInterval)
+	// The pass's number: the events that come while it runs mark their
+	// flows seen by it (deliver), as those that came while the table was
+	// read.
+	s.mu.Lock()
+	pass := s.pass + 1
+	s.mu.Unlock()
+	// A chunk at a time: the events and the batches wait for the lock no
+	// longer than a chunk takes, not for a pass over the whole table.
+	for chunk := range slices.Chunk(es, refreshChunk) {
+		s.mu.Lock()
+		for i := range chunk {
+			s.refreshOneLocked(&chunk[i], pass, now, horizon)
+		}
+		s.mu.Unlock()
+		if testHookRefreshChunk != nil {
+			testHookRefreshChunk()
+		}
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.pass++
-	for i := range es {
-		e := &es[i].entry
-		k := keyOf(e)
-		rec := s.flows[k]
-		if _, ok := s.ended[k]; ok && rec == nil {
-			continue // ended while the table was read
-		}
-		expires := now.Add(time.Duration(e.Timeout) * time.Second)
-		if rec != nil {
-			rec.seen = s.pass
-			// Timeouts come in whole seconds rounded down: an entry
-			// lives longer than its replica only past that second. A TCP
-			// connection that is over (a late packet lengthens its
-			// entry in CLOSE or TIME_WAIT) needs no replica that long.
-			if rec.expires.After(horizon) || !expires.After(rec.expires.Add(time.Second)) || over(e) {
-				continue
-			}
-		}
-		room := true
-		for _, p := range s.peers {
-			if p.up && len(p.queue) >= s.o.Queue {
-				room = false
-			}
-		}
-		if !room {
-			continue
-		}
-		if rec == nil {
-			rec = &flowRec{seen: s.pass}
-			s.flows[k] = rec
-		}
-		rec.state, rec.status, rec.mark, rec.expires = protoStateOf(e), e.Status, e.Mark, expires
-		s.enqueue(k, es[i], now)
-		s.m.refreshed.Inc()
-	}
+	s.pass = pass
 	for k, rec := range s.flows {
 		if rec.seen != s.pass {
 			delete(s.flows, k)
@@ -774,6 +782,48 @@ func (s *Syncer) refresh() {
 			delete(s.ended, k)
 		}
 	}
+}
+
+// refreshChunk is how many entries of a refresh pass are taken under one
+// hold of s.mu.
+const refreshChunk = 1024
+
+// testHookRefreshChunk, when set (by tests), runs after each chunk of a
+// refresh pass.
+var testHookRefreshChunk func()
+
+// refreshOneLocked takes one entry of refresh pass number pass. s.mu is
+// held.
+func (s *Syncer) refreshOneLocked(o *op, pass uint64, now, horizon time.Time) {
+	e := &o.entry
+	k := keyOf(e)
+	rec := s.flows[k]
+	if _, ok := s.ended[k]; ok && rec == nil {
+		return // ended while the table was read
+	}
+	expires := now.Add(time.Duration(e.Timeout) * time.Second)
+	if rec != nil {
+		rec.seen = pass
+		// Timeouts come in whole seconds rounded down: an entry lives
+		// longer than its replica only past that second. A TCP
+		// connection that is over (a late packet lengthens its entry in
+		// CLOSE or TIME_WAIT) needs no replica that long.
+		if rec.expires.After(horizon) || !expires.After(rec.expires.Add(time.Second)) || over(e) {
+			return
+		}
+	}
+	for _, p := range s.peers {
+		if p.up && len(p.queue) >= s.o.Queue {
+			return // no room: left for the next pass
+		}
+	}
+	if rec == nil {
+		rec = &flowRec{seen: pass}
+		s.flows[k] = rec
+	}
+	rec.state, rec.status, rec.mark, rec.expires = protoStateOf(e), e.Status, e.Mark, expires
+	s.enqueue(k, *o, now)
+	s.m.refreshed.Inc()
 }
 
 // over: e is a TCP connection in TIME_WAIT or CLOSE, or an SCTP
@@ -878,8 +928,8 @@ func (s *Syncer) onAck(from string, payload []byte) {
 // and acks them, once the Policy knows the Services (before, the peers'
 // batches wait, as they do while the writer is behind).
 func (s *Syncer) writer(ctx context.Context) {
-	var puts, dels []Entry
-	var own []bool
+	var puts, updates, dels []Entry
+	var own, known []bool
 	lastOp := map[flowKey]int{}
 	// A gateway that (re)starts hears its peers' resync before its first
 	// sync: checked then, every entry would be refused.
@@ -923,7 +973,7 @@ func (s *Syncer) writer(ctx context.Context) {
 			s.poke()
 			continue
 		}
-		puts, dels = puts[:0], dels[:0]
+		puts, updates, dels = puts[:0], updates[:0], dels[:0]
 		refused := 0
 		// A flow twice in a batch (the end of a resync's dump, then the
 		// queue) takes its last op: Write deletes before it creates.
@@ -936,12 +986,16 @@ func (s *Syncer) writer(ctx context.Context) {
 				delete(p.stale, keyOf(&it.bt.ops[i].entry))
 			}
 		}
-		// Which of them this gateway originated itself, under one lock
-		// for the batch.
+		// Which of them this gateway originated itself, and which it
+		// holds replicas of from this peer already, under one lock for
+		// the batch.
 		own = slices.Grow(own[:0], len(it.bt.ops))[:len(it.bt.ops)]
+		known = slices.Grow(known[:0], len(it.bt.ops))[:len(it.bt.ops)]
 		s.mu.Lock()
 		for i := range it.bt.ops {
-			own[i] = s.flows[keyOf(&it.bt.ops[i].entry)] != nil
+			k := keyOf(&it.bt.ops[i].entry)
+			own[i] = s.flows[k] != nil
+			known[i] = s.replicas[k] == p.name
 		}
 		s.mu.Unlock()
 		for i := range it.bt.ops {
@@ -963,17 +1017,21 @@ func (s *Syncer) writer(ctx context.Context) {
 				s.refuse(p.name, why, 1, &o.entry, nil)
 				continue
 			}
-			if o.del {
+			switch {
+			case o.del:
 				dels = append(dels, o.entry)
-			} else {
+			case known[i]:
+				updates = append(updates, o.entry)
+			default:
 				puts = append(puts, o.entry)
 			}
 		}
 		s.m.received.WithLabelValues(p.name).Add(float64(len(it.bt.ops)))
 		written := 0
-		if len(puts)+len(dels) > 0 {
-			errs := s.o.Kernel.Write(puts, dels)
+		// What the kernel said of each, puts first, then dels.
+		results := func(errs []error, puts, dels []Entry) {
 			s.mu.Lock()
+			defer s.mu.Unlock()
 			for i, err := range errs {
 				var e *Entry
 				if i < len(puts) {
@@ -995,7 +1053,12 @@ func (s *Syncer) writer(ctx context.Context) {
 					delete(s.replicas, keyOf(e))
 				}
 			}
-			s.mu.Unlock()
+		}
+		if len(puts)+len(dels) > 0 {
+			results(s.o.Kernel.Write(puts, dels), puts, dels)
+		}
+		if len(updates) > 0 {
+			results(s.o.Kernel.Update(updates), updates, nil)
 		}
 		s.mu.Lock()
 		p.received += uint64(len(it.bt.ops))

@@ -30,6 +30,8 @@ type fakeKernel struct {
 	adopted int
 	evs     chan []Event
 	lost    chan int
+	// updated counts the Updates of each flow.
+	updated map[flowKey]int
 	// gate, when set, holds every Write until it is closed.
 	gate chan struct{}
 	// duringDump, when set, runs once in the next Dump, after the table
@@ -38,7 +40,7 @@ type fakeKernel struct {
 }
 
 func newFakeKernel() *fakeKernel {
-	return &fakeKernel{table: map[flowKey]Entry{}, evs: make(chan []Event, 1024), lost: make(chan int, 1)}
+	return &fakeKernel{table: map[flowKey]Entry{}, updated: map[flowKey]int{}, evs: make(chan []Event, 1024), lost: make(chan int, 1)}
 }
 
 func (k *fakeKernel) Listen(ctx context.Context, deliver func([]Event), lost func(int)) error {
@@ -90,6 +92,15 @@ func (k *fakeKernel) Write(puts, dels []Entry) []error {
 		k.table[keyOf(&e)] = e
 	}
 	return make([]error, len(puts)+len(dels))
+}
+
+func (k *fakeKernel) Update(puts []Entry) []error {
+	k.mu.Lock()
+	for _, e := range puts {
+		k.updated[keyOf(&e)]++
+	}
+	k.mu.Unlock()
+	return k.Write(puts, nil)
 }
 
 func (k *fakeKernel) Adopt(es []Entry) []error {
@@ -920,5 +931,70 @@ func TestSyncWrongKeyNeverReachesSyncer(t *testing.T) {
 	}
 	if n := b.k.replicas(); n != 0 {
 		t.Errorf("%d replicas written", n)
+	}
+}
+
+// A refresh pass over a large table lets the kernel's events in between
+// its chunks: deliver does not wait for the whole pass.
+func TestSyncRefreshLetsEventsInBetween(t *testing.T) {
+	k := newFakeKernel()
+	s, err := New(Options{Kernel: k, Policy: testPolicy(), Self: "gw-a", Peers: []string{"gw-b"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.peers["gw-b"].up = true
+	for _, e := range newFlows(1, 3*refreshChunk) {
+		k.table[keyOf(&e)] = e
+	}
+	late := flow(60000)
+	var delivered bool
+	chunks := 0
+	testHookRefreshChunk = func() {
+		chunks++
+		if chunks != 1 {
+			return
+		}
+		done := make(chan struct{})
+		go func() {
+			s.deliver([]Event{{Type: EventNew, Entry: late}})
+			close(done)
+		}()
+		select {
+		case <-done:
+			delivered = true
+		case <-time.After(10 * time.Second):
+		}
+	}
+	t.Cleanup(func() { testHookRefreshChunk = nil })
+	s.refresh()
+	if !delivered {
+		t.Fatal("an event waited for the whole refresh pass")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if chunks != 3 || s.flows[keyOf(&late)] == nil || s.pass != 1 {
+		t.Errorf("%d chunks, the event's flow known %v, pass %d: want 3, true, 1", chunks, s.flows[keyOf(&late)] != nil, s.pass)
+	}
+}
+
+// A state change of a flow whose replica B holds is written as an update
+// of it (Kernel.Update), not as a create that finds it exists.
+func TestSyncUpdatesKnownReplicas(t *testing.T) {
+	_, a, b := pair(t, nil)
+	e := flow(3700)
+	e.TCP.State = 2 // SYN_RECV
+	replicate(t, a, b, e)
+	e.TCP.State = tcpEstablished
+	a.k.emit(EventUpdate, e)
+	eventually(t, func() error {
+		if got, _ := b.k.get(e); got.TCP.State != tcpEstablished {
+			return fmt.Errorf("replica in state %d", got.TCP.State)
+		}
+		return nil
+	})
+	b.k.mu.Lock()
+	defer b.k.mu.Unlock()
+	if n := b.k.updated[keyOf(&e)]; n != 1 {
+		t.Errorf("%d updates of the replica, want 1 (the state change)", n)
 	}
 }

@@ -86,6 +86,9 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == statesyncClientCmd {
 		os.Exit(statesyncClientMain(os.Args[2:]))
 	}
+	if len(os.Args) > 1 && os.Args[1] == statesyncCtgenCmd {
+		os.Exit(statesyncCtgenMain(os.Args[2:]))
+	}
 	cfg, err := parseFlags(os.Args[1:])
 	if errors.Is(err, flag.ErrHelp) {
 		os.Exit(0)

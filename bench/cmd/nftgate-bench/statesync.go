@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -37,6 +38,9 @@ type StateSyncConfig struct {
 	Duration time.Duration
 	Workers  int
 	Runs     []string
+	// Modes are the load generators (ssTCP, ssNetlink), each run at each
+	// rate in each mode.
+	Modes []string
 	// OverflowRate, OverflowQueue and OverflowStop shape the overflow run:
 	// B is stopped (SIGSTOP) for OverflowStop in the middle of the load.
 	OverflowRate  int
@@ -59,6 +63,16 @@ const (
 
 var allStateSyncRuns = []string{ssSync, ssNoSync, ssOverflow}
 
+// The load modes: real TCP connections from the client namespace through
+// A (statesync-client), or the entries such connections make created in
+// A's kernel through netlink (statesync-ctgen).
+const (
+	ssTCP     = "tcp"
+	ssNetlink = "netlink"
+)
+
+var allStateSyncModes = []string{ssTCP, ssNetlink}
+
 // clientSources is how many source addresses the generator spreads over
 // (198.18.20.2 and the next ones): enough tuples that no client port is
 // reused while its gateway entry is in CLOSE (10 s).
@@ -71,6 +85,7 @@ func statesyncFlags(fs *flag.FlagSet, c *StateSyncConfig) func() error {
 	fs.DurationVar(&c.Duration, "statesync-duration", 10*time.Second, "state-sync phase: how long each rate runs")
 	fs.IntVar(&c.Workers, "statesync-workers", 256, "state-sync phase: generator goroutines")
 	runs := fs.String("statesync-runs", strings.Join(allStateSyncRuns, ","), "state-sync phase: the runs, of "+strings.Join(allStateSyncRuns, ", "))
+	modes := fs.String("statesync-modes", strings.Join(allStateSyncModes, ","), "state-sync phase: the load generators, of tcp (connections through A) and netlink (their entries created in A's kernel, no handshakes)")
 	fs.IntVar(&c.OverflowRate, "statesync-overflow-rate", 10000, "state-sync phase: the overflow run's target rate")
 	fs.IntVar(&c.OverflowQueue, "statesync-overflow-queue", 1024, "state-sync phase: the overflow run's sync_queue")
 	fs.DurationVar(&c.OverflowStop, "statesync-overflow-stop", time.Second, "state-sync phase: how long B is stopped (SIGSTOP) in the overflow run")
@@ -90,6 +105,12 @@ func statesyncFlags(fs *flag.FlagSet, c *StateSyncConfig) func() error {
 				return fmt.Errorf("--statesync-runs: %q: want some of %s", r, strings.Join(allStateSyncRuns, ", "))
 			}
 			c.Runs = append(c.Runs, r)
+		}
+		for _, m := range strings.Split(*modes, ",") {
+			if m = strings.TrimSpace(m); !slices.Contains(allStateSyncModes, m) {
+				return fmt.Errorf("--statesync-modes: %q: want some of %s", m, strings.Join(allStateSyncModes, ", "))
+			}
+			c.Modes = append(c.Modes, m)
 		}
 		switch {
 		case c.Duration < time.Second || c.Duration > 5*time.Minute:
@@ -112,6 +133,7 @@ func statesyncFlags(fs *flag.FlagSet, c *StateSyncConfig) func() error {
 // StateSyncRun is one load run.
 type StateSyncRun struct {
 	Name       string `json:"name"`
+	Mode       string `json:"mode"`
 	TargetRate int    `json:"target_rate"`
 	// Client is the generator's outcome; ClientCPUSeconds its CPU time.
 	Client           ConnStats `json:"client"`
@@ -190,23 +212,32 @@ func RunStateSync(cfg *Config, machine string) error {
 		}
 		err := statesyncGateways(cfg, o, func(topo *failover.Topology, srcs []netip.Addr, gs []*failover.Nftgate, a int) error {
 			for _, rate := range rates {
-				for _, i := range []int{a, 1 - a} {
-					if err := flushConntrack(topo.Gateways[i]); err != nil {
+				for _, mode := range c.Modes {
+					if mode == ssNetlink && rate == 0 {
+						// Its entries' reply tuples (F and a port per
+						// endpoint) last for 129,024 of them: about
+						// 12,000 a second for their 10 s.
+						logf("statesync %s %s at max: skipped (the netlink generator runs at target rates only)", name, mode)
+						continue
+					}
+					for _, i := range []int{a, 1 - a} {
+						if err := flushConntrack(topo.Gateways[i]); err != nil {
+							return err
+						}
+					}
+					if err := aloneHolds(topo, gs, a); err != nil {
 						return err
 					}
-				}
-				if err := aloneHolds(topo, gs, a); err != nil {
-					return err
-				}
-				logf("statesync %s at %d/s: load %.2f", name, rate, loadAvg())
-				run, err := statesyncRun(cfg, topo, gs, a, name, rate, srcs)
-				if err != nil {
-					return fmt.Errorf("%s at %d/s: %w", name, rate, err)
-				}
-				logf("statesync %s", run.Summary())
-				r.Runs = append(r.Runs, run)
-				if err := r.write(dir); err != nil {
-					return err
+					logf("statesync %s %s at %d/s: load %.2f", name, mode, rate, loadAvg())
+					run, err := statesyncRun(cfg, topo, gs, a, name, mode, rate, srcs)
+					if err != nil {
+						return fmt.Errorf("%s %s at %d/s: %w", name, mode, rate, err)
+					}
+					logf("statesync %s", run.Summary())
+					r.Runs = append(r.Runs, run)
+					if err := r.write(dir); err != nil {
+						return err
+					}
 				}
 			}
 			return nil
@@ -347,11 +378,11 @@ const peerDead = "gateways: peer dead"
 // the last connections belongs to the load.
 const cpuTail = 2 * time.Second
 
-func statesyncRun(cfg *Config, topo *failover.Topology, gs []*failover.Nftgate, a int, name string, rate int, srcs []netip.Addr) (run StateSyncRun, err error) {
+func statesyncRun(cfg *Config, topo *failover.Topology, gs []*failover.Nftgate, a int, name, mode string, rate int, srcs []netip.Addr) (run StateSyncRun, err error) {
 	c := &cfg.StateSync
 	b := 1 - a
 	ga, gb := gs[a], gs[b]
-	run = StateSyncRun{Name: name, TargetRate: rate, LoadAvg: [2]float64{loadAvg(), 0}}
+	run = StateSyncRun{Name: name, Mode: mode, TargetRate: rate, LoadAvg: [2]float64{loadAvg(), 0}}
 	svc := netip.AddrPortFrom(failover.ServiceAddr, failover.ServicePort)
 	w, err := watchSync(topo.Gateways[a], topo.Gateways[b], svc)
 	if err != nil {
@@ -371,8 +402,19 @@ func statesyncRun(cfg *Config, topo *failover.Topology, gs []*failover.Nftgate, 
 	if err := errors.Join(errA, errB); err != nil {
 		return run, err
 	}
-	cmd, err := clientCommand(context.Background(), topo.Client, statesyncClientCmd, svc, srcs,
-		"-rate", strconv.Itoa(rate), "-workers", strconv.Itoa(c.Workers), "-duration", c.Duration.String())
+	var cmd *exec.Cmd
+	if mode == ssNetlink {
+		eps := make([]string, len(failover.Endpoints))
+		for i, e := range failover.Endpoints {
+			eps[i] = netip.AddrPortFrom(e, failover.EndpointPort).String()
+		}
+		cmd, err = clientCommand(context.Background(), topo.Gateways[a], statesyncCtgenCmd, svc, srcs,
+			"-rate", strconv.Itoa(rate), "-duration", c.Duration.String(),
+			"-endpoints", strings.Join(eps, ","), "-masquerade", failover.Floating.String())
+	} else {
+		cmd, err = clientCommand(context.Background(), topo.Client, statesyncClientCmd, svc, srcs,
+			"-rate", strconv.Itoa(rate), "-workers", strconv.Itoa(c.Workers), "-duration", c.Duration.String())
+	}
 	if err != nil {
 		return run, err
 	}
@@ -385,7 +427,7 @@ func statesyncRun(cfg *Config, topo *failover.Topology, gs []*failover.Nftgate, 
 	var profiles sync.WaitGroup
 	if c.Profile != "" && name == ssSync {
 		for _, g := range []*failover.Nftgate{ga, gb} {
-			path := filepath.Join(c.Profile, fmt.Sprintf("%s-%d-%s.pprof", name, rate, g.Host))
+			path := filepath.Join(c.Profile, fmt.Sprintf("%s-%s-%d-%s.pprof", name, mode, rate, g.Host))
 			profiles.Go(func() {
 				if err := fetchProfile(g, c.Duration, path); err != nil {
 					logf("profile of %s: %v", g.Host, err)
@@ -440,6 +482,9 @@ func statesyncRun(cfg *Config, topo *failover.Topology, gs []*failover.Nftgate, 
 			return run, err
 		}
 		run.Sync = syncDelta(before, after)
+	}
+	if err := w.endTables(); err != nil {
+		logf("statesync %s %s at %d/s: creation times: %v", name, mode, rate, err)
 	}
 	run.Lag = w.result(syncOn)
 	run.PeerDead = [2]int{strings.Count(ga.Logs(), peerDead) - deadA0, strings.Count(gb.Logs(), peerDead) - deadB0}
@@ -519,9 +564,9 @@ func syncDelta(r0, r1 syncReading) SyncCounters {
 
 // Summary is one line for the log.
 func (r StateSyncRun) Summary() string {
-	return fmt.Sprintf("%s at %d/s: %.0f/s achieved (%d failed), %d flows on A, %d never on B; lag p50 %.1f p99 %.1f max %.1f ms; CPU A %.2f s B %.2f s; lost %d, resyncs %d, refreshes %d, peer dead %v, alive %v, held %v",
-		r.Name, r.TargetRate, r.Client.PerSecond, r.Client.Failed, r.Lag.FlowsA, r.Lag.NeverOnB, r.Lag.P50Ms, r.Lag.P99Ms, r.Lag.MaxMs,
-		r.CPUSecondsA, r.CPUSecondsB, r.Sync.Lost, r.Sync.ResyncsSent, r.Sync.Refreshes, r.PeerDead, r.Alive, r.Held)
+	return fmt.Sprintf("%s %s at %d/s: %.0f/s achieved (%d failed), %d flows on A, %d never on B; lag (kernel) p50 %.1f p99 %.1f max %.1f ms, as the listeners saw it p99 %.1f ms, read delay p99 A %.1f B %.1f ms; CPU A %.2f s B %.2f s; lost %d, resyncs %d, refreshes %d, peer dead %v, alive %v, held %v",
+		r.Name, r.Mode, r.TargetRate, r.Client.PerSecond, r.Client.Failed, r.Lag.FlowsA, r.Lag.NeverOnB, r.Lag.Kernel.P50Ms, r.Lag.Kernel.P99Ms, r.Lag.Kernel.MaxMs,
+		r.Lag.Listener.P99Ms, r.Lag.ReadDelayA.P99Ms, r.Lag.ReadDelayB.P99Ms, r.CPUSecondsA, r.CPUSecondsB, r.Sync.Lost, r.Sync.ResyncsSent, r.Sync.Refreshes, r.PeerDead, r.Alive, r.Held)
 }
 
 func (r *StateSyncReport) write(dir string) error {
@@ -530,13 +575,13 @@ func (r *StateSyncReport) write(dir string) error {
 
 func (r *StateSyncReport) markdown() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "# State sync under load: short TCP connections through gateway A, time until B holds each entry\n\n")
-	fmt.Fprintf(&b, "%s, %s. The failover harness's active/backup pair (`internal/testing/failover`); a generator in the client namespace (%d goroutines, %d source addresses) opens connections to the Service through A at a target rate for %.0f s each: connect, a line and its echo, close with SO_LINGER 0. ",
-		r.Started.Format("2006-01-02 15:04 UTC"), r.Machine, r.Workers, clientSources, r.Duration)
-	b.WriteString("Lag: from the NEW event of the flow in A's kernel to the NEW event of its replica (mark bit 31) in B's, both read by conntrack event listeners in this process, matched by original tuple; \"never\": A's flows with no replica on B 10 s after the load. ")
-	b.WriteString("nftgate's own lag metric (`nftgate_statesync_lag_seconds`, from the oldest event of a batch to B's ack of its write, bucket upper bounds) beside it. CPU: nftgate's utime+stime on A and B over the load and 2 s after it, per 1,000 connections completed.\n\n")
-	b.WriteString("| run | target /s | achieved /s (failed) | flows on A | never on B | lag p50 / p90 / p99 / max (ms) | metric p50 / p99 (ms) | CPU A / B (s) | CPU A / B per 1,000 conns (ms) | generator CPU (s) | lost / resyncs / refreshes | peer taken for dead by A / B | refused by B | B held all after | alive | load avg before / after |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "# State sync under load: new flows through gateway A, time until B holds each entry\n\n")
+	fmt.Fprintf(&b, "%s, %s. The failover harness's active/backup pair (`internal/testing/failover`), %.0f s of load at each target rate, in two modes. **tcp**: a generator in the client namespace (%d goroutines, %d source addresses) opens connections to the Service through A: connect, a line and its echo, close with SO_LINGER 0. **netlink**: a generator in A's namespace creates, through conntrack netlink, the entries such connections make (client → Service, DNAT to an endpoint, masquerade to F, ESTABLISHED, 10 s): A's kernel emits the same NEW event, without the handshakes that saturate this machine first; it is the sync pipeline at the target rate. ",
+		r.Started.Format("2006-01-02 15:04 UTC"), r.Machine, r.Duration, r.Workers, clientSources)
+	b.WriteString("Lag: from A's kernel creating the flow's entry to B's kernel creating its replica (mark bit 31), from the kernels' own creation times (nf_conntrack_timestamp, read from the DESTROY events of the flush that ends each run), matched by original tuple; \"never\": A's flows with no replica on B 10 s after the load. Beside it the same lag as conntrack event listeners in the bench process saw it (NEW on A to NEW on B), and how late those listeners read the NEW events after the kernel made the entries (p99, A / B): what an event-timed bench adds when it falls behind. ")
+	b.WriteString("nftgate's own lag metric (`nftgate_statesync_lag_seconds`, from the oldest event of a batch to B's ack of its write, bucket upper bounds). CPU: nftgate's utime+stime on A and B over the load and 2 s after it, per 1,000 flows made.\n\n")
+	b.WriteString("| run | mode | target /s | achieved /s (failed) | flows on A | never on B | lag p50 / p90 / p99 / max (ms) | listeners' lag p99 (ms) | listeners late p99 A / B (ms) | metric p50 / p99 (ms) | CPU A / B (s) | CPU A / B per 1,000 flows (ms) | generator CPU (s) | lost / resyncs / refreshes | peer taken for dead by A / B | refused by B | B held all after | alive | load avg before / after |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, run := range r.Runs {
 		target := strconv.Itoa(run.TargetRate)
 		if run.TargetRate == 0 {
@@ -552,10 +597,15 @@ func (r *StateSyncReport) markdown() string {
 			}
 			return fmt.Sprintf("%.1f", s*1000*1000/float64(run.Client.Exchanges))
 		}
-		lag, never, metric, lost, held, refused := "–", "–", "–", "–", "–", "–"
+		lag, listener, late, never, metric, lost, held, refused := "–", "–", "–", "–", "–", "–", "–", "–"
 		if run.Name != ssNoSync {
 			l := run.Lag
-			lag = fmt.Sprintf("%.1f / %.1f / %.1f / %.1f", l.P50Ms, l.P90Ms, l.P99Ms, l.MaxMs)
+			lag = l.Kernel.String()
+			if l.KernelFlows < l.SeenB {
+				lag += fmt.Sprintf(" (of %d)", l.KernelFlows)
+			}
+			listener = fmt.Sprintf("%.1f", l.Listener.P99Ms)
+			late = fmt.Sprintf("%.1f / %.1f", l.ReadDelayA.P99Ms, l.ReadDelayB.P99Ms)
 			never = fmt.Sprintf("%d (%.3f%%)", l.NeverOnB, 100*l.NeverFraction)
 			metric = fmt.Sprintf("≤ %s / ≤ %s", bucketMs(run.Sync.LagP50Ms), bucketMs(run.Sync.LagP99Ms))
 			lost = fmt.Sprintf("%d / %d / %d", run.Sync.Lost, run.Sync.ResyncsSent, run.Sync.Refreshes)
@@ -565,8 +615,8 @@ func (r *StateSyncReport) markdown() string {
 				held = fmt.Sprintf("yes, %.1f s (%d entries; %d missing at first)", run.HeldAfter, run.HeldEntries, run.HeldMissingFirst)
 			}
 		}
-		fmt.Fprintf(&b, "| %s | %s | %.0f (%d) | %d | %s | %s | %s | %.2f / %.2f | %s / %s | %.2f | %s | %d / %d | %s | %s | %v | %.2f / %.2f |\n",
-			name, target, run.Client.PerSecond, run.Client.Failed, run.Lag.FlowsA, never, lag, metric,
+		fmt.Fprintf(&b, "| %s | %s | %s | %.0f (%d) | %d | %s | %s | %s | %s | %s | %.2f / %.2f | %s / %s | %.2f | %s | %d / %d | %s | %s | %v | %.2f / %.2f |\n",
+			name, run.Mode, target, run.Client.PerSecond, run.Client.Failed, run.Lag.FlowsA, never, lag, listener, late, metric,
 			run.CPUSecondsA, run.CPUSecondsB, per(run.CPUSecondsA), per(run.CPUSecondsB), run.ClientCPUSeconds, lost,
 			run.PeerDead[0], run.PeerDead[1], refused, held, run.Alive, run.LoadAvg[0], run.LoadAvg[1])
 	}
@@ -574,17 +624,17 @@ func (r *StateSyncReport) markdown() string {
 	if r.DeadAfter != 0 {
 		fmt.Fprintf(&b, "\nThe sync and nosync runs with dead_after = %d.\n", r.DeadAfter)
 	}
-	b.WriteString("\nLongest lag of the flows A created in each half second (ms):\n")
+	b.WriteString("\nLongest lag (kernel) of the flows A created in each half second (ms):\n")
 	for _, run := range r.Runs {
 		if len(run.Lag.MaxBy500ms) > 0 {
-			fmt.Fprintf(&b, "\n- %s at %d/s: %v", run.Name, run.TargetRate, run.Lag.MaxBy500ms)
+			fmt.Fprintf(&b, "\n- %s %s at %d/s: %v", run.Name, run.Mode, run.TargetRate, run.Lag.MaxBy500ms)
 		}
 	}
 	b.WriteString("\n")
 	for _, run := range r.Runs {
 		if len(run.Lag.ListenerErrors) > 0 || run.Lag.OnlyB > 0 || run.Lag.ReusedA > 0 || len(run.Sync.Refused) > 0 || run.Client.LastError != "" {
-			fmt.Fprintf(&b, "\n- %s at %d/s: listener errors %q, replicas without A's event %d, tuples reused %d, refused %v, generator's last error %q",
-				run.Name, run.TargetRate, run.Lag.ListenerErrors, run.Lag.OnlyB, run.Lag.ReusedA, run.Sync.Refused, run.Client.LastError)
+			fmt.Fprintf(&b, "\n- %s %s at %d/s: listener errors %q, replicas without A's event %d, tuples reused %d, refused %v, generator's last error %q",
+				run.Name, run.Mode, run.TargetRate, run.Lag.ListenerErrors, run.Lag.OnlyB, run.Lag.ReusedA, run.Sync.Refused, run.Client.LastError)
 		}
 	}
 	b.WriteString("\n")

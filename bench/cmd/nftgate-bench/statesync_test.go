@@ -2,12 +2,15 @@ package main
 
 import (
 	"math"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nftgate/nftgate/statesync"
 )
 
 func TestParseFlagsStateSync(t *testing.T) {
@@ -20,7 +23,7 @@ func TestParseFlagsStateSync(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c := cfg.StateSync; !c.On || !c.Only || !slices.Equal(c.Rates, []int{1000, 0}) || c.Duration != 10*time.Second ||
-		!slices.Equal(c.Runs, allStateSyncRuns) || c.OverflowQueue != 1024 {
+		!slices.Equal(c.Runs, allStateSyncRuns) || !slices.Equal(c.Modes, allStateSyncModes) || c.OverflowQueue != 1024 {
 		t.Errorf("--statesync-load-only: %+v", c)
 	}
 	bins := []string{"--nftgate", bin, "--kube-proxy", bin}
@@ -30,6 +33,7 @@ func TestParseFlagsStateSync(t *testing.T) {
 	}{
 		{[]string{"--statesync-load", "--statesync-rates", "1000,fast"}, `--statesync-rates: "fast"`},
 		{[]string{"--statesync-load", "--statesync-runs", "sync,conntrackd"}, `--statesync-runs: "conntrackd"`},
+		{[]string{"--statesync-load", "--statesync-modes", "tcp,udp"}, `--statesync-modes: "udp"`},
 		{[]string{"--statesync-load", "--statesync-overflow-queue", "100"}, "--statesync-overflow-queue: 100"},
 		{[]string{"--statesync-load", "--statesync-overflow-stop", "10s"}, "--statesync-overflow-stop: 10s"},
 		{[]string{"--statesync-load", "--statesync-dead-after", "1"}, "--statesync-dead-after: 1"},
@@ -66,5 +70,25 @@ func TestLagBucketsQuantile(t *testing.T) {
 	}
 	if got := (lagBuckets{}).quantile(0.5); got != 0 {
 		t.Errorf("no batches: %v, want 0", got)
+	}
+}
+
+// The netlink generator's entries have distinct original and reply
+// tuples for as many as its highest rate makes in their 10 s.
+func TestCtgenEntriesDistinct(t *testing.T) {
+	svc := netip.MustParseAddrPort("198.18.20.100:80")
+	srcs := []netip.Addr{netip.MustParseAddr("198.18.20.2"), netip.MustParseAddr("198.18.20.3")}
+	eps := []netip.AddrPort{netip.MustParseAddrPort("198.18.21.50:8080"), netip.MustParseAddrPort("198.18.21.51:8080")}
+	masq := netip.MustParseAddr("198.18.21.100")
+	orig, reply := map[statesync.Tuple]bool{}, map[statesync.Tuple]bool{}
+	for n := range 12000 * ctgenTimeout {
+		e := ctgenEntry(n, svc, srcs, eps, masq)
+		if orig[e.Orig] || reply[e.Reply] {
+			t.Fatalf("entry %d: %+v repeats a tuple", n, e)
+		}
+		orig[e.Orig], reply[e.Reply] = true, true
+		if e.Orig.Dst != svc || e.Reply.Dst.Addr() != masq {
+			t.Fatalf("entry %d: %+v", n, e)
+		}
 	}
 }
