@@ -46,24 +46,12 @@ func benchSlice(i int, port int32) *discoveryv1.EndpointSlice {
 func BenchmarkEndpointChange(b *testing.B) {
 	for _, n := range []int{1_000, 100_000} {
 		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
-			tr := NewTracker()
-			for i := range n {
-				svc := service(fmt.Sprintf("s%d", i), "http")
-				svc.Spec.ClusterIP = fmt.Sprintf("10.%d.%d.%d", 96+i/62500, i/250%250, i%250+1)
-				tr.SetService(svc)
-				tr.SetSlice(benchSlice(i, 8080))
-			}
-			tr.SetSynced()
+			s := benchSyncer(b, n)
+			tr := s.Tracker
 			events := 0
-			s := &Syncer{Tracker: tr, Programmer: nopProgrammer{}, Log: slog.New(slog.DiscardHandler),
-				Observers: []func(Event){func(ev Event) { events += ev.Changed }},
-				Touched:   func([]model.ServiceKey) {}}
-			s.reset()
-			if err := s.full(s.Log, ""); err != nil {
-				b.Fatal(err)
-			}
+			s.Observers = []func(Event){func(ev Event) { events += ev.Changed }}
+			s.Touched = func([]model.ServiceKey) {}
 			slices := [2]*discoveryv1.EndpointSlice{benchSlice(n/2, 8080), benchSlice(n/2, 8081)}
-			events = 0
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := range b.N {
