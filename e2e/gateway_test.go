@@ -331,10 +331,16 @@ func TestMalformedManifest(t *testing.T) {
 	if err := awaitBackend(t, topo.Client, ap("198.19.0.10:80"), "198.18.2.11:8080", 5*time.Second); err != nil {
 		t.Fatalf("a good change did not apply next to broken manifests: %v", err)
 	}
-	logs := g.Logs()
+	// Each file is read on its own: a known file renamed over at once, a
+	// new one once it settles, so the good change may come first.
 	for _, want := range []string{"broken.yaml", "198.19.0.300", "spec.clusterIPs[0]"} {
-		if !strings.Contains(logs, want) {
-			t.Errorf("logs do not name %q:\n%s", want, logs)
+		if err := lab.EventuallyWithin(5*time.Second, func() error {
+			if logs := g.Logs(); !strings.Contains(logs, want) {
+				return fmt.Errorf("logs do not name %q:\n%s", want, logs)
+			}
+			return nil
+		}); err != nil {
+			t.Error(err)
 		}
 	}
 	// The bad Service keeps its last good state.
