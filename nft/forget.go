@@ -1,7 +1,6 @@
 package nft
 
 import (
-	"maps"
 	"net/netip"
 	"slices"
 	"sync/atomic"
@@ -170,15 +169,25 @@ func removedTraffic(programmed, changes map[model.ServiceKey]*model.Service) []t
 			out = trafficKeysOf(old, out)
 			continue
 		}
-		kept := dests(svc)
-		if maps.Equal(kept, dests(old)) {
+		if sameDests(old, svc) {
 			continue // an endpoint change, the usual one: nothing removed
 		}
+		kept := dests(svc)
 		n := len(out)
 		out = trafficKeysOf(old, out)
-		out = append(out[:n], slices.DeleteFunc(out[n:], func(t trafficKey) bool { return kept[destKey{t.proto, t.dest}] })...)
+		removed := slices.DeleteFunc(out[n:], func(t trafficKey) bool { return kept[destKey{t.proto, t.dest}] })
+		out = out[:n+len(removed)]
 	}
 	return out
+}
+
+// sameDests tells, without allocating (it runs for every changed Service
+// of every sync), whether a and b have the same addresses and ports, in
+// the same order.
+func sameDests(a, b *model.Service) bool {
+	return slices.Equal(a.ClusterIPs, b.ClusterIPs) && slices.Equal(a.ExternalIPs, b.ExternalIPs) &&
+		slices.Equal(a.LoadBalancerIPs, b.LoadBalancerIPs) &&
+		slices.EqualFunc(a.Ports, b.Ports, func(p, q model.ServicePort) bool { return p.Protocol == q.Protocol && p.Port == q.Port })
 }
 
 // dests are the destinations of a Service's ports.

@@ -210,3 +210,32 @@ func TestTrafficReusedBetweenReadings(t *testing.T) {
 		})
 	}
 }
+
+// removedTraffic: an endpoint change removes nothing; a deleted Service
+// removes its every destination to each endpoint, both ways; a Service
+// that loses an address removes that address's only.
+func TestRemovedTraffic(t *testing.T) {
+	dest := netip.MustParseAddrPort("10.96.0.10:80")
+	ep := netip.MustParseAddrPort("10.0.0.1:8080")
+	a := trafficSvc("a", dest, ep)
+	a.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr("198.19.1.1")}
+	moved := trafficSvc("a", dest, netip.MustParseAddrPort("10.0.0.2:8080"))
+	moved.LoadBalancerIPs = a.LoadBalancerIPs
+	noLB := trafficSvc("a", dest, ep)
+	programmed := map[model.ServiceKey]*model.Service{a.Key: a}
+	for _, tc := range []struct {
+		name string
+		to   *model.Service
+		want int
+	}{{"endpoint moved", moved, 0}, {"deleted", nil, 4}, {"load-balancer address gone", noLB, 2}} {
+		got := removedTraffic(programmed, map[model.ServiceKey]*model.Service{a.Key: tc.to})
+		if len(got) != tc.want {
+			t.Errorf("%s: %d elements removed, want %d: %v", tc.name, len(got), tc.want, got)
+		}
+		for _, k := range got {
+			if tc.to == noLB && k.dest.Addr() != a.LoadBalancerIPs[0] {
+				t.Errorf("%s: removed %v, which the Service still has", tc.name, k)
+			}
+		}
+	}
+}
