@@ -49,19 +49,22 @@ func TestGatewaysActiveActiveRouteWaitsForReady(t *testing.T) {
 	// While gw1 is not ready, BIRD has no Service route through it.
 	notReady := 0
 	for {
-		ready, err := gatewayReady(s, 0)
+		// The routes are read before the readiness: gw1 marks itself ready
+		// before it announces, so a route through it seen here, followed by
+		// a readiness that is still false, was announced while it was not
+		// ready. (Read the other way round, the timeout can pass between
+		// the two reads and the route be rightly there.)
+		got, err := s.announcers(setVIP)
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, err := s.announcers(setVIP)
+		ready, err := gatewayReady(s, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if ready {
 			break
 		}
-		// Read after the readiness: a route seen now was announced while
-		// gw1 was not ready.
 		if slices.Contains(got, "gw1") {
 			t.Fatalf("BIRD has the Service route from %v while gw1 is not ready (%v after its return)", got, time.Since(returned).Round(time.Millisecond))
 		}
