@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"net/netip"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -80,9 +81,43 @@ type ServiceObject struct {
 	hasProxyName bool
 	// skip is why the Service is never proxied, whatever the options.
 	skip string
-	// base is the model without endpoints; nil when skip or err is set.
+	// base is the model without endpoints of a Service that has more
+	// than plain holds; nil otherwise, and when skip or err is set.
 	base *Service
-	err  error
+	// plain is the model without endpoints of a Service that has
+	// nothing plainBase leaves out, as most have: the full model kept for
+	// each Service was as large as the model built from it.
+	plain plainBase
+	err   error
+}
+
+// plainBase is the part of a Service's model most Services have; the
+// others are kept whole.
+type plainBase struct {
+	typ                          string
+	created                      time.Time
+	clusterIPs                   []netip.Addr
+	ports                        []ServicePort
+	ipv4, ipv6                   bool
+	externalLocal, internalLocal bool
+	ok                           bool // the Service is kept in this form
+}
+
+// plainOf returns s in its plain form; ok is false when s has anything
+// the plain form leaves out.
+func plainOf(s *Service) (p plainBase, ok bool) {
+	p = plainBase{typ: s.Type, created: s.Created, clusterIPs: s.ClusterIPs, ports: s.Ports,
+		ipv4: s.IPv4, ipv6: s.IPv6, externalLocal: s.ExternalLocal, internalLocal: s.InternalLocal, ok: true}
+	rest := *s
+	rest.Key, rest.Type, rest.Created, rest.ClusterIPs, rest.Ports = ServiceKey{}, "", time.Time{}, nil, nil
+	rest.IPv4, rest.IPv6, rest.ExternalLocal, rest.InternalLocal = false, false, false, false
+	return p, reflect.ValueOf(rest).IsZero() // every other field, those added later too
+}
+
+// service is the model without endpoints.
+func (p *plainBase) service(key ServiceKey) Service {
+	return Service{Key: key, Type: p.typ, Created: p.created, ClusterIPs: p.clusterIPs, Ports: p.ports,
+		IPv4: p.ipv4, IPv6: p.ipv6, ExternalLocal: p.externalLocal, InternalLocal: p.internalLocal}
 }
 
 // NewServiceObject converts a Service object. It never fails: an invalid
@@ -103,6 +138,11 @@ func NewServiceObject(svc *corev1.Service) *ServiceObject {
 		o.skip = "headless (clusterIP None)"
 	default:
 		o.base, o.err = serviceBase(svc, o.Key)
+		if o.base != nil {
+			if p, ok := plainOf(o.base); ok {
+				o.base, o.plain = nil, p
+			}
+		}
 	}
 	return o
 }
@@ -296,12 +336,16 @@ func Build(o *ServiceObject, sliceList []*SliceObject, opts Options) (*Service, 
 	if o.err != nil {
 		return nil, o.err
 	}
-	if o.base == nil {
+	s := new(Service)
+	switch {
+	case o.base != nil:
+		*s = *o.base // its slices are shared, and never modified
+	case o.plain.ok:
+		*s = o.plain.service(o.Key)
+	default:
 		return nil, fmt.Errorf("service %s: %s", o.Key, o.skip)
 	}
-	s := new(Service)
-	*s = *o.base // its slices are shared, and never modified
-	s.Ports = slices.Clone(o.base.Ports)
+	s.Ports = slices.Clone(s.Ports)
 	if opts.ExternalOnly {
 		s.ClusterIPs = nil
 	}
