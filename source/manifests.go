@@ -111,7 +111,7 @@ type ManifestSource struct {
 	shadowed map[objectKey]string
 	// staged: the sink is a ServiceStage, Services are kept in API form.
 	staged bool
-	// unmerged is set when lastGood changed since current was made.
+	// unmerged is set when lastGood changed since the last merge.
 	unmerged bool
 	// reads counts the files read, for tests.
 	reads int
