@@ -28,9 +28,10 @@ type Tracker struct {
 	// a megabyte. sliceOwner tells under which Service a slice is listed:
 	// a slice change or deletion finds its entry without a walk over every
 	// Service, which at ten thousand Services made the first sync
-	// quadratic.
+	// quadratic. It holds the slice itself, whose Service is the owner:
+	// a pointer is a smaller entry than a second key.
 	services   map[model.ServiceKey]tracked
-	sliceOwner map[sliceKey]model.ServiceKey
+	sliceOwner map[sliceKey]*model.SliceObject
 	dirty      map[model.ServiceKey]struct{}
 	// triggers are the last-change-trigger-time annotations of the
 	// EndpointSlice changes not synced yet: when the change that led to
@@ -47,7 +48,7 @@ type Tracker struct {
 func NewTracker() *Tracker {
 	return &Tracker{
 		services:   map[model.ServiceKey]tracked{},
-		sliceOwner: map[sliceKey]model.ServiceKey{},
+		sliceOwner: map[sliceKey]*model.SliceObject{},
 		dirty:      map[model.ServiceKey]struct{}{},
 		changed:    make(chan struct{}, 1),
 	}
@@ -111,13 +112,13 @@ func (t *Tracker) SetSliceObject(sl *model.SliceObject) {
 	k, ok, trigger := sl.Service, sl.HasService, sl.Trigger
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if old, found := t.sliceOwner[sk]; found && (!ok || old != k) {
-		t.removeSliceLocked(old, sk)
+	if old, found := t.sliceOwner[sk]; found && (!ok || old.Service != k) {
+		t.removeSliceLocked(old.Service, sk)
 	}
 	if !ok {
 		return
 	}
-	t.sliceOwner[sk] = k
+	t.sliceOwner[sk] = sl
 	e := t.services[k]
 	i := slices.IndexFunc(e.slices, func(o *model.SliceObject) bool { return o.Name == sl.Name })
 	if i >= 0 {
@@ -149,8 +150,8 @@ func (t *Tracker) DeleteSlice(namespace, name string) {
 	sk := sliceKey{namespace, name}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if k, ok := t.sliceOwner[sk]; ok {
-		t.removeSliceLocked(k, sk)
+	if old, ok := t.sliceOwner[sk]; ok {
+		t.removeSliceLocked(old.Service, sk)
 	}
 }
 

@@ -69,3 +69,27 @@ func TestMemoryLimitRoomGrowsWithLiveData(t *testing.T) {
 	}
 	runtime.KeepAlive(keep)
 }
+
+// TestMemoryLimitRaisedWithinHalfTheRoom checks that the limit is raised
+// after a partial sync once the live data comes within half the room of it
+// (the first status rows, made after the first full sync, do so), not only
+// once the collector is about to run without pause under it.
+func TestMemoryLimitRaisedWithinHalfTheRoom(t *testing.T) {
+	t.Setenv("GOMEMLIMIT", "")
+	defer debug.SetMemoryLimit(math.MaxInt64)
+	keep := make([]byte, 2*minHeadroom*headroomDivisor)
+	m := New(1<<20, slog.New(slog.DiscardHandler))
+	m.BeforeFull()
+	m.Synced(true)
+	before := debug.SetMemoryLimit(-1)
+	r := room(liveHeap())
+	more := make([]byte, r*5/8) // more than half the room, with room to spare
+	runtime.GC()
+	m.Synced(false)
+	after := debug.SetMemoryLimit(-1)
+	if live := liveHeap(); after < live+room(live)*9/10 {
+		t.Errorf("limit after the live data grew by %d: %d (was %d), want about %d live bytes + %d", len(more), after, before, live, room(live))
+	}
+	runtime.KeepAlive(keep)
+	runtime.KeepAlive(more)
+}

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"net/netip"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -80,15 +81,49 @@ type ServiceObject struct {
 	hasProxyName bool
 	// skip is why the Service is never proxied, whatever the options.
 	skip string
-	// base is the model without endpoints; nil when skip or err is set.
+	// base is the model without endpoints of a Service that has more
+	// than plain holds; nil otherwise, and when skip or err is set.
 	base *Service
-	err  error
+	// plain is the model without endpoints of a Service that has
+	// nothing plainBase leaves out, as most have: the full model kept for
+	// each Service was as large as the model built from it.
+	plain plainBase
+	err   error
+}
+
+// plainBase is the part of a Service's model most Services have; the
+// others are kept whole.
+type plainBase struct {
+	typ                          string
+	created                      time.Time
+	clusterIPs                   []netip.Addr
+	ports                        []ServicePort
+	ipv4, ipv6                   bool
+	externalLocal, internalLocal bool
+	ok                           bool // the Service is kept in this form
+}
+
+// plainOf returns s in its plain form; ok is false when s has anything
+// the plain form leaves out.
+func plainOf(s *Service) (p plainBase, ok bool) {
+	p = plainBase{typ: s.Type, created: s.Created, clusterIPs: s.ClusterIPs, ports: s.Ports,
+		ipv4: s.IPv4, ipv6: s.IPv6, externalLocal: s.ExternalLocal, internalLocal: s.InternalLocal, ok: true}
+	rest := *s
+	rest.Key, rest.Type, rest.Created, rest.ClusterIPs, rest.Ports = ServiceKey{}, "", time.Time{}, nil, nil
+	rest.IPv4, rest.IPv6, rest.ExternalLocal, rest.InternalLocal = false, false, false, false
+	return p, reflect.ValueOf(rest).IsZero() // every other field, those added later too
+}
+
+// service is the model without endpoints.
+func (p *plainBase) service(key ServiceKey) Service {
+	return Service{Key: key, Type: p.typ, Created: p.created, ClusterIPs: p.clusterIPs, Ports: p.ports,
+		IPv4: p.ipv4, IPv6: p.ipv6, ExternalLocal: p.externalLocal, InternalLocal: p.internalLocal}
 }
 
 // NewServiceObject converts a Service object. It never fails: an invalid
 // Service keeps its error, for Build to report.
 func NewServiceObject(svc *corev1.Service) *ServiceObject {
-	o := &ServiceObject{Key: ServiceKey{Namespace: svc.Namespace, Name: svc.Name}}
+	o := &ServiceObject{Key: ServiceKey{Namespace: intern(svc.Namespace), Name: svc.Name}}
 	if o.Key.Namespace == "" {
 		o.Key.Namespace = "default"
 	}
@@ -103,6 +138,11 @@ func NewServiceObject(svc *corev1.Service) *ServiceObject {
 		o.skip = "headless (clusterIP None)"
 	default:
 		o.base, o.err = serviceBase(svc, o.Key)
+		if o.base != nil {
+			if p, ok := plainOf(o.base); ok {
+				o.base, o.plain = nil, p
+			}
+		}
 	}
 	return o
 }
@@ -135,7 +175,7 @@ func serviceBase(svc *corev1.Service, key ServiceKey) (*Service, error) {
 	}
 	s := &Service{
 		Key:                 key,
-		Type:                string(svc.Spec.Type),
+		Type:                intern(string(svc.Spec.Type)),
 		Created:             svc.CreationTimestamp.Time,
 		ExternalLocal:       svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal,
 		InternalLocal:       svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal,
@@ -223,7 +263,7 @@ func serviceBase(svc *corev1.Service, key ServiceKey) (*Service, error) {
 		if p.NodePort < 0 || p.NodePort > 65535 {
 			return nil, errf("spec.ports[%d].nodePort: %d is not a port", i, p.NodePort)
 		}
-		sp := ServicePort{Name: p.Name, Protocol: proto, Port: uint16(p.Port)}
+		sp := ServicePort{Name: intern(p.Name), Protocol: proto, Port: uint16(p.Port)}
 		if s.Type != string(corev1.ServiceTypeClusterIP) {
 			sp.NodePort = uint16(p.NodePort)
 		}
@@ -296,12 +336,16 @@ func Build(o *ServiceObject, sliceList []*SliceObject, opts Options) (*Service, 
 	if o.err != nil {
 		return nil, o.err
 	}
-	if o.base == nil {
+	s := new(Service)
+	switch {
+	case o.base != nil:
+		*s = *o.base // its slices are shared, and never modified
+	case o.plain.ok:
+		*s = o.plain.service(o.Key)
+	default:
 		return nil, fmt.Errorf("service %s: %s", o.Key, o.skip)
 	}
-	s := new(Service)
-	*s = *o.base // its slices are shared, and never modified
-	s.Ports = slices.Clone(o.base.Ports)
+	s.Ports = slices.Clone(s.Ports)
 	if opts.ExternalOnly {
 		s.ClusterIPs = nil
 	}
@@ -430,11 +474,11 @@ type SliceObject struct {
 	// kubernetes.io/service-name label; HasService is false without one.
 	Service    ServiceKey
 	HasService bool
+	fqdn       bool // addressType FQDN: not proxied
 	// Trigger is the slice's last-change-trigger-time annotation: when
 	// the change that led to it happened; zero when unknown.
 	Trigger time.Time
 
-	fqdn  bool        // addressType FQDN: not proxied
 	ports []slicePort // the ports with a number
 	// endpoints are the slice's endpoints, each address once, in address
 	// order. With one port (as most slices have) their Port is set, and a
@@ -468,13 +512,13 @@ func SliceService(sl *discoveryv1.EndpointSlice) (ServiceKey, bool) {
 	if !ok || name == "" {
 		return ServiceKey{}, false
 	}
-	return ServiceKey{Namespace: sl.Namespace, Name: name}, true
+	return ServiceKey{Namespace: intern(sl.Namespace), Name: name}, true
 }
 
 // NewSliceObject converts an EndpointSlice object. It never fails: an
 // invalid slice keeps its error, for Build to report for its Service.
 func NewSliceObject(sl *discoveryv1.EndpointSlice) *SliceObject {
-	o := &SliceObject{Namespace: sl.Namespace, Name: sl.Name}
+	o := &SliceObject{Namespace: intern(sl.Namespace), Name: sl.Name}
 	o.Service, o.HasService = SliceService(sl)
 	if ts, ok := sl.Annotations[corev1.EndpointsLastChangeTriggerTime]; ok {
 		if tt, err := time.Parse(time.RFC3339Nano, ts); err == nil {
@@ -511,7 +555,7 @@ func (o *SliceObject) read(sl *discoveryv1.EndpointSlice) error {
 		if *port.Port <= 0 || *port.Port > 65535 {
 			return fmt.Errorf("endpointslice %s: ports[%d].port: %d is not a port", sl.Name, pi, *port.Port)
 		}
-		o.ports = append(o.ports, slicePort{name: ptrString(port.Name), proto: proto, port: uint16(*port.Port)})
+		o.ports = append(o.ports, slicePort{name: intern(ptrString(port.Name)), proto: proto, port: uint16(*port.Port)})
 	}
 	o.endpoints = make([]Endpoint, 0, len(sl.Endpoints))
 	for ei, ep := range sl.Endpoints {
@@ -534,21 +578,19 @@ func (o *SliceObject) read(sl *discoveryv1.EndpointSlice) error {
 			e.Serving = *ep.Conditions.Serving
 		}
 		e.Terminating = ep.Conditions.Terminating != nil && *ep.Conditions.Terminating
-		// Node and zone names repeat across thousands of endpoints: one
-		// copy of each.
 		if ep.NodeName != nil {
-			e.NodeName = unique.Make(*ep.NodeName).Value()
+			e.NodeName = intern(*ep.NodeName)
 		}
 		if ep.Zone != nil {
-			e.Zone = unique.Make(*ep.Zone).Value()
+			e.Zone = intern(*ep.Zone)
 		}
 		if h := ep.Hints; h != nil && (len(h.ForZones) > 0 || len(h.ForNodes) > 0) {
 			e.Hints = &Hints{}
 			for _, z := range h.ForZones {
-				e.Hints.Zones = append(e.Hints.Zones, unique.Make(z.Name).Value())
+				e.Hints.Zones = append(e.Hints.Zones, intern(z.Name))
 			}
 			for _, n := range h.ForNodes {
-				e.Hints.Nodes = append(e.Hints.Nodes, unique.Make(n.Name).Value())
+				e.Hints.Nodes = append(e.Hints.Nodes, intern(n.Name))
 			}
 		}
 		if len(o.ports) == 1 {
@@ -561,6 +603,11 @@ func (o *SliceObject) read(sl *discoveryv1.EndpointSlice) error {
 	o.endpoints = sortUnique(o.endpoints)
 	return nil
 }
+
+// intern returns one copy of a string that repeats across thousands of
+// objects (namespaces, types, port, node and zone names): each object
+// decoded holds its own otherwise.
+func intern(s string) string { return unique.Make(s).Value() }
 
 func parseAddr(s string) (netip.Addr, error) {
 	a, err := netip.ParseAddr(s)

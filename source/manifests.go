@@ -10,6 +10,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -95,25 +96,28 @@ type ManifestSource struct {
 	// read is each file's content hash and error at its last read: an
 	// unchanged file is not decoded again on every rescan.
 	read map[string]fileRead
-	// files are the manifest files of the last full scan, in name order;
-	// current is every object in effect and the file it comes from.
-	files   []string
-	current map[objectKey]placed
+	// files are the manifest files of the last full scan, in name order.
+	files []string
+	// merged is each file's objects as the tracker last heard of them,
+	// and mergedFiles the files in effect then, in name order: what is in
+	// effect is worked out from them when it changes, not kept in an
+	// index of every object (at a hundred thousand Services an index by
+	// name cost 40 MB for as many objects as the tracker holds already).
+	// The lists are lastGood's own, shared.
+	merged      map[string][]any
+	mergedFiles []string
+	// shadowed names the file whose object is in effect for each object
+	// defined more than once (the later file wins); mostly empty.
+	shadowed map[objectKey]string
 	// staged: the sink is a ServiceStage, Services are kept in API form.
 	staged bool
-	// unmerged is set when lastGood changed since current was made.
+	// unmerged is set when lastGood changed since the last merge.
 	unmerged bool
 	// reads counts the files read, for tests.
 	reads int
 	// settleQuiet and settleMax replace the consts of those names when
 	// set (tests).
 	settleQuiet, settleMax time.Duration
-}
-
-// placed is an object in effect and the file it comes from.
-type placed struct {
-	obj  any
-	file string
 }
 
 type fileRead struct {
@@ -289,7 +293,6 @@ func (m *ManifestSource) scan(t Sink, log *slog.Logger) {
 	if m.lastGood == nil {
 		m.lastGood = map[string][]any{}
 		m.read = map[string]fileRead{}
-		m.current = map[objectKey]placed{}
 	}
 	files, err := ManifestFiles(m.Dir)
 	if err != nil {
@@ -348,25 +351,17 @@ func (m *ManifestSource) scan(t Sink, log *slog.Logger) {
 }
 
 // mergeLocked works out which objects are in effect from every file's last
-// good objects, and tells the tracker what changed.
+// good objects, and tells the tracker what changed since the last merge.
 func (m *ManifestSource) mergeLocked(t Sink, log *slog.Logger) {
-	next := make(map[objectKey]placed, len(m.current))
-	for _, f := range m.files {
-		for _, o := range m.lastGood[f] {
-			k := keyOf(o)
-			if prev, dup := next[k]; dup {
-				log.Warn("object defined twice; the later file wins", "object", k.kind+" "+k.namespace+"/"+k.name, "first", prev.file, "second", f)
-			}
-			next[k] = placed{o, f}
-		}
-	}
-	for k, p := range next {
-		if old, ok := m.current[k]; ok && reflect.DeepEqual(old.obj, p.obj) {
+	prev, _ := effective(m.mergedFiles, m.merged, nil)
+	next, shadowed := effective(m.files, m.lastGood, log)
+	for k, o := range next {
+		if old, ok := prev[k]; ok && reflect.DeepEqual(old, o) {
 			continue
 		}
-		setObject(t, p.obj)
+		setObject(t, o)
 	}
-	for k := range m.current {
+	for k := range prev {
 		if _, ok := next[k]; ok {
 			continue
 		}
@@ -377,17 +372,64 @@ func (m *ManifestSource) mergeLocked(t Sink, log *slog.Logger) {
 			t.DeleteSlice(k.namespace, k.name)
 		}
 	}
-	m.current = next
+	m.merged = maps.Clone(m.lastGood)
+	m.mergedFiles = m.files
+	m.shadowed = shadowed
 	m.unmerged = false
 }
 
+// effective returns the objects in effect from the objects of files, in
+// order (a later file wins an object defined twice), and for each object
+// defined more than once, the file whose object wins. A non-nil log is
+// told of each object defined twice.
+func effective(files []string, objs map[string][]any, log *slog.Logger) (map[objectKey]any, map[objectKey]string) {
+	n := 0
+	for _, f := range files {
+		n += len(objs[f])
+	}
+	out := make(map[objectKey]any, n)
+	var from map[objectKey]string // the file of each object, once one is defined twice
+	var shadowed map[objectKey]string
+	for fi, f := range files {
+		for oi, o := range objs[f] {
+			k := keyOf(o)
+			if _, dup := out[k]; dup {
+				if from == nil {
+					// Rare: find the file of every object so far.
+					from = make(map[objectKey]string, n)
+					for _, g := range files[:fi] {
+						for _, p := range objs[g] {
+							from[keyOf(p)] = g
+						}
+					}
+					for _, p := range objs[f][:oi] {
+						from[keyOf(p)] = f
+					}
+				}
+				if log != nil {
+					log.Warn("object defined twice; the later file wins", "object", k.kind+" "+k.namespace+"/"+k.name, "first", from[k], "second", f)
+				}
+				if shadowed == nil {
+					shadowed = map[objectKey]string{}
+				}
+				shadowed[k] = f
+			}
+			out[k] = o
+			if from != nil {
+				from[k] = f
+			}
+		}
+	}
+	return out, shadowed
+}
+
 // scanFiles reads the files events named, and tells the tracker what
-// changed. Files whose objects keep their names only replace those
-// objects; anything else (a new or removed file, an object added to or
-// removed from a file) takes a full scan.
+// changed. Files whose objects keep their names, none of them defined
+// twice, only replace those objects; anything else (a new or removed file,
+// an object added to or removed from a file) takes a full scan.
 func (m *ManifestSource) scanFiles(t Sink, log *slog.Logger, paths map[string]bool) {
 	m.mu.Lock()
-	if m.current == nil {
+	if m.lastGood == nil {
 		m.mu.Unlock()
 		m.scan(t, log)
 		return
@@ -419,7 +461,7 @@ func (m *ManifestSource) scanFiles(t Sink, log *slog.Logger, paths map[string]bo
 		if objs == nil {
 			continue // the same content
 		}
-		if !sameKeys(m.lastGood[p], objs) {
+		if !sameKeys(m.merged[p], objs) || slices.ContainsFunc(objs, func(o any) bool { _, dup := m.shadowed[keyOf(o)]; return dup }) {
 			full = true
 		}
 		m.lastGood[p] = objs
@@ -433,15 +475,15 @@ func (m *ManifestSource) scanFiles(t Sink, log *slog.Logger, paths map[string]bo
 	}
 	defer m.mu.Unlock()
 	for _, p := range replace {
-		for _, o := range m.lastGood[p] {
-			k := keyOf(o)
-			if cur := m.current[k]; cur.file == p && !reflect.DeepEqual(cur.obj, o) {
-				m.current[k] = placed{o, p}
+		old := m.merged[p]
+		for i, o := range m.lastGood[p] {
+			if !reflect.DeepEqual(old[i], o) {
 				setObject(t, o)
 			}
 		}
+		m.merged[p] = m.lastGood[p]
 	}
-	m.unmerged = unmerged // current follows the files replaced
+	m.unmerged = unmerged // merged follows the files replaced
 }
 
 // sameKeys tells whether two lists of objects name the same objects in the

@@ -194,6 +194,10 @@ func TestManifestSourceChangedFiles(t *testing.T) {
 	if d := changed("edit of a file that lost web", "a.yaml"); len(d) != 0 {
 		t.Errorf("after editing web in a.yaml, which c.yaml overrides: changed %v, want nothing", d)
 	}
+	write("c.yaml", strings.Replace(manifestWeb, "10.1.0.1", "10.1.0.8", 1))
+	if d := changed("edit of the file that holds web", "c.yaml"); len(d) != 1 || endpointOf(t, d[web]) != "10.1.0.8:8080" {
+		t.Errorf("after editing web in c.yaml, which overrides a.yaml: changed %v, want web from c.yaml", d)
+	}
 	if err := os.Remove(path("b.yaml")); err != nil {
 		t.Fatal(err)
 	}
@@ -345,5 +349,33 @@ func TestManifestSourceReadsARenameAtOnce(t *testing.T) {
 			}
 			return
 		}
+	}
+}
+
+// An object defined twice is logged with the file that defined it first
+// and the one that wins, also when the later file defines it twice.
+func TestManifestObjectDefinedTwiceNamesBothFiles(t *testing.T) {
+	dir := t.TempDir()
+	for name, content := range map[string]string{"a.yaml": manifestWeb, "b.yaml": manifestWeb + "---\n" + manifestWeb} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var logged strings.Builder
+	m := &ManifestSource{Dir: dir}
+	m.scan(loop.NewTracker(), slog.New(slog.NewTextHandler(&logged, nil)))
+	var lines []string
+	for _, l := range strings.Split(strings.TrimSpace(logged.String()), "\n") {
+		_, after, _ := strings.Cut(l, "object=")
+		lines = append(lines, strings.ReplaceAll(after, dir+"/", ""))
+	}
+	want := []string{
+		`"Service shop/web" first=a.yaml second=b.yaml`,
+		`"EndpointSlice shop/web-1" first=a.yaml second=b.yaml`,
+		`"Service shop/web" first=b.yaml second=b.yaml`,
+		`"EndpointSlice shop/web-1" first=b.yaml second=b.yaml`,
+	}
+	if strings.Join(lines, "\n") != strings.Join(want, "\n") {
+		t.Errorf("logged:\n%s\nwant:\n%s", strings.Join(lines, "\n"), strings.Join(want, "\n"))
 	}
 }
