@@ -7,7 +7,8 @@
 #
 # VARIANT: direct (no Service, no NAT), old (masquerade fully-random),
 # default (masquerade, port kept), pool4 / pool16 (masquerade_addresses),
-# keep (keep_client_address). It prints the connections, stalls (a connect
+# keep (keep_client_address), nots (default with the TCP timestamp option
+# reset on every SYN to the backend). It prints the connections, stalls (a connect
 # of 1 s or more), the backend's TIME_WAIT sockets and the SYNs it refused
 # on them (TcpExtPAWSTimewait), the client's SYN retransmits, and the
 # gateway's conntrack counters. Namespaces are named dpm<pid>-* and
@@ -78,6 +79,9 @@ case $V in
   pool4) $R --masquerade-address 198.18.3.1 --masquerade-address 198.18.3.2 --masquerade-address 198.18.3.3 --masquerade-address 198.18.3.4 > $B/r-$P.nft;;
   pool16) $R $p16 > $B/r-$P.nft;;
   keep) $R --keep-client-address > $B/r-$P.nft;;
+  nots) $R > $B/r-$P.nft
+    printf 'table ip nots {\n chain forward { type filter hook forward priority 0; ip daddr 198.18.2.10 tcp flags & (syn|ack) == syn reset tcp option timestamp; }\n}\n' >> $B/r-$P.nft;;
+  *) echo "unknown variant $V" >&2; exit 2;;
 esac
 ip netns exec $gw nft -f $B/r-$P.nft || exit 1
 ip netns exec $be $B/connrate serve -listen 0.0.0.0:8080 & SRV=$!
