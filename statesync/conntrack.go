@@ -349,15 +349,7 @@ func (c *Conntrack) Write(puts, dels []Entry) []error {
 // only on a replica that is missing, where Write would spend it on every
 // put to find it exists.
 func (c *Conntrack) Update(puts []Entry) []error {
-	res := make([]error, len(puts))
-	todo := make([]int, 0, len(puts))
-	for i := range puts {
-		if err := checkEntry(&puts[i]); err != nil {
-			res[i] = fmt.Errorf("statesync: update replica: %w", err)
-			continue
-		}
-		todo = append(todo, i)
-	}
+	res, todo := checked(len(puts), "update replica", func(i int) error { return checkEntry(&puts[i]) })
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.put(nil, todo, func(i int) *Entry { return &puts[i] }, res)
@@ -381,17 +373,24 @@ func (c *Conntrack) put(fresh, known []int, at func(int) *Entry, res []error) {
 	c.run(kindUpdateNoState, busy, at, res)
 }
 
-// Adopt implements Kernel.
-func (c *Conntrack) Adopt(entries []Entry) []error {
-	res := make([]error, len(entries))
-	todo := make([]int, 0, len(entries))
-	for i := range entries {
-		if err := checkOrig(&entries[i]); err != nil {
-			res[i] = fmt.Errorf("statesync: adopt replica: %w", err)
+// checked checks n entries: res holds check's error for each that fails
+// (as "statesync: what: ..."), todo the indexes of those that pass.
+func checked(n int, what string, check func(int) error) (res []error, todo []int) {
+	res = make([]error, n)
+	todo = make([]int, 0, n)
+	for i := range n {
+		if err := check(i); err != nil {
+			res[i] = fmt.Errorf("statesync: %s: %w", what, err)
 			continue
 		}
 		todo = append(todo, i)
 	}
+	return res, todo
+}
+
+// Adopt implements Kernel.
+func (c *Conntrack) Adopt(entries []Entry) []error {
+	res, todo := checked(len(entries), "adopt replica", func(i int) error { return checkOrig(&entries[i]) })
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.run(kindAdopt, todo, func(i int) *Entry { return &entries[i] }, res)
@@ -405,15 +404,7 @@ func (c *Conntrack) Adopt(entries []Entry) []error {
 // connections, which lets it reach rates the handshakes of real ones do
 // not on a small machine. An entry that exists is an error (EEXIST).
 func (c *Conntrack) CreateOrigins(entries []Entry) []error {
-	res := make([]error, len(entries))
-	todo := make([]int, 0, len(entries))
-	for i := range entries {
-		if err := checkEntry(&entries[i]); err != nil {
-			res[i] = fmt.Errorf("statesync: create entry: %w", err)
-			continue
-		}
-		todo = append(todo, i)
-	}
+	res, todo := checked(len(entries), "create entry", func(i int) error { return checkEntry(&entries[i]) })
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.run(kindCreateOrigin, todo, func(i int) *Entry { return &entries[i] }, res)
