@@ -1,7 +1,9 @@
 package nft
 
 import (
+	"encoding/json"
 	"fmt"
+	"os/exec"
 	"strings"
 	"testing"
 
@@ -80,5 +82,115 @@ func TestColdSyncCommitsTableByTable(t *testing.T) {
 	}
 	if out := nftList(t, ns, "list", "table", "ip", q.cfg.TableOf(moved.Key)); !strings.Contains(out, "198.18.2.99") {
 		t.Errorf("the restart's sync did not program the change:\n%s", out)
+	}
+}
+
+// TestFlushRepairServesTheBusiestFirst: after nft flush ruleset the repair
+// commits table by table as a cold start does, and the shard of the
+// Service that counted the most new connections comes right after the
+// main table, before shards that come before it in the layout.
+func TestFlushRepairServesTheBusiestFirst(t *testing.T) {
+	ns, fd := testNetNS(t)
+	for _, args := range [][]string{
+		{"link", "set", "lo", "up"},
+		{"link", "add", "dummy0", "type", "veth", "peer", "name", "dummy1"},
+		{"link", "set", "dummy1", "up"},
+		{"addr", "add", "198.19.0.1/16", "dev", "dummy0"},
+		{"addr", "add", "198.18.0.1/16", "dev", "dummy0"},
+		{"link", "set", "dummy0", "up"},
+	} {
+		if out, err := exec.Command("ip", append([]string{"-n", ns}, args...)...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %v: %v: %s", args, err, out)
+		}
+	}
+	cfg := ruleset.Config{Table: "nftgate", Node: model.Node{Name: "gw"}, HashSeed: 1, Shards: 4, Counters: true, TrafficElements: 1024}
+	p, err := NewProgrammer(cfg, Options{NetNSFD: fd})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	var svcs []*model.Service
+	var busy *model.Service
+	last := p.cfg.ShardCount() - 1
+	for i := range 40 {
+		s := isolationService(fmt.Sprintf("s%d", i), 10+i, fmt.Sprintf("198.18.2.%d", 10+i))
+		svcs = append(svcs, s)
+		if busy == nil && p.cfg.ShardOf(s.Key) == last {
+			busy = s
+		}
+	}
+	if busy == nil {
+		t.Fatalf("no Service in shard %d; the test wants one in the last shard", last)
+	}
+	services := serviceMap(svcs...)
+	if _, err := p.Full(services); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		// No endpoint answers: the DNAT counts the attempt all the same.
+		exec.Command("ip", "netns", "exec", ns, "timeout", "0.3", "bash", "-c", "echo > /dev/tcp/"+busy.ClusterIPs[0].String()+"/80").Run()
+	}
+	rd, err := p.Counters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := rd.Ports[PortRef{Service: busy.Key, Proto: model.TCP, Port: 80}]; c.New.Packets == 0 {
+		t.Fatalf("%v counted no new connection: %+v", busy.Key, c)
+	}
+
+	if out, err := exec.Command("ip", "netns", "exec", ns, "nft", "flush", "ruleset").CombinedOutput(); err != nil {
+		t.Fatalf("nft flush ruleset: %v: %s", err, out)
+	}
+	before, err := p.batch.generation()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Full(services); err != nil {
+		t.Fatal(err)
+	}
+	after, err := p.batch.generation()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if commits := after - before; commits < uint32(1+p.cfg.ShardCount()) {
+		t.Errorf("the repair was %d transactions; want one per table, at least %d", commits, 1+p.cfg.ShardCount())
+	}
+	want := map[string]string{}
+	for i := range svcs {
+		want[fmt.Sprintf("198.19.0.%d", 10+i)] = fmt.Sprintf("198.18.2.%d", 10+i)
+	}
+	checkIsolated(t, ns, want)
+
+	// The kernel numbers tables in the order they are made.
+	var listing struct {
+		Nftables []struct {
+			Table *struct {
+				Family, Name string
+				Handle       int
+			}
+		}
+	}
+	if err := json.Unmarshal([]byte(nftList(t, ns, "-j", "list", "tables")), &listing); err != nil {
+		t.Fatal(err)
+	}
+	made := map[string]int{}
+	for _, o := range listing.Nftables {
+		if o.Table != nil && o.Table.Family == "ip" {
+			made[o.Table.Name] = o.Table.Handle
+		}
+	}
+	busyTable := p.cfg.TableOf(busy.Key)
+	for name, h := range made {
+		switch {
+		case name == cfg.Table:
+			if h > made[busyTable] {
+				t.Errorf("table %s (handle %d) was made after %s (handle %d): the main table comes first", name, h, busyTable, made[busyTable])
+			}
+		case name != busyTable && h < made[busyTable]:
+			t.Errorf("table %s (handle %d) was made before %s (handle %d), the shard of the busiest Service", name, h, busyTable, made[busyTable])
+		}
+	}
+	if len(made) != 1+p.cfg.ShardCount() {
+		t.Errorf("ip tables after the repair: %v, want the main table and %d shards", made, p.cfg.ShardCount())
 	}
 }

@@ -1,6 +1,7 @@
 package nft
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -17,8 +18,9 @@ import (
 // Programmer keeps nftgate's tables in the kernel equal to the desired
 // ruleset. Every sync is one netlink batch: the kernel applies all of it or
 // none of it, and the Programmer's own record of the kernel changes only
-// when the kernel accepted the batch. The one exception is a cold start
-// onto no tables, which commits table by table (see Full).
+// when the kernel accepted the batch. The one exception is a full sync
+// onto no tables (a cold start, or a repair after every table was
+// deleted), which commits table by table (see Full).
 type Programmer struct {
 	mu     sync.Mutex
 	cfg    ruleset.Config
@@ -321,11 +323,14 @@ func (p *Programmer) Full(services map[model.ServiceKey]*model.Service) (Result,
 	ds, claims, conflicts := ruleset.PlanFull(&p.cfg, p.tables, observed, services)
 	res.Conflicts = conflicts
 
-	if !p.synced && len(drop) == 0 && !slices.ContainsFunc(observed, func(st *ruleset.TableState) bool { return st.Exists }) {
-		// A cold start onto no tables at all: nothing is served yet, so
-		// nothing is lost by the tables arriving one after another, and
-		// one table's batch is mapped at a time instead of the whole
-		// ruleset's (226 MiB at 100,000 Services).
+	if len(drop) == 0 && !slices.ContainsFunc(observed, func(st *ruleset.TableState) bool { return st.Exists }) {
+		// Onto no tables at all (a cold start, or a repair after another
+		// program deleted every table: nft flush ruleset): nothing is
+		// served, so nothing is lost by the tables arriving one after
+		// another; the first Services are served after one table's
+		// commit instead of the whole ruleset's, the busiest first
+		// (commitEach), and one table's batch is mapped at a time
+		// instead of the whole ruleset's (226 MiB at 100,000 Services).
 		n, kernel, err := p.commitEach(ds)
 		res.Messages, res.Kernel = n, kernel
 		if err == nil {
@@ -617,16 +622,23 @@ func (p *Programmer) commit(ds []*ruleset.Ops, drop []ruleset.TableRef, forget [
 // commitEach commits the operations of each table in a batch of its own:
 // the main tables first (what the shards' rules rely on, such as
 // masquerading, is in place when a Service starts being served), then the
-// shards. It stops at the first error.
+// shards, those whose Services counted the most new connections at the
+// last counters reading first (shardWeights): after another program
+// deleted every table, the traffic that was flowing is back first. It
+// stops at the first error.
 func (p *Programmer) commitEach(ds []*ruleset.Ops) (int, time.Duration, error) {
 	order := make([]int, 0, len(ds))
 	for _, f := range ruleset.Families {
 		order = append(order, p.tables.Main(f))
 	}
+	mains := len(order)
 	for slot := range ds {
 		if !slices.Contains(order, slot) {
 			order = append(order, slot)
 		}
+	}
+	if w := p.shardWeights(); len(w) > 0 {
+		slices.SortStableFunc(order[mains:], func(a, b int) int { return cmp.Compare(w[b], w[a]) })
 	}
 	none := &ruleset.Ops{}
 	one := make([]*ruleset.Ops, len(ds))
@@ -647,6 +659,29 @@ func (p *Programmer) commitEach(ds []*ruleset.Ops) (int, time.Duration, error) {
 		}
 	}
 	return msgs, kernel, nil
+}
+
+// shardWeights sums, per shard table slot, the new connections that the
+// last counters reading counted for the Service ports the shard holds,
+// since they were programmed; nil when there is no reading (a cold start,
+// counters off). It reads no counter itself.
+func (p *Programmer) shardWeights() map[int]uint64 {
+	p.counters.mu.Lock()
+	rd := p.counters.last
+	p.counters.mu.Unlock()
+	if rd == nil {
+		return nil
+	}
+	w := map[int]uint64{}
+	for ref, c := range rd.Ports {
+		if c.New.Packets == 0 {
+			continue
+		}
+		for _, f := range ruleset.Families {
+			w[p.tables.Shard(f, ref.Service)] += c.New.Packets
+		}
+	}
+	return w
 }
 
 // Cleanup deletes nftgate's tables (the main table and every service
