@@ -42,12 +42,13 @@ func TestDriftReport(t *testing.T) {
 	r := &Report{Results: []Result{
 		{Proxier: proxNftgate, Services: 10000},
 		{Proxier: proxNftgate, Services: 100000, Drift: &DriftResult{IntervalMs: 10, Kinds: []DriftKind{
-			{Kind: driftFlush, GapsMs: []float64{900, 1100, 1000}, MedianMs: 1000, MaxMs: 1100, Failed: []int{80, 95, 90}},
+			{Kind: driftFlush, GapsMs: []float64{900, 1100, 1000}, MedianMs: 1000, MaxMs: 1100, Failed: []int{80, 95, 90},
+				RepairedMs: []float64{2000, 2200, 2100}, RepairedMedianMs: 2100},
 			{Kind: driftElement, GapsMs: []float64{12, 30, 20}, MedianMs: 20, MaxMs: 30, Failed: []int{1, 2, 2}},
 		}}},
 	}}
 	md := r.DriftMarkdown()
-	for _, want := range []string{"## Drift under traffic", "| nftgate | 100,000 | `nft flush ruleset` | 1000 ms | 1100 ms | 3 | 90 |"} {
+	for _, want := range []string{"## Drift under traffic", "| nftgate | 100,000 | `nft flush ruleset` | 1000 ms | 1100 ms | 2100 ms | 3 | 90 |", "| nftgate | 100,000 | the canary's service-ips element deleted | 20 ms | 30 ms | – | 3 | 2 |"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("markdown lacks %q:\n%s", want, md)
 		}

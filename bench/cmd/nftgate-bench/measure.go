@@ -193,7 +193,7 @@ func (e *Env) Measure(ctx context.Context, p *Proxier, n int) (res Result, err e
 	}
 
 	if e.driftFor(p.Name) {
-		if res.Drift, err = e.measureDrift(ctx, proc, n); err != nil {
+		if res.Drift, err = e.measureDrift(ctx, proc, p, n); err != nil {
 			return res, fmt.Errorf("drift: %w", err)
 		}
 	}

@@ -296,12 +296,9 @@ type SyncMetrics struct {
 }
 
 func scrapeSyncMetrics(ctx context.Context, e *Env, p *Proxier) (SyncMetrics, error) {
-	code, body, err := httpGet(ctx, e, p.MetricsURL)
+	body, err := scrapeMetrics(ctx, e, p)
 	if err != nil {
 		return SyncMetrics{}, err
-	}
-	if code != http.StatusOK {
-		return SyncMetrics{}, fmt.Errorf("GET %s: %d", p.MetricsURL, code)
 	}
 	return SyncMetrics{
 		Syncs:              metricSum(body, p.MetricPrefix+"sync_proxy_rules_duration_seconds_count"),
@@ -309,6 +306,18 @@ func scrapeSyncMetrics(ctx context.Context, e *Env, p *Proxier) (SyncMetrics, er
 		ProgrammingCount:   metricSum(body, p.MetricPrefix+"network_programming_duration_seconds_count"),
 		ProgrammingSeconds: metricSum(body, p.MetricPrefix+"network_programming_duration_seconds_sum"),
 	}, nil
+}
+
+// scrapeMetrics returns p's /metrics page.
+func scrapeMetrics(ctx context.Context, e *Env, p *Proxier) (string, error) {
+	code, body, err := httpGet(ctx, e, p.MetricsURL)
+	if err != nil {
+		return "", err
+	}
+	if code != http.StatusOK {
+		return "", fmt.Errorf("GET %s: %d", p.MetricsURL, code)
+	}
+	return body, nil
 }
 
 // metricSum adds up the samples of a series in Prometheus text format.
