@@ -266,6 +266,7 @@ func (e *Env) measureDrift(ctx context.Context, proc *Proc, p *Proxier, n int) (
 			if err != nil {
 				return res, fmt.Errorf("drift %s %d: before it: %w", kind, i+1, err)
 			}
+			sent := time.Now()
 			if out, err := e.Topo.Gateway.Command(ctx, "nft", args...).CombinedOutput(); err != nil {
 				return res, fmt.Errorf("nft %s: %v: %s", strings.Join(args, " "), err, bytes.TrimSpace(out))
 			}
@@ -278,11 +279,12 @@ func (e *Env) measureDrift(ctx context.Context, proc *Proc, p *Proxier, n int) (
 			gap := float64(back.Sub(at)) / float64(time.Millisecond)
 			// The next drift waits for this one's repair to be over: the
 			// canary may answer before the repair has served every table.
-			done, err := e.waitSyncAfter(ctx, proc, p, syncs.Syncs)
+			done, err := e.waitSyncAfter(ctx, proc, p, syncs.Syncs, sent)
 			if err != nil {
 				return res, fmt.Errorf("drift %s %d: the repair: %w", kind, i+1, err)
 			}
-			repaired := float64(done.Sub(at)) / float64(time.Millisecond)
+			// A repair can end before nft's exit is seen here: 0.
+			repaired := max(0, float64(done.Sub(at))/float64(time.Millisecond))
 			k.GapsMs, k.Failed, k.RepairedMs = append(k.GapsMs, gap), append(k.Failed, failed), append(k.RepairedMs, repaired)
 			logf("nftgate N=%d: drift %s %d: first answered connection %.0f ms after it (%d attempts failed), repaired after %.0f ms", n, kind, i+1, gap, failed, repaired)
 		}
@@ -294,9 +296,10 @@ func (e *Env) measureDrift(ctx context.Context, proc *Proc, p *Proxier, n int) (
 }
 
 // waitSyncAfter waits until p has recorded a sync beyond the count of
-// syncs before (the repair of a drift: no other change comes meanwhile),
-// and returns the time p recorded for its last sync.
-func (e *Env) waitSyncAfter(ctx context.Context, proc *Proc, p *Proxier, before float64) (time.Time, error) {
+// syncs before that ended after since (the repair of a drift made at
+// since: no other change comes meanwhile), and returns the time p
+// recorded for it.
+func (e *Env) waitSyncAfter(ctx context.Context, proc *Proc, p *Proxier, before float64, since time.Time) (time.Time, error) {
 	wctx, cancel := context.WithTimeout(ctx, e.Cfg.Timeout)
 	defer cancel()
 	var last time.Time
@@ -312,7 +315,9 @@ func (e *Env) waitSyncAfter(ctx context.Context, proc *Proc, p *Proxier, before 
 			return fmt.Errorf("%v syncs, none since the drift", n)
 		}
 		s := metricSum(body, p.MetricPrefix+"sync_proxy_rules_last_timestamp_seconds")
-		last = time.Unix(0, int64(s*1e9))
+		if last = time.Unix(0, int64(s*1e9)); !last.After(since) {
+			return fmt.Errorf("the last sync ended at %s, before the drift", last.Format("15:04:05.000"))
+		}
 		return nil
 	})
 	return last, err
