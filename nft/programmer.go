@@ -262,6 +262,10 @@ func (p *Programmer) Full(services map[model.ServiceKey]*model.Service) (Result,
 		quiet := err == nil && p.genKnown && g == p.generation
 		if quiet {
 			p.readDrifts = drifts
+			// What the notifications said of the transactions up to
+			// g (a loss announced late, after the last read-back)
+			// is covered: the kernel held nftgate's tables at g.
+			p.watch.settle(g)
 		} else if err == nil && p.trusted && p.watch.quietSince(p.readDrifts, g, watchCatchUp) {
 			quiet = true
 			p.generation, p.genKnown = g, true

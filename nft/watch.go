@@ -147,6 +147,19 @@ func (w *watchState) readBack(targeted bool) (drifts uint64, only map[tableRef]b
 	return w.drifts, only, elems
 }
 
+// settle notes that the kernel held nftgate's tables as nftgate believes
+// at generation gen, with no other program's transaction since the last
+// read-back: what was noted of transactions up to gen (changes, or a loss
+// whose overflow was received late) needs no read-back. When something
+// of a later transaction was noted, nothing is forgotten.
+func (w *watchState) settle(gen uint32) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.genSeen && int32(w.gen-gen) <= 0 {
+		w.touched, w.whole, w.structural = nil, false, false
+	}
+}
+
 // lost notes a drift whose changes are unknown.
 func (w *watchState) lost() {
 	w.drifts++

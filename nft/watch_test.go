@@ -519,3 +519,70 @@ func TestOwnNotificationsFiltered(t *testing.T) {
 		t.Fatalf("received %d notifications of another program's transaction; want its change and its NEWGEN", got)
 	}
 }
+
+// TestLateLossSettledByQuietSync: a loss of notifications received after
+// the read-back that covered it (the overflow of a flush at 100,000
+// Services is still being received while the repair reads), followed by a
+// full sync that finds the kernel at nftgate's own last generation, leaves
+// nothing behind: the next drift, one map element, is repaired by reading
+// its one table, not every table.
+func TestLateLossSettledByQuietSync(t *testing.T) {
+	ns, fd := testNetNS(t)
+	p, err := NewProgrammer(scaleConfig(), Options{NetNSFD: fd})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	ch := watchDrifts(t, p)
+	c := clusterOf(100)
+	if _, err := p.Full(c.Services); err != nil {
+		t.Fatal(err)
+	}
+	noDrift(t, p, ch, "the cold sync")
+	g, err := p.batch.generation()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The loss as the watcher notes an overflow: at the generation read
+	// then, which nftgate's own last commit is.
+	p.watch.update(func() {
+		p.watch.lost()
+		p.watch.seen(g)
+	})
+	res, err := p.Full(c.Services)
+	if err != nil || res.ReadBack {
+		t.Fatalf("full sync with the kernel at nftgate's own generation: %+v, %v; want no read-back", res, err)
+	}
+	table := p.tables.Refs[p.tables.Shard(ruleset.IPv4, c.Keys[0])].Name
+	svc := c.Services[c.Keys[0]]
+	nftList(t, ns, "delete", "element", "ip", table, ruleset.MapServiceIPs,
+		fmt.Sprintf("{ %s . %s . %d }", svc.ClusterIPs[0], strings.ToLower(svc.Ports[0].Protocol.KubeName()), svc.Ports[0].Port))
+	select {
+	case d := <-ch:
+		if d.Lost || len(d.Changes) != 1 {
+			t.Fatalf("the element's deletion reported as %+v, want that one change", d)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the element's deletion was not reported")
+	}
+	if res, err := p.Full(c.Services); err != nil || res.ReadTables != 1 {
+		t.Fatalf("repair of one element after a settled loss: %+v, %v; want its one table read", res, err)
+	}
+
+	// A loss noted for a later transaction than nftgate's own last one
+	// stays: the next full sync reads every table.
+	if g, err = p.batch.generation(); err != nil {
+		t.Fatal(err)
+	}
+	p.watch.update(func() {
+		p.watch.lost()
+		p.watch.seen(g + 1)
+	})
+	p.watch.settle(g)
+	p.watch.mu.Lock()
+	whole := p.watch.whole
+	p.watch.mu.Unlock()
+	if !whole {
+		t.Fatalf("a loss noted after generation %d was forgotten when settling at it", g)
+	}
+}
