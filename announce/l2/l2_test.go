@@ -212,8 +212,15 @@ func TestClientReachesAddressByARPAndNDP(t *testing.T) {
 		}
 	}
 	for _, fam := range []string{"ipv4", "ipv6"} {
-		if n := testutil.ToFloat64(a.answered.WithLabelValues(s.gatewayIf, fam)); n < 1 {
-			t.Errorf("%s requests answered: %v", fam, n)
+		// The answer is counted after it is sent: the client may have
+		// connected before the count.
+		if err := lab.EventuallyWithin(5*time.Second, func() error {
+			if n := testutil.ToFloat64(a.answered.WithLabelValues(s.gatewayIf, fam)); n < 1 {
+				return fmt.Errorf("%s requests answered: %v", fam, n)
+			}
+			return nil
+		}); err != nil {
+			t.Error(err)
 		}
 	}
 	want := `
