@@ -91,18 +91,7 @@ func TestColdSyncCommitsTableByTable(t *testing.T) {
 // main table, before shards that come before it in the layout.
 func TestFlushRepairServesTheBusiestFirst(t *testing.T) {
 	ns, fd := testNetNS(t)
-	for _, args := range [][]string{
-		{"link", "set", "lo", "up"},
-		{"link", "add", "dummy0", "type", "veth", "peer", "name", "dummy1"},
-		{"link", "set", "dummy1", "up"},
-		{"addr", "add", "198.19.0.1/16", "dev", "dummy0"},
-		{"addr", "add", "198.18.0.1/16", "dev", "dummy0"},
-		{"link", "set", "dummy0", "up"},
-	} {
-		if out, err := exec.Command("ip", append([]string{"-n", ns}, args...)...).CombinedOutput(); err != nil {
-			t.Fatalf("ip %v: %v: %s", args, err, out)
-		}
-	}
+	addLink(t, ns, "198.19.0.1/16", "198.18.0.1/16")
 	cfg := ruleset.Config{Table: "nftgate", Node: model.Node{Name: "gw"}, HashSeed: 1, Shards: 4, Counters: true, TrafficElements: 1024}
 	p, err := NewProgrammer(cfg, Options{NetNSFD: fd})
 	if err != nil {

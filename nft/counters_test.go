@@ -17,17 +17,7 @@ import (
 // source ranges leave the gateway out, and reads the counters back.
 func TestCountersCountConnections(t *testing.T) {
 	ns, fd := testNetNS(t)
-	for _, args := range [][]string{
-		{"link", "set", "lo", "up"},
-		{"link", "add", "dummy0", "type", "veth", "peer", "name", "dummy1"},
-		{"link", "set", "dummy1", "up"},
-		{"addr", "add", "198.19.0.1/16", "dev", "dummy0"},
-		{"link", "set", "dummy0", "up"},
-	} {
-		if out, err := exec.Command("ip", append([]string{"-n", ns}, args...)...).CombinedOutput(); err != nil {
-			t.Fatalf("ip %v: %v: %s", args, err, out)
-		}
-	}
+	addLink(t, ns, "198.19.0.1/16")
 	p, err := NewProgrammer(ruleset.Config{Table: "nftgate", Node: model.Node{Name: "gw"}, HashSeed: 1, Counters: true, TrafficElements: 1024}, Options{NetNSFD: fd})
 	if err != nil {
 		t.Fatal(err)
@@ -110,6 +100,25 @@ func TestCountersCountConnections(t *testing.T) {
 	res, err := p.Full(services)
 	if err != nil || !res.ReadBack || res.Counts.Changes() != 0 || len(res.Drift) != 0 {
 		t.Fatalf("full sync over counted maps: %+v %v", res, err)
+	}
+}
+
+// addLink gives namespace ns a link that is up, with the prefixes, so
+// that connections to them leave through it (a veth whose peer is up).
+func addLink(t *testing.T, ns string, prefixes ...string) {
+	t.Helper()
+	cmds := [][]string{
+		{"link", "set", "lo", "up"},
+		{"link", "add", "dummy0", "type", "veth", "peer", "name", "dummy1"},
+		{"link", "set", "dummy1", "up"},
+	}
+	for _, pfx := range prefixes {
+		cmds = append(cmds, []string{"addr", "add", pfx, "dev", "dummy0"})
+	}
+	for _, args := range append(cmds, []string{"link", "set", "dummy0", "up"}) {
+		if out, err := exec.Command("ip", append([]string{"-n", ns}, args...)...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %v: %v: %s", args, err, out)
+		}
 	}
 }
 

@@ -441,21 +441,7 @@ func TestFlushOverflowRepairedOnce(t *testing.T) {
 	}
 	// The next drift, one map element deleted by hand, is repaired by
 	// reading just that: nothing of the flush is left to be taken for it.
-	table := p.tables.Refs[p.tables.Shard(ruleset.IPv4, c.Keys[0])].Name
-	svc := c.Services[c.Keys[0]]
-	nftList(t, ns, "delete", "element", "ip", table, ruleset.MapServiceIPs,
-		fmt.Sprintf("{ %s . %s . %d }", svc.ClusterIPs[0], strings.ToLower(svc.Ports[0].Protocol.KubeName()), svc.Ports[0].Port))
-	select {
-	case d := <-ch:
-		if d.Lost || len(d.Changes) != 1 {
-			t.Fatalf("the element's deletion reported as %+v, want that one change", d)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the element's deletion was not reported")
-	}
-	if res, err := p.Full(c.Services); err != nil || res.ReadTables != 1 {
-		t.Fatalf("repair of one element after the flush's repair: %+v, %v; want its one table read", res, err)
-	}
+	repairOneElement(t, ns, p, ch, c, "after the flush's repair")
 }
 
 // The notifications of nftgate's own transactions stay in the kernel, all
@@ -553,21 +539,7 @@ func TestLateLossSettledByQuietSync(t *testing.T) {
 	if err != nil || res.ReadBack {
 		t.Fatalf("full sync with the kernel at nftgate's own generation: %+v, %v; want no read-back", res, err)
 	}
-	table := p.tables.Refs[p.tables.Shard(ruleset.IPv4, c.Keys[0])].Name
-	svc := c.Services[c.Keys[0]]
-	nftList(t, ns, "delete", "element", "ip", table, ruleset.MapServiceIPs,
-		fmt.Sprintf("{ %s . %s . %d }", svc.ClusterIPs[0], strings.ToLower(svc.Ports[0].Protocol.KubeName()), svc.Ports[0].Port))
-	select {
-	case d := <-ch:
-		if d.Lost || len(d.Changes) != 1 {
-			t.Fatalf("the element's deletion reported as %+v, want that one change", d)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the element's deletion was not reported")
-	}
-	if res, err := p.Full(c.Services); err != nil || res.ReadTables != 1 {
-		t.Fatalf("repair of one element after a settled loss: %+v, %v; want its one table read", res, err)
-	}
+	repairOneElement(t, ns, p, ch, c, "after a settled loss")
 
 	// A loss noted for a later transaction than nftgate's own last one
 	// stays: the next full sync reads every table.
@@ -584,5 +556,27 @@ func TestLateLossSettledByQuietSync(t *testing.T) {
 	p.watch.mu.Unlock()
 	if !whole {
 		t.Fatalf("a loss noted after generation %d was forgotten when settling at it", g)
+	}
+}
+
+// repairOneElement deletes the service-ips element of c's first Service by
+// hand, waits for its report as that one change, and checks that the full
+// sync repairing it reads just its table.
+func repairOneElement(t *testing.T, ns string, p *Programmer, ch <-chan Drift, c *scaleCluster, when string) {
+	t.Helper()
+	table := p.tables.Refs[p.tables.Shard(ruleset.IPv4, c.Keys[0])].Name
+	svc := c.Services[c.Keys[0]]
+	nftList(t, ns, "delete", "element", "ip", table, ruleset.MapServiceIPs,
+		fmt.Sprintf("{ %s . %s . %d }", svc.ClusterIPs[0], strings.ToLower(svc.Ports[0].Protocol.KubeName()), svc.Ports[0].Port))
+	select {
+	case d := <-ch:
+		if d.Lost || len(d.Changes) != 1 {
+			t.Fatalf("the element's deletion reported as %+v, want that one change", d)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the element's deletion was not reported")
+	}
+	if res, err := p.Full(c.Services); err != nil || res.ReadTables != 1 {
+		t.Fatalf("repair of one element %s: %+v, %v; want its one table read", when, res, err)
 	}
 }
