@@ -96,6 +96,10 @@ func MainSet(name string) bool {
 // firewall chain, which the main table's firewall map jumps to.
 func MainChain(name string) bool { return strings.HasPrefix(name, "fw-") }
 
+// HasMainChains tells whether a Service may have chains in the main table:
+// firewall chains, which only source ranges make.
+func HasMainChains(svc *model.Service) bool { return len(svc.SourceRanges) > 0 }
+
 // Table is the content of one kernel table.
 type Table struct {
 	Name string

@@ -3,6 +3,7 @@ package ruleset
 import (
 	"encoding/binary"
 	"fmt"
+	"maps"
 	"runtime"
 	"slices"
 	"sort"
@@ -376,78 +377,293 @@ func (st *TableState) Apply(o *Ops) (rules int) {
 // the skeleton and every Service, and nothing else. It is pure: observed is
 // what the kernel holds, per table of ts (an empty state for a cold start).
 func PlanFull(cfg *Config, ts *Tables, observed []*TableState, services map[model.ServiceKey]*model.Service) ([]*Ops, *Claims, []string) {
-	book := newClaimBookSized(len(services))
-	claims := book.verdicts
-	keys := make([]model.ServiceKey, 0, len(services))
-	for k := range services {
-		keys = append(keys, k)
+	fp := NewFullPlan(cfg, ts, observed, services, true, nil)
+	ds := make([]*Ops, len(ts.Refs))
+	batches := fp.Main()
+	for i := range ts.k {
+		batches = append(batches, fp.Shard(i)...)
 	}
-	sort.Slice(keys, func(i, j int) bool { return keys[i].Less(keys[j]) })
+	for _, b := range batches {
+		for j, slot := range b.Slots {
+			if ds[slot] == nil {
+				ds[slot] = b.Ops[j]
+			} else {
+				ds[slot].merge(b.Ops[j])
+			}
+		}
+	}
+	return ds, fp.Claims(), fp.Conflicts()
+}
 
-	ds := make([]*differ, len(ts.Refs))
-	for slot, ref := range ts.Refs {
-		d := newDiffer(ref.Family, observed[slot])
-		d.ops.CreateTable = !observed[slot].Exists
-		d.ops.ReplaceTable = observed[slot].Replace
-		st := &ts.Skeletons[slot]
-		// Flowtables first: recreating one rewrites every chain.
-		for _, ft := range st.Flowtables {
-			d.flowtable(ft.Name, ft)
-		}
-		for _, s := range st.Sets {
-			d.set(s.Name, s)
-		}
-		for _, c := range st.Chains {
-			d.chain(c.Name, c)
-		}
-		ds[slot] = d
+// merge adds the element operations of part, and keeps them sorted.
+func (o *Ops) merge(part *Ops) {
+	if len(part.AddElems) == 0 && len(part.DelElems) == 0 {
+		return
 	}
-	rendered := renderAll(ts, keys, services)
-	for i, k := range keys {
-		svc := services[k]
-		r := &rendered[i].ByFamily
+	o.AddElems = append(o.AddElems, part.AddElems...)
+	o.DelElems = append(o.DelElems, part.DelElems...)
+	slices.SortFunc(o.AddElems, compareElems)
+	slices.SortFunc(o.DelElems, compareElems)
+}
+
+// Batch is operations on tables (by slot) to commit together.
+type Batch struct {
+	Slots []int
+	Ops   []*Ops
+}
+
+// FullPlan is a full sync's plan, made a batch at a time: NewFullPlan
+// renders every Service once to learn which Service holds each map element
+// and what the main tables hold; Main and Shard then plan the main tables
+// and each shard's. Unless it keeps what it rendered (keep), each Shard
+// renders that shard's Services again, so that only one shard's rendered
+// rules and operations are in memory at a time, and the first shards can
+// be committed before every Service is planned. Then Shard may run beside
+// the commit of other batches and their application to observed: it reads
+// the states of its own tables, and its own copy of the main tables'
+// elements.
+//
+// The elements a Service puts in the main tables (its ClusterIPs, its
+// endpoints for hairpin masquerade, its ports without endpoints) come with
+// its shard, in the same batch: a Service is served with all of them or
+// none, and the main tables' first batch is their skeleton, the firewall
+// chains and elements of source ranges, and the elements several Services
+// share.
+type FullPlan struct {
+	ts        *Tables
+	observed  []*TableState
+	services  map[model.ServiceKey]*model.Service
+	keys      []model.ServiceKey // sorted
+	shardKeys [][]int            // per shard, indexes into keys
+	rendered  []renderedService  // per key, when kept
+	book      *Claims
+	conflicts []string
+	slotElems [][]famElem // the elements each table's own batch holds
+	main      []*differ   // per family, planned by NewFullPlan
+	// mainElems are the main tables' elements as observed, per family,
+	// for Shard: copies when Shard may run beside the commit of a batch,
+	// which applies to observed.
+	mainElems []*TableState
+}
+
+// fullPlanBlock is how many Services NewFullPlan renders at a time when it
+// keeps none: their rules are dropped once their claims are in the book.
+const fullPlanBlock = 4096
+
+// NewFullPlan renders every Service and plans the main tables; see
+// FullPlan. A book, when given, holds the claims of exactly these Services
+// (those of the last sync, when no Service changed since: the repair after
+// another program deleted nftgate's tables): the plan takes it as its own,
+// and renders before the first batch only the Services with chains in the
+// main tables.
+func NewFullPlan(cfg *Config, ts *Tables, observed []*TableState, services map[model.ServiceKey]*model.Service, keep bool, book *Claims) *FullPlan {
+	fp := &FullPlan{ts: ts, observed: observed, services: services, book: book}
+	if book == nil {
+		fp.book = newClaimBookSized(len(services))
+	}
+	fp.keys = make([]model.ServiceKey, 0, len(services))
+	for k := range services {
+		fp.keys = append(fp.keys, k)
+	}
+	sort.Slice(fp.keys, func(i, j int) bool { return fp.keys[i].Less(fp.keys[j]) })
+	fp.shardKeys = make([][]int, ts.k)
+	for i, k := range fp.keys {
+		s := cfg.ShardOf(k)
+		fp.shardKeys[s] = append(fp.shardKeys[s], i)
+	}
+	for _, f := range Families {
+		slot := ts.Main(f)
+		fp.main = append(fp.main, fp.skeleton(slot))
+		st := observed[slot]
+		if !keep {
+			st = &TableState{Elems: maps.Clone(st.Elems)}
+		}
+		fp.mainElems = append(fp.mainElems, st)
+	}
+	if keep {
+		fp.rendered = renderAll(ts, fp.keys, services, nil)
+	}
+	claims := fp.book.verdicts
+	keys := fp.keys
+	if book != nil && !keep {
+		keys = nil
+		for _, k := range fp.keys {
+			if HasMainChains(services[k]) {
+				keys = append(keys, k)
+			}
+		}
+	}
+	for lo := 0; lo < len(keys); lo += fullPlanBlock {
+		hi := min(lo+fullPlanBlock, len(keys))
+		var rs []renderedService
+		if keep {
+			rs = fp.rendered[lo:hi]
+		} else {
+			rs = renderAll(ts, keys[lo:hi], services, MainChain)
+		}
+		for i := range rs {
+			k := keys[lo+i]
+			svc := services[k]
+			for fi, f := range Families {
+				fr := rs[i].Of(f)
+				for j, c := range fr.Chains {
+					if MainChain(c.Name) {
+						fp.main[fi].plannedChain(c.Name, &rs[i].plans[fi][j])
+					}
+				}
+				if book != nil {
+					continue
+				}
+				for _, e := range fr.Elements {
+					if plainSet(e.Map) {
+						fp.book.plain[famElem{f, e.ID()}]++
+					} else {
+						addClaim(claims, famElem{f, e.ID()}, claim{svc: k, created: svc.Created, verdict: e.Verdict})
+					}
+				}
+			}
+		}
+	}
+	fp.slotElems = make([][]famElem, len(ts.Refs))
+	for fe, cs := range claims {
+		fp.conflicts = append(fp.conflicts, conflicts(fe, *cs)...)
+		if MainSet(fe.id.Map) && fe.id.Map != MapFirewallIPs {
+			continue // with the winner's shard
+		}
+		slot := ts.elem(fe, cs.winner().svc)
+		fp.slotElems[slot] = append(fp.slotElems[slot], fe)
+	}
+	for fe, n := range fp.book.plain {
+		if n > 1 {
+			slot := ts.Main(fe.f)
+			fp.slotElems[slot] = append(fp.slotElems[slot], fe)
+		}
+	}
+	sort.Strings(fp.conflicts)
+	return fp
+}
+
+// Claims is the book of the plan's claims on map elements.
+func (fp *FullPlan) Claims() *Claims { return fp.book }
+
+// Conflicts lists the elements Services claim with different verdicts.
+func (fp *FullPlan) Conflicts() []string { return fp.conflicts }
+
+// Main is the main tables' first batch, one per family: everything of them
+// but the elements that come with a shard.
+func (fp *FullPlan) Main() []Batch {
+	var out []Batch
+	for fi, f := range Families {
+		slot := fp.ts.Main(f)
+		out = append(out, Batch{Slots: []int{slot}, Ops: fp.finish([]int{slot}, fp.main[fi:fi+1])})
+	}
+	return out
+}
+
+// Shard is shard i's batches, one per family: the shard's table, and the
+// elements its Services alone put in the main table.
+func (fp *FullPlan) Shard(i int) []Batch {
+	var slots []int
+	var ds, mains []*differ
+	for _, f := range Families {
+		slot := fp.ts.Main(f) + 1 + i
+		slots = append(slots, slot)
+		ds = append(ds, fp.skeleton(slot))
+		mains = append(mains, newDiffer(f, fp.mainElems[familyIndex(f)]))
+	}
+	keys := fp.shardKeys[i]
+	rendered := make([]renderedService, 0, len(keys))
+	if fp.rendered != nil {
+		for _, ki := range keys {
+			rendered = append(rendered, fp.rendered[ki])
+		}
+	} else {
+		ks := make([]model.ServiceKey, len(keys))
+		for j, ki := range keys {
+			ks[j] = fp.keys[ki]
+		}
+		rendered = renderAll(fp.ts, ks, fp.services, nil)
+	}
+	claims, plain := fp.book.verdicts, fp.book.plain
+	for r := range rendered {
+		k := fp.keys[keys[r]]
 		for fi, f := range Families {
-			fr := r.Of(f)
-			main, shard := ds[ts.Main(f)], ds[ts.Shard(f, k)]
+			fr := rendered[r].Of(f)
+			d := ds[fi]
 			for _, s := range fr.Sets {
-				shard.set(s.Name, s)
+				d.set(s.Name, s)
 			}
 			for j, c := range fr.Chains {
-				if MainChain(c.Name) {
-					main.plannedChain(c.Name, &rendered[i].plans[fi][j])
-				} else {
-					shard.plannedChain(c.Name, &rendered[i].plans[fi][j])
+				if !MainChain(c.Name) {
+					d.plannedChain(c.Name, &rendered[r].plans[fi][j])
 				}
 			}
 			for _, e := range fr.Elements {
+				if !MainSet(e.Map) || e.Map == MapFirewallIPs {
+					continue
+				}
+				fe := famElem{f, e.ID()}
 				if plainSet(e.Map) {
-					book.plain[famElem{f, e.ID()}]++
-				} else {
-					addClaim(claims, famElem{f, e.ID()}, claim{svc: k, created: svc.Created, verdict: e.Verdict})
+					if plain[fe] == 1 {
+						mains[fi].element(fe.id, &Verdict{})
+					}
+				} else if cs := claims[fe]; cs != nil {
+					// A Service listing a key twice claims it once.
+					if w := cs.winner(); w.svc == k && mains[fi].firstElem(fe.id) {
+						mains[fi].element(fe.id, &w.verdict)
+					}
 				}
 			}
 		}
 	}
-	var conflictList []string
-	for fe, cs := range claims {
-		w := cs.winner()
-		ds[ts.elem(fe, w.svc)].element(fe.id, &w.verdict)
-		conflictList = append(conflictList, conflicts(fe, *cs)...)
+	ops := fp.finish(slots, ds)
+	mainOps := sortOps(mains)
+	var out []Batch
+	for fi, f := range Families {
+		out = append(out, Batch{Slots: []int{fp.ts.Main(f), slots[fi]}, Ops: []*Ops{mainOps[fi], ops[fi]}})
 	}
-	for fe := range book.plain {
-		ds[ts.Main(fe.f)].element(fe.id, &Verdict{})
+	return out
+}
+
+// firstElem tells whether an element is decided for the first time in
+// this plan, and marks it decided.
+func (d *differ) firstElem(id ElemID) bool {
+	return !d.decided("e/" + id.Map + "/" + id.Key.String())
+}
+
+// skeleton starts the plan of the table in slot with its skeleton.
+func (fp *FullPlan) skeleton(slot int) *differ {
+	observed := fp.observed[slot]
+	d := newDiffer(fp.ts.Refs[slot].Family, observed)
+	d.ops.CreateTable = !observed.Exists
+	d.ops.ReplaceTable = observed.Replace
+	st := &fp.ts.Skeletons[slot]
+	// Flowtables first: recreating one rewrites every chain.
+	for _, ft := range st.Flowtables {
+		d.flowtable(ft.Name, ft)
 	}
-	// wanted tells whether an element belongs in the table of slot.
-	wanted := func(slot int, fe famElem) bool {
-		if _, ok := book.plain[fe]; ok {
-			return slot == ts.Main(fe.f)
+	for _, s := range st.Sets {
+		d.set(s.Name, s)
+	}
+	for _, c := range st.Chains {
+		d.chain(c.Name, c)
+	}
+	return d
+}
+
+// finish adds the elements of each table's own batch, removes whatever
+// else the tables hold, and returns the sorted operations.
+func (fp *FullPlan) finish(slots []int, ds []*differ) []*Ops {
+	claims, plain := fp.book.verdicts, fp.book.plain
+	for i, slot := range slots {
+		d := ds[i]
+		for _, fe := range fp.slotElems[slot] {
+			if cs, ok := claims[fe]; ok {
+				d.element(fe.id, &cs.winner().verdict)
+			} else {
+				d.element(fe.id, &Verdict{})
+			}
 		}
-		if cs, ok := claims[fe]; ok {
-			return slot == ts.elem(fe, cs.winner().svc)
-		}
-		return false
-	}
-	for slot, d := range ds {
 		for name := range d.state.Chains {
 			d.chain(name, nil)
 		}
@@ -458,13 +674,19 @@ func PlanFull(cfg *Config, ts *Tables, observed []*TableState, services map[mode
 			d.flowtable(name, nil)
 		}
 		for id := range d.state.Elems {
-			if !wanted(slot, famElem{d.f, id}) {
+			fe := famElem{d.f, id}
+			var want bool
+			if _, ok := plain[fe]; ok {
+				want = slot == fp.ts.Main(fe.f)
+			} else if cs, ok := claims[fe]; ok {
+				want = slot == fp.ts.elem(fe, cs.winner().svc)
+			}
+			if !want {
 				d.element(id, nil)
 			}
 		}
 	}
-	sort.Strings(conflictList)
-	return sortOps(ds), book, conflictList
+	return sortOps(ds)
 }
 
 // renderedService is a Service's fragments with their chains' plans.
@@ -474,9 +696,10 @@ type renderedService struct {
 }
 
 // renderAll renders the Services of keys and fingerprints their chains'
-// rules: a pure function of each Service, and most of what planning a full
-// sync costs, so it runs on every CPU.
-func renderAll(ts *Tables, keys []model.ServiceKey, services map[model.ServiceKey]*model.Service) []renderedService {
+// rules (those plan names, or all when it is nil): a pure function of each
+// Service, and most of what planning a full sync costs, so it runs on every
+// CPU.
+func renderAll(ts *Tables, keys []model.ServiceKey, services map[model.ServiceKey]*model.Service, plan func(chain string) bool) []renderedService {
 	out := make([]renderedService, len(keys))
 	// Services are handed out in blocks: lookups in the map and the
 	// scratch buffer stay per worker.
@@ -503,7 +726,9 @@ func renderAll(ts *Tables, keys []model.ServiceKey, services map[model.ServiceKe
 						}
 						rs.plans[fi] = make([]ChainPlan, len(chains))
 						for j, c := range chains {
-							rs.plans[fi][j] = PlanChain(f, c, &scratch)
+							if plan == nil || plan(c.Name) {
+								rs.plans[fi][j] = PlanChain(f, c, &scratch)
+							}
 						}
 					}
 				}
@@ -660,16 +885,18 @@ func familyIndex(f Family) int {
 	return 0
 }
 
+// compareElems orders elements by map, then key.
+func compareElems(a, b Element) int {
+	if c := strings.Compare(a.Map, b.Map); c != 0 {
+		return c
+	}
+	return a.Key.compare(b.Key)
+}
+
 // sortOps returns the differs' operations, sorted: it makes batches deterministic, which keeps them comparable in tests
 // and logs.
 func sortOps(ds []*differ) []*Ops {
 	byName := func(a, b ChainPlan) int { return strings.Compare(a.Chain.Name, b.Chain.Name) }
-	elems := func(a, b Element) int {
-		if c := strings.Compare(a.Map, b.Map); c != 0 {
-			return c
-		}
-		return a.Key.compare(b.Key)
-	}
 	for _, d := range ds {
 		o := &d.ops
 		slices.SortFunc(o.AddChains, byName)
@@ -678,8 +905,8 @@ func sortOps(ds []*differ) []*Ops {
 		slices.Sort(o.DelChains)
 		slices.Sort(o.DelSets)
 		slices.SortFunc(o.AddSets, func(a, b *Set) int { return strings.Compare(a.Name, b.Name) })
-		slices.SortFunc(o.AddElems, elems)
-		slices.SortFunc(o.DelElems, elems)
+		slices.SortFunc(o.AddElems, compareElems)
+		slices.SortFunc(o.DelElems, compareElems)
 	}
 	ops := make([]*Ops, len(ds))
 	for i, d := range ds {
