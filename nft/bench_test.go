@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"os/exec"
 	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
@@ -230,6 +231,47 @@ func BenchmarkKernelColdFull(b *testing.B) {
 			b.ReportMetric(float64(cpus[len(cpus)/2])/float64(time.Millisecond), "cpu-p50-ms")
 			slices.Sort(slabs)
 			b.ReportMetric(float64(slabs[len(slabs)/2])/(1<<20), "slab-MiB")
+		})
+	}
+}
+
+// BenchmarkKernelFlushRepair is the repair after another program ran nft
+// flush ruleset: first-served-ms is when the first shard was back in the
+// kernel (its Services served), p50-ms when every table was.
+func BenchmarkKernelFlushRepair(b *testing.B) {
+	for _, n := range benchSizes(10_000, 100_000) {
+		b.Run(sizeName(n), func(b *testing.B) {
+			c := clusterOf(n)
+			ns, fd := testNetNS(b)
+			p, err := NewProgrammer(scaleConfig(), Options{NetNSFD: fd})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer p.Close()
+			if _, err := p.Full(c.Services); err != nil {
+				b.Fatal(err)
+			}
+			var first, durs []time.Duration
+			b.ResetTimer()
+			for range b.N {
+				b.StopTimer()
+				if out, err := exec.Command("ip", "netns", "exec", ns, "nft", "flush", "ruleset").CombinedOutput(); err != nil {
+					b.Fatalf("nft flush ruleset: %v: %s", err, out)
+				}
+				b.StartTimer()
+				res, err := p.Full(c.Services)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if res.FirstServed == 0 || res.Counts.ChainsAdded == 0 {
+					b.Fatalf("the repair after a flush put no table back a table at a time: %+v", res.Counts)
+				}
+				first, durs = append(first, res.FirstServed), append(durs, res.Duration)
+			}
+			b.StopTimer()
+			slices.Sort(first)
+			b.ReportMetric(float64(first[len(first)/2])/float64(time.Millisecond), "first-served-ms")
+			reportQuantiles(b, durs)
 		})
 	}
 }

@@ -168,7 +168,8 @@ func (p *Programmer) fullIsolating(res *Result, observed []*ruleset.TableState, 
 	if err != nil {
 		return err // not of the Services left out: of what they share
 	}
-	p.committedFull(res, ds, observed, claims, base)
+	applyPlan(res, ds, observed)
+	p.committedFull(res, observed, claims, base)
 	refused := map[model.ServiceKey]string{}
 	err, isolatable := p.attempt(res, later)
 	if isolatable {

@@ -101,6 +101,11 @@ type Result struct {
 	// Kernel is the part of Duration between sending the batch and the
 	// kernel's answer: nf_tables checking and applying it.
 	Kernel time.Duration
+	// FirstServed, for a full sync onto no tables (a cold start, the
+	// repair after nft flush ruleset), is when its first shard was in the
+	// kernel, since the sync started: the Services of the busiest shard
+	// were served from then on.
+	FirstServed time.Duration
 	// Drift describes how the kernel differed from what nftgate had
 	// programmed, when a full sync found it changed behind its back.
 	Drift []string
@@ -324,33 +329,39 @@ func (p *Programmer) Full(services map[model.ServiceKey]*model.Service) (Result,
 		return res, err
 	}
 
-	ds, claims, conflicts := ruleset.PlanFull(&p.cfg, p.tables, observed, services)
-	res.Conflicts = conflicts
-
 	if len(drop) == 0 && !slices.ContainsFunc(observed, func(st *ruleset.TableState) bool { return st.Exists }) {
 		// Onto no tables at all (a cold start, or a repair after another
 		// program deleted every table: nft flush ruleset): nothing is
 		// served, so nothing is lost by the tables arriving one after
 		// another; the first Services are served after one table's
-		// commit instead of the whole ruleset's, the busiest first
-		// (commitEach), and one table's batch is mapped at a time
-		// instead of the whole ruleset's (226 MiB at 100,000 Services).
-		n, kernel, err := p.commitEach(ds)
-		res.Messages, res.Kernel = n, kernel
+		// commit instead of the whole ruleset's, the busiest first, and
+		// one shard's rules and batch are in memory at a time instead of
+		// the whole ruleset's (commitEach).
+		// After a flush, with no Service changed since the last sync,
+		// which Service holds each element is known: the plan renders
+		// each shard's Services only when it comes to them.
+		var book *ruleset.Claims
+		if p.synced && len(ruleset.ChangedServices(p.services, services)) == 0 {
+			book = p.claims
+		}
+		fp := ruleset.NewFullPlan(&p.cfg, p.tables, observed, services, false, book)
+		res.Conflicts = fp.Conflicts()
+		err := p.commitEach(&res, start, fp, observed)
 		if err == nil {
 			res.Duration = time.Since(start)
-			p.committedFull(&res, ds, observed, claims, services)
+			p.committedFull(&res, observed, fp.Claims(), services)
 			return res, nil
 		}
 		// Some tables may be in: read them back, and sync as one batch,
 		// with isolation of what the kernel refuses.
+		res.Counts = ruleset.Counts{}
 		if observed, drop, err = p.observe(&res, false, sampled, nil); err != nil {
 			return res, err
 		}
-		ds, claims, conflicts = ruleset.PlanFull(&p.cfg, p.tables, observed, services)
-		res.Conflicts = conflicts
 	}
 
+	ds, claims, conflicts := ruleset.PlanFull(&p.cfg, p.tables, observed, services)
+	res.Conflicts = conflicts
 	n, kernel, err := p.commit(ds, drop, nil)
 	res.Messages, res.Kernel = res.Messages+n, res.Kernel+kernel
 	var be *BatchError
@@ -363,7 +374,8 @@ func (p *Programmer) Full(services map[model.ServiceKey]*model.Service) (Result,
 	if err != nil {
 		return res, err
 	}
-	p.committedFull(&res, ds, observed, claims, services)
+	applyPlan(&res, ds, observed)
+	p.committedFull(&res, observed, claims, services)
 	return res, nil
 }
 
@@ -414,12 +426,18 @@ func (p *Programmer) restoreElems(start time.Time, res Result, only map[tableRef
 	return res, err
 }
 
-// committedFull records a full sync's plan that the kernel accepted.
-func (p *Programmer) committedFull(res *Result, plan []*ruleset.Ops, observed []*ruleset.TableState, claims *ruleset.Claims, services map[model.ServiceKey]*model.Service) {
+// applyPlan records in observed, and counts in res, operations the kernel
+// accepted.
+func applyPlan(res *Result, plan []*ruleset.Ops, observed []*ruleset.TableState) {
 	for slot, o := range plan {
 		observed[slot].Apply(o)
 		res.Counts.Add(o)
 	}
+}
+
+// committedFull records a full sync the kernel accepted: observed holds
+// its plan applied (applyPlan).
+func (p *Programmer) committedFull(res *Result, observed []*ruleset.TableState, claims *ruleset.Claims, services map[model.ServiceKey]*model.Service) {
 	p.state = observed
 	res.ServiceConflicts = claims.RebuildLosses(p.claims)
 	p.claims = claims
@@ -623,52 +641,78 @@ func (p *Programmer) commit(ds []*ruleset.Ops, drop []ruleset.TableRef, forget [
 	return w.count(), took, err
 }
 
-// commitEach commits the operations of each table in a batch of its own:
-// the main tables first (what the shards' rules rely on, such as
-// masquerading, is in place when a Service starts being served), then the
-// shards, those whose Services counted the most new connections at the
-// last counters reading first (shardWeights): after another program
-// deleted every table, the traffic that was flowing is back first. It
-// stops at the first error.
-func (p *Programmer) commitEach(ds []*ruleset.Ops) (int, time.Duration, error) {
-	order := make([]int, 0, len(ds))
-	for _, f := range ruleset.Families {
-		order = append(order, p.tables.Main(f))
-	}
-	mains := len(order)
-	for slot := range ds {
-		if !slices.Contains(order, slot) {
-			order = append(order, slot)
-		}
+// commitEach commits a full sync onto no tables in a batch per family and
+// table: the main tables' first (what the shards' rules rely on, such as
+// masquerading, is in place when a Service starts being served), then each
+// shard's table with the main tables' elements of its Services, those
+// shards whose Services counted the most new connections at the last
+// counters reading first (shardWeights): after another program deleted
+// every table, the traffic that was flowing is back first. Each shard is
+// planned while the batches before it are in the kernel, and its
+// operations are dropped once they are in observed. It stops at the first
+// error.
+func (p *Programmer) commitEach(res *Result, start time.Time, fp *ruleset.FullPlan, observed []*ruleset.TableState) error {
+	shards := make([]int, p.cfg.ShardCount())
+	for i := range shards {
+		shards[i] = i
 	}
 	if w := p.shardWeights(); len(w) > 0 {
-		slices.SortStableFunc(order[mains:], func(a, b int) int { return cmp.Compare(w[b], w[a]) })
+		slices.SortStableFunc(shards, func(a, b int) int { return cmp.Compare(w[b], w[a]) })
+	}
+	plan := func(i int) <-chan []ruleset.Batch {
+		c := make(chan []ruleset.Batch, 1)
+		go func() { c <- fp.Shard(i) }()
+		return c
 	}
 	none := &ruleset.Ops{}
-	one := make([]*ruleset.Ops, len(ds))
-	var msgs int
-	var kernel time.Duration
-	for _, slot := range order {
-		if ds[slot].Empty() {
-			continue
+	one := make([]*ruleset.Ops, len(p.tables.Refs))
+	put := func(batches []ruleset.Batch) error {
+		for _, b := range batches {
+			for i := range one {
+				one[i] = none
+			}
+			for j, slot := range b.Slots {
+				one[slot] = b.Ops[j]
+			}
+			n, k, err := p.commit(one, nil, nil)
+			res.Messages, res.Kernel = res.Messages+n, res.Kernel+k
+			if err != nil {
+				return err
+			}
+			for j, slot := range b.Slots {
+				observed[slot].Apply(b.Ops[j])
+				res.Counts.Add(b.Ops[j])
+			}
 		}
-		for i := range one {
-			one[i] = none
+		return nil
+	}
+	next := plan(shards[0]) // there is a shard at least
+	if err := put(fp.Main()); err != nil {
+		<-next // the caller reads its tables' states next
+		return err
+	}
+	for n := range shards {
+		cur := <-next
+		if n+1 < len(shards) {
+			next = plan(shards[n+1])
 		}
-		one[slot] = ds[slot]
-		n, k, err := p.commit(one, nil, nil)
-		msgs, kernel = msgs+n, kernel+k
-		if err != nil {
-			return msgs, kernel, err
+		if err := put(cur); err != nil {
+			if n+1 < len(shards) {
+				<-next
+			}
+			return err
+		}
+		if n == 0 {
+			res.FirstServed = time.Since(start)
 		}
 	}
-	return msgs, kernel, nil
+	return nil
 }
 
-// shardWeights sums, per shard table slot, the new connections that the
-// last counters reading counted for the Service ports the shard holds,
-// since they were programmed; nil when there is no reading (a cold start,
-// counters off). It reads no counter itself.
+// shardWeights sums, per shard, the new connections that the last counters
+// reading counted for the Service ports the shard holds, since they were
+// programmed; nil when there is no reading (a cold start, counters off). It
+// reads no counter itself.
 func (p *Programmer) shardWeights() map[int]uint64 {
 	p.counters.mu.Lock()
 	rd := p.counters.last
@@ -678,11 +722,8 @@ func (p *Programmer) shardWeights() map[int]uint64 {
 	}
 	w := map[int]uint64{}
 	for ref, c := range rd.Ports {
-		if c.New.Packets == 0 {
-			continue
-		}
-		for _, f := range ruleset.Families {
-			w[p.tables.Shard(f, ref.Service)] += c.New.Packets
+		if c.New.Packets > 0 {
+			w[p.cfg.ShardOf(ref.Service)] += c.New.Packets
 		}
 	}
 	return w
