@@ -482,7 +482,13 @@ func (s *Syncer) full(log *slog.Logger, repair string) error {
 		for _, d := range res.Drift {
 			log.Warn("kernel ruleset had drifted; repaired", "drift", d)
 		}
-		log.Info("full sync", "services", len(desired), "changes", res.Counts.Changes(), "messages", res.Messages, "duration", res.Duration, "kernel", res.Kernel, "tables_read", res.ReadTables)
+		attrs := []any{"services", len(desired), "changes", res.Counts.Changes(), "messages", res.Messages, "duration", res.Duration, "kernel", res.Kernel, "tables_read", res.ReadTables}
+		if res.FirstServed > 0 {
+			// Onto no tables: the busiest shard's Services were served
+			// from then on.
+			attrs = append(attrs, "first_served", res.FirstServed)
+		}
+		log.Info("full sync", attrs...)
 	}
 	s.notify(ev)
 	return err
