@@ -20,30 +20,29 @@ import (
 // collector runs no more often per change than in a small one (past the
 // limit it costs up to half the CPU).
 //
-// A full sync holds, for a moment, several times the data of the steady
-// state: the whole ruleset built (the first one) or read back from the
-// kernel (every reconcile). Under the limit the collector would run almost
-// without pause through it (a cold start of 1 s took 4.5 s at 10,000
-// Services under a 128 MiB limit), so the limit is lifted while a full
-// sync runs (the first also with a higher GOGC), and after it the memory
-// it used is handed back to the kernel at once. A GOMEMLIMIT in the
-// environment wins, as the runtime documents.
+// A full sync that reads every table back (a reconcile after another
+// program's transaction), or replaces tables in place in one batch (a
+// restart), holds for a moment several times the data of the steady state:
+// the whole ruleset read or rendered. Under the limit the collector would
+// run almost without pause through it (a cold start of 1 s took 4.5 s at
+// 10,000 Services under a 128 MiB limit, when it rendered the whole
+// ruleset at once), so the limit is lifted while a full sync runs, and
+// after it the memory it used is handed back to the kernel at once. A
+// GOMEMLIMIT in the environment wins, as the runtime documents.
+//
+// The first full sync onto no tables holds one shard at a time, and runs
+// with Go's default pacing: it ran with GOGC 400 while it held the whole
+// ruleset (0.94 s against 1.15-1.29 s at 10,000 Services then); streamed,
+// GOGC 100 costs it nothing measurable (10,000 Services: 881-899 ms
+// against 890-930 ms) and its peak went 616-625 -> 470-478 MiB at
+// 100,000 (115-121 -> 89-91 MiB at 10,000).
 type Policy struct {
 	floor int64
 	log   *slog.Logger
 	last  int64 // the limit set after the last sync; 0 before the first
-	// cold is set while the first full sync runs, with coldGCPercent;
-	// gcPercent is GOGC as it was before.
-	cold, coldDone bool
-	gcPercent      int
+	// firstDone is set once the first full sync is over.
+	firstDone bool
 }
-
-// coldGCPercent is GOGC during the first full sync: it allocates about
-// 55 MB at 10,000 Services, most of it kept until the batch is sent, and
-// with the default the collector ran several times through it (a cold
-// sync took 0.94 s with 400 against 1.15-1.29 s with 100, alternating runs
-// under the same load). What it held is handed back when it ends.
-const coldGCPercent = 400
 
 // headroomDivisor sets the room the memory limit leaves above the live data
 // of a larger cluster: live/headroomDivisor (or minHeadroom, whichever is
@@ -76,14 +75,9 @@ func New(limit int64, log *slog.Logger) *Policy {
 	return &Policy{floor: limit, log: log}
 }
 
-// BeforeFull lifts the limit for a full sync, and lets the heap grow
-// further than usual before the first. Only the sync loop's goroutine
-// calls BeforeFull and Synced.
+// BeforeFull lifts the limit for a full sync. Only the sync loop's
+// goroutine calls BeforeFull and Synced.
 func (m *Policy) BeforeFull() {
-	if !m.coldDone && !m.cold {
-		m.cold = true
-		m.gcPercent = debug.SetGCPercent(coldGCPercent)
-	}
 	if m.floor > 0 {
 		debug.SetMemoryLimit(math.MaxInt64)
 	}
@@ -98,9 +92,8 @@ func (m *Policy) BeforeFull() {
 // comes within half the room of it, as when the cluster grows between two
 // full syncs, or the first status rows are made after the first.
 func (m *Policy) Synced(full bool) {
-	if full && m.cold {
-		debug.SetGCPercent(m.gcPercent)
-		m.cold, m.coldDone = false, true
+	if full && !m.firstDone {
+		m.firstDone = true
 		if m.floor <= 0 {
 			debug.FreeOSMemory()
 		}
