@@ -86,9 +86,11 @@ func TestColdSyncCommitsTableByTable(t *testing.T) {
 }
 
 // TestFlushRepairServesTheBusiestFirst: after nft flush ruleset the repair
-// commits table by table as a cold start does, and the shard of the
+// commits shard by shard as a cold start does, and the shard of the
 // Service that counted the most new connections comes right after the
-// main table, before shards that come before it in the layout.
+// main table, before shards that come before it in the layout; with two
+// readings, the shard that counted the most between them comes first,
+// before one that counted more once.
 func TestFlushRepairServesTheBusiestFirst(t *testing.T) {
 	ns, fd := testNetNS(t)
 	addLink(t, ns, "198.19.0.1/16", "198.18.0.1/16")
@@ -99,58 +101,114 @@ func TestFlushRepairServesTheBusiestFirst(t *testing.T) {
 	}
 	defer p.Close()
 	var svcs []*model.Service
-	var busy *model.Service
+	var busy, now *model.Service
 	last := p.cfg.ShardCount() - 1
 	for i := range 40 {
 		s := isolationService(fmt.Sprintf("s%d", i), 10+i, fmt.Sprintf("198.18.2.%d", 10+i))
 		svcs = append(svcs, s)
-		if busy == nil && p.cfg.ShardOf(s.Key) == last {
+		switch sh := p.cfg.ShardOf(s.Key); {
+		case busy == nil && sh == last:
 			busy = s
+		case now == nil && sh == last-1:
+			now = s
 		}
 	}
-	if busy == nil {
-		t.Fatalf("no Service in shard %d; the test wants one in the last shard", last)
+	if busy == nil || now == nil {
+		t.Fatalf("no Service in shard %d or %d; the test wants one in each", last, last-1)
 	}
 	services := serviceMap(svcs...)
 	if _, err := p.Full(services); err != nil {
 		t.Fatal(err)
 	}
-	for range 3 {
-		// No endpoint answers: the DNAT counts the attempt all the same.
-		exec.Command("ip", "netns", "exec", ns, "timeout", "0.3", "bash", "-c", "echo > /dev/tcp/"+busy.ClusterIPs[0].String()+"/80").Run()
+	connect := func(s *model.Service, n int) {
+		t.Helper()
+		for range n {
+			// No endpoint answers: the DNAT counts the attempt all the same.
+			exec.Command("ip", "netns", "exec", ns, "timeout", "0.3", "bash", "-c", "echo > /dev/tcp/"+s.ClusterIPs[0].String()+"/80").Run()
+		}
 	}
-	rd, err := p.Counters()
-	if err != nil {
-		t.Fatal(err)
+	// read reads the counters, and returns the new connections of each
+	// of ss.
+	read := func(ss ...*model.Service) []uint64 {
+		t.Helper()
+		rd, err := p.readCounters(true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []uint64
+		for _, s := range ss {
+			out = append(out, rd.Ports[PortRef{Service: s.Key, Proto: model.TCP, Port: 80}].New.Packets)
+		}
+		return out
 	}
-	if c := rd.Ports[PortRef{Service: busy.Key, Proto: model.TCP, Port: 80}]; c.New.Packets == 0 {
-		t.Fatalf("%v counted no new connection: %+v", busy.Key, c)
+	flushAndRepair := func() map[string]int {
+		t.Helper()
+		if out, err := exec.Command("ip", "netns", "exec", ns, "nft", "flush", "ruleset").CombinedOutput(); err != nil {
+			t.Fatalf("nft flush ruleset: %v: %s", err, out)
+		}
+		before, err := p.batch.generation()
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := p.Full(services)
+		if err != nil {
+			t.Fatal(err)
+		}
+		after, err := p.batch.generation()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if commits := after - before; commits < uint32(1+p.cfg.ShardCount()) {
+			t.Errorf("the repair was %d transactions; want one per table, at least %d", commits, 1+p.cfg.ShardCount())
+		}
+		if res.FirstServed <= 0 || res.FirstServed > res.Duration {
+			t.Errorf("the repair's first shard in after %v, the repair %v", res.FirstServed, res.Duration)
+		}
+		want := map[string]string{}
+		for i := range svcs {
+			want[fmt.Sprintf("198.19.0.%d", 10+i)] = fmt.Sprintf("198.18.2.%d", 10+i)
+		}
+		checkIsolated(t, ns, want)
+		return tablesMade(t, ns, 1+p.cfg.ShardCount())
+	}
+	// first checks that the main table was made first, then the shard of
+	// s, then every other.
+	first := func(made map[string]int, s *model.Service) {
+		t.Helper()
+		first := p.cfg.TableOf(s.Key)
+		for name, h := range made {
+			switch {
+			case name == cfg.Table:
+				if h > made[first] {
+					t.Errorf("table %s (handle %d) was made after %s (handle %d): the main table comes first", name, h, first, made[first])
+				}
+			case name != first && h < made[first]:
+				t.Errorf("table %s (handle %d) was made before %s (handle %d), the shard of %v", name, h, first, made[first], s.Key)
+			}
+		}
 	}
 
-	if out, err := exec.Command("ip", "netns", "exec", ns, "nft", "flush", "ruleset").CombinedOutput(); err != nil {
-		t.Fatalf("nft flush ruleset: %v: %s", err, out)
+	connect(busy, 3)
+	if n := read(busy)[0]; n == 0 {
+		t.Fatalf("%v counted no new connection", busy.Key)
 	}
-	before, err := p.batch.generation()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := p.Full(services); err != nil {
-		t.Fatal(err)
-	}
-	after, err := p.batch.generation()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if commits := after - before; commits < uint32(1+p.cfg.ShardCount()) {
-		t.Errorf("the repair was %d transactions; want one per table, at least %d", commits, 1+p.cfg.ShardCount())
-	}
-	want := map[string]string{}
-	for i := range svcs {
-		want[fmt.Sprintf("198.19.0.%d", 10+i)] = fmt.Sprintf("198.18.2.%d", 10+i)
-	}
-	checkIsolated(t, ns, want)
+	first(flushAndRepair(), busy)
 
-	// The kernel numbers tables in the order they are made.
+	// busy counts more than now, but all of it before the reading before
+	// the last.
+	connect(busy, 4)
+	read()
+	connect(now, 2)
+	if n := read(busy, now); n[0] <= n[1] || n[1] == 0 {
+		t.Fatalf("new connections counted: %v %d, %v %d; want more for the first, some for the second", busy.Key, n[0], now.Key, n[1])
+	}
+	first(flushAndRepair(), now)
+}
+
+// tablesMade returns the handles of the ip tables in namespace ns, which
+// the kernel numbers in the order they are made, and checks there are n.
+func tablesMade(t *testing.T, ns string, n int) map[string]int {
+	t.Helper()
 	var listing struct {
 		Nftables []struct {
 			Table *struct {
@@ -168,18 +226,8 @@ func TestFlushRepairServesTheBusiestFirst(t *testing.T) {
 			made[o.Table.Name] = o.Table.Handle
 		}
 	}
-	busyTable := p.cfg.TableOf(busy.Key)
-	for name, h := range made {
-		switch {
-		case name == cfg.Table:
-			if h > made[busyTable] {
-				t.Errorf("table %s (handle %d) was made after %s (handle %d): the main table comes first", name, h, busyTable, made[busyTable])
-			}
-		case name != busyTable && h < made[busyTable]:
-			t.Errorf("table %s (handle %d) was made before %s (handle %d), the shard of the busiest Service", name, h, busyTable, made[busyTable])
-		}
+	if len(made) != n {
+		t.Errorf("ip tables after the repair: %v, want %d", made, n)
 	}
-	if len(made) != 1+p.cfg.ShardCount() {
-		t.Errorf("ip tables after the repair: %v, want the main table and %d shards", made, p.cfg.ShardCount())
-	}
+	return made
 }

@@ -88,6 +88,11 @@ type counterCache struct {
 	refreshing bool
 	closed     bool
 	wg         sync.WaitGroup
+	// shardNew are the new connections each shard's Service ports
+	// counted, per shard, at the last reading and the one before it
+	// (nil before there is one): a repair after a flush serves first the
+	// shards that counted the most between them (shardOrder).
+	shardNew, prevShardNew []uint64
 
 	read   sync.Mutex // held while reading, taken before mu; guards what follows
 	reader *reader
@@ -186,6 +191,7 @@ func (p *Programmer) readCounters(background bool) (*Reading, error) {
 	}
 	rd.At = start
 	c.last = rd
+	c.prevShardNew, c.shardNew = c.shardNew, p.shardSums(rd)
 	c.next = start.Add(max(CountersMaxAge, countersPace*took))
 	return rd, nil
 }

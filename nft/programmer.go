@@ -645,20 +645,14 @@ func (p *Programmer) commit(ds []*ruleset.Ops, drop []ruleset.TableRef, forget [
 // table: the main tables' first (what the shards' rules rely on, such as
 // masquerading, is in place when a Service starts being served), then each
 // shard's table with the main tables' elements of its Services, those
-// shards whose Services counted the most new connections at the last
-// counters reading first (shardWeights): after another program deleted
+// shards whose Services counted the most new connections between the last
+// two counters readings first (shardOrder): after another program deleted
 // every table, the traffic that was flowing is back first. Each shard is
 // planned while the batches before it are in the kernel, and its
 // operations are dropped once they are in observed. It stops at the first
 // error.
 func (p *Programmer) commitEach(res *Result, start time.Time, fp *ruleset.FullPlan, observed []*ruleset.TableState) error {
-	shards := make([]int, p.cfg.ShardCount())
-	for i := range shards {
-		shards[i] = i
-	}
-	if w := p.shardWeights(); len(w) > 0 {
-		slices.SortStableFunc(shards, func(a, b int) int { return cmp.Compare(w[b], w[a]) })
-	}
+	shards := p.shardOrder()
 	plan := func(i int) <-chan []ruleset.Batch {
 		c := make(chan []ruleset.Batch, 1)
 		go func() { c <- fp.Shard(i) }()
@@ -709,24 +703,46 @@ func (p *Programmer) commitEach(res *Result, start time.Time, fp *ruleset.FullPl
 	return nil
 }
 
-// shardWeights sums, per shard, the new connections that the last counters
-// reading counted for the Service ports the shard holds, since they were
-// programmed; nil when there is no reading (a cold start, counters off). It
-// reads no counter itself.
-func (p *Programmer) shardWeights() map[int]uint64 {
-	p.counters.mu.Lock()
-	rd := p.counters.last
-	p.counters.mu.Unlock()
-	if rd == nil {
-		return nil
-	}
-	w := map[int]uint64{}
+// shardSums sums, per shard, the new connections a reading counted for
+// the Service ports the shard holds, since they were programmed.
+func (p *Programmer) shardSums(rd *Reading) []uint64 {
+	sums := make([]uint64, p.cfg.ShardCount())
 	for ref, c := range rd.Ports {
-		if c.New.Packets > 0 {
-			w[p.cfg.ShardOf(ref.Service)] += c.New.Packets
+		sums[p.cfg.ShardOf(ref.Service)] += c.New.Packets
+	}
+	return sums
+}
+
+// shardOrder lists the shards, those whose Services counted the most new
+// connections between the last two counters readings first (the traffic
+// flowing now, not what a Service counted once), then by what they
+// counted since they were programmed; in the layout's order without a
+// reading (a cold start, counters off). It reads no counter itself. A
+// shard whose count went down since the reading before (programmed anew,
+// as after a flush) counts what it counted since.
+func (p *Programmer) shardOrder() []int {
+	p.counters.mu.Lock()
+	last, prev := p.counters.shardNew, p.counters.prevShardNew
+	p.counters.mu.Unlock()
+	order := make([]int, p.cfg.ShardCount())
+	for i := range order {
+		order[i] = i
+	}
+	if len(last) != len(order) {
+		return order
+	}
+	recent := slices.Clone(last)
+	if len(prev) == len(last) {
+		for i := range recent {
+			if last[i] >= prev[i] {
+				recent[i] = last[i] - prev[i]
+			}
 		}
 	}
-	return w
+	slices.SortStableFunc(order, func(a, b int) int {
+		return cmp.Or(cmp.Compare(recent[b], recent[a]), cmp.Compare(last[b], last[a]))
+	})
+	return order
 }
 
 // Cleanup deletes nftgate's tables (the main table and every service
