@@ -10,6 +10,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"image/color"
@@ -238,14 +239,55 @@ func (e *Env) measureDrift(ctx context.Context, proc *Proc, p *Proxier, n int) (
 		return back, failed, err
 	}
 	// A gateway up for a minute has read its counters (the traffic
-	// history's step) and knows which Services carry traffic, which a
-	// repair after a flush serves first; the bench reads them once here,
-	// as the page or a scrape would, the canary's connections counted
-	// (404: counters off, nothing to read).
-	if code, body, err := httpGet(ctx, e, "http://"+nftgateListen+"/api/v1/traffic"); err != nil {
-		return nil, fmt.Errorf("GET /api/v1/traffic: %w", err)
-	} else if code != http.StatusOK && code != http.StatusNotFound {
-		return nil, fmt.Errorf("GET /api/v1/traffic: %d %.200s", code, body)
+	// history's step) and knows which Services carry traffic now, which a
+	// repair after a flush serves first: those that counted the most new
+	// connections between its last two readings. The bench reads them
+	// here, as the page or a scrape would, until a second reading after
+	// the canary answered counts its connections (an answer is the last
+	// reading, refreshed behind it when older than a second or ten times
+	// what it took; 404: counters off, nothing to read).
+	answered, _, err := waitAnswered(time.Now())
+	if err != nil {
+		return nil, fmt.Errorf("the canary before the drifts: %w", err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, e.Cfg.Timeout)
+	var firstRead time.Time // the first reading after the canary answered
+	err = lab.Eventually(wctx, func() error {
+		code, body, err := httpGet(ctx, e, "http://"+nftgateListen+"/api/v1/traffic")
+		switch {
+		case err != nil:
+			return fmt.Errorf("GET /api/v1/traffic: %w", err)
+		case code == http.StatusNotFound:
+			return nil
+		case code != http.StatusOK:
+			return fmt.Errorf("GET /api/v1/traffic: %d %.200s", code, body)
+		}
+		var t struct {
+			ReadAt time.Time `json:"readAt"`
+			Ports  []struct {
+				Namespace, Name string
+				NewConnections  uint64 `json:"newConnections"`
+			} `json:"ports"`
+		}
+		if err := json.Unmarshal([]byte(body), &t); err != nil {
+			return fmt.Errorf("GET /api/v1/traffic: %w", err)
+		}
+		if firstRead.IsZero() && t.ReadAt.After(answered) {
+			firstRead = t.ReadAt
+		}
+		if firstRead.IsZero() || !t.ReadAt.After(firstRead) {
+			return fmt.Errorf("GET /api/v1/traffic: no second reading since the canary answered (%s) yet", answered.Format("15:04:05.000"))
+		}
+		for _, p := range t.Ports {
+			if p.Namespace == namespace && p.Name == canaryName && p.NewConnections > 0 {
+				return nil
+			}
+		}
+		return fmt.Errorf("GET /api/v1/traffic: no new connection of %s/%s counted yet", namespace, canaryName)
+	})
+	cancel()
+	if err != nil {
+		return nil, err
 	}
 	res := &DriftResult{IntervalMs: float64(c.Interval) / float64(time.Millisecond)}
 	for _, kind := range driftKinds {
