@@ -83,6 +83,16 @@ func (m *Policy) BeforeFull() {
 	}
 }
 
+// Streamed puts back, during a full sync, the limit BeforeFull lifted: the
+// sync holds one shard's rules at a time, not the whole ruleset (a full
+// sync onto no tables, as after nft flush ruleset). Before the first sync
+// there is no limit to put back.
+func (m *Policy) Streamed() {
+	if m.floor > 0 && m.last > 0 {
+		debug.SetMemoryLimit(m.last)
+	}
+}
+
 // Synced sets the limit from the live data a sync left. After a full sync
 // a collection first measures that data exactly (the last automatic one
 // ran in the middle of the sync) and returns what the sync used. After a

@@ -90,3 +90,29 @@ func TestMemoryLimitRaisedWithinHalfTheRoom(t *testing.T) {
 	runtime.KeepAlive(keep)
 	runtime.KeepAlive(more)
 }
+
+// TestStreamedFullSyncKeepsTheLimit checks that a full sync onto no tables,
+// which holds one shard at a time, runs under the limit the last sync set,
+// and that before the first sync there is none to put back.
+func TestStreamedFullSyncKeepsTheLimit(t *testing.T) {
+	t.Setenv("GOMEMLIMIT", "")
+	defer debug.SetMemoryLimit(math.MaxInt64)
+	keep := make([]byte, 8<<20)
+	m := New(1<<20, slog.New(slog.DiscardHandler))
+	m.BeforeFull()
+	m.Streamed() // the cold start
+	if got := debug.SetMemoryLimit(-1); got != math.MaxInt64 {
+		t.Fatalf("limit during the first full sync = %d, want none", got)
+	}
+	m.Synced(true)
+	set := debug.SetMemoryLimit(-1)
+	m.BeforeFull()
+	if got := debug.SetMemoryLimit(-1); got != math.MaxInt64 {
+		t.Fatalf("limit during a full sync = %d, want none", got)
+	}
+	m.Streamed()
+	if got := debug.SetMemoryLimit(-1); got != set {
+		t.Errorf("limit during a streamed full sync = %d, want %d as the last sync set it", got, set)
+	}
+	runtime.KeepAlive(keep)
+}

@@ -13,12 +13,13 @@ import (
 
 // TestColdSyncCommitsTableByTable: the first full sync onto no tables
 // commits each table in a batch of its own (the kernel's generation moves
-// once per table), and programs every Service; a restart onto tables in
-// place replaces them in one batch.
+// once per table), says so (Options.Streamed), and programs every Service;
+// a restart onto tables in place replaces them in one batch.
 func TestColdSyncCommitsTableByTable(t *testing.T) {
 	ns, fd := testNetNS(t)
 	cfg := ruleset.Config{Table: "nftgate", Node: model.Node{Name: "gw"}, HashSeed: 1, Shards: 4}
-	p, err := NewProgrammer(cfg, Options{NetNSFD: fd})
+	streamed := 0
+	p, err := NewProgrammer(cfg, Options{NetNSFD: fd, Streamed: func() { streamed++ }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,9 +60,12 @@ func TestColdSyncCommitsTableByTable(t *testing.T) {
 	if res.Messages == 0 || res.Kernel == 0 {
 		t.Errorf("result %+v: want the messages and the kernel's time of every batch", res)
 	}
+	if streamed != 1 {
+		t.Errorf("the cold sync told %d times that it streamed, want once", streamed)
+	}
 
 	// A restart: the tables are in place, and are replaced atomically.
-	q, err := NewProgrammer(cfg, Options{NetNSFD: fd})
+	q, err := NewProgrammer(cfg, Options{NetNSFD: fd, Streamed: func() { streamed++ }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,6 +83,9 @@ func TestColdSyncCommitsTableByTable(t *testing.T) {
 	}
 	if after != before+1 {
 		t.Errorf("the full sync after a restart was %d transactions, want 1", after-before)
+	}
+	if streamed != 1 {
+		t.Errorf("the sync onto tables in place told it streamed")
 	}
 	if out := nftList(t, ns, "list", "table", "ip", q.cfg.TableOf(moved.Key)); !strings.Contains(out, "198.18.2.99") {
 		t.Errorf("the restart's sync did not program the change:\n%s", out)

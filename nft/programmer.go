@@ -22,11 +22,12 @@ import (
 // onto no tables (a cold start, or a repair after every table was
 // deleted), which commits table by table (see Full).
 type Programmer struct {
-	mu     sync.Mutex
-	cfg    ruleset.Config
-	tables *ruleset.Tables
-	batch  *batchConn
-	reader *reader
+	mu       sync.Mutex
+	cfg      ruleset.Config
+	streamed func() // Options.Streamed
+	tables   *ruleset.Tables
+	batch    *batchConn
+	reader   *reader
 
 	synced     bool
 	reconciles uint32
@@ -90,6 +91,12 @@ type Options struct {
 	// that does not exist): tests use it to watch the kernel refuse one
 	// Service.
 	RefuseForTest func(*model.Service) bool
+	// Streamed, when set, is called when a full sync goes onto no tables
+	// (a cold start, the repair after nft flush ruleset), from the
+	// goroutine calling Full: it holds one shard's rules at a time, not
+	// the whole ruleset, so a memory limit lifted for the full sync can be
+	// put back.
+	Streamed func()
 }
 
 // Result describes one sync.
@@ -154,7 +161,7 @@ func NewProgrammer(cfg ruleset.Config, opts Options) (*Programmer, error) {
 		return nil, err
 	}
 	p := &Programmer{cfg: cfg, batch: b, reader: r, services: map[model.ServiceKey]*model.Service{}, claims: ruleset.NewClaims(),
-		watch: newWatchState(), netnsFD: opts.NetNSFD, ownTables: map[tableRef]bool{}}
+		watch: newWatchState(), netnsFD: opts.NetNSFD, ownTables: map[tableRef]bool{}, streamed: opts.Streamed}
 	p.tables = ruleset.NewTables(&p.cfg)
 	for _, f := range ruleset.Families {
 		for _, n := range p.tables.Names(f) {
@@ -343,6 +350,9 @@ func (p *Programmer) Full(services map[model.ServiceKey]*model.Service) (Result,
 		var book *ruleset.Claims
 		if p.synced && len(ruleset.ChangedServices(p.services, services)) == 0 {
 			book = p.claims
+		}
+		if p.streamed != nil {
+			p.streamed()
 		}
 		fp := ruleset.NewFullPlan(&p.cfg, p.tables, observed, services, false, book)
 		res.Conflicts = fp.Conflicts()

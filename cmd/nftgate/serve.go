@@ -166,7 +166,7 @@ func serve(ctx context.Context, cfg *Config) error {
 	if err := cfg.checkFlowtableDevices(); err != nil {
 		return err
 	}
-	prog, err := nft.NewProgrammer(cfg.ruleset(), nft.Options{})
+	prog, err := nft.NewProgrammer(cfg.ruleset(), nft.Options{Streamed: memLimit.Streamed})
 	if err != nil {
 		var fe *nft.ForeignTableError
 		if errors.As(err, &fe) {
