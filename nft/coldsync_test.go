@@ -36,20 +36,9 @@ func TestColdSyncCommitsTableByTable(t *testing.T) {
 	if len(shards) < 2 {
 		t.Fatalf("the Services are in %d shard tables; the test wants several", len(shards))
 	}
-	before, err := p.batch.generation()
-	if err != nil {
-		t.Fatal(err)
-	}
-	res, err := p.Full(services)
-	if err != nil {
-		t.Fatal(err)
-	}
-	after, err := p.batch.generation()
-	if err != nil {
-		t.Fatal(err)
-	}
+	res, commits := fullCommits(t, p, services)
 	// At least the IPv4 main table and every shard holding a Service.
-	if commits := after - before; commits < uint32(1+len(shards)) {
+	if commits < uint32(1+len(shards)) {
 		t.Errorf("the cold sync was %d transactions; want one per table, at least %d", commits, 1+len(shards))
 	}
 	want := map[string]string{}
@@ -72,17 +61,8 @@ func TestColdSyncCommitsTableByTable(t *testing.T) {
 	defer q.Close()
 	moved := isolationService("s0", 10, "198.18.2.99")
 	services[moved.Key] = moved
-	if before, err = q.batch.generation(); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := q.Full(services); err != nil {
-		t.Fatal(err)
-	}
-	if after, err = q.batch.generation(); err != nil {
-		t.Fatal(err)
-	}
-	if after != before+1 {
-		t.Errorf("the full sync after a restart was %d transactions, want 1", after-before)
+	if _, commits := fullCommits(t, q, services); commits != 1 {
+		t.Errorf("the full sync after a restart was %d transactions, want 1", commits)
 	}
 	if streamed != 1 {
 		t.Errorf("the sync onto tables in place told it streamed")
@@ -153,19 +133,8 @@ func TestFlushRepairServesTheBusiestFirst(t *testing.T) {
 		if out, err := exec.Command("ip", "netns", "exec", ns, "nft", "flush", "ruleset").CombinedOutput(); err != nil {
 			t.Fatalf("nft flush ruleset: %v: %s", err, out)
 		}
-		before, err := p.batch.generation()
-		if err != nil {
-			t.Fatal(err)
-		}
-		res, err := p.Full(services)
-		if err != nil {
-			t.Fatal(err)
-		}
-		after, err := p.batch.generation()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if commits := after - before; commits < uint32(1+p.cfg.ShardCount()) {
+		res, commits := fullCommits(t, p, services)
+		if commits < uint32(1+p.cfg.ShardCount()) {
 			t.Errorf("the repair was %d transactions; want one per table, at least %d", commits, 1+p.cfg.ShardCount())
 		}
 		if res.FirstServed <= 0 || res.FirstServed > res.Duration {
@@ -237,4 +206,23 @@ func tablesMade(t *testing.T, ns string, n int) map[string]int {
 		t.Errorf("ip tables after the repair: %v, want %d", made, n)
 	}
 	return made
+}
+
+// fullCommits runs a full sync, and returns its result and how many
+// transactions it committed.
+func fullCommits(t *testing.T, p *Programmer, services map[model.ServiceKey]*model.Service) (Result, uint32) {
+	t.Helper()
+	before, err := p.batch.generation()
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := p.Full(services)
+	if err != nil {
+		t.Fatal(err)
+	}
+	after, err := p.batch.generation()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res, after - before
 }

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -65,20 +66,10 @@ func plannedTables(cfg *ruleset.Config, ts *ruleset.Tables, observed []*ruleset.
 		}
 	}
 	for _, o := range ds {
-		slices.SortFunc(o.AddElems, func(a, b ruleset.Element) int { return cmpString(fmt.Sprint(a), fmt.Sprint(b)) })
-		slices.SortFunc(o.DelElems, func(a, b ruleset.Element) int { return cmpString(fmt.Sprint(a), fmt.Sprint(b)) })
+		slices.SortFunc(o.AddElems, func(a, b ruleset.Element) int { return strings.Compare(fmt.Sprint(a), fmt.Sprint(b)) })
+		slices.SortFunc(o.DelElems, func(a, b ruleset.Element) int { return strings.Compare(fmt.Sprint(a), fmt.Sprint(b)) })
 	}
 	return ds, fp.Conflicts(), all, fp.Claims()
-}
-
-func cmpString(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // A full sync planned a shard at a time, each shard's Services rendered
