@@ -402,9 +402,9 @@ func TestGatewaySetECMPAndConsistentChoice(t *testing.T) {
 
 // attempt is one short connection of a stream.
 type attempt struct {
-	start time.Time
-	err   error
-	gw    int
+	start, end time.Time
+	err        error
+	gw         int
 }
 
 // streamer opens a new short connection through the router every interval
@@ -435,6 +435,7 @@ func stream(h *lab.Host, interval, timeout time.Duration) *streamer {
 				a := attempt{start: time.Now()}
 				var seen netip.AddrPort
 				_, seen, a.err = once(h, netip.AddrPort{}, timeout)
+				a.end = time.Now()
 				a.gw = gatewayOf(seen)
 				mu.Lock()
 				all = append(all, a)
@@ -611,7 +612,21 @@ func TestGatewaySetDrain(t *testing.T) {
 	}
 	t.Logf("nftgate drain: %s", strings.TrimSpace(string(out)))
 	s.waitPaths(t, setGateways-1)
-	t.Logf("the router dropped the drained gateway's route after %v", time.Since(drainStarted).Round(time.Millisecond))
+	// and the router's kernel forwards by them.
+	if err := lab.EventuallyWithin(10*time.Second, func() error {
+		out, err := s.router.Command(context.Background(), "ip", "route", "show", setVIP.String()).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("ip route show %s: %v: %s", setVIP, err, out)
+		}
+		if n := strings.Count(string(out), "nexthop"); n != setGateways-1 {
+			return fmt.Errorf("the router's kernel has %d paths to %s: %s", n, setVIP, out)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	routeSeen := time.Now()
+	t.Logf("the router dropped the drained gateway's route after %v", routeSeen.Sub(drainStarted).Round(time.Millisecond))
 	if code, body, err := s.gws[0].Get("/readyz"); err != nil || code != 503 || !strings.HasPrefix(body, "draining: ") {
 		t.Errorf("/readyz while draining: %d %q %v", code, body, err)
 	}
@@ -647,17 +662,34 @@ func TestGatewaySetDrain(t *testing.T) {
 	}
 	t.Logf("nftgate exited %v after the last flow through it closed", time.Since(closed).Round(time.Millisecond))
 	all := st.finish()
-	failed, per := 0, map[int]int{}
+	// A connection in flight when the router's paths changed may have
+	// moved: off the drained gateway, and between the other two (the
+	// kernel's ECMP hash-threshold moves a sixth of the flows between
+	// survivors when one of three paths goes). Without state sync no
+	// gateway has a moved connection's state, and the backend resets it.
+	// Half of those in flight at most; every other one must succeed.
+	failed, moved, inFlight, per := 0, 0, 0, map[int]int{}
 	for _, a := range all {
-		if a.err != nil {
+		across := !a.start.After(routeSeen) && !a.end.Before(drainStarted)
+		if across {
+			inFlight++
+		}
+		switch {
+		case a.err != nil && across:
+			moved++
+			t.Logf("a connection in flight while the router's paths changed failed: %v", a.err)
+		case a.err != nil:
 			if failed++; failed <= 5 {
 				t.Errorf("a new connection failed during the drain: %v", a.err)
 			}
-			continue
+		default:
+			per[a.gw]++
 		}
-		per[a.gw]++
 	}
-	t.Logf("%d new connections during the drain, %d failed; per gateway: %v", len(all), failed, per)
+	if moved > (inFlight+1)/2 {
+		t.Errorf("%d of the %d connections in flight while the router's paths changed failed; at most half may have moved", moved, inFlight)
+	}
+	t.Logf("%d new connections during the drain, %d failed, %d of %d in flight while the paths changed; per gateway: %v", len(all), failed, moved, inFlight, per)
 	if !strings.Contains(s.gws[0].Logs(), "drained") {
 		t.Errorf("no drained in the log:\n%s", s.gws[0].Logs())
 	}
