@@ -96,9 +96,11 @@ func MainSet(name string) bool {
 // firewall chain, which the main table's firewall map jumps to.
 func MainChain(name string) bool { return strings.HasPrefix(name, "fw-") }
 
-// HasMainChains tells whether a Service may have chains in the main table:
-// firewall chains, which only source ranges make.
-func HasMainChains(svc *model.Service) bool { return len(svc.SourceRanges) > 0 }
+// hasMainChains tells whether a Service may have chains in the main table:
+// firewall chains, which only source ranges make (renderPort).
+// TestFullPlanShardByShard fails if a rendering puts a main chain where
+// this says none can be.
+func hasMainChains(svc *model.Service) bool { return len(svc.SourceRanges) > 0 }
 
 // Table is the content of one kernel table.
 type Table struct {

@@ -488,7 +488,7 @@ func NewFullPlan(cfg *Config, ts *Tables, observed []*TableState, services map[m
 	if book != nil && !keep {
 		keys = nil
 		for _, k := range fp.keys {
-			if HasMainChains(services[k]) {
+			if hasMainChains(services[k]) {
 				keys = append(keys, k)
 			}
 		}
