@@ -12,8 +12,8 @@ import (
 )
 
 // TestColdSyncCommitsTableByTable: the first full sync onto no tables
-// commits each table in a batch of its own (the kernel's generation moves
-// once per table), says so (Options.Streamed), and programs every Service;
+// commits each table (with the main tables' elements of its Services) in a
+// batch of its own (the kernel's generation moves once per table), says so (Options.Streamed), and programs every Service;
 // a restart onto tables in place replaces them in one batch.
 func TestColdSyncCommitsTableByTable(t *testing.T) {
 	ns, fd := testNetNS(t)

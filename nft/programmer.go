@@ -20,7 +20,7 @@ import (
 // none of it, and the Programmer's own record of the kernel changes only
 // when the kernel accepted the batch. The one exception is a full sync
 // onto no tables (a cold start, or a repair after every table was
-// deleted), which commits table by table (see Full).
+// deleted), which commits shard by shard (see Full and commitEach).
 type Programmer struct {
 	mu       sync.Mutex
 	cfg      ruleset.Config
