@@ -5,7 +5,6 @@ import (
 	"net/netip"
 	"reflect"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -45,30 +44,11 @@ func fullPlanServices() map[model.ServiceKey]*model.Service {
 // per table. It also returns the batches and the plan's book.
 func plannedTables(cfg *ruleset.Config, ts *ruleset.Tables, observed []*ruleset.TableState, services map[model.ServiceKey]*model.Service, keep bool, book *ruleset.Claims) ([]*ruleset.Ops, []string, [][]ruleset.Batch, *ruleset.Claims) {
 	fp := ruleset.NewFullPlan(cfg, ts, observed, services, keep, book)
-	ds := make([]*ruleset.Ops, len(ts.Refs))
 	all := [][]ruleset.Batch{fp.Main()}
 	for i := range cfg.ShardCount() {
 		all = append(all, fp.Shard(i))
 	}
-	for _, batches := range all {
-		for _, b := range batches {
-			for j, slot := range b.Slots {
-				if ds[slot] == nil {
-					o := *b.Ops[j] // the batches stay as planned
-					o.AddElems, o.DelElems = slices.Clip(o.AddElems), slices.Clip(o.DelElems)
-					ds[slot] = &o
-					continue
-				}
-				// Only elements come in a second batch.
-				ds[slot].AddElems = append(ds[slot].AddElems, b.Ops[j].AddElems...)
-				ds[slot].DelElems = append(ds[slot].DelElems, b.Ops[j].DelElems...)
-			}
-		}
-	}
-	for _, o := range ds {
-		slices.SortFunc(o.AddElems, func(a, b ruleset.Element) int { return strings.Compare(fmt.Sprint(a), fmt.Sprint(b)) })
-		slices.SortFunc(o.DelElems, func(a, b ruleset.Element) int { return strings.Compare(fmt.Sprint(a), fmt.Sprint(b)) })
-	}
+	ds := ruleset.MergeBatches(len(ts.Refs), slices.Concat(all...))
 	return ds, fp.Conflicts(), all, fp.Claims()
 }
 

@@ -378,32 +378,44 @@ func (st *TableState) Apply(o *Ops) (rules int) {
 // what the kernel holds, per table of ts (an empty state for a cold start).
 func PlanFull(cfg *Config, ts *Tables, observed []*TableState, services map[model.ServiceKey]*model.Service) ([]*Ops, *Claims, []string) {
 	fp := NewFullPlan(cfg, ts, observed, services, true, nil)
-	ds := make([]*Ops, len(ts.Refs))
 	batches := fp.Main()
 	for i := range ts.k {
 		batches = append(batches, fp.Shard(i)...)
 	}
+	return MergeBatches(len(ts.Refs), batches), fp.Claims(), fp.Conflicts()
+}
+
+// MergeBatches gathers batches into one plan of n tables: a table that
+// several batches touch (a main table, whose elements come with each
+// shard) gets their element operations, sorted once. The batches stay as
+// they are.
+func MergeBatches(n int, batches []Batch) []*Ops {
+	ds := make([]*Ops, n)
+	merged := make([]bool, n)
 	for _, b := range batches {
 		for j, slot := range b.Slots {
-			if ds[slot] == nil {
-				ds[slot] = b.Ops[j]
-			} else {
-				ds[slot].merge(b.Ops[j])
+			part := b.Ops[j]
+			switch {
+			case ds[slot] == nil:
+				ds[slot] = part
+			case len(part.AddElems) > 0 || len(part.DelElems) > 0:
+				if !merged[slot] {
+					o := *ds[slot]
+					o.AddElems, o.DelElems = slices.Clone(o.AddElems), slices.Clone(o.DelElems)
+					ds[slot], merged[slot] = &o, true
+				}
+				ds[slot].AddElems = append(ds[slot].AddElems, part.AddElems...)
+				ds[slot].DelElems = append(ds[slot].DelElems, part.DelElems...)
 			}
 		}
 	}
-	return ds, fp.Claims(), fp.Conflicts()
-}
-
-// merge adds the element operations of part, and keeps them sorted.
-func (o *Ops) merge(part *Ops) {
-	if len(part.AddElems) == 0 && len(part.DelElems) == 0 {
-		return
+	for slot, o := range ds {
+		if merged[slot] {
+			slices.SortFunc(o.AddElems, compareElems)
+			slices.SortFunc(o.DelElems, compareElems)
+		}
 	}
-	o.AddElems = append(o.AddElems, part.AddElems...)
-	o.DelElems = append(o.DelElems, part.DelElems...)
-	slices.SortFunc(o.AddElems, compareElems)
-	slices.SortFunc(o.DelElems, compareElems)
+	return ds
 }
 
 // Batch is operations on tables (by slot) to commit together.
@@ -423,9 +435,9 @@ type Batch struct {
 // the states of its own tables, and its own copy of the main tables'
 // elements.
 //
-// The elements a Service puts in the main tables (its ClusterIPs, its
-// endpoints for hairpin masquerade, its ports without endpoints) come with
-// its shard, in the same batch: a Service is served with all of them or
+// Streamed, the elements a Service puts in the main tables (its
+// ClusterIPs, its endpoints for hairpin masquerade, its ports without
+// endpoints) come with its shard, in the same batch: a Service is served with all of them or
 // none, and the main tables' first batch is their skeleton, the firewall
 // chains and elements of source ranges, and the elements several Services
 // share.
@@ -438,8 +450,12 @@ type FullPlan struct {
 	rendered  []renderedService  // per key, when kept
 	book      *Claims
 	conflicts []string
-	slotElems [][]famElem // the elements each table's own batch holds
+	slotElems [][]famElem // the map elements with a verdict each table's own batch holds
 	main      []*differ   // per family, planned by NewFullPlan
+	// split sends the main tables' elements of a shard's Services with
+	// the shard (streamed); kept, every batch goes into one, and they
+	// stay in the main tables' own.
+	split bool
 	// mainElems are the main tables' elements as observed, per family,
 	// for Shard: copies when Shard may run beside the commit of a batch,
 	// which applies to observed.
@@ -457,7 +473,7 @@ const fullPlanBlock = 4096
 // and renders before the first batch only the Services with chains in the
 // main tables.
 func NewFullPlan(cfg *Config, ts *Tables, observed []*TableState, services map[model.ServiceKey]*model.Service, keep bool, book *Claims) *FullPlan {
-	fp := &FullPlan{ts: ts, observed: observed, services: services, book: book}
+	fp := &FullPlan{ts: ts, observed: observed, services: services, book: book, split: !keep}
 	if book == nil {
 		fp.book = newClaimBookSized(len(services))
 	}
@@ -527,17 +543,11 @@ func NewFullPlan(cfg *Config, ts *Tables, observed []*TableState, services map[m
 	fp.slotElems = make([][]famElem, len(ts.Refs))
 	for fe, cs := range claims {
 		fp.conflicts = append(fp.conflicts, conflicts(fe, *cs)...)
-		if MainSet(fe.id.Map) && fe.id.Map != MapFirewallIPs {
+		if fp.split && MainSet(fe.id.Map) && fe.id.Map != MapFirewallIPs {
 			continue // with the winner's shard
 		}
 		slot := ts.elem(fe, cs.winner().svc)
 		fp.slotElems[slot] = append(fp.slotElems[slot], fe)
-	}
-	for fe, n := range fp.book.plain {
-		if n > 1 {
-			slot := ts.Main(fe.f)
-			fp.slotElems[slot] = append(fp.slotElems[slot], fe)
-		}
 	}
 	sort.Strings(fp.conflicts)
 	return fp
@@ -560,8 +570,8 @@ func (fp *FullPlan) Main() []Batch {
 	return out
 }
 
-// Shard is shard i's batches, one per family: the shard's table, and the
-// elements its Services alone put in the main table.
+// Shard is shard i's batches, one per family: the shard's table, and
+// (streamed) the elements its Services alone put in the main table.
 func (fp *FullPlan) Shard(i int) []Batch {
 	var slots []int
 	var ds, mains []*differ
@@ -599,7 +609,7 @@ func (fp *FullPlan) Shard(i int) []Batch {
 				}
 			}
 			for _, e := range fr.Elements {
-				if !MainSet(e.Map) || e.Map == MapFirewallIPs {
+				if !fp.split || !MainSet(e.Map) || e.Map == MapFirewallIPs {
 					continue
 				}
 				fe := famElem{f, e.ID()}
@@ -617,8 +627,14 @@ func (fp *FullPlan) Shard(i int) []Batch {
 		}
 	}
 	ops := fp.finish(slots, ds)
-	mainOps := sortOps(mains)
 	var out []Batch
+	if !fp.split {
+		for fi := range Families {
+			out = append(out, Batch{Slots: slots[fi : fi+1], Ops: ops[fi : fi+1]})
+		}
+		return out
+	}
+	mainOps := sortOps(mains)
 	for fi, f := range Families {
 		out = append(out, Batch{Slots: []int{fp.ts.Main(f), slots[fi]}, Ops: []*Ops{mainOps[fi], ops[fi]}})
 	}
@@ -658,10 +674,15 @@ func (fp *FullPlan) finish(slots []int, ds []*differ) []*Ops {
 	for i, slot := range slots {
 		d := ds[i]
 		for _, fe := range fp.slotElems[slot] {
-			if cs, ok := claims[fe]; ok {
-				d.element(fe.id, &cs.winner().verdict)
-			} else {
-				d.element(fe.id, &Verdict{})
+			d.element(fe.id, &claims[fe].winner().verdict)
+		}
+		if slot == fp.ts.Main(d.f) {
+			// The plain elements several Services share, or all of
+			// them when nothing comes with the shards.
+			for fe, n := range plain {
+				if fe.f == d.f && (n > 1 || !fp.split) {
+					d.element(fe.id, &Verdict{})
+				}
 			}
 		}
 		for name := range d.state.Chains {
