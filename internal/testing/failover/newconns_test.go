@@ -39,10 +39,12 @@ func TestNewConnsMeasuresTheGap(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	healed := time.Now()
 	if stop, err = failover.ServeEcho(server, []netip.Addr{addr}, 8080); err != nil {
 		t.Fatal(err)
 	}
+	// Back once it listens: an attempt that started while ServeEcho was
+	// still opening its sockets may rightly have been refused.
+	healed := time.Now()
 	if err := lab.EventuallyWithin(10*time.Second, func() error {
 		if s := n.Result(); s.Attempts-s.Failed < 10 {
 			return fmt.Errorf("%d of %d echoed since the failure", s.Attempts-s.Failed, s.Attempts)
