@@ -36,13 +36,18 @@ type Publisher struct {
 	// some (owned by run): each is logged once, when it appears.
 	warned map[model.ServiceKey][]string
 	log    *slog.Logger
+	// mk is makeRow, bound once: a method value made per row would be an
+	// allocation per row.
+	mk func(any) appliance.Service
 }
 
 // NewPublisher returns a Publisher of s's Services into rec; node decides
 // which endpoints the page shows as used.
 func NewPublisher(s *loop.Syncer, rec *appliance.Recorder, node model.Node, log *slog.Logger) *Publisher {
-	return &Publisher{syncer: s, rec: rec, node: node, wake: make(chan struct{}, 1),
+	p := &Publisher{syncer: s, rec: rec, node: node, wake: make(chan struct{}, 1),
 		touched: map[model.ServiceKey]struct{}{}, warned: map[model.ServiceKey][]string{}, log: log}
+	p.mk = p.makeRow
+	return p
 }
 
 // noteWarnings logs the warnings of a Service that were not logged yet,
@@ -99,17 +104,17 @@ func (p *Publisher) Run(ctx context.Context) {
 		if all {
 			p.rebuild(p.syncer.Services())
 		} else if len(touched) > 0 {
-			var set, remove []appliance.Service
+			var set, remove []appliance.Row
 			for k := range touched {
 				st, _ := p.syncer.Service(k)
 				p.noteWarnings(k, st.Warnings)
-				if row, ok := serviceRow(st, &p.node); ok {
+				if row, ok := p.row(st); ok {
 					set = append(set, row)
 				} else {
 					remove = append(remove, row)
 				}
 			}
-			p.rows = p.rows.With(set, remove...)
+			p.rows = p.rows.WithRows(set, remove...)
 			p.rec.SetServices(p.rows)
 		}
 		select {
@@ -123,7 +128,7 @@ func (p *Publisher) Run(ctx context.Context) {
 // rebuild makes every row anew from states (in any order: the list orders
 // them), and logs what changed of the Services' warnings.
 func (p *Publisher) rebuild(states []loop.ServiceState) {
-	rows := make([]appliance.Service, 0, len(states))
+	rows := make([]appliance.Row, 0, len(states))
 	// seen: the listed Services with warnings, those noteWarnings keeps
 	// in warned (a set of every Service cost as much as their rows).
 	seen := make(map[model.ServiceKey]bool, len(p.warned))
@@ -132,7 +137,7 @@ func (p *Publisher) rebuild(states []loop.ServiceState) {
 		if len(st.Warnings) > 0 {
 			seen[st.Key] = true
 		}
-		if row, ok := serviceRow(st, &p.node); ok {
+		if row, ok := p.row(st); ok {
 			rows = append(rows, row)
 		}
 	}
@@ -141,8 +146,40 @@ func (p *Publisher) rebuild(states []loop.ServiceState) {
 			p.noteWarnings(k, nil)
 		}
 	}
-	p.rows = appliance.NewServiceList(rows...)
+	p.rows = appliance.ServiceList{}.WithRows(rows)
 	p.rec.SetServices(p.rows)
+}
+
+// row returns what makes one Service's row on the page (serviceRow) when it
+// is shown; ok is false for a Service that is not proxied at all or gone.
+// A Service served as programmed, as nearly all are, is kept as its model
+// alone (the model never changes); one with an error or warnings as a copy
+// of its state.
+func (p *Publisher) row(st loop.ServiceState) (appliance.Row, bool) {
+	r := appliance.Row{Namespace: st.Key.Namespace, Name: st.Key.Name, Make: p.mk}
+	if st.Model == nil && st.Error == "" && st.KernelError == "" {
+		return r, false
+	}
+	if m := st.Model; m != nil && m.Key == st.Key && st.Error == "" && st.KernelError == "" && len(st.Warnings) == 0 {
+		r.Data = m
+	} else {
+		c := st // a copy made here: &st would move every call's st to the heap
+		r.Data = &c
+	}
+	return r, true
+}
+
+// makeRow is the Make of the Rows of row.
+func (p *Publisher) makeRow(data any) appliance.Service {
+	var st loop.ServiceState
+	switch d := data.(type) {
+	case *model.Service:
+		st = loop.ServiceState{Key: d.Key, Model: d}
+	case *loop.ServiceState:
+		st = *d
+	}
+	v, _ := serviceRow(st, &p.node)
+	return v
 }
 
 // serviceRow turns one Service's state into its row on the page; ok is

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"reflect"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -176,4 +177,67 @@ func TestRebuildLogsWarningsOnce(t *testing.T) {
 	if n := strings.Count(out, "level="); n != 3 {
 		t.Errorf("%d lines logged, want 3:\n%s", n, out)
 	}
+}
+
+// TestRowsAsServiceRowMakesThem: the list the page reads shows every
+// Service as serviceRow makes its row, whether it is kept as its model
+// alone (served as programmed) or as its state (an error, a kernel error,
+// warnings), and counts them in the summary; a Service never programmed
+// and without error has no row.
+func TestRowsAsServiceRowMakesThem(t *testing.T) {
+	states := benchStates(3)
+	states[1].Warnings = []string{"externalIP 192.0.2.1 is outside external_ip_cidrs"}
+	states[2].KernelError = "no such file or directory"
+	states = append(states,
+		loop.ServiceState{Key: model.ServiceKey{Namespace: "ns", Name: "refused"}, Error: `spec.ports[0].port: invalid value 0`},
+		loop.ServiceState{Key: model.ServiceKey{Namespace: "ns", Name: "skipped"}, Skipped: "type ExternalName"})
+	p := NewPublisher(nil, appliance.NewRecorder(appliance.Identity{}, nil, 1), model.Node{}, slog.New(slog.DiscardHandler))
+	p.rebuild(states)
+	if n := p.rows.Len(); n != 4 {
+		t.Fatalf("%d rows, want 4", n)
+	}
+	for _, st := range states {
+		want, ok := serviceRow(st, &p.node)
+		got, found := p.rows.Get(st.Key.Namespace, st.Key.Name)
+		if found != ok {
+			t.Errorf("%s: row found %v, want %v", st.Key, found, ok)
+			continue
+		}
+		if !ok {
+			continue
+		}
+		if got.EndpointsFunc != nil {
+			if !reflect.DeepEqual(got.EndpointsFunc(), want.EndpointsFunc()) {
+				t.Errorf("%s: endpoints %+v, want %+v", st.Key, got.EndpointsFunc(), want.EndpointsFunc())
+			}
+		}
+		got.EndpointsFunc, want.EndpointsFunc = nil, nil
+		if !reflect.DeepEqual(*got, want) {
+			t.Errorf("%s: row\n%+v\nwant\n%+v", st.Key, *got, want)
+		}
+	}
+	if sum, want := p.rows.Summary(), (appliance.SummaryJSON{Total: 4, Rejected: 1, Endpoints: 12, KernelRefused: 1, WithWarnings: 1}); sum != want {
+		t.Errorf("summary %+v, want %+v", sum, want)
+	}
+}
+
+// BenchmarkRowsKept reports the bytes the page's list of 100,000 Services
+// keeps (B/kept), beside the models it is made from.
+func BenchmarkRowsKept(b *testing.B) {
+	states := benchStates(100_000)
+	p := NewPublisher(nil, appliance.NewRecorder(appliance.Identity{}, nil, 1), model.Node{}, slog.New(slog.DiscardHandler))
+	var kept float64
+	for range b.N {
+		p.rows = appliance.ServiceList{}
+		p.rec.SetServices(p.rows)
+		runtime.GC()
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		p.rebuild(states)
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		kept = float64(after.HeapAlloc) - float64(before.HeapAlloc)
+	}
+	runtime.KeepAlive(states)
+	b.ReportMetric(kept, "B/kept")
 }
