@@ -30,19 +30,41 @@ import (
 // after it the memory it used is handed back to the kernel at once. A
 // GOMEMLIMIT in the environment wins, as the runtime documents.
 //
-// The first full sync onto no tables holds one shard at a time, and runs
-// with Go's default pacing: it ran with GOGC 400 while it held the whole
-// ruleset (0.94 s against 1.15-1.29 s at 10,000 Services then); streamed,
-// GOGC 100 costs it nothing measurable (10,000 Services: 881-899 ms
-// against 890-930 ms) and its peak went 616-625 -> 470-478 MiB at
-// 100,000 (115-121 -> 89-91 MiB at 10,000).
+// The first full sync onto no tables holds one shard at a time; it ran
+// with GOGC 400 while it held the whole ruleset, then with Go's default
+// (peak 616-625 -> 470-478 MiB at 100,000 Services). It grows the live
+// data by the claim book and the tables' state, and at Go's default the
+// heap doubled what was live: so it runs with the room a sync leaves, a
+// quarter of the live data it starts from or minHeadroom, whichever is
+// more (coldGCPercent). At 100,000 Services (nftgate alone on the bench's
+// files, three runs each) the peak went 453-474 -> 342-370 MiB for 0.6 s
+// more of the sync's own CPU (1.5-1.9 -> 2.3 s beside the kernel's 7-8 s);
+// at 10,000 the live data is below four times minHeadroom, and GOGC
+// stays as it was (a quarter cost the sync 0.1 s there for 15 MiB).
+// Unless GOGC is set in the environment.
 type Policy struct {
 	floor int64
 	log   *slog.Logger
 	last  int64 // the limit set after the last sync; 0 before the first
 	// firstDone is set once the first full sync is over.
 	firstDone bool
+	// cold is set while the first full sync runs with coldGCPercent;
+	// gcPercent is GOGC as it was before.
+	cold      bool
+	gcPercent int
 }
+
+// coldGCPercent is GOGC for the first full sync, from the live data
+// before it: the heap may grow by live/coldRoomDivisor over it, or by
+// minHeadroom, whichever is more (Go's default, 100, lets it double).
+func coldGCPercent(live int64) int {
+	if live <= 0 {
+		return 100
+	}
+	return int(min(100, 100*max(minHeadroom, live/coldRoomDivisor)/live))
+}
+
+const coldRoomDivisor = 4
 
 // headroomDivisor sets the room the memory limit leaves above the live data
 // of a larger cluster: live/headroomDivisor (or minHeadroom, whichever is
@@ -78,6 +100,10 @@ func New(limit int64, log *slog.Logger) *Policy {
 // BeforeFull lifts the limit for a full sync. Only the sync loop's
 // goroutine calls BeforeFull and Synced.
 func (m *Policy) BeforeFull() {
+	if !m.firstDone && !m.cold && m.floor > 0 && os.Getenv("GOGC") == "" {
+		m.cold = true
+		m.gcPercent = debug.SetGCPercent(coldGCPercent(liveHeap()))
+	}
 	if m.floor > 0 {
 		debug.SetMemoryLimit(math.MaxInt64)
 	}
@@ -102,6 +128,10 @@ func (m *Policy) Streamed() {
 // comes within half the room of it, as when the cluster grows between two
 // full syncs, or the first status rows are made after the first.
 func (m *Policy) Synced(full bool) {
+	if m.cold {
+		debug.SetGCPercent(m.gcPercent)
+		m.cold = false
+	}
 	if full && !m.firstDone {
 		m.firstDone = true
 		if m.floor <= 0 {

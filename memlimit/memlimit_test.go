@@ -116,3 +116,60 @@ func TestStreamedFullSyncKeepsTheLimit(t *testing.T) {
 	}
 	runtime.KeepAlive(keep)
 }
+
+// TestColdGCPercent: the first full sync may grow the heap by a quarter of
+// the live data or minHeadroom, whichever is more, and never by more than
+// Go's default.
+func TestColdGCPercent(t *testing.T) {
+	for _, c := range []struct {
+		live int64
+		want int
+	}{
+		{0, 100},
+		{16 << 20, 100},
+		{minHeadroom, 100},
+		{2 * minHeadroom, 50},
+		{4 * minHeadroom, 25},
+		{200 << 20, 25},
+	} {
+		if got := coldGCPercent(c.live); got != c.want {
+			t.Errorf("coldGCPercent(%d) = %d, want %d", c.live, got, c.want)
+		}
+	}
+}
+
+// TestFirstFullSyncRunsWithColdGCPercent: with live data of more than four
+// times minHeadroom the first full sync runs with a lower GOGC, put back
+// when it ends; a later full sync, or a GOGC in the environment, keeps
+// GOGC as it is.
+func TestFirstFullSyncRunsWithColdGCPercent(t *testing.T) {
+	t.Setenv("GOMEMLIMIT", "")
+	defer debug.SetMemoryLimit(math.MaxInt64)
+	gcPercent := func() int { p := debug.SetGCPercent(100); debug.SetGCPercent(p); return p }
+	before := gcPercent()
+	keep := make([]byte, 5*minHeadroom)
+	runtime.GC()
+	want := coldGCPercent(liveHeap())
+	if want >= before {
+		t.Fatalf("coldGCPercent of %d live bytes = %d, not below GOGC %d", liveHeap(), want, before)
+	}
+	for _, env := range []string{"", "100"} {
+		t.Setenv("GOGC", env)
+		m := New(1<<20, slog.New(slog.DiscardHandler))
+		m.BeforeFull()
+		during := gcPercent()
+		m.Synced(true)
+		if after := gcPercent(); after != before {
+			t.Errorf("GOGC env %q: after the first full sync GOGC = %d, want %d as it was", env, after, before)
+		}
+		if env == "" && during != want || env != "" && during != before {
+			t.Errorf("GOGC env %q: during the first full sync GOGC = %d", env, during)
+		}
+		m.BeforeFull()
+		if p := gcPercent(); p != before {
+			t.Errorf("GOGC env %q: during a later full sync GOGC = %d, want %d", env, p, before)
+		}
+		m.Synced(true)
+	}
+	runtime.KeepAlive(keep)
+}
