@@ -39,7 +39,7 @@ import (
 // more (coldGCPercent). At 100,000 Services (nftgate alone on the bench's
 // files, three runs each) the peak went 453-474 -> 342-370 MiB for 0.6 s
 // more of the sync's own CPU (1.5-1.9 -> 2.3 s beside the kernel's 7-8 s);
-// at 10,000 the live data is below four times minHeadroom, and GOGC
+// at 10,000 the live data before the sync is below minHeadroom, and GOGC
 // stays as it was (a quarter cost the sync 0.1 s there for 15 MiB).
 // Unless GOGC is set in the environment.
 type Policy struct {

@@ -138,8 +138,8 @@ func TestColdGCPercent(t *testing.T) {
 	}
 }
 
-// TestFirstFullSyncRunsWithColdGCPercent: with live data of more than four
-// times minHeadroom the first full sync runs with a lower GOGC, put back
+// TestFirstFullSyncRunsWithColdGCPercent: with live data well above
+// minHeadroom the first full sync runs with a lower GOGC, put back
 // when it ends; a later full sync, or a GOGC in the environment, keeps
 // GOGC as it is.
 func TestFirstFullSyncRunsWithColdGCPercent(t *testing.T) {
