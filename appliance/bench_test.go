@@ -34,7 +34,10 @@ func benchmarkEndpoint(b *testing.B, path string) {
 func BenchmarkStatus10k(b *testing.B)   { benchmarkEndpoint(b, "/api/v1/status") }
 func BenchmarkServices10k(b *testing.B) { benchmarkEndpoint(b, "/api/v1/services") }
 func BenchmarkSearch10k(b *testing.B)   { benchmarkEndpoint(b, "/api/v1/services?q=svc-0999") }
-func BenchmarkPage10k(b *testing.B)     { benchmarkEndpoint(b, "/") }
+
+// The page's first load asks for the first rows beside the whole list.
+func BenchmarkServicesHead10k(b *testing.B) { benchmarkEndpoint(b, "/api/v1/services?limit=100") }
+func BenchmarkPage10k(b *testing.B)         { benchmarkEndpoint(b, "/") }
 
 // The page asks for the counters of every Service port each refresh, in
 // name order.

@@ -472,13 +472,22 @@ func (s *server) services(w http.ResponseWriter, r *http.Request) {
 		limit = n
 	}
 	snap := s.opts.Source.Snapshot()
+	// Without a filter every Service matches, and with a limit only the
+	// first rows are made (the list makes each row as it is read).
+	all := f == serviceFilter{}
 	var matched []*Service
 	for svc := range snap.Services.All() { // in name order
+		if all && limit >= 0 && len(matched) == limit {
+			break
+		}
 		if f.match(svc) {
 			matched = append(matched, svc)
 		}
 	}
 	head := ServiceListJSON{Revision: snap.Sync.ServicesRevision, Total: snap.Services.Len(), Matched: len(matched)}
+	if all {
+		head.Matched = head.Total
+	}
 	if limit >= 0 && len(matched) > limit {
 		matched = matched[:limit]
 	}
