@@ -14,10 +14,12 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	goruntime "runtime"
 	"slices"
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -303,11 +305,18 @@ func (m *ManifestSource) scan(t Sink, log *slog.Logger) {
 	problems := map[string]string{}
 	present := map[string]bool{}
 	changed := !slices.Equal(files, m.files)
+	// A file whose stamp is as at its last read is not read again:
+	// reading and hashing every file of a hundred thousand Services at
+	// each rescan cost a CPU second.
+	type toRead struct {
+		path    string
+		stamp   fileStamp
+		stamped bool
+		got     fileDecode
+	}
+	var todo []toRead
 	for _, f := range files {
 		present[f] = true
-		// A file whose stamp is as at its last read is not read again:
-		// reading and hashing every file of a hundred thousand Services
-		// at each rescan cost a CPU second.
 		stamp, stamped := stampFile(f)
 		if prev, ok := m.read[f]; ok && stamped && prev.stamp == stamp {
 			if prev.err != nil {
@@ -315,7 +324,25 @@ func (m *ManifestSource) scan(t Sink, log *slog.Logger) {
 			}
 			continue
 		}
-		objs, err := m.readChanged(f)
+		todo = append(todo, toRead{path: f, stamp: stamp, stamped: stamped})
+	}
+	// The files are read and decoded on every CPU (decoding is most of
+	// a cold start's time before the first sync), and what they hold is
+	// taken in file order as before.
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(goruntime.GOMAXPROCS(0), len(todo)) {
+		wg.Go(func() {
+			for i := int(next.Add(1)) - 1; i < len(todo); i = int(next.Add(1)) - 1 {
+				todo[i].got = m.decodeFile(todo[i].path)
+			}
+		})
+	}
+	wg.Wait()
+	for i := range todo {
+		f, stamp, stamped := todo[i].path, todo[i].stamp, todo[i].stamped
+		objs, err := m.readDecoded(f, todo[i].got)
+		todo[i].got = fileDecode{}
 		if r, ok := m.read[f]; ok && stamped {
 			r.stamp = stamp
 			m.read[f] = r
@@ -508,35 +535,69 @@ func setObject(t Sink, o any) {
 // last read, converting the objects to what the model reads of them. objs
 // is nil when the content is the same; err repeats the last error then.
 func (m *ManifestSource) readChanged(path string) (objs []any, err error) {
-	m.reads++
+	return m.readDecoded(path, m.decodeFile(path))
+}
+
+// fileDecode is what decodeFile found in a file.
+type fileDecode struct {
+	readErr error // the file could not be read
+	sum     [sha256.Size]byte
+	same    bool // the content is as at the last read: not decoded
+	objs    []any
+	err     error // the content is not valid
+}
+
+// decodeFile reads a file and, if its content changed since the last
+// read, decodes it and converts its objects to what the model reads of
+// them. It changes nothing in m: files are decoded concurrently, under
+// m.mu held by their caller.
+func (m *ManifestSource) decodeFile(path string) fileDecode {
 	data, err := readManifestData(path, m.MaxFileSize)
 	if err != nil {
-		delete(m.read, path)
-		return nil, err
+		return fileDecode{readErr: err}
 	}
-	sum := sha256.Sum256(data)
-	if prev, ok := m.read[path]; ok && prev.sum == sum {
-		return nil, prev.err
+	d := fileDecode{sum: sha256.Sum256(data)}
+	if prev, ok := m.read[path]; ok && prev.sum == d.sum {
+		d.same = true
+		return d
 	}
 	decoded, err := decodeManifest(path, data)
-	m.read[path] = fileRead{sum: sum, err: err}
 	if err != nil {
-		return nil, err
+		d.err = err
+		return d
 	}
-	objs = make([]any, 0, len(decoded)) // a file without objects is still read
+	d.objs = make([]any, 0, len(decoded)) // a file without objects is still read
 	for _, o := range decoded {
 		switch obj := o.(type) {
 		case *corev1.Service:
 			if m.staged {
-				objs = append(objs, &stagedService{obj, path})
+				d.objs = append(d.objs, &stagedService{obj, path})
 				continue
 			}
-			objs = append(objs, model.NewServiceObject(obj).InFile(path))
+			d.objs = append(d.objs, model.NewServiceObject(obj).InFile(path))
 		case *discoveryv1.EndpointSlice:
-			objs = append(objs, model.NewSliceObject(obj).InFile(path))
+			d.objs = append(d.objs, model.NewSliceObject(obj).InFile(path))
 		}
 	}
-	return objs, nil
+	return d
+}
+
+// readDecoded records what decodeFile found in a file: objs is nil when
+// the content is the same; err repeats the last error then.
+func (m *ManifestSource) readDecoded(path string, d fileDecode) (objs []any, err error) {
+	m.reads++
+	if d.readErr != nil {
+		delete(m.read, path)
+		return nil, d.readErr
+	}
+	if d.same {
+		return nil, m.read[path].err
+	}
+	m.read[path] = fileRead{sum: d.sum, err: d.err}
+	if d.err != nil {
+		return nil, d.err
+	}
+	return d.objs, nil
 }
 
 func keyOf(o any) objectKey {
