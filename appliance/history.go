@@ -31,7 +31,7 @@ type History struct {
 	mu      sync.Mutex
 	times   []time.Time // ring of the sample times, oldest at slot (k % points) once full
 	k       int         // samples taken
-	prev    map[portID][2]uint64
+	prev    portIndex[[2]uint64]
 	prevAt  time.Time
 	ports   map[portID]*portHistory
 	skipped int // ports with traffic left out at the last sample for MaxPorts
@@ -54,7 +54,7 @@ func NewHistory(step time.Duration, points, maxPorts int) *History {
 		maxPorts = DefaultHistoryPorts
 	}
 	return &History{step: step, points: points, maxPorts: maxPorts, times: make([]time.Time, points),
-		prev: map[portID][2]uint64{}, ports: map[portID]*portHistory{}}
+		ports: map[portID]*portHistory{}}
 }
 
 // Step is the time between two points.
@@ -89,12 +89,9 @@ func (h *History) Sample(ports []TrafficPort, at time.Time) {
 	first := h.prevAt.IsZero()
 	dt := at.Sub(h.prevAt).Seconds()
 	prev := h.prev
-	h.prev = make(map[portID][2]uint64, len(ports))
+	keys := portKeys(ports)
+	h.prev = indexPorts(ports, keys, func(p *TrafficPort) [2]uint64 { return [2]uint64{p.NewConnections, p.Rejected + p.Dropped} })
 	h.prevAt = at
-	for i := range ports {
-		p := &ports[i]
-		h.prev[idOf(p)] = [2]uint64{p.NewConnections, p.Rejected + p.Dropped}
-	}
 	if first || dt <= 0 {
 		return
 	}
@@ -107,7 +104,7 @@ func (h *History) Sample(ports []TrafficPort, at time.Time) {
 		p := &ports[i]
 		id := idOf(p)
 		var nr, rr float32
-		if old, ok := prev[id]; ok {
+		if old, ok := prev.get(keys[i]); ok {
 			if p.NewConnections >= old[0] {
 				nr = float32(float64(p.NewConnections-old[0]) / dt)
 			}
