@@ -34,9 +34,9 @@ import (
 // with GOGC 400 while it held the whole ruleset, then with Go's default
 // (peak 616-625 -> 470-478 MiB at 100,000 Services). It grows the live
 // data by the claim book and the tables' state, and at Go's default the
-// heap doubled what was live: so it runs with the room a sync leaves, a
-// quarter of the live data it starts from or minHeadroom, whichever is
-// more (coldGCPercent). At 100,000 Services (nftgate alone on the bench's
+// heap doubled what was live: so the heap may grow by a quarter of the
+// live data the sync starts from, or by minHeadroom, whichever is more
+// (coldGCPercent). At 100,000 Services (nftgate alone on the bench's
 // files, three runs each) the peak went 453-474 -> 342-370 MiB for 0.6 s
 // more of the sync's own CPU (1.5-1.9 -> 2.3 s beside the kernel's 7-8 s);
 // at 10,000 the live data before the sync is below minHeadroom, and GOGC
