@@ -945,19 +945,50 @@ func kindName(k jsontext.Kind) string {
 }
 
 // strictError words an unknown or a duplicate field as Kubernetes' strict
-// codec does, naming the field by its path (spec.ports[0].port); other
-// errors as the decoder words them, which name the field by its JSON
-// pointer (/spec/ports/0/port) and the value's kind.
-func strictError(err error) error {
+// codec does, naming the field by its path (spec.ports[0].port), and a
+// value of the wrong type with the field, the value and the type wanted.
+// (The decoder's own words change from process to process on purpose:
+// "cannot" or "unable to".) Malformed JSON keeps the decoder's words.
+func strictError(doc []byte, err error) error {
 	var se *json.SemanticError
-	if errors.As(err, &se) && se.Err == json.ErrUnknownName {
-		return fmt.Errorf("strict decoding error: unknown field %q", fieldPath(se.JSONPointer))
+	if errors.As(err, &se) {
+		if se.Err == json.ErrUnknownName {
+			return fmt.Errorf("strict decoding error: unknown field %q", fieldPath(se.JSONPointer))
+		}
+		var b strings.Builder
+		fmt.Fprintf(&b, "field %q: cannot decode", fieldPath(se.JSONPointer))
+		if se.JSONKind != 0 {
+			b.WriteString(" a JSON " + kindName(se.JSONKind))
+		}
+		if v := valueAt(doc, se); len(v) > 0 && len(v) <= 64 {
+			b.WriteString(" " + string(v))
+		}
+		if se.GoType != nil {
+			b.WriteString(" into " + se.GoType.String())
+		}
+		if se.Err != nil {
+			b.WriteString(": " + se.Err.Error())
+		}
+		return errors.New(b.String())
 	}
 	var sy *jsontext.SyntacticError
 	if errors.As(err, &sy) && errors.Is(sy.Err, jsontext.ErrDuplicateName) {
 		return fmt.Errorf("strict decoding error: duplicate field %q", fieldPath(sy.JSONPointer))
 	}
 	return err
+}
+
+// valueAt is the scalar value the decoder refused, from the error or read
+// from the document at the error's offset; nil for an object or array.
+func valueAt(doc []byte, se *json.SemanticError) jsontext.Value {
+	v := se.JSONValue
+	if len(v) == 0 && se.ByteOffset >= 0 && se.ByteOffset < int64(len(doc)) {
+		v, _ = jsontext.NewDecoder(bytes.NewReader(doc[se.ByteOffset:])).ReadValue()
+	}
+	if k := v.Kind(); k == '{' || k == '[' {
+		return nil
+	}
+	return v
 }
 
 // fieldPath writes a JSON pointer as a field's path: an array index as
@@ -1020,7 +1051,7 @@ func decodeDocument(raw []byte) ([]runtime.Object, error) {
 		obj = &discoveryv1.EndpointSlice{}
 	}
 	if err := json.Unmarshal(jsonDoc, obj, json.RejectUnknownMembers(true)); err != nil {
-		return nil, fmt.Errorf("%s: %w", tm.Kind, strictError(err))
+		return nil, fmt.Errorf("%s: %w", tm.Kind, strictError(jsonDoc, err))
 	}
 	switch o := obj.(type) {
 	case *corev1.Service:
