@@ -23,7 +23,7 @@ func svc(name string, lb string, local bool, eps ...model.Endpoint) *model.Servi
 }
 
 func ep(addr, nodeName string, ready bool) model.Endpoint {
-	return model.Endpoint{Addr: netip.MustParseAddr(addr), Port: 8080, Ready: ready, Serving: ready, NodeName: nodeName}
+	return model.Endpoint{Addr: netip.MustParseAddr(addr), Port: 8080, Ready: ready, Serving: ready, Place: model.On(nodeName)}
 }
 
 func TestAddresses(t *testing.T) {

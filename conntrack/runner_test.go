@@ -29,13 +29,13 @@ const nodeName = "gw"
 
 // ep is a ready endpoint on another node at target port 5353.
 func ep(addr string) model.Endpoint {
-	return model.Endpoint{Addr: netip.MustParseAddr(addr), Port: 5353, NodeName: "other", Ready: true, Serving: true}
+	return model.Endpoint{Addr: netip.MustParseAddr(addr), Port: 5353, Place: model.On("other"), Ready: true, Serving: true}
 }
 
 // localEp is a ready endpoint on the gateway's node.
 func localEp(addr string) model.Endpoint {
 	e := ep(addr)
-	e.NodeName = nodeName
+	e.Place = model.On(nodeName)
 	return e
 }
 

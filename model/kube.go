@@ -578,21 +578,23 @@ func (o *SliceObject) read(sl *discoveryv1.EndpointSlice) error {
 			e.Serving = *ep.Conditions.Serving
 		}
 		e.Terminating = ep.Conditions.Terminating != nil && *ep.Conditions.Terminating
+		var node, zone string
+		var forZones, forNodes []string
 		if ep.NodeName != nil {
-			e.NodeName = intern(*ep.NodeName)
+			node = *ep.NodeName
 		}
 		if ep.Zone != nil {
-			e.Zone = intern(*ep.Zone)
+			zone = *ep.Zone
 		}
-		if h := ep.Hints; h != nil && (len(h.ForZones) > 0 || len(h.ForNodes) > 0) {
-			e.Hints = &Hints{}
+		if h := ep.Hints; h != nil {
 			for _, z := range h.ForZones {
-				e.Hints.Zones = append(e.Hints.Zones, intern(z.Name))
+				forZones = append(forZones, z.Name)
 			}
 			for _, n := range h.ForNodes {
-				e.Hints.Nodes = append(e.Hints.Nodes, intern(n.Name))
+				forNodes = append(forNodes, n.Name)
 			}
 		}
+		e.Place = NewPlace(node, zone, forZones, forNodes)
 		if len(o.ports) == 1 {
 			e.Port = o.ports[0].port
 		}

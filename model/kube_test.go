@@ -205,8 +205,7 @@ func TestFromKubernetes(t *testing.T) {
 			slices: []*discoveryv1.EndpointSlice{slice("web-a", discoveryv1.AddressTypeIPv4, http,
 				sliceEP{addr: "10.180.0.1", node: "n1", zone: "zone-a", zoneHints: []string{"zone-a", "zone-b"}, nodeHints: []string{"n1"}})},
 			check: func(t *testing.T, s *model.Service) {
-				want := model.Endpoint{Addr: mAddr("10.180.0.1"), Port: 8080, Ready: true, Serving: true, NodeName: "n1", Zone: "zone-a",
-					Hints: &model.Hints{Zones: []string{"zone-a", "zone-b"}, Nodes: []string{"n1"}}}
+				want := model.Endpoint{Addr: mAddr("10.180.0.1"), Port: 8080, Ready: true, Serving: true, Place: model.NewPlace("n1", "zone-a", []string{"zone-a", "zone-b"}, []string{"n1"})}
 				if !reflect.DeepEqual(s.Ports[0].Endpoints, []model.Endpoint{want}) {
 					t.Errorf("endpoints %+v", s.Ports[0].Endpoints)
 				}

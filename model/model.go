@@ -5,11 +5,13 @@
 package model
 
 import (
+	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
 	"time"
+	"unique"
 )
 
 // ServiceKey names a Service.
@@ -130,35 +132,110 @@ type Endpoint struct {
 	Ready       bool
 	Serving     bool
 	Terminating bool
-	NodeName    string
-	Zone        string
-	// Hints are the endpoint's topology hints; nil when it has none, as
-	// most have (a pointer keeps every endpoint 40 bytes smaller).
-	Hints *Hints
+	// Place is where the endpoint runs (its node and zone) and where its
+	// topology hints say it should receive traffic from.
+	Place Place
 }
 
-// Hints are where an endpoint should receive traffic from (its
-// EndpointSlice's hints.forZones and hints.forNodes).
-type Hints struct {
-	Zones []string
-	Nodes []string
+// Place is where an endpoint runs, its node and zone, and the topology
+// hints of its EndpointSlice (hints.forZones and hints.forNodes). It is a
+// handle to one copy shared by every endpoint in the same place: a
+// cluster's endpoints are in a few places, and the names held in every
+// endpoint were 40 of its 72 bytes. The zero Place knows nothing.
+type Place struct{ h unique.Handle[place] }
+
+// place is a Place's value. The hints are names each led by its length (a
+// varint), so that the value is comparable, as a handle's must be, and
+// holds any name.
+type place struct {
+	node, zone         string
+	forZones, forNodes string
+}
+
+// NewPlace returns the place of an endpoint on a node in a zone (either
+// may be empty) that its slice hints for the given zones and nodes.
+func NewPlace(node, zone string, forZones, forNodes []string) Place {
+	v := place{node: node, zone: zone, forZones: joinNames(forZones), forNodes: joinNames(forNodes)}
+	if v == (place{}) {
+		return Place{}
+	}
+	return Place{unique.Make(v)}
+}
+
+// On is the place of an endpoint on a node, without zone or hints.
+func On(node string) Place { return NewPlace(node, "", nil, nil) }
+
+func (p Place) value() place {
+	if p.h == (unique.Handle[place]{}) {
+		return place{}
+	}
+	return p.h.Value()
+}
+
+// Node is the name of the node the endpoint runs on; empty when unknown.
+func (p Place) Node() string { return p.value().node }
+
+// Zone is the zone the endpoint runs in; empty when unknown.
+func (p Place) Zone() string { return p.value().zone }
+
+// ForZones are the zones the endpoint is meant for, if any.
+func (p Place) ForZones() []string { return splitNames(p.value().forZones) }
+
+// ForNodes are the nodes the endpoint is meant for, if any.
+func (p Place) ForNodes() []string { return splitNames(p.value().forNodes) }
+
+// WithHints returns the place with other hints.
+func (p Place) WithHints(forZones, forNodes []string) Place {
+	v := p.value()
+	return NewPlace(v.node, v.zone, forZones, forNodes)
+}
+
+func (p Place) String() string {
+	v := p.value()
+	return fmt.Sprintf("{node:%q zone:%q forZones:%q forNodes:%q}", v.node, v.zone, p.ForZones(), p.ForNodes())
+}
+
+func joinNames(names []string) string {
+	var b []byte
+	for _, n := range names {
+		b = binary.AppendUvarint(b, uint64(len(n)))
+		b = append(b, n...)
+	}
+	return string(b)
+}
+
+// eachName calls yield with each name of joined, until it returns false.
+func eachName(joined string, yield func(string) bool) {
+	for joined != "" {
+		n, w := binary.Uvarint([]byte(joined[:min(len(joined), binary.MaxVarintLen64)]))
+		if w <= 0 || n > uint64(len(joined)-w) {
+			return // not made by joinNames
+		}
+		if !yield(joined[w : w+int(n)]) {
+			return
+		}
+		joined = joined[w+int(n):]
+	}
+}
+
+func splitNames(joined string) []string {
+	var out []string
+	eachName(joined, func(n string) bool { out = append(out, n); return true })
+	return out
+}
+
+// hinted tells whether the hints are for name (without splitting them).
+func hinted(joined, name string) bool {
+	found := false
+	eachName(joined, func(n string) bool { found = n == name; return !found })
+	return found
 }
 
 // ZoneHints are the zones the endpoint is meant for, if any.
-func (e *Endpoint) ZoneHints() []string {
-	if e.Hints == nil {
-		return nil
-	}
-	return e.Hints.Zones
-}
+func (e *Endpoint) ZoneHints() []string { return e.Place.ForZones() }
 
 // NodeHints are the nodes the endpoint is meant for, if any.
-func (e *Endpoint) NodeHints() []string {
-	if e.Hints == nil {
-		return nil
-	}
-	return e.Hints.Nodes
-}
+func (e *Endpoint) NodeHints() []string { return e.Place.ForNodes() }
 
 // OfFamily is the port with only its endpoints of one family (IPv6 or
 // IPv4): endpoints are chosen per family, as kube-proxy does. The port is

@@ -1,7 +1,5 @@
 package model
 
-import "slices"
-
 // Node is where the gateway stands: the node name endpoints are compared with
 // for traffic policy Local, and the zone for topology hints.
 type Node struct {
@@ -11,7 +9,7 @@ type Node struct {
 
 // isLocal tells whether an endpoint runs on this node. A gateway without a
 // node name has no local endpoints, whatever the endpoints say.
-func (n Node) isLocal(e *Endpoint) bool { return n.Name != "" && e.NodeName == n.Name }
+func (n Node) isLocal(e *Endpoint) bool { return n.Name != "" && e.Place.Node() == n.Name }
 
 // EndpointSets are the endpoints one Service port may send traffic to, chosen
 // the way kube-proxy's topology code chooses them.
@@ -93,14 +91,15 @@ func topologyMode(eps []Endpoint, node Node) string {
 		if !e.Ready {
 			continue
 		}
-		if len(e.NodeHints()) == 0 {
+		p := e.Place.value()
+		if p.forNodes == "" {
 			allNode = false
-		} else if slices.Contains(e.NodeHints(), node.Name) {
+		} else if hinted(p.forNodes, node.Name) {
 			forNode = true
 		}
-		if len(e.ZoneHints()) == 0 {
+		if p.forZones == "" {
 			allZone = false
-		} else if slices.Contains(e.ZoneHints(), node.Zone) {
+		} else if hinted(p.forZones, node.Zone) {
 			forZone = true
 		}
 	}
@@ -116,9 +115,9 @@ func topologyMode(eps []Endpoint, node Node) string {
 func availableForTopology(e *Endpoint, mode string, node Node) bool {
 	switch mode {
 	case preferSameNode:
-		return slices.Contains(e.NodeHints(), node.Name)
+		return hinted(e.Place.value().forNodes, node.Name)
 	case preferSameZone:
-		return slices.Contains(e.ZoneHints(), node.Zone)
+		return hinted(e.Place.value().forZones, node.Zone)
 	}
 	return true
 }

@@ -19,12 +19,12 @@ type ep struct {
 func (e ep) endpoint() model.Endpoint {
 	ap := netip.MustParseAddrPort(e.addr)
 	m := model.Endpoint{Addr: ap.Addr(), Port: ap.Port(), Ready: e.ready, Serving: e.serving || e.ready,
-		Terminating: e.terminating, NodeName: "other"}
+		Terminating: e.terminating, Place: model.On("other")}
 	if e.zones != nil || e.nodes != nil {
-		m.Hints = &model.Hints{Zones: e.zones, Nodes: e.nodes}
+		m.Place = m.Place.WithHints(e.zones, e.nodes)
 	}
 	if e.local {
-		m.NodeName = "gw"
+		m.Place = model.NewPlace("gw", "", e.zones, e.nodes)
 	}
 	return m
 }
@@ -203,7 +203,7 @@ func TestCategorize(t *testing.T) {
 			for _, e := range tc.eps {
 				m := e.endpoint()
 				if tc.node.Name == "" {
-					m.NodeName = "" // neither side knows its node
+					m.Place = model.Place{} // neither side knows its node
 				}
 				svc.Ports[0].Endpoints = append(svc.Ports[0].Endpoints, m)
 			}

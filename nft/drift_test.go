@@ -91,7 +91,7 @@ func (w *randomWorld) endpoints() []model.Endpoint {
 		e.Serving = e.Ready || w.r.Intn(2) == 0
 		e.Terminating = !e.Ready && w.r.Intn(2) == 0
 		if w.r.Intn(2) == 0 {
-			e.NodeName = "gw"
+			e.Place = model.On("gw")
 		}
 		if w.r.Intn(4) == 0 {
 			e.Addr = netip.MustParseAddr(fmt.Sprintf("fd42:2::%x", 10+w.r.Intn(40)))

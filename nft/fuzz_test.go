@@ -185,7 +185,7 @@ func fuzzService(name string, r *fuzzReader) *model.Service {
 				a = netip.AddrFrom16(b)
 			}
 			p.Endpoints = append(p.Endpoints, model.Endpoint{Addr: a, Port: r.u16(), Ready: r.flag(), Serving: true,
-				Terminating: r.flag(), NodeName: []string{"gw", "other"}[r.u8()%2]})
+				Terminating: r.flag(), Place: model.On([]string{"gw", "other"}[r.u8()%2])})
 		}
 		svc.Ports = append(svc.Ports, p)
 	}

@@ -154,8 +154,8 @@ func TestValidNamesReadable(t *testing.T) {
 // affinity, both traffic policies, source ranges, both families.
 func hostileService(ns, name, port string) *model.Service {
 	eps := []model.Endpoint{
-		{Addr: netip.MustParseAddr("198.18.2.10"), Port: 8080, Ready: true, Serving: true, NodeName: "gw"},
-		{Addr: netip.MustParseAddr("fd00:2::10"), Port: 8080, Ready: true, Serving: true, NodeName: "gw"},
+		{Addr: netip.MustParseAddr("198.18.2.10"), Port: 8080, Ready: true, Serving: true, Place: model.On("gw")},
+		{Addr: netip.MustParseAddr("fd00:2::10"), Port: 8080, Ready: true, Serving: true, Place: model.On("gw")},
 	}
 	return &model.Service{Key: model.ServiceKey{Namespace: ns, Name: name}, Type: "LoadBalancer",
 		IPv4: true, IPv6: true,

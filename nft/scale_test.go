@@ -133,7 +133,7 @@ func newScaleCluster(n, eps int) *scaleCluster {
 			out := make([]model.Endpoint, eps)
 			for j := range out {
 				out[j] = model.Endpoint{Addr: addrPlus(scaleEndpointBase, epBase+uint32(j)), Port: port,
-					NodeName: fmt.Sprintf("node-%d", (i+j)%100), Ready: true, Serving: true}
+					Place: model.On(fmt.Sprintf("node-%d", (i+j)%100)), Ready: true, Serving: true}
 			}
 			return out
 		}
@@ -183,7 +183,7 @@ func newPlainCluster(n, eps int) *scaleCluster {
 	endpoints := make([]model.Endpoint, eps)
 	for j := range endpoints {
 		endpoints[j] = model.Endpoint{Addr: addrPlus(scaleEndpointBase, uint32(j)), Port: 9000,
-			NodeName: fmt.Sprintf("node-%d", j), Ready: true, Serving: true}
+			Place: model.On(fmt.Sprintf("node-%d", j)), Ready: true, Serving: true}
 	}
 	created := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	for i := range n {

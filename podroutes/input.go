@@ -241,27 +241,28 @@ func (pl *planner) endpoints(nodes []NodeInfo, services []*model.Service) {
 				if nodeAddr[a] {
 					continue // a host-network endpoint: the node's own address
 				}
-				k := a.String() + " " + e.NodeName
+				node := e.Place.Node()
+				k := a.String() + " " + node
 				if seen[k] {
 					continue
 				}
 				seen[k] = true
 				from := fmt.Sprintf("endpoint %s of %s", a, s.Key)
-				if e.NodeName == "" {
+				if node == "" {
 					pl.problem("%s: no nodeName; no route", from)
 					continue
 				}
-				n := byName[e.NodeName]
+				n := byName[node]
 				if n == nil {
-					pl.problem("%s: node %s is unknown; no route", from, e.NodeName)
+					pl.problem("%s: node %s is unknown; no route", from, node)
 					continue
 				}
 				gw, ok := via(*n, a.Is6())
 				if !ok {
-					pl.problem("%s: node %s has no %s InternalIP; no route", from, e.NodeName, family(a.Is6()))
+					pl.problem("%s: node %s has no %s InternalIP; no route", from, node, family(a.Is6()))
 					continue
 				}
-				pl.add(netip.PrefixFrom(a, a.BitLen()), candidate{via: gw, from: from + " on node " + e.NodeName})
+				pl.add(netip.PrefixFrom(a, a.BitLen()), candidate{via: gw, from: from + " on node " + node})
 			}
 		}
 	}

@@ -127,7 +127,7 @@ func zoneOf(t *testing.T, o loop.Objects) string {
 	if err != nil || len(m.Ports) == 0 || len(m.Ports[0].Endpoints) == 0 {
 		t.Fatalf("model of %v: %+v, %v", o, m, err)
 	}
-	return m.Ports[0].Endpoints[0].Zone
+	return m.Ports[0].Endpoints[0].Place.Zone()
 }
 
 // TestManifestSourceChangedFiles: after a file event only the files named

@@ -56,17 +56,21 @@ func Terminating(a string, port uint16) model.Endpoint {
 }
 
 // On is a test world fixture.
-func On(node string, e model.Endpoint) model.Endpoint { e.NodeName = node; return e }
+func On(node string, e model.Endpoint) model.Endpoint {
+	v := e.Place
+	e.Place = model.NewPlace(node, v.Zone(), v.ForZones(), v.ForNodes())
+	return e
+}
 
 // ZoneHints is a test world fixture.
 func ZoneHints(e model.Endpoint, zones ...string) model.Endpoint {
-	e.Hints = &model.Hints{Zones: zones, Nodes: e.NodeHints()}
+	e.Place = e.Place.WithHints(zones, e.NodeHints())
 	return e
 }
 
 // NodeHints is a test world fixture.
 func NodeHints(e model.Endpoint, nodes ...string) model.Endpoint {
-	e.Hints = &model.Hints{Zones: e.ZoneHints(), Nodes: nodes}
+	e.Place = e.Place.WithHints(e.ZoneHints(), nodes)
 	return e
 }
 

@@ -1,0 +1,51 @@
+package model_test
+
+import (
+	"slices"
+	"testing"
+	"unsafe"
+
+	"github.com/nftgate/nftgate/model"
+)
+
+func TestPlaceHoldsAnyNames(t *testing.T) {
+	long := string(make([]byte, 300)) // a length past one varint byte, NULs in it
+	zones, nodes := []string{"zone-a", "", "b\x00c", long}, []string{"n1"}
+	p := model.NewPlace("node\x00x", "zone-a", zones, nodes)
+	if p.Node() != "node\x00x" || p.Zone() != "zone-a" {
+		t.Errorf("node %q zone %q", p.Node(), p.Zone())
+	}
+	if got := p.ForZones(); !slices.Equal(got, zones) {
+		t.Errorf("zones %q, want %q", got, zones)
+	}
+	if got := p.ForNodes(); !slices.Equal(got, nodes) {
+		t.Errorf("nodes %q, want %q", got, nodes)
+	}
+	if p != model.NewPlace("node\x00x", "zone-a", slices.Clone(zones), []string{"n1"}) {
+		t.Error("the same place made twice is not one handle")
+	}
+	if p == model.NewPlace("node\x00x", "zone-a", zones[:3], nodes) {
+		t.Error("places with other hints are equal")
+	}
+	if q := p.WithHints(nil, nil); q != model.NewPlace("node\x00x", "zone-a", nil, nil) || q.ForZones() != nil {
+		t.Errorf("without hints: %v", q)
+	}
+}
+
+func TestPlaceZeroKnowsNothing(t *testing.T) {
+	var p model.Place
+	if p.Node() != "" || p.Zone() != "" || p.ForZones() != nil || p.ForNodes() != nil {
+		t.Errorf("zero place: %v", p)
+	}
+	if model.NewPlace("", "", nil, nil) != p {
+		t.Error("an empty place is not the zero Place")
+	}
+}
+
+// An endpoint is kept for every endpoint of every slice (400,000 at
+// 100,000 Services): its size is memory.
+func TestEndpointSize(t *testing.T) {
+	if n := unsafe.Sizeof(model.Endpoint{}); n > 40 {
+		t.Errorf("model.Endpoint is %d bytes, want at most 40", n)
+	}
+}
