@@ -109,11 +109,12 @@ func (t *Tracker) SetSlice(sl *discoveryv1.EndpointSlice) {
 // SetSliceObject records an EndpointSlice's current object, converted.
 func (t *Tracker) SetSliceObject(sl *model.SliceObject) {
 	sk := sliceKey{sl.Namespace, sl.Name}
-	k, ok, trigger := sl.Service, sl.HasService, sl.Trigger
+	k, ok := sl.Service()
+	trigger := sl.Trigger()
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if old, found := t.sliceOwner[sk]; found && (!ok || old.Service != k) {
-		t.removeSliceLocked(old.Service, sk)
+	if old, found := t.sliceOwner[sk]; found && (!ok || oldService(old) != k) {
+		t.removeSliceLocked(oldService(old), sk)
 	}
 	if !ok {
 		return
@@ -151,7 +152,7 @@ func (t *Tracker) DeleteSlice(namespace, name string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if old, ok := t.sliceOwner[sk]; ok {
-		t.removeSliceLocked(old.Service, sk)
+		t.removeSliceLocked(oldService(old), sk)
 	}
 }
 
@@ -245,4 +246,11 @@ func (t *Tracker) putLocked(k model.ServiceKey, e tracked) {
 		return
 	}
 	t.services[k] = e
+}
+
+// oldService is the Service a slice kept in sliceOwner is listed under
+// (it has one, or it would not be kept).
+func oldService(sl *model.SliceObject) model.ServiceKey {
+	k, _ := sl.Service()
+	return k
 }

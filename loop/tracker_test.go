@@ -59,7 +59,7 @@ func TestTrackerSlices(t *testing.T) {
 	tr.SetSlice(updated)
 	dirty, triggers := tr.TakeDirty()
 	if len(dirty) != 1 || len(dirty[web].Slices) != 2 || !slices.ContainsFunc(dirty[web].Slices, func(o *model.SliceObject) bool {
-		return o.Name == "web-1" && !o.Trigger.IsZero()
+		return o.Name == "web-1" && !o.Trigger().IsZero()
 	}) {
 		t.Errorf("update: changed = %v, want web with the new web-1 among its 2 slices", dirty)
 	}

@@ -76,11 +76,9 @@ func FromKubernetes(svc *corev1.Service, sliceList []*discoveryv1.EndpointSlice,
 // part of the gateway's memory. A ServiceObject is never modified.
 type ServiceObject struct {
 	Key ServiceKey
-	// proxyName is the service-proxy-name label, when hasProxyName.
-	proxyName    string
-	hasProxyName bool
-	// skip is why the Service is never proxied, whatever the options.
-	skip string
+	// odd is what few Services have: a service-proxy-name label, a
+	// reason never to be proxied, an error; nil when none.
+	odd *oddities
 	// base is the model without endpoints of a Service that has more
 	// than plain holds; nil otherwise, and when skip or err is set.
 	base *Service
@@ -88,7 +86,31 @@ type ServiceObject struct {
 	// nothing plainBase leaves out, as most have: the full model kept for
 	// each Service was as large as the model built from it.
 	plain plainBase
-	err   error
+}
+
+// oddities are what few Services' objects have: each held in every
+// ServiceObject made it a size class larger.
+type oddities struct {
+	// proxyName is the service-proxy-name label, when hasProxyName.
+	proxyName    string
+	hasProxyName bool
+	// skip is why the Service is never proxied, whatever the options.
+	skip string
+	err  error
+}
+
+func (o *ServiceObject) oddities() oddities {
+	if o.odd == nil {
+		return oddities{}
+	}
+	return *o.odd
+}
+
+func (o *ServiceObject) err() error {
+	if o.odd == nil {
+		return nil
+	}
+	return o.odd.err
 }
 
 // plainBase is the part of a Service's model most Services have; the
@@ -127,22 +149,26 @@ func NewServiceObject(svc *corev1.Service) *ServiceObject {
 	if o.Key.Namespace == "" {
 		o.Key.Namespace = "default"
 	}
-	o.proxyName, o.hasProxyName = svc.Labels[LabelServiceProxyName]
-	o.err = validateServiceNames(svc, o.Key.Namespace)
+	var odd oddities
+	odd.proxyName, odd.hasProxyName = svc.Labels[LabelServiceProxyName]
+	odd.err = validateServiceNames(svc, o.Key.Namespace)
 	switch {
-	case o.err != nil:
+	case odd.err != nil:
 		// refused by name, whatever else it is
 	case svc.Spec.Type == corev1.ServiceTypeExternalName:
-		o.skip = "type ExternalName is resolved by DNS, not proxied"
+		odd.skip = "type ExternalName is resolved by DNS, not proxied"
 	case svc.Spec.ClusterIP == corev1.ClusterIPNone:
-		o.skip = "headless (clusterIP None)"
+		odd.skip = "headless (clusterIP None)"
 	default:
-		o.base, o.err = serviceBase(svc, o.Key)
+		o.base, odd.err = serviceBase(svc, o.Key)
 		if o.base != nil {
 			if p, ok := plainOf(o.base); ok {
 				o.base, o.plain = nil, p
 			}
 		}
+	}
+	if odd.hasProxyName || odd.skip != "" || odd.err != nil {
+		o.odd = &odd
 	}
 	return o
 }
@@ -151,20 +177,22 @@ func NewServiceObject(svc *corev1.Service) *ServiceObject {
 // Service's error names the file first, so that the operator knows which
 // file to fix. A valid object is returned as it is.
 func (o *ServiceObject) InFile(name string) *ServiceObject {
-	if o.err == nil {
+	if o.err() == nil {
 		return o
 	}
-	c := *o
-	c.err = fmt.Errorf("%s: %w", name, o.err)
+	c, odd := *o, *o.odd
+	odd.err = fmt.Errorf("%s: %w", name, o.odd.err)
+	c.odd = &odd
 	return &c
 }
 
 // Skip tells why the Service is not proxied at all, or "" when it is.
 func (o *ServiceObject) Skip(opts Options) string {
-	if o.hasProxyName && o.proxyName != opts.ProxyName {
-		return fmt.Sprintf("label %s=%q names another proxy", LabelServiceProxyName, o.proxyName)
+	odd := o.oddities()
+	if odd.hasProxyName && odd.proxyName != opts.ProxyName {
+		return fmt.Sprintf("label %s=%q names another proxy", LabelServiceProxyName, odd.proxyName)
 	}
-	return o.skip
+	return odd.skip
 }
 
 // serviceBase reads every field of a Service that the model holds, except
@@ -188,9 +216,6 @@ func serviceBase(svc *corev1.Service, key ServiceKey) (*Service, error) {
 	case corev1.ServiceTypeClusterIP, corev1.ServiceTypeNodePort, corev1.ServiceTypeLoadBalancer:
 	default:
 		return nil, errf("spec.type: unknown type %q", s.Type)
-	}
-	if svc.Spec.TrafficDistribution != nil {
-		s.TrafficDistribution = *svc.Spec.TrafficDistribution
 	}
 
 	clusterIPs := svc.Spec.ClusterIPs
@@ -333,8 +358,8 @@ func readProxyProtocol(s *Service, v string) {
 // error that names the field and the value; the caller keeps serving the
 // Service's last good state, and every other Service, meanwhile.
 func Build(o *ServiceObject, sliceList []*SliceObject, opts Options) (*Service, error) {
-	if o.err != nil {
-		return nil, o.err
+	if err := o.err(); err != nil {
+		return nil, err
 	}
 	s := new(Service)
 	switch {
@@ -343,7 +368,7 @@ func Build(o *ServiceObject, sliceList []*SliceObject, opts Options) (*Service, 
 	case o.plain.ok:
 		*s = o.plain.service(o.Key)
 	default:
-		return nil, fmt.Errorf("service %s: %s", o.Key, o.skip)
+		return nil, fmt.Errorf("service %s: %s", o.Key, o.oddities().skip)
 	}
 	s.Ports = slices.Clone(s.Ports)
 	if opts.ExternalOnly {
@@ -470,14 +495,17 @@ func sortUnique(eps []Endpoint) []Endpoint {
 // to, or what is wrong with it. A SliceObject is never modified.
 type SliceObject struct {
 	Namespace, Name string
-	// Service is the Service the slice belongs to, from its
-	// kubernetes.io/service-name label; HasService is false without one.
-	Service    ServiceKey
-	HasService bool
+	// service is the name of the Service the slice belongs to (in its
+	// namespace), from its kubernetes.io/service-name label; hasService
+	// is false without one.
+	service    string
+	hasService bool
 	fqdn       bool // addressType FQDN: not proxied
-	// Trigger is the slice's last-change-trigger-time annotation: when
-	// the change that led to it happened; zero when unknown.
-	Trigger time.Time
+	// trigger is the slice's last-change-trigger-time annotation (Unix
+	// nanoseconds): when the change that led to it happened; zero when
+	// unknown. Kept as a number: a time.Time made every slice kept a size
+	// class larger.
+	trigger int64
 
 	ports []slicePort // the ports with a number
 	// endpoints are the slice's endpoints, each address once, in address
@@ -492,6 +520,21 @@ type slicePort struct {
 	name  string
 	proto Protocol
 	port  uint16
+}
+
+// Service is the Service the slice belongs to; ok is false when its
+// kubernetes.io/service-name label names none.
+func (o *SliceObject) Service() (k ServiceKey, ok bool) {
+	return ServiceKey{Namespace: o.Namespace, Name: o.service}, o.hasService
+}
+
+// Trigger is the slice's last-change-trigger-time annotation: when the
+// change that led to it happened; zero when unknown.
+func (o *SliceObject) Trigger() time.Time {
+	if o.trigger == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, o.trigger)
 }
 
 // InFile returns the slice as read from the named file: an invalid
@@ -519,10 +562,12 @@ func SliceService(sl *discoveryv1.EndpointSlice) (ServiceKey, bool) {
 // invalid slice keeps its error, for Build to report for its Service.
 func NewSliceObject(sl *discoveryv1.EndpointSlice) *SliceObject {
 	o := &SliceObject{Namespace: intern(sl.Namespace), Name: sl.Name}
-	o.Service, o.HasService = SliceService(sl)
+	if k, ok := SliceService(sl); ok {
+		o.service, o.hasService = k.Name, true
+	}
 	if ts, ok := sl.Annotations[corev1.EndpointsLastChangeTriggerTime]; ok {
-		if tt, err := time.Parse(time.RFC3339Nano, ts); err == nil {
-			o.Trigger = tt
+		if tt, err := time.Parse(time.RFC3339Nano, ts); err == nil && !tt.IsZero() {
+			o.trigger = tt.UnixNano()
 		}
 	}
 	o.err = validateSliceNames(sl)

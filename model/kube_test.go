@@ -287,10 +287,9 @@ func TestFromKubernetes(t *testing.T) {
 				s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
 				s.Spec.InternalTrafficPolicy = ptr(corev1.ServiceInternalTrafficPolicyLocal)
 				s.Spec.HealthCheckNodePort = 31000
-				s.Spec.TrafficDistribution = ptr("PreferSameZone")
 			}),
 			check: func(t *testing.T, s *model.Service) {
-				if !s.ExternalLocal || !s.InternalLocal || s.HealthCheckNodePort != 31000 || s.TrafficDistribution != "PreferSameZone" {
+				if !s.ExternalLocal || !s.InternalLocal || s.HealthCheckNodePort != 31000 {
 					t.Errorf("got %+v", s)
 				}
 			}},

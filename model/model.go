@@ -71,6 +71,8 @@ func ParseProtocol(s string) (Protocol, error) {
 }
 
 // Service is one proxied Service with the endpoints of all its slices merged.
+// There is one for every Service: its small fields are together, so that
+// it fits a smaller size class.
 type Service struct {
 	Key  ServiceKey
 	Type string // ClusterIP, NodePort or LoadBalancer
@@ -81,6 +83,16 @@ type Service struct {
 	// IPv4 and IPv6 tell which families the Service has (spec.ipFamilies).
 	// A family it lacks gets nothing from it, NodePorts included.
 	IPv4, IPv6 bool
+	// ExternalLocal is externalTrafficPolicy Local: NodePort, ExternalIP and
+	// LoadBalancer traffic goes only to endpoints on this gateway's node.
+	ExternalLocal bool
+	// InternalLocal is internalTrafficPolicy Local, the same for ClusterIPs.
+	InternalLocal bool
+	// ProxyProtocol is the PROXY protocol version (1 or 2) the Service asks
+	// its TCP connections from outside the cluster to carry
+	// (AnnotationProxyProtocol); zero for none.
+	ProxyProtocol       uint8
+	HealthCheckNodePort uint16
 
 	ClusterIPs      []netip.Addr // empty when the gateway must not expose ClusterIPs
 	ExternalIPs     []netip.Addr
@@ -93,18 +105,7 @@ type Service struct {
 	// AffinityTimeout is the ClientIP session affinity timeout; zero means
 	// no affinity.
 	AffinityTimeout time.Duration
-	// ExternalLocal is externalTrafficPolicy Local: NodePort, ExternalIP and
-	// LoadBalancer traffic goes only to endpoints on this gateway's node.
-	ExternalLocal bool
-	// InternalLocal is internalTrafficPolicy Local, the same for ClusterIPs.
-	InternalLocal       bool
-	HealthCheckNodePort uint16
-	TrafficDistribution string
 
-	// ProxyProtocol is the PROXY protocol version (1 or 2) the Service asks
-	// its TCP connections from outside the cluster to carry
-	// (AnnotationProxyProtocol); zero for none.
-	ProxyProtocol uint8
 	// EndpointSelection is how the Service asks its endpoints to be
 	// chosen (AnnotationEndpointSelection): SelectionHash,
 	// SelectionMaglev, or empty for the gateway's default.

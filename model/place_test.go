@@ -42,10 +42,20 @@ func TestPlaceZeroKnowsNothing(t *testing.T) {
 	}
 }
 
-// An endpoint is kept for every endpoint of every slice (400,000 at
-// 100,000 Services): its size is memory.
-func TestEndpointSize(t *testing.T) {
-	if n := unsafe.Sizeof(model.Endpoint{}); n > 40 {
-		t.Errorf("model.Endpoint is %d bytes, want at most 40", n)
+// What is kept of every Service and every endpoint (400,000 endpoints at
+// 100,000 Services): each a size class of Go's allocator.
+func TestKeptSizes(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		size, max uintptr
+	}{
+		{"model.Endpoint", unsafe.Sizeof(model.Endpoint{}), 40},
+		{"model.Service", unsafe.Sizeof(model.Service{}), 256},
+		{"model.ServiceObject", unsafe.Sizeof(model.ServiceObject{}), 144},
+		{"model.SliceObject", unsafe.Sizeof(model.SliceObject{}), 128},
+	} {
+		if c.size > c.max {
+			t.Errorf("%s is %d bytes, want at most %d", c.name, c.size, c.max)
+		}
 	}
 }
