@@ -551,7 +551,7 @@ func TestScaleCluster(t *testing.T) {
 		st.Apply(ds[slot])
 		got.Chains += len(st.Chains)
 		for id := range st.Elems {
-			switch id.Map {
+			switch id.Map() {
 			case ruleset.MapServiceIPs:
 				got.ServiceIPs++
 			case ruleset.MapServiceNodePorts:

@@ -132,10 +132,10 @@ func (r *Reading) PortOf(proto model.Protocol, dst netip.AddrPort) (PortRef, boo
 	if r == nil {
 		return PortRef{}, false
 	}
-	if p, ok := r.dests[ruleset.ElemID{Map: ruleset.MapServiceIPs, Key: ruleset.Key{Addr: dst.Addr(), Proto: proto, Port: dst.Port()}}]; ok {
+	if p, ok := r.dests[ruleset.NewElemID(ruleset.MapServiceIPs, ruleset.Key{Addr: dst.Addr(), Proto: proto, Port: dst.Port()})]; ok {
 		return p, true
 	}
-	p, ok := r.dests[ruleset.ElemID{Map: ruleset.MapServiceNodePorts, Key: ruleset.Key{Proto: proto, Port: dst.Port()}}]
+	p, ok := r.dests[ruleset.NewElemID(ruleset.MapServiceNodePorts, ruleset.Key{Proto: proto, Port: dst.Port()})]
 	return p, ok
 }
 
@@ -261,7 +261,7 @@ func (r *reader) readCounters(cfg *ruleset.Config, fw map[string]PortRef, flows 
 				shape := ruleset.SetShape(s.Name)
 				if err := r.eachElem(f, name, s.Name, func(e *setElem) error {
 					if k, ok := keyFromBytes(f, shape, e.Key); ok && e.HasCounter {
-						out = append(out, counted{f, ruleset.ElemID{Map: s.Name, Key: k}, e.Counter})
+						out = append(out, counted{f, ruleset.NewElemID(s.Name, k), e.Counter})
 					}
 					return nil
 				}); err != nil {
@@ -358,7 +358,7 @@ func (p *Programmer) attribute(elems []counted, drops map[string]Count, traffic 
 	out := make(map[PortRef]PortCounters, len(p.services))
 	dests := make(map[ruleset.ElemID]PortRef, len(p.services))
 	p.claims.EachHolder(func(_ ruleset.Family, id ruleset.ElemID, key model.ServiceKey) {
-		if id.Map == ruleset.MapServiceIPs || id.Map == ruleset.MapServiceNodePorts {
+		if m := id.Map(); m == ruleset.MapServiceIPs || m == ruleset.MapServiceNodePorts {
 			if ref, ok := p.portOf(key, id); ok {
 				dests[id] = ref
 			}
@@ -378,7 +378,7 @@ func (p *Programmer) attribute(elems []counted, drops map[string]Count, traffic 
 			continue
 		}
 		pc := out[ref]
-		if e.id.Map == ruleset.MapServiceIPs || e.id.Map == ruleset.MapServiceNodePorts {
+		if m := e.id.Map(); m == ruleset.MapServiceIPs || m == ruleset.MapServiceNodePorts {
 			pc.New.add(e.n)
 		} else {
 			pc.Rejected.add(e.n)
@@ -545,10 +545,11 @@ func (p *Programmer) portOf(key model.ServiceKey, id ruleset.ElemID) (PortRef, b
 	if svc == nil {
 		return PortRef{}, false
 	}
-	nodePort := id.Map == ruleset.MapServiceNodePorts || id.Map == ruleset.MapNoEndpointNodePorts
+	m, ek := id.Map(), id.Key()
+	nodePort := m == ruleset.MapServiceNodePorts || m == ruleset.MapNoEndpointNodePorts
 	for i := range svc.Ports {
 		sp := &svc.Ports[i]
-		if sp.Protocol == id.Key.Proto && (nodePort && sp.NodePort == id.Key.Port || !nodePort && sp.Port == id.Key.Port) {
+		if sp.Protocol == ek.Proto && (nodePort && sp.NodePort == ek.Port || !nodePort && sp.Port == ek.Port) {
 			return PortRef{Service: key, Proto: sp.Protocol, Port: sp.Port}, true
 		}
 	}

@@ -33,7 +33,7 @@ func trafficReading(p *Programmer, synced bool, now map[trafficKey]Count, svcs .
 		p.services[s.Key] = s
 		for _, sp := range s.Ports {
 			for _, a := range s.ClusterIPs {
-				id := ruleset.ElemID{Map: ruleset.MapServiceIPs, Key: ruleset.Key{Addr: a, Proto: sp.Protocol, Port: sp.Port}}
+				id := ruleset.NewElemID(ruleset.MapServiceIPs, ruleset.Key{Addr: a, Proto: sp.Protocol, Port: sp.Port})
 				rd.dests[id] = PortRef{Service: s.Key, Proto: sp.Protocol, Port: sp.Port}
 			}
 		}

@@ -347,7 +347,7 @@ func TestRepairReadsOnlyTheTablesChanged(t *testing.T) {
 	for slot, ref := range p.tables.Refs {
 		if ref.Family == ruleset.IPv4 && ref.Name == table {
 			for id, v := range p.state[slot].Elems {
-				if id.Map == ruleset.MapServiceIPs {
+				if id.Map() == ruleset.MapServiceIPs {
 					chain = v.Chain
 				}
 			}

@@ -2,6 +2,7 @@ package ruleset
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"sort"
 	"time"
@@ -23,9 +24,28 @@ type famElem struct {
 
 // claim is one Service's wish for a map element.
 type claim struct {
-	svc     model.ServiceKey
-	created time.Time
+	svc model.ServiceKey
+	// created is when the Service was created, as instant (a claim is
+	// kept for every element: a time.Time made it a size class larger).
+	created instant
 	verdict Verdict
+}
+
+// instant is a time as Unix nanoseconds, clamped to what they hold: a
+// creation time outside 1678–2262 (the zero time, when unknown) orders
+// before or after every other.
+type instant int64
+
+var minInstant, maxInstant = time.Unix(0, math.MinInt64), time.Unix(0, math.MaxInt64)
+
+func instantOf(t time.Time) instant {
+	switch {
+	case t.Before(minInstant):
+		return math.MinInt64
+	case t.After(maxInstant):
+		return math.MaxInt64
+	}
+	return instant(t.UnixNano())
 }
 
 // claimSet holds every claim on one element; the oldest Service wins, as the
@@ -36,7 +56,7 @@ func (cs claimSet) winner() *claim {
 	var w *claim
 	for i := range cs {
 		c := &cs[i]
-		if w == nil || Older(c.created, c.svc, w.created, w.svc) {
+		if w == nil || c.created < w.created || c.created == w.created && c.svc.Less(w.svc) {
 			w = c
 		}
 	}
@@ -155,7 +175,7 @@ func losses(fe famElem, cs claimSet) []loss {
 	for _, c := range cs {
 		if c.svc != w.svc {
 			out = append(out, loss{c.svc, fmt.Sprintf("%s %s in %s is already used by service %s, which keeps it as the older Service (by creation time, then namespace/name)",
-				fe.f, fe.id.Key, fe.id.Map, w.svc)})
+				fe.f, fe.id.Key(), fe.id.Map(), w.svc)})
 		}
 	}
 	return out

@@ -39,6 +39,7 @@ import (
 	"net/netip"
 	"strconv"
 	"time"
+	"unique"
 
 	"github.com/nftgate/nftgate/model"
 )
@@ -174,14 +175,59 @@ type Element struct {
 	Verdict Verdict
 }
 
-// ElemID identifies an element: its map and key.
+// ElemID identifies an element: its map and key. The tables' state, the
+// claims book and the counters' index each hold one for every element
+// (hundreds of thousands of them): it is 32 bytes, the map's name a handle
+// to one shared copy and the key's address its sixteen bytes, where the
+// name and the Key themselves were 48.
 type ElemID struct {
-	Map string
-	Key Key
+	set   unique.Handle[string]
+	addr  [16]byte
+	slot  uint32
+	port  uint16
+	proto model.Protocol
+	fam   uint8 // 4 or 6, or 0 for a key without an address
 }
 
+// NewElemID returns the identity of the element of map set with key k.
+func NewElemID(set string, k Key) ElemID {
+	id := ElemID{set: unique.Make(set), slot: k.Slot, port: k.Port, proto: k.Proto}
+	switch {
+	case k.Addr.Is4():
+		id.fam = 4
+	case k.Addr.Is6():
+		id.fam = 6
+	}
+	if id.fam != 0 {
+		id.addr = k.Addr.As16()
+	}
+	return id
+}
+
+// Map is the name of the element's map.
+func (id ElemID) Map() string {
+	if id.set == (unique.Handle[string]{}) {
+		return ""
+	}
+	return id.set.Value()
+}
+
+// Key is the element's key.
+func (id ElemID) Key() Key {
+	k := Key{Proto: id.proto, Port: id.port, Slot: id.slot}
+	switch id.fam {
+	case 4:
+		k.Addr = netip.AddrFrom4([4]byte(id.addr[12:]))
+	case 6:
+		k.Addr = netip.AddrFrom16(id.addr)
+	}
+	return k
+}
+
+func (id ElemID) String() string { return id.Map() + " " + id.Key().String() }
+
 // ID returns the element's identity.
-func (e Element) ID() ElemID { return ElemID{e.Map, e.Key} }
+func (e Element) ID() ElemID { return NewElemID(e.Map, e.Key) }
 
 // Set is a named set or verdict map.
 type Set struct {

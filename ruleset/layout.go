@@ -142,16 +142,16 @@ func Layout(cfg *Config, f Family, services []*model.Service) []Table {
 			if _, ok := claims[fe]; !ok {
 				order = append(order, fe)
 			}
-			addClaim(claims, fe, claim{svc: svc.Key, created: svc.Created, verdict: e.Verdict})
+			addClaim(claims, fe, claim{svc: svc.Key, created: instantOf(svc.Created), verdict: e.Verdict})
 		}
 	}
 	for _, fe := range order {
 		w := claims[fe].winner()
 		i := 0
-		if !MainSet(fe.id.Map) {
+		if !MainSet(fe.id.Map()) {
 			i = cfg.ShardOf(w.svc) + 1
 		}
-		tables[i].Elements = append(tables[i].Elements, Element{Map: fe.id.Map, Key: fe.id.Key, Verdict: w.verdict})
+		tables[i].Elements = append(tables[i].Elements, Element{Map: fe.id.Map(), Key: fe.id.Key(), Verdict: w.verdict})
 	}
 	return tables
 }
@@ -243,7 +243,7 @@ func (ts *Tables) Names(f Family) []string {
 // elem is the slot an element belongs in when Service winner's claim on
 // it wins.
 func (ts *Tables) elem(fe famElem, winner model.ServiceKey) int {
-	if MainSet(fe.id.Map) {
+	if MainSet(fe.id.Map()) {
 		return ts.Main(fe.f)
 	}
 	return ts.Shard(fe.f, winner)
@@ -252,7 +252,7 @@ func (ts *Tables) elem(fe famElem, winner model.ServiceKey) int {
 // holders lists the slots that may hold an element: the main table for its
 // maps, every shard for theirs.
 func (ts *Tables) holders(fe famElem) []int {
-	if MainSet(fe.id.Map) {
+	if MainSet(fe.id.Map()) {
 		return []int{ts.Main(fe.f)}
 	}
 	return ts.Slots(fe.f)[1:]

@@ -283,7 +283,7 @@ func (d *differ) set(name string, desired *Set) {
 		// The new set starts empty, and every rule using the old one
 		// must let go of it first.
 		for id := range d.state.Elems {
-			if id.Map == name {
+			if id.Map() == name {
 				delete(d.state.Elems, id)
 			}
 		}
@@ -315,14 +315,14 @@ func (d *differ) element(id ElemID, desired *Verdict) {
 	cur, exists := d.state.Elems[id]
 	switch {
 	case desired == nil && exists:
-		d.ops.DelElems = append(d.ops.DelElems, Element{Map: id.Map, Key: id.Key, Verdict: cur})
+		d.ops.DelElems = append(d.ops.DelElems, Element{Map: id.Map(), Key: id.Key(), Verdict: cur})
 	case desired != nil && !exists:
-		d.ops.AddElems = append(d.ops.AddElems, Element{Map: id.Map, Key: id.Key, Verdict: *desired})
+		d.ops.AddElems = append(d.ops.AddElems, Element{Map: id.Map(), Key: id.Key(), Verdict: *desired})
 	case desired != nil && exists && cur != *desired:
 		// Replacing a verdict is a delete and an add of the same key in
 		// one batch: the element never disappears for packets.
-		d.ops.DelElems = append(d.ops.DelElems, Element{Map: id.Map, Key: id.Key, Verdict: cur})
-		d.ops.AddElems = append(d.ops.AddElems, Element{Map: id.Map, Key: id.Key, Verdict: *desired})
+		d.ops.DelElems = append(d.ops.DelElems, Element{Map: id.Map(), Key: id.Key(), Verdict: cur})
+		d.ops.AddElems = append(d.ops.AddElems, Element{Map: id.Map(), Key: id.Key(), Verdict: *desired})
 	}
 }
 
@@ -534,7 +534,7 @@ func NewFullPlan(cfg *Config, ts *Tables, observed []*TableState, services map[m
 					if plainSet(e.Map) {
 						fp.book.plain[famElem{f, e.ID()}]++
 					} else {
-						addClaim(claims, famElem{f, e.ID()}, claim{svc: k, created: svc.Created, verdict: e.Verdict})
+						addClaim(claims, famElem{f, e.ID()}, claim{svc: k, created: instantOf(svc.Created), verdict: e.Verdict})
 					}
 				}
 			}
@@ -543,7 +543,7 @@ func NewFullPlan(cfg *Config, ts *Tables, observed []*TableState, services map[m
 	fp.slotElems = make([][]famElem, len(ts.Refs))
 	for fe, cs := range claims {
 		fp.conflicts = append(fp.conflicts, conflicts(fe, *cs)...)
-		if fp.split && MainSet(fe.id.Map) && fe.id.Map != MapFirewallIPs {
+		if fp.split && MainSet(fe.id.Map()) && fe.id.Map() != MapFirewallIPs {
 			continue // with the winner's shard
 		}
 		slot := ts.elem(fe, cs.winner().svc)
@@ -644,7 +644,7 @@ func (fp *FullPlan) Shard(i int) []Batch {
 // firstElem tells whether an element is decided for the first time in
 // this plan, and marks it decided.
 func (d *differ) firstElem(id ElemID) bool {
-	return !d.decided("e/" + id.Map + "/" + id.Key.String())
+	return !d.decided("e/" + id.Map() + "/" + id.Key().String())
 }
 
 // skeleton starts the plan of the table in slot with its skeleton.
@@ -868,7 +868,7 @@ func PlanPartial(cfg *Config, ts *Tables, state []*TableState, book *Claims, pro
 					continue
 				}
 				touch(fe)
-				addClaim(claims, fe, claim{svc: k, created: svc.Created, verdict: e.Verdict})
+				addClaim(claims, fe, claim{svc: k, created: instantOf(svc.Created), verdict: e.Verdict})
 			}
 		}
 	}

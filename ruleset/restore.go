@@ -15,13 +15,13 @@ func PlanRestore(believed, observed *TableState) *Ops {
 			continue
 		}
 		if ok {
-			o.DelElems = append(o.DelElems, Element{Map: id.Map, Key: id.Key, Verdict: got})
+			o.DelElems = append(o.DelElems, Element{Map: id.Map(), Key: id.Key(), Verdict: got})
 		}
-		o.AddElems = append(o.AddElems, Element{Map: id.Map, Key: id.Key, Verdict: v})
+		o.AddElems = append(o.AddElems, Element{Map: id.Map(), Key: id.Key(), Verdict: v})
 	}
 	for id, v := range observed.Elems {
 		if _, ok := believed.Elems[id]; !ok {
-			o.DelElems = append(o.DelElems, Element{Map: id.Map, Key: id.Key, Verdict: v})
+			o.DelElems = append(o.DelElems, Element{Map: id.Map(), Key: id.Key(), Verdict: v})
 		}
 	}
 	for _, es := range [][]Element{o.DelElems, o.AddElems} {

@@ -9,7 +9,7 @@ import (
 
 func TestPlanRestore(t *testing.T) {
 	key := func(a string) Key { return Key{Addr: netip.MustParseAddr(a), Proto: model.TCP, Port: 80} }
-	id := func(a string) ElemID { return ElemID{Map: MapServiceIPs, Key: key(a)} }
+	id := func(a string) ElemID { return NewElemID(MapServiceIPs, key(a)) }
 	believed, observed := NewTableState(), NewTableState()
 	believed.Elems[id("198.19.0.1")] = Verdict{Kind: Goto, Chain: "svc-a"}
 	believed.Elems[id("198.19.0.2")] = Verdict{Kind: Goto, Chain: "svc-b"}
