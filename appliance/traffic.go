@@ -21,8 +21,26 @@ type Traffic interface {
 	// Ports returns the counters of every Service port, and when they were
 	// read.
 	Ports() ([]TrafficPort, time.Time, error)
+	// Totals returns the sums of every port's counters, as Ports would
+	// give them, without a row per port: the metrics' totals, asked at
+	// every scrape.
+	Totals() (TrafficTotals, error)
 	// Flows returns the live flows of a Service.
 	Flows(namespace, name string) ([]FlowJSON, error)
+}
+
+// TrafficTotals are the sums of the counters of every Service port.
+type TrafficTotals struct {
+	NewConnections, Rejected, Dropped        uint64
+	ActiveFlows                              int
+	PacketsIn, BytesIn, PacketsOut, BytesOut uint64
+}
+
+// Add adds one port's counters to the totals.
+func (t *TrafficTotals) Add(p *TrafficPort) {
+	t.NewConnections, t.Rejected, t.Dropped = t.NewConnections+p.NewConnections, t.Rejected+p.Rejected, t.Dropped+p.Dropped
+	t.ActiveFlows += p.ActiveFlows
+	t.PacketsIn, t.BytesIn, t.PacketsOut, t.BytesOut = t.PacketsIn+p.PacketsIn, t.BytesIn+p.BytesIn, t.PacketsOut+p.PacketsOut, t.BytesOut+p.BytesOut
 }
 
 // TrafficPort is what the gateway counted of one Service port: totals
@@ -399,38 +417,43 @@ func (c *TrafficCollector) Describe(ch chan<- *prometheus.Desc) {
 	}
 }
 
-// Collect implements prometheus.Collector.
+// Collect implements prometheus.Collector. Without the per-Service
+// metrics it asks only for the totals: a row for every port at every
+// scrape was 47 MB of garbage at 100,000 Services.
 func (c *TrafficCollector) Collect(ch chan<- prometheus.Metric) {
-	ports, _, err := c.traffic.Ports()
-	if err != nil {
-		// The rest of the scrape stands; the API says what failed.
-		return
+	var t TrafficTotals
+	if !c.perService {
+		var err error
+		if t, err = c.traffic.Totals(); err != nil {
+			return // the rest of the scrape stands; the API says what failed
+		}
+	} else {
+		ports, _, err := c.traffic.Ports()
+		if err != nil {
+			return
+		}
+		for i := range ports {
+			p := &ports[i]
+			t.Add(p)
+			port := strconv.Itoa(int(p.Port))
+			for _, k := range []struct {
+				kind string
+				v    uint64
+			}{{"new", p.NewConnections}, {"rejected", p.Rejected}, {"dropped", p.Dropped}} {
+				ch <- prometheus.MustNewConstMetric(descServiceConnections, prometheus.CounterValue, float64(k.v), p.Namespace, p.Name, p.Protocol, port, k.kind)
+			}
+			ch <- prometheus.MustNewConstMetric(descServiceActiveFlows, prometheus.GaugeValue, float64(p.ActiveFlows), p.Namespace, p.Name, p.Protocol, port)
+			for _, d := range []struct {
+				dir             string
+				packets, nbytes uint64
+			}{{"in", p.PacketsIn, p.BytesIn}, {"out", p.PacketsOut, p.BytesOut}} {
+				ch <- prometheus.MustNewConstMetric(descServiceTrafficBytes, prometheus.CounterValue, float64(d.nbytes), p.Namespace, p.Name, p.Protocol, port, d.dir)
+				ch <- prometheus.MustNewConstMetric(descServiceTrafficPackets, prometheus.CounterValue, float64(d.packets), p.Namespace, p.Name, p.Protocol, port, d.dir)
+			}
+		}
 	}
-	var n, rej, drop, pin, bin, pout, bout uint64
-	flows := 0
-	for i := range ports {
-		p := &ports[i]
-		n, rej, drop, flows = n+p.NewConnections, rej+p.Rejected, drop+p.Dropped, flows+p.ActiveFlows
-		pin, bin, pout, bout = pin+p.PacketsIn, bin+p.BytesIn, pout+p.PacketsOut, bout+p.BytesOut
-		if !c.perService {
-			continue
-		}
-		port := strconv.Itoa(int(p.Port))
-		for _, k := range []struct {
-			kind string
-			v    uint64
-		}{{"new", p.NewConnections}, {"rejected", p.Rejected}, {"dropped", p.Dropped}} {
-			ch <- prometheus.MustNewConstMetric(descServiceConnections, prometheus.CounterValue, float64(k.v), p.Namespace, p.Name, p.Protocol, port, k.kind)
-		}
-		ch <- prometheus.MustNewConstMetric(descServiceActiveFlows, prometheus.GaugeValue, float64(p.ActiveFlows), p.Namespace, p.Name, p.Protocol, port)
-		for _, d := range []struct {
-			dir             string
-			packets, nbytes uint64
-		}{{"in", p.PacketsIn, p.BytesIn}, {"out", p.PacketsOut, p.BytesOut}} {
-			ch <- prometheus.MustNewConstMetric(descServiceTrafficBytes, prometheus.CounterValue, float64(d.nbytes), p.Namespace, p.Name, p.Protocol, port, d.dir)
-			ch <- prometheus.MustNewConstMetric(descServiceTrafficPackets, prometheus.CounterValue, float64(d.packets), p.Namespace, p.Name, p.Protocol, port, d.dir)
-		}
-	}
+	n, rej, drop, flows := t.NewConnections, t.Rejected, t.Dropped, t.ActiveFlows
+	pin, bin, pout, bout := t.PacketsIn, t.BytesIn, t.PacketsOut, t.BytesOut
 	ch <- prometheus.MustNewConstMetric(descConnections, prometheus.CounterValue, float64(n), "new")
 	ch <- prometheus.MustNewConstMetric(descConnections, prometheus.CounterValue, float64(rej), "rejected")
 	ch <- prometheus.MustNewConstMetric(descConnections, prometheus.CounterValue, float64(drop), "dropped")

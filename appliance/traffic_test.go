@@ -19,6 +19,14 @@ type fakeTraffic struct {
 
 func (f *fakeTraffic) Ports() ([]TrafficPort, time.Time, error) { return f.ports, f.at, nil }
 
+func (f *fakeTraffic) Totals() (TrafficTotals, error) {
+	var t TrafficTotals
+	for i := range f.ports {
+		t.Add(&f.ports[i])
+	}
+	return t, nil
+}
+
 func (f *fakeTraffic) Flows(ns, name string) ([]FlowJSON, error) { return f.flows[ns+"/"+name], nil }
 
 func trafficFixture() *fakeTraffic {

@@ -166,6 +166,35 @@ func TestTrafficCountersAndFlows(t *testing.T) {
 		if strings.Contains(body, "nftgate_service_connections_total") {
 			t.Errorf("per-Service series without metrics_per_service")
 		}
+		// Without per-Service series the totals are summed without a
+		// row per port: they add up as the API's rows do.
+		err := lab.EventuallyWithin(10*time.Second, func() error {
+			code, tbody, err := g.Get("/api/v1/traffic")
+			if err != nil || code != http.StatusOK {
+				return fmt.Errorf("traffic: %d %v", code, err)
+			}
+			var tj appliance.TrafficJSON
+			if err := json.Unmarshal([]byte(tbody), &tj); err != nil {
+				return err
+			}
+			var tt appliance.TrafficTotals
+			for i := range tj.Ports {
+				tt.Add(&tj.Ports[i])
+			}
+			body := metrics()
+			for kind, n := range map[string]uint64{"new": tt.NewConnections, "rejected": tt.Rejected, "dropped": tt.Dropped} {
+				if want := fmt.Sprintf("nftgate_connections_total{kind=%q} %d\n", kind, n); !strings.Contains(body, want) {
+					return fmt.Errorf("no %s in\n%s", strings.TrimSpace(want), grep(body, "nftgate_connections_total"))
+				}
+			}
+			if tt.NewConnections == 0 {
+				return fmt.Errorf("no new connections in the API's rows")
+			}
+			return nil
+		})
+		if err != nil {
+			t.Error(err)
+		}
 		// The counters live in the kernel: a restart with per-Service
 		// series finds them where they were.
 		g.Stop()

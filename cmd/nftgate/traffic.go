@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"flag"
 	"net/netip"
 	"slices"
@@ -46,46 +47,69 @@ func newTraffic(prog *nft.Programmer) *traffic {
 	return &traffic{prog: prog, flows: conntrack.NewFlows()}
 }
 
-// Ports implements appliance.Traffic.
-func (t *traffic) Ports() ([]appliance.TrafficPort, time.Time, error) {
+// read reads the counters and the flows.
+func (t *traffic) read() (*nft.Reading, []conntrack.Flow, error) {
 	rd, err := t.prog.Counters()
 	if err != nil {
-		return nil, time.Time{}, err
+		return nil, nil, err
 	}
 	flows, _, err := t.flows.Read()
 	if err != nil {
+		return nil, nil, err
+	}
+	return rd, flows, nil
+}
+
+// Ports implements appliance.Traffic. It makes a row for every port and
+// nothing else per port (the history asks every minute, and at 100,000
+// ports a map of endpoints and a struct for each were half of 47 MB): the
+// rows are found by an index while they are filled, and the endpoints of
+// all of them share one array.
+func (t *traffic) Ports() ([]appliance.TrafficPort, time.Time, error) {
+	rd, flows, err := t.read()
+	if err != nil {
 		return nil, time.Time{}, err
 	}
-	type acc struct {
-		port appliance.TrafficPort
-		eps  map[netip.AddrPort]*appliance.TrafficEndpoint
-	}
-	by := make(map[nft.PortRef]*acc, len(rd.Ports))
-	get := func(ref nft.PortRef) *acc {
-		a := by[ref]
-		if a == nil {
-			a = &acc{port: appliance.TrafficPort{Namespace: ref.Service.Namespace, Name: ref.Service.Name,
-				Protocol: ref.Proto.KubeName(), Port: ref.Port}, eps: map[netip.AddrPort]*appliance.TrafficEndpoint{}}
-			by[ref] = a
+	out := make([]appliance.TrafficPort, 0, len(rd.Ports))
+	index := make(map[nft.PortRef]int32, len(rd.Ports))
+	row := func(ref nft.PortRef) int32 {
+		i, ok := index[ref]
+		if !ok {
+			i = int32(len(out))
+			index[ref] = i
+			out = append(out, appliance.TrafficPort{Namespace: ref.Service.Namespace, Name: ref.Service.Name,
+				Protocol: ref.Proto.KubeName(), Port: ref.Port})
 		}
-		return a
+		return i
 	}
-	endpoint := func(a *acc, ep netip.AddrPort) *appliance.TrafficEndpoint {
-		e := a.eps[ep]
-		if e == nil {
-			e = &appliance.TrafficEndpoint{Endpoint: ep.String()}
-			a.eps[ep] = e
+	type epKey struct {
+		row int32
+		ep  netip.AddrPort
+	}
+	type epRow struct {
+		row int32
+		ep  appliance.TrafficEndpoint
+	}
+	var eps []epRow
+	epIndex := map[epKey]int{}
+	endpoint := func(row int32, ep netip.AddrPort) *appliance.TrafficEndpoint {
+		k := epKey{row, ep}
+		i, ok := epIndex[k]
+		if !ok {
+			i = len(eps)
+			epIndex[k] = i
+			eps = append(eps, epRow{row, appliance.TrafficEndpoint{Endpoint: ep.String()}})
 		}
-		return e
+		return &eps[i].ep
 	}
 	for ref, c := range rd.Ports {
-		a := get(ref)
-		a.port.NewConnections, a.port.Rejected, a.port.Dropped = c.New.Packets, c.Rejected.Packets, c.Dropped.Packets
-		a.port.PacketsIn, a.port.BytesIn = c.Traffic.In.Packets, c.Traffic.In.Bytes
-		a.port.PacketsOut, a.port.BytesOut = c.Traffic.Out.Packets, c.Traffic.Out.Bytes
+		p := &out[row(ref)]
+		p.NewConnections, p.Rejected, p.Dropped = c.New.Packets, c.Rejected.Packets, c.Dropped.Packets
+		p.PacketsIn, p.BytesIn = c.Traffic.In.Packets, c.Traffic.In.Bytes
+		p.PacketsOut, p.BytesOut = c.Traffic.Out.Packets, c.Traffic.Out.Bytes
 	}
 	for ref, c := range rd.Endpoints {
-		e := endpoint(get(ref.Port), ref.Endpoint)
+		e := endpoint(row(ref.Port), ref.Endpoint)
 		e.PacketsIn, e.BytesIn = c.In.Packets, c.In.Bytes
 		e.PacketsOut, e.BytesOut = c.Out.Packets, c.Out.Bytes
 	}
@@ -95,20 +119,54 @@ func (t *traffic) Ports() ([]appliance.TrafficPort, time.Time, error) {
 		if !ok || !f.Open() {
 			continue
 		}
-		a := get(ref)
-		a.port.ActiveFlows++
-		a.port.Bytes += f.Bytes
-		endpoint(a, f.Endpoint).ActiveFlows++
+		r := row(ref)
+		out[r].ActiveFlows++
+		out[r].Bytes += f.Bytes
+		endpoint(r, f.Endpoint).ActiveFlows++
 	}
-	out := make([]appliance.TrafficPort, 0, len(by))
-	for _, a := range by {
-		for _, e := range a.eps {
-			a.port.Endpoints = append(a.port.Endpoints, *e)
+	if len(eps) > 0 {
+		slices.SortFunc(eps, func(x, y epRow) int {
+			if x.row != y.row {
+				return cmp.Compare(x.row, y.row)
+			}
+			return strings.Compare(x.ep.Endpoint, y.ep.Endpoint)
+		})
+		all := make([]appliance.TrafficEndpoint, len(eps))
+		for i := range eps {
+			all[i] = eps[i].ep
 		}
-		slices.SortFunc(a.port.Endpoints, func(x, y appliance.TrafficEndpoint) int { return strings.Compare(x.Endpoint, y.Endpoint) })
-		out = append(out, a.port)
+		for i := 0; i < len(eps); {
+			j := i + 1
+			for j < len(eps) && eps[j].row == eps[i].row {
+				j++
+			}
+			out[eps[i].row].Endpoints = all[i:j:j]
+			i = j
+		}
 	}
 	return out, rd.At, nil
+}
+
+// Totals implements appliance.Traffic: the sums Ports' rows would add up
+// to, without them.
+func (t *traffic) Totals() (appliance.TrafficTotals, error) {
+	rd, flows, err := t.read()
+	if err != nil {
+		return appliance.TrafficTotals{}, err
+	}
+	var tt appliance.TrafficTotals
+	for _, c := range rd.Ports {
+		tt.NewConnections, tt.Rejected, tt.Dropped = tt.NewConnections+c.New.Packets, tt.Rejected+c.Rejected.Packets, tt.Dropped+c.Dropped.Packets
+		tt.PacketsIn, tt.BytesIn = tt.PacketsIn+c.Traffic.In.Packets, tt.BytesIn+c.Traffic.In.Bytes
+		tt.PacketsOut, tt.BytesOut = tt.PacketsOut+c.Traffic.Out.Packets, tt.BytesOut+c.Traffic.Out.Bytes
+	}
+	for i := range flows {
+		f := &flows[i]
+		if _, ok := rd.PortOf(f.Proto, f.Dest); ok && f.Open() {
+			tt.ActiveFlows++
+		}
+	}
+	return tt, nil
 }
 
 // Flows implements appliance.Traffic.
