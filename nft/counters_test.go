@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os/exec"
+	"reflect"
 	"testing"
 	"time"
 
@@ -143,5 +144,45 @@ func TestCountersOffStillTellDestinations(t *testing.T) {
 	}
 	if _, ok := rd.PortOf(model.TCP, netip.MustParseAddrPort("198.19.0.10:81")); ok {
 		t.Error("a port the Service does not have belongs to it")
+	}
+
+	// The next reading, with no sync between, shares the index of
+	// destinations; after a sync it tells the Services as programmed.
+	next := func() *Reading {
+		t.Helper()
+		p.counters.mu.Lock()
+		p.counters.next = time.Time{}
+		p.counters.mu.Unlock()
+		var got *Reading
+		if err := lab.EventuallyWithin(10*time.Second, func() error {
+			r, err := p.Counters()
+			if err == nil && r == rd {
+				err = fmt.Errorf("no new reading yet")
+			}
+			got = r
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	again := next()
+	if reflect.ValueOf(again.dests).UnsafePointer() != reflect.ValueOf(rd.dests).UnsafePointer() {
+		t.Error("a reading with no sync since the last made its index of destinations again")
+	}
+	api := &model.Service{Key: model.ServiceKey{Namespace: "default", Name: "api"}, Type: "ClusterIP",
+		ClusterIPs: []netip.Addr{netip.MustParseAddr("198.19.0.20")},
+		Ports: []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 8080, Endpoints: []model.Endpoint{
+			{Addr: netip.MustParseAddr("198.18.2.11"), Port: 8080, Ready: true, Serving: true}}}}}
+	if _, err := p.Partial(map[model.ServiceKey]*model.Service{web.Key: nil, api.Key: api}); err != nil {
+		t.Fatal(err)
+	}
+	rd = again
+	after := next()
+	if r, ok := after.PortOf(model.TCP, netip.MustParseAddrPort("198.19.0.20:8080")); !ok || r.Service != api.Key {
+		t.Errorf("after the sync 198.19.0.20:8080 is %+v %v, want api's", r, ok)
+	}
+	if r, ok := after.PortOf(model.TCP, netip.MustParseAddrPort("198.19.0.10:80")); ok {
+		t.Errorf("after the sync the deleted web still has 198.19.0.10:80: %+v", r)
 	}
 }

@@ -47,6 +47,10 @@ type Programmer struct {
 	rulesOf  *ruleset.TableState
 	services map[model.ServiceKey]*model.Service // as programmed
 	claims   *ruleset.Claims
+	// changes counts the times services or claims may have changed: the
+	// counters' index of destinations, made from them, is made again
+	// only when it moved.
+	changes uint64
 	// trusted tells whether nftgate's record of its tables (state) is
 	// what the kernel holds, as far as nftgate's own transactions go: it
 	// is not after a batch whose fate is unknown, or whose planning
@@ -451,6 +455,7 @@ func (p *Programmer) committedFull(res *Result, observed []*ruleset.TableState, 
 	p.state = observed
 	res.ServiceConflicts = claims.RebuildLosses(p.claims)
 	p.claims = claims
+	p.changes++
 	if p.countsTraffic() {
 		for k := range p.services {
 			if services[k] == nil {
@@ -547,6 +552,7 @@ func (p *Programmer) partialLocked(start time.Time, res Result, changes map[mode
 // committed since nftgate's last transaction, and nftgate's record of the
 // kernel still holds.
 func (p *Programmer) attempt(res *Result, changes map[model.ServiceKey]*model.Service) (err error, isolatable bool) {
+	p.changes++ // PlanPartial changes the claims, and Undo may put them back
 	ds, undo, conflicts := ruleset.PlanPartial(&p.cfg, p.tables, p.state, p.claims, p.services, changes)
 	res.Conflicts = conflicts
 	var forget []trafficKey
