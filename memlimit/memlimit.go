@@ -100,7 +100,7 @@ func New(limit int64, log *slog.Logger) *Policy {
 // BeforeFull lifts the limit for a full sync. Only the sync loop's
 // goroutine calls BeforeFull and Synced.
 func (m *Policy) BeforeFull() {
-	if !m.cold && m.floor > 0 && os.Getenv("GOGC") == "" {
+	if !m.firstDone && !m.cold && m.floor > 0 && os.Getenv("GOGC") == "" {
 		m.cold = true
 		m.gcPercent = debug.SetGCPercent(coldGCPercent(liveHeap()))
 	}
