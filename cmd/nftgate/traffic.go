@@ -103,7 +103,8 @@ func (t *traffic) Ports() ([]appliance.TrafficPort, time.Time, error) {
 		return &eps[i].ep
 	}
 	for ref, c := range rd.Ports {
-		p := &out[row(ref)]
+		i := row(ref) // before out is indexed: row may grow it
+		p := &out[i]
 		p.NewConnections, p.Rejected, p.Dropped = c.New.Packets, c.Rejected.Packets, c.Dropped.Packets
 		p.PacketsIn, p.BytesIn = c.Traffic.In.Packets, c.Traffic.In.Bytes
 		p.PacketsOut, p.BytesOut = c.Traffic.Out.Packets, c.Traffic.Out.Bytes
