@@ -26,6 +26,7 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/yaml"
 
+	"github.com/nftgate/nftgate/appliance"
 	"github.com/nftgate/nftgate/internal/testing/lab"
 	"github.com/nftgate/nftgate/internal/testing/lab/gatewaytest"
 	"github.com/nftgate/nftgate/internal/testing/lab/labtest"
@@ -150,7 +151,33 @@ func TestBurstIsCoalesced(t *testing.T) {
 
 	// A restart's first sync sees every Service, and so finds nothing to
 	// change in the kernel: a sync of a partial view would remove the
-	// rules of the Services it had not seen yet.
+	// rules of the Services it had not seen yet. That holds once the
+	// first process has programmed every Service with its endpoint: the
+	// dials above reach a sample, and under load the last EndpointSlices
+	// can still be on their way (a CI run stopped it with 24 changes left).
+	err = lab.EventuallyWithin(30*time.Second, func() error {
+		code, body, err := g.Get("/api/v1/services?q=burst-")
+		if err != nil || code != 200 {
+			return fmt.Errorf("services: %d %v", code, err)
+		}
+		var list appliance.ServiceListJSON
+		if err := json.Unmarshal([]byte(body), &list); err != nil {
+			return err
+		}
+		served := 0
+		for _, s := range list.Services {
+			if len(s.Endpoints) > 0 {
+				served++
+			}
+		}
+		if served < n {
+			return fmt.Errorf("%d of the %d Services programmed with their endpoint", served, n)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	g.Stop()
 	g.Start()
 	fulls := regexp.MustCompile(`msg="full sync" services=(\d+) changes=(\d+)`).FindAllStringSubmatch(g.Logs(), -1)
