@@ -104,10 +104,7 @@ func (t *traffic) Ports() ([]appliance.TrafficPort, time.Time, error) {
 	}
 	for ref, c := range rd.Ports {
 		i := row(ref) // before out is indexed: row may grow it
-		p := &out[i]
-		p.NewConnections, p.Rejected, p.Dropped = c.New.Packets, c.Rejected.Packets, c.Dropped.Packets
-		p.PacketsIn, p.BytesIn = c.Traffic.In.Packets, c.Traffic.In.Bytes
-		p.PacketsOut, p.BytesOut = c.Traffic.Out.Packets, c.Traffic.Out.Bytes
+		setCounts(&out[i], c)
 	}
 	for ref, c := range rd.Endpoints {
 		e := endpoint(row(ref.Port), ref.Endpoint)
@@ -148,6 +145,13 @@ func (t *traffic) Ports() ([]appliance.TrafficPort, time.Time, error) {
 	return out, rd.At, nil
 }
 
+// setCounts sets a port's row from its counters in the kernel.
+func setCounts(p *appliance.TrafficPort, c nft.PortCounters) {
+	p.NewConnections, p.Rejected, p.Dropped = c.New.Packets, c.Rejected.Packets, c.Dropped.Packets
+	p.PacketsIn, p.BytesIn = c.Traffic.In.Packets, c.Traffic.In.Bytes
+	p.PacketsOut, p.BytesOut = c.Traffic.Out.Packets, c.Traffic.Out.Bytes
+}
+
 // Totals implements appliance.Traffic: the sums Ports' rows would add up
 // to, without them.
 func (t *traffic) Totals() (appliance.TrafficTotals, error) {
@@ -156,10 +160,10 @@ func (t *traffic) Totals() (appliance.TrafficTotals, error) {
 		return appliance.TrafficTotals{}, err
 	}
 	var tt appliance.TrafficTotals
+	var p appliance.TrafficPort
 	for _, c := range rd.Ports {
-		tt.NewConnections, tt.Rejected, tt.Dropped = tt.NewConnections+c.New.Packets, tt.Rejected+c.Rejected.Packets, tt.Dropped+c.Dropped.Packets
-		tt.PacketsIn, tt.BytesIn = tt.PacketsIn+c.Traffic.In.Packets, tt.BytesIn+c.Traffic.In.Bytes
-		tt.PacketsOut, tt.BytesOut = tt.PacketsOut+c.Traffic.Out.Packets, tt.BytesOut+c.Traffic.Out.Bytes
+		setCounts(&p, c)
+		tt.Add(&p)
 	}
 	for i := range flows {
 		f := &flows[i]
