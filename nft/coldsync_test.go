@@ -2,6 +2,7 @@ package nft
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os/exec"
 	"strings"
@@ -225,4 +226,82 @@ func fullCommits(t *testing.T, p *Programmer, services map[model.ServiceKey]*mod
 		t.Fatal(err)
 	}
 	return res, after - before
+}
+
+// TestRepairStoppedPartwayIsDoneInFull: a repair after nft flush ruleset
+// drops the record of the deleted tables when it begins (it would be held
+// beside the new one until the end) and records each table as it commits
+// it. When the repair stops part-way (a batch lost, and the read-back
+// after it too), the record is of the tables it committed, which is what
+// the kernel holds, but not of the Services: the next full sync must not
+// take the kernel's agreement with it for a sync of every Service, and
+// repairs all of them.
+func TestRepairStoppedPartwayIsDoneInFull(t *testing.T) {
+	ns, fd := testNetNS(t)
+	cfg := ruleset.Config{Table: "nftgate", Node: model.Node{Name: "gw"}, HashSeed: 1, Shards: 4}
+	p, err := NewProgrammer(cfg, Options{NetNSFD: fd})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	var svcs []*model.Service
+	want := map[string]string{}
+	for i := range 40 {
+		svcs = append(svcs, isolationService(fmt.Sprintf("s%d", i), 10+i, fmt.Sprintf("198.18.2.%d", 10+i)))
+		want[fmt.Sprintf("198.19.0.%d", 10+i)] = fmt.Sprintf("198.18.2.%d", 10+i)
+	}
+	services := serviceMap(svcs...)
+	if _, err := p.Full(services); err != nil {
+		t.Fatal(err)
+	}
+	old := p.state
+	if out, err := exec.Command("ip", "netns", "exec", ns, "nft", "flush", "ruleset").CombinedOutput(); err != nil {
+		t.Fatalf("nft flush ruleset: %v: %s", err, out)
+	}
+	// The main table and one shard go in; every batch after them is lost,
+	// the fallback's read-back included (its reader's socket is closed).
+	sent := 0
+	p.failSend = func() error {
+		if sent++; sent > 2 {
+			p.reader.Close()
+			return errors.New("lost on its way")
+		}
+		return nil
+	}
+	if _, err := p.Full(services); err == nil {
+		t.Fatal("the repair with its batches lost succeeded")
+	}
+	if !p.partway || p.trusted {
+		t.Errorf("after the repair stopped: partway %v, trusted %v; want true, false", p.partway, p.trusted)
+	}
+	for slot := range p.state {
+		if p.state[slot] == old[slot] {
+			t.Errorf("table %s: the record of the deleted tables is still held", p.tables.Refs[slot].Name)
+		}
+	}
+	exists := 0
+	for _, st := range p.state {
+		if st.Exists {
+			exists++
+		}
+	}
+	if exists != 2 {
+		t.Errorf("the record holds %d tables; want the 2 committed", exists)
+	}
+	if _, err := p.Partial(map[model.ServiceKey]*model.Service{svcs[0].Key: svcs[0]}); err == nil {
+		t.Error("a partial sync after the repair stopped part-way was taken")
+	}
+
+	p.failSend = nil
+	if p.reader, err = newReader(fd); err != nil {
+		t.Fatal(err)
+	}
+	res, err := p.Full(services)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.ReadBack || p.partway {
+		t.Errorf("the next full sync: read back %v, partway after it %v; want true, false", res.ReadBack, p.partway)
+	}
+	checkIsolated(t, ns, want)
 }

@@ -56,6 +56,12 @@ type Programmer struct {
 	// is not after a batch whose fate is unknown, or whose planning
 	// forgot elements, until a read-back.
 	trusted bool
+	// partway tells that state is not the record of services, but what a
+	// full sync onto no tables committed before it stopped: the one
+	// before it was dropped when it began (a record of tables another
+	// program deleted, as large as the new one). The next full sync reads
+	// every table back and plans every Service.
+	partway bool
 	// watch is what the kernel's notifications told (Watch), and
 	// readDrifts its count of drifts when the tables were last read back.
 	watch      *watchState
@@ -77,6 +83,10 @@ type Programmer struct {
 	// the group, before the batch is sent: tests commit another
 	// program's transaction there.
 	mutedSend func()
+	// failSend, when set, runs before each batch is sent; an error it
+	// returns is the send's, as when a batch is lost on its way (tests of
+	// what a failed sync leaves).
+	failSend func() error
 	// beforeReceive, when set, runs before each read of the
 	// notification socket: tests hold the watcher there.
 	beforeReceive func()
@@ -268,7 +278,8 @@ func (p *Programmer) Full(services map[model.ServiceKey]*model.Service) (Result,
 	// changed since the last read-back, up to generation gen, and none
 	// were lost: only those tables are read back.
 	targeted, gen := false, uint32(0)
-	if p.synced {
+	believe := p.synced && !p.partway
+	if believe {
 		drifts := p.watch.snapshot()
 		g, err := p.batch.generation()
 		// Nothing was committed since nftgate's last transaction, or the
@@ -310,7 +321,7 @@ func (p *Programmer) Full(services map[model.ServiceKey]*model.Service) (Result,
 	if elems {
 		return p.restoreElems(start, res, only, gen, services)
 	}
-	observed, drop, err := p.observe(&res, p.synced, sampled, only)
+	observed, drop, err := p.observe(&res, believe, sampled, only)
 	if err != nil {
 		if only != nil {
 			// What the notifications named is consumed: read everything
@@ -327,7 +338,7 @@ func (p *Programmer) Full(services map[model.ServiceKey]*model.Service) (Result,
 	// kernel is still at g when nftgate commits next, nothing came between.
 	p.generation, p.genKnown = g, genErr == nil
 
-	if p.synced && len(res.Drift) == 0 {
+	if believe && len(res.Drift) == 0 {
 		p.trusted = true
 		// The kernel holds what nftgate believes: only the Services that
 		// changed since the last sync need planning, as in a partial sync.
@@ -358,6 +369,10 @@ func (p *Programmer) Full(services map[model.ServiceKey]*model.Service) (Result,
 		if p.streamed != nil {
 			p.streamed()
 		}
+		// The record of the tables is of tables that are gone: what
+		// commitEach commits is recorded in observed, which takes its
+		// place now instead of after the last shard.
+		p.state, p.partway, p.trusted = observed, true, false
 		fp := ruleset.NewFullPlan(&p.cfg, p.tables, observed, services, false, book)
 		res.Conflicts = fp.Conflicts()
 		err := p.commitEach(&res, start, fp, observed)
@@ -464,7 +479,7 @@ func (p *Programmer) committedFull(res *Result, observed []*ruleset.TableState, 
 		}
 	}
 	p.services = ruleset.CloneServices(services)
-	p.synced, p.trusted = true, true
+	p.synced, p.trusted, p.partway = true, true, false
 }
 
 // observe reads nftgate's tables back: what each holds, and the shard
@@ -524,6 +539,9 @@ func (p *Programmer) Partial(changes map[model.ServiceKey]*model.Service) (Resul
 	defer p.mu.Unlock()
 	if !p.synced {
 		return Result{}, errors.New("nft: partial sync before the first full sync")
+	}
+	if p.partway {
+		return Result{}, errors.New("nft: partial sync after a full sync that stopped part-way")
 	}
 	return p.partialLocked(time.Now(), Result{}, changes)
 }
@@ -628,7 +646,12 @@ func (p *Programmer) commit(ds []*ruleset.Ops, drop []ruleset.TableRef, forget [
 		p.mutedSend()
 	}
 	start := time.Now()
-	err = p.batch.send(w, describe)
+	if p.failSend != nil {
+		err = p.failSend()
+	}
+	if err == nil {
+		err = p.batch.send(w, describe)
+	}
 	took := time.Since(start)
 	var be *BatchError
 	refused := errors.As(err, &be)
