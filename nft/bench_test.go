@@ -655,7 +655,8 @@ func TestScaleColdAndPartial(t *testing.T) {
 
 // BenchmarkKernelCountersRead reads the counters of every Service port back
 // from the kernel (Programmer.Counters without its one-second cache): what
-// one reading for the API or a scrape costs.
+// one reading for the API or a scrape costs, with the index of ports and
+// destinations the readings share kept, and made anew (after a sync).
 //
 //	go test -run '^$' -bench KernelCountersRead -benchtime 5x ./nft/
 func BenchmarkKernelCountersRead(b *testing.B) {
@@ -664,8 +665,17 @@ func BenchmarkKernelCountersRead(b *testing.B) {
 			cfg := scaleConfig()
 			cfg.Counters = true
 			p, _, _ := countedCluster(b, n, cfg)
-			b.ResetTimer()
-			benchCountersReads(b, p, func(rd *Reading) bool { return len(rd.Ports) > 0 })
+			for _, index := range []string{"kept", "new"} {
+				b.Run("index="+index, func(b *testing.B) {
+					b.ReportAllocs()
+					benchCountersReads(b, p, func(rd *Reading) bool {
+						if index == "new" {
+							p.counters.ports = nil // as after a sync
+						}
+						return rd.NumPorts() > 0
+					})
+				})
+			}
 		})
 	}
 }

@@ -125,7 +125,8 @@ func TestFlushRepairServesTheBusiestFirst(t *testing.T) {
 		}
 		var out []uint64
 		for _, s := range ss {
-			out = append(out, rd.Ports[PortRef{Service: s.Key, Proto: model.TCP, Port: 80}].New.Packets)
+			c, _ := rd.Port(PortRef{Service: s.Key, Proto: model.TCP, Port: 80})
+			out = append(out, c.New.Packets)
 		}
 		return out
 	}

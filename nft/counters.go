@@ -2,6 +2,7 @@ package nft
 
 import (
 	"fmt"
+	"iter"
 	"net/netip"
 	"slices"
 	"sync"
@@ -109,12 +110,13 @@ type counterCache struct {
 	retired map[trafficKey]Count
 	gone    map[PortRef]Traffic
 	before  map[trafficKey]Count
-	// dests is the index of destinations of the last reading, made when
-	// the programmer's changes count was destsOf: readings share it until
-	// a sync changes what it is made from (at 100,000 Services it is
-	// 10 MB, made again every second while the counters are asked).
-	dests   map[ruleset.ElemID]PortRef
-	destsOf uint64
+	// ports is the index of Service ports and destinations of the last
+	// reading, made when the programmer's changes count was portsOf:
+	// readings share it until a sync changes what it is made from (at
+	// 100,000 Services it is several MB, made again every second while
+	// the counters are asked).
+	ports   *portIndex
+	portsOf uint64
 	// prev is the last reading of the traffic sets; seenBefore its
 	// elements, from traffic to attributeTraffic of the next reading.
 	prev       *Reading
@@ -123,26 +125,92 @@ type counterCache struct {
 
 // Reading is one reading of the counters.
 type Reading struct {
-	At    time.Time
-	Ports map[PortRef]PortCounters
+	At time.Time
 	// Endpoints are the traffic of each endpoint of a port that the
 	// traffic sets counted.
 	Endpoints map[EndpointRef]Traffic
-	// dests are the Service port of each counted destination.
-	dests map[ruleset.ElemID]PortRef
+	ports     *portIndex
+	// counts are the counters of each port of ports, in its order; nil
+	// without counters. A map of them took three times the room, made
+	// for every reading.
+	counts []PortCounters
+}
+
+// portIndex is every programmed Service port that a counted map element
+// leads to, and the elements: readings share it until a sync changes the
+// Services or their claims.
+type portIndex struct {
+	refs []PortRef
+	// dests is the port of each counted element (of the Service
+	// addresses and node ports, with endpoints or without).
+	dests map[ruleset.ElemID]int32
+	// byRef finds a port by its name; made when first asked (few
+	// readings need it: the drops of source ranges, the traffic of
+	// endpoints gone).
+	byRefOnce sync.Once
+	byRef     map[PortRef]int32
+}
+
+// at returns the index of port ref.
+func (x *portIndex) at(ref PortRef) (int32, bool) {
+	x.byRefOnce.Do(func() {
+		x.byRef = make(map[PortRef]int32, len(x.refs))
+		for i, r := range x.refs {
+			x.byRef[r] = int32(i)
+		}
+	})
+	i, ok := x.byRef[ref]
+	return i, ok
+}
+
+// Ports yields the counters of every Service port counted; none without
+// counters.
+func (r *Reading) Ports() iter.Seq2[PortRef, PortCounters] {
+	return func(yield func(PortRef, PortCounters) bool) {
+		for i := range r.counts {
+			if !yield(r.ports.refs[i], r.counts[i]) {
+				return
+			}
+		}
+	}
+}
+
+// NumPorts is the number of ports Ports yields.
+func (r *Reading) NumPorts() int { return len(r.counts) }
+
+// Port returns the counters of port ref; ok is false when the reading
+// has none of it.
+func (r *Reading) Port(ref PortRef) (c PortCounters, ok bool) {
+	if r == nil || r.counts == nil {
+		return PortCounters{}, false
+	}
+	i, ok := r.ports.at(ref)
+	if !ok {
+		return PortCounters{}, false
+	}
+	return r.counts[i], true
 }
 
 // PortOf returns the Service port a new flow to dst went to: the one
 // whose address and port it is, or else whose node port.
 func (r *Reading) PortOf(proto model.Protocol, dst netip.AddrPort) (PortRef, bool) {
-	if r == nil {
+	i, ok := r.portAt(proto, dst)
+	if !ok {
 		return PortRef{}, false
 	}
-	if p, ok := r.dests[ruleset.NewElemID(ruleset.MapServiceIPs, ruleset.Key{Addr: dst.Addr(), Proto: proto, Port: dst.Port()})]; ok {
-		return p, true
+	return r.ports.refs[i], true
+}
+
+// portAt is PortOf's index of the port.
+func (r *Reading) portAt(proto model.Protocol, dst netip.AddrPort) (int32, bool) {
+	if r == nil || r.ports == nil {
+		return 0, false
 	}
-	p, ok := r.dests[ruleset.NewElemID(ruleset.MapServiceNodePorts, ruleset.Key{Proto: proto, Port: dst.Port()})]
-	return p, ok
+	if i, ok := r.ports.dests[ruleset.NewElemID(ruleset.MapServiceIPs, ruleset.Key{Addr: dst.Addr(), Proto: proto, Port: dst.Port()})]; ok {
+		return i, true
+	}
+	i, ok := r.ports.dests[ruleset.NewElemID(ruleset.MapServiceNodePorts, ruleset.Key{Proto: proto, Port: dst.Port()})]
+	return i, ok
 }
 
 // Counters returns the last reading of the counters of every programmed
@@ -361,51 +429,63 @@ func isCounted(name string) bool { return slices.Contains(countedMaps, name) }
 func (p *Programmer) attribute(elems []counted, drops map[string]Count, traffic bool) *Reading {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	out := make(map[PortRef]PortCounters, len(p.services))
 	c := &p.counters
-	if c.dests == nil || c.destsOf != p.changes {
-		dests := make(map[ruleset.ElemID]PortRef, len(p.services))
-		p.claims.EachHolder(func(_ ruleset.Family, id ruleset.ElemID, key model.ServiceKey) {
-			if m := id.Map(); m == ruleset.MapServiceIPs || m == ruleset.MapServiceNodePorts {
-				if ref, ok := p.portOf(key, id); ok {
-					dests[id] = ref
+	if c.ports == nil || c.portsOf != p.changes {
+		c.ports, c.portsOf = p.portIndex(), p.changes
+	}
+	rd := &Reading{ports: c.ports}
+	if !traffic {
+		return rd
+	}
+	rd.counts = make([]PortCounters, len(rd.ports.refs))
+	rd.Endpoints = p.attributeTraffic(rd, p.forgotten.take())
+	for _, e := range elems {
+		i, ok := rd.ports.dests[e.id]
+		if !ok {
+			continue
+		}
+		if m := e.id.Map(); m == ruleset.MapServiceIPs || m == ruleset.MapServiceNodePorts {
+			rd.counts[i].New.add(e.n)
+		} else {
+			rd.counts[i].Rejected.add(e.n)
+		}
+	}
+	if len(drops) > 0 {
+		fw := p.firewallChainsLocked()
+		for ch, n := range drops {
+			if ref, ok := fw[ch]; ok {
+				if i, ok := rd.ports.at(ref); ok {
+					rd.counts[i].Dropped.add(n)
 				}
 			}
-		})
-		c.dests, c.destsOf = dests, p.changes
-	}
-	rd := &Reading{Ports: out, dests: c.dests}
-	if traffic {
-		rd.Endpoints = p.attributeTraffic(rd, p.forgotten.take())
-	}
-	for _, e := range elems {
-		key, ok := p.claims.Holder(e.f, e.id)
-		if !ok {
-			continue
 		}
-		ref, ok := p.portOf(key, e.id)
-		if !ok {
-			continue
-		}
-		pc := out[ref]
-		if m := e.id.Map(); m == ruleset.MapServiceIPs || m == ruleset.MapServiceNodePorts {
-			pc.New.add(e.n)
-		} else {
-			pc.Rejected.add(e.n)
-		}
-		out[ref] = pc
-	}
-	fw := p.firewallChainsLocked()
-	for ch, n := range drops {
-		ref, ok := fw[ch]
-		if !ok {
-			continue
-		}
-		pc := out[ref]
-		pc.Dropped.add(n)
-		out[ref] = pc
 	}
 	return rd
+}
+
+// portIndex indexes the ports of the Services that hold counted map
+// elements; called with p.mu held.
+func (p *Programmer) portIndex() *portIndex {
+	// Most Services have one port, with one element.
+	x := &portIndex{refs: make([]PortRef, 0, len(p.services)), dests: make(map[ruleset.ElemID]int32, len(p.services))}
+	seen := make(map[PortRef]int32, len(p.services))
+	p.claims.EachHolder(func(_ ruleset.Family, id ruleset.ElemID, key model.ServiceKey) {
+		if !isCounted(id.Map()) {
+			return
+		}
+		ref, ok := p.portOf(key, id)
+		if !ok {
+			return
+		}
+		i, ok := seen[ref]
+		if !ok {
+			i = int32(len(x.refs))
+			x.refs = append(x.refs, ref)
+			seen[ref] = i
+		}
+		x.dests[id] = i
+	})
+	return x
 }
 
 // attributeTraffic adds each traffic element's count to its port in rd,
@@ -436,7 +516,7 @@ func (p *Programmer) attributeTraffic(rd *Reading, fg forgotten) map[EndpointRef
 	}
 	eps := map[EndpointRef]Traffic{}
 	one := func(k trafficKey, n Count) {
-		ref, ok := rd.PortOf(k.proto, k.dest)
+		pi, ok := rd.portAt(k.proto, k.dest)
 		if !ok {
 			delete(c.retired, k)
 			// Before the first sync no port is programmed yet: what
@@ -448,6 +528,7 @@ func (p *Programmer) attributeTraffic(rd *Reading, fg forgotten) map[EndpointRef
 			}
 			return
 		}
+		ref := rd.ports.refs[pi]
 		if c.fresh(k, ref, fg) {
 			// What the element counted for what owned it before is gone
 			// with it where the sync destroyed it, and was at most one
@@ -491,18 +572,14 @@ func (p *Programmer) attributeTraffic(rd *Reading, fg forgotten) map[EndpointRef
 				c.gone[ref] = gone
 				delete(c.retired, k)
 			}
-			pc := rd.Ports[ref]
-			pc.Traffic.add(t)
-			rd.Ports[ref] = pc
+			rd.counts[pi].Traffic.add(t)
 			return
 		}
 		er := EndpointRef{Port: ref, Endpoint: k.ep}
 		et := eps[er]
 		et.add(t)
 		eps[er] = et
-		pc := rd.Ports[ref]
-		pc.Traffic.add(t)
-		rd.Ports[ref] = pc
+		rd.counts[pi].Traffic.add(t)
 	}
 	for k, n := range c.seen {
 		if r, ok := c.retired[k]; ok {
@@ -521,9 +598,9 @@ func (p *Programmer) attributeTraffic(rd *Reading, fg forgotten) map[EndpointRef
 			delete(c.gone, ref)
 			continue
 		}
-		pc := rd.Ports[ref]
-		pc.Traffic.add(g)
-		rd.Ports[ref] = pc
+		if i, ok := rd.ports.at(ref); ok {
+			rd.counts[i].Traffic.add(g)
+		}
 	}
 	return eps
 }

@@ -31,7 +31,7 @@ func BenchmarkKernelCountersReadFullTraffic(b *testing.B) {
 	benchCountersReads(b, p, func(rd *Reading) bool { return len(rd.Endpoints) > 0 })
 	b.StopTimer()
 	var traffic int
-	for _, pc := range p.counters.last.Ports {
+	for _, pc := range p.counters.last.Ports() {
 		if pc.Traffic.In.Packets > 0 {
 			traffic++
 		}

@@ -746,7 +746,7 @@ func (p *Programmer) commitEach(res *Result, start time.Time, fp *ruleset.FullPl
 // the Service ports the shard holds, since they were programmed.
 func (p *Programmer) shardSums(rd *Reading) []uint64 {
 	sums := make([]uint64, p.cfg.ShardCount())
-	for ref, c := range rd.Ports {
+	for ref, c := range rd.Ports() {
 		sums[p.cfg.ShardOf(ref.Service)] += c.New.Packets
 	}
 	return sums

@@ -28,21 +28,25 @@ func trafficSvc(name string, dest, ep netip.AddrPort) *model.Service {
 func trafficReading(p *Programmer, synced bool, now map[trafficKey]Count, svcs ...*model.Service) map[string]Traffic {
 	p.synced = synced
 	p.services = map[model.ServiceKey]*model.Service{}
-	rd := &Reading{Ports: map[PortRef]PortCounters{}, dests: map[ruleset.ElemID]PortRef{}}
+	ix := &portIndex{dests: map[ruleset.ElemID]int32{}}
 	for _, s := range svcs {
 		p.services[s.Key] = s
 		for _, sp := range s.Ports {
+			ix.refs = append(ix.refs, PortRef{Service: s.Key, Proto: sp.Protocol, Port: sp.Port})
 			for _, a := range s.ClusterIPs {
 				id := ruleset.NewElemID(ruleset.MapServiceIPs, ruleset.Key{Addr: a, Proto: sp.Protocol, Port: sp.Port})
-				rd.dests[id] = PortRef{Service: s.Key, Proto: sp.Protocol, Port: sp.Port}
+				ix.dests[id] = int32(len(ix.refs) - 1)
 			}
 		}
 	}
+	rd := &Reading{ports: ix, counts: make([]PortCounters, len(ix.refs))}
 	p.counters.traffic(now)
 	rd.Endpoints = p.attributeTraffic(rd, p.forgotten.take())
 	out := map[string]Traffic{}
-	for ref, pc := range rd.Ports {
-		out[ref.Service.Name] = pc.Traffic
+	for ref, pc := range rd.Ports() {
+		if pc.Traffic != (Traffic{}) {
+			out[ref.Service.Name] = pc.Traffic
+		}
 	}
 	return out
 }

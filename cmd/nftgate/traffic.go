@@ -70,8 +70,8 @@ func (t *traffic) Ports() ([]appliance.TrafficPort, time.Time, error) {
 	if err != nil {
 		return nil, time.Time{}, err
 	}
-	out := make([]appliance.TrafficPort, 0, len(rd.Ports))
-	index := make(map[nft.PortRef]int32, len(rd.Ports))
+	out := make([]appliance.TrafficPort, 0, rd.NumPorts())
+	index := make(map[nft.PortRef]int32, rd.NumPorts())
 	row := func(ref nft.PortRef) int32 {
 		i, ok := index[ref]
 		if !ok {
@@ -102,7 +102,7 @@ func (t *traffic) Ports() ([]appliance.TrafficPort, time.Time, error) {
 		}
 		return &eps[i].ep
 	}
-	for ref, c := range rd.Ports {
+	for ref, c := range rd.Ports() {
 		i := row(ref) // before out is indexed: row may grow it
 		setCounts(&out[i], c)
 	}
@@ -161,7 +161,7 @@ func (t *traffic) Totals() (appliance.TrafficTotals, error) {
 	}
 	var tt appliance.TrafficTotals
 	var p appliance.TrafficPort
-	for _, c := range rd.Ports {
+	for _, c := range rd.Ports() {
 		setCounts(&p, c)
 		tt.Add(&p)
 	}
