@@ -1,6 +1,7 @@
 package nft
 
 import (
+	"errors"
 	"fmt"
 	"iter"
 	"net/netip"
@@ -8,8 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/google/nftables"
-	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
 
 	"github.com/nftgate/nftgate/model"
 	"github.com/nftgate/nftgate/ruleset"
@@ -97,6 +97,8 @@ type counterCache struct {
 
 	read   sync.Mutex // held while reading, taken before mu; guards what follows
 	reader *reader
+	// counted is the number of counted elements the last reading found.
+	counted int
 	// seen are the traffic sets' elements of the last reading; retired
 	// what the elements that expired since (or were made anew) had
 	// counted, so that a port's or endpoint's totals never go down while
@@ -284,11 +286,12 @@ func (p *Programmer) readKernelCounters() (*Reading, error) {
 		}
 		c.reader = r
 	}
-	elems, drops, flows, err := c.reader.readCounters(&p.cfg, p.firewallChains(), len(c.seen))
+	elems, drops, flows, err := c.reader.readCounters(&p.cfg, p.firewallChains(), len(c.seen), c.counted+c.counted/16)
 	if err != nil {
 		return nil, fmt.Errorf("read counters: %w", err)
 	}
 	c.traffic(flows)
+	c.counted = len(elems)
 	return p.attribute(elems, drops, true), nil
 }
 
@@ -306,9 +309,10 @@ var countedMaps = []string{ruleset.MapServiceIPs, ruleset.MapServiceNodePorts, r
 // table of nftgate's, and of the drop rules of the source-range chains fw
 // (one dump per chain: a dump of the main table's rules would send every
 // Service's). flows is the number of traffic elements expected (the last
-// reading's), to size their map once.
-func (r *reader) readCounters(cfg *ruleset.Config, fw map[string]PortRef, flows int) ([]counted, map[string]Count, map[trafficKey]Count, error) {
-	var out []counted
+// reading's), to size their map once, and elems the counted elements
+// expected (the last reading's) for their slice.
+func (r *reader) readCounters(cfg *ruleset.Config, fw map[string]PortRef, flows, elems int) ([]counted, map[string]Count, map[trafficKey]Count, error) {
+	out := make([]counted, 0, elems)
 	drops := map[string]Count{}
 	traffic := make(map[trafficKey]Count, flows)
 	for _, f := range ruleset.Families {
@@ -317,28 +321,23 @@ func (r *reader) readCounters(cfg *ruleset.Config, fw map[string]PortRef, flows 
 			names = append(names, cfg.ShardTable(i))
 		}
 		for _, name := range names {
-			table := &nftables.Table{Name: name, Family: nftFamily(f)}
-			sets, err := r.conn.GetSets(table)
-			if err != nil {
-				continue // not programmed (yet), or the family is unused
-			}
-			for _, s := range sets {
-				if s.Name == ruleset.SetTrafficIn || s.Name == ruleset.SetTrafficOut {
-					if err := r.readTraffic(f, s, traffic); err != nil {
-						return nil, nil, nil, err
-					}
-					continue
-				}
-				if !isCounted(s.Name) {
-					continue
-				}
-				shape := ruleset.SetShape(s.Name)
-				if err := r.eachElem(f, name, s.Name, func(e *setElem) error {
+			// The sets are asked for by name: a listing of the table's
+			// sets describes each of them, and with session affinity
+			// there is one for every endpoint.
+			for _, set := range countedMaps {
+				shape := ruleset.SetShape(set)
+				err := r.eachElem(f, name, set, func(e *setElem) error {
 					if k, ok := keyFromBytes(f, shape, e.Key); ok && e.HasCounter {
-						out = append(out, counted{f, ruleset.NewElemID(s.Name, k), e.Counter})
+						out = append(out, counted{f, ruleset.NewElemID(set, k), e.Counter})
 					}
 					return nil
-				}); err != nil {
+				})
+				if err != nil && !errors.Is(err, unix.ENOENT) { // ENOENT: not in this table, or no table
+					return nil, nil, nil, err
+				}
+			}
+			for _, set := range []string{ruleset.SetTrafficIn, ruleset.SetTrafficOut} {
+				if err := r.readTraffic(f, name, set, traffic); err != nil && !errors.Is(err, unix.ENOENT) {
 					return nil, nil, nil, err
 				}
 			}
@@ -346,18 +345,13 @@ func (r *reader) readCounters(cfg *ruleset.Config, fw map[string]PortRef, flows 
 				continue
 			}
 			for ch := range fw {
-				rules, err := r.conn.GetRules(table, &nftables.Chain{Name: ch, Table: table})
-				if err != nil {
-					continue // not in this family, or gone since
-				}
-				for _, rl := range rules {
-					for _, x := range rl.Exprs {
-						if c, ok := x.(*expr.Counter); ok {
-							n := drops[ch]
-							n.add(Count{c.Packets, c.Bytes})
-							drops[ch] = n
-						}
-					}
+				err := r.eachRuleCounter(f, name, ch, func(c Count) {
+					n := drops[ch]
+					n.add(c)
+					drops[ch] = n
+				})
+				if err != nil && !errors.Is(err, unix.ENOENT) { // ENOENT: not in this family, or gone since
+					return nil, nil, nil, err
 				}
 			}
 		}
@@ -365,11 +359,11 @@ func (r *reader) readCounters(cfg *ruleset.Config, fw map[string]PortRef, flows 
 	return out, drops, traffic, nil
 }
 
-// readTraffic reads the elements of traffic set s into flows.
-func (r *reader) readTraffic(f ruleset.Family, s *nftables.Set, flows map[trafficKey]Count) error {
+// readTraffic reads the elements of traffic set set of table into flows.
+func (r *reader) readTraffic(f ruleset.Family, table, set string, flows map[trafficKey]Count) error {
 	n := int(f.AddrLen())
-	reply := s.Name == ruleset.SetTrafficOut
-	return r.eachElem(f, s.Table.Name, s.Name, func(e *setElem) error {
+	reply := set == ruleset.SetTrafficOut
+	return r.eachElem(f, table, set, func(e *setElem) error {
 		// The destination's fields as in the service maps, then the
 		// endpoint's address and port (padded to four bytes).
 		if !e.HasCounter || len(e.Key) != 2*n+12 {
