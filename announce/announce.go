@@ -29,11 +29,11 @@ import (
 // Addresses are the LoadBalancer and external IPs of a programmed Service,
 // and whether the Service can answer on them now (Usable).
 func Addresses(m *model.Service, node model.Node) (addrs []netip.Addr, usable bool) {
-	if m == nil || len(m.LoadBalancerIPs)+len(m.ExternalIPs) == 0 {
+	if m == nil || len(m.LoadBalancerIPs())+len(m.ExternalIPs()) == 0 {
 		return nil, false
 	}
-	addrs = make([]netip.Addr, 0, len(m.LoadBalancerIPs)+len(m.ExternalIPs))
-	addrs = append(append(addrs, m.LoadBalancerIPs...), m.ExternalIPs...)
+	addrs = make([]netip.Addr, 0, len(m.LoadBalancerIPs())+len(m.ExternalIPs()))
+	addrs = append(append(addrs, m.LoadBalancerIPs()...), m.ExternalIPs()...)
 	for i := range m.Ports {
 		sets := model.Categorize(m, &m.Ports[i], node)
 		if m.ExternalLocal && len(sets.Local) > 0 || !m.ExternalLocal && len(sets.Cluster) > 0 {

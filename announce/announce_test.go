@@ -17,8 +17,9 @@ var node = model.Node{Name: "gw"}
 func svc(name string, lb string, local bool, eps ...model.Endpoint) *model.Service {
 	return &model.Service{
 		Key: model.ServiceKey{Namespace: "ns", Name: name}, Type: "LoadBalancer", IPv4: true,
-		LoadBalancerIPs: []netip.Addr{netip.MustParseAddr(lb)}, ExternalLocal: local,
-		Ports: []model.ServicePort{{Protocol: model.TCP, Port: 80, Endpoints: eps}},
+		Rare:          &model.Rare{LoadBalancerIPs: []netip.Addr{netip.MustParseAddr(lb)}},
+		ExternalLocal: local,
+		Ports:         []model.ServicePort{{Protocol: model.TCP, Port: 80, Endpoints: eps}},
 	}
 }
 

@@ -150,12 +150,12 @@ func TestStaleFlows(t *testing.T) {
 		{
 			name: "endpoint removed from every address and the node port",
 			before: one(svc(eps(ep("10.0.0.1"), ep("10.0.0.2")), withNodePort(30053), func(s *model.Service) {
-				s.ExternalIPs = []netip.Addr{ext4}
-				s.LoadBalancerIPs = []netip.Addr{lb4}
+				s.EditRare().ExternalIPs = []netip.Addr{ext4}
+				s.EditRare().LoadBalancerIPs = []netip.Addr{lb4}
 			})),
 			after: one(svc(eps(ep("10.0.0.2")), withNodePort(30053), func(s *model.Service) {
-				s.ExternalIPs = []netip.Addr{ext4}
-				s.LoadBalancerIPs = []netip.Addr{lb4}
+				s.EditRare().ExternalIPs = []netip.Addr{ext4}
+				s.EditRare().LoadBalancerIPs = []netip.Addr{lb4}
 			})),
 			wantEPs: []conntrack.StaleEndpoint{
 				staleEP("10.96.0.10", 53, "10.0.0.1:5353"),

@@ -32,7 +32,7 @@ func (s *sink) ips(t *testing.T, name string) []netip.Addr {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return m.LoadBalancerIPs
+	return m.LoadBalancerIPs()
 }
 
 func lbService(name string, status ...string) *corev1.Service {

@@ -94,7 +94,7 @@ func TestSyncerAppliesTheExposure(t *testing.T) {
 		if st.Model == nil {
 			return nil
 		}
-		return st.Model.ExternalIPs
+		return st.Model.ExternalIPs()
 	}
 	st := await(t, s, k, "both externalIPs refused", func(st ServiceState) bool { return st.Model != nil && len(st.Warnings) == 2 })
 	if len(ext(st)) != 0 || len(st.Model.ClusterIPs) != 1 {

@@ -307,8 +307,8 @@ func (s *Syncer) build(k model.ServiceKey, o Objects) (m *model.Service, ok bool
 	s.unexpose(k)
 	// What the Service asks for that is not served: its own fields'
 	// warnings, then the addresses the Exposure leaves out.
-	unserved := m.Warnings
-	if len(m.ExternalIPs)+len(m.LoadBalancerIPs) > 0 {
+	unserved := m.Warnings()
+	if len(m.ExternalIPs())+len(m.LoadBalancerIPs()) > 0 {
 		s.exposed[k] = struct{}{}
 		var more []string
 		if m, more = s.currentExposure().Apply(m); len(more) > 0 {

@@ -105,7 +105,7 @@ func broadcast(p netip.Prefix) (netip.Addr, bool) {
 // why. The Service itself is never modified: when nothing is left out it
 // is returned as it is, else a copy.
 func (e *Exposure) Apply(s *Service) (*Service, []string) {
-	if s == nil || len(s.ExternalIPs)+len(s.LoadBalancerIPs) == 0 {
+	if s == nil || len(s.ExternalIPs())+len(s.LoadBalancerIPs()) == 0 {
 		return s, nil
 	}
 	var warnings []string
@@ -129,13 +129,15 @@ func (e *Exposure) Apply(s *Service) (*Service, []string) {
 		}
 		return out
 	}
-	ext := keep("externalIP", s.ExternalIPs, e.ServesExternalIP)
-	lb := keep("loadBalancer IP", s.LoadBalancerIPs, e.ServesLoadBalancerIP)
+	ext := keep("externalIP", s.ExternalIPs(), e.ServesExternalIP)
+	lb := keep("loadBalancer IP", s.LoadBalancerIPs(), e.ServesLoadBalancerIP)
 	if len(warnings) == 0 {
 		return s, nil
 	}
 	c := *s
-	c.ExternalIPs, c.LoadBalancerIPs = nilIfEmpty(ext), nilIfEmpty(lb)
+	r := c.EditRare()
+	r.ExternalIPs, r.LoadBalancerIPs = nilIfEmpty(ext), nilIfEmpty(lb)
+	c.TidyRare()
 	return &c, warnings
 }
 

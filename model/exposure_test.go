@@ -87,9 +87,8 @@ func TestExposureApplyKeepsTheRest(t *testing.T) {
 	e := &Exposure{ExternalIPCIDRs: []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")},
 		Host: []netip.Prefix{netip.MustParsePrefix("192.0.2.1/24")}}
 	svc := &Service{Key: ServiceKey{"ns", "web"}, ClusterIPs: addrs("10.96.0.1"),
-		ExternalIPs:     addrs("198.51.100.1", "10.99.0.1", "198.51.100.2", "127.0.0.1"),
-		LoadBalancerIPs: addrs("203.0.113.1", "192.0.2.1"),
-		Ports:           []ServicePort{{Protocol: TCP, Port: 80, NodePort: 30080}}}
+		Rare:  &Rare{ExternalIPs: addrs("198.51.100.1", "10.99.0.1", "198.51.100.2", "127.0.0.1"), LoadBalancerIPs: addrs("203.0.113.1", "192.0.2.1")},
+		Ports: []ServicePort{{Protocol: TCP, Port: 80, NodePort: 30080}}}
 	before := *svc
 	got, warnings := e.Apply(svc)
 	if !reflect.DeepEqual(*svc, before) {
@@ -98,11 +97,11 @@ func TestExposureApplyKeepsTheRest(t *testing.T) {
 	if got == svc {
 		t.Fatalf("Apply returned its input although it left addresses out")
 	}
-	if want := addrs("198.51.100.1", "198.51.100.2"); !reflect.DeepEqual(got.ExternalIPs, want) {
-		t.Errorf("externalIPs %v, want %v", got.ExternalIPs, want)
+	if want := addrs("198.51.100.1", "198.51.100.2"); !reflect.DeepEqual(got.ExternalIPs(), want) {
+		t.Errorf("externalIPs %v, want %v", got.ExternalIPs(), want)
 	}
-	if want := addrs("203.0.113.1"); !reflect.DeepEqual(got.LoadBalancerIPs, want) {
-		t.Errorf("LB IPs %v, want %v", got.LoadBalancerIPs, want)
+	if want := addrs("203.0.113.1"); !reflect.DeepEqual(got.LoadBalancerIPs(), want) {
+		t.Errorf("LB IPs %v, want %v", got.LoadBalancerIPs(), want)
 	}
 	if !reflect.DeepEqual(got.ClusterIPs, svc.ClusterIPs) || !reflect.DeepEqual(got.Ports, svc.Ports) {
 		t.Errorf("the rest of the Service changed: %+v", got)
@@ -117,13 +116,13 @@ func TestExposureApplyKeepsTheRest(t *testing.T) {
 	}
 
 	// Nothing left out: the same Service, no warning.
-	ok := &Service{ExternalIPs: addrs("198.51.100.1"), LoadBalancerIPs: addrs("203.0.113.1")}
+	ok := &Service{Rare: &Rare{ExternalIPs: addrs("198.51.100.1"), LoadBalancerIPs: addrs("203.0.113.1")}}
 	if got, w := e.Apply(ok); got != ok || w != nil {
 		t.Errorf("Apply of a Service served whole: %p %q, want %p and no warning", got, w, ok)
 	}
 	// Everything left out: empty lists.
-	got, _ = e.Apply(&Service{ExternalIPs: addrs("10.99.0.1"), LoadBalancerIPs: addrs("127.0.0.1")})
-	if got.ExternalIPs != nil || got.LoadBalancerIPs != nil {
-		t.Errorf("nothing served, but %v and %v remain", got.ExternalIPs, got.LoadBalancerIPs)
+	got, _ = e.Apply(&Service{Rare: &Rare{ExternalIPs: addrs("10.99.0.1"), LoadBalancerIPs: addrs("127.0.0.1")}})
+	if got.ExternalIPs() != nil || got.LoadBalancerIPs() != nil {
+		t.Errorf("nothing served, but %v and %v remain", got.ExternalIPs(), got.LoadBalancerIPs())
 	}
 }

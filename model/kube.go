@@ -209,6 +209,7 @@ func serviceBase(svc *corev1.Service, key ServiceKey) (*Service, error) {
 		InternalLocal:       svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal,
 		HealthCheckNodePort: 0,
 	}
+	var r Rare // what few Services have
 	if s.Type == "" {
 		s.Type = string(corev1.ServiceTypeClusterIP)
 	}
@@ -234,7 +235,7 @@ func serviceBase(svc *corev1.Service, key ServiceKey) (*Service, error) {
 		if err != nil {
 			return nil, errf("spec.externalIPs[%d]: %v", i, err)
 		}
-		s.ExternalIPs = append(s.ExternalIPs, a)
+		r.ExternalIPs = append(r.ExternalIPs, a)
 	}
 	if s.Type == string(corev1.ServiceTypeLoadBalancer) {
 		for i, ing := range svc.Status.LoadBalancer.Ingress {
@@ -248,24 +249,24 @@ func serviceBase(svc *corev1.Service, key ServiceKey) (*Service, error) {
 			if err != nil {
 				return nil, errf("status.loadBalancer.ingress[%d].ip: %v", i, err)
 			}
-			s.LoadBalancerIPs = append(s.LoadBalancerIPs, a)
+			r.LoadBalancerIPs = append(r.LoadBalancerIPs, a)
 		}
-		for i, r := range svc.Spec.LoadBalancerSourceRanges {
-			p, err := netip.ParsePrefix(strings.TrimSpace(r))
+		for i, sr := range svc.Spec.LoadBalancerSourceRanges {
+			p, err := netip.ParsePrefix(strings.TrimSpace(sr))
 			if err != nil {
-				return nil, errf("spec.loadBalancerSourceRanges[%d]: invalid CIDR %q", i, r)
+				return nil, errf("spec.loadBalancerSourceRanges[%d]: invalid CIDR %q", i, sr)
 			}
-			s.SourceRanges = append(s.SourceRanges, p.Masked())
+			r.SourceRanges = append(r.SourceRanges, p.Masked())
 		}
 	}
 	if svc.Spec.SessionAffinity == corev1.ServiceAffinityClientIP {
-		s.AffinityTimeout = DefaultAffinityTimeout
+		r.AffinityTimeout = DefaultAffinityTimeout
 		if c := svc.Spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil {
 			t := *c.ClientIP.TimeoutSeconds
 			if t <= 0 || t > 86400 {
 				return nil, errf("spec.sessionAffinityConfig.clientIP.timeoutSeconds: %d is out of range 1-86400", t)
 			}
-			s.AffinityTimeout = time.Duration(t) * time.Second
+			r.AffinityTimeout = time.Duration(t) * time.Second
 		}
 	} else if svc.Spec.SessionAffinity != "" && svc.Spec.SessionAffinity != corev1.ServiceAffinityNone {
 		return nil, errf("spec.sessionAffinity: unknown value %q", svc.Spec.SessionAffinity)
@@ -295,6 +296,9 @@ func serviceBase(svc *corev1.Service, key ServiceKey) (*Service, error) {
 		s.Ports = append(s.Ports, sp)
 	}
 
+	if !reflect.ValueOf(r).IsZero() {
+		s.Rare = &r
+	}
 	readProxyProtocol(s, svc.Annotations[AnnotationProxyProtocol])
 	readEndpointSelection(s, svc.Annotations[AnnotationEndpointSelection])
 
@@ -314,7 +318,6 @@ func serviceBase(svc *corev1.Service, key ServiceKey) (*Service, error) {
 		// hand): the Service is wherever its addresses are.
 		s.IPv4, s.IPv6 = true, true
 	}
-
 	return s, nil
 }
 
@@ -324,9 +327,9 @@ func readEndpointSelection(s *Service, v string) {
 	switch v {
 	case "":
 	case SelectionHash, SelectionMaglev:
-		s.EndpointSelection = v
+		s.EditRare().EndpointSelection = v
 	default:
-		s.Warnings = append(s.Warnings, fmt.Sprintf("annotation %s: invalid value %q (want %q or %q); the gateway's endpoint_selection applies", AnnotationEndpointSelection, v, SelectionHash, SelectionMaglev))
+		s.EditRare().Warnings = append(s.Warnings(), fmt.Sprintf("annotation %s: invalid value %q (want %q or %q); the gateway's endpoint_selection applies", AnnotationEndpointSelection, v, SelectionHash, SelectionMaglev))
 	}
 }
 
@@ -343,12 +346,12 @@ func readProxyProtocol(s *Service, v string) {
 	case "v2":
 		s.ProxyProtocol = 2
 	default:
-		s.Warnings = append(s.Warnings, fmt.Sprintf("annotation %s: invalid value %q (want \"v1\" or \"v2\"); served without PROXY protocol", AnnotationProxyProtocol, v))
+		s.EditRare().Warnings = append(s.Warnings(), fmt.Sprintf("annotation %s: invalid value %q (want \"v1\" or \"v2\"); served without PROXY protocol", AnnotationProxyProtocol, v))
 		return
 	}
 	for _, p := range s.Ports {
 		if p.Protocol != TCP {
-			s.Warnings = append(s.Warnings, fmt.Sprintf("annotation %s: port %d/%s is served without PROXY protocol, which applies to TCP only", AnnotationProxyProtocol, p.Port, strings.ToUpper(p.Protocol.String())))
+			s.EditRare().Warnings = append(s.Warnings(), fmt.Sprintf("annotation %s: port %d/%s is served without PROXY protocol, which applies to TCP only", AnnotationProxyProtocol, p.Port, strings.ToUpper(p.Protocol.String())))
 		}
 	}
 }
@@ -376,7 +379,7 @@ func Build(o *ServiceObject, sliceList []*SliceObject, opts Options) (*Service, 
 	}
 	if opts.NoProxy && s.ProxyProtocol != 0 {
 		s.ProxyProtocol = 0
-		s.Warnings = append(slices.Clip(s.Warnings), fmt.Sprintf("annotation %s is not served: %s; served without PROXY protocol", AnnotationProxyProtocol, opts.NoProxyWhy))
+		s.EditRare().Warnings = append(slices.Clip(s.Warnings()), fmt.Sprintf("annotation %s is not served: %s; served without PROXY protocol", AnnotationProxyProtocol, opts.NoProxyWhy))
 	}
 	// Slices in name order, so that an endpoint listed twice resolves the
 	// same way on every sync, and the same error is reported.

@@ -224,14 +224,14 @@ func TestFromKubernetes(t *testing.T) {
 				}
 			}),
 			check: func(t *testing.T, s *model.Service) {
-				if want := []netip.Addr{mAddr("198.51.100.1"), mAddr("198.51.100.2")}; !reflect.DeepEqual(s.LoadBalancerIPs, want) {
-					t.Errorf("LB IPs %v, want %v", s.LoadBalancerIPs, want)
+				if want := []netip.Addr{mAddr("198.51.100.1"), mAddr("198.51.100.2")}; !reflect.DeepEqual(s.LoadBalancerIPs(), want) {
+					t.Errorf("LB IPs %v, want %v", s.LoadBalancerIPs(), want)
 				}
-				if want := []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24"), netip.MustParsePrefix("2001:db8:9::/48")}; !reflect.DeepEqual(s.SourceRanges, want) {
-					t.Errorf("source ranges %v, want %v", s.SourceRanges, want)
+				if want := []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24"), netip.MustParsePrefix("2001:db8:9::/48")}; !reflect.DeepEqual(s.SourceRanges(), want) {
+					t.Errorf("source ranges %v, want %v", s.SourceRanges(), want)
 				}
-				if want := []netip.Addr{mAddr("192.168.99.11")}; !reflect.DeepEqual(s.ExternalIPs, want) {
-					t.Errorf("external IPs %v", s.ExternalIPs)
+				if want := []netip.Addr{mAddr("192.168.99.11")}; !reflect.DeepEqual(s.ExternalIPs(), want) {
+					t.Errorf("external IPs %v", s.ExternalIPs())
 				}
 				if s.Ports[0].NodePort != 30080 || !s.ExternallyAccessible() {
 					t.Errorf("node port %d, externally accessible %v", s.Ports[0].NodePort, s.ExternallyAccessible())
@@ -243,8 +243,8 @@ func TestFromKubernetes(t *testing.T) {
 				s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "198.51.100.1"}}
 			}),
 			check: func(t *testing.T, s *model.Service) {
-				if len(s.LoadBalancerIPs) != 0 || len(s.SourceRanges) != 0 {
-					t.Errorf("LB IPs %v, ranges %v", s.LoadBalancerIPs, s.SourceRanges)
+				if len(s.LoadBalancerIPs()) != 0 || len(s.SourceRanges()) != 0 {
+					t.Errorf("LB IPs %v, ranges %v", s.LoadBalancerIPs(), s.SourceRanges())
 				}
 			}},
 		{name: "source ranges padded with whitespace, which API validation lets through",
@@ -253,15 +253,15 @@ func TestFromKubernetes(t *testing.T) {
 				s.Spec.LoadBalancerSourceRanges = []string{" 203.0.113.0/24 "}
 			}),
 			check: func(t *testing.T, s *model.Service) {
-				if want := []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24")}; !reflect.DeepEqual(s.SourceRanges, want) {
-					t.Errorf("source ranges %v, want %v", s.SourceRanges, want)
+				if want := []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24")}; !reflect.DeepEqual(s.SourceRanges(), want) {
+					t.Errorf("source ranges %v, want %v", s.SourceRanges(), want)
 				}
 			}},
 		{name: "session affinity default timeout",
 			svc: service(func(s *corev1.Service) { s.Spec.SessionAffinity = corev1.ServiceAffinityClientIP }),
 			check: func(t *testing.T, s *model.Service) {
-				if s.AffinityTimeout != 3*time.Hour {
-					t.Errorf("timeout %v", s.AffinityTimeout)
+				if s.AffinityTimeout() != 3*time.Hour {
+					t.Errorf("timeout %v", s.AffinityTimeout())
 				}
 			}},
 		{name: "session affinity timeout",
@@ -270,15 +270,15 @@ func TestFromKubernetes(t *testing.T) {
 				s.Spec.SessionAffinityConfig = &corev1.SessionAffinityConfig{ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: ptr(int32(60))}}
 			}),
 			check: func(t *testing.T, s *model.Service) {
-				if s.AffinityTimeout != time.Minute {
-					t.Errorf("timeout %v", s.AffinityTimeout)
+				if s.AffinityTimeout() != time.Minute {
+					t.Errorf("timeout %v", s.AffinityTimeout())
 				}
 			}},
 		{name: "no affinity",
 			svc: service(func(s *corev1.Service) { s.Spec.SessionAffinity = corev1.ServiceAffinityNone }),
 			check: func(t *testing.T, s *model.Service) {
-				if s.AffinityTimeout != 0 {
-					t.Errorf("timeout %v", s.AffinityTimeout)
+				if s.AffinityTimeout() != 0 {
+					t.Errorf("timeout %v", s.AffinityTimeout())
 				}
 			}},
 		{name: "traffic policies and health check port",
@@ -485,6 +485,7 @@ func TestProxyProtocolAnnotation(t *testing.T) {
 	annotated := func(v string) func(*corev1.Service) {
 		return func(s *corev1.Service) { s.Annotations = map[string]string{model.AnnotationProxyProtocol: v} }
 	}
+	withExternalIP := func(s *corev1.Service) { s.Spec.ExternalIPs = []string{"192.168.99.11"} }
 	withUDP := func(s *corev1.Service) {
 		s.Spec.Ports = append(s.Spec.Ports, corev1.ServicePort{Name: "dns", Protocol: corev1.ProtocolUDP, Port: 53})
 	}
@@ -499,6 +500,8 @@ func TestProxyProtocolAnnotation(t *testing.T) {
 		{"v1", service(annotated("v1")), model.Options{}, 1, nil},
 		{"v2", service(annotated("v2")), model.Options{}, 2, nil},
 		{"invalid", service(annotated("V2")), model.Options{}, 0, []string{`annotation nftgate.io/proxy-protocol: invalid value "V2"`}},
+		// The warning is kept beside the Service's other rare fields.
+		{"invalid, with an external IP", service(annotated("V2"), withExternalIP), model.Options{}, 0, []string{`annotation nftgate.io/proxy-protocol: invalid value "V2"`}},
 		{"udp port", service(annotated("v1"), withUDP), model.Options{}, 1, []string{"port 53/UDP is served without PROXY protocol"}},
 		{"proxy off", service(annotated("v1")), model.Options{NoProxy: true, NoProxyWhy: "off here"}, 0, []string{"is not served: off here"}},
 	} {
@@ -507,13 +510,16 @@ func TestProxyProtocolAnnotation(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if m.ProxyProtocol != c.version || len(m.Warnings) != len(c.warn) {
-				t.Fatalf("version %d, warnings %q; want %d, %d warnings", m.ProxyProtocol, m.Warnings, c.version, len(c.warn))
+			if m.ProxyProtocol != c.version || len(m.Warnings()) != len(c.warn) {
+				t.Fatalf("version %d, warnings %q; want %d, %d warnings", m.ProxyProtocol, m.Warnings(), c.version, len(c.warn))
 			}
 			for i, w := range c.warn {
-				if !strings.Contains(m.Warnings[i], w) {
-					t.Errorf("warning %q, want it to say %q", m.Warnings[i], w)
+				if !strings.Contains(m.Warnings()[i], w) {
+					t.Errorf("warning %q, want it to say %q", m.Warnings()[i], w)
 				}
+			}
+			if len(m.ExternalIPs()) != len(c.svc.Spec.ExternalIPs) {
+				t.Errorf("external IPs %v, want %v", m.ExternalIPs(), c.svc.Spec.ExternalIPs)
 			}
 		})
 	}
@@ -538,9 +544,9 @@ func TestEndpointSelectionAnnotation(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if m.EndpointSelection != c.want || (c.warn == "") != (len(m.Warnings) == 0) ||
-			c.warn != "" && !strings.Contains(m.Warnings[0], c.warn) {
-			t.Errorf("%q: selection %q, warnings %q; want %q, %q", c.value, m.EndpointSelection, m.Warnings, c.want, c.warn)
+		if m.EndpointSelection() != c.want || (c.warn == "") != (len(m.Warnings()) == 0) ||
+			c.warn != "" && !strings.Contains(m.Warnings()[0], c.warn) {
+			t.Errorf("%q: selection %q, warnings %q; want %q, %q", c.value, m.EndpointSelection(), m.Warnings(), c.want, c.warn)
 		}
 		if got := m.Maglev(model.SelectionMaglev); got != (c.want != model.SelectionHash) {
 			t.Errorf("%q: Maglev under a Maglev default = %v", c.value, got)

@@ -8,6 +8,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/netip"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -94,13 +95,21 @@ type Service struct {
 	ProxyProtocol       uint8
 	HealthCheckNodePort uint16
 
-	ClusterIPs      []netip.Addr // empty when the gateway must not expose ClusterIPs
+	ClusterIPs []netip.Addr // empty when the gateway must not expose ClusterIPs
+	Ports      []ServicePort
+
+	// Rare holds what few Services have; nil when none of it is set. It
+	// is shared by copies of the Service: change it with EditRare.
+	Rare *Rare
+}
+
+// Rare is the part of a Service's model that few Services have: held in
+// every Service it made each a size class larger (256 -> 144 bytes).
+type Rare struct {
 	ExternalIPs     []netip.Addr
 	LoadBalancerIPs []netip.Addr // status ingress IPs, except ipMode Proxy
 	// SourceRanges restrict who may reach the LoadBalancer IPs; empty allows all.
 	SourceRanges []netip.Prefix
-
-	Ports []ServicePort
 
 	// AffinityTimeout is the ClientIP session affinity timeout; zero means
 	// no affinity.
@@ -114,6 +123,75 @@ type Service struct {
 	// and why (an annotation with an invalid value, say); the Service is
 	// served as though it had not asked.
 	Warnings []string
+}
+
+// EditRare returns s's rare fields to change: a copy of them, which s
+// holds from then on (copies of s made before keep theirs).
+func (s *Service) EditRare() *Rare {
+	r := &Rare{}
+	if s.Rare != nil {
+		*r = *s.Rare
+	}
+	s.Rare = r
+	return r
+}
+
+// TidyRare drops the rare fields when none is set, so that a Service
+// without them compares equal to one that never had them.
+func (s *Service) TidyRare() {
+	if s.Rare != nil && reflect.ValueOf(*s.Rare).IsZero() {
+		s.Rare = nil
+	}
+}
+
+// ExternalIPs are the Service's spec.externalIPs.
+func (s *Service) ExternalIPs() []netip.Addr {
+	if s.Rare == nil {
+		return nil
+	}
+	return s.Rare.ExternalIPs
+}
+
+// LoadBalancerIPs are the Service's status ingress IPs, except ipMode Proxy.
+func (s *Service) LoadBalancerIPs() []netip.Addr {
+	if s.Rare == nil {
+		return nil
+	}
+	return s.Rare.LoadBalancerIPs
+}
+
+// SourceRanges restrict who may reach the LoadBalancer IPs; empty allows all.
+func (s *Service) SourceRanges() []netip.Prefix {
+	if s.Rare == nil {
+		return nil
+	}
+	return s.Rare.SourceRanges
+}
+
+// AffinityTimeout is the ClientIP session affinity timeout; zero means no
+// affinity.
+func (s *Service) AffinityTimeout() time.Duration {
+	if s.Rare == nil {
+		return 0
+	}
+	return s.Rare.AffinityTimeout
+}
+
+// EndpointSelection is how the Service asks its endpoints to be chosen;
+// empty for the gateway's default.
+func (s *Service) EndpointSelection() string {
+	if s.Rare == nil {
+		return ""
+	}
+	return s.Rare.EndpointSelection
+}
+
+// Warnings say what the Service asks for that is not served as asked.
+func (s *Service) Warnings() []string {
+	if s.Rare == nil {
+		return nil
+	}
+	return s.Rare.Warnings
 }
 
 // ServicePort is one port of a Service and the endpoints that serve it.
@@ -271,8 +349,8 @@ const (
 // Maglev tells whether the Service's endpoints are chosen by a Maglev
 // table, given the gateway's default selection.
 func (s *Service) Maglev(def string) bool {
-	if s.EndpointSelection != "" {
-		return s.EndpointSelection == SelectionMaglev
+	if s.EndpointSelection() != "" {
+		return s.EndpointSelection() == SelectionMaglev
 	}
 	return def == SelectionMaglev
 }
@@ -283,7 +361,7 @@ func (e Endpoint) AddrPort() netip.AddrPort { return netip.AddrPortFrom(e.Addr, 
 // ExternallyAccessible tells whether the Service is reachable from outside the
 // cluster through a NodePort, an ExternalIP or a LoadBalancer IP.
 func (s *Service) ExternallyAccessible() bool {
-	if len(s.ExternalIPs) > 0 || len(s.LoadBalancerIPs) > 0 {
+	if len(s.ExternalIPs()) > 0 || len(s.LoadBalancerIPs()) > 0 {
 		return true
 	}
 	for _, p := range s.Ports {

@@ -50,7 +50,7 @@ func TestKeptSizes(t *testing.T) {
 		size, max uintptr
 	}{
 		{"model.Endpoint", unsafe.Sizeof(model.Endpoint{}), 40},
-		{"model.Service", unsafe.Sizeof(model.Service{}), 256},
+		{"model.Service", unsafe.Sizeof(model.Service{}), 144},
 		{"model.ServiceObject", unsafe.Sizeof(model.ServiceObject{}), 144},
 		{"model.SliceObject", unsafe.Sizeof(model.SliceObject{}), 128},
 	} {

@@ -24,6 +24,7 @@ func TestServiceObjectKeepsEveryField(t *testing.T) {
 		reflect.TypeFor[[]netip.Prefix](): []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")},
 		reflect.TypeFor[[]string]():       []string{"a warning"},
 		reflect.TypeFor[[]ServicePort]():  []ServicePort{{Name: "http", Protocol: TCP, Port: 80, NodePort: 30080}},
+		reflect.TypeFor[*Rare]():          &Rare{AffinityTimeout: time.Minute},
 	}
 	typ := reflect.TypeFor[Service]()
 	for i := range typ.NumField() {

@@ -350,7 +350,7 @@ func BenchmarkKernelPartialEndpointChange(b *testing.B) {
 			// target there.
 			svc := current[lastKey]
 			chain := ruleset.PortObject("svc", svc, &svc.Ports[0])
-			if svc.AffinityTimeout > 0 || svc.Maglev(p.Config().EndpointSelection) {
+			if svc.AffinityTimeout() > 0 || svc.Maglev(p.Config().EndpointSelection) {
 				chain = ruleset.EndpointObject("ep", svc, &svc.Ports[0], netip.AddrPortFrom(lastAddr, svc.Ports[0].Endpoints[0].Port), "")
 			}
 			if out := scaleNft(b, ns, "list", "chain", "ip", p.Config().TableOf(lastKey), chain); !strings.Contains(out, "dnat to "+lastAddr.String()) {

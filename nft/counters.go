@@ -648,7 +648,7 @@ func (p *Programmer) firewallChains() map[string]PortRef {
 func (p *Programmer) firewallChainsLocked() map[string]PortRef {
 	out := map[string]PortRef{}
 	for key, svc := range p.services {
-		if len(svc.SourceRanges) == 0 || len(svc.LoadBalancerIPs) == 0 {
+		if len(svc.SourceRanges()) == 0 || len(svc.LoadBalancerIPs()) == 0 {
 			continue
 		}
 		for i := range svc.Ports {

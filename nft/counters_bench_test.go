@@ -53,7 +53,7 @@ func fillTrafficSets(tb testing.TB, ns string, cfg *ruleset.Config, c *scaleClus
 	for round := 0; len(pairs) < elems; round++ {
 		for _, k := range keys {
 			s := c.Services[k]
-			for _, ip := range slices.Concat(s.ClusterIPs, s.ExternalIPs, s.LoadBalancerIPs) {
+			for _, ip := range slices.Concat(s.ClusterIPs, s.ExternalIPs(), s.LoadBalancerIPs()) {
 				if !ip.Is4() {
 					continue
 				}

@@ -30,9 +30,7 @@ func TestCountersCountConnections(t *testing.T) {
 		ClusterIPs: []netip.Addr{netip.MustParseAddr("198.19.0.11")},
 		Ports:      []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80}}}
 	guarded := &model.Service{Key: model.ServiceKey{Namespace: "default", Name: "guarded"}, Type: "LoadBalancer",
-		ClusterIPs: []netip.Addr{netip.MustParseAddr("198.19.0.12")}, LoadBalancerIPs: []netip.Addr{netip.MustParseAddr("198.19.1.1")},
-		SourceRanges: []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24")},
-		Ports: []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80, Endpoints: []model.Endpoint{
+		ClusterIPs: []netip.Addr{netip.MustParseAddr("198.19.0.12")}, Rare: &model.Rare{LoadBalancerIPs: []netip.Addr{netip.MustParseAddr("198.19.1.1")}, SourceRanges: []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24")}}, Ports: []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80, Endpoints: []model.Endpoint{
 			{Addr: netip.MustParseAddr("198.19.0.1"), Port: 8080, Ready: true, Serving: true}}}}}
 	services := map[model.ServiceKey]*model.Service{web.Key: web, empty.Key: empty, guarded.Key: guarded}
 	if _, err := p.Full(services); err != nil {

@@ -56,21 +56,21 @@ func (w *randomWorld) newService() *model.Service {
 	case 2:
 		s.Type = "LoadBalancer"
 		// A small pool, so that Services sometimes claim the same IP.
-		s.LoadBalancerIPs = []netip.Addr{w.poolAddr(20)}
+		s.EditRare().LoadBalancerIPs = []netip.Addr{w.poolAddr(20)}
 		if w.r.Intn(2) == 0 {
-			s.SourceRanges = []netip.Prefix{netip.MustParsePrefix("198.18.1.0/24")}
+			s.EditRare().SourceRanges = []netip.Prefix{netip.MustParsePrefix("198.18.1.0/24")}
 		}
 	}
 	if w.r.Intn(5) == 0 {
-		s.ExternalIPs = []netip.Addr{w.poolAddr(21)}
+		s.EditRare().ExternalIPs = []netip.Addr{w.poolAddr(21)}
 	}
 	if w.r.Intn(4) == 0 {
-		s.AffinityTimeout = time.Duration(10+w.r.Intn(3)) * time.Second
+		s.EditRare().AffinityTimeout = time.Duration(10+w.r.Intn(3)) * time.Second
 	}
 	s.ExternalLocal = w.r.Intn(4) == 0
 	s.InternalLocal = w.r.Intn(8) == 0
 	if n%3 == 1 {
-		s.EndpointSelection = model.SelectionMaglev
+		s.EditRare().EndpointSelection = model.SelectionMaglev
 	}
 	nports := 1 + w.r.Intn(2)
 	for i := 0; i < nports; i++ {
@@ -129,12 +129,12 @@ func (w *randomWorld) mutate() (model.ServiceKey, *model.Service) {
 		delete(w.services, k)
 		return k, nil
 	case 1:
-		if c.AffinityTimeout == 0 {
-			c.AffinityTimeout = 7 * time.Second
-			c.EndpointSelection = model.SelectionMaglev
+		if c.AffinityTimeout() == 0 {
+			c.EditRare().AffinityTimeout = 7 * time.Second
+			c.EditRare().EndpointSelection = model.SelectionMaglev
 		} else {
-			c.AffinityTimeout = 0
-			c.EndpointSelection = ""
+			c.EditRare().AffinityTimeout = 0
+			c.EditRare().EndpointSelection = ""
 		}
 	case 2:
 		c.ExternalLocal = !c.ExternalLocal

@@ -37,7 +37,7 @@ const maxForgotten = 1 << 16
 func trafficKeysOf(svc *model.Service, out []trafficKey) []trafficKey {
 	for i := range svc.Ports {
 		sp := &svc.Ports[i]
-		for _, addrs := range [][]netip.Addr{svc.ClusterIPs, svc.ExternalIPs, svc.LoadBalancerIPs} {
+		for _, addrs := range [][]netip.Addr{svc.ClusterIPs, svc.ExternalIPs(), svc.LoadBalancerIPs()} {
 			for _, a := range addrs {
 				for _, ep := range sp.Endpoints {
 					if ep.Addr.Is4() != a.Is4() {
@@ -185,8 +185,8 @@ func removedTraffic(programmed, changes map[model.ServiceKey]*model.Service) []t
 // of every sync), whether a and b have the same addresses and ports, in
 // the same order.
 func sameDests(a, b *model.Service) bool {
-	return slices.Equal(a.ClusterIPs, b.ClusterIPs) && slices.Equal(a.ExternalIPs, b.ExternalIPs) &&
-		slices.Equal(a.LoadBalancerIPs, b.LoadBalancerIPs) &&
+	return slices.Equal(a.ClusterIPs, b.ClusterIPs) && slices.Equal(a.ExternalIPs(), b.ExternalIPs()) &&
+		slices.Equal(a.LoadBalancerIPs(), b.LoadBalancerIPs()) &&
 		slices.EqualFunc(a.Ports, b.Ports, func(p, q model.ServicePort) bool { return p.Protocol == q.Protocol && p.Port == q.Port })
 }
 
@@ -195,7 +195,7 @@ func dests(svc *model.Service) map[destKey]bool {
 	out := map[destKey]bool{}
 	for i := range svc.Ports {
 		sp := &svc.Ports[i]
-		for _, addrs := range [][]netip.Addr{svc.ClusterIPs, svc.ExternalIPs, svc.LoadBalancerIPs} {
+		for _, addrs := range [][]netip.Addr{svc.ClusterIPs, svc.ExternalIPs(), svc.LoadBalancerIPs()} {
 			for _, a := range addrs {
 				out[destKey{sp.Protocol, netip.AddrPortFrom(a, sp.Port)}] = true
 			}

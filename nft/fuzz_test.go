@@ -163,12 +163,11 @@ func FuzzWireMatchesGoogleNftables(f *testing.F) {
 // endpoints come from the fuzzer's bytes.
 func fuzzService(name string, r *fuzzReader) *model.Service {
 	svc := &model.Service{Key: model.ServiceKey{Namespace: name, Name: name}, Type: "LoadBalancer", IPv4: true, IPv6: true,
-		ClusterIPs:      []netip.Addr{netip.AddrFrom4([4]byte{198, 19, 0, r.u8()})},
-		LoadBalancerIPs: []netip.Addr{netip.AddrFrom4([4]byte{198, 19, 1, r.u8()})},
-		SourceRanges:    []netip.Prefix{netip.PrefixFrom(netip.AddrFrom4([4]byte{198, 18, r.u8(), 0}), 24)},
-		ExternalLocal:   r.flag(), InternalLocal: r.flag()}
+		ClusterIPs:    []netip.Addr{netip.AddrFrom4([4]byte{198, 19, 0, r.u8()})},
+		Rare:          &model.Rare{LoadBalancerIPs: []netip.Addr{netip.AddrFrom4([4]byte{198, 19, 1, r.u8()})}, SourceRanges: []netip.Prefix{netip.PrefixFrom(netip.AddrFrom4([4]byte{198, 18, r.u8(), 0}), 24)}},
+		ExternalLocal: r.flag(), InternalLocal: r.flag()}
 	if r.flag() {
-		svc.AffinityTimeout = time.Duration(1+r.u16()) * time.Second
+		svc.EditRare().AffinityTimeout = time.Duration(1+r.u16()) * time.Second
 	}
 	for range 1 + r.u8()%3 {
 		p := model.ServicePort{Name: name, Protocol: []model.Protocol{model.TCP, model.UDP, model.SCTP}[r.u8()%3],

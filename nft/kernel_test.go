@@ -68,10 +68,7 @@ func testProgrammer(t *testing.T) (ns string, p *Programmer) {
 func TestSmoke(t *testing.T) {
 	ns, p := testProgrammer(t)
 	svc := &model.Service{Key: model.ServiceKey{Namespace: "default", Name: "web"}, Type: "LoadBalancer",
-		ClusterIPs: []netip.Addr{netip.MustParseAddr("198.19.0.10"), netip.MustParseAddr("fd42:ff::10")}, LoadBalancerIPs: []netip.Addr{netip.MustParseAddr("198.19.1.1")},
-		SourceRanges:    []netip.Prefix{netip.MustParsePrefix("198.18.1.0/24")},
-		AffinityTimeout: 30 * time.Second,
-		Ports: []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80, NodePort: 30080, Endpoints: []model.Endpoint{
+		ClusterIPs: []netip.Addr{netip.MustParseAddr("198.19.0.10"), netip.MustParseAddr("fd42:ff::10")}, Rare: &model.Rare{LoadBalancerIPs: []netip.Addr{netip.MustParseAddr("198.19.1.1")}, SourceRanges: []netip.Prefix{netip.MustParsePrefix("198.18.1.0/24")}, AffinityTimeout: 30 * time.Second}, Ports: []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80, NodePort: 30080, Endpoints: []model.Endpoint{
 			{Addr: netip.MustParseAddr("198.18.2.10"), Port: 8080, Ready: true, Serving: true},
 			{Addr: netip.MustParseAddr("198.18.2.11"), Port: 8080, Ready: true, Serving: true},
 			{Addr: netip.MustParseAddr("fd42:2::10"), Port: 8080, Ready: true, Serving: true},

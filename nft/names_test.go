@@ -26,7 +26,7 @@ type identity struct {
 }
 
 func (id identity) service() (*model.Service, *model.ServicePort) {
-	svc := &model.Service{Key: model.ServiceKey{Namespace: id.ns, Name: id.name}, AffinityTimeout: id.timeout}
+	svc := &model.Service{Key: model.ServiceKey{Namespace: id.ns, Name: id.name}, Rare: &model.Rare{AffinityTimeout: id.timeout}}
 	svc.Ports = []model.ServicePort{{Name: id.portName, Protocol: id.proto, Port: id.port}}
 	return svc, &svc.Ports[0]
 }
@@ -159,11 +159,10 @@ func hostileService(ns, name, port string) *model.Service {
 	}
 	return &model.Service{Key: model.ServiceKey{Namespace: ns, Name: name}, Type: "LoadBalancer",
 		IPv4: true, IPv6: true,
-		ClusterIPs:      []netip.Addr{netip.MustParseAddr("198.19.0.10"), netip.MustParseAddr("fd00:30::10")},
-		LoadBalancerIPs: []netip.Addr{netip.MustParseAddr("198.19.1.1")},
-		SourceRanges:    []netip.Prefix{netip.MustParsePrefix("198.18.1.0/24")},
-		AffinityTimeout: 30 * time.Second, ExternalLocal: true,
-		Ports: []model.ServicePort{{Name: port, Protocol: model.TCP, Port: 80, NodePort: 30080, Endpoints: eps}}}
+		ClusterIPs:    []netip.Addr{netip.MustParseAddr("198.19.0.10"), netip.MustParseAddr("fd00:30::10")},
+		Rare:          &model.Rare{LoadBalancerIPs: []netip.Addr{netip.MustParseAddr("198.19.1.1")}, SourceRanges: []netip.Prefix{netip.MustParsePrefix("198.18.1.0/24")}, AffinityTimeout: 30 * time.Second},
+		ExternalLocal: true,
+		Ports:         []model.ServicePort{{Name: port, Protocol: model.TCP, Port: 80, NodePort: 30080, Endpoints: eps}}}
 }
 
 // TestRenderedScriptIsSafe: whatever the names hold, even past the model's
@@ -234,7 +233,7 @@ func nftCheck(t testing.TB, script []byte) (ns string) {
 func TestLongestNamesFitTheKernel(t *testing.T) {
 	long := func(c string) string { return strings.Repeat(c, 63) }
 	svc := hostileService(long("n"), long("s"), long("p"))
-	svc.AffinityTimeout = 86400 * time.Second
+	svc.EditRare().AffinityTimeout = 86400 * time.Second
 	svc.Ports[0].Protocol = model.SCTP
 	svc.Ports[0].Endpoints[1].Addr = netip.MustParseAddr("fd00:ffff:ffff:ffff:ffff:ffff:ffff:ffff")
 	for i := range svc.Ports[0].Endpoints {

@@ -157,17 +157,17 @@ func newScaleCluster(n, eps int) *scaleCluster {
 		case kind == 18:
 			svc.Type = "LoadBalancer"
 			svc.ExternalLocal = true
-			svc.LoadBalancerIPs = []netip.Addr{lbIP()}
+			svc.EditRare().LoadBalancerIPs = []netip.Addr{lbIP()}
 			svc.Ports = []model.ServicePort{port("https", model.TCP, 443, 8443, nodePort())}
 		default:
 			svc.Type = "LoadBalancer"
-			svc.LoadBalancerIPs = []netip.Addr{lbIP()}
-			svc.SourceRanges = []netip.Prefix{scaleSourceRange}
+			svc.EditRare().LoadBalancerIPs = []netip.Addr{lbIP()}
+			svc.EditRare().SourceRanges = []netip.Prefix{scaleSourceRange}
 			svc.Ports = []model.ServicePort{port("http", model.TCP, 80, 8080, nodePort()),
 				port("statsd", model.UDP, 8125, 8125, nodePort())}
 		}
 		if i%10 == 3 {
-			svc.AffinityTimeout = 3 * time.Hour
+			svc.EditRare().AffinityTimeout = 3 * time.Hour
 		}
 		c.put(svc, eps)
 	}
@@ -217,23 +217,23 @@ func (c *scaleCluster) finish() {
 
 func (w *scaleExpect) add(svc *model.Service, eps int) {
 	for _, p := range svc.Ports {
-		w.ServiceIPs += len(svc.ClusterIPs) + len(svc.ExternalIPs) + len(svc.LoadBalancerIPs)
+		w.ServiceIPs += len(svc.ClusterIPs) + len(svc.ExternalIPs()) + len(svc.LoadBalancerIPs())
 		w.Chains++ // the Service port's chain
-		if svc.AffinityTimeout > 0 || svc.Maglev(*benchSelection) {
+		if svc.AffinityTimeout() > 0 || svc.Maglev(*benchSelection) {
 			w.Chains += eps // endpoints get chains only for session affinity and Maglev slots
 		}
-		external := p.NodePort != 0 || len(svc.ExternalIPs) > 0 || len(svc.LoadBalancerIPs) > 0
+		external := p.NodePort != 0 || len(svc.ExternalIPs()) > 0 || len(svc.LoadBalancerIPs()) > 0
 		if external {
 			w.Chains++
 		}
 		if p.NodePort != 0 {
 			w.NodePorts++
 		}
-		if len(svc.SourceRanges) > 0 && len(svc.LoadBalancerIPs) > 0 {
+		if len(svc.SourceRanges()) > 0 && len(svc.LoadBalancerIPs()) > 0 {
 			w.Chains++
-			w.FirewallIPs += len(svc.LoadBalancerIPs)
+			w.FirewallIPs += len(svc.LoadBalancerIPs())
 		}
-		if svc.AffinityTimeout > 0 {
+		if svc.AffinityTimeout() > 0 {
 			w.AffinitySets += eps
 		}
 	}

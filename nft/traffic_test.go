@@ -222,9 +222,9 @@ func TestRemovedTraffic(t *testing.T) {
 	dest := netip.MustParseAddrPort("10.96.0.10:80")
 	ep := netip.MustParseAddrPort("10.0.0.1:8080")
 	a := trafficSvc("a", dest, ep)
-	a.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr("198.19.1.1")}
+	a.EditRare().LoadBalancerIPs = []netip.Addr{netip.MustParseAddr("198.19.1.1")}
 	moved := trafficSvc("a", dest, netip.MustParseAddrPort("10.0.0.2:8080"))
-	moved.LoadBalancerIPs = a.LoadBalancerIPs
+	moved.EditRare().LoadBalancerIPs = a.LoadBalancerIPs()
 	noLB := trafficSvc("a", dest, ep)
 	programmed := map[model.ServiceKey]*model.Service{a.Key: a}
 	for _, tc := range []struct {
@@ -237,7 +237,7 @@ func TestRemovedTraffic(t *testing.T) {
 			t.Errorf("%s: %d elements removed, want %d: %v", tc.name, len(got), tc.want, got)
 		}
 		for _, k := range got {
-			if tc.to == noLB && k.dest.Addr() != a.LoadBalancerIPs[0] {
+			if tc.to == noLB && k.dest.Addr() != a.LoadBalancerIPs()[0] {
 				t.Errorf("%s: removed %v, which the Service still has", tc.name, k)
 			}
 		}

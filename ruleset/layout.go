@@ -100,7 +100,7 @@ func MainChain(name string) bool { return strings.HasPrefix(name, "fw-") }
 // firewall chains, which only source ranges make (renderPort).
 // TestFullPlanShardByShard fails if a rendering puts a main chain where
 // this says none can be.
-func hasMainChains(svc *model.Service) bool { return len(svc.SourceRanges) > 0 }
+func hasMainChains(svc *model.Service) bool { return len(svc.SourceRanges()) > 0 }
 
 // Table is the content of one kernel table.
 type Table struct {

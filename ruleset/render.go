@@ -442,7 +442,7 @@ func RenderService(cfg *Config, svc *model.Service) ByFamily {
 	var out ByFamily
 	// Room for the elements at once: a cold sync renders every Service,
 	// and growing the slices element by element was much of its garbage.
-	perPort := len(svc.ClusterIPs) + len(svc.ExternalIPs) + 2*len(svc.LoadBalancerIPs) + 1
+	perPort := len(svc.ClusterIPs) + len(svc.ExternalIPs()) + 2*len(svc.LoadBalancerIPs()) + 1
 	eps := 0
 	for pi := range svc.Ports {
 		eps += len(svc.Ports[pi].Endpoints)
@@ -505,12 +505,12 @@ func renderPort(cfg *Config, svc *model.Service, p *model.ServicePort, out *ByFa
 				clusterIPs = append(clusterIPs, a)
 			}
 		}
-		for _, a := range svc.ExternalIPs {
+		for _, a := range svc.ExternalIPs() {
 			if Of(a) == f {
 				externalAddrs = append(externalAddrs, a)
 			}
 		}
-		for _, a := range svc.LoadBalancerIPs {
+		for _, a := range svc.LoadBalancerIPs() {
 			if Of(a) == f {
 				lbIPs = append(lbIPs, a)
 			}
@@ -535,20 +535,20 @@ func renderPort(cfg *Config, svc *model.Service, p *model.ServicePort, out *ByFa
 		addEndpoint := func(e model.Endpoint) {
 			ap := e.AddrPort()
 			hairpin.add(f, ap.Addr())
-			if _, ok := epChain[ap]; ok || svc.AffinityTimeout == 0 && !maglev {
+			if _, ok := epChain[ap]; ok || svc.AffinityTimeout() == 0 && !maglev {
 				return
 			}
 			name := EndpointObject("ep", svc, p, ap, "")
 			epChain[ap] = name
-			if svc.AffinityTimeout == 0 {
+			if svc.AffinityTimeout() == 0 {
 				fr.Chains = append(fr.Chains, &Chain{Name: name, Rules: []Rule{{DNAT{Proto: p.Protocol, To: ap}}}})
 				return
 			}
 			// The timeout is part of the set's name: a changed timeout is
 			// a new set, never an in-place edit the kernel refuses.
-			set := EndpointObject("aff", svc, p, ap, DurationText(svc.AffinityTimeout))
+			set := EndpointObject("aff", svc, p, ap, DurationText(svc.AffinityTimeout()))
 			affinitySet[ap] = set
-			fr.Sets = append(fr.Sets, &Set{Name: set, Timeout: svc.AffinityTimeout})
+			fr.Sets = append(fr.Sets, &Set{Name: set, Timeout: svc.AffinityTimeout()})
 			fr.Chains = append(fr.Chains, &Chain{Name: name, Rules: []Rule{
 				{UpdateAffinity{Set: set}},
 				{DNAT{Proto: p.Protocol, To: ap}},
@@ -721,7 +721,7 @@ func renderPort(cfg *Config, svc *model.Service, p *model.ServicePort, out *ByFa
 		// restriction.
 		var rules []Rule
 		open := false
-		for _, r := range svc.SourceRanges {
+		for _, r := range svc.SourceRanges() {
 			if Of(r.Addr()) == f {
 				open = open || r.Bits() == 0
 				rules = append(rules, Rule{MatchAddr{Dir: Src, Prefix: r}, Verdict{Kind: Return}})

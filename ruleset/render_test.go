@@ -27,14 +27,14 @@ func goldenCases() []struct {
 } {
 	affinity := world.Web(world.On("gw", world.Ready("10.180.0.1", 8080)), world.On("other", world.Ready("10.180.1.1", 8080)))
 	affinity.Key.Name = "sticky"
-	affinity.AffinityTimeout = 600 * time.Second
-	affinity.SourceRanges = []netip.Prefix{world.Prefix("203.0.113.0/24"), world.Prefix("198.19.7.7/32")}
+	affinity.EditRare().AffinityTimeout = 600 * time.Second
+	affinity.EditRare().SourceRanges = []netip.Prefix{world.Prefix("203.0.113.0/24"), world.Prefix("198.19.7.7/32")}
 
 	local := world.Web(world.On("gw", world.Ready("10.180.0.2", 8080)), world.On("other", world.Ready("10.180.1.2", 8080)))
 	local.Key.Name = "local"
 	local.ClusterIPs = world.Addrs("172.30.0.42")
-	local.ExternalIPs = nil
-	local.LoadBalancerIPs = world.Addrs("198.51.100.2")
+	local.EditRare().ExternalIPs = nil
+	local.EditRare().LoadBalancerIPs = world.Addrs("198.51.100.2")
 	local.Ports[0].NodePort = 30081
 	local.ExternalLocal = true
 	itp := &model.Service{Key: model.ServiceKey{Namespace: "ns1", Name: "itp"}, Type: "ClusterIP", InternalLocal: true,
@@ -46,10 +46,8 @@ func goldenCases() []struct {
 
 	dual := &model.Service{
 		Key: model.ServiceKey{Namespace: "ns1", Name: "dual"}, Type: "LoadBalancer",
-		ClusterIPs:      world.Addrs("172.30.0.60", "fd00:30::60"),
-		LoadBalancerIPs: world.Addrs("198.51.100.6", "2001:db8:ff::6"),
-		SourceRanges:    []netip.Prefix{world.Prefix("203.0.113.0/24"), world.Prefix("2001:db8:9::/48")},
-		AffinityTimeout: time.Hour,
+		ClusterIPs: world.Addrs("172.30.0.60", "fd00:30::60"),
+		Rare:       &model.Rare{LoadBalancerIPs: world.Addrs("198.51.100.6", "2001:db8:ff::6"), SourceRanges: []netip.Prefix{world.Prefix("203.0.113.0/24"), world.Prefix("2001:db8:9::/48")}, AffinityTimeout: time.Hour},
 		Ports: []model.ServicePort{
 			{Name: "http", Protocol: model.TCP, Port: 80, NodePort: 30060,
 				Endpoints: []model.Endpoint{world.Ready("10.180.0.6", 8080), world.Ready("fd00:10::6", 8080), world.Ready("fd00:10:1::6", 8080)}},
@@ -72,8 +70,8 @@ func goldenCases() []struct {
 		{"traffic-policy-local", []*model.Service{local, itp, itpRemote}},
 		{"no-endpoints", []*model.Service{{
 			Key: model.ServiceKey{Namespace: "kube-system", Name: "dns"}, Type: "NodePort", ClusterIPs: world.Addrs("172.30.0.53"),
-			ExternalIPs: world.Addrs("192.168.99.53"),
-			Ports:       []model.ServicePort{{Name: "dns", Protocol: model.UDP, Port: 53, NodePort: 30053}},
+			Rare:  &model.Rare{ExternalIPs: world.Addrs("192.168.99.53")},
+			Ports: []model.ServicePort{{Name: "dns", Protocol: model.UDP, Port: 53, NodePort: 30053}},
 		}}},
 		{"dual-stack", []*model.Service{dual}},
 		{"masquerade-addresses", []*model.Service{dual}},

@@ -22,8 +22,8 @@ var (
 func webService() *model.Service {
 	e := model.Endpoint{Addr: ep1.Addr(), Port: ep1.Port(), Place: model.On("other"), Ready: true, Serving: true}
 	return &model.Service{Key: webKey, Type: "LoadBalancer", IPv4: true,
-		ClusterIPs:      []netip.Addr{netip.MustParseAddr("10.96.0.10")},
-		LoadBalancerIPs: []netip.Addr{vip},
+		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
+		Rare:       &model.Rare{LoadBalancerIPs: []netip.Addr{vip}},
 		Ports: []model.ServicePort{
 			{Name: "http", Protocol: model.TCP, Port: 80, NodePort: 30080, Endpoints: []model.Endpoint{e}},
 			{Name: "dns", Protocol: model.UDP, Port: 53, Endpoints: []model.Endpoint{e}},

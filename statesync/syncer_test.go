@@ -837,7 +837,7 @@ func TestSyncRefusesEntriesNotServed(t *testing.T) {
 	_, a, b := pair(t, func(o *Options) {
 		if o.Self == "gw-a" {
 			svc := webService()
-			svc.LoadBalancerIPs = append(svc.LoadBalancerIPs, netip.MustParseAddr("192.0.2.99"))
+			svc.EditRare().LoadBalancerIPs = append(svc.LoadBalancerIPs(), netip.MustParseAddr("192.0.2.99"))
 			o.Policy = NewPolicy(ruleset.Config{Node: model.Node{Name: "gw"}}, []netip.Addr{masq})
 			o.Policy.Observe(loop.Event{After: map[model.ServiceKey]*model.Service{webKey: svc}})
 		}

@@ -195,13 +195,13 @@ func serviceRow(st loop.ServiceState, node *model.Node) (appliance.Service, bool
 	}
 	if m := st.Model; m != nil {
 		v.Type = m.Type
-		v.ClusterIPs, v.ExternalIPs, v.LoadBalancerIPs = m.ClusterIPs, m.ExternalIPs, m.LoadBalancerIPs
+		v.ClusterIPs, v.ExternalIPs, v.LoadBalancerIPs = m.ClusterIPs, m.ExternalIPs(), m.LoadBalancerIPs()
 		v.ExternalPolicy, v.InternalPolicy = policy(m.ExternalLocal), policy(m.InternalLocal)
 		v.Affinity = "None"
-		if m.AffinityTimeout > 0 {
-			v.Affinity, v.AffinityTimeout = "ClientIP", m.AffinityTimeout
+		if m.AffinityTimeout() > 0 {
+			v.Affinity, v.AffinityTimeout = "ClientIP", m.AffinityTimeout()
 		}
-		v.SourceRanges = m.SourceRanges
+		v.SourceRanges = m.SourceRanges()
 		v.HealthCheckNodePort = m.HealthCheckNodePort
 		v.Ports = make([]appliance.ServicePort, 0, len(m.Ports))
 		for pi := range m.Ports {

@@ -153,7 +153,7 @@ func TestTraceExternalAndLoadBalancerIPs(t *testing.T) {
 
 func TestTraceLoadBalancerSourceRanges(t *testing.T) {
 	svc := world.Web(world.Ready("10.180.0.1", 8080))
-	svc.SourceRanges = []netip.Prefix{world.Prefix("203.0.113.0/24"), world.Prefix("198.19.7.7/32")}
+	svc.EditRare().SourceRanges = []netip.Prefix{world.Prefix("203.0.113.0/24"), world.Prefix("198.19.7.7/32")}
 	one := "dnat 10.180.0.1:8080 masq"
 	runFlows(t, world.Config(), []*model.Service{svc}, []flow{
 		{name: "LB IP from inside a range", src: "203.0.113.5", dst: "198.51.100.1:80", want: one},
@@ -198,8 +198,7 @@ func TestTraceExternalTrafficPolicyLocal(t *testing.T) {
 	local := func(name, cip, lb string, nodePort uint16, eps ...model.Endpoint) *model.Service {
 		return &model.Service{
 			Key: model.ServiceKey{Namespace: "ns1", Name: name}, Type: "LoadBalancer", ExternalLocal: true,
-			ClusterIPs: world.Addrs(cip), LoadBalancerIPs: world.Addrs(lb),
-			Ports: []model.ServicePort{{Protocol: model.TCP, Port: 80, NodePort: nodePort, Endpoints: eps}},
+			ClusterIPs: world.Addrs(cip), Rare: &model.Rare{LoadBalancerIPs: world.Addrs(lb)}, Ports: []model.ServicePort{{Protocol: model.TCP, Port: 80, NodePort: nodePort, Endpoints: eps}},
 		}
 	}
 	svcs := []*model.Service{
@@ -318,7 +317,7 @@ func TestTraceHairpin(t *testing.T) {
 
 func TestTraceSessionAffinity(t *testing.T) {
 	svc := world.Web(world.Ready("10.180.0.1", 8080), world.Ready("10.180.1.1", 8080), world.Ready("10.180.2.1", 8080))
-	svc.AffinityTimeout = 3 * time.Hour
+	svc.EditRare().AffinityTimeout = 3 * time.Hour
 	svcs := []*model.Service{svc}
 	cfg := world.Config()
 
@@ -433,9 +432,9 @@ func TestTraceDualStack(t *testing.T) {
 	dual := func(eps ...model.Endpoint) *model.Service {
 		return &model.Service{
 			Key: model.ServiceKey{Namespace: "ns1", Name: "dual"}, Type: "LoadBalancer",
-			ClusterIPs:      world.Addrs("172.30.0.60", "fd00:30::60"),
-			LoadBalancerIPs: world.Addrs("198.51.100.6", "2001:db8:ff::6"),
-			Ports:           []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80, NodePort: 30060, Endpoints: eps}},
+			ClusterIPs: world.Addrs("172.30.0.60", "fd00:30::60"),
+			Rare:       &model.Rare{LoadBalancerIPs: world.Addrs("198.51.100.6", "2001:db8:ff::6")},
+			Ports:      []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80, NodePort: 30060, Endpoints: eps}},
 		}
 	}
 	svc := dual(world.Ready("10.180.0.6", 8080), world.Ready("10.180.1.6", 8080), world.Ready("fd00:10::6", 8080), world.Ready("fd00:10:1::6", 8080))
@@ -480,7 +479,7 @@ func TestTraceDualStack(t *testing.T) {
 	// kube-proxy filters loadBalancerSourceRanges by family: a family
 	// without any range is not firewalled.
 	ranged := dual(world.Ready("10.180.0.6", 8080), world.Ready("fd00:10::6", 8080))
-	ranged.SourceRanges = []netip.Prefix{world.Prefix("203.0.113.0/24")}
+	ranged.EditRare().SourceRanges = []netip.Prefix{world.Prefix("203.0.113.0/24")}
 	runFlows(t, world.Config(), []*model.Service{ranged}, []flow{
 		{name: "IPv4 ranges apply to IPv4", src: "198.18.0.1", dst: "198.51.100.6:80", want: "drop"},
 		{name: "IPv4 ranges leave IPv6 open", src: "2001:db8:9::5", dst: "[2001:db8:ff::6]:80", want: "dnat [fd00:10::6]:8080 masq"},
@@ -649,7 +648,8 @@ func TestTraceProxyProtocol(t *testing.T) {
 	cfg.ProxyPort = 9190
 	svc := &model.Service{
 		Key: model.ServiceKey{Namespace: "ns1", Name: "pp"}, Type: "LoadBalancer", ClusterIPs: world.Addrs("172.30.0.60"),
-		LoadBalancerIPs: world.Addrs("203.0.113.60"), ProxyProtocol: 1,
+		Rare:          &model.Rare{LoadBalancerIPs: world.Addrs("203.0.113.60")},
+		ProxyProtocol: 1,
 		Ports: []model.ServicePort{
 			{Name: "http", Protocol: model.TCP, Port: 80, NodePort: 30060, Endpoints: []model.Endpoint{world.Ready("10.180.0.1", 8080)}},
 			{Name: "dns", Protocol: model.UDP, Port: 53, Endpoints: []model.Endpoint{world.Ready("10.180.0.1", 5353)}},
@@ -684,7 +684,7 @@ func TestTraceMaglev(t *testing.T) {
 			cfg := world.Config()
 			cfg.EndpointSelection = c.def
 			svc := world.Web(eps...)
-			svc.EndpointSelection = c.annotation
+			svc.EditRare().EndpointSelection = c.annotation
 			res, tables := replay(t, cfg, []*model.Service{svc}, flow{src: "10.1.2.3", dst: "172.30.0.41:80"})
 			if got := res.Summary(); got != all {
 				t.Fatalf("got %q, want %q\n%s", got, all, res.Paths())
@@ -699,7 +699,7 @@ func TestTraceMaglev(t *testing.T) {
 					want: "dnat 10.180.0.1:8080 masq, dnat 10.180.1.1:8080 masq, dnat 10.180.2.1:8080 masq"},
 			})
 
-			svc.AffinityTimeout = 3 * time.Hour
+			svc.EditRare().AffinityTimeout = 3 * time.Hour
 			first, _ := replay(t, cfg, []*model.Service{svc}, flow{src: "10.1.2.3", dst: "172.30.0.41:80"})
 			if got := first.Summary(); got != all {
 				t.Fatalf("first connection with affinity: got %q\n%s", got, first.Paths())
@@ -721,7 +721,7 @@ func TestTraceMaglev(t *testing.T) {
 	cfg := world.Config()
 	cfg.EndpointSelection = model.SelectionMaglev
 	svc := world.Web(eps...)
-	svc.EndpointSelection = model.SelectionHash
+	svc.EditRare().EndpointSelection = model.SelectionHash
 	_, tables := replay(t, cfg, []*model.Service{svc}, flow{src: "10.1.2.3", dst: "172.30.0.41:80"})
 	var text bytes.Buffer
 	ruleset.WriteTables(&text, ruleset.IPv4, tables)
