@@ -263,7 +263,7 @@ func (c *Coordinator) Snapshot() Snapshot {
 		if len(addrs) == 0 {
 			continue
 		}
-		sa := ServiceAddresses{Namespace: k.Namespace, Name: k.Name}
+		sa := ServiceAddresses{Namespace: k.Namespace(), Name: k.Name()}
 		for _, a := range addrs {
 			e := ServiceAddress{Address: a, Announced: usable, Since: c.since[a]}
 			if c.PoolOf != nil {

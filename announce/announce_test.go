@@ -16,7 +16,7 @@ var node = model.Node{Name: "gw"}
 
 func svc(name string, lb string, local bool, eps ...model.Endpoint) *model.Service {
 	return &model.Service{
-		Key: model.ServiceKey{Namespace: "ns", Name: name}, Type: "LoadBalancer", IPv4: true,
+		Key: model.NewServiceKey("ns", name), Type: "LoadBalancer", IPv4: true,
 		Rare:          &model.Rare{LoadBalancerIPs: []netip.Addr{netip.MustParseAddr(lb)}},
 		ExternalLocal: local,
 		Ports:         []model.ServicePort{{Protocol: model.TCP, Port: 80, Endpoints: eps}},
@@ -53,10 +53,10 @@ func TestAddresses(t *testing.T) {
 
 func TestServedSharedAddressOnce(t *testing.T) {
 	svcs := map[model.ServiceKey]*model.Service{
-		{Namespace: "ns", Name: "a"}: svc("a", "192.0.2.1", false, ep("10.0.0.1", "n1", true)),
-		{Namespace: "ns", Name: "b"}: svc("b", "192.0.2.1", false),
-		{Namespace: "ns", Name: "c"}: svc("c", "192.0.2.0", false, ep("10.0.0.1", "n1", true)),
-		{Namespace: "ns", Name: "d"}: svc("d", "192.0.2.9", false),
+		model.NewServiceKey("ns", "a"): svc("a", "192.0.2.1", false, ep("10.0.0.1", "n1", true)),
+		model.NewServiceKey("ns", "b"): svc("b", "192.0.2.1", false),
+		model.NewServiceKey("ns", "c"): svc("c", "192.0.2.0", false, ep("10.0.0.1", "n1", true)),
+		model.NewServiceKey("ns", "d"): svc("d", "192.0.2.9", false),
 	}
 	got := Served(svcs, node)
 	want := []netip.Addr{netip.MustParseAddr("192.0.2.0"), netip.MustParseAddr("192.0.2.1")}
@@ -78,11 +78,11 @@ func (f *fakeL2) Set(a []netip.Addr) { f.sets = append(f.sets, a) }
 func TestCoordinatorFollowsEndpoints(t *testing.T) {
 	b, l := &fakeBGP{}, &fakeL2{}
 	c := &Coordinator{Node: node, BGP: b, L2: l, PoolOf: func(netip.Addr) string { return "public" }}
-	k := model.ServiceKey{Namespace: "ns", Name: "a"}
+	k := model.NewServiceKey("ns", "a")
 	up := svc("a", "192.0.2.1", false, ep("10.0.0.1", "n1", true))
 	down := svc("a", "192.0.2.1", false)
 	c.Observe(loop.Event{Full: true, After: map[model.ServiceKey]*model.Service{k: up}})
-	c.Observe(loop.Event{After: map[model.ServiceKey]*model.Service{{Namespace: "ns", Name: "other"}: svc("other", "192.0.2.1", false)}})
+	c.Observe(loop.Event{After: map[model.ServiceKey]*model.Service{model.NewServiceKey("ns", "other"): svc("other", "192.0.2.1", false)}})
 	c.Observe(loop.Event{After: map[model.ServiceKey]*model.Service{k: down}})
 	c.Observe(loop.Event{After: map[model.ServiceKey]*model.Service{k: up}})
 	c.Observe(loop.Event{After: map[model.ServiceKey]*model.Service{k: nil}})
@@ -115,7 +115,7 @@ func TestCoordinatorIncrementalEqualsServed(t *testing.T) {
 		after := map[model.ServiceKey]*model.Service{}
 		for range 1 + r.IntN(4) {
 			name := fmt.Sprintf("s%d", r.IntN(30))
-			k := model.ServiceKey{Namespace: "ns", Name: name}
+			k := model.NewServiceKey("ns", name)
 			var m *model.Service
 			switch r.IntN(4) {
 			case 0: // deleted
@@ -144,7 +144,7 @@ func TestCoordinatorAnnouncesAlways(t *testing.T) {
 	b, l := &fakeBGP{}, &fakeL2{}
 	pool := []netip.Addr{netip.MustParseAddr("198.51.100.200"), netip.MustParseAddr("2001:db8::200")}
 	c := &Coordinator{Node: node, BGP: b, L2: l, Always: pool}
-	k := model.ServiceKey{Namespace: "ns", Name: "a"}
+	k := model.NewServiceKey("ns", "a")
 	c.Observe(loop.Event{Full: true})
 	c.Observe(loop.Event{After: map[model.ServiceKey]*model.Service{k: svc("a", "192.0.2.1", false, ep("10.0.0.1", "n1", true))}})
 	c.Observe(loop.Event{After: map[model.ServiceKey]*model.Service{k: nil}})
@@ -168,7 +168,7 @@ func TestCoordinatorWithdrawKeepsAlways(t *testing.T) {
 	b, l := &fakeBGP{}, &fakeL2{}
 	m := netip.MustParseAddr("198.51.100.200")
 	c := &Coordinator{Node: node, BGP: b, L2: l, Always: []netip.Addr{m}}
-	ka, kb := model.ServiceKey{Namespace: "ns", Name: "a"}, model.ServiceKey{Namespace: "ns", Name: "b"}
+	ka, kb := model.NewServiceKey("ns", "a"), model.NewServiceKey("ns", "b")
 	c.Observe(loop.Event{Full: true, After: map[model.ServiceKey]*model.Service{ka: svc("a", "192.0.2.1", false, ep("10.0.0.1", "n1", true))}})
 	gone := c.Withdraw()
 	if want := []netip.Addr{netip.MustParseAddr("192.0.2.1")}; !slices.Equal(gone, want) {

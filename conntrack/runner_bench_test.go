@@ -20,7 +20,7 @@ func udpCluster(n int) map[model.ServiceKey]*model.Service {
 			es = append(es, ep(fmt.Sprintf("10.%d.%d.%d", 1+i>>16, i>>8&0xff, i&0xfc|j)))
 		}
 		s := svc(es, withNodePort(uint16(30000+i%2000)))
-		s.Key.Name = fmt.Sprintf("dns-%d", i)
+		s.Key = model.NewServiceKey(s.Key.Namespace(), fmt.Sprintf("dns-%d", i))
 		s.ClusterIPs = []netip.Addr{netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})}
 		out[s.Key] = s
 	}

@@ -18,7 +18,7 @@ import (
 )
 
 var (
-	dnsKey = model.ServiceKey{Namespace: "ns", Name: "dns"}
+	dnsKey = model.NewServiceKey("ns", "dns")
 	vip4   = netip.MustParseAddr("10.96.0.10")
 	vip6   = netip.MustParseAddr("fd00:96::10")
 	ext4   = netip.MustParseAddr("192.0.2.10")
@@ -112,7 +112,7 @@ func one(s *model.Service) map[model.ServiceKey]*model.Service {
 func TestStaleFlows(t *testing.T) {
 	cfg := &ruleset.Config{Node: model.Node{Name: nodeName}}
 	v4Only := &ruleset.Config{Node: model.Node{Name: nodeName}, NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}}
-	other := model.ServiceKey{Namespace: "ns", Name: "other"}
+	other := model.NewServiceKey("ns", "other")
 
 	cases := []struct {
 		name          string
@@ -402,7 +402,7 @@ func (f *fakeCleaner) next(t *testing.T) cleanCall {
 func replaced(vip string) loop.Event {
 	s := func(e string) *model.Service {
 		return svc(eps(ep(e)), func(s *model.Service) {
-			s.Key.Name = vip
+			s.Key = model.NewServiceKey(s.Key.Namespace(), vip)
 			s.ClusterIPs = []netip.Addr{netip.MustParseAddr(vip)}
 		})
 	}

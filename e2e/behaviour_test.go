@@ -408,8 +408,8 @@ func (l *behaviourLab) testExternalTrafficPolicyLocal(t *testing.T) {
 // ready local endpoints, 503 otherwise, opened and closed with the Service;
 // a port that cannot be bound is retried without holding up the sync.
 func (l *behaviourLab) testHealthCheckNodePort(t *testing.T) {
-	local := model.ServiceKey{Namespace: "default", Name: "hc-local"}
-	remote := model.ServiceKey{Namespace: "default", Name: "hc-remote"}
+	local := model.NewServiceKey("default", "hc-local")
+	remote := model.NewServiceKey("default", "hc-remote")
 	twoLocal := gatewaytest.Slice("default", "hc-local-1", "hc-local", "http", "", 8080,
 		ep("198.18.2.14", "gateway"), ep("198.18.2.15", "gateway"), ep("198.18.2.16", "other"))
 	l.g.Write("hc.yaml",
@@ -473,7 +473,7 @@ func (l *behaviourLab) testHealthCheckNodePort(t *testing.T) {
 		t.Fatal(err)
 	}
 	busy.Close()
-	l.eventuallyHealth(t, model.ServiceKey{Namespace: "default", Name: "hc-busy"}, 31035, http.StatusOK, 1)
+	l.eventuallyHealth(t, model.NewServiceKey("default", "hc-busy"), 31035, http.StatusOK, 1)
 	l.g.Remove("hc.yaml")
 	l.g.Remove("hc-busy.yaml")
 }
@@ -688,7 +688,7 @@ func (l *behaviourLab) testEdgeCases(t *testing.T) {
 // serviceTable is the shard table holding a Service's chains and dispatch
 // elements, at the default shard count the tests run nftgate with.
 func serviceTable(namespace, name string) string {
-	return ruleset.Config{Table: "nftgate"}.TableOf(model.ServiceKey{Namespace: namespace, Name: name})
+	return ruleset.Config{Table: "nftgate"}.TableOf(model.NewServiceKey(namespace, name))
 }
 
 // chainOf returns the chain a service-ips element (key as nft prints it)
@@ -809,7 +809,7 @@ func TestServiceBehaviourAPI(t *testing.T) {
 		if port == 0 {
 			t.Fatal("the API server allocated no healthCheckNodePort")
 		}
-		l.eventuallyHealth(t, model.ServiceKey{Namespace: "default", Name: "hc"}, uint16(port), http.StatusOK, 1)
+		l.eventuallyHealth(t, model.NewServiceKey("default", "hc"), uint16(port), http.StatusOK, 1)
 		l.g.Remove("hc.yaml")
 	})
 }

@@ -300,5 +300,5 @@ func (h handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // Body is the JSON document kube-proxy's health check returns.
 func Body(k model.ServiceKey, localEndpoints int, healthy bool) string {
 	return fmt.Sprintf("{\n\t\"service\": {\n\t\t\"namespace\": %q,\n\t\t\"name\": %q\n\t},\n\t\"localEndpoints\": %d,\n\t\"serviceProxyHealthy\": %v\n}",
-		k.Namespace, k.Name, localEndpoints, healthy)
+		k.Namespace(), k.Name(), localEndpoints, healthy)
 }

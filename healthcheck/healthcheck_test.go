@@ -23,7 +23,7 @@ import (
 
 func svc(ns, name string, port uint16, eps ...model.Endpoint) *model.Service {
 	return &model.Service{
-		Key: model.ServiceKey{Namespace: ns, Name: name}, Type: "LoadBalancer", ExternalLocal: true, HealthCheckNodePort: port,
+		Key: model.NewServiceKey(ns, name), Type: "LoadBalancer", ExternalLocal: true, HealthCheckNodePort: port,
 		Ports: []model.ServicePort{
 			{Name: "http", Protocol: model.TCP, Port: 80, Endpoints: eps},
 			{Name: "https", Protocol: model.TCP, Port: 443, Endpoints: eps},
@@ -76,7 +76,7 @@ func TestWanted(t *testing.T) {
 // The body kube-proxy writes (pkg/proxy/healthcheck, dedented template).
 func TestBody(t *testing.T) {
 	want := "{\n\t\"service\": {\n\t\t\"namespace\": \"shop\",\n\t\t\"name\": \"cart\"\n\t},\n\t\"localEndpoints\": 2,\n\t\"serviceProxyHealthy\": true\n}"
-	if got := healthcheck.Body(model.ServiceKey{Namespace: "shop", Name: "cart"}, 2, true); got != want {
+	if got := healthcheck.Body(model.NewServiceKey("shop", "cart"), 2, true); got != want {
 		t.Errorf("got\n%s\nwant\n%s", got, want)
 	}
 }
@@ -144,7 +144,7 @@ func TestServer(t *testing.T) {
 	t.Cleanup(func() { cancel(); <-done })
 
 	p1, p2 := freePort(t), freePort(t)
-	key := model.ServiceKey{Namespace: "shop", Name: "cart"}
+	key := model.NewServiceKey("shop", "cart")
 	s.Update(map[model.ServiceKey]*model.Service{key: svc("shop", "cart", p1, ep("10.0.0.1", "gw", true), ep("10.0.0.2", "other", true))})
 	wantAnswer(t, p1, 200, 1)
 	_, body, _, _ := get(p1)
@@ -165,7 +165,7 @@ func TestServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	other := model.ServiceKey{Namespace: "shop", Name: "other"}
+	other := model.NewServiceKey("shop", "other")
 	start := time.Now()
 	s.Update(map[model.ServiceKey]*model.Service{other: svc("shop", "other", p2, ep("10.0.0.3", "gw", true))})
 	if d := time.Since(start); d > 100*time.Millisecond {
@@ -220,7 +220,7 @@ func TestServerLimits(t *testing.T) {
 	go func() { s.Run(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
 	p := freePort(t)
-	s.Update(map[model.ServiceKey]*model.Service{{Namespace: "shop", Name: "cart"}: svc("shop", "cart", p, ep("10.0.0.1", "gw", true))})
+	s.Update(map[model.ServiceKey]*model.Service{model.NewServiceKey("shop", "cart"): svc("shop", "cart", p, ep("10.0.0.1", "gw", true))})
 	wantAnswer(t, p, 200, 1)
 	addr := fmt.Sprintf("127.0.0.1:%d", p)
 	if err := httpservertest.IdleIsClosed(addr, "/"); err != nil {

@@ -88,8 +88,8 @@ func (m *Memory) SetServiceObject(o *model.ServiceObject) { m.next.SetServiceObj
 func (m *Memory) DeleteService(k model.ServiceKey) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	delete(m.services, Key{k.Namespace, k.Name})
-	delete(m.reported, Key{k.Namespace, k.Name})
+	delete(m.services, Key{k.Namespace(), k.Name()})
+	delete(m.reported, Key{k.Namespace(), k.Name()})
 	m.next.DeleteService(k)
 	if m.synced {
 		m.reallocate()

@@ -24,7 +24,7 @@ func (s *sink) SetSynced()                              { s.synced = true }
 
 func (s *sink) ips(t *testing.T, name string) []netip.Addr {
 	t.Helper()
-	o := s.svcs[model.ServiceKey{Namespace: "default", Name: name}]
+	o := s.svcs[model.NewServiceKey("default", name)]
 	if o == nil {
 		t.Fatalf("service %s not passed on", name)
 	}
@@ -89,7 +89,7 @@ func TestMemoryAllocatesForManifests(t *testing.T) {
 	if sn := m.Snapshot(); len(sn.Pools) != 1 || sn.Pools[0].Used != 3 || sn.Pools[0].Free != 0 {
 		t.Fatalf("pools %+v", sn.Pools)
 	}
-	m.DeleteService(model.ServiceKey{Namespace: "default", Name: "a"})
+	m.DeleteService(model.NewServiceKey("default", "a"))
 	if got := s.ips(t, "d"); len(got) != 1 || got[0] != netip.MustParseAddr("192.0.2.2") {
 		t.Fatalf("d got %v after a's address was freed", got)
 	}

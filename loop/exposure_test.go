@@ -80,7 +80,7 @@ func TestSyncerAppliesTheExposure(t *testing.T) {
 			ExternalIPs: []string{"203.0.113.7", "127.0.0.1"},
 			Ports:       []corev1.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80}}},
 	}
-	k := model.ServiceKey{Namespace: "ns", Name: "web"}
+	k := model.NewServiceKey("ns", "web")
 	tr.SetService(svc)
 	tr.SetSynced()
 	prog := &recordingProgrammer{synced: make(chan struct{}, 1)}

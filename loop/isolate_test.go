@@ -107,8 +107,8 @@ func TestSyncerKeepsRefusedServiceAtLastGoodState(t *testing.T) {
 	}
 
 	tr := NewTracker()
-	web := model.ServiceKey{Namespace: "default", Name: "web"}
-	bad := model.ServiceKey{Namespace: "default", Name: "bad"}
+	web := model.NewServiceKey("default", "web")
+	bad := model.NewServiceKey("default", "bad")
 	put := func(name, clusterIP, endpoint string) {
 		tr.SetService(gatewaytest.Service("default", name, "ClusterIP", []string{clusterIP}, gatewaytest.Port{Name: "http", Port: 80}))
 		tr.SetSlice(gatewaytest.Slice("default", name+"-http", name, "http", "", 8080, gatewaytest.Endpoint{Addr: endpoint}))

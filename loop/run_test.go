@@ -39,9 +39,9 @@ func (c call) names() []string {
 	var out []string
 	for k, m := range c.services {
 		if m == nil {
-			out = append(out, "-"+k.Name)
+			out = append(out, "-"+k.Name())
 		} else {
-			out = append(out, k.Name)
+			out = append(out, k.Name())
 		}
 	}
 	slices.Sort(out)
@@ -149,7 +149,7 @@ func service(name, portName string) *corev1.Service {
 	}
 }
 
-func key(name string) model.ServiceKey { return model.ServiceKey{Namespace: "ns", Name: name} }
+func key(name string) model.ServiceKey { return model.NewServiceKey("ns", name) }
 
 // sync waits for the loop's next programmer call and the end of that sync
 // (its Event, sent after the Syncer's state is updated).

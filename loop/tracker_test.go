@@ -37,9 +37,9 @@ func sliceNames(t *Tracker) map[model.ServiceKey][]string {
 }
 
 func TestTrackerSlices(t *testing.T) {
-	web := model.ServiceKey{Namespace: "a", Name: "web"}
-	api := model.ServiceKey{Namespace: "a", Name: "api"}
-	webB := model.ServiceKey{Namespace: "b", Name: "web"}
+	web := model.NewServiceKey("a", "web")
+	api := model.NewServiceKey("a", "api")
+	webB := model.NewServiceKey("b", "web")
 	tr := NewTracker()
 
 	tr.SetService(&corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "web"}})

@@ -86,7 +86,7 @@ func TestExposureApplyKeepsTheRest(t *testing.T) {
 	}
 	e := &Exposure{ExternalIPCIDRs: []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")},
 		Host: []netip.Prefix{netip.MustParsePrefix("192.0.2.1/24")}}
-	svc := &Service{Key: ServiceKey{"ns", "web"}, ClusterIPs: addrs("10.96.0.1"),
+	svc := &Service{Key: NewServiceKey("ns", "web"), ClusterIPs: addrs("10.96.0.1"),
 		Rare:  &Rare{ExternalIPs: addrs("198.51.100.1", "10.99.0.1", "198.51.100.2", "127.0.0.1"), LoadBalancerIPs: addrs("203.0.113.1", "192.0.2.1")},
 		Ports: []ServicePort{{Protocol: TCP, Port: 80, NodePort: 30080}}}
 	before := *svc

@@ -145,13 +145,14 @@ func (p *plainBase) service(key ServiceKey) Service {
 // NewServiceObject converts a Service object. It never fails: an invalid
 // Service keeps its error, for Build to report.
 func NewServiceObject(svc *corev1.Service) *ServiceObject {
-	o := &ServiceObject{Key: ServiceKey{Namespace: intern(svc.Namespace), Name: svc.Name}}
-	if o.Key.Namespace == "" {
-		o.Key.Namespace = "default"
+	ns := svc.Namespace
+	if ns == "" {
+		ns = "default"
 	}
+	o := &ServiceObject{Key: NewServiceKey(ns, svc.Name)}
 	var odd oddities
 	odd.proxyName, odd.hasProxyName = svc.Labels[LabelServiceProxyName]
-	odd.err = validateServiceNames(svc, o.Key.Namespace)
+	odd.err = validateServiceNames(svc, o.Key.Namespace())
 	switch {
 	case odd.err != nil:
 		// refused by name, whatever else it is
@@ -528,7 +529,7 @@ type slicePort struct {
 // Service is the Service the slice belongs to; ok is false when its
 // kubernetes.io/service-name label names none.
 func (o *SliceObject) Service() (k ServiceKey, ok bool) {
-	return ServiceKey{Namespace: o.Namespace, Name: o.service}, o.hasService
+	return NewServiceKey(o.Namespace, o.service), o.hasService
 }
 
 // Trigger is the slice's last-change-trigger-time annotation: when the
@@ -558,7 +559,7 @@ func SliceService(sl *discoveryv1.EndpointSlice) (ServiceKey, bool) {
 	if !ok || name == "" {
 		return ServiceKey{}, false
 	}
-	return ServiceKey{Namespace: intern(sl.Namespace), Name: name}, true
+	return NewServiceKey(intern(sl.Namespace), name), true
 }
 
 // NewSliceObject converts an EndpointSlice object. It never fails: an
@@ -566,7 +567,7 @@ func SliceService(sl *discoveryv1.EndpointSlice) (ServiceKey, bool) {
 func NewSliceObject(sl *discoveryv1.EndpointSlice) *SliceObject {
 	o := &SliceObject{Namespace: intern(sl.Namespace), Name: sl.Name}
 	if k, ok := SliceService(sl); ok {
-		o.service, o.hasService = k.Name, true
+		o.service, o.hasService = k.Name(), true
 	}
 	if ts, ok := sl.Annotations[corev1.EndpointsLastChangeTriggerTime]; ok {
 		if tt, err := time.Parse(time.RFC3339Nano, ts); err == nil && !tt.IsZero() {

@@ -15,20 +15,56 @@ import (
 	"unique"
 )
 
-// ServiceKey names a Service.
-type ServiceKey struct {
-	Namespace string
-	Name      string
+// ServiceKey names a Service: its namespace and name, in one string (the
+// namespace's length as a uvarint, the namespace, the name). Every map
+// keyed by Service and every claim on a map element holds one: two
+// strings made each of those 16 bytes larger, 10 MB at 100,000 Services.
+// The zero key has an empty namespace and name.
+type ServiceKey struct{ s string }
+
+// NewServiceKey returns the key of Service name in namespace.
+func NewServiceKey(namespace, name string) ServiceKey {
+	if namespace == "" && name == "" {
+		return ServiceKey{}
+	}
+	b := make([]byte, 0, binary.MaxVarintLen64+len(namespace)+len(name))
+	b = binary.AppendUvarint(b, uint64(len(namespace)))
+	return ServiceKey{string(append(append(b, namespace...), name...))}
 }
 
-func (k ServiceKey) String() string { return k.Namespace + "/" + k.Name }
+// split returns the namespace and the name.
+func (k ServiceKey) split() (namespace, name string) {
+	if k.s == "" {
+		return "", ""
+	}
+	var n uint64
+	for i, shift := 0, uint(0); i < len(k.s); i, shift = i+1, shift+7 {
+		b := k.s[i]
+		n |= uint64(b&0x7f) << shift
+		if b < 0x80 {
+			rest := k.s[i+1:]
+			return rest[:n], rest[n:]
+		}
+	}
+	return "", "" // not made by NewServiceKey
+}
+
+// Namespace is the Service's namespace.
+func (k ServiceKey) Namespace() string { ns, _ := k.split(); return ns }
+
+// Name is the Service's name.
+func (k ServiceKey) Name() string { _, name := k.split(); return name }
+
+func (k ServiceKey) String() string { ns, name := k.split(); return ns + "/" + name }
 
 // Less orders keys by namespace, then name.
 func (k ServiceKey) Less(o ServiceKey) bool {
-	if k.Namespace != o.Namespace {
-		return k.Namespace < o.Namespace
+	kns, kname := k.split()
+	ons, oname := o.split()
+	if kns != ons {
+		return kns < ons
 	}
-	return k.Name < o.Name
+	return kname < oname
 }
 
 // Protocol is an IP protocol number of a Service port.

@@ -11,7 +11,7 @@ import (
 // keeps gives the same model back: a field the plain form leaves out keeps
 // the Service whole. Fields added to Service later are covered as well.
 func TestServiceObjectKeepsEveryField(t *testing.T) {
-	key := ServiceKey{Namespace: "shop", Name: "web"}
+	key := NewServiceKey("shop", "web")
 	values := map[reflect.Type]any{
 		reflect.TypeFor[string]():         "x",
 		reflect.TypeFor[bool]():           true,

@@ -194,7 +194,7 @@ func TestCategorize(t *testing.T) {
 			cluster: []string{"10.0.0.0:80"}, any: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			svc := &model.Service{Key: model.ServiceKey{Namespace: "ns", Name: "svc"}, Type: "ClusterIP",
+			svc := &model.Service{Key: model.NewServiceKey("ns", "svc"), Type: "ClusterIP",
 				InternalLocal: tc.policy.internalLocal, ExternalLocal: tc.policy.externalLocal,
 				Ports: []model.ServicePort{{Protocol: model.TCP, Port: 80}}}
 			if tc.policy.nodePort {

@@ -44,7 +44,7 @@ func (w *randomWorld) addr4(net byte, n int) netip.Addr {
 func (w *randomWorld) newService() *model.Service {
 	w.next++
 	n := w.next
-	k := model.ServiceKey{Namespace: fmt.Sprintf("ns%d", n%3), Name: fmt.Sprintf("svc%d", n)}
+	k := model.NewServiceKey(fmt.Sprintf("ns%d", n%3), fmt.Sprintf("svc%d", n))
 	s := &model.Service{Key: k, Type: "ClusterIP", Created: time.Unix(int64(n), 0)}
 	s.ClusterIPs = []netip.Addr{w.addr4(19, n)}
 	if w.r.Intn(3) == 0 {
@@ -478,7 +478,7 @@ func TestUpgradeFromOneTable(t *testing.T) {
 	ready := func(a string, port uint16) model.Endpoint {
 		return model.Endpoint{Addr: netip.MustParseAddr(a), Port: port, Ready: true, Serving: true}
 	}
-	api := &model.Service{Key: model.ServiceKey{Namespace: "ns1", Name: "api"}, Type: "ClusterIP",
+	api := &model.Service{Key: model.NewServiceKey("ns1", "api"), Type: "ClusterIP",
 		ClusterIPs: []netip.Addr{netip.MustParseAddr("172.30.0.10")},
 		Ports: []model.ServicePort{
 			{Name: "https", Protocol: model.TCP, Port: 443, Endpoints: []model.Endpoint{ready("10.180.0.10", 6443), ready("10.180.1.10", 6443), ready("10.180.2.10", 6443)}},

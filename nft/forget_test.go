@@ -22,9 +22,9 @@ func TestTrafficElementsDestroyedWithTheirService(t *testing.T) {
 	}
 	t.Cleanup(func() { p.Close() })
 	web, other := webService("198.18.2.10"), webService("198.18.2.11")
-	other.Key.Name, other.ClusterIPs = "other", []netip.Addr{netip.MustParseAddr("198.19.0.11")}
+	other.Key, other.ClusterIPs = model.NewServiceKey(other.Key.Namespace(), "other"), []netip.Addr{netip.MustParseAddr("198.19.0.11")}
 	quiet := webService("198.18.2.12")
-	quiet.Key.Name, quiet.ClusterIPs = "quiet", []netip.Addr{netip.MustParseAddr("198.19.0.12")}
+	quiet.Key, quiet.ClusterIPs = model.NewServiceKey(quiet.Key.Namespace(), "quiet"), []netip.Addr{netip.MustParseAddr("198.19.0.12")}
 	all := map[model.ServiceKey]*model.Service{web.Key: web, other.Key: other, quiet.Key: quiet}
 	if _, err := p.Full(all); err != nil {
 		t.Fatal(err)

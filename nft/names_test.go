@@ -26,7 +26,7 @@ type identity struct {
 }
 
 func (id identity) service() (*model.Service, *model.ServicePort) {
-	svc := &model.Service{Key: model.ServiceKey{Namespace: id.ns, Name: id.name}, Rare: &model.Rare{AffinityTimeout: id.timeout}}
+	svc := &model.Service{Key: model.NewServiceKey(id.ns, id.name), Rare: &model.Rare{AffinityTimeout: id.timeout}}
 	svc.Ports = []model.ServicePort{{Name: id.portName, Protocol: id.proto, Port: id.port}}
 	return svc, &svc.Ports[0]
 }
@@ -157,7 +157,7 @@ func hostileService(ns, name, port string) *model.Service {
 		{Addr: netip.MustParseAddr("198.18.2.10"), Port: 8080, Ready: true, Serving: true, Place: model.On("gw")},
 		{Addr: netip.MustParseAddr("fd00:2::10"), Port: 8080, Ready: true, Serving: true, Place: model.On("gw")},
 	}
-	return &model.Service{Key: model.ServiceKey{Namespace: ns, Name: name}, Type: "LoadBalancer",
+	return &model.Service{Key: model.NewServiceKey(ns, name), Type: "LoadBalancer",
 		IPv4: true, IPv6: true,
 		ClusterIPs:    []netip.Addr{netip.MustParseAddr("198.19.0.10"), netip.MustParseAddr("fd00:30::10")},
 		Rare:          &model.Rare{LoadBalancerIPs: []netip.Addr{netip.MustParseAddr("198.19.1.1")}, SourceRanges: []netip.Prefix{netip.MustParsePrefix("198.18.1.0/24")}, AffinityTimeout: 30 * time.Second},
@@ -270,9 +270,9 @@ func TestLongestNamesFitTheKernel(t *testing.T) {
 func TestTwoServicesNeverShareAChain(t *testing.T) {
 	ns, p := testProgrammer(t)
 	one := webService("198.18.2.10")
-	one.Key = model.ServiceKey{Namespace: "a/b", Name: "c"}
+	one.Key = model.NewServiceKey("a/b", "c")
 	two := webService("198.18.2.11")
-	two.Key = model.ServiceKey{Namespace: "a", Name: "b/c"}
+	two.Key = model.NewServiceKey("a", "b/c")
 	two.ClusterIPs = []netip.Addr{netip.MustParseAddr("198.19.0.11")}
 	if _, err := p.Full(map[model.ServiceKey]*model.Service{one.Key: one, two.Key: two}); err != nil {
 		t.Fatal(err)

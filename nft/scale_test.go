@@ -121,7 +121,7 @@ func newScaleCluster(n, eps int) *scaleCluster {
 	lbIndex := uint32(0)
 	created := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	for i := range n {
-		key := model.ServiceKey{Namespace: fmt.Sprintf("ns-%d", i/50), Name: fmt.Sprintf("svc-%d", i)}
+		key := model.NewServiceKey(fmt.Sprintf("ns-%d", i/50), fmt.Sprintf("svc-%d", i))
 		svc := &model.Service{
 			Key:        key,
 			Type:       "ClusterIP",
@@ -187,7 +187,7 @@ func newPlainCluster(n, eps int) *scaleCluster {
 	}
 	created := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	for i := range n {
-		key := model.ServiceKey{Namespace: "bench", Name: fmt.Sprintf("svc-%06d", i)}
+		key := model.NewServiceKey("bench", fmt.Sprintf("svc-%06d", i))
 		svc := &model.Service{
 			Key:        key,
 			Type:       "ClusterIP",

@@ -12,7 +12,7 @@ import (
 // endpoint.
 func trafficSvc(name string, dest, ep netip.AddrPort) *model.Service {
 	return &model.Service{
-		Key:        model.ServiceKey{Namespace: "default", Name: name},
+		Key:        model.NewServiceKey("default", name),
 		Type:       "ClusterIP",
 		IPv4:       true,
 		ClusterIPs: []netip.Addr{dest.Addr()},
@@ -45,7 +45,7 @@ func trafficReading(p *Programmer, synced bool, now map[trafficKey]Count, svcs .
 	out := map[string]Traffic{}
 	for ref, pc := range rd.Ports() {
 		if pc.Traffic != (Traffic{}) {
-			out[ref.Service.Name] = pc.Traffic
+			out[ref.Service.Name()] = pc.Traffic
 		}
 	}
 	return out
@@ -87,8 +87,8 @@ func TestTrafficAddressReused(t *testing.T) {
 				}
 				continue
 			}
-			if g := got[s.svc.Key.Name]; g.In != trafficIn(s.wantIn) {
-				t.Fatalf("reading %d: %s in = %+v, want %+v", i, s.svc.Key.Name, g.In, trafficIn(s.wantIn))
+			if g := got[s.svc.Key.Name()]; g.In != trafficIn(s.wantIn) {
+				t.Fatalf("reading %d: %s in = %+v, want %+v", i, s.svc.Key.Name(), g.In, trafficIn(s.wantIn))
 			}
 		}
 		if len(p.counters.before) != 0 {
@@ -207,8 +207,8 @@ func TestTrafficReusedBetweenReadings(t *testing.T) {
 				}
 				p.forgotten = s.forgot
 				got := trafficReading(&p, true, s.now, svc)
-				if g := got[svc.Key.Name]; g.In != trafficIn(s.in) {
-					t.Fatalf("reading %d: %s in = %+v, want %+v", i, svc.Key.Name, g.In, trafficIn(s.in))
+				if g := got[svc.Key.Name()]; g.In != trafficIn(s.in) {
+					t.Fatalf("reading %d: %s in = %+v, want %+v", i, svc.Key.Name(), g.In, trafficIn(s.in))
 				}
 			}
 		})

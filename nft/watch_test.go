@@ -19,7 +19,7 @@ func TestFullReadsBackAfterOthersCommitBeforeAPartial(t *testing.T) {
 	ns, p := testProgrammer(t)
 	svc := webService("198.18.2.10")
 	other := webService("198.18.2.20")
-	other.Key.Name, other.ClusterIPs[0] = "other", other.ClusterIPs[0].Next()
+	other.Key, other.ClusterIPs[0] = model.NewServiceKey(other.Key.Namespace(), "other"), other.ClusterIPs[0].Next()
 	services := map[model.ServiceKey]*model.Service{svc.Key: svc, other.Key: other}
 	if _, err := p.Full(services); err != nil {
 		t.Fatal(err)
@@ -454,7 +454,7 @@ func TestOwnNotificationsFiltered(t *testing.T) {
 	services := map[model.ServiceKey]*model.Service{}
 	for i := range 20 {
 		svc := webService(fmt.Sprintf("198.18.2.%d", 10+i))
-		svc.Key.Name, svc.ClusterIPs[0] = fmt.Sprintf("web-%d", i), svc.ClusterIPs[0].Next()
+		svc.Key, svc.ClusterIPs[0] = model.NewServiceKey(svc.Key.Namespace(), fmt.Sprintf("web-%d", i)), svc.ClusterIPs[0].Next()
 		for range i {
 			svc.ClusterIPs[0] = svc.ClusterIPs[0].Next()
 		}

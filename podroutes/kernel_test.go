@@ -167,7 +167,7 @@ func TestNodeModeRoutesTrafficThroughNodes(t *testing.T) {
 func TestEndpointModeRoutesEachPod(t *testing.T) {
 	c := newCluster(t)
 	r := c.reconciler(t, nil)
-	svc := &model.Service{Key: model.ServiceKey{Namespace: "default", Name: "web"}, Ports: []model.ServicePort{{Port: 80, Protocol: model.TCP}}}
+	svc := &model.Service{Key: model.NewServiceKey("default", "web"), Ports: []model.ServicePort{{Port: 80, Protocol: model.TCP}}}
 	for i, pod := range c.pods {
 		for _, a := range pod {
 			svc.Ports[0].Endpoints = append(svc.Ports[0].Endpoints, model.Endpoint{Addr: a, Port: echoPort, Place: model.On(c.nodes[i].Name), Ready: true})

@@ -110,7 +110,7 @@ func TestPlanNode(t *testing.T) {
 }
 
 func svc(name string, eps ...model.Endpoint) *model.Service {
-	return &model.Service{Key: model.ServiceKey{Namespace: "ns", Name: name},
+	return &model.Service{Key: model.NewServiceKey("ns", name),
 		Ports: []model.ServicePort{{Port: 80, Protocol: model.TCP, Endpoints: eps}, {Port: 81, Protocol: model.TCP, Endpoints: eps}}}
 }
 

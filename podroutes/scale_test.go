@@ -17,7 +17,7 @@ func TestTenThousandEndpointRoutes(t *testing.T) {
 	c := newCluster(t)
 	r := c.reconciler(t, nil)
 	const n = 10000
-	svc := &model.Service{Key: model.ServiceKey{Namespace: "default", Name: "big"}, Ports: []model.ServicePort{{Port: 80, Protocol: model.TCP}}}
+	svc := &model.Service{Key: model.NewServiceKey("default", "big"), Ports: []model.ServicePort{{Port: 80, Protocol: model.TCP}}}
 	for i := range n {
 		a := netip.AddrFrom4([4]byte{10, 244, byte(1 + i/250%2), byte(11 + i%250)})
 		if i >= 500 {

@@ -11,7 +11,7 @@ import (
 // creation times a Unix nanosecond count does not hold (the zero time of a
 // Service whose creation is unknown, a manifest's year 9999).
 func TestClaimWinnerIsTheOldest(t *testing.T) {
-	k := func(n string) model.ServiceKey { return model.ServiceKey{Namespace: "default", Name: n} }
+	k := func(n string) model.ServiceKey { return model.NewServiceKey("default", n) }
 	times := []time.Time{
 		{}, time.Date(1500, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC),
 		time.Date(2026, 1, 1, 0, 0, 1, 0, time.UTC), time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC),

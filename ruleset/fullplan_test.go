@@ -23,13 +23,13 @@ func fullPlanServices() map[model.ServiceKey]*model.Service {
 			services[s.Key] = s
 		}
 	}
-	rival := *services[model.ServiceKey{Namespace: "ns1", Name: "dual"}]
-	rival.Key.Name = "dual-rival"
+	rival := *services[model.NewServiceKey("ns1", "dual")]
+	rival.Key = model.NewServiceKey(rival.Key.Namespace(), "dual-rival")
 	rival.Created = time.Unix(1, 0)
 	rival.Ports = []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80, Endpoints: []model.Endpoint{world.Ready("10.180.9.9", 80)}}}
 	services[rival.Key] = &rival
 	for i := range 9_000 {
-		k := model.ServiceKey{Namespace: fmt.Sprintf("ns%d", i%7), Name: fmt.Sprintf("svc-%d", i)}
+		k := model.NewServiceKey(fmt.Sprintf("ns%d", i%7), fmt.Sprintf("svc-%d", i))
 		services[k] = &model.Service{Key: k, Type: "ClusterIP",
 			ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{172, 31, byte(i >> 8), byte(i)})},
 			Ports: []model.ServicePort{{Protocol: model.TCP, Port: 80,

@@ -72,9 +72,9 @@ func (c Config) IsShardTable(name string) bool {
 // ShardOf is the shard holding a Service's chains.
 func (c Config) ShardOf(k model.ServiceKey) int {
 	h := fnv.New32a()
-	h.Write([]byte(k.Namespace))
+	h.Write([]byte(k.Namespace()))
 	h.Write([]byte{'/'})
-	h.Write([]byte(k.Name))
+	h.Write([]byte(k.Name()))
 	return int(h.Sum32() % uint32(c.ShardCount()))
 }
 

@@ -400,9 +400,9 @@ func EndpointObject(kind string, svc *model.Service, p *model.ServicePort, ep ne
 }
 
 func appendPortID(b []byte, svc *model.Service, p *model.ServicePort) []byte {
-	b = appendEscaped(b, svc.Key.Namespace)
+	b = appendEscaped(b, svc.Key.Namespace())
 	b = append(b, '/')
-	b = appendEscaped(b, svc.Key.Name)
+	b = appendEscaped(b, svc.Key.Name())
 	b = append(b, '/')
 	b = append(b, p.Protocol.String()...)
 	b = append(b, '/')

@@ -162,7 +162,7 @@ type cachedService struct {
 // GetObjectMeta gives the informer the Service's name and namespace, its
 // keys; nothing else of the metadata is kept.
 func (c *cachedService) GetObjectMeta() metav1.Object {
-	return &metav1.ObjectMeta{Namespace: c.Key.Namespace, Name: c.Key.Name}
+	return &metav1.ObjectMeta{Namespace: c.Key.Namespace(), Name: c.Key.Name()}
 }
 
 // GetObjectKind implements runtime.Object.
@@ -256,7 +256,7 @@ func (k *KubeSource) Run(ctx context.Context, t Sink) error {
 			if c, ok := o.(*cachedService); ok {
 				t.DeleteService(c.Key)
 				if k.Hook != nil {
-					k.Hook.Delete(c.Key.Namespace, c.Key.Name)
+					k.Hook.Delete(c.Key.Namespace(), c.Key.Name())
 				}
 			}
 		},

@@ -49,7 +49,7 @@ func TestKubeSourceSyncedHasEverything(t *testing.T) {
 	all, _ := tr.All()
 	services, slices := 0, 0
 	for k, o := range all {
-		if k.Namespace == "load" {
+		if k.Namespace() == "load" {
 			services++
 			slices += len(o.Slices)
 		}

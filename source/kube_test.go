@@ -48,7 +48,7 @@ func TestCachedSlice(t *testing.T) {
 	tr := loop.NewTracker()
 	setCachedSlice(tr, obj)
 	dirty, triggers := tr.TakeDirty()
-	web := model.ServiceKey{Namespace: "shop", Name: "web"}
+	web := model.NewServiceKey("shop", "web")
 	if len(dirty) != 1 || len(dirty[web].Slices) != 1 || dirty[web].Slices[0].Name != "web-1" {
 		t.Errorf("tracker after the cached slice: %v, want shop/web with web-1", dirty)
 	}

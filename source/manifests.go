@@ -395,7 +395,7 @@ func (m *ManifestSource) mergeLocked(t Sink, log *slog.Logger) {
 		}
 		switch k.kind {
 		case "Service":
-			t.DeleteService(model.ServiceKey{Namespace: k.namespace, Name: k.name})
+			t.DeleteService(model.NewServiceKey(k.namespace, k.name))
 		case "EndpointSlice":
 			t.DeleteSlice(k.namespace, k.name)
 		}
@@ -604,7 +604,7 @@ func (m *ManifestSource) readDecoded(path string, d fileDecode) (objs []any, err
 func keyOf(o any) objectKey {
 	switch obj := o.(type) {
 	case *model.ServiceObject:
-		return objectKey{"Service", obj.Key.Namespace, obj.Key.Name}
+		return objectKey{"Service", obj.Key.Namespace(), obj.Key.Name()}
 	case *model.SliceObject:
 		return objectKey{"EndpointSlice", obj.Namespace, obj.Name}
 	case *stagedService:

@@ -23,8 +23,8 @@ var manifestAPI = strings.NewReplacer("name: web", "name: api", "service-name: w
 	"10.96.0.10", "10.96.0.11", "web-1", "api-1").Replace(manifestWeb)
 
 var (
-	keyWeb = model.ServiceKey{Namespace: "shop", Name: "web"}
-	keyAPI = model.ServiceKey{Namespace: "shop", Name: "api"}
+	keyWeb = model.NewServiceKey("shop", "web")
+	keyAPI = model.NewServiceKey("shop", "api")
 )
 
 // scanWithin runs a full scan and fails the test when it does not return

@@ -53,7 +53,7 @@ func TestManifestSourceRescan(t *testing.T) {
 		}
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	web := model.ServiceKey{Namespace: "shop", Name: "web"}
+	web := model.NewServiceKey("shop", "web")
 	write("web.yaml", manifestWeb)
 	write("bad.yaml", "kind: Service\n")
 	m := &ManifestSource{Dir: dir}
@@ -145,8 +145,8 @@ func TestManifestSourceChangedFiles(t *testing.T) {
 		}
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	web := model.ServiceKey{Namespace: "shop", Name: "web"}
-	api := model.ServiceKey{Namespace: "shop", Name: "api"}
+	web := model.NewServiceKey("shop", "web")
+	api := model.NewServiceKey("shop", "api")
 	apiManifest := strings.NewReplacer("name: web", "name: api", "service-name: web", "service-name: api",
 		"10.96.0.10", "10.96.0.11").Replace(manifestWeb)
 	write("a.yaml", manifestWeb)
@@ -230,7 +230,7 @@ func TestManifestErrorsNameTheFile(t *testing.T) {
 	tr := loop.NewTracker()
 	m.scan(tr, slog.New(slog.DiscardHandler))
 	dirty, _ := tr.TakeDirty()
-	o := dirty[model.ServiceKey{Namespace: "shop", Name: "web"}]
+	o := dirty[model.NewServiceKey("shop", "web")]
 	if o.Service == nil {
 		t.Fatalf("changed = %v, want shop/web", dirty)
 	}
@@ -244,7 +244,7 @@ func TestManifestErrorsNameTheFile(t *testing.T) {
 	}
 	m.scan(tr, slog.New(slog.DiscardHandler))
 	dirty, _ = tr.TakeDirty()
-	o = dirty[model.ServiceKey{Namespace: "shop", Name: "web"}]
+	o = dirty[model.NewServiceKey("shop", "web")]
 	_, err = model.Build(o.Service, o.Slices, model.Options{})
 	if err == nil || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "Web_1") {
 		t.Errorf("slice error %v, want one naming %s and Web_1", err, path)
@@ -259,7 +259,7 @@ type stage struct {
 }
 
 func (s *stage) SetService(svc *corev1.Service, file string) {
-	s.services[model.ServiceKey{Namespace: svc.Namespace, Name: svc.Name}] = file
+	s.services[model.NewServiceKey(svc.Namespace, svc.Name)] = file
 }
 
 func (s *stage) SetServiceObject(o *model.ServiceObject) {
@@ -280,7 +280,7 @@ func TestManifestSourceFeedsAServiceStage(t *testing.T) {
 	m := &ManifestSource{Dir: dir}
 	m.staged = true
 	m.scan(st, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	web := model.ServiceKey{Namespace: "shop", Name: "web"}
+	web := model.NewServiceKey("shop", "web")
 	if st.services[web] != path || st.objects != 0 {
 		t.Fatalf("stage got services %v and %d model objects; want web from %s and none", st.services, st.objects, path)
 	}

@@ -10,7 +10,7 @@ import (
 )
 
 var (
-	webKey = model.ServiceKey{Namespace: "ns", Name: "web"}
+	webKey = model.NewServiceKey("ns", "web")
 	vip    = netip.MustParseAddr("192.0.2.10")
 	masq   = netip.MustParseAddr("198.51.100.1")
 	ep1    = netip.MustParseAddrPort("10.1.0.5:8080")

@@ -156,7 +156,7 @@ func (p *Publisher) rebuild(states []loop.ServiceState) {
 // alone (the model never changes); one with an error or warnings as a copy
 // of its state.
 func (p *Publisher) row(st loop.ServiceState) (appliance.Row, bool) {
-	r := appliance.Row{Namespace: st.Key.Namespace, Name: st.Key.Name, Make: p.mk}
+	r := appliance.Row{Namespace: st.Key.Namespace(), Name: st.Key.Name(), Make: p.mk}
 	if st.Model == nil && st.Error == "" && st.KernelError == "" {
 		return r, false
 	}
@@ -189,7 +189,7 @@ func (p *Publisher) makeRow(data any) appliance.Service {
 // never changes: rows holding a copy of every endpoint were a tenth of the
 // gateway's memory at ten thousand Services.
 func serviceRow(st loop.ServiceState, node *model.Node) (appliance.Service, bool) {
-	v := appliance.Service{Namespace: st.Key.Namespace, Name: st.Key.Name, Error: st.Error, KernelError: st.KernelError, Warnings: st.Warnings}
+	v := appliance.Service{Namespace: st.Key.Namespace(), Name: st.Key.Name(), Error: st.Error, KernelError: st.KernelError, Warnings: st.Warnings}
 	if st.Model == nil && st.Error == "" && st.KernelError == "" {
 		return v, false
 	}

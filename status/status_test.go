@@ -81,7 +81,7 @@ func TestServiceRowCounts(t *testing.T) {
 	ep := func(a string, ready bool) model.Endpoint {
 		return model.Endpoint{Addr: netip.MustParseAddr(a), Port: 8080, Ready: ready, Serving: ready}
 	}
-	m := &model.Service{Key: model.ServiceKey{Namespace: "ns", Name: "web"}, Type: "ClusterIP",
+	m := &model.Service{Key: model.NewServiceKey("ns", "web"), Type: "ClusterIP",
 		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.1")},
 		Ports: []model.ServicePort{
 			{Name: "http", Protocol: model.TCP, Port: 80, Endpoints: []model.Endpoint{ep("10.1.0.1", true), ep("10.1.0.2", false), ep("10.1.0.3", true)}},
@@ -113,7 +113,7 @@ func benchStates(n int) []loop.ServiceState {
 		for j := range eps {
 			eps[j] = model.Endpoint{Addr: netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}), Port: 8080 + uint16(j), Ready: true, Serving: true}
 		}
-		m := &model.Service{Key: model.ServiceKey{Namespace: "ns", Name: fmt.Sprintf("s%d", i)}, Type: "ClusterIP",
+		m := &model.Service{Key: model.NewServiceKey("ns", fmt.Sprintf("s%d", i)), Type: "ClusterIP",
 			ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})},
 			Ports:      []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80, Endpoints: eps}}}
 		states[i] = loop.ServiceState{Key: m.Key, Model: m}
@@ -157,7 +157,7 @@ func BenchmarkRebuild(b *testing.B) {
 func TestRebuildLogsWarningsOnce(t *testing.T) {
 	var logged bytes.Buffer
 	p := NewPublisher(nil, appliance.NewRecorder(appliance.Identity{}, nil, 1), model.Node{}, slog.New(slog.NewTextHandler(&logged, nil)))
-	key := func(name string) model.ServiceKey { return model.ServiceKey{Namespace: "ns", Name: name} }
+	key := func(name string) model.ServiceKey { return model.NewServiceKey("ns", name) }
 	p.warned = map[model.ServiceKey][]string{key("kept"): {"old"}, key("gone"): {"old"}, key("healed"): {"old"}}
 	p.rebuild([]loop.ServiceState{
 		{Key: key("kept"), Warnings: []string{"old"}},
@@ -189,8 +189,8 @@ func TestRowsAsServiceRowMakesThem(t *testing.T) {
 	states[1].Warnings = []string{"externalIP 192.0.2.1 is outside external_ip_cidrs"}
 	states[2].KernelError = "no such file or directory"
 	states = append(states,
-		loop.ServiceState{Key: model.ServiceKey{Namespace: "ns", Name: "refused"}, Error: `spec.ports[0].port: invalid value 0`},
-		loop.ServiceState{Key: model.ServiceKey{Namespace: "ns", Name: "skipped"}, Skipped: "type ExternalName"})
+		loop.ServiceState{Key: model.NewServiceKey("ns", "refused"), Error: `spec.ports[0].port: invalid value 0`},
+		loop.ServiceState{Key: model.NewServiceKey("ns", "skipped"), Skipped: "type ExternalName"})
 	p := NewPublisher(nil, appliance.NewRecorder(appliance.Identity{}, nil, 1), model.Node{}, slog.New(slog.DiscardHandler))
 	p.rebuild(states)
 	if n := p.rows.Len(); n != 4 {
@@ -198,7 +198,7 @@ func TestRowsAsServiceRowMakesThem(t *testing.T) {
 	}
 	for _, st := range states {
 		want, ok := serviceRow(st, &p.node)
-		got, found := p.rows.Get(st.Key.Namespace, st.Key.Name)
+		got, found := p.rows.Get(st.Key.Namespace(), st.Key.Name())
 		if found != ok {
 			t.Errorf("%s: row found %v, want %v", st.Key, found, ok)
 			continue

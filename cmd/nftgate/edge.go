@@ -261,7 +261,7 @@ func (e *edge) view() any {
 		v.Pools = sn.Pools
 		for _, s := range sn.Services {
 			if len(s.Problems) > 0 {
-				problems[model.ServiceKey{Namespace: s.Namespace, Name: s.Name}] = s.Problems
+				problems[model.NewServiceKey(s.Namespace, s.Name)] = s.Problems
 			}
 		}
 	}
@@ -297,7 +297,7 @@ func (e *edge) view() any {
 	v.BGPError = as.BGPError
 	seen := map[model.ServiceKey]bool{}
 	for _, s := range as.Services {
-		k := model.ServiceKey{Namespace: s.Namespace, Name: s.Name}
+		k := model.NewServiceKey(s.Namespace, s.Name)
 		seen[k] = true
 		es := EdgeService{Namespace: s.Namespace, Name: s.Name, Problems: problems[k]}
 		for _, a := range s.Addresses {
@@ -312,7 +312,7 @@ func (e *edge) view() any {
 	// Services that have no address yet, because allocation failed.
 	for k, p := range problems {
 		if !seen[k] {
-			v.Services = append(v.Services, EdgeService{Namespace: k.Namespace, Name: k.Name, Addresses: []EdgeAddress{}, Problems: p})
+			v.Services = append(v.Services, EdgeService{Namespace: k.Namespace(), Name: k.Name(), Addresses: []EdgeAddress{}, Problems: p})
 		}
 	}
 	slices.SortFunc(v.Services, func(a, b EdgeService) int {

@@ -77,7 +77,7 @@ func (t *traffic) Ports() ([]appliance.TrafficPort, time.Time, error) {
 		if !ok {
 			i = int32(len(out))
 			index[ref] = i
-			out = append(out, appliance.TrafficPort{Namespace: ref.Service.Namespace, Name: ref.Service.Name,
+			out = append(out, appliance.TrafficPort{Namespace: ref.Service.Namespace(), Name: ref.Service.Name(),
 				Protocol: ref.Proto.KubeName(), Port: ref.Port})
 		}
 		return i
@@ -184,7 +184,7 @@ func (t *traffic) Flows(namespace, name string) ([]appliance.FlowJSON, error) {
 	if err != nil {
 		return nil, err
 	}
-	key := model.ServiceKey{Namespace: namespace, Name: name}
+	key := model.NewServiceKey(namespace, name)
 	out := []appliance.FlowJSON{}
 	for i := range flows {
 		f := &flows[i]

@@ -212,7 +212,7 @@ func (e *Env) driftCommand(kind string) []string {
 		return []string{"flush", "ruleset"}
 	}
 	table := ruleset.Config{Table: "nftgate", Shards: shardsArg(e.Cfg.NftgateArgs)}.
-		TableOf(model.ServiceKey{Namespace: namespace, Name: canaryName})
+		TableOf(model.NewServiceKey(namespace, canaryName))
 	return []string{"delete", "element", "ip", table, ruleset.MapServiceIPs,
 		fmt.Sprintf("{ %s . tcp . %d }", canaryIP, servicePort)}
 }

@@ -79,7 +79,7 @@ func NodeHints(e model.Endpoint, nodes ...string) model.Endpoint {
 // Web is a test world fixture.
 func Web(eps ...model.Endpoint) *model.Service {
 	return &model.Service{
-		Key:        model.ServiceKey{Namespace: "ns1", Name: "web"},
+		Key:        model.NewServiceKey("ns1", "web"),
 		Type:       "LoadBalancer",
 		ClusterIPs: Addrs("172.30.0.41"),
 		Rare:       &model.Rare{ExternalIPs: Addrs("192.168.99.11", "192.168.0.3"), LoadBalancerIPs: Addrs("198.51.100.1")},
