@@ -297,9 +297,8 @@ func serviceBase(svc *corev1.Service, key ServiceKey) (*Service, error) {
 		s.Ports = append(s.Ports, sp)
 	}
 
-	if !reflect.ValueOf(r).IsZero() {
-		s.Rare = &r
-	}
+	s.Rare = &r
+	s.TidyRare()
 	readProxyProtocol(s, svc.Annotations[AnnotationProxyProtocol])
 	readEndpointSelection(s, svc.Annotations[AnnotationEndpointSelection])
 

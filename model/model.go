@@ -27,9 +27,14 @@ func NewServiceKey(namespace, name string) ServiceKey {
 	if namespace == "" && name == "" {
 		return ServiceKey{}
 	}
-	b := make([]byte, 0, binary.MaxVarintLen64+len(namespace)+len(name))
-	b = binary.AppendUvarint(b, uint64(len(namespace)))
-	return ServiceKey{string(append(append(b, namespace...), name...))}
+	var n [binary.MaxVarintLen64]byte
+	prefix := binary.PutUvarint(n[:], uint64(len(namespace)))
+	var b strings.Builder // one allocation: its String does not copy
+	b.Grow(prefix + len(namespace) + len(name))
+	b.Write(n[:prefix])
+	b.WriteString(namespace)
+	b.WriteString(name)
+	return ServiceKey{b.String()}
 }
 
 // split returns the namespace and the name.
@@ -140,7 +145,7 @@ type Service struct {
 }
 
 // Rare is the part of a Service's model that few Services have: held in
-// every Service it made each a size class larger (256 -> 144 bytes).
+// every Service, it was 120 of its 248 bytes.
 type Rare struct {
 	ExternalIPs     []netip.Addr
 	LoadBalancerIPs []netip.Addr // status ingress IPs, except ipMode Proxy
