@@ -171,6 +171,16 @@ func (s *Syncer) Run(ctx context.Context) error {
 	var repairWhy string
 	for {
 		if needFull && !clk.Now().Before(nextFull) {
+			// A request already waiting is carried by this sync, which
+			// reads the kernel after it; left in the channel, it would
+			// ask for another repair once this one is done.
+			select {
+			case why := <-s.repair.c():
+				if repairWhy == "" {
+					repairWhy = why
+				}
+			default:
+			}
 			if repairWhy != "" {
 				lastRepair = clk.Now()
 			}
