@@ -16,7 +16,7 @@ var node = model.Node{Name: "gw"}
 
 func svc(name string, lb string, local bool, eps ...model.Endpoint) *model.Service {
 	return &model.Service{
-		Key: model.NewServiceKey("ns", name), Type: "LoadBalancer", IPv4: true,
+		Key: model.NewServiceKey("ns", name), Type: model.TypeLoadBalancer, IPv4: true,
 		Rare:          &model.Rare{LoadBalancerIPs: []netip.Addr{netip.MustParseAddr(lb)}},
 		ExternalLocal: local,
 		Ports:         []model.ServicePort{{Protocol: model.TCP, Port: 80, Endpoints: eps}},

@@ -53,7 +53,7 @@ func notReady(e model.Endpoint) model.Endpoint {
 // the given endpoints; mods adjust it.
 func svc(eps []model.Endpoint, mods ...func(*model.Service)) *model.Service {
 	s := &model.Service{
-		Key: dnsKey, Type: "ClusterIP", IPv4: true,
+		Key: dnsKey, Type: model.TypeClusterIP, IPv4: true,
 		ClusterIPs: []netip.Addr{vip4},
 		Ports:      []model.ServicePort{{Name: "dns", Protocol: model.UDP, Port: 53, Endpoints: eps}},
 	}
@@ -67,7 +67,7 @@ func eps(e ...model.Endpoint) []model.Endpoint { return e }
 
 func withNodePort(np uint16) func(*model.Service) {
 	return func(s *model.Service) {
-		s.Type = "NodePort"
+		s.Type = model.TypeNodePort
 		s.Ports[0].NodePort = np
 	}
 }

@@ -112,7 +112,7 @@ func (s *Server) Update(changed map[model.ServiceKey]*model.Service) {
 // load balancer drains it. Families are counted apart because kube-proxy
 // runs one proxier per family: a check over IPv4 reports IPv4 endpoints.
 func Wanted(m *model.Service, node string) (port uint16, local4, local6 int) {
-	if m == nil || m.HealthCheckNodePort == 0 || !m.ExternalLocal || m.Type != "LoadBalancer" {
+	if m == nil || m.HealthCheckNodePort == 0 || !m.ExternalLocal || m.Type != model.TypeLoadBalancer {
 		return 0, 0, 0
 	}
 	seen := map[netip.Addr]bool{}

@@ -23,7 +23,7 @@ import (
 
 func svc(ns, name string, port uint16, eps ...model.Endpoint) *model.Service {
 	return &model.Service{
-		Key: model.NewServiceKey(ns, name), Type: "LoadBalancer", ExternalLocal: true, HealthCheckNodePort: port,
+		Key: model.NewServiceKey(ns, name), Type: model.TypeLoadBalancer, ExternalLocal: true, HealthCheckNodePort: port,
 		Ports: []model.ServicePort{
 			{Name: "http", Protocol: model.TCP, Port: 80, Endpoints: eps},
 			{Name: "https", Protocol: model.TCP, Port: 443, Endpoints: eps},
@@ -57,7 +57,7 @@ func TestWanted(t *testing.T) {
 		}(), 0, 0, 0},
 		{"only LoadBalancer Services have one", func() *model.Service {
 			s := svc("a", "b", 31000, ep("10.0.0.1", "gw", true))
-			s.Type = "NodePort"
+			s.Type = model.TypeNodePort
 			return s
 		}(), 0, 0, 0},
 	} {

@@ -116,10 +116,10 @@ func (o *ServiceObject) err() error {
 // plainBase is the part of a Service's model most Services have; the
 // others are kept whole.
 type plainBase struct {
-	typ                          string
-	created                      time.Time
+	created                      Instant
 	clusterIPs                   []netip.Addr
 	ports                        []ServicePort
+	typ                          ServiceType
 	ipv4, ipv6                   bool
 	externalLocal, internalLocal bool
 	ok                           bool // the Service is kept in this form
@@ -131,7 +131,7 @@ func plainOf(s *Service) (p plainBase, ok bool) {
 	p = plainBase{typ: s.Type, created: s.Created, clusterIPs: s.ClusterIPs, ports: s.Ports,
 		ipv4: s.IPv4, ipv6: s.IPv6, externalLocal: s.ExternalLocal, internalLocal: s.InternalLocal, ok: true}
 	rest := *s
-	rest.Key, rest.Type, rest.Created, rest.ClusterIPs, rest.Ports = ServiceKey{}, "", time.Time{}, nil, nil
+	rest.Key, rest.Type, rest.Created, rest.ClusterIPs, rest.Ports = ServiceKey{}, 0, 0, nil, nil
 	rest.IPv4, rest.IPv6, rest.ExternalLocal, rest.InternalLocal = false, false, false, false
 	return p, reflect.ValueOf(rest).IsZero() // every other field, those added later too
 }
@@ -204,21 +204,17 @@ func serviceBase(svc *corev1.Service, key ServiceKey) (*Service, error) {
 	}
 	s := &Service{
 		Key:                 key,
-		Type:                intern(string(svc.Spec.Type)),
-		Created:             svc.CreationTimestamp.Time,
+		Created:             InstantOf(svc.CreationTimestamp.Time),
 		ExternalLocal:       svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal,
 		InternalLocal:       svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal,
 		HealthCheckNodePort: 0,
 	}
 	var r Rare // what few Services have
-	if s.Type == "" {
-		s.Type = string(corev1.ServiceTypeClusterIP)
+	typ, err := ParseServiceType(string(svc.Spec.Type))
+	if err != nil {
+		return nil, errf("spec.type: %v", err)
 	}
-	switch corev1.ServiceType(s.Type) {
-	case corev1.ServiceTypeClusterIP, corev1.ServiceTypeNodePort, corev1.ServiceTypeLoadBalancer:
-	default:
-		return nil, errf("spec.type: unknown type %q", s.Type)
-	}
+	s.Type = typ
 
 	clusterIPs := svc.Spec.ClusterIPs
 	if len(clusterIPs) == 0 && svc.Spec.ClusterIP != "" {
@@ -238,7 +234,7 @@ func serviceBase(svc *corev1.Service, key ServiceKey) (*Service, error) {
 		}
 		r.ExternalIPs = append(r.ExternalIPs, a)
 	}
-	if s.Type == string(corev1.ServiceTypeLoadBalancer) {
+	if s.Type == TypeLoadBalancer {
 		for i, ing := range svc.Status.LoadBalancer.Ingress {
 			if ing.IP == "" {
 				continue // hostname-only ingress: nothing to program
@@ -291,7 +287,7 @@ func serviceBase(svc *corev1.Service, key ServiceKey) (*Service, error) {
 			return nil, errf("spec.ports[%d].nodePort: %d is not a port", i, p.NodePort)
 		}
 		sp := ServicePort{Name: intern(p.Name), Protocol: proto, Port: uint16(p.Port)}
-		if s.Type != string(corev1.ServiceTypeClusterIP) {
+		if s.Type != TypeClusterIP {
 			sp.NodePort = uint16(p.NodePort)
 		}
 		s.Ports = append(s.Ports, sp)

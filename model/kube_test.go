@@ -96,7 +96,7 @@ func TestFromKubernetes(t *testing.T) {
 			}),
 			check: func(t *testing.T, s *model.Service) {
 				want := &model.Service{
-					Key: model.NewServiceKey("ns1", "web"), Type: "ClusterIP", Created: time.Unix(1700000000, 0),
+					Key: model.NewServiceKey("ns1", "web"), Type: model.TypeClusterIP, Created: model.InstantOf(time.Unix(1700000000, 0)),
 					IPv4: true, ClusterIPs: []netip.Addr{mAddr("172.30.0.41")},
 					// A ClusterIP Service has no NodePort, whatever the field says.
 					Ports: []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80}, {Name: "dns", Protocol: model.UDP, Port: 53}},
@@ -111,7 +111,7 @@ func TestFromKubernetes(t *testing.T) {
 				s.Spec.Ports[0].Protocol = ""
 			}),
 			check: func(t *testing.T, s *model.Service) {
-				if s.Key.Namespace() != "default" || s.Type != "ClusterIP" || s.Ports[0].Protocol != model.TCP {
+				if s.Key.Namespace() != "default" || s.Type != model.TypeClusterIP || s.Ports[0].Protocol != model.TCP {
 					t.Errorf("got key %v type %q protocol %v", s.Key, s.Type, s.Ports[0].Protocol)
 				}
 			}},

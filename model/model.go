@@ -7,6 +7,7 @@ package model
 import (
 	"encoding/binary"
 	"fmt"
+	"math"
 	"net/netip"
 	"reflect"
 	"slices"
@@ -112,15 +113,69 @@ func ParseProtocol(s string) (Protocol, error) {
 	return 0, fmt.Errorf("unknown protocol %q (want TCP, UDP or SCTP)", s)
 }
 
+// ServiceType is a proxied Service's spec.type. The zero ServiceType is
+// none: a Service made without one.
+type ServiceType uint8
+
+const (
+	TypeClusterIP ServiceType = iota + 1
+	TypeNodePort
+	TypeLoadBalancer
+)
+
+var serviceTypeNames = [...]string{TypeClusterIP: "ClusterIP", TypeNodePort: "NodePort", TypeLoadBalancer: "LoadBalancer"}
+
+// String is the type as spec.type spells it; empty for none.
+func (t ServiceType) String() string {
+	if int(t) < len(serviceTypeNames) {
+		return serviceTypeNames[t]
+	}
+	return fmt.Sprintf("ServiceType(%d)", t)
+}
+
+// ParseServiceType reads a spec.type; an empty one is ClusterIP, as the
+// API server defaults it. ExternalName and unknown types are not proxied.
+func ParseServiceType(s string) (ServiceType, error) {
+	if s == "" {
+		return TypeClusterIP, nil
+	}
+	for t, name := range serviceTypeNames {
+		if name != "" && name == s {
+			return ServiceType(t), nil
+		}
+	}
+	return 0, fmt.Errorf("unknown type %q", s)
+}
+
+// Instant is a time as Unix nanoseconds, clamped to what they hold: a time
+// outside 1678-2262, and the zero time (unknown), orders before or after
+// every other.
+type Instant int64
+
+var minInstant, maxInstant = time.Unix(0, math.MinInt64), time.Unix(0, math.MaxInt64)
+
+// InstantOf returns t as an Instant.
+func InstantOf(t time.Time) Instant {
+	switch {
+	case t.Before(minInstant):
+		return math.MinInt64
+	case t.After(maxInstant):
+		return math.MaxInt64
+	}
+	return Instant(t.UnixNano())
+}
+
 // Service is one proxied Service with the endpoints of all its slices merged.
 // There is one for every Service: its small fields are together, so that
 // it fits a smaller size class.
 type Service struct {
-	Key  ServiceKey
-	Type string // ClusterIP, NodePort or LoadBalancer
+	Key ServiceKey
 	// Created orders Services that claim the same address and port: the
 	// older one keeps it, as the API server's allocator would have it.
-	Created time.Time
+	// It is an Instant: a time.Time made every Service and every object
+	// kept a size class larger.
+	Created Instant
+	Type    ServiceType
 
 	// IPv4 and IPv6 tell which families the Service has (spec.ipFamilies).
 	// A family it lacks gets nothing from it, NodePorts included.

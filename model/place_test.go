@@ -50,8 +50,8 @@ func TestKeptSizes(t *testing.T) {
 		size, max uintptr
 	}{
 		{"model.Endpoint", unsafe.Sizeof(model.Endpoint{}), 40},
-		{"model.Service", unsafe.Sizeof(model.Service{}), 128},
-		{"model.ServiceObject", unsafe.Sizeof(model.ServiceObject{}), 128},
+		{"model.Service", unsafe.Sizeof(model.Service{}), 96},
+		{"model.ServiceObject", unsafe.Sizeof(model.ServiceObject{}), 96},
 		{"model.SliceObject", unsafe.Sizeof(model.SliceObject{}), 128},
 	} {
 		if c.size > c.max {

@@ -17,7 +17,8 @@ func TestServiceObjectKeepsEveryField(t *testing.T) {
 		reflect.TypeFor[bool]():           true,
 		reflect.TypeFor[uint8]():          uint8(1),
 		reflect.TypeFor[uint16]():         uint16(30000),
-		reflect.TypeFor[time.Time]():      time.Unix(1700000000, 0).UTC(),
+		reflect.TypeFor[ServiceType]():    TypeLoadBalancer,
+		reflect.TypeFor[Instant]():        InstantOf(time.Unix(1700000000, 0)),
 		reflect.TypeFor[time.Duration]():  time.Minute,
 		reflect.TypeFor[ServiceKey]():     key,
 		reflect.TypeFor[[]netip.Addr]():   []netip.Addr{netip.MustParseAddr("10.0.0.1")},
@@ -33,7 +34,7 @@ func TestServiceObjectKeepsEveryField(t *testing.T) {
 		if !ok {
 			t.Fatalf("field %s of type %s: no test value; add one", f.Name, f.Type)
 		}
-		s := Service{Key: key, Type: "ClusterIP", ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.1")},
+		s := Service{Key: key, Type: TypeClusterIP, ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.1")},
 			Ports: []ServicePort{{Name: "dns", Protocol: UDP, Port: 53}}, IPv4: true}
 		reflect.ValueOf(&s).Elem().Field(i).Set(reflect.ValueOf(v))
 		p, plain := plainOf(&s)

@@ -194,11 +194,11 @@ func TestCategorize(t *testing.T) {
 			cluster: []string{"10.0.0.0:80"}, any: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			svc := &model.Service{Key: model.NewServiceKey("ns", "svc"), Type: "ClusterIP",
+			svc := &model.Service{Key: model.NewServiceKey("ns", "svc"), Type: model.TypeClusterIP,
 				InternalLocal: tc.policy.internalLocal, ExternalLocal: tc.policy.externalLocal,
 				Ports: []model.ServicePort{{Protocol: model.TCP, Port: 80}}}
 			if tc.policy.nodePort {
-				svc.Type, svc.Ports[0].NodePort = "NodePort", 30080
+				svc.Type, svc.Ports[0].NodePort = model.TypeNodePort, 30080
 			}
 			for _, e := range tc.eps {
 				m := e.endpoint()

@@ -26,10 +26,10 @@ func TestCountersCountConnections(t *testing.T) {
 	// The endpoint is the namespace's own address, where nothing listens:
 	// the connection is refused by the endpoint, after the DNAT counted it.
 	web := webService("198.19.0.1")
-	empty := &model.Service{Key: model.NewServiceKey("default", "empty"), Type: "ClusterIP",
+	empty := &model.Service{Key: model.NewServiceKey("default", "empty"), Type: model.TypeClusterIP,
 		ClusterIPs: []netip.Addr{netip.MustParseAddr("198.19.0.11")},
 		Ports:      []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80}}}
-	guarded := &model.Service{Key: model.NewServiceKey("default", "guarded"), Type: "LoadBalancer",
+	guarded := &model.Service{Key: model.NewServiceKey("default", "guarded"), Type: model.TypeLoadBalancer,
 		ClusterIPs: []netip.Addr{netip.MustParseAddr("198.19.0.12")}, Rare: &model.Rare{LoadBalancerIPs: []netip.Addr{netip.MustParseAddr("198.19.1.1")}, SourceRanges: []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24")}}, Ports: []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80, Endpoints: []model.Endpoint{
 			{Addr: netip.MustParseAddr("198.19.0.1"), Port: 8080, Ready: true, Serving: true}}}}}
 	services := map[model.ServiceKey]*model.Service{web.Key: web, empty.Key: empty, guarded.Key: guarded}
@@ -170,7 +170,7 @@ func TestCountersOffStillTellDestinations(t *testing.T) {
 	if again.ports != rd.ports {
 		t.Error("a reading with no sync since the last made its index of destinations again")
 	}
-	api := &model.Service{Key: model.NewServiceKey("default", "api"), Type: "ClusterIP",
+	api := &model.Service{Key: model.NewServiceKey("default", "api"), Type: model.TypeClusterIP,
 		ClusterIPs: []netip.Addr{netip.MustParseAddr("198.19.0.20")},
 		Ports: []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 8080, Endpoints: []model.Endpoint{
 			{Addr: netip.MustParseAddr("198.18.2.11"), Port: 8080, Ready: true, Serving: true}}}}}

@@ -45,16 +45,16 @@ func (w *randomWorld) newService() *model.Service {
 	w.next++
 	n := w.next
 	k := model.NewServiceKey(fmt.Sprintf("ns%d", n%3), fmt.Sprintf("svc%d", n))
-	s := &model.Service{Key: k, Type: "ClusterIP", Created: time.Unix(int64(n), 0)}
+	s := &model.Service{Key: k, Type: model.TypeClusterIP, Created: model.InstantOf(time.Unix(int64(n), 0))}
 	s.ClusterIPs = []netip.Addr{w.addr4(19, n)}
 	if w.r.Intn(3) == 0 {
 		s.ClusterIPs = append(s.ClusterIPs, netip.MustParseAddr(fmt.Sprintf("fd42:ff::%x", n)))
 	}
 	switch w.r.Intn(4) {
 	case 1:
-		s.Type = "NodePort"
+		s.Type = model.TypeNodePort
 	case 2:
-		s.Type = "LoadBalancer"
+		s.Type = model.TypeLoadBalancer
 		// A small pool, so that Services sometimes claim the same IP.
 		s.EditRare().LoadBalancerIPs = []netip.Addr{w.poolAddr(20)}
 		if w.r.Intn(2) == 0 {
@@ -75,7 +75,7 @@ func (w *randomWorld) newService() *model.Service {
 	nports := 1 + w.r.Intn(2)
 	for i := 0; i < nports; i++ {
 		p := model.ServicePort{Name: fmt.Sprintf("p%d", i), Protocol: []model.Protocol{model.TCP, model.UDP, model.SCTP}[w.r.Intn(3)], Port: uint16(80 + i)}
-		if s.Type != "ClusterIP" {
+		if s.Type != model.TypeClusterIP {
 			p.NodePort = uint16(30000 + n*2 + i)
 		}
 		p.Endpoints = w.endpoints()
@@ -478,7 +478,7 @@ func TestUpgradeFromOneTable(t *testing.T) {
 	ready := func(a string, port uint16) model.Endpoint {
 		return model.Endpoint{Addr: netip.MustParseAddr(a), Port: port, Ready: true, Serving: true}
 	}
-	api := &model.Service{Key: model.NewServiceKey("ns1", "api"), Type: "ClusterIP",
+	api := &model.Service{Key: model.NewServiceKey("ns1", "api"), Type: model.TypeClusterIP,
 		ClusterIPs: []netip.Addr{netip.MustParseAddr("172.30.0.10")},
 		Ports: []model.ServicePort{
 			{Name: "https", Protocol: model.TCP, Port: 443, Endpoints: []model.Endpoint{ready("10.180.0.10", 6443), ready("10.180.1.10", 6443), ready("10.180.2.10", 6443)}},

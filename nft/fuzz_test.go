@@ -162,7 +162,7 @@ func FuzzWireMatchesGoogleNftables(f *testing.F) {
 // fuzzService is a Service named name in namespace name, whose shape and
 // endpoints come from the fuzzer's bytes.
 func fuzzService(name string, r *fuzzReader) *model.Service {
-	svc := &model.Service{Key: model.NewServiceKey(name, name), Type: "LoadBalancer", IPv4: true, IPv6: true,
+	svc := &model.Service{Key: model.NewServiceKey(name, name), Type: model.TypeLoadBalancer, IPv4: true, IPv6: true,
 		ClusterIPs:    []netip.Addr{netip.AddrFrom4([4]byte{198, 19, 0, r.u8()})},
 		Rare:          &model.Rare{LoadBalancerIPs: []netip.Addr{netip.AddrFrom4([4]byte{198, 19, 1, r.u8()})}, SourceRanges: []netip.Prefix{netip.PrefixFrom(netip.AddrFrom4([4]byte{198, 18, r.u8(), 0}), 24)}},
 		ExternalLocal: r.flag(), InternalLocal: r.flag()}

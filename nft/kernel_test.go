@@ -67,13 +67,13 @@ func testProgrammer(t *testing.T) (ns string, p *Programmer) {
 
 func TestSmoke(t *testing.T) {
 	ns, p := testProgrammer(t)
-	svc := &model.Service{Key: model.NewServiceKey("default", "web"), Type: "LoadBalancer",
+	svc := &model.Service{Key: model.NewServiceKey("default", "web"), Type: model.TypeLoadBalancer,
 		ClusterIPs: []netip.Addr{netip.MustParseAddr("198.19.0.10"), netip.MustParseAddr("fd42:ff::10")}, Rare: &model.Rare{LoadBalancerIPs: []netip.Addr{netip.MustParseAddr("198.19.1.1")}, SourceRanges: []netip.Prefix{netip.MustParsePrefix("198.18.1.0/24")}, AffinityTimeout: 30 * time.Second}, Ports: []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80, NodePort: 30080, Endpoints: []model.Endpoint{
 			{Addr: netip.MustParseAddr("198.18.2.10"), Port: 8080, Ready: true, Serving: true},
 			{Addr: netip.MustParseAddr("198.18.2.11"), Port: 8080, Ready: true, Serving: true},
 			{Addr: netip.MustParseAddr("fd42:2::10"), Port: 8080, Ready: true, Serving: true},
 		}}}}
-	empty := &model.Service{Key: model.NewServiceKey("default", "empty"), Type: "ClusterIP",
+	empty := &model.Service{Key: model.NewServiceKey("default", "empty"), Type: model.TypeClusterIP,
 		ClusterIPs: []netip.Addr{netip.MustParseAddr("198.19.0.11")},
 		Ports:      []model.ServicePort{{Protocol: model.UDP, Port: 53}}}
 	res, err := p.Full(map[model.ServiceKey]*model.Service{svc.Key: svc, empty.Key: empty})
@@ -95,7 +95,7 @@ func TestSmoke(t *testing.T) {
 // webService is default/web, ClusterIP 198.19.0.10 port 80, with one
 // endpoint on port 8080.
 func webService(endpoint string) *model.Service {
-	return &model.Service{Key: model.NewServiceKey("default", "web"), Type: "ClusterIP",
+	return &model.Service{Key: model.NewServiceKey("default", "web"), Type: model.TypeClusterIP,
 		ClusterIPs: []netip.Addr{netip.MustParseAddr("198.19.0.10")},
 		Ports: []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80, Endpoints: []model.Endpoint{
 			{Addr: netip.MustParseAddr(endpoint), Port: 8080, Ready: true, Serving: true},

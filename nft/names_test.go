@@ -157,7 +157,7 @@ func hostileService(ns, name, port string) *model.Service {
 		{Addr: netip.MustParseAddr("198.18.2.10"), Port: 8080, Ready: true, Serving: true, Place: model.On("gw")},
 		{Addr: netip.MustParseAddr("fd00:2::10"), Port: 8080, Ready: true, Serving: true, Place: model.On("gw")},
 	}
-	return &model.Service{Key: model.NewServiceKey(ns, name), Type: "LoadBalancer",
+	return &model.Service{Key: model.NewServiceKey(ns, name), Type: model.TypeLoadBalancer,
 		IPv4: true, IPv6: true,
 		ClusterIPs:    []netip.Addr{netip.MustParseAddr("198.19.0.10"), netip.MustParseAddr("fd00:30::10")},
 		Rare:          &model.Rare{LoadBalancerIPs: []netip.Addr{netip.MustParseAddr("198.19.1.1")}, SourceRanges: []netip.Prefix{netip.MustParsePrefix("198.18.1.0/24")}, AffinityTimeout: 30 * time.Second},

@@ -124,8 +124,8 @@ func newScaleCluster(n, eps int) *scaleCluster {
 		key := model.NewServiceKey(fmt.Sprintf("ns-%d", i/50), fmt.Sprintf("svc-%d", i))
 		svc := &model.Service{
 			Key:        key,
-			Type:       "ClusterIP",
-			Created:    created.Add(time.Duration(i) * time.Second),
+			Type:       model.TypeClusterIP,
+			Created:    model.InstantOf(created.Add(time.Duration(i) * time.Second)),
 			ClusterIPs: []netip.Addr{addrPlus(scaleClusterIPBase, uint32(i)+1)},
 		}
 		epBase := uint32(i * eps)
@@ -152,15 +152,15 @@ func newScaleCluster(n, eps int) *scaleCluster {
 		case kind == 16:
 			svc.Ports = []model.ServicePort{port("http", model.TCP, 80, 8080, 0), port("https", model.TCP, 443, 8443, 0)}
 		case kind == 17:
-			svc.Type = "NodePort"
+			svc.Type = model.TypeNodePort
 			svc.Ports = []model.ServicePort{port("http", model.TCP, 80, 8080, nodePort())}
 		case kind == 18:
-			svc.Type = "LoadBalancer"
+			svc.Type = model.TypeLoadBalancer
 			svc.ExternalLocal = true
 			svc.EditRare().LoadBalancerIPs = []netip.Addr{lbIP()}
 			svc.Ports = []model.ServicePort{port("https", model.TCP, 443, 8443, nodePort())}
 		default:
-			svc.Type = "LoadBalancer"
+			svc.Type = model.TypeLoadBalancer
 			svc.EditRare().LoadBalancerIPs = []netip.Addr{lbIP()}
 			svc.EditRare().SourceRanges = []netip.Prefix{scaleSourceRange}
 			svc.Ports = []model.ServicePort{port("http", model.TCP, 80, 8080, nodePort()),
@@ -190,8 +190,8 @@ func newPlainCluster(n, eps int) *scaleCluster {
 		key := model.NewServiceKey("bench", fmt.Sprintf("svc-%06d", i))
 		svc := &model.Service{
 			Key:        key,
-			Type:       "ClusterIP",
-			Created:    created.Add(time.Duration(i) * time.Second),
+			Type:       model.TypeClusterIP,
+			Created:    model.InstantOf(created.Add(time.Duration(i) * time.Second)),
 			ClusterIPs: []netip.Addr{addrPlus(scaleClusterIPBase, uint32(i)+2)},
 			Ports: []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80,
 				Endpoints: append([]model.Endpoint(nil), endpoints...)}},

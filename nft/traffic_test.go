@@ -13,7 +13,7 @@ import (
 func trafficSvc(name string, dest, ep netip.AddrPort) *model.Service {
 	return &model.Service{
 		Key:        model.NewServiceKey("default", name),
-		Type:       "ClusterIP",
+		Type:       model.TypeClusterIP,
 		IPv4:       true,
 		ClusterIPs: []netip.Addr{dest.Addr()},
 		Ports: []model.ServicePort{{Protocol: model.TCP, Port: dest.Port(), Endpoints: []model.Endpoint{

@@ -2,10 +2,8 @@ package ruleset
 
 import (
 	"fmt"
-	"math"
 	"slices"
 	"sort"
-	"time"
 
 	"github.com/nftgate/nftgate/model"
 )
@@ -25,27 +23,9 @@ type famElem struct {
 // claim is one Service's wish for a map element.
 type claim struct {
 	svc model.ServiceKey
-	// created is when the Service was created, as instant (a claim is
-	// kept for every element: a time.Time made it a size class larger).
-	created instant
+	// created is when the Service was created.
+	created model.Instant
 	verdict Verdict
-}
-
-// instant is a time as Unix nanoseconds, clamped to what they hold: a
-// creation time outside 1678–2262 (the zero time, when unknown) orders
-// before or after every other.
-type instant int64
-
-var minInstant, maxInstant = time.Unix(0, math.MinInt64), time.Unix(0, math.MaxInt64)
-
-func instantOf(t time.Time) instant {
-	switch {
-	case t.Before(minInstant):
-		return math.MinInt64
-	case t.After(maxInstant):
-		return math.MaxInt64
-	}
-	return instant(t.UnixNano())
 }
 
 // claimSet holds every claim on one element; the oldest Service wins, as the
@@ -65,8 +45,8 @@ func (cs claimSet) winner() *claim {
 
 // Older tells whether Service a (created at ac) wins an element both it and
 // b ask for: the older one, by creation time, then namespace/name.
-func Older(ac time.Time, a model.ServiceKey, bc time.Time, b model.ServiceKey) bool {
-	return ac.Before(bc) || (ac.Equal(bc) && a.Less(b))
+func Older(ac model.Instant, a model.ServiceKey, bc model.Instant, b model.ServiceKey) bool {
+	return ac < bc || (ac == bc && a.Less(b))
 }
 
 // Claims records which Services want which elements, and which Services

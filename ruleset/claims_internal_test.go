@@ -23,11 +23,11 @@ func TestClaimWinnerIsTheOldest(t *testing.T) {
 			}
 			for _, names := range [][2]string{{"a", "b"}, {"b", "a"}} {
 				cs := claimSet{
-					{svc: k(names[0]), created: instantOf(a), verdict: Verdict{Kind: Goto, Chain: "x"}},
-					{svc: k(names[1]), created: instantOf(b), verdict: Verdict{Kind: Goto, Chain: "y"}},
+					{svc: k(names[0]), created: model.InstantOf(a), verdict: Verdict{Kind: Goto, Chain: "x"}},
+					{svc: k(names[1]), created: model.InstantOf(b), verdict: Verdict{Kind: Goto, Chain: "y"}},
 				}
 				want := k(names[1])
-				if Older(a, k(names[0]), b, k(names[1])) {
+				if a.Before(b) || a.Equal(b) && k(names[0]).Less(k(names[1])) {
 					want = k(names[0])
 				}
 				if got := cs.winner().svc; got != want {

@@ -25,12 +25,12 @@ func fullPlanServices() map[model.ServiceKey]*model.Service {
 	}
 	rival := *services[model.NewServiceKey("ns1", "dual")]
 	rival.Key = model.NewServiceKey(rival.Key.Namespace(), "dual-rival")
-	rival.Created = time.Unix(1, 0)
+	rival.Created = model.InstantOf(time.Unix(1, 0))
 	rival.Ports = []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80, Endpoints: []model.Endpoint{world.Ready("10.180.9.9", 80)}}}
 	services[rival.Key] = &rival
 	for i := range 9_000 {
 		k := model.NewServiceKey(fmt.Sprintf("ns%d", i%7), fmt.Sprintf("svc-%d", i))
-		services[k] = &model.Service{Key: k, Type: "ClusterIP",
+		services[k] = &model.Service{Key: k, Type: model.TypeClusterIP,
 			ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{172, 31, byte(i >> 8), byte(i)})},
 			Ports: []model.ServicePort{{Protocol: model.TCP, Port: 80,
 				Endpoints: []model.Endpoint{world.Ready(fmt.Sprintf("10.181.%d.%d", i>>8, i&255), 8080)}}}}

@@ -142,7 +142,7 @@ func Layout(cfg *Config, f Family, services []*model.Service) []Table {
 			if _, ok := claims[fe]; !ok {
 				order = append(order, fe)
 			}
-			addClaim(claims, fe, claim{svc: svc.Key, created: instantOf(svc.Created), verdict: e.Verdict})
+			addClaim(claims, fe, claim{svc: svc.Key, created: svc.Created, verdict: e.Verdict})
 		}
 	}
 	for _, fe := range order {

@@ -126,7 +126,7 @@ func TestMaglevRenderingIgnoresArrivalOrder(t *testing.T) {
 		eps = append(eps, model.Endpoint{Addr: ap.Addr(), Port: ap.Port(), Ready: true, Serving: true})
 	}
 	render := func(eps []model.Endpoint) string {
-		svc := &model.Service{Key: model.NewServiceKey("ns", "web"), Type: "ClusterIP", IPv4: true,
+		svc := &model.Service{Key: model.NewServiceKey("ns", "web"), Type: model.TypeClusterIP, IPv4: true,
 			ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
 			Ports:      []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80, Endpoints: eps}}}
 		var b bytes.Buffer

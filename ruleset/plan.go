@@ -534,7 +534,7 @@ func NewFullPlan(cfg *Config, ts *Tables, observed []*TableState, services map[m
 					if plainSet(e.Map) {
 						fp.book.plain[famElem{f, e.ID()}]++
 					} else {
-						addClaim(claims, famElem{f, e.ID()}, claim{svc: k, created: instantOf(svc.Created), verdict: e.Verdict})
+						addClaim(claims, famElem{f, e.ID()}, claim{svc: k, created: svc.Created, verdict: e.Verdict})
 					}
 				}
 			}
@@ -868,7 +868,7 @@ func PlanPartial(cfg *Config, ts *Tables, state []*TableState, book *Claims, pro
 					continue
 				}
 				touch(fe)
-				addClaim(claims, fe, claim{svc: k, created: instantOf(svc.Created), verdict: e.Verdict})
+				addClaim(claims, fe, claim{svc: k, created: svc.Created, verdict: e.Verdict})
 			}
 		}
 	}

@@ -37,15 +37,15 @@ func goldenCases() []struct {
 	local.EditRare().LoadBalancerIPs = world.Addrs("198.51.100.2")
 	local.Ports[0].NodePort = 30081
 	local.ExternalLocal = true
-	itp := &model.Service{Key: model.NewServiceKey("ns1", "itp"), Type: "ClusterIP", InternalLocal: true,
+	itp := &model.Service{Key: model.NewServiceKey("ns1", "itp"), Type: model.TypeClusterIP, InternalLocal: true,
 		ClusterIPs: world.Addrs("172.30.0.43"),
 		Ports:      []model.ServicePort{{Protocol: model.TCP, Port: 80, Endpoints: []model.Endpoint{world.On("gw", world.Ready("10.180.0.3", 8080)), world.On("other", world.Ready("10.180.1.3", 8080))}}}}
-	itpRemote := &model.Service{Key: model.NewServiceKey("ns1", "itp-remote"), Type: "ClusterIP", InternalLocal: true,
+	itpRemote := &model.Service{Key: model.NewServiceKey("ns1", "itp-remote"), Type: model.TypeClusterIP, InternalLocal: true,
 		ClusterIPs: world.Addrs("172.30.0.44"),
 		Ports:      []model.ServicePort{{Protocol: model.TCP, Port: 80, Endpoints: []model.Endpoint{world.On("other", world.Ready("10.180.1.4", 8080))}}}}
 
 	dual := &model.Service{
-		Key: model.NewServiceKey("ns1", "dual"), Type: "LoadBalancer",
+		Key: model.NewServiceKey("ns1", "dual"), Type: model.TypeLoadBalancer,
 		ClusterIPs: world.Addrs("172.30.0.60", "fd00:30::60"),
 		Rare:       &model.Rare{LoadBalancerIPs: world.Addrs("198.51.100.6", "2001:db8:ff::6"), SourceRanges: []netip.Prefix{world.Prefix("203.0.113.0/24"), world.Prefix("2001:db8:9::/48")}, AffinityTimeout: time.Hour},
 		Ports: []model.ServicePort{
@@ -60,7 +60,7 @@ func goldenCases() []struct {
 		svcs []*model.Service
 	}{
 		{"clusterip", []*model.Service{{
-			Key: model.NewServiceKey("ns1", "api"), Type: "ClusterIP", ClusterIPs: world.Addrs("172.30.0.10"),
+			Key: model.NewServiceKey("ns1", "api"), Type: model.TypeClusterIP, ClusterIPs: world.Addrs("172.30.0.10"),
 			Ports: []model.ServicePort{
 				{Name: "https", Protocol: model.TCP, Port: 443, Endpoints: []model.Endpoint{world.Ready("10.180.0.10", 6443), world.Ready("10.180.1.10", 6443), world.Ready("10.180.2.10", 6443)}},
 				{Name: "sig", Protocol: model.SCTP, Port: 3868, Endpoints: []model.Endpoint{world.Ready("10.180.0.10", 3868)}},
@@ -69,7 +69,7 @@ func goldenCases() []struct {
 		{"loadbalancer-affinity-ranges", []*model.Service{affinity}},
 		{"traffic-policy-local", []*model.Service{local, itp, itpRemote}},
 		{"no-endpoints", []*model.Service{{
-			Key: model.NewServiceKey("kube-system", "dns"), Type: "NodePort", ClusterIPs: world.Addrs("172.30.0.53"),
+			Key: model.NewServiceKey("kube-system", "dns"), Type: model.TypeNodePort, ClusterIPs: world.Addrs("172.30.0.53"),
 			Rare:  &model.Rare{ExternalIPs: world.Addrs("192.168.99.53")},
 			Ports: []model.ServicePort{{Name: "dns", Protocol: model.UDP, Port: 53, NodePort: 30053}},
 		}}},

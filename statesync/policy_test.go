@@ -21,7 +21,7 @@ var (
 // (UDP) and vip:3868 (SCTP) with the endpoint ep1 (port 8080 for all).
 func webService() *model.Service {
 	e := model.Endpoint{Addr: ep1.Addr(), Port: ep1.Port(), Place: model.On("other"), Ready: true, Serving: true}
-	return &model.Service{Key: webKey, Type: "LoadBalancer", IPv4: true,
+	return &model.Service{Key: webKey, Type: model.TypeLoadBalancer, IPv4: true,
 		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
 		Rare:       &model.Rare{LoadBalancerIPs: []netip.Addr{vip}},
 		Ports: []model.ServicePort{

@@ -194,7 +194,7 @@ func serviceRow(st loop.ServiceState, node *model.Node) (appliance.Service, bool
 		return v, false
 	}
 	if m := st.Model; m != nil {
-		v.Type = m.Type
+		v.Type = m.Type.String()
 		v.ClusterIPs, v.ExternalIPs, v.LoadBalancerIPs = m.ClusterIPs, m.ExternalIPs(), m.LoadBalancerIPs()
 		v.ExternalPolicy, v.InternalPolicy = policy(m.ExternalLocal), policy(m.InternalLocal)
 		v.Affinity = "None"

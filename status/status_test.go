@@ -81,7 +81,7 @@ func TestServiceRowCounts(t *testing.T) {
 	ep := func(a string, ready bool) model.Endpoint {
 		return model.Endpoint{Addr: netip.MustParseAddr(a), Port: 8080, Ready: ready, Serving: ready}
 	}
-	m := &model.Service{Key: model.NewServiceKey("ns", "web"), Type: "ClusterIP",
+	m := &model.Service{Key: model.NewServiceKey("ns", "web"), Type: model.TypeClusterIP,
 		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.1")},
 		Ports: []model.ServicePort{
 			{Name: "http", Protocol: model.TCP, Port: 80, Endpoints: []model.Endpoint{ep("10.1.0.1", true), ep("10.1.0.2", false), ep("10.1.0.3", true)}},
@@ -113,7 +113,7 @@ func benchStates(n int) []loop.ServiceState {
 		for j := range eps {
 			eps[j] = model.Endpoint{Addr: netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}), Port: 8080 + uint16(j), Ready: true, Serving: true}
 		}
-		m := &model.Service{Key: model.NewServiceKey("ns", fmt.Sprintf("s%d", i)), Type: "ClusterIP",
+		m := &model.Service{Key: model.NewServiceKey("ns", fmt.Sprintf("s%d", i)), Type: model.TypeClusterIP,
 			ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})},
 			Ports:      []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80, Endpoints: eps}}}
 		states[i] = loop.ServiceState{Key: m.Key, Model: m}

@@ -82,7 +82,7 @@ func TestTraceClusterIPProtocols(t *testing.T) {
 		return []model.Endpoint{world.Ready("10.180.0.1", port), world.Ready("10.180.1.1", port), world.Ready("10.180.2.1", port)}
 	}
 	svc := &model.Service{
-		Key: model.NewServiceKey("ns1", "multi"), Type: "ClusterIP", ClusterIPs: world.Addrs("172.30.0.50"),
+		Key: model.NewServiceKey("ns1", "multi"), Type: model.TypeClusterIP, ClusterIPs: world.Addrs("172.30.0.50"),
 		Ports: []model.ServicePort{
 			{Name: "http", Protocol: model.TCP, Port: 80, Endpoints: eps(8080)},
 			{Name: "dns", Protocol: model.UDP, Port: 53, Endpoints: eps(5353)},
@@ -177,7 +177,7 @@ func TestTraceNoEndpointsRejects(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			svc := world.Web(eps...)
-			udp := &model.Service{Key: model.NewServiceKey("ns1", "dns"), Type: "NodePort",
+			udp := &model.Service{Key: model.NewServiceKey("ns1", "dns"), Type: model.TypeNodePort,
 				ClusterIPs: world.Addrs("172.30.0.53"), Ports: []model.ServicePort{{Protocol: model.UDP, Port: 53, NodePort: 30053, Endpoints: eps}}}
 			runFlows(t, world.Config(), []*model.Service{svc, udp}, []flow{
 				{name: "ClusterIP", src: "10.1.2.3", dst: "172.30.0.41:80", want: "reject"},
@@ -197,7 +197,7 @@ func TestTraceNoEndpointsRejects(t *testing.T) {
 func TestTraceExternalTrafficPolicyLocal(t *testing.T) {
 	local := func(name, cip, lb string, nodePort uint16, eps ...model.Endpoint) *model.Service {
 		return &model.Service{
-			Key: model.NewServiceKey("ns1", name), Type: "LoadBalancer", ExternalLocal: true,
+			Key: model.NewServiceKey("ns1", name), Type: model.TypeLoadBalancer, ExternalLocal: true,
 			ClusterIPs: world.Addrs(cip), Rare: &model.Rare{LoadBalancerIPs: world.Addrs(lb)}, Ports: []model.ServicePort{{Protocol: model.TCP, Port: 80, NodePort: nodePort, Endpoints: eps}},
 		}
 	}
@@ -250,7 +250,7 @@ func TestTraceExternalTrafficPolicyLocal(t *testing.T) {
 func TestTraceInternalTrafficPolicyLocal(t *testing.T) {
 	itp := func(name, cip string, nodePort uint16, eps ...model.Endpoint) *model.Service {
 		return &model.Service{
-			Key: model.NewServiceKey("ns1", name), Type: "NodePort", InternalLocal: true,
+			Key: model.NewServiceKey("ns1", name), Type: model.TypeNodePort, InternalLocal: true,
 			ClusterIPs: world.Addrs(cip), Ports: []model.ServicePort{{Protocol: model.TCP, Port: 80, NodePort: nodePort, Endpoints: eps}},
 		}
 	}
@@ -431,7 +431,7 @@ func TestTraceTopology(t *testing.T) {
 func TestTraceDualStack(t *testing.T) {
 	dual := func(eps ...model.Endpoint) *model.Service {
 		return &model.Service{
-			Key: model.NewServiceKey("ns1", "dual"), Type: "LoadBalancer",
+			Key: model.NewServiceKey("ns1", "dual"), Type: model.TypeLoadBalancer,
 			ClusterIPs: world.Addrs("172.30.0.60", "fd00:30::60"),
 			Rare:       &model.Rare{LoadBalancerIPs: world.Addrs("198.51.100.6", "2001:db8:ff::6")},
 			Ports:      []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80, NodePort: 30060, Endpoints: eps}},
@@ -647,7 +647,7 @@ func TestTraceProxyProtocol(t *testing.T) {
 	cfg := world.Config()
 	cfg.ProxyPort = 9190
 	svc := &model.Service{
-		Key: model.NewServiceKey("ns1", "pp"), Type: "LoadBalancer", ClusterIPs: world.Addrs("172.30.0.60"),
+		Key: model.NewServiceKey("ns1", "pp"), Type: model.TypeLoadBalancer, ClusterIPs: world.Addrs("172.30.0.60"),
 		Rare:          &model.Rare{LoadBalancerIPs: world.Addrs("203.0.113.60")},
 		ProxyProtocol: 1,
 		Ports: []model.ServicePort{

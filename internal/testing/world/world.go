@@ -80,7 +80,7 @@ func NodeHints(e model.Endpoint, nodes ...string) model.Endpoint {
 func Web(eps ...model.Endpoint) *model.Service {
 	return &model.Service{
 		Key:        model.NewServiceKey("ns1", "web"),
-		Type:       "LoadBalancer",
+		Type:       model.TypeLoadBalancer,
 		ClusterIPs: Addrs("172.30.0.41"),
 		Rare:       &model.Rare{ExternalIPs: Addrs("192.168.99.11", "192.168.0.3"), LoadBalancerIPs: Addrs("198.51.100.1")},
 		Ports:      []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80, NodePort: 30080, Endpoints: eps}},
