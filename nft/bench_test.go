@@ -550,7 +550,7 @@ func TestScaleCluster(t *testing.T) {
 		st := ruleset.NewTableState()
 		st.Apply(ds[slot])
 		got.Chains += len(st.Chains)
-		for id := range st.Elems {
+		for id := range st.Elems.All() {
 			switch id.Map() {
 			case ruleset.MapServiceIPs:
 				got.ServiceIPs++
@@ -587,7 +587,7 @@ func checkTotals(t *testing.T, p *Programmer) {
 	p.mu.Lock()
 	for _, st := range p.state {
 		want.Chains += len(st.Chains)
-		want.Elements += len(st.Elems)
+		want.Elements += st.Elems.Len()
 		for _, c := range st.Chains {
 			want.Rules += int(c.Rules)
 		}

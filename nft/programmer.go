@@ -236,7 +236,7 @@ func (p *Programmer) Totals() Totals {
 			continue
 		}
 		t.Chains += len(st.Chains)
-		t.Elements += len(st.Elems)
+		t.Elements += st.Elems.Len()
 	}
 	return t
 }

@@ -213,7 +213,7 @@ func (r *reader) readSets(name string, f ruleset.Family, st *ruleset.TableState,
 			if e.HasVerdict {
 				v = ruleset.VerdictOf(e.Verdict, string(e.Chain))
 			}
-			st.Elems[ruleset.NewElemID(s.Name, k)] = v
+			st.Elems.Put(ruleset.NewElemID(s.Name, k), v)
 			return nil
 		}); err != nil {
 			return err

@@ -346,7 +346,7 @@ func TestRepairReadsOnlyTheTablesChanged(t *testing.T) {
 	var chain string
 	for slot, ref := range p.tables.Refs {
 		if ref.Family == ruleset.IPv4 && ref.Name == table {
-			for id, v := range p.state[slot].Elems {
+			for id, v := range p.state[slot].Elems.All() {
 				if id.Map() == ruleset.MapServiceIPs {
 					chain = v.Chain
 				}

@@ -181,7 +181,12 @@ type Element struct {
 // to one shared copy and the key's address its sixteen bytes, where the
 // name and the Key themselves were 48.
 type ElemID struct {
-	set   unique.Handle[string]
+	set unique.Handle[string]
+	elemKey
+}
+
+// elemKey is an element's key within its set: 24 bytes, no pointers.
+type elemKey struct {
 	addr  [16]byte
 	slot  uint32
 	port  uint16
@@ -191,7 +196,7 @@ type ElemID struct {
 
 // NewElemID returns the identity of the element of map set with key k.
 func NewElemID(set string, k Key) ElemID {
-	id := ElemID{set: unique.Make(set), slot: k.Slot, port: k.Port, proto: k.Proto}
+	id := ElemID{set: unique.Make(set), elemKey: elemKey{slot: k.Slot, port: k.Port, proto: k.Proto}}
 	switch {
 	case k.Addr.Is4():
 		id.fam = 4

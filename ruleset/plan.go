@@ -3,7 +3,6 @@ package ruleset
 import (
 	"encoding/binary"
 	"fmt"
-	"maps"
 	"runtime"
 	"slices"
 	"sort"
@@ -24,13 +23,13 @@ type TableState struct {
 	Replace bool
 	Chains  map[string]ChainInfo
 	Sets    map[string]SetDef
-	Elems   map[ElemID]Verdict
+	Elems   Elems
 	// Flowtables is nil while the table has none.
 	Flowtables map[string]FlowtableDef
 }
 
 func NewTableState() *TableState {
-	return &TableState{Chains: map[string]ChainInfo{}, Sets: map[string]SetDef{}, Elems: map[ElemID]Verdict{}}
+	return &TableState{Chains: map[string]ChainInfo{}, Sets: map[string]SetDef{}}
 }
 
 // FlowtableDef is what the state keeps of a flowtable: its priority and
@@ -282,11 +281,7 @@ func (d *differ) set(name string, desired *Set) {
 		d.ops.RecreateSets = append(d.ops.RecreateSets, desired)
 		// The new set starts empty, and every rule using the old one
 		// must let go of it first.
-		for id := range d.state.Elems {
-			if id.Map() == name {
-				delete(d.state.Elems, id)
-			}
-		}
+		d.state.Elems.DeleteSet(name)
 		d.rewriteAll = true
 	}
 }
@@ -312,7 +307,7 @@ func (d *differ) flowtable(name string, desired *Flowtable) {
 
 // element decides one map element: desired nil means it must not exist.
 func (d *differ) element(id ElemID, desired *Verdict) {
-	cur, exists := d.state.Elems[id]
+	cur, exists := d.state.Elems.Get(id)
 	switch {
 	case desired == nil && exists:
 		d.ops.DelElems = append(d.ops.DelElems, Element{Map: id.Map(), Key: id.Key(), Verdict: cur})
@@ -349,10 +344,10 @@ func (st *TableState) Apply(o *Ops) (rules int) {
 		setChain(c.Chain.Name, ChainInfo{c.FP, int32(len(c.RuleFPs))})
 	}
 	for _, e := range o.DelElems {
-		delete(st.Elems, e.ID())
+		st.Elems.Delete(e.ID())
 	}
 	for _, e := range o.AddElems {
-		st.Elems[e.ID()] = e.Verdict
+		st.Elems.Put(e.ID(), e.Verdict)
 	}
 	for _, n := range o.DelChains {
 		rules -= int(st.Chains[n].Rules)
@@ -492,7 +487,7 @@ func NewFullPlan(cfg *Config, ts *Tables, observed []*TableState, services map[m
 		fp.main = append(fp.main, fp.skeleton(slot))
 		st := observed[slot]
 		if !keep {
-			st = &TableState{Elems: maps.Clone(st.Elems)}
+			st = &TableState{Elems: st.Elems.Clone()}
 		}
 		fp.mainElems = append(fp.mainElems, st)
 	}
@@ -694,7 +689,7 @@ func (fp *FullPlan) finish(slots []int, ds []*differ) []*Ops {
 		for name := range d.state.Flowtables {
 			d.flowtable(name, nil)
 		}
-		for id := range d.state.Elems {
+		for id := range d.state.Elems.All() {
 			fe := famElem{d.f, id}
 			var want bool
 			if _, ok := plain[fe]; ok {
@@ -984,8 +979,8 @@ func CompareStates(t TableRef, want, got *TableState) []string {
 		out = append(out, fmt.Sprintf("%s %s chains: %d missing, %d with changed rules, %d unknown", f, t.Name, missing, changed, extra))
 	}
 	missing, changed, extra = 0, 0, 0
-	for id, v := range want.Elems {
-		g, ok := got.Elems[id]
+	for id, v := range want.Elems.All() {
+		g, ok := got.Elems.Get(id)
 		switch {
 		case !ok:
 			missing++
@@ -993,8 +988,8 @@ func CompareStates(t TableRef, want, got *TableState) []string {
 			changed++
 		}
 	}
-	for id := range got.Elems {
-		if _, ok := want.Elems[id]; !ok {
+	for id := range got.Elems.All() {
+		if _, ok := want.Elems.Get(id); !ok {
 			extra++
 		}
 	}

@@ -9,8 +9,8 @@ import "sort"
 // deleted. Nothing needs rendering.
 func PlanRestore(believed, observed *TableState) *Ops {
 	o := &Ops{}
-	for id, v := range believed.Elems {
-		got, ok := observed.Elems[id]
+	for id, v := range believed.Elems.All() {
+		got, ok := observed.Elems.Get(id)
 		if ok && got == v {
 			continue
 		}
@@ -19,8 +19,8 @@ func PlanRestore(believed, observed *TableState) *Ops {
 		}
 		o.AddElems = append(o.AddElems, Element{Map: id.Map(), Key: id.Key(), Verdict: v})
 	}
-	for id, v := range observed.Elems {
-		if _, ok := believed.Elems[id]; !ok {
+	for id, v := range observed.Elems.All() {
+		if _, ok := believed.Elems.Get(id); !ok {
 			o.DelElems = append(o.DelElems, Element{Map: id.Map(), Key: id.Key(), Verdict: v})
 		}
 	}

@@ -11,12 +11,12 @@ func TestPlanRestore(t *testing.T) {
 	key := func(a string) Key { return Key{Addr: netip.MustParseAddr(a), Proto: model.TCP, Port: 80} }
 	id := func(a string) ElemID { return NewElemID(MapServiceIPs, key(a)) }
 	believed, observed := NewTableState(), NewTableState()
-	believed.Elems[id("198.19.0.1")] = Verdict{Kind: Goto, Chain: "svc-a"}
-	believed.Elems[id("198.19.0.2")] = Verdict{Kind: Goto, Chain: "svc-b"}
-	believed.Elems[id("198.19.0.3")] = Verdict{Kind: Goto, Chain: "svc-c"}
-	observed.Elems[id("198.19.0.1")] = Verdict{Kind: Goto, Chain: "svc-a"} // as believed
-	observed.Elems[id("198.19.0.3")] = Verdict{Kind: Goto, Chain: "svc-x"} // changed
-	observed.Elems[id("198.19.0.4")] = Verdict{Kind: Goto, Chain: "svc-a"} // unknown
+	believed.Elems.Put(id("198.19.0.1"), Verdict{Kind: Goto, Chain: "svc-a"})
+	believed.Elems.Put(id("198.19.0.2"), Verdict{Kind: Goto, Chain: "svc-b"})
+	believed.Elems.Put(id("198.19.0.3"), Verdict{Kind: Goto, Chain: "svc-c"})
+	observed.Elems.Put(id("198.19.0.1"), Verdict{Kind: Goto, Chain: "svc-a"}) // as believed
+	observed.Elems.Put(id("198.19.0.3"), Verdict{Kind: Goto, Chain: "svc-x"}) // changed
+	observed.Elems.Put(id("198.19.0.4"), Verdict{Kind: Goto, Chain: "svc-a"}) // unknown
 	o := PlanRestore(believed, observed)
 	want := &Ops{
 		DelElems: []Element{{MapServiceIPs, key("198.19.0.3"), Verdict{Kind: Goto, Chain: "svc-x"}}, {MapServiceIPs, key("198.19.0.4"), Verdict{Kind: Goto, Chain: "svc-a"}}},
@@ -36,12 +36,12 @@ func TestPlanRestore(t *testing.T) {
 		}
 	}
 	observed.Apply(o)
-	if len(observed.Elems) != len(believed.Elems) {
-		t.Fatalf("after the plan: %v, want %v", observed.Elems, believed.Elems)
+	if observed.Elems.Len() != believed.Elems.Len() {
+		t.Fatalf("after the plan: %d elements, want %d", observed.Elems.Len(), believed.Elems.Len())
 	}
-	for k, v := range believed.Elems {
-		if observed.Elems[k] != v {
-			t.Fatalf("after the plan: %v, want %v", observed.Elems, believed.Elems)
+	for k, v := range believed.Elems.All() {
+		if got, _ := observed.Elems.Get(k); got != v {
+			t.Fatalf("after the plan: %s is %v, want %v", k, got, v)
 		}
 	}
 }
