@@ -53,11 +53,11 @@ func Older(ac model.Instant, a model.ServiceKey, bc model.Instant, b model.Servi
 // lose elements they claim to others.
 type Claims struct {
 	// verdicts are the claims on map elements: the oldest Service wins.
-	verdicts map[famElem]*claimSet
+	verdicts elemMap[*claimSet]
 	// plain counts the Services that want each element of a plain
 	// address set (ClusterIPs, hairpin pairs): every claim on one is the
 	// same, so a count is all it takes. Most elements are of this kind.
-	plain map[famElem]int32
+	plain elemMap[int32]
 	// losses are, per Service, the elements it claims that another
 	// Service holds, and why.
 	losses map[model.ServiceKey]map[famElem]string
@@ -70,14 +70,14 @@ func NewClaims() *Claims { return newClaimBookSized(0) }
 // ClusterIP and a verdict for it, and growing the maps a cold sync fills
 // costs more than filling them.
 func newClaimBookSized(n int) *Claims {
-	return &Claims{verdicts: make(map[famElem]*claimSet, n), plain: make(map[famElem]int32, n),
+	return &Claims{verdicts: elemMap[*claimSet]{sized: n}, plain: elemMap[int32]{sized: n},
 		losses: map[model.ServiceKey]map[famElem]string{}}
 }
 
 // Conflicts lists every element claimed by Services that disagree.
 func (b *Claims) Conflicts() []string {
 	var out []string
-	for fe, cs := range b.verdicts {
+	for fe, cs := range b.verdicts.all() {
 		if len(*cs) > 1 {
 			out = append(out, conflicts(fe, *cs)...)
 		}
@@ -92,11 +92,11 @@ func plainSet(name string) bool {
 	return shape == KeyAddr || shape == KeyAddrPair
 }
 
-func addClaim(m map[famElem]*claimSet, fe famElem, c claim) {
-	cs, ok := m[fe]
+func addClaim(m *elemMap[*claimSet], fe famElem, c claim) {
+	cs, ok := m.get(fe)
 	if !ok {
 		cs = &claimSet{}
-		m[fe] = cs
+		m.put(fe, cs)
 	}
 	for _, x := range *cs {
 		if x.svc == c.svc {
@@ -106,8 +106,8 @@ func addClaim(m map[famElem]*claimSet, fe famElem, c claim) {
 	*cs = append(*cs, c)
 }
 
-func removeClaim(m map[famElem]*claimSet, fe famElem, svc model.ServiceKey) {
-	cs, ok := m[fe]
+func removeClaim(m *elemMap[*claimSet], fe famElem, svc model.ServiceKey) {
+	cs, ok := m.get(fe)
 	if !ok {
 		return
 	}
@@ -118,7 +118,7 @@ func removeClaim(m map[famElem]*claimSet, fe famElem, svc model.ServiceKey) {
 		}
 	}
 	if len(out) == 0 {
-		delete(m, fe)
+		m.del(fe)
 		return
 	}
 	*cs = out
@@ -174,18 +174,18 @@ func lossList(m map[famElem]string) []string {
 // Undo puts back the claims a refused partial plan changed: undo is what
 // PlanPartial returned with it.
 func (b *Claims) Undo(undo *Claims) {
-	for fe, cs := range undo.verdicts {
+	for fe, cs := range undo.verdicts.all() {
 		if cs == nil {
-			delete(b.verdicts, fe)
+			b.verdicts.del(fe)
 		} else {
-			b.verdicts[fe] = cs
+			b.verdicts.put(fe, cs)
 		}
 	}
-	for fe, n := range undo.plain {
+	for fe, n := range undo.plain.all() {
 		if n == 0 {
-			delete(b.plain, fe)
+			b.plain.del(fe)
 		} else {
-			b.plain[fe] = n
+			b.plain.put(fe, n)
 		}
 	}
 }
@@ -194,7 +194,7 @@ func (b *Claims) Undo(undo *Claims) {
 // partial plan touched (undo is what PlanPartial returned with it) and
 // returns the conflicts of the Services whose conflicts changed.
 func (b *Claims) UpdateLosses(undo *Claims) map[model.ServiceKey][]string {
-	before := undo.verdicts
+	before := undo.verdicts.all()
 	was := map[model.ServiceKey][]string{}
 	note := func(cs *claimSet) {
 		if cs == nil {
@@ -208,7 +208,7 @@ func (b *Claims) UpdateLosses(undo *Claims) map[model.ServiceKey][]string {
 	}
 	for fe, old := range before {
 		note(old)
-		note(b.verdicts[fe])
+		note(b.verdicts.at(fe))
 	}
 	if len(was) == 0 {
 		return nil
@@ -224,7 +224,7 @@ func (b *Claims) UpdateLosses(undo *Claims) map[model.ServiceKey][]string {
 				}
 			}
 		}
-		if cs := b.verdicts[fe]; cs != nil {
+		if cs := b.verdicts.at(fe); cs != nil {
 			for _, l := range losses(fe, *cs) {
 				m := b.losses[l.svc]
 				if m == nil {
@@ -252,7 +252,7 @@ func (b *Claims) UpdateLosses(undo *Claims) map[model.ServiceKey][]string {
 // changed since the book prev (the one in effect before).
 func (b *Claims) RebuildLosses(prev *Claims) map[model.ServiceKey][]string {
 	next := map[model.ServiceKey]map[famElem]string{}
-	for fe, cs := range b.verdicts {
+	for fe, cs := range b.verdicts.all() {
 		for _, l := range losses(fe, *cs) {
 			m := next[l.svc]
 			if m == nil {
@@ -296,7 +296,7 @@ func (b *Claims) Losses() map[model.ServiceKey][]string {
 // Holder returns the Service that holds map element id of family f: the
 // winner of its claims.
 func (b *Claims) Holder(f Family, id ElemID) (model.ServiceKey, bool) {
-	cs := b.verdicts[famElem{f, id}]
+	cs := b.verdicts.at(famElem{f, id})
 	if cs == nil {
 		return model.ServiceKey{}, false
 	}
@@ -310,7 +310,7 @@ func (b *Claims) Holder(f Family, id ElemID) (model.ServiceKey, bool) {
 // EachHolder calls fn with every map element that a Service holds, its
 // family, and the Service.
 func (b *Claims) EachHolder(fn func(f Family, id ElemID, svc model.ServiceKey)) {
-	for fe, cs := range b.verdicts {
+	for fe, cs := range b.verdicts.all() {
 		if w := cs.winner(); w != nil {
 			fn(fe.f, fe.id, w.svc)
 		}

@@ -15,112 +15,61 @@ import (
 // a verdict (an address set's) is its key alone: the collector need not
 // scan those maps at all. The zero Elems is empty and ready to use.
 type Elems struct {
-	sets map[unique.Handle[string]]*setElems
-	n    int
+	plain    elemMap[struct{}] // the elements without a verdict
+	verdicts elemMap[Verdict]
 }
 
-// setElems are one set's elements: those without a verdict in plain, the
-// others in verdicts.
-type setElems struct {
-	plain    map[elemKey]struct{}
-	verdicts map[elemKey]Verdict
-}
+// elem is id as a key of Elems' maps: a table is of one family.
+func elem(id ElemID) famElem { return famElem{id: id} }
 
 // Len is the number of elements.
-func (e *Elems) Len() int { return e.n }
+func (e *Elems) Len() int { return e.plain.len() + e.verdicts.len() }
 
 // Get returns the verdict of element id, and whether the table holds it.
 func (e *Elems) Get(id ElemID) (Verdict, bool) {
-	se := e.sets[id.set]
-	if se == nil {
-		return Verdict{}, false
-	}
-	if v, ok := se.verdicts[id.elemKey]; ok {
+	if v, ok := e.verdicts.get(elem(id)); ok {
 		return v, true
 	}
-	_, ok := se.plain[id.elemKey]
+	_, ok := e.plain.get(elem(id))
 	return Verdict{}, ok
 }
 
 // Put records element id with verdict v (the zero Verdict for an element
 // of an address set).
 func (e *Elems) Put(id ElemID, v Verdict) {
-	if e.sets == nil {
-		e.sets = map[unique.Handle[string]]*setElems{}
-	}
-	se := e.sets[id.set]
-	if se == nil {
-		se = &setElems{}
-		e.sets[id.set] = se
-	}
 	if v == (Verdict{}) {
-		if _, ok := se.verdicts[id.elemKey]; ok {
-			delete(se.verdicts, id.elemKey)
-			e.n--
-		}
-		if se.plain == nil {
-			se.plain = map[elemKey]struct{}{}
-		}
-		if _, ok := se.plain[id.elemKey]; !ok {
-			se.plain[id.elemKey] = struct{}{}
-			e.n++
-		}
-		return
+		e.verdicts.del(elem(id))
+		e.plain.put(elem(id), struct{}{})
+	} else {
+		e.plain.del(elem(id))
+		e.verdicts.put(elem(id), v)
 	}
-	if _, ok := se.plain[id.elemKey]; ok {
-		delete(se.plain, id.elemKey)
-		e.n--
-	}
-	if se.verdicts == nil {
-		se.verdicts = map[elemKey]Verdict{}
-	}
-	if _, ok := se.verdicts[id.elemKey]; !ok {
-		e.n++
-	}
-	se.verdicts[id.elemKey] = v
 }
 
 // Delete forgets element id.
 func (e *Elems) Delete(id ElemID) {
-	se := e.sets[id.set]
-	if se == nil {
-		return
-	}
-	if _, ok := se.verdicts[id.elemKey]; ok {
-		delete(se.verdicts, id.elemKey)
-		e.n--
-	} else if _, ok := se.plain[id.elemKey]; ok {
-		delete(se.plain, id.elemKey)
-		e.n--
-	}
-	if len(se.verdicts) == 0 && len(se.plain) == 0 {
-		delete(e.sets, id.set)
-	}
+	e.verdicts.del(elem(id))
+	e.plain.del(elem(id))
 }
 
 // DeleteSet forgets every element of the named set.
 func (e *Elems) DeleteSet(name string) {
-	h := unique.Make(name)
-	if se := e.sets[h]; se != nil {
-		e.n -= len(se.plain) + len(se.verdicts)
-		delete(e.sets, h)
-	}
+	e.verdicts.delSet(setID{set: unique.Make(name)})
+	e.plain.delSet(setID{set: unique.Make(name)})
 }
 
 // All yields every element and its verdict, in no particular order. The
 // loop may delete the element it is given.
 func (e *Elems) All() iter.Seq2[ElemID, Verdict] {
 	return func(yield func(ElemID, Verdict) bool) {
-		for h, se := range e.sets {
-			for k, v := range se.verdicts {
-				if !yield(ElemID{set: h, elemKey: k}, v) {
-					return
-				}
+		for fe, v := range e.verdicts.all() {
+			if !yield(fe.id, v) {
+				return
 			}
-			for k := range se.plain {
-				if !yield(ElemID{set: h, elemKey: k}, Verdict{}) {
-					return
-				}
+		}
+		for fe := range e.plain.all() {
+			if !yield(fe.id, Verdict{}) {
+				return
 			}
 		}
 	}
@@ -128,12 +77,105 @@ func (e *Elems) All() iter.Seq2[ElemID, Verdict] {
 
 // Clone returns a copy of e.
 func (e *Elems) Clone() Elems {
-	c := Elems{n: e.n}
-	if e.sets != nil {
-		c.sets = make(map[unique.Handle[string]]*setElems, len(e.sets))
-		for h, se := range e.sets {
-			c.sets[h] = &setElems{plain: maps.Clone(se.plain), verdicts: maps.Clone(se.verdicts)}
+	return Elems{plain: e.plain.clone(), verdicts: e.verdicts.clone()}
+}
+
+// setID names one family's set.
+type setID struct {
+	f   Family
+	set unique.Handle[string]
+}
+
+// elemMap maps elements of several families' sets to values, by set and
+// key, as Elems does for one table: the claims book holds one for the
+// claims on verdicts and one for the counts of address-set elements. A
+// set's map is made for sized elements when the set is one every Service
+// has an element in (its ClusterIP, its verdict for it); the zero elemMap
+// is empty and ready to use.
+type elemMap[V any] struct {
+	sets  map[setID]map[elemKey]V
+	n     int
+	sized int
+}
+
+func (m *elemMap[V]) len() int { return m.n }
+
+// set returns the map of fe's set, made when create is set (else nil
+// when there is none).
+func (m *elemMap[V]) set(fe famElem, create bool) map[elemKey]V {
+	id := setID{fe.f, fe.id.set}
+	s := m.sets[id]
+	if s == nil && create {
+		if m.sets == nil {
+			m.sets = map[setID]map[elemKey]V{}
+		}
+		n := 0
+		if name := fe.id.Map(); name == SetClusterIPs || name == MapServiceIPs {
+			n = m.sized
+		}
+		s = make(map[elemKey]V, n)
+		m.sets[id] = s
+	}
+	return s
+}
+
+func (m *elemMap[V]) get(fe famElem) (V, bool) {
+	v, ok := m.set(fe, false)[fe.id.elemKey]
+	return v, ok
+}
+
+// at is the value of fe, or the zero value.
+func (m *elemMap[V]) at(fe famElem) V {
+	v, _ := m.get(fe)
+	return v
+}
+
+func (m *elemMap[V]) put(fe famElem, v V) {
+	s := m.set(fe, true)
+	if _, ok := s[fe.id.elemKey]; !ok {
+		m.n++
+	}
+	s[fe.id.elemKey] = v
+}
+
+func (m *elemMap[V]) del(fe famElem) {
+	s := m.set(fe, false)
+	if _, ok := s[fe.id.elemKey]; !ok {
+		return
+	}
+	delete(s, fe.id.elemKey)
+	m.n--
+	if len(s) == 0 {
+		delete(m.sets, setID{fe.f, fe.id.set})
+	}
+}
+
+func (m *elemMap[V]) delSet(id setID) {
+	m.n -= len(m.sets[id])
+	delete(m.sets, id)
+}
+
+func (m *elemMap[V]) clone() elemMap[V] {
+	c := elemMap[V]{n: m.n, sized: m.sized}
+	if m.sets != nil {
+		c.sets = make(map[setID]map[elemKey]V, len(m.sets))
+		for id, s := range m.sets {
+			c.sets[id] = maps.Clone(s)
 		}
 	}
 	return c
+}
+
+// all yields every element and its value, in no particular order. The
+// loop may delete the element it is given.
+func (m *elemMap[V]) all() iter.Seq2[famElem, V] {
+	return func(yield func(famElem, V) bool) {
+		for id, s := range m.sets {
+			for k, v := range s {
+				if !yield(famElem{id.f, ElemID{set: id.set, elemKey: k}}, v) {
+					return
+				}
+			}
+		}
+	}
 }

@@ -123,7 +123,7 @@ func Layout(cfg *Config, f Family, services []*model.Service) []Table {
 	}
 	svcs := append([]*model.Service(nil), services...)
 	sort.Slice(svcs, func(i, j int) bool { return svcs[i].Key.Less(svcs[j].Key) })
-	claims := map[famElem]*claimSet{}
+	var claims elemMap[*claimSet]
 	var order []famElem
 	for _, svc := range svcs {
 		r := RenderService(cfg, svc)
@@ -139,14 +139,14 @@ func Layout(cfg *Config, f Family, services []*model.Service) []Table {
 		t.Sets = append(t.Sets, fr.Sets...)
 		for _, e := range fr.Elements {
 			fe := famElem{f, e.ID()}
-			if _, ok := claims[fe]; !ok {
+			if _, ok := claims.get(fe); !ok {
 				order = append(order, fe)
 			}
-			addClaim(claims, fe, claim{svc: svc.Key, created: svc.Created, verdict: e.Verdict})
+			addClaim(&claims, fe, claim{svc: svc.Key, created: svc.Created, verdict: e.Verdict})
 		}
 	}
 	for _, fe := range order {
-		w := claims[fe].winner()
+		w := claims.at(fe).winner()
 		i := 0
 		if !MainSet(fe.id.Map()) {
 			i = cfg.ShardOf(w.svc) + 1

@@ -494,7 +494,7 @@ func NewFullPlan(cfg *Config, ts *Tables, observed []*TableState, services map[m
 	if keep {
 		fp.rendered = renderAll(ts, fp.keys, services, nil)
 	}
-	claims := fp.book.verdicts
+	claims := &fp.book.verdicts
 	keys := fp.keys
 	if book != nil && !keep {
 		keys = nil
@@ -527,7 +527,8 @@ func NewFullPlan(cfg *Config, ts *Tables, observed []*TableState, services map[m
 				}
 				for _, e := range fr.Elements {
 					if plainSet(e.Map) {
-						fp.book.plain[famElem{f, e.ID()}]++
+						fe := famElem{f, e.ID()}
+						fp.book.plain.put(fe, fp.book.plain.at(fe)+1)
 					} else {
 						addClaim(claims, famElem{f, e.ID()}, claim{svc: k, created: svc.Created, verdict: e.Verdict})
 					}
@@ -536,7 +537,7 @@ func NewFullPlan(cfg *Config, ts *Tables, observed []*TableState, services map[m
 		}
 	}
 	fp.slotElems = make([][]famElem, len(ts.Refs))
-	for fe, cs := range claims {
+	for fe, cs := range claims.all() {
 		fp.conflicts = append(fp.conflicts, conflicts(fe, *cs)...)
 		if fp.split && MainSet(fe.id.Map()) && fe.id.Map() != MapFirewallIPs {
 			continue // with the winner's shard
@@ -589,7 +590,7 @@ func (fp *FullPlan) Shard(i int) []Batch {
 		}
 		rendered = renderAll(fp.ts, ks, fp.services, nil)
 	}
-	claims, plain := fp.book.verdicts, fp.book.plain
+	claims, plain := &fp.book.verdicts, &fp.book.plain
 	for r := range rendered {
 		k := fp.keys[keys[r]]
 		for fi, f := range Families {
@@ -609,10 +610,10 @@ func (fp *FullPlan) Shard(i int) []Batch {
 				}
 				fe := famElem{f, e.ID()}
 				if plainSet(e.Map) {
-					if plain[fe] == 1 {
+					if plain.at(fe) == 1 {
 						mains[fi].element(fe.id, &Verdict{})
 					}
-				} else if cs := claims[fe]; cs != nil {
+				} else if cs := claims.at(fe); cs != nil {
 					// A Service listing a key twice claims it once.
 					if w := cs.winner(); w.svc == k && mains[fi].firstElem(fe.id) {
 						mains[fi].element(fe.id, &w.verdict)
@@ -665,16 +666,16 @@ func (fp *FullPlan) skeleton(slot int) *differ {
 // finish adds the elements of each table's own batch, removes whatever
 // else the tables hold, and returns the sorted operations.
 func (fp *FullPlan) finish(slots []int, ds []*differ) []*Ops {
-	claims, plain := fp.book.verdicts, fp.book.plain
+	claims, plain := &fp.book.verdicts, &fp.book.plain
 	for i, slot := range slots {
 		d := ds[i]
 		for _, fe := range fp.slotElems[slot] {
-			d.element(fe.id, &claims[fe].winner().verdict)
+			d.element(fe.id, &claims.at(fe).winner().verdict)
 		}
 		if slot == fp.ts.Main(d.f) {
 			// The plain elements several Services share, or all of
 			// them when nothing comes with the shards.
-			for fe, n := range plain {
+			for fe, n := range plain.all() {
 				if fe.f == d.f && (n > 1 || !fp.split) {
 					d.element(fe.id, &Verdict{})
 				}
@@ -692,9 +693,9 @@ func (fp *FullPlan) finish(slots []int, ds []*differ) []*Ops {
 		for id := range d.state.Elems.All() {
 			fe := famElem{d.f, id}
 			var want bool
-			if _, ok := plain[fe]; ok {
+			if _, ok := plain.get(fe); ok {
 				want = slot == fp.ts.Main(fe.f)
-			} else if cs, ok := claims[fe]; ok {
+			} else if cs, ok := claims.get(fe); ok {
 				want = slot == fp.ts.elem(fe, cs.winner().svc)
 			}
 			if !want {
@@ -778,35 +779,35 @@ func ChangedServices(programmed, want map[model.ServiceKey]*model.Service) map[m
 // each element it touched, the claims as they were (nil where there were
 // none), so that a refused batch can be undone.
 func PlanPartial(cfg *Config, ts *Tables, state []*TableState, book *Claims, programmed, changes map[model.ServiceKey]*model.Service) ([]*Ops, *Claims, []string) {
-	claims := book.verdicts
+	claims := &book.verdicts
 	var conflictList []string
 	ds := make([]*differ, len(ts.Refs))
 	for slot, ref := range ts.Refs {
 		ds[slot] = newDiffer(ref.Family, state[slot])
 	}
-	undo := map[famElem]*claimSet{}
-	undoPlain := map[famElem]int32{}
+	var undo elemMap[*claimSet]
+	var undoPlain elemMap[int32]
 	count := func(fe famElem, delta int32) {
-		n, ok := book.plain[fe]
-		if _, seen := undoPlain[fe]; !seen {
-			undoPlain[fe] = n
+		n, ok := book.plain.get(fe)
+		if _, seen := undoPlain.get(fe); !seen {
+			undoPlain.put(fe, n)
 		}
 		if !ok && delta < 0 {
 			return
 		}
 		if n += delta; n > 0 {
-			book.plain[fe] = n
+			book.plain.put(fe, n)
 		} else {
-			delete(book.plain, fe)
+			book.plain.del(fe)
 		}
 	}
 	touch := func(fe famElem) {
-		if _, ok := undo[fe]; !ok {
-			if cs, ok := claims[fe]; ok {
+		if _, ok := undo.get(fe); !ok {
+			if cs, ok := claims.get(fe); ok {
 				c := append(claimSet(nil), *cs...)
-				undo[fe] = &c
+				undo.put(fe, &c)
 			} else {
-				undo[fe] = nil
+				undo.put(fe, nil)
 			}
 		}
 	}
@@ -867,9 +868,9 @@ func PlanPartial(cfg *Config, ts *Tables, state []*TableState, book *Claims, pro
 			}
 		}
 	}
-	for fe := range undo {
+	for fe := range undo.all() {
 		want := -1
-		if cs, ok := claims[fe]; ok {
+		if cs, ok := claims.get(fe); ok {
 			w := cs.winner()
 			want = ts.elem(fe, w.svc)
 			ds[want].element(fe.id, &w.verdict)
@@ -883,9 +884,9 @@ func PlanPartial(cfg *Config, ts *Tables, state []*TableState, book *Claims, pro
 			}
 		}
 	}
-	for fe := range undoPlain {
+	for fe := range undoPlain.all() {
 		d := ds[ts.Main(fe.f)]
-		if book.plain[fe] > 0 {
+		if book.plain.at(fe) > 0 {
 			d.element(fe.id, &Verdict{})
 		} else {
 			d.element(fe.id, nil)
