@@ -53,7 +53,7 @@ func Older(ac model.Instant, a model.ServiceKey, bc model.Instant, b model.Servi
 // lose elements they claim to others.
 type Claims struct {
 	// verdicts are the claims on map elements: the oldest Service wins.
-	verdicts elemMap[*claimSet]
+	verdicts elemMap[claimSet]
 	// plain counts the Services that want each element of a plain
 	// address set (ClusterIPs, hairpin pairs): every claim on one is the
 	// same, so a count is all it takes. Most elements are of this kind.
@@ -70,7 +70,7 @@ func NewClaims() *Claims { return newClaimBookSized(0) }
 // ClusterIP and a verdict for it, and growing the maps a cold sync fills
 // costs more than filling them.
 func newClaimBookSized(n int) *Claims {
-	return &Claims{verdicts: elemMap[*claimSet]{sized: n}, plain: elemMap[int32]{sized: n},
+	return &Claims{verdicts: elemMap[claimSet]{sized: n}, plain: elemMap[int32]{sized: n},
 		losses: map[model.ServiceKey]map[famElem]string{}}
 }
 
@@ -78,8 +78,8 @@ func newClaimBookSized(n int) *Claims {
 func (b *Claims) Conflicts() []string {
 	var out []string
 	for fe, cs := range b.verdicts.all() {
-		if len(*cs) > 1 {
-			out = append(out, conflicts(fe, *cs)...)
+		if len(cs) > 1 {
+			out = append(out, conflicts(fe, cs)...)
 		}
 	}
 	sort.Strings(out)
@@ -92,27 +92,23 @@ func plainSet(name string) bool {
 	return shape == KeyAddr || shape == KeyAddrPair
 }
 
-func addClaim(m *elemMap[*claimSet], fe famElem, c claim) {
-	cs, ok := m.get(fe)
-	if !ok {
-		cs = &claimSet{}
-		m.put(fe, cs)
-	}
-	for _, x := range *cs {
+func addClaim(m *elemMap[claimSet], fe famElem, c claim) {
+	cs := m.at(fe)
+	for _, x := range cs {
 		if x.svc == c.svc {
 			return // a Service listing the same key twice keeps its first
 		}
 	}
-	*cs = append(*cs, c)
+	m.put(fe, append(cs, c))
 }
 
-func removeClaim(m *elemMap[*claimSet], fe famElem, svc model.ServiceKey) {
+func removeClaim(m *elemMap[claimSet], fe famElem, svc model.ServiceKey) {
 	cs, ok := m.get(fe)
 	if !ok {
 		return
 	}
-	out := (*cs)[:0]
-	for _, x := range *cs {
+	out := cs[:0]
+	for _, x := range cs {
 		if x.svc != svc {
 			out = append(out, x)
 		}
@@ -121,7 +117,7 @@ func removeClaim(m *elemMap[*claimSet], fe famElem, svc model.ServiceKey) {
 		m.del(fe)
 		return
 	}
-	*cs = out
+	m.put(fe, out)
 }
 
 func conflicts(fe famElem, cs claimSet) []string {
@@ -196,11 +192,8 @@ func (b *Claims) Undo(undo *Claims) {
 func (b *Claims) UpdateLosses(undo *Claims) map[model.ServiceKey][]string {
 	before := undo.verdicts.all()
 	was := map[model.ServiceKey][]string{}
-	note := func(cs *claimSet) {
-		if cs == nil {
-			return
-		}
-		for _, c := range *cs {
+	note := func(cs claimSet) {
+		for _, c := range cs {
 			if _, ok := was[c.svc]; !ok {
 				was[c.svc] = lossList(b.losses[c.svc])
 			}
@@ -215,7 +208,7 @@ func (b *Claims) UpdateLosses(undo *Claims) map[model.ServiceKey][]string {
 	}
 	for fe, old := range before {
 		if old != nil {
-			for _, c := range *old {
+			for _, c := range old {
 				if m := b.losses[c.svc]; m != nil {
 					delete(m, fe)
 					if len(m) == 0 {
@@ -225,7 +218,7 @@ func (b *Claims) UpdateLosses(undo *Claims) map[model.ServiceKey][]string {
 			}
 		}
 		if cs := b.verdicts.at(fe); cs != nil {
-			for _, l := range losses(fe, *cs) {
+			for _, l := range losses(fe, cs) {
 				m := b.losses[l.svc]
 				if m == nil {
 					m = map[famElem]string{}
@@ -253,7 +246,7 @@ func (b *Claims) UpdateLosses(undo *Claims) map[model.ServiceKey][]string {
 func (b *Claims) RebuildLosses(prev *Claims) map[model.ServiceKey][]string {
 	next := map[model.ServiceKey]map[famElem]string{}
 	for fe, cs := range b.verdicts.all() {
-		for _, l := range losses(fe, *cs) {
+		for _, l := range losses(fe, cs) {
 			m := next[l.svc]
 			if m == nil {
 				m = map[famElem]string{}

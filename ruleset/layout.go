@@ -123,7 +123,7 @@ func Layout(cfg *Config, f Family, services []*model.Service) []Table {
 	}
 	svcs := append([]*model.Service(nil), services...)
 	sort.Slice(svcs, func(i, j int) bool { return svcs[i].Key.Less(svcs[j].Key) })
-	var claims elemMap[*claimSet]
+	var claims elemMap[claimSet]
 	var order []famElem
 	for _, svc := range svcs {
 		r := RenderService(cfg, svc)

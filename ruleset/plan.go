@@ -538,7 +538,7 @@ func NewFullPlan(cfg *Config, ts *Tables, observed []*TableState, services map[m
 	}
 	fp.slotElems = make([][]famElem, len(ts.Refs))
 	for fe, cs := range claims.all() {
-		fp.conflicts = append(fp.conflicts, conflicts(fe, *cs)...)
+		fp.conflicts = append(fp.conflicts, conflicts(fe, cs)...)
 		if fp.split && MainSet(fe.id.Map()) && fe.id.Map() != MapFirewallIPs {
 			continue // with the winner's shard
 		}
@@ -785,7 +785,7 @@ func PlanPartial(cfg *Config, ts *Tables, state []*TableState, book *Claims, pro
 	for slot, ref := range ts.Refs {
 		ds[slot] = newDiffer(ref.Family, state[slot])
 	}
-	var undo elemMap[*claimSet]
+	var undo elemMap[claimSet]
 	var undoPlain elemMap[int32]
 	count := func(fe famElem, delta int32) {
 		n, ok := book.plain.get(fe)
@@ -804,8 +804,7 @@ func PlanPartial(cfg *Config, ts *Tables, state []*TableState, book *Claims, pro
 	touch := func(fe famElem) {
 		if _, ok := undo.get(fe); !ok {
 			if cs, ok := claims.get(fe); ok {
-				c := append(claimSet(nil), *cs...)
-				undo.put(fe, &c)
+				undo.put(fe, slices.Clone(cs))
 			} else {
 				undo.put(fe, nil)
 			}
@@ -874,7 +873,7 @@ func PlanPartial(cfg *Config, ts *Tables, state []*TableState, book *Claims, pro
 			w := cs.winner()
 			want = ts.elem(fe, w.svc)
 			ds[want].element(fe.id, &w.verdict)
-			conflictList = append(conflictList, conflicts(fe, *cs)...)
+			conflictList = append(conflictList, conflicts(fe, cs)...)
 		}
 		// The element leaves every other table it may be in: a shard
 		// map's element moves when another Service's claim wins it.
