@@ -108,7 +108,7 @@ func (t *Tracker) SetSlice(sl *discoveryv1.EndpointSlice) {
 
 // SetSliceObject records an EndpointSlice's current object, converted.
 func (t *Tracker) SetSliceObject(sl *model.SliceObject) {
-	sk := sliceKey{sl.Namespace, sl.Name}
+	sk := sliceKey{sl.Namespace(), sl.Name}
 	k, ok := sl.Service()
 	trigger := sl.Trigger()
 	t.mu.Lock()

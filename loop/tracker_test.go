@@ -84,7 +84,7 @@ func TestTrackerSlices(t *testing.T) {
 	if len(all) != 1 || all[web].Service == nil || len(all[web].Slices) != 0 {
 		t.Errorf("All = %v, want only web, without slices", all)
 	}
-	if o := tr.objectsLocked(webB); len(o.Slices) != 1 || o.Slices[0].Namespace != "b" {
+	if o := tr.objectsLocked(webB); len(o.Slices) != 1 || o.Slices[0].Namespace() != "b" {
 		t.Errorf("slice of namespace b = %v, want b/web-1 untouched", o.Slices)
 	}
 }

@@ -3,6 +3,7 @@ package model
 import (
 	"cmp"
 	"fmt"
+	"math"
 	"net/netip"
 	"reflect"
 	"slices"
@@ -385,8 +386,8 @@ func Build(o *ServiceObject, sliceList []*SliceObject, opts Options) (*Service, 
 		slices.SortFunc(ordered, func(a, b *SliceObject) int { return cmp.Compare(a.Name, b.Name) })
 	}
 	for _, sl := range ordered {
-		if sl.err != nil {
-			return nil, fmt.Errorf("service %s: %v", o.Key, sl.err)
+		if err := sl.sliceErr(); err != nil {
+			return nil, fmt.Errorf("service %s: %v", o.Key, err)
 		}
 	}
 	// Each slice port that names a Service port, in slice order: one
@@ -493,13 +494,8 @@ func sortUnique(eps []Endpoint) []Endpoint {
 // syncs: its endpoints with their ports unresolved, the Service it belongs
 // to, or what is wrong with it. A SliceObject is never modified.
 type SliceObject struct {
-	Namespace, Name string
-	// service is the name of the Service the slice belongs to (in its
-	// namespace), from its kubernetes.io/service-name label; hasService
-	// is false without one.
-	service    string
-	hasService bool
-	fqdn       bool // addressType FQDN: not proxied
+	Name string
+	ns   unique.Handle[string] // the namespace, one copy for all
 	// trigger is the slice's last-change-trigger-time annotation (Unix
 	// nanoseconds): when the change that led to it happened; zero when
 	// unknown. Kept as a number: a time.Time made every slice kept a size
@@ -512,7 +508,54 @@ type SliceObject struct {
 	// Service port served by this slice alone shares the array instead of
 	// copying it; with several, mergeSlice sets it per port.
 	endpoints []Endpoint
-	err       error
+	// odd holds what few slices have: a Service name that does not start
+	// the slice's name, an error; nil when none. Held in every slice,
+	// they made it a size class larger.
+	odd *sliceOddities
+	// serviceLen is the length of the name of the Service the slice
+	// belongs to (its kubernetes.io/service-name label), which starts
+	// the slice's own name, unless odd names it; hasService is false
+	// without one.
+	serviceLen uint8
+	hasService bool
+	fqdn       bool // addressType FQDN: not proxied
+}
+
+type sliceOddities struct {
+	service string
+	err     error
+}
+
+// Namespace is the slice's namespace.
+func (o *SliceObject) Namespace() string { return o.ns.Value() }
+
+// service is the name of the Service the slice belongs to.
+func (o *SliceObject) service() string {
+	if o.odd != nil && o.odd.service != "" {
+		return o.odd.service
+	}
+	return o.Name[:o.serviceLen]
+}
+
+// sliceErr is what is wrong with the slice, or nil.
+func (o *SliceObject) sliceErr() error {
+	if o.odd == nil {
+		return nil
+	}
+	return o.odd.err
+}
+
+// setOdd changes the oddities of a slice being made.
+func (o *SliceObject) setOdd(change func(*sliceOddities)) {
+	var odd sliceOddities
+	if o.odd != nil {
+		odd = *o.odd
+	}
+	change(&odd)
+	o.odd = nil
+	if odd != (sliceOddities{}) {
+		o.odd = &odd
+	}
 }
 
 type slicePort struct {
@@ -524,7 +567,7 @@ type slicePort struct {
 // Service is the Service the slice belongs to; ok is false when its
 // kubernetes.io/service-name label names none.
 func (o *SliceObject) Service() (k ServiceKey, ok bool) {
-	return NewServiceKey(o.Namespace, o.service), o.hasService
+	return NewServiceKey(o.Namespace(), o.service()), o.hasService
 }
 
 // Trigger is the slice's last-change-trigger-time annotation: when the
@@ -539,11 +582,12 @@ func (o *SliceObject) Trigger() time.Time {
 // InFile returns the slice as read from the named file: an invalid
 // slice's error names the file first. A valid slice is returned as it is.
 func (o *SliceObject) InFile(name string) *SliceObject {
-	if o.err == nil {
+	err := o.sliceErr()
+	if err == nil {
 		return o
 	}
 	c := *o
-	c.err = fmt.Errorf("%s: %w", name, o.err)
+	c.setOdd(func(odd *sliceOddities) { odd.err = fmt.Errorf("%s: %w", name, err) })
 	return &c
 }
 
@@ -560,27 +604,30 @@ func SliceService(sl *discoveryv1.EndpointSlice) (ServiceKey, bool) {
 // NewSliceObject converts an EndpointSlice object. It never fails: an
 // invalid slice keeps its error, for Build to report for its Service.
 func NewSliceObject(sl *discoveryv1.EndpointSlice) *SliceObject {
-	o := &SliceObject{Namespace: intern(sl.Namespace), Name: sl.Name}
+	o := &SliceObject{Name: sl.Name, ns: unique.Make(sl.Namespace)}
 	if name := sl.Labels[LabelServiceName]; name != "" {
 		// A slice's name is most often its Service's followed by a
 		// suffix: the Service's name is then kept as part of it rather
-		// than in a string of its own, one allocation less per slice.
-		if strings.HasPrefix(sl.Name, name) {
-			name = sl.Name[:len(name)]
+		// than in a string of its own.
+		if strings.HasPrefix(sl.Name, name) && len(name) <= math.MaxUint8 {
+			o.serviceLen = uint8(len(name))
+		} else {
+			o.setOdd(func(odd *sliceOddities) { odd.service = name })
 		}
-		o.service, o.hasService = name, true
+		o.hasService = true
 	}
 	if ts, ok := sl.Annotations[corev1.EndpointsLastChangeTriggerTime]; ok {
 		if tt, err := time.Parse(time.RFC3339Nano, ts); err == nil && !tt.IsZero() {
 			o.trigger = tt.UnixNano()
 		}
 	}
-	o.err = validateSliceNames(sl)
-	if o.err == nil {
-		o.err = o.read(sl)
+	err := validateSliceNames(sl)
+	if err == nil {
+		err = o.read(sl)
 	}
-	if o.err != nil {
+	if err != nil {
 		o.ports, o.endpoints = nil, nil
+		o.setOdd(func(odd *sliceOddities) { odd.err = err })
 	}
 	return o
 }

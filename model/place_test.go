@@ -52,7 +52,7 @@ func TestKeptSizes(t *testing.T) {
 		{"model.Endpoint", unsafe.Sizeof(model.Endpoint{}), 40},
 		{"model.Service", unsafe.Sizeof(model.Service{}), 96},
 		{"model.ServiceObject", unsafe.Sizeof(model.ServiceObject{}), 96},
-		{"model.SliceObject", unsafe.Sizeof(model.SliceObject{}), 128},
+		{"model.SliceObject", unsafe.Sizeof(model.SliceObject{}), 96},
 	} {
 		if c.size > c.max {
 			t.Errorf("%s is %d bytes, want at most %d", c.name, c.size, c.max)

@@ -177,7 +177,7 @@ type cachedSlice struct{ *model.SliceObject }
 
 // GetObjectMeta gives the informer the slice's name and namespace.
 func (c *cachedSlice) GetObjectMeta() metav1.Object {
-	return &metav1.ObjectMeta{Namespace: c.Namespace, Name: c.Name}
+	return &metav1.ObjectMeta{Namespace: c.Namespace(), Name: c.Name}
 }
 
 // GetObjectKind implements runtime.Object.
@@ -273,7 +273,7 @@ func (k *KubeSource) Run(ctx context.Context, t Sink) error {
 				o = d.Obj
 			}
 			if c, ok := o.(*cachedSlice); ok {
-				t.DeleteSlice(c.Namespace, c.Name)
+				t.DeleteSlice(c.Namespace(), c.Name)
 			}
 		},
 	})

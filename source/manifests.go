@@ -606,7 +606,7 @@ func keyOf(o any) objectKey {
 	case *model.ServiceObject:
 		return objectKey{"Service", obj.Key.Namespace(), obj.Key.Name()}
 	case *model.SliceObject:
-		return objectKey{"EndpointSlice", obj.Namespace, obj.Name}
+		return objectKey{"EndpointSlice", obj.Namespace(), obj.Name}
 	case *stagedService:
 		ns := obj.svc.Namespace
 		if ns == "" {
