@@ -126,7 +126,7 @@ func TestFlushRepairServesTheBusiestFirst(t *testing.T) {
 		var out []uint64
 		for _, s := range ss {
 			c, _ := rd.Port(PortRef{Service: s.Key, Proto: model.TCP, Port: 80})
-			out = append(out, c.New.Packets)
+			out = append(out, c.New)
 		}
 		return out
 	}

@@ -34,16 +34,18 @@ type PortRef struct {
 
 // PortCounters are the kernel's counters of one Service port, summed over
 // its addresses, node port and families. They count new connections (the
-// first packet of each): established packets pass no counter.
+// first packet of each): established packets pass no counter. The kernel
+// counts the first packets' bytes too, which say nothing of a connection:
+// they are not kept (a reading holds one PortCounters per Service port).
 type PortCounters struct {
 	// New are the connections dispatched to the port's rules (to an
 	// endpoint, or dropped there by a Local policy without local ones).
-	New Count
+	New uint64
 	// Rejected are the connections rejected for want of endpoints.
-	Rejected Count
+	Rejected uint64
 	// Dropped are the connections to a LoadBalancer IP dropped by the
 	// port's loadBalancerSourceRanges.
-	Dropped Count
+	Dropped uint64
 	// Traffic is every packet of the port's translated connections, both
 	// ways, counted in the forward path (ruleset.Config.TrafficElements).
 	Traffic Traffic
@@ -145,7 +147,7 @@ type portIndex struct {
 	refs []PortRef
 	// dests is the port of each counted element (of the Service
 	// addresses and node ports, with endpoints or without).
-	dests map[ruleset.ElemID]int32
+	dests *ruleset.ElemIndex
 	// byRef finds a port by its name; made when first asked (few
 	// readings need it: the drops of source ranges, the traffic of
 	// endpoints gone).
@@ -208,10 +210,10 @@ func (r *Reading) portAt(proto model.Protocol, dst netip.AddrPort) (int32, bool)
 	if r == nil || r.ports == nil {
 		return 0, false
 	}
-	if i, ok := r.ports.dests[ruleset.NewElemID(ruleset.MapServiceIPs, ruleset.Key{Addr: dst.Addr(), Proto: proto, Port: dst.Port()})]; ok {
+	if i, ok := r.ports.dests.Get(ruleset.NewElemID(ruleset.MapServiceIPs, ruleset.Key{Addr: dst.Addr(), Proto: proto, Port: dst.Port()})); ok {
 		return i, true
 	}
-	i, ok := r.ports.dests[ruleset.NewElemID(ruleset.MapServiceNodePorts, ruleset.Key{Proto: proto, Port: dst.Port()})]
+	i, ok := r.ports.dests.Get(ruleset.NewElemID(ruleset.MapServiceNodePorts, ruleset.Key{Proto: proto, Port: dst.Port()}))
 	return i, ok
 }
 
@@ -434,14 +436,14 @@ func (p *Programmer) attribute(elems []counted, drops map[string]Count, traffic 
 	rd.counts = make([]PortCounters, len(rd.ports.refs))
 	rd.Endpoints = p.attributeTraffic(rd, p.forgotten.take())
 	for _, e := range elems {
-		i, ok := rd.ports.dests[e.id]
+		i, ok := rd.ports.dests.Get(e.id)
 		if !ok {
 			continue
 		}
 		if m := e.id.Map(); m == ruleset.MapServiceIPs || m == ruleset.MapServiceNodePorts {
-			rd.counts[i].New.add(e.n)
+			rd.counts[i].New += e.n.Packets
 		} else {
-			rd.counts[i].Rejected.add(e.n)
+			rd.counts[i].Rejected += e.n.Packets
 		}
 	}
 	if len(drops) > 0 {
@@ -449,7 +451,7 @@ func (p *Programmer) attribute(elems []counted, drops map[string]Count, traffic 
 		for ch, n := range drops {
 			if ref, ok := fw[ch]; ok {
 				if i, ok := rd.ports.at(ref); ok {
-					rd.counts[i].Dropped.add(n)
+					rd.counts[i].Dropped += n.Packets
 				}
 			}
 		}
@@ -461,7 +463,7 @@ func (p *Programmer) attribute(elems []counted, drops map[string]Count, traffic 
 // elements; called with p.mu held.
 func (p *Programmer) portIndex() *portIndex {
 	// Most Services have one port, with one element.
-	x := &portIndex{refs: make([]PortRef, 0, len(p.services)), dests: make(map[ruleset.ElemID]int32, len(p.services))}
+	x := &portIndex{refs: make([]PortRef, 0, len(p.services)), dests: ruleset.NewElemIndex(len(p.services))}
 	seen := make(map[PortRef]int32, len(p.services))
 	p.claims.EachHolder(func(_ ruleset.Family, id ruleset.ElemID, key model.ServiceKey) {
 		if !isCounted(id.Map()) {
@@ -477,7 +479,7 @@ func (p *Programmer) portIndex() *portIndex {
 			x.refs = append(x.refs, ref)
 			seen[ref] = i
 		}
-		x.dests[id] = i
+		x.dests.Put(id, i)
 	})
 	return x
 }

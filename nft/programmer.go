@@ -747,7 +747,7 @@ func (p *Programmer) commitEach(res *Result, start time.Time, fp *ruleset.FullPl
 func (p *Programmer) shardSums(rd *Reading) []uint64 {
 	sums := make([]uint64, p.cfg.ShardCount())
 	for ref, c := range rd.Ports() {
-		sums[p.cfg.ShardOf(ref.Service)] += c.New.Packets
+		sums[p.cfg.ShardOf(ref.Service)] += c.New
 	}
 	return sums
 }

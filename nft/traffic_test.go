@@ -28,14 +28,14 @@ func trafficSvc(name string, dest, ep netip.AddrPort) *model.Service {
 func trafficReading(p *Programmer, synced bool, now map[trafficKey]Count, svcs ...*model.Service) map[string]Traffic {
 	p.synced = synced
 	p.services = map[model.ServiceKey]*model.Service{}
-	ix := &portIndex{dests: map[ruleset.ElemID]int32{}}
+	ix := &portIndex{dests: ruleset.NewElemIndex(0)}
 	for _, s := range svcs {
 		p.services[s.Key] = s
 		for _, sp := range s.Ports {
 			ix.refs = append(ix.refs, PortRef{Service: s.Key, Proto: sp.Protocol, Port: sp.Port})
 			for _, a := range s.ClusterIPs {
 				id := ruleset.NewElemID(ruleset.MapServiceIPs, ruleset.Key{Addr: a, Proto: sp.Protocol, Port: sp.Port})
-				ix.dests[id] = int32(len(ix.refs) - 1)
+				ix.dests.Put(id, int32(len(ix.refs)-1))
 			}
 		}
 	}

@@ -179,3 +179,20 @@ func (m *elemMap[V]) all() iter.Seq2[famElem, V] {
 		}
 	}
 }
+
+// ElemIndex numbers elements (the counters number each Service address's
+// element by its port): kept by set as Elems keeps them, and made for about
+// n elements in the sets every Service has one in.
+type ElemIndex struct{ m elemMap[int32] }
+
+// NewElemIndex returns an empty index sized for about n Services.
+func NewElemIndex(n int) *ElemIndex { return &ElemIndex{elemMap[int32]{sized: n}} }
+
+// Get returns the number of element id.
+func (x *ElemIndex) Get(id ElemID) (int32, bool) { return x.m.get(elem(id)) }
+
+// Put numbers element id.
+func (x *ElemIndex) Put(id ElemID, v int32) { x.m.put(elem(id), v) }
+
+// Len is the number of elements numbered.
+func (x *ElemIndex) Len() int { return x.m.len() }

@@ -147,7 +147,7 @@ func (t *traffic) Ports() ([]appliance.TrafficPort, time.Time, error) {
 
 // setCounts sets a port's row from its counters in the kernel.
 func setCounts(p *appliance.TrafficPort, c nft.PortCounters) {
-	p.NewConnections, p.Rejected, p.Dropped = c.New.Packets, c.Rejected.Packets, c.Dropped.Packets
+	p.NewConnections, p.Rejected, p.Dropped = c.New, c.Rejected, c.Dropped
 	p.PacketsIn, p.BytesIn = c.Traffic.In.Packets, c.Traffic.In.Bytes
 	p.PacketsOut, p.BytesOut = c.Traffic.Out.Packets, c.Traffic.Out.Bytes
 }
