@@ -10,6 +10,7 @@ import (
 	"slices"
 	"sync"
 	"time"
+	"unique"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -97,8 +98,12 @@ func (t *Tracker) DeleteService(k model.ServiceKey) {
 	t.markLocked(k)
 }
 
-// sliceKey names an EndpointSlice.
-type sliceKey struct{ namespace, name string }
+// sliceKey names an EndpointSlice: its namespace as a handle to the one
+// copy every slice of it shares (8 bytes, where a string is 16).
+type sliceKey struct {
+	namespace unique.Handle[string]
+	name      string
+}
 
 // SetSlice records an EndpointSlice's current object. A slice that moved to
 // another Service (its label changed) is removed from the old one.
@@ -108,7 +113,7 @@ func (t *Tracker) SetSlice(sl *discoveryv1.EndpointSlice) {
 
 // SetSliceObject records an EndpointSlice's current object, converted.
 func (t *Tracker) SetSliceObject(sl *model.SliceObject) {
-	sk := sliceKey{sl.Namespace(), sl.Name}
+	sk := sliceKey{unique.Make(sl.Namespace()), sl.Name}
 	k, ok := sl.Service()
 	trigger := sl.Trigger()
 	t.mu.Lock()
@@ -148,7 +153,7 @@ func (t *Tracker) removeSliceLocked(k model.ServiceKey, sk sliceKey) {
 
 // DeleteSlice records that an EndpointSlice is gone.
 func (t *Tracker) DeleteSlice(namespace, name string) {
-	sk := sliceKey{namespace, name}
+	sk := sliceKey{unique.Make(namespace), name}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if old, ok := t.sliceOwner[sk]; ok {

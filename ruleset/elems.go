@@ -75,6 +75,28 @@ func (e *Elems) All() iter.Seq2[ElemID, Verdict] {
 	}
 }
 
+// reserve makes room for the elements of a batch that fills an empty
+// table: a set's map grown one element at a time ends up a third larger
+// on average than one made at its size.
+func (e *Elems) reserve(add []Element) {
+	type count struct{ plain, verdicts int }
+	counts := map[setID]count{}
+	for i := range add {
+		id := setID{set: unique.Make(add[i].Map)}
+		c := counts[id]
+		if add[i].Verdict == (Verdict{}) {
+			c.plain++
+		} else {
+			c.verdicts++
+		}
+		counts[id] = c
+	}
+	for id, c := range counts {
+		e.plain.reserve(id, c.plain)
+		e.verdicts.reserve(id, c.verdicts)
+	}
+}
+
 // Clone returns a copy of e.
 func (e *Elems) Clone() Elems {
 	return Elems{plain: e.plain.clone(), verdicts: e.verdicts.clone()}
@@ -148,6 +170,17 @@ func (m *elemMap[V]) del(fe famElem) {
 	if len(s) == 0 {
 		delete(m.sets, setID{fe.f, fe.id.set})
 	}
+}
+
+// reserve makes set id's map for n elements, if it has none.
+func (m *elemMap[V]) reserve(id setID, n int) {
+	if n == 0 || m.sets[id] != nil {
+		return
+	}
+	if m.sets == nil {
+		m.sets = map[setID]map[elemKey]V{}
+	}
+	m.sets[id] = make(map[elemKey]V, n)
 }
 
 func (m *elemMap[V]) delSet(id setID) {

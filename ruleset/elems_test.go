@@ -41,6 +41,9 @@ func TestElemsAsAMap(t *testing.T) {
 	del := func(k ElemID) { e.Delete(k); delete(want, k) }
 
 	check("empty")
+	// Room made for a batch is no element yet.
+	e.reserve([]Element{{Map: "service-ips", Verdict: goTo("svc-a")}, {Map: "cluster-ips"}})
+	check("room made")
 	if _, ok := e.Get(id("service-ips", "10.0.0.1", 80)); ok {
 		t.Fatal("an empty Elems holds an element")
 	}

@@ -337,6 +337,14 @@ func (st *TableState) Apply(o *Ops) (rules int) {
 	for _, s := range o.RecreateSets {
 		st.Sets[s.Name] = DefOf(s)
 	}
+	// A table filled by one batch (a shard at a cold start, or at a
+	// repair onto no tables) gets its maps at their size.
+	if len(st.Chains) == 0 && len(o.AddChains) > 0 {
+		st.Chains = make(map[string]ChainInfo, len(o.AddChains))
+	}
+	if st.Elems.Len() == 0 {
+		st.Elems.reserve(o.AddElems)
+	}
 	for _, c := range o.AddChains {
 		setChain(c.Chain.Name, ChainInfo{c.FP, int32(len(c.RuleFPs))})
 	}
