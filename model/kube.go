@@ -527,7 +527,12 @@ type sliceOddities struct {
 }
 
 // Namespace is the slice's namespace.
-func (o *SliceObject) Namespace() string { return o.ns.Value() }
+func (o *SliceObject) Namespace() string {
+	if o.ns == (unique.Handle[string]{}) {
+		return "" // a SliceObject not made by NewSliceObject
+	}
+	return o.ns.Value()
+}
 
 // service is the name of the Service the slice belongs to.
 func (o *SliceObject) service() string {
@@ -553,7 +558,7 @@ func (o *SliceObject) setOdd(change func(*sliceOddities)) {
 	}
 	change(&odd)
 	o.odd = nil
-	if odd != (sliceOddities{}) {
+	if odd.service != "" || odd.err != nil {
 		o.odd = &odd
 	}
 }
