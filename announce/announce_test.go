@@ -24,7 +24,7 @@ func svc(name string, lb string, local bool, eps ...model.Endpoint) *model.Servi
 }
 
 func ep(addr, nodeName string, ready bool) model.Endpoint {
-	return model.Endpoint{Addr: netip.MustParseAddr(addr), Port: 8080, Ready: ready, Serving: ready, Place: model.On(nodeName)}
+	return model.Endpoint{Port: 8080, Ready: ready, Serving: ready, Place: model.On(nodeName)}.WithAddr(netip.MustParseAddr(addr))
 }
 
 func TestAddresses(t *testing.T) {
@@ -37,7 +37,7 @@ func TestAddresses(t *testing.T) {
 		{"cluster, no endpoint", svc("a", "192.0.2.1", false), false},
 		{"cluster, endpoint not ready", svc("a", "192.0.2.1", false, ep("10.0.0.1", "n1", false)), false},
 		{"cluster, terminating but serving", svc("a", "192.0.2.1", false,
-			model.Endpoint{Addr: netip.MustParseAddr("10.0.0.1"), Port: 1, Serving: true, Terminating: true}), true},
+			model.Endpoint{Port: 1, Serving: true, Terminating: true}.WithAddr(netip.MustParseAddr("10.0.0.1"))), true},
 		{"local, endpoint elsewhere", svc("a", "192.0.2.1", true, ep("10.0.0.1", "n1", true)), false},
 		{"local, endpoint here", svc("a", "192.0.2.1", true, ep("10.0.0.1", "n1", true), ep("10.0.0.2", "gw", true)), true},
 	} {

@@ -29,7 +29,7 @@ const nodeName = "gw"
 
 // ep is a ready endpoint on another node at target port 5353.
 func ep(addr string) model.Endpoint {
-	return model.Endpoint{Addr: netip.MustParseAddr(addr), Port: 5353, Place: model.On("other"), Ready: true, Serving: true}
+	return model.Endpoint{Port: 5353, Place: model.On("other"), Ready: true, Serving: true}.WithAddr(netip.MustParseAddr(addr))
 }
 
 // localEp is a ready endpoint on the gateway's node.

@@ -32,7 +32,7 @@ func svc(ns, name string, port uint16, eps ...model.Endpoint) *model.Service {
 }
 
 func ep(a, node string, ready bool) model.Endpoint {
-	return model.Endpoint{Addr: netip.MustParseAddr(a), Port: 8080, Place: model.On(node), Ready: ready, Serving: true, Terminating: !ready}
+	return model.Endpoint{Port: 8080, Place: model.On(node), Ready: ready, Serving: true, Terminating: !ready}.WithAddr(netip.MustParseAddr(a))
 }
 
 func TestWanted(t *testing.T) {

@@ -58,7 +58,7 @@ const poisoned = "198.18.2.66"
 func refusedModel(s *model.Service) bool {
 	for _, p := range s.Ports {
 		for _, e := range p.Endpoints {
-			if e.Addr.String() == poisoned {
+			if e.Addr().String() == poisoned {
 				return true
 			}
 		}
@@ -141,7 +141,7 @@ func TestSyncerKeepsRefusedServiceAtLastGoodState(t *testing.T) {
 		if st.Model == nil || len(st.Model.Ports) == 0 || len(st.Model.Ports[0].Endpoints) == 0 {
 			return ""
 		}
-		return st.Model.Ports[0].Endpoints[0].Addr.String()
+		return st.Model.Ports[0].Endpoints[0].Addr().String()
 	}
 
 	wait("cold start", func(w, b ServiceState, rules string) error {

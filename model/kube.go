@@ -671,7 +671,7 @@ func (o *SliceObject) read(sl *discoveryv1.EndpointSlice) error {
 		if a.Is4() != (sl.AddressType == discoveryv1.AddressTypeIPv4) {
 			return fmt.Errorf("endpointslice %s: endpoints[%d].addresses[0]: %s does not match addressType %s", sl.Name, ei, a, sl.AddressType)
 		}
-		e := Endpoint{Addr: a}
+		e := Endpoint{}.WithAddr(a)
 		// The API's rules: a nil ready or serving means true, a nil
 		// terminating means false.
 		e.Ready = ep.Conditions.Ready == nil || *ep.Conditions.Ready

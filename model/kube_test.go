@@ -78,7 +78,7 @@ var (
 func mAddr(s string) netip.Addr { return netip.MustParseAddr(s) }
 
 func readyEP(a string, p uint16) model.Endpoint {
-	return model.Endpoint{Addr: mAddr(a), Port: p, Ready: true, Serving: true}
+	return model.Endpoint{Port: p, Ready: true, Serving: true}.WithAddr(mAddr(a))
 }
 
 func TestFromKubernetes(t *testing.T) {
@@ -191,10 +191,10 @@ func TestFromKubernetes(t *testing.T) {
 			)},
 			check: func(t *testing.T, s *model.Service) {
 				want := []model.Endpoint{
-					{Addr: mAddr("10.180.0.1"), Port: 8080, Ready: true, Serving: true},
-					{Addr: mAddr("10.180.0.2"), Port: 8080, Serving: true},
-					{Addr: mAddr("10.180.0.3"), Port: 8080, Serving: true, Terminating: true},
-					{Addr: mAddr("10.180.0.4"), Port: 8080, Terminating: true},
+					model.Endpoint{Port: 8080, Ready: true, Serving: true}.WithAddr(mAddr("10.180.0.1")),
+					model.Endpoint{Port: 8080, Serving: true}.WithAddr(mAddr("10.180.0.2")),
+					model.Endpoint{Port: 8080, Serving: true, Terminating: true}.WithAddr(mAddr("10.180.0.3")),
+					model.Endpoint{Port: 8080, Terminating: true}.WithAddr(mAddr("10.180.0.4")),
 				}
 				if !reflect.DeepEqual(s.Ports[0].Endpoints, want) {
 					t.Errorf("endpoints\n%+v\nwant\n%+v", s.Ports[0].Endpoints, want)
@@ -205,7 +205,7 @@ func TestFromKubernetes(t *testing.T) {
 			slices: []*discoveryv1.EndpointSlice{slice("web-a", discoveryv1.AddressTypeIPv4, http,
 				sliceEP{addr: "10.180.0.1", node: "n1", zone: "zone-a", zoneHints: []string{"zone-a", "zone-b"}, nodeHints: []string{"n1"}})},
 			check: func(t *testing.T, s *model.Service) {
-				want := model.Endpoint{Addr: mAddr("10.180.0.1"), Port: 8080, Ready: true, Serving: true, Place: model.NewPlace("n1", "zone-a", []string{"zone-a", "zone-b"}, []string{"n1"})}
+				want := model.Endpoint{Port: 8080, Ready: true, Serving: true, Place: model.NewPlace("n1", "zone-a", []string{"zone-a", "zone-b"}, []string{"n1"})}.WithAddr(mAddr("10.180.0.1"))
 				if !reflect.DeepEqual(s.Ports[0].Endpoints, []model.Endpoint{want}) {
 					t.Errorf("endpoints %+v", s.Ports[0].Endpoints)
 				}
@@ -454,7 +454,7 @@ func TestBuildFromObjects(t *testing.T) {
 		t.Fatal(err)
 	}
 	ready := model.Endpoint{Ready: true, Serving: true}
-	at := func(a string, p uint16) model.Endpoint { e := ready; e.Addr, e.Port = mAddr(a), p; return e }
+	at := func(a string, p uint16) model.Endpoint { e := ready; e.SetAddr(mAddr(a)); e.Port = p; return e }
 	if want := []model.Endpoint{at("10.180.0.1", 8080), at("10.180.0.3", 8080)}; !reflect.DeepEqual(alone.Ports[0].Endpoints, want) {
 		t.Errorf("one slice: endpoints %+v, want %+v", alone.Ports[0].Endpoints, want)
 	}

@@ -300,16 +300,49 @@ type ServicePort struct {
 }
 
 // Endpoint is one backend of a ServicePort, with the port resolved from its
-// EndpointSlice (named target ports can differ from slice to slice).
+// EndpointSlice (named target ports can differ from slice to slice). Its
+// address is kept as its sixteen bytes and its family (Addr, SetAddr,
+// WithAddr): a netip.Addr is 24 bytes, and made every endpoint 40 where
+// it is 32.
 type Endpoint struct {
-	Addr        netip.Addr
+	addr        [16]byte
 	Port        uint16
 	Ready       bool
 	Serving     bool
 	Terminating bool
+	fam         uint8 // 4 or 6; 0 for no address
 	// Place is where the endpoint runs (its node and zone) and where its
 	// topology hints say it should receive traffic from.
 	Place Place
+}
+
+// Addr is the endpoint's address.
+func (e Endpoint) Addr() netip.Addr {
+	switch e.fam {
+	case 4:
+		return netip.AddrFrom4([4]byte(e.addr[12:]))
+	case 6:
+		return netip.AddrFrom16(e.addr)
+	}
+	return netip.Addr{}
+}
+
+// SetAddr sets the endpoint's address (without a zone: endpoints have
+// none).
+func (e *Endpoint) SetAddr(a netip.Addr) {
+	e.addr, e.fam = [16]byte{}, 0
+	switch {
+	case a.Is4():
+		e.addr, e.fam = a.As16(), 4
+	case a.Is6():
+		e.addr, e.fam = a.As16(), 6
+	}
+}
+
+// WithAddr returns e with address a.
+func (e Endpoint) WithAddr(a netip.Addr) Endpoint {
+	e.SetAddr(a)
+	return e
 }
 
 // Place is where an endpoint runs, its node and zone, and the topology
@@ -417,12 +450,12 @@ func (e *Endpoint) NodeHints() []string { return e.Place.ForNodes() }
 // returned as it is when all its endpoints are of that family already.
 func (p *ServicePort) OfFamily(ipv6 bool) ServicePort {
 	out := *p
-	if !slices.ContainsFunc(p.Endpoints, func(e Endpoint) bool { return e.Addr.Is6() != ipv6 }) {
+	if !slices.ContainsFunc(p.Endpoints, func(e Endpoint) bool { return e.Addr().Is6() != ipv6 }) {
 		return out
 	}
 	out.Endpoints = make([]Endpoint, 0, len(p.Endpoints))
 	for _, e := range p.Endpoints {
-		if e.Addr.Is6() == ipv6 {
+		if e.Addr().Is6() == ipv6 {
 			out.Endpoints = append(out.Endpoints, e)
 		}
 	}
@@ -452,7 +485,7 @@ func (s *Service) Maglev(def string) bool {
 }
 
 // AddrPort is the endpoint's address and port.
-func (e Endpoint) AddrPort() netip.AddrPort { return netip.AddrPortFrom(e.Addr, e.Port) }
+func (e Endpoint) AddrPort() netip.AddrPort { return netip.AddrPortFrom(e.Addr(), e.Port) }
 
 // ExternallyAccessible tells whether the Service is reachable from outside the
 // cluster through a NodePort, an ExternalIP or a LoadBalancer IP.

@@ -49,7 +49,7 @@ func TestKeptSizes(t *testing.T) {
 		name      string
 		size, max uintptr
 	}{
-		{"model.Endpoint", unsafe.Sizeof(model.Endpoint{}), 40},
+		{"model.Endpoint", unsafe.Sizeof(model.Endpoint{}), 32},
 		{"model.Service", unsafe.Sizeof(model.Service{}), 96},
 		{"model.ServiceObject", unsafe.Sizeof(model.ServiceObject{}), 96},
 		{"model.SliceObject", unsafe.Sizeof(model.SliceObject{}), 96},

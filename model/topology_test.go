@@ -18,8 +18,8 @@ type ep struct {
 
 func (e ep) endpoint() model.Endpoint {
 	ap := netip.MustParseAddrPort(e.addr)
-	m := model.Endpoint{Addr: ap.Addr(), Port: ap.Port(), Ready: e.ready, Serving: e.serving || e.ready,
-		Terminating: e.terminating, Place: model.On("other")}
+	m := model.Endpoint{Port: ap.Port(), Ready: e.ready, Serving: e.serving || e.ready,
+		Terminating: e.terminating, Place: model.On("other")}.WithAddr(ap.Addr())
 	if e.zones != nil || e.nodes != nil {
 		m.Place = m.Place.WithHints(e.zones, e.nodes)
 	}

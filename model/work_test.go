@@ -72,7 +72,7 @@ func TestBuildWorkIsLinear(t *testing.T) {
 		}
 		for _, e := range m.Ports[0].Endpoints {
 			if !e.Ready {
-				t.Fatalf("%s: the not-ready listing won over the ready one", e.Addr)
+				t.Fatalf("%s: the not-ready listing won over the ready one", e.Addr())
 			}
 		}
 		return count

@@ -613,7 +613,7 @@ func (p *Programmer) hasEndpoint(ref PortRef, ep netip.AddrPort) bool {
 			continue
 		}
 		for _, e := range sp.Endpoints {
-			if e.Addr == ep.Addr() && e.Port == ep.Port() {
+			if e.Addr() == ep.Addr() && e.Port == ep.Port() {
 				return true
 			}
 		}

@@ -66,7 +66,7 @@ func fillTrafficSets(tb testing.TB, ns string, cfg *ruleset.Config, c *scaleClus
 					ep := fmt.Sprintf("%s . 8080", addrPlus(scaleReplaceBase, uint32(len(pairs))))
 					if round < len(sp.Endpoints) {
 						e := sp.Endpoints[round]
-						ep = fmt.Sprintf("%s . %d", e.Addr, e.Port)
+						ep = fmt.Sprintf("%s . %d", e.Addr(), e.Port)
 					}
 					pairs = append(pairs, pair{
 						dest: fmt.Sprintf("%s . %s . %d", ip, strings.ToLower(sp.Protocol.KubeName()), sp.Port),

@@ -31,7 +31,7 @@ func TestCountersCountConnections(t *testing.T) {
 		Ports:      []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80}}}
 	guarded := &model.Service{Key: model.NewServiceKey("default", "guarded"), Type: model.TypeLoadBalancer,
 		ClusterIPs: []netip.Addr{netip.MustParseAddr("198.19.0.12")}, Rare: &model.Rare{LoadBalancerIPs: []netip.Addr{netip.MustParseAddr("198.19.1.1")}, SourceRanges: []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24")}}, Ports: []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80, Endpoints: []model.Endpoint{
-			{Addr: netip.MustParseAddr("198.19.0.1"), Port: 8080, Ready: true, Serving: true}}}}}
+			model.Endpoint{Port: 8080, Ready: true, Serving: true}.WithAddr(netip.MustParseAddr("198.19.0.1"))}}}}
 	services := map[model.ServiceKey]*model.Service{web.Key: web, empty.Key: empty, guarded.Key: guarded}
 	if _, err := p.Full(services); err != nil {
 		t.Fatal(err)
@@ -173,7 +173,7 @@ func TestCountersOffStillTellDestinations(t *testing.T) {
 	api := &model.Service{Key: model.NewServiceKey("default", "api"), Type: model.TypeClusterIP,
 		ClusterIPs: []netip.Addr{netip.MustParseAddr("198.19.0.20")},
 		Ports: []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 8080, Endpoints: []model.Endpoint{
-			{Addr: netip.MustParseAddr("198.18.2.11"), Port: 8080, Ready: true, Serving: true}}}}}
+			model.Endpoint{Port: 8080, Ready: true, Serving: true}.WithAddr(netip.MustParseAddr("198.18.2.11"))}}}}
 	if _, err := p.Partial(map[model.ServiceKey]*model.Service{web.Key: nil, api.Key: api}); err != nil {
 		t.Fatal(err)
 	}

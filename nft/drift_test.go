@@ -87,14 +87,14 @@ func (w *randomWorld) newService() *model.Service {
 func (w *randomWorld) endpoints() []model.Endpoint {
 	var eps []model.Endpoint
 	for j, n := 0, w.r.Intn(5); j < n; j++ {
-		e := model.Endpoint{Addr: w.addr4(18, 10+w.r.Intn(40)), Port: uint16(8080 + w.r.Intn(2)), Ready: w.r.Intn(6) != 0}
+		e := model.Endpoint{Port: uint16(8080 + w.r.Intn(2)), Ready: w.r.Intn(6) != 0}.WithAddr(w.addr4(18, 10+w.r.Intn(40)))
 		e.Serving = e.Ready || w.r.Intn(2) == 0
 		e.Terminating = !e.Ready && w.r.Intn(2) == 0
 		if w.r.Intn(2) == 0 {
 			e.Place = model.On("gw")
 		}
 		if w.r.Intn(4) == 0 {
-			e.Addr = netip.MustParseAddr(fmt.Sprintf("fd42:2::%x", 10+w.r.Intn(40)))
+			e.SetAddr(netip.MustParseAddr(fmt.Sprintf("fd42:2::%x", 10+w.r.Intn(40))))
 		}
 		dup := false
 		for _, x := range eps {
@@ -476,7 +476,7 @@ func TestUpgradeFromOneTable(t *testing.T) {
 		ClusterCIDRs:      []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("fd00:10::/48")},
 		NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("192.168.0.0/24"), netip.MustParsePrefix("2001:db8:1::/64")}}
 	ready := func(a string, port uint16) model.Endpoint {
-		return model.Endpoint{Addr: netip.MustParseAddr(a), Port: port, Ready: true, Serving: true}
+		return model.Endpoint{Port: port, Ready: true, Serving: true}.WithAddr(netip.MustParseAddr(a))
 	}
 	api := &model.Service{Key: model.NewServiceKey("ns1", "api"), Type: model.TypeClusterIP,
 		ClusterIPs: []netip.Addr{netip.MustParseAddr("172.30.0.10")},

@@ -40,10 +40,10 @@ func trafficKeysOf(svc *model.Service, out []trafficKey) []trafficKey {
 		for _, addrs := range [][]netip.Addr{svc.ClusterIPs, svc.ExternalIPs(), svc.LoadBalancerIPs()} {
 			for _, a := range addrs {
 				for _, ep := range sp.Endpoints {
-					if ep.Addr.Is4() != a.Is4() {
+					if ep.Addr().Is4() != a.Is4() {
 						continue
 					}
-					k := trafficKey{proto: sp.Protocol, dest: netip.AddrPortFrom(a, sp.Port), ep: netip.AddrPortFrom(ep.Addr, ep.Port)}
+					k := trafficKey{proto: sp.Protocol, dest: netip.AddrPortFrom(a, sp.Port), ep: netip.AddrPortFrom(ep.Addr(), ep.Port)}
 					out = append(out, k)
 					k.reply = true
 					out = append(out, k)

@@ -183,8 +183,8 @@ func fuzzService(name string, r *fuzzReader) *model.Service {
 				b[15] = r.u8()
 				a = netip.AddrFrom16(b)
 			}
-			p.Endpoints = append(p.Endpoints, model.Endpoint{Addr: a, Port: r.u16(), Ready: r.flag(), Serving: true,
-				Terminating: r.flag(), Place: model.On([]string{"gw", "other"}[r.u8()%2])})
+			p.Endpoints = append(p.Endpoints, model.Endpoint{Port: r.u16(), Ready: r.flag(), Serving: true,
+				Terminating: r.flag(), Place: model.On([]string{"gw", "other"}[r.u8()%2])}.WithAddr(a))
 		}
 		svc.Ports = append(svc.Ports, p)
 	}

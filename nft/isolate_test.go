@@ -18,7 +18,7 @@ func isolationService(name string, n int, endpoint string) *model.Service {
 	return &model.Service{Key: model.NewServiceKey("default", name), Type: model.TypeClusterIP,
 		ClusterIPs: []netip.Addr{netip.MustParseAddr(fmt.Sprintf("198.19.0.%d", n))},
 		Ports: []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80, Endpoints: []model.Endpoint{
-			{Addr: netip.MustParseAddr(endpoint), Port: 8080, Ready: true, Serving: true},
+			model.Endpoint{Port: 8080, Ready: true, Serving: true}.WithAddr(netip.MustParseAddr(endpoint)),
 		}}}}
 }
 

@@ -69,9 +69,9 @@ func TestSmoke(t *testing.T) {
 	ns, p := testProgrammer(t)
 	svc := &model.Service{Key: model.NewServiceKey("default", "web"), Type: model.TypeLoadBalancer,
 		ClusterIPs: []netip.Addr{netip.MustParseAddr("198.19.0.10"), netip.MustParseAddr("fd42:ff::10")}, Rare: &model.Rare{LoadBalancerIPs: []netip.Addr{netip.MustParseAddr("198.19.1.1")}, SourceRanges: []netip.Prefix{netip.MustParsePrefix("198.18.1.0/24")}, AffinityTimeout: 30 * time.Second}, Ports: []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80, NodePort: 30080, Endpoints: []model.Endpoint{
-			{Addr: netip.MustParseAddr("198.18.2.10"), Port: 8080, Ready: true, Serving: true},
-			{Addr: netip.MustParseAddr("198.18.2.11"), Port: 8080, Ready: true, Serving: true},
-			{Addr: netip.MustParseAddr("fd42:2::10"), Port: 8080, Ready: true, Serving: true},
+			model.Endpoint{Port: 8080, Ready: true, Serving: true}.WithAddr(netip.MustParseAddr("198.18.2.10")),
+			model.Endpoint{Port: 8080, Ready: true, Serving: true}.WithAddr(netip.MustParseAddr("198.18.2.11")),
+			model.Endpoint{Port: 8080, Ready: true, Serving: true}.WithAddr(netip.MustParseAddr("fd42:2::10")),
 		}}}}
 	empty := &model.Service{Key: model.NewServiceKey("default", "empty"), Type: model.TypeClusterIP,
 		ClusterIPs: []netip.Addr{netip.MustParseAddr("198.19.0.11")},
@@ -98,7 +98,7 @@ func webService(endpoint string) *model.Service {
 	return &model.Service{Key: model.NewServiceKey("default", "web"), Type: model.TypeClusterIP,
 		ClusterIPs: []netip.Addr{netip.MustParseAddr("198.19.0.10")},
 		Ports: []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80, Endpoints: []model.Endpoint{
-			{Addr: netip.MustParseAddr(endpoint), Port: 8080, Ready: true, Serving: true},
+			model.Endpoint{Port: 8080, Ready: true, Serving: true}.WithAddr(netip.MustParseAddr(endpoint)),
 		}}}}
 }
 

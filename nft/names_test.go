@@ -154,8 +154,8 @@ func TestValidNamesReadable(t *testing.T) {
 // affinity, both traffic policies, source ranges, both families.
 func hostileService(ns, name, port string) *model.Service {
 	eps := []model.Endpoint{
-		{Addr: netip.MustParseAddr("198.18.2.10"), Port: 8080, Ready: true, Serving: true, Place: model.On("gw")},
-		{Addr: netip.MustParseAddr("fd00:2::10"), Port: 8080, Ready: true, Serving: true, Place: model.On("gw")},
+		model.Endpoint{Port: 8080, Ready: true, Serving: true, Place: model.On("gw")}.WithAddr(netip.MustParseAddr("198.18.2.10")),
+		model.Endpoint{Port: 8080, Ready: true, Serving: true, Place: model.On("gw")}.WithAddr(netip.MustParseAddr("fd00:2::10")),
 	}
 	return &model.Service{Key: model.NewServiceKey(ns, name), Type: model.TypeLoadBalancer,
 		IPv4: true, IPv6: true,
@@ -235,7 +235,7 @@ func TestLongestNamesFitTheKernel(t *testing.T) {
 	svc := hostileService(long("n"), long("s"), long("p"))
 	svc.EditRare().AffinityTimeout = 86400 * time.Second
 	svc.Ports[0].Protocol = model.SCTP
-	svc.Ports[0].Endpoints[1].Addr = netip.MustParseAddr("fd00:ffff:ffff:ffff:ffff:ffff:ffff:ffff")
+	svc.Ports[0].Endpoints[1].SetAddr(netip.MustParseAddr("fd00:ffff:ffff:ffff:ffff:ffff:ffff:ffff"))
 	for i := range svc.Ports[0].Endpoints {
 		svc.Ports[0].Endpoints[i].Port = 65535
 	}

@@ -132,8 +132,8 @@ func newScaleCluster(n, eps int) *scaleCluster {
 		endpoints := func(port uint16) []model.Endpoint {
 			out := make([]model.Endpoint, eps)
 			for j := range out {
-				out[j] = model.Endpoint{Addr: addrPlus(scaleEndpointBase, epBase+uint32(j)), Port: port,
-					Place: model.On(fmt.Sprintf("node-%d", (i+j)%100)), Ready: true, Serving: true}
+				out[j] = model.Endpoint{Port: port,
+					Place: model.On(fmt.Sprintf("node-%d", (i+j)%100)), Ready: true, Serving: true}.WithAddr(addrPlus(scaleEndpointBase, epBase+uint32(j)))
 			}
 			return out
 		}
@@ -182,8 +182,8 @@ func newPlainCluster(n, eps int) *scaleCluster {
 	c := &scaleCluster{Services: make(map[model.ServiceKey]*model.Service, n), Keys: make([]model.ServiceKey, 0, n)}
 	endpoints := make([]model.Endpoint, eps)
 	for j := range endpoints {
-		endpoints[j] = model.Endpoint{Addr: addrPlus(scaleEndpointBase, uint32(j)), Port: 9000,
-			Place: model.On(fmt.Sprintf("node-%d", j)), Ready: true, Serving: true}
+		endpoints[j] = model.Endpoint{Port: 9000,
+			Place: model.On(fmt.Sprintf("node-%d", j)), Ready: true, Serving: true}.WithAddr(addrPlus(scaleEndpointBase, uint32(j)))
 	}
 	created := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	for i := range n {
@@ -247,7 +247,7 @@ func withReplacedEndpoint(svc *model.Service, j int, newAddr netip.Addr) *model.
 	c.Ports = make([]model.ServicePort, len(svc.Ports))
 	for pi, p := range svc.Ports {
 		p.Endpoints = append([]model.Endpoint(nil), p.Endpoints...)
-		p.Endpoints[j%len(p.Endpoints)].Addr = newAddr
+		p.Endpoints[j%len(p.Endpoints)].SetAddr(newAddr)
 		c.Ports[pi] = p
 	}
 	return &c

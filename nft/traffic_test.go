@@ -17,7 +17,7 @@ func trafficSvc(name string, dest, ep netip.AddrPort) *model.Service {
 		IPv4:       true,
 		ClusterIPs: []netip.Addr{dest.Addr()},
 		Ports: []model.ServicePort{{Protocol: model.TCP, Port: dest.Port(), Endpoints: []model.Endpoint{
-			{Addr: ep.Addr(), Port: ep.Port(), Ready: true, Serving: true},
+			model.Endpoint{Port: ep.Port(), Ready: true, Serving: true}.WithAddr(ep.Addr()),
 		}}},
 	}
 }

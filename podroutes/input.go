@@ -237,7 +237,7 @@ func (pl *planner) endpoints(nodes []NodeInfo, services []*model.Service) {
 	for _, s := range services {
 		for _, port := range s.Ports {
 			for _, e := range port.Endpoints {
-				a := e.Addr.Unmap()
+				a := e.Addr().Unmap()
 				if nodeAddr[a] {
 					continue // a host-network endpoint: the node's own address
 				}

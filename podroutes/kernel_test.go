@@ -170,7 +170,7 @@ func TestEndpointModeRoutesEachPod(t *testing.T) {
 	svc := &model.Service{Key: model.NewServiceKey("default", "web"), Ports: []model.ServicePort{{Port: 80, Protocol: model.TCP}}}
 	for i, pod := range c.pods {
 		for _, a := range pod {
-			svc.Ports[0].Endpoints = append(svc.Ports[0].Endpoints, model.Endpoint{Addr: a, Port: echoPort, Place: model.On(c.nodes[i].Name), Ready: true})
+			svc.Ports[0].Endpoints = append(svc.Ports[0].Endpoints, model.Endpoint{Port: echoPort, Place: model.On(c.nodes[i].Name), Ready: true}.WithAddr(a))
 		}
 	}
 	pol := policy(t, Endpoint, "10.244.0.0/16", "2001:db8:244::/48")

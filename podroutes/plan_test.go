@@ -115,7 +115,7 @@ func svc(name string, eps ...model.Endpoint) *model.Service {
 }
 
 func ep(a, node string) model.Endpoint {
-	return model.Endpoint{Addr: addr(a), Port: 8080, Place: model.On(node)}
+	return model.Endpoint{Port: 8080, Place: model.On(node)}.WithAddr(addr(a))
 }
 
 func TestPlanEndpoint(t *testing.T) {

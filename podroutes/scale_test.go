@@ -23,7 +23,7 @@ func TestTenThousandEndpointRoutes(t *testing.T) {
 		if i >= 500 {
 			a = netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 0x02, 0x44, 0, byte(1 + i%2), 14: byte(i >> 8), 15: byte(i)})
 		}
-		svc.Ports[0].Endpoints = append(svc.Ports[0].Endpoints, model.Endpoint{Addr: a, Port: echoPort, Place: model.On(c.nodes[i%2].Name)})
+		svc.Ports[0].Endpoints = append(svc.Ports[0].Endpoints, model.Endpoint{Port: echoPort, Place: model.On(c.nodes[i%2].Name)}.WithAddr(a))
 	}
 	pol := policy(t, Endpoint, "10.244.0.0/16", "2001:db8:244::/48")
 	in := Input{Nodes: c.nodes, Services: []*model.Service{svc}}

@@ -123,7 +123,7 @@ func TestMaglevRenderingIgnoresArrivalOrder(t *testing.T) {
 	cfg := &Config{Table: "nftgate", HashSeed: 7, EndpointSelection: model.SelectionMaglev}
 	var eps []model.Endpoint
 	for _, ap := range append(maglevBackends(6), netip.MustParseAddrPort("10.1.0.3:8081")) {
-		eps = append(eps, model.Endpoint{Addr: ap.Addr(), Port: ap.Port(), Ready: true, Serving: true})
+		eps = append(eps, model.Endpoint{Port: ap.Port(), Ready: true, Serving: true}.WithAddr(ap.Addr()))
 	}
 	render := func(eps []model.Endpoint) string {
 		svc := &model.Service{Key: model.NewServiceKey("ns", "web"), Type: model.TypeClusterIP, IPv4: true,

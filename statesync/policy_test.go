@@ -20,7 +20,7 @@ var (
 // webService is a LoadBalancer on vip:80 (TCP, node port 30080), vip:53
 // (UDP) and vip:3868 (SCTP) with the endpoint ep1 (port 8080 for all).
 func webService() *model.Service {
-	e := model.Endpoint{Addr: ep1.Addr(), Port: ep1.Port(), Place: model.On("other"), Ready: true, Serving: true}
+	e := model.Endpoint{Port: ep1.Port(), Place: model.On("other"), Ready: true, Serving: true}.WithAddr(ep1.Addr())
 	return &model.Service{Key: webKey, Type: model.TypeLoadBalancer, IPv4: true,
 		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
 		Rare:       &model.Rare{LoadBalancerIPs: []netip.Addr{vip}},

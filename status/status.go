@@ -227,7 +227,7 @@ func endpointRows(m *model.Service, node *model.Node) []appliance.Endpoint {
 		p := &m.Ports[pi]
 		used := usedEndpoints(m, p, node)
 		for _, e := range p.Endpoints {
-			out = append(out, appliance.Endpoint{PortName: p.Name, Addr: e.Addr, Port: e.Port,
+			out = append(out, appliance.Endpoint{PortName: p.Name, Addr: e.Addr(), Port: e.Port,
 				Ready: e.Ready, Serving: e.Serving, Terminating: e.Terminating, Node: e.Place.Node(), Zone: e.Place.Zone(),
 				Used: used[e.AddrPort()]})
 		}

@@ -79,7 +79,7 @@ func TestFollowSource(t *testing.T) {
 // the list the page makes from the model says.
 func TestServiceRowCounts(t *testing.T) {
 	ep := func(a string, ready bool) model.Endpoint {
-		return model.Endpoint{Addr: netip.MustParseAddr(a), Port: 8080, Ready: ready, Serving: ready}
+		return model.Endpoint{Port: 8080, Ready: ready, Serving: ready}.WithAddr(netip.MustParseAddr(a))
 	}
 	m := &model.Service{Key: model.NewServiceKey("ns", "web"), Type: model.TypeClusterIP,
 		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.1")},
@@ -111,7 +111,7 @@ func benchStates(n int) []loop.ServiceState {
 	for i := range states {
 		eps := make([]model.Endpoint, 4)
 		for j := range eps {
-			eps[j] = model.Endpoint{Addr: netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}), Port: 8080 + uint16(j), Ready: true, Serving: true}
+			eps[j] = model.Endpoint{Port: 8080 + uint16(j), Ready: true, Serving: true}.WithAddr(netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}))
 		}
 		m := &model.Service{Key: model.NewServiceKey("ns", fmt.Sprintf("s%d", i)), Type: model.TypeClusterIP,
 			ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})},

@@ -169,11 +169,11 @@ func TestTraceLoadBalancerSourceRanges(t *testing.T) {
 }
 
 func TestTraceNoEndpointsRejects(t *testing.T) {
-	notReady := model.Endpoint{Addr: world.Addr("10.180.0.1"), Port: 8080}
+	notReady := model.Endpoint{Port: 8080}.WithAddr(world.Addr("10.180.0.1"))
 	for name, eps := range map[string][]model.Endpoint{
 		"none":                     nil,
 		"only not ready":           {notReady},
-		"only terminating, unused": {{Addr: world.Addr("10.180.0.1"), Port: 8080, Terminating: true}},
+		"only terminating, unused": {model.Endpoint{Port: 8080, Terminating: true}.WithAddr(world.Addr("10.180.0.1"))},
 	} {
 		t.Run(name, func(t *testing.T) {
 			svc := world.Web(eps...)
@@ -366,10 +366,12 @@ func TestTraceSessionAffinity(t *testing.T) {
 }
 
 func TestTraceTerminatingAndNotReady(t *testing.T) {
-	notReady := func(a string) model.Endpoint { return model.Endpoint{Addr: world.Addr(a), Port: 8080} }
-	servingNotReady := func(a string) model.Endpoint { return model.Endpoint{Addr: world.Addr(a), Port: 8080, Serving: true} }
+	notReady := func(a string) model.Endpoint { return model.Endpoint{Port: 8080}.WithAddr(world.Addr(a)) }
+	servingNotReady := func(a string) model.Endpoint {
+		return model.Endpoint{Port: 8080, Serving: true}.WithAddr(world.Addr(a))
+	}
 	terminatingNotServing := func(a string) model.Endpoint {
-		return model.Endpoint{Addr: world.Addr(a), Port: 8080, Terminating: true}
+		return model.Endpoint{Port: 8080, Terminating: true}.WithAddr(world.Addr(a))
 	}
 	for _, tc := range []struct {
 		name string
@@ -408,7 +410,7 @@ func TestTraceTopology(t *testing.T) {
 			[]model.Endpoint{world.ZoneHints(world.Ready("10.180.0.1", 80), "zone-b"), world.ZoneHints(world.Ready("10.180.1.1", 80), "zone-c")},
 			"dnat 10.180.0.1:80, dnat 10.180.1.1:80"},
 		{"hints of not-ready endpoints do not count",
-			[]model.Endpoint{world.ZoneHints(model.Endpoint{Addr: world.Addr("10.180.0.1"), Port: 80}, "zone-a"), world.ZoneHints(world.Ready("10.180.1.1", 80), "zone-b")},
+			[]model.Endpoint{world.ZoneHints(model.Endpoint{Port: 80}.WithAddr(world.Addr("10.180.0.1")), "zone-a"), world.ZoneHints(world.Ready("10.180.1.1", 80), "zone-b")},
 			"dnat 10.180.1.1:80"},
 		{"node hints pick this node",
 			[]model.Endpoint{world.NodeHints(world.ZoneHints(world.Ready("10.180.0.1", 80), "zone-a"), "gw"), world.NodeHints(world.ZoneHints(world.Ready("10.180.1.1", 80), "zone-a"), "other")},

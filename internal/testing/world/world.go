@@ -47,12 +47,12 @@ func Config() *ruleset.Config {
 
 // Ready is a test world fixture.
 func Ready(a string, port uint16) model.Endpoint {
-	return model.Endpoint{Addr: Addr(a), Port: port, Ready: true, Serving: true}
+	return model.Endpoint{Port: port, Ready: true, Serving: true}.WithAddr(Addr(a))
 }
 
 // Terminating is a test world fixture.
 func Terminating(a string, port uint16) model.Endpoint {
-	return model.Endpoint{Addr: Addr(a), Port: port, Serving: true, Terminating: true}
+	return model.Endpoint{Port: port, Serving: true, Terminating: true}.WithAddr(Addr(a))
 }
 
 // On is a test world fixture.
