@@ -118,9 +118,9 @@ func Wanted(m *model.Service, node string) (port uint16, local4, local6 int) {
 	seen := map[netip.Addr]bool{}
 	for _, p := range m.Ports {
 		for _, e := range p.Endpoints {
-			if e.Ready && node != "" && e.Place.Node() == node && !seen[e.Addr()] {
-				seen[e.Addr()] = true
-				if e.Addr().Is4() {
+			if a := e.Addr(); e.Ready && node != "" && e.Place.Node() == node && !seen[a] {
+				seen[a] = true
+				if a.Is4() {
 					local4++
 				} else {
 					local6++

@@ -54,8 +54,9 @@ func (e *Elems) Delete(id ElemID) {
 
 // DeleteSet forgets every element of the named set.
 func (e *Elems) DeleteSet(name string) {
-	e.verdicts.delSet(setID{set: unique.Make(name)})
-	e.plain.delSet(setID{set: unique.Make(name)})
+	id := setID{set: unique.Make(name)}
+	e.verdicts.delSet(id)
+	e.plain.delSet(id)
 }
 
 // All yields every element and its verdict, in no particular order. The
@@ -128,16 +129,22 @@ func (m *elemMap[V]) set(fe famElem, create bool) map[elemKey]V {
 	id := setID{fe.f, fe.id.set}
 	s := m.sets[id]
 	if s == nil && create {
-		if m.sets == nil {
-			m.sets = map[setID]map[elemKey]V{}
-		}
 		n := 0
 		if name := fe.id.Map(); name == SetClusterIPs || name == MapServiceIPs {
 			n = m.sized
 		}
-		s = make(map[elemKey]V, n)
-		m.sets[id] = s
+		s = m.makeSet(id, n)
 	}
+	return s
+}
+
+// makeSet makes set id's map for n elements.
+func (m *elemMap[V]) makeSet(id setID, n int) map[elemKey]V {
+	if m.sets == nil {
+		m.sets = map[setID]map[elemKey]V{}
+	}
+	s := make(map[elemKey]V, n)
+	m.sets[id] = s
 	return s
 }
 
@@ -174,13 +181,9 @@ func (m *elemMap[V]) del(fe famElem) {
 
 // reserve makes set id's map for n elements, if it has none.
 func (m *elemMap[V]) reserve(id setID, n int) {
-	if n == 0 || m.sets[id] != nil {
-		return
+	if n > 0 && m.sets[id] == nil {
+		m.makeSet(id, n)
 	}
-	if m.sets == nil {
-		m.sets = map[setID]map[elemKey]V{}
-	}
-	m.sets[id] = make(map[elemKey]V, n)
 }
 
 func (m *elemMap[V]) delSet(id setID) {
@@ -226,6 +229,3 @@ func (x *ElemIndex) Get(id ElemID) (int32, bool) { return x.m.get(elem(id)) }
 
 // Put numbers element id.
 func (x *ElemIndex) Put(id ElemID, v int32) { x.m.put(elem(id), v) }
-
-// Len is the number of elements numbered.
-func (x *ElemIndex) Len() int { return x.m.len() }
