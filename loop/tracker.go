@@ -8,6 +8,7 @@ package loop
 
 import (
 	"slices"
+	"strings"
 	"sync"
 	"time"
 	"unique"
@@ -26,14 +27,16 @@ type Tracker struct {
 	mu sync.Mutex
 	// services holds each Service and its EndpointSlices (most have one),
 	// in one map: at ten thousand Services every map keyed by Service is
-	// a megabyte. sliceOwner tells under which Service a slice is listed:
-	// a slice change or deletion finds its entry without a walk over every
-	// Service, which at ten thousand Services made the first sync
-	// quadratic. It holds the slice itself, whose Service is the owner:
-	// a pointer is a smaller entry than a second key.
-	services   map[model.ServiceKey]tracked
-	sliceOwner map[sliceKey]*model.SliceObject
-	dirty      map[model.ServiceKey]struct{}
+	// a megabyte. A slice change or deletion finds the Service a slice is
+	// listed under from the slice's name (ownerLocked), without a walk
+	// over every Service, which at ten thousand Services made the first
+	// sync quadratic, and without an index of every slice (5 MB at a
+	// hundred thousand): a slice is named after its Service, as the
+	// EndpointSlice controller names them (<service>-<suffix>), or is
+	// listed in oddOwners.
+	services  map[model.ServiceKey]tracked
+	oddOwners map[sliceKey]model.ServiceKey
+	dirty     map[model.ServiceKey]struct{}
 	// triggers are the last-change-trigger-time annotations of the
 	// EndpointSlice changes not synced yet: when the change that led to
 	// them happened, for the network programming latency.
@@ -48,10 +51,10 @@ type Tracker struct {
 // NewTracker returns an empty tracker.
 func NewTracker() *Tracker {
 	return &Tracker{
-		services:   map[model.ServiceKey]tracked{},
-		sliceOwner: map[sliceKey]*model.SliceObject{},
-		dirty:      map[model.ServiceKey]struct{}{},
-		changed:    make(chan struct{}, 1),
+		services:  map[model.ServiceKey]tracked{},
+		oddOwners: map[sliceKey]model.ServiceKey{},
+		dirty:     map[model.ServiceKey]struct{}{},
+		changed:   make(chan struct{}, 1),
 	}
 }
 
@@ -113,51 +116,88 @@ func (t *Tracker) SetSlice(sl *discoveryv1.EndpointSlice) {
 
 // SetSliceObject records an EndpointSlice's current object, converted.
 func (t *Tracker) SetSliceObject(sl *model.SliceObject) {
-	sk := sliceKey{unique.Make(sl.Namespace()), sl.Name}
+	ns := sl.Namespace()
 	k, ok := sl.Service()
 	trigger := sl.Trigger()
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if old, found := t.sliceOwner[sk]; found && (!ok || oldService(old) != k) {
-		t.removeSliceLocked(oldService(old), sk)
+	e, listed := t.services[k]
+	i := -1
+	if ok && listed {
+		i = e.slices.index(sl.Name)
+	}
+	if i < 0 {
+		// Not listed under its Service yet: new, or moved from another.
+		if old, found := t.ownerLocked(ns, sl.Name); found {
+			t.removeSliceLocked(old, ns, sl.Name)
+			e = t.services[k]
+		}
 	}
 	if !ok {
 		return
 	}
-	t.sliceOwner[sk] = sl
-	e := t.services[k]
-	i := slices.IndexFunc(e.slices, func(o *model.SliceObject) bool { return o.Name == sl.Name })
 	if i >= 0 {
-		e.slices[i] = sl
+		e.slices.set(i, sl)
 	} else {
-		e.slices = append(e.slices, sl)
-		t.services[k] = e
+		e.slices.add(sl)
+		if !namedAfter(sl.Name, k.Name()) {
+			t.oddOwners[sliceKey{unique.Make(ns), sl.Name}] = k
+		}
 	}
+	t.services[k] = e
 	if !trigger.IsZero() {
 		t.triggers = append(t.triggers, trigger)
 	}
 	t.markLocked(k)
 }
 
-// removeSliceLocked takes a slice off the list of Service k.
-func (t *Tracker) removeSliceLocked(k model.ServiceKey, sk sliceKey) {
-	delete(t.sliceOwner, sk)
-	e := t.services[k]
-	e.slices = slices.DeleteFunc(e.slices, func(o *model.SliceObject) bool { return o.Name == sk.name })
-	if len(e.slices) == 0 {
-		e.slices = nil
+// namedAfter tells whether a slice's name is its Service's, or starts
+// with it and a '-', as the EndpointSlice controller names slices: then
+// ownerLocked finds the Service from the slice's name alone.
+func namedAfter(slice, service string) bool {
+	return len(slice) >= len(service) && slice[:len(service)] == service &&
+		(len(slice) == len(service) || slice[len(service)] == '-')
+}
+
+// ownerLocked returns the Service the slice namespace/name is listed
+// under, if any. A slice is listed under one Service at most, and one
+// named after it (namedAfter) is listed under a Service whose name is the
+// slice's or the part of it before one of its '-'s; another is in
+// oddOwners.
+func (t *Tracker) ownerLocked(namespace, name string) (model.ServiceKey, bool) {
+	if len(t.oddOwners) > 0 {
+		if k, ok := t.oddOwners[sliceKey{unique.Make(namespace), name}]; ok {
+			return k, true
+		}
 	}
+	for end := len(name); end > 0; {
+		k := model.NewServiceKey(namespace, name[:end])
+		if e, ok := t.services[k]; ok && e.slices.index(name) >= 0 {
+			return k, true
+		}
+		end = strings.LastIndexByte(name[:end], '-')
+	}
+	return model.ServiceKey{}, false
+}
+
+// removeSliceLocked takes the slice namespace/name off the list of
+// Service k.
+func (t *Tracker) removeSliceLocked(k model.ServiceKey, namespace, name string) {
+	if !namedAfter(name, k.Name()) {
+		delete(t.oddOwners, sliceKey{unique.Make(namespace), name})
+	}
+	e := t.services[k]
+	e.slices.remove(name)
 	t.putLocked(k, e)
 	t.markLocked(k)
 }
 
 // DeleteSlice records that an EndpointSlice is gone.
 func (t *Tracker) DeleteSlice(namespace, name string) {
-	sk := sliceKey{unique.Make(namespace), name}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if old, ok := t.sliceOwner[sk]; ok {
-		t.removeSliceLocked(oldService(old), sk)
+	if k, ok := t.ownerLocked(namespace, name); ok {
+		t.removeSliceLocked(k, namespace, name)
 	}
 }
 
@@ -234,28 +274,95 @@ func (t *Tracker) MarkDirty(keys []model.ServiceKey, triggers []time.Time) {
 
 func (t *Tracker) objectsLocked(k model.ServiceKey) Objects {
 	e := t.services[k]
-	return Objects{Service: e.svc, Slices: slices.Clone(e.slices)}
+	return Objects{Service: e.svc, Slices: e.slices.all()}
 }
 
 // tracked is one Service's objects: its own (nil while only slices that
 // name it are known) and its slices.
 type tracked struct {
 	svc    *model.ServiceObject
-	slices []*model.SliceObject
+	slices sliceList
+}
+
+// sliceList is a Service's slices: most have one, held without an array
+// of its own (a hundred thousand of them were 0.8 MB, and the map's
+// entries 8 bytes each larger).
+type sliceList struct {
+	one  *model.SliceObject    // the only slice, when more is nil
+	more *[]*model.SliceObject // two or more
+}
+
+func (l *sliceList) len() int {
+	switch {
+	case l.more != nil:
+		return len(*l.more)
+	case l.one != nil:
+		return 1
+	}
+	return 0
+}
+
+// all returns a new array of the slices (nil for none).
+func (l *sliceList) all() []*model.SliceObject {
+	switch {
+	case l.more != nil:
+		return slices.Clone(*l.more)
+	case l.one != nil:
+		return []*model.SliceObject{l.one}
+	}
+	return nil
+}
+
+// index returns the position of the slice named name, or -1.
+func (l *sliceList) index(name string) int {
+	switch {
+	case l.more != nil:
+		return slices.IndexFunc(*l.more, func(o *model.SliceObject) bool { return o.Name == name })
+	case l.one != nil && l.one.Name == name:
+		return 0
+	}
+	return -1
+}
+
+func (l *sliceList) set(i int, sl *model.SliceObject) {
+	if l.more != nil {
+		(*l.more)[i] = sl
+	} else {
+		l.one = sl
+	}
+}
+
+func (l *sliceList) add(sl *model.SliceObject) {
+	switch {
+	case l.more != nil:
+		*l.more = append(*l.more, sl)
+	case l.one != nil:
+		l.more = &[]*model.SliceObject{l.one, sl}
+		l.one = nil
+	default:
+		l.one = sl
+	}
+}
+
+// remove takes the slice named name out, if it is there.
+func (l *sliceList) remove(name string) {
+	i := l.index(name)
+	switch {
+	case i < 0:
+	case l.more == nil:
+		l.one = nil
+	case len(*l.more) == 2:
+		l.one, l.more = (*l.more)[1-i], nil
+	default:
+		*l.more = slices.Delete(*l.more, i, i+1)
+	}
 }
 
 // putLocked stores a Service's entry, or removes it when it holds nothing.
 func (t *Tracker) putLocked(k model.ServiceKey, e tracked) {
-	if e.svc == nil && len(e.slices) == 0 {
+	if e.svc == nil && e.slices.len() == 0 {
 		delete(t.services, k)
 		return
 	}
 	t.services[k] = e
-}
-
-// oldService is the Service a slice kept in sliceOwner is listed under
-// (it has one, or it would not be kept).
-func oldService(sl *model.SliceObject) model.ServiceKey {
-	k, _ := sl.Service()
-	return k
 }

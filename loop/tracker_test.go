@@ -1,6 +1,8 @@
 package loop
 
 import (
+	"maps"
+	"math/rand/v2"
 	"slices"
 	"testing"
 	"time"
@@ -100,4 +102,63 @@ func equalNames(a, b map[model.ServiceKey][]string) bool {
 		}
 	}
 	return true
+}
+
+// TestTrackerOwnersByName checks that the tracker finds the Service a
+// slice is listed under from the slice's name, or from oddOwners when the
+// name is not its Service's: random sets, moves and deletions of slices
+// whose names share prefixes with several Services, against a plain map
+// of slice to Service.
+func TestTrackerOwnersByName(t *testing.T) {
+	services := []string{"web", "web-api", "web-api-x", "api", "w"}
+	names := []string{"web", "web-1", "web-api", "web-api-1", "web-api-x-1", "web-api-x", "api-1", "w-web", "odd", "w", "webapi"}
+	rng := rand.New(rand.NewPCG(1, 2))
+	tr := NewTracker()
+	for _, ns := range []string{"a", "b"} {
+		for _, s := range services {
+			tr.SetService(&corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: s}})
+		}
+	}
+	type slice struct{ ns, name string }
+	want := map[slice]string{} // slice -> its Service
+	for step := range 5000 {
+		sl := slice{[]string{"a", "b"}[rng.IntN(2)], names[rng.IntN(len(names))]}
+		switch op := rng.IntN(4); op {
+		case 0:
+			tr.DeleteSlice(sl.ns, sl.name)
+			delete(want, sl)
+		case 1:
+			tr.SetSlice(trackedSlice(sl.ns, sl.name, "")) // unlabelled
+			delete(want, sl)
+		default:
+			s := services[rng.IntN(len(services))]
+			tr.SetSlice(trackedSlice(sl.ns, sl.name, s))
+			want[sl] = s
+		}
+		all, _ := tr.All()
+		got := map[slice]string{}
+		for k, o := range all {
+			for _, so := range o.Slices {
+				if so.Namespace() != k.Namespace() {
+					t.Fatalf("step %d: slice %s/%s listed under %s", step, so.Namespace(), so.Name, k)
+				}
+				s := slice{so.Namespace(), so.Name}
+				if prev, dup := got[s]; dup {
+					t.Fatalf("step %d: slice %v listed under both %s and %s", step, s, prev, k.Name())
+				}
+				got[s] = k.Name()
+			}
+		}
+		if !maps.Equal(got, want) {
+			t.Fatalf("step %d: slices by Service = %v, want %v", step, got, want)
+		}
+	}
+	if len(want) > 0 && len(tr.oddOwners) == 0 {
+		t.Errorf("no slice listed in oddOwners: the test makes none not named after its Service")
+	}
+	for sk, k := range tr.oddOwners {
+		if namedAfter(sk.name, k.Name()) || want[slice{sk.namespace.Value(), sk.name}] != k.Name() {
+			t.Errorf("oddOwners holds %s/%s under %s, which it need not or should not", sk.namespace.Value(), sk.name, k)
+		}
+	}
 }
