@@ -131,7 +131,7 @@ func problemsSnapshot() Snapshot {
 		"/etc/nftgate/manifests/f.yaml: a FIFO, not a regular file; not read",
 		`/etc/nftgate/manifests/<b>z</b>.yaml: a character device (through the symlink to /dev/zero), not a regular file; not read`,
 	}
-	rows := s.Services.rows()
+	rows := s.Services.copyRows()
 	for i := range rows {
 		switch rows[i].Key() {
 		case "shop/web":

@@ -125,8 +125,8 @@ func manyServices(n int) []Service {
 	return out
 }
 
-// rows copies the list's Services, in name order.
-func (l ServiceList) rows() []Service {
+// copyRows copies the list's Services, in name order.
+func (l ServiceList) copyRows() []Service {
 	out := make([]Service, 0, l.Len())
 	for s := range l.All() {
 		out = append(out, *s)

@@ -12,28 +12,32 @@ import (
 // few rows among a hundred thousand costs what it changes, and a Snapshot
 // taken before keeps showing its own list. The zero ServiceList is empty.
 //
-// A Source of many Services gives them as Rows: the list keeps what makes
-// a row and the row's part of the summary, and makes the row when it is
-// shown. Rows kept made were the largest part of the gateway's memory
-// after the rules' (43 MB of 234 at 100,000 Services).
+// A Source of many Services gives them as data its Rows make rows of: the
+// list keeps the data and the row's part of the summary, and makes the
+// row when it is shown. Rows kept made were the largest part of the
+// gateway's memory after the rules' (43 MB of 234 at 100,000 Services);
+// the name and the maker kept with each row, 4 MB at 100,000.
 type ServiceList struct {
-	t   *btree.BTreeG[*entry]
-	sum SummaryJSON
+	t    *btree.BTreeG[entry]
+	rows Rows
+	sum  SummaryJSON
 }
 
-// A Row is a Service's row as the list keeps it until it is shown: Make
-// (Data) returns the row, the same every time, and Namespace and Name are
-// its name. Make is called once when the Row is put in (for the summary)
-// and again whenever the row is read.
-type Row struct {
-	Namespace, Name string
-	Data            any
-	Make            func(data any) Service
+// Rows are what a list's data are: Name returns the namespace and name of
+// one, Make its row, the same every time. Make is called once when the
+// data is put in (for the summary) and again whenever the row is read.
+// A list holds the data of one Rows.
+type Rows interface {
+	Name(data any) (namespace, name string)
+	Make(data any) Service
 }
 
-// entry is one Service in the list: its Row and its part of the summary.
+// ServiceName names a row to take out of a list.
+type ServiceName struct{ Namespace, Name string }
+
+// entry is one Service in the list: its data and its part of the summary.
 type entry struct {
-	Row
+	data      any // a *ServiceName when the entry is a probe for a name
 	endpoints int32
 	flags     uint8
 }
@@ -46,15 +50,35 @@ const (
 )
 
 // serviceListDegree is the B-tree's degree: a change copies about
-// log_degree(N) nodes of up to 2 × degree pointers.
+// log_degree(N) nodes of up to 2 × degree entries.
 const serviceListDegree = 32
 
-func lessEntry(a, b *entry) bool {
-	return a.Namespace < b.Namespace || a.Namespace == b.Namespace && a.Name < b.Name
+// name returns the name of e's Service.
+func name(rows Rows, e entry) (namespace, name string) {
+	if n, ok := e.data.(*ServiceName); ok {
+		return n.Namespace, n.Name
+	}
+	return rows.Name(e.data)
 }
 
-// wholeRow is the Make of a row given whole: Data is the *Service.
-func wholeRow(data any) Service { return *data.(*Service) }
+func newTree(rows Rows) *btree.BTreeG[entry] {
+	return btree.NewG(serviceListDegree, func(a, b entry) bool {
+		ans, an := name(rows, a)
+		bns, bn := name(rows, b)
+		return ans < bns || ans == bns && an < bn
+	})
+}
+
+// wholeRows are the Rows of Services given whole: the data is the
+// *Service.
+type wholeRows struct{}
+
+func (wholeRows) Name(data any) (string, string) {
+	s := data.(*Service)
+	return s.Namespace, s.Name
+}
+
+func (wholeRows) Make(data any) Service { return *data.(*Service) }
 
 // NewServiceList returns the list of the given Services (a later one
 // replaces an earlier one of the same name). It keeps the rows of
@@ -76,8 +100,8 @@ func (l ServiceList) Len() int {
 func (l ServiceList) All() iter.Seq[*Service] {
 	return func(yield func(*Service) bool) {
 		if l.t != nil {
-			l.t.Ascend(func(e *entry) bool {
-				s := e.Make(e.Data)
+			l.t.Ascend(func(e entry) bool {
+				s := l.rows.Make(e.data)
 				return yield(&s)
 			})
 		}
@@ -89,11 +113,11 @@ func (l ServiceList) Get(namespace, name string) (*Service, bool) {
 	if l.t == nil {
 		return nil, false
 	}
-	e, ok := l.t.Get(&entry{Row: Row{Namespace: namespace, Name: name}})
+	e, ok := l.t.Get(entry{data: &ServiceName{namespace, name}})
 	if !ok {
 		return nil, false
 	}
-	s := e.Make(e.Data)
+	s := l.rows.Make(e.data)
 	return &s, true
 }
 
@@ -110,33 +134,34 @@ func (l ServiceList) Summary() SummaryJSON {
 // where they are, without a copy: the caller must not modify them
 // afterwards.
 func (l ServiceList) With(set []Service, remove ...Service) ServiceList {
-	rows := make([]Row, len(set))
+	data := make([]any, len(set))
 	for i := range set {
-		rows[i] = Row{Namespace: set[i].Namespace, Name: set[i].Name, Data: &set[i], Make: wholeRow}
+		data[i] = &set[i]
 	}
-	names := make([]Row, len(remove))
+	names := make([]ServiceName, len(remove))
 	for i := range remove {
-		names[i] = Row{Namespace: remove[i].Namespace, Name: remove[i].Name}
+		names[i] = ServiceName{remove[i].Namespace, remove[i].Name}
 	}
-	return l.WithRows(rows, names...)
+	return l.WithRows(wholeRows{}, data, names...)
 }
 
-// WithRows is With for Rows: the rows of set are put in, those named by
-// remove (only their Namespace and Name are read) taken out.
-func (l ServiceList) WithRows(set []Row, remove ...Row) ServiceList {
-	out := ServiceList{sum: l.sum}
-	if l.t == nil {
-		out.t = btree.NewG(serviceListDegree, lessEntry)
+// WithRows is With for the data of rows: the data in set are put in, each
+// replacing the row of its name, the rows named by remove taken out. A
+// list of other Rows is replaced whole: none of its rows is kept.
+func (l ServiceList) WithRows(rows Rows, set []any, remove ...ServiceName) ServiceList {
+	out := ServiceList{rows: rows, sum: l.sum}
+	if l.t == nil || l.rows != rows {
+		out.t, out.sum = newTree(rows), SummaryJSON{}
 	} else {
 		out.t = l.t.Clone()
 	}
 	for i := range remove {
-		if old, ok := out.t.Delete(&entry{Row: remove[i]}); ok {
+		if old, ok := out.t.Delete(entry{data: &remove[i]}); ok {
 			out.sum.count(old, -1)
 		}
 	}
-	for i := range set {
-		e := newEntry(set[i])
+	for _, d := range set {
+		e := newEntry(rows, d)
 		if old, ok := out.t.ReplaceOrInsert(e); ok {
 			out.sum.count(old, -1)
 		}
@@ -145,10 +170,10 @@ func (l ServiceList) WithRows(set []Row, remove ...Row) ServiceList {
 	return out
 }
 
-// newEntry makes r's row once, for its part of the summary.
-func newEntry(r Row) *entry {
-	svc := r.Make(r.Data)
-	e := &entry{Row: r}
+// newEntry makes data's row once, for its part of the summary.
+func newEntry(rows Rows, data any) entry {
+	svc := rows.Make(data)
+	e := entry{data: data}
 	if svc.Error != "" {
 		e.flags |= rowRejected
 	}
@@ -168,7 +193,7 @@ func newEntry(r Row) *entry {
 
 // count adds one Service's part of the summary (sign 1) or takes it off
 // (sign -1); Total is the list's length, not counted here.
-func (s *SummaryJSON) count(e *entry, sign int) {
+func (s *SummaryJSON) count(e entry, sign int) {
 	flag := func(f uint8) int {
 		if e.flags&f != 0 {
 			return sign

@@ -36,9 +36,6 @@ type Publisher struct {
 	// some (owned by run): each is logged once, when it appears.
 	warned map[model.ServiceKey][]string
 	log    *slog.Logger
-	// mk is makeRow, bound once: a method value made per row would be an
-	// allocation per row.
-	mk func(any) appliance.Service
 }
 
 // NewPublisher returns a Publisher of s's Services into rec; node decides
@@ -46,7 +43,6 @@ type Publisher struct {
 func NewPublisher(s *loop.Syncer, rec *appliance.Recorder, node model.Node, log *slog.Logger) *Publisher {
 	p := &Publisher{syncer: s, rec: rec, node: node, wake: make(chan struct{}, 1),
 		touched: map[model.ServiceKey]struct{}{}, warned: map[model.ServiceKey][]string{}, log: log}
-	p.mk = p.makeRow
 	return p
 }
 
@@ -104,17 +100,18 @@ func (p *Publisher) Run(ctx context.Context) {
 		if all {
 			p.rebuild(p.syncer.Services())
 		} else if len(touched) > 0 {
-			var set, remove []appliance.Row
+			var set []any
+			var remove []appliance.ServiceName
 			for k := range touched {
 				st, _ := p.syncer.Service(k)
 				p.noteWarnings(k, st.Warnings)
-				if row, ok := p.row(st); ok {
-					set = append(set, row)
+				if data, ok := row(st); ok {
+					set = append(set, data)
 				} else {
-					remove = append(remove, row)
+					remove = append(remove, appliance.ServiceName{Namespace: k.Namespace(), Name: k.Name()})
 				}
 			}
-			p.rows = p.rows.WithRows(set, remove...)
+			p.rows = p.rows.WithRows((*rows)(p), set, remove...)
 			p.rec.SetServices(p.rows)
 		}
 		select {
@@ -128,7 +125,7 @@ func (p *Publisher) Run(ctx context.Context) {
 // rebuild makes every row anew from states (in any order: the list orders
 // them), and logs what changed of the Services' warnings.
 func (p *Publisher) rebuild(states []loop.ServiceState) {
-	rows := make([]appliance.Row, 0, len(states))
+	data := make([]any, 0, len(states))
 	// seen: the listed Services with warnings, those noteWarnings keeps
 	// in warned (a set of every Service cost as much as their rows).
 	seen := make(map[model.ServiceKey]bool, len(p.warned))
@@ -137,8 +134,8 @@ func (p *Publisher) rebuild(states []loop.ServiceState) {
 		if len(st.Warnings) > 0 {
 			seen[st.Key] = true
 		}
-		if row, ok := p.row(st); ok {
-			rows = append(rows, row)
+		if d, ok := row(st); ok {
+			data = append(data, d)
 		}
 	}
 	for k := range p.warned {
@@ -146,7 +143,7 @@ func (p *Publisher) rebuild(states []loop.ServiceState) {
 			p.noteWarnings(k, nil)
 		}
 	}
-	p.rows = appliance.ServiceList{}.WithRows(rows)
+	p.rows = appliance.ServiceList{}.WithRows((*rows)(p), data)
 	p.rec.SetServices(p.rows)
 }
 
@@ -155,22 +152,33 @@ func (p *Publisher) rebuild(states []loop.ServiceState) {
 // A Service served as programmed, as nearly all are, is kept as its model
 // alone (the model never changes); one with an error or warnings as a copy
 // of its state.
-func (p *Publisher) row(st loop.ServiceState) (appliance.Row, bool) {
-	r := appliance.Row{Namespace: st.Key.Namespace(), Name: st.Key.Name(), Make: p.mk}
+func row(st loop.ServiceState) (data any, ok bool) {
 	if st.Model == nil && st.Error == "" && st.KernelError == "" {
-		return r, false
+		return nil, false
 	}
 	if m := st.Model; m != nil && m.Key == st.Key && st.Error == "" && st.KernelError == "" && len(st.Warnings) == 0 {
-		r.Data = m
-	} else {
-		c := st // a copy made here: &st would move every call's st to the heap
-		r.Data = &c
+		return m, true
 	}
-	return r, true
+	c := st // a copy made here: &st would move every call's st to the heap
+	return &c, true
 }
 
-// makeRow is the Make of the Rows of row.
-func (p *Publisher) makeRow(data any) appliance.Service {
+// rows are the appliance.Rows of the data row returns: a *model.Service
+// or a *loop.ServiceState.
+type rows Publisher
+
+func (r *rows) Name(data any) (namespace, name string) {
+	var k model.ServiceKey
+	switch d := data.(type) {
+	case *model.Service:
+		k = d.Key
+	case *loop.ServiceState:
+		k = d.Key
+	}
+	return k.Namespace(), k.Name()
+}
+
+func (r *rows) Make(data any) appliance.Service {
 	var st loop.ServiceState
 	switch d := data.(type) {
 	case *model.Service:
@@ -178,7 +186,7 @@ func (p *Publisher) makeRow(data any) appliance.Service {
 	case *loop.ServiceState:
 		st = *d
 	}
-	v, _ := serviceRow(st, &p.node)
+	v, _ := serviceRow(st, &r.node)
 	return v
 }
 
