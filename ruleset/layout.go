@@ -38,6 +38,40 @@ const DefaultShards = 16
 // MaxShards bounds Config.Shards.
 const MaxShards = 256
 
+// The shard counts AutoShardCount chooses from, and the Services it keeps
+// a shard to. The kernel re-validates a whole shard on each commit that
+// changes its rules, so a change costs in proportion to its shard; and the
+// first packet of every new connection passes each shard's NAT chains, so
+// more shards cost every new connection a map lookup each. 64 against 16
+// cost a new connection nothing measurable at 100 and 100,000 Services
+// (README, "Shards and size"); more was not measured, so 64 bounds it.
+const (
+	AutoShardsMin   = DefaultShards
+	AutoShardsMax   = 64
+	autoShardTarget = 1000
+)
+
+// AutoShardCount is the shard count for n Services: the least power of
+// two from AutoShardsMin to AutoShardsMax that keeps a shard to about
+// autoShardTarget Services (16 up to 16,000, 32 up to 32,000, 64 above).
+// inPlace, the shard count of the tables already in the kernel (0 for
+// none), is kept while it is within a factor of two of that either way,
+// Services counted: a gateway restarted beside a cluster near a boundary
+// does not move every Service from one layout to the other at each start.
+func AutoShardCount(n, inPlace int) int {
+	ideal := func(n int) int {
+		k := AutoShardsMin
+		for k < AutoShardsMax && k*autoShardTarget < n {
+			k *= 2
+		}
+		return k
+	}
+	if inPlace >= ideal(n/2) && inPlace <= ideal(2*n) {
+		return inPlace
+	}
+	return ideal(n)
+}
+
 // ShardCount is the number of service shard tables per family.
 func (c Config) ShardCount() int {
 	if c.Shards <= 0 {
