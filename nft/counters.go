@@ -138,6 +138,8 @@ type Reading struct {
 	// without counters. A map of them took three times the room, made
 	// for every reading.
 	counts []PortCounters
+	// shardNew sums New per shard of the layout it was read in.
+	shardNew []uint64
 }
 
 // portIndex is every programmed Service port that a counted map element
@@ -269,7 +271,7 @@ func (p *Programmer) readCounters(background bool) (*Reading, error) {
 	}
 	rd.At = start
 	c.last = rd
-	c.prevShardNew, c.shardNew = c.shardNew, p.shardSums(rd)
+	c.prevShardNew, c.shardNew = c.shardNew, rd.shardNew
 	c.next = start.Add(max(CountersMaxAge, countersPace*took))
 	return rd, nil
 }
@@ -288,7 +290,8 @@ func (p *Programmer) readKernelCounters() (*Reading, error) {
 		}
 		c.reader = r
 	}
-	elems, drops, flows, err := c.reader.readCounters(&p.cfg, p.firewallChains(), len(c.seen), c.counted+c.counted/16)
+	cfg, fw := p.countedConfig()
+	elems, drops, flows, err := c.reader.readCounters(&cfg, fw, len(c.seen), c.counted+c.counted/16)
 	if err != nil {
 		return nil, fmt.Errorf("read counters: %w", err)
 	}
@@ -456,6 +459,7 @@ func (p *Programmer) attribute(elems []counted, drops map[string]Count, traffic 
 			}
 		}
 	}
+	rd.shardNew = p.shardSums(rd)
 	return rd
 }
 
@@ -641,10 +645,12 @@ func (p *Programmer) portOf(key model.ServiceKey, id ruleset.ElemID) (PortRef, b
 
 // firewallChains names the source-range chain of every programmed Service
 // port that has one, with its port.
-func (p *Programmer) firewallChains() map[string]PortRef {
+// countedConfig returns the configuration (the layout chosen) and the
+// firewall chains, for a reading of the counters.
+func (p *Programmer) countedConfig() (ruleset.Config, map[string]PortRef) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.firewallChainsLocked()
+	return p.cfg, p.firewallChainsLocked()
 }
 
 func (p *Programmer) firewallChainsLocked() map[string]PortRef {

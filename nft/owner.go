@@ -174,6 +174,29 @@ func (r *reader) owned(cfg *ruleset.Config, f ruleset.Family) (own map[string]bo
 	return own, foreign, nil
 }
 
+// shardsInPlace is the shard count of nftgate's tables in the kernel: the
+// number of its shard tables of family ip (or, without them, ip6) that
+// follow one another from the first; 0 without any.
+func (r *reader) shardsInPlace(cfg *ruleset.Config) (int, error) {
+	for _, f := range ruleset.Families {
+		own, _, err := r.owned(cfg, f)
+		if err != nil {
+			return 0, err
+		}
+		n := 0
+		for n < ruleset.MaxShards {
+			if _, ok := own[cfg.ShardTable(n)]; !ok {
+				break
+			}
+			n++
+		}
+		if n > 0 {
+			return n, nil
+		}
+	}
+	return 0, nil
+}
+
 // checkOwnership fails with a ForeignTableError when a table nftgate
 // would program (the main table or a shard of this shard count) is not
 // nftgate's. Shard tables of another count that are not nftgate's are

@@ -68,6 +68,11 @@ type Programmer struct {
 	readDrifts uint64
 	netnsFD    int
 	ownTables  map[tableRef]bool
+	refuse     func(*model.Service) bool // Options.RefuseForTest
+	// chooseShards is Options.ChooseShards until the first full sync
+	// has chosen; inPlace the shard count of the tables then in the kernel.
+	chooseShards func(services, inPlace int) int
+	inPlace      int
 	counters   counterCache
 	// destroy tells whether the kernel destroys set elements (probed at
 	// the first full sync, when traffic is counted): a partial sync then
@@ -111,6 +116,12 @@ type Options struct {
 	// the whole ruleset, so a memory limit lifted for the full sync can be
 	// put back.
 	Streamed func()
+	// ChooseShards, when set, chooses the shard count (cfg.Shards is
+	// then ignored) at the first full sync, from the number of Services
+	// and the shard count of nftgate's tables already in the kernel (0
+	// for none): ruleset.AutoShardCount. The layout then stays until the
+	// process ends.
+	ChooseShards func(services, inPlace int) int
 }
 
 // Result describes one sync.
@@ -122,6 +133,8 @@ type Result struct {
 	// Kernel is the part of Duration between sending the batch and the
 	// kernel's answer: nf_tables checking and applying it.
 	Kernel time.Duration
+	// Shards is the shard count of the tables a full sync programmed.
+	Shards int
 	// FirstServed, for a full sync onto no tables (a cold start, the
 	// repair after nft flush ruleset), is when its first shard was in the
 	// kernel, since the sync started: the Services of the busiest shard
@@ -169,20 +182,43 @@ func NewProgrammer(cfg ruleset.Config, opts Options) (*Programmer, error) {
 	}
 	// A table of nftgate's names that is not nftgate's stops it here,
 	// before it changes anything.
-	if err := r.checkOwnership(&cfg); err != nil {
+	// With the shard count chosen later, every shard table nftgate may
+	// program is checked.
+	check := cfg
+	if opts.ChooseShards != nil {
+		check.Shards = ruleset.MaxShards
+	}
+	if err := r.checkOwnership(&check); err != nil {
 		r.Close()
 		b.Close()
 		return nil, err
 	}
 	p := &Programmer{cfg: cfg, batch: b, reader: r, services: map[model.ServiceKey]*model.Service{}, claims: ruleset.NewClaims(),
-		watch: newWatchState(), netnsFD: opts.NetNSFD, ownTables: map[tableRef]bool{}, streamed: opts.Streamed}
-	p.tables = ruleset.NewTables(&p.cfg)
+		watch: newWatchState(), netnsFD: opts.NetNSFD, ownTables: map[tableRef]bool{}, streamed: opts.Streamed,
+		refuse: opts.RefuseForTest, chooseShards: opts.ChooseShards}
+	if p.chooseShards != nil {
+		// Until the first full sync chooses, the layout of the tables
+		// in place, if any.
+		if p.inPlace, err = r.shardsInPlace(&cfg); err != nil {
+			r.Close()
+			b.Close()
+			return nil, err
+		}
+		p.cfg.Shards = cmp.Or(p.inPlace, ruleset.DefaultShards)
+	}
+	p.lay()
+	// The tables of every layout it may have are nftgate's, for the
+	// notifications: those of the layout chosen, and those of another
+	// left from an earlier run, which the first full sync drops.
+	owned := p.cfg
+	if p.chooseShards != nil {
+		owned.Shards = ruleset.MaxShards
+	}
 	for _, f := range ruleset.Families {
-		for _, n := range p.tables.Names(f) {
+		for _, n := range ruleset.NewTables(&owned).Names(f) {
 			p.ownTables[tableRef{f, n}] = true
 		}
 	}
-	p.tables.Refuse = opts.RefuseForTest
 	p.staticChains = map[string]bool{}
 	for _, fr := range p.tables.Skeletons {
 		for _, c := range fr.Chains {
@@ -190,6 +226,25 @@ func NewProgrammer(cfg ruleset.Config, opts Options) (*Programmer, error) {
 		}
 	}
 	return p, nil
+}
+
+// lay lays the tables out for p.cfg.Shards shards.
+func (p *Programmer) lay() {
+	p.tables = ruleset.NewTables(&p.cfg)
+	p.tables.Refuse = p.refuse
+}
+
+// chooseLayout, before the first full sync of services, chooses the shard
+// count when Options.ChooseShards asks to.
+func (p *Programmer) chooseLayout(services int) {
+	if p.chooseShards == nil {
+		return
+	}
+	if n := min(max(p.chooseShards(services, p.inPlace), 1), ruleset.MaxShards); n != p.cfg.Shards {
+		p.cfg.Shards = n
+		p.lay()
+	}
+	p.chooseShards = nil
 }
 
 // Close closes the sockets. The rules stay in the kernel.
@@ -241,8 +296,13 @@ func (p *Programmer) Totals() Totals {
 	return t
 }
 
-// Config returns the ruleset configuration.
-func (p *Programmer) Config() ruleset.Config { return p.cfg }
+// Config returns the ruleset configuration, with the shard count chosen
+// (Options.ChooseShards) once the first full sync has begun.
+func (p *Programmer) Config() ruleset.Config {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.cfg
+}
 
 // Full brings the kernel to exactly the given Services: it reads the tables
 // back, repairs whatever differs (someone deleted the table, flushed a chain,
@@ -253,7 +313,8 @@ func (p *Programmer) Full(services map[model.ServiceKey]*model.Service) (Result,
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	start := time.Now()
-	res := Result{Full: true}
+	p.chooseLayout(len(services))
+	res := Result{Full: true, Shards: p.cfg.ShardCount()}
 	if !p.destroyProbed && p.countsTraffic() {
 		// A probe that fails otherwise than for want of the message
 		// costs the counts of a reused address at most, not the sync.
@@ -743,7 +804,8 @@ func (p *Programmer) commitEach(res *Result, start time.Time, fp *ruleset.FullPl
 }
 
 // shardSums sums, per shard, the new connections a reading counted for
-// the Service ports the shard holds, since they were programmed.
+// the Service ports the shard holds, since they were programmed; called
+// with p.mu held.
 func (p *Programmer) shardSums(rd *Reading) []uint64 {
 	sums := make([]uint64, p.cfg.ShardCount())
 	for ref, c := range rd.Ports() {
