@@ -493,6 +493,9 @@ func (s *Syncer) full(log *slog.Logger, repair string) error {
 			log.Warn("kernel ruleset had drifted; repaired", "drift", d)
 		}
 		attrs := []any{"services", len(desired), "changes", res.Counts.Changes(), "messages", res.Messages, "duration", res.Duration, "kernel", res.Kernel, "tables_read", res.ReadTables}
+		if res.Shards > 0 {
+			attrs = append(attrs, "shards", res.Shards)
+		}
 		if res.FirstServed > 0 {
 			// Onto no tables: the busiest shard's Services were served
 			// from then on.

@@ -49,7 +49,7 @@ type Config struct {
 	MasqueradeBit     uint32   `toml:"masquerade_bit"`
 	HashSeed          uint32   `toml:"hash_seed"`
 	EndpointSelection string   `toml:"endpoint_selection"`
-	Shards            int      `toml:"shards"`
+	Shards            Shards   `toml:"shards"`
 	// ProxyProtocolPort is where the PROXY protocol proxy listens (0:
 	// off); the other two keys bound it (see cmd/nftgate/proxy.go).
 	ProxyProtocolPort           uint16   `toml:"proxy_protocol_port"`
@@ -126,7 +126,7 @@ func defaults() Config {
 		HealthzMaxAge:               Duration(2 * time.Minute),
 		DrainPeriod:                 Duration(DefaultDrainPeriod),
 		MasqueradeBit:               0x4000,
-		Shards:                      ruleset.DefaultShards,
+		Shards:                      ShardsAuto,
 		EndpointSelection:           defaultSelection,
 		ProxyProtocolPort:           proxy.DefaultPort,
 		ProxyProtocolMaxConnections: proxy.DefaultMaxConnections,
@@ -222,6 +222,62 @@ func (b ByteSize) MarshalText() ([]byte, error) { return []byte(b.String()), nil
 // Set implements flag.Value.
 func (b *ByteSize) Set(s string) error { return b.UnmarshalText([]byte(s)) }
 
+// Shards is the shards setting: a shard count, or ShardsAuto for "auto"
+// (ruleset.AutoShardCount at each start). It is read from TOML as a number
+// or "auto", and from a flag as either.
+type Shards int
+
+// ShardsAuto is the setting "auto".
+const ShardsAuto Shards = -1
+
+// UnmarshalTOML implements toml.Unmarshaler.
+func (s *Shards) UnmarshalTOML(v any) error {
+	switch v := v.(type) {
+	case int64:
+		if v < 1 || v > ruleset.MaxShards {
+			return fmt.Errorf("%d is not between 1 and %d, nor auto", v, ruleset.MaxShards)
+		}
+		*s = Shards(v)
+		return nil
+	case string:
+		return s.Set(v)
+	}
+	return fmt.Errorf("%v is not a number of shards nor \"auto\"", v)
+}
+
+// Set implements flag.Value.
+func (s *Shards) Set(v string) error {
+	if v == "auto" {
+		*s = ShardsAuto
+		return nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		return fmt.Errorf("%q is not a number of shards nor \"auto\"", v)
+	}
+	*s = Shards(n)
+	return nil
+}
+
+func (s *Shards) String() string {
+	if s == nil || *s == ShardsAuto {
+		return "auto"
+	}
+	return strconv.Itoa(int(*s))
+}
+
+// chooseShards is the Programmer's choice of the shard count: nil for a
+// count set by hand.
+func (s Shards) chooseShards() func(services, inPlace int) int {
+	if s == ShardsAuto {
+		return ruleset.AutoShardCount
+	}
+	return nil
+}
+
+// count is the count set by hand, or zero for auto.
+func (s Shards) count() int { return max(int(s), 0) }
+
 // listFlag is a repeatable flag; the first use replaces the file's list.
 type listFlag struct {
 	dst *[]string
@@ -293,7 +349,7 @@ func loadConfig(name string, args []string) (*Config, *flag.FlagSet, error) {
 	fs.Var(&listFlag{dst: &cfg.ExternalIPCIDRs}, "external-ip-cidr", "`CIDR` where Services' externalIPs are served; none by default (repeatable)")
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "`host:port` of the status page, API, health and metrics")
 	fs.StringVar(&cfg.Table, "table", cfg.Table, "`name` of nftgate's nftables tables")
-	fs.IntVar(&cfg.Shards, "shards", cfg.Shards, "`number` of service shard tables per family (see config.toml)")
+	fs.Var(&cfg.Shards, "shards", "`number` of service shard tables per family, or auto (see config.toml)")
 	flowtableFlags(fs, &cfg)
 	trafficFlags(fs, &cfg)
 	pageFlags(fs, &cfg)
@@ -426,8 +482,8 @@ func (c *Config) validate() error {
 	if c.ManifestMaxFileSize < minManifestFileSize || c.ManifestMaxFileSize > maxManifestFileSize {
 		bad("manifest_max_file_size", "%s is not between %s and %s", c.ManifestMaxFileSize, ByteSize(minManifestFileSize), ByteSize(maxManifestFileSize))
 	}
-	if c.Shards < 1 || c.Shards > ruleset.MaxShards {
-		bad("shards", "%d is not between 1 and %d", c.Shards, ruleset.MaxShards)
+	if c.Shards != ShardsAuto && (c.Shards < 1 || c.Shards > ruleset.MaxShards) {
+		bad("shards", "%d is not between 1 and %d, nor auto", c.Shards, ruleset.MaxShards)
 	}
 	c.validateProxy(bad)
 	c.validatePage(bad)

@@ -161,6 +161,10 @@ func TestBadConfigNamesTheField(t *testing.T) {
 		{args: []string{"--table", strings.Repeat("t", 65)}, want: []string{"table", strings.Repeat("t", 65), "at most 64"}},
 		{args: []string{"--shards", "0"}, want: []string{"shards", "0"}},
 		{args: []string{"--shards", "257"}, want: []string{"shards", "257"}},
+		{args: []string{"--shards", "many"}, want: []string{"shards", "many"}},
+		{file: "shards = 0\n", want: []string{"shards", "0"}},
+		{file: "shards = \"many\"\n", want: []string{"shards", "many"}},
+		{file: "shards = 1.5\n", want: []string{"shards", "1.5"}},
 		{args: []string{"--endpoint-selection", "random"}, want: []string{"endpoint_selection", "random"}},
 		{args: []string{"--flowtable"}, want: []string{"flowtable_devices", "empty"}},
 		{file: "flowtable = true\nflowtable_devices = [\"eth0\", \"eth0/1\"]\n", want: []string{"flowtable_devices[1]", "eth0/1"}},
@@ -328,6 +332,36 @@ func TestManifestMaxFileSize(t *testing.T) {
 		}
 		if ms, ok := src.(*source.ManifestSource); !ok || ms.MaxFileSize != tc.want {
 			t.Errorf("%v: source %#v, want a manifests source reading files up to %d bytes", tc.args, src, tc.want)
+		}
+	}
+}
+
+// shards: "auto" by default, in the file or as a flag; a number fixes it.
+func TestShardsSetting(t *testing.T) {
+	for _, c := range []struct {
+		file string
+		args []string
+		want Shards
+	}{
+		{want: ShardsAuto},
+		{file: "shards = 64\n", want: 64},
+		{file: "shards = \"auto\"\n", want: ShardsAuto},
+		{file: "shards = 8\n", args: []string{"--shards", "auto"}, want: ShardsAuto},
+		{args: []string{"--shards", "32"}, want: 32},
+	} {
+		args := append([]string{"--node-name", "n"}, c.args...)
+		if c.file != "" {
+			args = append(args, "--config", writeConfig(t, c.file))
+		}
+		cfg, _, err := loadConfig("nftgate", args)
+		if err != nil {
+			t.Fatalf("%q %v: %v", c.file, c.args, err)
+		}
+		if cfg.Shards != c.want {
+			t.Errorf("%q %v: shards %v, want %v", c.file, c.args, cfg.Shards, c.want)
+		}
+		if (cfg.Shards.chooseShards() != nil) != (c.want == ShardsAuto) || cfg.ruleset().Shards != c.want.count() {
+			t.Errorf("%q %v: chosen %v, ruleset shards %d", c.file, c.args, cfg.Shards.chooseShards() != nil, cfg.ruleset().Shards)
 		}
 	}
 }

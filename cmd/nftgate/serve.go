@@ -45,7 +45,7 @@ func (c *Config) ruleset() ruleset.Config {
 		MasqueradeBit:       c.MasqueradeBit,
 		HashSeed:            c.HashSeed,
 		EndpointSelection:   c.EndpointSelection,
-		Shards:              c.Shards,
+		Shards:              c.Shards.count(),
 		ProxyPort:           c.ProxyProtocolPort,
 		FlowtableDevices:    c.flowtableDevices(),
 		MasqueradeAddresses: c.masqueradeAddrs,
@@ -166,7 +166,7 @@ func serve(ctx context.Context, cfg *Config) error {
 	if err := cfg.checkFlowtableDevices(); err != nil {
 		return err
 	}
-	prog, err := nft.NewProgrammer(cfg.ruleset(), nft.Options{Streamed: memLimit.Streamed})
+	prog, err := nft.NewProgrammer(cfg.ruleset(), nft.Options{Streamed: memLimit.Streamed, ChooseShards: cfg.Shards.chooseShards()})
 	if err != nil {
 		var fe *nft.ForeignTableError
 		if errors.As(err, &fe) {
@@ -467,6 +467,9 @@ func render(ctx context.Context, cfg *Config, w io.Writer) error {
 			fmt.Fprintf(os.Stderr, "nftgate: service %s: %s\n", k, w)
 		}
 		svcs = append(svcs, m)
+	}
+	if choose := cfg.Shards.chooseShards(); choose != nil {
+		rc.Shards = choose(len(svcs), 0)
 	}
 	for i, f := range ruleset.Families {
 		if i > 0 {
