@@ -9,6 +9,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"flag"
@@ -17,6 +18,8 @@ import (
 	"math"
 	"net/http"
 	"net/netip"
+	"os"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -206,12 +209,32 @@ func shardsArg(args []string) int {
 	return 0
 }
 
-// driftCommand is the nft command of a kind of drift.
-func (e *Env) driftCommand(kind string) []string {
+// loggedShards is the shard count nftgate's first full sync logged
+// (shards "auto" chooses it from the Services), 0 when none is logged.
+func loggedShards(log []byte) int {
+	for line := range bytes.Lines(log) {
+		if !bytes.Contains(line, []byte(`msg="full sync"`)) {
+			continue
+		}
+		if m := shardsLogged.FindSubmatch(line); m != nil {
+			n, _ := strconv.Atoi(string(m[1]))
+			return n
+		}
+		return 0
+	}
+	return 0
+}
+
+var shardsLogged = regexp.MustCompile(` shards=(\d+)`)
+
+// driftCommand is the nft command of a kind of drift; shards is the
+// shard count nftgate runs with (0: the one --shards says, or the
+// default).
+func (e *Env) driftCommand(kind string, shards int) []string {
 	if kind == driftFlush {
 		return []string{"flush", "ruleset"}
 	}
-	table := ruleset.Config{Table: "nftgate", Shards: shardsArg(e.Cfg.NftgateArgs)}.
+	table := ruleset.Config{Table: "nftgate", Shards: cmp.Or(shards, shardsArg(e.Cfg.NftgateArgs))}.
 		TableOf(model.NewServiceKey(namespace, canaryName))
 	return []string{"delete", "element", "ip", table, ruleset.MapServiceIPs,
 		fmt.Sprintf("{ %s . tcp . %d }", canaryIP, servicePort)}
@@ -292,7 +315,8 @@ func (e *Env) measureDrift(ctx context.Context, proc *Proc, p *Proxier, n int) (
 	res := &DriftResult{IntervalMs: float64(c.Interval) / float64(time.Millisecond)}
 	for _, kind := range driftKinds {
 		k := DriftKind{Kind: kind}
-		args := e.driftCommand(kind)
+		log, _ := os.ReadFile(proc.LogPath)
+		args := e.driftCommand(kind, loggedShards(log))
 		for i := range c.Repeats {
 			if _, _, err := waitAnswered(time.Now()); err != nil {
 				return res, fmt.Errorf("drift %s %d: the canary before it: %w", kind, i+1, err)

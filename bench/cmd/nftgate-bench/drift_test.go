@@ -25,16 +25,32 @@ func TestShardsArg(t *testing.T) {
 
 func TestDriftCommandNamesTheCanarysShard(t *testing.T) {
 	e := &Env{Cfg: &Config{}}
-	if got := strings.Join(e.driftCommand(driftFlush), " "); got != "flush ruleset" {
+	if got := strings.Join(e.driftCommand(driftFlush, 0), " "); got != "flush ruleset" {
 		t.Fatalf("flush: %q", got)
 	}
-	def := strings.Join(e.driftCommand(driftElement), " ")
+	def := strings.Join(e.driftCommand(driftElement, 0), " ")
 	if !strings.HasPrefix(def, "delete element ip nftgate-services-") || !strings.HasSuffix(def, " service-ips { 198.19.0.10 . tcp . 80 }") {
 		t.Fatalf("element: %q", def)
 	}
 	e.Cfg.NftgateArgs = []string{"--shards=64"}
-	if other := strings.Join(e.driftCommand(driftElement), " "); other == def {
+	if other := strings.Join(e.driftCommand(driftElement, 0), " "); other == def {
 		t.Fatalf("element with 64 shards names the same table as with 16: %q", other)
+	}
+	e.Cfg.NftgateArgs = nil
+	if logged := strings.Join(e.driftCommand(driftElement, 64), " "); logged == def {
+		t.Fatalf("element with 64 shards logged names the same table as with 16: %q", logged)
+	}
+}
+
+func TestLoggedShards(t *testing.T) {
+	log := []byte("time=x level=INFO msg=\"nftgate starting\" shards=3\n" +
+		"time=x level=INFO msg=\"full sync\" services=100000 changes=300962 duration=9.1s tables_read=130 shards=64 first_served=788ms\n" +
+		"time=x level=INFO msg=\"full sync\" services=100000 shards=16\n")
+	if got := loggedShards(log); got != 64 {
+		t.Errorf("loggedShards = %d, want 64 (the first full sync's)", got)
+	}
+	if got := loggedShards([]byte("time=x level=INFO msg=\"full sync\" services=10\n")); got != 0 {
+		t.Errorf("loggedShards of a line without = %d, want 0", got)
 	}
 }
 
