@@ -26,7 +26,8 @@ type ServiceList struct {
 // Rows are what a list's data are: Name returns the namespace and name of
 // one, Make its row, the same every time. Make is called once when the
 // data is put in (for the summary) and again whenever the row is read.
-// A list holds the data of one Rows.
+// A list holds the data of one Rows, which it compares with ==: a Rows
+// must be of a comparable type (a pointer, say).
 type Rows interface {
 	Name(data any) (namespace, name string)
 	Make(data any) Service

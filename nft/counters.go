@@ -643,8 +643,6 @@ func (p *Programmer) portOf(key model.ServiceKey, id ruleset.ElemID) (PortRef, b
 	return PortRef{}, false
 }
 
-// firewallChains names the source-range chain of every programmed Service
-// port that has one, with its port.
 // countedConfig returns the configuration (the layout chosen) and the
 // firewall chains, for a reading of the counters.
 func (p *Programmer) countedConfig() (ruleset.Config, map[string]PortRef) {
@@ -653,6 +651,8 @@ func (p *Programmer) countedConfig() (ruleset.Config, map[string]PortRef) {
 	return p.cfg, p.firewallChainsLocked()
 }
 
+// firewallChainsLocked names the source-range chain of every programmed
+// Service port that has one, with its port.
 func (p *Programmer) firewallChainsLocked() map[string]PortRef {
 	out := map[string]PortRef{}
 	for key, svc := range p.services {
