@@ -209,9 +209,14 @@ func shardsArg(args []string) int {
 	return 0
 }
 
-// loggedShards is the shard count nftgate's first full sync logged
-// (shards "auto" chooses it from the Services), 0 when none is logged.
+// loggedShards is the shard count the first full sync of the last
+// nftgate started logged (shards "auto" chooses it from the Services), 0
+// when none is logged. The log holds every run of the bench's sizes, each
+// after a line "=== " (Start).
 func loggedShards(log []byte) int {
+	if i := bytes.LastIndex(log, []byte("\n=== ")); i >= 0 {
+		log = log[i+1:]
+	}
 	for line := range bytes.Lines(log) {
 		if !bytes.Contains(line, []byte(`msg="full sync"`)) {
 			continue

@@ -43,11 +43,14 @@ func TestDriftCommandNamesTheCanarysShard(t *testing.T) {
 }
 
 func TestLoggedShards(t *testing.T) {
-	log := []byte("time=x level=INFO msg=\"nftgate starting\" shards=3\n" +
+	log := []byte("=== 2026-11-29T12:00:00Z nftgate --manifests m\n" +
+		"time=x level=INFO msg=\"full sync\" services=10000 shards=16\n" +
+		"=== 2026-11-29T12:05:00Z nftgate --manifests m\n" +
+		"time=x level=INFO msg=\"nftgate starting\" shards=3\n" +
 		"time=x level=INFO msg=\"full sync\" services=100000 changes=300962 duration=9.1s tables_read=130 shards=64 first_served=788ms\n" +
 		"time=x level=INFO msg=\"full sync\" services=100000 shards=16\n")
 	if got := loggedShards(log); got != 64 {
-		t.Errorf("loggedShards = %d, want 64 (the first full sync's)", got)
+		t.Errorf("loggedShards = %d, want 64 (the first full sync's of the last start)", got)
 	}
 	if got := loggedShards([]byte("time=x level=INFO msg=\"full sync\" services=10\n")); got != 0 {
 		t.Errorf("loggedShards of a line without = %d, want 0", got)
