@@ -73,7 +73,7 @@ type Programmer struct {
 	// has chosen; inPlace the shard count of the tables then in the kernel.
 	chooseShards func(services, inPlace int) int
 	inPlace      int
-	counters   counterCache
+	counters     counterCache
 	// destroy tells whether the kernel destroys set elements (probed at
 	// the first full sync, when traffic is counted): a partial sync then
 	// deletes the traffic elements of the destinations it removes.
