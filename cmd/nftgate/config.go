@@ -245,6 +245,15 @@ func (s *Shards) UnmarshalTOML(v any) error {
 	return fmt.Errorf("%v is not a number of shards nor \"auto\"", v)
 }
 
+// MarshalTOML implements toml.Marshaler: "auto" or the number, as the
+// file takes them.
+func (s Shards) MarshalTOML() ([]byte, error) {
+	if s == ShardsAuto {
+		return []byte(`"auto"`), nil
+	}
+	return strconv.AppendInt(nil, int64(s), 10), nil
+}
+
 // Set implements flag.Value.
 func (s *Shards) Set(v string) error {
 	if v == "auto" {
