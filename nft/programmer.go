@@ -180,15 +180,15 @@ func NewProgrammer(cfg ruleset.Config, opts Options) (*Programmer, error) {
 		b.Close()
 		return nil, err
 	}
+	// widest is the layout of every table nftgate may program: with the
+	// shard count chosen later (ChooseShards), every shard count's.
+	widest := cfg
+	if opts.ChooseShards != nil {
+		widest.Shards = ruleset.MaxShards
+	}
 	// A table of nftgate's names that is not nftgate's stops it here,
 	// before it changes anything.
-	// With the shard count chosen later, every shard table nftgate may
-	// program is checked.
-	check := cfg
-	if opts.ChooseShards != nil {
-		check.Shards = ruleset.MaxShards
-	}
-	if err := r.checkOwnership(&check); err != nil {
+	if err := r.checkOwnership(&widest); err != nil {
 		r.Close()
 		b.Close()
 		return nil, err
@@ -210,12 +210,9 @@ func NewProgrammer(cfg ruleset.Config, opts Options) (*Programmer, error) {
 	// The tables of every layout it may have are nftgate's, for the
 	// notifications: those of the layout chosen, and those of another
 	// left from an earlier run, which the first full sync drops.
-	owned := p.cfg
-	if p.chooseShards != nil {
-		owned.Shards = ruleset.MaxShards
-	}
+	own := ruleset.NewTables(&widest)
 	for _, f := range ruleset.Families {
-		for _, n := range ruleset.NewTables(&owned).Names(f) {
+		for _, n := range own.Names(f) {
 			p.ownTables[tableRef{f, n}] = true
 		}
 	}
