@@ -174,45 +174,32 @@ func (r *reader) owned(cfg *ruleset.Config, f ruleset.Family) (own map[string]bo
 	return own, foreign, nil
 }
 
-// shardsInPlace is the shard count of nftgate's tables in the kernel: the
-// number of its shard tables of family ip (or, without them, ip6) that
-// follow one another from the first; 0 without any.
-func (r *reader) shardsInPlace(cfg *ruleset.Config) (int, error) {
-	for _, f := range ruleset.Families {
-		own, _, err := r.owned(cfg, f)
-		if err != nil {
-			return 0, err
-		}
-		n := 0
-		for n < ruleset.MaxShards {
-			if _, ok := own[cfg.ShardTable(n)]; !ok {
-				break
-			}
-			n++
-		}
-		if n > 0 {
-			return n, nil
-		}
-	}
-	return 0, nil
-}
-
 // checkOwnership fails with a ForeignTableError when a table nftgate
 // would program (the main table or a shard of this shard count) is not
 // nftgate's. Shard tables of another count that are not nftgate's are
-// left alone.
-func (r *reader) checkOwnership(cfg *ruleset.Config) error {
+// left alone. It returns the shard count of nftgate's tables in place:
+// the number of its shard tables of family ip (or, without them, ip6)
+// that follow one another from the first; 0 without any.
+func (r *reader) checkOwnership(cfg *ruleset.Config) (inPlace int, err error) {
 	ts := ruleset.NewTables(cfg)
 	for _, f := range ruleset.Families {
-		_, foreign, err := r.owned(cfg, f)
+		own, foreign, err := r.owned(cfg, f)
 		if err != nil {
-			return err
+			return 0, err
 		}
 		for _, n := range foreign {
 			if slices.Contains(ts.Names(f), n) {
-				return &ForeignTableError{Family: f, Name: n}
+				return 0, &ForeignTableError{Family: f, Name: n}
+			}
+		}
+		if inPlace == 0 {
+			for inPlace < ruleset.MaxShards {
+				if _, ok := own[cfg.ShardTable(inPlace)]; !ok {
+					break
+				}
+				inPlace++
 			}
 		}
 	}
-	return nil
+	return inPlace, nil
 }

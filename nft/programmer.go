@@ -188,22 +188,18 @@ func NewProgrammer(cfg ruleset.Config, opts Options) (*Programmer, error) {
 	}
 	// A table of nftgate's names that is not nftgate's stops it here,
 	// before it changes anything.
-	if err := r.checkOwnership(&widest); err != nil {
+	inPlace, err := r.checkOwnership(&widest)
+	if err != nil {
 		r.Close()
 		b.Close()
 		return nil, err
 	}
 	p := &Programmer{cfg: cfg, batch: b, reader: r, services: map[model.ServiceKey]*model.Service{}, claims: ruleset.NewClaims(),
 		watch: newWatchState(), netnsFD: opts.NetNSFD, ownTables: map[tableRef]bool{}, streamed: opts.Streamed,
-		refuse: opts.RefuseForTest, chooseShards: opts.ChooseShards}
+		refuse: opts.RefuseForTest, chooseShards: opts.ChooseShards, inPlace: inPlace}
 	if p.chooseShards != nil {
 		// Until the first full sync chooses, the layout of the tables
 		// in place, if any.
-		if p.inPlace, err = r.shardsInPlace(&cfg); err != nil {
-			r.Close()
-			b.Close()
-			return nil, err
-		}
 		p.cfg.Shards = cmp.Or(p.inPlace, ruleset.DefaultShards)
 	}
 	p.lay()
