@@ -83,6 +83,9 @@ func (e *Elems) reserve(add []Element) {
 	type count struct{ plain, verdicts int }
 	counts := map[setID]count{}
 	for i := range add {
+		if add[i].To.IsValid() {
+			continue // an endpoint map's element is in its pick
+		}
 		id := setID{set: unique.Make(add[i].Map)}
 		c := counts[id]
 		if add[i].Verdict == (Verdict{}) {

@@ -144,6 +144,11 @@ func TestFullPlanShardByShard(t *testing.T) {
 			for _, e := range layout[i].Elements {
 				wantE = append(wantE, fmt.Sprint(e))
 			}
+			for _, p := range layout[i].Picks {
+				for _, e := range p.Elements() {
+					wantE = append(wantE, fmt.Sprint(e))
+				}
+			}
 			for _, e := range o.AddElems {
 				gotE = append(gotE, fmt.Sprint(e))
 			}
@@ -181,9 +186,9 @@ func TestFullPlanShardByShard(t *testing.T) {
 	}
 	deleted := 0
 	for _, o := range streamed {
-		deleted += len(o.DelChains)
+		deleted += len(o.DelChains) + len(o.DelPicks)
 	}
 	if deleted < 4_000 {
-		t.Fatalf("onto full tables with half the Services gone: %d chains deleted, want thousands", deleted)
+		t.Fatalf("onto full tables with half the Services gone: %d chains and endpoint map destinations deleted, want thousands", deleted)
 	}
 }

@@ -168,11 +168,13 @@ func (k Key) compare(o Key) int {
 	return cmp.Compare(k.Slot, o.Slot)
 }
 
-// Element is one element of a verdict map.
+// Element is one element of a verdict map, or of an endpoint map (To;
+// endpoints.go), or of an address set (neither).
 type Element struct {
 	Map     string
 	Key     Key
 	Verdict Verdict
+	To      netip.AddrPort
 }
 
 // ElemID identifies an element: its map and key. The tables' state, the
@@ -251,6 +253,9 @@ type Set struct {
 	// Size bounds the elements of a set the packet path fills: past it,
 	// no element is added (zero: the kernel's default).
 	Size uint32
+	// Endpoints makes a map an endpoint map: its data is an endpoint's
+	// address and port, not a verdict (endpoints.go).
+	Endpoints bool
 }
 
 // Hook attaches a base chain to a netfilter hook.
@@ -307,6 +312,11 @@ type Fragment struct {
 	Elements []Element
 	// Flowtables are only in the main table's skeleton.
 	Flowtables []*Flowtable
+	// Picks are the Service's elements in its shard's endpoint maps, one
+	// per destination that chooses through them (endpoints.go). The
+	// chains and maps they need are among Chains and Sets, shared with
+	// the shard's other Services (Shared).
+	Picks []Pick
 	// Proxied are the destinations whose new connections the rules
 	// redirect to the PROXY protocol proxy, with the endpoints the proxy
 	// sends them to. They are no kernel objects: the planners ignore them.
@@ -324,7 +334,7 @@ type ProxyTarget struct {
 
 // Empty tells whether the fragment has nothing in it.
 func (fr *Fragment) Empty() bool {
-	return fr == nil || (len(fr.Chains) == 0 && len(fr.Sets) == 0 && len(fr.Elements) == 0 && len(fr.Flowtables) == 0)
+	return fr == nil || (len(fr.Chains) == 0 && len(fr.Sets) == 0 && len(fr.Elements) == 0 && len(fr.Flowtables) == 0 && len(fr.Picks) == 0)
 }
 
 // ByFamily holds one fragment per family.

@@ -159,18 +159,44 @@ func Layout(cfg *Config, f Family, services []*model.Service) []Table {
 	sort.Slice(svcs, func(i, j int) bool { return svcs[i].Key.Less(svcs[j].Key) })
 	var claims elemMap[claimSet]
 	var order []famElem
+	shared := make([]map[string]bool, k+1)
+	picks := map[famElem]map[model.ServiceKey]Pick{} // by dispatch element and Service
 	for _, svc := range svcs {
 		r := RenderService(cfg, svc)
 		fr := r.Of(f)
-		t := &tables[cfg.ShardOf(svc.Key)+1]
+		si := cfg.ShardOf(svc.Key) + 1
+		t := &tables[si]
+		if shared[si] == nil {
+			shared[si] = map[string]bool{}
+		}
 		for _, c := range fr.Chains {
-			if MainChain(c.Name) {
+			switch {
+			case MainChain(c.Name):
 				tables[0].Chains = append(tables[0].Chains, c)
-			} else {
+			case !Shared(c.Name):
+				t.Chains = append(t.Chains, c)
+			case !shared[si]["c/"+c.Name]:
+				shared[si]["c/"+c.Name] = true
 				t.Chains = append(t.Chains, c)
 			}
 		}
-		t.Sets = append(t.Sets, fr.Sets...)
+		for _, s := range fr.Sets {
+			if !Shared(s.Name) {
+				t.Sets = append(t.Sets, s)
+			} else if !shared[si]["s/"+s.Name] {
+				shared[si]["s/"+s.Name] = true
+				t.Sets = append(t.Sets, s)
+			}
+		}
+		for _, p := range fr.Picks {
+			fe := famElem{f, dispatchID(&p)}
+			if picks[fe] == nil {
+				picks[fe] = map[model.ServiceKey]Pick{}
+			}
+			if _, ok := picks[fe][svc.Key]; !ok {
+				picks[fe][svc.Key] = p
+			}
+		}
 		for _, e := range fr.Elements {
 			fe := famElem{f, e.ID()}
 			if _, ok := claims.get(fe); !ok {
@@ -186,6 +212,9 @@ func Layout(cfg *Config, f Family, services []*model.Service) []Table {
 			i = cfg.ShardOf(w.svc) + 1
 		}
 		tables[i].Elements = append(tables[i].Elements, Element{Map: fe.id.Map(), Key: fe.id.Key(), Verdict: w.verdict})
+		if p, ok := picks[fe][w.svc]; ok {
+			tables[i].Picks = append(tables[i].Picks, p)
+		}
 	}
 	return tables
 }
@@ -309,6 +338,12 @@ func SetShape(name string) KeyShape {
 	}
 	if strings.HasPrefix(name, MaglevClusterKind+"-") || strings.HasPrefix(name, MaglevLocalKind+"-") {
 		return KeySlot
+	}
+	if _, nodePort, ok := endpointMapIndex(name); ok {
+		if nodePort {
+			return KeyProtoPort
+		}
+		return KeyAddrProtoPort
 	}
 	return 0
 }

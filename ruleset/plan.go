@@ -24,6 +24,8 @@ type TableState struct {
 	Chains  map[string]ChainInfo
 	Sets    map[string]SetDef
 	Elems   Elems
+	// Picks are the destinations' elements in the endpoint maps.
+	Picks Picks
 	// Flowtables is nil while the table has none.
 	Flowtables map[string]FlowtableDef
 }
@@ -66,14 +68,15 @@ type ChainInfo struct {
 // setDef is the part of a set's definition that the kernel cannot change in
 // place; a set whose definition differs is recreated.
 type SetDef struct {
-	Map     bool
-	Shape   KeyShape
-	Timeout int64 // seconds
-	Counter bool
+	Map       bool
+	Shape     KeyShape
+	Timeout   int64 // seconds
+	Counter   bool
+	Endpoints bool
 }
 
 func DefOf(s *Set) SetDef {
-	return SetDef{Map: s.Map, Shape: s.Shape, Timeout: int64(s.Timeout.Seconds()), Counter: s.Counter}
+	return SetDef{Map: s.Map, Shape: s.Shape, Timeout: int64(s.Timeout.Seconds()), Counter: s.Counter, Endpoints: s.Endpoints}
 }
 
 // ruleFingerprint identifies a rule by its nft text. It is stored in the
@@ -160,6 +163,10 @@ type Ops struct {
 	AddFlowtables      []*Flowtable
 	RecreateFlowtables []*Flowtable
 	DelFlowtables      []string
+	// SetPicks and DelPicks record in the state the picks whose elements
+	// AddElems and DelElems add and delete.
+	SetPicks []PickState
+	DelPicks []ElemID
 }
 
 // Empty tells whether the operations change nothing.
@@ -167,7 +174,7 @@ func (o *Ops) Empty() bool {
 	return !o.CreateTable && len(o.AddSets) == 0 && len(o.AddChains) == 0 && len(o.RewriteChains) == 0 &&
 		len(o.DelElems) == 0 && len(o.AddElems) == 0 && len(o.FlushChains) == 0 && len(o.DelChains) == 0 &&
 		len(o.DelSets) == 0 && len(o.RecreateSets) == 0 && len(o.AddFlowtables) == 0 &&
-		len(o.RecreateFlowtables) == 0 && len(o.DelFlowtables) == 0
+		len(o.RecreateFlowtables) == 0 && len(o.DelFlowtables) == 0 && len(o.SetPicks) == 0 && len(o.DelPicks) == 0
 }
 
 // Counts of what a sync changed, for logs and metrics.
@@ -212,6 +219,7 @@ type differ struct {
 	state *TableState
 	ops   Ops
 	seen  map[string]bool // chains and sets already decided in this plan
+	picks map[ElemID]bool // picks already decided in this plan
 	// rewriteAll rewrites every existing chain, because a set they may
 	// reference is being recreated.
 	rewriteAll bool
@@ -321,6 +329,43 @@ func (d *differ) element(id ElemID, desired *Verdict) {
 	}
 }
 
+// pick decides the elements of one destination in the endpoint maps:
+// desired nil means it must have none. A pick that changes is deleted
+// whole and added whole in the same batch: the state knows how many
+// elements it has, not which endpoints.
+func (d *differ) pick(id ElemID, desired *Pick) {
+	if d.picks[id] {
+		return
+	}
+	cur, exists := d.state.Picks.Get(id)
+	if desired == nil && !exists {
+		return // nothing to decide: a partial sync asks every shard
+	}
+	if d.picks == nil {
+		d.picks = map[ElemID]bool{}
+	}
+	d.picks[id] = true
+	var info PickInfo
+	if desired != nil {
+		if info = desired.Info(); exists && info == cur {
+			return
+		}
+	}
+	if exists {
+		nodePort, k := PickIsNodePort(id), id.Key()
+		for i := range int(cur.N) {
+			d.ops.DelElems = append(d.ops.DelElems, Element{Map: EndpointMap(nodePort, i), Key: k})
+		}
+		if desired == nil {
+			d.ops.DelPicks = append(d.ops.DelPicks, id)
+		}
+	}
+	if desired != nil {
+		d.ops.AddElems = append(d.ops.AddElems, desired.Elements()...)
+		d.ops.SetPicks = append(d.ops.SetPicks, PickState{ID: id, Info: info})
+	}
+}
+
 // Apply records a committed plan in the state, and returns by how many
 // rules it changed the table's count of rules.
 func (st *TableState) Apply(o *Ops) (rules int) {
@@ -345,6 +390,9 @@ func (st *TableState) Apply(o *Ops) (rules int) {
 	if st.Elems.Len() == 0 {
 		st.Elems.reserve(o.AddElems)
 	}
+	if st.Picks.Len() == 0 && len(o.SetPicks) > 0 {
+		st.Picks.reserve(o.SetPicks)
+	}
 	for _, c := range o.AddChains {
 		setChain(c.Chain.Name, ChainInfo{c.FP, int32(len(c.RuleFPs))})
 	}
@@ -355,7 +403,15 @@ func (st *TableState) Apply(o *Ops) (rules int) {
 		st.Elems.Delete(e.ID())
 	}
 	for _, e := range o.AddElems {
-		st.Elems.Put(e.ID(), e.Verdict)
+		if !e.To.IsValid() { // an endpoint map's element is in its pick
+			st.Elems.Put(e.ID(), e.Verdict)
+		}
+	}
+	for _, id := range o.DelPicks {
+		st.Picks.Delete(id)
+	}
+	for _, p := range o.SetPicks {
+		st.Picks.Put(p.ID, p.Info)
 	}
 	for _, n := range o.DelChains {
 		rules -= int(st.Chains[n].Rules)
@@ -612,6 +668,12 @@ func (fp *FullPlan) Shard(i int) []Batch {
 					d.plannedChain(c.Name, &rendered[r].plans[fi][j])
 				}
 			}
+			for pi := range fr.Picks {
+				p := &fr.Picks[pi]
+				if cs := claims.at(famElem{f, dispatchID(p)}); cs != nil && cs.winner().svc == k {
+					d.pick(p.ID(), p)
+				}
+			}
 			for _, e := range fr.Elements {
 				if !fp.split || !MainSet(e.Map) || e.Map == MapFirewallIPs {
 					continue
@@ -709,6 +771,9 @@ func (fp *FullPlan) finish(slots []int, ds []*differ) []*Ops {
 			if !want {
 				d.element(id, nil)
 			}
+		}
+		for id := range d.state.Picks.All() {
+			d.pick(id, nil)
 		}
 	}
 	return sortOps(ds)
@@ -818,6 +883,26 @@ func PlanPartial(cfg *Config, ts *Tables, state []*TableState, book *Claims, pro
 			}
 		}
 	}
+	// rendered are the Services' renderings as they are to be: the
+	// changed ones', and those of others whose picks are needed.
+	rendered := make(map[model.ServiceKey]*ByFamily, len(changes))
+	pickOf := func(f Family, svc model.ServiceKey, dispatch ElemID) *Pick {
+		r := rendered[svc]
+		if r == nil {
+			r = &ByFamily{}
+			if s := programmed[svc]; s != nil {
+				*r = ts.Render(s)
+			}
+			rendered[svc] = r
+		}
+		ps := r.Of(f).Picks
+		for i := range ps {
+			if dispatchID(&ps[i]) == dispatch {
+				return &ps[i]
+			}
+		}
+		return nil
+	}
 	for k, svc := range changes {
 		var oldR, newR ByFamily
 		if old := programmed[k]; old != nil {
@@ -826,6 +911,7 @@ func PlanPartial(cfg *Config, ts *Tables, state []*TableState, book *Claims, pro
 		if svc != nil {
 			newR = ts.Render(svc)
 		}
+		rendered[k] = &newR
 		for _, f := range Families {
 			main, shard := ds[ts.Main(f)], ds[ts.Shard(f, k)]
 			in := func(chain string) *differ {
@@ -841,7 +927,7 @@ func PlanPartial(cfg *Config, ts *Tables, state []*TableState, book *Claims, pro
 				in(c.Name).chain(c.Name, c)
 			}
 			for _, c := range o.Chains {
-				if !newChains[c.Name] {
+				if !newChains[c.Name] && !Shared(c.Name) {
 					in(c.Name).chain(c.Name, nil)
 				}
 			}
@@ -851,7 +937,7 @@ func PlanPartial(cfg *Config, ts *Tables, state []*TableState, book *Claims, pro
 				shard.set(s.Name, s)
 			}
 			for _, s := range o.Sets {
-				if !newSets[s.Name] {
+				if !newSets[s.Name] && !Shared(s.Name) {
 					shard.set(s.Name, nil)
 				}
 			}
@@ -877,10 +963,16 @@ func PlanPartial(cfg *Config, ts *Tables, state []*TableState, book *Claims, pro
 	}
 	for fe := range undo.all() {
 		want := -1
+		pid, picked := pickOfDispatch(fe.id)
 		if cs, ok := claims.get(fe); ok {
 			w := cs.winner()
 			want = ts.elem(fe, w.svc)
 			ds[want].element(fe.id, &w.verdict)
+			if picked {
+				// The winner's endpoints for the destination, if it
+				// chooses through the endpoint maps.
+				ds[want].pick(pid, pickOf(fe.f, w.svc, fe.id))
+			}
 			conflictList = append(conflictList, conflicts(fe, cs)...)
 		}
 		// The element leaves every other table it may be in: a shard
@@ -888,6 +980,9 @@ func PlanPartial(cfg *Config, ts *Tables, state []*TableState, book *Claims, pro
 		for _, slot := range ts.holders(fe) {
 			if slot != want {
 				ds[slot].element(fe.id, nil)
+				if picked {
+					ds[slot].pick(pid, nil)
+				}
 			}
 		}
 	}
@@ -931,6 +1026,8 @@ func sortOps(ds []*differ) []*Ops {
 		slices.SortFunc(o.AddSets, func(a, b *Set) int { return strings.Compare(a.Name, b.Name) })
 		slices.SortFunc(o.AddElems, compareElems)
 		slices.SortFunc(o.DelElems, compareElems)
+		slices.SortFunc(o.SetPicks, func(a, b PickState) int { return compareIDs(a.ID, b.ID) })
+		slices.SortFunc(o.DelPicks, compareIDs)
 	}
 	ops := make([]*Ops, len(ds))
 	for i, d := range ds {
@@ -1003,6 +1100,24 @@ func CompareStates(t TableRef, want, got *TableState) []string {
 	}
 	if missing+changed+extra > 0 {
 		out = append(out, fmt.Sprintf("%s %s map elements: %d missing, %d changed, %d unknown", f, t.Name, missing, changed, extra))
+	}
+	missing, changed, extra = 0, 0, 0
+	for id, v := range want.Picks.All() {
+		g, ok := got.Picks.Get(id)
+		switch {
+		case !ok:
+			missing++
+		case g != v:
+			changed++
+		}
+	}
+	for id := range got.Picks.All() {
+		if _, ok := want.Picks.Get(id); !ok {
+			extra++
+		}
+	}
+	if missing+changed+extra > 0 {
+		out = append(out, fmt.Sprintf("%s %s endpoint map destinations: %d missing, %d changed, %d unknown", f, t.Name, missing, changed, extra))
 	}
 	missing = 0
 	for n := range want.Sets {

@@ -6,9 +6,24 @@ import "sort"
 // nftgate last committed) where the kernel holds observed, when another
 // program added, changed or deleted elements and nothing else: elements
 // missing or changed are added (a changed one deleted first), unknown ones
-// deleted. Nothing needs rendering.
-func PlanRestore(believed, observed *TableState) *Ops {
-	o := &Ops{}
+// deleted. Nothing needs rendering but the picks that differ: pickOf gives
+// the pick nftgate last committed for a destination (Tables.PickOf).
+func PlanRestore(believed, observed *TableState, pickOf func(ElemID) *Pick) *Ops {
+	d := newDiffer(0, observed)
+	for id, info := range believed.Picks.All() {
+		if got, ok := observed.Picks.Get(id); ok && got == info {
+			continue
+		}
+		if p := pickOf(id); p != nil {
+			d.pick(id, p)
+		}
+	}
+	for id := range observed.Picks.All() {
+		if _, ok := believed.Picks.Get(id); !ok {
+			d.pick(id, nil)
+		}
+	}
+	o := &d.ops
 	for id, v := range believed.Elems.All() {
 		got, ok := observed.Elems.Get(id)
 		if ok && got == v {

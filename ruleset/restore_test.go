@@ -17,10 +17,10 @@ func TestPlanRestore(t *testing.T) {
 	observed.Elems.Put(id("198.19.0.1"), Verdict{Kind: Goto, Chain: "svc-a"}) // as believed
 	observed.Elems.Put(id("198.19.0.3"), Verdict{Kind: Goto, Chain: "svc-x"}) // changed
 	observed.Elems.Put(id("198.19.0.4"), Verdict{Kind: Goto, Chain: "svc-a"}) // unknown
-	o := PlanRestore(believed, observed)
+	o := PlanRestore(believed, observed, func(ElemID) *Pick { return nil })
 	want := &Ops{
-		DelElems: []Element{{MapServiceIPs, key("198.19.0.3"), Verdict{Kind: Goto, Chain: "svc-x"}}, {MapServiceIPs, key("198.19.0.4"), Verdict{Kind: Goto, Chain: "svc-a"}}},
-		AddElems: []Element{{MapServiceIPs, key("198.19.0.2"), Verdict{Kind: Goto, Chain: "svc-b"}}, {MapServiceIPs, key("198.19.0.3"), Verdict{Kind: Goto, Chain: "svc-c"}}},
+		DelElems: []Element{{Map: MapServiceIPs, Key: key("198.19.0.3"), Verdict: Verdict{Kind: Goto, Chain: "svc-x"}}, {Map: MapServiceIPs, Key: key("198.19.0.4"), Verdict: Verdict{Kind: Goto, Chain: "svc-a"}}},
+		AddElems: []Element{{Map: MapServiceIPs, Key: key("198.19.0.2"), Verdict: Verdict{Kind: Goto, Chain: "svc-b"}}, {Map: MapServiceIPs, Key: key("198.19.0.3"), Verdict: Verdict{Kind: Goto, Chain: "svc-c"}}},
 	}
 	if len(o.DelElems) != len(want.DelElems) || len(o.AddElems) != len(want.AddElems) {
 		t.Fatalf("PlanRestore = %+v, want %+v", o, want)

@@ -441,13 +441,18 @@ func (d VmapDispatch) AppendText(b []byte, f Family) []byte {
 // Encode loads the key's fields into consecutive registers and looks the
 // key up.
 func (d VmapDispatch) Encode(f Family, s bc.Sink) {
-	lookup := bc.Lookup{Sreg: bc.Reg1, Set: d.Map, Dreg: bc.RegVerdict, HasDreg: true}
+	loadDispatchKey(f, d.Shape, s)
+	s.Lookup(bc.Lookup{Sreg: bc.Reg1, Set: d.Map, Dreg: bc.RegVerdict, HasDreg: true})
+}
+
+// loadDispatchKey loads a dispatch key's fields (of shape KeyAddrProtoPort
+// or KeyProtoPort) into consecutive registers from register 1.
+func loadDispatchKey(f Family, shape KeyShape, s bc.Sink) {
 	dport := bc.Payload{Base: bc.TransportHeader, Offset: 2, Len: 2}
-	if d.Shape == KeyProtoPort {
+	if shape == KeyProtoPort {
 		dport.Dreg = bc.Reg32a
 		s.Meta(bc.Meta{Key: bc.MetaL4Proto, Reg: bc.Reg1})
 		s.Payload(dport)
-		s.Lookup(lookup)
 		return
 	}
 	protoReg := uint32(bc.Reg32a)
@@ -458,7 +463,6 @@ func (d VmapDispatch) Encode(f Family, s bc.Sink) {
 	s.Payload(loadAddr(f, Dst, bc.Reg1, f.AddrLen()))
 	s.Meta(bc.Meta{Key: bc.MetaL4Proto, Reg: protoReg})
 	s.Payload(dport)
-	s.Lookup(lookup)
 }
 
 // HashBucket matches the flows whose Jenkins hash of the client's address

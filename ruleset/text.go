@@ -17,12 +17,34 @@ func WriteText(w io.Writer, table string, f Family, frags ...*Fragment) error {
 	var sets []*Set
 	var flowtables []*Flowtable
 	elems := map[string][]Element{}
+	shared := map[string]bool{} // the shared chains and sets written, several fragments may list them
 	for _, fr := range frags {
-		chains = append(chains, fr.Chains...)
-		sets = append(sets, fr.Sets...)
+		for _, c := range fr.Chains {
+			if Shared(c.Name) {
+				if shared["c/"+c.Name] {
+					continue
+				}
+				shared["c/"+c.Name] = true
+			}
+			chains = append(chains, c)
+		}
+		for _, s := range fr.Sets {
+			if Shared(s.Name) {
+				if shared["s/"+s.Name] {
+					continue
+				}
+				shared["s/"+s.Name] = true
+			}
+			sets = append(sets, s)
+		}
 		flowtables = append(flowtables, fr.Flowtables...)
 		for _, e := range fr.Elements {
 			elems[e.Map] = append(elems[e.Map], e)
+		}
+		for i := range fr.Picks {
+			for _, e := range fr.Picks[i].Elements() {
+				elems[e.Map] = append(elems[e.Map], e)
+			}
 		}
 	}
 	sort.SliceStable(chains, func(i, j int) bool {
@@ -97,6 +119,8 @@ func WriteText(w io.Writer, table string, f Family, frags ...*Fragment) error {
 				}
 				if s.Shape == KeyAddrPair {
 					ew.printf("\n\t\t\t%s . %s%s", e.Key, e.Key, sep)
+				} else if e.To.IsValid() {
+					ew.printf("\n\t\t\t%s : %s . %d%s", e.Key, e.To.Addr(), e.To.Port(), sep)
 				} else if e.Verdict.Kind == 0 {
 					ew.printf("\n\t\t\t%s%s", e.Key, sep)
 				} else {
@@ -191,6 +215,10 @@ func setType(f Family, s *Set) string {
 		return "type " + addr + " . " + addr
 	case !s.Map:
 		return "type " + addr
+	case s.Endpoints && s.Shape == KeyProtoPort:
+		return "type inet_proto . inet_service : " + addr + " . inet_service"
+	case s.Endpoints:
+		return "type " + addr + " . inet_proto . inet_service : " + addr + " . inet_service"
 	case s.Shape == KeyProtoPort:
 		return "type inet_proto . inet_service : verdict"
 	}
