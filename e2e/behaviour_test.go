@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"net/netip"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -647,9 +648,9 @@ func (l *behaviourLab) testEdgeCases(t *testing.T) {
 			gatewaytest.Slice("default", "dup-a", "dup", "http", "", 8080, ep("198.18.2.10", ""), ep("198.18.2.11", "")),
 			gatewaytest.Slice("default", "dup-b", "dup", "http", "", 8080, gatewaytest.Endpoint{Addr: "198.18.2.10", NotReady: true}, ep("198.18.2.12", "")))
 		l.eventuallyBackends(t, "tcp", ap("198.19.0.92:80"), 40, l.b4(0, 8080), l.b4(1, 8080), l.b4(2, 8080))
-		out := l.g.Nft("list", "chain", "ip", serviceTable("default", "dup"), chainOf(t, l.g, serviceTable("default", "dup"), "198.19.0.92 . tcp . 80"))
-		if n := strings.Count(out, "dnat to 198.18.2.10:8080"); n != 1 {
-			t.Errorf("the endpoint listed in two slices has %d dnat rules, want 1:\n%s", n, out)
+		eps := endpointsOf(t, l.g, serviceTable("default", "dup"), "198.19.0.92 . tcp . 80")
+		if n := strings.Count(strings.Join(eps, " "), "198.18.2.10:8080"); n != 1 || len(eps) != 3 {
+			t.Errorf("the endpoint listed in two slices is %d of the Service's endpoints %v, want one of three", n, eps)
 		}
 		l.g.Remove("dup.yaml")
 	})
@@ -705,6 +706,28 @@ func chainOf(t *testing.T, g *gatewaytest.Gateway, table, key string) string {
 	}
 	t.Fatalf("no element %q in service-ips:\n%s", key, out)
 	return ""
+}
+
+// endpointsOf returns, in bucket order, the endpoints a destination (key
+// as nft prints it) of a shard table has in the endpoint maps its
+// service-ips element's pick chain looks up.
+func endpointsOf(t *testing.T, g *gatewaytest.Gateway, table, key string) []string {
+	t.Helper()
+	chain := chainOf(t, g, table, key)
+	n, err := strconv.Atoi(chain[strings.LastIndexByte(chain, '-')+1:])
+	if !strings.HasPrefix(chain, "pick-") || err != nil {
+		t.Fatalf("%s goes to chain %s, not to a pick chain", key, chain)
+	}
+	elem := regexp.MustCompile(`(^|[\s{,])` + regexp.QuoteMeta(key) + ` : ([0-9a-f.:]+) \. (\d+)`)
+	var out []string
+	for i := range n {
+		m := elem.FindStringSubmatch(g.Nft("list", "map", "ip", table, ruleset.EndpointMap(false, i)))
+		if m == nil {
+			t.Fatalf("no element %q in %s", key, ruleset.EndpointMap(false, i))
+		}
+		out = append(out, m[2]+":"+m[3])
+	}
+	return out
 }
 
 // TestServiceBehaviourAPI covers what needs the API server's allocators:

@@ -159,7 +159,7 @@ func testServicesAnswer(t *testing.T, newGW newGateway) {
 	})
 	t.Run("rendered ruleset is readable by nft", func(t *testing.T) {
 		out := g.Nft("list", "ruleset")
-		for _, want := range []string{"svc-", "default/web/tcp/http", "198.19.0.10 . tcp . 80", "jhash ip saddr . th sport mod 3"} {
+		for _, want := range []string{"pick-tcp-3", "198.19.0.10 . tcp . 80", "jhash ip saddr . th sport mod 3", "map @endpoints-2"} {
 			if !strings.Contains(out, want) {
 				t.Errorf("nft list ruleset lacks %q", want)
 			}

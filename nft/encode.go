@@ -3,6 +3,7 @@ package nft
 import (
 	"encoding/binary"
 	"fmt"
+	"net/netip"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -211,7 +212,16 @@ func (e *encoder) addSet(s *ruleset.Set) {
 	w.u32(unix.NFTA_SET_KEY_TYPE, magic)
 	w.u32(unix.NFTA_SET_KEY_LEN, keyLen)
 	w.u32(unix.NFTA_SET_ID, id)
-	if s.Map {
+	switch {
+	case s.Endpoints:
+		// An endpoint's address and port, each in whole registers.
+		addr := uint32(typeIPAddr)
+		if e.f == ruleset.IPv6 {
+			addr = typeIP6Addr
+		}
+		w.u32(unix.NFTA_SET_DATA_TYPE, addr<<concatTypeBits|typeInetService)
+		w.u32(unix.NFTA_SET_DATA_LEN, e.f.AddrLen()+4)
+	case s.Map:
 		w.u32(unix.NFTA_SET_DATA_TYPE, nftDataVerdict)
 		w.u32(unix.NFTA_SET_DATA_LEN, 0)
 	}
@@ -389,6 +399,13 @@ func appendKey(b []byte, shape ruleset.KeyShape, k ruleset.Key) []byte {
 	return b
 }
 
+// appendEndpoint appends an endpoint map's data: the address, then the
+// port in network byte order, padded to four bytes.
+func appendEndpoint(b []byte, to netip.AddrPort) []byte {
+	b = append(b, to.Addr().AsSlice()...)
+	return append(b, byte(to.Port()>>8), byte(to.Port()), 0, 0)
+}
+
 // elementsPerMessage bounds the elements of one message: the kernel caps a
 // netlink attribute, the list of them, at 64 KiB.
 const elementsPerMessage = 500
@@ -402,7 +419,7 @@ func (e *encoder) elements(els []ruleset.Element, del bool) {
 	}
 	w := e.w
 	fam := byte(e.f)
-	var key []byte
+	var key, data []byte
 	for len(els) > 0 {
 		m := els[0].Map
 		shape := ruleset.SetShape(m)
@@ -419,7 +436,11 @@ func (e *encoder) elements(els []ruleset.Element, del bool) {
 			item := w.nest(uint16(n))
 			key = appendKey(key[:0], shape, el.Key)
 			w.value(unix.NFTA_SET_ELEM_KEY, key)
-			if el.Verdict.Kind != 0 {
+			switch {
+			case el.To.IsValid() && !del:
+				data = appendEndpoint(data[:0], el.To)
+				w.value(unix.NFTA_SET_ELEM_DATA, data)
+			case el.Verdict.Kind != 0:
 				w.verdictData(unix.NFTA_SET_ELEM_DATA, el.Verdict.Bytecode())
 			}
 			w.close(item)
@@ -609,6 +630,9 @@ func estimate(o *ruleset.Ops) (size, messages int) {
 			size += 40 // an address pair, or an address, protocol and port
 			if els[i].Verdict.Kind != 0 {
 				size += 28 + len(els[i].Verdict.Chain)
+			}
+			if els[i].To.IsValid() {
+				size += 32 // an address and a port
 			}
 		}
 		messages += len(els)/elementsPerMessage + 4

@@ -103,7 +103,11 @@ func (p *Programmer) suspects(cause *BatchError, changes map[model.ServiceKey]*m
 			for _, f := range ruleset.Families {
 				fr := r.Of(f)
 				shard := p.cfg.TableOf(k)
+				// The objects a shard's Services share are no one's.
 				for _, c := range fr.Chains {
+					if ruleset.Shared(c.Name) {
+						continue
+					}
 					table := shard
 					if ruleset.MainChain(c.Name) {
 						table = p.cfg.Table
@@ -111,7 +115,9 @@ func (p *Programmer) suspects(cause *BatchError, changes map[model.ServiceKey]*m
 					owner[object{f, table, c.Name}] = k
 				}
 				for _, s := range fr.Sets {
-					owner[object{f, shard, s.Name}] = k
+					if !ruleset.Shared(s.Name) {
+						owner[object{f, shard, s.Name}] = k
+					}
 				}
 			}
 		}

@@ -112,7 +112,9 @@ func TestRefusedBatchNamesTheMessage(t *testing.T) {
 	if _, err := p.Full(map[model.ServiceKey]*model.Service{svc.Key: svc}); err != nil {
 		t.Fatal(err)
 	}
-	table, chain := p.cfg.TableOf(svc.Key), ruleset.PortObject("svc", svc, &svc.Ports[0])
+	// The chain its ClusterIP's element goes to, which goes with it.
+	r := ruleset.RenderService(&p.cfg, svc)
+	table, chain := p.cfg.TableOf(svc.Key), r.Of(ruleset.IPv4).Elements[0].Verdict.Chain
 	nftList(t, ns, "add", "chain", "ip", table, "hand-made")
 	nftList(t, ns, "add", "rule", "ip", table, "hand-made", "jump", chain)
 

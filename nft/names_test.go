@@ -288,6 +288,17 @@ func TestTwoServicesNeverShareAChain(t *testing.T) {
 			t.Fatalf("no element for %s:\n%s", clusterIP, elems)
 		}
 		chain := strings.TrimRight(strings.Fields(rest)[0], ",}")
+		if ruleset.Shared(chain) {
+			// A shared chain: the endpoint is the ClusterIP's element
+			// in the endpoint map.
+			out := nftList(t, ns, "list", "map", "ip", table, ruleset.EndpointMap(false, 0))
+			_, to, ok := strings.Cut(out, clusterIP+" . tcp . 80 : ")
+			if !ok {
+				t.Fatalf("no endpoint for %s:\n%s", clusterIP, out)
+			}
+			f := strings.Fields(to)
+			return f[0] + ":" + strings.TrimRight(f[2], ",}")
+		}
 		out := nftList(t, ns, "list", "chain", "ip", table, chain)
 		_, to, ok := strings.Cut(out, "dnat to ")
 		if !ok {

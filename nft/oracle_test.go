@@ -142,6 +142,14 @@ func setDefinition(table *nftables.Table, f ruleset.Family, s *ruleset.Set) *nft
 	case s.Shape == ruleset.KeySlot:
 		ns.IsMap, ns.DataType, ns.KeyType = true, nftables.TypeVerdict, nftables.TypeInteger
 		ns.KeyByteOrder = binaryutil.NativeEndian
+	case s.Endpoints:
+		ns.IsMap, ns.Concatenation = true, true
+		ns.DataType = nftables.MustConcatSetType(addr, nftables.TypeInetService)
+		if s.Shape == ruleset.KeyProtoPort {
+			ns.KeyType = nftables.MustConcatSetType(nftables.TypeInetProto, nftables.TypeInetService)
+		} else {
+			ns.KeyType = nftables.MustConcatSetType(addr, nftables.TypeInetProto, nftables.TypeInetService)
+		}
 	case s.Map:
 		ns.IsMap, ns.Concatenation, ns.DataType = true, true, nftables.TypeVerdict
 		if s.Shape == ruleset.KeyProtoPort {

@@ -133,11 +133,11 @@ func ownership(cfg *ruleset.Config, f ruleset.Family, present []tableInfo, chain
 }
 
 // nftgateLayout tells whether a table's chains are of nftgate's layout:
-// there are some, and each has a name of the skeleton or of a Service
-// chain.
+// there are some, and each has a name of the skeleton, of a Service chain
+// or of a chain the Services of a shard share.
 func nftgateLayout(skeleton map[string]bool, chains []string) bool {
 	for _, c := range chains {
-		if !skeleton[c] && (!serviceChainName.MatchString(c) || !strings.Contains(c, "/")) {
+		if !skeleton[c] && !ruleset.Shared(c) && (!serviceChainName.MatchString(c) || !strings.Contains(c, "/")) {
 			return false
 		}
 	}

@@ -482,7 +482,9 @@ func (p *Programmer) restoreElems(start time.Time, res Result, only map[tableRef
 			return res, fmt.Errorf("read %s table %s back: %w", ref.Family, ref.Name, err)
 		}
 		res.Drift = append(res.Drift, ruleset.CompareStates(ref, p.state[slot], st)...)
-		observed[slot], ds[slot] = st, ruleset.PlanRestore(p.state[slot], st)
+		observed[slot], ds[slot] = st, ruleset.PlanRestore(p.state[slot], st, func(id ruleset.ElemID) *ruleset.Pick {
+			return p.tables.PickOf(p.claims, p.services, ref.Family, id)
+		})
 	}
 	// The tables are as read and believed as of generation gen: if the
 	// kernel is still at gen when this batch is committed, nothing came

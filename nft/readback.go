@@ -179,9 +179,16 @@ func (r *reader) readSets(name string, f ruleset.Family, st *ruleset.TableState,
 	if err != nil {
 		return fmt.Errorf("list sets: %w", err)
 	}
+	picks := map[ruleset.ElemID][]pickPart{}
 	for _, s := range sets {
 		if s.Anonymous {
 			continue // bound to a rule; goes with it
+		}
+		if i, nodePort, ok := ruleset.EndpointMapIndex(s.Name); ok && s.IsMap {
+			if err := r.readEndpointMap(f, name, s, i, nodePort, st, picks); err != nil {
+				return err
+			}
+			continue
 		}
 		// google/nftables does not decode concatenated key types, so the
 		// shape comes from the name, and is checked against the keys below.
@@ -226,7 +233,72 @@ func (r *reader) readSets(name string, f ruleset.Family, st *ruleset.TableState,
 		}
 		st.Sets[s.Name] = def
 	}
+	putPicks(st, picks)
 	return nil
+}
+
+// pickPart is one element of an endpoint map: its bucket and endpoint.
+type pickPart struct {
+	i  int
+	to netip.AddrPort
+}
+
+// readEndpointMap reads endpoint map s (of bucket i) into parts, by pick.
+// Elements of another shape make the map one to recreate.
+func (r *reader) readEndpointMap(f ruleset.Family, table string, s *nftables.Set, i int, nodePort bool, st *ruleset.TableState, parts map[ruleset.ElemID][]pickPart) error {
+	def := ruleset.SetDef{Map: true, Shape: ruleset.SetShape(s.Name), Endpoints: true}
+	n := int(f.AddrLen())
+	var mine []ruleset.ElemID
+	err := r.eachElem(f, table, s.Name, func(e *setElem) error {
+		if def.Shape == 0 {
+			return nil
+		}
+		k, ok := keyFromBytes(f, def.Shape, e.Key)
+		if !ok || e.HasVerdict || e.HasCounter || len(e.Data) != n+4 {
+			def.Shape = 0
+			return nil
+		}
+		a, _ := netip.AddrFromSlice(e.Data[:n])
+		id := ruleset.PickID(nodePort, k)
+		parts[id] = append(parts[id], pickPart{i, netip.AddrPortFrom(a, uint16(e.Data[n])<<8|uint16(e.Data[n+1]))})
+		mine = append(mine, id)
+		return nil
+	})
+	if def.Shape == 0 {
+		// Not a map nftgate made: its elements go with it.
+		for _, id := range mine {
+			ps := parts[id]
+			parts[id] = slices.DeleteFunc(ps, func(p pickPart) bool { return p.i == i })
+		}
+	}
+	st.Sets[s.Name] = def
+	return err
+}
+
+// putPicks records the picks read back: a destination whose elements are
+// in maps 0 to N-1 as one pick; one with a gap, element by element, so
+// that a plan deletes them.
+func putPicks(st *ruleset.TableState, parts map[ruleset.ElemID][]pickPart) {
+	for id, ps := range parts {
+		if len(ps) == 0 {
+			continue
+		}
+		slices.SortFunc(ps, func(a, b pickPart) int { return a.i - b.i })
+		whole := true
+		to := make([]netip.AddrPort, len(ps))
+		for j, p := range ps {
+			whole = whole && p.i == j
+			to[j] = p.to
+		}
+		if whole {
+			st.Picks.Put(id, ruleset.PickInfoOf(to))
+			continue
+		}
+		nodePort, k := ruleset.PickIsNodePort(id), id.Key()
+		for _, p := range ps {
+			st.Elems.Put(ruleset.NewElemID(ruleset.EndpointMap(nodePort, p.i), k), ruleset.Verdict{})
+		}
+	}
 }
 
 // readFlowtables reads a table's flowtables: their priority and devices.

@@ -90,8 +90,9 @@ type scaleExpect struct {
 	ServiceIPs   int // elements of service-ips
 	NodePorts    int // elements of service-nodeports
 	FirewallIPs  int // elements of firewall-ips
-	Chains       int // chains, static ones included
+	Chains       int // chains, static ones included, shared ones not
 	AffinitySets int
+	Picks        int // destinations in the endpoint maps
 }
 
 // newScaleCluster builds n Services with eps endpoints per port. The mix,
@@ -216,15 +217,27 @@ func (c *scaleCluster) finish() {
 }
 
 func (w *scaleExpect) add(svc *model.Service, eps int) {
+	// Ports of policy Cluster choosing by hash pick their endpoints from
+	// the shard's endpoint maps, through chains the shard's Services share.
+	mapped := svc.AffinityTimeout() == 0 && !svc.Maglev(*benchSelection) && !svc.InternalLocal && !svc.ExternalLocal &&
+		eps > 0 && eps <= ruleset.MaxMapEndpoints
 	for _, p := range svc.Ports {
-		w.ServiceIPs += len(svc.ClusterIPs) + len(svc.ExternalIPs()) + len(svc.LoadBalancerIPs())
-		w.Chains++ // the Service port's chain
-		if svc.AffinityTimeout() > 0 || svc.Maglev(*benchSelection) {
-			w.Chains += eps // endpoints get chains only for session affinity and Maglev slots
-		}
+		addrs := len(svc.ClusterIPs) + len(svc.ExternalIPs()) + len(svc.LoadBalancerIPs())
+		w.ServiceIPs += addrs
 		external := p.NodePort != 0 || len(svc.ExternalIPs()) > 0 || len(svc.LoadBalancerIPs()) > 0
-		if external {
-			w.Chains++
+		if mapped {
+			w.Picks += addrs
+			if p.NodePort != 0 {
+				w.Picks++
+			}
+		} else {
+			w.Chains++ // the Service port's chain
+			if svc.AffinityTimeout() > 0 || svc.Maglev(*benchSelection) {
+				w.Chains += eps // endpoints get chains only for session affinity and Maglev slots
+			}
+			if external {
+				w.Chains++
+			}
 		}
 		if p.NodePort != 0 {
 			w.NodePorts++
@@ -277,12 +290,21 @@ func checkKernel(tb testing.TB, ns string, cfg ruleset.Config, want scaleExpect)
 	}
 	got := scaleExpect{
 		FirewallIPs:  countIn(": goto ", "list", "map", "ip", cfg.Table, ruleset.MapFirewallIPs),
-		Chains:       countIn("\tchain ", "list", "chains", "ip"),
+		Chains:       countIn("\tchain ", "list", "chains", "ip") - countIn("\tchain pick-", "list", "chains", "ip"),
 		AffinitySets: countIn("\tset aff-", "list", "sets", "ip"),
 	}
 	for i := range cfg.ShardCount() {
 		got.ServiceIPs += countIn(": goto ", "list", "map", "ip", cfg.ShardTable(i), ruleset.MapServiceIPs)
 		got.NodePorts += countIn(": goto ", "list", "map", "ip", cfg.ShardTable(i), ruleset.MapServiceNodePorts)
+		// Every destination in the endpoint maps has its first endpoint in map 0.
+		maps := scaleNft(tb, ns, "list", "maps", "ip")
+		_, block, _ := strings.Cut(maps, "table ip "+cfg.ShardTable(i)+" {")
+		block, _, _ = strings.Cut(block, "\n}")
+		for _, nodePort := range []bool{false, true} {
+			if strings.Contains(block, "map "+ruleset.EndpointMap(nodePort, 0)+" {") {
+				got.Picks += countIn(" : ", "list", "map", "ip", cfg.ShardTable(i), ruleset.EndpointMap(nodePort, 0)) - 1 // the type line has one
+			}
+		}
 	}
 	if got != want {
 		tb.Fatalf("kernel tables ip %s* hold %+v, want %+v", cfg.Table, got, want)

@@ -71,7 +71,10 @@ func TestProgrammerChoosesShards(t *testing.T) {
 			table := p.Config().TableOf(k)
 			block := out[strings.Index(out, "table ip "+table+" {"):]
 			block = block[:strings.Index(block, "\n}")]
-			if !strings.Contains(block, svc.ClusterIPs[0].String()+" . tcp . 80 : goto svc-default/"+k.Name()+"/") {
+			// Its ClusterIP's element, and its endpoint for it.
+			ip := svc.ClusterIPs[0].String()
+			ep := svc.Ports[0].Endpoints[0].AddrPort()
+			if !strings.Contains(block, ip+" . tcp . 80 : goto ") || !strings.Contains(block, fmt.Sprintf("%s . tcp . 80 : %s . %d", ip, ep.Addr(), ep.Port())) {
 				t.Errorf("%s is not in its shard %s:\n%s", k, table, block)
 			}
 		}

@@ -398,7 +398,15 @@ func TestFlushOverflowRepairedOnce(t *testing.T) {
 		}
 	}
 	ch := watchDrifts(t, p)
-	c := clusterOf(10_000)
+	// With session affinity, every Service has chains and sets of its
+	// own, as many objects to announce as the test needs.
+	plain := clusterOf(10_000)
+	c := &scaleCluster{Services: map[model.ServiceKey]*model.Service{}, Keys: plain.Keys}
+	for k, svc := range plain.Services {
+		cp := *svc
+		cp.EditRare().AffinityTimeout = time.Hour
+		c.Services[k] = &cp
+	}
 	if _, err := p.Full(c.Services); err != nil {
 		t.Fatal(err)
 	}

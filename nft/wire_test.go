@@ -94,11 +94,15 @@ func refEncode(t *testing.T, ts *ruleset.Tables, ds []*ruleset.Ops) []byte {
 					v := el.Verdict.Bytecode()
 					e.VerdictData = &expr.Verdict{Kind: expr.VerdictKind(v.Code), Chain: v.Chain}
 				}
+				if el.To.IsValid() && !del {
+					e.Val = appendEndpoint(nil, el.To)
+				}
 				byMap[el.Map] = append(byMap[el.Map], e)
 			}
 			for _, m := range order {
 				shape := ruleset.SetShape(m)
-				s := setDefinition(table, ref.Family, &ruleset.Set{Name: m, Map: shape != ruleset.KeyAddr && shape != ruleset.KeyAddrPair, Shape: shape})
+				_, _, endpoints := ruleset.EndpointMapIndex(m)
+				s := setDefinition(table, ref.Family, &ruleset.Set{Name: m, Map: shape != ruleset.KeyAddr && shape != ruleset.KeyAddrPair, Shape: shape, Endpoints: endpoints})
 				for chunk := range chunks(byMap[m], elementsPerMessage) {
 					if del {
 						err = c.SetDeleteElements(s, chunk)

@@ -61,6 +61,16 @@ type Claims struct {
 	// losses are, per Service, the elements it claims that another
 	// Service holds, and why.
 	losses map[model.ServiceKey]map[famElem]string
+	// shared counts, per table, the Services' listings of each shared
+	// chain and map (endpoints.go): one no Service lists is removed.
+	shared map[sharedObject]int32
+}
+
+// sharedObject is a shared chain ("c/" and its name) or map ("s/") of the
+// table in a slot.
+type sharedObject struct {
+	slot int
+	name string
 }
 
 // NewClaims makes an empty book.
@@ -184,6 +194,24 @@ func (b *Claims) Undo(undo *Claims) {
 			b.plain.put(fe, n)
 		}
 	}
+	for o, n := range undo.shared {
+		b.countShared(o, n-b.shared[o])
+	}
+}
+
+// countShared adds delta to a shared object's count and returns the new
+// count.
+func (b *Claims) countShared(o sharedObject, delta int32) int32 {
+	n := b.shared[o] + delta
+	if n <= 0 {
+		delete(b.shared, o)
+		return 0
+	}
+	if b.shared == nil {
+		b.shared = map[sharedObject]int32{}
+	}
+	b.shared[o] = n
+	return n
 }
 
 // UpdateLosses brings the losses up to date for the elements a committed

@@ -247,16 +247,26 @@ func (ts *Tables) Render(svc *model.Service) ByFamily {
 	if ts.Refuse == nil || !ts.Refuse(svc) {
 		return r
 	}
+	refused := Rule{Verdict{Kind: Jump, Chain: RefusedChain}}
 	for i := range r {
 		for j, c := range r[i].Chains {
-			if MainChain(c.Name) {
+			if MainChain(c.Name) || Shared(c.Name) {
 				continue
 			}
 			bad := *c
-			bad.Rules = append(slices.Clip(c.Rules), Rule{Verdict{Kind: Jump, Chain: RefusedChain}})
+			bad.Rules = append(slices.Clip(c.Rules), refused)
 			chains := slices.Clone(r[i].Chains)
 			chains[j] = &bad
 			r[i].Chains = chains
+			return r
+		}
+	}
+	// A Service whose ports choose through the endpoint maps has no chain
+	// of its own: it gets one for the rule.
+	for i := range r {
+		if len(r[i].Picks) > 0 {
+			name := "svc-" + string(appendEscaped(nil, svc.Key.Namespace())) + "/" + string(appendEscaped(nil, svc.Key.Name())) + "/refused"
+			r[i].Chains = append(slices.Clip(r[i].Chains), &Chain{Name: name, Rules: []Rule{refused}})
 			return r
 		}
 	}

@@ -589,6 +589,7 @@ func NewFullPlan(cfg *Config, ts *Tables, observed []*TableState, services map[m
 				if book != nil {
 					continue
 				}
+				countShared(fp.book, ts.Shard(f, k), fr, +1)
 				for _, e := range fr.Elements {
 					if plainSet(e.Map) {
 						fe := famElem{f, e.ID()}
@@ -860,6 +861,14 @@ func PlanPartial(cfg *Config, ts *Tables, state []*TableState, book *Claims, pro
 	}
 	var undo elemMap[claimSet]
 	var undoPlain elemMap[int32]
+	undoShared := map[sharedObject]int32{}
+	var sharedObjs []sharedObject // in the order first touched
+	touchShared := func(o sharedObject) {
+		if _, ok := undoShared[o]; !ok {
+			undoShared[o] = book.shared[o]
+			sharedObjs = append(sharedObjs, o)
+		}
+	}
 	count := func(fe famElem, delta int32) {
 		n, ok := book.plain.get(fe)
 		if _, seen := undoPlain.get(fe); !seen {
@@ -931,6 +940,13 @@ func PlanPartial(cfg *Config, ts *Tables, state []*TableState, book *Claims, pro
 					in(c.Name).chain(c.Name, nil)
 				}
 			}
+			slot := ts.Shard(f, k)
+			for _, so := range countShared(book, slot, o, -1) {
+				touchShared(so)
+			}
+			for _, so := range countShared(book, slot, n, +1) {
+				touchShared(so)
+			}
 			newSets := make(map[string]bool, len(n.Sets))
 			for _, s := range n.Sets {
 				newSets[s.Name] = true
@@ -994,7 +1010,43 @@ func PlanPartial(cfg *Config, ts *Tables, state []*TableState, book *Claims, pro
 			d.element(fe.id, nil)
 		}
 	}
-	return sortOps(ds), &Claims{verdicts: undo, plain: undoPlain}, conflictList
+	// Shared chains and maps no Service lists any more go; those
+	// listed are in the plan already.
+	for _, o := range sharedObjs {
+		if book.shared[o] > 0 {
+			continue
+		}
+		// The undo's value is the count before: the object is in the
+		// kernel unless this plan added it.
+		kind, name := o.name[:2], o.name[2:]
+		if kind == "c/" {
+			ds[o.slot].chain(name, nil)
+		} else {
+			ds[o.slot].set(name, nil)
+		}
+	}
+	return sortOps(ds), &Claims{verdicts: undo, plain: undoPlain, shared: undoShared}, conflictList
+}
+
+// countShared adds delta to the counts of the shared chains and maps fr
+// lists, in slot, and returns them (old, as changed).
+func countShared(book *Claims, slot int, fr *Fragment, delta int32) []sharedObject {
+	var out []sharedObject
+	for _, c := range fr.Chains {
+		if Shared(c.Name) {
+			o := sharedObject{slot, "c/" + c.Name}
+			out = append(out, o)
+		}
+	}
+	for _, s := range fr.Sets {
+		if Shared(s.Name) {
+			out = append(out, sharedObject{slot, "s/" + s.Name})
+		}
+	}
+	for _, o := range out {
+		book.countShared(o, delta)
+	}
+	return out
 }
 
 func familyIndex(f Family) int {

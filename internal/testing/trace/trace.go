@@ -238,6 +238,8 @@ type traceTable struct {
 	chains map[string]*ruleset.Chain
 	sets   map[string]*ruleset.Set
 	elems  map[string]map[ruleset.Key]ruleset.Verdict
+	// endpoints are the endpoint maps' elements.
+	endpoints map[string]map[ruleset.Key]netip.AddrPort
 }
 
 type baseChain struct {
@@ -280,6 +282,13 @@ func (t *tracer) index(table *ruleset.Table) error {
 			return fmt.Errorf("set %q defined twice", s.Name)
 		}
 		tt.sets[s.Name] = s
+		if s.Endpoints {
+			if tt.endpoints == nil {
+				tt.endpoints = map[string]map[ruleset.Key]netip.AddrPort{}
+			}
+			tt.endpoints[s.Name] = map[ruleset.Key]netip.AddrPort{}
+			continue
+		}
 		if s.Map || s.Shape == ruleset.KeyAddr || s.Shape == ruleset.KeyAddrPair {
 			tt.elems[s.Name] = map[ruleset.Key]ruleset.Verdict{}
 		}
@@ -291,6 +300,18 @@ func (t *tracer) index(table *ruleset.Table) error {
 		tt.chains[c.Name] = c
 		if c.Hook != nil {
 			t.hooks[c.Hook.Hook] = append(t.hooks[c.Hook.Hook], baseChain{tt, c})
+		}
+	}
+	for i := range table.Picks {
+		for _, e := range table.Picks[i].Elements() {
+			m, ok := tt.endpoints[e.Map]
+			if !ok {
+				return fmt.Errorf("element %s in missing endpoint map %q", e.Key, e.Map)
+			}
+			if to, dup := m[e.Key]; dup {
+				return fmt.Errorf("endpoint map %s: key %s given %s and %s", e.Map, e.Key, to, e.To)
+			}
+			m[e.Key] = e.To
 		}
 	}
 	for _, e := range table.Elements {
@@ -509,6 +530,30 @@ func (t *tracer) runRule(st state, tt *traceTable, c *ruleset.Chain, i, depth in
 			// of the hook already see the new destination.
 			st.dnat, st.dst, st.dport, st.dstLocal = s.To, s.To.Addr(), s.To.Port(), false
 			return []end{{st.log(c.Name, r, t.f, ""), endAccept}}
+		case ruleset.DNATMap:
+			if t.pkt.Proto != s.Proto {
+				return []end{{st, endNext}}
+			}
+			m, ok := tt.endpoints[s.Map]
+			if !ok {
+				t.fail("chain %s: lookup in missing endpoint map %q", c.Name, s.Map)
+				return nil
+			}
+			k := ruleset.Key{Proto: t.pkt.Proto, Port: st.dport}
+			if !s.NodePort {
+				k.Addr = st.dst
+			}
+			to, hit := m[k]
+			if !hit {
+				// A lookup that misses ends the rule.
+				return []end{{st, endNext}}
+			}
+			if ruleset.Of(to.Addr()) != t.f {
+				t.fail("chain %s: dnat to %s in family %s", c.Name, to, t.f)
+				return nil
+			}
+			st.dnat, st.dst, st.dport, st.dstLocal = to, to.Addr(), to.Port(), false
+			return []end{{st.log(c.Name, r, t.f, "element "+k.String()+" : "+to.String()), endAccept}}
 		case ruleset.Redirect:
 			if t.pkt.Proto != s.Proto {
 				return []end{{st, endNext}}
