@@ -48,7 +48,7 @@ func checkIsolated(t *testing.T, ns string, want map[string]string, absent ...st
 		}
 		// DNATed in a chain of the Service's own, or through an endpoint map.
 		if !strings.Contains(out, "dnat to "+ep+":8080") &&
-			!regexp.MustCompile(regexp.QuoteMeta(ip) + ` \. tcp \. 80 : ` + regexp.QuoteMeta(ep) + ` \. 8080`).MatchString(out) {
+			!regexp.MustCompile(regexp.QuoteMeta(ip)+` \. tcp \. 80 : `+regexp.QuoteMeta(ep)+` \. 8080`).MatchString(out) {
 			t.Errorf("no DNAT to %s in the kernel", ep)
 		}
 	}
