@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/nftgate/nftgate/model"
 	bc "github.com/nftgate/nftgate/ruleset/bytecode"
@@ -111,8 +112,31 @@ func Shared(name string) bool {
 	return ok
 }
 
+// pickChainKey identifies a shared pick chain's rendering.
+type pickChainKey struct {
+	seed    uint32
+	variant string
+	proto   model.Protocol
+	n       int
+}
+
+// pickChains holds the pick chains rendered so far: every Service of a
+// cluster lists one or a few of them, and a chain, once rendered, is
+// never changed, so all share one copy.
+var pickChains sync.Map // pickChainKey → *Chain
+
 // pickChain renders a shared pick chain.
 func pickChain(cfg *Config, variant string, p model.Protocol, n int) *Chain {
+	k := pickChainKey{cfg.hashSeed(), variant, p, n}
+	if c, ok := pickChains.Load(k); ok {
+		return c.(*Chain)
+	}
+	c, _ := pickChains.LoadOrStore(k, renderPickChain(cfg, variant, p, n))
+	return c.(*Chain)
+}
+
+// renderPickChain renders a shared pick chain.
+func renderPickChain(cfg *Config, variant string, p model.Protocol, n int) *Chain {
 	c := &Chain{Name: pickChainName(variant, p, n)}
 	if variant == pickExternal {
 		c.Rules = []Rule{
@@ -136,13 +160,27 @@ func pickChain(cfg *Config, variant string, p model.Protocol, n int) *Chain {
 	return c
 }
 
+// endpointMapSets are the definitions of the endpoint maps, the
+// NodePorts' second, made once.
+var endpointMapSets = func() (out [2][MaxMapEndpoints]*Set) {
+	for j, nodePort := range []bool{false, true} {
+		shape := KeyAddrProtoPort
+		if nodePort {
+			shape = KeyProtoPort
+		}
+		for i := range MaxMapEndpoints {
+			out[j][i] = &Set{Name: EndpointMap(nodePort, i), Map: true, Shape: shape, Endpoints: true}
+		}
+	}
+	return out
+}()
+
 // endpointMapSet is the definition of an endpoint map.
 func endpointMapSet(nodePort bool, i int) *Set {
-	shape := KeyAddrProtoPort
 	if nodePort {
-		shape = KeyProtoPort
+		return endpointMapSets[1][i]
 	}
-	return &Set{Name: EndpointMap(nodePort, i), Map: true, Shape: shape, Endpoints: true}
+	return endpointMapSets[0][i]
 }
 
 // Pick is a Service port's endpoints for one destination: element i of

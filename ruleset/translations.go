@@ -47,7 +47,16 @@ func Translations(out *ByFamily, visit func(Destination, []netip.AddrPort)) {
 					chains[c.Name] = c
 				}
 			}
-			eps = appendReached(eps[:0], chains, e.Verdict, map[string]bool{})
+			// The endpoints the destination has in the endpoint maps,
+			// if it chooses through them.
+			var pick []netip.AddrPort
+			for i := range fr.Picks {
+				if p := &fr.Picks[i]; p.NodePort == d.NodePort && p.Key == e.Key {
+					pick = p.To
+					break
+				}
+			}
+			eps = appendReached(eps[:0], chains, e.Verdict, pick, map[string]bool{})
 			visit(d, eps)
 		}
 	}
@@ -56,7 +65,9 @@ func Translations(out *ByFamily, visit func(Destination, []netip.AddrPort)) {
 // appendReached appends the DNAT targets reachable through verdict v within
 // the chains of one Service (the skeleton's chains, such as the reject or
 // masquerade marking chains, translate nothing).
-func appendReached(out []netip.AddrPort, chains map[string]*Chain, v Verdict, seen map[string]bool) []netip.AddrPort {
+// pick is the destination's endpoints in the endpoint maps, which a DNAT
+// through map i translates to the i-th of.
+func appendReached(out []netip.AddrPort, chains map[string]*Chain, v Verdict, pick []netip.AddrPort, seen map[string]bool) []netip.AddrPort {
 	if v.Kind != Goto && v.Kind != Jump {
 		return out
 	}
@@ -70,8 +81,12 @@ func appendReached(out []netip.AddrPort, chains map[string]*Chain, v Verdict, se
 			switch s := s.(type) {
 			case DNAT:
 				out = append(out, s.To)
+			case DNATMap:
+				if i, _, ok := endpointMapIndex(s.Map); ok && i < len(pick) {
+					out = append(out, pick[i])
+				}
 			case Verdict:
-				out = appendReached(out, chains, s, seen)
+				out = appendReached(out, chains, s, pick, seen)
 			}
 		}
 	}
