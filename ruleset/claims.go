@@ -26,6 +26,11 @@ type claim struct {
 	// created is when the Service was created.
 	created model.Instant
 	verdict Verdict
+	// pick is the fingerprint of the endpoints a dispatch element's
+	// destination has in the endpoint maps (zero when it has none): two
+	// Services jumping to the same shared chain agree only if they also
+	// send to the same endpoints.
+	pick uint64
 }
 
 // claimSet holds every claim on one element; the oldest Service wins, as the
@@ -152,7 +157,7 @@ func losses(fe famElem, cs claimSet) []loss {
 	w := cs.winner()
 	same := true
 	for _, c := range cs {
-		same = same && c.verdict == w.verdict
+		same = same && c.verdict == w.verdict && c.pick == w.pick
 	}
 	if same {
 		return nil // Services agreeing on an element (shared endpoints) is no conflict

@@ -457,3 +457,19 @@ func compareIDs(a, b ElemID) int {
 	}
 	return a.Key().compare(b.Key())
 }
+
+// pickFP is the fingerprint of the endpoints dispatch element e of fr
+// sends to through the endpoint maps, and zero for an element that does
+// not go to a pick chain.
+func pickFP(fr *Fragment, e *Element) uint64 {
+	if e.Verdict.Kind != Goto || !strings.HasPrefix(e.Verdict.Chain, pickChainPrefix) {
+		return 0
+	}
+	nodePort := e.Map == MapServiceNodePorts
+	for i := range fr.Picks {
+		if p := &fr.Picks[i]; p.NodePort == nodePort && p.Key == e.Key {
+			return p.Info().FP
+		}
+	}
+	return 0
+}

@@ -202,7 +202,7 @@ func Layout(cfg *Config, f Family, services []*model.Service) []Table {
 			if _, ok := claims.get(fe); !ok {
 				order = append(order, fe)
 			}
-			addClaim(&claims, fe, claim{svc: svc.Key, created: svc.Created, verdict: e.Verdict})
+			addClaim(&claims, fe, claim{svc: svc.Key, created: svc.Created, verdict: e.Verdict, pick: pickFP(fr, &e)})
 		}
 	}
 	for _, fe := range order {

@@ -595,7 +595,7 @@ func NewFullPlan(cfg *Config, ts *Tables, observed []*TableState, services map[m
 						fe := famElem{f, e.ID()}
 						fp.book.plain.put(fe, fp.book.plain.at(fe)+1)
 					} else {
-						addClaim(claims, famElem{f, e.ID()}, claim{svc: k, created: svc.Created, verdict: e.Verdict})
+						addClaim(claims, famElem{f, e.ID()}, claim{svc: k, created: svc.Created, verdict: e.Verdict, pick: pickFP(fr, &e)})
 					}
 				}
 			}
@@ -973,7 +973,7 @@ func PlanPartial(cfg *Config, ts *Tables, state []*TableState, book *Claims, pro
 					continue
 				}
 				touch(fe)
-				addClaim(claims, fe, claim{svc: k, created: svc.Created, verdict: e.Verdict})
+				addClaim(claims, fe, claim{svc: k, created: svc.Created, verdict: e.Verdict, pick: pickFP(n, &e)})
 			}
 		}
 	}
