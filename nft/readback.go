@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"slices"
 	"sort"
+	"unique"
 
 	"github.com/google/nftables"
 	"github.com/mdlayher/netlink"
@@ -218,7 +219,13 @@ func (r *reader) readSets(name string, f ruleset.Family, st *ruleset.TableState,
 			}
 			var v ruleset.Verdict
 			if e.HasVerdict {
-				v = ruleset.VerdictOf(e.Verdict, string(e.Chain))
+				chain := string(e.Chain)
+				if ruleset.Shared(chain) {
+					// Most elements go to one of a few shared chains:
+					// one copy of each name.
+					chain = unique.Make(chain).Value()
+				}
+				v = ruleset.VerdictOf(e.Verdict, chain)
 			}
 			st.Elems.Put(ruleset.NewElemID(s.Name, k), v)
 			return nil

@@ -363,19 +363,23 @@ func renderMapped(cfg *Config, svc *model.Service, p *model.ServicePort, fr *Fra
 		}
 	}
 	key := func(a netip.Addr) Key { return Key{Addr: a, Proto: p.Protocol, Port: p.Port} }
+	// The verdicts name the shared chains by the chains' own names: one
+	// string for all the Services' elements.
+	internalChain := pickChain(cfg, pickInternal, p.Protocol, n)
 	if len(clusterIPs) > 0 || len(external) > 0 {
 		maps(false)
-		fr.Chains = append(fr.Chains, pickChain(cfg, pickInternal, p.Protocol, n))
+		fr.Chains = append(fr.Chains, internalChain)
 	}
-	internal := Verdict{Kind: Goto, Chain: pickChainName(pickInternal, p.Protocol, n)}
+	internal := Verdict{Kind: Goto, Chain: internalChain.Name}
 	for _, a := range clusterIPs {
 		if pick(false, key(a)) {
 			fr.Elements = append(fr.Elements, Element{Map: MapServiceIPs, Key: key(a), Verdict: internal})
 		}
 	}
 	if len(external) > 0 {
-		fr.Chains = append(fr.Chains, pickChain(cfg, pickExternal, p.Protocol, n))
-		ext := Verdict{Kind: Goto, Chain: pickChainName(pickExternal, p.Protocol, n)}
+		c := pickChain(cfg, pickExternal, p.Protocol, n)
+		fr.Chains = append(fr.Chains, c)
+		ext := Verdict{Kind: Goto, Chain: c.Name}
 		for _, a := range external {
 			if pick(false, key(a)) {
 				fr.Elements = append(fr.Elements, Element{Map: MapServiceIPs, Key: key(a), Verdict: ext})
@@ -384,10 +388,11 @@ func renderMapped(cfg *Config, svc *model.Service, p *model.ServicePort, fr *Fra
 	}
 	if hasNodePort {
 		maps(true)
-		fr.Chains = append(fr.Chains, pickChain(cfg, pickNodePort, p.Protocol, n))
+		c := pickChain(cfg, pickNodePort, p.Protocol, n)
+		fr.Chains = append(fr.Chains, c)
 		k := Key{Proto: p.Protocol, Port: p.NodePort}
 		pick(true, k)
-		fr.Elements = append(fr.Elements, Element{Map: MapServiceNodePorts, Key: k, Verdict: Verdict{Kind: Goto, Chain: pickChainName(pickNodePort, p.Protocol, n)}})
+		fr.Elements = append(fr.Elements, Element{Map: MapServiceNodePorts, Key: k, Verdict: Verdict{Kind: Goto, Chain: c.Name}})
 	}
 }
 
