@@ -39,8 +39,11 @@ type Result struct {
 	CPUColdSeconds float64 `json:"cpu_cold_start_seconds"`
 	CPUSeconds     float64 `json:"cpu_seconds"`
 	// CPUPerChangeMs: CPU time during the change phase divided by the
-	// number of changes (pauses between changes included).
+	// number of changes (pauses between changes included). The phase
+	// starts once the proxier is quiet (QuietSeconds after it was ready):
+	// what it does once after its first sync is not a change's.
 	CPUPerChangeMs float64 `json:"cpu_per_change_ms"`
+	QuietSeconds   float64 `json:"quiet_seconds"`
 	RunSeconds     float64 `json:"run_seconds"`
 	// SlabMiB: the kernel's slab memory grown from before the start to
 	// the end of the cold start (the whole machine's, see slabBytes).
@@ -148,6 +151,11 @@ func (e *Env) Measure(ctx context.Context, p *Proxier, n int) (res Result, err e
 	if _, err := e.waitBackendPort(ctx, proc, changeDst, e.ChangePort(), time.Now()); err != nil {
 		return res, fmt.Errorf("changed Service before the first change: %w", err)
 	}
+	quiet, err := waitQuiet(ctx, proc.PID(), e.Cfg.Timeout)
+	if err != nil {
+		return res, err
+	}
+	res.QuietSeconds = quiet.Seconds()
 	before, err := readProcStats(proc.PID())
 	if err != nil {
 		return res, err
@@ -292,6 +300,39 @@ func (e *Env) waitReady(ctx context.Context, proc *Proc, p *Proxier) error {
 		return fmt.Errorf("%s not ready: %w", p.Name, err)
 	}
 	return nil
+}
+
+// Quiet is a proxier using at most quietCPU of CPU time over quietWindow.
+const (
+	quietWindow = time.Second
+	quietCPU    = 50 * time.Millisecond
+)
+
+// waitQuiet waits until process pid is quiet (or timeout passed, which is
+// no error: the changes are then measured as they are) and returns how
+// long that took.
+func waitQuiet(ctx context.Context, pid int, timeout time.Duration) (time.Duration, error) {
+	start := time.Now()
+	last, err := readProcStats(pid)
+	if err != nil {
+		return 0, err
+	}
+	for time.Since(start) < timeout {
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(quietWindow):
+		}
+		st, err := readProcStats(pid)
+		if err != nil {
+			return 0, err
+		}
+		if st.CPU-last.CPU <= quietCPU {
+			break
+		}
+		last = st
+	}
+	return time.Since(start), nil
 }
 
 // changeProbeTimeout bounds one connection attempt while waiting for a
