@@ -17,10 +17,18 @@
 //     endpoint instead, which DNATs directly. A Maglev table (maglev.go)
 //     is a named map of slots per Service port, which the kernel finds by
 //     name: a cold sync stays linear, but every slot is an element;
-//   - few objects per Service: endpoint chains exist only for session
-//     affinity, hairpin traffic is found with one set of endpoint address
-//     pairs, and the masquerade decision for ClusterIPs is made once in the
-//     dispatch chain;
+//   - no chain and no rule per Service where none is needed: a port whose
+//     endpoints are the same for every client and destination (policy
+//     Cluster, chosen by hash, no affinity) chooses through chains its
+//     shard's Services share, one per protocol and number of endpoints,
+//     which look its endpoint up in per-bucket endpoint maps: its own
+//     objects are map elements only (endpoints.go). Every commit walks
+//     every chain in the network namespace, and a cold sync takes rules
+//     in expression by expression; elements cost neither;
+//   - few objects for the other ports: endpoint chains exist only for
+//     session affinity and Maglev slots, hairpin traffic is found with one
+//     set of endpoint address pairs, and the masquerade decision for
+//     ClusterIPs is made once in the dispatch chain;
 //   - every commit that adds a rule or a jump makes the kernel validate
 //     every chain reachable from the base chains of that table, which is
 //     what a partial sync costs at scale: so Services are spread over

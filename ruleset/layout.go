@@ -21,8 +21,9 @@ import (
 // one shard table, chosen by a hash of its name, and each shard has its own
 // NAT base chains and dispatch maps. (Every commit also walks every chain
 // of every table in the network namespace, shards or not, to make the new
-// rules visible: about 75 ns a chain, 7.4 ms a commit at 100,000 Services;
-// only fewer chains, not more shards, makes that smaller.) What is shared by all Services
+// rules visible: about 75 ns a chain, 7.4 ms a commit when each of 100,000
+// Services had a chain; only fewer chains, not more shards, make that
+// smaller, which is why most ports now have none: endpoints.go.) What is shared by all Services
 // and rarely changes stays in the main table: the filter hooks (rejecting
 // Services without endpoints, source ranges), masquerading, the hairpin set.
 //
