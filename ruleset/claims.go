@@ -71,11 +71,11 @@ type Claims struct {
 	shared map[sharedObject]int32
 }
 
-// sharedObject is a shared chain ("c/" and its name) or map ("s/") of the
-// table in a slot.
+// sharedObject is a shared chain or map of the table in a slot.
 type sharedObject struct {
-	slot int
-	name string
+	slot  int
+	chain bool
+	name  string
 }
 
 // NewClaims makes an empty book.

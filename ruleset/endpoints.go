@@ -478,3 +478,47 @@ func pickFP(fr *Fragment, e *Element) uint64 {
 	}
 	return 0
 }
+
+// sharedSet tells whether shared map s is met for the first time in this
+// plan, and marks it met.
+func (d *differ) sharedSet(s *Set) bool {
+	if !Shared(s.Name) {
+		return true
+	}
+	return d.firstShared(s)
+}
+
+// sharedChain tells whether shared chain c is met for the first time in
+// this plan, and marks it met.
+func (d *differ) sharedChain(c *Chain) bool { return d.firstShared(c) }
+
+func (d *differ) firstShared(o any) bool {
+	if d.sharedSeen[o] {
+		return false
+	}
+	if d.sharedSeen == nil {
+		d.sharedSeen = map[any]bool{}
+	}
+	d.sharedSeen[o] = true
+	return true
+}
+
+// sharedPlans are the shared chains' plans, per family: the rules'
+// fingerprints, computed once.
+var sharedPlans sync.Map // sharedPlanKey → *ChainPlan
+
+type sharedPlanKey struct {
+	f Family
+	c *Chain
+}
+
+// sharedPlan is the plan of shared chain c in family f.
+func sharedPlan(f Family, c *Chain) *ChainPlan {
+	k := sharedPlanKey{f, c}
+	if p, ok := sharedPlans.Load(k); ok {
+		return p.(*ChainPlan)
+	}
+	p := PlanChain(f, c, nil)
+	v, _ := sharedPlans.LoadOrStore(k, &p)
+	return v.(*ChainPlan)
+}

@@ -220,6 +220,9 @@ type differ struct {
 	ops   Ops
 	seen  map[string]bool // chains and sets already decided in this plan
 	picks map[ElemID]bool // picks already decided in this plan
+	// sharedSeen are the shared chains and maps (rendered once for all
+	// Services: endpoints.go) this plan met, by pointer.
+	sharedSeen map[any]bool
 	// rewriteAll rewrites every existing chain, because a set they may
 	// reference is being recreated.
 	rewriteAll bool
@@ -662,10 +665,18 @@ func (fp *FullPlan) Shard(i int) []Batch {
 			fr := rendered[r].Of(f)
 			d := ds[fi]
 			for _, s := range fr.Sets {
-				d.set(s.Name, s)
+				if d.sharedSet(s) {
+					d.set(s.Name, s)
+				}
 			}
 			for j, c := range fr.Chains {
-				if !MainChain(c.Name) {
+				switch {
+				case MainChain(c.Name):
+				case Shared(c.Name):
+					if d.sharedChain(c) {
+						d.plannedChain(c.Name, sharedPlan(f, c))
+					}
+				default:
 					d.plannedChain(c.Name, &rendered[r].plans[fi][j])
 				}
 			}
@@ -812,12 +823,11 @@ func renderAll(ts *Tables, keys []model.ServiceKey, services map[model.ServiceKe
 					rs.ByFamily = ts.Render(services[keys[i]])
 					for fi, f := range Families {
 						chains := rs.Of(f).Chains
-						if len(chains) == 0 {
-							continue
-						}
-						rs.plans[fi] = make([]ChainPlan, len(chains))
 						for j, c := range chains {
-							if plan == nil || plan(c.Name) {
+							if (plan == nil || plan(c.Name)) && !Shared(c.Name) {
+								if rs.plans[fi] == nil {
+									rs.plans[fi] = make([]ChainPlan, len(chains))
+								}
 								rs.plans[fi][j] = PlanChain(f, c, &scratch)
 							}
 						}
@@ -1018,11 +1028,10 @@ func PlanPartial(cfg *Config, ts *Tables, state []*TableState, book *Claims, pro
 		}
 		// The undo's value is the count before: the object is in the
 		// kernel unless this plan added it.
-		kind, name := o.name[:2], o.name[2:]
-		if kind == "c/" {
-			ds[o.slot].chain(name, nil)
+		if o.chain {
+			ds[o.slot].chain(o.name, nil)
 		} else {
-			ds[o.slot].set(name, nil)
+			ds[o.slot].set(o.name, nil)
 		}
 	}
 	return sortOps(ds), &Claims{verdicts: undo, plain: undoPlain, shared: undoShared}, conflictList
@@ -1034,13 +1043,12 @@ func countShared(book *Claims, slot int, fr *Fragment, delta int32) []sharedObje
 	var out []sharedObject
 	for _, c := range fr.Chains {
 		if Shared(c.Name) {
-			o := sharedObject{slot, "c/" + c.Name}
-			out = append(out, o)
+			out = append(out, sharedObject{slot, true, c.Name})
 		}
 	}
 	for _, s := range fr.Sets {
 		if Shared(s.Name) {
-			out = append(out, sharedObject{slot, "s/" + s.Name})
+			out = append(out, sharedObject{slot, false, s.Name})
 		}
 	}
 	for _, o := range out {
