@@ -2,6 +2,7 @@ package trace_test
 
 import (
 	"bytes"
+	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
@@ -729,5 +730,60 @@ func TestTraceMaglev(t *testing.T) {
 	ruleset.WriteTables(&text, ruleset.IPv4, tables)
 	if strings.Contains(text.String(), "vmap @mgc-") {
 		t.Errorf("a Service annotated hash got a Maglev table:\n%s", text.String())
+	}
+}
+
+// TestTraceEndpointMaps: Services sharing a pick chain (same protocol and
+// number of endpoints) each reach their own endpoints, by ClusterIP,
+// external address and NodePort; a port with more endpoints than the maps
+// take keeps a chain of its own and reaches all of them too.
+func TestTraceEndpointMaps(t *testing.T) {
+	eps := func(third byte, n int) []model.Endpoint {
+		var out []model.Endpoint
+		for i := range n {
+			out = append(out, world.Ready(fmt.Sprintf("10.%d.%d.%d", 180+i/250, third, 1+i%250), 8080))
+		}
+		return out
+	}
+	a := &model.Service{Key: model.NewServiceKey("ns1", "a"), Type: model.TypeNodePort, ClusterIPs: world.Addrs("172.30.0.60"),
+		Ports: []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80, NodePort: 30060, Endpoints: eps(1, 2)}}}
+	b := &model.Service{Key: model.NewServiceKey("ns1", "b"), Type: model.TypeClusterIP, ClusterIPs: world.Addrs("172.30.0.61"),
+		Rare:  &model.Rare{ExternalIPs: world.Addrs("192.168.0.61")},
+		Ports: []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80, Endpoints: eps(2, 2)}}}
+	wide := &model.Service{Key: model.NewServiceKey("ns1", "wide"), Type: model.TypeClusterIP, ClusterIPs: world.Addrs("172.30.0.62"),
+		Ports: []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80, Endpoints: eps(3, ruleset.MaxMapEndpoints+1)}}}
+	full := &model.Service{Key: model.NewServiceKey("ns1", "full"), Type: model.TypeClusterIP, ClusterIPs: world.Addrs("172.30.0.63"),
+		Ports: []model.ServicePort{{Name: "http", Protocol: model.TCP, Port: 80, Endpoints: eps(4, ruleset.MaxMapEndpoints)}}}
+	cfg := world.Config()
+	cfg.Shards = 1 // all four in one shard: the pick chain is shared
+	svcs := []*model.Service{a, b, wide, full}
+	all := func(svc *model.Service, masq string) string {
+		var out []string
+		for _, e := range svc.Ports[0].Endpoints {
+			out = append(out, "dnat "+e.AddrPort().String()+masq)
+		}
+		slices.Sort(out)
+		return strings.Join(out, ", ")
+	}
+	runFlows(t, cfg, svcs, []flow{
+		{name: "a by ClusterIP", src: "10.1.2.3", dst: "172.30.0.60:80", want: all(a, "")},
+		{name: "b by ClusterIP", src: "10.1.2.3", dst: "172.30.0.61:80", want: all(b, "")},
+		{name: "b by external address", src: "10.1.2.3", dst: "192.168.0.61:80", want: all(b, " masq")},
+		{name: "a by NodePort", src: "10.1.2.3", dst: "192.168.0.2:30060", want: all(a, " masq")},
+		{name: "65 endpoints", src: "10.1.2.3", dst: "172.30.0.62:80", want: all(wide, "")},
+		{name: "64 endpoints", src: "10.1.2.3", dst: "172.30.0.63:80", want: all(full, "")},
+	})
+	tables := ruleset.Layout(cfg, ruleset.IPv4, svcs)
+	var chains []string
+	for _, c := range tables[1].Chains {
+		chains = append(chains, c.Name)
+	}
+	for _, want := range []string{"pick-tcp-2", "pick-ext-tcp-2", "pick-nodeport-tcp-2", "pick-tcp-64", "svc-ns1/wide/tcp/http"} {
+		if !slices.Contains(chains, want) {
+			t.Errorf("no chain %s in the shard: %v", want, chains)
+		}
+	}
+	if n := len(chains); n != 5+5 { // and the shard's skeleton
+		t.Errorf("%d chains in the shard, want 10: %v", n, chains)
 	}
 }
