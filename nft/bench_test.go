@@ -593,6 +593,9 @@ func checkTotals(t *testing.T, p *Programmer) {
 	for _, st := range p.state {
 		want.Chains += len(st.Chains)
 		want.Elements += st.Elems.Len()
+		for _, info := range st.Picks.All() {
+			want.Elements += int(info.N)
+		}
 		for _, c := range st.Chains {
 			want.Rules += int(c.Rules)
 		}

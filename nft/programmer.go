@@ -284,7 +284,7 @@ func (p *Programmer) Totals() Totals {
 			continue
 		}
 		t.Chains += len(st.Chains)
-		t.Elements += st.Elems.Len()
+		t.Elements += st.Elems.Len() + st.Picks.Elements()
 	}
 	return t
 }

@@ -245,19 +245,36 @@ func PickIsNodePort(id ElemID) bool { return id.Map() == pickBase(true) }
 
 // Picks is what a table's state keeps of its picks. The zero Picks is
 // empty and ready to use.
-type Picks struct{ m elemMap[PickInfo] }
+type Picks struct {
+	m        elemMap[PickInfo]
+	elements int // the picks' elements, their Ns summed
+}
 
 // Len is the number of picks.
 func (p *Picks) Len() int { return p.m.len() }
+
+// Elements is the number of the picks' elements in the endpoint maps.
+func (p *Picks) Elements() int { return p.elements }
 
 // Get returns the info of pick id, and whether the table holds it.
 func (p *Picks) Get(id ElemID) (PickInfo, bool) { return p.m.get(elem(id)) }
 
 // Put records pick id.
-func (p *Picks) Put(id ElemID, info PickInfo) { p.m.put(elem(id), info) }
+func (p *Picks) Put(id ElemID, info PickInfo) {
+	if old, ok := p.m.get(elem(id)); ok {
+		p.elements -= int(old.N)
+	}
+	p.elements += int(info.N)
+	p.m.put(elem(id), info)
+}
 
 // Delete forgets pick id.
-func (p *Picks) Delete(id ElemID) { p.m.del(elem(id)) }
+func (p *Picks) Delete(id ElemID) {
+	if old, ok := p.m.get(elem(id)); ok {
+		p.elements -= int(old.N)
+		p.m.del(elem(id))
+	}
+}
 
 // All yields every pick, in no particular order. The loop may delete the
 // pick it is given.
@@ -272,7 +289,7 @@ func (p *Picks) All() iter.Seq2[ElemID, PickInfo] {
 }
 
 // Clone returns a copy of p.
-func (p *Picks) Clone() Picks { return Picks{p.m.clone()} }
+func (p *Picks) Clone() Picks { return Picks{p.m.clone(), p.elements} }
 
 // PickState is a pick as a committed plan records it.
 type PickState struct {
