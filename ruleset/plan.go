@@ -3,6 +3,7 @@ package ruleset
 import (
 	"encoding/binary"
 	"fmt"
+	"iter"
 	"runtime"
 	"slices"
 	"sort"
@@ -1143,40 +1144,10 @@ func CompareStates(t TableRef, want, got *TableState) []string {
 	if missing+changed+extra > 0 {
 		out = append(out, fmt.Sprintf("%s %s chains: %d missing, %d with changed rules, %d unknown", f, t.Name, missing, changed, extra))
 	}
-	missing, changed, extra = 0, 0, 0
-	for id, v := range want.Elems.All() {
-		g, ok := got.Elems.Get(id)
-		switch {
-		case !ok:
-			missing++
-		case g != v:
-			changed++
-		}
-	}
-	for id := range got.Elems.All() {
-		if _, ok := want.Elems.Get(id); !ok {
-			extra++
-		}
-	}
-	if missing+changed+extra > 0 {
+	if missing, changed, extra := diffKeyed[Verdict](&want.Elems, &got.Elems); missing+changed+extra > 0 {
 		out = append(out, fmt.Sprintf("%s %s map elements: %d missing, %d changed, %d unknown", f, t.Name, missing, changed, extra))
 	}
-	missing, changed, extra = 0, 0, 0
-	for id, v := range want.Picks.All() {
-		g, ok := got.Picks.Get(id)
-		switch {
-		case !ok:
-			missing++
-		case g != v:
-			changed++
-		}
-	}
-	for id := range got.Picks.All() {
-		if _, ok := want.Picks.Get(id); !ok {
-			extra++
-		}
-	}
-	if missing+changed+extra > 0 {
+	if missing, changed, extra := diffKeyed[PickInfo](&want.Picks, &got.Picks); missing+changed+extra > 0 {
 		out = append(out, fmt.Sprintf("%s %s endpoint map destinations: %d missing, %d changed, %d unknown", f, t.Name, missing, changed, extra))
 	}
 	missing = 0
@@ -1202,4 +1173,30 @@ func CompareStates(t TableRef, want, got *TableState) []string {
 		}
 	}
 	return out
+}
+
+// keyed is a table state's elements or picks.
+type keyed[V any] interface {
+	All() iter.Seq2[ElemID, V]
+	Get(ElemID) (V, bool)
+}
+
+// diffKeyed counts what want has that got lacks or holds otherwise, and
+// what got has that want does not.
+func diffKeyed[V comparable](want, got keyed[V]) (missing, changed, extra int) {
+	for id, v := range want.All() {
+		g, ok := got.Get(id)
+		switch {
+		case !ok:
+			missing++
+		case g != v:
+			changed++
+		}
+	}
+	for id := range got.All() {
+		if _, ok := want.Get(id); !ok {
+			extra++
+		}
+	}
+	return missing, changed, extra
 }

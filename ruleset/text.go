@@ -17,25 +17,26 @@ func WriteText(w io.Writer, table string, f Family, frags ...*Fragment) error {
 	var sets []*Set
 	var flowtables []*Flowtable
 	elems := map[string][]Element{}
-	shared := map[string]bool{} // the shared chains and sets written, several fragments may list them
+	// Several fragments may list the same shared chain or set: written once.
+	shared := map[string]bool{}
+	first := func(kind, name string) bool {
+		if !Shared(name) {
+			return true
+		}
+		seen := shared[kind+name]
+		shared[kind+name] = true
+		return !seen
+	}
 	for _, fr := range frags {
 		for _, c := range fr.Chains {
-			if Shared(c.Name) {
-				if shared["c/"+c.Name] {
-					continue
-				}
-				shared["c/"+c.Name] = true
+			if first("c/", c.Name) {
+				chains = append(chains, c)
 			}
-			chains = append(chains, c)
 		}
 		for _, s := range fr.Sets {
-			if Shared(s.Name) {
-				if shared["s/"+s.Name] {
-					continue
-				}
-				shared["s/"+s.Name] = true
+			if first("s/", s.Name) {
+				sets = append(sets, s)
 			}
-			sets = append(sets, s)
 		}
 		flowtables = append(flowtables, fr.Flowtables...)
 		for _, e := range fr.Elements {
