@@ -497,7 +497,6 @@ func renderPort(cfg *Config, svc *model.Service, p *model.ServicePort, out *ByFa
 		// falls back to them for IPv6 while IPv4 uses its ready ones.
 		famPort := p.OfFamily(f == IPv6)
 		sets := model.Categorize(svc, &famPort, cfg.Node)
-		cluster, local, anyEps := sets.Cluster, sets.Local, sets.Any
 
 		var clusterIPs, externalAddrs, lbIPs []netip.Addr
 		for _, a := range svc.ClusterIPs {
@@ -525,201 +524,9 @@ func renderPort(cfg *Config, svc *model.Service, p *model.ServicePort, out *ByFa
 		if mapped(cfg, svc, p, maglev, sets) {
 			renderMapped(cfg, svc, p, fr, hairpin, f, sets.Cluster, clusterIPs, append(externalAddrs, lbIPs...), hasNodePort)
 		} else {
-			// Names are hashed only for the chains the port has.
-			clusterChain := PortObject("svc", svc, p)
-			var localChain, externalChain string
-
-			// An endpoint is DNATed right in the rule that chooses it. Only
-			// with session affinity does it get a chain of its own, which
-			// also records the client in the endpoint's affinity set: fewer
-			// objects is what keeps a cold sync of many Services fast.
-			// A Maglev table's slots jump to the endpoints' chains too.
-			epChain := map[netip.AddrPort]string{}
-			affinitySet := map[netip.AddrPort]string{}
-			addEndpoint := func(e model.Endpoint) {
-				ap := e.AddrPort()
-				hairpin.add(f, ap.Addr())
-				if _, ok := epChain[ap]; ok || svc.AffinityTimeout() == 0 && !maglev {
-					return
-				}
-				name := EndpointObject("ep", svc, p, ap, "")
-				epChain[ap] = name
-				if svc.AffinityTimeout() == 0 {
-					fr.Chains = append(fr.Chains, &Chain{Name: name, Rules: []Rule{{DNAT{Proto: p.Protocol, To: ap}}}})
-					return
-				}
-				// The timeout is part of the set's name: a changed timeout is
-				// a new set, never an in-place edit the kernel refuses.
-				set := EndpointObject("aff", svc, p, ap, DurationText(svc.AffinityTimeout()))
-				affinitySet[ap] = set
-				fr.Sets = append(fr.Sets, &Set{Name: set, Timeout: svc.AffinityTimeout()})
-				fr.Chains = append(fr.Chains, &Chain{Name: name, Rules: []Rule{
-					{UpdateAffinity{Set: set}},
-					{DNAT{Proto: p.Protocol, To: ap}},
-				}})
-			}
-			// send is the action that sends a flow to endpoint e.
-			send := func(e model.Endpoint) Stmt {
-				if c, ok := epChain[e.AddrPort()]; ok {
-					return Verdict{Kind: Goto, Chain: c}
-				}
-				return DNAT{Proto: p.Protocol, To: e.AddrPort()}
-			}
-			if len(local) > 0 {
-				localChain = PortObject("local", svc, p)
-			}
-			if len(externalAddrs) > 0 || len(lbIPs) > 0 || hasNodePort {
-				externalChain = PortObject("ext", svc, p)
-			}
-			for _, e := range cluster {
-				addEndpoint(e)
-			}
-			for _, e := range local {
-				addEndpoint(e)
-			}
-			dispatch := func(eps []model.Endpoint, table string) []Rule {
-				var rules []Rule
-				for _, e := range eps {
-					if set, ok := affinitySet[e.AddrPort()]; ok {
-						rules = append(rules, Rule{MatchAddrInSet{Dir: Src, Set: set}, Verdict{Kind: Goto, Chain: epChain[e.AddrPort()]}})
-					}
-				}
-				if len(eps) == 1 {
-					return append(rules, Rule{send(eps[0])})
-				}
-				if maglev {
-					return append(rules, maglevDispatch(cfg, fr, table, eps, epChain))
-				}
-				// The last bucket needs no hash: a flow that reaches its rule
-				// fell in none of the others (a DNAT ends the chain). That is
-				// four expressions fewer per Service, which the kernel checks
-				// and stores one by one, and a hash fewer per connection to
-				// the last endpoint.
-				for i, e := range eps[:len(eps)-1] {
-					rules = append(rules, Rule{HashBucket{Seed: cfg.hashSeed(), Modulus: uint32(len(eps)), Bucket: uint32(i)}, send(e)})
-				}
-				return append(rules, Rule{send(eps[len(eps)-1])})
-			}
-			if len(cluster) > 0 {
-				fr.Chains = append(fr.Chains, &Chain{Name: clusterChain, Rules: dispatch(cluster, PortObject(MaglevClusterKind, svc, p))})
-			}
-			if len(local) > 0 {
-				fr.Chains = append(fr.Chains, &Chain{Name: localChain, Rules: dispatch(local, PortObject(MaglevLocalKind, svc, p))})
-			}
-
-			// internalVerdict is where ClusterIP traffic goes; ok is false
-			// when it must be rejected for lack of endpoints.
-			internalVerdict, internalOK := Verdict{Kind: Goto, Chain: clusterChain}, len(cluster) > 0
-			if svc.InternalLocal {
-				switch {
-				case len(local) > 0:
-					internalVerdict, internalOK = Verdict{Kind: Goto, Chain: localChain}, true
-				case anyEps:
-					internalVerdict, internalOK = Verdict{Kind: Drop}, true
-				default:
-					internalOK = false
-				}
-			}
-			externalOK := len(cluster) > 0
-			if svc.ExternalLocal {
-				externalOK = anyEps
-			}
-			externalVerdict := Verdict{Kind: Goto, Chain: externalChain}
-			// proxied: new connections from outside the cluster go to the
-			// PROXY protocol proxy on the gateway, which sends them to one of
-			// these endpoints; clients inside the cluster and the gateway's
-			// own connections keep the kernel path.
-			var proxied []model.Endpoint
-			if cfg.ProxyPort != 0 && svc.Proxied(p) {
-				if svc.ExternalLocal {
-					proxied = local
-				} else {
-					proxied = cluster
-				}
-			}
-			if externalOK && (len(externalAddrs) > 0 || len(lbIPs) > 0 || hasNodePort) {
-				var rules []Rule
-				if svc.ExternalLocal {
-					if len(cluster) > 0 {
-						// Clients inside the cluster are not subject to the
-						// Local policy: they reach every endpoint, unmasqueraded.
-						for _, c := range cfg.ClusterCIDRs {
-							if Of(c.Addr()) == f {
-								rules = append(rules, Rule{MatchAddr{Dir: Src, Prefix: c}, Verdict{Kind: Goto, Chain: clusterChain}})
-							}
-						}
-						// The gateway's own traffic has no "local" client to
-						// preserve: it uses the cluster-wide endpoints.
-						rules = append(rules,
-							Rule{MatchLocal{Dir: Src}, Verdict{Kind: Jump, Chain: ChainMarkForMasquerade}},
-							Rule{MatchLocal{Dir: Src}, Verdict{Kind: Goto, Chain: clusterChain}})
-					}
-					switch {
-					case len(proxied) > 0:
-						rules = append(rules, Rule{Redirect{Proto: p.Protocol, Port: cfg.ProxyPort}})
-					case len(local) > 0:
-						rules = append(rules, Rule{Verdict{Kind: Goto, Chain: localChain}})
-					default:
-						rules = append(rules, Rule{Verdict{Kind: Drop}})
-					}
-				} else {
-					if len(proxied) > 0 {
-						// Clients inside the cluster and the gateway itself
-						// keep the kernel path.
-						var inside []Stmt
-						for _, c := range cfg.ClusterCIDRs {
-							if Of(c.Addr()) == f {
-								inside = append(inside, MatchAddr{Dir: Src, Prefix: c})
-							}
-						}
-						inside = append(inside, MatchLocal{Dir: Src})
-						for _, m := range inside {
-							rules = append(rules,
-								Rule{m, Verdict{Kind: Jump, Chain: ChainMarkForMasquerade}},
-								Rule{m, Verdict{Kind: Goto, Chain: clusterChain}})
-						}
-						rules = append(rules, Rule{Redirect{Proto: p.Protocol, Port: cfg.ProxyPort}})
-					} else {
-						rules = append(rules,
-							Rule{Verdict{Kind: Jump, Chain: ChainMarkForMasquerade}},
-							Rule{Verdict{Kind: Goto, Chain: clusterChain}})
-					}
-				}
-				fr.Chains = append(fr.Chains, &Chain{Name: externalChain, Rules: rules})
-				if len(proxied) > 0 {
-					for _, a := range append(externalAddrs, lbIPs...) {
-						fr.Proxied = append(fr.Proxied, ProxyTarget{Dest: Destination{Family: f, Proto: p.Protocol, Addr: a, Port: p.Port}, Service: svc, Endpoints: proxied})
-					}
-					if hasNodePort {
-						fr.Proxied = append(fr.Proxied, ProxyTarget{Dest: Destination{Family: f, Proto: p.Protocol, Port: p.NodePort, NodePort: true}, Service: svc, Endpoints: proxied})
-					}
-				}
-			}
-
-			rejectV := Verdict{Kind: Goto, Chain: ChainReject}
-			for _, a := range clusterIPs {
-				if internalOK {
-					fr.Elements = append(fr.Elements, Element{Map: MapServiceIPs, Key: key(a, p.Port), Verdict: internalVerdict})
-				} else {
-					fr.Elements = append(fr.Elements, Element{Map: MapNoEndpointServices, Key: key(a, p.Port), Verdict: rejectV})
-				}
-			}
-			for _, a := range append(externalAddrs, lbIPs...) {
-				if externalOK {
-					fr.Elements = append(fr.Elements, Element{Map: MapServiceIPs, Key: key(a, p.Port), Verdict: externalVerdict})
-				} else {
-					fr.Elements = append(fr.Elements, Element{Map: MapNoEndpointServices, Key: key(a, p.Port), Verdict: rejectV})
-				}
-			}
-			if hasNodePort {
-				k := Key{Proto: p.Protocol, Port: p.NodePort}
-				if externalOK {
-					fr.Elements = append(fr.Elements, Element{Map: MapServiceNodePorts, Key: k, Verdict: externalVerdict})
-				} else {
-					fr.Elements = append(fr.Elements, Element{Map: MapNoEndpointNodePorts, Key: k, Verdict: rejectV})
-				}
-			}
+			renderChained(cfg, svc, p, fr, hairpin, f, sets, maglev, clusterIPs, externalAddrs, lbIPs, hasNodePort)
 		}
+
 		// loadBalancerSourceRanges guard the LoadBalancer IPs only, and
 		// only in the families they name; a range of all addresses is no
 		// restriction.
@@ -742,6 +549,210 @@ func renderPort(cfg *Config, svc *model.Service, p *model.ServicePort, out *ByFa
 			for _, a := range lbIPs {
 				fr.Elements = append(fr.Elements, Element{Map: MapFirewallIPs, Key: key(a, p.Port), Verdict: Verdict{Kind: Goto, Chain: fwChain}})
 			}
+		}
+	}
+}
+
+// renderChained renders a port with chains of its own (every port that
+// does not choose through the endpoint maps: see mapped): its endpoints'
+// chains where it needs them, its cluster and local chains, its external
+// chain, and its dispatch elements.
+func renderChained(cfg *Config, svc *model.Service, p *model.ServicePort, fr *Fragment, hairpin *addrSet, f Family,
+	sets model.EndpointSets, maglev bool, clusterIPs, externalAddrs, lbIPs []netip.Addr, hasNodePort bool) {
+	cluster, local, anyEps := sets.Cluster, sets.Local, sets.Any
+	key := func(a netip.Addr, port uint16) Key { return Key{Addr: a, Proto: p.Protocol, Port: port} }
+	// Names are hashed only for the chains the port has.
+	clusterChain := PortObject("svc", svc, p)
+	var localChain, externalChain string
+
+	// An endpoint is DNATed right in the rule that chooses it. Only
+	// with session affinity does it get a chain of its own, which
+	// also records the client in the endpoint's affinity set: fewer
+	// objects is what keeps a cold sync of many Services fast.
+	// A Maglev table's slots jump to the endpoints' chains too.
+	epChain := map[netip.AddrPort]string{}
+	affinitySet := map[netip.AddrPort]string{}
+	addEndpoint := func(e model.Endpoint) {
+		ap := e.AddrPort()
+		hairpin.add(f, ap.Addr())
+		if _, ok := epChain[ap]; ok || svc.AffinityTimeout() == 0 && !maglev {
+			return
+		}
+		name := EndpointObject("ep", svc, p, ap, "")
+		epChain[ap] = name
+		if svc.AffinityTimeout() == 0 {
+			fr.Chains = append(fr.Chains, &Chain{Name: name, Rules: []Rule{{DNAT{Proto: p.Protocol, To: ap}}}})
+			return
+		}
+		// The timeout is part of the set's name: a changed timeout is
+		// a new set, never an in-place edit the kernel refuses.
+		set := EndpointObject("aff", svc, p, ap, DurationText(svc.AffinityTimeout()))
+		affinitySet[ap] = set
+		fr.Sets = append(fr.Sets, &Set{Name: set, Timeout: svc.AffinityTimeout()})
+		fr.Chains = append(fr.Chains, &Chain{Name: name, Rules: []Rule{
+			{UpdateAffinity{Set: set}},
+			{DNAT{Proto: p.Protocol, To: ap}},
+		}})
+	}
+	// send is the action that sends a flow to endpoint e.
+	send := func(e model.Endpoint) Stmt {
+		if c, ok := epChain[e.AddrPort()]; ok {
+			return Verdict{Kind: Goto, Chain: c}
+		}
+		return DNAT{Proto: p.Protocol, To: e.AddrPort()}
+	}
+	if len(local) > 0 {
+		localChain = PortObject("local", svc, p)
+	}
+	if len(externalAddrs) > 0 || len(lbIPs) > 0 || hasNodePort {
+		externalChain = PortObject("ext", svc, p)
+	}
+	for _, e := range cluster {
+		addEndpoint(e)
+	}
+	for _, e := range local {
+		addEndpoint(e)
+	}
+	dispatch := func(eps []model.Endpoint, table string) []Rule {
+		var rules []Rule
+		for _, e := range eps {
+			if set, ok := affinitySet[e.AddrPort()]; ok {
+				rules = append(rules, Rule{MatchAddrInSet{Dir: Src, Set: set}, Verdict{Kind: Goto, Chain: epChain[e.AddrPort()]}})
+			}
+		}
+		if len(eps) == 1 {
+			return append(rules, Rule{send(eps[0])})
+		}
+		if maglev {
+			return append(rules, maglevDispatch(cfg, fr, table, eps, epChain))
+		}
+		// The last bucket needs no hash: a flow that reaches its rule
+		// fell in none of the others (a DNAT ends the chain). That is
+		// four expressions fewer per Service, which the kernel checks
+		// and stores one by one, and a hash fewer per connection to
+		// the last endpoint.
+		for i, e := range eps[:len(eps)-1] {
+			rules = append(rules, Rule{HashBucket{Seed: cfg.hashSeed(), Modulus: uint32(len(eps)), Bucket: uint32(i)}, send(e)})
+		}
+		return append(rules, Rule{send(eps[len(eps)-1])})
+	}
+	if len(cluster) > 0 {
+		fr.Chains = append(fr.Chains, &Chain{Name: clusterChain, Rules: dispatch(cluster, PortObject(MaglevClusterKind, svc, p))})
+	}
+	if len(local) > 0 {
+		fr.Chains = append(fr.Chains, &Chain{Name: localChain, Rules: dispatch(local, PortObject(MaglevLocalKind, svc, p))})
+	}
+
+	// internalVerdict is where ClusterIP traffic goes; ok is false
+	// when it must be rejected for lack of endpoints.
+	internalVerdict, internalOK := Verdict{Kind: Goto, Chain: clusterChain}, len(cluster) > 0
+	if svc.InternalLocal {
+		switch {
+		case len(local) > 0:
+			internalVerdict, internalOK = Verdict{Kind: Goto, Chain: localChain}, true
+		case anyEps:
+			internalVerdict, internalOK = Verdict{Kind: Drop}, true
+		default:
+			internalOK = false
+		}
+	}
+	externalOK := len(cluster) > 0
+	if svc.ExternalLocal {
+		externalOK = anyEps
+	}
+	externalVerdict := Verdict{Kind: Goto, Chain: externalChain}
+	// proxied: new connections from outside the cluster go to the
+	// PROXY protocol proxy on the gateway, which sends them to one of
+	// these endpoints; clients inside the cluster and the gateway's
+	// own connections keep the kernel path.
+	var proxied []model.Endpoint
+	if cfg.ProxyPort != 0 && svc.Proxied(p) {
+		if svc.ExternalLocal {
+			proxied = local
+		} else {
+			proxied = cluster
+		}
+	}
+	if externalOK && (len(externalAddrs) > 0 || len(lbIPs) > 0 || hasNodePort) {
+		var rules []Rule
+		if svc.ExternalLocal {
+			if len(cluster) > 0 {
+				// Clients inside the cluster are not subject to the
+				// Local policy: they reach every endpoint, unmasqueraded.
+				for _, c := range cfg.ClusterCIDRs {
+					if Of(c.Addr()) == f {
+						rules = append(rules, Rule{MatchAddr{Dir: Src, Prefix: c}, Verdict{Kind: Goto, Chain: clusterChain}})
+					}
+				}
+				// The gateway's own traffic has no "local" client to
+				// preserve: it uses the cluster-wide endpoints.
+				rules = append(rules,
+					Rule{MatchLocal{Dir: Src}, Verdict{Kind: Jump, Chain: ChainMarkForMasquerade}},
+					Rule{MatchLocal{Dir: Src}, Verdict{Kind: Goto, Chain: clusterChain}})
+			}
+			switch {
+			case len(proxied) > 0:
+				rules = append(rules, Rule{Redirect{Proto: p.Protocol, Port: cfg.ProxyPort}})
+			case len(local) > 0:
+				rules = append(rules, Rule{Verdict{Kind: Goto, Chain: localChain}})
+			default:
+				rules = append(rules, Rule{Verdict{Kind: Drop}})
+			}
+		} else {
+			if len(proxied) > 0 {
+				// Clients inside the cluster and the gateway itself
+				// keep the kernel path.
+				var inside []Stmt
+				for _, c := range cfg.ClusterCIDRs {
+					if Of(c.Addr()) == f {
+						inside = append(inside, MatchAddr{Dir: Src, Prefix: c})
+					}
+				}
+				inside = append(inside, MatchLocal{Dir: Src})
+				for _, m := range inside {
+					rules = append(rules,
+						Rule{m, Verdict{Kind: Jump, Chain: ChainMarkForMasquerade}},
+						Rule{m, Verdict{Kind: Goto, Chain: clusterChain}})
+				}
+				rules = append(rules, Rule{Redirect{Proto: p.Protocol, Port: cfg.ProxyPort}})
+			} else {
+				rules = append(rules,
+					Rule{Verdict{Kind: Jump, Chain: ChainMarkForMasquerade}},
+					Rule{Verdict{Kind: Goto, Chain: clusterChain}})
+			}
+		}
+		fr.Chains = append(fr.Chains, &Chain{Name: externalChain, Rules: rules})
+		if len(proxied) > 0 {
+			for _, a := range append(externalAddrs, lbIPs...) {
+				fr.Proxied = append(fr.Proxied, ProxyTarget{Dest: Destination{Family: f, Proto: p.Protocol, Addr: a, Port: p.Port}, Service: svc, Endpoints: proxied})
+			}
+			if hasNodePort {
+				fr.Proxied = append(fr.Proxied, ProxyTarget{Dest: Destination{Family: f, Proto: p.Protocol, Port: p.NodePort, NodePort: true}, Service: svc, Endpoints: proxied})
+			}
+		}
+	}
+
+	rejectV := Verdict{Kind: Goto, Chain: ChainReject}
+	for _, a := range clusterIPs {
+		if internalOK {
+			fr.Elements = append(fr.Elements, Element{Map: MapServiceIPs, Key: key(a, p.Port), Verdict: internalVerdict})
+		} else {
+			fr.Elements = append(fr.Elements, Element{Map: MapNoEndpointServices, Key: key(a, p.Port), Verdict: rejectV})
+		}
+	}
+	for _, a := range append(externalAddrs, lbIPs...) {
+		if externalOK {
+			fr.Elements = append(fr.Elements, Element{Map: MapServiceIPs, Key: key(a, p.Port), Verdict: externalVerdict})
+		} else {
+			fr.Elements = append(fr.Elements, Element{Map: MapNoEndpointServices, Key: key(a, p.Port), Verdict: rejectV})
+		}
+	}
+	if hasNodePort {
+		k := Key{Proto: p.Protocol, Port: p.NodePort}
+		if externalOK {
+			fr.Elements = append(fr.Elements, Element{Map: MapServiceNodePorts, Key: k, Verdict: externalVerdict})
+		} else {
+			fr.Elements = append(fr.Elements, Element{Map: MapNoEndpointNodePorts, Key: k, Verdict: rejectV})
 		}
 	}
 }
