@@ -254,6 +254,9 @@ type pickPart struct {
 // Elements of another shape make the map one to recreate.
 func (r *reader) readEndpointMap(f ruleset.Family, table string, s *nftables.Set, i int, nodePort bool, st *ruleset.TableState, parts map[ruleset.ElemID][]pickPart) error {
 	def := ruleset.SetDef{Map: true, Shape: ruleset.SetShape(s.Name), Endpoints: true}
+	if s.HasTimeout {
+		def.Shape = 0 // not a map nftgate made
+	}
 	n := int(f.AddrLen())
 	var mine []ruleset.ElemID
 	err := r.eachElem(f, table, s.Name, func(e *setElem) error {
