@@ -21,7 +21,7 @@ import (
 // one's type up by name). A chain of hash-bucket rules per Service port
 // made both grow with the cluster: at 100,000 Services, 100,000 chains
 // walked by every commit (10–15 ms of kernel time for a one-endpoint
-// change) and 32 expressions per Service at a cold sync (6 s of kernel
+// change) and 32 expressions per Service at a cold sync (7 s of kernel
 // time). Here a port's endpoints are elements instead, which the kernel
 // stores without expressions and no commit walks:
 //
