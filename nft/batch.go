@@ -265,6 +265,16 @@ func (bt *batch) count() int {
 	return n
 }
 
+// announced is how many notifications the kernel builds for the batch
+// while someone listens: one per message, and one per map element.
+func (bt *batch) announced() int {
+	n := 0
+	for _, w := range bt.parts {
+		n += w.count + w.elements
+	}
+	return n
+}
+
 func (bt *batch) size() int {
 	n := 0
 	for _, w := range bt.parts {

@@ -447,6 +447,7 @@ func (e *encoder) elements(els []ruleset.Element, del bool) {
 		}
 		w.close(list)
 		w.end()
+		w.elements += n - 1
 		e.note(note{op: op, name: m, n: n})
 		els = els[n:]
 	}

@@ -697,7 +697,7 @@ func (p *Programmer) commit(ds []*ruleset.Ops, drop []ruleset.TableRef, forget [
 	p.genKnown = false
 	// A large batch of nftgate's own goes unannounced: the generation
 	// after it tells whether anything else was committed meanwhile.
-	muted := genErr == nil && w.count() > muteAbove && p.mute(before)
+	muted := genErr == nil && w.announced() > muteAbove && p.mute(before)
 	if muted && p.mutedSend != nil {
 		p.mutedSend()
 	}

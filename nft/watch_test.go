@@ -275,6 +275,31 @@ func TestOwnLargeBatchUnannounced(t *testing.T) {
 	}
 }
 
+// A batch of few messages holding many map elements (Services choosing
+// through the endpoint maps: elements go 500 to a message) goes
+// unannounced too: the kernel announces every element on its own.
+func TestElementHeavyBatchUnannounced(t *testing.T) {
+	_, p, ch := watchedScaleProgrammer(t)
+	muted := 0
+	p.mutedSend = func() { muted++ }
+	res, err := p.Full(plainClusterOf(10_000).Services)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Messages > muteAbove {
+		t.Fatalf("the cold sync sent %d messages; the test needs fewer than %d", res.Messages, muteAbove)
+	}
+	if muted == 0 {
+		t.Fatalf("none of the cold sync's batches (%d messages, %+v) was sent muted", res.Messages, res.Counts)
+	}
+	noDrift(t, p, ch, "nftgate's cold sync")
+	select {
+	case d := <-ch:
+		t.Fatalf("reported after nftgate's own batches: %s", d)
+	default:
+	}
+}
+
 // Another program's transaction while the socket is out of the group for
 // one of nftgate's batches is not announced; the kernel's generation tells
 // of it, it counts as notifications lost, and the next full sync reads the

@@ -25,6 +25,9 @@ type wire struct {
 	b []byte
 	// count of messages, and the offset of the last one.
 	count, last int
+	// elements is how many map elements the messages hold beyond one
+	// each: the kernel announces every element on its own.
+	elements int
 	// notes describe the messages, one each, for error reports, when
 	// describe is set. A batch is described only once the kernel refused
 	// it: at the size of a cold sync the notes would be garbage by the ten
