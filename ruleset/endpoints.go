@@ -415,11 +415,14 @@ func renderMapped(cfg *Config, svc *model.Service, p *model.ServicePort, fr *Fra
 
 // dispatchID is the dispatch map element whose winner owns a pick: the
 // Service whose claim on the destination wins also fills its endpoints.
-func dispatchID(p *Pick) ElemID {
-	if p.NodePort {
-		return NewElemID(MapServiceNodePorts, p.Key)
+func dispatchID(p *Pick) ElemID { return dispatchOf(p.NodePort, p.Key) }
+
+// dispatchOf is the dispatch map element of a destination.
+func dispatchOf(nodePort bool, k Key) ElemID {
+	if nodePort {
+		return NewElemID(MapServiceNodePorts, k)
 	}
-	return NewElemID(MapServiceIPs, p.Key)
+	return NewElemID(MapServiceIPs, k)
 }
 
 // pickOfDispatch is the pick identity for a dispatch element's id; ok is
@@ -450,11 +453,8 @@ func (p *Picks) reserve(add []PickState) {
 // whose claim on the destination wins, if it chooses through the endpoint
 // maps; nil otherwise.
 func (ts *Tables) PickOf(book *Claims, services map[model.ServiceKey]*model.Service, f Family, id ElemID) *Pick {
-	dispatch := NewElemID(MapServiceIPs, id.Key())
-	if PickIsNodePort(id) {
-		dispatch = NewElemID(MapServiceNodePorts, id.Key())
-	}
-	cs := book.verdicts.at(famElem{f, dispatch})
+	nodePort, k := PickIsNodePort(id), id.Key()
+	cs := book.verdicts.at(famElem{f, dispatchOf(nodePort, k)})
 	if cs == nil {
 		return nil
 	}
@@ -463,10 +463,16 @@ func (ts *Tables) PickOf(book *Claims, services map[model.ServiceKey]*model.Serv
 		return nil
 	}
 	r := ts.Render(svc)
-	ps := r.Of(f).Picks
-	for i := range ps {
-		if ps[i].ID() == id {
-			return &ps[i]
+	return r.Of(f).PickFor(nodePort, k)
+}
+
+// PickFor is fr's pick for a destination (a NodePort's when nodePort is
+// set), or nil when the destination does not choose through the endpoint
+// maps.
+func (fr *Fragment) PickFor(nodePort bool, k Key) *Pick {
+	for i := range fr.Picks {
+		if p := &fr.Picks[i]; p.NodePort == nodePort && p.Key == k {
+			return p
 		}
 	}
 	return nil
@@ -487,11 +493,8 @@ func pickFP(fr *Fragment, e *Element) uint64 {
 	if e.Verdict.Kind != Goto || !strings.HasPrefix(e.Verdict.Chain, pickChainPrefix) {
 		return 0
 	}
-	nodePort := e.Map == MapServiceNodePorts
-	for i := range fr.Picks {
-		if p := &fr.Picks[i]; p.NodePort == nodePort && p.Key == e.Key {
-			return p.Info().FP
-		}
+	if p := fr.PickFor(e.Map == MapServiceNodePorts, e.Key); p != nil {
+		return p.Info().FP
 	}
 	return 0
 }

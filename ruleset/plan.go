@@ -915,13 +915,7 @@ func PlanPartial(cfg *Config, ts *Tables, state []*TableState, book *Claims, pro
 			}
 			rendered[svc] = r
 		}
-		ps := r.Of(f).Picks
-		for i := range ps {
-			if dispatchID(&ps[i]) == dispatch {
-				return &ps[i]
-			}
-		}
-		return nil
+		return r.Of(f).PickFor(dispatch.Map() == MapServiceNodePorts, dispatch.Key())
 	}
 	for k, svc := range changes {
 		var oldR, newR ByFamily

@@ -50,11 +50,8 @@ func Translations(out *ByFamily, visit func(Destination, []netip.AddrPort)) {
 			// The endpoints the destination has in the endpoint maps,
 			// if it chooses through them.
 			var pick []netip.AddrPort
-			for i := range fr.Picks {
-				if p := &fr.Picks[i]; p.NodePort == d.NodePort && p.Key == e.Key {
-					pick = p.To
-					break
-				}
+			if p := fr.PickFor(d.NodePort, e.Key); p != nil {
+				pick = p.To
 			}
 			eps = appendReached(eps[:0], chains, e.Verdict, pick, map[string]bool{})
 			visit(d, eps)
