@@ -192,3 +192,47 @@ func TestFullPlanShardByShard(t *testing.T) {
 		t.Fatalf("onto full tables with half the Services gone: %d chains and endpoint map destinations deleted, want thousands", deleted)
 	}
 }
+
+// A refused partial plan's undo puts back the counts of the shared chains
+// and maps as they were: a Service that changed endpoints, refused, and
+// then deleted leaves them to the Service still using them.
+func TestUndoKeepsSharedObjectsCounted(t *testing.T) {
+	cfg := world.Config()
+	cfg.Shards = 1
+	ts := ruleset.NewTables(cfg)
+	svc := func(name string, ip byte, eps ...string) *model.Service {
+		k := model.NewServiceKey("default", name)
+		s := &model.Service{Key: k, Type: model.TypeClusterIP, ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{172, 30, 0, ip})},
+			Ports: []model.ServicePort{{Protocol: model.TCP, Port: 80}}}
+		for _, e := range eps {
+			s.Ports[0].Endpoints = append(s.Ports[0].Endpoints, world.Ready(e, 8080))
+		}
+		return s
+	}
+	a, b := svc("a", 1, "10.1.0.1", "10.1.0.2"), svc("b", 2, "10.1.0.3", "10.1.0.4")
+	programmed := map[model.ServiceKey]*model.Service{a.Key: a, b.Key: b}
+	state := make([]*ruleset.TableState, len(ts.Refs))
+	for i := range state {
+		state[i] = ruleset.NewTableState()
+	}
+	ds, _, _, book := plannedTables(cfg, ts, state, programmed, false, nil)
+	for i, o := range ds {
+		state[i].Apply(o)
+	}
+	moved := svc("a", 1, "10.1.0.5", "10.1.0.6")
+	_, undo, _ := ruleset.PlanPartial(cfg, ts, state, book, programmed, map[model.ServiceKey]*model.Service{a.Key: moved})
+	book.Undo(undo) // the kernel refused it
+	ds, _, _ = ruleset.PlanPartial(cfg, ts, state, book, programmed, map[model.ServiceKey]*model.Service{a.Key: nil})
+	for _, o := range ds {
+		for _, c := range o.DelChains {
+			if ruleset.Shared(c) {
+				t.Errorf("deleting one of two Services deletes the shared chain %s", c)
+			}
+		}
+		for _, s := range o.DelSets {
+			if ruleset.Shared(s) {
+				t.Errorf("deleting one of two Services deletes the shared map %s", s)
+			}
+		}
+	}
+}

@@ -593,7 +593,7 @@ func NewFullPlan(cfg *Config, ts *Tables, observed []*TableState, services map[m
 				if book != nil {
 					continue
 				}
-				countShared(fp.book, ts.Shard(f, k), fr, +1)
+				countShared(fp.book, ts.Shard(f, k), fr, +1, nil)
 				for _, e := range fr.Elements {
 					if plainSet(e.Map) {
 						fe := famElem{f, e.ID()}
@@ -946,12 +946,8 @@ func PlanPartial(cfg *Config, ts *Tables, state []*TableState, book *Claims, pro
 				}
 			}
 			slot := ts.Shard(f, k)
-			for _, so := range countShared(book, slot, o, -1) {
-				touchShared(so)
-			}
-			for _, so := range countShared(book, slot, n, +1) {
-				touchShared(so)
-			}
+			countShared(book, slot, o, -1, touchShared)
+			countShared(book, slot, n, +1, touchShared)
 			newSets := make(map[string]bool, len(n.Sets))
 			for _, s := range n.Sets {
 				newSets[s.Name] = true
@@ -1033,23 +1029,25 @@ func PlanPartial(cfg *Config, ts *Tables, state []*TableState, book *Claims, pro
 }
 
 // countShared adds delta to the counts of the shared chains and maps fr
-// lists, in slot, and returns them (old, as changed).
-func countShared(book *Claims, slot int, fr *Fragment, delta int32) []sharedObject {
-	var out []sharedObject
+// lists, in slot, and tells touch (unless nil) of each. It builds no list:
+// a cold plan counts them for every Service.
+func countShared(book *Claims, slot int, fr *Fragment, delta int32, touch func(sharedObject)) {
+	count := func(o sharedObject) {
+		if touch != nil {
+			touch(o) // before the count changes: touch records it for undo
+		}
+		book.countShared(o, delta)
+	}
 	for _, c := range fr.Chains {
 		if Shared(c.Name) {
-			out = append(out, sharedObject{slot, true, c.Name})
+			count(sharedObject{slot, true, c.Name})
 		}
 	}
 	for _, s := range fr.Sets {
 		if Shared(s.Name) {
-			out = append(out, sharedObject{slot, false, s.Name})
+			count(sharedObject{slot, false, s.Name})
 		}
 	}
-	for _, o := range out {
-		book.countShared(o, delta)
-	}
-	return out
 }
 
 func familyIndex(f Family) int {
