@@ -206,13 +206,12 @@ func (p *Pick) ID() ElemID { return NewElemID(pickBase(p.NodePort), p.Key) }
 // Info is what the tables' state keeps of the pick.
 func (p *Pick) Info() PickInfo { return PickInfoOf(p.To) }
 
-// Elements are the pick's elements, one per endpoint.
-func (p *Pick) Elements() []Element {
-	out := make([]Element, len(p.To))
+// AppendElements appends the pick's elements, one per endpoint, to dst.
+func (p *Pick) AppendElements(dst []Element) []Element {
 	for i, to := range p.To {
-		out[i] = Element{Map: EndpointMap(p.NodePort, i), Key: p.Key, To: to}
+		dst = append(dst, Element{Map: EndpointMap(p.NodePort, i), Key: p.Key, To: to})
 	}
-	return out
+	return dst
 }
 
 // PickInfo is what the tables' state keeps of the elements of one

@@ -145,7 +145,7 @@ func TestFullPlanShardByShard(t *testing.T) {
 				wantE = append(wantE, fmt.Sprint(e))
 			}
 			for _, p := range layout[i].Picks {
-				for _, e := range p.Elements() {
+				for _, e := range p.AppendElements(nil) {
 					wantE = append(wantE, fmt.Sprint(e))
 				}
 			}

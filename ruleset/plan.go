@@ -365,7 +365,7 @@ func (d *differ) pick(id ElemID, desired *Pick) {
 		}
 	}
 	if desired != nil {
-		d.ops.AddElems = append(d.ops.AddElems, desired.Elements()...)
+		d.ops.AddElems = desired.AppendElements(d.ops.AddElems)
 		d.ops.SetPicks = append(d.ops.SetPicks, PickState{ID: id, Info: info})
 	}
 }
@@ -647,8 +647,9 @@ func (fp *FullPlan) Shard(i int) []Batch {
 		mains = append(mains, newDiffer(f, fp.mainElems[familyIndex(f)]))
 	}
 	keys := fp.shardKeys[i]
-	rendered := make([]renderedService, 0, len(keys))
+	var rendered []renderedService
 	if fp.rendered != nil {
+		rendered = make([]renderedService, 0, len(keys))
 		for _, ki := range keys {
 			rendered = append(rendered, fp.rendered[ki])
 		}
@@ -658,6 +659,24 @@ func (fp *FullPlan) Shard(i int) []Batch {
 			ks[j] = fp.keys[ki]
 		}
 		rendered = renderAll(fp.ts, ks, fp.services, nil)
+	}
+	// The table's elements at once: those of its Services' picks and
+	// those the book gives it (grown element by element, they were a
+	// third of a cold sync's garbage).
+	for fi, f := range Families {
+		n, picks := len(fp.slotElems[slots[fi]]), 0
+		for r := range rendered {
+			for _, p := range rendered[r].Of(f).Picks {
+				n += len(p.To)
+				picks++
+			}
+		}
+		d := ds[fi]
+		d.ops.AddElems = slices.Grow(d.ops.AddElems, n)
+		d.ops.SetPicks = slices.Grow(d.ops.SetPicks, picks)
+		if d.picks == nil && picks > 0 {
+			d.picks = make(map[ElemID]bool, picks)
+		}
 	}
 	claims, plain := &fp.book.verdicts, &fp.book.plain
 	for r := range rendered {

@@ -43,7 +43,7 @@ func WriteText(w io.Writer, table string, f Family, frags ...*Fragment) error {
 			elems[e.Map] = append(elems[e.Map], e)
 		}
 		for i := range fr.Picks {
-			for _, e := range fr.Picks[i].Elements() {
+			for _, e := range fr.Picks[i].AppendElements(nil) {
 				elems[e.Map] = append(elems[e.Map], e)
 			}
 		}

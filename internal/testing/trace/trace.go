@@ -303,7 +303,7 @@ func (t *tracer) index(table *ruleset.Table) error {
 		}
 	}
 	for i := range table.Picks {
-		for _, e := range table.Picks[i].Elements() {
+		for _, e := range table.Picks[i].AppendElements(nil) {
 			m, ok := tt.endpoints[e.Map]
 			if !ok {
 				return fmt.Errorf("element %s in missing endpoint map %q", e.Key, e.Map)
