@@ -12,7 +12,8 @@ type Node struct {
 func (n Node) isLocal(e *Endpoint) bool { return n.Name != "" && e.Place.Node() == n.Name }
 
 // EndpointSets are the endpoints one Service port may send traffic to, chosen
-// the way kube-proxy's topology code chooses them.
+// the way kube-proxy's topology code chooses them. A set may be the port's
+// own list of endpoints: it is read, never changed.
 type EndpointSets struct {
 	// Cluster serves traffic under policy Cluster: ready endpoints after
 	// topology filtering, else serving-and-terminating ones.
@@ -123,7 +124,22 @@ func availableForTopology(e *Endpoint, mode string, node Node) bool {
 }
 
 func filter(eps []Endpoint, keep func(*Endpoint) bool) []Endpoint {
-	var out []Endpoint
+	n := 0
+	for i := range eps {
+		if keep(&eps[i]) {
+			n++
+		}
+	}
+	switch n {
+	case 0:
+		return nil
+	case len(eps):
+		// Most often every endpoint is kept: the port's own list is
+		// the answer (its capacity cut, so that an append copies), as
+		// Categorize's callers only read it.
+		return eps[:n:n]
+	}
+	out := make([]Endpoint, 0, n)
 	for i := range eps {
 		if keep(&eps[i]) {
 			out = append(out, eps[i])

@@ -442,15 +442,22 @@ func RenderService(cfg *Config, svc *model.Service) ByFamily {
 	var out ByFamily
 	// Room for the elements at once: a cold sync renders every Service,
 	// and growing the slices element by element was much of its garbage.
-	perPort := len(svc.ClusterIPs) + len(svc.ExternalIPs()) + 2*len(svc.LoadBalancerIPs()) + 1
-	eps := 0
+	// Each port puts one element for each of its destinations (a
+	// LoadBalancer IP two, with its firewall's), each endpoint one for
+	// hairpin masquerade, each ClusterIP one more.
+	perPort := len(svc.ClusterIPs) + len(svc.ExternalIPs()) + 2*len(svc.LoadBalancerIPs())
+	n, eps := len(svc.ClusterIPs), 0
 	for pi := range svc.Ports {
+		n += perPort
+		if svc.Ports[pi].NodePort != 0 {
+			n++
+		}
 		eps += len(svc.Ports[pi].Endpoints)
 	}
 	var hairpin addrSet
 	for i, f := range Families {
 		if svc.HasFamily(f == IPv6) {
-			out[i].Elements = make([]Element, 0, len(svc.ClusterIPs)+len(svc.Ports)*perPort+eps)
+			out[i].Elements = make([]Element, 0, n+eps)
 			hairpin[i] = make([]netip.Addr, 0, eps)
 		}
 	}
