@@ -158,6 +158,15 @@ func (m *Policy) Synced(full bool) {
 	m.last = limit
 }
 
+// Collect runs a collection now. It is for one-off work after the first
+// full sync that leaves garbage the size of the cluster (the status page's
+// rows made anew, 24 MB at 100,000 Services): collected at once, the
+// collector does not run again until the changes that follow have
+// allocated the room the limit leaves, where its next cycle otherwise fell
+// among the first changes, costing them 100 ms of CPU at 100,000 Services.
+// It touches nothing of the policy: any goroutine may call it.
+func (m *Policy) Collect() { runtime.GC() }
+
 // room is the room the limit leaves above live bytes of live data.
 func room(live int64) int64 { return max(minHeadroom, live/headroomDivisor) }
 

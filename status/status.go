@@ -36,6 +36,11 @@ type Publisher struct {
 	// some (owned by run): each is logged once, when it appears.
 	warned map[model.ServiceKey][]string
 	log    *slog.Logger
+
+	// Rebuilt, when set, is called once every row was made anew (after
+	// the first full sync): the garbage that leaves is the size of the
+	// cluster.
+	Rebuilt func()
 }
 
 // NewPublisher returns a Publisher of s's Services into rec; node decides
@@ -99,6 +104,9 @@ func (p *Publisher) Run(ctx context.Context) {
 		p.mu.Unlock()
 		if all {
 			p.rebuild(p.syncer.Services())
+			if p.Rebuilt != nil {
+				p.Rebuilt()
+			}
 		} else if len(touched) > 0 {
 			var set []any
 			var remove []appliance.ServiceName

@@ -241,3 +241,39 @@ func BenchmarkRowsKept(b *testing.B) {
 	runtime.KeepAlive(states)
 	b.ReportMetric(kept, "B/kept")
 }
+
+// Rebuilt is called after every row was made anew (the first full sync
+// touches them all), and not after a few rows changed.
+func TestRebuiltAfterEveryRowOnly(t *testing.T) {
+	p := NewPublisher(&loop.Syncer{}, appliance.NewRecorder(appliance.Identity{}, nil, 1), model.Node{}, slog.New(slog.DiscardHandler))
+	rebuilt := make(chan struct{}, 4)
+	p.Rebuilt = func() { rebuilt <- struct{}{} }
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { p.Run(ctx); close(done) }()
+	stop := sync.OnceFunc(func() { cancel(); <-done })
+	defer stop()
+	p.Touch(nil)
+	select {
+	case <-rebuilt:
+	case <-time.After(5 * time.Second):
+		t.Fatal("every row touched: Rebuilt not called")
+	}
+	p.Touch([]model.ServiceKey{model.NewServiceKey("default", "a")})
+	// The touched row is published (gone: the Syncer does not know it)
+	// within the second Run waits between publications.
+	if err := lab.EventuallyWithin(5*time.Second, func() error {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if len(p.touched) > 0 {
+			return errors.New("the touched row is not taken yet")
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	stop() // Run has published the row, and returned
+	if len(rebuilt) != 0 {
+		t.Fatal("one row touched: Rebuilt called")
+	}
+}

@@ -229,6 +229,7 @@ func serve(ctx context.Context, cfg *Config) error {
 	syncer.Observers = append(syncer.Observers, edge.observe, syncEvent(events))
 	pub := status.NewPublisher(syncer, rec, cfg.ruleset().Node, log)
 	syncer.Touched = pub.Touch
+	pub.Rebuilt = memLimit.Collect
 	syncer.Observers = append(syncer.Observers, func(ev loop.Event) {
 		kind := appliance.SyncPartial
 		if ev.Full {
