@@ -162,3 +162,30 @@ func TestTrackerOwnersByName(t *testing.T) {
 		}
 	}
 }
+
+// Until the Syncer first takes them, every Service counts as changed, by
+// TakeDirty as by All; after that, only those changed since.
+func TestTrackerEveryServiceDirtyUntilTaken(t *testing.T) {
+	for _, first := range []string{"TakeDirty", "All"} {
+		tr := NewTracker()
+		for _, n := range []string{"a", "b", "c"} {
+			tr.SetService(&corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: n}})
+		}
+		take := tr.TakeDirty
+		if first == "All" {
+			take = tr.All
+		}
+		if got, _ := take(); len(got) != 3 {
+			t.Fatalf("%s first: %d Services, want all 3", first, len(got))
+		}
+		if got, _ := tr.TakeDirty(); len(got) != 0 {
+			t.Fatalf("after %s: %d Services dirty, want none", first, len(got))
+		}
+		tr.SetService(&corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "b"}})
+		tr.DeleteService(model.NewServiceKey("ns", "c"))
+		got, _ := tr.TakeDirty()
+		if len(got) != 2 || got[model.NewServiceKey("ns", "b")].Service == nil || got[model.NewServiceKey("ns", "c")].Service != nil {
+			t.Fatalf("after %s, b changed and c deleted: %v", first, got)
+		}
+	}
+}
