@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -377,5 +378,45 @@ func TestManifestObjectDefinedTwiceNamesBothFiles(t *testing.T) {
 	}
 	if strings.Join(lines, "\n") != strings.Join(want, "\n") {
 		t.Errorf("logged:\n%s\nwant:\n%s", strings.Join(lines, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// The first scan tells the tracker each file's objects as it takes the
+// file: an object defined again in a later file is the later one's, as a
+// later scan's merge makes it, also for a slice that names another Service
+// in between.
+func TestManifestFirstScanLaterFileWins(t *testing.T) {
+	dir := t.TempDir()
+	slice := func(name, service, addr string) string {
+		return "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: " + name + "\n  namespace: shop\n" +
+			"  labels: {kubernetes.io/service-name: " + service + "}\naddressType: IPv4\nports:\n- {name: http, port: 8080}\n" +
+			"endpoints:\n- addresses: [" + addr + "]\n"
+	}
+	api := "apiVersion: v1\nkind: Service\nmetadata: {name: api, namespace: shop}\nspec:\n  clusterIP: 10.96.0.11\n  ports:\n  - {name: http, port: 80}\n"
+	files := map[string]string{
+		"a.yaml": manifestWeb, // web, its slice web-1 at 10.1.0.1
+		"b.yaml": api + "---\n" + slice("api-1", "api", "10.1.0.2") + "---\n" + slice("web-1", "api", "10.1.0.3"),
+		"c.yaml": slice("web-1", "web", "10.1.0.9"),
+	}
+	for i := range 40 { // enough files that several are decoded at once
+		files["d"+strconv.Itoa(100+i)+".yaml"] = strings.ReplaceAll(manifestWeb, "web", "w"+strconv.Itoa(i))
+	}
+	for name, content := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tr := loop.NewTracker()
+	m := &ManifestSource{Dir: dir}
+	m.scan(tr, slog.New(slog.DiscardHandler))
+	all, _ := tr.All()
+	if len(all) != 42 {
+		t.Fatalf("%d Services, want 42", len(all))
+	}
+	if got := endpointOf(t, all[model.NewServiceKey("shop", "web")]); got != "10.1.0.9:8080" {
+		t.Errorf("web's endpoint %s, want c.yaml's 10.1.0.9:8080", got)
+	}
+	if got := endpointOf(t, all[model.NewServiceKey("shop", "api")]); got != "10.1.0.2:8080" {
+		t.Errorf("api's endpoint %s, want its own slice's 10.1.0.2:8080 alone", got)
 	}
 }
