@@ -91,6 +91,35 @@ func TestMemoryLimitRaisedWithinHalfTheRoom(t *testing.T) {
 	runtime.KeepAlive(more)
 }
 
+// TestFullSyncIgnoresASmallRise checks that a full sync keeps the limit
+// when its collection finds the live data grown by less than half the room
+// (held for a moment beside it), and raises it for more.
+func TestFullSyncIgnoresASmallRise(t *testing.T) {
+	t.Setenv("GOMEMLIMIT", "")
+	defer debug.SetMemoryLimit(math.MaxInt64)
+	keep := make([]byte, 2*minHeadroom*headroomDivisor)
+	m := New(1<<20, slog.New(slog.DiscardHandler))
+	m.BeforeFull()
+	m.Synced(true)
+	before := debug.SetMemoryLimit(-1)
+	r := room(liveHeap())
+	small := make([]byte, r*3/8)
+	m.BeforeFull()
+	m.Synced(true)
+	if after := debug.SetMemoryLimit(-1); after != before {
+		t.Errorf("limit after a full sync found %d bytes more: %d, want %d as it was", len(small), after, before)
+	}
+	more := make([]byte, r*3/8) // with small, more than half the room
+	m.BeforeFull()
+	m.Synced(true)
+	if after, live := debug.SetMemoryLimit(-1), liveHeap(); after < live+room(live)*9/10 {
+		t.Errorf("limit after a full sync found %d bytes more: %d (was %d), want about %d live bytes + %d", len(small)+len(more), after, before, live, room(live))
+	}
+	runtime.KeepAlive(keep)
+	runtime.KeepAlive(small)
+	runtime.KeepAlive(more)
+}
+
 // TestStreamedFullSyncKeepsTheLimit checks that a full sync onto no tables,
 // which holds one shard at a time, runs under the limit the last sync set,
 // and that before the first sync there is none to put back.
