@@ -31,7 +31,8 @@ type Result struct {
 	ChangeP90Ms float64   `json:"change_p90_ms"`
 	ChangeMaxMs float64   `json:"change_max_ms"`
 
-	// Memory after the run: resident now and at its peak.
+	// Memory after the run, once the proxier is quiet: resident then,
+	// and at its peak.
 	RSSMiB float64 `json:"rss_mib"`
 	HWMMiB float64 `json:"rss_peak_mib"`
 	// CPU time (user+system, reaped children included) until the cold
@@ -214,6 +215,12 @@ func (e *Env) Measure(ctx context.Context, p *Proxier, n int) (res Result, err e
 
 	if res.Metrics, err = scrapeSyncMetrics(ctx, e, p); err != nil {
 		return res, fmt.Errorf("metrics: %w", err)
+	}
+	// Resident memory at rest: the last drift's repair may still be
+	// returning what it used (read at once, one run in three at 100,000
+	// read 217 MiB where the others read 179-182).
+	if _, err := waitQuiet(ctx, proc.PID(), e.Cfg.Timeout); err != nil {
+		return res, err
 	}
 	end, err := readProcStats(proc.PID())
 	if err != nil {
