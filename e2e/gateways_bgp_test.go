@@ -658,7 +658,11 @@ func TestGatewaySetDrain(t *testing.T) {
 		}
 		return nil
 	}); err != nil {
-		t.Fatal(err)
+		// What the drain still waits for: the flows it counts are in
+		// the gateway's conntrack table.
+		code, state, _ := s.gws[0].Get("/readyz")
+		flows, _ := s.hosts[0].Command(context.Background(), "conntrack", "-L", "-d", setVIP.String()).CombinedOutput()
+		t.Fatalf("%v; /readyz %d %q; its flows to %s:\n%s", err, code, state, setVIP, flows)
 	}
 	t.Logf("nftgate exited %v after the last flow through it closed", time.Since(closed).Round(time.Millisecond))
 	all := st.finish()
