@@ -92,10 +92,11 @@ type counterCache struct {
 	closed     bool
 	wg         sync.WaitGroup
 	// shardNew are the new connections each shard's Service ports
-	// counted, per shard, at the last reading and the one before it
-	// (nil before there is one): a repair after a flush serves first the
-	// shards that counted the most between them (shardOrder).
-	shardNew, prevShardNew []uint64
+	// counted, per shard, at the last reading (nil before there is one);
+	// shardRecent what each counted between the last two readings that
+	// told something of it (nextRecent): a repair after a flush serves
+	// first the shards that counted the most (shardOrder).
+	shardNew, shardRecent []uint64
 
 	read   sync.Mutex // held while reading, taken before mu; guards what follows
 	reader *reader
@@ -271,9 +272,37 @@ func (p *Programmer) readCounters(background bool) (*Reading, error) {
 	}
 	rd.At = start
 	c.last = rd
-	c.prevShardNew, c.shardNew = c.shardNew, rd.shardNew
+	c.shardRecent, c.shardNew = nextRecent(c.shardRecent, c.shardNew, rd.shardNew), rd.shardNew
 	c.next = start.Add(max(CountersMaxAge, countersPace*took))
 	return rd, nil
+}
+
+// nextRecent is what each shard counted recently, per shard, after a
+// reading that found now where the one before found last: now − last; for
+// a shard whose count went down (its table programmed anew, as after a
+// flush), what it counted since; but when that is nothing, what was known
+// before stays. A reading taken while the tables were gone, or being
+// repaired, finds zeros that say nothing of the traffic: it left the next
+// repair nothing to order by, and at 100,000 Services the traffic came
+// back after 1.3-3.4 s instead of 0.1-0.5 s in 10 flushes of 150 (the
+// bench scrapes /metrics, which starts a reading, just before each flush).
+func nextRecent(recent, last, now []uint64) []uint64 {
+	out := make([]uint64, len(now))
+	if len(last) != len(now) {
+		copy(out, now) // the first reading, or another layout: all is new
+		return out
+	}
+	for i := range now {
+		switch {
+		case now[i] >= last[i]:
+			out[i] = now[i] - last[i]
+		case now[i] > 0 || len(recent) != len(now):
+			out[i] = now[i]
+		default:
+			out[i] = recent[i]
+		}
+	}
+	return out
 }
 
 // readKernelCounters reads the kernel's counters; called with

@@ -810,30 +810,21 @@ func (p *Programmer) shardSums(rd *Reading) []uint64 {
 }
 
 // shardOrder lists the shards, those whose Services counted the most new
-// connections between the last two counters readings first (the traffic
-// flowing now, not what a Service counted once), then by what they
-// counted since they were programmed; in the layout's order without a
-// reading (a cold start, counters off). It reads no counter itself. A
-// shard whose count went down since the reading before (programmed anew,
-// as after a flush) counts what it counted since.
+// connections recently first (between the last two counters readings that
+// told something of the shard, nextRecent: the traffic flowing now, not
+// what a Service counted once), then by what they counted since they were
+// programmed; in the layout's order without a reading (a cold start,
+// counters off). It reads no counter itself.
 func (p *Programmer) shardOrder() []int {
 	p.counters.mu.Lock()
-	last, prev := p.counters.shardNew, p.counters.prevShardNew
+	last, recent := p.counters.shardNew, p.counters.shardRecent
 	p.counters.mu.Unlock()
 	order := make([]int, p.cfg.ShardCount())
 	for i := range order {
 		order[i] = i
 	}
-	if len(last) != len(order) {
+	if len(last) != len(order) || len(recent) != len(order) {
 		return order
-	}
-	recent := slices.Clone(last)
-	if len(prev) == len(last) {
-		for i := range recent {
-			if last[i] >= prev[i] {
-				recent[i] = last[i] - prev[i]
-			}
-		}
 	}
 	slices.SortStableFunc(order, func(a, b int) int {
 		return cmp.Or(cmp.Compare(recent[b], recent[a]), cmp.Compare(last[b], last[a]))
