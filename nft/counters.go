@@ -94,9 +94,12 @@ type counterCache struct {
 	// shardNew are the new connections each shard's Service ports
 	// counted, per shard, at the last reading (nil before there is one);
 	// shardRecent what each counted between the last two readings that
-	// told something of it (nextRecent): a repair after a flush serves
-	// first the shards that counted the most (shardOrder).
-	shardNew, shardRecent []uint64
+	// told something of it, and shardSeen the last reading (by number,
+	// readings) that found it counting (nextRecent): a repair after a
+	// flush serves first the shards that counted last, and the most
+	// (shardOrder).
+	shardNew, shardRecent, shardSeen []uint64
+	readings                         uint64
 
 	read   sync.Mutex // held while reading, taken before mu; guards what follows
 	reader *reader
@@ -272,37 +275,44 @@ func (p *Programmer) readCounters(background bool) (*Reading, error) {
 	}
 	rd.At = start
 	c.last = rd
-	c.shardRecent, c.shardNew = nextRecent(c.shardRecent, c.shardNew, rd.shardNew), rd.shardNew
+	c.readings++
+	c.shardRecent, c.shardSeen = nextRecent(c.shardRecent, c.shardSeen, c.shardNew, rd.shardNew, c.readings)
+	c.shardNew = rd.shardNew
 	c.next = start.Add(max(CountersMaxAge, countersPace*took))
 	return rd, nil
 }
 
-// nextRecent is what each shard counted recently, per shard, after a
-// reading that found now where the one before found last: now − last; for
-// a shard whose count went down (its table programmed anew, as after a
-// flush), what it counted since; but when that is nothing, what was known
-// before stays. A reading taken while the tables were gone, or being
-// repaired, finds zeros that say nothing of the traffic: it left the next
-// repair nothing to order by, and at 100,000 Services the traffic came
-// back after 1.3-3.4 s instead of 0.1-0.5 s in 10 flushes of 150 (the
-// bench scrapes /metrics, which starts a reading, just before each flush).
-func nextRecent(recent, last, now []uint64) []uint64 {
-	out := make([]uint64, len(now))
-	if len(last) != len(now) {
-		copy(out, now) // the first reading, or another layout: all is new
-		return out
-	}
+// nextRecent is what each shard counted recently, and the number of the
+// last reading that found it counting, after reading number n found now
+// where the one before found last: now − last; for a shard whose count went
+// down (its table programmed anew, as after a flush), what it counted
+// since; but when that is nothing, what was known before stays. A reading
+// taken while the tables were gone, or being repaired, finds zeros that
+// say nothing of the traffic: it left the next repair nothing to order by,
+// and at 100,000 Services the traffic came back after 1.3-3.4 s instead of
+// 0.1-0.5 s in 10 flushes of 150 (the bench scrapes /metrics, which starts
+// a reading, just before each flush). And a shard found counting since a
+// repair is the traffic of now, ahead of larger counts read before it.
+func nextRecent(recent, seen, last, now []uint64, n uint64) (outRecent, outSeen []uint64) {
+	outRecent, outSeen = make([]uint64, len(now)), make([]uint64, len(now))
+	known := len(last) == len(now) && len(recent) == len(now) && len(seen) == len(now)
 	for i := range now {
 		switch {
+		case !known: // the first reading, or another layout: all is new
+			outRecent[i] = now[i]
 		case now[i] >= last[i]:
-			out[i] = now[i] - last[i]
-		case now[i] > 0 || len(recent) != len(now):
-			out[i] = now[i]
+			outRecent[i], outSeen[i] = now[i]-last[i], seen[i]
+		case now[i] > 0:
+			outRecent[i] = now[i]
 		default:
-			out[i] = recent[i]
+			outRecent[i], outSeen[i] = recent[i], seen[i]
+			continue // nothing learnt
+		}
+		if now[i] > 0 && (!known || now[i] != last[i]) {
+			outSeen[i] = n // found counting
 		}
 	}
-	return out
+	return outRecent, outSeen
 }
 
 // readKernelCounters reads the kernel's counters; called with

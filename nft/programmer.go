@@ -809,25 +809,26 @@ func (p *Programmer) shardSums(rd *Reading) []uint64 {
 	return sums
 }
 
-// shardOrder lists the shards, those whose Services counted the most new
-// connections recently first (between the last two counters readings that
-// told something of the shard, nextRecent: the traffic flowing now, not
-// what a Service counted once), then by what they counted since they were
-// programmed; in the layout's order without a reading (a cold start,
-// counters off). It reads no counter itself.
+// shardOrder lists the shards, those whose Services were last found
+// counting new connections first, then those that counted the most
+// recently (between the last two counters readings that told something of
+// the shard, nextRecent: the traffic flowing now, not what a Service
+// counted once), then by what they counted since they were programmed; in
+// the layout's order without a reading (a cold start, counters off). It
+// reads no counter itself.
 func (p *Programmer) shardOrder() []int {
 	p.counters.mu.Lock()
-	last, recent := p.counters.shardNew, p.counters.shardRecent
+	last, recent, seen := p.counters.shardNew, p.counters.shardRecent, p.counters.shardSeen
 	p.counters.mu.Unlock()
 	order := make([]int, p.cfg.ShardCount())
 	for i := range order {
 		order[i] = i
 	}
-	if len(last) != len(order) || len(recent) != len(order) {
+	if len(last) != len(order) || len(recent) != len(order) || len(seen) != len(order) {
 		return order
 	}
 	slices.SortStableFunc(order, func(a, b int) int {
-		return cmp.Or(cmp.Compare(recent[b], recent[a]), cmp.Compare(last[b], last[a]))
+		return cmp.Or(cmp.Compare(seen[b], seen[a]), cmp.Compare(recent[b], recent[a]), cmp.Compare(last[b], last[a]))
 	})
 	return order
 }
