@@ -67,18 +67,25 @@ func TestMemoryLimitRoomGrowsWithLiveData(t *testing.T) {
 	runtime.KeepAlive(keep)
 }
 
+// afterFirstFullSync returns a policy after its first full sync over live
+// data of more than minHeadroom × headroomDivisor bytes (keep: the caller
+// keeps it alive), and the limit it set.
+func afterFirstFullSync(t *testing.T) (m *Policy, keep []byte, limit int64) {
+	t.Setenv("GOMEMLIMIT", "")
+	t.Cleanup(func() { debug.SetMemoryLimit(math.MaxInt64) })
+	keep = make([]byte, 2*minHeadroom*headroomDivisor)
+	m = New(1<<20, slog.New(slog.DiscardHandler))
+	m.BeforeFull()
+	m.Synced(true)
+	return m, keep, debug.SetMemoryLimit(-1)
+}
+
 // TestMemoryLimitRaisedWithinHalfTheRoom checks that the limit is raised
 // after a partial sync once the live data comes within half the room of it
 // (the first status rows, made after the first full sync, do so), not only
 // once the collector is about to run without pause under it.
 func TestMemoryLimitRaisedWithinHalfTheRoom(t *testing.T) {
-	t.Setenv("GOMEMLIMIT", "")
-	defer debug.SetMemoryLimit(math.MaxInt64)
-	keep := make([]byte, 2*minHeadroom*headroomDivisor)
-	m := New(1<<20, slog.New(slog.DiscardHandler))
-	m.BeforeFull()
-	m.Synced(true)
-	before := debug.SetMemoryLimit(-1)
+	m, keep, before := afterFirstFullSync(t)
 	r := room(liveHeap())
 	more := make([]byte, r*5/8) // more than half the room, with room to spare
 	runtime.GC()
@@ -95,13 +102,7 @@ func TestMemoryLimitRaisedWithinHalfTheRoom(t *testing.T) {
 // when its collection finds the live data grown by less than half the room
 // (held for a moment beside it), and raises it for more.
 func TestFullSyncIgnoresASmallRise(t *testing.T) {
-	t.Setenv("GOMEMLIMIT", "")
-	defer debug.SetMemoryLimit(math.MaxInt64)
-	keep := make([]byte, 2*minHeadroom*headroomDivisor)
-	m := New(1<<20, slog.New(slog.DiscardHandler))
-	m.BeforeFull()
-	m.Synced(true)
-	before := debug.SetMemoryLimit(-1)
+	m, keep, before := afterFirstFullSync(t)
 	r := room(liveHeap())
 	small := make([]byte, r*3/8)
 	m.BeforeFull()
