@@ -248,7 +248,7 @@ func TestRandomChangesLeaveNoDrift(t *testing.T) {
 func TestNetlinkMatchesNft(t *testing.T) {
 	nsA, fdA := testNetNS(t)
 	nsC, _ := testNetNS(t)
-	cfg := ruleset.Config{Table: "nftgate", Node: model.Node{Name: "gw"}, HashSeed: 7, Shards: 4,
+	cfg := ruleset.Config{Table: "nftgate", Node: model.Node{Name: "gw"}, HashSeed: 7, Shards: 4, ReleaseTimeWait: true,
 		ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("198.18.2.0/24"), netip.MustParsePrefix("fd42:2::/64")}}
 	w, pa := programWorld(t, cfg, fdA, 2, 60, true)
 	res, err := pa.Full(ruleset.CloneServices(w.services))

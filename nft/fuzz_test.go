@@ -52,7 +52,7 @@ func (r *fuzzReader) data() bc.Data { return bc.Bytes(r.bytes()...) }
 // expr writes one expression of any kind the statements use, with the
 // fuzzer's field values; name is the chain or set it names.
 func (r *fuzzReader) expr(name string) func(bc.Sink) {
-	switch r.u8() % 16 {
+	switch r.u8() % 17 {
 	case 0:
 		x := bc.Payload{Dreg: r.u32(), Base: uint32(r.u8() % 4), Offset: r.u32(), Len: r.u32()}
 		return func(s bc.Sink) { s.Payload(x) }
@@ -74,7 +74,7 @@ func (r *fuzzReader) expr(name string) func(bc.Sink) {
 		case unix.NFT_CT_SRC, unix.NFT_CT_DST, unix.NFT_CT_PROTO_SRC, unix.NFT_CT_PROTO_DST:
 			key = unix.NFT_CT_STATE // keys with a direction: not what the statements load
 		}
-		x := bc.Ct{Key: key, Dreg: r.u32()}
+		x := bc.Ct{Key: key, Dreg: r.u32(), Set: r.flag()}
 		return func(s bc.Sink) { s.Ct(x) }
 	case 6:
 		x := bc.Fib{Dreg: r.u32(), Flags: uint32(r.u8() % 64), Result: uint32(r.u8() % 4)}
@@ -103,6 +103,9 @@ func (r *fuzzReader) expr(name string) func(bc.Sink) {
 	case 14:
 		x := bc.Reject{Type: r.u32(), Code: r.u8()}
 		return func(s bc.Sink) { s.Reject(x) }
+	case 15:
+		x := bc.Dup{RegAddr: r.u32()}
+		return func(s bc.Sink) { s.Dup(x) }
 	default:
 		x := bc.FlowOffload{Flowtable: name}
 		return func(s bc.Sink) { s.FlowOffload(x) }

@@ -320,6 +320,44 @@ func counterProbes(traffic bool) []kernelProbe {
 	return ps
 }
 
+// CheckReleaseTimeWait verifies, in the process's own network namespace,
+// that the kernel has what Config.ReleaseTimeWait programs: conntrack
+// marks, the dup expression and the TCP reset. A kernel without them
+// (the stock gokrazy kernel has no conntrack marks) runs without the
+// release, which the caller tells.
+func CheckReleaseTimeWait() error {
+	return checkKernelFeatures(releaseProbes(), netlinkProbeRunner(0, probeTableName()))
+}
+
+// releaseProbes try, per family, the statements of the release's rules.
+func releaseProbes() []kernelProbe {
+	var ps []kernelProbe
+	for _, f := range ruleset.Families {
+		w := " (" + f.String() + ")"
+		opt := probeOptions[f]
+		base := "nf_tables " + f.String() + " family with filter chains"
+		ps = append(ps,
+			kernelProbe{Feature: base, Option: opt.table, add: func(b *probeBatch) {
+				b.filterChain(f)
+			}},
+			kernelProbe{Feature: "conntrack marks" + w, Option: "CONFIG_NF_CONNTRACK_MARK and CONFIG_NFT_CT", Needs: []string{base},
+				add: func(b *probeBatch) {
+					b.rule(b.filterChain(f), ruleset.MatchCtMark{Bit: ruleset.CloseMarkReplyFIN}, ruleset.SetCtMark{Bit: ruleset.CloseMarkClientFIN})
+				}},
+			kernelProbe{Feature: "dup expression" + w, Option: opt.dup, Needs: []string{base},
+				add: func(b *probeBatch) {
+					b.rule(b.filterChain(f), ruleset.MatchMarkUnset{Bit: ruleset.DefaultMasqueradeBit}, ruleset.DupToSelf{Bit: ruleset.DefaultMasqueradeBit})
+				}},
+			kernelProbe{Feature: "reject with tcp reset" + w, Option: "CONFIG_NFT_REJECT and " + opt.reject, Needs: []string{base},
+				add: func(b *probeBatch) {
+					b.rule(b.filterChain(f), ruleset.MatchCtUntracked{}, ruleset.MatchTCPFlags{Mask: ruleset.TCPFlagACK, Flags: ruleset.TCPFlagACK},
+						ruleset.Reject{TCPReset: true})
+				}},
+		)
+	}
+	return ps
+}
+
 // probeAddrs are addresses of the documentation ranges, per family.
 var probeAddrs = map[ruleset.Family]netip.Addr{
 	ruleset.IPv4: netip.MustParseAddr("192.0.2.1"),
@@ -327,9 +365,9 @@ var probeAddrs = map[ruleset.Family]netip.Addr{
 }
 
 // probeOptions are the kernel options of what differs per family.
-var probeOptions = map[ruleset.Family]struct{ table, fib, reject string }{
-	ruleset.IPv4: {"CONFIG_NF_TABLES_IPV4", "CONFIG_NFT_FIB_IPV4", "CONFIG_NFT_REJECT_IPV4"},
-	ruleset.IPv6: {"CONFIG_NF_TABLES_IPV6", "CONFIG_NFT_FIB_IPV6", "CONFIG_NFT_REJECT_IPV6"},
+var probeOptions = map[ruleset.Family]struct{ table, fib, reject, dup string }{
+	ruleset.IPv4: {"CONFIG_NF_TABLES_IPV4", "CONFIG_NFT_FIB_IPV4", "CONFIG_NFT_REJECT_IPV4", "CONFIG_NFT_DUP_IPV4"},
+	ruleset.IPv6: {"CONFIG_NF_TABLES_IPV6", "CONFIG_NFT_FIB_IPV6", "CONFIG_NFT_REJECT_IPV6", "CONFIG_NFT_DUP_IPV6"},
 }
 
 // kernelProbes lists, per family, every nf_tables feature the rulesets of

@@ -11,6 +11,7 @@ import (
 	"github.com/google/nftables"
 	"github.com/nftgate/nftgate/internal/testing/netnstest"
 	"github.com/nftgate/nftgate/ruleset"
+	bc "github.com/nftgate/nftgate/ruleset/bytecode"
 )
 
 // newAnonNetns returns a fresh network namespace, removed when the test
@@ -199,8 +200,14 @@ func TestKernelCheckCombinedOnlyFailure(t *testing.T) {
 }
 
 func TestKernelProbesNeedEarlierProbes(t *testing.T) {
+	checkProbeOrder(t, kernelProbes())
+	checkProbeOrder(t, releaseProbes())
+}
+
+func checkProbeOrder(t *testing.T, probes []kernelProbe) {
+	t.Helper()
 	seen := map[string]bool{}
-	for _, p := range kernelProbes() {
+	for _, p := range probes {
 		if seen[p.Feature] {
 			t.Errorf("feature %q listed twice", p.Feature)
 		}
@@ -215,6 +222,37 @@ func TestKernelProbesNeedEarlierProbes(t *testing.T) {
 		seen[p.Feature] = true
 	}
 }
+
+// The release of the endpoints' TIME_WAIT is checked on its own (a kernel
+// without it runs without the release): this kernel has it, and a probe it
+// refuses is named with its option.
+func TestKernelCheckReleaseTimeWait(t *testing.T) {
+	fd := newAnonNetns(t)
+	run := netlinkProbeRunner(fd, probeTableName())
+	if err := checkKernelFeatures(releaseProbes(), run); err != nil {
+		t.Fatalf("release check on this kernel: %v", err)
+	}
+	probes := append(releaseProbes(), kernelProbe{
+		Feature: "dup to a register never loaded", Option: "CONFIG_NFT_DUP_IPV4", Needs: []string{releaseProbes()[0].Feature},
+		add: func(b *probeBatch) {
+			b.rule(b.filterChain(ruleset.IPv4), ruleset.MatchCtNew{}, dupFromUnloadedRegister{})
+		},
+	})
+	err := checkKernelFeatures(probes, run)
+	var kerr *kernelFeatureError
+	if !errors.As(err, &kerr) || len(kerr.Missing) != 1 || kerr.Missing[0].Feature != "dup to a register never loaded" {
+		t.Fatalf("got %v, want the refused dup named alone", err)
+	}
+}
+
+// dupFromUnloadedRegister is a dup whose address register nothing loaded,
+// which the kernel refuses.
+type dupFromUnloadedRegister struct{}
+
+func (dupFromUnloadedRegister) AppendText(b []byte, _ ruleset.Family) []byte {
+	return append(b, "dup"...)
+}
+func (dupFromUnloadedRegister) Encode(_ ruleset.Family, s bc.Sink) { s.Dup(bc.Dup{RegAddr: 42}) }
 
 // The flowtable is probed only when the configuration turns it on; on a
 // kernel without flowtables the check then names the missing option for

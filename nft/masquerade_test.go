@@ -8,15 +8,16 @@ import (
 	"github.com/nftgate/nftgate/ruleset"
 )
 
-// The masquerade pool's rules (address-only jhash, snat to an address) and
-// keep_client_address's marking are written byte for byte as
-// google/nftables writes them.
+// The masquerade pool's rules (address-only jhash, snat to an address),
+// keep_client_address's marking and the release of the endpoints'
+// TIME_WAIT are written byte for byte as google/nftables writes them.
 func TestWireMatchesGoogleNftablesMasquerade(t *testing.T) {
 	svc := fuzzService("web", &fuzzReader{b: []byte{10, 20, 1, 0, 0, 1, 80, 0, 0, 30, 2, 3, 0, 80, 1, 0, 0}})
 	for _, cfg := range []ruleset.Config{
 		{MasqueradeAddresses: []netip.Addr{netip.MustParseAddr("198.18.3.1"), netip.MustParseAddr("198.18.3.2"),
 			netip.MustParseAddr("198.18.3.3"), netip.MustParseAddr("fd00:3::1")}},
 		{MasqueradeAddresses: []netip.Addr{netip.MustParseAddr("198.18.3.1")}, KeepClientAddress: true},
+		{ReleaseTimeWait: true},
 	} {
 		cfg.Table, cfg.Node, cfg.HashSeed, cfg.Shards = "nftgate", model.Node{Name: "gw"}, 7, 2
 		ts := ruleset.NewTables(&cfg)

@@ -67,7 +67,7 @@ func (g *googleSink) Meta(x bc.Meta) {
 }
 
 func (g *googleSink) Ct(x bc.Ct) {
-	g.add(&expr.Ct{Register: x.Dreg, Key: expr.CtKey(x.Key)})
+	g.add(&expr.Ct{Register: x.Dreg, Key: expr.CtKey(x.Key), SourceRegister: x.Set})
 }
 
 func (g *googleSink) Fib(x bc.Fib) {
@@ -118,6 +118,8 @@ func (g *googleSink) Redir(x bc.Redir) {
 }
 
 func (g *googleSink) Reject(x bc.Reject) { g.add(&expr.Reject{Type: x.Type, Code: x.Code}) }
+
+func (g *googleSink) Dup(x bc.Dup) { g.add(&expr.Dup{RegAddr: x.RegAddr}) }
 
 func (g *googleSink) FlowOffload(x bc.FlowOffload) { g.add(&expr.FlowOffload{Name: x.Flowtable}) }
 

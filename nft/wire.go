@@ -249,12 +249,16 @@ func (e *encoder) Meta(x bc.Meta) {
 	w.exprEnd(elem, at)
 }
 
-// Ct writes a conntrack load.
+// Ct writes a conntrack load (or, with Set, a store).
 func (e *encoder) Ct(x bc.Ct) {
 	w := e.w
 	elem, at := w.exprBegin("ct")
 	w.u32(unix.NFTA_CT_KEY, x.Key)
-	w.u32(unix.NFTA_CT_DREG, x.Dreg)
+	if x.Set {
+		w.u32(unix.NFTA_CT_SREG, x.Dreg)
+	} else {
+		w.u32(unix.NFTA_CT_DREG, x.Dreg)
+	}
 	if bc.CtTupleKey(x.Key) {
 		w.u32(unix.NFTA_CT_DIRECTION, bc.CtDirOriginal)
 	}
@@ -407,7 +411,16 @@ func (e *encoder) Counter() {
 	w.exprEnd(elem, at)
 }
 
-// Reject writes an ICMP reject.
+// Dup writes a duplication towards the address in a register.
+func (e *encoder) Dup(x bc.Dup) {
+	w := e.w
+	elem, at := w.exprBegin("dup")
+	w.u32(unix.NFTA_DUP_SREG_ADDR, x.RegAddr)
+	w.exprEnd(elem, at)
+}
+
+// Reject writes a reject (ICMP, or a TCP reset, whose code the kernel
+// ignores).
 func (e *encoder) Reject(x bc.Reject) {
 	w := e.w
 	elem, at := w.exprBegin("reject")

@@ -70,6 +70,11 @@ type Config struct {
 	// meets it; picked up, the connection would be masqueraded afresh to
 	// this gateway's address, which the endpoint does not know.
 	DropMidstreamTCP bool
+	// ReleaseTimeWait: the gateway resets an endpoint's TIME_WAIT of a
+	// masqueraded TCP connection once both ends have closed it (see
+	// release.go), so that the masquerade address's ports can be given
+	// to other clients at once.
+	ReleaseTimeWait bool
 	// TrafficElements, with Counters, turns on the traffic sets: packets
 	// and bytes of every translated connection, each way, per Service
 	// destination and endpoint, counted in the forward path (CountTraffic)
@@ -200,10 +205,18 @@ func Static(cfg *Config, f Family) Fragment {
 		forward = append(forward, Rule{MatchCtEstablished{}, MatchCtDNAT{}, FlowOffload{Flowtable: FlowtableName}})
 	}
 	base("filter-forward", "filter", "forward", PrioFilter-1, forward...)
-	base("filter-output", "filter", "output", PrioFilter-1,
-		Rule{MatchCtNew{}, jump(ChainNodePortEPCheck)},
-		Rule{MatchCtNew{}, jump(ChainServiceEPCheck)},
-		Rule{MatchCtNew{}, jump(ChainClusterIPsCheck)})
+	output := []Rule{
+		{MatchCtNew{}, jump(ChainNodePortEPCheck)},
+		{MatchCtNew{}, jump(ChainServiceEPCheck)},
+		{MatchCtNew{}, jump(ChainClusterIPsCheck)},
+	}
+	if cfg.ReleaseTimeWait {
+		base("filter-prerouting-close", "filter", "prerouting", PrioReleaseTimeWait,
+			Rule{MatchCtMasqueraded{}, jump(ChainReleaseTimeWait)})
+		regular(ChainReleaseTimeWait, releaseRules(bit)...)
+		output = append([]Rule{releaseResetRule(bit)}, output...)
+	}
+	base("filter-output", "filter", "output", PrioFilter-1, output...)
 
 	regular(ChainFirewallCheck, vmap(MapFirewallIPs, KeyAddrProtoPort))
 	regular(ChainServiceEPCheck, vmap(MapNoEndpointServices, KeyAddrProtoPort))

@@ -247,12 +247,19 @@ func (o FlowOffload) Encode(_ Family, s bc.Sink) {
 // of FIN, RST or ACK set, or SYN unset (iptables' "! --syn").
 type MatchTCPNotSYN struct{}
 
-// tcpFlags are the TCP header's flag bits MatchTCPNotSYN looks at.
+// The TCP header's flag bits the statements look at.
 const (
-	tcpFIN = 0x01
-	tcpSYN = 0x02
-	tcpRST = 0x04
-	tcpACK = 0x10
+	TCPFlagFIN uint8 = 0x01
+	TCPFlagSYN uint8 = 0x02
+	TCPFlagRST uint8 = 0x04
+	TCPFlagACK uint8 = 0x10
+)
+
+const (
+	tcpFIN = TCPFlagFIN
+	tcpSYN = TCPFlagSYN
+	tcpRST = TCPFlagRST
+	tcpACK = TCPFlagACK
 )
 
 // AppendText writes "tcp flags & (fin | syn | rst | ack) != syn".
@@ -357,14 +364,25 @@ func (Counter) AppendText(b []byte, _ Family) []byte { return append(b, "counter
 func (Counter) Encode(_ Family, s bc.Sink) { s.Counter() }
 
 // Reject answers with ICMP port unreachable, so a client of a Service with no
-// endpoint fails at once instead of waiting for a timeout.
-type Reject struct{}
+// endpoint fails at once instead of waiting for a timeout; with TCPReset,
+// a TCP packet is answered with a reset (whose sequence number is the
+// packet's acknowledgement number).
+type Reject struct{ TCPReset bool }
 
-// AppendText writes "reject".
-func (Reject) AppendText(b []byte, _ Family) []byte { return append(b, "reject"...) }
+// AppendText writes "reject" (or "reject with tcp reset").
+func (r Reject) AppendText(b []byte, _ Family) []byte {
+	if r.TCPReset {
+		return append(b, "reject with tcp reset"...)
+	}
+	return append(b, "reject"...)
+}
 
 // Encode writes the reject with the family's port unreachable code.
-func (Reject) Encode(f Family, s bc.Sink) {
+func (r Reject) Encode(f Family, s bc.Sink) {
+	if r.TCPReset {
+		s.Reject(bc.Reject{Type: bc.RejectTCPReset})
+		return
+	}
 	code := uint8(3) // ICMP port unreachable
 	if f == IPv6 {
 		code = 4 // ICMPv6 port unreachable

@@ -87,6 +87,12 @@ type Config struct {
 	// cluster_cidrs are masqueraded to, if at all (masquerade.go).
 	MasqueradeAddresses []string `toml:"masquerade_addresses"`
 	KeepClientAddress   bool     `toml:"keep_client_address"`
+	// ReleaseTimeWait: the endpoints' TIME_WAIT of masqueraded TCP
+	// connections is reset once both ends closed (ruleset/release.go).
+	ReleaseTimeWait bool `toml:"release_time_wait"`
+	// ConntrackTCPTimeWait, with ReleaseTimeWait, is set as the
+	// namespace's conntrack TIME_WAIT timeout (0: left as it is).
+	ConntrackTCPTimeWait Duration `toml:"conntrack_tcp_time_wait"`
 	// LoadBalancerClass and Pools are the address allocation (package
 	// ipam); BGP and L2 the announcement (packages announce/bgp and
 	// announce/l2). Nil: that announcement is off.
@@ -126,6 +132,8 @@ func defaults() Config {
 		HealthzMaxAge:               Duration(2 * time.Minute),
 		DrainPeriod:                 Duration(DefaultDrainPeriod),
 		MasqueradeBit:               0x4000,
+		ReleaseTimeWait:             true,
+		ConntrackTCPTimeWait:        Duration(defaultConntrackTCPTimeWait),
 		Shards:                      ShardsAuto,
 		EndpointSelection:           defaultSelection,
 		ProxyProtocolPort:           proxy.DefaultPort,
@@ -355,6 +363,7 @@ func loadConfig(name string, args []string) (*Config, *flag.FlagSet, error) {
 	fs.Var(&listFlag{dst: &cfg.NodePortAddresses}, "nodeport-addresses", "`CIDR` limiting which local addresses serve NodePorts (repeatable)")
 	fs.Var(&listFlag{dst: &cfg.MasqueradeAddresses}, "masquerade-address", "`address or CIDR` clients outside the cluster are masqueraded to, chosen per client (repeatable)")
 	fs.BoolVar(&cfg.KeepClientAddress, "keep-client-address", cfg.KeepClientAddress, "masquerade no client: replies from the pods come back through this gateway")
+	fs.BoolVar(&cfg.ReleaseTimeWait, "release-time-wait", cfg.ReleaseTimeWait, "reset the endpoints' TIME_WAIT of masqueraded TCP connections once both ends closed")
 	fs.Var(&listFlag{dst: &cfg.ExternalIPCIDRs}, "external-ip-cidr", "`CIDR` where Services' externalIPs are served; none by default (repeatable)")
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "`host:port` of the status page, API, health and metrics")
 	fs.StringVar(&cfg.Table, "table", cfg.Table, "`name` of nftgate's nftables tables")
@@ -484,6 +493,9 @@ func (c *Config) validate() error {
 	within("healthz_max_sync_age", c.HealthzMaxAge, minHealthzMaxAge, maxHealthzMaxAge, "off")
 	if c.HealthzMaxAge > 0 && c.ReconcileInterval > 0 && c.HealthzMaxAge < c.ReconcileInterval {
 		bad("healthz_max_sync_age", "%s is shorter than reconcile_interval (%s): /healthz would fail between the syncs of a quiet cluster", c.HealthzMaxAge, c.ReconcileInterval)
+	}
+	if d := time.Duration(c.ConntrackTCPTimeWait); d != 0 && (d < time.Second || d > maxConntrackTCPTimeWait || d%time.Second != 0) {
+		bad("conntrack_tcp_time_wait", "%s is not 0s or whole seconds between 1s and %s", c.ConntrackTCPTimeWait, Duration(maxConntrackTCPTimeWait))
 	}
 	if c.DrainPeriod < 0 || time.Duration(c.DrainPeriod) > maxDrainPeriod {
 		bad("drain_period", "%s is not between 0s and %s", c.DrainPeriod, maxDrainPeriod)

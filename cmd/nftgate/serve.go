@@ -50,6 +50,7 @@ func (c *Config) ruleset() ruleset.Config {
 		FlowtableDevices:    c.flowtableDevices(),
 		MasqueradeAddresses: c.masqueradeAddrs,
 		KeepClientAddress:   c.KeepClientAddress,
+		ReleaseTimeWait:     c.ReleaseTimeWait,
 		Counters:            c.Counters,
 		DropMidstreamTCP:    c.dropMidstreamTCP(),
 		TrafficElements:     uint32(c.CountersTrafficElements),
@@ -161,6 +162,9 @@ func serve(ctx context.Context, cfg *Config) error {
 	// not at the first sync with a bare netlink error.
 	rcfg := cfg.ruleset()
 	if err := nft.CheckKernel(&rcfg); err != nil {
+		return err
+	}
+	if err := setupReleaseTimeWait(cfg, log, releaseCheck, conntrackTimeWaitSysctl); err != nil {
 		return err
 	}
 	if err := cfg.checkFlowtableDevices(); err != nil {

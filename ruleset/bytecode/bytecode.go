@@ -118,8 +118,12 @@ const (
 	CtState            = unix.NFT_CT_STATE
 	CtStateNew         = 1 << 3 // NF_CT_STATE_BIT(IP_CT_NEW)
 	CtStateEstablished = 1 << 1 // NF_CT_STATE_BIT(IP_CT_ESTABLISHED)
+	CtStateUntracked   = 1 << 6 // NF_CT_STATE_UNTRACKED_BIT
 	CtStatus           = unix.NFT_CT_STATUS
+	CtStatusSrcNAT     = 1 << 4 // IPS_SRC_NAT
 	CtStatusDstNAT     = 1 << 5 // IPS_DST_NAT
+	// CtMark is the connection's mark.
+	CtMark = unix.NFT_CT_MARK
 	// CtDirection is the direction of the packet in its connection
 	// (CtDirOriginal or CtDirReply); CtDstIP and CtDstIP6 the destination
 	// address and CtProtoDst the destination port of the connection's
@@ -135,12 +139,14 @@ const (
 	CtDirReply    = 1 // IP_CT_DIR_REPLY
 )
 
-// Ct loads a conntrack key into Dreg. The keys of a tuple (CtDstIP,
-// CtProtoDst, ...) are read from the original direction's: the kernel reads
-// the direction as one byte and google/nftables, the encoder's oracle,
-// writes four, which agree only on zero.
+// Ct loads a conntrack key into Dreg, or with Set, sets the key (the mark)
+// from Dreg. The keys of a tuple (CtDstIP, CtProtoDst, ...) are read from
+// the original direction's: the kernel reads the direction as one byte and
+// google/nftables, the encoder's oracle, writes four, which agree only on
+// zero.
 type Ct struct {
 	Key, Dreg uint32
+	Set       bool
 }
 
 // CtTupleKey tells the keys that read one direction's tuple.
@@ -165,6 +171,7 @@ const (
 	NATFullyRandom  = unix.NF_NAT_RANGE_PROTO_RANDOM_FULLY
 	DynsetUpdate    = unix.NFT_DYNSET_OP_UPDATE
 	RejectICMPUnrch = unix.NFT_REJECT_ICMP_UNREACH
+	RejectTCPReset  = unix.NFT_REJECT_TCP_RST
 )
 
 // Fib looks the packet's route up, by the addresses Flags select, and
@@ -227,7 +234,15 @@ type Redir struct {
 	RegProto, Flags uint32
 }
 
-// Reject answers the packet with an ICMP error of Type and Code.
+// Dup sends a copy of the packet, untracked, towards the address in
+// RegAddr (the copy keeps its own addresses: only its route is chosen by
+// it).
+type Dup struct {
+	RegAddr uint32
+}
+
+// Reject answers the packet with an ICMP error of Type and Code, or with
+// Type RejectTCPReset, a TCP reset.
 type Reject struct {
 	Type uint32
 	Code uint8
@@ -255,6 +270,7 @@ type Sink interface {
 	Masq(Masq)
 	Redir(Redir)
 	Reject(Reject)
+	Dup(Dup)
 	FlowOffload(FlowOffload)
 	// Counter counts packets and bytes, from zero.
 	Counter()

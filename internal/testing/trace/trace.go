@@ -498,10 +498,27 @@ func (t *tracer) runRule(st state, tt *traceTable, c *ruleset.Chain, i, depth in
 			// Trace replays the first packet of a connection.
 		case ruleset.Counter, ruleset.CountTraffic:
 			// Counts; changes nothing.
-		case ruleset.MatchCtEstablished, ruleset.MatchCtDNAT, ruleset.FlowOffload, ruleset.MatchTCPNotSYN:
+		case ruleset.MatchCtEstablished, ruleset.MatchCtDNAT, ruleset.FlowOffload, ruleset.MatchTCPNotSYN,
+			ruleset.MatchCtMasqueraded, ruleset.MatchCtUntracked, ruleset.MatchCtMark:
 			// The first packet of a connection is not established, is
-			// never offloaded, and opens a TCP connection with a SYN.
+			// never offloaded, and opens a TCP connection with a SYN;
+			// before NAT it is not translated yet, it is tracked, and
+			// its connection's mark holds no close.
 			return []end{{st, endNext}}
+		case ruleset.MatchTCPFlags:
+			if s.Flags == ruleset.TCPFlagSYN&s.Mask {
+				t.fail("chain %s: %s matches a SYN, which the trace cannot tell from another protocol's packet", c.Name, r.Text(t.f))
+				return nil
+			}
+			return []end{{st, endNext}}
+		case ruleset.MatchCtDirection:
+			if s.Reply {
+				return []end{{st, endNext}}
+			}
+		case ruleset.MatchMarkSet:
+			if st.mark&s.Bit == 0 {
+				return []end{{st, endNext}}
+			}
 		case ruleset.MatchMarkUnset:
 			if st.mark&s.Bit != 0 {
 				return []end{{st, endNext}}

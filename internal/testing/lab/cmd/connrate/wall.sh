@@ -5,8 +5,10 @@
 #
 #   internal/testing/lab/cmd/connrate/wall.sh VARIANT CLIENT-ADDRESSES DURATION WORKERS
 #
-# VARIANT: direct (no Service, no NAT), old (masquerade fully-random),
-# default (masquerade, port kept), pool4 / pool16 (masquerade_addresses),
+# VARIANT: direct (no Service, no NAT), old (masquerade fully-random,
+# TIME_WAIT kept), keeptw (masquerade, port kept, the endpoints' TIME_WAIT
+# kept), default (masquerade, port kept, TIME_WAIT released), pool4 /
+# pool16 (masquerade_addresses),
 # keep (keep_client_address), nots (default with the TCP timestamp option
 # reset on every SYN to the backend). It prints the connections, stalls (a connect
 # of 1 s or more), the backend's TIME_WAIT sockets and the SYNs it refused
@@ -74,12 +76,13 @@ ip -n $be route add 198.18.3.0/24 via 198.18.2.1
 R="$B/nftgate render --manifests $B/man --shards 1 --external-ip-cidr 198.19.0.0/16"
 p16=""; for i in $(seq 1 16); do p16="$p16 --masquerade-address 198.18.3.$i"; done
 case $V in
-  old) $R | sed -e "0,/ masquerade$/s// masquerade fully-random/" > $B/r-$P.nft;;
+  old) $R --release-time-wait=false | sed -e "0,/ masquerade$/s// masquerade fully-random/" > $B/r-$P.nft;;
   direct|default) $R > $B/r-$P.nft;;
+  keeptw) $R --release-time-wait=false > $B/r-$P.nft;;
   pool4) $R --masquerade-address 198.18.3.1 --masquerade-address 198.18.3.2 --masquerade-address 198.18.3.3 --masquerade-address 198.18.3.4 > $B/r-$P.nft;;
   pool16) $R $p16 > $B/r-$P.nft;;
   keep) $R --keep-client-address > $B/r-$P.nft;;
-  nots) $R > $B/r-$P.nft
+  nots) $R --release-time-wait=false > $B/r-$P.nft
     printf 'table ip nots {\n chain forward { type filter hook forward priority 0; ip daddr 198.18.2.10 tcp flags & (syn|ack) == syn reset tcp option timestamp; }\n}\n' >> $B/r-$P.nft;;
   *) echo "unknown variant $V" >&2; exit 2;;
 esac

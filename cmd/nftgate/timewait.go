@@ -1,0 +1,62 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nftgate/nftgate/nft"
+)
+
+// The endpoints' TIME_WAIT of masqueraded connections (README "Masquerade
+// and the client's address", ruleset/release.go).
+const (
+	// defaultConntrackTCPTimeWait is how long conntrack keeps a closed
+	// TCP connection when the gateway releases the endpoints' TIME_WAIT:
+	// long enough for the last packets of the close to pass (a FIN sent
+	// again when the last ACK was lost), short enough that the
+	// masquerade address's ports come free at the rate they are used
+	// (64,000 ports / 2 s per endpoint; the kernel's 120 s would keep
+	// them for two minutes after the endpoint let go).
+	defaultConntrackTCPTimeWait = 2 * time.Second
+	maxConntrackTCPTimeWait     = 120 * time.Second
+)
+
+// conntrackTimeWaitSysctl is the namespace's conntrack TIME_WAIT timeout.
+const conntrackTimeWaitSysctl = "/proc/sys/net/netfilter/nf_conntrack_tcp_timeout_time_wait"
+
+// setupReleaseTimeWait turns the release off when the kernel lacks what it
+// needs (and says so), and otherwise sets conntrack's TIME_WAIT timeout as
+// configured. It runs after the kernel check, which loads conntrack.
+func setupReleaseTimeWait(cfg *Config, log *slog.Logger, check func() error, sysctl string) error {
+	if !cfg.ReleaseTimeWait {
+		return nil
+	}
+	if err := check(); err != nil {
+		cfg.ReleaseTimeWait = false
+		log.Warn("release_time_wait is off: this kernel cannot reset the endpoints' TIME_WAIT; many clients masqueraded to one address are limited to about 1,000 new connections per second per endpoint (README \"Masquerade and the client's address\")", "err", err)
+		return nil
+	}
+	if cfg.ConntrackTCPTimeWait == 0 {
+		return nil
+	}
+	want := int(time.Duration(cfg.ConntrackTCPTimeWait) / time.Second)
+	old, err := os.ReadFile(sysctl)
+	if err != nil {
+		return fmt.Errorf("conntrack_tcp_time_wait: %w", err)
+	}
+	if strings.TrimSpace(string(old)) == strconv.Itoa(want) {
+		return nil
+	}
+	if err := os.WriteFile(sysctl, []byte(strconv.Itoa(want)+"\n"), 0o644); err != nil {
+		return fmt.Errorf("conntrack_tcp_time_wait = %q: set %s: %w", cfg.ConntrackTCPTimeWait, sysctl, err)
+	}
+	log.Info("conntrack's TIME_WAIT timeout set", "sysctl", sysctl, "from", strings.TrimSpace(string(old))+"s", "to", cfg.ConntrackTCPTimeWait.String())
+	return nil
+}
+
+// releaseCheck is the kernel check of the release, replaced in tests.
+var releaseCheck = nft.CheckReleaseTimeWait

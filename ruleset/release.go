@@ -1,0 +1,291 @@
+package ruleset
+
+import (
+	"fmt"
+	"net/netip"
+
+	"github.com/nftgate/nftgate/model"
+	bc "github.com/nftgate/nftgate/ruleset/bytecode"
+)
+
+// Releasing the endpoints' TIME_WAIT (Config.ReleaseTimeWait).
+//
+// An endpoint that closes a connection first keeps (source address, port)
+// in TIME_WAIT for 60 s and accepts a new SYN onto it only from the same
+// client connection. Masqueraded to one address, clients share that
+// address's 64,000 ports, so above ~1,000 new connections per second to one
+// endpoint from many clients, new SYNs land on ports the endpoint still
+// holds and about half are refused (docs/design/dataplane.md). The gateway
+// sees both ends close, so it releases the endpoint's TIME_WAIT itself:
+// conntrack marks record that the endpoint sent its FIN (closeMarkReplyFIN)
+// and that the client sent its own after it (closeMarkClientFIN); the
+// endpoint's bare ACK after both, the last packet of the connection, is
+// forwarded as always and a copy of it, sent to the gateway itself, is
+// answered with a TCP reset to the endpoint, from the masquerade address
+// and port, with the ACK's acknowledgement number as its sequence number:
+// exactly what a TIME_WAIT socket accepts as a reset (Linux's
+// tcp_timewait_state_process, with net.ipv4.tcp_rfc1337 = 0, the default).
+// The endpoint's socket is gone, and the next client given that port is
+// accepted like a first one.
+
+// The conntrack mark bits of a masqueraded connection's close.
+const (
+	// CloseMarkReplyFIN: the endpoint has sent its FIN.
+	CloseMarkReplyFIN uint32 = 1 << 29
+	// CloseMarkClientFIN: the client sent its FIN after the endpoint's.
+	CloseMarkClientFIN uint32 = 1 << 30
+)
+
+// ChainReleaseTimeWait is the chain of the close's rules.
+const ChainReleaseTimeWait = "release-time-wait"
+
+// PrioReleaseTimeWait is the priority of the prerouting chain that follows
+// the close: after conntrack (-200), so that the connection's status and
+// marks are there, and before NAT (-100), so that the endpoint's packets
+// still carry the masquerade address and port the reset must come from.
+const PrioReleaseTimeWait = -150
+
+// releaseRules are the close's rules, for the chain ChainReleaseTimeWait,
+// which the prerouting chain enters for packets of masqueraded Service
+// connections. Only a bare ACK is copied (a TCP header of 20 bytes, or 32
+// with timestamps, and nothing after it): an endpoint retransmitting data
+// after the client's FIN (a client that half-closed and still reads) is
+// never reset.
+func releaseRules(bit uint32) []Rule {
+	fin := MatchTCPFlags{Mask: TCPFlagFIN, Flags: TCPFlagFIN}
+	rules := []Rule{
+		{fin, MatchCtDirection{Reply: true}, SetCtMark{Bit: CloseMarkReplyFIN}},
+		{fin, MatchCtDirection{}, MatchCtMark{Bit: CloseMarkReplyFIN}, SetCtMark{Bit: CloseMarkClientFIN}},
+	}
+	for _, doff := range []uint8{5, 8} {
+		rules = append(rules, Rule{
+			MatchTCPFlags{Mask: TCPFlagFIN | TCPFlagSYN | TCPFlagRST | TCPFlagACK, Flags: TCPFlagACK},
+			MatchCtDirection{Reply: true}, MatchCtMark{Bit: CloseMarkClientFIN}, MatchTCPNoPayload{Doff: doff},
+			MatchMarkUnset{Bit: bit}, DupToSelf{Bit: bit}})
+	}
+	return rules
+}
+
+// releaseResetRule answers the copies DupToSelf sends, and only them (an
+// untracked TCP packet carrying the masquerade bit), with the reset.
+func releaseResetRule(bit uint32) Rule {
+	return Rule{MatchCtUntracked{}, MatchMarkSet{Bit: bit},
+		MatchTCPFlags{Mask: TCPFlagACK, Flags: TCPFlagACK}, Reject{TCPReset: true}}
+}
+
+// MatchCtMasqueraded matches the packets of a connection whose destination
+// and source were both translated: a Service connection whose client was
+// masqueraded.
+type MatchCtMasqueraded struct{}
+
+// AppendText writes "ct status & (snat | dnat) == snat | dnat".
+func (MatchCtMasqueraded) AppendText(b []byte, _ Family) []byte {
+	return append(b, "ct status & (snat | dnat) == snat | dnat"...)
+}
+
+// Encode tests both NAT bits of the connection's status.
+func (MatchCtMasqueraded) Encode(_ Family, s bc.Sink) {
+	both := uint32(bc.CtStatusSrcNAT | bc.CtStatusDstNAT)
+	s.Ct(bc.Ct{Key: bc.CtStatus, Dreg: bc.Reg1})
+	s.Bitwise(bc.Bitwise{Sreg: bc.Reg1, Dreg: bc.Reg1, Len: 4, Mask: bc.U32(both), Xor: bc.Zero(4)})
+	s.Cmp(bc.Cmp{Op: bc.CmpEq, Sreg: bc.Reg1, Data: bc.U32(both)})
+}
+
+// MatchCtUntracked matches packets conntrack does not track (as a copy of
+// DupToSelf).
+type MatchCtUntracked struct{}
+
+// AppendText writes "ct state untracked".
+func (MatchCtUntracked) AppendText(b []byte, _ Family) []byte {
+	return append(b, "ct state untracked"...)
+}
+
+// Encode tests the connection state's untracked bit.
+func (MatchCtUntracked) Encode(_ Family, s bc.Sink) {
+	s.Ct(bc.Ct{Key: bc.CtState, Dreg: bc.Reg1})
+	s.Bitwise(bc.Bitwise{Sreg: bc.Reg1, Dreg: bc.Reg1, Len: 4, Mask: bc.U32(bc.CtStateUntracked), Xor: bc.Zero(4)})
+	s.Cmp(bc.Cmp{Op: bc.CmpNeq, Sreg: bc.Reg1, Data: bc.Zero(4)})
+}
+
+// MatchCtDirection matches the packets that go the connection's way
+// (original) or come back (Reply).
+type MatchCtDirection struct{ Reply bool }
+
+// AppendText writes "ct direction original" or "ct direction reply".
+func (m MatchCtDirection) AppendText(b []byte, _ Family) []byte {
+	if m.Reply {
+		return append(b, "ct direction reply"...)
+	}
+	return append(b, "ct direction original"...)
+}
+
+// Encode loads the direction (one byte) and compares it.
+func (m MatchCtDirection) Encode(_ Family, s bc.Sink) {
+	dir := byte(bc.CtDirOriginal)
+	if m.Reply {
+		dir = bc.CtDirReply
+	}
+	s.Ct(bc.Ct{Key: bc.CtDirection, Dreg: bc.Reg1})
+	s.Cmp(bc.Cmp{Op: bc.CmpEq, Sreg: bc.Reg1, Data: bc.Bytes(dir)})
+}
+
+// MatchCtMark matches connections whose mark has Bit.
+type MatchCtMark struct{ Bit uint32 }
+
+// AppendText writes "ct mark & 0x20000000 == 0x20000000".
+func (m MatchCtMark) AppendText(b []byte, _ Family) []byte {
+	return fmt.Appendf(b, "ct mark & %#08x == %#08x", m.Bit, m.Bit)
+}
+
+// Encode masks the connection's mark and compares it with the bit.
+func (m MatchCtMark) Encode(_ Family, s bc.Sink) {
+	s.Ct(bc.Ct{Key: bc.CtMark, Dreg: bc.Reg1})
+	s.Bitwise(bc.Bitwise{Sreg: bc.Reg1, Dreg: bc.Reg1, Len: 4, Mask: bc.U32(m.Bit), Xor: bc.Zero(4)})
+	s.Cmp(bc.Cmp{Op: bc.CmpEq, Sreg: bc.Reg1, Data: bc.U32(m.Bit)})
+}
+
+// SetCtMark sets Bit in the connection's mark, keeping its other bits.
+type SetCtMark struct{ Bit uint32 }
+
+// AppendText writes "ct mark set ct mark | 0x20000000".
+func (m SetCtMark) AppendText(b []byte, _ Family) []byte {
+	return fmt.Appendf(b, "ct mark set ct mark | %#08x", m.Bit)
+}
+
+// Encode loads the mark, sets the bit and stores it.
+func (m SetCtMark) Encode(_ Family, s bc.Sink) {
+	s.Ct(bc.Ct{Key: bc.CtMark, Dreg: bc.Reg1})
+	s.Bitwise(bc.Bitwise{Sreg: bc.Reg1, Dreg: bc.Reg1, Len: 4, Mask: bc.U32(^m.Bit), Xor: bc.U32(m.Bit)})
+	s.Ct(bc.Ct{Key: bc.CtMark, Dreg: bc.Reg1, Set: true})
+}
+
+// MatchMarkSet matches packets with the mark bit.
+type MatchMarkSet struct{ Bit uint32 }
+
+// AppendText writes "meta mark & 0x004000 == 0x004000".
+func (m MatchMarkSet) AppendText(b []byte, _ Family) []byte {
+	return fmt.Appendf(b, "meta mark & %#08x == %#08x", m.Bit, m.Bit)
+}
+
+// Encode masks the mark and compares it with the bit.
+func (m MatchMarkSet) Encode(_ Family, s bc.Sink) {
+	s.Meta(bc.Meta{Key: bc.MetaMark, Reg: bc.Reg1})
+	s.Bitwise(bc.Bitwise{Sreg: bc.Reg1, Dreg: bc.Reg1, Len: 4, Mask: bc.U32(m.Bit), Xor: bc.Zero(4)})
+	s.Cmp(bc.Cmp{Op: bc.CmpEq, Sreg: bc.Reg1, Data: bc.U32(m.Bit)})
+}
+
+// MatchTCPFlags matches TCP packets whose flags, masked with Mask, are
+// Flags.
+type MatchTCPFlags struct{ Mask, Flags uint8 }
+
+var tcpFlagNames = []struct {
+	bit  uint8
+	name string
+}{{TCPFlagFIN, "fin"}, {TCPFlagSYN, "syn"}, {TCPFlagRST, "rst"}, {0x08, "psh"}, {TCPFlagACK, "ack"}, {0x20, "urg"}, {0x40, "ecn"}, {0x80, "cwr"}}
+
+func appendTCPFlags(b []byte, flags uint8, parens bool) []byte {
+	n := 0
+	for _, f := range tcpFlagNames {
+		if flags&f.bit != 0 {
+			n++
+		}
+	}
+	if n == 0 {
+		return append(b, "0x0"...)
+	}
+	parens = parens && n > 1
+	if parens {
+		b = append(b, '(')
+	}
+	first := true
+	for _, f := range tcpFlagNames {
+		if flags&f.bit == 0 {
+			continue
+		}
+		if !first {
+			b = append(b, " | "...)
+		}
+		first = false
+		b = append(b, f.name...)
+	}
+	if parens {
+		b = append(b, ')')
+	}
+	return b
+}
+
+// AppendText writes "tcp flags & (fin | syn | rst | ack) == ack".
+func (m MatchTCPFlags) AppendText(b []byte, _ Family) []byte {
+	b = append(b, "tcp flags & "...)
+	b = appendTCPFlags(b, m.Mask, true)
+	b = append(b, " == "...)
+	return appendTCPFlags(b, m.Flags, false)
+}
+
+// Encode matches the protocol, loads the flags byte, masks it and compares
+// it.
+func (m MatchTCPFlags) Encode(_ Family, s bc.Sink) {
+	s.Meta(bc.Meta{Key: bc.MetaL4Proto, Reg: bc.Reg1})
+	s.Cmp(bc.Cmp{Op: bc.CmpEq, Sreg: bc.Reg1, Data: bc.Bytes(byte(model.TCP))})
+	s.Payload(bc.Payload{Base: bc.TransportHeader, Offset: 13, Len: 1, Dreg: bc.Reg1})
+	s.Bitwise(bc.Bitwise{Sreg: bc.Reg1, Dreg: bc.Reg1, Len: 1, Mask: bc.Bytes(m.Mask), Xor: bc.Zero(1)})
+	s.Cmp(bc.Cmp{Op: bc.CmpEq, Sreg: bc.Reg1, Data: bc.Bytes(m.Flags)})
+}
+
+// MatchTCPNoPayload matches a TCP segment of Doff 32-bit words of header
+// and nothing after it, by the IP header's length field (IPv4 without
+// options: 20 + 4×Doff bytes; IPv6 without extension headers: 4×Doff of
+// payload). It follows a match of the protocol (MatchTCPFlags).
+type MatchTCPNoPayload struct{ Doff uint8 }
+
+func (m MatchTCPNoPayload) ipLength(f Family) (field string, offset uint32, length uint16) {
+	if f == IPv6 {
+		return "ip6 length", 4, 4 * uint16(m.Doff)
+	}
+	return "ip length", 2, 20 + 4*uint16(m.Doff)
+}
+
+// AppendText writes "tcp doff 8 ip length 52".
+func (m MatchTCPNoPayload) AppendText(b []byte, f Family) []byte {
+	field, _, length := m.ipLength(f)
+	return fmt.Appendf(b, "tcp doff %d %s %d", m.Doff, field, length)
+}
+
+// Encode compares the data offset's four bits and the length field.
+func (m MatchTCPNoPayload) Encode(f Family, s bc.Sink) {
+	_, off, length := m.ipLength(f)
+	s.Payload(bc.Payload{Base: bc.TransportHeader, Offset: 12, Len: 1, Dreg: bc.Reg1})
+	s.Bitwise(bc.Bitwise{Sreg: bc.Reg1, Dreg: bc.Reg1, Len: 1, Mask: bc.Bytes(0xf0), Xor: bc.Zero(1)})
+	s.Cmp(bc.Cmp{Op: bc.CmpEq, Sreg: bc.Reg1, Data: bc.Bytes(m.Doff << 4)})
+	s.Payload(bc.Payload{Base: bc.NetworkHeader, Offset: off, Len: 2, Dreg: bc.Reg1})
+	s.Cmp(bc.Cmp{Op: bc.CmpEq, Sreg: bc.Reg1, Data: bc.Bytes(byte(length>>8), byte(length))})
+}
+
+// loopback is each family's loopback address, where DupToSelf routes its
+// copies.
+var loopback = map[Family]netip.Addr{IPv4: netip.MustParseAddr("127.0.0.1"), IPv6: netip.IPv6Loopback()}
+
+// DupToSelf sends an untracked copy of the packet, carrying mark Bit, to
+// the gateway's own output path (routed by the loopback address; the copy
+// keeps its addresses), and leaves the packet's own mark as it was. It
+// follows MatchMarkUnset of the same bit.
+type DupToSelf struct{ Bit uint32 }
+
+// AppendText writes "meta mark set meta mark | 0x004000 dup to 127.0.0.1
+// meta mark set meta mark ^ 0x004000".
+func (d DupToSelf) AppendText(b []byte, f Family) []byte {
+	b = SetMark{Bit: d.Bit}.AppendText(b, f)
+	b = append(b, " dup to "...)
+	b = loopback[f].AppendTo(b)
+	b = append(b, ' ')
+	return SetMark{Bit: d.Bit, Xor: true}.AppendText(b, f)
+}
+
+// Encode sets the bit, duplicates towards loopback and toggles the bit
+// back.
+func (d DupToSelf) Encode(f Family, s bc.Sink) {
+	SetMark{Bit: d.Bit}.Encode(f, s)
+	s.Immediate(bc.Immediate{Dreg: bc.Reg1, Data: addrData(loopback[f])})
+	s.Dup(bc.Dup{RegAddr: bc.Reg1})
+	SetMark{Bit: d.Bit, Xor: true}.Encode(f, s)
+}
