@@ -58,9 +58,13 @@ func releaseRules(bit uint32) []Rule {
 		{fin, MatchCtDirection{}, MatchCtMark{Bit: CloseMarkReplyFIN}, SetCtMark{Bit: CloseMarkClientFIN}},
 	}
 	for _, doff := range []uint8{5, 8} {
+		// The mark first: it fails at once for every packet of a
+		// connection that is not closing (bulk data is bare of flags
+		// but ACK too).
 		rules = append(rules, Rule{
+			MatchCtMark{Bit: CloseMarkClientFIN},
 			MatchTCPFlags{Mask: TCPFlagFIN | TCPFlagSYN | TCPFlagRST | TCPFlagACK, Flags: TCPFlagACK},
-			MatchCtDirection{Reply: true}, MatchCtMark{Bit: CloseMarkClientFIN}, MatchTCPNoPayload{Doff: doff},
+			MatchCtDirection{Reply: true}, MatchTCPNoPayload{Doff: doff},
 			MatchMarkUnset{Bit: bit}, DupToSelf{Bit: bit}})
 	}
 	return rules

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"net/netip"
@@ -233,14 +234,28 @@ func (e *Env) Measure(ctx context.Context, p *Proxier, n int) (res Result, err e
 	return res, nil
 }
 
-// resetGateway empties the gateway's ruleset and conntrack table.
+// resetGateway empties the gateway's ruleset and conntrack table, and puts
+// conntrack's TIME_WAIT timeout back to the kernel's default: nftgate sets
+// it (conntrack_tcp_time_wait), and the proxier measured after it must not
+// run with nftgate's setting.
 func resetGateway(ctx context.Context, e *Env) error {
 	if out, err := e.Topo.Gateway.Command(ctx, "nft", "flush", "ruleset").CombinedOutput(); err != nil {
 		return fmt.Errorf("nft flush ruleset: %v: %s", err, out)
 	}
 	_ = e.Topo.Gateway.Command(ctx, "conntrack", "-F").Run()
+	if err := e.Topo.Gateway.Sysctl(conntrackTimeWaitKey, kernelConntrackTimeWait); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
 	return nil
 }
+
+// conntrackTimeWaitKey is conntrack's TIME_WAIT timeout, in seconds;
+// kernelConntrackTimeWait the kernel's default. The file exists once
+// conntrack is loaded (before that, nothing has changed it).
+const (
+	conntrackTimeWaitKey    = "net/netfilter/nf_conntrack_tcp_timeout_time_wait"
+	kernelConntrackTimeWait = "120"
+)
 
 var errTimeout = errors.New("timed out")
 
