@@ -17,8 +17,8 @@ import (
 // endpoint from many clients, new SYNs land on ports the endpoint still
 // holds and about half are refused (docs/design/dataplane.md). The gateway
 // sees both ends close, so it releases the endpoint's TIME_WAIT itself:
-// conntrack marks record that the endpoint sent its FIN (closeMarkReplyFIN)
-// and that the client sent its own after it (closeMarkClientFIN); the
+// conntrack marks record that the endpoint sent its FIN (CloseMarkReplyFIN)
+// and that the client sent its own after it (CloseMarkClientFIN); the
 // endpoint's bare ACK after both, the last packet of the connection, is
 // forwarded as always and a copy of it, sent to the gateway itself, is
 // answered with a TCP reset to the endpoint, from the masquerade address
@@ -36,8 +36,12 @@ const (
 	CloseMarkClientFIN uint32 = 1 << 30
 )
 
-// ChainReleaseTimeWait is the chain of the close's rules.
-const ChainReleaseTimeWait = "release-time-wait"
+// The chains of the close: ChainCloseFIN marks the FINs,
+// ChainReleaseTimeWait copies the last ACK.
+const (
+	ChainCloseFIN        = "close-fin"
+	ChainReleaseTimeWait = "release-time-wait"
+)
 
 // PrioReleaseTimeWait is the priority of the prerouting chain that follows
 // the close: after conntrack (-200), so that the connection's status and
@@ -45,24 +49,35 @@ const ChainReleaseTimeWait = "release-time-wait"
 // still carry the masquerade address and port the reset must come from.
 const PrioReleaseTimeWait = -150
 
-// releaseRules are the close's rules, for the chain ChainReleaseTimeWait,
-// which the prerouting chain enters for packets of masqueraded Service
-// connections. Only a bare ACK is copied (a TCP header of 20 bytes, or 32
+// releaseBaseRules are the prerouting chain's: every packet of every
+// forwarded connection passes them, so each tests first what rules most
+// packets out at once (a FIN flag; the close mark, which only the last
+// packets of a closing connection carry).
+func releaseBaseRules() []Rule {
+	return []Rule{
+		{MatchTCPFlags{Mask: TCPFlagFIN, Flags: TCPFlagFIN}, Verdict{Kind: Jump, Chain: ChainCloseFIN}},
+		{MatchCtMark{Bit: CloseMarkClientFIN}, Verdict{Kind: Jump, Chain: ChainReleaseTimeWait}},
+	}
+}
+
+// closeFINRules mark a masqueraded Service connection's FINs: the
+// endpoint's, then the client's after it.
+func closeFINRules() []Rule {
+	return []Rule{
+		{MatchCtMasqueraded{}, MatchCtDirection{Reply: true}, SetCtMark{Bit: CloseMarkReplyFIN}},
+		{MatchCtMasqueraded{}, MatchCtDirection{}, MatchCtMark{Bit: CloseMarkReplyFIN}, SetCtMark{Bit: CloseMarkClientFIN}},
+	}
+}
+
+// releaseRules copy the endpoint's last ACK of a connection whose two FINs
+// were marked. Only a bare ACK is copied (a TCP header of 20 bytes, or 32
 // with timestamps, and nothing after it): an endpoint retransmitting data
 // after the client's FIN (a client that half-closed and still reads) is
 // never reset.
 func releaseRules(bit uint32) []Rule {
-	fin := MatchTCPFlags{Mask: TCPFlagFIN, Flags: TCPFlagFIN}
-	rules := []Rule{
-		{fin, MatchCtDirection{Reply: true}, SetCtMark{Bit: CloseMarkReplyFIN}},
-		{fin, MatchCtDirection{}, MatchCtMark{Bit: CloseMarkReplyFIN}, SetCtMark{Bit: CloseMarkClientFIN}},
-	}
+	var rules []Rule
 	for _, doff := range []uint8{5, 8} {
-		// The mark first: it fails at once for every packet of a
-		// connection that is not closing (bulk data is bare of flags
-		// but ACK too).
 		rules = append(rules, Rule{
-			MatchCtMark{Bit: CloseMarkClientFIN},
 			MatchTCPFlags{Mask: TCPFlagFIN | TCPFlagSYN | TCPFlagRST | TCPFlagACK, Flags: TCPFlagACK},
 			MatchCtDirection{Reply: true}, MatchTCPNoPayload{Doff: doff},
 			MatchMarkUnset{Bit: bit}, DupToSelf{Bit: bit}})

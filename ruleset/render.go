@@ -211,8 +211,8 @@ func Static(cfg *Config, f Family) Fragment {
 		{MatchCtNew{}, jump(ChainClusterIPsCheck)},
 	}
 	if cfg.ReleaseTimeWait {
-		base("filter-prerouting-close", "filter", "prerouting", PrioReleaseTimeWait,
-			Rule{MatchCtMasqueraded{}, jump(ChainReleaseTimeWait)})
+		base("filter-prerouting-close", "filter", "prerouting", PrioReleaseTimeWait, releaseBaseRules()...)
+		regular(ChainCloseFIN, closeFINRules()...)
 		regular(ChainReleaseTimeWait, releaseRules(bit)...)
 		output = append([]Rule{releaseResetRule(bit)}, output...)
 	}

@@ -87,6 +87,9 @@ case $V in
   *) echo "unknown variant $V" >&2; exit 2;;
 esac
 ip netns exec $gw nft -f $B/r-$P.nft || exit 1
+# nftgate sets conntrack's TIME_WAIT timeout where it releases the
+# backends' TIME_WAIT (conntrack_tcp_time_wait); render does not.
+case $V in old|keeptw|nots) ;; *) ip netns exec $gw sysctl -qw net.netfilter.nf_conntrack_tcp_timeout_time_wait=2;; esac
 ip netns exec $be $B/connrate serve -listen 0.0.0.0:8080 & SRV=$!
 to=198.19.1.10:80
 [ $V = direct ] && to=198.18.2.10:8080
