@@ -86,6 +86,21 @@ func TestMasqueradeAddressesOnePerClient(t *testing.T) {
 	}
 }
 
+// masqueradedClient is a client of webServices, the Service it dials and
+// the gateway's address it is masqueraded to by default.
+type masqueradedClient struct {
+	src, gw netip.Addr
+	dst     netip.AddrPort
+}
+
+// masqueradedClients are the first client of each family.
+func masqueradedClients(topo *lab.Topology) []masqueradedClient {
+	return []masqueradedClient{
+		{topo.ClientIPv4[0], topo.GatewayBackendIPv4, ap("198.19.0.10:80")},
+		{topo.ClientIPv6[0], topo.GatewayBackendIPv6, ap("[fd42:ff::10]:80")},
+	}
+}
+
 // TestMasqueradeKeepsThePort: without masquerade_addresses, a client is
 // masqueraded to the gateway's address on the backends' side and keeps its
 // port.
@@ -95,13 +110,7 @@ func TestMasqueradeKeepsThePort(t *testing.T) {
 	gatewaytest.Serve(t, topo.Backend, "tcp", ap("198.18.2.10:8080"), ap("[fd42:2::10]:8080"))
 	g.Write("web.yaml", webServices()...)
 	g.Start()
-	for _, c := range []struct {
-		src, gw netip.Addr
-		dst     netip.AddrPort
-	}{
-		{topo.ClientIPv4[0], topo.GatewayBackendIPv4, ap("198.19.0.10:80")},
-		{topo.ClientIPv6[0], topo.GatewayBackendIPv6, ap("[fd42:ff::10]:80")},
-	} {
+	for _, c := range masqueradedClients(topo) {
 		for range 3 {
 			r := dialFrom(t, topo, c.src, c.dst)
 			if want := netip.AddrPortFrom(c.gw, r.Local.Port()); r.ObservedSource != want {
@@ -145,13 +154,7 @@ func TestMasqueradeReleasesTimeWait(t *testing.T) {
 			gatewaytest.Serve(t, topo.Backend, "tcp", ap("198.18.2.10:8080"), ap("[fd42:2::10]:8080"))
 			g.Write("web.yaml", webServices()...)
 			g.Start()
-			for _, c := range []struct {
-				src, gw netip.Addr
-				dst     netip.AddrPort
-			}{
-				{topo.ClientIPv4[0], topo.GatewayBackendIPv4, ap("198.19.0.10:80")},
-				{topo.ClientIPv6[0], topo.GatewayBackendIPv6, ap("[fd42:ff::10]:80")},
-			} {
+			for _, c := range masqueradedClients(topo) {
 				for range dials {
 					if r := dialFrom(t, topo, c.src, c.dst); r.ObservedSource.Addr() != c.gw {
 						t.Fatalf("client %s seen as %s, want masqueraded to %s", r.Local, r.ObservedSource, c.gw)

@@ -104,10 +104,8 @@ func (MatchCtMasqueraded) AppendText(b []byte, _ Family) []byte {
 
 // Encode tests both NAT bits of the connection's status.
 func (MatchCtMasqueraded) Encode(_ Family, s bc.Sink) {
-	both := uint32(bc.CtStatusSrcNAT | bc.CtStatusDstNAT)
 	s.Ct(bc.Ct{Key: bc.CtStatus, Dreg: bc.Reg1})
-	s.Bitwise(bc.Bitwise{Sreg: bc.Reg1, Dreg: bc.Reg1, Len: 4, Mask: bc.U32(both), Xor: bc.Zero(4)})
-	s.Cmp(bc.Cmp{Op: bc.CmpEq, Sreg: bc.Reg1, Data: bc.U32(both)})
+	allBits(s, bc.CtStatusSrcNAT|bc.CtStatusDstNAT)
 }
 
 // MatchCtUntracked matches packets conntrack does not track (as a copy of
@@ -120,11 +118,7 @@ func (MatchCtUntracked) AppendText(b []byte, _ Family) []byte {
 }
 
 // Encode tests the connection state's untracked bit.
-func (MatchCtUntracked) Encode(_ Family, s bc.Sink) {
-	s.Ct(bc.Ct{Key: bc.CtState, Dreg: bc.Reg1})
-	s.Bitwise(bc.Bitwise{Sreg: bc.Reg1, Dreg: bc.Reg1, Len: 4, Mask: bc.U32(bc.CtStateUntracked), Xor: bc.Zero(4)})
-	s.Cmp(bc.Cmp{Op: bc.CmpNeq, Sreg: bc.Reg1, Data: bc.Zero(4)})
-}
+func (MatchCtUntracked) Encode(_ Family, s bc.Sink) { ctStateBit(s, bc.CtStateUntracked) }
 
 // MatchCtDirection matches the packets that go the connection's way
 // (original) or come back (Reply).
@@ -159,8 +153,7 @@ func (m MatchCtMark) AppendText(b []byte, _ Family) []byte {
 // Encode masks the connection's mark and compares it with the bit.
 func (m MatchCtMark) Encode(_ Family, s bc.Sink) {
 	s.Ct(bc.Ct{Key: bc.CtMark, Dreg: bc.Reg1})
-	s.Bitwise(bc.Bitwise{Sreg: bc.Reg1, Dreg: bc.Reg1, Len: 4, Mask: bc.U32(m.Bit), Xor: bc.Zero(4)})
-	s.Cmp(bc.Cmp{Op: bc.CmpEq, Sreg: bc.Reg1, Data: bc.U32(m.Bit)})
+	allBits(s, m.Bit)
 }
 
 // SetCtMark sets Bit in the connection's mark, keeping its other bits.
@@ -189,8 +182,7 @@ func (m MatchMarkSet) AppendText(b []byte, _ Family) []byte {
 // Encode masks the mark and compares it with the bit.
 func (m MatchMarkSet) Encode(_ Family, s bc.Sink) {
 	s.Meta(bc.Meta{Key: bc.MetaMark, Reg: bc.Reg1})
-	s.Bitwise(bc.Bitwise{Sreg: bc.Reg1, Dreg: bc.Reg1, Len: 4, Mask: bc.U32(m.Bit), Xor: bc.Zero(4)})
-	s.Cmp(bc.Cmp{Op: bc.CmpEq, Sreg: bc.Reg1, Data: bc.U32(m.Bit)})
+	allBits(s, m.Bit)
 }
 
 // MatchTCPFlags matches TCP packets whose flags, masked with Mask, are

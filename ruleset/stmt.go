@@ -193,10 +193,26 @@ type MatchCtNew struct{}
 func (MatchCtNew) AppendText(b []byte, _ Family) []byte { return append(b, "ct state new"...) }
 
 // Encode tests the connection state's new bit.
-func (MatchCtNew) Encode(_ Family, s bc.Sink) {
+func (MatchCtNew) Encode(_ Family, s bc.Sink) { ctStateBit(s, bc.CtStateNew) }
+
+// ctStateBit tests a bit of the connection's state.
+func ctStateBit(s bc.Sink, bit uint32) {
 	s.Ct(bc.Ct{Key: bc.CtState, Dreg: bc.Reg1})
-	s.Bitwise(bc.Bitwise{Sreg: bc.Reg1, Dreg: bc.Reg1, Len: 4, Mask: bc.U32(bc.CtStateNew), Xor: bc.Zero(4)})
+	anyBit(s, bit)
+}
+
+// anyBit masks register 1, just loaded, with bits and matches when any is
+// set.
+func anyBit(s bc.Sink, bits uint32) {
+	s.Bitwise(bc.Bitwise{Sreg: bc.Reg1, Dreg: bc.Reg1, Len: 4, Mask: bc.U32(bits), Xor: bc.Zero(4)})
 	s.Cmp(bc.Cmp{Op: bc.CmpNeq, Sreg: bc.Reg1, Data: bc.Zero(4)})
+}
+
+// allBits masks register 1, just loaded, with bits and matches when all
+// are set.
+func allBits(s bc.Sink, bits uint32) {
+	s.Bitwise(bc.Bitwise{Sreg: bc.Reg1, Dreg: bc.Reg1, Len: 4, Mask: bc.U32(bits), Xor: bc.Zero(4)})
+	s.Cmp(bc.Cmp{Op: bc.CmpEq, Sreg: bc.Reg1, Data: bc.U32(bits)})
 }
 
 // MatchCtEstablished matches the packets of a connection that has seen
@@ -209,11 +225,7 @@ func (MatchCtEstablished) AppendText(b []byte, _ Family) []byte {
 }
 
 // Encode tests the connection state's established bit.
-func (MatchCtEstablished) Encode(_ Family, s bc.Sink) {
-	s.Ct(bc.Ct{Key: bc.CtState, Dreg: bc.Reg1})
-	s.Bitwise(bc.Bitwise{Sreg: bc.Reg1, Dreg: bc.Reg1, Len: 4, Mask: bc.U32(bc.CtStateEstablished), Xor: bc.Zero(4)})
-	s.Cmp(bc.Cmp{Op: bc.CmpNeq, Sreg: bc.Reg1, Data: bc.Zero(4)})
-}
+func (MatchCtEstablished) Encode(_ Family, s bc.Sink) { ctStateBit(s, bc.CtStateEstablished) }
 
 // MatchCtDNAT matches the packets of a connection whose destination was
 // translated: the connections to a Service.
@@ -225,8 +237,7 @@ func (MatchCtDNAT) AppendText(b []byte, _ Family) []byte { return append(b, "ct 
 // Encode tests the connection status's destination NAT bit.
 func (MatchCtDNAT) Encode(_ Family, s bc.Sink) {
 	s.Ct(bc.Ct{Key: bc.CtStatus, Dreg: bc.Reg1})
-	s.Bitwise(bc.Bitwise{Sreg: bc.Reg1, Dreg: bc.Reg1, Len: 4, Mask: bc.U32(bc.CtStatusDstNAT), Xor: bc.Zero(4)})
-	s.Cmp(bc.Cmp{Op: bc.CmpNeq, Sreg: bc.Reg1, Data: bc.Zero(4)})
+	anyBit(s, bc.CtStatusDstNAT)
 }
 
 // FlowOffload adds the packet's connection to a flowtable, which forwards
