@@ -164,7 +164,7 @@ func serve(ctx context.Context, cfg *Config) error {
 	if err := nft.CheckKernel(&rcfg); err != nil {
 		return err
 	}
-	if err := setupReleaseTimeWait(cfg, log, releaseCheck, conntrackTimeWaitSysctl); err != nil {
+	if err := setupReleaseTimeWait(cfg, log, nft.CheckReleaseTimeWait, conntrackTimeWaitSysctl); err != nil {
 		return err
 	}
 	if err := cfg.checkFlowtableDevices(); err != nil {

@@ -7,8 +7,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/nftgate/nftgate/nft"
 )
 
 // The endpoints' TIME_WAIT of masqueraded connections (README "Masquerade
@@ -57,6 +55,3 @@ func setupReleaseTimeWait(cfg *Config, log *slog.Logger, check func() error, sys
 	log.Info("conntrack's TIME_WAIT timeout set", "sysctl", sysctl, "from", strings.TrimSpace(string(old))+"s", "to", cfg.ConntrackTCPTimeWait.String())
 	return nil
 }
-
-// releaseCheck is the kernel check of the release, replaced in tests.
-var releaseCheck = nft.CheckReleaseTimeWait

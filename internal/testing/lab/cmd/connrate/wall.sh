@@ -9,7 +9,7 @@
 # TIME_WAIT kept), keeptw (masquerade, port kept, the endpoints' TIME_WAIT
 # kept), default (masquerade, port kept, TIME_WAIT released), pool4 /
 # pool16 (masquerade_addresses),
-# keep (keep_client_address), nots (default with the TCP timestamp option
+# keep (keep_client_address), nots (keeptw with the TCP timestamp option
 # reset on every SYN to the backend). It prints the connections, stalls (a connect
 # of 1 s or more), the backend's TIME_WAIT sockets and the SYNs it refused
 # on them (TcpExtPAWSTimewait), the client's SYN retransmits, and the
