@@ -246,41 +246,52 @@ func TestRandomChangesLeaveNoDrift(t *testing.T) {
 // objects and bytecode, which is what makes `nft list ruleset` show exactly
 // what nftgate meant.
 func TestNetlinkMatchesNft(t *testing.T) {
-	nsA, fdA := testNetNS(t)
-	nsC, _ := testNetNS(t)
-	cfg := ruleset.Config{Table: "nftgate", Node: model.Node{Name: "gw"}, HashSeed: 7, Shards: 4, ReleaseTimeWait: true,
+	base := ruleset.Config{Table: "nftgate", Node: model.Node{Name: "gw"}, HashSeed: 7, Shards: 4, ReleaseTimeWait: true,
 		ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("198.18.2.0/24"), netip.MustParsePrefix("fd42:2::/64")}}
-	w, pa := programWorld(t, cfg, fdA, 2, 60, true)
-	res, err := pa.Full(ruleset.CloneServices(w.services))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(res.Conflicts) > 0 {
-		t.Fatalf("conflicts in a world without shared addresses: %v", res.Conflicts)
-	}
-	var text bytes.Buffer
-	for _, f := range ruleset.Families {
-		var svcs []*model.Service
-		for _, s := range w.services {
-			svcs = append(svcs, s)
-		}
-		if err := ruleset.WriteTables(&text, f, ruleset.Layout(&cfg, f, svcs)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	file := filepath.Join(t.TempDir(), "ruleset.nft")
-	if err := os.WriteFile(file, text.Bytes(), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command("ip", "netns", "exec", nsC, "nft", "-f", file).CombinedOutput(); err != nil {
-		t.Fatalf("nft -f of the rendered ruleset: %v\n%s", err, out)
-	}
-	for _, fam := range []string{"ip", "ip6"} {
-		a := normalizedTables(t, nsA, fam, cfg)
-		c := normalizedTables(t, nsC, fam, cfg)
-		if a != c {
-			t.Errorf("%s tables programmed over netlink differ from nft's own programming of the same text:\n%s", fam, firstDifference(a, c))
-		}
+	// Masquerade ports by CPU group, to the interface's address and to a
+	// pool (two IPv4 addresses by hash, one IPv6).
+	cpus := base
+	cpus.MasqueradePortGroups = 4
+	pool := cpus
+	pool.MasqueradePortGroups = 2
+	pool.MasqueradeAddresses = []netip.Addr{netip.MustParseAddr("198.18.3.1"), netip.MustParseAddr("198.18.3.2"), netip.MustParseAddr("fd42:3::1")}
+	for name, cfg := range map[string]ruleset.Config{"default": base, "cpu-ports": cpus, "cpu-ports-pool": pool} {
+		t.Run(name, func(t *testing.T) {
+			nsA, fdA := testNetNS(t)
+			nsC, _ := testNetNS(t)
+			w, pa := programWorld(t, cfg, fdA, 2, 60, true)
+			res, err := pa.Full(ruleset.CloneServices(w.services))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(res.Conflicts) > 0 {
+				t.Fatalf("conflicts in a world without shared addresses: %v", res.Conflicts)
+			}
+			var text bytes.Buffer
+			for _, f := range ruleset.Families {
+				var svcs []*model.Service
+				for _, s := range w.services {
+					svcs = append(svcs, s)
+				}
+				if err := ruleset.WriteTables(&text, f, ruleset.Layout(&cfg, f, svcs)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			file := filepath.Join(t.TempDir(), "ruleset.nft")
+			if err := os.WriteFile(file, text.Bytes(), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if out, err := exec.Command("ip", "netns", "exec", nsC, "nft", "-f", file).CombinedOutput(); err != nil {
+				t.Fatalf("nft -f of the rendered ruleset: %v\n%s", err, out)
+			}
+			for _, fam := range []string{"ip", "ip6"} {
+				a := normalizedTables(t, nsA, fam, cfg)
+				c := normalizedTables(t, nsC, fam, cfg)
+				if a != c {
+					t.Errorf("%s tables programmed over netlink differ from nft's own programming of the same text:\n%s", fam, firstDifference(a, c))
+				}
+			}
+		})
 	}
 }
 

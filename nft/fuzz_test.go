@@ -89,7 +89,7 @@ func (r *fuzzReader) expr(name string) func(bc.Sink) {
 		x := bc.Verdict{Code: fuzzVerdicts[int(r.u8())%len(fuzzVerdicts)], Chain: name}
 		return func(s bc.Sink) { s.Verdict(x) }
 	case 10:
-		x := bc.NAT{Type: uint32(r.u8() % 2), Family: uint32(r.u8()), RegAddr: r.u32(), RegProto: r.u32(), Flags: r.u32() & 0x5e}
+		x := bc.NAT{Type: uint32(r.u8() % 2), Family: uint32(r.u8()), RegAddr: r.u32(), RegProto: r.u32(), RegProtoMax: r.u32(), Flags: r.u32() & 0x5e}
 		return func(s bc.Sink) { s.NAT(x) }
 	case 11:
 		x := bc.Dynset{Sreg: r.u32(), Op: r.u32() % 3, Set: name}

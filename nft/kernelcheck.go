@@ -83,7 +83,26 @@ func kernelProbesFor(cfg *ruleset.Config) []kernelProbe {
 	if cfg.Counters {
 		probes = append(probes, counterProbes(cfg.TrafficElements > 0)...)
 	}
+	if cfg.MasqueradePortGroups > 1 {
+		probes = append(probes, cpuPortProbes()...)
+	}
 	return probes
+}
+
+// cpuPortProbes try, per family, the masquerade and the SNAT to a CPU
+// group's ports (ruleset.Config.MasqueradePortGroups).
+func cpuPortProbes() []kernelProbe {
+	var ps []kernelProbe
+	for _, f := range ruleset.Families {
+		w := " (" + f.String() + ")"
+		ps = append(ps, kernelProbe{Feature: "meta cpu, and masq and snat to a port range (masquerade ports by CPU)" + w,
+			Option: "CONFIG_NFT_MASQ and CONFIG_NFT_NAT", Needs: []string{"nat chains" + w}, add: func(b *probeBatch) {
+				c := b.natPostrouting(f)
+				b.rule(c, ruleset.MatchCPU{Proto: model.TCP, Mask: 1, Value: 0}, ruleset.Masquerade{Ports: ruleset.GroupPorts(0, 2)})
+				b.rule(c, ruleset.SNAT{To: probeAddrs[f], Ports: ruleset.GroupPorts(1, 2)})
+			}})
+	}
+	return ps
 }
 
 // probeTableName is unique per process, so two gateways starting in one

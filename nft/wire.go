@@ -337,6 +337,9 @@ func (e *encoder) NAT(x bc.NAT) {
 	}
 	if x.RegProto != 0 {
 		w.u32(unix.NFTA_NAT_REG_PROTO_MIN, x.RegProto)
+		if x.RegProtoMax != 0 {
+			w.u32(unix.NFTA_NAT_REG_PROTO_MAX, x.RegProtoMax)
+		}
 	}
 	if x.Flags != 0 {
 		w.u32(unix.NFTA_NAT_FLAGS, x.Flags)
@@ -373,6 +376,12 @@ func (e *encoder) Masq(x bc.Masq) {
 	elem, at := w.exprBegin("masq")
 	if x.Flags != 0 {
 		w.u32(unix.NFTA_MASQ_FLAGS, x.Flags)
+	}
+	if x.RegProtoMin != 0 {
+		w.u32(unix.NFTA_MASQ_REG_PROTO_MIN, x.RegProtoMin)
+		if x.RegProtoMax != 0 {
+			w.u32(unix.NFTA_MASQ_REG_PROTO_MAX, x.RegProtoMax)
+		}
 	}
 	w.exprEnd(elem, at)
 }

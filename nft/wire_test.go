@@ -375,6 +375,9 @@ func TestWireExpressions(t *testing.T) {
 		},
 		func(s bc.Sink) { s.NAT(bc.NAT{Type: bc.NATDest, Family: unix.NFPROTO_IPV4, RegAddr: 1}) },
 		func(s bc.Sink) { s.NAT(bc.NAT{Type: bc.NATSource, Family: unix.NFPROTO_IPV6, RegAddr: 1}) },
+		func(s bc.Sink) {
+			s.NAT(bc.NAT{Type: bc.NATSource, Family: unix.NFPROTO_IPV4, RegAddr: 1, RegProto: 2, RegProtoMax: 3, Flags: bc.NATSpecified})
+		},
 		func(s bc.Sink) { s.Dynset(bc.Dynset{Sreg: 1, Op: bc.DynsetUpdate, Set: "aff"}) },
 		func(s bc.Sink) { s.Dynset(bc.Dynset{Sreg: 1, Op: bc.DynsetUpdate, Set: "s", Counter: true}) },
 		func(s bc.Sink) { s.Dynset(bc.Dynset{Sreg: 1, Op: unix.NFT_DYNSET_OP_ADD, Set: "other"}) },
@@ -435,6 +438,10 @@ func TestRuleTextFormats(t *testing.T) {
 			{ruleset.HashBucket{Seed: 7, Modulus: 3, Bucket: 2, AddrOnly: true}, fmt.Sprintf("jhash %s saddr mod 3 seed 0x7 2", f)},
 			{ruleset.SNAT{To: netip.MustParseAddr("198.51.100.7")}, fmt.Sprintf("snat %s to 198.51.100.7", f)},
 			{ruleset.Masquerade{}, "masquerade"},
+			{ruleset.Masquerade{Ports: ruleset.GroupPorts(0, 2)}, "meta l4proto tcp masquerade to :1024-33279"},
+			{ruleset.SNAT{To: netip.MustParseAddr("198.51.100.7"), Ports: ruleset.GroupPorts(1, 2)}, fmt.Sprintf("meta l4proto tcp snat %s to 198.51.100.7:33280-65535", f)},
+			{ruleset.SNAT{To: netip.MustParseAddr("2001:db8::7"), Ports: ruleset.GroupPorts(15, 16)}, fmt.Sprintf("meta l4proto tcp snat %s to [2001:db8::7]:61504-65535", f)},
+			{ruleset.MatchCPU{Proto: model.TCP, Mask: 15, Value: 3}, "meta l4proto tcp meta cpu & 15 == 3"},
 		} {
 			if got := (ruleset.Rule{c.s}).Text(f); got != c.want {
 				t.Errorf("%s %#v: text %q, want %q", f, c.s, got, c.want)

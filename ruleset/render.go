@@ -75,6 +75,12 @@ type Config struct {
 	// release.go), so that the masquerade address's ports can be given
 	// to other clients at once.
 	ReleaseTimeWait bool
+	// MasqueradePortGroups, a power of two from 2 to
+	// MaxMasqueradePortGroups, gives each group of CPUs its own share of
+	// the ports TCP is masqueraded to (cpuports.go), so that two CPUs never
+	// give two new connections the same address and port at once. 0 or 1:
+	// no groups.
+	MasqueradePortGroups int
 	// TrafficElements, with Counters, turns on the traffic sets: packets
 	// and bytes of every translated connection, each way, per Service
 	// destination and endpoint, counted in the forward path (CountTraffic)
@@ -222,12 +228,14 @@ func Static(cfg *Config, f Family) Fragment {
 	regular(ChainServiceEPCheck, vmap(MapNoEndpointServices, KeyAddrProtoPort))
 	regular(ChainNodePortEPCheck, Rule{MatchLocal{Dir: Dst}, jump(ChainNodePortEPLookup)})
 	regular(ChainNodePortEPLookup, nodePortRules(cfg, f, MapNoEndpointNodePorts)...)
+	masq, masqCPU := masqueradeRules(cfg, f)
 	regular(ChainMasquerading, append([]Rule{
 		// Hairpin: an endpoint that reached itself through a Service
 		// must be masqueraded, or it would answer itself directly.
 		{MatchAddrPairInSet{Set: SetHairpin}, SetMark{Bit: bit}},
 		{MatchMarkUnset{Bit: bit}, Verdict{Kind: Return}},
-	}, append(midstreamRules(cfg), masqueradeRules(cfg, f)...)...)...)
+	}, append(midstreamRules(cfg), masq...)...)...)
+	fr.Chains = append(fr.Chains, masqCPU...)
 	var outside []Rule
 	for _, p := range cfg.ClusterCIDRs {
 		if Of(p.Addr()) == f {
@@ -290,37 +298,6 @@ func markRule(cfg *Config) Rule {
 		return Rule{MatchLocal{Dir: Src}, mark}
 	}
 	return Rule{mark}
-}
-
-// masqueradeRules translate a marked connection's source: to one of the
-// family's MasqueradeAddresses, chosen by a hash of the client's address,
-// or without any, to the outgoing interface's address. Either keeps the
-// client's port where it is free. That matters: the endpoint that closes
-// first keeps (source, port) in TIME_WAIT for a minute and accepts a new
-// SYN onto it only with a newer timestamp or a later sequence number, which
-// only the same client connection (same address and port, hence the same
-// timestamp offset and sequence clock) is sure to have. Random ports map
-// unrelated client connections onto tuples the endpoint still holds, and
-// about half of those SYNs are answered with an ACK, reset by the client
-// and sent again (see docs/design/dataplane.md).
-func masqueradeRules(cfg *Config, f Family) []Rule {
-	toggle := SetMark{Bit: MasqueradeBitOf(cfg), Xor: true}
-	pool := MasqueradePool(cfg, f)
-	if len(pool) == 0 {
-		return []Rule{{toggle, Masquerade{}}}
-	}
-	if len(pool) == 1 {
-		return []Rule{{toggle, SNAT{To: pool[0]}}}
-	}
-	rules := []Rule{{toggle}}
-	for i, a := range pool[:len(pool)-1] {
-		rules = append(rules, Rule{
-			HashBucket{Seed: cfg.hashSeed(), Modulus: uint32(len(pool)), Bucket: uint32(i), AddrOnly: true},
-			SNAT{To: a}})
-	}
-	// The last address's bucket is what the others left (an SNAT ends
-	// the chain), as for endpoints.
-	return append(rules, Rule{SNAT{To: pool[len(pool)-1]}})
 }
 
 // MasqueradePool is family f's masquerade addresses, in the configured

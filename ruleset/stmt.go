@@ -329,39 +329,63 @@ func (m SetMark) Encode(_ Family, s bc.Sink) {
 }
 
 // Masquerade rewrites the source to the outgoing interface's address,
-// keeping the port where it is free (see masqueradeRules).
-type Masquerade struct{}
+// keeping the port where it is free (see translateRules), or to a port of
+// Ports when it names a range.
+type Masquerade struct{ Ports Ports }
 
-// AppendText writes "masquerade".
-func (Masquerade) AppendText(b []byte, _ Family) []byte {
-	return append(b, "masquerade"...)
+// AppendText writes "masquerade" (or "meta l4proto tcp masquerade to
+// :1024-33791").
+func (m Masquerade) AppendText(b []byte, _ Family) []byte {
+	b = m.Ports.appendProto(b)
+	b = append(b, "masquerade"...)
+	if m.Ports.set() {
+		b = append(b, " to "...)
+	}
+	return m.Ports.appendRange(b)
 }
 
-// Encode writes the masquerade.
-func (Masquerade) Encode(_ Family, s bc.Sink) { s.Masq(bc.Masq{}) }
+// Encode writes the masquerade (after the protocol match and the range's
+// registers).
+func (m Masquerade) Encode(_ Family, s bc.Sink) {
+	m.Ports.match(s)
+	lo, hi, flags := m.Ports.load(s, bc.Reg1)
+	s.Masq(bc.Masq{Flags: flags, RegProtoMin: lo, RegProtoMax: hi})
+}
 
 // SNAT rewrites the source to an address, keeping the port where it is
-// free.
+// free, or to a port of Ports when it names a range.
 type SNAT struct {
-	To netip.Addr
+	To    netip.Addr
+	Ports Ports
 }
 
-// AppendText writes "snat ip to 198.18.3.1".
+// AppendText writes "snat ip to 198.18.3.1" (or "meta l4proto tcp snat ip
+// to 198.18.3.1:1024-33791", "snat ip6 to [2001:db8::1]:1024-33791").
 func (n SNAT) AppendText(b []byte, f Family) []byte {
+	b = n.Ports.appendProto(b)
 	b = append(b, "snat "...)
 	b = append(b, f.String()...)
 	b = append(b, " to "...)
-	return n.To.AppendTo(b)
+	if n.Ports.set() && n.To.Is6() {
+		b = append(b, '[')
+		b = n.To.AppendTo(b)
+		b = append(b, ']')
+		return n.Ports.appendRange(b)
+	}
+	return n.Ports.appendRange(n.To.AppendTo(b))
 }
 
-// Encode loads the address and translates the source to it.
+// Encode loads the address (and the range) and translates the source to
+// them.
 func (n SNAT) Encode(f Family, s bc.Sink) {
 	fam := uint32(IPv4)
 	if f == IPv6 {
 		fam = uint32(IPv6)
 	}
+	n.Ports.match(s)
 	s.Immediate(bc.Immediate{Dreg: bc.Reg1, Data: addrData(n.To)})
-	s.NAT(bc.NAT{Type: bc.NATSource, Family: fam, RegAddr: bc.Reg1})
+	lo, hi, flags := n.Ports.load(s, bc.Reg2)
+	s.NAT(bc.NAT{Type: bc.NATSource, Family: fam, RegAddr: bc.Reg1, RegProto: lo, RegProtoMax: hi, Flags: flags})
 }
 
 // Counter counts the packets and bytes that reach it; nft reads it back

@@ -101,6 +101,7 @@ type Lookup struct {
 const (
 	MetaMark    = unix.NFT_META_MARK
 	MetaL4Proto = unix.NFT_META_L4PROTO
+	MetaCPU     = unix.NFT_META_CPU
 )
 
 // Meta loads a packet's meta key into Reg, or with Set, sets the key from
@@ -207,10 +208,10 @@ type Verdict struct {
 	Chain string
 }
 
-// NAT translates the address (from RegAddr) and port (from RegProto) of
-// the packet's family.
+// NAT translates the address (from RegAddr) and port (from RegProto, or
+// a range from RegProto to RegProtoMax) of the packet's family.
 type NAT struct {
-	Type, Family, RegAddr, RegProto, Flags uint32
+	Type, Family, RegAddr, RegProto, RegProtoMax, Flags uint32
 }
 
 // Dynset adds or updates the key in Sreg in the named set. With Counter,
@@ -222,9 +223,11 @@ type Dynset struct {
 	Counter  bool
 }
 
-// Masq masquerades with Flags.
+// Masq masquerades with Flags, to a port from the range RegProtoMin to
+// RegProtoMax when they are set (with NATSpecified in Flags, as nft writes
+// it: the kernel takes the flags as they are).
 type Masq struct {
-	Flags uint32
+	Flags, RegProtoMin, RegProtoMax uint32
 }
 
 // Redir redirects the packet to the gateway itself (the primary address of

@@ -260,8 +260,9 @@ type state struct {
 	affinity    []string
 	path        []string
 	// buckets holds the hash bucket this flow falls in, per seed,
-	// modulus and whether the port is hashed (1) or not (0),
-	// modulus, once a HashBucket match has forked the trace over them.
+	// modulus and whether the port is hashed (1) or not (0), once a
+	// HashBucket match has forked the trace over them; and its CPU under
+	// a mask (key {mask, 0, 2}), once a MatchCPU has.
 	buckets map[[3]uint32]uint32
 }
 
@@ -579,9 +580,15 @@ func (t *tracer) runRule(st state, tt *traceTable, c *ruleset.Chain, i, depth in
 			st.redirect, st.dport, st.dstLocal = s.Port, s.Port, true
 			return []end{{st.log(c.Name, r, t.f, ""), endAccept}}
 		case ruleset.Masquerade:
+			if s.Ports.Min != 0 && t.pkt.Proto != s.Ports.Proto {
+				return []end{{st, endNext}}
+			}
 			st.masqueraded = true
 			return []end{{st.log(c.Name, r, t.f, ""), endAccept}}
 		case ruleset.SNAT:
+			if s.Ports.Min != 0 && t.pkt.Proto != s.Ports.Proto {
+				return []end{{st, endNext}}
+			}
 			if ruleset.Of(s.To) != t.f {
 				t.fail("chain %s: snat to %s in family %s", c.Name, s.To, t.f)
 				return nil
@@ -646,6 +653,33 @@ func (t *tracer) runRule(st state, tt *traceTable, c *ruleset.Chain, i, depth in
 				out = append(out, t.runRule(o, tt, c, i, depth)...)
 			}
 			return out
+		case ruleset.MatchCPU:
+			if t.pkt.Proto != s.Proto {
+				return []end{{st, endNext}}
+			}
+			// The CPU is one more bucket: the first CPU match of a flow
+			// forks the trace, one outcome per value of the mask.
+			key := [3]uint32{s.Mask, 0, 2}
+			chosen, ok := st.buckets[key]
+			if !ok {
+				var out []end
+				for v := uint32(0); v <= s.Mask; v++ {
+					if v&s.Mask != v {
+						continue
+					}
+					o := orig
+					o.buckets = maps.Clone(orig.buckets)
+					if o.buckets == nil {
+						o.buckets = map[[3]uint32]uint32{}
+					}
+					o.buckets[key] = v
+					out = append(out, t.runRule(o, tt, c, i, depth)...)
+				}
+				return out
+			}
+			if chosen != s.Value {
+				return []end{{st, endNext}}
+			}
 		case ruleset.HashBucket:
 			if s.Modulus == 0 {
 				t.fail("chain %s: hash modulus 0", c.Name)
