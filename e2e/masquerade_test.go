@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/nftgate/nftgate/internal/testing/lab"
 	"github.com/nftgate/nftgate/internal/testing/lab/gatewaytest"
 	"github.com/nftgate/nftgate/internal/testing/lab/labtest"
+	"github.com/nftgate/nftgate/ruleset"
 )
 
 // webServices are a Service per family in front of the first backend.
@@ -59,20 +61,21 @@ func TestMasqueradeAddressesOnePerClient(t *testing.T) {
 	g.Start()
 
 	pool := netip.MustParsePrefix("198.18.3.0/29")
+	groups := cpuPortGroups(t, g)
 	used := map[netip.Addr]int{}
 	for _, c := range topo.ClientIPv4 {
 		var first netip.Addr
 		for i := range 3 {
-			r := dialFrom(t, topo, c, ap("198.19.0.10:80"))
+			cpu := i % groups
+			r := dialOnCPU(t, topo, c, ap("198.19.0.10:80"), cpu)
 			seen := r.ObservedSource
 			switch {
 			case !pool.Contains(seen.Addr()) || seen.Addr() == pool.Addr() || seen.Addr() == netip.MustParseAddr("198.18.3.7"):
 				t.Errorf("client %s seen as %s, want a masquerade address of 198.18.3.1-6", c, seen)
 			case i > 0 && seen.Addr() != first:
 				t.Errorf("client %s seen as %s, and before as %s: want one address per client", c, seen.Addr(), first)
-			case seen.Port() != r.Local.Port():
-				t.Errorf("client %s port %d seen as port %d: want the port kept", c, r.Local.Port(), seen.Port())
 			}
+			checkCPUPort(t, r, cpu, groups)
 			first = seen.Addr()
 		}
 		used[first]++
@@ -80,9 +83,52 @@ func TestMasqueradeAddressesOnePerClient(t *testing.T) {
 	if len(used) < 2 {
 		t.Errorf("%d clients all on %v: want them spread over the pool", len(topo.ClientIPv4), used)
 	}
-	r := dialFrom(t, topo, topo.ClientIPv6[0], ap("[fd42:ff::10]:80"))
-	if r.ObservedSource.Addr() != netip.MustParseAddr("fd42:3::1") || r.ObservedSource.Port() != r.Local.Port() {
-		t.Errorf("IPv6 client %s seen as %s, want [fd42:3::1]:%d", r.Local, r.ObservedSource, r.Local.Port())
+	r := dialOnCPU(t, topo, topo.ClientIPv6[0], ap("[fd42:ff::10]:80"), groups-1)
+	if r.ObservedSource.Addr() != netip.MustParseAddr("fd42:3::1") {
+		t.Errorf("IPv6 client %s seen as %s, want fd42:3::1", r.Local, r.ObservedSource)
+	}
+	checkCPUPort(t, r, groups-1, groups)
+}
+
+// dialOnCPU is dialFrom with the SYN sent, and so translated by the
+// gateway, on cpu.
+func dialOnCPU(t *testing.T, topo *lab.Topology, src netip.Addr, dst netip.AddrPort, cpu int) lab.Reply {
+	t.Helper()
+	r, err := topo.Client.Dial("tcp", dst, lab.DialOpts{Source: netip.AddrPortFrom(src, 0), PinCPU: true, CPU: cpu})
+	if err != nil {
+		t.Fatalf("from %s on CPU %d: %v", src, cpu, err)
+	}
+	return r
+}
+
+// cpuPortGroups counts the CPU groups of the masquerade ports in g's
+// ruleset (one chain each; 1 without): as many as the lab's CPUs allow.
+func cpuPortGroups(t *testing.T, g *gatewaytest.Gateway) int {
+	t.Helper()
+	n := strings.Count(g.Nft("list", "table", "ip", "nftgate"), "chain "+ruleset.ChainMasqueradeCPU)
+	if want := ruleset.MasqueradePortGroupsFor(runtime.NumCPU()); n != want && !(n == 0 && want == 1) {
+		t.Fatalf("%d masquerade CPU chains on %d CPUs, want %d", n, runtime.NumCPU(), want)
+	}
+	return max(n, 1)
+}
+
+// checkCPUPort: a connection translated on cpu is seen from its group's
+// ports, from the client's own port when that lies among them.
+func checkCPUPort(t *testing.T, r lab.Reply, cpu, groups int) {
+	t.Helper()
+	seen, own := r.ObservedSource.Port(), r.Local.Port()
+	if groups == 1 {
+		if seen != own {
+			t.Errorf("client %s seen as %s: want its port kept", r.Local, r.ObservedSource)
+		}
+		return
+	}
+	p := ruleset.GroupPorts(cpu%groups, groups)
+	switch {
+	case seen < p.Min || seen > p.Max:
+		t.Errorf("client %s translated on CPU %d seen as %s: want a port of %d-%d", r.Local, cpu, r.ObservedSource, p.Min, p.Max)
+	case own >= p.Min && own <= p.Max && seen != own:
+		t.Errorf("client %s translated on CPU %d seen as %s: want its port kept, in %d-%d", r.Local, cpu, r.ObservedSource, p.Min, p.Max)
 	}
 }
 
@@ -102,11 +148,11 @@ func masqueradedClients(topo *lab.Topology) []masqueradedClient {
 }
 
 // TestMasqueradeKeepsThePort: without masquerade_addresses, a client is
-// masqueraded to the gateway's address on the backends' side and keeps its
-// port.
+// masqueraded to the gateway's address on the backends' side and, with
+// masquerade_ports_by_cpu off, keeps its port.
 func TestMasqueradeKeepsThePort(t *testing.T) {
 	topo := labtest.Gateway(t)
-	g := gatewaytest.New(t, topo)
+	g := gatewaytest.New(t, topo, "--masquerade-ports-by-cpu=false")
 	gatewaytest.Serve(t, topo.Backend, "tcp", ap("198.18.2.10:8080"), ap("[fd42:2::10]:8080"))
 	g.Write("web.yaml", webServices()...)
 	g.Start()
@@ -116,6 +162,62 @@ func TestMasqueradeKeepsThePort(t *testing.T) {
 			if want := netip.AddrPortFrom(c.gw, r.Local.Port()); r.ObservedSource != want {
 				t.Errorf("client %s seen as %s, want %s", r.Local, r.ObservedSource, want)
 			}
+		}
+	}
+}
+
+// TestMasqueradePortsByCPU: by default each group of CPUs masquerades TCP
+// to its own share of the ports, so that two CPUs never give two new
+// connections the same one. A connection whose SYN the gateway translates
+// on a CPU is seen from that CPU's share, from the client's own port where
+// it lies in the share (on two CPUs, the ephemeral ports 32768-60999 mostly
+// fall in the second half, few in the first: both cases are met).
+func TestMasqueradePortsByCPU(t *testing.T) {
+	if runtime.NumCPU() < 2 {
+		t.Skip("one CPU: no groups")
+	}
+	topo := labtest.Gateway(t)
+	g := gatewaytest.New(t, topo)
+	gatewaytest.Serve(t, topo.Backend, "tcp", ap("198.18.2.10:8080"), ap("[fd42:2::10]:8080"))
+	g.Write("web.yaml", webServices()...)
+	g.Start()
+	groups := cpuPortGroups(t, g)
+	for _, c := range masqueradedClients(topo) {
+		kept, moved := 0, 0
+		for cpu := range groups {
+			for range 10 {
+				r := dialOnCPU(t, topo, c.src, c.dst, cpu)
+				if r.ObservedSource.Addr() != c.gw {
+					t.Fatalf("client %s seen as %s, want masqueraded to %s", r.Local, r.ObservedSource, c.gw)
+				}
+				checkCPUPort(t, r, cpu, groups)
+				if r.ObservedSource.Port() == r.Local.Port() {
+					kept++
+				} else {
+					moved++
+				}
+			}
+		}
+		if kept == 0 || moved == 0 {
+			t.Errorf("%s: %d connections kept their port, %d were given another: want both to happen", c.src, kept, moved)
+		}
+	}
+	// UDP is not grouped: the port is kept.
+	gatewaytest.Serve(t, topo.Backend, "udp", ap("198.18.2.10:8080"))
+	g.Write("dns.yaml",
+		gatewaytest.Service("default", "dns", "ClusterIP", []string{"198.19.0.11"}, gatewaytest.Port{Name: "dns", Port: 53, Protocol: "UDP"}),
+		gatewaytest.Slice("default", "dns-1", "dns", "dns", "UDP", 8080, gatewaytest.Endpoint{Addr: "198.18.2.10"}))
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		r, err := topo.Client.Dial("udp", ap("198.19.0.11:53"), lab.DialOpts{Source: netip.AddrPortFrom(topo.ClientIPv4[0], 0), PinCPU: true, CPU: 0, Timeout: 500 * time.Millisecond})
+		if err == nil {
+			if want := netip.AddrPortFrom(topo.GatewayBackendIPv4, r.Local.Port()); r.ObservedSource != want {
+				t.Errorf("UDP client %s seen as %s, want %s", r.Local, r.ObservedSource, want)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("UDP Service: %v", err)
 		}
 	}
 }

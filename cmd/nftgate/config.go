@@ -93,6 +93,9 @@ type Config struct {
 	// ConntrackTCPTimeWait, with ReleaseTimeWait, is set as the
 	// namespace's conntrack TIME_WAIT timeout (0: left as it is).
 	ConntrackTCPTimeWait Duration `toml:"conntrack_tcp_time_wait"`
+	// MasqueradePortsByCPU gives each group of CPUs its own share of the
+	// masquerade ports for TCP (ruleset/cpuports.go).
+	MasqueradePortsByCPU bool `toml:"masquerade_ports_by_cpu"`
 	// LoadBalancerClass and Pools are the address allocation (package
 	// ipam); BGP and L2 the announcement (packages announce/bgp and
 	// announce/l2). Nil: that announcement is off.
@@ -133,6 +136,7 @@ func defaults() Config {
 		DrainPeriod:                 Duration(DefaultDrainPeriod),
 		MasqueradeBit:               0x4000,
 		ReleaseTimeWait:             true,
+		MasqueradePortsByCPU:        true,
 		ConntrackTCPTimeWait:        Duration(defaultConntrackTCPTimeWait),
 		Shards:                      ShardsAuto,
 		EndpointSelection:           defaultSelection,
@@ -363,6 +367,7 @@ func loadConfig(name string, args []string) (*Config, *flag.FlagSet, error) {
 	fs.Var(&listFlag{dst: &cfg.NodePortAddresses}, "nodeport-addresses", "`CIDR` limiting which local addresses serve NodePorts (repeatable)")
 	fs.Var(&listFlag{dst: &cfg.MasqueradeAddresses}, "masquerade-address", "`address or CIDR` clients outside the cluster are masqueraded to, chosen per client (repeatable)")
 	fs.BoolVar(&cfg.KeepClientAddress, "keep-client-address", cfg.KeepClientAddress, "masquerade no client: replies from the pods come back through this gateway")
+	fs.BoolVar(&cfg.MasqueradePortsByCPU, "masquerade-ports-by-cpu", cfg.MasqueradePortsByCPU, "give each group of CPUs its own share of the ports TCP is masqueraded to, so that no two new connections clash")
 	fs.BoolVar(&cfg.ReleaseTimeWait, "release-time-wait", cfg.ReleaseTimeWait, "reset the endpoints' TIME_WAIT of masqueraded TCP connections once both ends closed")
 	fs.Var(&listFlag{dst: &cfg.ExternalIPCIDRs}, "external-ip-cidr", "`CIDR` where Services' externalIPs are served; none by default (repeatable)")
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "`host:port` of the status page, API, health and metrics")

@@ -3,7 +3,11 @@ package main
 import (
 	"fmt"
 	"net/netip"
+	"os"
+	"runtime"
 	"slices"
+	"strconv"
+	"strings"
 
 	"go4.org/netipx"
 
@@ -109,4 +113,46 @@ func (c *Config) parseMasquerade(key string, vals []string, taken []netip.Addr, 
 		}
 	}
 	return out
+}
+
+// onlineCPUsFile lists the CPU numbers the kernel runs on now.
+const onlineCPUsFile = "/sys/devices/system/cpu/online"
+
+// masqueradePortGroups is the ruleset's number of CPU groups for
+// masquerade ports: with masquerade_ports_by_cpu, from the CPUs online at
+// start (the box's, not only those this process may run on: every CPU
+// handles packets); else 1, none. A CPU is in the group of the low bits of
+// its number, so one brought online later shares a group.
+func (c *Config) masqueradePortGroups() int {
+	if !c.MasqueradePortsByCPU {
+		return 1
+	}
+	return ruleset.MasqueradePortGroupsFor(cpuCount(onlineCPUsFile))
+}
+
+// cpuCount counts the CPUs of a CPU list file ("0-63", "0,2-3") as one
+// more than the highest number. An unreadable or malformed file counts the
+// CPUs this process may run on.
+func cpuCount(file string) int {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return runtime.NumCPU()
+	}
+	highest := -1
+	for part := range strings.SplitSeq(strings.TrimSpace(string(b)), ",") {
+		first, last, isRange := strings.Cut(part, "-")
+		if !isRange {
+			last = first
+		}
+		lo, err1 := strconv.Atoi(first)
+		hi, err2 := strconv.Atoi(last)
+		if err1 != nil || err2 != nil || lo < 0 || hi < lo {
+			return runtime.NumCPU()
+		}
+		highest = max(highest, hi)
+	}
+	if highest < 0 {
+		return runtime.NumCPU()
+	}
+	return highest + 1
 }

@@ -2,6 +2,9 @@ package main
 
 import (
 	"net/netip"
+	"os"
+	"path/filepath"
+	"runtime"
 	"slices"
 	"testing"
 )
@@ -87,4 +90,45 @@ func TestBadPeerMasqueradeAddressesNameTheValue(t *testing.T) {
 		{file: gatewaySet("active-backup", "[\"203.0.113.9\"]"), want: []string{key, "203.0.113.9", "only in mode \"active-active\""}},
 		{file: gatewaySet("both", "[]"), want: []string{"gateways.mode", "both"}},
 	})
+}
+
+// The CPU count behind the masquerade port groups is read from the kernel's
+// CPU list; what cannot be read counts the process's CPUs.
+func TestCPUCount(t *testing.T) {
+	dir := t.TempDir()
+	for _, c := range []struct {
+		list string
+		want int
+	}{
+		{"0\n", 1},
+		{"0-1\n", 2},
+		{"0-63\n", 64},
+		{"0,2-3,8\n", 9},
+		{"0-3,5", 6},
+	} {
+		file := filepath.Join(dir, "online")
+		if err := os.WriteFile(file, []byte(c.list), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if got := cpuCount(file); got != c.want {
+			t.Errorf("cpuCount of %q = %d, want %d", c.list, got, c.want)
+		}
+	}
+	for _, bad := range []string{"", "x-3", "0--1", "\n"} {
+		file := filepath.Join(dir, "online")
+		if err := os.WriteFile(file, []byte(bad), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if got := cpuCount(file); got != runtime.NumCPU() {
+			t.Errorf("cpuCount of %q = %d, want the process's %d", bad, got, runtime.NumCPU())
+		}
+	}
+	if got := cpuCount(filepath.Join(dir, "missing")); got != runtime.NumCPU() {
+		t.Errorf("cpuCount of a missing file = %d, want the process's %d", got, runtime.NumCPU())
+	}
+	cfg := defaults()
+	cfg.MasqueradePortsByCPU = false
+	if g := cfg.masqueradePortGroups(); g != 1 {
+		t.Errorf("masquerade_ports_by_cpu = false gives %d groups, want 1", g)
+	}
 }

@@ -38,22 +38,23 @@ import (
 
 func (c *Config) ruleset() ruleset.Config {
 	return ruleset.Config{
-		Table:               c.Table,
-		Node:                model.Node{Name: c.NodeName, Zone: c.Zone},
-		ClusterCIDRs:        c.clusterCIDRs,
-		NodePortAddresses:   c.nodePortAddresses,
-		MasqueradeBit:       c.MasqueradeBit,
-		HashSeed:            c.HashSeed,
-		EndpointSelection:   c.EndpointSelection,
-		Shards:              c.Shards.count(),
-		ProxyPort:           c.ProxyProtocolPort,
-		FlowtableDevices:    c.flowtableDevices(),
-		MasqueradeAddresses: c.masqueradeAddrs,
-		KeepClientAddress:   c.KeepClientAddress,
-		ReleaseTimeWait:     c.ReleaseTimeWait,
-		Counters:            c.Counters,
-		DropMidstreamTCP:    c.dropMidstreamTCP(),
-		TrafficElements:     uint32(c.CountersTrafficElements),
+		Table:                c.Table,
+		Node:                 model.Node{Name: c.NodeName, Zone: c.Zone},
+		ClusterCIDRs:         c.clusterCIDRs,
+		NodePortAddresses:    c.nodePortAddresses,
+		MasqueradeBit:        c.MasqueradeBit,
+		HashSeed:             c.HashSeed,
+		EndpointSelection:    c.EndpointSelection,
+		Shards:               c.Shards.count(),
+		ProxyPort:            c.ProxyProtocolPort,
+		FlowtableDevices:     c.flowtableDevices(),
+		MasqueradeAddresses:  c.masqueradeAddrs,
+		KeepClientAddress:    c.KeepClientAddress,
+		ReleaseTimeWait:      c.ReleaseTimeWait,
+		MasqueradePortGroups: c.masqueradePortGroups(),
+		Counters:             c.Counters,
+		DropMidstreamTCP:     c.dropMidstreamTCP(),
+		TrafficElements:      uint32(c.CountersTrafficElements),
 	}
 }
 
@@ -169,6 +170,10 @@ func serve(ctx context.Context, cfg *Config) error {
 	}
 	if err := cfg.checkFlowtableDevices(); err != nil {
 		return err
+	}
+	if g := rcfg.MasqueradePortGroups; g > 1 {
+		p := ruleset.GroupPorts(0, g)
+		log.Info("TCP masquerade ports by CPU", "groups", g, "ports_per_group", int(p.Max-p.Min)+1)
 	}
 	prog, err := nft.NewProgrammer(cfg.ruleset(), nft.Options{Streamed: memLimit.Streamed, ChooseShards: cfg.Shards.chooseShards()})
 	if err != nil {

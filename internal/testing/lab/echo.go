@@ -14,6 +14,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // The echo protocol: a client sends one line (anything, ending in '\n'); the
@@ -214,6 +216,11 @@ type DialOpts struct {
 	Source netip.AddrPort
 	// Timeout bounds the whole exchange; zero means DefaultDialTimeout.
 	Timeout time.Duration
+	// PinCPU sends the connection's first packet from CPU: it then
+	// crosses the hosts on the way on that CPU too (veth hands a packet
+	// to the receiving namespace on the sending CPU).
+	PinCPU bool
+	CPU    int
 }
 
 // DefaultDialTimeout is the Dial timeout when DialOpts.Timeout is zero.
@@ -274,12 +281,21 @@ func (h *Host) Dial(proto string, dst netip.AddrPort, opts DialOpts) (Reply, err
 		return Reply{}, fmt.Errorf("lab: %s %s -> %s from %s: %w", proto, sourceText(opts.Source), dst, h.short, err)
 	}
 	var c net.Conn
-	err := h.Do(func() error {
-		var err error
+	err := h.Do(func() (err error) {
+		if opts.PinCPU {
+			restore, perr := pinThread(opts.CPU)
+			if perr != nil {
+				return perr
+			}
+			defer func() { err = errors.Join(err, restore()) }()
+		}
 		c, err = d.Dial(proto, dst.String())
 		return err
 	})
 	if err != nil {
+		if c != nil {
+			c.Close()
+		}
 		return fail(err)
 	}
 	defer c.Close()
@@ -408,4 +424,23 @@ func IsTimeout(err error) bool {
 	}
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// pinThread runs the calling OS thread (locked to its goroutine) on cpu
+// only, until the returned function puts its former CPUs back.
+func pinThread(cpu int) (restore func() error, err error) {
+	var old, one unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &old); err != nil {
+		return nil, fmt.Errorf("CPUs of the thread: %w", err)
+	}
+	one.Set(cpu)
+	if err := unix.SchedSetaffinity(0, &one); err != nil {
+		return nil, fmt.Errorf("pin the thread to CPU %d: %w", cpu, err)
+	}
+	return func() error {
+		if err := unix.SchedSetaffinity(0, &old); err != nil {
+			return fmt.Errorf("unpin the thread from CPU %d: %w", cpu, err)
+		}
+		return nil
+	}, nil
 }
