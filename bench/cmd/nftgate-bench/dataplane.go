@@ -185,14 +185,16 @@ func dpSources(path string, many int) (one netip.Addr, all []netip.Addr) {
 // the first backend address). stop ends the servers.
 func (e *Env) setupDataplane(ctx context.Context) (stop func(), err error) {
 	var closers []func()
-	stop = func() {
+	stopAll := func() {
 		for _, c := range closers {
 			c()
 		}
 	}
+	stop = stopAll
 	defer func() {
+		// The error returns set stop to nil: close with stopAll.
 		if err != nil {
-			stop()
+			stopAll()
 		}
 	}()
 	c := e.Cfg.Dataplane
