@@ -92,7 +92,7 @@ func (p Ports) appendProto(b []byte) []byte {
 	return append(b, ' ')
 }
 
-// appendRange writes ":1024-33791" for a range, nothing without.
+// appendRange writes ":1024-33279" for a range, nothing without.
 func (p Ports) appendRange(b []byte) []byte {
 	if !p.set() {
 		return b

@@ -334,7 +334,7 @@ func (m SetMark) Encode(_ Family, s bc.Sink) {
 type Masquerade struct{ Ports Ports }
 
 // AppendText writes "masquerade" (or "meta l4proto tcp masquerade to
-// :1024-33791").
+// :1024-33279").
 func (m Masquerade) AppendText(b []byte, _ Family) []byte {
 	b = m.Ports.appendProto(b)
 	b = append(b, "masquerade"...)
@@ -360,7 +360,7 @@ type SNAT struct {
 }
 
 // AppendText writes "snat ip to 198.18.3.1" (or "meta l4proto tcp snat ip
-// to 198.18.3.1:1024-33791", "snat ip6 to [2001:db8::1]:1024-33791").
+// to 198.18.3.1:1024-33279", "snat ip6 to [2001:db8::1]:1024-33279").
 func (n SNAT) AppendText(b []byte, f Family) []byte {
 	b = n.Ports.appendProto(b)
 	b = append(b, "snat "...)
