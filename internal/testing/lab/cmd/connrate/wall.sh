@@ -8,7 +8,8 @@
 # VARIANT: direct (no Service, no NAT), old (masquerade fully-random,
 # TIME_WAIT kept), keeptw (masquerade, port kept, the endpoints' TIME_WAIT
 # kept), default (masquerade, port kept, TIME_WAIT released, TCP ports by
-# CPU group), nocpu (default without the CPU groups), pool4 /
+# CPU group), nocpu (default without the CPU groups), tw2 (keeptw with
+# conntrack's TIME_WAIT at 2 s, as the default sets it), pool4 /
 # pool16 (masquerade_addresses),
 # keep (keep_client_address), nots (keeptw with the TCP timestamp option
 # reset on every SYN to the backend). It prints the connections, stalls (a connect
@@ -81,6 +82,7 @@ case $V in
   direct|default) $R > $B/r-$P.nft;;
   keeptw) $R --release-time-wait=false > $B/r-$P.nft;;
   nocpu) $R --masquerade-ports-by-cpu=false > $B/r-$P.nft;;
+  tw2) $R --release-time-wait=false > $B/r-$P.nft;;
   pool4) $R --masquerade-address 198.18.3.1 --masquerade-address 198.18.3.2 --masquerade-address 198.18.3.3 --masquerade-address 198.18.3.4 > $B/r-$P.nft;;
   pool16) $R $p16 > $B/r-$P.nft;;
   keep) $R --keep-client-address > $B/r-$P.nft;;
