@@ -266,6 +266,17 @@ type state struct {
 	buckets map[[3]uint32]uint32
 }
 
+// inBucket is st with the flow in bucket b of key, the buckets of st
+// left as they were.
+func (st state) inBucket(key [3]uint32, b uint32) state {
+	st.buckets = maps.Clone(st.buckets)
+	if st.buckets == nil {
+		st.buckets = map[[3]uint32]uint32{}
+	}
+	st.buckets[key] = b
+	return st
+}
+
 func (st state) log(chain string, r ruleset.Rule, f ruleset.Family, note string) state {
 	line := chain + ": " + r.Text(f)
 	if note != "" {
@@ -644,13 +655,7 @@ func (t *tracer) runRule(st state, tt *traceTable, c *ruleset.Chain, i, depth in
 					continue
 				}
 				seen[v], missed = seen[v] || hit, missed || !hit
-				o := orig
-				o.buckets = maps.Clone(orig.buckets)
-				if o.buckets == nil {
-					o.buckets = map[[3]uint32]uint32{}
-				}
-				o.buckets[key] = slot
-				out = append(out, t.runRule(o, tt, c, i, depth)...)
+				out = append(out, t.runRule(orig.inBucket(key, slot), tt, c, i, depth)...)
 			}
 			return out
 		case ruleset.MatchCPU:
@@ -658,22 +663,14 @@ func (t *tracer) runRule(st state, tt *traceTable, c *ruleset.Chain, i, depth in
 				return []end{{st, endNext}}
 			}
 			// The CPU is one more bucket: the first CPU match of a flow
-			// forks the trace, one outcome per value of the mask.
+			// forks the trace, one outcome per value under the mask (one
+			// less than a power of two).
 			key := [3]uint32{s.Mask, 0, 2}
 			chosen, ok := st.buckets[key]
 			if !ok {
 				var out []end
 				for v := uint32(0); v <= s.Mask; v++ {
-					if v&s.Mask != v {
-						continue
-					}
-					o := orig
-					o.buckets = maps.Clone(orig.buckets)
-					if o.buckets == nil {
-						o.buckets = map[[3]uint32]uint32{}
-					}
-					o.buckets[key] = v
-					out = append(out, t.runRule(o, tt, c, i, depth)...)
+					out = append(out, t.runRule(orig.inBucket(key, v), tt, c, i, depth)...)
 				}
 				return out
 			}
@@ -695,13 +692,7 @@ func (t *tracer) runRule(st state, tt *traceTable, c *ruleset.Chain, i, depth in
 				// outcome per bucket, each replaying this rule.
 				var out []end
 				for b := uint32(0); b < s.Modulus; b++ {
-					o := orig
-					o.buckets = maps.Clone(orig.buckets)
-					if o.buckets == nil {
-						o.buckets = map[[3]uint32]uint32{}
-					}
-					o.buckets[key] = b
-					out = append(out, t.runRule(o, tt, c, i, depth)...)
+					out = append(out, t.runRule(orig.inBucket(key, b), tt, c, i, depth)...)
 				}
 				return out
 			}

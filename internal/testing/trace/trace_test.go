@@ -292,6 +292,16 @@ func TestTraceMasquerade(t *testing.T) {
 		{name: "pool: from outside, to a masquerade address", src: "203.0.113.5", dst: "172.30.0.41:80", want: "dnat 10.180.0.1:8080 masq"},
 		{name: "pool: inside the cluster CIDR", src: "10.1.2.3", dst: "172.30.0.41:80", want: "dnat 10.180.0.1:8080"},
 	})
+	// Masquerade ports by CPU group: every group's chain masquerades (the
+	// trace forks over the groups; runFlows checks each outcome).
+	for _, pool := range [][]netip.Addr{nil, world.Addrs("198.51.100.200", "198.51.100.201")} {
+		cfg = world.Config()
+		cfg.MasqueradePortGroups, cfg.MasqueradeAddresses = 4, pool
+		runFlows(t, cfg, svcs, []flow{
+			{name: fmt.Sprintf("cpu groups, pool of %d: from outside", len(pool)), src: "203.0.113.5", dst: "172.30.0.41:80", want: "dnat 10.180.0.1:8080 masq"},
+			{name: fmt.Sprintf("cpu groups, pool of %d: from the gateway", len(pool)), src: "192.168.0.2", dst: "172.30.0.41:80", output: true, want: "dnat 10.180.0.1:8080 masq"},
+		})
+	}
 	cfg = world.Config()
 	cfg.KeepClientAddress = true
 	runFlows(t, cfg, svcs, []flow{
