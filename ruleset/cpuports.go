@@ -30,7 +30,8 @@ import (
 // which spread evenly only when the interfaces spread their packets over
 // the CPUs (RSS or RPS).
 
-// ChainMasqueradeCPU is the masquerade chain of the CPUs of one group.
+// ChainMasqueradeCPU, followed by a group's number, names the masquerade
+// chain of that group's CPUs.
 const ChainMasqueradeCPU = "masquerading-cpu-"
 
 // MaxMasqueradePortGroups bounds the groups: each keeps 64,512 / 16 = 4,032
@@ -55,13 +56,11 @@ func MasqueradePortGroupsFor(cpus int) int {
 	return g
 }
 
-// masqueradePortGroups is cfg's number of groups, 1 when it asks for none.
+// masqueradePortGroups is cfg's number of groups, 1 when it asks for none;
+// a number that is not a power of two up to MaxMasqueradePortGroups is
+// taken down to one (the groups are told apart by a mask).
 func masqueradePortGroups(cfg *Config) int {
-	g := cfg.MasqueradePortGroups
-	if g < 2 {
-		return 1
-	}
-	return g
+	return MasqueradePortGroupsFor(cfg.MasqueradePortGroups)
 }
 
 // GroupPorts is the range of ports of group g of groups.
