@@ -105,8 +105,7 @@ func (p Ports) appendRange(b []byte) []byte {
 // match matches the protocol of a range.
 func (p Ports) match(s bc.Sink) {
 	if p.set() {
-		s.Meta(bc.Meta{Key: bc.MetaL4Proto, Reg: bc.Reg1})
-		s.Cmp(bc.Cmp{Op: bc.CmpEq, Sreg: bc.Reg1, Data: bc.Bytes(byte(p.Proto))})
+		matchL4Proto(s, p.Proto)
 	}
 }
 
@@ -136,11 +135,9 @@ func (m MatchCPU) AppendText(b []byte, _ Family) []byte {
 // Encode matches the protocol, loads the CPU's number, masks it and
 // compares it.
 func (m MatchCPU) Encode(_ Family, s bc.Sink) {
-	s.Meta(bc.Meta{Key: bc.MetaL4Proto, Reg: bc.Reg1})
-	s.Cmp(bc.Cmp{Op: bc.CmpEq, Sreg: bc.Reg1, Data: bc.Bytes(byte(m.Proto))})
+	matchL4Proto(s, m.Proto)
 	s.Meta(bc.Meta{Key: bc.MetaCPU, Reg: bc.Reg1})
-	s.Bitwise(bc.Bitwise{Sreg: bc.Reg1, Dreg: bc.Reg1, Len: 4, Mask: bc.U32(m.Mask), Xor: bc.Zero(4)})
-	s.Cmp(bc.Cmp{Op: bc.CmpEq, Sreg: bc.Reg1, Data: bc.U32(m.Value)})
+	maskedEq(s, m.Mask, m.Value)
 }
 
 // masqueradeRules translate a marked connection's source (after the

@@ -332,8 +332,7 @@ func (d DNATMap) Encode(f Family, s bc.Sink) {
 	if f == IPv6 {
 		fam, portReg = uint32(IPv6), bc.Reg2
 	}
-	s.Meta(bc.Meta{Key: bc.MetaL4Proto, Reg: bc.Reg1})
-	s.Cmp(bc.Cmp{Op: bc.CmpEq, Sreg: bc.Reg1, Data: bc.Bytes(byte(d.Proto))})
+	matchL4Proto(s, d.Proto)
 	shape := KeyAddrProtoPort
 	if d.NodePort {
 		shape = KeyProtoPort

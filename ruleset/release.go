@@ -236,8 +236,7 @@ func (m MatchTCPFlags) AppendText(b []byte, _ Family) []byte {
 // Encode matches the protocol, loads the flags byte, masks it and compares
 // it.
 func (m MatchTCPFlags) Encode(_ Family, s bc.Sink) {
-	s.Meta(bc.Meta{Key: bc.MetaL4Proto, Reg: bc.Reg1})
-	s.Cmp(bc.Cmp{Op: bc.CmpEq, Sreg: bc.Reg1, Data: bc.Bytes(byte(model.TCP))})
+	matchL4Proto(s, model.TCP)
 	s.Payload(bc.Payload{Base: bc.TransportHeader, Offset: 13, Len: 1, Dreg: bc.Reg1})
 	s.Bitwise(bc.Bitwise{Sreg: bc.Reg1, Dreg: bc.Reg1, Len: 1, Mask: bc.Bytes(m.Mask), Xor: bc.Zero(1)})
 	s.Cmp(bc.Cmp{Op: bc.CmpEq, Sreg: bc.Reg1, Data: bc.Bytes(m.Flags)})

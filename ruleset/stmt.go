@@ -210,9 +210,19 @@ func anyBit(s bc.Sink, bits uint32) {
 
 // allBits masks register 1, just loaded, with bits and matches when all
 // are set.
-func allBits(s bc.Sink, bits uint32) {
-	s.Bitwise(bc.Bitwise{Sreg: bc.Reg1, Dreg: bc.Reg1, Len: 4, Mask: bc.U32(bits), Xor: bc.Zero(4)})
-	s.Cmp(bc.Cmp{Op: bc.CmpEq, Sreg: bc.Reg1, Data: bc.U32(bits)})
+func allBits(s bc.Sink, bits uint32) { maskedEq(s, bits, bits) }
+
+// maskedEq masks register 1, just loaded, with mask and matches when the
+// rest is value.
+func maskedEq(s bc.Sink, mask, value uint32) {
+	s.Bitwise(bc.Bitwise{Sreg: bc.Reg1, Dreg: bc.Reg1, Len: 4, Mask: bc.U32(mask), Xor: bc.Zero(4)})
+	s.Cmp(bc.Cmp{Op: bc.CmpEq, Sreg: bc.Reg1, Data: bc.U32(value)})
+}
+
+// matchL4Proto loads the packet's transport protocol and matches p.
+func matchL4Proto(s bc.Sink, p model.Protocol) {
+	s.Meta(bc.Meta{Key: bc.MetaL4Proto, Reg: bc.Reg1})
+	s.Cmp(bc.Cmp{Op: bc.CmpEq, Sreg: bc.Reg1, Data: bc.Bytes(byte(p))})
 }
 
 // MatchCtEstablished matches the packets of a connection that has seen
@@ -281,8 +291,7 @@ func (MatchTCPNotSYN) AppendText(b []byte, _ Family) []byte {
 // Encode matches the protocol, loads the flags byte, masks it and compares
 // it with SYN alone.
 func (MatchTCPNotSYN) Encode(_ Family, s bc.Sink) {
-	s.Meta(bc.Meta{Key: bc.MetaL4Proto, Reg: bc.Reg1})
-	s.Cmp(bc.Cmp{Op: bc.CmpEq, Sreg: bc.Reg1, Data: bc.Bytes(byte(model.TCP))})
+	matchL4Proto(s, model.TCP)
 	s.Payload(bc.Payload{Base: bc.TransportHeader, Offset: 13, Len: 1, Dreg: bc.Reg1})
 	s.Bitwise(bc.Bitwise{Sreg: bc.Reg1, Dreg: bc.Reg1, Len: 1, Mask: bc.Bytes(tcpFIN | tcpSYN | tcpRST | tcpACK), Xor: bc.Zero(1)})
 	s.Cmp(bc.Cmp{Op: bc.CmpNeq, Sreg: bc.Reg1, Data: bc.Bytes(tcpSYN)})
@@ -672,8 +681,7 @@ func (c CountTraffic) Encode(f Family, s bc.Sink) {
 	if c.Reply {
 		dir, ep, port = bc.CtDirReply, Src, 0
 	}
-	s.Meta(bc.Meta{Key: bc.MetaL4Proto, Reg: bc.Reg1})
-	s.Cmp(bc.Cmp{Op: bc.CmpEq, Sreg: bc.Reg1, Data: bc.Bytes(byte(c.Proto))})
+	matchL4Proto(s, c.Proto)
 	s.Ct(bc.Ct{Key: bc.CtDirection, Dreg: bc.Reg1})
 	s.Cmp(bc.Cmp{Op: bc.CmpEq, Sreg: bc.Reg1, Data: bc.Bytes(byte(dir))})
 	words := f.AddrLen() / 4
@@ -713,8 +721,7 @@ func (d DNAT) Encode(f Family, s bc.Sink) {
 		fam = uint32(IPv6)
 	}
 	port := d.To.Port()
-	s.Meta(bc.Meta{Key: bc.MetaL4Proto, Reg: bc.Reg1})
-	s.Cmp(bc.Cmp{Op: bc.CmpEq, Sreg: bc.Reg1, Data: bc.Bytes(byte(d.Proto))})
+	matchL4Proto(s, d.Proto)
 	s.Immediate(bc.Immediate{Dreg: bc.Reg1, Data: addrData(d.To.Addr())})
 	s.Immediate(bc.Immediate{Dreg: bc.Reg2, Data: bc.Bytes(byte(port>>8), byte(port))})
 	s.NAT(bc.NAT{Type: bc.NATDest, Family: fam, RegAddr: bc.Reg1, RegProto: bc.Reg2, Flags: bc.NATSpecified})
@@ -740,8 +747,7 @@ func (r Redirect) AppendText(b []byte, _ Family) []byte {
 
 // Encode matches the protocol, loads the port and redirects to it.
 func (r Redirect) Encode(_ Family, s bc.Sink) {
-	s.Meta(bc.Meta{Key: bc.MetaL4Proto, Reg: bc.Reg1})
-	s.Cmp(bc.Cmp{Op: bc.CmpEq, Sreg: bc.Reg1, Data: bc.Bytes(byte(r.Proto))})
+	matchL4Proto(s, r.Proto)
 	s.Immediate(bc.Immediate{Dreg: bc.Reg1, Data: bc.Bytes(byte(r.Port>>8), byte(r.Port))})
 	s.Redir(bc.Redir{RegProto: bc.Reg1, Flags: bc.NATSpecified})
 }
