@@ -341,9 +341,9 @@ func counterProbes(traffic bool) []kernelProbe {
 
 // CheckReleaseTimeWait verifies, in the process's own network namespace,
 // that the kernel has what Config.ReleaseTimeWait programs: conntrack
-// marks, the dup expression and the TCP reset. A kernel without them
-// (the stock gokrazy kernel has no conntrack marks) runs without the
-// release, which the caller tells.
+// marks, the dup expression, the TCP reset and the set of refused
+// connections. A kernel without them (the stock gokrazy kernel has no
+// conntrack marks) runs without the release, which the caller tells.
 func CheckReleaseTimeWait() error {
 	return checkKernelFeatures(releaseProbes(), netlinkProbeRunner(0, probeTableName()))
 }
@@ -371,6 +371,13 @@ func releaseProbes() []kernelProbe {
 				add: func(b *probeBatch) {
 					b.rule(b.filterChain(f), ruleset.MatchCtUntracked{}, ruleset.MatchTCPFlags{Mask: ruleset.TCPFlagACK, Flags: ruleset.TCPFlagACK},
 						ruleset.Reject{TCPReset: true})
+				}},
+			kernelProbe{Feature: "dynset add and lookup on a set of connection tuples" + w, Option: "CONFIG_NFT_CT", Needs: []string{base},
+				add: func(b *probeBatch) {
+					b.set(f, &ruleset.Set{Name: "refused", Shape: ruleset.KeyConn, Timeout: ruleset.RefusedTimeout, Size: 16})
+					b.rule(b.filterChain(f), ruleset.MatchCtNotAssured{}, ruleset.AddRefused{Set: "refused"})
+					b.rule(b.filterChain(f), ruleset.MatchTCPFlags{Mask: ruleset.TCPFlagRST, Flags: ruleset.TCPFlagRST},
+						ruleset.MatchConnInSet{Set: "refused"}, ruleset.Verdict{Kind: ruleset.Drop})
 				}},
 		)
 	}

@@ -138,6 +138,11 @@ const (
 	KeyTraffic
 )
 
+// KeyConn is a connection's original tuple: client address . l4proto .
+// client port . Service address . port (SetRefusedSYNs). It has
+// KeyTraffic's layout, and is written, read and typed as it is.
+const KeyConn = KeyTraffic
+
 // Key is one verdict map key. Addr is unset for KeyProtoPort maps; only
 // Slot is set for KeySlot maps.
 type Key struct {

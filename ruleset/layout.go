@@ -346,6 +346,8 @@ func SetShape(name string) KeyShape {
 		return KeyAddrPair
 	case SetTrafficIn, SetTrafficOut:
 		return KeyTraffic
+	case SetRefusedSYNs:
+		return KeyConn
 	}
 	if strings.HasPrefix(name, MaglevClusterKind+"-") || strings.HasPrefix(name, MaglevLocalKind+"-") {
 		return KeySlot

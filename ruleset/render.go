@@ -217,9 +217,12 @@ func Static(cfg *Config, f Family) Fragment {
 		{MatchCtNew{}, jump(ChainClusterIPsCheck)},
 	}
 	if cfg.ReleaseTimeWait {
-		base("filter-prerouting-close", "filter", "prerouting", PrioReleaseTimeWait, releaseBaseRules()...)
+		fr.Sets = append(fr.Sets, &Set{Name: SetRefusedSYNs, Shape: KeyConn, Timeout: RefusedTimeout, Size: RefusedSize})
+		base(ChainRefusedRaw, "filter", "prerouting", PrioRaw, refusedRawRule())
+		base("filter-prerouting-close", "filter", "prerouting", PrioReleaseTimeWait, append(releaseBaseRules(), refusedBaseRule())...)
 		regular(ChainCloseFIN, closeFINRules()...)
 		regular(ChainReleaseTimeWait, releaseRules(bit)...)
+		regular(ChainReleaseRefused, refusedRules(bit)...)
 		output = append([]Rule{releaseResetRule(bit)}, output...)
 	}
 	base("filter-output", "filter", "output", PrioFilter-1, output...)

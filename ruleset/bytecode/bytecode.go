@@ -123,18 +123,22 @@ const (
 	CtStatus           = unix.NFT_CT_STATUS
 	CtStatusSrcNAT     = 1 << 4 // IPS_SRC_NAT
 	CtStatusDstNAT     = 1 << 5 // IPS_DST_NAT
+	CtStatusAssured    = 1 << 2 // IPS_ASSURED
 	// CtMark is the connection's mark.
 	CtMark = unix.NFT_CT_MARK
 	// CtDirection is the direction of the packet in its connection
 	// (CtDirOriginal or CtDirReply); CtDstIP and CtDstIP6 the destination
 	// address and CtProtoDst the destination port of the connection's
-	// original tuple. The address is loaded by its family's key, as nft
-	// does: nft reads the generic NFT_CT_DST back as 128 bits, and a
-	// concatenation it starts as longer than the set's key (nft 1.0.6
-	// aborts listing such a rule).
+	// original tuple (CtSrcIP, CtSrcIP6, CtProtoSrc its source's). The
+	// address is loaded by its family's key, as nft does: nft reads the
+	// generic NFT_CT_DST back as 128 bits, and a concatenation it starts
+	// as longer than the set's key (nft 1.0.6 aborts listing such a rule).
 	CtDirection   = unix.NFT_CT_DIRECTION
+	CtSrcIP       = unix.NFT_CT_SRC_IP
+	CtSrcIP6      = unix.NFT_CT_SRC_IP6
 	CtDstIP       = unix.NFT_CT_DST_IP
 	CtDstIP6      = unix.NFT_CT_DST_IP6
+	CtProtoSrc    = unix.NFT_CT_PROTO_SRC
 	CtProtoDst    = unix.NFT_CT_PROTO_DST
 	CtDirOriginal = 0 // IP_CT_DIR_ORIGINAL
 	CtDirReply    = 1 // IP_CT_DIR_REPLY
@@ -170,6 +174,7 @@ const (
 	NATSource       = unix.NFT_NAT_SNAT
 	NATSpecified    = unix.NF_NAT_RANGE_PROTO_SPECIFIED
 	NATFullyRandom  = unix.NF_NAT_RANGE_PROTO_RANDOM_FULLY
+	DynsetAdd       = unix.NFT_DYNSET_OP_ADD
 	DynsetUpdate    = unix.NFT_DYNSET_OP_UPDATE
 	RejectICMPUnrch = unix.NFT_REJECT_ICMP_UNREACH
 	RejectTCPReset  = unix.NFT_REJECT_TCP_RST
@@ -214,9 +219,10 @@ type NAT struct {
 	Type, Family, RegAddr, RegProto, RegProtoMax, Flags uint32
 }
 
-// Dynset adds or updates the key in Sreg in the named set. With Counter,
-// the element carries a counter that every update counts the packet in
-// (the element's expression list).
+// Dynset adds (DynsetAdd: an element that exists is left as it is) or
+// updates (DynsetUpdate: its timeout starts again) the key in Sreg in the
+// named set. With Counter, the element carries a counter that every update
+// counts the packet in (the element's expression list).
 type Dynset struct {
 	Sreg, Op uint32
 	Set      string

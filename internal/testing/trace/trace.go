@@ -508,8 +508,14 @@ func (t *tracer) runRule(st state, tt *traceTable, c *ruleset.Chain, i, depth in
 			}
 		case ruleset.MatchCtNew:
 			// Trace replays the first packet of a connection.
-		case ruleset.Counter, ruleset.CountTraffic:
-			// Counts; changes nothing.
+		case ruleset.Counter, ruleset.CountTraffic, ruleset.AddRefused:
+			// Counts or remembers; changes nothing.
+		case ruleset.MatchCtNotAssured:
+			// The first packet of a connection is not assured yet.
+		case ruleset.MatchConnInSet:
+			// Only refused connections' resets are in it, never a first
+			// packet.
+			return []end{{st, endNext}}
 		case ruleset.MatchCtEstablished, ruleset.MatchCtDNAT, ruleset.FlowOffload, ruleset.MatchTCPNotSYN,
 			ruleset.MatchCtMasqueraded, ruleset.MatchCtUntracked, ruleset.MatchCtMark:
 			// The first packet of a connection is not established, is

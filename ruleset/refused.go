@@ -1,0 +1,157 @@
+package ruleset
+
+import (
+	"fmt"
+	"time"
+
+	bc "github.com/nftgate/nftgate/ruleset/bytecode"
+)
+
+// Answering an endpoint's refusal of a SYN (with Config.ReleaseTimeWait).
+//
+// A SYN that lands on a (masquerade address, port) the endpoint still holds
+// in TIME_WAIT for another client connection is refused: the endpoint
+// answers with a bare ACK of the old connection (tcp_timewait_state_process).
+// The client, in SYN_SENT, answers that with a reset carrying the ACK's
+// acknowledgement number, and sends its SYN again a few milliseconds later
+// (Linux's TCP_TIMEOUT_MIN, for the first retransmission only). The
+// client's reset ends the endpoint's TIME_WAIT, but it also closes the
+// connection's conntrack entry, so the SYN sent again opens a new one, and
+// the NAT gives it a new port: one the endpoint may hold in TIME_WAIT too.
+// A second refusal costs the client its one-second retransmission timeout.
+//
+// The gateway answers the refusal itself, the way it releases a closed
+// connection's TIME_WAIT: the endpoint's bare ACK in the reply direction of
+// a masqueraded connection that is not yet assured (conntrack saw no
+// handshake complete) is forwarded as always, and a copy of it is answered
+// with the reset, from the masquerade address and port; the connection's
+// original tuple goes into SetRefusedSYNs for RefusedTimeout. Before
+// conntrack (ChainRefusedRaw), the client's reset that follows (RST without
+// ACK, from that tuple) is dropped, so the connection's entry stays as it
+// was, and the SYN sent again keeps the port, on which the endpoint holds
+// nothing any more. A refusal then costs one quick retransmission, never
+// the one-second one. Only the first refusal of a connection can be
+// retried quickly (the client's kernel rearms its timer for the first
+// only), so keeping the port for it is what matters.
+
+// SetRefusedSYNs holds, for RefusedTimeout, the original tuples (client
+// address . protocol . client port . Service address . port, KeyConn) of
+// connections whose SYN an endpoint refused.
+const SetRefusedSYNs = "refused-syns"
+
+// RefusedTimeout is how long a refused connection's tuple stays in
+// SetRefusedSYNs: the client's reset follows the refusal within
+// milliseconds.
+const RefusedTimeout = time.Second
+
+// RefusedSize bounds SetRefusedSYNs: refusals within RefusedTimeout. A
+// refusal that finds it full is still answered; its client's reset passes.
+const RefusedSize = 65536
+
+// ChainReleaseRefused copies the endpoint's refusal; ChainRefusedRaw is the
+// prerouting chain before conntrack that drops the client's reset.
+const (
+	ChainReleaseRefused = "release-refused"
+	ChainRefusedRaw     = "filter-prerouting-raw"
+)
+
+// PrioRaw is the priority of ChainRefusedRaw: before conntrack (-200).
+const PrioRaw = -300
+
+// refusedBaseRule sends the packets of connections conntrack has not
+// assured (their first packets, until the handshake completes) to
+// ChainReleaseRefused, from the prerouting chain of the close.
+func refusedBaseRule() Rule {
+	return Rule{MatchCtNotAssured{}, Verdict{Kind: Jump, Chain: ChainReleaseRefused}}
+}
+
+// refusedRules copy an endpoint's bare ACK to a masqueraded connection
+// whose handshake is not complete, and remember the connection. The copy
+// is answered by releaseResetRule, as the release's are.
+func refusedRules(bit uint32) []Rule {
+	var rules []Rule
+	for _, doff := range []uint8{5, 8} {
+		rules = append(rules, Rule{
+			MatchTCPFlags{Mask: TCPFlagFIN | TCPFlagSYN | TCPFlagRST | TCPFlagACK, Flags: TCPFlagACK},
+			MatchCtDirection{Reply: true}, MatchCtMasqueraded{}, MatchTCPNoPayload{Doff: doff},
+			MatchMarkUnset{Bit: bit}, DupToSelf{Bit: bit}, AddRefused{Set: SetRefusedSYNs}})
+	}
+	return rules
+}
+
+// refusedRawRule drops a client's reset without ACK (what answers an ACK
+// in SYN_SENT) from a connection in SetRefusedSYNs, before conntrack sees
+// it.
+func refusedRawRule() Rule {
+	return Rule{MatchTCPFlags{Mask: TCPFlagRST | TCPFlagACK, Flags: TCPFlagRST},
+		MatchConnInSet{Set: SetRefusedSYNs}, Verdict{Kind: Drop}}
+}
+
+// MatchCtNotAssured matches the packets of a connection conntrack has not
+// assured: for TCP, until the handshake's last ACK.
+type MatchCtNotAssured struct{}
+
+// AppendText writes "ct status & assured == 0".
+func (MatchCtNotAssured) AppendText(b []byte, _ Family) []byte {
+	return append(b, "ct status & assured == 0"...)
+}
+
+// Encode masks the status with the assured bit and compares with zero.
+func (MatchCtNotAssured) Encode(_ Family, s bc.Sink) {
+	s.Ct(bc.Ct{Key: bc.CtStatus, Dreg: bc.Reg1})
+	maskedEq(s, bc.CtStatusAssured, 0)
+}
+
+// connFields are the fields of a KeyConn key in nft's words, the
+// addresses' with the family's prefix.
+const connFields = "%[1]s saddr . meta l4proto . %[2]s sport . %[1]s daddr . %[2]s dport"
+
+// AddRefused adds the connection's original tuple to Set (KeyConn).
+type AddRefused struct{ Set string }
+
+// AppendText writes "add @set { ct original ip saddr . meta l4proto . ct
+// original proto-src . ct original ip daddr . ct original proto-dst }".
+func (a AddRefused) AppendText(b []byte, f Family) []byte {
+	return fmt.Appendf(b, "add @%s { ct original %s saddr . meta l4proto . ct original proto-src . ct original %s daddr . ct original proto-dst }",
+		a.Set, f, f)
+}
+
+// Encode loads the tuple's fields into consecutive registers, each field
+// taking whole 32-bit words, and adds them to the set.
+func (a AddRefused) Encode(f Family, s bc.Sink) {
+	words := f.AddrLen() / 4
+	src, dst := uint32(bc.CtSrcIP), uint32(bc.CtDstIP)
+	if f == IPv6 {
+		src, dst = bc.CtSrcIP6, bc.CtDstIP6
+	}
+	s.Ct(bc.Ct{Key: src, Dreg: reg32(0)})
+	s.Meta(bc.Meta{Key: bc.MetaL4Proto, Reg: reg32(words)})
+	s.Ct(bc.Ct{Key: bc.CtProtoSrc, Dreg: reg32(words + 1)})
+	s.Ct(bc.Ct{Key: dst, Dreg: reg32(words + 2)})
+	s.Ct(bc.Ct{Key: bc.CtProtoDst, Dreg: reg32(2*words + 2)})
+	s.Dynset(bc.Dynset{Sreg: bc.Reg1, Op: bc.DynsetAdd, Set: a.Set})
+}
+
+// MatchConnInSet matches a packet whose tuple (source address . protocol .
+// source port . destination address . destination port) is in Set
+// (KeyConn). It follows a match of the protocol.
+type MatchConnInSet struct{ Set string }
+
+// AppendText writes "ip saddr . meta l4proto . th sport . ip daddr . th
+// dport @set".
+func (m MatchConnInSet) AppendText(b []byte, f Family) []byte {
+	b = fmt.Appendf(b, connFields, f, "th")
+	return fmt.Appendf(b, " @%s", m.Set)
+}
+
+// Encode loads the packet's fields into consecutive registers and looks
+// them up.
+func (m MatchConnInSet) Encode(f Family, s bc.Sink) {
+	words := f.AddrLen() / 4
+	s.Payload(loadAddr(f, Src, reg32(0), f.AddrLen()))
+	s.Meta(bc.Meta{Key: bc.MetaL4Proto, Reg: reg32(words)})
+	s.Payload(bc.Payload{Base: bc.TransportHeader, Offset: 0, Len: 2, Dreg: reg32(words + 1)})
+	s.Payload(loadAddr(f, Dst, reg32(words+2), f.AddrLen()))
+	s.Payload(bc.Payload{Base: bc.TransportHeader, Offset: 2, Len: 2, Dreg: reg32(2*words + 2)})
+	s.Lookup(bc.Lookup{Sreg: bc.Reg1, Set: m.Set})
+}
