@@ -93,7 +93,9 @@ func dial(args []string) error {
 			for time.Now().Before(end) {
 				t0 := time.Now()
 				c, err := d.Dial("tcp", *to)
+				local := ""
 				if err == nil {
+					local = c.LocalAddr().String()
 					c.SetDeadline(time.Now().Add(5 * time.Second))
 					_, err = bufio.NewReader(c).ReadString('\n')
 					c.Close()
@@ -106,6 +108,7 @@ func dial(args []string) error {
 				ok.Add(1)
 				if el >= time.Second {
 					stalled.Add(1)
+					fmt.Fprintf(os.Stderr, "stalled %s %v at %s\n", local, el, t0.Format("15:04:05.000000"))
 				}
 				mine = append(mine, el)
 			}
