@@ -237,6 +237,10 @@ type Reply struct {
 	// Local is the client socket's own address and port, to compare with
 	// ObservedSource: they differ when the flow was masqueraded.
 	Local netip.AddrPort
+	// SYNRetransmits is how many times a TCP client sent its SYN again
+	// before the connection was established (TCP_INFO's total_retrans
+	// right after connect).
+	SYNRetransmits int
 }
 
 // BackendAddrPort parses Backend.
@@ -300,6 +304,12 @@ func (h *Host) Dial(proto string, dst netip.AddrPort, opts DialOpts) (Reply, err
 	}
 	defer c.Close()
 	local := addrPortOf(c.LocalAddr())
+	synRetrans := 0
+	if tc, ok := c.(*net.TCPConn); ok {
+		if synRetrans, err = totalRetrans(tc); err != nil {
+			return fail(err)
+		}
+	}
 	if err := c.SetDeadline(deadline); err != nil {
 		return fail(err)
 	}
@@ -328,6 +338,7 @@ func (h *Host) Dial(proto string, dst netip.AddrPort, opts DialOpts) (Reply, err
 		return fail(err)
 	}
 	rep.Local = local
+	rep.SYNRetransmits = synRetrans
 	return rep, nil
 }
 
@@ -443,4 +454,23 @@ func pinThread(cpu int) (restore func() error, err error) {
 		}
 		return nil
 	}, nil
+}
+
+// totalRetrans reads a TCP socket's count of retransmitted segments.
+func totalRetrans(c *net.TCPConn) (int, error) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var info *unix.TCPInfo
+	var ierr error
+	if err := raw.Control(func(fd uintptr) {
+		info, ierr = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO)
+	}); err != nil {
+		return 0, err
+	}
+	if ierr != nil {
+		return 0, fmt.Errorf("TCP_INFO: %w", ierr)
+	}
+	return int(info.Total_retrans), nil
 }
