@@ -2,12 +2,17 @@ package e2e_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -306,4 +311,99 @@ func timeWaitTo(t *testing.T, h *lab.Host, addr netip.Addr) int {
 		}
 	}
 	return n
+}
+
+// TestMasqueradeRefusedSYNKeepsItsPort: a SYN masqueraded to a port the
+// backend still holds in TIME_WAIT for another connection is refused (the
+// backend answers with an ACK of the old connection). The gateway resets
+// that TIME_WAIT and keeps the client's own reset from closing the
+// connection's conntrack entry, so the SYN the client sends again a few
+// milliseconds later keeps its port and is accepted. Here the backend holds
+// every masquerade port of CPU 0's group in TIME_WAIT (from the gateway's
+// own connections), so a SYN sent again on another port would meet one too
+// and be refused a second time, which the client answers only after its
+// one-second retransmission timeout. Timestamps are off at both ends, so a
+// SYN is refused on a TIME_WAIT port by its sequence number alone, about
+// half the time, independently for each connection.
+func TestMasqueradeRefusedSYNKeepsItsPort(t *testing.T) {
+	if runtime.NumCPU() < 2 {
+		t.Skip("one CPU: one group of every port, too many to hold in TIME_WAIT")
+	}
+	const dials = 40
+	topo := labtest.Gateway(t)
+	g := gatewaytest.New(t, topo)
+	gatewaytest.Serve(t, topo.Backend, "tcp", ap("198.18.2.10:8080"))
+	g.Write("web.yaml", webServices()...)
+	g.Start()
+	groups := cpuPortGroups(t, g)
+	share := ruleset.GroupPorts(0, groups)
+	for _, h := range []*lab.Host{topo.Client, topo.Gateway} {
+		if err := h.Sysctl("net.ipv4.tcp_timestamps", "0"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	holdTimeWait(t, topo, share)
+	// The gateway's own connections are no longer in its conntrack, so
+	// its NAT takes their ports as free.
+	if out, err := topo.Gateway.Command(context.Background(), "conntrack", "-F").CombinedOutput(); err != nil {
+		t.Fatalf("conntrack -F: %v: %s", err, out)
+	}
+	refused := 0
+	for range dials {
+		r := dialOnCPU(t, topo, topo.ClientIPv4[0], ap("198.19.0.10:80"), 0)
+		checkCPUPort(t, r, 0, groups)
+		if r.SYNRetransmits > 1 {
+			t.Errorf("client %s (seen as %s) sent its SYN %d more times: refused again after the first", r.Local, r.ObservedSource, r.SYNRetransmits)
+		}
+		refused += r.SYNRetransmits
+	}
+	if refused == 0 {
+		t.Fatalf("none of %d SYNs was refused: the backend's TIME_WAIT sockets were not met", dials)
+	}
+	t.Logf("%d of %d SYNs refused once, each accepted when sent again", refused, dials)
+}
+
+// holdTimeWait has the backend hold (the gateway's address, p) in TIME_WAIT
+// for every port p of ports: the gateway connects from each to the echo
+// server, which closes first.
+func holdTimeWait(t *testing.T, topo *lab.Topology, ports ruleset.Ports) {
+	t.Helper()
+	backend := &net.TCPAddr{IP: net.ParseIP("198.18.2.10"), Port: 8080}
+	var wg sync.WaitGroup
+	held := 0
+	err := topo.Gateway.Do(func() error {
+		for p := int(ports.Min); p <= int(ports.Max); p++ {
+			d := net.Dialer{LocalAddr: &net.TCPAddr{IP: topo.GatewayBackendIPv4.AsSlice(), Port: p}, Timeout: 5 * time.Second}
+			c, err := d.Dial("tcp", backend.String())
+			if errors.Is(err, syscall.EADDRINUSE) {
+				continue // the gateway listens on it
+			}
+			if err != nil {
+				return fmt.Errorf("from port %d: %w", p, err)
+			}
+			held++
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				c.SetDeadline(time.Now().Add(5 * time.Second))
+				if _, err := io.WriteString(c, "hold\n"); err == nil {
+					io.Copy(io.Discard, c) // until the server's close
+				}
+			}()
+		}
+		return nil
+	})
+	wg.Wait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := held
+	deadline := time.Now().Add(10 * time.Second)
+	for n := timeWaitTo(t, topo.Backend, topo.GatewayBackendIPv4); n < want; n = timeWaitTo(t, topo.Backend, topo.GatewayBackendIPv4) {
+		if time.Now().After(deadline) {
+			t.Fatalf("backend holds %d TIME_WAIT sockets for the gateway's ports %d-%d, want %d", n, ports.Min, ports.Max, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
