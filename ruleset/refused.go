@@ -69,14 +69,7 @@ func refusedBaseRule() Rule {
 // whose handshake is not complete, and remember the connection. The copy
 // is answered by releaseResetRule, as the release's are.
 func refusedRules(bit uint32) []Rule {
-	var rules []Rule
-	for _, doff := range []uint8{5, 8} {
-		rules = append(rules, Rule{
-			MatchTCPFlags{Mask: TCPFlagFIN | TCPFlagSYN | TCPFlagRST | TCPFlagACK, Flags: TCPFlagACK},
-			MatchCtDirection{Reply: true}, MatchCtMasqueraded{}, MatchTCPNoPayload{Doff: doff},
-			MatchMarkUnset{Bit: bit}, DupToSelf{Bit: bit}, AddRefused{Set: SetRefusedSYNs}})
-	}
-	return rules
+	return copyBareReplyACK(bit, []Stmt{MatchCtMasqueraded{}}, AddRefused{Set: SetRefusedSYNs})
 }
 
 // refusedRawRule drops a client's reset without ACK (what answers an ACK
