@@ -95,10 +95,6 @@ func (MatchCtNotAssured) Encode(_ Family, s bc.Sink) {
 	maskedEq(s, bc.CtStatusAssured, 0)
 }
 
-// connFields are the fields of a KeyConn key in nft's words, the
-// addresses' with the family's prefix.
-const connFields = "%[1]s saddr . meta l4proto . %[2]s sport . %[1]s daddr . %[2]s dport"
-
 // AddRefused adds the connection's original tuple to Set (KeyConn).
 type AddRefused struct{ Set string }
 
@@ -112,16 +108,16 @@ func (a AddRefused) AppendText(b []byte, f Family) []byte {
 // Encode loads the tuple's fields into consecutive registers, each field
 // taking whole 32-bit words, and adds them to the set.
 func (a AddRefused) Encode(f Family, s bc.Sink) {
-	words := f.AddrLen() / 4
 	src, dst := uint32(bc.CtSrcIP), uint32(bc.CtDstIP)
 	if f == IPv6 {
 		src, dst = bc.CtSrcIP6, bc.CtDstIP6
 	}
-	s.Ct(bc.Ct{Key: src, Dreg: reg32(0)})
-	s.Meta(bc.Meta{Key: bc.MetaL4Proto, Reg: reg32(words)})
-	s.Ct(bc.Ct{Key: bc.CtProtoSrc, Dreg: reg32(words + 1)})
-	s.Ct(bc.Ct{Key: dst, Dreg: reg32(words + 2)})
-	s.Ct(bc.Ct{Key: bc.CtProtoDst, Dreg: reg32(2*words + 2)})
+	r := keyTrafficRegs(f)
+	s.Ct(bc.Ct{Key: src, Dreg: r[0]})
+	s.Meta(bc.Meta{Key: bc.MetaL4Proto, Reg: r[1]})
+	s.Ct(bc.Ct{Key: bc.CtProtoSrc, Dreg: r[2]})
+	s.Ct(bc.Ct{Key: dst, Dreg: r[3]})
+	s.Ct(bc.Ct{Key: bc.CtProtoDst, Dreg: r[4]})
 	s.Dynset(bc.Dynset{Sreg: bc.Reg1, Op: bc.DynsetAdd, Set: a.Set})
 }
 
@@ -133,18 +129,17 @@ type MatchConnInSet struct{ Set string }
 // AppendText writes "ip saddr . meta l4proto . th sport . ip daddr . th
 // dport @set".
 func (m MatchConnInSet) AppendText(b []byte, f Family) []byte {
-	b = fmt.Appendf(b, connFields, f, "th")
-	return fmt.Appendf(b, " @%s", m.Set)
+	return fmt.Appendf(b, "%s saddr . meta l4proto . th sport . %s daddr . th dport @%s", f, f, m.Set)
 }
 
 // Encode loads the packet's fields into consecutive registers and looks
 // them up.
 func (m MatchConnInSet) Encode(f Family, s bc.Sink) {
-	words := f.AddrLen() / 4
-	s.Payload(loadAddr(f, Src, reg32(0), f.AddrLen()))
-	s.Meta(bc.Meta{Key: bc.MetaL4Proto, Reg: reg32(words)})
-	s.Payload(bc.Payload{Base: bc.TransportHeader, Offset: 0, Len: 2, Dreg: reg32(words + 1)})
-	s.Payload(loadAddr(f, Dst, reg32(words+2), f.AddrLen()))
-	s.Payload(bc.Payload{Base: bc.TransportHeader, Offset: 2, Len: 2, Dreg: reg32(2*words + 2)})
+	r := keyTrafficRegs(f)
+	s.Payload(loadAddr(f, Src, r[0], f.AddrLen()))
+	s.Meta(bc.Meta{Key: bc.MetaL4Proto, Reg: r[1]})
+	s.Payload(bc.Payload{Base: bc.TransportHeader, Offset: 0, Len: 2, Dreg: r[2]})
+	s.Payload(loadAddr(f, Dst, r[3], f.AddrLen()))
+	s.Payload(bc.Payload{Base: bc.TransportHeader, Offset: 2, Len: 2, Dreg: r[4]})
 	s.Lookup(bc.Lookup{Sreg: bc.Reg1, Set: m.Set})
 }

@@ -673,6 +673,14 @@ func reg32(i uint32) uint32 {
 	return bc.Reg32First + i
 }
 
+// keyTrafficRegs are the registers of the five fields of a KeyTraffic (or
+// KeyConn) key, address . protocol . port . address . port, consecutive,
+// each field taking whole 32-bit words.
+func keyTrafficRegs(f Family) [5]uint32 {
+	w := f.AddrLen() / 4
+	return [5]uint32{reg32(0), reg32(w), reg32(w + 1), reg32(w + 2), reg32(2*w + 2)}
+}
+
 // Encode matches the protocol and the direction, loads the key's fields into consecutive
 // registers, each field taking whole 32-bit words, and updates the set
 // with them.
@@ -684,16 +692,16 @@ func (c CountTraffic) Encode(f Family, s bc.Sink) {
 	matchL4Proto(s, c.Proto)
 	s.Ct(bc.Ct{Key: bc.CtDirection, Dreg: bc.Reg1})
 	s.Cmp(bc.Cmp{Op: bc.CmpEq, Sreg: bc.Reg1, Data: bc.Bytes(byte(dir))})
-	words := f.AddrLen() / 4
 	dst := uint32(bc.CtDstIP)
 	if f == IPv6 {
 		dst = bc.CtDstIP6
 	}
-	s.Ct(bc.Ct{Key: dst, Dreg: reg32(0)})
-	s.Meta(bc.Meta{Key: bc.MetaL4Proto, Reg: reg32(words)})
-	s.Ct(bc.Ct{Key: bc.CtProtoDst, Dreg: reg32(words + 1)})
-	s.Payload(loadAddr(f, ep, reg32(words+2), f.AddrLen()))
-	s.Payload(bc.Payload{Base: bc.TransportHeader, Offset: port, Len: 2, Dreg: reg32(2*words + 2)})
+	r := keyTrafficRegs(f)
+	s.Ct(bc.Ct{Key: dst, Dreg: r[0]})
+	s.Meta(bc.Meta{Key: bc.MetaL4Proto, Reg: r[1]})
+	s.Ct(bc.Ct{Key: bc.CtProtoDst, Dreg: r[2]})
+	s.Payload(loadAddr(f, ep, r[3], f.AddrLen()))
+	s.Payload(bc.Payload{Base: bc.TransportHeader, Offset: port, Len: 2, Dreg: r[4]})
 	s.Dynset(bc.Dynset{Sreg: bc.Reg1, Op: bc.DynsetUpdate, Set: c.Set, Counter: true})
 }
 
