@@ -7,7 +7,7 @@ import (
 	bc "github.com/nftgate/nftgate/ruleset/bytecode"
 )
 
-// Answering an endpoint's refusal of a SYN (with Config.ReleaseTimeWait).
+// Answering an endpoint's refusal of a SYN (Config.AnswerRefusedSYNs).
 //
 // A SYN that lands on a (masquerade address, port) the endpoint still holds
 // in TIME_WAIT for another client connection is refused: the endpoint
@@ -67,9 +67,10 @@ func refusedBaseRule() Rule {
 
 // refusedRules copy an endpoint's bare ACK to a masqueraded connection
 // whose handshake is not complete, and remember the connection. The copy
-// is answered by releaseResetRule, as the release's are.
-func refusedRules(bit uint32) []Rule {
-	return copyBareReplyACK(bit, []Stmt{MatchCtMasqueraded{}}, AddRefused{Set: SetRefusedSYNs})
+// is answered by releaseResetRule, as the release's are. With counter, the
+// rules count the refusals answered.
+func refusedRules(bit uint32, counter bool) []Rule {
+	return copyBareReplyACK(bit, counter, []Stmt{MatchCtMasqueraded{}}, AddRefused{Set: SetRefusedSYNs})
 }
 
 // refusedRawRule drops a client's reset without ACK (what answers an ACK

@@ -73,19 +73,25 @@ func closeFINRules() []Rule {
 // were marked. Only a bare ACK is copied (a TCP header of 20 bytes, or 32
 // with timestamps, and nothing after it): an endpoint retransmitting data
 // after the client's FIN (a client that half-closed and still reads) is
-// never reset.
-func releaseRules(bit uint32) []Rule { return copyBareReplyACK(bit, nil) }
+// never reset. With counter, the rules count the copies (the resets sent;
+// nft.Reading.Resets).
+func releaseRules(bit uint32, counter bool) []Rule { return copyBareReplyACK(bit, counter, nil) }
 
 // copyBareReplyACK are the two rules (a TCP header of 20 bytes, or 32 with
 // timestamps) that copy an endpoint's bare ACK which also passes match to
-// the gateway's output path (DupToSelf), and then do after.
-func copyBareReplyACK(bit uint32, match []Stmt, after ...Stmt) []Rule {
+// the gateway's output path (DupToSelf), counting the copies with counter,
+// and then do after.
+func copyBareReplyACK(bit uint32, counter bool, match []Stmt, after ...Stmt) []Rule {
 	var rules []Rule
 	for _, doff := range []uint8{5, 8} {
 		r := Rule{MatchTCPFlags{Mask: TCPFlagFIN | TCPFlagSYN | TCPFlagRST | TCPFlagACK, Flags: TCPFlagACK},
 			MatchCtDirection{Reply: true}}
 		r = append(r, match...)
-		r = append(r, MatchTCPNoPayload{Doff: doff}, MatchMarkUnset{Bit: bit}, DupToSelf{Bit: bit})
+		r = append(r, MatchTCPNoPayload{Doff: doff}, MatchMarkUnset{Bit: bit})
+		if counter {
+			r = append(r, Counter{})
+		}
+		r = append(r, DupToSelf{Bit: bit})
 		rules = append(rules, append(r, after...))
 	}
 	return rules

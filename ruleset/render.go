@@ -75,6 +75,12 @@ type Config struct {
 	// release.go), so that the masquerade address's ports can be given
 	// to other clients at once.
 	ReleaseTimeWait bool
+	// AnswerRefusedSYNs: the gateway answers an endpoint's refusal of a
+	// masqueraded connection's SYN (a TIME_WAIT it still holds for that
+	// address and port) with the reset that ends it, and keeps the
+	// connection's port for the SYN sent again (refused.go). It needs no
+	// conntrack marks, so it stays on where ReleaseTimeWait cannot be.
+	AnswerRefusedSYNs bool
 	// MasqueradePortGroups, a power of two from 2 to
 	// MaxMasqueradePortGroups, gives each group of CPUs its own share of
 	// the ports TCP is masqueraded to (cpuports.go), so that two CPUs never
@@ -216,13 +222,24 @@ func Static(cfg *Config, f Family) Fragment {
 		{MatchCtNew{}, jump(ChainServiceEPCheck)},
 		{MatchCtNew{}, jump(ChainClusterIPsCheck)},
 	}
-	if cfg.ReleaseTimeWait {
-		fr.Sets = append(fr.Sets, &Set{Name: SetRefusedSYNs, Shape: KeyConn, Timeout: RefusedTimeout, Size: RefusedSize})
-		base(ChainRefusedRaw, "filter", "prerouting", PrioRaw, refusedRawRule())
-		base("filter-prerouting-close", "filter", "prerouting", PrioReleaseTimeWait, append(releaseBaseRules(), refusedBaseRule())...)
-		regular(ChainCloseFIN, closeFINRules()...)
-		regular(ChainReleaseTimeWait, releaseRules(bit)...)
-		regular(ChainReleaseRefused, refusedRules(bit)...)
+	if release, answer := cfg.ReleaseTimeWait, cfg.AnswerRefusedSYNs; release || answer {
+		var closeRules []Rule
+		if release {
+			closeRules = releaseBaseRules()
+		}
+		if answer {
+			closeRules = append(closeRules, refusedBaseRule())
+			fr.Sets = append(fr.Sets, &Set{Name: SetRefusedSYNs, Shape: KeyConn, Timeout: RefusedTimeout, Size: RefusedSize})
+			base(ChainRefusedRaw, "filter", "prerouting", PrioRaw, refusedRawRule())
+		}
+		base("filter-prerouting-close", "filter", "prerouting", PrioReleaseTimeWait, closeRules...)
+		if release {
+			regular(ChainCloseFIN, closeFINRules()...)
+			regular(ChainReleaseTimeWait, releaseRules(bit, cfg.Counters)...)
+		}
+		if answer {
+			regular(ChainReleaseRefused, refusedRules(bit, cfg.Counters)...)
+		}
 		output = append([]Rule{releaseResetRule(bit)}, output...)
 	}
 	base("filter-output", "filter", "output", PrioFilter-1, output...)
