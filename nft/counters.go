@@ -144,6 +144,20 @@ type Reading struct {
 	counts []PortCounters
 	// shardNew sums New per shard of the layout it was read in.
 	shardNew []uint64
+	// Resets are the TCP resets the gateway sent endpoints to end a
+	// TIME_WAIT of a masqueraded connection.
+	Resets Resets
+}
+
+// Resets counts the gateway's resets of endpoints' TIME_WAIT, by why they
+// were sent.
+type Resets struct {
+	// Released: both ends had closed the connection
+	// (ruleset.Config.ReleaseTimeWait).
+	Released uint64
+	// Refused: the endpoint had refused the connection's SYN on a
+	// TIME_WAIT it still held (ruleset.Config.AnswerRefusedSYNs).
+	Refused uint64
 }
 
 // portIndex is every programmed Service port that a counted map element
@@ -330,13 +344,13 @@ func (p *Programmer) readKernelCounters() (*Reading, error) {
 		c.reader = r
 	}
 	cfg, fw := p.countedConfig()
-	elems, drops, flows, err := c.reader.readCounters(&cfg, fw, len(c.seen), c.counted+c.counted/16)
+	elems, byChain, flows, err := c.reader.readCounters(&cfg, fw, len(c.seen), c.counted+c.counted/16)
 	if err != nil {
 		return nil, fmt.Errorf("read counters: %w", err)
 	}
 	c.traffic(flows)
 	c.counted = len(elems)
-	return p.attribute(elems, drops, true), nil
+	return p.attribute(elems, byChain, true), nil
 }
 
 // counted is one map element's counter.
@@ -350,14 +364,14 @@ type counted struct {
 var countedMaps = []string{ruleset.MapServiceIPs, ruleset.MapServiceNodePorts, ruleset.MapNoEndpointServices, ruleset.MapNoEndpointNodePorts}
 
 // readCounters reads the counters of the counted maps' elements in every
-// table of nftgate's, and of the drop rules of the source-range chains fw
-// (one dump per chain: a dump of the main table's rules would send every
-// Service's). flows is the number of traffic elements expected (the last
+// table of nftgate's, and of the rules of the source-range chains fw and
+// of the resets' chains (chainsCounted; one dump per chain: a dump of the
+// main table's rules would send every Service's), by chain. flows is the number of traffic elements expected (the last
 // reading's), to size their map once, and elems the counted elements
 // expected (the last reading's) for their slice.
 func (r *reader) readCounters(cfg *ruleset.Config, fw map[string]PortRef, flows, elems int) ([]counted, map[string]Count, map[trafficKey]Count, error) {
 	out := make([]counted, 0, elems)
-	drops := map[string]Count{}
+	byChain := map[string]Count{}
 	traffic := make(map[trafficKey]Count, flows)
 	for _, f := range ruleset.Families {
 		names := []string{cfg.Table}
@@ -388,11 +402,11 @@ func (r *reader) readCounters(cfg *ruleset.Config, fw map[string]PortRef, flows,
 			if name != cfg.Table {
 				continue
 			}
-			for ch := range fw {
+			for ch := range chainsCounted(cfg, fw) {
 				err := r.eachRuleCounter(f, name, ch, func(c Count) {
-					n := drops[ch]
+					n := byChain[ch]
 					n.add(c)
-					drops[ch] = n
+					byChain[ch] = n
 				})
 				if err != nil && !errors.Is(err, unix.ENOENT) { // ENOENT: not in this family, or gone since
 					return nil, nil, nil, err
@@ -400,7 +414,26 @@ func (r *reader) readCounters(cfg *ruleset.Config, fw map[string]PortRef, flows,
 			}
 		}
 	}
-	return out, drops, traffic, nil
+	return out, byChain, traffic, nil
+}
+
+// chainsCounted are the chains of the main table whose rules' counters a
+// reading sums: the source-range chains fw (their drops) and the chains
+// that copy what the gateway answers with a reset (Reading.Resets).
+func chainsCounted(cfg *ruleset.Config, fw map[string]PortRef) iter.Seq[string] {
+	return func(yield func(string) bool) {
+		for ch := range fw {
+			if !yield(ch) {
+				return
+			}
+		}
+		if cfg.ReleaseTimeWait && !yield(ruleset.ChainReleaseTimeWait) {
+			return
+		}
+		if cfg.AnswerRefusedSYNs {
+			yield(ruleset.ChainReleaseRefused)
+		}
+	}
 }
 
 // readTraffic reads the elements of traffic set set of table into flows.
@@ -464,7 +497,7 @@ func isCounted(name string) bool { return slices.Contains(countedMaps, name) }
 // Service that holds it, each source-range chain to its port, each traffic
 // element to the port of its destination and, while the port has it, its
 // endpoint. Called with p.counters.read held.
-func (p *Programmer) attribute(elems []counted, drops map[string]Count, traffic bool) *Reading {
+func (p *Programmer) attribute(elems []counted, byChain map[string]Count, traffic bool) *Reading {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	c := &p.counters
@@ -475,6 +508,7 @@ func (p *Programmer) attribute(elems []counted, drops map[string]Count, traffic 
 	if !traffic {
 		return rd
 	}
+	rd.Resets = Resets{Released: byChain[ruleset.ChainReleaseTimeWait].Packets, Refused: byChain[ruleset.ChainReleaseRefused].Packets}
 	rd.counts = make([]PortCounters, len(rd.ports.refs))
 	rd.Endpoints = p.attributeTraffic(rd, p.forgotten.take())
 	for _, e := range elems {
@@ -488,9 +522,9 @@ func (p *Programmer) attribute(elems []counted, drops map[string]Count, traffic 
 			rd.counts[i].Rejected += e.n.Packets
 		}
 	}
-	if len(drops) > 0 {
+	if len(byChain) > 0 {
 		fw := p.firewallChainsLocked()
-		for ch, n := range drops {
+		for ch, n := range byChain {
 			if ref, ok := fw[ch]; ok {
 				if i, ok := rd.ports.at(ref); ok {
 					rd.counts[i].Dropped += n.Packets

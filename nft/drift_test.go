@@ -246,7 +246,7 @@ func TestRandomChangesLeaveNoDrift(t *testing.T) {
 // objects and bytecode, which is what makes `nft list ruleset` show exactly
 // what nftgate meant.
 func TestNetlinkMatchesNft(t *testing.T) {
-	base := ruleset.Config{Table: "nftgate", Node: model.Node{Name: "gw"}, HashSeed: 7, Shards: 4, ReleaseTimeWait: true,
+	base := ruleset.Config{Table: "nftgate", Node: model.Node{Name: "gw"}, HashSeed: 7, Shards: 4, ReleaseTimeWait: true, AnswerRefusedSYNs: true,
 		ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("198.18.2.0/24"), netip.MustParsePrefix("fd42:2::/64")}}
 	// Masquerade ports by CPU group, to the interface's address and to a
 	// pool (two IPv4 addresses by hash, one IPv6).
@@ -255,7 +255,11 @@ func TestNetlinkMatchesNft(t *testing.T) {
 	pool := cpus
 	pool.MasqueradePortGroups = 2
 	pool.MasqueradeAddresses = []netip.Addr{netip.MustParseAddr("198.18.3.1"), netip.MustParseAddr("198.18.3.2"), netip.MustParseAddr("fd42:3::1")}
-	for name, cfg := range map[string]ruleset.Config{"default": base, "cpu-ports": cpus, "cpu-ports-pool": pool} {
+	// The answer to refused SYNs without the release (a kernel without
+	// conntrack marks), its rules counting.
+	answer := base
+	answer.ReleaseTimeWait, answer.Counters = false, true
+	for name, cfg := range map[string]ruleset.Config{"default": base, "cpu-ports": cpus, "cpu-ports-pool": pool, "answer-without-release": answer} {
 		t.Run(name, func(t *testing.T) {
 			nsA, fdA := testNetNS(t)
 			nsC, _ := testNetNS(t)

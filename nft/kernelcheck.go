@@ -341,15 +341,50 @@ func counterProbes(traffic bool) []kernelProbe {
 
 // CheckReleaseTimeWait verifies, in the process's own network namespace,
 // that the kernel has what Config.ReleaseTimeWait programs: conntrack
-// marks, the dup expression, the TCP reset and the set of refused
-// connections. A kernel without them (the stock gokrazy kernel has no
-// conntrack marks) runs without the release, which the caller tells.
+// marks, the dup expression and the TCP reset. A kernel without them (the
+// stock gokrazy kernel has no conntrack marks) runs without the release,
+// which the caller tells.
 func CheckReleaseTimeWait() error {
 	return checkKernelFeatures(releaseProbes(), netlinkProbeRunner(0, probeTableName()))
 }
 
+// CheckAnswerRefusedSYNs verifies, in the process's own network namespace,
+// that the kernel has what Config.AnswerRefusedSYNs programs: the dup
+// expression, the TCP reset and the set of refused connections, with its
+// add and lookup. No conntrack marks.
+func CheckAnswerRefusedSYNs() error {
+	return checkKernelFeatures(refusedProbes(), netlinkProbeRunner(0, probeTableName()))
+}
+
 // releaseProbes try, per family, the statements of the release's rules.
 func releaseProbes() []kernelProbe {
+	return resetProbes(func(f ruleset.Family, base string) kernelProbe {
+		return kernelProbe{Feature: "conntrack marks (" + f.String() + ")", Option: "CONFIG_NF_CONNTRACK_MARK and CONFIG_NFT_CT", Needs: []string{base},
+			add: func(b *probeBatch) {
+				b.rule(b.filterChain(f), ruleset.MatchCtMark{Bit: ruleset.CloseMarkReplyFIN}, ruleset.SetCtMark{Bit: ruleset.CloseMarkClientFIN})
+			}}
+	})
+}
+
+// refusedProbes try, per family, the statements of the answer to refused
+// SYNs.
+func refusedProbes() []kernelProbe {
+	return resetProbes(func(f ruleset.Family, base string) kernelProbe {
+		return kernelProbe{Feature: "dynset add and lookup on a set of connection tuples (" + f.String() + ")", Option: "CONFIG_NFT_CT", Needs: []string{base},
+			add: func(b *probeBatch) {
+				b.set(f, &ruleset.Set{Name: "refused", Shape: ruleset.KeyConn, Timeout: ruleset.RefusedTimeout, Size: 16})
+				b.rule(b.filterChain(f), ruleset.MatchCtNotAssured{}, ruleset.AddRefused{Set: "refused"})
+				b.rule(b.filterChain(f), ruleset.MatchTCPFlags{Mask: ruleset.TCPFlagRST, Flags: ruleset.TCPFlagRST},
+					ruleset.MatchConnInSet{Set: "refused"}, ruleset.Verdict{Kind: ruleset.Drop})
+			}}
+	})
+}
+
+// resetProbes try, per family, what both the release and the answer to
+// refused SYNs use (the filter table, the copy of a packet to the
+// gateway's output path and the reset that answers it), and then the
+// probe own makes for the family's base feature.
+func resetProbes(own func(f ruleset.Family, base string) kernelProbe) []kernelProbe {
 	var ps []kernelProbe
 	for _, f := range ruleset.Families {
 		w := " (" + f.String() + ")"
@@ -359,10 +394,7 @@ func releaseProbes() []kernelProbe {
 			kernelProbe{Feature: base, Option: opt.table, add: func(b *probeBatch) {
 				b.filterChain(f)
 			}},
-			kernelProbe{Feature: "conntrack marks" + w, Option: "CONFIG_NF_CONNTRACK_MARK and CONFIG_NFT_CT", Needs: []string{base},
-				add: func(b *probeBatch) {
-					b.rule(b.filterChain(f), ruleset.MatchCtMark{Bit: ruleset.CloseMarkReplyFIN}, ruleset.SetCtMark{Bit: ruleset.CloseMarkClientFIN})
-				}},
+			own(f, base),
 			kernelProbe{Feature: "dup expression" + w, Option: opt.dup, Needs: []string{base},
 				add: func(b *probeBatch) {
 					b.rule(b.filterChain(f), ruleset.MatchMarkUnset{Bit: ruleset.DefaultMasqueradeBit}, ruleset.DupToSelf{Bit: ruleset.DefaultMasqueradeBit})
@@ -371,13 +403,6 @@ func releaseProbes() []kernelProbe {
 				add: func(b *probeBatch) {
 					b.rule(b.filterChain(f), ruleset.MatchCtUntracked{}, ruleset.MatchTCPFlags{Mask: ruleset.TCPFlagACK, Flags: ruleset.TCPFlagACK},
 						ruleset.Reject{TCPReset: true})
-				}},
-			kernelProbe{Feature: "dynset add and lookup on a set of connection tuples" + w, Option: "CONFIG_NFT_CT", Needs: []string{base},
-				add: func(b *probeBatch) {
-					b.set(f, &ruleset.Set{Name: "refused", Shape: ruleset.KeyConn, Timeout: ruleset.RefusedTimeout, Size: 16})
-					b.rule(b.filterChain(f), ruleset.MatchCtNotAssured{}, ruleset.AddRefused{Set: "refused"})
-					b.rule(b.filterChain(f), ruleset.MatchTCPFlags{Mask: ruleset.TCPFlagRST, Flags: ruleset.TCPFlagRST},
-						ruleset.MatchConnInSet{Set: "refused"}, ruleset.Verdict{Kind: ruleset.Drop})
 				}},
 		)
 	}

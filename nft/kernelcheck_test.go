@@ -223,14 +223,23 @@ func checkProbeOrder(t *testing.T, probes []kernelProbe) {
 	}
 }
 
-// The release of the endpoints' TIME_WAIT is checked on its own (a kernel
-// without it runs without the release): this kernel has it, and a probe it
-// refuses is named with its option.
+// The release of the endpoints' TIME_WAIT and the answer to refused SYNs
+// are checked on their own (a kernel without one runs without it): this
+// kernel has both, only the release needs conntrack marks, and a probe the
+// kernel refuses is named with its option.
 func TestKernelCheckReleaseTimeWait(t *testing.T) {
 	fd := newAnonNetns(t)
 	run := netlinkProbeRunner(fd, probeTableName())
 	if err := checkKernelFeatures(releaseProbes(), run); err != nil {
 		t.Fatalf("release check on this kernel: %v", err)
+	}
+	if err := checkKernelFeatures(refusedProbes(), run); err != nil {
+		t.Fatalf("answer check on this kernel: %v", err)
+	}
+	for _, p := range refusedProbes() {
+		if strings.Contains(p.Option, "CONNTRACK_MARK") {
+			t.Errorf("the answer to refused SYNs probes %q (%s): it needs no conntrack marks", p.Feature, p.Option)
+		}
 	}
 	probes := append(releaseProbes(), kernelProbe{
 		Feature: "dup to a register never loaded", Option: "CONFIG_NFT_DUP_IPV4", Needs: []string{releaseProbes()[0].Feature},

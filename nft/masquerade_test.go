@@ -10,7 +10,8 @@ import (
 
 // The masquerade pool's rules (address-only jhash, snat to an address),
 // keep_client_address's marking, the release of the endpoints' TIME_WAIT
-// and the CPU groups' port ranges of a pool are written byte for byte as
+// and the answer to refused SYNs (also alone, counting) and the CPU groups'
+// port ranges of a pool are written byte for byte as
 // google/nftables writes them.
 func TestWireMatchesGoogleNftablesMasquerade(t *testing.T) {
 	svc := fuzzService("web", &fuzzReader{b: []byte{10, 20, 1, 0, 0, 1, 80, 0, 0, 30, 2, 3, 0, 80, 1, 0, 0}})
@@ -18,7 +19,8 @@ func TestWireMatchesGoogleNftablesMasquerade(t *testing.T) {
 		{MasqueradeAddresses: []netip.Addr{netip.MustParseAddr("198.18.3.1"), netip.MustParseAddr("198.18.3.2"),
 			netip.MustParseAddr("198.18.3.3"), netip.MustParseAddr("fd00:3::1")}},
 		{MasqueradeAddresses: []netip.Addr{netip.MustParseAddr("198.18.3.1")}, KeepClientAddress: true},
-		{ReleaseTimeWait: true},
+		{ReleaseTimeWait: true, AnswerRefusedSYNs: true},
+		{AnswerRefusedSYNs: true, Counters: true},
 		{MasqueradePortGroups: 4, MasqueradeAddresses: []netip.Addr{netip.MustParseAddr("198.18.3.1"), netip.MustParseAddr("198.18.3.2"),
 			netip.MustParseAddr("fd00:3::1")}},
 	} {
