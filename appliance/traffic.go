@@ -463,3 +463,32 @@ func (c *TrafficCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descTrafficPackets, prometheus.CounterValue, float64(pin), "in")
 	ch <- prometheus.MustNewConstMetric(descTrafficPackets, prometheus.CounterValue, float64(pout), "out")
 }
+
+// ResetsFunc reads the gateway's resets of endpoints' TIME_WAIT since the
+// rules that count them were made, by reason ("released", "refused"): only
+// the reasons the gateway runs with.
+type ResetsFunc func() (map[string]uint64, error)
+
+// ResetsCollector exports the resets (ResetsFunc) to Prometheus.
+type ResetsCollector struct{ read ResetsFunc }
+
+// NewResetsCollector returns the collector of read's resets.
+func NewResetsCollector(read ResetsFunc) *ResetsCollector { return &ResetsCollector{read: read} }
+
+var descTimeWaitResets = prometheus.NewDesc("nftgate_time_wait_resets_total",
+	"TCP resets the gateway sent to endpoints to end a TIME_WAIT on a masquerade address and port, by reason: released (both ends had closed the connection, release_time_wait), refused (the endpoint refused a client's SYN on it, answer_refused_syns).",
+	[]string{"reason"}, nil)
+
+// Describe implements prometheus.Collector.
+func (c *ResetsCollector) Describe(ch chan<- *prometheus.Desc) { ch <- descTimeWaitResets }
+
+// Collect implements prometheus.Collector.
+func (c *ResetsCollector) Collect(ch chan<- prometheus.Metric) {
+	n, err := c.read()
+	if err != nil {
+		return // the rest of the scrape stands
+	}
+	for reason, v := range n {
+		ch <- prometheus.MustNewConstMetric(descTimeWaitResets, prometheus.CounterValue, float64(v), reason)
+	}
+}

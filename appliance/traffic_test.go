@@ -1,6 +1,7 @@
 package appliance
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -154,6 +155,46 @@ func TestTrafficMetricsPerServiceOnlyWhenAsked(t *testing.T) {
 			} {
 				if strings.Contains(body, series) != perService {
 					t.Errorf("per-Service series %s present: %v, want %v", series, !perService, perService)
+				}
+			}
+		})
+	}
+}
+
+// The resets are exported by reason, only the reasons read gives (the
+// features the gateway runs with); a failed reading leaves them out of the
+// scrape and the rest stands.
+func TestResetsMetrics(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		read      ResetsFunc
+		want, not []string
+	}{
+		{"both", func() (map[string]uint64, error) { return map[string]uint64{"released": 1200, "refused": 7}, nil },
+			[]string{`nftgate_time_wait_resets_total{reason="released"} 1200`, `nftgate_time_wait_resets_total{reason="refused"} 7`}, nil},
+		{"answer alone", func() (map[string]uint64, error) { return map[string]uint64{"refused": 3}, nil },
+			[]string{`nftgate_time_wait_resets_total{reason="refused"} 3`}, []string{`reason="released"`}},
+		{"failed reading", func() (map[string]uint64, error) { return nil, errors.New("netlink: no buffer space") },
+			[]string{"nftgate_build_info"}, []string{"nftgate_time_wait_resets_total"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := NewMetrics("test")
+			m.Registry().MustRegister(NewResetsCollector(tc.read))
+			ts, _ := newTestServer(t, Snapshot{}, Options{Metrics: m})
+			resp, err := http.Get(ts.URL + "/metrics")
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			for _, want := range tc.want {
+				if !strings.Contains(string(b), want) {
+					t.Errorf("no %s in the metrics", want)
+				}
+			}
+			for _, not := range tc.not {
+				if strings.Contains(string(b), not) {
+					t.Errorf("%s in the metrics", not)
 				}
 			}
 		})
