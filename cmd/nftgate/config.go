@@ -90,8 +90,13 @@ type Config struct {
 	// ReleaseTimeWait: the endpoints' TIME_WAIT of masqueraded TCP
 	// connections is reset once both ends closed (ruleset/release.go).
 	ReleaseTimeWait bool `toml:"release_time_wait"`
-	// ConntrackTCPTimeWait, with ReleaseTimeWait, is set as the
-	// namespace's conntrack TIME_WAIT timeout (0: left as it is).
+	// AnswerRefusedSYNs: an endpoint's refusal of a masqueraded
+	// connection's SYN is answered with the reset that ends its TIME_WAIT
+	// (ruleset/refused.go).
+	AnswerRefusedSYNs bool `toml:"answer_refused_syns"`
+	// ConntrackTCPTimeWait, with ReleaseTimeWait or AnswerRefusedSYNs, is
+	// set as the namespace's conntrack TIME_WAIT timeout (0: left as it
+	// is).
 	ConntrackTCPTimeWait Duration `toml:"conntrack_tcp_time_wait"`
 	// MasqueradePortsByCPU gives each group of CPUs its own share of the
 	// masquerade ports for TCP (ruleset/cpuports.go).
@@ -136,6 +141,7 @@ func defaults() Config {
 		DrainPeriod:                 Duration(DefaultDrainPeriod),
 		MasqueradeBit:               0x4000,
 		ReleaseTimeWait:             true,
+		AnswerRefusedSYNs:           true,
 		MasqueradePortsByCPU:        true,
 		ConntrackTCPTimeWait:        Duration(defaultConntrackTCPTimeWait),
 		Shards:                      ShardsAuto,
@@ -369,6 +375,7 @@ func loadConfig(name string, args []string) (*Config, *flag.FlagSet, error) {
 	fs.BoolVar(&cfg.KeepClientAddress, "keep-client-address", cfg.KeepClientAddress, "masquerade no client: replies from the pods come back through this gateway")
 	fs.BoolVar(&cfg.MasqueradePortsByCPU, "masquerade-ports-by-cpu", cfg.MasqueradePortsByCPU, "give each group of CPUs its own share of the ports TCP is masqueraded to, so that no two new connections clash")
 	fs.BoolVar(&cfg.ReleaseTimeWait, "release-time-wait", cfg.ReleaseTimeWait, "reset the endpoints' TIME_WAIT of masqueraded TCP connections once both ends closed")
+	fs.BoolVar(&cfg.AnswerRefusedSYNs, "answer-refused-syns", cfg.AnswerRefusedSYNs, "answer an endpoint's refusal of a masqueraded TCP connection's SYN with the reset that ends its TIME_WAIT")
 	fs.Var(&listFlag{dst: &cfg.ExternalIPCIDRs}, "external-ip-cidr", "`CIDR` where Services' externalIPs are served; none by default (repeatable)")
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "`host:port` of the status page, API, health and metrics")
 	fs.StringVar(&cfg.Table, "table", cfg.Table, "`name` of nftgate's nftables tables")

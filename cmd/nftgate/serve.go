@@ -51,6 +51,7 @@ func (c *Config) ruleset() ruleset.Config {
 		MasqueradeAddresses:  c.masqueradeAddrs,
 		KeepClientAddress:    c.KeepClientAddress,
 		ReleaseTimeWait:      c.ReleaseTimeWait,
+		AnswerRefusedSYNs:    c.AnswerRefusedSYNs,
 		MasqueradePortGroups: c.masqueradePortGroups(),
 		Counters:             c.Counters,
 		DropMidstreamTCP:     c.dropMidstreamTCP(),
@@ -165,7 +166,7 @@ func serve(ctx context.Context, cfg *Config) error {
 	if err := nft.CheckKernel(&rcfg); err != nil {
 		return err
 	}
-	if err := setupReleaseTimeWait(cfg, log, nft.CheckReleaseTimeWait, conntrackTimeWaitSysctl); err != nil {
+	if err := setupReleaseTimeWait(cfg, log, timeWaitChecks{release: nft.CheckReleaseTimeWait, answer: nft.CheckAnswerRefusedSYNs}, conntrackTimeWaitSysctl); err != nil {
 		return err
 	}
 	if err := cfg.checkFlowtableDevices(); err != nil {
@@ -348,6 +349,9 @@ func serve(ctx context.Context, cfg *Config) error {
 	// (and per Service port with metrics_per_service).
 	tr := newTraffic(prog)
 	metrics.Registry().MustRegister(appliance.NewTrafficCollector(tr, cfg.MetricsPerService))
+	if cfg.Counters && (cfg.ReleaseTimeWait || cfg.AnswerRefusedSYNs) {
+		metrics.Registry().MustRegister(appliance.NewResetsCollector(tr.resets(cfg.ReleaseTimeWait, cfg.AnswerRefusedSYNs)))
+	}
 	hist := cfg.history()
 	if hist != nil {
 		wg.Go(func() { hist.Run(ctx, tr, log) })

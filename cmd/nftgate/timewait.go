@@ -26,16 +26,28 @@ const (
 // conntrackTimeWaitSysctl is the namespace's conntrack TIME_WAIT timeout.
 const conntrackTimeWaitSysctl = "/proc/sys/net/netfilter/nf_conntrack_tcp_timeout_time_wait"
 
-// setupReleaseTimeWait turns the release off when the kernel lacks what it
-// needs (and says so), and otherwise sets conntrack's TIME_WAIT timeout as
-// configured. It runs after the kernel check, which loads conntrack.
-func setupReleaseTimeWait(cfg *Config, log *slog.Logger, check func() error, sysctl string) error {
-	if !cfg.ReleaseTimeWait {
-		return nil
+// timeWaitChecks are the kernel checks of release_time_wait and
+// answer_refused_syns (nft.CheckReleaseTimeWait, CheckAnswerRefusedSYNs).
+type timeWaitChecks struct{ release, answer func() error }
+
+// setupReleaseTimeWait turns the release and the answer to refused SYNs
+// off where the kernel lacks what they need (and says so), and otherwise
+// sets conntrack's TIME_WAIT timeout as configured. It runs after the
+// kernel check, which loads conntrack.
+func setupReleaseTimeWait(cfg *Config, log *slog.Logger, check timeWaitChecks, sysctl string) error {
+	if cfg.ReleaseTimeWait {
+		if err := check.release(); err != nil {
+			cfg.ReleaseTimeWait = false
+			log.Warn("release_time_wait is off: this kernel cannot reset the endpoints' TIME_WAIT once both ends closed; many clients masqueraded to one address are limited to about 1,000 new connections per second per endpoint (README \"Masquerade and the client's address\")", "err", err)
+		}
 	}
-	if err := check(); err != nil {
-		cfg.ReleaseTimeWait = false
-		log.Warn("release_time_wait is off: this kernel cannot reset the endpoints' TIME_WAIT; many clients masqueraded to one address are limited to about 1,000 new connections per second per endpoint (README \"Masquerade and the client's address\")", "err", err)
+	if cfg.AnswerRefusedSYNs {
+		if err := check.answer(); err != nil {
+			cfg.AnswerRefusedSYNs = false
+			log.Warn("answer_refused_syns is off: this kernel cannot answer an endpoint's refusal of a SYN; a refused client waits for its own retransmission, 1 s or more", "err", err)
+		}
+	}
+	if !cfg.ReleaseTimeWait && !cfg.AnswerRefusedSYNs {
 		return nil
 	}
 	if cfg.ConntrackTCPTimeWait == 0 {

@@ -174,6 +174,26 @@ func (t *traffic) Totals() (appliance.TrafficTotals, error) {
 	return tt, nil
 }
 
+// resets reads the gateway's resets of endpoints' TIME_WAIT from the
+// counters, for the reasons turned on (release_time_wait,
+// answer_refused_syns).
+func (t *traffic) resets(released, refused bool) appliance.ResetsFunc {
+	return func() (map[string]uint64, error) {
+		rd, err := t.prog.Counters()
+		if err != nil {
+			return nil, err
+		}
+		n := map[string]uint64{}
+		if released {
+			n["released"] = rd.Resets.Released
+		}
+		if refused {
+			n["refused"] = rd.Resets.Refused
+		}
+		return n, nil
+	}
+}
+
 // Flows implements appliance.Traffic.
 func (t *traffic) Flows(namespace, name string) ([]appliance.FlowJSON, error) {
 	rd, err := t.prog.Counters()
