@@ -324,17 +324,34 @@ func timeWaitTo(t *testing.T, h *lab.Host, addr netip.Addr) int {
 // and be refused a second time, which the client answers only after its
 // one-second retransmission timeout. Timestamps are off at both ends, so a
 // SYN is refused on a TIME_WAIT port by its sequence number alone, about
-// half the time, independently for each connection.
+// half the time, independently for each connection. The answer needs no
+// conntrack marks, so it runs without the release too (a kernel without
+// marks); /metrics counts the refusals answered, and the releases where
+// the release runs.
 func TestMasqueradeRefusedSYNKeepsItsPort(t *testing.T) {
 	if runtime.NumCPU() < 2 {
 		t.Skip("one CPU: one group of every port, too many to hold in TIME_WAIT")
 	}
+	for _, tc := range []struct {
+		name    string
+		release bool
+	}{{"with the release", true}, {"without the release", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			testRefusedSYNKeepsItsPort(t, tc.release)
+		})
+	}
+}
+
+func testRefusedSYNKeepsItsPort(t *testing.T, release bool) {
 	const dials = 40
 	topo := labtest.Gateway(t)
-	g := gatewaytest.New(t, topo)
+	g := gatewaytest.New(t, topo, fmt.Sprintf("--release-time-wait=%v", release))
 	gatewaytest.Serve(t, topo.Backend, "tcp", ap("198.18.2.10:8080"))
 	g.Write("web.yaml", webServices()...)
 	g.Start()
+	if got := strings.Contains(g.Nft("list", "table", "ip", "nftgate"), "ct mark"); got != release {
+		t.Fatalf("ruleset uses conntrack marks: %v, want %v (the release's alone)", got, release)
+	}
 	groups := cpuPortGroups(t, g)
 	share := ruleset.GroupPorts(0, groups)
 	for _, h := range []*lab.Host{topo.Client, topo.Gateway} {
@@ -361,6 +378,27 @@ func TestMasqueradeRefusedSYNKeepsItsPort(t *testing.T) {
 		t.Fatalf("none of %d SYNs was refused: the backend's TIME_WAIT sockets were not met", dials)
 	}
 	t.Logf("%d of %d SYNs refused once, each accepted when sent again", refused, dials)
+
+	// Every refusal was answered by the gateway (the counters are read
+	// at most once a second: wait for a reading after the last dial).
+	answered := `nftgate_time_wait_resets_total{reason="refused"}`
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := lab.Eventually(ctx, func() error {
+		if n := conntrackMetric(t, g, answered); n != float64(refused) {
+			return fmt.Errorf("%s %v, want %d (the refusals the client saw)", answered, n, refused)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	_, body, err := g.Get("/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Contains(body, `nftgate_time_wait_resets_total{reason="released"}`); got != release {
+		t.Errorf("/metrics has the released resets: %v, want %v", got, release)
+	}
 }
 
 // holdTimeWait has the backend hold (the gateway's address, p) in TIME_WAIT

@@ -3,6 +3,7 @@ package vmtest
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -207,6 +208,23 @@ func TestAppliance(t *testing.T) {
 		return nil
 	}); err != nil {
 		t.Fatalf("nftgate on the baked-in manifests: %v", err)
+	}
+	// The stock kernel has no conntrack marks: nftgate runs without the
+	// release of the endpoints' TIME_WAIT, which needs them, and answers
+	// refused SYNs, which does not (its resets are counted).
+	if _, err := vm.WaitHTTP(ctx, pinned, "https://"+statusAddr+"/metrics", "admin", acc.nftgatePassword, func(code int, body string) error {
+		if code != http.StatusOK {
+			return fmt.Errorf("status %d", code)
+		}
+		if !strings.Contains(body, `nftgate_time_wait_resets_total{reason="refused"}`) {
+			return errors.New(`no nftgate_time_wait_resets_total{reason="refused"}: the answer to refused SYNs is off`)
+		}
+		if strings.Contains(body, `nftgate_time_wait_resets_total{reason="released"}`) {
+			return errors.New(`nftgate_time_wait_resets_total{reason="released"} on a kernel without conntrack marks`)
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("metrics on the stock kernel: %v", err)
 	}
 }
 
