@@ -9,7 +9,9 @@
 # TIME_WAIT kept), keeptw (masquerade, port kept, the endpoints' TIME_WAIT
 # kept), default (masquerade, port kept, TIME_WAIT released, TCP ports by
 # CPU group), nocpu (default without the CPU groups), tw2 (keeptw with
-# conntrack's TIME_WAIT at 2 s, as the default sets it), pool4 /
+# conntrack's TIME_WAIT at 2 s, as the default sets it), answer (tw2 with
+# the answer to refused SYNs: what a kernel without conntrack marks runs),
+# answer120 (answer, conntrack's TIME_WAIT left at 120 s), pool4 /
 # pool16 (masquerade_addresses),
 # keep (keep_client_address), nots (keeptw with the TCP timestamp option
 # reset on every SYN to the backend). It prints the connections, stalls (a connect
@@ -78,22 +80,23 @@ ip -n $be route add 198.18.3.0/24 via 198.18.2.1
 R="$B/nftgate render --manifests $B/man --shards 1 --external-ip-cidr 198.19.0.0/16"
 p16=""; for i in $(seq 1 16); do p16="$p16 --masquerade-address 198.18.3.$i"; done
 case $V in
-  old) $R --release-time-wait=false | sed -e "0,/ masquerade$/s// masquerade fully-random/" > $B/r-$P.nft;;
+  old) $R --release-time-wait=false --answer-refused-syns=false | sed -e "0,/ masquerade$/s// masquerade fully-random/" > $B/r-$P.nft;;
   direct|default) $R > $B/r-$P.nft;;
-  keeptw) $R --release-time-wait=false > $B/r-$P.nft;;
+  keeptw) $R --release-time-wait=false --answer-refused-syns=false > $B/r-$P.nft;;
   nocpu) $R --masquerade-ports-by-cpu=false > $B/r-$P.nft;;
-  tw2) $R --release-time-wait=false > $B/r-$P.nft;;
+  tw2) $R --release-time-wait=false --answer-refused-syns=false > $B/r-$P.nft;;
+  answer|answer120) $R --release-time-wait=false > $B/r-$P.nft;;
   pool4) $R --masquerade-address 198.18.3.1 --masquerade-address 198.18.3.2 --masquerade-address 198.18.3.3 --masquerade-address 198.18.3.4 > $B/r-$P.nft;;
   pool16) $R $p16 > $B/r-$P.nft;;
   keep) $R --keep-client-address > $B/r-$P.nft;;
-  nots) $R --release-time-wait=false > $B/r-$P.nft
+  nots) $R --release-time-wait=false --answer-refused-syns=false > $B/r-$P.nft
     printf 'table ip nots {\n chain forward { type filter hook forward priority 0; ip daddr 198.18.2.10 tcp flags & (syn|ack) == syn reset tcp option timestamp; }\n}\n' >> $B/r-$P.nft;;
   *) echo "unknown variant $V" >&2; exit 2;;
 esac
 ip netns exec $gw nft -f $B/r-$P.nft || exit 1
 # nftgate sets conntrack's TIME_WAIT timeout where it releases the
 # backends' TIME_WAIT (conntrack_tcp_time_wait); render does not.
-case $V in old|keeptw|nots) ;; *) ip netns exec $gw sysctl -qw net.netfilter.nf_conntrack_tcp_timeout_time_wait=2;; esac
+case $V in old|keeptw|nots|answer120) ;; *) ip netns exec $gw sysctl -qw net.netfilter.nf_conntrack_tcp_timeout_time_wait=2;; esac
 ip netns exec $be $B/connrate serve -listen 0.0.0.0:8080 & SRV=$!
 to=198.19.1.10:80
 [ $V = direct ] && to=198.18.2.10:8080
