@@ -365,10 +365,11 @@ var countedMaps = []string{ruleset.MapServiceIPs, ruleset.MapServiceNodePorts, r
 
 // readCounters reads the counters of the counted maps' elements in every
 // table of nftgate's, and of the rules of the source-range chains fw and
-// of the resets' chains (chainsCounted; one dump per chain: a dump of the
-// main table's rules would send every Service's), by chain. flows is the number of traffic elements expected (the last
-// reading's), to size their map once, and elems the counted elements
-// expected (the last reading's) for their slice.
+// of the resets' chains, summed by chain (chainsCounted; one dump per
+// chain: a dump of the main table's rules would send every Service's).
+// flows is the number of traffic elements expected (the last reading's),
+// to size their map once, and elems the counted elements expected (the
+// last reading's) for their slice.
 func (r *reader) readCounters(cfg *ruleset.Config, fw map[string]PortRef, flows, elems int) ([]counted, map[string]Count, map[trafficKey]Count, error) {
 	out := make([]counted, 0, elems)
 	byChain := map[string]Count{}
@@ -496,7 +497,8 @@ func isCounted(name string) bool { return slices.Contains(countedMaps, name) }
 // attribute sums the counters per Service port: each element to the
 // Service that holds it, each source-range chain to its port, each traffic
 // element to the port of its destination and, while the port has it, its
-// endpoint. Called with p.counters.read held.
+// endpoint; the resets' chains to Resets. Called with p.counters.read
+// held.
 func (p *Programmer) attribute(elems []counted, byChain map[string]Count, traffic bool) *Reading {
 	p.mu.Lock()
 	defer p.mu.Unlock()
