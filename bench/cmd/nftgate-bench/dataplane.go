@@ -297,6 +297,56 @@ type ConnRun struct {
 	// (/proc/net/netstat) over the run: netstatCounters.
 	Backend map[string]int64 `json:"backend_tcp"`
 	Client  map[string]int64 `json:"client_tcp"`
+	// Gateway: the gateway's conntrack counters over the run
+	// (conntrackCounters), which name a stall's cause where no TCP
+	// counter does.
+	Gateway map[string]int64 `json:"gateway_conntrack"`
+}
+
+// conntrackCounters are the gateway's conntrack counters a run records
+// (/proc/net/stat/nf_conntrack, summed over the CPUs): new entries dropped
+// at insertion because another took the tuple first (insert_failed), or
+// for want of room (drop, early_drop), clashes resolved (clashres), packets
+// conntrack found invalid, and lookups restarted.
+var conntrackCounters = []string{"insert_failed", "drop", "early_drop", "clashres", "invalid", "search_restart"}
+
+// readConntrackStat reads the conntrack counters of h's namespace.
+func readConntrackStat(h *lab.Host) (map[string]int64, error) {
+	var data []byte
+	err := h.Do(func() error {
+		var err error
+		data, err = os.ReadFile("/proc/thread-self/net/stat/nf_conntrack")
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return parseConntrackStat(string(data))
+}
+
+// parseConntrackStat sums the per-CPU rows (hexadecimal) of
+// /proc/net/stat/nf_conntrack by the names of its first line.
+func parseConntrackStat(data string) (map[string]int64, error) {
+	lines := strings.Split(strings.TrimSpace(data), "\n")
+	names := strings.Fields(lines[0])
+	if len(names) == 0 || names[0] != "entries" {
+		return nil, fmt.Errorf("nf_conntrack stat: first line %q, want the counters' names", lines[0])
+	}
+	out := map[string]int64{}
+	for _, line := range lines[1:] {
+		values := strings.Fields(line)
+		if len(values) != len(names) {
+			return nil, fmt.Errorf("nf_conntrack stat: %d names, %d values in %q", len(names), len(values), line)
+		}
+		for i, v := range values {
+			n, err := strconv.ParseInt(v, 16, 64)
+			if err != nil {
+				return nil, fmt.Errorf("nf_conntrack stat: %s: %q: %w", names[i], v, err)
+			}
+			out[names[i]] += n
+		}
+	}
+	return out, nil
 }
 
 // netstatCounters are the TCP counters a run records, on the backend and
@@ -348,11 +398,10 @@ func parseNetstat(data, group string) (map[string]int64, error) {
 	return nil, fmt.Errorf("netstat: no %s group", group)
 }
 
-// counterDelta is after minus before for each of netstatCounters the
-// kernel has.
-func counterDelta(before, after map[string]int64) map[string]int64 {
+// counterDelta is after minus before for each of names the kernel has.
+func counterDelta(names []string, before, after map[string]int64) map[string]int64 {
 	out := map[string]int64{}
-	for _, k := range netstatCounters {
+	for _, k := range names {
 		if a, ok := after[k]; ok {
 			out[k] = a - before[k]
 		}
@@ -496,6 +545,10 @@ func (e *Env) connRun(ctx context.Context, path string, dst netip.AddrPort, srcs
 	if err != nil {
 		return run, err
 	}
+	gatewayBefore, err := readConntrackStat(e.Topo.Gateway)
+	if err != nil {
+		return run, err
+	}
 	out, err := cmd.Output()
 	if err != nil {
 		return run, fmt.Errorf("connection test %s: %v: %.1000s", path, err, stderr.String())
@@ -508,7 +561,12 @@ func (e *Env) connRun(ctx context.Context, path string, dst netip.AddrPort, srcs
 	if err != nil {
 		return run, err
 	}
-	run.Backend, run.Client = counterDelta(backendBefore, backendAfter), counterDelta(clientBefore, clientAfter)
+	gatewayAfter, err := readConntrackStat(e.Topo.Gateway)
+	if err != nil {
+		return run, err
+	}
+	run.Backend, run.Client = counterDelta(netstatCounters, backendBefore, backendAfter), counterDelta(netstatCounters, clientBefore, clientAfter)
+	run.Gateway = counterDelta(conntrackCounters, gatewayBefore, gatewayAfter)
 	if err := json.Unmarshal(out, &run.ConnStats); err != nil {
 		return run, fmt.Errorf("connection test %s: %q: %w", path, out, err)
 	}
@@ -518,8 +576,8 @@ func (e *Env) connRun(ctx context.Context, path string, dst netip.AddrPort, srcs
 
 // Summary is one line for the log.
 func (r ConnRun) Summary() string {
-	return fmt.Sprintf("connections %s %s, %d clients from %d address(es): %.0f/s, %d stalled (%d failed), p50 %.0fµs p99 %.0fµs max %.0fµs, backend TIME_WAIT %d, backend %v, client %v",
-		r.Path, r.Dst, r.Parallel, r.Sources, r.PerSecond, r.Stalled, r.Failed, r.P50us, r.P99us, r.MaxUs, r.BackendTimeWait, r.Backend, r.Client)
+	return fmt.Sprintf("connections %s %s, %d clients from %d address(es): %.0f/s, %d stalled (%d failed), p50 %.0fµs p99 %.0fµs max %.0fµs, backend TIME_WAIT %d, backend %v, client %v, gateway conntrack %v",
+		r.Path, r.Dst, r.Parallel, r.Sources, r.PerSecond, r.Stalled, r.Failed, r.P50us, r.P99us, r.MaxUs, r.BackendTimeWait, r.Backend, r.Client, r.Gateway)
 }
 
 // Summary is one line for the log.

@@ -126,7 +126,7 @@ func TestParseNetstat(t *testing.T) {
 	if err != nil || m["TW"] != 12 || m["PAWSTimewait"] != 7 || m["TCPSynRetrans"] != 3 || len(m) != 4 {
 		t.Fatalf("parseNetstat = %v, %v", m, err)
 	}
-	d := counterDelta(map[string]int64{"PAWSTimewait": 2}, m)
+	d := counterDelta(netstatCounters, map[string]int64{"PAWSTimewait": 2}, m)
 	if d["PAWSTimewait"] != 5 || d["TCPSynRetrans"] != 3 {
 		t.Errorf("delta %v", d)
 	}
@@ -140,6 +140,31 @@ func TestParseNetstat(t *testing.T) {
 	} {
 		if _, err := parseNetstat(in, "TcpExt"); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("parseNetstat(%q) = %v, want an error naming %s", in, err, want)
+		}
+	}
+}
+
+// The per-CPU rows of /proc/net/stat/nf_conntrack are hexadecimal and
+// summed by name.
+func TestParseConntrackStat(t *testing.T) {
+	data := "entries  clashres found new invalid ignore delete chainlength insert insert_failed drop early_drop icmp_error  expect_new expect_create expect_delete search_restart\n" +
+		"0000002a  00000001 00000000 00000000 00000010 00000000 00000000 00000000 00000000 00000002 00000000 00000000 00000000  00000000 00000000 00000000 00000000\n" +
+		"0000002a  00000000 00000000 00000000 00000001 00000000 00000000 00000000 00000000 0000000f 00000000 00000000 00000000  00000000 00000000 00000000 00000003\n"
+	m, err := parseConntrackStat(data)
+	if err != nil || m["insert_failed"] != 17 || m["invalid"] != 17 || m["clashres"] != 1 || m["search_restart"] != 3 || m["entries"] != 84 {
+		t.Fatalf("parseConntrackStat = %v, %v", m, err)
+	}
+	d := counterDelta(conntrackCounters, map[string]int64{"insert_failed": 7}, m)
+	if d["insert_failed"] != 10 || d["drop"] != 0 {
+		t.Errorf("delta %v", d)
+	}
+	for in, want := range map[string]string{
+		"cpu insert\n1 2\n":           "want the counters' names",
+		"entries drop\n00000001\n":    "2 names, 1 values",
+		"entries drop\n00000001 zz\n": `drop: "zz"`,
+	} {
+		if _, err := parseConntrackStat(in); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("parseConntrackStat(%q) = %v, want an error naming %s", in, err, want)
 		}
 	}
 }
