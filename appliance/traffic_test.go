@@ -3,11 +3,12 @@ package appliance
 import (
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // fakeTraffic serves fixed readings: the unit tests' stand-in for the
@@ -130,16 +131,7 @@ func TestTrafficWithoutCountersIsNotFound(t *testing.T) {
 func TestTrafficMetricsPerServiceOnlyWhenAsked(t *testing.T) {
 	for _, perService := range []bool{false, true} {
 		t.Run(fmt.Sprint("perService=", perService), func(t *testing.T) {
-			m := NewMetrics("test")
-			m.Registry().MustRegister(NewTrafficCollector(trafficFixture(), perService))
-			ts, _ := newTestServer(t, Snapshot{}, Options{Metrics: m})
-			resp, err := http.Get(ts.URL + "/metrics")
-			if err != nil {
-				t.Fatal(err)
-			}
-			b, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			body := string(b)
+			body := scrape(t, NewTrafficCollector(trafficFixture(), perService))
 			for _, want := range []string{`nftgate_connections_total{kind="new"} 510`, `nftgate_connections_total{kind="rejected"} 7`,
 				`nftgate_connections_total{kind="dropped"} 0`, `nftgate_active_flows 5`,
 				`nftgate_traffic_bytes_total{direction="in"} 63000`, `nftgate_traffic_bytes_total{direction="out"} 2.05e+06`,
@@ -178,25 +170,27 @@ func TestResetsMetrics(t *testing.T) {
 			[]string{"nftgate_build_info"}, []string{"nftgate_time_wait_resets_total"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			m := NewMetrics("test")
-			m.Registry().MustRegister(NewResetsCollector(tc.read))
-			ts, _ := newTestServer(t, Snapshot{}, Options{Metrics: m})
-			resp, err := http.Get(ts.URL + "/metrics")
-			if err != nil {
-				t.Fatal(err)
-			}
-			b, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
+			body := scrape(t, NewResetsCollector(tc.read))
 			for _, want := range tc.want {
-				if !strings.Contains(string(b), want) {
+				if !strings.Contains(body, want) {
 					t.Errorf("no %s in the metrics", want)
 				}
 			}
 			for _, not := range tc.not {
-				if strings.Contains(string(b), not) {
+				if strings.Contains(body, not) {
 					t.Errorf("%s in the metrics", not)
 				}
 			}
 		})
 	}
+}
+
+// scrape serves /metrics with c registered and returns what it says.
+func scrape(t *testing.T, c prometheus.Collector) string {
+	t.Helper()
+	m := NewMetrics("test")
+	m.Registry().MustRegister(c)
+	ts, _ := newTestServer(t, Snapshot{}, Options{Metrics: m})
+	_, _, b := get(t, ts.URL+"/metrics")
+	return string(b)
 }
