@@ -312,16 +312,23 @@ var conntrackCounters = []string{"insert_failed", "drop", "early_drop", "clashre
 
 // readConntrackStat reads the conntrack counters of h's namespace.
 func readConntrackStat(h *lab.Host) (map[string]int64, error) {
-	var data []byte
-	err := h.Do(func() error {
-		var err error
-		data, err = os.ReadFile("/proc/thread-self/net/stat/nf_conntrack")
-		return err
-	})
+	data, err := readNetnsProc(h, "net/stat/nf_conntrack")
 	if err != nil {
 		return nil, err
 	}
-	return parseConntrackStat(string(data))
+	return parseConntrackStat(data)
+}
+
+// readNetnsProc reads the file name of /proc/thread-self in h's
+// namespace: the thread reading is the one in the namespace.
+func readNetnsProc(h *lab.Host, name string) (string, error) {
+	var data []byte
+	err := h.Do(func() error {
+		var err error
+		data, err = os.ReadFile("/proc/thread-self/" + name)
+		return err
+	})
+	return string(data), err
 }
 
 // parseConntrackStat sums the per-CPU rows (hexadecimal) of
@@ -360,17 +367,11 @@ var netstatCounters = []string{"PAWSTimewait", "TWRecycled", "TCPACKSkippedTimeW
 
 // readNetstat reads the TcpExt counters of h's namespace.
 func readNetstat(h *lab.Host) (map[string]int64, error) {
-	var data []byte
-	err := h.Do(func() error {
-		var err error
-		// thread-self: this thread is the one in the namespace.
-		data, err = os.ReadFile("/proc/thread-self/net/netstat")
-		return err
-	})
+	data, err := readNetnsProc(h, "net/netstat")
 	if err != nil {
 		return nil, err
 	}
-	return parseNetstat(string(data), "TcpExt")
+	return parseNetstat(data, "TcpExt")
 }
 
 // parseNetstat reads one group of /proc/net/netstat: a line of names
