@@ -49,12 +49,13 @@ func (r *Report) DataplaneMarkdown() string {
 			continue
 		}
 		for _, p := range pairConns(res.Dataplane.Connections) {
-			fmt.Fprintf(&conns, "| %s | %s | %d | %d | %s | %s | **%s** | %d | %d | %s | %s | %s | %s | %s | %s |\n",
+			fmt.Fprintf(&conns, "| %s | %s | %d | %d | %s | %s | **%s** | %d | %d | %s | %s | %s | %s | %s | %s | %s |\n",
 				res.Proxier, thousands(res.Services), p.Parallel, p.Sources,
 				thousands(int(p.Via.PerSecond+0.5)), thousands(int(p.Direct.PerSecond+0.5)), viaRatio(p.Via.PerSecond, p.Direct.PerSecond),
 				p.Via.Stalled, p.Direct.Stalled, micros(p.Via.P99us), micros(p.Direct.P99us), thousands(p.Via.BackendTimeWait),
 				counterPair(p.Via.Client, p.Direct.Client, "TCPSynRetrans"),
-				counterPair(p.Via.Backend, p.Direct.Backend, "PAWSTimewait"), counterPair(p.Via.Backend, p.Direct.Backend, "ListenDrops"))
+				counterPair(p.Via.Backend, p.Direct.Backend, "PAWSTimewait"), counterPair(p.Via.Backend, p.Direct.Backend, "ListenDrops"),
+				counterPair(p.Via.Gateway, p.Direct.Gateway, "insert_failed"))
 		}
 		var via, direct *BulkRun
 		for i, b := range res.Dataplane.Bulk {
@@ -95,10 +96,11 @@ func (r *Report) DataplaneMarkdown() string {
 		"Backend TIME_WAIT: sockets left on the backend at the end of the via run. TCP counters over the runs, via / direct: the client's " +
 		"*SYNs retransmitted* (TcpExtTCPSynRetrans), and the backend's " +
 		"*SYNs refused by TIME_WAIT* (TcpExtPAWSTimewait: a SYN matched a TIME_WAIT socket and carried an older timestamp, so it was " +
-		"dropped and retransmitted after 1 s) and *listen drops* (TcpExtListenDrops: the server's queue was full). " +
-		"The JSON has every counter recorded.\n\n")
-	b.WriteString("| Proxier | N | clients | client addresses | via /s | direct /s | via/direct | stalled via | stalled direct | p99 via | p99 direct | backend TIME_WAIT | SYNs retransmitted | SYNs refused by TIME_WAIT | listen drops |\n")
-	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		"dropped and retransmitted after 1 s) and *listen drops* (TcpExtListenDrops: the server's queue was full); the gateway's " +
+		"*conntrack insertion clashes* (insert_failed: a new connection's SYN dropped because another entry took its tuple first, " +
+		"retransmitted after 1 s). The JSON has every counter recorded.\n\n")
+	b.WriteString("| Proxier | N | clients | client addresses | via /s | direct /s | via/direct | stalled via | stalled direct | p99 via | p99 direct | backend TIME_WAIT | SYNs retransmitted | SYNs refused by TIME_WAIT | listen drops | conntrack insertion clashes |\n")
+	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	b.Write(conns.Bytes())
 	b.WriteString("\nBulk: one iperf3 TCP stream, client to backend. Softirq: the machine's softirq time from /proc/stat during " +
 		"the run (all namespaces share the kernel; forwarding, NAT and conntrack at the gateway and the TCP receive at both ends " +

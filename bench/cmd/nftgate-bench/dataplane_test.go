@@ -74,9 +74,11 @@ func TestConnClientsLoopback(t *testing.T) {
 func TestPairConnsAndMarkdown(t *testing.T) {
 	runs := []ConnRun{
 		{Path: pathVia, Parallel: 8, Sources: 1, ConnStats: ConnStats{PerSecond: 966, Stalled: 104, P99us: 1_020_000}, BackendTimeWait: 24000,
-			Backend: map[string]int64{"PAWSTimewait": 1500, "ListenDrops": 0}, Client: map[string]int64{"TCPSynRetrans": 110}},
+			Backend: map[string]int64{"PAWSTimewait": 1500, "ListenDrops": 0}, Client: map[string]int64{"TCPSynRetrans": 110},
+			Gateway: map[string]int64{"insert_failed": 3, "invalid": 900}},
 		{Path: pathDirect, Parallel: 8, Sources: 1, ConnStats: ConnStats{PerSecond: 10496, P99us: 900},
-			Backend: map[string]int64{"PAWSTimewait": 0, "ListenDrops": 2}, Client: map[string]int64{"TCPSynRetrans": 2}},
+			Backend: map[string]int64{"PAWSTimewait": 0, "ListenDrops": 2}, Client: map[string]int64{"TCPSynRetrans": 2},
+			Gateway: map[string]int64{"insert_failed": 0}},
 		{Path: pathVia, Parallel: 64, Sources: 16, ConnStats: ConnStats{PerSecond: 9000}},
 		{Path: pathDirect, Parallel: 64, Sources: 16, ConnStats: ConnStats{PerSecond: 10000}},
 		{Path: pathVia, Parallel: 64, Sources: 1}, // no direct run: left out
@@ -94,8 +96,8 @@ func TestPairConnsAndMarkdown(t *testing.T) {
 	md := r.Markdown()
 	for _, want := range []string{
 		"## Data plane", "Each run lasts 15 s",
-		"| nftgate | 10,000 | 8 | 1 | 966 | 10,496 | **0.09** | 104 | 0 | 1020 ms | 900 µs | 24,000 | 110 / 2 | 1,500 / 0 | 0 / 2 |",
-		"| nftgate | 10,000 | 64 | 16 | 9,000 | 10,000 | **0.90** | 0 | 0 | 0 µs | 0 µs | 0 | – / – | – / – | – / – |",
+		"| nftgate | 10,000 | 8 | 1 | 966 | 10,496 | **0.09** | 104 | 0 | 1020 ms | 900 µs | 24,000 | 110 / 2 | 1,500 / 0 | 0 / 2 | 3 / 0 |\n",
+		"| nftgate | 10,000 | 64 | 16 | 9,000 | 10,000 | **0.90** | 0 | 0 | 0 µs | 0 µs | 0 | – / – | – / – | – / – | – / – |\n",
 		"| nftgate | 10,000 | 9.00 | 10.00 | **0.90** | 0.50 | 0.40 | 0.48 | 0.34 | 3 / 0 |",
 		"```toml\n[masquerade]\npool = []\n```",
 	} {
