@@ -19,8 +19,14 @@
 # on them (TcpExtPAWSTimewait), the client's SYN retransmits, and the
 # gateway's conntrack counters. Namespaces are named dpm<pid>-* and
 # removed on exit. WALL_BIN names a directory holding nftgate and connrate
-# already built (else they are built for this run).
+# already built (else they are built for this run). WALL_SHARDS renders that
+# many service shards (default 1) and WALL_SERVICE names the Service (default
+# web, in namespace default): the kernel passes the shards' NAT chains last
+# created first, so a new connection via the Service passes those up to its
+# own shard, and one direct passes every shard's (docs/design/dataplane.md,
+# "What a shard costs a new connection").
 set -u
+SVC=${WALL_SERVICE:-web}
 V=$1; N=$2; D=${3:-12s}; C=${4:-8}
 B=$(mktemp -d)
 trap 'rm -rf $B' EXIT
@@ -30,10 +36,10 @@ else
   go build -o $B/nftgate ./cmd/nftgate && go build -o $B/connrate ./internal/testing/lab/cmd/connrate || exit 1
 fi
 mkdir $B/man
-cat > $B/man/web.yaml <<'YAML'
+cat > $B/man/web.yaml <<YAML
 apiVersion: v1
 kind: Service
-metadata: {name: web, namespace: default}
+metadata: {name: $SVC, namespace: default}
 spec:
   type: LoadBalancer
   clusterIP: 198.19.0.10
@@ -49,7 +55,7 @@ kind: EndpointSlice
 metadata:
   name: web-1
   namespace: default
-  labels: {kubernetes.io/service-name: web}
+  labels: {kubernetes.io/service-name: $SVC}
 addressType: IPv4
 ports: [{name: http, protocol: TCP, port: 8080}]
 endpoints:
@@ -77,7 +83,7 @@ ip -n $be route add default via 198.18.2.1
 ip netns exec $gw sysctl -qw net.ipv4.ip_forward=1
 # the pool is routed to the gateway, as an announcement would make it
 ip -n $be route add 198.18.3.0/24 via 198.18.2.1
-R="$B/nftgate render --manifests $B/man --shards 1 --external-ip-cidr 198.19.0.0/16"
+R="$B/nftgate render --manifests $B/man --shards ${WALL_SHARDS:-1} --external-ip-cidr 198.19.0.0/16"
 p16=""; for i in $(seq 1 16); do p16="$p16 --masquerade-address 198.18.3.$i"; done
 case $V in
   old) $R --release-time-wait=false --answer-refused-syns=false | sed -e "0,/ masquerade$/s// masquerade fully-random/" > $B/r-$P.nft;;
