@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/nftgate/nftgate/internal/testing/lab"
+	"github.com/nftgate/nftgate/model"
+	"github.com/nftgate/nftgate/ruleset"
 )
 
 // The data-plane phase: new connections per second and bulk throughput
@@ -281,6 +283,24 @@ func serveLine(ln net.Listener) {
 type DataplaneResult struct {
 	Connections []ConnRun `json:"connections"`
 	Bulk        []BulkRun `json:"bulk"`
+	// Shards is the shard count nftgate ran with (0 for kube-proxy), and
+	// ShardsPassedVia how many of the shards' NAT chains the first packet
+	// of a connection via the connection test's Service passes: the kernel
+	// passes chains of one priority last registered first, and a cold
+	// start creates shard 0 first, so shard i is passed (Shards-i)-th. One
+	// direct passes them all.
+	Shards          int `json:"shards,omitempty"`
+	ShardsPassedVia int `json:"shards_passed_via,omitempty"`
+}
+
+// shardsPassed is how many of n shards' NAT chains a new connection to
+// Service key passes before its own shard's, its own included, when shard
+// 0 was created first.
+func shardsPassed(n int, key model.ServiceKey) int {
+	if n <= 0 {
+		return 0
+	}
+	return n - ruleset.Config{Shards: n}.ShardOf(key)
 }
 
 // ConnRun is one run of the connection test.
@@ -476,6 +496,10 @@ func (e *Env) measureDataplane(ctx context.Context, proc *Proc, p *Proxier, n in
 		return nil, fmt.Errorf("data plane: Service %s not served: %w", dst[pathVia][0], err)
 	}
 	res := &DataplaneResult{}
+	if log, err := os.ReadFile(proc.LogPath); err == nil { // kube-proxy logs no shards
+		res.Shards = loggedShards(log)
+		res.ShardsPassedVia = shardsPassed(res.Shards, model.NewServiceKey(namespace, dpConnName))
+	}
 	for _, par := range c.Parallel {
 		for _, many := range []bool{false, true} {
 			for _, path := range []string{pathVia, pathDirect} {

@@ -43,10 +43,14 @@ func viaRatio(via, direct float64) string {
 // configuration added to nftgate's. Without a data-plane phase only the
 // latter, if any.
 func (r *Report) DataplaneMarkdown() string {
-	var conns, bulk bytes.Buffer
+	var conns, bulk, shards bytes.Buffer
 	for _, res := range r.Results {
 		if res.Dataplane == nil {
 			continue
+		}
+		if d := res.Dataplane; d.Shards > 0 {
+			fmt.Fprintf(&shards, "- %s at %s Services: %d shards; a new connection via the Service passes %d of their NAT chains, one direct all %d.\n",
+				res.Proxier, thousands(res.Services), d.Shards, d.ShardsPassedVia, d.Shards)
 		}
 		for _, p := range pairConns(res.Dataplane.Connections) {
 			fmt.Fprintf(&conns, "| %s | %s | %d | %d | %s | %s | **%s** | %d | %d | %s | %s | %s | %s | %s | %s | %s |\n",
@@ -102,6 +106,13 @@ func (r *Report) DataplaneMarkdown() string {
 	b.WriteString("| Proxier | N | clients | client addresses | via /s | direct /s | via/direct | stalled via | stalled direct | p99 via | p99 direct | backend TIME_WAIT | SYNs retransmitted | SYNs refused by TIME_WAIT | listen drops | conntrack insertion clashes |\n")
 	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	b.Write(conns.Bytes())
+	if shards.Len() > 0 {
+		b.WriteString("\nShards passed: the first packet of a new connection passes the NAT chain of every service shard until one " +
+			"translates it (the kernel passes them last created first), so one direct passes them all and one via the Service " +
+			"those up to its own: via/direct depends on where the Service's shard lies (docs/design/dataplane.md, " +
+			"\"What a shard costs a new connection\").\n\n")
+		b.Write(shards.Bytes())
+	}
 	b.WriteString("\nBulk: one iperf3 TCP stream, client to backend. Softirq: the machine's softirq time from /proc/stat during " +
 		"the run (all namespaces share the kernel; forwarding, NAT and conntrack at the gateway and the TCP receive at both ends " +
 		"run there, so via minus direct is the gateway's extra work), per second of the run (cores) and per GiB moved. " +

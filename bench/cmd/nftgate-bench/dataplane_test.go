@@ -10,6 +10,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nftgate/nftgate/model"
+	"github.com/nftgate/nftgate/ruleset"
 )
 
 func TestSummarizeExchanges(t *testing.T) {
@@ -88,7 +91,7 @@ func TestPairConnsAndMarkdown(t *testing.T) {
 		t.Fatalf("pairs = %+v", pairs)
 	}
 	r := &Report{Started: time.Now(), Dataplane: &DataplaneSettings{Seconds: 15, NftgateConfigExtra: "[masquerade]\npool = []\n"},
-		Results: []Result{{Proxier: proxNftgate, Services: 10000, Dataplane: &DataplaneResult{Connections: runs,
+		Results: []Result{{Proxier: proxNftgate, Services: 10000, Dataplane: &DataplaneResult{Connections: runs, Shards: 16, ShardsPassedVia: 13,
 			Bulk: []BulkRun{
 				{Path: pathVia, Gbps: 9, Seconds: 10, Retransmits: 3, CPU: CPU{SoftirqSeconds: 5}},
 				{Path: pathDirect, Gbps: 10, Seconds: 10, CPU: CPU{SoftirqSeconds: 4}},
@@ -100,6 +103,7 @@ func TestPairConnsAndMarkdown(t *testing.T) {
 		"| nftgate | 10,000 | 64 | 16 | 9,000 | 10,000 | **0.90** | 0 | 0 | 0 µs | 0 µs | 0 | – / – | – / – | – / – | – / – |\n",
 		"| nftgate | 10,000 | 9.00 | 10.00 | **0.90** | 0.50 | 0.40 | 0.48 | 0.34 | 3 / 0 |",
 		"```toml\n[masquerade]\npool = []\n```",
+		"- nftgate at 10,000 Services: 16 shards; a new connection via the Service passes 13 of their NAT chains, one direct all 16.\n",
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("results.md lacks %q:\n%s", want, md)
@@ -118,6 +122,21 @@ func TestPairConnsAndMarkdown(t *testing.T) {
 	r.Dataplane.Only = true
 	if md := r.Markdown(); strings.Contains(md, "| Proxier | N | cold start") || !strings.Contains(md, "`--dataplane-only`") {
 		t.Errorf("--dataplane-only: results.md has the sync table or does not say why not:\n%s", md)
+	}
+}
+
+// Shard 0 is created first and so passed last: a Service in it has a new
+// connection pass every shard's NAT chain, one in the last shard only its own.
+func TestShardsPassed(t *testing.T) {
+	key := model.NewServiceKey(namespace, dpConnName)
+	for _, n := range []int{1, 16, 64} {
+		i := ruleset.Config{Shards: n}.ShardOf(key)
+		if got := shardsPassed(n, key); got != n-i || got < 1 || got > n {
+			t.Errorf("shardsPassed(%d) = %d, the Service in shard %d", n, got, i)
+		}
+	}
+	if got := shardsPassed(0, key); got != 0 {
+		t.Errorf("shardsPassed(0) = %d: no shards logged, none passed", got)
 	}
 }
 
