@@ -28,9 +28,12 @@ import (
 // Services without endpoints, source ranges), masquerading, the hairpin set.
 //
 // A new connection to no Service passes the NAT chains of every shard: a
-// map lookup and a fib lookup each, for the first packet only. Established
-// connections never see NAT chains; the filter chains, which see every
-// packet, are in the main table once.
+// map lookup and a fib lookup each, for the first packet only, 0.2-0.28 µs
+// a shard (docs/design/dataplane.md, "What a shard costs a new
+// connection"); one to a Service passes those up to its own, which the
+// kernel passes last created first. Established connections never see NAT
+// chains; the filter chains, which see every packet, are in the main table
+// once.
 
 // DefaultShards is the number of service shard tables when Config.Shards is
 // zero. 16 keeps a shard near 600 Services at 10,000.
@@ -43,9 +46,11 @@ const MaxShards = 256
 // a shard to. The kernel re-validates a whole shard on each commit that
 // changes its rules, so a change costs in proportion to its shard; and the
 // first packet of every new connection passes each shard's NAT chains, so
-// more shards cost every new connection a map lookup each. 64 against 16
-// cost a new connection nothing measurable at 100 and 100,000 Services
-// (README, "Shards and size"); more was not measured, so 64 bounds it.
+// more shards cost every new connection a map lookup each: 64 against 16
+// cost a connection to no Service about 14 µs, a sixth of its CPU in the
+// bench's lab (docs/design/dataplane.md; the earlier measurement, README
+// "Shards and size", did not see it under load). More was not measured, so
+// 64 bounds it.
 const (
 	AutoShardsMin   = DefaultShards
 	AutoShardsMax   = 64
