@@ -410,13 +410,18 @@ type attempt struct {
 // streamer opens a new short connection through the router every interval
 // until stop, and records when each started and whether it failed.
 type streamer struct {
-	done    atomic.Int64 // connections finished so far
-	results chan []attempt
-	stop    chan struct{}
+	done     atomic.Int64 // connections finished so far
+	results  chan []attempt
+	stop     chan struct{}
+	stopOnce sync.Once
+	all      []attempt
 }
 
-func stream(h *lab.Host, interval, timeout time.Duration) *streamer {
+// stream starts a streamer from h; a test that ends before finish stops it
+// before the lab goes (its connections run in h's namespace).
+func stream(t *testing.T, h *lab.Host, interval, timeout time.Duration) *streamer {
 	s := &streamer{results: make(chan []attempt, 1), stop: make(chan struct{})}
+	t.Cleanup(func() { s.finish() })
 	go func() {
 		var mu sync.Mutex
 		var all []attempt
@@ -463,8 +468,11 @@ func (s *streamer) await(t *testing.T, n int64) {
 
 // finish stops the stream and returns every attempt.
 func (s *streamer) finish() []attempt {
-	close(s.stop)
-	return <-s.results
+	s.stopOnce.Do(func() {
+		close(s.stop)
+		s.all = <-s.results
+	})
+	return s.all
 }
 
 // cut makes host's interfaces drop every packet both ways without taking
@@ -510,7 +518,7 @@ func TestGatewaySetKillWithBFD(t *testing.T) {
 			t.Fatalf("BIRD has no BFD session with %s: %s", proto, out)
 		}
 	}
-	st := stream(s.client, 10*time.Millisecond, 500*time.Millisecond)
+	st := stream(t, s.client, 10*time.Millisecond, 500*time.Millisecond)
 	st.await(t, 50)
 	// The links first, then the process: no FIN of the dying process
 	// reaches the router, as when a box loses power.
@@ -603,7 +611,7 @@ func TestGatewaySetDrain(t *testing.T) {
 		}
 	}()
 
-	st := stream(s.client, 10*time.Millisecond, 2*time.Second)
+	st := stream(t, s.client, 10*time.Millisecond, 2*time.Second)
 	st.await(t, 30)
 	drainStarted := time.Now()
 	out, err := s.hosts[0].Command(context.Background(), gatewaytest.Binary(t), "drain", "--url", "http://127.0.0.1:9180", "--wait=false").CombinedOutput()
