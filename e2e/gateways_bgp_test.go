@@ -606,7 +606,8 @@ func TestGatewaySetKillWithBFD(t *testing.T) {
 // connections arrive all the time: none fails (the router moves new ones to
 // the others once the routes are withdrawn), a long-lived connection whose
 // path stays on the drained gateway keeps flowing through it, and nftgate
-// exits once that connection has ended, not before and within the period.
+// exits once that connection has ended, not before (at the period's end when
+// a connection in flight as the routes changed left its flow open there).
 func TestGatewaySetDrain(t *testing.T) {
 	const drainPeriod = 20 * time.Second
 	s := newGatewaySet(t, 0, fmt.Sprintf("drain_period = %q\n", drainPeriod))
