@@ -66,6 +66,8 @@ type DataplaneConfig struct {
 	// NftgateConfigExtra is a TOML file appended to the configuration the
 	// benchmark gives nftgate (--config).
 	NftgateConfigExtra string
+	// OwnCPU gives the gateway a CPU of its own (dataplane_pin.go).
+	OwnCPU bool
 }
 
 // dataplaneFlags registers the phase's flags; check validates them after
@@ -78,6 +80,8 @@ func dataplaneFlags(fs *flag.FlagSet, c *DataplaneConfig) (check func() error) {
 	fs.StringVar(&parallel, "dataplane-parallel", "8,64", "comma-separated numbers of parallel clients in the connection test")
 	fs.IntVar(&c.Sources, "dataplane-sources", 16, "client addresses of the \"many addresses\" runs, per path")
 	fs.BoolVar(&c.Only, "dataplane-only", false, "measure cold start and the data plane only: no endpoint changes, no latency samples")
+	fs.BoolVar(&c.OwnCPU, "dataplane-own-cpu", false,
+		"the gateway on a CPU of its own, as on a box of its own: the proxier and the packets the gateway receives (RPS) on the last CPU, the clients, the backend and everything else on the others; each run also records that CPU's busy time")
 	fs.StringVar(&c.NftgateConfigExtra, "nftgate-config-extra", "",
 		"TOML `file` appended to the configuration nftgate gets (--config), e.g. to measure masquerade or flowtable settings")
 	return func() error {
@@ -128,13 +132,15 @@ type DataplaneSettings struct {
 	Only     bool    `json:"dataplane_only,omitempty"`
 	// NftgateConfigExtra is the content of --nftgate-config-extra.
 	NftgateConfigExtra string `json:"nftgate_config_extra,omitempty"`
+	// OwnCPU: --dataplane-own-cpu.
+	OwnCPU bool `json:"own_cpu,omitempty"`
 }
 
 func (c *DataplaneConfig) settings() *DataplaneSettings {
 	if c.Duration == 0 && c.NftgateConfigExtra == "" {
 		return nil
 	}
-	s := &DataplaneSettings{Seconds: c.Duration.Seconds(), Parallel: c.Parallel, Sources: c.Sources, Only: c.Only}
+	s := &DataplaneSettings{Seconds: c.Duration.Seconds(), Parallel: c.Parallel, Sources: c.Sources, Only: c.Only, OwnCPU: c.OwnCPU}
 	if c.NftgateConfigExtra != "" {
 		b, _ := os.ReadFile(c.NftgateConfigExtra)
 		s.NftgateConfigExtra = string(b)
@@ -321,6 +327,38 @@ type ConnRun struct {
 	// (conntrackCounters), which name a stall's cause where no TCP
 	// counter does.
 	Gateway map[string]int64 `json:"gateway_conntrack"`
+	// CPUSeconds is the machine's busy time over the run (user, nice,
+	// system, irq and softirq of every CPU, from /proc/stat), whatever ran;
+	// GatewayCPUSeconds that of the gateway's own CPU with
+	// --dataplane-own-cpu (GatewayCPU), else 0; ProxierCPUSeconds the
+	// proxier process's own CPU time (user and system, its reaped children
+	// included).
+	CPUSeconds        float64 `json:"cpu_seconds,omitempty"`
+	GatewayCPU        *int    `json:"gateway_cpu,omitempty"`
+	GatewayCPUSeconds float64 `json:"gateway_cpu_seconds,omitempty"`
+	ProxierCPUSeconds float64 `json:"proxier_cpu_seconds,omitempty"`
+}
+
+// CPUPerConnection is the busy time a connection of the run, in µs: with
+// the gateway on its own CPU, that CPU's less the proxier process's (its
+// own work, such as a periodic reconcile, is not a connection's), else the
+// machine's. 0 without a figure.
+func (r ConnRun) CPUPerConnection() float64 {
+	if r.Exchanges <= 0 {
+		return 0
+	}
+	busy := r.CPUSeconds
+	if r.GatewayCPU != nil {
+		busy = max(r.GatewayCPUSeconds-r.ProxierCPUSeconds, 0)
+	}
+	return busy * 1e6 / float64(r.Exchanges)
+}
+
+// cpuWatch is what a run's CPU figures read: the gateway's own CPU, if it
+// has one, and the proxier's process.
+type cpuWatch struct {
+	GatewayCPU *int
+	ProxierPID int
 }
 
 // conntrackCounters are the gateway's conntrack counters a run records
@@ -495,6 +533,20 @@ func (e *Env) measureDataplane(ctx context.Context, proc *Proc, p *Proxier, n in
 	}); err != nil {
 		return nil, fmt.Errorf("data plane: Service %s not served: %w", dst[pathVia][0], err)
 	}
+	watch := cpuWatch{ProxierPID: proc.PID()}
+	if c.OwnCPU {
+		split, restore, err := e.pinDataplane(ctx, proc.PID())
+		if err != nil {
+			return nil, fmt.Errorf("data plane: %w", err)
+		}
+		defer func() {
+			if rerr := restore(); rerr != nil {
+				logf("data plane: putting back the CPUs: %v", rerr)
+			}
+		}()
+		watch.GatewayCPU = &split.Gateway
+		logf("%s N=%d: the gateway on CPU %d, the rest on %v", p.Name, n, split.Gateway, split.Others)
+	}
 	res := &DataplaneResult{}
 	if log, err := os.ReadFile(proc.LogPath); err == nil { // kube-proxy logs no shards
 		res.Shards = loggedShards(log)
@@ -508,7 +560,7 @@ func (e *Env) measureDataplane(ctx context.Context, proc *Proc, p *Proxier, n in
 				if many {
 					srcs = all
 				}
-				run, err := e.connRun(ctx, path, dst[path][0], srcs, par, c.Duration)
+				run, err := e.connRun(ctx, path, dst[path][0], srcs, par, c.Duration, watch)
 				if err != nil {
 					return res, err
 				}
@@ -550,8 +602,8 @@ func (e *Env) timeWaitCount(ctx context.Context) int {
 	return bytes.Count(out, []byte("\n"))
 }
 
-func (e *Env) connRun(ctx context.Context, path string, dst netip.AddrPort, srcs []netip.Addr, parallel int, d time.Duration) (ConnRun, error) {
-	run := ConnRun{Path: path, Dst: dst.String(), Parallel: parallel, Sources: len(srcs)}
+func (e *Env) connRun(ctx context.Context, path string, dst netip.AddrPort, srcs []netip.Addr, parallel int, d time.Duration, watch cpuWatch) (ConnRun, error) {
+	run := ConnRun{Path: path, Dst: dst.String(), Parallel: parallel, Sources: len(srcs), GatewayCPU: watch.GatewayCPU}
 	if err := e.resetFlows(ctx); err != nil {
 		return run, err
 	}
@@ -574,9 +626,31 @@ func (e *Env) connRun(ctx context.Context, path string, dst netip.AddrPort, srcs
 	if err != nil {
 		return run, err
 	}
+	busyBefore, err := readCPUBusy()
+	if err != nil {
+		return run, err
+	}
+	proxierBefore, err := readProcStats(watch.ProxierPID)
+	if err != nil {
+		return run, err
+	}
 	out, err := cmd.Output()
 	if err != nil {
 		return run, fmt.Errorf("connection test %s: %v: %.1000s", path, err, stderr.String())
+	}
+	busyAfter, err := readCPUBusy()
+	if err != nil {
+		return run, err
+	}
+	proxierAfter, err := readProcStats(watch.ProxierPID)
+	if err != nil {
+		return run, err
+	}
+	run.CPUSeconds = busyAfter["cpu"] - busyBefore["cpu"]
+	run.ProxierCPUSeconds = (proxierAfter.CPU - proxierBefore.CPU).Seconds()
+	if watch.GatewayCPU != nil {
+		k := "cpu" + strconv.Itoa(*watch.GatewayCPU)
+		run.GatewayCPUSeconds = busyAfter[k] - busyBefore[k]
 	}
 	backendAfter, err := readNetstat(e.Topo.Backend)
 	if err != nil {
@@ -694,6 +768,43 @@ func parseProcStatCPU(line string) (CPU, error) {
 	}
 	// user nice system idle iowait irq softirq
 	return CPU{UserSeconds: v[0] + v[1], SystemSeconds: v[2], SoftirqSeconds: v[6]}, nil
+}
+
+// readCPUBusy is the busy time (user, nice, system, irq, softirq) of the
+// machine ("cpu") and of each CPU ("cpu0", ...) from /proc/stat, in
+// seconds.
+func readCPUBusy() (map[string]float64, error) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return nil, err
+	}
+	return parseProcStatBusy(string(b))
+}
+
+func parseProcStatBusy(data string) (map[string]float64, error) {
+	out := map[string]float64{}
+	for _, line := range strings.Split(data, "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 || !strings.HasPrefix(f[0], "cpu") {
+			continue
+		}
+		if len(f) < 8 {
+			return nil, fmt.Errorf("/proc/stat: %q: want at least 7 counters", line)
+		}
+		busy := 0.0
+		for _, i := range []int{1, 2, 3, 6, 7} { // user nice system (idle iowait) irq softirq
+			n, err := strconv.ParseInt(f[i], 10, 64)
+			if err != nil {
+				return nil, fmt.Errorf("/proc/stat: %s counter %d %q: %w", f[0], i, f[i], err)
+			}
+			busy += float64(n)
+		}
+		out[f[0]] = busy / float64(clockTick)
+	}
+	if _, ok := out["cpu"]; !ok {
+		return nil, errors.New("/proc/stat: no \"cpu\" line")
+	}
+	return out, nil
 }
 
 func (c CPU) sub(o CPU) CPU {

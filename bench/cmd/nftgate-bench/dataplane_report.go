@@ -53,13 +53,13 @@ func (r *Report) DataplaneMarkdown() string {
 				res.Proxier, thousands(res.Services), d.Shards, d.ShardsPassedVia, d.Shards)
 		}
 		for _, p := range pairConns(res.Dataplane.Connections) {
-			fmt.Fprintf(&conns, "| %s | %s | %d | %d | %s | %s | **%s** | %d | %d | %s | %s | %s | %s | %s | %s | %s |\n",
+			fmt.Fprintf(&conns, "| %s | %s | %d | %d | %s | %s | **%s** | %d | %d | %s | %s | %s | %s | %s | %s | %s | %s |\n",
 				res.Proxier, thousands(res.Services), p.Parallel, p.Sources,
 				thousands(int(p.Via.PerSecond+0.5)), thousands(int(p.Direct.PerSecond+0.5)), viaRatio(p.Via.PerSecond, p.Direct.PerSecond),
 				p.Via.Stalled, p.Direct.Stalled, micros(p.Via.P99us), micros(p.Direct.P99us), thousands(p.Via.BackendTimeWait),
 				counterPair(p.Via.Client, p.Direct.Client, "TCPSynRetrans"),
 				counterPair(p.Via.Backend, p.Direct.Backend, "PAWSTimewait"), counterPair(p.Via.Backend, p.Direct.Backend, "ListenDrops"),
-				counterPair(p.Via.Gateway, p.Direct.Gateway, "insert_failed"))
+				counterPair(p.Via.Gateway, p.Direct.Gateway, "insert_failed"), cpuPair(p.Via, p.Direct))
 		}
 		var via, direct *BulkRun
 		for i, b := range res.Dataplane.Bulk {
@@ -103,8 +103,27 @@ func (r *Report) DataplaneMarkdown() string {
 		"dropped and retransmitted after 1 s) and *listen drops* (TcpExtListenDrops: the server's queue was full); the gateway's " +
 		"*conntrack insertion clashes* (insert_failed: a new connection's SYN dropped because another entry took its tuple first, " +
 		"retransmitted after 1 s). The JSON has every counter recorded.\n\n")
-	b.WriteString("| Proxier | N | clients | client addresses | via /s | direct /s | via/direct | stalled via | stalled direct | p99 via | p99 direct | backend TIME_WAIT | SYNs retransmitted | SYNs refused by TIME_WAIT | listen drops | conntrack insertion clashes |\n")
-	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	ownCPU := r.Dataplane != nil && r.Dataplane.OwnCPU
+	if ownCPU {
+		b.WriteString("**The gateway on a CPU of its own** (`--dataplane-own-cpu`), as on a box of its own: the packets the gateway's " +
+			"interfaces receive are steered to the last CPU (RPS: forwarding, NAT, conntrack and the proxier's rules run there), " +
+			"and the proxier's threads run there; the clients, the backend, the benchmark, kube-apiserver and etcd, and the packets " +
+			"the client's and the backend's interfaces receive, on the others. The endpoints' CPUs are then what limits the rate; " +
+			"*gateway CPU a connection* is the gateway CPU's busy time (user, system, irq, softirq) over the run, less the " +
+			"proxier process's own CPU time (its periodic work is not a connection's), per connection: what a connection costs " +
+			"the gateway's kernel, on each path.\n\n")
+	} else {
+		b.WriteString("The clients, the gateway and the backend share the machine's CPUs, so a connection's every microsecond of " +
+			"gateway work is taken from the endpoints: via/direct is about the CPU a connection costs direct over what it costs via. " +
+			"*CPU a connection*: the machine's busy time (user, system, irq, softirq of every CPU, whatever ran) over the run per " +
+			"connection. `--dataplane-own-cpu` measures the gateway on a CPU of its own.\n\n")
+	}
+	cpuHead := "CPU a connection via / direct"
+	if ownCPU {
+		cpuHead = "gateway CPU a connection via / direct"
+	}
+	b.WriteString("| Proxier | N | clients | client addresses | via /s | direct /s | via/direct | stalled via | stalled direct | p99 via | p99 direct | backend TIME_WAIT | SYNs retransmitted | SYNs refused by TIME_WAIT | listen drops | conntrack insertion clashes | " + cpuHead + " |\n")
+	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	b.Write(conns.Bytes())
 	if shards.Len() > 0 {
 		b.WriteString("\nShards passed: the first packet of a new connection passes the NAT chain of every service shard until one " +
@@ -134,6 +153,18 @@ func counterPair(via, direct map[string]int64, k string) string {
 		return "–"
 	}
 	return one(via) + " / " + one(direct)
+}
+
+// cpuPair is the busy time a connection of the via and the direct run,
+// "86 / 82 µs", with "–" for a run without the figure.
+func cpuPair(via, direct ConnRun) string {
+	one := func(r ConnRun) string {
+		if us := r.CPUPerConnection(); us > 0 {
+			return fmt.Sprintf("%.1f", us)
+		}
+		return "–"
+	}
+	return one(via) + " / " + one(direct) + " µs"
 }
 
 func micros(us float64) string {

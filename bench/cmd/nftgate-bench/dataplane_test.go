@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"math"
 	"net"
 	"net/netip"
 	"os"
@@ -76,12 +77,12 @@ func TestConnClientsLoopback(t *testing.T) {
 
 func TestPairConnsAndMarkdown(t *testing.T) {
 	runs := []ConnRun{
-		{Path: pathVia, Parallel: 8, Sources: 1, ConnStats: ConnStats{PerSecond: 966, Stalled: 104, P99us: 1_020_000}, BackendTimeWait: 24000,
+		{Path: pathVia, Parallel: 8, Sources: 1, ConnStats: ConnStats{PerSecond: 966, Stalled: 104, P99us: 1_020_000, Exchanges: 20_000}, BackendTimeWait: 24000,
 			Backend: map[string]int64{"PAWSTimewait": 1500, "ListenDrops": 0}, Client: map[string]int64{"TCPSynRetrans": 110},
-			Gateway: map[string]int64{"insert_failed": 3, "invalid": 900}},
-		{Path: pathDirect, Parallel: 8, Sources: 1, ConnStats: ConnStats{PerSecond: 10496, P99us: 900},
+			Gateway: map[string]int64{"insert_failed": 3, "invalid": 900}, CPUSeconds: 1.73},
+		{Path: pathDirect, Parallel: 8, Sources: 1, ConnStats: ConnStats{PerSecond: 10496, P99us: 900, Exchanges: 200_000},
 			Backend: map[string]int64{"PAWSTimewait": 0, "ListenDrops": 2}, Client: map[string]int64{"TCPSynRetrans": 2},
-			Gateway: map[string]int64{"insert_failed": 0}},
+			Gateway: map[string]int64{"insert_failed": 0}, CPUSeconds: 16.48},
 		{Path: pathVia, Parallel: 64, Sources: 16, ConnStats: ConnStats{PerSecond: 9000}},
 		{Path: pathDirect, Parallel: 64, Sources: 16, ConnStats: ConnStats{PerSecond: 10000}},
 		{Path: pathVia, Parallel: 64, Sources: 1}, // no direct run: left out
@@ -99,8 +100,9 @@ func TestPairConnsAndMarkdown(t *testing.T) {
 	md := r.Markdown()
 	for _, want := range []string{
 		"## Data plane", "Each run lasts 15 s",
-		"| nftgate | 10,000 | 8 | 1 | 966 | 10,496 | **0.09** | 104 | 0 | 1020 ms | 900 µs | 24,000 | 110 / 2 | 1,500 / 0 | 0 / 2 | 3 / 0 |\n",
-		"| nftgate | 10,000 | 64 | 16 | 9,000 | 10,000 | **0.90** | 0 | 0 | 0 µs | 0 µs | 0 | – / – | – / – | – / – | – / – |\n",
+		"| nftgate | 10,000 | 8 | 1 | 966 | 10,496 | **0.09** | 104 | 0 | 1020 ms | 900 µs | 24,000 | 110 / 2 | 1,500 / 0 | 0 / 2 | 3 / 0 | 86.5 / 82.4 µs |\n",
+		"| nftgate | 10,000 | 64 | 16 | 9,000 | 10,000 | **0.90** | 0 | 0 | 0 µs | 0 µs | 0 | – / – | – / – | – / – | – / – | – / – µs |\n",
+		"| conntrack insertion clashes | CPU a connection via / direct |\n", "share the machine's CPUs",
 		"| nftgate | 10,000 | 9.00 | 10.00 | **0.90** | 0.50 | 0.40 | 0.48 | 0.34 | 3 / 0 |",
 		"```toml\n[masquerade]\npool = []\n```",
 		"- nftgate at 10,000 Services: 16 shards; a new connection via the Service passes 13 of their NAT chains, one direct all 16.\n",
@@ -118,6 +120,21 @@ func TestPairConnsAndMarkdown(t *testing.T) {
 	noDP := &Report{Started: time.Now(), Results: []Result{{Proxier: proxNftgate}}, Dataplane: &DataplaneSettings{NftgateConfigExtra: "a = 1"}}
 	if md := noDP.Markdown(); strings.Contains(md, "Data plane") || !strings.Contains(md, "```toml\na = 1\n```") {
 		t.Errorf("a run without the data-plane phase but with --nftgate-config-extra:\n%s", md)
+	}
+	// With the gateway on a CPU of its own, the column is that CPU's time.
+	gw := 1
+	for i := range runs {
+		runs[i].GatewayCPU = &gw
+	}
+	runs[0].GatewayCPUSeconds, runs[1].GatewayCPUSeconds = 1.3, 9.5
+	runs[0].ProxierCPUSeconds = 0.2 // the proxier's own work is not counted
+	r.Dataplane.OwnCPU = true
+	md = r.Markdown()
+	for _, want := range []string{"**The gateway on a CPU of its own**", "| gateway CPU a connection via / direct |\n",
+		"| 0 / 2 | 3 / 0 | 55.0 / 47.5 µs |\n"} {
+		if !strings.Contains(md, want) {
+			t.Errorf("results.md with --dataplane-own-cpu lacks %q:\n%s", want, md)
+		}
 	}
 	r.Dataplane.Only = true
 	if md := r.Markdown(); strings.Contains(md, "| Proxier | N | cold start") || !strings.Contains(md, "`--dataplane-only`") {
@@ -244,15 +261,16 @@ func TestParseFlagsDataplane(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := cfg.Dataplane
-	if d.Duration != 10*time.Second || !slices.Equal(d.Parallel, []int{8, 64}) || d.Sources != 16 || d.Only ||
+	if d.Duration != 10*time.Second || !slices.Equal(d.Parallel, []int{8, 64}) || d.Sources != 16 || d.Only || d.OwnCPU ||
 		!slices.Equal(d.Proxiers, []string{proxNftgate, proxKPNFTables}) {
 		t.Errorf("defaults: %+v", d)
 	}
-	cfg, err = parseFlags(append(bins, "--dataplane-only", "--dataplane-duration", "60s", "--nftgate-config-extra", extra))
+	cfg, err = parseFlags(append(bins, "--dataplane-only", "--dataplane-duration", "60s", "--nftgate-config-extra", extra, "--dataplane-own-cpu"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !cfg.Dataplane.Only || cfg.Changes != 0 || cfg.LatencyN != 0 || cfg.Dataplane.settings().NftgateConfigExtra != "# x\n" {
+	if !cfg.Dataplane.Only || cfg.Changes != 0 || cfg.LatencyN != 0 || cfg.Dataplane.settings().NftgateConfigExtra != "# x\n" ||
+		!cfg.Dataplane.settings().OwnCPU {
 		t.Errorf("--dataplane-only: %+v, changes %d, latency samples %d", cfg.Dataplane, cfg.Changes, cfg.LatencyN)
 	}
 	for _, c := range []struct {
@@ -292,5 +310,57 @@ func TestNftgateConfigExtra(t *testing.T) {
 	b, err := os.ReadFile(args[1])
 	if err != nil || !strings.HasSuffix(string(b), "\nflowtable = true\n\n") || !strings.HasPrefix(string(b), "#") {
 		t.Errorf("config %q, %v", b, err)
+	}
+}
+
+func TestParseProcStatBusy(t *testing.T) {
+	data := "cpu  100 5 50 9000 7 3 40 2 0 0\ncpu0 60 5 30 4500 4 2 20 1 0 0\ncpu1 40 0 20 4500 3 1 20 1 0 0\nintr 1 2 3\nctxt 99\n"
+	got, err := parseProcStatBusy(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// user + nice + system + irq + softirq, ticks of 1/100 s; not idle,
+	// iowait or steal.
+	want := map[string]float64{"cpu": 1.98, "cpu0": 1.17, "cpu1": 0.81}
+	for k, v := range want {
+		if math.Abs(got[k]-v) > 1e-9 {
+			t.Errorf("%s = %v, want %v", k, got[k], v)
+		}
+	}
+	if len(got) != 3 {
+		t.Errorf("got %v, want only the cpu lines", got)
+	}
+	for _, bad := range []string{"intr 1\n", "cpu 1 2 3\n", "cpu 1 2 3 4 5 x 7 8\n"} {
+		if _, err := parseProcStatBusy(bad); err == nil {
+			t.Errorf("parseProcStatBusy(%q): no error", bad)
+		}
+	}
+}
+
+func TestSplitCPUsAndRPSMask(t *testing.T) {
+	s, err := splitCPUs([]int{0, 1})
+	if err != nil || s.Gateway != 1 || !slices.Equal(s.Others, []int{0}) {
+		t.Errorf("splitCPUs(0 1) = %+v, %v", s, err)
+	}
+	s, err = splitCPUs([]int{2, 7, 3})
+	if err != nil || s.Gateway != 7 || !slices.Equal(s.Others, []int{2, 3}) {
+		t.Errorf("splitCPUs(2 7 3) = %+v, %v", s, err)
+	}
+	if _, err := splitCPUs([]int{0}); err == nil || !strings.Contains(err.Error(), "--dataplane-own-cpu") {
+		t.Errorf("one CPU: %v, want an error naming the flag", err)
+	}
+	for _, c := range []struct {
+		cpus []int
+		want string
+	}{
+		{[]int{1}, "00000002"},
+		{[]int{0}, "00000001"},
+		{[]int{0, 2, 3}, "0000000d"},
+		{[]int{33}, "00000002,00000000"},
+		{[]int{0, 32, 63}, "80000001,00000001"},
+	} {
+		if got := rpsMask(c.cpus); got != c.want {
+			t.Errorf("rpsMask(%v) = %q, want %q", c.cpus, got, c.want)
+		}
 	}
 }
