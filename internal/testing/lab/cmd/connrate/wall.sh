@@ -24,7 +24,11 @@
 # web, in namespace default): the kernel passes the shards' NAT chains last
 # created first, so a new connection via the Service passes those up to its
 # own shard, and one direct passes every shard's (docs/design/dataplane.md,
-# "What a shard costs a new connection").
+# "What a shard costs a new connection"). WALL_PIN=1 gives the gateway the
+# last CPU, as a box of its own: the gateway namespace's interfaces steer
+# what they receive there (RPS), the client, the backend and their
+# interfaces' packets get the other CPUs. The line printed has each CPU's
+# busy time over the dial (busy_ms: user, nice, system, irq, softirq).
 set -u
 SVC=${WALL_SERVICE:-web}
 V=$1; N=$2; D=${3:-12s}; C=${4:-8}
@@ -103,12 +107,23 @@ ip netns exec $gw nft -f $B/r-$P.nft || exit 1
 # nftgate sets conntrack's TIME_WAIT timeout where it releases the
 # backends' TIME_WAIT (conntrack_tcp_time_wait); render does not.
 case $V in old|keeptw|nots|answer120) ;; *) ip netns exec $gw sysctl -qw net.netfilter.nf_conntrack_tcp_timeout_time_wait=2;; esac
-ip netns exec $be $B/connrate serve -listen 0.0.0.0:8080 & SRV=$!
+TS=""
+if [ -n "${WALL_PIN:-}" ]; then
+  ncpu=$(nproc); [ $ncpu -ge 2 ] || { echo "WALL_PIN needs 2 CPUs" >&2; exit 2; }
+  gwm=$(printf %x $((1 << (ncpu - 1)))); othm=$(printf %x $(((1 << (ncpu - 1)) - 1)))
+  TS="taskset -c 0-$((ncpu - 2))"
+  for d in cl be; do ip netns exec $gw sh -c "echo $gwm > /sys/class/net/$d/queues/rx-0/rps_cpus"; done
+  for n in $cl $be; do ip netns exec $n sh -c "echo $othm > /sys/class/net/gw/queues/rx-0/rps_cpus"; done
+fi
+ip netns exec $be $TS $B/connrate serve -listen 0.0.0.0:8080 & SRV=$!
 to=198.19.1.10:80
 [ $V = direct ] && to=198.18.2.10:8080
 for i in $(seq 50); do ip netns exec $be ss -tln | grep -q :8080 && break; sleep 0.1; done
 ip netns exec $gw conntrack -F 2>/dev/null
-res=$(ip netns exec $cl $B/connrate dial -to $to -from ${srcs#,} -c $C -d $D)
+st0=$(grep '^cpu' /proc/stat)
+res=$(ip netns exec $cl $TS $B/connrate dial -to $to -from ${srcs#,} -c $C -d $D)
+st1=$(grep '^cpu' /proc/stat)
+busy=$(paste -d' ' <(echo "$st0") <(echo "$st1") | awk '{n = NF / 2; printf "%s%s=%d", (NR > 1 ? "," : ""), $1, 10 * ($(n+2) - $2 + $(n+3) - $3 + $(n+4) - $4 + $(n+7) - $7 + $(n+8) - $8)}')
 tw=$(ip netns exec $be ss -Htan state time-wait | wc -l)
 twsrc=$(ip netns exec $be ss -Htan state time-wait | awk '{print $4}' | sed 's/:[0-9]*$//' | sort -u | wc -l)
 ct=$(ip netns exec $gw conntrack -S | awk '{for(i=1;i<=NF;i++) if ($i ~ /^(insert_failed|drop|early_drop|clash_resolve|search_restart)=/) {split($i,a,"="); s[a[1]]+=a[2]}} END {for (k in s) printf "%s=%d ", k, s[k]}')
@@ -116,4 +131,4 @@ ctn=$(ip netns exec $gw conntrack -C)
 # what the backend sent: challenge ACKs and RSTs answering SYNs on TIME_WAIT
 tws=$(ip netns exec $be nstat -az 2>/dev/null | grep -E "TW|Challenge|PAWS|OutRsts|RetransSegs"  | awk '$2>0 {printf "%s=%s ", $1, $2}')
 cls=$(ip netns exec $cl nstat -az 2>/dev/null | grep -E "OutRsts|RetransSegs|TCPTimeouts|SynRetrans" | awk '$2>0 {printf "%s=%s ", $1, $2}')
-echo "$V clients=$N c=$C $res tw=$tw tw_peers=$twsrc ct_entries=$ctn $ct| be: $tws | cl: $cls"
+echo "$V clients=$N c=$C busy_ms=$busy $res tw=$tw tw_peers=$twsrc ct_entries=$ctn $ct| be: $tws | cl: $cls"
