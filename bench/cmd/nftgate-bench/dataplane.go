@@ -361,6 +361,32 @@ type cpuWatch struct {
 	ProxierPID int
 }
 
+// cpuReading is one reading of the CPUs' busy time and the proxier's CPU
+// time.
+type cpuReading struct {
+	busy    map[string]float64
+	proxier time.Duration
+}
+
+func (w cpuWatch) read() (cpuReading, error) {
+	busy, err := readCPUBusy()
+	if err != nil {
+		return cpuReading{}, err
+	}
+	p, err := readProcStats(w.ProxierPID)
+	return cpuReading{busy: busy, proxier: p.CPU}, err
+}
+
+// record sets run's CPU figures from the readings before and after it.
+func (w cpuWatch) record(run *ConnRun, before, after cpuReading) {
+	run.CPUSeconds = after.busy["cpu"] - before.busy["cpu"]
+	run.ProxierCPUSeconds = (after.proxier - before.proxier).Seconds()
+	if w.GatewayCPU != nil {
+		k := "cpu" + strconv.Itoa(*w.GatewayCPU)
+		run.GatewayCPUSeconds = after.busy[k] - before.busy[k]
+	}
+}
+
 // conntrackCounters are the gateway's conntrack counters a run records
 // (/proc/net/stat/nf_conntrack, summed over the CPUs): new entries dropped
 // at insertion because another took the tuple first (insert_failed), or
@@ -626,11 +652,7 @@ func (e *Env) connRun(ctx context.Context, path string, dst netip.AddrPort, srcs
 	if err != nil {
 		return run, err
 	}
-	busyBefore, err := readCPUBusy()
-	if err != nil {
-		return run, err
-	}
-	proxierBefore, err := readProcStats(watch.ProxierPID)
+	cpuBefore, err := watch.read()
 	if err != nil {
 		return run, err
 	}
@@ -638,20 +660,11 @@ func (e *Env) connRun(ctx context.Context, path string, dst netip.AddrPort, srcs
 	if err != nil {
 		return run, fmt.Errorf("connection test %s: %v: %.1000s", path, err, stderr.String())
 	}
-	busyAfter, err := readCPUBusy()
+	cpuAfter, err := watch.read()
 	if err != nil {
 		return run, err
 	}
-	proxierAfter, err := readProcStats(watch.ProxierPID)
-	if err != nil {
-		return run, err
-	}
-	run.CPUSeconds = busyAfter["cpu"] - busyBefore["cpu"]
-	run.ProxierCPUSeconds = (proxierAfter.CPU - proxierBefore.CPU).Seconds()
-	if watch.GatewayCPU != nil {
-		k := "cpu" + strconv.Itoa(*watch.GatewayCPU)
-		run.GatewayCPUSeconds = busyAfter[k] - busyBefore[k]
-	}
+	watch.record(&run, cpuBefore, cpuAfter)
 	backendAfter, err := readNetstat(e.Topo.Backend)
 	if err != nil {
 		return run, err

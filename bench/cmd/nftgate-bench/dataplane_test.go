@@ -364,3 +364,23 @@ func TestSplitCPUsAndRPSMask(t *testing.T) {
 		}
 	}
 }
+
+func TestCPUWatchRecord(t *testing.T) {
+	before := cpuReading{busy: map[string]float64{"cpu": 10, "cpu0": 6, "cpu1": 4}, proxier: time.Second}
+	after := cpuReading{busy: map[string]float64{"cpu": 130, "cpu0": 66, "cpu1": 64}, proxier: 3 * time.Second}
+	var shared ConnRun
+	cpuWatch{}.record(&shared, before, after)
+	if shared.CPUSeconds != 120 || shared.ProxierCPUSeconds != 2 || shared.GatewayCPUSeconds != 0 {
+		t.Errorf("shared CPUs: %+v", shared)
+	}
+	gw := 1
+	run := ConnRun{GatewayCPU: &gw, ConnStats: ConnStats{Exchanges: 1_000_000}}
+	cpuWatch{GatewayCPU: &gw}.record(&run, before, after)
+	if run.CPUSeconds != 120 || run.GatewayCPUSeconds != 60 || run.ProxierCPUSeconds != 2 {
+		t.Errorf("own CPU: %+v", run)
+	}
+	// The gateway CPU's 60 s less the proxier's 2, over a million.
+	if got := run.CPUPerConnection(); math.Abs(got-58) > 1e-9 {
+		t.Errorf("CPUPerConnection = %v µs, want 58", got)
+	}
+}
