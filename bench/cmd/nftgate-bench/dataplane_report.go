@@ -111,7 +111,8 @@ func (r *Report) DataplaneMarkdown() string {
 			"the client's and the backend's interfaces receive, on the others. The endpoints' CPUs are then what limits the rate; " +
 			"*gateway CPU a connection* is the gateway CPU's busy time (user, system, irq, softirq) over the run, less the " +
 			"proxier process's own CPU time (its periodic work is not a connection's), per connection: what a connection costs " +
-			"the gateway's kernel, on each path.\n\n")
+			"the gateway's kernel on each path at the load the run gave it, an upper bound (other work the machine runs on that " +
+			"CPU counts too).\n\n")
 	} else {
 		b.WriteString("The clients, the gateway and the backend share the machine's CPUs, so a connection's every microsecond of " +
 			"gateway work is taken from the endpoints: via/direct is about the CPU a connection costs direct over what it costs via. " +
