@@ -767,20 +767,32 @@ func readCPU() (CPU, error) {
 }
 
 func parseProcStatCPU(line string) (CPU, error) {
-	f := strings.Fields(line)
-	if len(f) < 8 || f[0] != "cpu" {
-		return CPU{}, fmt.Errorf("/proc/stat: first line %q: want \"cpu\" and at least 7 counters", line)
+	name, v, err := procStatCPULine(line)
+	if err != nil {
+		return CPU{}, err
 	}
-	var v [7]float64
+	if name != "cpu" {
+		return CPU{}, fmt.Errorf("/proc/stat: first line %q: want \"cpu\"", line)
+	}
+	return CPU{UserSeconds: v[0] + v[1], SystemSeconds: v[2], SoftirqSeconds: v[6]}, nil
+}
+
+// procStatCPULine reads a "cpu" or "cpuN" line of /proc/stat: its name and
+// its first 7 counters (user nice system idle iowait irq softirq) in
+// seconds.
+func procStatCPULine(line string) (name string, v [7]float64, err error) {
+	f := strings.Fields(line)
+	if len(f) < 8 {
+		return "", v, fmt.Errorf("/proc/stat: %q: want a name and at least 7 counters", line)
+	}
 	for i := range v {
 		n, err := strconv.ParseInt(f[i+1], 10, 64)
 		if err != nil {
-			return CPU{}, fmt.Errorf("/proc/stat: counter %d %q: %w", i+1, f[i+1], err)
+			return "", v, fmt.Errorf("/proc/stat: %s counter %d %q: %w", f[0], i+1, f[i+1], err)
 		}
 		v[i] = float64(n) / float64(clockTick)
 	}
-	// user nice system idle iowait irq softirq
-	return CPU{UserSeconds: v[0] + v[1], SystemSeconds: v[2], SoftirqSeconds: v[6]}, nil
+	return f[0], v, nil
 }
 
 // readCPUBusy is the busy time (user, nice, system, irq, softirq) of the
@@ -797,22 +809,14 @@ func readCPUBusy() (map[string]float64, error) {
 func parseProcStatBusy(data string) (map[string]float64, error) {
 	out := map[string]float64{}
 	for _, line := range strings.Split(data, "\n") {
-		f := strings.Fields(line)
-		if len(f) == 0 || !strings.HasPrefix(f[0], "cpu") {
+		if !strings.HasPrefix(line, "cpu") {
 			continue
 		}
-		if len(f) < 8 {
-			return nil, fmt.Errorf("/proc/stat: %q: want at least 7 counters", line)
+		name, v, err := procStatCPULine(line)
+		if err != nil {
+			return nil, err
 		}
-		busy := 0.0
-		for _, i := range []int{1, 2, 3, 6, 7} { // user nice system (idle iowait) irq softirq
-			n, err := strconv.ParseInt(f[i], 10, 64)
-			if err != nil {
-				return nil, fmt.Errorf("/proc/stat: %s counter %d %q: %w", f[0], i, f[i], err)
-			}
-			busy += float64(n)
-		}
-		out[f[0]] = busy / float64(clockTick)
+		out[name] = v[0] + v[1] + v[2] + v[5] + v[6] // not idle, iowait
 	}
 	if _, ok := out["cpu"]; !ok {
 		return nil, errors.New("/proc/stat: no \"cpu\" line")

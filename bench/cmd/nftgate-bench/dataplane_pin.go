@@ -93,8 +93,9 @@ func allowedCPUs() ([]int, error) {
 	return out, nil
 }
 
-// descendants are the process IDs below root, from /proc's parent IDs.
-func descendants(root int) ([]int, error) {
+// processChildren maps each process ID to its children's, from /proc's
+// parent IDs.
+func processChildren() (map[int][]int, error) {
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil, err
@@ -118,16 +119,17 @@ func descendants(root int) ([]int, error) {
 		ppid, _ := strconv.Atoi(f[1])
 		children[ppid] = append(children[ppid], pid)
 	}
+	return children, nil
+}
+
+// below is every process below root in children.
+func below(children map[int][]int, root int) []int {
 	var out []int
-	var walk func(int)
-	walk = func(p int) {
-		for _, c := range children[p] {
-			out = append(out, c)
-			walk(c)
-		}
+	for _, c := range children[root] {
+		out = append(out, c)
+		out = append(out, below(children, c)...)
 	}
-	walk(root)
-	return out, nil
+	return out
 }
 
 // pinning remembers what pinDataplane changed, to put it back.
@@ -185,9 +187,9 @@ func (p *pinning) steer(ctx context.Context, h *lab.Host, ifname, mask string) e
 func (p *pinning) restore(ctx context.Context) error {
 	var errs []error
 	self := os.Getpid()
-	ds, err := descendants(self)
+	children, err := processChildren()
 	errs = append(errs, err)
-	for _, pid := range append([]int{self}, ds...) {
+	for _, pid := range append([]int{self}, below(children, self)...) {
 		errs = append(errs, pinThreads(pid, p.allowed))
 	}
 	for h, files := range p.rps {
@@ -240,18 +242,16 @@ func (e *Env) pinDataplane(ctx context.Context, proxierPID int) (split cpuSplit,
 	if err := pinThreads(self, split.Others); err != nil {
 		return cpuSplit{}, nil, err
 	}
-	// The proxier's own descendants (none today) go with it.
-	proxier := map[int]bool{proxierPID: true}
-	if ds, err := descendants(proxierPID); err == nil {
-		for _, d := range ds {
-			proxier[d] = true
-		}
-	}
-	ds, err := descendants(self)
+	children, err := processChildren()
 	if err != nil {
 		return cpuSplit{}, nil, err
 	}
-	for _, pid := range ds {
+	// The proxier's own descendants (none today) go with it.
+	proxier := map[int]bool{proxierPID: true}
+	for _, d := range below(children, proxierPID) {
+		proxier[d] = true
+	}
+	for _, pid := range below(children, self) {
 		cpus := split.Others
 		if proxier[pid] {
 			cpus = []int{split.Gateway}

@@ -384,3 +384,19 @@ func TestCPUWatchRecord(t *testing.T) {
 		t.Errorf("CPUPerConnection = %v µs, want 58", got)
 	}
 }
+
+func TestBelow(t *testing.T) {
+	children := map[int][]int{1: {10, 11}, 10: {100}, 100: {1000}, 2: {20}}
+	got := below(children, 1)
+	slices.Sort(got)
+	if !slices.Equal(got, []int{10, 11, 100, 1000}) {
+		t.Errorf("below(1) = %v", got)
+	}
+	if got := below(children, 5); len(got) != 0 {
+		t.Errorf("below(5) = %v, want none", got)
+	}
+	live, err := processChildren()
+	if err != nil || !slices.Contains(below(live, 1), os.Getpid()) {
+		t.Errorf("this test's process is not below pid 1 in /proc: %v", err)
+	}
+}
