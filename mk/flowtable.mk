@@ -7,6 +7,11 @@
 #   make vmtest-flowtable   build the kernel and both images, run
 #                           TestApplianceFlowtable (shows [OFFLOAD] flows,
 #                           logs throughput and the VM's CPU off and on)
+#   make vmtest-flowtable NFTGATE_VMTEST_ICOUNT=shift=0,sleep=on
+#                           the same with the VM's clock counting its
+#                           instructions: its CPU per gigabyte is then its
+#                           instructions per byte, which a loaded host
+#                           does not move (README "Established flows")
 #
 # Not part of `make test`: it needs `make kernel`.
 

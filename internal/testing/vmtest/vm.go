@@ -44,10 +44,45 @@ type Config struct {
 	// on the build machines does not run guests. Override with the
 	// NFTGATE_VMTEST_ACCEL environment variable (e.g. "kvm").
 	Accel string
+	// Icount is QEMU's -icount value, e.g. "shift=0,sleep=on": the guest's
+	// clock then advances by the instructions it executes while it runs
+	// (2^shift ns each), so its busy CPU time counts its instructions,
+	// whatever else the host is doing (TestApplianceFlowtable's CPU per
+	// gigabyte). It runs TCG on one thread, which the default Accel then
+	// is. Override with the NFTGATE_VMTEST_ICOUNT environment variable;
+	// empty is off.
+	Icount string
 	// UEFI boots through OVMF instead of the legacy BIOS (slower).
 	UEFI bool
 	// QEMU is the emulator binary; default qemu-system-x86_64.
 	QEMU string
+}
+
+// setDefaults fills what cfg leaves empty, from the environment (getenv)
+// where a variable names it.
+func (cfg *Config) setDefaults(getenv func(string) string) {
+	if cfg.MemoryMB == 0 {
+		cfg.MemoryMB = 1024
+	}
+	if cfg.CPUs == 0 {
+		cfg.CPUs = 1
+	}
+	if cfg.Icount == "" {
+		cfg.Icount = getenv("NFTGATE_VMTEST_ICOUNT")
+	}
+	if cfg.Accel == "" {
+		cfg.Accel = getenv("NFTGATE_VMTEST_ACCEL")
+	}
+	if cfg.Accel == "" {
+		cfg.Accel = "tcg,thread=multi"
+		if cfg.Icount != "" {
+			// QEMU counts instructions only with one TCG thread.
+			cfg.Accel = "tcg,thread=single"
+		}
+	}
+	if cfg.QEMU == "" {
+		cfg.QEMU = "qemu-system-x86_64"
+	}
 }
 
 // VM is a running QEMU process.
@@ -67,21 +102,7 @@ type VM struct {
 // Start launches QEMU. The VM is killed if the test process dies, and Stop
 // ends it.
 func Start(cfg Config) (*VM, error) {
-	if cfg.MemoryMB == 0 {
-		cfg.MemoryMB = 1024
-	}
-	if cfg.CPUs == 0 {
-		cfg.CPUs = 1
-	}
-	if cfg.Accel == "" {
-		cfg.Accel = os.Getenv("NFTGATE_VMTEST_ACCEL")
-	}
-	if cfg.Accel == "" {
-		cfg.Accel = "tcg,thread=multi"
-	}
-	if cfg.QEMU == "" {
-		cfg.QEMU = "qemu-system-x86_64"
-	}
+	cfg.setDefaults(os.Getenv)
 	if cfg.SerialLog == "" {
 		return nil, errors.New("vmtest: Config.SerialLog must be set")
 	}
@@ -104,6 +125,9 @@ func Start(cfg Config) (*VM, error) {
 		"-serial", "chardev:serial0",
 		// gokrazy pets this watchdog; a hung guest resets like real hardware.
 		"-device", "i6300esb",
+	}
+	if cfg.Icount != "" {
+		args = append(args, "-icount", cfg.Icount)
 	}
 	if cfg.UEFI {
 		args = append(args,

@@ -1,0 +1,36 @@
+package vmtest
+
+import "testing"
+
+// TestConfigDefaults: what a Config leaves empty comes from the
+// environment or the defaults, and counting instructions (-icount) runs
+// TCG on one thread unless an accelerator is named.
+func TestConfigDefaults(t *testing.T) {
+	for _, c := range []struct {
+		name           string
+		cfg            Config
+		env            map[string]string
+		accel, icount  string
+		memoryMB, cpus int
+	}{
+		{name: "defaults", accel: "tcg,thread=multi", memoryMB: 1024, cpus: 1},
+		{name: "icount from the environment", env: map[string]string{"NFTGATE_VMTEST_ICOUNT": "shift=0,sleep=on"},
+			accel: "tcg,thread=single", icount: "shift=0,sleep=on", memoryMB: 1024, cpus: 1},
+		{name: "icount in the config", cfg: Config{Icount: "shift=1", MemoryMB: 512, CPUs: 2},
+			accel: "tcg,thread=single", icount: "shift=1", memoryMB: 512, cpus: 2},
+		{name: "accelerator named", cfg: Config{Icount: "shift=0"}, env: map[string]string{"NFTGATE_VMTEST_ACCEL": "tcg"},
+			accel: "tcg", icount: "shift=0", memoryMB: 1024, cpus: 1},
+		{name: "kvm from the environment", env: map[string]string{"NFTGATE_VMTEST_ACCEL": "kvm"},
+			accel: "kvm", memoryMB: 1024, cpus: 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := c.cfg
+			cfg.setDefaults(func(k string) string { return c.env[k] })
+			if cfg.Accel != c.accel || cfg.Icount != c.icount || cfg.MemoryMB != c.memoryMB || cfg.CPUs != c.cpus ||
+				cfg.QEMU != "qemu-system-x86_64" {
+				t.Errorf("got accel %q icount %q memory %d CPUs %d QEMU %q, want %q %q %d %d qemu-system-x86_64",
+					cfg.Accel, cfg.Icount, cfg.MemoryMB, cfg.CPUs, cfg.QEMU, c.accel, c.icount, c.memoryMB, c.cpus)
+			}
+		})
+	}
+}
