@@ -98,6 +98,12 @@ type Config struct {
 	// set as the namespace's conntrack TIME_WAIT timeout (0: left as it
 	// is).
 	ConntrackTCPTimeWait Duration `toml:"conntrack_tcp_time_wait"`
+	// ConntrackMaxPerCPU and ConntrackMin size the conntrack table
+	// (conntrackmax.go): at start it is raised to ConntrackMin or
+	// ConntrackMaxPerCPU per CPU, whichever is more, where it is smaller
+	// (0 per CPU: left as it is).
+	ConntrackMaxPerCPU int `toml:"conntrack_max_per_cpu"`
+	ConntrackMin       int `toml:"conntrack_min"`
 	// MasqueradePortsByCPU gives each group of CPUs its own share of the
 	// masquerade ports for TCP (ruleset/cpuports.go).
 	MasqueradePortsByCPU bool `toml:"masquerade_ports_by_cpu"`
@@ -144,6 +150,8 @@ func defaults() Config {
 		AnswerRefusedSYNs:           true,
 		MasqueradePortsByCPU:        true,
 		ConntrackTCPTimeWait:        Duration(defaultConntrackTCPTimeWait),
+		ConntrackMaxPerCPU:          defaultConntrackMaxPerCPU,
+		ConntrackMin:                defaultConntrackMin,
 		Shards:                      ShardsAuto,
 		EndpointSelection:           defaultSelection,
 		ProxyProtocolPort:           proxy.DefaultPort,
@@ -508,6 +516,12 @@ func (c *Config) validate() error {
 	}
 	if d := time.Duration(c.ConntrackTCPTimeWait); d != 0 && (d < time.Second || d > maxConntrackTCPTimeWait || d%time.Second != 0) {
 		bad("conntrack_tcp_time_wait", "%s is not 0s or whole seconds between 1s and %s", c.ConntrackTCPTimeWait, Duration(maxConntrackTCPTimeWait))
+	}
+	if c.ConntrackMaxPerCPU < 0 || c.ConntrackMaxPerCPU > maxConntrackMaxPerCPU {
+		bad("conntrack_max_per_cpu", "%d is not between 0 and %d", c.ConntrackMaxPerCPU, maxConntrackMaxPerCPU)
+	}
+	if c.ConntrackMin < 0 || c.ConntrackMin > maxConntrackMin {
+		bad("conntrack_min", "%d is not between 0 and %d", c.ConntrackMin, maxConntrackMin)
 	}
 	if c.DrainPeriod < 0 || time.Duration(c.DrainPeriod) > maxDrainPeriod {
 		bad("drain_period", "%s is not between 0s and %s", c.DrainPeriod, maxDrainPeriod)

@@ -169,6 +169,7 @@ func serve(ctx context.Context, cfg *Config) error {
 	if err := setupReleaseTimeWait(cfg, log, timeWaitChecks{release: nft.CheckReleaseTimeWait, answer: nft.CheckAnswerRefusedSYNs}, conntrackTimeWaitSysctl); err != nil {
 		return err
 	}
+	setupConntrackMax(cfg, log, cpuCount(onlineCPUsFile), conntrackMaxSysctl, conntrackBucketsSysctl)
 	if err := cfg.checkFlowtableDevices(); err != nil {
 		return err
 	}
