@@ -12,14 +12,20 @@
 #                           instructions: its CPU per gigabyte is then its
 #                           instructions per byte, which a loaded host
 #                           does not move (README "Established flows")
+#   make vmtest-conncost NFTGATE_VMTEST_ICOUNT=shift=0,sleep=on
+#                           the flowtable-off image (nftgate's default
+#                           configuration) and connrate from the client
+#                           namespace: the VM's CPU a new TCP connection,
+#                           to a Service and routed directly
+#                           (TestApplianceConnectionCost)
 #
-# Not part of `make test`: it needs `make kernel`.
+# Not part of `make test`: they need `make kernel`.
 
 VMTEST_FLOWTABLE_DIR := $(CURDIR)/internal/testing/vmtest/testdata/flowtable
 VMTEST_FLOWTABLE_VARS = KERNEL=custom NETWORK=$(CURDIR)/internal/testing/vmtest/testdata/network.json \
 	$(VMTEST_SECRETS) MANIFESTS=$(VMTEST_FLOWTABLE_DIR)/manifests KUBECONFIG_FILE=
 
-.PHONY: vmtest-flowtable vmtest-flowtable-images vmtest-flowtable-deps
+.PHONY: vmtest-flowtable vmtest-flowtable-images vmtest-flowtable-deps vmtest-conncost
 
 vmtest-flowtable-deps:
 	@command -v iperf3 >/dev/null && command -v tcpdump >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iperf3 tcpdump; }
@@ -39,3 +45,12 @@ vmtest-flowtable: vmtest-deps vmtest-flowtable-deps vmtest-flowtable-images
 		NFTGATE_VMTEST_NFTGATE_PASSWORD_FILE=$(VMTEST_NFTGATE_PASSWORD_FILE) \
 		NFTGATE_VMTEST_GOKRAZY_CERT=$(VMTEST_GOKRAZY_TLS_DIR)/cert.pem \
 		$(GO) test -tags customkernel -race -count=1 -v -timeout 30m -run 'TestApplianceFlowtable' ./internal/testing/vmtest/
+
+vmtest-conncost: vmtest-deps vmtest-flowtable-images
+	$(GO) build -o $(BUILD)/connrate ./internal/testing/lab/cmd/connrate
+	NFTGATE_VMTEST_FLOWTABLE_OFF=$(BUILD)/nftgate-vmtest-flowtable-off.img \
+		NFTGATE_VMTEST_CONNRATE=$(BUILD)/connrate \
+		NFTGATE_VMTEST_PASSWORD_FILE=$(VMTEST_PASSWORD_FILE) \
+		NFTGATE_VMTEST_NFTGATE_PASSWORD_FILE=$(VMTEST_NFTGATE_PASSWORD_FILE) \
+		NFTGATE_VMTEST_GOKRAZY_CERT=$(VMTEST_GOKRAZY_TLS_DIR)/cert.pem \
+		$(GO) test -tags customkernel -race -count=1 -v -timeout 30m -run 'TestApplianceConnectionCost' ./internal/testing/vmtest/
