@@ -172,26 +172,11 @@ func TestApplianceConnectionCost(t *testing.T) {
 	}
 }
 
-// startConnServer runs connrate serve on the namespace's address and
-// port until the test ends.
+// startConnServer runs connrate serve on the cluster namespace's address
+// and port until the test ends.
 func startConnServer(ctx context.Context, t *testing.T, connrate string, ns *Netns, port string) {
 	t.Helper()
-	cmd := exec.Command("ip", "netns", "exec", ns.Name, connrate, "serve", "-listen", net.JoinHostPort(clusterIP, port))
-	out := &strings.Builder{}
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-		if t.Failed() {
-			t.Logf("connrate serve on port %s:\n%s", port, out)
-		}
-	})
-	if err := waitDial(ctx, nil, ns, net.JoinHostPort(clusterIP, port)); err != nil {
-		t.Fatalf("connrate serve on port %s: %v\n%s", port, err, out)
-	}
+	startServer(ctx, t, ns, port, "connrate serve", connrate, "serve", "-listen", net.JoinHostPort(clusterIP, port))
 }
 
 // remoteSeen connects from ns to addr and returns the address (without

@@ -222,7 +222,17 @@ const offloadWait = 3 * time.Minute
 // address and port until the test ends.
 func startIperfServer(ctx context.Context, t *testing.T, ns *Netns, port string) {
 	t.Helper()
-	cmd := exec.Command("ip", "netns", "exec", ns.Name, "iperf3", "--server", "--bind", clusterIP, "--port", port)
+	// waitDial's connections, closed before a test began, show in its log
+	// as "unable to receive parameters from client".
+	startServer(ctx, t, ns, port, "iperf3 server", "iperf3", "--server", "--bind", clusterIP, "--port", port)
+}
+
+// startServer runs argv in ns until the test ends, once a connection to
+// the cluster namespace's address and port from ns itself succeeds; its
+// output is logged when the test fails.
+func startServer(ctx context.Context, t *testing.T, ns *Netns, port, what string, argv ...string) {
+	t.Helper()
+	cmd := exec.Command("ip", append([]string{"netns", "exec", ns.Name}, argv...)...)
 	out := &strings.Builder{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
@@ -232,14 +242,11 @@ func startIperfServer(ctx context.Context, t *testing.T, ns *Netns, port string)
 		cmd.Process.Kill()
 		cmd.Wait()
 		if t.Failed() {
-			// waitDial's connections, closed before a test began, show
-			// here as "unable to receive parameters from client".
-			t.Logf("iperf3 server on port %s:\n%s", port, out)
+			t.Logf("%s on port %s:\n%s", what, port, out)
 		}
 	})
-	// It listens once a connection from its own namespace succeeds.
 	if err := waitDial(ctx, nil, ns, net.JoinHostPort(clusterIP, port)); err != nil {
-		t.Fatalf("iperf3 server on port %s: %v\n%s", port, err, out)
+		t.Fatalf("%s on port %s: %v\n%s", what, port, err, out)
 	}
 }
 
