@@ -75,9 +75,10 @@ func TestApplianceConnectionCost(t *testing.T) {
 			t.Fatalf("%s from the client namespace: %v", addr, err)
 		}
 	}
+	clientIP, _, _ := strings.Cut(clientAddr, "/")
 	// The server writes the address it saw: the VM's for the Service
 	// (masqueraded), the client's own direct.
-	for _, p := range []struct{ addr, from string }{{service, vmClusterAddr}, {direct, strings.Split(clientAddr, "/")[0]}} {
+	for _, p := range []struct{ addr, from string }{{service, vmClusterAddr}, {direct, clientIP}} {
 		seen, err := remoteSeen(ctx, client, p.addr)
 		if err != nil {
 			t.Fatalf("%s: %v", p.addr, err)
@@ -125,12 +126,8 @@ func TestApplianceConnectionCost(t *testing.T) {
 		slices.SortFunc(rs, func(a, b connResult) int { return cmp.Compare(a.microsPerConn(), b.microsPerConn()) })
 		res[name] = rs[len(rs)/2]
 	}
-	clock := "the VM's CPU is host time"
-	if ic := os.Getenv("NFTGATE_VMTEST_ICOUNT"); ic != "" {
-		clock = "the VM's CPU counts its instructions (-icount " + ic + ")"
-	}
 	t.Logf("medians: service %v; direct %v; VM CPU a connection service/direct %.2f (%s)",
-		res["service"], res["direct"], res["service"].microsPerConn()/res["direct"].microsPerConn(), clock)
+		res["service"], res["direct"], res["service"].microsPerConn()/res["direct"].microsPerConn(), vmCPUClock())
 
 	// The conntrack table held every connection: none was dropped for
 	// want of an entry (nftgate raised the table, conntrack_min).
@@ -165,7 +162,7 @@ func TestApplianceConnectionCost(t *testing.T) {
 		viaConns += r.Conns
 	}
 	t.Logf("the backend's TIME_WAIT sockets: %d towards the VM (of %d connections via the Service), %d towards the client",
-		tw[vmClusterAddr], viaConns, tw[strings.Split(clientAddr, "/")[0]])
+		tw[vmClusterAddr], viaConns, tw[clientIP])
 	if tw[vmClusterAddr]*10 > viaConns {
 		t.Errorf("%d TIME_WAIT sockets towards the VM after %d connections via the Service: the release did not reset them",
 			tw[vmClusterAddr], viaConns)

@@ -78,14 +78,19 @@ func TestApplianceFlowtable(t *testing.T) {
 	if off == nil || on == nil {
 		return
 	}
-	clock := "the VM's CPU is host time"
-	if ic := os.Getenv("NFTGATE_VMTEST_ICOUNT"); ic != "" {
-		clock = "the VM's CPU counts its instructions (-icount " + ic + ")"
-	}
 	for _, path := range []string{"service", "direct"} {
 		t.Logf("%s: flowtable off %v; on %v; throughput on/off %.2f, VM CPU-s per GB on/off %.2f (%s)",
-			path, off[path], on[path], on[path].mbps()/off[path].mbps(), on[path].cpuSecondsPerGB()/off[path].cpuSecondsPerGB(), clock)
+			path, off[path], on[path], on[path].mbps()/off[path].mbps(), on[path].cpuSecondsPerGB()/off[path].cpuSecondsPerGB(), vmCPUClock())
 	}
+}
+
+// vmCPUClock says what the VM's CPU time counts: host time, or with
+// NFTGATE_VMTEST_ICOUNT its instructions.
+func vmCPUClock() string {
+	if ic := os.Getenv("NFTGATE_VMTEST_ICOUNT"); ic != "" {
+		return "the VM's CPU counts its instructions (-icount " + ic + ")"
+	}
+	return "the VM's CPU is host time"
 }
 
 // flowtableRun boots one image, checks which flows are offloaded, and
