@@ -142,6 +142,7 @@ const (
 	ChainReject            = "reject-chain"
 	ChainClusterIPsCheck   = "cluster-ips-check"
 	ChainCountTraffic      = "count-traffic"
+	ChainClose             = "close"
 )
 
 // Netfilter hook priorities (from the kernel's netfilter headers).
@@ -245,7 +246,12 @@ func Static(cfg *Config, f Family) Fragment {
 			fr.Sets = append(fr.Sets, &Set{Name: SetRefusedSYNs, Shape: KeyConn, Timeout: RefusedTimeout, Size: RefusedSize})
 			base(ChainRefusedRaw, "filter", "prerouting", PrioRaw, refusedRawRule())
 		}
-		base("filter-prerouting-close", "filter", "prerouting", PrioReleaseTimeWait, closeRules...)
+		// Every rule of the close is for masqueraded Service
+		// connections: any other packet (a routed one, one of a Service
+		// connection whose client is kept) leaves after one test.
+		base("filter-prerouting-close", "filter", "prerouting", PrioReleaseTimeWait,
+			Rule{MatchCtMasqueraded{}, jump(ChainClose)})
+		regular(ChainClose, closeRules...)
 		if release {
 			regular(ChainCloseFIN, closeFINRules()...)
 			regular(ChainReleaseTimeWait, releaseRules(bit, cfg.Counters)...)
