@@ -3,11 +3,14 @@ package loop
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -391,4 +394,59 @@ func TestLoopIsolatesFailures(t *testing.T) {
 	if st, _ := h.s.Service(key("a")); st.Model != good.Model || st.Error == "" {
 		t.Errorf("a after the full sync: %+v, want still its last good state", st)
 	}
+}
+
+// A reconcile that finds the Services no longer fit the shard count chosen
+// at start (nft.Result.ShardsWanted) says so once for each count it would
+// move to, and again only after they fitted in between.
+func TestLoopWarnsWhenTheShardsNoLongerFit(t *testing.T) {
+	var logs lockedLog
+	h := startLoopWith(t, func(s *Syncer) { s.Log = slog.New(slog.NewTextHandler(&logs, nil)) }, 0, time.Minute, "a")
+	var wanted atomic.Int64
+	h.prog.setOutcome(func(c call) (nft.Result, error) {
+		if !c.full {
+			return nft.Result{}, nil
+		}
+		return nft.Result{Full: true, Shards: 1, ShardsWanted: int(wanted.Load())}, nil
+	})
+	const warning = "the Services no longer fit the shard count chosen at start"
+	h.expect(true, 0, "a")
+	at := time.Duration(0)
+	for i, w := range []int64{4, 4, 8, 0, 8} {
+		wanted.Store(w)
+		before := strings.Count(logs.String(), warning)
+		h.timers(1) // the reconcile ticker
+		h.clk.Step(time.Minute)
+		at += time.Minute
+		h.expect(true, at, "a")
+		said := strings.Count(logs.String(), warning) - before
+		want := 0
+		if i != 1 && w != 0 { // a count already said, and fitting, are not said
+			want = 1
+		}
+		if said != want {
+			t.Errorf("reconcile %d (would move to %d shards): the warning logged %d times, want %d\n%s", i, w, said, want, logs.String())
+		}
+		if want == 1 && !strings.Contains(logs.String(), fmt.Sprintf("shards=1 at_restart=%d", w)) {
+			t.Errorf("reconcile %d: the warning does not name the counts:\n%s", i, logs.String())
+		}
+	}
+}
+
+// lockedLog is a log's text, written by the loop and read by the test.
+type lockedLog struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

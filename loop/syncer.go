@@ -98,7 +98,10 @@ type Syncer struct {
 	// whenever the Service changes, and the kernel's error.
 	refused   map[model.ServiceKey]refusal
 	firstDone bool
-	exposure  *model.Exposure // as set by SetExposure
+	// shardsWarned is the shard count a full sync last said a restart
+	// would move to (nft.Result.ShardsWanted), so that it is said once.
+	shardsWarned int
+	exposure     *model.Exposure // as set by SetExposure
 	// exposed are the Services that ask for externalIPs or LoadBalancer
 	// IPs: those an Exposure change may change. unserved holds what the
 	// Exposure left out of them, and conflicts what older Services hold.
@@ -502,6 +505,12 @@ func (s *Syncer) full(log *slog.Logger, repair string) error {
 			attrs = append(attrs, "first_served", res.FirstServed)
 		}
 		log.Info("full sync", attrs...)
+		if res.ShardsWanted > 0 && res.ShardsWanted != s.shardsWarned {
+			// "auto" chose at start for the Services then: changes now
+			// cost more than they would in the count it would choose.
+			log.Warn("the Services no longer fit the shard count chosen at start; a restart moves them to the count they fit", "services", len(desired), "shards", res.Shards, "at_restart", res.ShardsWanted)
+		}
+		s.shardsWarned = res.ShardsWanted
 	}
 	s.notify(ev)
 	return err

@@ -73,7 +73,11 @@ type Programmer struct {
 	// has chosen; inPlace the shard count of the tables then in the kernel.
 	chooseShards func(services, inPlace int) int
 	inPlace      int
-	counters     counterCache
+	// rechoose is Options.ChooseShards for the full syncs after the
+	// first: what it would choose then is told, not done
+	// (Result.ShardsWanted).
+	rechoose func(services, inPlace int) int
+	counters counterCache
 	// destroy tells whether the kernel destroys set elements (probed at
 	// the first full sync, when traffic is counted): a partial sync then
 	// deletes the traffic elements of the destinations it removes.
@@ -135,6 +139,11 @@ type Result struct {
 	Kernel time.Duration
 	// Shards is the shard count of the tables a full sync programmed.
 	Shards int
+	// ShardsWanted, for a full sync after the first with
+	// Options.ChooseShards, is the count it would choose now from the
+	// Services and the tables in place, when that is not theirs: the
+	// layout stays until the process ends, so a restart would move to it.
+	ShardsWanted int
 	// FirstServed, for a full sync onto no tables (a cold start, the
 	// repair after nft flush ruleset), is when its first shard was in the
 	// kernel, since the sync started: the Services of the busiest shard
@@ -196,7 +205,7 @@ func NewProgrammer(cfg ruleset.Config, opts Options) (*Programmer, error) {
 	}
 	p := &Programmer{cfg: cfg, batch: b, reader: r, services: map[model.ServiceKey]*model.Service{}, claims: ruleset.NewClaims(),
 		watch: newWatchState(), netnsFD: opts.NetNSFD, ownTables: map[tableRef]bool{}, streamed: opts.Streamed,
-		refuse: opts.RefuseForTest, chooseShards: opts.ChooseShards, inPlace: inPlace}
+		refuse: opts.RefuseForTest, chooseShards: opts.ChooseShards, rechoose: opts.ChooseShards, inPlace: inPlace}
 	if p.chooseShards != nil {
 		// Until the first full sync chooses, the layout of the tables
 		// in place, if any.
@@ -306,8 +315,14 @@ func (p *Programmer) Full(services map[model.ServiceKey]*model.Service) (Result,
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	start := time.Now()
+	first := p.chooseShards != nil
 	p.chooseLayout(len(services))
 	res := Result{Full: true, Shards: p.cfg.ShardCount()}
+	if !first && p.rechoose != nil {
+		if n := min(max(p.rechoose(len(services), res.Shards), 1), ruleset.MaxShards); n != res.Shards {
+			res.ShardsWanted = n
+		}
+	}
 	if !p.destroyProbed && p.countsTraffic() {
 		// A probe that fails otherwise than for want of the message
 		// costs the counts of a reused address at most, not the sync.

@@ -16,7 +16,8 @@ import (
 // sync lays the tables out for the count chosen from the number of
 // Services and the count of the tables in place (cfg.Shards is ignored);
 // a restart that keeps the count replaces no table, and one that chooses
-// another moves every Service in its batch and drops the shards left over.
+// another moves every Service in its batch and drops the shards left over;
+// later full syncs only tell what the chooser would choose then.
 func TestProgrammerChoosesShards(t *testing.T) {
 	ns, fd := testNetNS(t)
 	cfg := ruleset.Config{Table: "nftgate", Node: model.Node{Name: "gw"}, HashSeed: 1, Shards: 3}
@@ -108,4 +109,21 @@ func TestProgrammerChoosesShards(t *testing.T) {
 		}
 		servedIn(p)
 	}
+
+	// The full syncs after the first ask again and tell what a restart
+	// would choose; the layout stays.
+	next := 2
+	_, _, p = start(func(int, int) int { return next })
+	if res, err := p.Full(services); err != nil || res.ShardsWanted != 0 {
+		t.Fatalf("reconcile with the count the chooser wants: ShardsWanted %d, %v; want 0", res.ShardsWanted, err)
+	}
+	next = 8
+	res, err := p.Full(services)
+	if err != nil || res.Shards != 2 || res.ShardsWanted != 8 {
+		t.Fatalf("reconcile after the chooser changed its mind: Shards %d, ShardsWanted %d, %v; want 2, 8", res.Shards, res.ShardsWanted, err)
+	}
+	if got := shardTables(); !slices.Equal(got, want(2)) {
+		t.Fatalf("shard tables after the reconcile: %v, want %v", got, want(2))
+	}
+	servedIn(p)
 }
