@@ -48,18 +48,21 @@ const MaxShards = 256
 // first packet of every new connection passes each shard's NAT chains, so
 // more shards cost every new connection a map lookup each: 64 against 16
 // cost a connection to no Service about 14 µs, a sixth of its CPU in the
-// bench's lab (docs/design/dataplane.md; the earlier measurement, README
-// "Shards and size", did not see it under load). More was not measured, so
-// 64 bounds it.
+// bench's lab, and 16 against one about 17,000 instructions, a fifth of a
+// routed connection's on the appliance (docs/design/dataplane.md; the
+// earlier measurement, README "Shards and size", did not see it under
+// load). So a small cluster gets few shards: one up to 1,000 Services.
+// More than 64 was not measured, so 64 bounds it.
 const (
-	AutoShardsMin   = DefaultShards
+	AutoShardsMin   = 1
 	AutoShardsMax   = 64
 	autoShardTarget = 1000
 )
 
 // AutoShardCount is the shard count for n Services: the least power of
 // two from AutoShardsMin to AutoShardsMax that keeps a shard to about
-// autoShardTarget Services (16 up to 16,000, 32 up to 32,000, 64 above).
+// autoShardTarget Services (1 up to 1,000, 2 up to 2,000, 4 up to 4,000,
+// and so on to 16 up to 16,000, 32 up to 32,000, 64 above).
 // inPlace, the shard count of the tables already in the kernel (0 for
 // none), is kept while it is within a factor of two of that either way,
 // Services counted: a gateway restarted beside a cluster near a boundary
