@@ -124,7 +124,9 @@ type Options struct {
 	// then ignored) at the first full sync, from the number of Services
 	// and the shard count of nftgate's tables already in the kernel (0
 	// for none): ruleset.AutoShardCount. The layout then stays until the
-	// process ends.
+	// process ends; every later full sync asks it again, with the count
+	// in place, and tells the answer where it differs
+	// (Result.ShardsWanted).
 	ChooseShards func(services, inPlace int) int
 }
 
