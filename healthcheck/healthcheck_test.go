@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,6 +17,7 @@ import (
 	"github.com/nftgate/nftgate/appliance/httpserver/httpservertest"
 	"github.com/nftgate/nftgate/healthcheck"
 	"github.com/nftgate/nftgate/internal/testing/lab"
+	"github.com/nftgate/nftgate/internal/testing/lockedbuf"
 	"github.com/nftgate/nftgate/model"
 )
 
@@ -127,7 +127,7 @@ func wantAnswer(t *testing.T, port uint16, code, endpoints int) {
 func TestServer(t *testing.T) {
 	var healthy atomic.Bool
 	healthy.Store(true)
-	var logs syncBuffer
+	var logs lockedbuf.Buffer
 	s := &healthcheck.Server{
 		NodeName: "gw", Healthy: healthy.Load, RetryInterval: 50 * time.Millisecond,
 		Log: slog.New(slog.NewTextHandler(&logs, nil)),
@@ -232,22 +232,4 @@ func TestServerLimits(t *testing.T) {
 	if err := httpservertest.LargeHeaderIsRefused(addr, httpserver.Default.MaxHeaderBytes); err != nil {
 		t.Error(err)
 	}
-}
-
-// syncBuffer collects log output written from Run's goroutine.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (w *syncBuffer) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
-}
-
-func (w *syncBuffer) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.String()
 }

@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/nftgate/nftgate/internal/testing/lockedbuf"
 	"github.com/nftgate/nftgate/model"
 	"github.com/nftgate/nftgate/nft"
 )
@@ -400,7 +401,7 @@ func TestLoopIsolatesFailures(t *testing.T) {
 // at start (nft.Result.ShardsWanted) says so once for each count it would
 // move to, and again only after they fitted in between.
 func TestLoopWarnsWhenTheShardsNoLongerFit(t *testing.T) {
-	var logs lockedLog
+	var logs lockedbuf.Buffer
 	h := startLoopWith(t, func(s *Syncer) { s.Log = slog.New(slog.NewTextHandler(&logs, nil)) }, 0, time.Minute, "a")
 	var wanted atomic.Int64
 	h.prog.setOutcome(func(c call) (nft.Result, error) {
@@ -431,22 +432,4 @@ func TestLoopWarnsWhenTheShardsNoLongerFit(t *testing.T) {
 			t.Errorf("reconcile %d: the warning does not name the counts:\n%s", i, logs.String())
 		}
 	}
-}
-
-// lockedLog is a log's text, written by the loop and read by the test.
-type lockedLog struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/nftgate/nftgate/internal/testing/bird"
 	"github.com/nftgate/nftgate/internal/testing/lab"
 	"github.com/nftgate/nftgate/internal/testing/lab/labtest"
+	"github.com/nftgate/nftgate/internal/testing/lockedbuf"
 	"github.com/vishvananda/netlink"
 )
 
@@ -142,29 +143,11 @@ type speakerProc struct {
 	done  chan struct{}
 	mu    sync.Mutex
 	ended bool
-	log   lockedBuffer
-}
-
-// lockedBuffer keeps what the speaker logs, and passes it on to the
-// test's stderr.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(b []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	os.Stderr.Write(b)
-	return l.b.Write(b)
+	log   lockedbuf.Buffer // what the speaker logs, also passed on to the test's stderr
 }
 
 // Log is what the speaker logged so far.
-func (p *speakerProc) Log() string {
-	p.log.mu.Lock()
-	defer p.log.mu.Unlock()
-	return p.log.b.String()
-}
+func (p *speakerProc) Log() string { return p.log.String() }
 
 // startSpeaker starts a speaker with cfg in host's namespace; the test's
 // cleanup kills it if it still runs.
@@ -185,7 +168,7 @@ func startSpeaker(t testing.TB, host *lab.Host, cfg Config) *speakerProc {
 	cmd := host.Command(context.Background(), exe, "-test.run=^$")
 	cmd.Env = append(os.Environ(), speakerEnv+"="+path)
 	p := &speakerProc{t: t, cmd: cmd, done: make(chan struct{})}
-	cmd.Stderr = &p.log
+	cmd.Stderr = io.MultiWriter(os.Stderr, &p.log)
 	in, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -7,9 +7,10 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/nftgate/nftgate/internal/testing/lockedbuf"
 )
 
 // capture records the packets on a tap device (the VM's side of a link,
@@ -18,25 +19,7 @@ import (
 type capture struct {
 	ns, dev, file string
 	cmd           *exec.Cmd
-	out           lockedBuffer
-}
-
-// lockedBuffer is a buffer a command writes while the test reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
+	out           lockedbuf.Buffer
 }
 
 // startCapture starts tcpdump on dev in ns, keeping the first count
