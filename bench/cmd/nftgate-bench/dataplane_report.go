@@ -48,7 +48,10 @@ func (r *Report) DataplaneMarkdown() string {
 		if res.Dataplane == nil {
 			continue
 		}
-		if d := res.Dataplane; d.Shards > 0 {
+		if d := res.Dataplane; d.Shards == 1 {
+			fmt.Fprintf(&shards, "- %s at %s Services: one shard; every new connection passes its NAT chain.\n",
+				res.Proxier, thousands(res.Services))
+		} else if d.Shards > 0 {
 			fmt.Fprintf(&shards, "- %s at %s Services: %d shards; a new connection via the Service passes %d of their NAT chains, one direct all %d.\n",
 				res.Proxier, thousands(res.Services), d.Shards, d.ShardsPassedVia, d.Shards)
 		}

@@ -111,6 +111,10 @@ func TestPairConnsAndMarkdown(t *testing.T) {
 			t.Errorf("results.md lacks %q:\n%s", want, md)
 		}
 	}
+	r.Results = append(r.Results, Result{Proxier: proxNftgate, Services: 100, Dataplane: &DataplaneResult{Shards: 1, ShardsPassedVia: 1}})
+	if md := r.Markdown(); !strings.Contains(md, "- nftgate at 100 Services: one shard; every new connection passes its NAT chain.\n") {
+		t.Errorf("results.md does not say one shard as one:\n%s", md)
+	}
 	if strings.Count(md, "| nftgate | 10,000 | 64 |") != 1 {
 		t.Errorf("a via run without its direct run made a row:\n%s", md)
 	}
