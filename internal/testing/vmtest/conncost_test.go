@@ -105,6 +105,7 @@ func TestApplianceConnectionCost(t *testing.T) {
 	t.Logf("no connections: VM CPU %.1f%% busy", 100*(after[0]-before[0])/(after[1]-before[1]))
 
 	runs := map[string][]connResult{}
+	stalled := false
 	for round := range connCostRounds {
 		for _, p := range []struct{ name, addr string }{{"direct", direct}, {"service", service}} {
 			r, err := measureConns(ctx, vm, connrate, client, p.addr)
@@ -114,6 +115,7 @@ func TestApplianceConnectionCost(t *testing.T) {
 			t.Logf("round %d, %s (%s): %v", round+1, p.name, p.addr, r)
 			if len(r.StallLines) > 0 {
 				t.Logf("the first stalls: %s", strings.Join(r.StallLines, "; "))
+				stalled = true
 			}
 			if r.Conns == 0 {
 				t.Fatalf("%s: no connection completed", p.name)
@@ -145,8 +147,14 @@ func TestApplianceConnectionCost(t *testing.T) {
 	}
 	// A clash (insert_failed) counts in drop too; what is left of drop,
 	// and early_drop, is the table having been full.
-	if full := ct["drop"] - min(ct["drop"], ct["insert_failed"]); full > 0 || ct["early_drop"] > 0 {
+	full := ct["drop"] - min(ct["drop"], ct["insert_failed"])
+	if full > 0 || ct["early_drop"] > 0 {
 		t.Errorf("the VM's conntrack dropped %d new connections for want of room (early_drop %d): its table was full", full, ct["early_drop"])
+	}
+	if full > 0 || ct["early_drop"] > 0 || stalled {
+		// Where a stall's SYN went: an interface, the backlog, the
+		// backend's TIME_WAIT (TcpExtPAWSTimewait), the client's
+		// retransmits.
 		logNetCounters(ctx, t, vm, client, cluster)
 	}
 
