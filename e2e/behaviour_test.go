@@ -633,7 +633,7 @@ func (l *behaviourLab) testEdgeCases(t *testing.T) {
 		l.g.Write("nonp.yaml", svc, gatewaytest.Slice("default", "nonp-1", "nonp", "http", "", 8080, ep("198.18.2.17", "")))
 		l.eventuallyBackends(t, "tcp", ap("198.19.2.91:80"), 3, l.b4(7, 8080))
 		l.eventuallyBackends(t, "tcp", ap("198.19.0.91:80"), 3, l.b4(7, 8080))
-		out := l.g.Nft("list", "map", "ip", serviceTable("default", "nonp"), "service-nodeports")
+		out := l.g.Nft("list", "map", "ip", serviceTable(t, l.g, "default", "nonp"), "service-nodeports")
 		if strings.Contains(out, "default/nonp") {
 			t.Errorf("a LoadBalancer without node ports has a node port element:\n%s", out)
 		}
@@ -648,7 +648,7 @@ func (l *behaviourLab) testEdgeCases(t *testing.T) {
 			gatewaytest.Slice("default", "dup-a", "dup", "http", "", 8080, ep("198.18.2.10", ""), ep("198.18.2.11", "")),
 			gatewaytest.Slice("default", "dup-b", "dup", "http", "", 8080, gatewaytest.Endpoint{Addr: "198.18.2.10", NotReady: true}, ep("198.18.2.12", "")))
 		l.eventuallyBackends(t, "tcp", ap("198.19.0.92:80"), 40, l.b4(0, 8080), l.b4(1, 8080), l.b4(2, 8080))
-		eps := endpointsOf(t, l.g, serviceTable("default", "dup"), "198.19.0.92 . tcp . 80")
+		eps := endpointsOf(t, l.g, serviceTable(t, l.g, "default", "dup"), "198.19.0.92 . tcp . 80")
 		if n := strings.Count(strings.Join(eps, " "), "198.18.2.10:8080"); n != 1 || len(eps) != 3 {
 			t.Errorf("the endpoint listed in two slices is %d of the Service's endpoints %v, want one of three", n, eps)
 		}
@@ -687,9 +687,21 @@ func (l *behaviourLab) testEdgeCases(t *testing.T) {
 }
 
 // serviceTable is the shard table holding a Service's chains and dispatch
-// elements, at the default shard count the tests run nftgate with.
-func serviceTable(namespace, name string) string {
-	return ruleset.Config{Table: "nftgate"}.TableOf(model.NewServiceKey(namespace, name))
+// elements, at the shard count the gateway runs with ("auto" chose it at
+// the first full sync from the Services then): its IPv4 shard tables
+// counted.
+func serviceTable(t *testing.T, g *gatewaytest.Gateway, namespace, name string) string {
+	t.Helper()
+	cfg := ruleset.Config{Table: "nftgate"}
+	for _, line := range strings.Split(g.Nft("list", "tables", "ip"), "\n") {
+		if t, ok := strings.CutPrefix(strings.TrimSpace(line), "table ip "); ok && cfg.IsShardTable(t) {
+			cfg.Shards++
+		}
+	}
+	if cfg.Shards == 0 {
+		t.Fatal("the gateway has no shard table")
+	}
+	return cfg.TableOf(model.NewServiceKey(namespace, name))
 }
 
 // chainOf returns the chain a service-ips element (key as nft prints it)

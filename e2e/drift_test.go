@@ -112,7 +112,7 @@ func TestDriftRepairedUnderTraffic(t *testing.T) {
 	pr := startProber(topo.Client, dst)
 	defer pr.close()
 
-	table := serviceTable("drift", "web")
+	table := serviceTable(t, g, "drift", "web")
 	for _, c := range []struct {
 		name  string
 		drift []string // nft arguments

@@ -321,7 +321,7 @@ func TestDriftIsRepaired(t *testing.T) {
 	// The Service's shard table carries its DNAT: without it the
 	// ClusterIP does not answer until the repair.
 	g.Nft("delete", "table", "ip", "nftgate")
-	g.Nft("delete", "table", "ip", serviceTable("default", "web"))
+	g.Nft("delete", "table", "ip", serviceTable(t, g, "default", "web"))
 	start := time.Now()
 	err := lab.EventuallyWithin(5*time.Second, func() error {
 		_, err := topo.Client.Dial("tcp", ap("198.19.0.10:80"), lab.DialOpts{Timeout: 200 * time.Millisecond})

@@ -206,7 +206,7 @@ func TestProxyProtocol(t *testing.T) {
 	})
 	t.Run("unannotated Service keeps the kernel path", func(t *testing.T) {
 		eventuallyPP(t, topo.Client, client4, ap("198.19.2.103:80"), noHeader(topo.GatewayBackendIPv4))
-		table := serviceTable("default", "plain")
+		table := serviceTable(t, g, "default", "plain")
 		rules := g.Nft("list", "chain", "ip", table, chainOf(t, g, table, "198.19.2.103 . tcp . 80"))
 		if strings.Contains(rules, "redirect") {
 			t.Errorf("the unannotated Service's rules redirect:\n%s", rules)
