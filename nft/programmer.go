@@ -69,15 +69,13 @@ type Programmer struct {
 	netnsFD    int
 	ownTables  map[tableRef]bool
 	refuse     func(*model.Service) bool // Options.RefuseForTest
-	// chooseShards is Options.ChooseShards until the first full sync
-	// has chosen; inPlace the shard count of the tables then in the kernel.
+	// chooseShards is Options.ChooseShards; chosen tells that the first
+	// full sync has chosen, and inPlace is the shard count of the tables
+	// in the kernel before it.
 	chooseShards func(services, inPlace int) int
+	chosen       bool
 	inPlace      int
-	// rechoose is Options.ChooseShards for the full syncs after the
-	// first: what it would choose then is told, not done
-	// (Result.ShardsWanted).
-	rechoose func(services, inPlace int) int
-	counters counterCache
+	counters     counterCache
 	// destroy tells whether the kernel destroys set elements (probed at
 	// the first full sync, when traffic is counted): a partial sync then
 	// deletes the traffic elements of the destinations it removes.
@@ -207,7 +205,7 @@ func NewProgrammer(cfg ruleset.Config, opts Options) (*Programmer, error) {
 	}
 	p := &Programmer{cfg: cfg, batch: b, reader: r, services: map[model.ServiceKey]*model.Service{}, claims: ruleset.NewClaims(),
 		watch: newWatchState(), netnsFD: opts.NetNSFD, ownTables: map[tableRef]bool{}, streamed: opts.Streamed,
-		refuse: opts.RefuseForTest, chooseShards: opts.ChooseShards, rechoose: opts.ChooseShards, inPlace: inPlace}
+		refuse: opts.RefuseForTest, chooseShards: opts.ChooseShards, inPlace: inPlace}
 	if p.chooseShards != nil {
 		// Until the first full sync chooses, the layout of the tables
 		// in place, if any.
@@ -239,16 +237,27 @@ func (p *Programmer) lay() {
 }
 
 // chooseLayout, before the first full sync of services, chooses the shard
-// count when Options.ChooseShards asks to.
-func (p *Programmer) chooseLayout(services int) {
+// count when Options.ChooseShards asks to. Before every later full sync it
+// asks again, with the count in place, and returns the answer when it
+// differs (Result.ShardsWanted), 0 otherwise: the layout stays.
+func (p *Programmer) chooseLayout(services int) (wanted int) {
 	if p.chooseShards == nil {
-		return
+		return 0
 	}
-	if n := min(max(p.chooseShards(services, p.inPlace), 1), ruleset.MaxShards); n != p.cfg.Shards {
+	inPlace := p.inPlace
+	if p.chosen {
+		inPlace = p.cfg.ShardCount()
+	}
+	n := min(max(p.chooseShards(services, inPlace), 1), ruleset.MaxShards)
+	switch {
+	case p.chosen && n != inPlace:
+		return n
+	case !p.chosen && n != p.cfg.Shards:
 		p.cfg.Shards = n
 		p.lay()
 	}
-	p.chooseShards = nil
+	p.chosen = true
+	return 0
 }
 
 // Close closes the sockets. The rules stay in the kernel.
@@ -317,14 +326,8 @@ func (p *Programmer) Full(services map[model.ServiceKey]*model.Service) (Result,
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	start := time.Now()
-	first := p.chooseShards != nil
-	p.chooseLayout(len(services))
-	res := Result{Full: true, Shards: p.cfg.ShardCount()}
-	if !first && p.rechoose != nil {
-		if n := min(max(p.rechoose(len(services), res.Shards), 1), ruleset.MaxShards); n != res.Shards {
-			res.ShardsWanted = n
-		}
-	}
+	wanted := p.chooseLayout(len(services))
+	res := Result{Full: true, Shards: p.cfg.ShardCount(), ShardsWanted: wanted}
 	if !p.destroyProbed && p.countsTraffic() {
 		// A probe that fails otherwise than for want of the message
 		// costs the counts of a reused address at most, not the sync.
