@@ -207,16 +207,14 @@ func Static(cfg *Config, f Family) Fragment {
 		// connection paid 5,700 instructions for them, now about 800, and
 		// one via a Service 17,000, now 11,000 (docs/design/dataplane.md,
 		// "Counted in instructions").
-		protos := []model.Protocol{model.TCP, model.UDP, model.SCTP}
 		var count []Rule
-		for i, p := range protos {
+		for _, p := range []model.Protocol{model.TCP, model.UDP, model.SCTP} {
 			count = append(count,
 				Rule{CountTraffic{Set: SetTrafficIn, Proto: p}, Verdict{Kind: Return}},
-				Rule{CountTraffic{Set: SetTrafficOut, Reply: true, Proto: p}})
-			if i < len(protos)-1 {
-				count[len(count)-1] = append(count[len(count)-1], Verdict{Kind: Return})
-			}
+				Rule{CountTraffic{Set: SetTrafficOut, Reply: true, Proto: p}, Verdict{Kind: Return}})
 		}
+		last := &count[len(count)-1]
+		*last = (*last)[:len(*last)-1] // the chain's end returns anyway
 		regular(ChainCountTraffic, count...)
 		forward = append([]Rule{{MatchCtDNAT{}, jump(ChainCountTraffic)}}, forward...)
 	}

@@ -49,8 +49,8 @@ type Config struct {
 	// (2^shift ns each), so its busy CPU time counts its instructions,
 	// whatever else the host is doing (TestApplianceFlowtable's CPU per
 	// gigabyte, TestApplianceConnectionCost's per connection). It runs TCG
-	// on one thread, which the default Accel then is. Override with the NFTGATE_VMTEST_ICOUNT environment variable;
-	// empty is off.
+	// on one thread, which the default Accel then is. Override with the
+	// NFTGATE_VMTEST_ICOUNT environment variable; empty is off.
 	Icount string
 	// UEFI boots through OVMF instead of the legacy BIOS (slower).
 	UEFI bool
