@@ -221,6 +221,10 @@ type DialOpts struct {
 	// to the receiving namespace on the sending CPU).
 	PinCPU bool
 	CPU    int
+	// Seqs, when not nil, receives a TCP connection's sequence numbers
+	// once the server's reply and close have arrived, before the client
+	// closes (TCP_REPAIR: CAP_NET_ADMIN).
+	Seqs *TCPSeqs
 }
 
 // DefaultDialTimeout is the Dial timeout when DialOpts.Timeout is zero.
@@ -332,6 +336,11 @@ func (h *Host) Dial(proto string, dst netip.AddrPort, opts DialOpts) (Reply, err
 			return fail(err)
 		}
 		data = buf[:n]
+	}
+	if tc, ok := c.(*net.TCPConn); ok && opts.Seqs != nil {
+		if *opts.Seqs, err = tcpSeqs(tc); err != nil {
+			return fail(err)
+		}
 	}
 	rep, err := parseReply(data)
 	if err != nil {
