@@ -10,6 +10,8 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -296,21 +298,126 @@ func TestMasqueradeReleasesTimeWait(t *testing.T) {
 // timeWaitTo counts h's TCP sockets in TIME_WAIT whose peer is addr.
 func timeWaitTo(t *testing.T, h *lab.Host, addr netip.Addr) int {
 	t.Helper()
+	n := 0
+	for _, peer := range timeWaitPeers(t, h) {
+		if peer.Addr() == addr {
+			n++
+		}
+	}
+	return n
+}
+
+// timeWaitPeers are the peers of h's TCP sockets in TIME_WAIT.
+func timeWaitPeers(t *testing.T, h *lab.Host) []netip.AddrPort {
+	t.Helper()
 	out, err := h.Command(context.Background(), "ss", "-Htan", "state", "time-wait").CombinedOutput()
 	if err != nil {
 		t.Fatalf("ss: %v: %s", err, out)
 	}
-	n := 0
+	var peers []netip.AddrPort
 	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
 		f := strings.Fields(line)
 		if len(f) < 4 {
 			continue
 		}
-		if peer, err := netip.ParseAddrPort(f[len(f)-1]); err == nil && peer.Addr().Unmap() == addr {
-			n++
+		if peer, err := netip.ParseAddrPort(f[len(f)-1]); err == nil {
+			peers = append(peers, netip.AddrPortFrom(peer.Addr().Unmap(), peer.Port()))
 		}
 	}
-	return n
+	return peers
+}
+
+// TestMasqueradeReleasedConnectionStaysClosed: once the gateway has reset
+// the backend's TIME_WAIT of a masqueraded connection (the release), a late
+// segment of that connection from the client (an ACK or a FIN it sent again
+// before the backend's last ACK reached it) finds no socket on the backend,
+// which answers it with a reset on the connection's tuple. The client may
+// already use that tuple again: its port is free as soon as the last ACK
+// arrives, and the masquerade keeps it. A reset that reaches the gateway
+// after the new connection's SYN is that connection's first answer, and
+// conntrack deletes an entry whose first answer is a reset; the backend's
+// SYN-ACK then finds no entry, reaches the gateway's own stack, and is
+// answered with a reset that ends the backend's half-open connection, so
+// the client sends its SYN again a second later (seen on the appliance:
+// docs/design/dataplane.md, "A reset for the connection before"). The
+// gateway drops a released connection's late segments from the client
+// instead: the backend never sees them and sends no reset. Here the client
+// sends its ACK of the backend's FIN once more, after the release, and at
+// once opens a new connection from the same port.
+func TestMasqueradeReleasedConnectionStaysClosed(t *testing.T) {
+	topo := labtest.Gateway(t)
+	g := gatewaytest.New(t, topo, "--masquerade-ports-by-cpu=false")
+	gatewaytest.Serve(t, topo.Backend, "tcp", ap("198.18.2.10:8080"), ap("[fd42:2::10]:8080"))
+	g.Write("web.yaml", webServices()...)
+	g.Start()
+	for _, c := range masqueradedClients(topo) {
+		var seqs lab.TCPSeqs
+		r, err := topo.Client.Dial("tcp", c.dst, lab.DialOpts{Source: netip.AddrPortFrom(c.src, 0), Seqs: &seqs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := netip.AddrPortFrom(c.gw, r.Local.Port()); r.ObservedSource != want {
+			t.Fatalf("client %s seen as %s, want %s", r.Local, r.ObservedSource, want)
+		}
+		// The release: the backend's TIME_WAIT for the masquerade address
+		// and port ends with the last ACK.
+		deadline := time.Now().Add(5 * time.Second)
+		for slices.Contains(timeWaitPeers(t, topo.Backend), r.ObservedSource) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the backend still holds its TIME_WAIT for %s: the gateway did not release it", r.ObservedSource)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		before := tcpCounter(t, topo.Backend, "OutRsts")
+		if err := topo.Client.SendTCP(r.Local, c.dst, seqs.Next+1, seqs.Acked, lab.TCPAck); err != nil {
+			t.Fatal(err)
+		}
+		again, err := topo.Client.Dial("tcp", c.dst, lab.DialOpts{Source: r.Local})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if again.ObservedSource != r.ObservedSource {
+			t.Fatalf("the new connection from %s was seen as %s, want %s (the same tuple)", r.Local, again.ObservedSource, r.ObservedSource)
+		}
+		if again.SYNRetransmits > 0 {
+			t.Errorf("the new connection from %s sent its SYN %d more times", r.Local, again.SYNRetransmits)
+		}
+		// The late ACK went before the new connection's SYN on the same
+		// path: had it reached the backend, its reset would be counted.
+		if n := tcpCounter(t, topo.Backend, "OutRsts") - before; n != 0 {
+			t.Errorf("the backend sent %d resets: the released connection's late ACK from %s reached it", n, r.Local)
+		}
+	}
+}
+
+// tcpCounter reads one of the Tcp counters of /proc/net/snmp in h (both
+// families count there).
+func tcpCounter(t *testing.T, h *lab.Host, name string) int {
+	t.Helper()
+	out, err := h.Command(context.Background(), "cat", "/proc/net/snmp").CombinedOutput()
+	if err != nil {
+		t.Fatalf("/proc/net/snmp: %v: %s", err, out)
+	}
+	var names []string
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 || f[0] != "Tcp:" {
+			continue
+		}
+		if names == nil {
+			names = f
+			continue
+		}
+		if i := slices.Index(names, name); i > 0 && i < len(f) {
+			n, err := strconv.Atoi(f[i])
+			if err != nil {
+				t.Fatalf("/proc/net/snmp Tcp %s: %v", name, err)
+			}
+			return n
+		}
+	}
+	t.Fatalf("/proc/net/snmp has no Tcp %s:\n%s", name, out)
+	return 0
 }
 
 // TestMasqueradeRefusedSYNKeepsItsPort: a SYN masqueraded to a port the

@@ -27,6 +27,19 @@ import (
 // tcp_timewait_state_process, with net.ipv4.tcp_rfc1337 = 0, the default).
 // The endpoint's socket is gone, and the next client given that port is
 // accepted like a first one.
+//
+// A released connection's late segments from the client (an ACK or a FIN
+// it sent again before the last ACK reached it) would then find no socket
+// on the endpoint, which would answer them with a reset on the
+// connection's tuple, and the client may already use that tuple again (its
+// port is free once the last ACK arrives, and the masquerade keeps it). A
+// reset that reaches the gateway after the new connection's SYN is the
+// first answer conntrack sees for it, and conntrack deletes such an entry
+// at once: the endpoint's SYN-ACK then finds none and is answered by the
+// gateway's own stack with a reset that ends the endpoint's half-open
+// connection, and the client sends its SYN again a second later. So the
+// copy also marks the connection released (CloseMarkReleased), and the
+// client's segments after that are dropped.
 
 // The conntrack mark bits of a masqueraded connection's close.
 const (
@@ -34,6 +47,8 @@ const (
 	CloseMarkReplyFIN uint32 = 1 << 29
 	// CloseMarkClientFIN: the client sent its FIN after the endpoint's.
 	CloseMarkClientFIN uint32 = 1 << 30
+	// CloseMarkReleased: the gateway has reset the endpoint's TIME_WAIT.
+	CloseMarkReleased uint32 = 1 << 28
 )
 
 // The chains of the close: ChainCloseFIN marks the FINs,
@@ -69,13 +84,18 @@ func closeFINRules() []Rule {
 	}
 }
 
-// releaseRules copy the endpoint's last ACK of a connection whose two FINs
-// were marked. Only a bare ACK is copied (a TCP header of 20 bytes, or 32
-// with timestamps, and nothing after it): an endpoint retransmitting data
-// after the client's FIN (a client that half-closed and still reads) is
-// never reset. With counter, the rules count the copies (the resets sent;
-// nft.Reading.Resets).
-func releaseRules(bit uint32, counter bool) []Rule { return copyBareReplyACK(bit, counter, nil) }
+// releaseRules drop the client's segments of a connection already released,
+// and copy the endpoint's last ACK of a connection whose two FINs were
+// marked, marking it released. Only a bare ACK is copied (a TCP header of 20
+// bytes, or 32 with timestamps, and nothing after it): an endpoint
+// retransmitting data after the client's FIN (a client that half-closed and
+// still reads) is never reset. With counter, the copying rules count the
+// copies (the resets sent; nft.Reading.Resets sums the chain's counters, so
+// the drop has none).
+func releaseRules(bit uint32, counter bool) []Rule {
+	drop := Rule{MatchCtDirection{}, MatchCtMark{Bit: CloseMarkReleased}, Verdict{Kind: Drop}}
+	return append([]Rule{drop}, copyBareReplyACK(bit, counter, nil, SetCtMark{Bit: CloseMarkReleased})...)
+}
 
 // copyBareReplyACK are the two rules (a TCP header of 20 bytes, or 32 with
 // timestamps) that copy an endpoint's bare ACK which also passes match to
