@@ -17,18 +17,31 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 )
 
-// connCostRounds is the number of runs per path; connCostWorkers the
-// parallel connections of each.
-const (
-	connCostRounds  = 3
-	connCostWorkers = 8
-	connCostSeconds = 10
+// connCostWorkers is the number of parallel connections of a run.
+const connCostWorkers = 8
+
+// connCostRounds is the number of runs per path, connCostSeconds their
+// length: 3 and 10 unless NFTGATE_VMTEST_CONNCOST_ROUNDS or _SECONDS say
+// otherwise (longer runs to catch something rare).
+var (
+	connCostRounds  = envPositive("NFTGATE_VMTEST_CONNCOST_ROUNDS", 3)
+	connCostSeconds = envPositive("NFTGATE_VMTEST_CONNCOST_SECONDS", 10)
 )
+
+// envPositive reads a positive integer from the environment variable
+// name, def when it is unset or not one.
+func envPositive(name string, def int) int {
+	if n, err := strconv.Atoi(os.Getenv(name)); err == nil && n > 0 {
+		return n
+	}
+	return def
+}
 
 // TestApplianceConnectionCost opens TCP connections (connect, read the
 // line the server writes and its close, close) from the client namespace
@@ -43,9 +56,10 @@ const (
 // the Service's clients from the VM's address and the direct ones from
 // their own, the VM's conntrack drops no new connection for want of room
 // (nftgate raised its table: conntrack_min), and the release leaves the
-// backend almost no TIME_WAIT sockets towards the VM. A conntrack
-// insertion clash (insert_failed, a stall) is logged, not asserted: its
-// cause is open (docs/design/dataplane.md).
+// backend almost no TIME_WAIT sockets towards the VM. Stalls and conntrack
+// insertion clashes (insert_failed) during the runs are logged, not
+// asserted: one in several million connections on the shared host still
+// meets a clash whose cause is open (docs/design/dataplane.md).
 func TestApplianceConnectionCost(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: creates network namespaces and tap devices")
@@ -88,6 +102,35 @@ func TestApplianceConnectionCost(t *testing.T) {
 		}
 	}
 
+	// A diagnostic kernel's switches and what it noted
+	// (image/kernel/diag): serial shell commands before the runs and
+	// after them.
+	if c := os.Getenv("NFTGATE_VMTEST_CONNCOST_SHELL_BEFORE"); c != "" {
+		out, err := vm.Shell(ctx, c)
+		if err != nil {
+			t.Fatalf("%s: %v", c, err)
+		}
+		t.Logf("%s:\n%s", c, out)
+	}
+	if c := os.Getenv("NFTGATE_VMTEST_CONNCOST_SHELL_AFTER"); c != "" {
+		defer func() {
+			out, err := vm.Shell(ctx, c)
+			t.Logf("%s:\n%s (%v)", c, out, err)
+		}()
+	}
+
+	// conntrack's counters count from boot, and the boot has its own
+	// drops: the client's SYNs sent again while the VM came up reach it
+	// in one burst, and two of one connection, passing conntrack together
+	// (a batch of received packets passes prerouting before any of them
+	// is confirmed), clash. What the runs did is the difference.
+	atStart, err := vmConntrackStats(ctx, vm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("the VM's conntrack before the runs: drop %d, insert_failed %d, early_drop %d",
+		atStart["drop"], atStart["insert_failed"], atStart["early_drop"])
+
 	// What the VM does with no connections, for comparison.
 	before, err := vmCPU(ctx, vm)
 	if err != nil {
@@ -96,7 +139,7 @@ func TestApplianceConnectionCost(t *testing.T) {
 	select {
 	case <-ctx.Done():
 		t.Fatal(ctx.Err())
-	case <-time.After(connCostSeconds * time.Second):
+	case <-time.After(time.Duration(connCostSeconds) * time.Second):
 	}
 	after, err := vmCPU(ctx, vm)
 	if err != nil {
@@ -133,16 +176,19 @@ func TestApplianceConnectionCost(t *testing.T) {
 
 	// The conntrack table held every connection: none was dropped for
 	// want of an entry (nftgate raised the table, conntrack_min).
-	out, err := vm.Shell(ctx, "cat /proc/sys/net/netfilter/nf_conntrack_max /proc/sys/net/netfilter/nf_conntrack_buckets; cat /proc/net/stat/nf_conntrack")
+	out, err := vm.Shell(ctx, "cat /proc/sys/net/netfilter/nf_conntrack_max /proc/sys/net/netfilter/nf_conntrack_buckets")
 	if err != nil {
 		t.Fatal(err)
 	}
-	ct, err := conntrackStats(out)
+	ct, err := vmConntrackStats(ctx, vm)
 	if err != nil {
 		t.Fatal(err)
+	}
+	for _, k := range []string{"drop", "early_drop", "insert_failed", "invalid"} {
+		ct[k] -= min(ct[k], atStart[k])
 	}
 	if size := strings.Fields(out); len(size) >= 2 {
-		t.Logf("the VM's conntrack table: nf_conntrack_max %s, buckets %s; %d entries, drop %d, early_drop %d, insert_failed %d, invalid %d",
+		t.Logf("the VM's conntrack table: nf_conntrack_max %s, buckets %s; %d entries; in the runs: drop %d, early_drop %d, insert_failed %d, invalid %d",
 			size[0], size[1], ct["entries"], ct["drop"], ct["early_drop"], ct["insert_failed"], ct["invalid"])
 	}
 	// A clash (insert_failed) counts in drop too; what is left of drop,
@@ -175,6 +221,15 @@ func TestApplianceConnectionCost(t *testing.T) {
 		t.Errorf("%d TIME_WAIT sockets towards the VM after %d connections via the Service: the release did not reset them",
 			tw[vmClusterAddr], viaConns)
 	}
+}
+
+// vmConntrackStats reads the VM's conntrack counters (conntrackStats).
+func vmConntrackStats(ctx context.Context, vm *VM) (map[string]uint64, error) {
+	out, err := vm.Shell(ctx, "cat /proc/net/stat/nf_conntrack")
+	if err != nil {
+		return nil, err
+	}
+	return conntrackStats(out)
 }
 
 // startConnServer runs connrate serve on the cluster namespace's address
