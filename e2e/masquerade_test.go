@@ -154,15 +154,23 @@ func masqueradedClients(topo *lab.Topology) []masqueradedClient {
 	}
 }
 
-// TestMasqueradeKeepsThePort: without masquerade_addresses, a client is
-// masqueraded to the gateway's address on the backends' side and, with
-// masquerade_ports_by_cpu off, keeps its port.
-func TestMasqueradeKeepsThePort(t *testing.T) {
+// portKeepingGateway starts a gateway whose masquerade keeps the client's
+// port (masquerade_ports_by_cpu off) in front of the web Services.
+func portKeepingGateway(t *testing.T) *lab.Topology {
+	t.Helper()
 	topo := labtest.Gateway(t)
 	g := gatewaytest.New(t, topo, "--masquerade-ports-by-cpu=false")
 	gatewaytest.Serve(t, topo.Backend, "tcp", ap("198.18.2.10:8080"), ap("[fd42:2::10]:8080"))
 	g.Write("web.yaml", webServices()...)
 	g.Start()
+	return topo
+}
+
+// TestMasqueradeKeepsThePort: without masquerade_addresses, a client is
+// masqueraded to the gateway's address on the backends' side and, with
+// masquerade_ports_by_cpu off, keeps its port.
+func TestMasqueradeKeepsThePort(t *testing.T) {
+	topo := portKeepingGateway(t)
 	for _, c := range masqueradedClients(topo) {
 		for range 3 {
 			r := dialFrom(t, topo, c.src, c.dst)
@@ -345,11 +353,7 @@ func timeWaitPeers(t *testing.T, h *lab.Host) []netip.AddrPort {
 // sends its ACK of the backend's FIN once more, after the release, and at
 // once opens a new connection from the same port.
 func TestMasqueradeReleasedConnectionStaysClosed(t *testing.T) {
-	topo := labtest.Gateway(t)
-	g := gatewaytest.New(t, topo, "--masquerade-ports-by-cpu=false")
-	gatewaytest.Serve(t, topo.Backend, "tcp", ap("198.18.2.10:8080"), ap("[fd42:2::10]:8080"))
-	g.Write("web.yaml", webServices()...)
-	g.Start()
+	topo := portKeepingGateway(t)
 	for _, c := range masqueradedClients(topo) {
 		var seqs lab.TCPSeqs
 		r, err := topo.Client.Dial("tcp", c.dst, lab.DialOpts{Source: netip.AddrPortFrom(c.src, 0), Seqs: &seqs})
