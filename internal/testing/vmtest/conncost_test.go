@@ -120,10 +120,11 @@ func TestApplianceConnectionCost(t *testing.T) {
 	}
 
 	// conntrack's counters count from boot, and the boot has its own
-	// drops: the client's SYNs sent again while the VM came up reach it
-	// in one burst, and two of one connection, passing conntrack together
-	// (a batch of received packets passes prerouting before any of them
-	// is confirmed), clash. What the runs did is the difference.
+	// drops: two SYNs of one of waitDial's connections were seen to clash
+	// about 5 s after boot (most likely the SYN and the one sent again a
+	// second later, reaching the VM in one burst as it came up: a batch of
+	// received packets passes prerouting before any of them is
+	// confirmed). What the runs did is the difference.
 	atStart, err := vmConntrackStats(ctx, vm)
 	if err != nil {
 		t.Fatal(err)
