@@ -29,6 +29,12 @@
 # what they receive there (RPS), the client, the backend and their
 # interfaces' packets get the other CPUs. The line printed has each CPU's
 # busy time over the dial (busy_ms: user, nice, system, irq, softirq).
+# WALL_CAPTURE=DIR keeps the last ~1.6 GB (about two minutes at 14,000
+# connections a second) of the SYNs, FINs and resets the gateway namespace
+# sees in DIR/gw.pcap* (tcpdump's ring of 16 files) and stops 2 s after
+# conntrack's insert_failed first grows, writing the time to DIR/clash: what
+# caught the rare insertion clash (docs/design/dataplane.md, "Counted in
+# instructions").
 set -u
 SVC=${WALL_SERVICE:-web}
 V=$1; N=$2; D=${3:-12s}; C=${4:-8}
@@ -69,6 +75,8 @@ YAML
 P=dpm$$
 cl=$P-cl gw=$P-gw be=$P-be
 cleanup() {
+  [ -n "${MON:-}" ] && kill $MON 2>/dev/null
+  [ -n "${CAP:-}" ] && kill -INT $CAP 2>/dev/null
   [ -n "${SRV:-}" ] && kill $SRV 2>/dev/null; wait 2>/dev/null
   ip netns del $cl 2>/dev/null; ip netns del $gw 2>/dev/null; ip netns del $be 2>/dev/null
   rm -rf $B
@@ -120,9 +128,22 @@ to=198.19.1.10:80
 [ $V = direct ] && to=198.18.2.10:8080
 for i in $(seq 50); do ip netns exec $be ss -tln | grep -q :8080 && break; sleep 0.1; done
 ip netns exec $gw conntrack -F 2>/dev/null
+if [ -n "${WALL_CAPTURE:-}" ]; then
+  mkdir -p $WALL_CAPTURE
+  ip netns exec $gw tcpdump -Z root -i any -n -s 96 -B 65536 -C 100 -W 16 -w $WALL_CAPTURE/gw.pcap \
+    'tcp[tcpflags] & (tcp-syn|tcp-rst|tcp-fin) != 0' 2>$WALL_CAPTURE/tcpdump.log & CAP=$!
+  (while kill -0 $CAP 2>/dev/null; do
+    n=$(ip netns exec $gw conntrack -S 2>/dev/null | grep -o 'insert_failed=[0-9]*' | cut -d= -f2 | paste -sd+ | bc)
+    if [ "${n:-0}" -gt 0 ]; then date +%T.%N > $WALL_CAPTURE/clash; sleep 2; kill -INT $CAP; break; fi
+    sleep 0.5
+  done) & MON=$!
+fi
 st0=$(grep '^cpu' /proc/stat)
 res=$(ip netns exec $cl $TS $B/connrate dial -to $to -from ${srcs#,} -c $C -d $D)
 st1=$(grep '^cpu' /proc/stat)
+if [ -n "${CAP:-}" ]; then
+  kill $MON 2>/dev/null; kill -INT $CAP 2>/dev/null; wait $CAP $MON 2>/dev/null; CAP="" MON=""
+fi
 busy=$(paste -d' ' <(echo "$st0") <(echo "$st1") | awk '{n = NF / 2; printf "%s%s=%d", (NR > 1 ? "," : ""), $1, 10 * ($(n+2) - $2 + $(n+3) - $3 + $(n+4) - $4 + $(n+7) - $7 + $(n+8) - $8)}')
 tw=$(ip netns exec $be ss -Htan state time-wait | wc -l)
 twsrc=$(ip netns exec $be ss -Htan state time-wait | awk '{print $4}' | sed 's/:[0-9]*$//' | sort -u | wc -l)
