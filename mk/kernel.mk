@@ -1,6 +1,7 @@
 # The nftgate kernel: the stock gokrazy amd64 configuration plus VLANs,
 # numgen, ct mark/events and dummy interfaces, built from Debian's Linux
-# source (image/kernel, image/README.md "Custom kernel").
+# source with the patches in image/kernel/patches (image/README.md "Custom
+# kernel").
 #
 #   make kernel              build/kernel/pkg, a gokrazy kernel package (20-40 min
 #                            on 2 cores the first time; skipped when nothing changed)

@@ -5,11 +5,14 @@
 #
 #   build.sh WORK_DIR PACKAGE_DIR
 #
+# The source gets the patches in image/kernel/patches (*.patch, in name
+# order) before it is configured.
+#
 # WORK_DIR keeps the unpacked source tree and object files, so a rebuild
-# after a fragment change compiles only what changed. PACKAGE_DIR is only
-# rewritten when an input changed: the Debian source package version, the
-# stock kernel, config.fragment or this script (their hash is in
-# PACKAGE_DIR/inputs.sha256).
+# after a fragment or patch change compiles only what changed. PACKAGE_DIR
+# is only rewritten when an input changed: the Debian source package
+# version, the stock kernel, config.fragment, the patches or this script
+# (their hash is in PACKAGE_DIR/inputs.sha256).
 set -euo pipefail
 
 work=${1:?usage: build.sh WORK_DIR PACKAGE_DIR}
@@ -42,7 +45,7 @@ stockdir=$(cd "$repo/image/builddir/github.com/gokrazy/kernel.amd64" &&
 inputs=$( {
 	echo "$srcpkg $srcversion"
 	echo "stock $stockver"
-	sha256sum "$here/config.fragment" "$here/build.sh" | cut -d' ' -f1
+	sha256sum "$here/config.fragment" "$here/build.sh" "$here"/patches/*.patch | cut -d' ' -f1
 } | sha256sum | cut -d' ' -f1)
 if [ -f "$pkg/vmlinuz" ] && [ "$(cat "$pkg/inputs.sha256" 2>/dev/null)" = "$inputs" ]; then
 	echo "kernel package $pkg is up to date ($srcpkg $srcversion, $(cat "$pkg/release"))"
@@ -53,9 +56,39 @@ mkdir -p "$work"
 src=$work/$srcpkg
 if [ "$(cat "$work/$srcpkg.version" 2>/dev/null)" != "$srcversion" ]; then
 	echo "unpacking $tarball ($srcversion)"
-	rm -rf "$src" "$work/$srcpkg.version"
+	rm -rf "$src" "$work/$srcpkg.version" "$work/$srcpkg.patches"
 	tar -C "$work" -xf "$tarball"
 	echo "$srcversion" >"$work/$srcpkg.version"
+fi
+
+# The patches: copies of those the tree has are kept beside it
+# ($srcpkg.patches/); when the patches change, those are taken back out in
+# reverse order (only their files are compiled again) and the new ones put
+# in. A tree they cannot be taken out of (changed by hand) is unpacked
+# again.
+applied=$work/$srcpkg.patches
+if ! diff -rq "$here/patches" "$applied" >/dev/null 2>&1; then
+	for p in $(ls -r "$applied"/*.patch 2>/dev/null); do
+		patch -d "$src" -p1 -R -s -f --no-backup-if-mismatch <"$p" && continue
+		echo "$(basename "$p"), applied before, does not come out of $src; unpacking $tarball again"
+		rm -rf "$src" "$work/$srcpkg.version"
+		tar -C "$work" -xf "$tarball"
+		echo "$srcversion" >"$work/$srcpkg.version"
+		break
+	done
+	rm -rf "$applied" "$applied.tmp"
+	mkdir -p "$applied.tmp"
+	for p in "$here"/patches/*.patch; do
+		echo "applying $(basename "$p")"
+		if ! patch -d "$src" -p1 -s -f --no-backup-if-mismatch <"$p"; then
+			# Half applied: the next build unpacks the source again.
+			rm -f "$work/$srcpkg.version"
+			echo "$p does not apply to $srcpkg $srcversion" >&2
+			exit 1
+		fi
+		cp "$p" "$applied.tmp/"
+	done
+	mv "$applied.tmp" "$applied"
 fi
 
 "$src/scripts/extract-ikconfig" "$stockdir/vmlinuz" >"$work/stock.config"
