@@ -20,6 +20,10 @@ func TestConfigDefaults(t *testing.T) {
 			accel: "tcg,thread=single", icount: "shift=1", memoryMB: 512, cpus: 2},
 		{name: "accelerator named", cfg: Config{Icount: "shift=0"}, env: map[string]string{"NFTGATE_VMTEST_ACCEL": "tcg"},
 			accel: "tcg", icount: "shift=0", memoryMB: 1024, cpus: 1},
+		{name: "CPUs from the environment", env: map[string]string{"NFTGATE_VMTEST_CPUS": "2"},
+			accel: "tcg,thread=multi", memoryMB: 1024, cpus: 2},
+		{name: "CPUs in the config win", cfg: Config{CPUs: 3}, env: map[string]string{"NFTGATE_VMTEST_CPUS": "2"},
+			accel: "tcg,thread=multi", memoryMB: 1024, cpus: 3},
 		{name: "kvm from the environment", env: map[string]string{"NFTGATE_VMTEST_ACCEL": "kvm"},
 			accel: "kvm", memoryMB: 1024, cpus: 1},
 	} {

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -38,7 +39,8 @@ type Config struct {
 	// CPUs is the number of virtual CPUs, default 1. Under emulation on
 	// a busy host two vCPUs wait on each other: with the host loaded
 	// the guest kernel stalled in early boot for minutes with 2, and
-	// booted in 46 s with 1.
+	// booted in 46 s with 1. Override with NFTGATE_VMTEST_CPUS (a race
+	// between CPUs needs two).
 	CPUs int
 	// Accel is QEMU's -accel value. Default "tcg,thread=multi": /dev/kvm
 	// on the build machines does not run guests. Override with the
@@ -65,7 +67,11 @@ func (cfg *Config) setDefaults(getenv func(string) string) {
 		cfg.MemoryMB = 1024
 	}
 	if cfg.CPUs == 0 {
-		cfg.CPUs = 1
+		if n, err := strconv.Atoi(getenv("NFTGATE_VMTEST_CPUS")); err == nil && n > 0 {
+			cfg.CPUs = n
+		} else {
+			cfg.CPUs = 1
+		}
 	}
 	if cfg.Icount == "" {
 		cfg.Icount = getenv("NFTGATE_VMTEST_ICOUNT")
