@@ -33,8 +33,8 @@
 # connections a second) of the SYNs, FINs and resets the gateway namespace
 # sees in DIR/gw.pcap* (tcpdump's ring of 16 files) and stops 2 s after
 # conntrack's insert_failed first grows, writing the time to DIR/clash: what
-# caught the rare insertion clash (docs/design/dataplane.md, "Counted in
-# instructions").
+# caught the rare insertion clash (docs/design/dataplane.md, "The insertion
+# clash").
 set -u
 SVC=${WALL_SERVICE:-web}
 V=$1; N=$2; D=${3:-12s}; C=${4:-8}
