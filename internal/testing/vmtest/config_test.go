@@ -1,6 +1,9 @@
 package vmtest
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 // TestConfigDefaults: what a Config leaves empty comes from the
 // environment or the defaults, and counting instructions (-icount) runs
@@ -29,12 +32,31 @@ func TestConfigDefaults(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cfg := c.cfg
-			cfg.setDefaults(func(k string) string { return c.env[k] })
+			if err := cfg.setDefaults(func(k string) string { return c.env[k] }); err != nil {
+				t.Fatal(err)
+			}
 			if cfg.Accel != c.accel || cfg.Icount != c.icount || cfg.MemoryMB != c.memoryMB || cfg.CPUs != c.cpus ||
 				cfg.QEMU != "qemu-system-x86_64" {
 				t.Errorf("got accel %q icount %q memory %d CPUs %d QEMU %q, want %q %q %d %d qemu-system-x86_64",
 					cfg.Accel, cfg.Icount, cfg.MemoryMB, cfg.CPUs, cfg.QEMU, c.accel, c.icount, c.memoryMB, c.cpus)
 			}
 		})
+	}
+}
+
+// TestConfigBadCPUs: a number of vCPUs from the environment that is not
+// one is an error naming the variable and the value, not a silent default.
+func TestConfigBadCPUs(t *testing.T) {
+	for _, v := range []string{"two", "0", "-1"} {
+		var cfg Config
+		err := cfg.setDefaults(func(k string) string {
+			if k == "NFTGATE_VMTEST_CPUS" {
+				return v
+			}
+			return ""
+		})
+		if err == nil || !strings.Contains(err.Error(), "NFTGATE_VMTEST_CPUS=\""+v+"\"") {
+			t.Errorf("NFTGATE_VMTEST_CPUS=%q: got %v, want an error naming it", v, err)
+		}
 	}
 }

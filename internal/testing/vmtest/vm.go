@@ -62,15 +62,18 @@ type Config struct {
 
 // setDefaults fills what cfg leaves empty, from the environment (getenv)
 // where a variable names it.
-func (cfg *Config) setDefaults(getenv func(string) string) {
+func (cfg *Config) setDefaults(getenv func(string) string) error {
 	if cfg.MemoryMB == 0 {
 		cfg.MemoryMB = 1024
 	}
 	if cfg.CPUs == 0 {
-		if n, err := strconv.Atoi(getenv("NFTGATE_VMTEST_CPUS")); err == nil && n > 0 {
+		cfg.CPUs = 1
+		if v := getenv("NFTGATE_VMTEST_CPUS"); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 {
+				return fmt.Errorf("vmtest: NFTGATE_VMTEST_CPUS=%q: want a number of vCPUs, 1 or more", v)
+			}
 			cfg.CPUs = n
-		} else {
-			cfg.CPUs = 1
 		}
 	}
 	if cfg.Icount == "" {
@@ -89,6 +92,7 @@ func (cfg *Config) setDefaults(getenv func(string) string) {
 	if cfg.QEMU == "" {
 		cfg.QEMU = "qemu-system-x86_64"
 	}
+	return nil
 }
 
 // VM is a running QEMU process.
@@ -108,7 +112,9 @@ type VM struct {
 // Start launches QEMU. The VM is killed if the test process dies, and Stop
 // ends it.
 func Start(cfg Config) (*VM, error) {
-	cfg.setDefaults(os.Getenv)
+	if err := cfg.setDefaults(os.Getenv); err != nil {
+		return nil, err
+	}
 	if cfg.SerialLog == "" {
 		return nil, errors.New("vmtest: Config.SerialLog must be set")
 	}
