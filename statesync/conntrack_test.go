@@ -435,6 +435,9 @@ func TestParseMessageMatchesTiMo(t *testing.T) {
 		if want := tiMoEntry(ev.Flow); got != want {
 			t.Errorf("%s:\n got  %+v\n want %+v", what, got, want)
 		}
+		if got.ID == 0 {
+			t.Errorf("%s: no id read: %+v", what, got)
+		}
 		var wantType EventType
 		switch {
 		case what == "dump":
@@ -487,7 +490,7 @@ func TestParseMessageMatchesTiMo(t *testing.T) {
 // tiMoEntry is an Entry from ti-mo/conntrack's decoding of a flow.
 func tiMoEntry(f *ct.Flow) Entry {
 	ap := func(a netip.Addr, port uint16) netip.AddrPort { return netip.AddrPortFrom(a.Unmap(), port) }
-	en := Entry{Proto: f.TupleOrig.Proto.Protocol, Status: uint32(f.Status.Value), Timeout: f.Timeout, Mark: f.Mark,
+	en := Entry{Proto: f.TupleOrig.Proto.Protocol, Status: uint32(f.Status.Value), Timeout: f.Timeout, Mark: f.Mark, ID: f.ID,
 		Orig:  Tuple{ap(f.TupleOrig.IP.SourceAddress, f.TupleOrig.Proto.SourcePort), ap(f.TupleOrig.IP.DestinationAddress, f.TupleOrig.Proto.DestinationPort)},
 		Reply: Tuple{ap(f.TupleReply.IP.SourceAddress, f.TupleReply.Proto.SourcePort), ap(f.TupleReply.IP.DestinationAddress, f.TupleReply.Proto.DestinationPort)}}
 	if t := f.ProtoInfo.TCP; t != nil {

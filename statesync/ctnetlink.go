@@ -360,7 +360,8 @@ func check(en *Entry, reply bool) error {
 
 // parseMessage decodes one ctnetlink message, an event or an entry of a
 // dump, in place (nothing is allocated): what happened (0 for a dump's
-// entry) and the entry's tuples, status, timeout, mark and protocol state.
+// entry) and the entry's tuples, status, timeout, mark, id and protocol
+// state.
 // ok is false for a message that is not a conntrack entry with both
 // tuples. ti-mo/conntrack decodes the same completely, into a flow of
 // every attribute with an allocation each: several times the CPU of the
@@ -408,6 +409,8 @@ func parseMessage(b []byte) (t EventType, en Entry, ok bool) {
 			en.Timeout = be32(v)
 		case ctnetlink.Mark:
 			en.Mark = be32(v)
+		case ctnetlink.ID:
+			en.ID = be32(v)
 		case ctnetlink.Protoinfo:
 			return nlattr.Walk(v, func(a uint16, v []byte) error {
 				switch a {

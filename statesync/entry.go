@@ -49,6 +49,10 @@ type Entry struct {
 	TCP TCPInfo
 	// SCTP is zero for other protocols.
 	SCTP SCTPInfo
+	// ID is the kernel's id of the entry (CTA_ID), read from events and
+	// dumps and never sent to peers: two entries of one tuple, one after
+	// the other, have different ids. 0 when not known.
+	ID uint32
 }
 
 // ReplicaMark is the ct mark bit of entries written by the sync: the

@@ -87,6 +87,7 @@ type flowRec struct {
 	mark    uint32
 	expires time.Time // when the replicas expire unless refreshed
 	seen    uint64    // the refresh pass that last saw it (or will: see deliver)
+	id      uint32    // the entry's kernel id (Entry.ID), 0 when not known
 }
 
 // statusMatters are the IPS_* bits whose change is sent: SEEN_REPLY,
@@ -305,13 +306,21 @@ func (s *Syncer) deliver(evs []Event) {
 			if rec == nil && s.o.Policy.CheckOwn(e) != "" {
 				continue // never sent
 			}
+			if rec != nil && rec.id != 0 && e.ID != 0 && e.ID != rec.id {
+				// The end of an earlier entry of the tuple, reported
+				// after the new one's start: a kernel that confirms a
+				// new entry while the old one is still being deleted
+				// (image/kernel/patches) can report them in that order.
+				continue
+			}
 			delete(s.flows, k)
 			// A refresh pass whose dump was read before this must not
 			// take the flow for one never sent.
 			s.ended[k] = s.pass + 1
 			full = s.enqueue(k, op{del: true, entry: *e}, now) || full
 		case EventNew, EventUpdate:
-			if rec != nil && rec.state == protoStateOf(e) && rec.status&statusMatters == e.Status&statusMatters && rec.mark == e.Mark {
+			if rec != nil && rec.state == protoStateOf(e) && rec.status&statusMatters == e.Status&statusMatters && rec.mark == e.Mark &&
+				(e.ID == 0 || e.ID == rec.id) {
 				continue // nothing that matters changed
 			}
 			if rec == nil {
@@ -327,6 +336,9 @@ func (s *Syncer) deliver(evs []Event) {
 				delete(s.ended, k) // its tuple began another flow
 			}
 			rec.state, rec.status, rec.mark = protoStateOf(e), e.Status, e.Mark
+			if e.ID != 0 {
+				rec.id = e.ID
+			}
 			rec.expires = now.Add(time.Duration(e.Timeout) * time.Second)
 			// Seen by the next refresh pass too, whose dump may have been
 			// read before the flow existed: it is not taken for gone.
@@ -818,7 +830,7 @@ func (s *Syncer) refreshOneLocked(o *op, pass uint64, now, horizon time.Time) {
 		}
 	}
 	if rec == nil {
-		rec = &flowRec{seen: pass}
+		rec = &flowRec{seen: pass, id: e.ID}
 		s.flows[k] = rec
 	}
 	rec.state, rec.status, rec.mark, rec.expires = protoStateOf(e), e.Status, e.Mark, expires

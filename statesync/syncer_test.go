@@ -1014,3 +1014,37 @@ func TestSyncUpdatesKnownReplicas(t *testing.T) {
 		t.Errorf("%d updates of the replica, want 1 (the state change)", n)
 	}
 }
+
+// The start of a new entry of a tuple can be reported before the end of
+// the tuple's earlier entry: a kernel that confirms the new entry while
+// the old one is still being deleted (image/kernel/patches) reports them
+// in that order. The late DESTROY is the old entry's, as its id says: the
+// new flow's replica stays; the new entry's own DESTROY removes it.
+func TestSyncLateDestroyOfEarlierEntry(t *testing.T) {
+	_, a, b := pair(t, nil)
+	sent := func(e Entry) Entry { e.ID = 0; return e } // ids stay home
+	old := flow(3500)
+	old.ID, old.TCP.State = 1, 7 // TIME_WAIT
+	a.k.emit(EventNew, old)
+	eventually(t, func() error { return hasReplica(b.k, sent(old)) })
+
+	next := old
+	next.ID, next.TCP.State = 2, 1 // SYN_SENT
+	a.k.mu.Lock()
+	a.k.table[keyOf(&next)] = next
+	a.k.mu.Unlock()
+	a.k.evs <- []Event{{Type: EventNew, Entry: next}, {Type: EventDestroy, Entry: old}}
+	// A later flow's replica: what a sends, b takes in order.
+	replicate(t, a, b, flow(3501))
+	if err := hasReplica(b.k, sent(next)); err != nil {
+		t.Errorf("after the old entry's late DESTROY: %v", err)
+	}
+
+	a.k.emit(EventDestroy, next)
+	eventually(t, func() error {
+		if _, ok := b.k.get(next); ok {
+			return fmt.Errorf("the replica of %v is left after its own DESTROY", next.Orig)
+		}
+		return nil
+	})
+}
