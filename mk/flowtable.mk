@@ -46,6 +46,9 @@ vmtest-flowtable: vmtest-deps vmtest-flowtable-deps vmtest-flowtable-images
 		NFTGATE_VMTEST_GOKRAZY_CERT=$(VMTEST_GOKRAZY_TLS_DIR)/cert.pem \
 		$(GO) test -tags customkernel -race -count=1 -v -timeout 30m -run 'TestApplianceFlowtable' ./internal/testing/vmtest/
 
+# Longer runs (NFTGATE_VMTEST_CONNCOST_SECONDS, _ROUNDS) need a longer
+# timeout: the idle run and two paths a round, plus the boot.
+VMTEST_CONNCOST_TIMEOUT ?= 30m
 vmtest-conncost: vmtest-deps vmtest-flowtable-images
 	$(GO) build -o $(BUILD)/connrate ./internal/testing/lab/cmd/connrate
 	NFTGATE_VMTEST_FLOWTABLE_OFF=$(BUILD)/nftgate-vmtest-flowtable-off.img \
@@ -53,4 +56,4 @@ vmtest-conncost: vmtest-deps vmtest-flowtable-images
 		NFTGATE_VMTEST_PASSWORD_FILE=$(VMTEST_PASSWORD_FILE) \
 		NFTGATE_VMTEST_NFTGATE_PASSWORD_FILE=$(VMTEST_NFTGATE_PASSWORD_FILE) \
 		NFTGATE_VMTEST_GOKRAZY_CERT=$(VMTEST_GOKRAZY_TLS_DIR)/cert.pem \
-		$(GO) test -tags customkernel -race -count=1 -v -timeout 30m -run 'TestApplianceConnectionCost' ./internal/testing/vmtest/
+		$(GO) test -tags customkernel -race -count=1 -v -timeout $(VMTEST_CONNCOST_TIMEOUT) -run 'TestApplianceConnectionCost' ./internal/testing/vmtest/

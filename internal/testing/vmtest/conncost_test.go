@@ -90,7 +90,10 @@ func TestApplianceConnectionCost(t *testing.T) {
 		}
 	}
 	vm := bootVM(t, image, client, cluster)
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	// The idle run and two paths a round, each connCostSeconds long,
+	// and ten minutes for the rest.
+	budget := time.Duration(2*connCostRounds+1) * time.Duration(connCostSeconds) * time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), budget+10*time.Minute)
 	defer cancel()
 
 	for _, port := range []string{flowPort, flowDirectPort} {
