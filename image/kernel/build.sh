@@ -54,11 +54,16 @@ fi
 
 mkdir -p "$work"
 src=$work/$srcpkg
-if [ "$(cat "$work/$srcpkg.version" 2>/dev/null)" != "$srcversion" ]; then
+applied=$work/$srcpkg.patches
+# unpack replaces the source tree with the tarball's, no patch applied.
+unpack() {
 	echo "unpacking $tarball ($srcversion)"
-	rm -rf "$src" "$work/$srcpkg.version" "$work/$srcpkg.patches"
+	rm -rf "$src" "$work/$srcpkg.version" "$applied"
 	tar -C "$work" -xf "$tarball"
 	echo "$srcversion" >"$work/$srcpkg.version"
+}
+if [ "$(cat "$work/$srcpkg.version" 2>/dev/null)" != "$srcversion" ]; then
+	unpack
 fi
 
 # The patches: copies of those the tree has are kept beside it
@@ -66,14 +71,11 @@ fi
 # reverse order (only their files are compiled again) and the new ones put
 # in. A tree they cannot be taken out of (changed by hand) is unpacked
 # again.
-applied=$work/$srcpkg.patches
 if ! diff -rq "$here/patches" "$applied" >/dev/null 2>&1; then
 	for p in $(ls -r "$applied"/*.patch 2>/dev/null); do
 		patch -d "$src" -p1 -R -s -f --no-backup-if-mismatch <"$p" && continue
-		echo "$(basename "$p"), applied before, does not come out of $src; unpacking $tarball again"
-		rm -rf "$src" "$work/$srcpkg.version"
-		tar -C "$work" -xf "$tarball"
-		echo "$srcversion" >"$work/$srcpkg.version"
+		echo "$(basename "$p"), applied before, does not come out of $src"
+		unpack
 		break
 	done
 	rm -rf "$applied" "$applied.tmp"

@@ -133,7 +133,7 @@ if [ -n "${WALL_CAPTURE:-}" ]; then
   ip netns exec $gw tcpdump -Z root -i any -n -s 96 -B 65536 -C 100 -W 16 -w $WALL_CAPTURE/gw.pcap \
     'tcp[tcpflags] & (tcp-syn|tcp-rst|tcp-fin) != 0' 2>$WALL_CAPTURE/tcpdump.log & CAP=$!
   (while kill -0 $CAP 2>/dev/null; do
-    n=$(ip netns exec $gw conntrack -S 2>/dev/null | grep -o 'insert_failed=[0-9]*' | cut -d= -f2 | paste -sd+ | bc)
+    n=$(ip netns exec $gw conntrack -S 2>/dev/null | grep -o 'insert_failed=[0-9]*' | awk -F= '{s += $2} END {print s + 0}')
     if [ "${n:-0}" -gt 0 ]; then date +%T.%N > $WALL_CAPTURE/clash; sleep 2; kill -INT $CAP; break; fi
     sleep 0.5
   done) & MON=$!
