@@ -74,6 +74,12 @@ const (
 // sends for a connection it has already closed (a late ACK, a FIN sent
 // again), which no socket API makes.
 func (h *Host) SendTCP(src, dst netip.AddrPort, seq, ack uint32, flags byte) error {
+	return SendTCPIn(h.Do, h.String(), src, dst, seq, ack, flags)
+}
+
+// SendTCPIn is SendTCP for any namespace: do runs a function inside it
+// (the raw socket is made there), where names it in errors.
+func SendTCPIn(do func(func() error) error, where string, src, dst netip.AddrPort, seq, ack uint32, flags byte) error {
 	if src.Addr().Is4() != dst.Addr().Is4() {
 		return fmt.Errorf("lab: TCP segment from %s to %s: families differ", src, dst)
 	}
@@ -91,17 +97,17 @@ func (h *Host) SendTCP(src, dst netip.AddrPort, seq, ack uint32, flags byte) err
 	if src.Addr().Is4() {
 		fam = unix.AF_INET
 	}
-	return h.Do(func() error {
+	return do(func() error {
 		fd, err := unix.Socket(fam, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_TCP)
 		if err != nil {
-			return fmt.Errorf("lab: raw TCP socket in %s: %w", h, err)
+			return fmt.Errorf("lab: raw TCP socket in %s: %w", where, err)
 		}
 		defer unix.Close(fd)
 		if err := unix.Bind(fd, sockaddr(src.Addr())); err != nil {
-			return fmt.Errorf("lab: raw TCP socket in %s, bind %s: %w", h, src.Addr(), err)
+			return fmt.Errorf("lab: raw TCP socket in %s, bind %s: %w", where, src.Addr(), err)
 		}
 		if err := unix.Sendto(fd, seg, 0, sockaddr(dst.Addr())); err != nil {
-			return fmt.Errorf("lab: TCP segment %s -> %s from %s: %w", src, dst, h, err)
+			return fmt.Errorf("lab: TCP segment %s -> %s from %s: %w", src, dst, where, err)
 		}
 		return nil
 	})
