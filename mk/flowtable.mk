@@ -7,6 +7,10 @@
 #   make vmtest-flowtable   build the kernel and both images, run
 #                           TestApplianceFlowtable (shows [OFFLOAD] flows,
 #                           logs throughput and the VM's CPU off and on)
+#                           and TestApplianceStaleResetBeforeSynAck (a
+#                           backend's reset that does not acknowledge a new
+#                           connection's SYN leaves it alone: the kernel
+#                           patch 0002)
 #   make vmtest-flowtable NFTGATE_VMTEST_ICOUNT=shift=0,sleep=on
 #                           the same with the VM's clock counting its
 #                           instructions: its CPU per gigabyte is then its
@@ -28,7 +32,7 @@ VMTEST_FLOWTABLE_VARS = KERNEL=custom NETWORK=$(CURDIR)/internal/testing/vmtest/
 .PHONY: vmtest-flowtable vmtest-flowtable-images vmtest-flowtable-deps vmtest-conncost
 
 vmtest-flowtable-deps:
-	@command -v iperf3 >/dev/null && command -v tcpdump >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iperf3 tcpdump; }
+	@command -v iperf3 >/dev/null && command -v tcpdump >/dev/null && command -v nft >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iperf3 tcpdump nftables; }
 
 vmtest-flowtable-images: kernel
 	$(MAKE) --no-print-directory image $(VMTEST_FLOWTABLE_VARS) IMAGE_NAME=nftgate-vmtest-flowtable-on \
@@ -44,7 +48,7 @@ vmtest-flowtable: vmtest-deps vmtest-flowtable-deps vmtest-flowtable-images
 		NFTGATE_VMTEST_PASSWORD_FILE=$(VMTEST_PASSWORD_FILE) \
 		NFTGATE_VMTEST_NFTGATE_PASSWORD_FILE=$(VMTEST_NFTGATE_PASSWORD_FILE) \
 		NFTGATE_VMTEST_GOKRAZY_CERT=$(VMTEST_GOKRAZY_TLS_DIR)/cert.pem \
-		$(GO) test -tags customkernel -race -count=1 -v -timeout 30m -run 'TestApplianceFlowtable' ./internal/testing/vmtest/
+		$(GO) test -tags customkernel -race -count=1 -v -timeout 30m -run 'TestApplianceFlowtable|TestApplianceStaleResetBeforeSynAck' ./internal/testing/vmtest/
 
 # Longer runs (NFTGATE_VMTEST_CONNCOST_SECONDS, _ROUNDS) need a longer
 # timeout: the idle run and two paths a round, plus the boot.
