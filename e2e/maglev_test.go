@@ -36,13 +36,21 @@ func TestMaglevDisruptionWithTraffic(t *testing.T) {
 	}
 	g := gatewaytest.New(t, topo)
 	dst := map[string]netip.AddrPort{"maglev": ap("198.19.0.71:53"), "hash": ap("198.19.0.72:53")}
+	// Both Services in one file, so that a change reaches the gateway
+	// as one sync: with a file each, the wait below (the removed
+	// endpoint's shared chain gone, which the Maglev Service's change
+	// alone does) could pass before the hash Service's file was read,
+	// whose endpoints are a map's elements, and its first flows then
+	// took the old endpoints.
 	write := func(eps []gatewaytest.Endpoint) {
+		var objs []any
 		for name, d := range dst {
 			svc := gatewaytest.Service("lb", name, "ClusterIP", []string{d.Addr().String()},
 				gatewaytest.Port{Name: "dns", Protocol: corev1.ProtocolUDP, Port: 53})
 			svc.Annotations = map[string]string{model.AnnotationEndpointSelection: name}
-			g.Write(name+".yaml", svc, gatewaytest.Slice("lb", name, name, "dns", corev1.ProtocolUDP, 5353, eps...))
+			objs = append(objs, svc, gatewaytest.Slice("lb", name, name, "dns", corev1.ProtocolUDP, 5353, eps...))
 		}
+		g.Write("lb.yaml", objs...)
 	}
 	write(eps)
 	g.Start()
