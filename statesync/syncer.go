@@ -88,6 +88,10 @@ type flowRec struct {
 	expires time.Time // when the replicas expire unless refreshed
 	seen    uint64    // the refresh pass that last saw it (or will: see deliver)
 	id      uint32    // the entry's kernel id (Entry.ID), 0 when not known
+	// idPass is the refresh pass whose dump may be older than id: id was
+	// set by an event (deliver), which may have come after that pass read
+	// the table.
+	idPass uint64
 }
 
 // statusMatters are the IPS_* bits whose change is sent: SEEN_REPLY,
@@ -337,7 +341,7 @@ func (s *Syncer) deliver(evs []Event) {
 			}
 			rec.state, rec.status, rec.mark = protoStateOf(e), e.Status, e.Mark
 			if e.ID != 0 {
-				rec.id = e.ID
+				rec.id, rec.idPass = e.ID, s.pass+1
 			}
 			rec.expires = now.Add(time.Duration(e.Timeout) * time.Second)
 			// Seen by the next refresh pass too, whose dump may have been
@@ -816,6 +820,13 @@ func (s *Syncer) refreshOneLocked(o *op, pass uint64, now, horizon time.Time) {
 	expires := now.Add(time.Duration(e.Timeout) * time.Second)
 	if rec != nil {
 		rec.seen = pass
+		// The tuple's entry now, if both events of its change were lost
+		// (the kernel dropped them): the DESTROY that ends it is then
+		// taken as its own, not as an earlier entry's (deliver). Not
+		// from a dump that may be older than the id an event gave.
+		if e.ID != 0 && rec.idPass < pass {
+			rec.id = e.ID
+		}
 		// Timeouts come in whole seconds rounded down: an entry lives
 		// longer than its replica only past that second. A TCP
 		// connection that is over (a late packet lengthens its entry in

@@ -1048,3 +1048,75 @@ func TestSyncLateDestroyOfEarlierEntry(t *testing.T) {
 		return nil
 	})
 }
+
+// When both events of a tuple's change of entry are lost (the kernel
+// dropped them), the refresh pass takes the id of the entry it finds: the
+// new entry's DESTROY then removes its replica, not taken for an earlier
+// entry's. An id an event gave while the pass read the table is kept: the
+// dump is older.
+func TestSyncRefreshTakesIdOfEntryWhoseEventsWereLost(t *testing.T) {
+	// No pass but the test's own.
+	_, a, b := pair(t, func(o *Options) { o.RefreshInterval = time.Hour })
+	sent := func(e Entry) Entry { e.ID = 0; return e } // ids stay home
+	old := flow(3800)
+	old.ID = 1
+	a.k.emit(EventNew, old)
+	eventually(t, func() error { return hasReplica(b.k, sent(old)) })
+	// A pass after the event: the next one's dump is newer than its id.
+	a.s.refresh()
+	next := old
+	next.ID = 2
+	a.k.mu.Lock()
+	a.k.table[keyOf(&next)] = next // both events lost
+	a.k.mu.Unlock()
+	a.k.lost <- 1 // a full resync of B
+	eventually(t, func() error {
+		if st := a.s.Status().Peers[0]; st.ResyncsSent < 2 || st.Resyncing {
+			return fmt.Errorf("the resync not done yet: %+v", st)
+		}
+		return nil
+	})
+	a.s.refresh()
+	a.k.emit(EventDestroy, next)
+	eventually(t, func() error {
+		if _, ok := b.k.get(next); ok {
+			return fmt.Errorf("the replica of %v is left after its entry's DESTROY", next.Orig)
+		}
+		return nil
+	})
+
+	// The other way: the table read with the old entry, whose end and
+	// the new one's start come while the pass reads it.
+	third := next
+	third.ID = 3
+	a.k.emit(EventNew, next)
+	eventually(t, func() error { return hasReplica(b.k, sent(next)) })
+	a.s.refresh()
+	a.k.mu.Lock()
+	a.k.duringDump = func() {
+		a.k.evs <- []Event{{Type: EventDestroy, Entry: next}, {Type: EventNew, Entry: third}}
+		a.k.mu.Lock()
+		a.k.table[keyOf(&third)] = third
+		a.k.mu.Unlock()
+		// Dump runs in the Syncer's goroutine: no t.Fatal here.
+		if err := lab.EventuallyWithin(10*time.Second, func() error {
+			a.s.mu.Lock()
+			defer a.s.mu.Unlock()
+			if rec := a.s.flows[keyOf(&third)]; rec == nil || rec.id != third.ID {
+				return fmt.Errorf("the new entry's event not taken yet")
+			}
+			return nil
+		}); err != nil {
+			t.Error(err)
+		}
+	}
+	a.k.mu.Unlock()
+	a.s.refresh()
+	a.k.emit(EventDestroy, third)
+	eventually(t, func() error {
+		if _, ok := b.k.get(third); ok {
+			return fmt.Errorf("the replica of %v is left after its entry's DESTROY: the dump's older id taken", third.Orig)
+		}
+		return nil
+	})
+}
