@@ -10,7 +10,9 @@
 #                           and TestApplianceStaleResetBeforeSynAck (a
 #                           backend's reset that does not acknowledge a new
 #                           connection's SYN leaves it alone: the kernel
-#                           patch 0002)
+#                           patch 0002) and TestApplianceReleaseResetUntracked
+#                           (the release's resets leave conntrack's invalid
+#                           counter alone: the kernel patch 0003)
 #   make vmtest-flowtable NFTGATE_VMTEST_ICOUNT=shift=0,sleep=on
 #                           the same with the VM's clock counting its
 #                           instructions: its CPU per gigabyte is then its
@@ -48,7 +50,7 @@ vmtest-flowtable: vmtest-deps vmtest-flowtable-deps vmtest-flowtable-images
 		NFTGATE_VMTEST_PASSWORD_FILE=$(VMTEST_PASSWORD_FILE) \
 		NFTGATE_VMTEST_NFTGATE_PASSWORD_FILE=$(VMTEST_NFTGATE_PASSWORD_FILE) \
 		NFTGATE_VMTEST_GOKRAZY_CERT=$(VMTEST_GOKRAZY_TLS_DIR)/cert.pem \
-		$(GO) test -tags customkernel -race -count=1 -v -timeout 30m -run 'TestApplianceFlowtable|TestApplianceStaleResetBeforeSynAck' ./internal/testing/vmtest/
+		$(GO) test -tags customkernel -race -count=1 -v -timeout 30m -run 'TestApplianceFlowtable|TestApplianceStaleResetBeforeSynAck|TestApplianceReleaseResetUntracked' ./internal/testing/vmtest/
 
 # Longer runs (NFTGATE_VMTEST_CONNCOST_SECONDS, _ROUNDS) need a longer
 # timeout: the idle run and two paths a round, plus the boot.
