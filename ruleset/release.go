@@ -58,14 +58,8 @@ const (
 	ChainReleaseTimeWait = "release-time-wait"
 )
 
-// PrioReleaseTimeWait is the priority of the prerouting chain that follows
-// the close: after conntrack (-200), so that the connection's status and
-// marks are there, and before NAT (-100), so that the endpoint's packets
-// still carry the masquerade address and port the reset must come from.
-const PrioReleaseTimeWait = -150
-
-// releaseBaseRules are the prerouting chain's: every packet of every
-// forwarded connection passes them, so each tests first what rules most
+// releaseBaseRules are the close chain's: every packet of every
+// masqueraded connection passes them, so each tests first what rules most
 // packets out at once (a FIN flag; the close mark, which only the last
 // packets of a closing connection carry).
 func releaseBaseRules() []Rule {

@@ -181,8 +181,9 @@ func Static(cfg *Config, f Family) Fragment {
 	base("nat-prerouting-mark", "nat", "prerouting", PrioDstNAT-1, markOutside)
 	base("nat-output-mark", "nat", "output", PrioDstNAT-1, markOutside)
 	base("nat-postrouting", "nat", "postrouting", PrioSrcNAT, Rule{jump(ChainMasquerading)})
-	// Source ranges are checked before DNAT rewrites the destination.
-	base("filter-prerouting-pre-dnat", "filter", "prerouting", PrioDstNAT-10, Rule{MatchCtNew{}, jump(ChainFirewallCheck)})
+	// Source ranges are checked before DNAT rewrites the destination
+	// (the base chain is made below: the close shares it).
+	preDNAT := []Rule{{MatchCtNew{}, jump(ChainFirewallCheck)}}
 	base("filter-output-pre-dnat", "filter", "output", PrioDstNAT-10, Rule{MatchCtNew{}, jump(ChainFirewallCheck)})
 	// Services without endpoints were not DNATed: reject them where they
 	// would otherwise be delivered or forwarded.
@@ -246,9 +247,14 @@ func Static(cfg *Config, f Family) Fragment {
 		}
 		// Every rule of the close is for masqueraded Service
 		// connections: any other packet (a routed one, one of a Service
-		// connection whose client is kept) leaves after one test.
-		base("filter-prerouting-close", "filter", "prerouting", PrioReleaseTimeWait,
-			Rule{MatchCtMasqueraded{}, jump(ChainClose)})
+		// connection whose client is kept) leaves after one test. The
+		// close needs the connection's status and marks (after
+		// conntrack, -200) and the packet's addresses before NAT (-100),
+		// where the source ranges' check is: it shares that base chain,
+		// one call of a base chain less for every forwarded packet. A
+		// connection is not masqueraded before its first packet passed
+		// NAT, so the two rules never both apply.
+		preDNAT = append([]Rule{{MatchCtMasqueraded{}, jump(ChainClose)}}, preDNAT...)
 		regular(ChainClose, closeRules...)
 		if release {
 			regular(ChainCloseFIN, closeFINRules()...)
@@ -260,6 +266,7 @@ func Static(cfg *Config, f Family) Fragment {
 		output = append([]Rule{releaseResetRule(bit)}, output...)
 	}
 	base("filter-output", "filter", "output", PrioFilter-1, output...)
+	base("filter-prerouting-pre-dnat", "filter", "prerouting", PrioDstNAT-10, preDNAT...)
 
 	regular(ChainFirewallCheck, vmap(MapFirewallIPs, KeyAddrProtoPort))
 	regular(ChainServiceEPCheck, vmap(MapNoEndpointServices, KeyAddrProtoPort))
