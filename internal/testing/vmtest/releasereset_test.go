@@ -6,8 +6,6 @@ import (
 	"context"
 	"io"
 	"net"
-	"os"
-	"os/exec"
 	"testing"
 	"time"
 )
@@ -22,21 +20,7 @@ import (
 // the entry: one for every masqueraded connection the backend closed
 // first. The custom kernel carries the fix (image/kernel/patches/0003-*).
 func TestApplianceReleaseResetUntracked(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates network namespaces and tap devices")
-	}
-	for _, tool := range []string{"qemu-system-x86_64", "ip", "ss"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Fatalf("%s not installed (make vmtest-flowtable installs what it needs): %v", tool, err)
-		}
-	}
-	image := os.Getenv("NFTGATE_VMTEST_FLOWTABLE_OFF")
-	if image == "" {
-		t.Fatal("no image: run make vmtest-flowtable, which builds the kernel and the images")
-	}
-	client := newNetns(t, "client")
-	cluster := newNetns(t, "cluster")
-	vm := bootVM(t, image, client, cluster)
+	vm, client, cluster := bootFlowtableOff(t, "ss")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 

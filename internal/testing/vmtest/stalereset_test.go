@@ -44,21 +44,7 @@ import (
 // client namespace connecting to the Service through nftgate's DNAT and
 // masquerade.
 func TestApplianceStaleResetBeforeSynAck(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates network namespaces and tap devices")
-	}
-	for _, tool := range []string{"qemu-system-x86_64", "ip", "nft"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Fatalf("%s not installed (make vmtest-flowtable installs what it needs): %v", tool, err)
-		}
-	}
-	image := os.Getenv("NFTGATE_VMTEST_FLOWTABLE_OFF")
-	if image == "" {
-		t.Fatal("no image: run make vmtest-flowtable, which builds the kernel and the images")
-	}
-	client := newNetns(t, "client")
-	cluster := newNetns(t, "cluster")
-	vm := bootVM(t, image, client, cluster)
+	vm, client, cluster := bootFlowtableOff(t, "nft")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 
@@ -169,6 +155,28 @@ func TestApplianceStaleResetBeforeSynAck(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal(ctx.Err())
 	}
+}
+
+// bootFlowtableOff boots the flowtable-off image (nftgate's default
+// configuration on the custom kernel) between a client and a cluster
+// namespace, once root and the tools (besides QEMU and ip) are there.
+func bootFlowtableOff(t *testing.T, tools ...string) (vm *VM, client, cluster *Netns) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: creates network namespaces and tap devices")
+	}
+	for _, tool := range append([]string{"qemu-system-x86_64", "ip"}, tools...) {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Fatalf("%s not installed (make vmtest-flowtable installs what it needs): %v", tool, err)
+		}
+	}
+	image := os.Getenv("NFTGATE_VMTEST_FLOWTABLE_OFF")
+	if image == "" {
+		t.Fatal("no image: run make vmtest-flowtable, which builds the kernel and the images")
+	}
+	client = newNetns(t, "client")
+	cluster = newNetns(t, "cluster")
+	return bootVM(t, image, client, cluster), client, cluster
 }
 
 // tcpSegment is what readSegments reports of a TCP segment.
