@@ -317,6 +317,14 @@ func hasReplica(k *fakeKernel, e Entry) error {
 	return nil
 }
 
+// replicaGone: k holds no replica of e (its entry's DESTROY removed it).
+func replicaGone(k *fakeKernel, e Entry) error {
+	if _, ok := k.get(e); ok {
+		return fmt.Errorf("the replica of %v is left after its entry's DESTROY", e.Orig)
+	}
+	return nil
+}
+
 // pair starts gateways gw-a and gw-b with opts and waits until each has
 // the other up.
 func pair(t *testing.T, opts func(*Options)) (c *cluster, a, b *gw) {
@@ -1041,12 +1049,7 @@ func TestSyncLateDestroyOfEarlierEntry(t *testing.T) {
 	}
 
 	a.k.emit(EventDestroy, next)
-	eventually(t, func() error {
-		if _, ok := b.k.get(next); ok {
-			return fmt.Errorf("the replica of %v is left after its own DESTROY", next.Orig)
-		}
-		return nil
-	})
+	eventually(t, func() error { return replicaGone(b.k, next) })
 }
 
 // When both events of a tuple's change of entry are lost (the kernel
@@ -1078,12 +1081,7 @@ func TestSyncRefreshTakesIdOfEntryWhoseEventsWereLost(t *testing.T) {
 	})
 	a.s.refresh()
 	a.k.emit(EventDestroy, next)
-	eventually(t, func() error {
-		if _, ok := b.k.get(next); ok {
-			return fmt.Errorf("the replica of %v is left after its entry's DESTROY", next.Orig)
-		}
-		return nil
-	})
+	eventually(t, func() error { return replicaGone(b.k, next) })
 
 	// The other way: the table read with the old entry, whose end and
 	// the new one's start come while the pass reads it.
@@ -1113,10 +1111,5 @@ func TestSyncRefreshTakesIdOfEntryWhoseEventsWereLost(t *testing.T) {
 	a.k.mu.Unlock()
 	a.s.refresh()
 	a.k.emit(EventDestroy, third)
-	eventually(t, func() error {
-		if _, ok := b.k.get(third); ok {
-			return fmt.Errorf("the replica of %v is left after its entry's DESTROY: the dump's older id taken", third.Orig)
-		}
-		return nil
-	})
+	eventually(t, func() error { return replicaGone(b.k, third) })
 }

@@ -4,10 +4,13 @@ package vmtest
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"testing"
 	"time"
+
+	"github.com/nftgate/nftgate/internal/testing/lab"
 )
 
 // TestApplianceReleaseResetUntracked: the resets with which nftgate
@@ -70,18 +73,17 @@ func TestApplianceReleaseResetUntracked(t *testing.T) {
 	// The releases happened: the backend holds (almost) no TIME_WAIT
 	// towards the VM. A crossed close (both ends at once) may leave one.
 	var tw int
-	for deadline := time.Now().Add(10 * time.Second); ; {
+	if err := lab.EventuallyWithin(10*time.Second, func() error {
 		peers, err := timeWaitPeers(ctx, cluster)
 		if err != nil {
-			t.Fatal(err)
+			return err
 		}
-		if tw = peers[vmClusterAddr]; tw <= conns/10 {
-			break
+		if tw = peers[vmClusterAddr]; tw > conns/10 {
+			return fmt.Errorf("the backend holds %d TIME_WAIT sockets towards the VM after %d connections: the release did not reset them", tw, conns)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the backend holds %d TIME_WAIT sockets towards the VM after %d connections: the release did not reset them", tw, conns)
-		}
-		time.Sleep(50 * time.Millisecond)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 	after, err := vmConntrackStats(ctx, vm)
 	if err != nil {
