@@ -182,9 +182,10 @@ func Static(cfg *Config, f Family) Fragment {
 	base("nat-output-mark", "nat", "output", PrioDstNAT-1, markOutside)
 	base("nat-postrouting", "nat", "postrouting", PrioSrcNAT, Rule{jump(ChainMasquerading)})
 	// Source ranges are checked before DNAT rewrites the destination
-	// (the base chain is made below: the close shares it).
-	preDNAT := []Rule{{MatchCtNew{}, jump(ChainFirewallCheck)}}
-	base("filter-output-pre-dnat", "filter", "output", PrioDstNAT-10, Rule{MatchCtNew{}, jump(ChainFirewallCheck)})
+	// (the prerouting base chain is made below: the close shares it).
+	firewallCheck := Rule{MatchCtNew{}, jump(ChainFirewallCheck)}
+	preDNAT := []Rule{firewallCheck}
+	base("filter-output-pre-dnat", "filter", "output", PrioDstNAT-10, firewallCheck)
 	// Services without endpoints were not DNATed: reject them where they
 	// would otherwise be delivered or forwarded.
 	base("filter-input", "filter", "input", PrioFilter-1,
