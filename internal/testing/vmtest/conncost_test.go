@@ -177,6 +177,15 @@ func TestApplianceConnectionCost(t *testing.T) {
 				t.Fatalf("%s connections to %s: %v", p.name, p.addr, err)
 			}
 			t.Logf("round %d, %s (%s): %v", round+1, p.name, p.addr, r)
+			// The client's own TIME_WAIT sockets (connections it closed
+			// first) take its one address's ports for 60 s: when they
+			// hold most of them, its connect() spends its time searching
+			// for a free port, and the rate falls for the client's sake,
+			// not the gateway's (README, "Short connections").
+			if tw, err := timeWaitPeers(ctx, client); err == nil {
+				t.Logf("the client's TIME_WAIT sockets after it: %d towards the Service, %d towards the backend",
+					tw[flowServiceIP], tw[clusterIP])
+			}
 			if len(r.StallLines) > 0 {
 				t.Logf("the first stalls: %s", strings.Join(r.StallLines, "; "))
 				stalled = true
