@@ -275,7 +275,11 @@ func (e *encoder) addFlowtable(ft *ruleset.Flowtable) {
 	w.begin(nftables.NFT_MSG_NEWFLOWTABLE, flagsCreate, byte(e.f))
 	w.bytesAttr(nftables.NFTA_FLOWTABLE_TABLE, e.table)
 	w.bytesAttr(nftables.NFTA_FLOWTABLE_NAME, ft.Name)
-	w.u32(nftables.NFTA_FLOWTABLE_FLAGS, 0)
+	flags := uint32(0)
+	if ft.Counter {
+		flags = uint32(nftables.FlowtableFlagsCounter)
+	}
+	w.u32(nftables.NFTA_FLOWTABLE_FLAGS, flags)
 	hook := w.nest(nftables.NFTA_FLOWTABLE_HOOK)
 	w.u32(nftables.NFTA_FLOWTABLE_HOOK_NUM, unix.NF_NETDEV_INGRESS)
 	w.u32(nftables.NFTA_FLOWTABLE_PRIORITY, uint32(ft.Priority))

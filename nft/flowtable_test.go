@@ -25,7 +25,7 @@ func TestFlowtableDevicesReadBack(t *testing.T) {
 		{"another device hooked", []string{"eth0", "eth1.100", "eth2"}, want, true},
 	} {
 		got := withAbsentDevices(c.kernel, want, func(d string) bool { return slices.Contains(c.exists, d) })
-		if drift := ruleset.FlowtableDefFrom(0, got) != def; drift != c.drift {
+		if drift := ruleset.FlowtableDefFrom(0, got, false) != def; drift != c.drift {
 			t.Errorf("%s: kernel %v read as %v: drift %v, want %v", c.name, c.kernel, got, drift, c.drift)
 		}
 	}

@@ -52,7 +52,7 @@ func (r *fuzzReader) data() bc.Data { return bc.Bytes(r.bytes()...) }
 // expr writes one expression of any kind the statements use, with the
 // fuzzer's field values; name is the chain or set it names.
 func (r *fuzzReader) expr(name string) func(bc.Sink) {
-	switch r.u8() % 17 {
+	switch r.u8() % 18 {
 	case 0:
 		x := bc.Payload{Dreg: r.u32(), Base: uint32(r.u8() % 4), Offset: r.u32(), Len: r.u32()}
 		return func(s bc.Sink) { s.Payload(x) }
@@ -106,6 +106,9 @@ func (r *fuzzReader) expr(name string) func(bc.Sink) {
 	case 15:
 		x := bc.Dup{RegAddr: r.u32()}
 		return func(s bc.Sink) { s.Dup(x) }
+	case 16:
+		x := bc.Byteorder{Sreg: r.u32(), Dreg: r.u32(), Op: uint32(r.u8() % 2), Len: r.u32(), Size: r.u32()}
+		return func(s bc.Sink) { s.Byteorder(x) }
 	default:
 		x := bc.FlowOffload{Flowtable: name}
 		return func(s bc.Sink) { s.FlowOffload(x) }

@@ -78,7 +78,7 @@ func CheckKernel(cfg *ruleset.Config) error {
 func kernelProbesFor(cfg *ruleset.Config) []kernelProbe {
 	probes := kernelProbes()
 	if len(cfg.FlowtableDevices) > 0 {
-		probes = append(probes, flowtableProbes()...)
+		probes = append(probes, flowtableProbes(cfg.FlowtablePackets)...)
 	}
 	if cfg.Counters {
 		probes = append(probes, counterProbes(cfg.TrafficElements > 0)...)
@@ -238,7 +238,7 @@ func (b *probeBatch) rule(c *ruleset.Chain, stmts ...ruleset.Stmt) {
 func (b *probeBatch) flowtable(f ruleset.Family) {
 	t := b.table(f)
 	if len(t.flowtables) == 0 {
-		t.flowtables = append(t.flowtables, &ruleset.Flowtable{Name: ruleset.FlowtableName, Priority: ruleset.PrioFilter})
+		t.flowtables = append(t.flowtables, &ruleset.Flowtable{Name: ruleset.FlowtableName, Priority: ruleset.PrioFilter, Counter: true})
 	}
 }
 
@@ -289,8 +289,9 @@ func (b *probeBatch) encode() (*batch, error) {
 
 // flowtableProbes try, per family, a flowtable (on no device: the probe
 // is about the kernel, not the configured interfaces) and the rule that
-// adds flows to it, on the forward hook, the only one it is valid on.
-func flowtableProbes() []kernelProbe {
+// adds flows to it, on the forward hook, the only one it is valid on, with
+// its packet count when packets is not zero.
+func flowtableProbes(packets uint64) []kernelProbe {
 	var ps []kernelProbe
 	for _, f := range ruleset.Families {
 		w := " (" + f.String() + ")"
@@ -303,7 +304,11 @@ func flowtableProbes() []kernelProbe {
 				add: func(b *probeBatch) {
 					b.flowtable(f)
 					c := b.chain(f, "filter-forward", &ruleset.Hook{Type: "filter", Hook: "forward", Priority: ruleset.PrioFilter})
-					b.rule(c, ruleset.MatchCtEstablished{}, ruleset.MatchCtDNAT{}, ruleset.FlowOffload{Flowtable: ruleset.FlowtableName})
+					r := []ruleset.Stmt{ruleset.MatchCtEstablished{}, ruleset.MatchCtDNAT{}}
+					if packets > 0 {
+						r = append(r, ruleset.MatchCtPacketsOver{N: packets})
+					}
+					b.rule(c, append(r, ruleset.FlowOffload{Flowtable: ruleset.FlowtableName})...)
 				}},
 		)
 	}

@@ -128,6 +128,10 @@ func (g *googleSink) Reject(x bc.Reject) { g.add(&expr.Reject{Type: x.Type, Code
 
 func (g *googleSink) Dup(x bc.Dup) { g.add(&expr.Dup{RegAddr: x.RegAddr}) }
 
+func (g *googleSink) Byteorder(x bc.Byteorder) {
+	g.add(&expr.Byteorder{SourceRegister: x.Sreg, DestRegister: x.Dreg, Op: expr.ByteorderOp(x.Op), Len: x.Len, Size: x.Size})
+}
+
 func (g *googleSink) FlowOffload(x bc.FlowOffload) { g.add(&expr.FlowOffload{Name: x.Flowtable}) }
 
 func (g *googleSink) Counter() { g.add(&expr.Counter{}) }
@@ -136,7 +140,8 @@ func (g *googleSink) Counter() { g.add(&expr.Counter{}) }
 // describes it.
 func flowtableDefinition(table *nftables.Table, ft *ruleset.Flowtable) *nftables.Flowtable {
 	return &nftables.Flowtable{Table: table, Name: ft.Name, Hooknum: nftables.FlowtableHookIngress,
-		Priority: nftables.FlowtablePriorityRef(nftables.FlowtablePriority(ft.Priority)), Devices: ft.Devices}
+		Priority: nftables.FlowtablePriorityRef(nftables.FlowtablePriority(ft.Priority)), Devices: ft.Devices,
+		Flags: map[bool]nftables.FlowtableFlags{true: nftables.FlowtableFlagsCounter}[ft.Counter]}
 }
 
 // setDefinition is a set of nftgate's as google/nftables describes it.

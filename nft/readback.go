@@ -330,7 +330,7 @@ func (r *reader) readFlowtables(name string, f ruleset.Family, want []string, st
 			var nf vnl.LinkNotFoundError
 			return !errors.As(err, &nf)
 		})
-		st.Flowtables[ft.Name] = ruleset.FlowtableDefFrom(prio, devs)
+		st.Flowtables[ft.Name] = ruleset.FlowtableDefFrom(prio, devs, ft.Flags&nftables.FlowtableFlagsCounter != 0)
 	}
 	return nil
 }

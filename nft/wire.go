@@ -220,6 +220,18 @@ func (e *encoder) Bitwise(x bc.Bitwise) {
 	w.exprEnd(elem, at)
 }
 
+// Byteorder writes a byte order conversion.
+func (e *encoder) Byteorder(x bc.Byteorder) {
+	w := e.w
+	elem, at := w.exprBegin("byteorder")
+	w.u32(unix.NFTA_BYTEORDER_SREG, x.Sreg)
+	w.u32(unix.NFTA_BYTEORDER_DREG, x.Dreg)
+	w.u32(unix.NFTA_BYTEORDER_OP, x.Op)
+	w.u32(unix.NFTA_BYTEORDER_LEN, x.Len)
+	w.u32(unix.NFTA_BYTEORDER_SIZE, x.Size)
+	w.exprEnd(elem, at)
+}
+
 // Lookup writes a set lookup, with the ID of a set created in the same
 // batch.
 func (e *encoder) Lookup(x bc.Lookup) {

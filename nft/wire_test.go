@@ -387,6 +387,10 @@ func TestWireExpressions(t *testing.T) {
 		func(s bc.Sink) { s.Redir(bc.Redir{}) },
 		func(s bc.Sink) { s.Reject(bc.Reject{Type: bc.RejectICMPUnrch, Code: 3}) },
 		func(s bc.Sink) { s.FlowOffload(bc.FlowOffload{Flowtable: ruleset.FlowtableName}) },
+		func(s bc.Sink) {
+			s.Byteorder(bc.Byteorder{Sreg: bc.Reg1, Dreg: bc.Reg1, Op: bc.ByteorderHton, Len: 8, Size: 8})
+		},
+		func(s bc.Sink) { s.Cmp(bc.Cmp{Op: bc.CmpGt, Sreg: bc.Reg1, Data: bc.U64BE(20)}) },
 		func(s bc.Sink) { s.Counter() },
 	}
 	for _, fam := range []byte{unix.NFPROTO_IPV4, unix.NFPROTO_IPV6} {

@@ -15,8 +15,8 @@ import (
 )
 
 // With flowtable devices the main table of each family has the flowtable
-// and the forward rule that fills it (and no shard has them); without,
-// neither. The text is what
+// and the forward rule that fills it (and no shard has them), with the
+// packet count when there is one; without, neither. The text is what
 // nft reads: on a kernel without flowtables the kernel's refusal is all
 // nft has to say about it.
 func TestRenderFlowtable(t *testing.T) {
@@ -29,8 +29,20 @@ func TestRenderFlowtable(t *testing.T) {
 	text := renderText(t, cfg, svcs)
 	mains := 1 + bytes.Count(text, []byte("table ip6 nftgate {"))
 	for _, want := range []string{
-		"\tflowtable established {\n\t\thook ingress priority 0\n\t\tdevices = { \"lo\", \"eth0\" }\n\t}\n",
+		"\tflowtable established {\n\t\thook ingress priority 0\n\t\tdevices = { \"lo\", \"eth0\" }\n\t\tcounter\n\t}\n",
 		"\t\tct state established ct status dnat flow add @established\n",
+	} {
+		if n := bytes.Count(text, []byte(want)); n != mains {
+			t.Errorf("%q appears %d times, want once in each of the %d main tables:\n%s", want, n, mains, numbered(text))
+		}
+	}
+
+	// With a packet count the rule waits for it; the flowtable is the same.
+	cfg.FlowtablePackets = 20
+	text = renderText(t, cfg, svcs)
+	for _, want := range []string{
+		"\tflowtable established {\n",
+		"\t\tct state established ct status dnat ct packets > 20 flow add @established\n",
 	} {
 		if n := bytes.Count(text, []byte(want)); n != mains {
 			t.Errorf("%q appears %d times, want once in each of the %d main tables:\n%s", want, n, mains, numbered(text))
@@ -115,9 +127,13 @@ func TestPlanFlowtable(t *testing.T) {
 
 	want := state[ts.Main(ruleset.IPv4)]
 	got := *want
-	got.Flowtables = map[string]ruleset.FlowtableDef{ruleset.FlowtableName: ruleset.FlowtableDefFrom(0, []string{"eth0"})}
+	got.Flowtables = map[string]ruleset.FlowtableDef{ruleset.FlowtableName: ruleset.FlowtableDefFrom(0, []string{"eth0"}, true)}
 	if d := ruleset.CompareStates(ts.Refs[ts.Main(ruleset.IPv4)], want, &got); len(d) != 1 || !strings.Contains(d[0], "flowtable established has devices") {
 		t.Errorf("drift of the flowtable's devices reported as %q", d)
+	}
+	got.Flowtables = map[string]ruleset.FlowtableDef{ruleset.FlowtableName: ruleset.FlowtableDefFrom(0, []string{"eth0", "eth1"}, false)}
+	if d := ruleset.CompareStates(ts.Refs[ts.Main(ruleset.IPv4)], want, &got); len(d) != 1 || !strings.Contains(d[0], "flowtable established has counter false, want true") {
+		t.Errorf("drift of the flowtable's counter flag reported as %q", d)
 	}
 
 	off := *cfg

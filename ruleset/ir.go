@@ -313,6 +313,11 @@ type Flowtable struct {
 	// Devices are the interfaces whose ingress the flowtable hooks, in
 	// the configured order.
 	Devices []string
+	// Counter: the flowtable adds the packets it forwards to their
+	// connections' counters in conntrack (which exist while
+	// nf_conntrack_acct is on); without it an offloaded connection's
+	// counters stop at its offload.
+	Counter bool
 }
 
 // Fragment is what one owner (the static skeleton, or one Service)

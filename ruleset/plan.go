@@ -35,22 +35,23 @@ func NewTableState() *TableState {
 	return &TableState{Chains: map[string]ChainInfo{}, Sets: map[string]SetDef{}}
 }
 
-// FlowtableDef is what the state keeps of a flowtable: its priority and
-// its devices, sorted and joined. nftgate changes a flowtable by deleting
-// and adding it.
+// FlowtableDef is what the state keeps of a flowtable: its priority, its
+// devices, sorted and joined, and whether it counts. nftgate changes a
+// flowtable by deleting and adding it.
 type FlowtableDef struct {
 	Priority int32
 	Devices  string
+	Counter  bool
 }
 
 // FlowtableDefOf is the definition of ft, in any order of its devices.
 func FlowtableDefOf(ft *Flowtable) FlowtableDef {
-	return FlowtableDef{Priority: ft.Priority, Devices: devicesKey(ft.Devices)}
+	return FlowtableDef{Priority: ft.Priority, Devices: devicesKey(ft.Devices), Counter: ft.Counter}
 }
 
 // FlowtableDefFrom is the definition of a flowtable read from the kernel.
-func FlowtableDefFrom(priority int32, devices []string) FlowtableDef {
-	return FlowtableDef{Priority: priority, Devices: devicesKey(devices)}
+func FlowtableDefFrom(priority int32, devices []string, counter bool) FlowtableDef {
+	return FlowtableDef{Priority: priority, Devices: devicesKey(devices), Counter: counter}
 }
 
 func devicesKey(devices []string) string {
@@ -1174,6 +1175,8 @@ func CompareStates(t TableRef, want, got *TableState) []string {
 		switch g, ok := got.Flowtables[n]; {
 		case !ok:
 			out = append(out, fmt.Sprintf("%s %s flowtable %s is missing", f, t.Name, n))
+		case g.Counter != def.Counter:
+			out = append(out, fmt.Sprintf("%s %s flowtable %s has counter %t, want %t", f, t.Name, n, g.Counter, def.Counter))
 		case g != def:
 			out = append(out, fmt.Sprintf("%s %s flowtable %s has devices %q, want %q", f, t.Name, n, g.Devices, def.Devices))
 		}

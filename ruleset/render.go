@@ -56,6 +56,12 @@ type Config struct {
 	// table of each family gets a flowtable on these interfaces' ingress,
 	// and the established connections nftgate DNATs are added to it.
 	FlowtableDevices []string
+	// FlowtablePackets: a connection is added to the flowtable once it
+	// has passed more than this many packets (both directions); zero adds
+	// it as soon as it is established. Short connections cost more
+	// through the flowtable than without it (README "Established
+	// flows"); counting turns conntrack's accounting on.
+	FlowtablePackets uint64
 	// Counters count, per element of the service maps (hence per Service
 	// port and address), the new connections dispatched, the new
 	// connections rejected for want of endpoints, and per source-range
@@ -227,8 +233,12 @@ func Static(cfg *Config, f Family) Fragment {
 		// The kernel adds only TCP connections past the handshake (and
 		// not closing) and UDP flows, and marks them [OFFLOAD] in
 		// conntrack, where they stay.
-		fr.Flowtables = []*Flowtable{{Name: FlowtableName, Priority: PrioFilter, Devices: cfg.FlowtableDevices}}
-		forward = append(forward, Rule{MatchCtEstablished{}, MatchCtDNAT{}, FlowOffload{Flowtable: FlowtableName}})
+		fr.Flowtables = []*Flowtable{{Name: FlowtableName, Priority: PrioFilter, Devices: cfg.FlowtableDevices, Counter: true}}
+		offload := Rule{MatchCtEstablished{}, MatchCtDNAT{}}
+		if cfg.FlowtablePackets > 0 {
+			offload = append(offload, MatchCtPacketsOver{N: cfg.FlowtablePackets})
+		}
+		forward = append(forward, append(offload, FlowOffload{Flowtable: FlowtableName}))
 	}
 	base("filter-forward", "filter", "forward", PrioFilter-1, forward...)
 	output := []Rule{

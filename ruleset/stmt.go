@@ -250,6 +250,24 @@ func (MatchCtDNAT) Encode(_ Family, s bc.Sink) {
 	anyBit(s, bc.CtStatusDstNAT)
 }
 
+// MatchCtPacketsOver matches the packets of a connection that has passed
+// more than N packets, both directions counted (N is never 0: the rule
+// leaves the match out instead).
+type MatchCtPacketsOver struct{ N uint64 }
+
+// AppendText writes "ct packets > N".
+func (m MatchCtPacketsOver) AppendText(b []byte, _ Family) []byte {
+	return strconv.AppendUint(append(b, "ct packets > "...), m.N, 10)
+}
+
+// Encode loads the counter, turns it to network order and compares, as
+// nft writes "ct packets > N".
+func (m MatchCtPacketsOver) Encode(_ Family, s bc.Sink) {
+	s.Ct(bc.Ct{Key: bc.CtPackets, Dreg: bc.Reg1})
+	s.Byteorder(bc.Byteorder{Sreg: bc.Reg1, Dreg: bc.Reg1, Op: bc.ByteorderHton, Len: 8, Size: 8})
+	s.Cmp(bc.Cmp{Op: bc.CmpGt, Sreg: bc.Reg1, Data: bc.U64BE(m.N)})
+}
+
 // FlowOffload adds the packet's connection to a flowtable, which forwards
 // its later packets from the ingress hook.
 type FlowOffload struct{ Flowtable string }

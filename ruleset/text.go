@@ -140,7 +140,11 @@ func WriteText(w io.Writer, table string, f Family, frags ...*Fragment) error {
 			}
 			ew.printf("%q", d)
 		}
-		ew.printf(" }\n\t}\n\n")
+		ew.printf(" }\n")
+		if ft.Counter {
+			ew.printf("\t\tcounter\n")
+		}
+		ew.printf("\t}\n\n")
 	}
 	for i, c := range chains {
 		ew.printf("\tchain %s {\n", c.Name)

@@ -57,6 +57,7 @@ type Config struct {
 	ProxyProtocolDialTimeout    Duration `toml:"proxy_protocol_dial_timeout"`
 	Flowtable                   bool     `toml:"flowtable"`
 	FlowtableDevices            []string `toml:"flowtable_devices"`
+	FlowtablePackets            int64    `toml:"flowtable_packets"`
 	Counters                    bool     `toml:"counters"`
 	CountersTrafficElements     int      `toml:"counters_traffic_elements"`
 	MetricsPerService           bool     `toml:"metrics_per_service"`
@@ -159,6 +160,7 @@ func defaults() Config {
 		ProxyProtocolDialTimeout:    Duration(proxy.DefaultDialTimeout),
 		Counters:                    true,
 		CountersTrafficElements:     defaultTrafficElements,
+		FlowtablePackets:            defaultFlowtablePackets,
 		TrafficHistoryStep:          Duration(appliance.DefaultHistoryStep),
 		TrafficHistoryPoints:        appliance.DefaultHistoryPoints,
 		TrafficHistoryPorts:         appliance.DefaultHistoryPorts,

@@ -173,6 +173,8 @@ func TestBadConfigNamesTheField(t *testing.T) {
 		{file: "shards = 1.5\n", want: []string{"shards", "1.5"}},
 		{args: []string{"--endpoint-selection", "random"}, want: []string{"endpoint_selection", "random"}},
 		{args: []string{"--flowtable"}, want: []string{"flowtable_devices", "empty"}},
+		{file: "flowtable_packets = -1\n", want: []string{"flowtable_packets", "-1"}},
+		{args: []string{"--flowtable-packets", "4294967297"}, want: []string{"flowtable_packets", "4294967297"}},
 		{file: "flowtable = true\nflowtable_devices = [\"eth0\", \"eth0/1\"]\n", want: []string{"flowtable_devices[1]", "eth0/1"}},
 		{args: []string{"--flowtable", "--flowtable-device", "eth0", "--flowtable-device", "eth0"}, want: []string{"flowtable_devices[1]", "eth0", "twice"}},
 		{args: []string{"--flowtable", "--flowtable-device", "a-name-of-16-byt"}, want: []string{"flowtable_devices[0]", "a-name-of-16-byt"}},

@@ -12,14 +12,31 @@ import (
 // (NFT_NETDEVICE_MAX).
 const maxFlowtableDevices = 256
 
+// defaultFlowtablePackets: a connection is offloaded once it has passed
+// more than 20 packets, both directions, as kube-proxy's proposal (KEP-4963)
+// chose: a connection that opens, exchanges a request and a response and
+// closes passes 10 to 18, so making and deleting a flow for it buys
+// nothing, and a UDP request and its answer would leave a flow in the
+// flowtable until its timeout (README "Established flows").
+// maxFlowtablePackets bounds it.
+const (
+	defaultFlowtablePackets = 20
+	maxFlowtablePackets     = 1 << 32
+)
+
 // flowtableFlags registers the flowtable's flags.
 func flowtableFlags(fs *flag.FlagSet, cfg *Config) {
 	fs.BoolVar(&cfg.Flowtable, "flowtable", cfg.Flowtable, "forward established Service connections through an nftables flowtable (see config.toml)")
 	fs.Var(&listFlag{dst: &cfg.FlowtableDevices}, "flowtable-device", "network `interface` the flowtable hooks: where Service traffic comes in and goes out (repeatable)")
+	fs.Int64Var(&cfg.FlowtablePackets, "flowtable-packets", cfg.FlowtablePackets, "a Service connection is offloaded once it has passed more than this many `packets`, both directions; 0: as soon as it is established (see config.toml)")
 }
 
-// validateFlowtable checks flowtable_devices when the flowtable is on.
+// validateFlowtable checks flowtable_packets, and flowtable_devices when
+// the flowtable is on.
 func (c *Config) validateFlowtable(bad func(key, format string, args ...any)) {
+	if c.FlowtablePackets < 0 || c.FlowtablePackets > maxFlowtablePackets {
+		bad("flowtable_packets", "%d is not between 0 (offload once established) and %d", c.FlowtablePackets, int64(maxFlowtablePackets))
+	}
 	if !c.Flowtable {
 		return
 	}
@@ -48,6 +65,15 @@ func (c *Config) flowtableDevices() []string {
 		return nil
 	}
 	return c.FlowtableDevices
+}
+
+// flowtablePackets is the flowtable's packet count for the ruleset: none
+// when it is off.
+func (c *Config) flowtablePackets() uint64 {
+	if !c.Flowtable || c.FlowtablePackets < 0 {
+		return 0
+	}
+	return uint64(c.FlowtablePackets)
 }
 
 // checkFlowtableDevices tells whether every device of the flowtable

@@ -48,6 +48,7 @@ func (c *Config) ruleset() ruleset.Config {
 		Shards:               c.Shards.count(),
 		ProxyPort:            c.ProxyProtocolPort,
 		FlowtableDevices:     c.flowtableDevices(),
+		FlowtablePackets:     c.flowtablePackets(),
 		MasqueradeAddresses:  c.masqueradeAddrs,
 		KeepClientAddress:    c.KeepClientAddress,
 		ReleaseTimeWait:      c.ReleaseTimeWait,

@@ -12,7 +12,11 @@
 // travels.
 package bytecode
 
-import "golang.org/x/sys/unix"
+import (
+	"encoding/binary"
+
+	"golang.org/x/sys/unix"
+)
 
 // Registers as nft allocates them, so that `nft --debug=netlink` of a rule
 // written by hand and of the same rule written by nftgate agree.
@@ -69,10 +73,14 @@ type Payload struct {
 	Base, Offset, Len, Dreg uint32
 }
 
-// Comparison operators.
+// Comparison operators. The kernel compares a register's bytes in memory
+// order (memcmp), so an order (CmpGt) holds for a big-endian value: a
+// counter, which conntrack keeps in the host's order, goes through a
+// Byteorder first, as nft writes it.
 const (
 	CmpEq  = unix.NFT_CMP_EQ
 	CmpNeq = unix.NFT_CMP_NEQ
+	CmpGt  = unix.NFT_CMP_GT
 )
 
 // Cmp compares register Sreg with Data; the rule stops when it does not
@@ -80,6 +88,24 @@ const (
 type Cmp struct {
 	Op, Sreg uint32
 	Data     Data
+}
+
+// ByteorderHton turns host-order values into network (big-endian) order.
+const ByteorderHton = unix.NFT_BYTEORDER_HTON
+
+// Byteorder converts Len bytes of Sreg, in values of Size bytes each, by
+// Op into Dreg.
+type Byteorder struct {
+	Sreg, Dreg, Op, Len, Size uint32
+}
+
+// U64BE is a 64-bit constant in network byte order, as a counter
+// compares after a Byteorder to it.
+func U64BE(v uint64) Data {
+	var d Data
+	d.n = 8
+	binary.BigEndian.PutUint64(d.b[:8], v)
+	return d
 }
 
 // Bitwise computes Dreg = (Sreg & Mask) ^ Xor over Len bytes.
@@ -143,6 +169,12 @@ const (
 	CtDirOriginal = 0 // IP_CT_DIR_ORIGINAL
 	CtDirReply    = 1 // IP_CT_DIR_REPLY
 )
+
+// CtPackets is the key of the packets a connection has passed, both
+// directions, a 64-bit counter in the host's order (conntrack's
+// accounting: a rule that reads it turns nf_conntrack_acct on in its
+// namespace, for the connections made after it).
+const CtPackets = unix.NFT_CT_PKTS
 
 // Ct loads a conntrack key into Dreg, or with Set, sets the key (the mark)
 // from Dreg. The keys of a tuple (CtDstIP, CtProtoDst, ...) are read from
@@ -267,6 +299,7 @@ type Sink interface {
 	Payload(Payload)
 	Cmp(Cmp)
 	Bitwise(Bitwise)
+	Byteorder(Byteorder)
 	Lookup(Lookup)
 	Meta(Meta)
 	Ct(Ct)

@@ -208,6 +208,9 @@ func checkOffloaded(ctx context.Context, t *testing.T, vm *VM, offload bool) {
 		}
 		if c.svc > 0 && c.dir > 0 && (!offload || c.svcOffloaded > 0) {
 			t.Logf("flowtable %v: %v:\n%s", offload, c, out)
+			if offload {
+				checkOffloadedCounted(ctx, t, vm, out)
+			}
 			return
 		}
 		select {
@@ -217,6 +220,36 @@ func checkOffloaded(ctx context.Context, t *testing.T, vm *VM, offload bool) {
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
+}
+
+// checkOffloadedCounted waits until the offloaded Service connections'
+// bytes in conntrack have grown by a MiB past what table showed: the
+// flowtable counts what it forwards (its counter flag), in the counters
+// that its packet count turned on (nf_conntrack_acct). Without the flag
+// they stop where the connection was offloaded.
+func checkOffloadedCounted(ctx context.Context, t *testing.T, vm *VM, table string) {
+	t.Helper()
+	first, ok := offloadedBytes(table)
+	if !ok {
+		t.Fatalf("the offloaded connections carry no byte counts: conntrack's accounting is off:\n%s", table)
+	}
+	last := first
+	for last < first+1<<20 {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the offloaded connections' bytes went from %d to %d, not a MiB further, within %v: the flowtable does not count what it forwards",
+				first, last, offloadWait)
+		case <-time.After(500 * time.Millisecond):
+		}
+		out, err := vm.Shell(ctx, "grep -E 'dport="+flowPort+" ' /proc/net/nf_conntrack")
+		if err != nil {
+			t.Fatalf("the VM's conntrack table: %v", err)
+		}
+		if b, ok := offloadedBytes(out); ok {
+			last = b
+		}
+	}
+	t.Logf("the offloaded connections' bytes in conntrack: %d, then %d", first, last)
 }
 
 // offloadWait is how long checkOffloaded waits, well past the time the

@@ -2,6 +2,7 @@ package vmtest
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -64,5 +65,44 @@ ipv4     2 udp      17 27 src=127.0.0.1 dst=127.0.0.1 sport=41694 dport=53 [UNRE
 	want := offloadCount{svc: 3, svcOffloaded: 2, dir: 2, dirOffloaded: 1}
 	if got != want {
 		t.Errorf("countOffloaded: %v, want %v", got, want)
+	}
+}
+
+// offloadedBytes sums the bytes, both directions, of the offloaded
+// connections to the Service in lines of /proc/net/nf_conntrack, and tells
+// whether they carried counts at all (they do while nf_conntrack_acct is
+// on: "packets=P bytes=B" after each direction's tuple).
+func offloadedBytes(table string) (uint64, bool) {
+	var sum uint64
+	counted := false
+	for _, line := range strings.Split(table, "\n") {
+		if !strings.Contains(line, "[OFFLOAD]") || !strings.Contains(line, "dst="+flowServiceIP+" ") ||
+			!strings.Contains(line, "dport="+flowPort+" ") {
+			continue
+		}
+		for _, f := range strings.Fields(line) {
+			if v, ok := strings.CutPrefix(f, "bytes="); ok {
+				n, err := strconv.ParseUint(v, 10, 64)
+				if err == nil {
+					sum += n
+					counted = true
+				}
+			}
+		}
+	}
+	return sum, counted
+}
+
+// TestOffloadedBytes reads lines in the shape Linux 6.12 shows them with
+// nf_conntrack_acct on.
+func TestOffloadedBytes(t *testing.T) {
+	table := `ipv4     2 tcp      6 src=10.123.1.2 dst=10.96.0.20 sport=59558 dport=5201 packets=40 bytes=2000 src=10.123.2.2 dst=10.123.2.1 sport=5201 dport=59558 packets=30 bytes=1000000 [OFFLOAD] mark=0 use=3
+ipv4     2 tcp      6 431998 ESTABLISHED src=10.123.1.2 dst=10.96.0.20 sport=59570 dport=5201 packets=3 bytes=180 src=10.123.2.2 dst=10.123.2.1 sport=5201 dport=59570 packets=2 bytes=120 [ASSURED] mark=0 use=2
+ipv4     2 tcp      6 src=10.123.1.2 dst=10.123.2.2 sport=36214 dport=5202 packets=9 bytes=900 src=10.123.2.2 dst=10.123.1.2 sport=5202 dport=36214 packets=9 bytes=900 [OFFLOAD] mark=0 use=3`
+	if got, ok := offloadedBytes(table); got != 1002000 || !ok {
+		t.Errorf("offloadedBytes: %d %v, want 1002000 true", got, ok)
+	}
+	if got, ok := offloadedBytes("ipv4     2 tcp      6 src=10.123.1.2 dst=10.96.0.20 sport=59558 dport=5201 src=10.123.2.2 dst=10.123.2.1 sport=5201 dport=59558 [OFFLOAD] mark=0 use=3"); got != 0 || ok {
+		t.Errorf("offloadedBytes without accounting: %d %v, want 0 false", got, ok)
 	}
 }
