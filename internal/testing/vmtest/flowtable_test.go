@@ -19,6 +19,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nftgate/nftgate/internal/testing/lab"
 )
 
 // bulkResult is one iperf3 transfer through the VM, and the VM's CPU
@@ -105,6 +107,7 @@ func flowtableRun(t *testing.T, image string, offload bool) map[string]bulkResul
 	for _, port := range []string{flowPort, flowDirectPort} {
 		startIperfServer(ctx, t, cluster, port)
 	}
+	startUDPEcho(t, cluster, net.JoinHostPort(clusterIP, flowUDPPort))
 	// When it fails: the packets of both ports on both of the VM's links
 	// (all but bulk data and pure acknowledgements, so that iperf3's
 	// control connections are kept whole), and the VM's counters.
@@ -150,6 +153,8 @@ func flowtableRun(t *testing.T, image string, offload bool) map[string]bulkResul
 	}
 	checkOffloaded(ctx, t, vm, offload)
 	stop()
+
+	checkUDPRequests(ctx, t, vm, client)
 
 	// The two paths take turns, so that a change in the host's load
 	// meanwhile falls on both; each path's median run is kept.
@@ -250,6 +255,81 @@ func checkOffloadedCounted(ctx context.Context, t *testing.T, vm *VM, table stri
 		}
 	}
 	t.Logf("the offloaded connections' bytes in conntrack: %d, then %d", first, last)
+}
+
+// udpRequests is how many UDP requests checkUDPRequests sends.
+const udpRequests = 50
+
+// checkUDPRequests sends udpRequests UDP requests to the Service from the
+// client namespace, each from a port of its own and answered once, and
+// requires that the VM's conntrack holds a flow for each and offloaded
+// none: a request and its answer are 2 packets, and the flowtable takes a
+// connection only past flowtable_packets (20, the image's default).
+// Offloaded at once, each would stay in the flowtable until its timeout.
+func checkUDPRequests(ctx context.Context, t *testing.T, vm *VM, client *Netns) {
+	t.Helper()
+	addr := net.JoinHostPort(flowServiceIP, flowUDPPort)
+	for i := range udpRequests {
+		if err := udpExchange(ctx, client, addr, fmt.Sprintf("request %d", i)); err != nil {
+			t.Fatalf("UDP request %d to %s: %v", i, addr, err)
+		}
+	}
+	out, err := vm.Shell(ctx, "grep -E 'dport="+flowUDPPort+" ' /proc/net/nf_conntrack")
+	if err != nil {
+		t.Fatalf("the VM's conntrack table: %v", err)
+	}
+	flows, offloaded := offloadedUDP(out)
+	if flows < udpRequests || offloaded != 0 {
+		t.Fatalf("after %d UDP requests to the Service: %d flows in conntrack, %d offloaded; want %d, none offloaded:\n%s",
+			udpRequests, flows, offloaded, udpRequests, out)
+	}
+	t.Logf("%d UDP requests to the Service: %d flows in conntrack, none offloaded", udpRequests, flows)
+}
+
+// udpExchange sends one datagram from ns to addr, from a new port, and
+// waits for its echo.
+func udpExchange(ctx context.Context, ns *Netns, addr, msg string) error {
+	c, err := ns.DialContext(ctx, "udp", addr)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	// A datagram lost under emulation is sent again.
+	buf := make([]byte, 64)
+	for range 5 {
+		if _, err := c.Write([]byte(msg)); err != nil {
+			return err
+		}
+		if err := c.SetReadDeadline(time.Now().Add(2 * time.Second)); err != nil {
+			return err
+		}
+		n, err := c.Read(buf)
+		if err == nil && string(buf[:n]) == msg {
+			return nil
+		}
+		if err == nil {
+			return fmt.Errorf("answered %q, want %q", buf[:n], msg)
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
+	return fmt.Errorf("no answer to 5 tries")
+}
+
+// startUDPEcho answers every datagram on addr in ns with itself until the
+// test ends.
+func startUDPEcho(t *testing.T, ns *Netns, addr string) {
+	t.Helper()
+	var pc net.PacketConn
+	if err := ns.Do(func() (err error) {
+		pc, err = net.ListenPacket("udp", addr)
+		return err
+	}); err != nil {
+		t.Fatalf("UDP echo on %s: %v", addr, err)
+	}
+	t.Cleanup(func() { pc.Close() })
+	lab.ServeDatagrams(pc, func(req []byte) []byte { return req })
 }
 
 // offloadWait is how long checkOffloaded waits, well past the time the

@@ -14,6 +14,7 @@ const (
 	flowServiceIP  = "10.96.0.20"
 	flowPort       = "5201" // the Service's port and its endpoint's
 	flowDirectPort = "5202"
+	flowUDPPort    = "5353" // the Service's UDP port and its endpoint's
 )
 
 // offloadCount is what countOffloaded found: established connections to
@@ -68,6 +69,23 @@ ipv4     2 udp      17 27 src=127.0.0.1 dst=127.0.0.1 sport=41694 dport=53 [UNRE
 	}
 }
 
+// offloadedUDP counts the UDP flows to the Service's UDP port in lines of
+// /proc/net/nf_conntrack, and how many of them are offloaded.
+func offloadedUDP(table string) (flows, offloaded int) {
+	for _, line := range strings.Split(table, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 3 || f[2] != "udp" || !strings.Contains(line, "dst="+flowServiceIP+" ") ||
+			!strings.Contains(line, "dport="+flowUDPPort+" ") {
+			continue
+		}
+		flows++
+		if strings.Contains(line, "[OFFLOAD]") {
+			offloaded++
+		}
+	}
+	return flows, offloaded
+}
+
 // offloadedBytes sums the bytes, both directions, of the offloaded
 // connections to the Service in lines of /proc/net/nf_conntrack, and tells
 // whether they carried counts at all (they do while nf_conntrack_acct is
@@ -91,6 +109,18 @@ func offloadedBytes(table string) (uint64, bool) {
 		}
 	}
 	return sum, counted
+}
+
+// TestOffloadedUDP reads lines in the shape Linux 6.12 shows UDP flows,
+// offloaded and not.
+func TestOffloadedUDP(t *testing.T) {
+	table := `ipv4     2 udp      17 src=10.123.1.2 dst=10.96.0.20 sport=40000 dport=5353 packets=1 bytes=40 src=10.123.2.2 dst=10.123.2.1 sport=5353 dport=40000 packets=1 bytes=40 [OFFLOAD] mark=0 use=3
+ipv4     2 udp      17 28 src=10.123.1.2 dst=10.96.0.20 sport=40002 dport=5353 packets=1 bytes=40 src=10.123.2.2 dst=10.123.2.1 sport=5353 dport=40002 packets=1 bytes=40 mark=0 use=2
+ipv4     2 udp      17 29 src=127.0.0.1 dst=127.0.0.1 sport=41694 dport=53 [UNREPLIED] src=127.0.0.1 dst=127.0.0.1 sport=53 dport=41694 mark=0 use=2
+ipv4     2 tcp      6 src=10.123.1.2 dst=10.96.0.20 sport=59558 dport=5201 src=10.123.2.2 dst=10.123.2.1 sport=5201 dport=59558 [OFFLOAD] mark=0 use=3`
+	if flows, off := offloadedUDP(table); flows != 2 || off != 1 {
+		t.Errorf("offloadedUDP: %d flows, %d offloaded, want 2 and 1", flows, off)
+	}
 }
 
 // TestOffloadedBytes reads lines in the shape Linux 6.12 shows them with
