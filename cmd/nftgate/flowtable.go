@@ -3,7 +3,10 @@ package main
 import (
 	"flag"
 	"fmt"
+	"log/slog"
 	"net"
+	"os"
+	"strings"
 
 	"github.com/nftgate/nftgate/ruleset"
 )
@@ -74,6 +77,34 @@ func (c *Config) flowtablePackets() uint64 {
 		return 0
 	}
 	return uint64(c.FlowtablePackets)
+}
+
+// conntrackAcctSysctl turns conntrack's accounting (per-connection packet
+// and byte counters) on or off in the namespace.
+const conntrackAcctSysctl = "/proc/sys/net/netfilter/nf_conntrack_acct"
+
+// setupConntrackAcct turns conntrack's accounting on when the flowtable is:
+// the flowtable adds what it forwards to those counters (its counter flag),
+// which exist only for connections made while accounting is on, and the
+// status page's flows read their bytes there. The packet count's rule
+// turns it on anyway; this covers flowtable_packets = 0. It runs after
+// the kernel check, which loads conntrack.
+func setupConntrackAcct(cfg *Config, log *slog.Logger, sysctl string) error {
+	if !cfg.Flowtable {
+		return nil
+	}
+	old, err := os.ReadFile(sysctl)
+	if err != nil {
+		return fmt.Errorf("flowtable: conntrack's accounting: %w", err)
+	}
+	if strings.TrimSpace(string(old)) == "1" {
+		return nil
+	}
+	if err := os.WriteFile(sysctl, []byte("1\n"), 0o644); err != nil {
+		return fmt.Errorf("flowtable: turn conntrack's accounting on (%s): %w", sysctl, err)
+	}
+	log.Info("conntrack's accounting turned on for the flowtable's counts", "sysctl", sysctl)
+	return nil
 }
 
 // checkFlowtableDevices tells whether every device of the flowtable

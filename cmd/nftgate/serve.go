@@ -171,6 +171,9 @@ func serve(ctx context.Context, cfg *Config) error {
 		return err
 	}
 	setupConntrackMax(cfg, log, cpuCount(onlineCPUsFile), conntrackMaxSysctl, conntrackBucketsSysctl)
+	if err := setupConntrackAcct(cfg, log, conntrackAcctSysctl); err != nil {
+		return err
+	}
 	if err := cfg.checkFlowtableDevices(); err != nil {
 		return err
 	}
