@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"os"
-	"strings"
 
 	"github.com/nftgate/nftgate/ruleset"
 )
@@ -93,17 +91,13 @@ func setupConntrackAcct(cfg *Config, log *slog.Logger, sysctl string) error {
 	if !cfg.Flowtable {
 		return nil
 	}
-	old, err := os.ReadFile(sysctl)
+	_, changed, err := setSysctl(sysctl, "1")
 	if err != nil {
-		return fmt.Errorf("flowtable: conntrack's accounting: %w", err)
+		return fmt.Errorf("flowtable: turn conntrack's accounting on: %w", err)
 	}
-	if strings.TrimSpace(string(old)) == "1" {
-		return nil
+	if changed {
+		log.Info("conntrack's accounting turned on for the flowtable's counts", "sysctl", sysctl)
 	}
-	if err := os.WriteFile(sysctl, []byte("1\n"), 0o644); err != nil {
-		return fmt.Errorf("flowtable: turn conntrack's accounting on (%s): %w", sysctl, err)
-	}
-	log.Info("conntrack's accounting turned on for the flowtable's counts", "sysctl", sysctl)
 	return nil
 }
 

@@ -54,16 +54,29 @@ func setupReleaseTimeWait(cfg *Config, log *slog.Logger, check timeWaitChecks, s
 		return nil
 	}
 	want := int(time.Duration(cfg.ConntrackTCPTimeWait) / time.Second)
-	old, err := os.ReadFile(sysctl)
+	old, changed, err := setSysctl(sysctl, strconv.Itoa(want))
 	if err != nil {
-		return fmt.Errorf("conntrack_tcp_time_wait: %w", err)
+		return fmt.Errorf("conntrack_tcp_time_wait = %q: %w", cfg.ConntrackTCPTimeWait, err)
 	}
-	if strings.TrimSpace(string(old)) == strconv.Itoa(want) {
-		return nil
+	if changed {
+		log.Info("conntrack's TIME_WAIT timeout set", "sysctl", sysctl, "from", old+"s", "to", cfg.ConntrackTCPTimeWait.String())
 	}
-	if err := os.WriteFile(sysctl, []byte(strconv.Itoa(want)+"\n"), 0o644); err != nil {
-		return fmt.Errorf("conntrack_tcp_time_wait = %q: set %s: %w", cfg.ConntrackTCPTimeWait, sysctl, err)
-	}
-	log.Info("conntrack's TIME_WAIT timeout set", "sysctl", sysctl, "from", strings.TrimSpace(string(old))+"s", "to", cfg.ConntrackTCPTimeWait.String())
 	return nil
+}
+
+// setSysctl writes value to the sysctl at path unless it holds it
+// already, and tells what it held and whether it changed it.
+func setSysctl(path, value string) (old string, changed bool, err error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", false, err
+	}
+	old = strings.TrimSpace(string(b))
+	if old == value {
+		return old, false, nil
+	}
+	if err := os.WriteFile(path, []byte(value+"\n"), 0o644); err != nil {
+		return old, false, fmt.Errorf("set %s: %w", path, err)
+	}
+	return old, true, nil
 }
