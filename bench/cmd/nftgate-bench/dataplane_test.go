@@ -277,6 +277,16 @@ func TestParseFlagsDataplane(t *testing.T) {
 		!cfg.Dataplane.settings().OwnCPU {
 		t.Errorf("--dataplane-only: %+v, changes %d, latency samples %d", cfg.Dataplane, cfg.Changes, cfg.LatencyN)
 	}
+	if !slices.Equal(cfg.Proxiers, []string{proxNftgate, proxKPNFTables}) {
+		t.Errorf("--dataplane-only runs %q, want only the proxiers whose data plane is measured", cfg.Proxiers)
+	}
+	cfg, err = parseFlags(append(bins, "--dataplane-only", "--proxiers", proxNftgate+","+proxKPIPTables))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(cfg.Proxiers, []string{proxNftgate, proxKPIPTables}) {
+		t.Errorf("--dataplane-only with --proxiers runs %q, want what --proxiers names", cfg.Proxiers)
+	}
 	for _, c := range []struct {
 		args []string
 		want string

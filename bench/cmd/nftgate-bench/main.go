@@ -215,6 +215,12 @@ func parseFlags(args []string) (*Config, error) {
 	if err := checkDataplane(); err != nil {
 		return nil, err
 	}
+	if cfg.Dataplane.Only && !proxiersSet {
+		// Only the proxiers whose data plane is measured: of another
+		// (kube-proxy-iptables) --dataplane-only would measure nothing
+		// but a cold start (at 10,000 Services about 400 s).
+		cfg.Proxiers = slices.DeleteFunc(cfg.Proxiers, func(p string) bool { return !slices.Contains(cfg.Dataplane.Proxiers, p) })
+	}
 	if err := checkFailover(); err != nil {
 		return nil, err
 	}
