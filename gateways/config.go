@@ -74,6 +74,14 @@ type Config struct {
 	// conntrack pick it up and masquerade it afresh, to an address the
 	// endpoint does not know, which resets it.
 	MidstreamTCP string `toml:"midstream_tcp" json:"midstream_tcp"`
+	// ConntrackEvents is which connections conntrack reports events of:
+	// EventsServices (the default with state sync) only those nftgate
+	// translates to a Service, the ones the sync replicates, sparing the
+	// kernel the events of every routed connection, which the sync would
+	// drop; EventsAll (the default and only value without state sync)
+	// every connection, for other listeners on the gateway (conntrack -E,
+	// ulogd).
+	ConntrackEvents string `toml:"conntrack_events" json:"conntrack_events"`
 	// Homes are, in active-active mode, the masquerade addresses of each
 	// gateway of the set (this one's included), by name: each is held by
 	// its own gateway while it is alive and ready. The configuration's
@@ -98,6 +106,12 @@ const (
 const (
 	MidstreamWait   = "wait"
 	MidstreamPickup = "pickup"
+)
+
+// Which connections conntrack reports events of (Config.ConntrackEvents).
+const (
+	EventsServices = "services"
+	EventsAll      = "all"
 )
 
 // PeerConfig is one other gateway.
@@ -164,6 +178,12 @@ func (c Config) WithDefaults() Config {
 			c.MidstreamTCP = MidstreamWait
 		}
 	}
+	if c.ConntrackEvents == "" {
+		c.ConntrackEvents = EventsAll
+		if *c.StateSync {
+			c.ConntrackEvents = EventsServices
+		}
+	}
 	if c.ReadyTimeout == 0 {
 		c.ReadyTimeout = DefaultReadyTimeout
 	}
@@ -226,6 +246,12 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%s.midstream_tcp = %q: want %q or %q", Key, c.MidstreamTCP, MidstreamWait, MidstreamPickup)
 	case c.MidstreamTCP == MidstreamWait && !*c.StateSync:
 		return fmt.Errorf("%s.midstream_tcp = %q: needs state_sync = true (without it no entry ever comes, and a connection would hang rather than be reset)", Key, c.MidstreamTCP)
+	}
+	switch {
+	case c.ConntrackEvents != EventsServices && c.ConntrackEvents != EventsAll:
+		return fmt.Errorf("%s.conntrack_events = %q: want %q or %q", Key, c.ConntrackEvents, EventsServices, EventsAll)
+	case c.ConntrackEvents == EventsServices && !*c.StateSync:
+		return fmt.Errorf("%s.conntrack_events = %q: needs state_sync = true (only the state sync wants the Services' events alone)", Key, c.ConntrackEvents)
 	}
 	if c.ReadyTimeout < time.Second || c.ReadyTimeout > 10*time.Minute {
 		return fmt.Errorf("%s.ready_timeout = %q: want 1s to 10m", Key, c.ReadyTimeout.String())

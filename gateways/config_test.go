@@ -40,6 +40,20 @@ func TestSetHashAgreesAcrossTheSet(t *testing.T) {
 	}
 }
 
+// TestConntrackEventsDefaultsToServicesWithStateSync: the kernel spares
+// the routed connections' events only where the sync is their listener.
+func TestConntrackEventsDefaultsToServicesWithStateSync(t *testing.T) {
+	off := false
+	for _, tc := range []struct {
+		sync *bool
+		want string
+	}{{nil, EventsServices}, {&off, EventsAll}} {
+		if got := (Config{StateSync: tc.sync}).WithDefaults().ConntrackEvents; got != tc.want {
+			t.Errorf("state_sync %v: conntrack_events defaults to %q, want %q", tc.sync, got, tc.want)
+		}
+	}
+}
+
 // TestMidstreamTCPDefaultsToWaitWithStateSync: the ruleset waits for the
 // replica only where one can come.
 func TestMidstreamTCPDefaultsToWaitWithStateSync(t *testing.T) {

@@ -86,7 +86,25 @@ func kernelProbesFor(cfg *ruleset.Config) []kernelProbe {
 	if cfg.MasqueradePortGroups > 1 {
 		probes = append(probes, cpuPortProbes()...)
 	}
+	if cfg.UntranslatedEventsOff {
+		probes = append(probes, eventProbes()...)
+	}
 	return probes
+}
+
+// eventProbes try, per family, the rule that silences the conntrack
+// events of untranslated connections (ruleset.Config.
+// UntranslatedEventsOff), in the NAT postrouting chain where it runs.
+func eventProbes() []kernelProbe {
+	var ps []kernelProbe
+	for _, f := range ruleset.Families {
+		w := " (" + f.String() + ")"
+		ps = append(ps, kernelProbe{Feature: "ct event set (gateways.conntrack_events = \"services\", the default with state_sync)" + w,
+			Option: "CONFIG_NF_CONNTRACK_EVENTS", Needs: []string{"nat chains" + w, "ct expression" + w}, add: func(b *probeBatch) {
+				b.rule(b.natPostrouting(f), ruleset.MatchCtNotDNAT{}, ruleset.CtEventsOff{})
+			}})
+	}
+	return ps
 }
 
 // cpuPortProbes try, per family, the masquerade and the SNAT to a CPU

@@ -50,7 +50,8 @@ func TestKernelCheckPassesInNetns(t *testing.T) {
 	fd := newAnonNetns(t)
 	batches := 0
 	start := time.Now()
-	probes := kernelProbesFor(&ruleset.Config{Table: "nftgate", Counters: true, TrafficElements: 16, MasqueradePortGroups: 2})
+	probes := kernelProbesFor(&ruleset.Config{Table: "nftgate", Counters: true, TrafficElements: 16, MasqueradePortGroups: 2,
+		UntranslatedEventsOff: true})
 	err := checkKernelFeatures(probes, countingRunner(netlinkProbeRunner(fd, probeTableName()), &batches))
 	if err != nil {
 		t.Fatalf("kernel check on this kernel: %v", err)

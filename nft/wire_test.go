@@ -231,6 +231,7 @@ func TestWireMatchesGoogleNftables(t *testing.T) {
 				cfg.FlowtableDevices = []string{"eth0", "eth1.100"}
 			}
 			cfg.Counters = seed > 2
+			cfg.UntranslatedEventsOff = seed%2 == 0
 			if seed == 4 {
 				cfg.TrafficElements = 4096
 			}
@@ -361,6 +362,7 @@ func TestWireExpressions(t *testing.T) {
 		func(s bc.Sink) { s.Ct(bc.Ct{Key: bc.CtDirection, Dreg: 1}) },
 		func(s bc.Sink) { s.Ct(bc.Ct{Key: bc.CtDstIP, Dreg: 9}) },
 		func(s bc.Sink) { s.Ct(bc.Ct{Key: bc.CtProtoDst, Dreg: 19}) },
+		func(s bc.Sink) { s.Ct(bc.Ct{Key: bc.CtEventMask, Dreg: 1, Set: true}) },
 		func(s bc.Sink) { s.Fib(bc.Fib{Dreg: 1, Flags: bc.FibDaddr, Result: bc.FibAddrType}) },
 		func(s bc.Sink) {
 			s.Fib(bc.Fib{Dreg: 1, Flags: bc.FibSaddr | unix.NFTA_FIB_F_IIF, Result: unix.NFT_FIB_RESULT_OIF})
@@ -368,6 +370,7 @@ func TestWireExpressions(t *testing.T) {
 		func(s bc.Sink) { s.Hash(bc.Hash{Sreg: 2, Dreg: 1, Len: 8, Modulus: 4, Seed: 7}) },
 		func(s bc.Sink) { s.Hash(bc.Hash{Sreg: 2, Dreg: 1, Len: 8, Modulus: 4}) },
 		func(s bc.Sink) { s.Immediate(bc.Immediate{Dreg: 2, Data: bc.Bytes(0x1f, 0x90)}) },
+		func(s bc.Sink) { s.Immediate(bc.Immediate{Dreg: 1, Data: bc.U32(0)}) },
 		func(s bc.Sink) { s.Verdict(bc.Verdict{Code: bc.VerdictGoto, Chain: "svc-ABCDEFGH-ns/name/tcp/80"}) },
 		func(s bc.Sink) { s.Verdict(bc.Verdict{Code: bc.VerdictReturn}) },
 		func(s bc.Sink) {

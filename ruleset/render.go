@@ -76,6 +76,12 @@ type Config struct {
 	// meets it; picked up, the connection would be masqueraded afresh to
 	// this gateway's address, which the endpoint does not know.
 	DropMidstreamTCP bool
+	// UntranslatedEventsOff: conntrack reports no event of a connection
+	// whose destination nftgate did not translate (routed traffic, the
+	// gateway's own connections): with state sync, whose listener wants
+	// only the Services' flows and would drop the rest after the kernel
+	// built them (events.go).
+	UntranslatedEventsOff bool
 	// ReleaseTimeWait: the gateway resets an endpoint's TIME_WAIT of a
 	// masqueraded TCP connection once both ends have closed it (see
 	// release.go), so that the masquerade address's ports can be given
@@ -186,7 +192,11 @@ func Static(cfg *Config, f Family) Fragment {
 	markOutside := Rule{MatchAddrInSet{Dir: Dst, Set: SetClusterIPs}, jump(ChainMasqueradeOutside)}
 	base("nat-prerouting-mark", "nat", "prerouting", PrioDstNAT-1, markOutside)
 	base("nat-output-mark", "nat", "output", PrioDstNAT-1, markOutside)
-	base("nat-postrouting", "nat", "postrouting", PrioSrcNAT, Rule{jump(ChainMasquerading)})
+	postrouting := []Rule{{jump(ChainMasquerading)}}
+	if cfg.UntranslatedEventsOff {
+		postrouting = append(postrouting, untranslatedEventsRule())
+	}
+	base("nat-postrouting", "nat", "postrouting", PrioSrcNAT, postrouting...)
 	// Source ranges are checked before DNAT rewrites the destination
 	// (the prerouting base chain is made below: the close shares it).
 	firewallCheck := Rule{MatchCtNew{}, jump(ChainFirewallCheck)}

@@ -11,3 +11,12 @@ import "github.com/nftgate/nftgate/gateways"
 func (c *Config) dropMidstreamTCP() bool {
 	return c.Gateways != nil && c.Gateways.MidstreamTCP == gateways.MidstreamWait
 }
+
+// untranslatedEventsOff tells whether conntrack reports no events of the
+// connections nftgate does not translate ([gateways] conntrack_events =
+// "services", the default with state sync): the sync's listener wants
+// only the Services' flows, and the kernel would build every routed
+// connection's events for it to drop.
+func (c *Config) untranslatedEventsOff() bool {
+	return c.Gateways != nil && c.Gateways.ConntrackEvents == gateways.EventsServices
+}

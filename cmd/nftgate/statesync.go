@@ -42,6 +42,9 @@ func newStateSync(cfg *Config, reg prometheus.Registerer, log *slog.Logger) (*st
 		}
 		log.Info("statesync: TCP window tracking is liberal in this namespace (nf_conntrack_tcp_be_liberal = 1): in active-active mode a flow's two directions may pass different gateways")
 	}
+	if cfg.untranslatedEventsOff() {
+		log.Info("statesync: conntrack reports events only of the connections translated to a Service (conntrack_events = \"services\"); a routed connection makes none")
+	}
 	peers := make([]string, 0, len(g.Peers))
 	for _, p := range g.Peers {
 		peers = append(peers, p.Name)

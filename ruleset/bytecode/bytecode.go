@@ -176,8 +176,13 @@ const (
 // namespace, for the connections made after it).
 const CtPackets = unix.NFT_CT_PKTS
 
-// Ct loads a conntrack key into Dreg, or with Set, sets the key (the mark)
-// from Dreg. The keys of a tuple (CtDstIP, CtProtoDst, ...) are read from
+// CtEventMask is the key of the conntrack events the kernel reports for a
+// connection (the IPCT_* bits; set only). A connection whose mask is 0
+// makes no event for any listener.
+const CtEventMask = unix.NFT_CT_EVENTMASK
+
+// Ct loads a conntrack key into Dreg, or with Set, sets the key (the mark,
+// the event mask) from Dreg. The keys of a tuple (CtDstIP, CtProtoDst, ...) are read from
 // the original direction's: the kernel reads the direction as one byte and
 // google/nftables, the encoder's oracle, writes four, which agree only on
 // zero.

@@ -508,8 +508,12 @@ func (t *tracer) runRule(st state, tt *traceTable, c *ruleset.Chain, i, depth in
 			}
 		case ruleset.MatchCtNew:
 			// Trace replays the first packet of a connection.
-		case ruleset.Counter, ruleset.CountTraffic, ruleset.AddRefused:
-			// Counts or remembers; changes nothing.
+		case ruleset.Counter, ruleset.CountTraffic, ruleset.AddRefused, ruleset.CtEventsOff:
+			// Counts, remembers or silences events; changes nothing.
+		case ruleset.MatchCtNotDNAT:
+			if st.dnat.IsValid() || st.redirect != 0 {
+				return []end{{st, endNext}}
+			}
 		case ruleset.MatchCtNotAssured:
 			// The first packet of a connection is not assured yet.
 		case ruleset.MatchConnInSet:
