@@ -8,7 +8,6 @@ import (
 	"net/netip"
 	"os/exec"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -86,28 +85,7 @@ func testCtEventsOff(t *testing.T, on bool) {
 		{Name: "nat-postrouting", Hook: &ruleset.Hook{Type: "nat", Hook: "postrouting", Priority: ruleset.PrioSrcNAT},
 			Rules: events},
 	}
-	var lastID atomic.Uint32
-	w := newWire(16<<10, 64, false)
-	w.marker(unix.NFNL_MSG_BATCH_BEGIN)
-	e := newEncoder(w, &lastID, table, ruleset.IPv4)
-	e.tableMessage(unix.NFT_MSG_NEWTABLE, flagsCreate|netlink.Excl, nil)
-	for _, c := range chains {
-		e.addChain(c)
-		e.addRules(ruleset.PlanChain(ruleset.IPv4, c, nil))
-	}
-	if e.err != nil || w.err != nil {
-		t.Fatalf("encoding: %v %v", e.err, w.err)
-	}
-	conn, err := dialBatch(fd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	bt := &batch{parts: []*wire{w}}
-	defer bt.release()
-	if err := conn.send(bt, nil); err != nil {
-		t.Fatalf("the kernel refused the rules: %v", err)
-	}
+	programChains(t, fd, table, chains...)
 	if on {
 		if listed := nftList(t, name, "list", "chain", "ip", table, "nat-postrouting"); !strings.Contains(listed, "ct status ! dnat ct event set 0x0") {
 			t.Fatalf("nft lists the chain as:\n%s\nwant the rule \"ct status ! dnat ct event set 0x0\"", listed)

@@ -36,26 +36,7 @@ func TestCtPacketsOverInKernel(t *testing.T) {
 			{ruleset.MatchCtPacketsOver{N: over}, ruleset.Counter{}},
 			{ruleset.Counter{}},
 		}}
-	var lastID atomic.Uint32
-	w := newWire(16<<10, 64, false)
-	w.marker(unix.NFNL_MSG_BATCH_BEGIN)
-	e := newEncoder(w, &lastID, table, ruleset.IPv4)
-	e.tableMessage(unix.NFT_MSG_NEWTABLE, flagsCreate|netlink.Excl, nil)
-	e.addChain(c)
-	e.addRules(ruleset.PlanChain(ruleset.IPv4, c, nil))
-	if e.err != nil || w.err != nil {
-		t.Fatalf("encoding: %v %v", e.err, w.err)
-	}
-	conn, err := dialBatch(fd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	bt := &batch{parts: []*wire{w}}
-	defer bt.release()
-	if err := conn.send(bt, nil); err != nil {
-		t.Fatalf("the kernel refused the rule: %v", err)
-	}
+	programChains(t, fd, table, c)
 	if out, err := exec.Command("ip", "-n", name, "link", "set", "lo", "up").CombinedOutput(); err != nil {
 		t.Fatalf("ip link set lo up: %v: %s", err, out)
 	}
@@ -157,5 +138,33 @@ func TestCtPacketsOverInKernel(t *testing.T) {
 		if lines == 200 && packets <= 256 {
 			t.Errorf("the longest connection passed %d packets, not past 256", packets)
 		}
+	}
+}
+
+// programChains creates the IPv4 table with the chains and their rules in
+// the namespace fd, in one batch, as a sync encodes them.
+func programChains(t *testing.T, fd int, table string, chains ...*ruleset.Chain) {
+	t.Helper()
+	var lastID atomic.Uint32
+	w := newWire(16<<10, 64, false)
+	w.marker(unix.NFNL_MSG_BATCH_BEGIN)
+	e := newEncoder(w, &lastID, table, ruleset.IPv4)
+	e.tableMessage(unix.NFT_MSG_NEWTABLE, flagsCreate|netlink.Excl, nil)
+	for _, c := range chains {
+		e.addChain(c)
+		e.addRules(ruleset.PlanChain(ruleset.IPv4, c, nil))
+	}
+	if e.err != nil || w.err != nil {
+		t.Fatalf("encoding: %v %v", e.err, w.err)
+	}
+	conn, err := dialBatch(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	bt := &batch{parts: []*wire{w}}
+	defer bt.release()
+	if err := conn.send(bt, nil); err != nil {
+		t.Fatalf("the kernel refused the rules: %v", err)
 	}
 }
