@@ -182,10 +182,10 @@ const CtPackets = unix.NFT_CT_PKTS
 const CtEventMask = unix.NFT_CT_EVENTMASK
 
 // Ct loads a conntrack key into Dreg, or with Set, sets the key (the mark,
-// the event mask) from Dreg. The keys of a tuple (CtDstIP, CtProtoDst, ...) are read from
-// the original direction's: the kernel reads the direction as one byte and
-// google/nftables, the encoder's oracle, writes four, which agree only on
-// zero.
+// the event mask) from Dreg. The keys of a tuple (CtDstIP, CtProtoDst, ...)
+// are read from the original direction's: the kernel reads the direction as
+// one byte and google/nftables, the encoder's oracle, writes four, which
+// agree only on zero.
 type Ct struct {
 	Key, Dreg uint32
 	Set       bool
