@@ -101,7 +101,7 @@ func eventProbes() []kernelProbe {
 		w := " (" + f.String() + ")"
 		ps = append(ps, kernelProbe{Feature: "ct event set (gateways.conntrack_events = \"services\", the default with state_sync)" + w,
 			Option: "CONFIG_NF_CONNTRACK_EVENTS", Needs: []string{"nat chains" + w, "ct expression" + w}, add: func(b *probeBatch) {
-				b.rule(b.natPostrouting(f), ruleset.MatchCtNotDNAT{}, ruleset.CtEventsOff{})
+				b.rule(b.natPostrouting(f), ruleset.UntranslatedEventsRule()...)
 			}})
 	}
 	return ps
@@ -322,11 +322,7 @@ func flowtableProbes(packets uint64) []kernelProbe {
 				add: func(b *probeBatch) {
 					b.flowtable(f)
 					c := b.chain(f, "filter-forward", &ruleset.Hook{Type: "filter", Hook: "forward", Priority: ruleset.PrioFilter})
-					r := []ruleset.Stmt{ruleset.MatchCtEstablished{}, ruleset.MatchCtDNAT{}}
-					if packets > 0 {
-						r = append(r, ruleset.MatchCtPacketsOver{N: packets})
-					}
-					b.rule(c, append(r, ruleset.FlowOffload{Flowtable: ruleset.FlowtableName})...)
+					b.rule(c, ruleset.OffloadRule(packets)...)
 				}},
 		)
 	}

@@ -13,7 +13,7 @@ import bc "github.com/nftgate/nftgate/ruleset/bytecode"
 // connection's event mask to none before conntrack confirms it, so the
 // kernel builds none of its events, for any listener.
 
-// untranslatedEventsRule silences the events of a connection whose
+// UntranslatedEventsRule silences the events of a connection whose
 // destination was not translated, in the NAT postrouting base chain: NAT
 // chains see only a connection's first packet (one rule per connection,
 // nothing per packet), that chain sees every connection leaving the
@@ -21,7 +21,7 @@ import bc "github.com/nftgate/nftgate/ruleset/bytecode"
 // conntrack confirms it (the event of a new connection goes out at the
 // confirmation), and a connection nftgate masquerades (always a DNATed
 // one) ends the chain before it.
-func untranslatedEventsRule() Rule { return Rule{MatchCtNotDNAT{}, CtEventsOff{}} }
+func UntranslatedEventsRule() Rule { return Rule{MatchCtNotDNAT{}, CtEventsOff{}} }
 
 // MatchCtNotDNAT matches the packets of a connection whose destination
 // was not translated: none of a Service's.

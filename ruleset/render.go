@@ -194,7 +194,7 @@ func Static(cfg *Config, f Family) Fragment {
 	base("nat-output-mark", "nat", "output", PrioDstNAT-1, markOutside)
 	postrouting := []Rule{{jump(ChainMasquerading)}}
 	if cfg.UntranslatedEventsOff {
-		postrouting = append(postrouting, untranslatedEventsRule())
+		postrouting = append(postrouting, UntranslatedEventsRule())
 	}
 	base("nat-postrouting", "nat", "postrouting", PrioSrcNAT, postrouting...)
 	// Source ranges are checked before DNAT rewrites the destination
@@ -244,11 +244,7 @@ func Static(cfg *Config, f Family) Fragment {
 		// not closing) and UDP flows, and marks them [OFFLOAD] in
 		// conntrack, where they stay.
 		fr.Flowtables = []*Flowtable{{Name: FlowtableName, Priority: PrioFilter, Devices: cfg.FlowtableDevices, Counter: true}}
-		offload := Rule{MatchCtEstablished{}, MatchCtDNAT{}}
-		if cfg.FlowtablePackets > 0 {
-			offload = append(offload, MatchCtPacketsOver{N: cfg.FlowtablePackets})
-		}
-		forward = append(forward, append(offload, FlowOffload{Flowtable: FlowtableName}))
+		forward = append(forward, OffloadRule(cfg.FlowtablePackets))
 	}
 	base("filter-forward", "filter", "forward", PrioFilter-1, forward...)
 	output := []Rule{
@@ -340,6 +336,16 @@ func StaticShard(cfg *Config, f Family) Fragment {
 	regular(ChainNodePorts, nodePortRules(cfg, f, MapServiceNodePorts)...)
 	regular(ChainMarkForMasquerade, markRule(cfg))
 	return fr
+}
+
+// OffloadRule adds an established connection nftgate DNATed to the
+// flowtable, once it has passed more than packets packets (0: at once).
+func OffloadRule(packets uint64) Rule {
+	r := Rule{MatchCtEstablished{}, MatchCtDNAT{}}
+	if packets > 0 {
+		r = append(r, MatchCtPacketsOver{N: packets})
+	}
+	return append(r, FlowOffload{Flowtable: FlowtableName})
 }
 
 // midstreamRules drop, with Config.DropMidstreamTCP, the masqueraded TCP
