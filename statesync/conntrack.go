@@ -35,6 +35,10 @@ const DefaultReceiveBuffer = 32 << 20
 // acknowledgements must fit the write socket's receive buffer.
 const writeChunk = 256
 
+// getChunk is how many reads go into one sendmsg: the kernel answers each
+// in a buffer of a page (some 5 KB of the receive buffer's room).
+const getChunk = 64
+
 // Conntrack is the Kernel of a network namespace's conntrack table.
 type Conntrack struct {
 	opts ConntrackOptions
@@ -397,6 +401,39 @@ func (c *Conntrack) Adopt(entries []Entry) []error {
 	return res
 }
 
+// Get implements Kernel: a read of each entry by its original tuple,
+// getChunk to a sendmsg.
+func (c *Conntrack) Get(entries []Entry, fn func(Entry)) error {
+	_, todo := checked(len(entries), "read entry", func(i int) error { return checkOrig(&entries[i]) })
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var first error
+	for len(todo) > 0 {
+		chunk := todo[:min(len(todo), getChunk)]
+		todo = todo[len(chunk):]
+		c.enc.reset()
+		seq := c.enc.seq + 1
+		for _, i := range chunk {
+			c.enc.message(kindGet, &entries[i])
+		}
+		if err := c.exchange(seq, len(chunk), func(n int, msg []byte, err error) {
+			switch {
+			case err == nil:
+				if _, en, ok := parseMessage(msg); ok && en.Status&(StatusDstNAT|StatusSrcNAT) != 0 {
+					fn(en)
+				}
+			case errors.Is(err, unix.ENOENT): // gone
+			case first == nil:
+				e := &entries[chunk[n]]
+				first = fmt.Errorf("statesync: read entry %s %s -> %s: %w", protoName(e.Proto), e.Orig.Src, e.Orig.Dst, err)
+			}
+		}); err != nil {
+			return fmt.Errorf("statesync: read entries: %w", err)
+		}
+	}
+	return first
+}
+
 // CreateOrigins creates entries as the kernel's own translated flows
 // (both translations, no ReplicaMark), as a flow's first packet would:
 // their NEW events are what the sync of this namespace reads for a real
@@ -425,7 +462,7 @@ func (c *Conntrack) run(k msgKind, idx []int, at func(int) *Entry, res []error, 
 		for _, i := range chunk {
 			c.enc.message(k, at(i))
 		}
-		err := c.exchange(first, len(chunk), func(n int, err error) {
+		err := c.exchange(first, len(chunk), func(n int, _ []byte, err error) {
 			i := chunk[n]
 			switch {
 			case err == nil:
@@ -454,8 +491,9 @@ func (c *Conntrack) run(k msgKind, idx []int, at func(int) *Entry, res []error, 
 }
 
 // exchange sends the encoded messages (sequence numbers first to
-// first+n-1) in one sendmsg and reads their n acknowledgements.
-func (c *Conntrack) exchange(first uint32, n int, ack func(n int, err error)) error {
+// first+n-1) in one sendmsg and reads their n answers: each an
+// acknowledgement (msg nil) or the message the request is answered with.
+func (c *Conntrack) exchange(first uint32, n int, ack func(n int, msg []byte, err error)) error {
 	var serr error
 	if err := c.raw.Write(func(fd uintptr) bool {
 		serr = unix.Sendto(int(fd), c.enc.b, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK})
@@ -480,10 +518,10 @@ func (c *Conntrack) exchange(first uint32, n int, ack func(n int, err error)) er
 			// ENOBUFS: acknowledgements were dropped; which ones is unknown.
 			return fmt.Errorf("read acknowledgements (%d of %d): %w", got, n, rerr)
 		}
-		if err := parseAcks(c.buf[:m], func(seq uint32, err error) {
+		if err := parseReplies(c.buf[:m], func(seq uint32, msg []byte, err error) {
 			if d := seq - first; d < uint32(n) {
 				got++
-				ack(int(d), err)
+				ack(int(d), msg, err)
 			}
 		}); err != nil {
 			return err

@@ -527,6 +527,48 @@ func TestDumpLeavesReplicasOut(t *testing.T) {
 	}
 }
 
+// TestGet: Get reads the entries asked for by original tuple, many to a
+// sendmsg, the own ones and the replicas (marked), with their state and
+// translations, and leaves out those the table does not hold.
+func TestGet(t *testing.T) {
+	requireRoot(t)
+	k := newKernel(t, netnstest.Temp(t), ConntrackOptions{})
+	own := benchEntries(getChunk*2 + 10)
+	for i := range own {
+		own[i].Timeout = 100 + uint32(i)
+	}
+	replica := natEntry(unix.IPPROTO_UDP, "10.1.200.3:40000", "10.96.0.10:53", "10.2.0.10:5353", "10.2.0.1:1025")
+	replica.TCP, replica.Timeout = TCPInfo{}, 30
+	gone := natEntry(unix.IPPROTO_TCP, "10.1.201.1:40000", "10.96.0.10:80", "10.2.0.10:8080", "10.2.0.1:1026")
+	noErrors(t, "create", k.CreateOrigins(own))
+	noErrors(t, "write", k.Write([]Entry{replica}, nil))
+	t.Cleanup(func() { k.Write(nil, append(own, replica)) })
+
+	ask := append([]Entry{gone, replica}, own...)
+	got := map[Tuple]Entry{}
+	if err := k.Get(ask, func(e Entry) { got[e.Orig] = e }); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(own)+1 {
+		t.Errorf("%d entries read, want %d (the own ones and the replica)", len(got), len(own)+1)
+	}
+	if _, ok := got[gone.Orig]; ok {
+		t.Errorf("%v read, which the table does not hold", gone.Orig)
+	}
+	for _, want := range append([]Entry{replica}, own...) {
+		e, ok := got[want.Orig]
+		switch {
+		case !ok:
+			t.Errorf("%v not read", want.Orig)
+		case e.Reply != want.Reply || e.Proto != want.Proto || e.TCP.State != want.TCP.State ||
+			e.Timeout > want.Timeout || e.Timeout+5 < want.Timeout || e.Status&(StatusDstNAT|StatusSrcNAT) != StatusDstNAT|StatusSrcNAT:
+			t.Errorf("read %+v, want %+v", e, want)
+		case (e.Mark&ReplicaMark != 0) != (want.Orig == replica.Orig):
+			t.Errorf("%v: mark %#x", want.Orig, e.Mark)
+		}
+	}
+}
+
 // TestUpdateReplicas: Update changes a replica that exists, and creates,
 // with its translations, one that is gone.
 func TestUpdateReplicas(t *testing.T) {

@@ -95,6 +95,7 @@ const (
 	kindDelete                       // by original tuple
 	kindAdopt                        // clear ReplicaMark
 	kindCreateOrigin                 // new entry with NAT, without ReplicaMark
+	kindGet                          // read by original tuple: the entry, or an error
 )
 
 // encoder appends netlink messages to one buffer for one sendmsg.
@@ -272,6 +273,11 @@ func (e *encoder) message(k msgKind, en *Entry) {
 		off := e.begin(ctnetlink.Subsys<<8|ctnetlink.MsgDelete, flags, family(en))
 		e.tuple(ctnetlink.TupleOrig, en.Proto, en.Orig)
 		e.end(off)
+	case kindGet:
+		// No acknowledgement: the answer is the entry, or an error.
+		off := e.begin(ctnetlink.Subsys<<8|ctnetlink.MsgGet, unix.NLM_F_REQUEST, family(en))
+		e.tuple(ctnetlink.TupleOrig, en.Proto, en.Orig)
+		e.end(off)
 	case kindAdopt:
 		off := e.begin(ctNew, flags, family(en))
 		e.tuple(ctnetlink.TupleOrig, en.Proto, en.Orig)
@@ -301,26 +307,30 @@ func (e *encoder) state(en *Entry, status, replica bool) {
 	}
 }
 
-// parseAcks reads acknowledgements (NLMSG_ERROR messages) from one
-// datagram and calls fn with the sequence number each answers and its
-// error (nil for success).
-func parseAcks(b []byte, fn func(seq uint32, err error)) error {
+// parseReplies reads the answers in one datagram and calls fn with the
+// sequence number each answers: an acknowledgement (NLMSG_ERROR) with its
+// error (nil for success) and no message, or the message a request is
+// answered with (a GET's entry).
+func parseReplies(b []byte, fn func(seq uint32, msg []byte, err error)) error {
 	for len(b) >= nlmsgHdrLen {
 		l := int(binary.NativeEndian.Uint32(b[0:4]))
 		typ := binary.NativeEndian.Uint16(b[4:6])
 		if l < nlmsgHdrLen || l > len(b) {
 			return fmt.Errorf("malformed netlink message (length %d, %d bytes left)", l, len(b))
 		}
-		if typ == unix.NLMSG_ERROR && l >= nlmsgHdrLen+nlmsgerrLen {
+		switch {
+		case typ == unix.NLMSG_ERROR && l >= nlmsgHdrLen+nlmsgerrLen:
 			code := int32(binary.NativeEndian.Uint32(b[nlmsgHdrLen:]))
 			seq := binary.NativeEndian.Uint32(b[nlmsgHdrLen+4+8:])
 			var err error
 			if code != 0 {
 				err = unix.Errno(-code)
 			}
-			fn(seq, err)
+			fn(seq, nil, err)
+		case typ != unix.NLMSG_ERROR && typ != unix.NLMSG_DONE && typ != unix.NLMSG_NOOP:
+			fn(binary.NativeEndian.Uint32(b[8:12]), b[:l], nil)
 		}
-		b = b[(l+3)&^3:]
+		b = b[min((l+3)&^3, len(b)):]
 	}
 	return nil
 }
