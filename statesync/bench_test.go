@@ -3,11 +3,14 @@ package statesync
 import (
 	"fmt"
 	"testing"
+	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"golang.org/x/sys/unix"
 
 	"github.com/nftgate/nftgate/internal/ctnetlink"
 	"github.com/nftgate/nftgate/internal/testing/netnstest"
+	"github.com/nftgate/nftgate/ruleset"
 )
 
 func benchEntries(n int) []Entry {
@@ -139,4 +142,55 @@ func benchDump(b *testing.B, k *Conntrack, want int) {
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*10000), "ns/entry")
+}
+
+// BenchmarkRefreshPass is one refresh pass of a gateway whose table holds
+// what short connections leave behind: 10,000 TCP entries in TIME_WAIT
+// (a client that connects, asks, reads and closes leaves each for
+// 120 s), and 100 UDP flows whose replicas are due. A full pass ("table")
+// reads every entry; the passes between two full ones ("due") read the
+// UDP flows alone. ns/entry is per entry of the table.
+func BenchmarkRefreshPass(b *testing.B) {
+	requireRoot(b)
+	k := newKernel(b, netnstest.Temp(b), ConntrackOptions{})
+	all := benchEntries(10000)
+	for i := range all {
+		all[i].TCP.State, all[i].Timeout = 7, 120 // TIME_WAIT
+	}
+	for i := range 100 {
+		e := natEntry(unix.IPPROTO_UDP, fmt.Sprintf("10.3.0.%d:40000", i+1), "10.96.0.10:53", "10.2.0.10:5353", fmt.Sprintf("10.2.0.1:%d", 20000+i))
+		e.TCP, e.Timeout = TCPInfo{}, 30
+		all = append(all, e)
+	}
+	noErrors(b, "create", k.CreateOrigins(all))
+	// A Policy that has followed no sync yet sends everything.
+	s, err := New(Options{Kernel: k, Policy: NewPolicy(ruleset.Config{}, nil), Self: "gw-a", Peers: []string{"gw-b"},
+		RefreshInterval: 20 * time.Second}) // the UDP flows' 30 s are within two passes
+	if err != nil {
+		b.Fatal(err)
+	}
+	// The sync knows the flows from their events.
+	evs := make([]Event, len(all))
+	for i := range all {
+		evs[i] = Event{Type: EventNew, Entry: all[i]}
+	}
+	s.deliver(evs)
+	for _, pass := range []struct {
+		name string
+		run  func()
+		read float64
+	}{{readTable, s.refresh, float64(len(all))}, {readDue, s.refreshDue, 100}} {
+		b.Run(pass.name, func(b *testing.B) {
+			read := s.m.read.WithLabelValues(pass.name)
+			before := testutil.ToFloat64(read)
+			b.ReportAllocs()
+			for range b.N {
+				pass.run()
+			}
+			if got := (testutil.ToFloat64(read) - before) / float64(b.N); got != pass.read {
+				b.Fatalf("%v entries read a pass, want %v", got, pass.read)
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(all)), "ns/entry")
+		})
+	}
 }

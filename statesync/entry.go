@@ -87,6 +87,11 @@ type Kernel interface {
 	// Dump calls fn for every entry with the DNAT or SNAT status bit
 	// that is not a replica (without ReplicaMark).
 	Dump(fn func(Entry)) error
+	// Get reads the given entries (matched by the original tuple) and
+	// calls fn for each the table holds with the DNAT or SNAT status bit,
+	// replicas included; those gone are left out. fn must not call the
+	// Kernel.
+	Get(entries []Entry, fn func(Entry)) error
 	// Write creates each of puts as a replica (with its translations,
 	// status, timeout, TCP state and ReplicaMark set in its mark), or
 	// updates the replica that exists; it deletes each of dels (matched

@@ -75,6 +75,7 @@ type metrics struct {
 	lag                  *prometheus.HistogramVec
 	eventsLost           prometheus.Counter
 	adopted, refreshed   prometheus.Counter
+	passes, read         *prometheus.CounterVec
 	swept                prometheus.Counter
 	ready                prometheus.Gauge
 	all                  []prometheus.Collector
@@ -107,14 +108,24 @@ func newMetrics(s *Syncer) *metrics {
 			Help: "Replicas deleted because the origin's full resync left them out (their deletes were lost)."}),
 		refreshed: prometheus.NewCounter(prometheus.CounterOpts{Name: "nftgate_statesync_refreshes_total",
 			Help: "Entries resent because their replicas would have expired (or had never been sent)."}),
+		passes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nftgate_statesync_refresh_passes_total",
+			Help: "Refresh passes, by what they read: the whole table (read=\"table\": one pass in 12, the first, the next after an adoption or lost events) or only the entries whose replicas would expire (read=\"due\")."},
+			[]string{"read"}),
+		read: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nftgate_statesync_refresh_entries_read_total",
+			Help: "Conntrack entries the refresh passes read, by kind of pass (read=\"table\": every own entry; read=\"due\": those asked for)."},
+			[]string{"read"}),
 		ready: prometheus.NewGauge(prometheus.GaugeOpts{Name: "nftgate_statesync_ready",
 			Help: "1 once every live peer finished its resync to this gateway (or the wait ended)."}),
 	}
-	m.all = []prometheus.Collector{m.sent, m.received, m.refused, m.notReplicated, m.lost, m.resyncs, m.lag, m.eventsLost, m.adopted, m.swept, m.refreshed, m.ready,
+	m.all = []prometheus.Collector{m.sent, m.received, m.refused, m.notReplicated, m.lost, m.resyncs, m.lag, m.eventsLost, m.adopted, m.swept, m.refreshed, m.passes, m.read, m.ready,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "nftgate_statesync_replicas",
 			Help: "Peers' entries written here (as far as this gateway knows)."}, func() float64 { return float64(s.Status().Replicas) })}
 	for _, r := range []string{NotReplicatedNodePort, NotReplicatedNotService} {
 		m.notReplicated.WithLabelValues(r)
+	}
+	for _, r := range []string{readTable, readDue} {
+		m.passes.WithLabelValues(r)
+		m.read.WithLabelValues(r)
 	}
 	for _, n := range s.o.Peers {
 		m.sent.WithLabelValues(n)

@@ -31,8 +31,10 @@ const (
 	DefaultBatchInterval   = gateways.DefaultSyncBatchInterval
 	DefaultBatchBytes      = gateways.DefaultSyncBatchBytes
 	DefaultRefreshInterval = gateways.DefaultSyncRefreshInterval
-	DefaultPeerWait        = gateways.DefaultStartupWait
-	DefaultReadyWait       = gateways.DefaultReadyTimeout
+	// DefaultFullRefreshEvery: a minute at the default refresh interval.
+	DefaultFullRefreshEvery = 12
+	DefaultPeerWait         = gateways.DefaultStartupWait
+	DefaultReadyWait        = gateways.DefaultReadyTimeout
 )
 
 // Internal bounds.
@@ -66,6 +68,11 @@ type Options struct {
 	// RefreshInterval is how often the table is read for entries whose
 	// replicas would expire before the next pass.
 	RefreshInterval time.Duration
+	// FullRefreshEvery: one refresh pass in this many reads the whole
+	// table (and the first, and the next after an adoption or lost
+	// events); the others read only the entries the sync knows to be
+	// due (docs/design/gateways.md, "What is sent").
+	FullRefreshEvery int
 	// PeerWait is how long Ready waits for a peer not yet heard; ReadyWait
 	// bounds the wait for the resyncs of the peers that are.
 	PeerWait, ReadyWait time.Duration
@@ -187,9 +194,13 @@ type Syncer struct {
 	flows map[flowKey]*flowRec
 	// ended are flows whose DESTROY came since the last refresh pass
 	// began (until the next ends).
-	ended      map[flowKey]uint64
-	replicas   map[flowKey]string // replica → the peer that is its origin
+	ended    map[flowKey]uint64
+	replicas map[flowKey]string // replica → the peer that is its origin
+	// pass counts the full refresh passes; sinceFull the passes since
+	// the last; fullDue makes the next one full.
 	pass       uint64
+	sinceFull  int
+	fullDue    bool
 	readyDone  bool
 	eventsLost uint64
 	adopted    uint64
@@ -210,12 +221,13 @@ func New(o Options) (*Syncer, error) {
 	o.BatchInterval = cmp.Or(o.BatchInterval, DefaultBatchInterval)
 	o.BatchBytes = cmp.Or(o.BatchBytes, DefaultBatchBytes)
 	o.RefreshInterval = cmp.Or(o.RefreshInterval, DefaultRefreshInterval)
+	o.FullRefreshEvery = cmp.Or(o.FullRefreshEvery, DefaultFullRefreshEvery)
 	o.PeerWait = cmp.Or(o.PeerWait, DefaultPeerWait)
 	o.ReadyWait = cmp.Or(o.ReadyWait, DefaultReadyWait)
 	s := &Syncer{o: o, log: o.Log, started: time.Now(), ready: make(chan struct{}), wake: make(chan struct{}, 1),
 		in: make(chan inItem, incoming), stop: make(chan struct{}),
 		peers: map[string]*peer{}, flows: map[flowKey]*flowRec{}, ended: map[flowKey]uint64{}, replicas: map[flowKey]string{},
-		notReplicated: map[string]uint64{}}
+		notReplicated: map[string]uint64{}, fullDue: true}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -406,6 +418,7 @@ func askResync(p *peer, now time.Time) {
 func (s *Syncer) lostEvents(n int) {
 	s.mu.Lock()
 	s.eventsLost++
+	s.fullDue = true // flows whose events were lost are found by a full pass
 	now := time.Now()
 	for _, p := range s.peers {
 		if p.up {
@@ -534,8 +547,8 @@ func custodyScore(dead, name string) uint64 {
 }
 
 // adopt makes the dead peer's replicas this gateway's own: they are
-// refreshed and replicated from here (the next refresh sends them, as
-// entries not yet sent).
+// refreshed and replicated from here (the next refresh pass, a full one,
+// sends them as entries not yet sent).
 func (s *Syncer) adopt(dead string, es []Entry) {
 	failed := 0
 	var first error
@@ -549,6 +562,7 @@ func (s *Syncer) adopt(dead string, es []Entry) {
 	}
 	s.mu.Lock()
 	s.adopted += uint64(len(es) - failed)
+	s.fullDue = true // the next pass sends them, as never sent
 	s.mu.Unlock()
 	s.m.adopted.Add(float64(len(es) - failed))
 	if failed > 0 {
@@ -748,13 +762,83 @@ func (s *Syncer) refresher(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
-			s.refresh()
+			if s.fullPassDue() {
+				s.refresh()
+			} else {
+				s.refreshDue()
+			}
 			s.poke()
 		}
 	}
 }
 
-// refresh reads the table and queues the entries whose replicas would
+// What a refresh pass reads (the read label of its metrics).
+const (
+	readTable = "table"
+	readDue   = "due"
+)
+
+// fullPassDue tells whether this pass reads the whole table: one in
+// FullRefreshEvery, and the next after an adoption or lost events.
+func (s *Syncer) fullPassDue() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.sinceFull++
+	if s.fullDue || s.sinceFull >= s.o.FullRefreshEvery {
+		s.fullDue, s.sinceFull = false, 0
+		return true
+	}
+	return false
+}
+
+// refreshDue is a refresh pass that reads only the entries a full pass
+// could send again: those whose replicas would expire before the pass
+// after next and which may live on (not TCP connections that are over).
+// The others are what the sync knows from the events; in a table of
+// short connections nearly every entry is a closed one (TIME_WAIT, 120 s),
+// which a full pass reads every time for nothing. Flows never sent, and
+// flows gone without an event, are a full pass's.
+func (s *Syncer) refreshDue() {
+	s.mu.Lock()
+	horizon := time.Now().Add(2 * s.o.RefreshInterval)
+	var due []Entry
+	for k, rec := range s.flows {
+		if !rec.expires.After(horizon) && !overState(k.proto, rec.state) {
+			due = append(due, Entry{Proto: k.proto, Orig: k.orig})
+		}
+	}
+	s.mu.Unlock()
+	s.m.passes.WithLabelValues(readDue).Inc()
+	s.m.read.WithLabelValues(readDue).Add(float64(len(due)))
+	if len(due) == 0 {
+		return
+	}
+	var got []op
+	if err := s.o.Kernel.Get(due, func(e Entry) {
+		if e.Mark&ReplicaMark == 0 && s.o.Policy.CheckOwn(&e) == "" {
+			got = append(got, op{entry: e})
+		}
+	}); err != nil {
+		s.log.Warn("statesync: conntrack read for the refresh failed", "error", err, "entries read", len(got), "of", len(due))
+	}
+	now := time.Now()
+	horizon = now.Add(2 * s.o.RefreshInterval)
+	for chunk := range slices.Chunk(got, refreshChunk) {
+		s.mu.Lock()
+		for i := range chunk {
+			o := &chunk[i]
+			k := keyOf(&o.entry)
+			// A flow that ended (or was forgotten) while it was read is
+			// left alone.
+			if rec := s.flows[k]; rec != nil {
+				s.resendLocked(k, rec, o, 0, now, horizon)
+			}
+		}
+		s.mu.Unlock()
+	}
+}
+
+// refresh, a full pass, reads the table and queues the entries whose replicas would
 // expire before the next pass but are alive here (UDP, short TCP states:
 // the events do not say a flow is still alive), and entries never sent
 // (adopted ones; events that were lost). Flows gone without an event are
@@ -765,6 +849,8 @@ func (s *Syncer) refresh() {
 		s.log.Warn("statesync: conntrack dump for the refresh failed", "error", err)
 		return
 	}
+	s.m.passes.WithLabelValues(readTable).Inc()
+	s.m.read.WithLabelValues(readTable).Add(float64(len(es)))
 	now := time.Now()
 	horizon := now.Add(2 * s.o.RefreshInterval)
 	// The pass's number: the events that come while it runs mark their
@@ -817,7 +903,6 @@ func (s *Syncer) refreshOneLocked(o *op, pass uint64, now, horizon time.Time) {
 	if _, ok := s.ended[k]; ok && rec == nil {
 		return // ended while the table was read
 	}
-	expires := now.Add(time.Duration(e.Timeout) * time.Second)
 	if rec != nil {
 		rec.seen = pass
 		// The tuple's entry now, if both events of its change were lost
@@ -827,13 +912,23 @@ func (s *Syncer) refreshOneLocked(o *op, pass uint64, now, horizon time.Time) {
 		if e.ID != 0 && rec.idPass < pass {
 			rec.id = e.ID
 		}
-		// Timeouts come in whole seconds rounded down: an entry lives
-		// longer than its replica only past that second. A TCP
-		// connection that is over (a late packet lengthens its entry in
-		// CLOSE or TIME_WAIT) needs no replica that long.
-		if rec.expires.After(horizon) || !expires.After(rec.expires.Add(time.Second)) || over(e) {
-			return
-		}
+	}
+	s.resendLocked(k, rec, o, pass, now, horizon)
+}
+
+// resendLocked queues o, the entry of flow k read now, when its replicas
+// would expire before the pass after next (horizon) while it lives on,
+// or when it was never sent (rec nil; full pass number pass found it).
+// s.mu is held.
+func (s *Syncer) resendLocked(k flowKey, rec *flowRec, o *op, pass uint64, now, horizon time.Time) {
+	e := &o.entry
+	expires := now.Add(time.Duration(e.Timeout) * time.Second)
+	// Timeouts come in whole seconds rounded down: an entry lives longer
+	// than its replica only past that second. A TCP connection that is
+	// over (a late packet lengthens its entry in CLOSE or TIME_WAIT)
+	// needs no replica that long.
+	if rec != nil && (rec.expires.After(horizon) || !expires.After(rec.expires.Add(time.Second)) || over(e)) {
+		return
 	}
 	for _, p := range s.peers {
 		if p.up && len(p.queue) >= s.o.Queue {
@@ -851,14 +946,17 @@ func (s *Syncer) refreshOneLocked(o *op, pass uint64, now, horizon time.Time) {
 
 // over: e is a TCP connection in TIME_WAIT or CLOSE, or an SCTP
 // association that is CLOSED.
-func over(e *Entry) bool {
+func over(e *Entry) bool { return overState(e.Proto, protoStateOf(e)) }
+
+// overState: a flow of protocol p in state st is over, as over says.
+func overState(p Proto, st protoState) bool {
 	const timeWait, closed = 7, 8 // TCP_CONNTRACK_TIME_WAIT, _CLOSE
 	const sctpClosed = 1          // SCTP_CONNTRACK_CLOSED
-	switch e.Proto {
+	switch p {
 	case protoTCP:
-		return e.TCP.State == timeWait || e.TCP.State == closed
+		return st.state == timeWait || st.state == closed
 	case protoSCTP:
-		return e.SCTP.State == sctpClosed
+		return st.state == sctpClosed
 	}
 	return false
 }

@@ -32,6 +32,9 @@ type fakeKernel struct {
 	lost    chan int
 	// updated counts the Updates of each flow.
 	updated map[flowKey]int
+	// dumps counts the Dumps; read the entries Get was asked for.
+	dumps int
+	read  []Entry
 	// gate, when set, holds every Write until it is closed.
 	gate chan struct{}
 	// duringDump, when set, runs once in the next Dump, after the table
@@ -62,16 +65,12 @@ func (k *fakeKernel) Listen(ctx context.Context, deliver func([]Event), lost fun
 
 func (k *fakeKernel) Dump(fn func(Entry)) error {
 	k.mu.Lock()
+	k.dumps++
 	es := make([]Entry, 0, len(k.table))
 	for key, e := range k.table {
-		if end, ok := k.ends[key]; ok {
-			left := time.Until(end)
-			if left <= 0 {
-				continue
-			}
-			e.Timeout = uint32(left / time.Second)
+		if e, ok := k.liveLocked(key, e); ok {
+			es = append(es, e)
 		}
-		es = append(es, e)
 	}
 	during := k.duringDump
 	k.duringDump = nil
@@ -80,6 +79,38 @@ func (k *fakeKernel) Dump(fn func(Entry)) error {
 		during()
 	}
 	for _, e := range es {
+		fn(e)
+	}
+	return nil
+}
+
+// liveLocked is the entry of key now: its timeout counting down, not ok
+// once expired (ends). k.mu is held.
+func (k *fakeKernel) liveLocked(key flowKey, e Entry) (Entry, bool) {
+	if end, ok := k.ends[key]; ok {
+		left := time.Until(end)
+		if left <= 0 {
+			return e, false
+		}
+		e.Timeout = uint32(left / time.Second)
+	}
+	return e, true
+}
+
+func (k *fakeKernel) Get(es []Entry, fn func(Entry)) error {
+	k.mu.Lock()
+	k.read = append(k.read, es...)
+	var out []Entry
+	for _, want := range es {
+		key := keyOf(&want)
+		if e, ok := k.table[key]; ok {
+			if e, ok := k.liveLocked(key, e); ok {
+				out = append(out, e)
+			}
+		}
+	}
+	k.mu.Unlock()
+	for _, e := range out {
 		fn(e)
 	}
 	return nil
@@ -431,6 +462,22 @@ func waitPass(t *testing.T, g *gw, pass uint64) {
 	})
 }
 
+// passes counts g's refresh passes of both kinds.
+func passes(g *gw) float64 {
+	return testutil.ToFloat64(g.s.m.passes.WithLabelValues(readTable)) + testutil.ToFloat64(g.s.m.passes.WithLabelValues(readDue))
+}
+
+// waitAnyPass waits until g made at least n refresh passes of either kind.
+func waitAnyPass(t *testing.T, g *gw, n float64) {
+	t.Helper()
+	eventually(t, func() error {
+		if got := passes(g); got < n {
+			return fmt.Errorf("%v refresh passes, want %v", got, n)
+		}
+		return nil
+	})
+}
+
 // An event on A reaches B's kernel within a batch; a state change follows;
 // an update that changes nothing is not sent; a destroy deletes the
 // replica.
@@ -627,7 +674,7 @@ func TestSyncDestroyDuringResyncDumpWins(t *testing.T) {
 // as sent: the pass does not take it for gone (and send it again at the
 // next as never sent).
 func TestSyncRefreshKeepsFlowsBornDuringItsDump(t *testing.T) {
-	_, a, b := pair(t, func(o *Options) { o.RefreshInterval = time.Second })
+	_, a, b := pair(t, func(o *Options) { o.RefreshInterval, o.FullRefreshEvery = time.Second, 1 })
 	born := flow(3300)
 	emitDuringDump(t, a, EventNew, born, +1)
 	waitDumped(t, a)
@@ -670,7 +717,7 @@ func TestSyncRefreshSkipsEntriesThatOnlyCountDown(t *testing.T) {
 // the DESTROY, is not written back (where it would hold its reply tuple
 // against the flow the origin gives it to next).
 func TestSyncRefreshSkipsFlowsEndedDuringItsDump(t *testing.T) {
-	_, a, b := pair(t, func(o *Options) { o.RefreshInterval = time.Second })
+	_, a, b := pair(t, func(o *Options) { o.RefreshInterval, o.FullRefreshEvery = time.Second, 1 })
 	ended := flow(3400)
 	replicate(t, a, b, ended)
 	emitDuringDump(t, a, EventDestroy, ended, -1)
@@ -708,12 +755,83 @@ func TestSyncRefreshResendsLiveFlowsOnly(t *testing.T) {
 		}
 		return nil
 	})
-	waitPass(t, a, refreshPass(a)+1)
+	waitAnyPass(t, a, passes(a)+1)
 	if n := testutil.ToFloat64(a.s.m.refreshed); n != 1 {
 		t.Errorf("%v entries refreshed, want 1 (the UDP flow, not the closed connection)", n)
 	}
 	if got, _ := b.k.get(closed); got.Timeout != 2 {
 		t.Errorf("the closed connection's replica has timeout %d: sent again", got.Timeout)
+	}
+}
+
+// A refresh pass between full ones reads from the kernel only the entries
+// whose replicas would expire and which may live on: here the UDP flow,
+// not the established connection (its replica has days left) nor the
+// closed one (over). It sends the UDP flow again, which lives longer than
+// its replica, and reads no table.
+func TestSyncRefreshBetweenFullPassesReadsOnlyEntriesDue(t *testing.T) {
+	// No pass but the test's own.
+	_, a, b := pair(t, func(o *Options) { o.RefreshInterval = time.Minute })
+	udp := flow(3900)
+	udp.Proto, udp.TCP, udp.Timeout = 17, TCPInfo{}, 30
+	udp.Orig.Dst = netip.AddrPortFrom(vip, 53)
+	established := flow(3901)
+	established.Timeout = 432000
+	closed := flow(3902)
+	closed.TCP.State, closed.Timeout = 7, 60 // TIME_WAIT
+	a.k.emit(EventNew, udp, established, closed)
+	eventually(t, func() error {
+		return errors.Join(hasReplica(b.k, udp), hasReplica(b.k, established), hasReplica(b.k, closed))
+	})
+	a.k.mu.Lock()
+	for _, e := range []Entry{udp, closed} {
+		e.Timeout = 100 // both live longer now
+		a.k.table[keyOf(&e)] = e
+	}
+	dumps := a.k.dumps
+	a.k.mu.Unlock()
+
+	a.s.refreshDue()
+	a.k.mu.Lock()
+	read, dumped := a.k.read, a.k.dumps-dumps
+	a.k.mu.Unlock()
+	if len(read) != 1 || keyOf(&read[0]) != keyOf(&udp) || dumped != 0 {
+		t.Errorf("the pass read %v and dumped the table %d times: want the UDP flow alone, no dump", read, dumped)
+	}
+	eventually(t, func() error {
+		if got, _ := b.k.get(udp); got.Timeout != 100 {
+			return fmt.Errorf("the UDP flow's replica has timeout %d, want 100 (refreshed)", got.Timeout)
+		}
+		return nil
+	})
+	if n := testutil.ToFloat64(a.s.m.refreshed); n != 1 {
+		t.Errorf("%v entries refreshed, want 1", n)
+	}
+	if n := testutil.ToFloat64(a.s.m.read.WithLabelValues(readDue)); n != 1 {
+		t.Errorf("nftgate_statesync_refresh_entries_read_total{read=\"due\"} = %v, want 1", n)
+	}
+}
+
+// One refresh pass in FullRefreshEvery reads the whole table, and so do the
+// first and the next after the kernel dropped events or the sync adopted
+// a dead peer's entries: only a full pass finds flows never sent.
+func TestSyncFullRefreshPasses(t *testing.T) {
+	k := newFakeKernel()
+	s, err := New(Options{Kernel: k, Policy: testPolicy(), Self: "gw-a", Peers: []string{"gw-b"}, FullRefreshEvery: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []bool
+	for range 7 {
+		got = append(got, s.fullPassDue())
+	}
+	s.lostEvents(1)
+	got = append(got, s.fullPassDue(), s.fullPassDue())
+	s.adopt("gw-b", nil)
+	got = append(got, s.fullPassDue(), s.fullPassDue())
+	want := []bool{true, false, false, true, false, false, true, true, false, true, false}
+	if !slices.Equal(got, want) {
+		t.Errorf("full passes %v, want %v", got, want)
 	}
 }
 
