@@ -223,8 +223,9 @@ func decodeEvent(b []byte) (Event, bool) {
 	return Event{Type: t, Entry: en}, true
 }
 
-// Dump implements Kernel: this gateway's own entries, the replicas left
-// out by the kernel (a dump filtered on the ct mark).
+// Dump implements Kernel: this gateway's own entries, the replicas and
+// the entries without a translated destination left out by the kernel (a
+// dump filtered on the ct mark and the status).
 func (c *Conntrack) Dump(fn func(Entry)) error { return c.dump(true, fn) }
 
 // DumpAll calls fn for every translated entry, replicas included.
@@ -247,6 +248,12 @@ func (c *Conntrack) dump(own bool, fn func(Entry)) error {
 	if own {
 		enc.be32(ctnetlink.Mark, 0)
 		enc.be32(ctnetlink.MarkMask, ReplicaMark)
+		// Only translated destinations: the kernel skips routed
+		// connections without writing them out (a kernel older than
+		// the status filter, CTA_STATUS_MASK, ignores it, and
+		// dumpMessages drops them).
+		enc.be32(ctnetlink.Status, StatusDstNAT)
+		enc.be32(ctnetlink.StatusMask, StatusDstNAT)
 	}
 	enc.end(off)
 	var serr error

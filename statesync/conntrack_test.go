@@ -505,16 +505,18 @@ func tiMoEntry(f *ct.Flow) Entry {
 	return en
 }
 
-// TestDumpLeavesReplicasOut: Dump (the sync's) has the kernel leave the
-// replicas out; DumpAll has them.
+// TestDumpLeavesReplicasOut: Dump (the sync's) has the kernel leave out
+// the replicas and the entries without a translated destination (here one
+// masqueraded only, which Dump's own decoder would keep); DumpAll has them.
 func TestDumpLeavesReplicasOut(t *testing.T) {
 	requireRoot(t)
 	k := newKernel(t, netnstest.Temp(t), ConntrackOptions{})
 	own := natEntry(unix.IPPROTO_TCP, "10.1.0.2:40000", "10.96.0.10:80", "10.2.0.10:8080", "10.2.0.1:1024")
 	replica := natEntry(unix.IPPROTO_TCP, "10.1.0.3:40000", "10.96.0.10:80", "10.2.0.10:8080", "10.2.0.1:1025")
-	noErrors(t, "create", k.CreateOrigins([]Entry{own}))
+	masqueraded := natEntry(unix.IPPROTO_TCP, "10.1.0.4:40000", "10.2.0.10:8080", "10.2.0.10:8080", "10.2.0.1:1026")
+	noErrors(t, "create", k.CreateOrigins([]Entry{own, masqueraded}))
 	noErrors(t, "write", k.Write([]Entry{replica}, nil))
-	t.Cleanup(func() { k.Write(nil, []Entry{own, replica}) })
+	t.Cleanup(func() { k.Write(nil, []Entry{own, replica, masqueraded}) })
 	var got []Tuple
 	if err := k.Dump(func(e Entry) { got = append(got, e.Orig) }); err != nil {
 		t.Fatal(err)
@@ -522,8 +524,8 @@ func TestDumpLeavesReplicasOut(t *testing.T) {
 	if len(got) != 1 || got[0] != own.Orig {
 		t.Errorf("Dump: %v, want only the own entry %v", got, own.Orig)
 	}
-	if all := dumpAll(t, k); len(all) != 2 {
-		t.Errorf("DumpAll: %v, want both", all)
+	if all := dumpAll(t, k); len(all) != 3 {
+		t.Errorf("DumpAll: %v, want all three", all)
 	}
 }
 

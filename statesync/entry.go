@@ -84,8 +84,8 @@ type Kernel interface {
 	// (the socket overflowed), lost is called with what is known of the
 	// count (0 when unknown): the caller then resyncs from a Dump.
 	Listen(ctx context.Context, deliver func([]Event), lost func(n int)) error
-	// Dump calls fn for every entry with the DNAT or SNAT status bit
-	// that is not a replica (without ReplicaMark).
+	// Dump calls fn for every entry with the DNAT status bit that is not
+	// a replica (without ReplicaMark): the flows to a Service.
 	Dump(fn func(Entry)) error
 	// Get reads the given entries (matched by the original tuple) and
 	// calls fn for each the table holds with the DNAT or SNAT status bit,

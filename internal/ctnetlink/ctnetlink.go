@@ -34,6 +34,7 @@ const (
 	Zone       = 18 // CTA_ZONE
 	MarkMask   = 21 // CTA_MARK_MASK
 	Filter     = 25 // CTA_FILTER
+	StatusMask = 26 // CTA_STATUS_MASK
 )
 
 // Nested attributes.
