@@ -415,29 +415,22 @@ func (c *Conntrack) Get(entries []Entry, fn func(Entry)) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var first error
-	for len(todo) > 0 {
-		chunk := todo[:min(len(todo), getChunk)]
-		todo = todo[len(chunk):]
-		c.enc.reset()
-		seq := c.enc.seq + 1
-		for _, i := range chunk {
-			c.enc.message(kindGet, &entries[i])
-		}
-		if err := c.exchange(seq, len(chunk), func(n int, msg []byte, err error) {
-			switch {
-			case err == nil:
-				if _, en, ok := parseMessage(msg); ok && en.Status&(StatusDstNAT|StatusSrcNAT) != 0 {
-					fn(en)
-				}
-			case errors.Is(err, unix.ENOENT): // gone
-			case first == nil:
-				e := &entries[chunk[n]]
-				first = fmt.Errorf("statesync: read entry %s %s -> %s: %w", protoName(e.Proto), e.Orig.Src, e.Orig.Dst, err)
+	c.exchangeChunks(kindGet, todo, getChunk, func(i int) *Entry { return &entries[i] }, func(i int, msg []byte, err error) {
+		switch {
+		case err == nil:
+			if _, en, ok := parseMessage(msg); ok && en.Status&(StatusDstNAT|StatusSrcNAT) != 0 {
+				fn(en)
 			}
-		}); err != nil {
-			return fmt.Errorf("statesync: read entries: %w", err)
+		case errors.Is(err, unix.ENOENT): // gone
+		case first == nil:
+			e := &entries[i]
+			first = fmt.Errorf("statesync: read entry %s %s -> %s: %w", protoName(e.Proto), e.Orig.Src, e.Orig.Dst, err)
 		}
-	}
+	}, func(_ []int, err error) {
+		if first == nil {
+			first = fmt.Errorf("statesync: read entries: %w", err)
+		}
+	})
 	return first
 }
 
@@ -461,40 +454,49 @@ func (c *Conntrack) CreateOrigins(entries []Entry) []error {
 // sets their res again).
 func (c *Conntrack) run(k msgKind, idx []int, at func(int) *Entry, res []error, next ...unix.Errno) []int {
 	var again []int
+	c.exchangeChunks(k, idx, writeChunk, at, func(i int, _ []byte, err error) {
+		switch {
+		case err == nil:
+			res[i] = nil
+		case isErrno(err, next):
+			res[i] = err
+			again = append(again, i)
+		case k == kindUpdate && errors.Is(err, unix.ENOENT):
+			// The create found its reply tuple, not its original one.
+			e := at(i)
+			res[i] = fmt.Errorf("statesync: create replica %s %s -> %s: its reply tuple %s -> %s belongs to another entry: %w",
+				protoName(e.Proto), e.Orig.Src, e.Orig.Dst, e.Reply.Src, e.Reply.Dst, unix.EEXIST)
+		default:
+			res[i] = fmt.Errorf("statesync: %s %s %s -> %s: %w", k, protoName(at(i).Proto), at(i).Orig.Src, at(i).Orig.Dst, err)
+		}
+	}, func(chunk []int, err error) {
+		for _, i := range chunk {
+			if res[i] == nil {
+				res[i] = fmt.Errorf("statesync: %s: %w", k, err)
+			}
+		}
+	})
+	return again
+}
+
+// exchangeChunks sends the messages of kind k for the entries at idx,
+// size to a sendmsg, and calls answer with each one's index, the message
+// it is answered with (nil for an acknowledgement) and its error. When a
+// chunk's answers cannot all be read, failed gets the chunk and why, and
+// the next chunk goes on.
+func (c *Conntrack) exchangeChunks(k msgKind, idx []int, size int, at func(int) *Entry, answer func(i int, msg []byte, err error), failed func(chunk []int, err error)) {
 	for len(idx) > 0 {
-		chunk := idx[:min(len(idx), writeChunk)]
+		chunk := idx[:min(len(idx), size)]
 		idx = idx[len(chunk):]
 		c.enc.reset()
 		first := c.enc.seq + 1
 		for _, i := range chunk {
 			c.enc.message(k, at(i))
 		}
-		err := c.exchange(first, len(chunk), func(n int, _ []byte, err error) {
-			i := chunk[n]
-			switch {
-			case err == nil:
-				res[i] = nil
-			case isErrno(err, next):
-				res[i] = err
-				again = append(again, i)
-			case k == kindUpdate && errors.Is(err, unix.ENOENT):
-				// The create found its reply tuple, not its original one.
-				e := at(i)
-				res[i] = fmt.Errorf("statesync: create replica %s %s -> %s: its reply tuple %s -> %s belongs to another entry: %w",
-					protoName(e.Proto), e.Orig.Src, e.Orig.Dst, e.Reply.Src, e.Reply.Dst, unix.EEXIST)
-			default:
-				res[i] = fmt.Errorf("statesync: %s %s %s -> %s: %w", k, protoName(at(i).Proto), at(i).Orig.Src, at(i).Orig.Dst, err)
-			}
-		})
-		if err != nil {
-			for _, i := range chunk {
-				if res[i] == nil {
-					res[i] = fmt.Errorf("statesync: %s: %w", k, err)
-				}
-			}
+		if err := c.exchange(first, len(chunk), func(n int, msg []byte, err error) { answer(chunk[n], msg, err) }); err != nil {
+			failed(chunk, err)
 		}
 	}
-	return again
 }
 
 // exchange sends the encoded messages (sequence numbers first to

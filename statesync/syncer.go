@@ -808,8 +808,10 @@ func (s *Syncer) refreshDue() {
 		}
 	}
 	s.mu.Unlock()
-	s.m.passes.WithLabelValues(readDue).Inc()
-	s.m.read.WithLabelValues(readDue).Add(float64(len(due)))
+	defer func() {
+		s.m.passes.WithLabelValues(readDue).Inc()
+		s.m.read.WithLabelValues(readDue).Add(float64(len(due)))
+	}()
 	if len(due) == 0 {
 		return
 	}
@@ -886,8 +888,6 @@ func (s *Syncer) refresh() {
 	if len(chunk) > 0 {
 		take()
 	}
-	s.m.passes.WithLabelValues(readTable).Inc()
-	s.m.read.WithLabelValues(readTable).Add(float64(read))
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.pass = pass
@@ -901,6 +901,8 @@ func (s *Syncer) refresh() {
 			delete(s.ended, k)
 		}
 	}
+	s.m.passes.WithLabelValues(readTable).Inc()
+	s.m.read.WithLabelValues(readTable).Add(float64(read))
 }
 
 // refreshChunk is how many entries of a refresh pass are taken under one

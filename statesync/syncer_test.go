@@ -444,35 +444,21 @@ func replicate(t *testing.T, a, b *gw, e Entry) {
 	eventually(t, func() error { return hasReplica(b.k, e) })
 }
 
-// refreshPass is the number of g's refresh passes so far.
-func refreshPass(g *gw) uint64 {
-	g.s.mu.Lock()
-	defer g.s.mu.Unlock()
-	return g.s.pass
-}
-
-// waitPass waits until g's refresh passes number at least pass.
-func waitPass(t *testing.T, g *gw, pass uint64) {
+// waitNextPass waits for g's next refresh pass from now: a full one, or
+// (full false) one of either kind.
+func waitNextPass(t *testing.T, g *gw, full bool) {
 	t.Helper()
-	eventually(t, func() error {
-		if got := refreshPass(g); got < pass {
-			return fmt.Errorf("refresh pass %d, want %d", got, pass)
+	count := func() float64 {
+		n := testutil.ToFloat64(g.s.m.passes.WithLabelValues(readTable))
+		if !full {
+			n += testutil.ToFloat64(g.s.m.passes.WithLabelValues(readDue))
 		}
-		return nil
-	})
-}
-
-// passes counts g's refresh passes of both kinds.
-func passes(g *gw) float64 {
-	return testutil.ToFloat64(g.s.m.passes.WithLabelValues(readTable)) + testutil.ToFloat64(g.s.m.passes.WithLabelValues(readDue))
-}
-
-// waitAnyPass waits until g made at least n refresh passes of either kind.
-func waitAnyPass(t *testing.T, g *gw, n float64) {
-	t.Helper()
+		return n
+	}
+	want := count() + 1
 	eventually(t, func() error {
-		if got := passes(g); got < n {
-			return fmt.Errorf("%v refresh passes, want %v", got, n)
+		if got := count(); got < want {
+			return fmt.Errorf("%v refresh passes, want %v", got, want)
 		}
 		return nil
 	})
@@ -679,7 +665,7 @@ func TestSyncRefreshKeepsFlowsBornDuringItsDump(t *testing.T) {
 	emitDuringDump(t, a, EventNew, born, +1)
 	waitDumped(t, a)
 	eventually(t, func() error { return hasReplica(b.k, born) })
-	waitPass(t, a, refreshPass(a)+1)
+	waitNextPass(t, a, true)
 	if n := testutil.ToFloat64(a.s.m.refreshed); n != 0 {
 		t.Errorf("%v entries refreshed: the flow born during a pass's dump was sent again", n)
 	}
@@ -722,11 +708,19 @@ func TestSyncRefreshSkipsFlowsEndedDuringItsDump(t *testing.T) {
 	replicate(t, a, b, ended)
 	emitDuringDump(t, a, EventDestroy, ended, -1)
 	waitDumped(t, a)
-	waitPass(t, a, refreshPass(a)+1)
+	waitNextPass(t, a, true)
 	replicate(t, a, b, flow(3401))
 	if _, ok := b.k.get(ended); ok {
 		t.Errorf("the replica of %v was written back after its flow ended", ended.Orig)
 	}
+}
+
+// udpFlow is a UDP flow to the Service's DNS port, with timeout left.
+func udpFlow(n uint16, timeout uint32) Entry {
+	e := flow(n)
+	e.Proto, e.TCP, e.Timeout = 17, TCPInfo{}, timeout
+	e.Orig.Dst = netip.AddrPortFrom(vip, 53)
+	return e
 }
 
 // A UDP flow whose entry lives longer than its replica (traffic the
@@ -735,9 +729,7 @@ func TestSyncRefreshSkipsFlowsEndedDuringItsDump(t *testing.T) {
 // its replica may go first, nothing is lost with it.
 func TestSyncRefreshResendsLiveFlowsOnly(t *testing.T) {
 	_, a, b := pair(t, func(o *Options) { o.RefreshInterval = time.Second })
-	udp := flow(3500)
-	udp.Proto, udp.TCP, udp.Timeout = 17, TCPInfo{}, 2
-	udp.Orig.Dst = netip.AddrPortFrom(vip, 53)
+	udp := udpFlow(3500, 2)
 	closed := flow(3501)
 	closed.TCP.State, closed.Timeout = 8, 2 // CLOSE
 	a.k.emit(EventNew, udp, closed)
@@ -755,7 +747,7 @@ func TestSyncRefreshResendsLiveFlowsOnly(t *testing.T) {
 		}
 		return nil
 	})
-	waitAnyPass(t, a, passes(a)+1)
+	waitNextPass(t, a, false)
 	if n := testutil.ToFloat64(a.s.m.refreshed); n != 1 {
 		t.Errorf("%v entries refreshed, want 1 (the UDP flow, not the closed connection)", n)
 	}
@@ -772,9 +764,7 @@ func TestSyncRefreshResendsLiveFlowsOnly(t *testing.T) {
 func TestSyncRefreshBetweenFullPassesReadsOnlyEntriesDue(t *testing.T) {
 	// No pass but the test's own.
 	_, a, b := pair(t, func(o *Options) { o.RefreshInterval = time.Minute })
-	udp := flow(3900)
-	udp.Proto, udp.TCP, udp.Timeout = 17, TCPInfo{}, 30
-	udp.Orig.Dst = netip.AddrPortFrom(vip, 53)
+	udp := udpFlow(3900, 30)
 	established := flow(3901)
 	established.Timeout = 432000
 	closed := flow(3902)
