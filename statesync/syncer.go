@@ -802,9 +802,13 @@ func (s *Syncer) refreshDue() {
 	s.mu.Lock()
 	horizon := time.Now().Add(2 * s.o.RefreshInterval)
 	var due []Entry
+	// asked: when each flow asked for expired as the sync knew it then;
+	// an event since changes it.
+	asked := map[flowKey]time.Time{}
 	for k, rec := range s.flows {
 		if !rec.expires.After(horizon) && !overState(k.proto, rec.state) {
 			due = append(due, Entry{Proto: k.proto, Orig: k.orig})
+			asked[k] = rec.expires
 		}
 	}
 	s.mu.Unlock()
@@ -816,11 +820,13 @@ func (s *Syncer) refreshDue() {
 		return
 	}
 	var got []op
-	if err := s.o.Kernel.Get(due, func(e Entry) {
+	err := s.o.Kernel.Get(due, func(e Entry) {
+		delete(asked, keyOf(&e)) // found
 		if e.Mark&ReplicaMark == 0 && s.o.Policy.CheckOwn(&e) == "" {
 			got = append(got, op{entry: e})
 		}
-	}); err != nil {
+	})
+	if err != nil {
 		s.log.Warn("statesync: conntrack read for the refresh failed", "error", err, "entries read", len(got), "of", len(due))
 	}
 	now := time.Now()
@@ -837,6 +843,20 @@ func (s *Syncer) refreshDue() {
 			}
 		}
 		s.mu.Unlock()
+	}
+	if err != nil {
+		return
+	}
+	// The flows the kernel no longer holds, with no event since they were
+	// asked for: their DESTROY was lost (or is still on its way, and then
+	// sends the delete without them). Forgotten, as a full pass would:
+	// they are not asked for again.
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k, expires := range asked {
+		if rec := s.flows[k]; rec != nil && rec.expires.Equal(expires) {
+			delete(s.flows, k)
+		}
 	}
 }
 
@@ -945,8 +965,11 @@ func (s *Syncer) resendLocked(k flowKey, rec *flowRec, o *op, pass uint64, now, 
 	// Timeouts come in whole seconds rounded down: an entry lives longer
 	// than its replica only past that second. A TCP connection that is
 	// over (a late packet lengthens its entry in CLOSE or TIME_WAIT)
-	// needs no replica that long.
-	if rec != nil && (rec.expires.After(horizon) || !expires.After(rec.expires.Add(time.Second)) || over(e)) {
+	// needs no replica that long; but one last sent before it was over
+	// (the events of its end were lost) is sent once more, so that its
+	// replica ends as it does and the sync stops asking for it.
+	caughtUp := rec != nil && over(e) && !overState(k.proto, rec.state)
+	if rec != nil && !caughtUp && (rec.expires.After(horizon) || !expires.After(rec.expires.Add(time.Second)) || over(e)) {
 		return
 	}
 	for _, p := range s.peers {

@@ -802,6 +802,50 @@ func TestSyncRefreshBetweenFullPassesReadsOnlyEntriesDue(t *testing.T) {
 	}
 }
 
+// When the kernel dropped the events of a flow's end, a refresh pass
+// between full ones catches up: a connection now closing (TIME_WAIT) is
+// sent once more, so that its replica ends as it does; one gone from the
+// table is forgotten. The next pass asks for neither.
+func TestSyncRefreshCatchesUpWithLostEnds(t *testing.T) {
+	// No pass but the test's own.
+	_, a, b := pair(t, func(o *Options) { o.RefreshInterval = time.Minute })
+	closing, gone, opening := flow(4000), flow(4001), flow(4002)
+	for _, e := range []*Entry{&closing, &gone, &opening} {
+		e.TCP.State, e.Timeout = 1, 60 // SYN_SENT: due within two passes
+	}
+	a.k.emit(EventNew, closing, gone, opening)
+	eventually(t, func() error {
+		return errors.Join(hasReplica(b.k, closing), hasReplica(b.k, gone), hasReplica(b.k, opening))
+	})
+	// Their events lost: closing is in TIME_WAIT now, gone has ended.
+	a.k.mu.Lock()
+	closing.TCP.State, closing.Timeout = 7, 120
+	a.k.table[keyOf(&closing)] = closing
+	delete(a.k.table, keyOf(&gone))
+	a.k.mu.Unlock()
+
+	a.s.refreshDue()
+	eventually(t, func() error {
+		if got, _ := b.k.get(closing); got.TCP.State != 7 {
+			return fmt.Errorf("the closing connection's replica in state %d, want 7 (TIME_WAIT)", got.TCP.State)
+		}
+		return nil
+	})
+	a.k.mu.Lock()
+	a.k.read = nil
+	a.k.mu.Unlock()
+	a.s.refreshDue()
+	a.k.mu.Lock()
+	read := a.k.read
+	a.k.mu.Unlock()
+	if len(read) != 1 || keyOf(&read[0]) != keyOf(&opening) {
+		t.Errorf("the next pass read %v: want the opening connection alone", read)
+	}
+	if st := a.s.Status(); st.Flows != 2 {
+		t.Errorf("%d flows known, want 2 (the ended one forgotten)", st.Flows)
+	}
+}
+
 // One refresh pass in FullRefreshEvery reads the whole table, and so do the
 // first and the next after the kernel dropped events or the sync adopted
 // a dead peer's entries: only a full pass finds flows never sent.
