@@ -203,3 +203,56 @@ func TestFirstFullSyncRunsWithColdGCPercent(t *testing.T) {
 	}
 	runtime.KeepAlive(keep)
 }
+
+// TestFollowBetweenSyncs: live data that grows between syncs (state sync's
+// flows follow the connections, not the Services) raises the limit once it
+// comes within half the room of it, and the limit comes down again when
+// the data is gone; never during a full sync that runs without a limit.
+func TestFollowBetweenSyncs(t *testing.T) {
+	t.Setenv("GOMEMLIMIT", "")
+	defer debug.SetMemoryLimit(math.MaxInt64)
+	m := New(1<<20, slog.New(slog.DiscardHandler))
+	m.follow(1 << 30)
+	if got := debug.SetMemoryLimit(-1); got != math.MaxInt64 {
+		t.Errorf("limit before the first sync = %d, want none", got)
+	}
+	m.BeforeFull()
+	m.Synced(true)
+	first := debug.SetMemoryLimit(-1)
+
+	m.follow(first - minHeadroom) // more than half the room left
+	if got := debug.SetMemoryLimit(-1); got != first {
+		t.Errorf("limit %d after live data half the room under it, want %d as it was", got, first)
+	}
+	grown := first // live data reached the limit
+	m.follow(grown)
+	want := grown + max(minHeadroom, grown/headroomDivisor)
+	if got := debug.SetMemoryLimit(-1); got != want {
+		t.Errorf("limit %d after the live data reached it, want %d", got, want)
+	}
+
+	m.BeforeFull()
+	m.follow(4 * want)
+	if got := debug.SetMemoryLimit(-1); got != math.MaxInt64 {
+		t.Errorf("limit %d during a full sync, want none", got)
+	}
+	m.Synced(false)
+
+	m.follow(256 << 20) // many flows
+	if got := debug.SetMemoryLimit(-1); got != 384<<20 {
+		t.Errorf("limit %d after the live data reached 256 MiB, want %d", got, 384<<20)
+	}
+	m.follow(8 << 20) // the flows ended
+	if got := debug.SetMemoryLimit(-1); got != 8<<20+minHeadroom {
+		t.Errorf("limit %d after the live data fell to 8 MiB, want %d", got, 8<<20+minHeadroom)
+	}
+
+	none := New(0, slog.New(slog.DiscardHandler))
+	debug.SetMemoryLimit(math.MaxInt64)
+	none.BeforeFull()
+	none.Synced(true)
+	none.follow(1 << 30)
+	if got := debug.SetMemoryLimit(-1); got != math.MaxInt64 {
+		t.Errorf("memory_limit 0: limit %d, want none", got)
+	}
+}

@@ -291,6 +291,9 @@ func serve(ctx context.Context, cfg *Config) error {
 	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
 	wg.Go(func() { drain.run(ctx) })
+	// The live data that follows connections (state sync's flows, the
+	// traffic view) keeps the memory limit above it between syncs.
+	wg.Go(func() { memLimit.Follow(ctx, memlimit.FollowInterval) })
 
 	// Stale conntrack cleanup: after each sync, on its own goroutine.
 	if ct, err := conntrack.New(); err != nil {
