@@ -52,6 +52,9 @@ type StateSyncConfig struct {
 	// Profile, when set, is where CPU profiles of A's and B's nftgate
 	// during each sync run are written (nftgate runs with --pprof).
 	Profile string
+	// TableEntries and TableIdle shape the table run (statesync_table.go).
+	TableEntries int
+	TableIdle    time.Duration
 }
 
 // The runs of the state-sync phase.
@@ -61,7 +64,7 @@ const (
 	ssOverflow = "overflow"
 )
 
-var allStateSyncRuns = []string{ssSync, ssNoSync, ssOverflow}
+var allStateSyncRuns = []string{ssSync, ssNoSync, ssOverflow, ssTable}
 
 // The load modes: real TCP connections from the client namespace through
 // A (statesync-client), or the entries such connections make created in
@@ -91,6 +94,8 @@ func statesyncFlags(fs *flag.FlagSet, c *StateSyncConfig) func() error {
 	fs.DurationVar(&c.OverflowStop, "statesync-overflow-stop", time.Second, "state-sync phase: how long B is stopped (SIGSTOP) in the overflow run")
 	fs.IntVar(&c.DeadAfter, "statesync-dead-after", 0, "state-sync phase: [gateways] dead_after of the sync and nosync runs (0: nftgate's default)")
 	fs.StringVar(&c.Profile, "statesync-profile", "", "state-sync phase: directory for CPU profiles of both nftgates during each sync run")
+	fs.IntVar(&c.TableEntries, "statesync-table-entries", 100000, "state-sync phase: the table run's entries in TIME_WAIT on A")
+	fs.DurationVar(&c.TableIdle, "statesync-table-idle", time.Minute, "state-sync phase: the table run's window without load")
 	return func() error {
 		c.On = c.On || c.Only
 		for _, r := range strings.Split(*rates, ",") {
@@ -125,6 +130,11 @@ func statesyncFlags(fs *flag.FlagSet, c *StateSyncConfig) func() error {
 			return fmt.Errorf("--statesync-overflow-queue: %d: want at least 1024 (nftgate's minimum sync_queue)", c.OverflowQueue)
 		case c.OverflowStop < 0 || c.OverflowStop >= c.Duration:
 			return fmt.Errorf("--statesync-overflow-stop: %v: want 0 or more and less than --statesync-duration", c.OverflowStop)
+		case c.TableEntries < 1000 || c.TableEntries > 120000:
+			// The generator's reply tuples last for 129,024 entries.
+			return fmt.Errorf("--statesync-table-entries: %d: want 1,000 to 120,000", c.TableEntries)
+		case c.TableIdle < 10*time.Second || c.TableIdle > 10*time.Minute:
+			return fmt.Errorf("--statesync-table-idle: %v: want 10s to 10m", c.TableIdle)
 		}
 		return nil
 	}
@@ -194,6 +204,8 @@ type StateSyncReport struct {
 	// DeadAfter is the sync and nosync runs' dead_after (0: the default).
 	DeadAfter int            `json:"dead_after,omitempty"`
 	Runs      []StateSyncRun `json:"runs"`
+	// Tables are the table runs (statesync_table.go).
+	Tables []StateSyncTableRun `json:"tables,omitempty"`
 }
 
 // RunStateSync runs the state-sync phase and writes statesync/results.md
@@ -211,6 +223,16 @@ func RunStateSync(cfg *Config, machine string) error {
 			o.SyncQueue, o.DeadAfter, rates = c.OverflowQueue, 100, []int{c.OverflowRate}
 		}
 		err := statesyncGateways(cfg, o, func(topo *failover.Topology, srcs []netip.Addr, gs []*failover.Nftgate, a int) error {
+			if name == ssTable {
+				logf("statesync table of %d entries: load %.2f", c.TableEntries, loadAvg())
+				run, err := statesyncTable(cfg, topo, gs, a, srcs)
+				if err != nil {
+					return fmt.Errorf("table: %w", err)
+				}
+				logf("statesync %s", run.Summary())
+				r.Tables = append(r.Tables, run)
+				return r.write(dir)
+			}
 			for _, rate := range rates {
 				for _, mode := range c.Modes {
 					if mode == ssNetlink && rate == 0 {
@@ -638,6 +660,7 @@ func (r *StateSyncReport) markdown() string {
 		}
 	}
 	b.WriteString("\n")
+	r.tableMarkdown(&b)
 	return b.String()
 }
 

@@ -35,11 +35,16 @@ const ctgenTimeout = 10
 // tcpEstablished is TCP_CONNTRACK_ESTABLISHED.
 const tcpEstablished = 3
 
-// ctgenEntry is the n-th flow: source srcs[n % len(srcs)] and a port that
+// ctgenEntry is the n-th flow (ESTABLISHED, ctgenTimeout): source srcs[n % len(srcs)] and a port that
 // counts up per source from firstPort (as the TCP generator's), endpoint
 // eps[n % len(eps)] and masquerade port counting up per endpoint: unique
 // original and reply tuples for more than 120,000 flows.
 func ctgenEntry(n int, svc netip.AddrPort, srcs []netip.Addr, eps []netip.AddrPort, masq netip.Addr) statesync.Entry {
+	return ctgenShaped(n, svc, srcs, eps, masq, tcpEstablished, ctgenTimeout)
+}
+
+// ctgenShaped is ctgenEntry in TCP state state with timeout seconds left.
+func ctgenShaped(n int, svc netip.AddrPort, srcs []netip.Addr, eps []netip.AddrPort, masq netip.Addr, state uint8, timeout uint32) statesync.Entry {
 	const ports = 65536 - firstPort
 	src := netip.AddrPortFrom(srcs[n%len(srcs)], uint16(firstPort+n/len(srcs)%ports))
 	ep := eps[n%len(eps)]
@@ -48,8 +53,8 @@ func ctgenEntry(n int, svc netip.AddrPort, srcs []netip.Addr, eps []netip.AddrPo
 		Orig:    statesync.Tuple{Src: src, Dst: svc},
 		Reply:   statesync.Tuple{Src: ep, Dst: netip.AddrPortFrom(masq, uint16(firstPort+n/len(eps)%ports))},
 		Status:  statesync.StatusSeenReply | statesync.StatusAssured,
-		Timeout: ctgenTimeout,
-		TCP:     statesync.TCPInfo{State: tcpEstablished},
+		Timeout: timeout,
+		TCP:     statesync.TCPInfo{State: state},
 	}
 }
 
@@ -57,6 +62,12 @@ func ctgenEntry(n int, svc netip.AddrPort, srcs []netip.Addr, eps []netip.AddrPo
 // entry created). A generator that falls behind does not catch up more
 // than 100 ms, as the TCP generator's workers do not.
 func runCtgen(k *statesync.Conntrack, svc netip.AddrPort, srcs []netip.Addr, eps []netip.AddrPort, masq netip.Addr, rate float64, window time.Duration) ConnStats {
+	return runCtgenShaped(k, svc, srcs, eps, masq, rate, window, tcpEstablished, ctgenTimeout)
+}
+
+// runCtgenShaped is runCtgen with entries in TCP state state with
+// timeout seconds left.
+func runCtgenShaped(k *statesync.Conntrack, svc netip.AddrPort, srcs []netip.Addr, eps []netip.AddrPort, masq netip.Addr, rate float64, window time.Duration, state uint8, timeout uint32) ConnStats {
 	var st ConnStats
 	var failed int
 	start := time.Now()
@@ -71,7 +82,7 @@ func runCtgen(k *statesync.Conntrack, svc netip.AddrPort, srcs []netip.Addr, eps
 		due := min(int(target-done), 4096)
 		batch = batch[:0]
 		for range due {
-			batch = append(batch, ctgenEntry(n, svc, srcs, eps, masq))
+			batch = append(batch, ctgenShaped(n, svc, srcs, eps, masq, state, timeout))
 			n++
 		}
 		done += float64(due)

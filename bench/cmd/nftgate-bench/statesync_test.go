@@ -1,6 +1,7 @@
 package main
 
 import (
+	"maps"
 	"math"
 	"net/netip"
 	"os"
@@ -90,5 +91,29 @@ func TestCtgenEntriesDistinct(t *testing.T) {
 		if e.Orig.Dst != svc || e.Reply.Dst.Addr() != masq {
 			t.Fatalf("entry %d: %+v", n, e)
 		}
+	}
+}
+
+// The table run reads A's refresh counters from its metrics page, and
+// knows an nftgate without them.
+func TestParseRefreshMetrics(t *testing.T) {
+	page := `# HELP nftgate_statesync_refresh_passes_total Refresh passes.
+# TYPE nftgate_statesync_refresh_passes_total counter
+nftgate_statesync_refresh_passes_total{read="due"} 11
+nftgate_statesync_refresh_passes_total{read="table"} 1
+nftgate_statesync_refresh_entries_read_total{read="due"} 0
+nftgate_statesync_refresh_entries_read_total{read="table"} 100000
+nftgate_statesync_refreshes_total 3
+`
+	m, err := parseRefreshMetrics(page)
+	want := map[string]float64{"passes/due": 11, "passes/table": 1, "read/due": 0, "read/table": 100000}
+	if err != nil || !maps.Equal(m, want) {
+		t.Errorf("parseRefreshMetrics: %v, %v; want %v", m, err, want)
+	}
+	if m, err := parseRefreshMetrics("nftgate_statesync_refreshes_total 3\n"); m != nil || err != nil {
+		t.Errorf("a page without the counters: %v, %v; want nil, nil", m, err)
+	}
+	if _, err := parseRefreshMetrics(`nftgate_statesync_refresh_passes_total{read="due"} x` + "\n"); err == nil {
+		t.Error("a counter that is not a number: no error")
 	}
 }
