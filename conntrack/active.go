@@ -6,8 +6,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/mdlayher/netlink"
-	ct "github.com/ti-mo/conntrack"
+	"github.com/nftgate/nftgate/internal/ctnetlink"
 )
 
 // Flow is one live flow to a Service: its client, the destination it
@@ -60,39 +59,15 @@ func (f *Flows) Read() ([]Flow, time.Time, error) {
 	if f.last != nil && time.Since(f.at) < FlowsMaxAge {
 		return f.last, f.at, nil
 	}
-	c, err := ct.Dial(&netlink.Config{NetNS: f.opts.netNS})
-	if err != nil {
-		return nil, time.Time{}, fmt.Errorf("conntrack: open netlink socket: %w", err)
-	}
-	defer c.Close()
 	at := time.Now()
-	flows, err := c.Dump(nil)
-	if err != nil {
-		return nil, time.Time{}, fmt.Errorf("conntrack: dump: %w", err)
-	}
-	out := make([]Flow, 0, len(flows))
-	for i := range flows {
-		k := &flows[i]
-		o, r := &k.TupleOrig, &k.TupleReply
-		if o.IP.DestinationAddress == r.IP.SourceAddress && o.Proto.DestinationPort == r.Proto.SourcePort {
-			continue
+	// About as many as the last reading: no append doubles a large slice.
+	out := make([]Flow, 0, len(f.last)+len(f.last)/8)
+	if err := ctnetlink.Dump(f.opts.netNS, ctnetlink.DumpFilter{}, func(msg []byte) {
+		if fl, translated, ok := parseFlow(msg, at); ok && translated {
+			out = append(out, fl)
 		}
-		fl := Flow{
-			Proto:    Protocol(o.Proto.Protocol),
-			Client:   netip.AddrPortFrom(o.IP.SourceAddress.Unmap(), o.Proto.SourcePort),
-			Dest:     netip.AddrPortFrom(o.IP.DestinationAddress.Unmap(), o.Proto.DestinationPort),
-			Endpoint: netip.AddrPortFrom(r.IP.SourceAddress.Unmap(), r.Proto.SourcePort),
-			Timeout:  time.Duration(k.Timeout) * time.Second,
-			Bytes:    k.CountersOrig.Bytes + k.CountersReply.Bytes,
-		}
-		if st := k.Timestamp.Start; !st.IsZero() {
-			fl.Age = max(at.Sub(st), 0)
-		}
-		fl.open = open(k)
-		if tcp := k.ProtoInfo.TCP; tcp != nil {
-			fl.State = tcpStateName(tcp.State)
-		}
-		out = append(out, fl)
+	}); err != nil {
+		return nil, time.Time{}, fmt.Errorf("conntrack: %w", err)
 	}
 	f.last, f.at = out, at
 	return out, at, nil
@@ -107,13 +82,7 @@ func tcpStateName(s uint8) string {
 	return fmt.Sprint(s)
 }
 
-// Open tells whether the flow has not ended (see open).
-func (f *Flow) Open() bool { return f.open }
-
-// open tells whether a flow has not ended: a TCP connection being opened
+// Open tells whether the flow has not ended: a TCP connection being opened
 // or established (not closing, not in TIME_WAIT), or any UDP and SCTP
 // flow, which ends with its conntrack timeout.
-func open(f *ct.Flow) bool {
-	tcp := f.ProtoInfo.TCP
-	return tcp == nil || tcp.State >= tcpSynSent && tcp.State <= tcpEstablished
-}
+func (f *Flow) Open() bool { return f.open }

@@ -3,9 +3,9 @@ package conntrack
 import (
 	"fmt"
 	"net/netip"
+	"time"
 
-	"github.com/mdlayher/netlink"
-	ct "github.com/ti-mo/conntrack"
+	"github.com/nftgate/nftgate/internal/ctnetlink"
 )
 
 // TCP states of the kernel's conntrack (enum tcp_conntrack) up to an
@@ -32,25 +32,13 @@ func OpenFlows(dsts []netip.Addr, opts ...Option) (int, error) {
 	for _, a := range dsts {
 		want[a.Unmap()] = true
 	}
-	c, err := ct.Dial(&netlink.Config{NetNS: o.netNS})
-	if err != nil {
-		return 0, fmt.Errorf("conntrack: open netlink socket: %w", err)
-	}
-	defer c.Close()
-	flows, err := c.Dump(nil)
-	if err != nil {
-		return 0, fmt.Errorf("conntrack: dump: %w", err)
-	}
 	n := 0
-	for i := range flows {
-		f := &flows[i]
-		if !want[f.TupleOrig.IP.DestinationAddress.Unmap()] {
-			continue
+	if err := ctnetlink.Dump(o.netNS, ctnetlink.DumpFilter{}, func(msg []byte) {
+		if f, _, ok := parseFlow(msg, time.Time{}); ok && f.open && want[f.Dest.Addr()] {
+			n++
 		}
-		if !open(f) {
-			continue
-		}
-		n++
+	}); err != nil {
+		return 0, fmt.Errorf("conntrack: %w", err)
 	}
 	return n, nil
 }

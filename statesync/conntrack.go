@@ -74,27 +74,11 @@ func NewConntrack(opts ConntrackOptions) (*Conntrack, error) {
 // Close releases the write socket.
 func (c *Conntrack) Close() error { return c.w.Close() }
 
+// dial opens a conntrack netlink socket (ctnetlink.Dial).
 func dial(netNS, rcvbuf int) (*netlink.Conn, syscall.RawConn, error) {
-	conn, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: netNS})
+	conn, raw, err := ctnetlink.Dial(netNS, rcvbuf)
 	if err != nil {
-		return nil, nil, fmt.Errorf("statesync: open conntrack netlink socket: %w", err)
-	}
-	raw, err := conn.SyscallConn()
-	if err != nil {
-		conn.Close()
-		return nil, nil, fmt.Errorf("statesync: conntrack netlink socket: %w", err)
-	}
-	// SO_RCVBUFFORCE passes net.core.rmem_max (CAP_NET_ADMIN); without the
-	// capability the plain option gives what the limit allows.
-	var serr error
-	if err := raw.Control(func(fd uintptr) {
-		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, rcvbuf)
-		if serr != nil {
-			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, rcvbuf)
-		}
-	}); err == nil && serr != nil {
-		conn.Close()
-		return nil, nil, fmt.Errorf("statesync: receive buffer of %d bytes: %w", rcvbuf, serr)
+		return nil, nil, fmt.Errorf("statesync: %w", err)
 	}
 	return conn, raw, nil
 }
@@ -231,86 +215,25 @@ func (c *Conntrack) Dump(fn func(Entry)) error { return c.dump(true, fn) }
 // DumpAll calls fn for every translated entry, replicas included.
 func (c *Conntrack) DumpAll(fn func(Entry)) error { return c.dump(false, fn) }
 
-// dumpBuffer holds the largest datagram of a dump (the kernel's are at
-// most 32 KiB) several times over.
-const dumpBuffer = 1 << 17
-
 // dump reads one dump of both address families, entries decoded in place
-// and filtered as they arrive; own leaves the replicas out.
+// and filtered as they arrive; own leaves the replicas out, and the
+// entries without a translated destination: the kernel skips them
+// without writing them out (a kernel older than the status filter,
+// CTA_STATUS_MASK, ignores it, and the decoder drops them).
 func (c *Conntrack) dump(own bool, fn func(Entry)) error {
-	conn, raw, err := dial(c.opts.NetNS, 4<<20)
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	var enc encoder
-	off := enc.begin(ctnetlink.Subsys<<8|ctnetlink.MsgGet, unix.NLM_F_REQUEST|unix.NLM_F_DUMP, unix.AF_UNSPEC)
+	var f ctnetlink.DumpFilter
 	if own {
-		enc.be32(ctnetlink.Mark, 0)
-		enc.be32(ctnetlink.MarkMask, ReplicaMark)
-		// Only translated destinations: the kernel skips routed
-		// connections without writing them out (a kernel older than
-		// the status filter, CTA_STATUS_MASK, ignores it, and
-		// dumpMessages drops them).
-		enc.be32(ctnetlink.Status, StatusDstNAT)
-		enc.be32(ctnetlink.StatusMask, StatusDstNAT)
+		f = ctnetlink.DumpFilter{Mark: 0, MarkMask: ReplicaMark, Status: StatusDstNAT, StatusMask: StatusDstNAT}
 	}
-	enc.end(off)
-	var serr error
-	if err := raw.Write(func(fd uintptr) bool {
-		serr = unix.Sendto(int(fd), enc.b, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK})
-		return serr != unix.EAGAIN
-	}); err != nil || serr != nil {
-		return fmt.Errorf("statesync: dump conntrack: %w", errors.Join(err, serr))
+	err := ctnetlink.Dump(c.opts.NetNS, f, func(msg []byte) {
+		if _, en, ok := parseMessage(msg); ok && en.Status&(StatusDstNAT|StatusSrcNAT) != 0 {
+			fn(en)
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("statesync: %w", err)
 	}
-	buf := make([]byte, dumpBuffer)
-	for {
-		var n int
-		var rerr error
-		if err := raw.Read(func(fd uintptr) bool {
-			n, _, rerr = unix.Recvfrom(int(fd), buf, unix.MSG_DONTWAIT)
-			return rerr != unix.EAGAIN
-		}); err != nil {
-			return fmt.Errorf("statesync: dump conntrack: %w", err)
-		}
-		if rerr != nil {
-			return fmt.Errorf("statesync: dump conntrack: %w", rerr)
-		}
-		done, err := dumpMessages(buf[:n], fn)
-		if err != nil {
-			return fmt.Errorf("statesync: dump conntrack: %w", err)
-		}
-		if done {
-			return nil
-		}
-	}
-}
-
-// dumpMessages decodes the messages of one datagram of a dump; done at
-// its end (NLMSG_DONE), an error for an NLMSG_ERROR that is not 0.
-func dumpMessages(b []byte, fn func(Entry)) (done bool, err error) {
-	for len(b) >= nlmsgHdrLen {
-		l := int(nativeUint32(b))
-		if l < nlmsgHdrLen || l > len(b) {
-			return false, fmt.Errorf("malformed netlink message (length %d, %d bytes left)", l, len(b))
-		}
-		switch binary.NativeEndian.Uint16(b[4:6]) {
-		case unix.NLMSG_DONE:
-			return true, nil
-		case unix.NLMSG_ERROR:
-			if l >= nlmsgHdrLen+4 {
-				if code := int32(nativeUint32(b[nlmsgHdrLen:])); code != 0 {
-					return true, unix.Errno(-code)
-				}
-			}
-		default:
-			if _, en, ok := parseMessage(b[:l]); ok && en.Status&(StatusDstNAT|StatusSrcNAT) != 0 {
-				fn(en)
-			}
-		}
-		b = b[min((l+3)&^3, len(b)):]
-	}
-	return false, nil
+	return nil
 }
 
 // Write implements Kernel. Puts are created with their translations; one

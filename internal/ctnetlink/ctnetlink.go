@@ -35,6 +35,16 @@ const (
 	MarkMask   = 21 // CTA_MARK_MASK
 	Filter     = 25 // CTA_FILTER
 	StatusMask = 26 // CTA_STATUS_MASK
+
+	CountersOrig  = 9  // CTA_COUNTERS_ORIG
+	CountersReply = 10 // CTA_COUNTERS_REPLY
+	Timestamp     = 20 // CTA_TIMESTAMP
+)
+
+// Nested in CTA_COUNTERS_* and CTA_TIMESTAMP.
+const (
+	CountersBytes  = 2 // CTA_COUNTERS_BYTES
+	TimestampStart = 1 // CTA_TIMESTAMP_START
 )
 
 // Nested attributes.
