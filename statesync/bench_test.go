@@ -194,3 +194,25 @@ func BenchmarkRefreshPass(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkGet10000 reads 10,000 entries by their original tuples, as a
+// refresh pass between full ones asks for those due: against
+// BenchmarkDumpOwn10000, what a read costs an entry either way.
+func BenchmarkGet10000(b *testing.B) {
+	requireRoot(b)
+	k := newKernel(b, netnstest.Temp(b), ConntrackOptions{})
+	es := benchEntries(10000)
+	noErrors(b, "create", k.CreateOrigins(es))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		n := 0
+		if err := k.Get(es, func(Entry) { n++ }); err != nil {
+			b.Fatal(err)
+		}
+		if n != len(es) {
+			b.Fatalf("%d entries read, want %d", n, len(es))
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(es)), "ns/entry")
+}

@@ -814,6 +814,12 @@ func TestSyncRefreshCatchesUpWithLostEnds(t *testing.T) {
 		e.TCP.State, e.Timeout = 1, 60 // SYN_SENT: due within two passes
 	}
 	a.k.emit(EventNew, closing, gone, opening)
+	// Established ones, not due: the due are fewer than half the flows.
+	for i := range 4 {
+		e := flow(uint16(4010 + i))
+		e.Timeout = 432000
+		replicate(t, a, b, e)
+	}
 	eventually(t, func() error {
 		return errors.Join(hasReplica(b.k, closing), hasReplica(b.k, gone), hasReplica(b.k, opening))
 	})
@@ -841,8 +847,32 @@ func TestSyncRefreshCatchesUpWithLostEnds(t *testing.T) {
 	if len(read) != 1 || keyOf(&read[0]) != keyOf(&opening) {
 		t.Errorf("the next pass read %v: want the opening connection alone", read)
 	}
-	if st := a.s.Status(); st.Flows != 2 {
-		t.Errorf("%d flows known, want 2 (the ended one forgotten)", st.Flows)
+	if st := a.s.Status(); st.Flows != 6 {
+		t.Errorf("%d flows known, want 6 (the ended one forgotten)", st.Flows)
+	}
+}
+
+// A pass between full ones reads the whole table when more than half the
+// flows are due: a dump costs an entry half what a read by tuple does.
+func TestSyncRefreshReadsTheTableWhenMostFlowsAreDue(t *testing.T) {
+	// No pass but the test's own.
+	_, a, b := pair(t, func(o *Options) { o.RefreshInterval = time.Minute })
+	due := []Entry{udpFlow(4100, 30), udpFlow(4101, 30)}
+	established := flow(4102)
+	established.Timeout = 432000
+	a.k.emit(EventNew, append(due, established)...)
+	eventually(t, func() error {
+		return errors.Join(hasReplica(b.k, due[0]), hasReplica(b.k, due[1]), hasReplica(b.k, established))
+	})
+	a.k.mu.Lock()
+	dumps := a.k.dumps
+	a.k.mu.Unlock()
+	a.s.refreshDue()
+	a.k.mu.Lock()
+	read, dumped := a.k.read, a.k.dumps-dumps
+	a.k.mu.Unlock()
+	if len(read) != 0 || dumped != 1 {
+		t.Errorf("two flows of three due: read %v by tuple, %d dumps; want none, one", read, dumped)
 	}
 }
 
