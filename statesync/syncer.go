@@ -802,25 +802,34 @@ func (s *Syncer) fullPassDue() bool {
 func (s *Syncer) refreshDue() {
 	s.mu.Lock()
 	horizon := time.Now().Add(2 * s.o.RefreshInterval)
-	var due []Entry
-	// asked: when each flow asked for expired as the sync knew it then;
-	// an event since changes it.
-	asked := map[flowKey]time.Time{}
-	for k, rec := range s.flows {
-		if !rec.expires.After(horizon) && !overState(k.proto, rec.state) {
-			due = append(due, Entry{Proto: k.proto, Orig: k.orig})
-			asked[k] = rec.expires
-		}
+	isDue := func(k flowKey, rec *flowRec) bool {
+		return !rec.expires.After(horizon) && !overState(k.proto, rec.state)
 	}
 	// When most flows are due (their timeouts all short), the whole
 	// table is read for less: a dump reads an entry for about half what a
 	// read by tuple costs (BenchmarkDumpOwn10000, BenchmarkGet10000).
-	whole := 2*len(due) > len(s.flows)
-	s.mu.Unlock()
-	if whole {
+	n := 0
+	for k, rec := range s.flows {
+		if isDue(k, rec) {
+			n++
+		}
+	}
+	if 2*n > len(s.flows) {
+		s.mu.Unlock()
 		s.refresh()
 		return
 	}
+	due := make([]Entry, 0, n)
+	// asked: when each flow asked for expired as the sync knew it then;
+	// an event since changes it.
+	asked := make(map[flowKey]time.Time, n)
+	for k, rec := range s.flows {
+		if isDue(k, rec) {
+			due = append(due, Entry{Proto: k.proto, Orig: k.orig})
+			asked[k] = rec.expires
+		}
+	}
+	s.mu.Unlock()
 	defer func() {
 		s.m.passes.WithLabelValues(readDue).Inc()
 		s.m.read.WithLabelValues(readDue).Add(float64(len(due)))
