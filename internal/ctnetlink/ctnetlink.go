@@ -1,8 +1,9 @@
 // Package ctnetlink holds the numbers of the kernel's conntrack netlink
 // interface (include/uapi/linux/netfilter/nfnetlink_conntrack.h,
 // nfnetlink.h and nfnetlink_compat.h) that nftgate's own encoders and
-// decoders use: the stale-flow cleaner's (package conntrack) and the replica
-// writer's (package statesync).
+// decoders use: the stale-flow cleaner's and the traffic view's (package
+// conntrack) and the replica writer's (package statesync); the tuple parser
+// and the dump loop both decode entries with.
 package ctnetlink
 
 // Subsystem, message types and multicast groups.
