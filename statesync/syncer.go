@@ -793,12 +793,12 @@ func (s *Syncer) fullPassDue() bool {
 
 // refreshDue is a refresh pass that reads only the entries a full pass
 // could send again: those whose replicas would expire before the pass
-// after next and which may live on (not TCP connections that are over);
-// a full pass when they are more than half the flows.
+// after next and which may live on (not TCP connections that are over).
 // The others are what the sync knows from the events; in a table of
 // short connections nearly every entry is a closed one (TIME_WAIT, 120 s),
 // which a full pass reads every time for nothing. Flows never sent, and
-// flows gone without an event, are a full pass's.
+// flows gone without an event, are a full pass's. When more than half
+// the flows are due, the pass is a full one.
 func (s *Syncer) refreshDue() {
 	s.mu.Lock()
 	horizon := time.Now().Add(2 * s.o.RefreshInterval)
