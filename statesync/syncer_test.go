@@ -715,6 +715,19 @@ func TestSyncRefreshSkipsFlowsEndedDuringItsDump(t *testing.T) {
 	}
 }
 
+// duePass runs a refresh pass between full ones on g and returns the
+// entries it read by tuple and how many times it read the table.
+func duePass(g *gw) (read []Entry, dumps int) {
+	g.k.mu.Lock()
+	g.k.read = nil
+	before := g.k.dumps
+	g.k.mu.Unlock()
+	g.s.refreshDue()
+	g.k.mu.Lock()
+	defer g.k.mu.Unlock()
+	return g.k.read, g.k.dumps - before
+}
+
 // udpFlow is a UDP flow to the Service's DNS port, with timeout left.
 func udpFlow(n uint16, timeout uint32) Entry {
 	e := flow(n)
@@ -778,13 +791,9 @@ func TestSyncRefreshBetweenFullPassesReadsOnlyEntriesDue(t *testing.T) {
 		e.Timeout = 100 // both live longer now
 		a.k.table[keyOf(&e)] = e
 	}
-	dumps := a.k.dumps
 	a.k.mu.Unlock()
 
-	a.s.refreshDue()
-	a.k.mu.Lock()
-	read, dumped := a.k.read, a.k.dumps-dumps
-	a.k.mu.Unlock()
+	read, dumped := duePass(a)
 	if len(read) != 1 || keyOf(&read[0]) != keyOf(&udp) || dumped != 0 {
 		t.Errorf("the pass read %v and dumped the table %d times: want the UDP flow alone, no dump", read, dumped)
 	}
@@ -837,14 +846,7 @@ func TestSyncRefreshCatchesUpWithLostEnds(t *testing.T) {
 		}
 		return nil
 	})
-	a.k.mu.Lock()
-	a.k.read = nil
-	a.k.mu.Unlock()
-	a.s.refreshDue()
-	a.k.mu.Lock()
-	read := a.k.read
-	a.k.mu.Unlock()
-	if len(read) != 1 || keyOf(&read[0]) != keyOf(&opening) {
+	if read, _ := duePass(a); len(read) != 1 || keyOf(&read[0]) != keyOf(&opening) {
 		t.Errorf("the next pass read %v: want the opening connection alone", read)
 	}
 	if st := a.s.Status(); st.Flows != 6 {
@@ -864,14 +866,7 @@ func TestSyncRefreshReadsTheTableWhenMostFlowsAreDue(t *testing.T) {
 	eventually(t, func() error {
 		return errors.Join(hasReplica(b.k, due[0]), hasReplica(b.k, due[1]), hasReplica(b.k, established))
 	})
-	a.k.mu.Lock()
-	dumps := a.k.dumps
-	a.k.mu.Unlock()
-	a.s.refreshDue()
-	a.k.mu.Lock()
-	read, dumped := a.k.read, a.k.dumps-dumps
-	a.k.mu.Unlock()
-	if len(read) != 0 || dumped != 1 {
+	if read, dumped := duePass(a); len(read) != 0 || dumped != 1 {
 		t.Errorf("two flows of three due: read %v by tuple, %d dumps; want none, one", read, dumped)
 	}
 }
