@@ -62,8 +62,9 @@ type Config struct {
 	// Defaults 10ms and 65536.
 	SyncBatchInterval time.Duration `toml:"sync_batch_interval" json:"sync_batch_interval"`
 	SyncBatchBytes    int           `toml:"sync_batch_bytes" json:"sync_batch_bytes"`
-	// SyncRefreshInterval is how often the table is read for entries whose
-	// replicas would expire (UDP, short TCP states). Default 5s.
+	// SyncRefreshInterval is how often the entries whose replicas would
+	// expire (UDP, short TCP states) are read again; one pass in 12 reads
+	// the whole table. Default 5s.
 	SyncRefreshInterval time.Duration `toml:"sync_refresh_interval" json:"sync_refresh_interval"`
 	// MidstreamTCP is what becomes of a TCP packet to a masqueraded
 	// Service connection that has no conntrack entry here and is not a
