@@ -824,6 +824,9 @@ func (s *Syncer) refreshDue() {
 	// an event since changes it.
 	asked := make(map[flowKey]time.Time, n)
 	for k, rec := range s.flows {
+		if len(due) == n {
+			break // all found: a table of closed connections is not walked twice
+		}
 		if isDue(k, rec) {
 			due = append(due, Entry{Proto: k.proto, Orig: k.orig})
 			asked[k] = rec.expires
