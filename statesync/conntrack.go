@@ -149,7 +149,7 @@ func (c *Conntrack) Listen(ctx context.Context, deliver func([]Event), lost func
 		var rerr error
 		err := raw.Read(func(fd uintptr) bool {
 			for len(batch) < listenBatch {
-				n, _, err := unix.Recvfrom(int(fd), buf, unix.MSG_DONTWAIT)
+				n, err := unix.Read(int(fd), buf) // the socket does not block
 				switch {
 				case err == unix.EAGAIN || err == unix.EINTR:
 					return len(batch) > 0
@@ -436,28 +436,45 @@ func (c *Conntrack) exchange(first uint32, n int, ack func(n int, msg []byte, er
 	if serr != nil {
 		return fmt.Errorf("send: %w", serr)
 	}
+	// Each answer is a datagram of its own: they are read as they come,
+	// as many as are there at each wakeup, and parsed in place (no
+	// allocation per answer).
 	got := 0
-	for got < n {
-		var rerr error
-		var m int
-		if err := c.raw.Read(func(fd uintptr) bool {
-			m, _, rerr = unix.Recvfrom(int(fd), c.buf, unix.MSG_DONTWAIT)
-			return rerr != unix.EAGAIN
-		}); err != nil {
-			return err
+	var rerr, perr error
+	parse := func(seq uint32, msg []byte, err error) {
+		if d := seq - first; d < uint32(n) {
+			got++
+			ack(int(d), msg, err)
 		}
-		if rerr != nil {
-			// ENOBUFS: acknowledgements were dropped; which ones is unknown.
-			return fmt.Errorf("read acknowledgements (%d of %d): %w", got, n, rerr)
-		}
-		if err := parseReplies(c.buf[:m], func(seq uint32, msg []byte, err error) {
-			if d := seq - first; d < uint32(n) {
-				got++
-				ack(int(d), msg, err)
+	}
+	if err := c.raw.Read(func(fd uintptr) bool {
+		for got < n {
+			// read(2), not recvfrom: the sender's address, which only
+			// the kernel can be, is not made into a value each time.
+			m, err := unix.Read(int(fd), c.buf)
+			switch {
+			case err == unix.EAGAIN:
+				return false // wait for more
+			case err == unix.EINTR:
+				continue
+			case err != nil:
+				rerr = err
+				return true
 			}
-		}); err != nil {
-			return err
+			if perr = parseReplies(c.buf[:m], parse); perr != nil {
+				return true
+			}
 		}
+		return true
+	}); err != nil {
+		return err
+	}
+	if rerr != nil {
+		// ENOBUFS: acknowledgements were dropped; which ones is unknown.
+		return fmt.Errorf("read acknowledgements (%d of %d): %w", got, n, rerr)
+	}
+	if perr != nil {
+		return perr
 	}
 	return nil
 }

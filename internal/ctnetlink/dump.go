@@ -74,7 +74,7 @@ func Dump(netNS int, f DumpFilter, fn func(msg []byte)) error {
 		var n int
 		var rerr error
 		if err := raw.Read(func(fd uintptr) bool {
-			n, _, rerr = unix.Recvfrom(int(fd), buf, unix.MSG_DONTWAIT)
+			n, rerr = unix.Read(int(fd), buf) // the socket does not block
 			return rerr != unix.EAGAIN
 		}); err != nil {
 			return fmt.Errorf("dump conntrack: %w", err)
