@@ -73,11 +73,12 @@ func (f *Flows) Read() ([]Flow, time.Time, error) {
 	return out, at, nil
 }
 
+var tcpStateNames = [...]string{"NONE", "SYN_SENT", "SYN_RECV", "ESTABLISHED", "FIN_WAIT", "CLOSE_WAIT", "LAST_ACK", "TIME_WAIT", "CLOSE", "SYN_SENT2"}
+
 // tcpStateName names the kernel's TCP conntrack states (enum tcp_conntrack).
 func tcpStateName(s uint8) string {
-	names := []string{"NONE", "SYN_SENT", "SYN_RECV", "ESTABLISHED", "FIN_WAIT", "CLOSE_WAIT", "LAST_ACK", "TIME_WAIT", "CLOSE", "SYN_SENT2"}
-	if int(s) < len(names) {
-		return names[s]
+	if int(s) < len(tcpStateNames) {
+		return tcpStateNames[s]
 	}
 	return fmt.Sprint(s)
 }

@@ -2,7 +2,6 @@ package conntrack
 
 import (
 	"encoding/binary"
-	"net/netip"
 	"time"
 
 	"github.com/nftgate/nftgate/internal/ctnetlink"
@@ -73,9 +72,9 @@ func parseFlow(msg []byte, at time.Time) (f Flow, translated, ok bool) {
 		return f, false, false
 	}
 	f.Proto = Protocol(orig.Proto)
-	f.Client = unmapped(orig.Src)
-	f.Dest = unmapped(orig.Dst)
-	f.Endpoint = unmapped(reply.Src)
+	f.Client = ctnetlink.Unmapped(orig.Src)
+	f.Dest = ctnetlink.Unmapped(orig.Dst)
+	f.Endpoint = ctnetlink.Unmapped(reply.Src)
 	if start != 0 {
 		f.Age = max(at.Sub(time.Unix(0, int64(start))), 0)
 	}
@@ -84,8 +83,4 @@ func parseFlow(msg []byte, at time.Time) (f Flow, translated, ok bool) {
 	}
 	f.open = !tcp || state >= tcpSynSent && state <= tcpEstablished
 	return f, f.Dest != f.Endpoint, true
-}
-
-func unmapped(ap netip.AddrPort) netip.AddrPort {
-	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
 }

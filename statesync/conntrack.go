@@ -2,7 +2,6 @@ package statesync
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"sync"
@@ -184,16 +183,13 @@ func (c *Conntrack) Listen(ctx context.Context, deliver func([]Event), lost func
 // appendEvents decodes the messages of one datagram and appends the
 // events of entries this gateway translates and does not hold as replicas.
 func appendEvents(out []Event, b []byte) []Event {
-	for len(b) >= nlmsgHdrLen {
-		l := int(nativeUint32(b))
-		if l < nlmsgHdrLen || l > len(b) {
-			return out
-		}
-		if ev, ok := decodeEvent(b[:l]); ok {
+	// A malformed message ends the datagram: the events before it count.
+	_ = ctnetlink.Messages(b, func(_ uint16, msg []byte) bool {
+		if ev, ok := decodeEvent(msg); ok {
 			out = append(out, ev)
 		}
-		b = b[(l+3)&^3:]
-	}
+		return true
+	})
 	return out
 }
 
@@ -503,8 +499,6 @@ func isErrno(err error, errnos []unix.Errno) bool {
 	}
 	return false
 }
-
-func nativeUint32(b []byte) uint32 { return binary.NativeEndian.Uint32(b) }
 
 func protoName(p Proto) string {
 	switch p {

@@ -61,7 +61,7 @@ import (
 
 const (
 	nlaFNested  = 1 << 15
-	nlmsgHdrLen = 16
+	nlmsgHdrLen = ctnetlink.NlmsgHdrLen
 	nlmsgerrLen = 4 + nlmsgHdrLen
 )
 
@@ -312,27 +312,21 @@ func (e *encoder) state(en *Entry, status, replica bool) {
 // error (nil for success) and no message, or the message a request is
 // answered with (a GET's entry).
 func parseReplies(b []byte, fn func(seq uint32, msg []byte, err error)) error {
-	for len(b) >= nlmsgHdrLen {
-		l := int(binary.NativeEndian.Uint32(b[0:4]))
-		typ := binary.NativeEndian.Uint16(b[4:6])
-		if l < nlmsgHdrLen || l > len(b) {
-			return fmt.Errorf("malformed netlink message (length %d, %d bytes left)", l, len(b))
-		}
+	return ctnetlink.Messages(b, func(typ uint16, msg []byte) bool {
 		switch {
-		case typ == unix.NLMSG_ERROR && l >= nlmsgHdrLen+nlmsgerrLen:
-			code := int32(binary.NativeEndian.Uint32(b[nlmsgHdrLen:]))
-			seq := binary.NativeEndian.Uint32(b[nlmsgHdrLen+4+8:])
+		case typ == unix.NLMSG_ERROR && len(msg) >= nlmsgHdrLen+nlmsgerrLen:
+			code := int32(binary.NativeEndian.Uint32(msg[nlmsgHdrLen:]))
+			seq := binary.NativeEndian.Uint32(msg[nlmsgHdrLen+4+8:])
 			var err error
 			if code != 0 {
 				err = unix.Errno(-code)
 			}
 			fn(seq, nil, err)
 		case typ != unix.NLMSG_ERROR && typ != unix.NLMSG_DONE && typ != unix.NLMSG_NOOP:
-			fn(binary.NativeEndian.Uint32(b[8:12]), b[:l], nil)
+			fn(binary.NativeEndian.Uint32(msg[8:12]), msg, nil)
 		}
-		b = b[min((l+3)&^3, len(b)):]
-	}
-	return nil
+		return true
+	})
 }
 
 var errNotNAT = errors.New("entry has neither a destination nor a source translation")
@@ -409,9 +403,9 @@ func parseMessage(b []byte) (t EventType, en Entry, ok bool) {
 				return err
 			}
 			if a == ctnetlink.TupleOrig {
-				en.Proto, en.Orig, orig = tu.Proto, Tuple{Src: unmapped(tu.Src), Dst: unmapped(tu.Dst)}, true
+				en.Proto, en.Orig, orig = tu.Proto, Tuple{Src: ctnetlink.Unmapped(tu.Src), Dst: ctnetlink.Unmapped(tu.Dst)}, true
 			} else {
-				en.Reply, reply = Tuple{Src: unmapped(tu.Src), Dst: unmapped(tu.Dst)}, true
+				en.Reply, reply = Tuple{Src: ctnetlink.Unmapped(tu.Src), Dst: ctnetlink.Unmapped(tu.Dst)}, true
 			}
 		case ctnetlink.Status:
 			en.Status = be32(v)
@@ -470,8 +464,4 @@ func be32(v []byte) uint32 {
 		return 0
 	}
 	return binary.BigEndian.Uint32(v)
-}
-
-func unmapped(ap netip.AddrPort) netip.AddrPort {
-	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
 }

@@ -1,6 +1,7 @@
 package ctnetlink
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -119,30 +120,44 @@ func dumpRequest(f DumpFilter) []byte {
 	return b
 }
 
-// nlmsgHdrLen is sizeof(struct nlmsghdr).
-const nlmsgHdrLen = 16
+// NlmsgHdrLen is sizeof(struct nlmsghdr).
+const NlmsgHdrLen = 16
+
+// Messages calls fn with the type and the bytes (from the header on) of
+// each netlink message of the datagram b, until fn returns false. A
+// message whose length does not fit ends the walk with an error: what
+// came before it was handed over.
+func Messages(b []byte, fn func(typ uint16, msg []byte) (more bool)) error {
+	for len(b) >= NlmsgHdrLen {
+		l := int(binary.NativeEndian.Uint32(b))
+		if l < NlmsgHdrLen || l > len(b) {
+			return fmt.Errorf("malformed netlink message (length %d, %d bytes left)", l, len(b))
+		}
+		if !fn(binary.NativeEndian.Uint16(b[4:6]), b[:l]) {
+			return nil
+		}
+		b = b[min((l+3)&^3, len(b)):]
+	}
+	return nil
+}
 
 // dumpMessages hands fn the messages of one datagram of a dump; done at
 // its end (NLMSG_DONE), an error for an NLMSG_ERROR that is not 0.
 func dumpMessages(b []byte, fn func(msg []byte)) (done bool, err error) {
-	for len(b) >= nlmsgHdrLen {
-		l := int(binary.NativeEndian.Uint32(b))
-		if l < nlmsgHdrLen || l > len(b) {
-			return false, fmt.Errorf("malformed netlink message (length %d, %d bytes left)", l, len(b))
-		}
-		switch binary.NativeEndian.Uint16(b[4:6]) {
+	werr := Messages(b, func(typ uint16, msg []byte) bool {
+		switch typ {
 		case unix.NLMSG_DONE:
-			return true, nil
+			done = true
 		case unix.NLMSG_ERROR:
-			if l >= nlmsgHdrLen+4 {
-				if code := int32(binary.NativeEndian.Uint32(b[nlmsgHdrLen:])); code != 0 {
-					return true, unix.Errno(-code)
+			if len(msg) >= NlmsgHdrLen+4 {
+				if code := int32(binary.NativeEndian.Uint32(msg[NlmsgHdrLen:])); code != 0 {
+					done, err = true, unix.Errno(-code)
 				}
 			}
 		default:
-			fn(b[:l])
+			fn(msg)
 		}
-		b = b[min((l+3)&^3, len(b)):]
-	}
-	return false, nil
+		return !done
+	})
+	return done, cmp.Or(err, werr)
 }

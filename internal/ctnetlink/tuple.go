@@ -61,3 +61,8 @@ func ParseTuple(b []byte) (Tuple, error) {
 	t.Dst = netip.AddrPortFrom(dst, dport)
 	return t, nil
 }
+
+// Unmapped is ap with an IPv4-mapped IPv6 address made IPv4.
+func Unmapped(ap netip.AddrPort) netip.AddrPort {
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+}
