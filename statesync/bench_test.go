@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"golang.org/x/sys/unix"
@@ -214,5 +215,40 @@ func BenchmarkGet10000(b *testing.B) {
 			b.Fatalf("%d entries read, want %d", n, len(es))
 		}
 	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(es)), "ns/entry")
+}
+
+// BenchmarkResyncDump reads a table of 10,000 own TCP entries for a peer's
+// resync, as the resync holds it until the peer has it all; held-B/entry
+// is what it holds an entry.
+func BenchmarkResyncDump(b *testing.B) {
+	requireRoot(b)
+	k := newKernel(b, netnstest.Temp(b), ConntrackOptions{})
+	es := benchEntries(10000)
+	noErrors(b, "create", k.CreateOrigins(es))
+	s, err := New(Options{Kernel: k, Policy: NewPolicy(ruleset.Config{}, nil), Self: "gw-a", Peers: []string{"gw-b"}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	held := 0
+	for range b.N {
+		dump, err := s.originEntries()
+		if err != nil {
+			b.Fatal(err)
+		}
+		n := 0
+		held = 0
+		for _, d := range dump {
+			n += d.n
+			held += cap(d.body)
+		}
+		held += cap(dump) * int(unsafe.Sizeof(dump[0]))
+		if n != len(es) {
+			b.Fatalf("%d entries dumped, want %d", n, len(es))
+		}
+	}
+	b.ReportMetric(float64(held)/float64(len(es)), "held-B/entry")
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(es)), "ns/entry")
 }

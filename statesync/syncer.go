@@ -135,9 +135,9 @@ type peer struct {
 	queue map[flowKey]*pending
 	fifo  []flowKey
 
-	resync     bool      // a full dump is due
-	resyncAsk  time.Time // when it was last asked for
-	resyncOps  []op      // the dump being sent
+	resync     bool          // a full dump is due
+	resyncAsk  time.Time     // when it was last asked for
+	resyncDump []resyncBatch // the dump being sent
 	resyncPos  int
 	resyncing  bool
 	begun      bool // the resync's begin was sent
@@ -492,7 +492,7 @@ func (s *Syncer) applyPeerEvents() {
 		clear(p.queue)
 		p.fifo = p.fifo[:0]
 		clear(p.unacked)
-		p.resyncOps, p.resyncPos, p.resyncing, p.begun = nil, 0, false, false
+		p.resyncDump, p.resyncPos, p.resyncing, p.begun = nil, 0, false, false
 		p.retryAt = time.Time{}
 		var adopt []Entry
 		if ev.alive {
@@ -603,7 +603,7 @@ func (s *Syncer) flush() {
 		}
 	}
 	s.mu.Unlock()
-	var dump []op
+	var dump []resyncBatch
 	var dumpAt time.Time
 	if needDump {
 		var err error
@@ -622,7 +622,7 @@ func (s *Syncer) flush() {
 		if p.resync && needDump && !p.resyncing {
 			// What was dropped after the dump began is not in it.
 			p.resync = !p.resyncAsk.Before(dumpAt)
-			p.resyncing, p.resyncOps, p.resyncPos = true, dump, 0
+			p.resyncing, p.resyncDump, p.resyncPos = true, dump, 0
 			s.supersedeLocked(p, dumpAt)
 			p.resyncsSent++
 			s.m.resyncs.WithLabelValues(p.name, "sent").Inc()
@@ -694,16 +694,15 @@ func (s *Syncer) batchesLocked(p *peer, now time.Time) []message {
 		enc := &s.enc
 		enc.reset(p.seq, 0)
 		var stamp time.Time
-		for p.resyncing && enc.size()+maxEntrySize <= s.o.BatchBytes && p.resyncPos < len(p.resyncOps) {
-			if enc.add(&p.resyncOps[p.resyncPos]) != nil {
-				s.log.Warn("statesync: entry cannot be encoded", "entry", p.resyncOps[p.resyncPos].entry)
-			}
+		if p.resyncing && p.resyncPos < len(p.resyncDump) {
+			b := &p.resyncDump[p.resyncPos]
+			enc.body, enc.n = append(enc.body, b.body...), b.n
 			p.resyncPos++
 		}
 		if stamp.IsZero() && enc.n > 0 {
 			stamp = now
 		}
-		finished := p.resyncing && p.resyncPos >= len(p.resyncOps)
+		finished := p.resyncing && p.resyncPos >= len(p.resyncDump)
 		for !p.resyncing || finished {
 			if len(p.fifo) == 0 || enc.size()+maxEntrySize > s.o.BatchBytes {
 				break
@@ -729,7 +728,7 @@ func (s *Syncer) batchesLocked(p *peer, now time.Time) []message {
 			p.sent += uint64(enc.n)
 		}
 		if finished {
-			p.resyncing, p.resyncOps, p.resyncPos, p.begun = false, nil, 0, false
+			p.resyncing, p.resyncDump, p.resyncPos, p.begun = false, nil, 0, false
 			out = append(out, message{t: msgResyncDone, payload: encodeResyncDone()})
 		}
 		if enc.n == 0 && !finished {
@@ -739,15 +738,42 @@ func (s *Syncer) batchesLocked(p *peer, now time.Time) []message {
 	return out
 }
 
+// resyncBatch is a batch of a resync's dump: its entries as puts, encoded
+// (the body of a batch message, without its head). A resync holds the
+// table this way until the peer has it all, shared by the peers it goes
+// to: an IPv4 TCP entry takes 44 bytes encoded, some 180 as an op
+// (BenchmarkResyncDump).
+type resyncBatch struct {
+	body []byte
+	n    int
+}
+
 // originEntries dumps this gateway's own entries (its origin, or in its
-// custody) that go to the peers (Policy.CheckOwn) as puts.
-func (s *Syncer) originEntries() ([]op, error) {
-	var out []op
+// custody) that go to the peers (Policy.CheckOwn), encoded as puts in
+// batches of at most BatchBytes.
+func (s *Syncer) originEntries() ([]resyncBatch, error) {
+	var out []resyncBatch
+	var enc batchEncoder
+	cut := func() {
+		out = append(out, resyncBatch{body: slices.Clone(enc.body), n: enc.n})
+		enc.reset(0, 0)
+	}
 	err := s.o.Kernel.Dump(func(e Entry) {
-		if e.Mark&ReplicaMark == 0 && s.o.Policy.CheckOwn(&e) == "" {
-			out = append(out, op{entry: e})
+		if e.Mark&ReplicaMark != 0 || s.o.Policy.CheckOwn(&e) != "" {
+			return
+		}
+		o := op{entry: e}
+		if enc.add(&o) != nil {
+			s.log.Warn("statesync: entry cannot be encoded", "entry", e)
+			return
+		}
+		if enc.size()+maxEntrySize > s.o.BatchBytes {
+			cut()
 		}
 	})
+	if enc.n > 0 {
+		cut()
+	}
 	return out, err
 }
 
