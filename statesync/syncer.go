@@ -145,11 +145,13 @@ type peer struct {
 	seq        uint64
 	unacked    map[uint64]time.Time
 	doneFromIt bool // it finished its resync to this gateway
-	// stale, between the begin and the done of its resync to this
-	// gateway, holds the replicas of its flows written before and not
-	// sent again since: what it no longer has (its deletes were lost with
-	// an overflowed queue) and the done deletes.
-	stale map[flowKey]Entry
+	// resyncIn is the number of its resync to this gateway under way
+	// (sweeping) or last: the replicas of its flows that carry an older
+	// one when the resync is done were not sent again, it no longer has
+	// them (their deletes were lost with an overflowed queue), and the
+	// done deletes them.
+	resyncIn uint64
+	sweeping bool
 
 	sent, received, lost         uint64
 	resyncsSent, resyncsReceived uint64
@@ -195,7 +197,9 @@ type Syncer struct {
 	// ended are flows whose DESTROY came since the last refresh pass
 	// began (until the next ends).
 	ended    map[flowKey]uint64
-	replicas map[flowKey]string // replica → the peer that is its origin
+	replicas map[flowKey]replica
+	// resyncs numbers the peers' resyncs to this gateway as they begin.
+	resyncs uint64
 	// pass counts the full refresh passes; sinceFull the passes since
 	// the last; fullDue makes the next one full.
 	pass       uint64
@@ -209,6 +213,14 @@ type Syncer struct {
 	notReplicated map[string]uint64
 	swept         uint64
 	enc           batchEncoder
+}
+
+// replica is what this gateway knows of a replica it holds: the peer
+// that is the flow's origin (or has it in custody), and the number of the
+// last resync from it that sent the flow again (Syncer.resyncs).
+type replica struct {
+	origin *peer
+	resync uint64
 }
 
 // New validates opts. The gateway set's OnPeer is then PeerChanged,
@@ -226,7 +238,7 @@ func New(o Options) (*Syncer, error) {
 	o.ReadyWait = cmp.Or(o.ReadyWait, DefaultReadyWait)
 	s := &Syncer{o: o, log: o.Log, started: time.Now(), ready: make(chan struct{}), wake: make(chan struct{}, 1),
 		in: make(chan inItem, incoming), stop: make(chan struct{}),
-		peers: map[string]*peer{}, flows: map[flowKey]*flowRec{}, ended: map[flowKey]uint64{}, replicas: map[flowKey]string{},
+		peers: map[string]*peer{}, flows: map[flowKey]*flowRec{}, ended: map[flowKey]uint64{}, replicas: map[flowKey]replica{},
 		notReplicated: map[string]uint64{}, fullDue: true}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
@@ -526,15 +538,19 @@ func (s *Syncer) custodyLocked(dead string) []Entry {
 		}
 	}
 	var adopt []Entry
-	for k, origin := range s.replicas {
-		if origin != dead {
+	from, to := s.peers[dead], s.peers[succ] // to: nil for this gateway
+	for k, r := range s.replicas {
+		if r.origin != from {
 			continue
 		}
-		if succ == s.o.Self {
+		if to == nil {
 			adopt = append(adopt, Entry{Proto: k.proto, Orig: k.orig})
 			delete(s.replicas, k)
 		} else {
-			s.replicas[k] = succ
+			// Numbered as sent by the successor's resync under way or
+			// last: a resync from it begun before it had them does not
+			// sweep them.
+			s.replicas[k] = replica{origin: to, resync: to.resyncIn}
 		}
 	}
 	s.log.Info("statesync: peer down; custody of its entries", "peer", dead, "custodian", succ, "adopted here", len(adopt))
@@ -1162,14 +1178,7 @@ func (s *Syncer) writer(ctx context.Context) {
 			continue
 		}
 		if it.begin {
-			s.mu.Lock()
-			p.stale = map[flowKey]Entry{}
-			for k, origin := range s.replicas {
-				if origin == p.name {
-					p.stale[k] = Entry{Proto: k.proto, Orig: k.orig}
-				}
-			}
-			s.mu.Unlock()
+			s.resyncBegins(p)
 			continue
 		}
 		if it.done {
@@ -1191,21 +1200,22 @@ func (s *Syncer) writer(ctx context.Context) {
 		for i := range it.bt.ops {
 			lastOp[keyOf(&it.bt.ops[i].entry)] = i
 		}
-		if p.stale != nil {
-			for i := range it.bt.ops {
-				delete(p.stale, keyOf(&it.bt.ops[i].entry))
-			}
-		}
 		// Which of them this gateway originated itself, and which it
 		// holds replicas of from this peer already, under one lock for
-		// the batch.
+		// the batch; during a resync from it, those are sent again (kept
+		// by the sweep, also when refused now).
 		own = slices.Grow(own[:0], len(it.bt.ops))[:len(it.bt.ops)]
 		known = slices.Grow(known[:0], len(it.bt.ops))[:len(it.bt.ops)]
 		s.mu.Lock()
+		resync := p.resyncIn
 		for i := range it.bt.ops {
 			k := keyOf(&it.bt.ops[i].entry)
 			own[i] = s.flows[k] != nil
-			known[i] = s.replicas[k] == p.name
+			r, ok := s.replicas[k]
+			known[i] = ok && r.origin == p
+			if known[i] && p.sweeping && r.resync != resync {
+				s.replicas[k] = replica{origin: p, resync: resync}
+			}
 		}
 		s.mu.Unlock()
 		for i := range it.bt.ops {
@@ -1258,7 +1268,7 @@ func (s *Syncer) writer(ctx context.Context) {
 				}
 				written++
 				if i < len(puts) {
-					s.replicas[keyOf(e)] = p.name
+					s.replicas[keyOf(e)] = replica{origin: p, resync: resync}
 				} else {
 					delete(s.replicas, keyOf(e))
 				}
@@ -1277,6 +1287,16 @@ func (s *Syncer) writer(ctx context.Context) {
 	}
 }
 
+// resyncBegins numbers p's resync to this gateway as it begins: the
+// replicas of p's flows written before carry older numbers until it sends
+// them again.
+func (s *Syncer) resyncBegins(p *peer) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.resyncs++
+	p.resyncIn, p.sweeping = s.resyncs, true
+}
+
 // sweep deletes, when p's resync is done, the replicas of p's flows that
 // the resync did not include: p has none of them any more (their deletes
 // were lost, e.g. with a queue that overflowed), and a stale one would hold
@@ -1284,15 +1304,20 @@ func (s *Syncer) writer(ctx context.Context) {
 // the writer.
 func (s *Syncer) sweep(p *peer) {
 	s.mu.Lock()
-	stale := p.stale
-	p.stale = nil
-	s.mu.Unlock()
-	if len(stale) == 0 {
+	if !p.sweeping {
+		s.mu.Unlock()
 		return
 	}
-	dels := make([]Entry, 0, len(stale))
-	for _, e := range stale {
-		dels = append(dels, e)
+	p.sweeping = false
+	var dels []Entry
+	for k, r := range s.replicas {
+		if r.origin == p && r.resync != p.resyncIn {
+			dels = append(dels, Entry{Proto: k.proto, Orig: k.orig})
+		}
+	}
+	s.mu.Unlock()
+	if len(dels) == 0 {
+		return
 	}
 	errs := s.o.Kernel.Write(nil, dels)
 	s.mu.Lock()
@@ -1300,8 +1325,8 @@ func (s *Syncer) sweep(p *peer) {
 	for i, err := range errs {
 		if err == nil {
 			n++
-			if s.replicas[keyOf(&dels[i])] == p.name {
-				delete(s.replicas, keyOf(&dels[i]))
+			if k := keyOf(&dels[i]); s.replicas[k].origin == p {
+				delete(s.replicas, k)
 			}
 		}
 	}

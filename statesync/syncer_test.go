@@ -1015,6 +1015,47 @@ func TestSyncCustodyOnPeerDeath(t *testing.T) {
 	}
 }
 
+// A dead peer's replicas go into the custody of a live peer whose resync
+// to this gateway is under way: that resync, begun before, does not sweep
+// them; a replica of the custodian's own it did not send again is swept.
+func TestSyncResyncUnderWayKeepsReplicasTakenIntoCustody(t *testing.T) {
+	// This gateway's name such that gw-b, not it, is gw-a's custodian.
+	self := "gw-c"
+	for i := 0; custodyScore("gw-a", self) > custodyScore("gw-a", "gw-b"); i++ {
+		self = fmt.Sprintf("gw-c%d", i)
+	}
+	k := newFakeKernel()
+	s, err := New(Options{Kernel: k, Policy: testPolicy(), Self: self, Peers: []string{"gw-a", "gw-b"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pb := s.peers["gw-b"]
+	pb.up = true
+	ofA, ofB := flow(5000), flow(5001)
+	noErrors(t, "write", k.Write([]Entry{ofA, ofB}, nil))
+	s.replicas[keyOf(&ofA)] = replica{origin: s.peers["gw-a"]}
+	s.replicas[keyOf(&ofB)] = replica{origin: pb}
+	s.resyncBegins(pb)
+	s.mu.Lock()
+	if adopt := s.custodyLocked("gw-a"); len(adopt) != 0 {
+		t.Fatalf("adopted %d here, want gw-b the custodian", len(adopt))
+	}
+	s.mu.Unlock()
+	s.sweep(pb)
+	if err := hasReplica(k, ofA); err != nil {
+		t.Errorf("gw-a's flow, in gw-b's custody: %v", err)
+	}
+	if r := s.replicas[keyOf(&ofA)]; r.origin != pb {
+		t.Errorf("gw-a's flow recorded as %+v's, want gw-b's", r.origin)
+	}
+	if hasReplica(k, ofB) == nil {
+		t.Errorf("gw-b's flow it did not send again is still here")
+	}
+	if got := s.Status().Swept; got != 1 {
+		t.Errorf("swept %d, want 1", got)
+	}
+}
+
 // A peer sending entries for addresses this gateway does not serve (gw-a
 // serves an address gw-b does not): they are refused, counted by reason,
 // and nothing is written.
