@@ -222,10 +222,10 @@ func RunStateSync(cfg *Config, machine string) error {
 			// peer would stop queueing to it, not overflow).
 			o.SyncQueue, o.DeadAfter, rates = c.OverflowQueue, 100, []int{c.OverflowRate}
 		}
-		err := statesyncGateways(cfg, o, func(topo *failover.Topology, srcs []netip.Addr, gs []*failover.Nftgate, a int) error {
+		err := statesyncGateways(cfg, o, func(topo *failover.Topology, nc *failover.NftgateConfig, srcs []netip.Addr, gs []*failover.Nftgate, a int) error {
 			if name == ssTable {
 				logf("statesync table of %d entries: load %.2f", c.TableEntries, loadAvg())
-				run, err := statesyncTable(cfg, topo, gs, a, srcs)
+				run, err := statesyncTable(cfg, topo, nc, gs, a, srcs)
 				if err != nil {
 					return fmt.Errorf("table: %w", err)
 				}
@@ -287,9 +287,10 @@ func loadClient(topo *failover.Topology) ([]netip.Addr, error) {
 // statesyncGateways builds the topology (a fresh one for each
 // configuration: a killed nftgate's sockets may outlive the kill by a
 // moment), starts the echo servers and nftgate with o in both gateways,
-// calls fn with them, the client's source addresses and the index of A
-// (the holder of the Service address), and removes it all.
-func statesyncGateways(cfg *Config, o failover.NftgateOptions, fn func(*failover.Topology, []netip.Addr, []*failover.Nftgate, int) error) (err error) {
+// calls fn with them, their configuration, the client's source addresses
+// and the index of A (the holder of the Service address), and removes it
+// all.
+func statesyncGateways(cfg *Config, o failover.NftgateOptions, fn func(*failover.Topology, *failover.NftgateConfig, []netip.Addr, []*failover.Nftgate, int) error) (err error) {
 	topo, err := failover.New(failover.Options{Name: "bench-statesync", Gateways: 2})
 	if err != nil {
 		return err
@@ -344,7 +345,7 @@ func statesyncGateways(cfg *Config, o failover.NftgateOptions, fn func(*failover
 			return err
 		}
 	}
-	return fn(topo, srcs, gs, a)
+	return fn(topo, nc, srcs, gs, a)
 }
 
 // aloneHolds waits until gateway a alone holds the Service address and F

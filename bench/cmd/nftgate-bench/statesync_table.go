@@ -5,13 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/nftgate/nftgate/internal/testing/failover"
+	"github.com/nftgate/nftgate/internal/testing/lab"
 	"github.com/nftgate/nftgate/statesync"
 )
 
@@ -24,6 +27,10 @@ import (
 // tableTimeout left, so that the table stays full through the window),
 // waits until B holds their replicas, and then reads both nftgates' CPU
 // and A's refresh counters over --statesync-table-idle without any load.
+// Then B restarts as a rebooted gateway would (its nftgate killed, its
+// conntrack flushed, nftgate started again), and A sends it the table in
+// a full resync: how long until B is ready and holds it all, and what that
+// costs both in CPU and memory.
 const ssTable = "table"
 
 // tcpTimeWait is TCP_CONNTRACK_TIME_WAIT.
@@ -59,9 +66,35 @@ type StateSyncTableRun struct {
 	Sync    SyncCounters `json:"sync"`
 	Alive   bool         `json:"alive"`
 	LoadAvg [2]float64   `json:"load_avg_before_after"`
+	// Restart: B's restart after the window.
+	Restart *TableRestart `json:"restart,omitempty"`
 }
 
-func statesyncTable(cfg *Config, topo *failover.Topology, gs []*failover.Nftgate, a int, srcs []netip.Addr) (run StateSyncTableRun, err error) {
+// TableRestart is B's restart in the table run: its nftgate killed and its
+// conntrack flushed, then nftgate started again.
+type TableRestart struct {
+	// ReadyAfter: from B's start until its state sync says it is ready
+	// (/api/v1/statesync: it holds its peer's entries, the resync done);
+	// HeldAfter: until B's kernel holds a replica of every entry of A's
+	// (HeldMissing at the last look if never).
+	ReadyAfter  float64 `json:"ready_after_seconds"`
+	Held        bool    `json:"held"`
+	HeldAfter   float64 `json:"held_after_seconds"`
+	HeldMissing int     `json:"held_missing,omitempty"`
+	// ResyncsSent: A's full resyncs to B meanwhile.
+	ResyncsSent uint64 `json:"resyncs_sent"`
+	// CPU of A from the kill until B held it all, and of B's new nftgate
+	// until then.
+	CPUSecondsA float64 `json:"cpu_seconds_a"`
+	CPUSecondsB float64 `json:"cpu_seconds_b"`
+	// A's resident memory before the restart and its peak until B held
+	// it all (VmHWM, reset before the kill); B's peak until then.
+	RSSMiBA     float64 `json:"rss_mib_a"`
+	PeakRSSMiBA float64 `json:"peak_rss_mib_a"`
+	PeakRSSMiBB float64 `json:"peak_rss_mib_b"`
+}
+
+func statesyncTable(cfg *Config, topo *failover.Topology, nc *failover.NftgateConfig, gs []*failover.Nftgate, a int, srcs []netip.Addr) (run StateSyncTableRun, err error) {
 	c := &cfg.StateSync
 	b := 1 - a
 	ga, gb := gs[a], gs[b]
@@ -129,8 +162,78 @@ func statesyncTable(cfg *Config, topo *failover.Topology, gs []*failover.Nftgate
 		}
 	}
 	run.Alive = !ga.Ended() && !gb.Ended()
+	restart, err := restartB(cfg, topo, nc, gs, a, svc)
+	if err != nil {
+		return run, fmt.Errorf("restart of B: %w", err)
+	}
+	run.Restart = &restart
 	run.LoadAvg[1] = loadAvg()
 	return run, nil
+}
+
+// restartB kills B's nftgate, flushes B's conntrack (a gateway that
+// reboots holds nothing) and starts nftgate there again, replacing gs[b].
+func restartB(cfg *Config, topo *failover.Topology, nc *failover.NftgateConfig, gs []*failover.Nftgate, a int, svc netip.AddrPort) (r TableRestart, err error) {
+	b := 1 - a
+	ga := gs[a]
+	st0, err := syncStatus(ga)
+	if err != nil {
+		return r, err
+	}
+	// VmHWM from now on (proc(5), clear_refs: 5).
+	if err := os.WriteFile(fmt.Sprintf("/proc/%d/clear_refs", ga.PID()), []byte("5"), 0); err != nil {
+		return r, err
+	}
+	a0, err := readProcStats(ga.PID())
+	if err != nil {
+		return r, err
+	}
+	r.RSSMiBA = float64(a0.RSSKiB) / 1024
+	if err := failover.KillNamespace(topo.Gateways[b]); err != nil {
+		return r, err
+	}
+	if err := flushConntrack(topo.Gateways[b]); err != nil {
+		return r, err
+	}
+	start := time.Now()
+	gb, err := failover.StartNftgate(topo.Gateways[b], cfg.NftgateBin, append(slices.Clone(nc.Args[b]), cfg.NftgateArgs...))
+	if err != nil {
+		return r, err
+	}
+	gs[b] = gb
+	if err := gb.WaitReady(2 * time.Minute); err != nil {
+		return r, err
+	}
+	if err := lab.EventuallyWithin(2*time.Minute, func() error {
+		st, err := syncStatus(gb)
+		if err != nil {
+			return err
+		}
+		if !st.Ready || len(st.Peers) != 1 || !st.Peers[0].ResyncDone {
+			return fmt.Errorf("%s: state sync not ready: %+v", gb.Host, st)
+		}
+		return nil
+	}); err != nil {
+		return r, err
+	}
+	r.ReadyAfter = time.Since(start).Seconds()
+	held, _, missing, _, err := heldByB(topo.Gateways[a], topo.Gateways[b], svc, 2*time.Minute)
+	if err != nil {
+		return r, err
+	}
+	r.Held, r.HeldMissing, r.HeldAfter = held, missing, time.Since(start).Seconds()
+	a1, errA := readProcStats(ga.PID())
+	b1, errB := readProcStats(gb.PID())
+	st1, errS := syncStatus(ga)
+	if err := errors.Join(errA, errB, errS); err != nil {
+		return r, err
+	}
+	r.CPUSecondsA, r.CPUSecondsB = (a1.CPU - a0.CPU).Seconds(), b1.CPU.Seconds()
+	r.PeakRSSMiBA, r.PeakRSSMiBB = float64(a1.HWMKiB)/1024, float64(b1.HWMKiB)/1024
+	if len(st0.Peers) == 1 && len(st1.Peers) == 1 {
+		r.ResyncsSent = st1.Peers[0].ResyncsSent - st0.Peers[0].ResyncsSent
+	}
+	return r, nil
 }
 
 // refreshMetrics reads g's refresh pass counters from /metrics
@@ -180,8 +283,13 @@ func parseRefreshMetrics(body string) (map[string]float64, error) {
 }
 
 func (r StateSyncTableRun) Summary() string {
-	return fmt.Sprintf("table of %d entries (%d created in %.1f s, B held all %v after %.1f s): idle %.0f s, CPU A %.2f s B %.2f s, A's passes %v read %v, sent %d, lost %d, kernel losses %d, refreshes %d, alive %v",
+	s := fmt.Sprintf("table of %d entries (%d created in %.1f s, B held all %v after %.1f s): idle %.0f s, CPU A %.2f s B %.2f s, A's passes %v read %v, sent %d, lost %d, kernel losses %d, refreshes %d, alive %v",
 		r.Entries, r.Created, r.CreateSeconds, r.Held, r.HeldAfter, r.IdleSeconds, r.CPUSecondsA, r.CPUSecondsB, r.Passes, r.Read, r.Sync.Sent, r.Sync.Lost, r.Sync.KernelLossesA, r.Sync.Refreshes, r.Alive)
+	if t := r.Restart; t != nil {
+		s += fmt.Sprintf("; B restarted: ready after %.1f s, held all %v after %.1f s (%d missing), resyncs %d, CPU A %.2f s B %.2f s, A's RSS %.0f MiB peak %.0f, B's peak %.0f",
+			t.ReadyAfter, t.Held, t.HeldAfter, t.HeldMissing, t.ResyncsSent, t.CPUSecondsA, t.CPUSecondsB, t.RSSMiBA, t.PeakRSSMiBA, t.PeakRSSMiBB)
+	}
+	return s
 }
 
 func (r *StateSyncReport) tableMarkdown(b *strings.Builder) {
@@ -205,5 +313,20 @@ func (r *StateSyncReport) tableMarkdown(b *strings.Builder) {
 		fmt.Fprintf(b, "| %d | %s | %.0f | %.2f / %.2f | %.2f / %.2f | %s | %s | %d / %d / %d / %d | %v | %.2f / %.2f |\n",
 			t.Created, held, t.IdleSeconds, t.CPUSecondsA, t.CPUSecondsB, 100*t.CPUSecondsA/t.IdleSeconds, 100*t.CPUSecondsB/t.IdleSeconds,
 			passes, read, t.Sync.Sent, t.Sync.Lost, t.Sync.KernelLossesA, t.Sync.Refreshes, t.Alive, t.LoadAvg[0], t.LoadAvg[1])
+	}
+	b.WriteString("\nThen B restarts as a rebooted gateway would: its nftgate killed, its conntrack flushed, nftgate started again; A sends it the table in a full resync. Ready: from B's start until its state sync is ready (`/api/v1/statesync`: the resync done); held: until B's kernel holds a replica of every entry of A's. CPU: A's from the kill, B's new nftgate's, until held. Memory: A's VmRSS before the kill and its peak (VmHWM, reset before) until held; B's peak.\n\n")
+	b.WriteString("| entries | B ready after (s) | B held all after (s) | resyncs | CPU A / B (s) | A's RSS / peak (MiB) | B's peak (MiB) |\n")
+	b.WriteString("|---|---|---|---|---|---|---|\n")
+	for _, t := range r.Tables {
+		rs := t.Restart
+		if rs == nil {
+			continue
+		}
+		held := fmt.Sprintf("no (%d missing)", rs.HeldMissing)
+		if rs.Held {
+			held = fmt.Sprintf("%.1f", rs.HeldAfter)
+		}
+		fmt.Fprintf(b, "| %d | %.1f | %s | %d | %.2f / %.2f | %.0f / %.0f | %.0f |\n",
+			t.Created, rs.ReadyAfter, held, rs.ResyncsSent, rs.CPUSecondsA, rs.CPUSecondsB, rs.RSSMiBA, rs.PeakRSSMiBA, rs.PeakRSSMiBB)
 	}
 }
