@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"slices"
 	"sync"
 	"time"
@@ -79,22 +80,41 @@ type Options struct {
 	Log                 *slog.Logger
 }
 
-// flowKey identifies an entry: protocol and original tuple.
+// flowKey identifies an entry: protocol and original tuple, the
+// addresses in their 16-byte form. It holds no pointer (a netip.Addr
+// does), so the maps keyed by it, which hold a record for every flow and
+// every replica, are half the size and the collector does not scan them.
 type flowKey struct {
-	proto Proto
-	orig  Tuple
+	src, dst     [16]byte
+	sport, dport uint16
+	proto        Proto
+	is4          bool
 }
 
-func keyOf(e *Entry) flowKey { return flowKey{e.Proto, e.Orig} }
+func keyOf(e *Entry) flowKey {
+	src, dst := e.Orig.Src.Addr(), e.Orig.Dst.Addr()
+	return flowKey{src: src.As16(), dst: dst.As16(), sport: e.Orig.Src.Port(), dport: e.Orig.Dst.Port(), proto: e.Proto, is4: src.Is4()}
+}
 
-// flowRec is what was last sent of one of this gateway's own entries.
+// entry is the entry k identifies, without more than its protocol and
+// original tuple (what Get, Write's deletes and Adopt match by).
+func (k flowKey) entry() Entry {
+	src, dst := netip.AddrFrom16(k.src), netip.AddrFrom16(k.dst)
+	if k.is4 {
+		src, dst = src.Unmap(), dst.Unmap()
+	}
+	return Entry{Proto: k.proto, Orig: Tuple{Src: netip.AddrPortFrom(src, k.sport), Dst: netip.AddrPortFrom(dst, k.dport)}}
+}
+
+// flowRec is what was last sent of one of this gateway's own entries,
+// held by value in Syncer.flows (no pointer in it either).
 type flowRec struct {
 	state   protoState
 	status  uint32
 	mark    uint32
-	expires time.Time // when the replicas expire unless refreshed
-	seen    uint64    // the refresh pass that last saw it (or will: see deliver)
-	id      uint32    // the entry's kernel id (Entry.ID), 0 when not known
+	expires int64  // when the replicas expire unless refreshed (Unix ns)
+	seen    uint64 // the refresh pass that last saw it (or will: see deliver)
+	id      uint32 // the entry's kernel id (Entry.ID), 0 when not known
 	// idPass is the refresh pass whose dump may be older than id: id was
 	// set by an event (deliver), which may have come after that pass read
 	// the table.
@@ -129,6 +149,7 @@ type pending struct {
 
 type peer struct {
 	name string
+	num  uint32 // its number in Options.Peers, from 1 (replica.origin)
 	up   bool
 	inc  uint64
 
@@ -193,7 +214,7 @@ type Syncer struct {
 
 	mu    sync.Mutex
 	peers map[string]*peer
-	flows map[flowKey]*flowRec
+	flows map[flowKey]flowRec
 	// ended are flows whose DESTROY came since the last refresh pass
 	// began (until the next ends).
 	ended    map[flowKey]uint64
@@ -216,10 +237,11 @@ type Syncer struct {
 }
 
 // replica is what this gateway knows of a replica it holds: the peer
-// that is the flow's origin (or has it in custody), and the number of the
-// last resync from it that sent the flow again (Syncer.resyncs).
+// that is the flow's origin (or has it in custody; its num, not a pointer,
+// so that the map holds none), and the number of the last resync from it
+// that sent the flow again (Syncer.resyncs).
 type replica struct {
-	origin *peer
+	origin uint32
 	resync uint64
 }
 
@@ -238,13 +260,13 @@ func New(o Options) (*Syncer, error) {
 	o.ReadyWait = cmp.Or(o.ReadyWait, DefaultReadyWait)
 	s := &Syncer{o: o, log: o.Log, started: time.Now(), ready: make(chan struct{}), wake: make(chan struct{}, 1),
 		in: make(chan inItem, incoming), stop: make(chan struct{}),
-		peers: map[string]*peer{}, flows: map[flowKey]*flowRec{}, ended: map[flowKey]uint64{}, replicas: map[flowKey]replica{},
+		peers: map[string]*peer{}, flows: map[flowKey]flowRec{}, ended: map[flowKey]uint64{}, replicas: map[flowKey]replica{},
 		notReplicated: map[string]uint64{}, fullDue: true}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
-	for _, n := range o.Peers {
-		s.peers[n] = &peer{name: n, queue: map[flowKey]*pending{}, unacked: map[uint64]time.Time{},
+	for i, n := range o.Peers {
+		s.peers[n] = &peer{name: n, num: uint32(i + 1), queue: map[flowKey]*pending{}, unacked: map[uint64]time.Time{},
 			refused: map[string]uint64{}, refuseLog: map[string]*rate.Sometimes{}}
 	}
 	s.m = newMetrics(s)
@@ -328,13 +350,13 @@ func (s *Syncer) deliver(evs []Event) {
 		ev := &evs[i]
 		e := &ev.Entry
 		k := keyOf(e)
-		rec := s.flows[k]
+		rec, known := s.flows[k]
 		switch ev.Type {
 		case EventDestroy:
-			if rec == nil && s.o.Policy.CheckOwn(e) != "" {
+			if !known && s.o.Policy.CheckOwn(e) != "" {
 				continue // never sent
 			}
-			if rec != nil && rec.id != 0 && e.ID != 0 && e.ID != rec.id {
+			if known && rec.id != 0 && e.ID != 0 && e.ID != rec.id {
 				// The end of an earlier entry of the tuple, reported
 				// after the new one's start: a kernel that confirms a
 				// new entry while the old one is still being deleted
@@ -347,11 +369,11 @@ func (s *Syncer) deliver(evs []Event) {
 			s.ended[k] = s.pass + 1
 			full = s.enqueue(k, op{del: true, entry: *e}, now) || full
 		case EventNew, EventUpdate:
-			if rec != nil && rec.state == protoStateOf(e) && rec.status&statusMatters == e.Status&statusMatters && rec.mark == e.Mark &&
+			if known && rec.state == protoStateOf(e) && rec.status&statusMatters == e.Status&statusMatters && rec.mark == e.Mark &&
 				(e.ID == 0 || e.ID == rec.id) {
 				continue // nothing that matters changed
 			}
-			if rec == nil {
+			if !known {
 				if why := s.o.Policy.CheckOwn(e); why != "" {
 					if ev.Type == EventNew {
 						s.notReplicated[why]++
@@ -359,18 +381,17 @@ func (s *Syncer) deliver(evs []Event) {
 					}
 					continue
 				}
-				rec = &flowRec{}
-				s.flows[k] = rec
 				delete(s.ended, k) // its tuple began another flow
 			}
 			rec.state, rec.status, rec.mark = protoStateOf(e), e.Status, e.Mark
 			if e.ID != 0 {
 				rec.id, rec.idPass = e.ID, s.pass+1
 			}
-			rec.expires = now.Add(time.Duration(e.Timeout) * time.Second)
+			rec.expires = now.Add(time.Duration(e.Timeout) * time.Second).UnixNano()
 			// Seen by the next refresh pass too, whose dump may have been
 			// read before the flow existed: it is not taken for gone.
 			rec.seen = s.pass + 1
+			s.flows[k] = rec
 			full = s.enqueue(k, op{entry: *e}, now) || full
 		}
 	}
@@ -540,17 +561,17 @@ func (s *Syncer) custodyLocked(dead string) []Entry {
 	var adopt []Entry
 	from, to := s.peers[dead], s.peers[succ] // to: nil for this gateway
 	for k, r := range s.replicas {
-		if r.origin != from {
+		if from == nil || r.origin != from.num {
 			continue
 		}
 		if to == nil {
-			adopt = append(adopt, Entry{Proto: k.proto, Orig: k.orig})
+			adopt = append(adopt, k.entry())
 			delete(s.replicas, k)
 		} else {
 			// Numbered as sent by the successor's resync under way or
 			// last: a resync from it begun before it had them does not
 			// sweep them.
-			s.replicas[k] = replica{origin: to, resync: to.resyncIn}
+			s.replicas[k] = replica{origin: to.num, resync: to.resyncIn}
 		}
 	}
 	s.log.Info("statesync: peer down; custody of its entries", "peer", dead, "custodian", succ, "adopted here", len(adopt))
@@ -843,16 +864,16 @@ func (s *Syncer) fullPassDue() bool {
 // the flows are due, the pass is a full one.
 func (s *Syncer) refreshDue() {
 	s.mu.Lock()
-	horizon := time.Now().Add(2 * s.o.RefreshInterval)
+	horizon := time.Now().Add(2 * s.o.RefreshInterval).UnixNano()
 	isDue := func(k flowKey, rec *flowRec) bool {
-		return !rec.expires.After(horizon) && !overState(k.proto, rec.state)
+		return rec.expires <= horizon && !overState(k.proto, rec.state)
 	}
 	// When most flows are due (their timeouts all short), the whole
 	// table is read for less: a dump reads an entry for about half what a
 	// read by tuple costs (BenchmarkDumpOwn10000, BenchmarkGet10000).
 	n := 0
 	for k, rec := range s.flows {
-		if isDue(k, rec) {
+		if isDue(k, &rec) {
 			n++
 		}
 	}
@@ -864,13 +885,13 @@ func (s *Syncer) refreshDue() {
 	due := make([]Entry, 0, n)
 	// asked: when each flow asked for expired as the sync knew it then;
 	// an event since changes it.
-	asked := make(map[flowKey]time.Time, n)
+	asked := make(map[flowKey]int64, n)
 	for k, rec := range s.flows {
 		if len(due) == n {
 			break // all found: a table of closed connections is not walked twice
 		}
-		if isDue(k, rec) {
-			due = append(due, Entry{Proto: k.proto, Orig: k.orig})
+		if isDue(k, &rec) {
+			due = append(due, k.entry())
 			asked[k] = rec.expires
 		}
 	}
@@ -893,7 +914,7 @@ func (s *Syncer) refreshDue() {
 		s.log.Warn("statesync: conntrack read for the refresh failed", "error", err, "entries read", len(got), "of", len(due))
 	}
 	now := time.Now()
-	horizon = now.Add(2 * s.o.RefreshInterval)
+	later := now.Add(2 * s.o.RefreshInterval)
 	for chunk := range slices.Chunk(got, refreshChunk) {
 		s.mu.Lock()
 		for i := range chunk {
@@ -901,8 +922,8 @@ func (s *Syncer) refreshDue() {
 			k := keyOf(&o.entry)
 			// A flow that ended (or was forgotten) while it was read is
 			// left alone.
-			if rec := s.flows[k]; rec != nil {
-				s.resendLocked(k, rec, o, 0, now, horizon)
+			if rec, ok := s.flows[k]; ok {
+				s.resendLocked(k, &rec, o, 0, now, later)
 			}
 		}
 		s.mu.Unlock()
@@ -917,7 +938,7 @@ func (s *Syncer) refreshDue() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for k, expires := range asked {
-		if rec := s.flows[k]; rec != nil && rec.expires.Equal(expires) {
+		if rec, ok := s.flows[k]; ok && rec.expires == expires {
 			delete(s.flows, k)
 		}
 	}
@@ -1001,30 +1022,35 @@ var testHookRefreshChunk func()
 func (s *Syncer) refreshOneLocked(o *op, pass uint64, now, horizon time.Time) {
 	e := &o.entry
 	k := keyOf(e)
-	rec := s.flows[k]
-	if _, ok := s.ended[k]; ok && rec == nil {
+	rec, known := s.flows[k]
+	if _, ok := s.ended[k]; ok && !known {
 		return // ended while the table was read
 	}
-	if rec != nil {
-		rec.seen = pass
-		// The tuple's entry now, if both events of its change were lost
-		// (the kernel dropped them): the DESTROY that ends it is then
-		// taken as its own, not as an earlier entry's (deliver). Not
-		// from a dump that may be older than the id an event gave.
-		if e.ID != 0 && rec.idPass < pass {
-			rec.id = e.ID
-		}
+	if !known {
+		s.resendLocked(k, nil, o, pass, now, horizon)
+		return
 	}
-	s.resendLocked(k, rec, o, pass, now, horizon)
+	rec.seen = pass
+	// The tuple's entry now, if both events of its change were lost (the
+	// kernel dropped them): the DESTROY that ends it is then taken as its
+	// own, not as an earlier entry's (deliver). Not from a dump that may
+	// be older than the id an event gave.
+	if e.ID != 0 && rec.idPass < pass {
+		rec.id = e.ID
+	}
+	s.flows[k] = rec
+	s.resendLocked(k, &rec, o, pass, now, horizon)
 }
 
 // resendLocked queues o, the entry of flow k read now, when its replicas
 // would expire before the pass after next (horizon) while it lives on,
 // or when it was never sent (rec nil; full pass number pass found it).
+// rec is a copy of the flow's record, which it stores when it queues o.
 // s.mu is held.
-func (s *Syncer) resendLocked(k flowKey, rec *flowRec, o *op, pass uint64, now, horizon time.Time) {
+func (s *Syncer) resendLocked(k flowKey, rec *flowRec, o *op, pass uint64, now, later time.Time) {
 	e := &o.entry
-	expires := now.Add(time.Duration(e.Timeout) * time.Second)
+	expires := now.Add(time.Duration(e.Timeout) * time.Second).UnixNano()
+	horizon := later.UnixNano()
 	// Timeouts come in whole seconds rounded down: an entry lives longer
 	// than its replica only past that second. A TCP connection that is
 	// over (a late packet lengthens its entry in CLOSE or TIME_WAIT)
@@ -1032,7 +1058,7 @@ func (s *Syncer) resendLocked(k flowKey, rec *flowRec, o *op, pass uint64, now, 
 	// (the events of its end were lost) is sent once more, so that its
 	// replica ends as it does and the sync stops asking for it.
 	caughtUp := rec != nil && over(e) && !overState(k.proto, rec.state)
-	if rec != nil && !caughtUp && (rec.expires.After(horizon) || !expires.After(rec.expires.Add(time.Second)) || over(e)) {
+	if rec != nil && !caughtUp && (rec.expires > horizon || expires <= rec.expires+int64(time.Second) || over(e)) {
 		return
 	}
 	for _, p := range s.peers {
@@ -1042,9 +1068,9 @@ func (s *Syncer) resendLocked(k flowKey, rec *flowRec, o *op, pass uint64, now, 
 	}
 	if rec == nil {
 		rec = &flowRec{seen: pass, id: e.ID}
-		s.flows[k] = rec
 	}
 	rec.state, rec.status, rec.mark, rec.expires = protoStateOf(e), e.Status, e.Mark, expires
+	s.flows[k] = *rec
 	s.enqueue(k, *o, now)
 	s.m.refreshed.Inc()
 }
@@ -1210,11 +1236,11 @@ func (s *Syncer) writer(ctx context.Context) {
 		resync := p.resyncIn
 		for i := range it.bt.ops {
 			k := keyOf(&it.bt.ops[i].entry)
-			own[i] = s.flows[k] != nil
+			_, own[i] = s.flows[k]
 			r, ok := s.replicas[k]
-			known[i] = ok && r.origin == p
+			known[i] = ok && r.origin == p.num
 			if known[i] && p.sweeping && r.resync != resync {
-				s.replicas[k] = replica{origin: p, resync: resync}
+				s.replicas[k] = replica{origin: p.num, resync: resync}
 			}
 		}
 		s.mu.Unlock()
@@ -1268,7 +1294,7 @@ func (s *Syncer) writer(ctx context.Context) {
 				}
 				written++
 				if i < len(puts) {
-					s.replicas[keyOf(e)] = replica{origin: p, resync: resync}
+					s.replicas[keyOf(e)] = replica{origin: p.num, resync: resync}
 				} else {
 					delete(s.replicas, keyOf(e))
 				}
@@ -1311,8 +1337,8 @@ func (s *Syncer) sweep(p *peer) {
 	p.sweeping = false
 	var dels []Entry
 	for k, r := range s.replicas {
-		if r.origin == p && r.resync != p.resyncIn {
-			dels = append(dels, Entry{Proto: k.proto, Orig: k.orig})
+		if r.origin == p.num && r.resync != p.resyncIn {
+			dels = append(dels, k.entry())
 		}
 	}
 	s.mu.Unlock()
@@ -1325,7 +1351,7 @@ func (s *Syncer) sweep(p *peer) {
 	for i, err := range errs {
 		if err == nil {
 			n++
-			if k := keyOf(&dels[i]); s.replicas[k].origin == p {
+			if k := keyOf(&dels[i]); s.replicas[k].origin == p.num {
 				delete(s.replicas, k)
 			}
 		}

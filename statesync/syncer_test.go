@@ -1033,8 +1033,8 @@ func TestSyncResyncUnderWayKeepsReplicasTakenIntoCustody(t *testing.T) {
 	pb.up = true
 	ofA, ofB := flow(5000), flow(5001)
 	noErrors(t, "write", k.Write([]Entry{ofA, ofB}, nil))
-	s.replicas[keyOf(&ofA)] = replica{origin: s.peers["gw-a"]}
-	s.replicas[keyOf(&ofB)] = replica{origin: pb}
+	s.replicas[keyOf(&ofA)] = replica{origin: s.peers["gw-a"].num}
+	s.replicas[keyOf(&ofB)] = replica{origin: pb.num}
 	s.resyncBegins(pb)
 	s.mu.Lock()
 	if adopt := s.custodyLocked("gw-a"); len(adopt) != 0 {
@@ -1045,8 +1045,8 @@ func TestSyncResyncUnderWayKeepsReplicasTakenIntoCustody(t *testing.T) {
 	if err := hasReplica(k, ofA); err != nil {
 		t.Errorf("gw-a's flow, in gw-b's custody: %v", err)
 	}
-	if r := s.replicas[keyOf(&ofA)]; r.origin != pb {
-		t.Errorf("gw-a's flow recorded as %+v's, want gw-b's", r.origin)
+	if r := s.replicas[keyOf(&ofA)]; r.origin != pb.num {
+		t.Errorf("gw-a's flow recorded as peer %d's, want gw-b's (%d)", r.origin, pb.num)
 	}
 	if hasReplica(k, ofB) == nil {
 		t.Errorf("gw-b's flow it did not send again is still here")
@@ -1214,8 +1214,8 @@ func TestSyncRefreshLetsEventsInBetween(t *testing.T) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if chunks != 3 || s.flows[keyOf(&late)] == nil || s.pass != 1 {
-		t.Errorf("%d chunks, the event's flow known %v, pass %d: want 3, true, 1", chunks, s.flows[keyOf(&late)] != nil, s.pass)
+	if _, known := s.flows[keyOf(&late)]; chunks != 3 || !known || s.pass != 1 {
+		t.Errorf("%d chunks, the event's flow known %v, pass %d: want 3, true, 1", chunks, known, s.pass)
 	}
 }
 
@@ -1318,7 +1318,7 @@ func TestSyncRefreshTakesIdOfEntryWhoseEventsWereLost(t *testing.T) {
 		if err := lab.EventuallyWithin(10*time.Second, func() error {
 			a.s.mu.Lock()
 			defer a.s.mu.Unlock()
-			if rec := a.s.flows[keyOf(&third)]; rec == nil || rec.id != third.ID {
+			if rec, ok := a.s.flows[keyOf(&third)]; !ok || rec.id != third.ID {
 				return fmt.Errorf("the new entry's event not taken yet")
 			}
 			return nil
@@ -1330,4 +1330,24 @@ func TestSyncRefreshTakesIdOfEntryWhoseEventsWereLost(t *testing.T) {
 	a.s.refresh()
 	a.k.emit(EventDestroy, third)
 	eventually(t, func() error { return replicaGone(b.k, third) })
+}
+
+// A flow's key gives back its protocol and original tuple, for both
+// families, and tells an IPv4 address from its IPv4-mapped IPv6 form.
+func TestFlowKeyEntry(t *testing.T) {
+	for _, e := range []Entry{
+		{Proto: protoTCP, Orig: Tuple{Src: netip.MustParseAddrPort("203.0.113.7:40000"), Dst: netip.MustParseAddrPort("192.0.2.10:80")}},
+		{Proto: protoUDP, Orig: Tuple{Src: netip.MustParseAddrPort("[2001:db8::7]:53000"), Dst: netip.MustParseAddrPort("[2001:db8:ff::10]:53")}},
+		{Proto: protoSCTP, Orig: Tuple{Src: netip.MustParseAddrPort("[::ffff:203.0.113.7]:40000"), Dst: netip.MustParseAddrPort("[::ffff:192.0.2.10]:80")}},
+	} {
+		got := keyOf(&e).entry()
+		if got.Proto != e.Proto || got.Orig != e.Orig {
+			t.Errorf("%v %v: the key gives %v %v", e.Proto, e.Orig, got.Proto, got.Orig)
+		}
+	}
+	v4 := Entry{Proto: protoTCP, Orig: Tuple{Src: netip.MustParseAddrPort("203.0.113.7:40000"), Dst: netip.MustParseAddrPort("192.0.2.10:80")}}
+	mapped := Entry{Proto: protoTCP, Orig: Tuple{Src: netip.MustParseAddrPort("[::ffff:203.0.113.7]:40000"), Dst: netip.MustParseAddrPort("[::ffff:192.0.2.10]:80")}}
+	if keyOf(&v4) == keyOf(&mapped) {
+		t.Errorf("%v and %v have one key", v4.Orig, mapped.Orig)
+	}
 }
