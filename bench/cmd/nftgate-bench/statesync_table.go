@@ -116,12 +116,9 @@ func statesyncTable(cfg *Config, topo *failover.Topology, nc *failover.NftgateCo
 	if st.Failed > 0 {
 		return run, fmt.Errorf("creating the table on A: %d failed, the last: %s", st.Failed, st.LastError)
 	}
-	created := time.Now()
-	held, _, missing, _, err := heldByB(topo.Gateways[a], topo.Gateways[b], svc, 2*time.Minute)
-	if err != nil {
+	if run.Held, run.HeldMissing, run.HeldAfter, err = heldSince(topo, a, svc, time.Now()); err != nil {
 		return run, err
 	}
-	run.Held, run.HeldMissing, run.HeldAfter = held, missing, time.Since(created).Seconds()
 
 	cpuA0, errA := readProcStats(ga.PID())
 	cpuB0, errB := readProcStats(gb.PID())
@@ -171,6 +168,14 @@ func statesyncTable(cfg *Config, topo *failover.Topology, nc *failover.NftgateCo
 	return run, nil
 }
 
+// heldSince waits (2 minutes at most) until B holds a replica of every
+// entry of A's (heldByB): whether it did, how many it lacked at the last
+// look, and the seconds since since.
+func heldSince(topo *failover.Topology, a int, svc netip.AddrPort, since time.Time) (held bool, missing int, after float64, err error) {
+	held, _, missing, _, err = heldByB(topo.Gateways[a], topo.Gateways[1-a], svc, 2*time.Minute)
+	return held, missing, time.Since(since).Seconds(), err
+}
+
 // restartB kills B's nftgate, flushes B's conntrack (a gateway that
 // reboots holds nothing) and starts nftgate there again, replacing gs[b].
 func restartB(cfg *Config, topo *failover.Topology, nc *failover.NftgateConfig, gs []*failover.Nftgate, a int, svc netip.AddrPort) (r TableRestart, err error) {
@@ -217,11 +222,9 @@ func restartB(cfg *Config, topo *failover.Topology, nc *failover.NftgateConfig, 
 		return r, err
 	}
 	r.ReadyAfter = time.Since(start).Seconds()
-	held, _, missing, _, err := heldByB(topo.Gateways[a], topo.Gateways[b], svc, 2*time.Minute)
-	if err != nil {
+	if r.Held, r.HeldMissing, r.HeldAfter, err = heldSince(topo, a, svc, start); err != nil {
 		return r, err
 	}
-	r.Held, r.HeldMissing, r.HeldAfter = held, missing, time.Since(start).Seconds()
 	a1, errA := readProcStats(ga.PID())
 	b1, errB := readProcStats(gb.PID())
 	st1, errS := syncStatus(ga)
