@@ -112,7 +112,7 @@ type flowRec struct {
 	state   protoState
 	status  uint32
 	mark    uint32
-	expires int64  // when the replicas expire unless refreshed (Unix ns)
+	expires int64  // when the replicas expire unless refreshed (Syncer.mono)
 	seen    uint64 // the refresh pass that last saw it (or will: see deliver)
 	id      uint32 // the entry's kernel id (Entry.ID), 0 when not known
 	// idPass is the refresh pass whose dump may be older than id: id was
@@ -244,6 +244,11 @@ type replica struct {
 	origin uint32
 	resync uint64
 }
+
+// mono is t in nanoseconds since the Syncer's start, on the monotonic
+// clock (t from time.Now, or computed from it): a step of the wall clock
+// (NTP setting a box that booted without one) moves no expiry.
+func (s *Syncer) mono(t time.Time) int64 { return int64(t.Sub(s.started)) }
 
 // New validates opts. The gateway set's OnPeer is then PeerChanged,
 // Attach connects the Syncer to the set's channel, and Run starts the work.
@@ -387,7 +392,7 @@ func (s *Syncer) deliver(evs []Event) {
 			if e.ID != 0 {
 				rec.id, rec.idPass = e.ID, s.pass+1
 			}
-			rec.expires = now.Add(time.Duration(e.Timeout) * time.Second).UnixNano()
+			rec.expires = s.mono(now.Add(time.Duration(e.Timeout) * time.Second))
 			// Seen by the next refresh pass too, whose dump may have been
 			// read before the flow existed: it is not taken for gone.
 			rec.seen = s.pass + 1
@@ -864,7 +869,7 @@ func (s *Syncer) fullPassDue() bool {
 // the flows are due, the pass is a full one.
 func (s *Syncer) refreshDue() {
 	s.mu.Lock()
-	horizon := time.Now().Add(2 * s.o.RefreshInterval).UnixNano()
+	horizon := s.mono(time.Now().Add(2 * s.o.RefreshInterval))
 	isDue := func(k flowKey, rec *flowRec) bool {
 		return rec.expires <= horizon && !overState(k.proto, rec.state)
 	}
@@ -1049,8 +1054,8 @@ func (s *Syncer) refreshOneLocked(o *op, pass uint64, now, horizon time.Time) {
 // s.mu is held.
 func (s *Syncer) resendLocked(k flowKey, rec *flowRec, o *op, pass uint64, now, later time.Time) {
 	e := &o.entry
-	expires := now.Add(time.Duration(e.Timeout) * time.Second).UnixNano()
-	horizon := later.UnixNano()
+	expires := s.mono(now.Add(time.Duration(e.Timeout) * time.Second))
+	horizon := s.mono(later)
 	// Timeouts come in whole seconds rounded down: an entry lives longer
 	// than its replica only past that second. A TCP connection that is
 	// over (a late packet lengthens its entry in CLOSE or TIME_WAIT)
