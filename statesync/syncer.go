@@ -83,7 +83,8 @@ type Options struct {
 // flowKey identifies an entry: protocol and original tuple, the
 // addresses in their 16-byte form. It holds no pointer (a netip.Addr
 // does), so the maps keyed by it, which hold a record for every flow and
-// every replica, are half the size and the collector does not scan them.
+// every replica, take a third less room and the collector does not scan
+// them.
 type flowKey struct {
 	src, dst     [16]byte
 	sport, dport uint16
