@@ -34,8 +34,11 @@ const FlowsMaxAge = time.Second
 // Flows reads the translated flows of the conntrack table, the whole table
 // in one dump at most once per FlowsMaxAge, however often it is asked:
 // a page load costs no dump of its own. Only translated flows are kept:
-// those whose reply comes from another address or port than the original
-// destination (an endpoint's, after DNAT).
+// the kernel writes only those whose destination it translated (the DNAT
+// status bit: a table that routes much besides the Services costs no
+// message for the routed flows), and of those the ones whose reply comes
+// from another address or port than the original destination (an
+// endpoint's).
 type Flows struct {
 	opts options
 	mu   sync.Mutex // held while reading: callers at once share one reading
@@ -62,7 +65,7 @@ func (f *Flows) Read() ([]Flow, time.Time, error) {
 	at := time.Now()
 	// About as many as the last reading: no append doubles a large slice.
 	out := make([]Flow, 0, len(f.last)+len(f.last)/8)
-	if err := ctnetlink.Dump(f.opts.netNS, ctnetlink.DumpFilter{}, func(msg []byte) {
+	if err := ctnetlink.Dump(f.opts.netNS, ctnetlink.DNATOnly, func(msg []byte) {
 		if fl, translated, ok := parseFlow(msg, at); ok && translated {
 			out = append(out, fl)
 		}

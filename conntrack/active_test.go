@@ -16,18 +16,24 @@ import (
 )
 
 // TestFlowsReadsTranslatedFlows fills a namespace's conntrack table with a
-// translated UDP flow and an untranslated one, and reads them back: only
-// the translated one, with its client, destination and endpoint; a second
-// reading within FlowsMaxAge is the first one again.
+// UDP flow whose destination the kernel translated (DNAT), an untranslated
+// one, and one whose reply comes from elsewhere without the kernel's
+// translation (created so through netlink: no DNAT status), and reads them
+// back: only the translated one, with its client, destination and
+// endpoint; a second reading within FlowsMaxAge is the first one again.
 func TestFlowsReadsTranslatedFlows(t *testing.T) {
 	ns := newNetNS(t)
 	linkUp(t, nlHandle(t, ns), "lo")
 	conn := ctConn(t, ns)
+	nat := natConn(t, ns)
 	translated := synthFlow{proto: 17, src: netip.MustParseAddrPort("198.18.1.5:4000"),
 		dst: netip.MustParseAddrPort("10.96.0.10:53"), replySrc: netip.MustParseAddrPort("10.128.0.7:5353")}
 	plain := synthFlow{proto: 17, src: netip.MustParseAddrPort("198.18.1.5:4001"),
 		dst: netip.MustParseAddrPort("10.128.0.7:5353"), replySrc: netip.MustParseAddrPort("10.128.0.7:5353")}
-	for _, f := range []synthFlow{translated, plain} {
+	untranslated := synthFlow{proto: 17, src: netip.MustParseAddrPort("198.18.1.5:4002"),
+		dst: netip.MustParseAddrPort("10.96.0.10:53"), replySrc: netip.MustParseAddrPort("10.128.0.8:5353")}
+	createDNAT(t, nat, translated)
+	for _, f := range []synthFlow{plain, untranslated} {
 		if err := conn.Create(f.flow(120)); err != nil {
 			t.Fatalf("create %v: %v", f, err)
 		}
@@ -47,9 +53,7 @@ func TestFlowsReadsTranslatedFlows(t *testing.T) {
 	}
 	another := translated
 	another.src = netip.MustParseAddrPort("198.18.1.6:4000")
-	if err := conn.Create(another.flow(120)); err != nil {
-		t.Fatal(err)
-	}
+	createDNAT(t, nat, another)
 	again, at2, err := r.Read()
 	if err != nil {
 		t.Fatal(err)

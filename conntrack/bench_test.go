@@ -165,18 +165,21 @@ func benchClean(b *testing.B, tbl *benchTable, maxNarrow int) {
 	b.ReportMetric(float64(deleted)/float64(b.N), "deleted/op")
 }
 
-// BenchmarkFlowsRead reads a table of 100,000 translated flows: what one
-// reading of the active flows (at most one a second, for the page, the API
-// and the metrics together) costs at that size.
+// BenchmarkFlowsRead reads a table of translated flows, alone or beside
+// flows the gateway routes untranslated: what one reading of the active
+// flows (at most one a second, for the page, the API and the metrics
+// together; the traffic history's each minute) costs at that size. The
+// kernel writes no message for the routed flows (the DNAT status filter).
 //
 //	go test -run '^$' -bench FlowsRead -benchtime 5x ./conntrack/
 func BenchmarkFlowsRead(b *testing.B) {
-	for _, n := range []int{10_000, 100_000} {
-		b.Run(fmt.Sprint("entries=", n), func(b *testing.B) {
-			t := newBenchTable(b, n)
+	requireRoot(b)
+	for _, c := range []struct{ translated, routed int }{{10_000, 0}, {100_000, 0}, {10_000, 100_000}} {
+		b.Run(fmt.Sprintf("translated=%d/routed=%d", c.translated, c.routed), func(b *testing.B) {
+			ns := newFlowsTable(b, c.translated, c.routed)
 			b.ResetTimer()
 			for range b.N {
-				f := NewFlows(WithNetNS(int(t.ns)))
+				f := NewFlows(WithNetNS(int(ns)))
 				runtime.GC()
 				h := startHeapPeak()
 				start := time.Now()
@@ -186,12 +189,40 @@ func BenchmarkFlowsRead(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				if len(flows) != n {
-					b.Fatalf("read %d flows, want %d", len(flows), n)
+				if len(flows) != c.translated {
+					b.Fatalf("read %d flows, want %d", len(flows), c.translated)
 				}
 				b.ReportMetric(float64(d.Milliseconds()), "read-ms")
 				b.ReportMetric(float64(peak)/(1<<20), "heap-peak-MiB")
 			}
 		})
 	}
+}
+
+// newFlowsTable is a namespace whose conntrack table holds translated UDP
+// flows (DNAT, as a Service's) and routed ones (no translation).
+func newFlowsTable(b *testing.B, translated, routed int) netns.NsHandle {
+	b.Helper()
+	ns := newNetNS(b)
+	linkUp(b, nlHandle(b, ns), "lo")
+	nat, conn := natConn(b, ns), ctConn(b, ns)
+	var chunk []synthFlow
+	for i := range translated {
+		u := uint32(i)
+		chunk = append(chunk, synthFlow{proto: 17, src: netip.AddrPortFrom(addr4(0x0a_c8_00_00|u>>8), uint16(10000+u&0xff)),
+			dst: netip.AddrPortFrom(addr4(0x0a_c9_00_00|u%1000), 53), replySrc: netip.AddrPortFrom(addr4(0x0a_ca_00_00|u%4000), 5353)})
+		if len(chunk) == 1024 || i == translated-1 {
+			createDNAT(b, nat, chunk...)
+			chunk = chunk[:0]
+		}
+	}
+	for i := range routed {
+		u := uint32(i)
+		dst := netip.AddrPortFrom(addr4(0x0a_cb_00_00|u%4000), 5353)
+		f := synthFlow{proto: 17, src: netip.AddrPortFrom(addr4(0x0a_cc_00_00|u>>8), uint16(10000+u&0xff)), dst: dst, replySrc: dst}
+		if err := conn.Create(f.flow(3600)); err != nil {
+			b.Fatalf("create routed entry %d of %d: %v", i, routed, err)
+		}
+	}
+	return ns
 }

@@ -11,6 +11,8 @@ import (
 	mdnetlink "github.com/mdlayher/netlink"
 	ct "github.com/ti-mo/conntrack"
 	"github.com/vishvananda/netns"
+
+	"github.com/nftgate/nftgate/statesync"
 )
 
 // synthFlow is a conntrack entry created over netlink, as NAT would leave
@@ -35,6 +37,35 @@ func (f synthFlow) flow(timeout uint32) ct.Flow {
 			Proto: ct.ProtoTuple{Protocol: f.proto, SourcePort: f.replySrc.Port(), DestinationPort: f.src.Port()},
 		},
 		Timeout: timeout,
+	}
+}
+
+// natConn is a writer of ns's conntrack table that creates entries with
+// the kernel's translations (statesync's, as the sync's load generator
+// does), which ti-mo/conntrack's Create cannot.
+func natConn(t testing.TB, ns netns.NsHandle) *statesync.Conntrack {
+	t.Helper()
+	c, err := statesync.NewConntrack(statesync.ConntrackOptions{NetNS: int(ns)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// createDNAT creates each of flows in c's table as a flow whose
+// destination the kernel translated to its replySrc (DNAT, 120 s left).
+func createDNAT(t testing.TB, c *statesync.Conntrack, flows ...synthFlow) {
+	t.Helper()
+	es := make([]statesync.Entry, len(flows))
+	for i, f := range flows {
+		es[i] = statesync.Entry{Proto: f.proto, Orig: statesync.Tuple{Src: f.src, Dst: f.dst},
+			Reply: statesync.Tuple{Src: f.replySrc, Dst: f.src}, Timeout: 120}
+	}
+	for i, err := range c.CreateOrigins(es) {
+		if err != nil {
+			t.Fatalf("create %v with DNAT: %v", flows[i], err)
+		}
 	}
 }
 

@@ -71,7 +71,7 @@ const (
 	StatusAssured   uint32 = 1 << 2
 	StatusConfirmed uint32 = 1 << 3
 	StatusSrcNAT    uint32 = 1 << 4
-	StatusDstNAT    uint32 = 1 << 5
+	StatusDstNAT           = ctnetlink.StatusDstNAT
 )
 
 // IP_CT_TCP_FLAG_* (include/uapi/linux/netfilter/nf_conntrack_tcp.h).

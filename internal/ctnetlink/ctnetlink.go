@@ -42,6 +42,15 @@ const (
 	Timestamp     = 20 // CTA_TIMESTAMP
 )
 
+// StatusDstNAT is the IPS_DST_NAT status bit
+// (include/uapi/linux/netfilter/nf_conntrack_common.h): the entry's
+// destination is translated, as a flow to a Service's is.
+const StatusDstNAT uint32 = 1 << 5
+
+// DNATOnly is the dump filter of the entries whose destination is
+// translated: the kernel writes no message for the others (routed flows).
+var DNATOnly = DumpFilter{Status: StatusDstNAT, StatusMask: StatusDstNAT}
+
 // Nested in CTA_COUNTERS_* and CTA_TIMESTAMP.
 const (
 	CountersBytes  = 2 // CTA_COUNTERS_BYTES
