@@ -44,7 +44,8 @@ type Config struct {
 	Mode string `toml:"mode" json:"mode"`
 	// ReadyTimeout bounds how long a gateway that is not ready
 	// (Options.Ready not closed) stays out of the candidates while a ready
-	// peer is alive. Default 30s, from 1s to 10m.
+	// peer is alive; Options.ReadyHold can extend it while the flow state
+	// still arrives, up to ReadyHoldMax times. Default 30s, from 1s to 10m.
 	ReadyTimeout time.Duration `toml:"ready_timeout" json:"ready_timeout"`
 	// Peers are the other gateways of the set.
 	Peers []PeerConfig `toml:"peers" json:"peers"`

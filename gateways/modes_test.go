@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -202,14 +203,15 @@ func TestActiveActiveMasqueradeAddressesStayHomeMoveAndReturn(t *testing.T) {
 	}
 }
 
-// The Set's ready gate, on the injected clock: a gateway whose Ready is not
-// closed takes nothing from a live ready peer until ready_timeout, then
-// everything (active-backup, it sorts first).
-func TestSetReadyGateAndTimeout(t *testing.T) {
+// readyPair starts, on clk, gw-b alone until it holds the addresses, then
+// gw-a with a Ready that is never closed, ready_timeout timeout and
+// ReadyHold hold (nil: none), and waits until they hear each other. gw-a
+// sorts first: ready, it takes everything (active-backup).
+func readyPair(t *testing.T, clk *clocktesting.FakeClock, timeout time.Duration, hold func() bool) (a *Set, ha, hb *held, as []netip.Addr, started time.Time) {
+	t.Helper()
 	ignore := goleak.IgnoreCurrent()
 	t.Cleanup(func() { goleak.VerifyNone(t, ignore) })
-	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
-	ha, hb := &held{}, &held{}
+	ha, hb = &held{}, &held{}
 	lnA, lnB := listen(t), listen(t)
 	b, err := New(Config{Name: "gw-b", Listen: lnB.Addr().String(), KeyFile: "k", StartupWait: time.Millisecond,
 		Peers: []PeerConfig{{Name: "gw-a", Addresses: []string{lnA.Addr().String()}}}},
@@ -218,7 +220,7 @@ func TestSetReadyGateAndTimeout(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { b.Close() })
-	as := addrs(4)
+	as = addrs(4)
 	b.Set(as)
 	wait(t, func() error {
 		clk.Step(100 * time.Millisecond) // b alone, after the startup wait, takes all
@@ -226,10 +228,11 @@ func TestSetReadyGateAndTimeout(t *testing.T) {
 	})
 
 	ready := make(chan struct{})
-	started := clk.Now()
-	a, err := New(Config{Name: "gw-a", Listen: lnA.Addr().String(), KeyFile: "k", ReadyTimeout: 10 * time.Second,
+	t.Cleanup(func() { close(ready) })
+	started = clk.Now()
+	a, err = New(Config{Name: "gw-a", Listen: lnA.Addr().String(), KeyFile: "k", ReadyTimeout: timeout,
 		Peers: []PeerConfig{{Name: "gw-b", Addresses: []string{lnB.Addr().String()}}}},
-		Options{Key: testKey, OnChange: ha.set, Listener: lnA, Clock: clk, Ready: ready})
+		Options{Key: testKey, OnChange: ha.set, Listener: lnA, Clock: clk, Ready: ready, ReadyHold: hold})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -245,9 +248,15 @@ func TestSetReadyGateAndTimeout(t *testing.T) {
 		}
 		return nil
 	})
-	// Tick by tick until just before the timeout, each tick once a has
-	// heard b at that time (and so decided then): a holds nothing.
-	for clk.Since(started) < 9900*time.Millisecond {
+	return a, ha, hb, as, started
+}
+
+// holdsNothingUntil steps clk 100 ms at a time until until after started,
+// each tick once a has heard b at that time (and so decided then), and
+// fails t if a holds anything meanwhile.
+func holdsNothingUntil(t *testing.T, clk *clocktesting.FakeClock, a *Set, ha *held, started time.Time, until time.Duration) {
+	t.Helper()
+	for clk.Since(started) < until {
 		clk.Step(100 * time.Millisecond)
 		wait(t, func() error {
 			if st := a.Status(); !st.Peers[0].LastHeartbeat.Equal(clk.Now()) {
@@ -256,21 +265,64 @@ func TestSetReadyGateAndTimeout(t *testing.T) {
 			return nil
 		})
 		if got := ha.get(); len(got) != 0 {
-			t.Fatalf("a, not ready, holds %v after %v: a %+v b %+v", got, clk.Since(started), a.Status(), b.Status())
+			t.Fatalf("a, not ready, holds %v after %v: %+v", got, clk.Since(started), a.Status())
 		}
 	}
-	if err := disjointCover(as, hb.get(), nil); err != nil {
-		t.Fatalf("b while a is not ready: %v", err)
-	}
-	// The timeout: a counts as ready and, first by name, takes all.
+}
+
+// takesAll steps clk until a, ready, holds every address.
+func takesAll(t *testing.T, clk *clocktesting.FakeClock, a *Set, ha *held, as []netip.Addr) {
+	t.Helper()
 	wait(t, func() error {
 		clk.Step(100 * time.Millisecond)
 		return disjointCover(as, ha.get(), nil)
 	})
 	if got := ha.get(); len(got) != len(as) || !a.Status().Ready {
-		t.Fatalf("after ready_timeout a holds %v, ready %v", got, a.Status().Ready)
+		t.Fatalf("a holds %v, ready %v", got, a.Status().Ready)
 	}
-	close(ready)
+}
+
+// The Set's ready gate, on the injected clock: a gateway whose Ready is not
+// closed takes nothing from a live ready peer until ready_timeout, then
+// everything (active-backup, it sorts first).
+func TestSetReadyGateAndTimeout(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
+	a, ha, hb, as, started := readyPair(t, clk, 10*time.Second, nil)
+	holdsNothingUntil(t, clk, a, ha, started, 9900*time.Millisecond)
+	if err := disjointCover(as, hb.get(), nil); err != nil {
+		t.Fatalf("b while a is not ready: %v", err)
+	}
+	// The timeout: a counts as ready and, first by name, takes all.
+	takesAll(t, clk, a, ha, as)
+}
+
+// Past ready_timeout, ReadyHold keeps the gate closed while it answers
+// true (the flow state still arrives), and a takes everything once it
+// answers false; or, held on, at ReadyHoldMax times ready_timeout.
+func TestSetReadyHoldWaitsPastTheTimeout(t *testing.T) {
+	const timeout = time.Second
+	t.Run("until the hold ends", func(t *testing.T) {
+		clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
+		var holding atomic.Bool
+		holding.Store(true)
+		asked := atomic.Int32{}
+		a, ha, _, as, started := readyPair(t, clk, timeout, func() bool { asked.Add(1); return holding.Load() })
+		holdsNothingUntil(t, clk, a, ha, started, 3*timeout)
+		if asked.Load() == 0 {
+			t.Fatal("ReadyHold never asked")
+		}
+		holding.Store(false)
+		takesAll(t, clk, a, ha, as)
+		if d := clk.Since(started); d > 3*timeout+ReadyHoldEvery+500*time.Millisecond {
+			t.Errorf("a took part %v after its start, want within %v of the hold's end", d, ReadyHoldEvery)
+		}
+	})
+	t.Run("held to the bound", func(t *testing.T) {
+		clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
+		a, ha, _, as, started := readyPair(t, clk, timeout, func() bool { return true })
+		holdsNothingUntil(t, clk, a, ha, started, ReadyHoldMax*timeout-200*time.Millisecond)
+		takesAll(t, clk, a, ha, as)
+	})
 }
 
 // Closing Ready is what lets a take over, long before the timeout.

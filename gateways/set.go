@@ -61,11 +61,24 @@ type Options struct {
 	// ready live peer could hold; its peers learn it from its state, so
 	// every gateway computes the same owner. nil: ready at once.
 	Ready <-chan struct{}
+	// ReadyHold, when set, is asked when ReadyTimeout passes with Ready
+	// not closed: while it answers true (the peers' flow state still
+	// arrives: a large table takes longer than ReadyTimeout), the gateway
+	// waits on, asking again every ReadyHoldEvery, up to ReadyHoldMax
+	// times ReadyTimeout.
+	ReadyHold func() bool
 	// OnReady, when set, is called once this gateway is ready (Ready
 	// closed, or ReadyTimeout passed; at once without Ready), with the
 	// Set's lock held: it must not call back into the Set.
 	OnReady func()
 }
+
+// How long ReadyHold can keep a gateway waiting past ReadyTimeout: asked
+// every ReadyHoldEvery, until ReadyHoldMax times ReadyTimeout.
+const (
+	ReadyHoldEvery = time.Second
+	ReadyHoldMax   = 10
+)
 
 // Set is this gateway's membership in the gateway set: the channel to
 // every peer, the heartbeats, and the ownership of the floating addresses.
@@ -215,17 +228,33 @@ func New(cfg Config, opts Options) (*Set, error) {
 }
 
 // awaitReady marks this gateway ready when Options.Ready is closed, or
-// when Config.ReadyTimeout has passed.
+// when Config.ReadyTimeout has passed and Options.ReadyHold does not hold
+// it (up to ReadyHoldMax times ReadyTimeout).
 func (s *Set) awaitReady() {
 	t := s.clock.NewTimer(s.cfg.ReadyTimeout)
 	defer t.Stop()
-	select {
-	case <-s.stop:
-		return
-	case <-s.opts.Ready:
-		s.log.Info("gateways: ready (the peers' flow state is here)")
-	case <-t.C():
-		s.log.Warn("gateways: not ready within ready_timeout; taking part as ready", "ready_timeout", s.cfg.ReadyTimeout)
+	limit := s.clock.Now().Add(ReadyHoldMax * s.cfg.ReadyTimeout)
+	held := false
+wait:
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-s.opts.Ready:
+			s.log.Info("gateways: ready (the peers' flow state is here)")
+			break wait
+		case <-t.C():
+			if s.opts.ReadyHold != nil && s.clock.Now().Before(limit) && s.opts.ReadyHold() {
+				if !held {
+					held = true
+					s.log.Info("gateways: ready_timeout passed while the peers' flow state still arrives; waiting on", "ready_timeout", s.cfg.ReadyTimeout)
+				}
+				t.Reset(ReadyHoldEvery)
+				continue
+			}
+			s.log.Warn("gateways: not ready within ready_timeout; taking part as ready", "ready_timeout", s.cfg.ReadyTimeout, "held", held)
+			break wait
+		}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()

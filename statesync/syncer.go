@@ -51,7 +51,17 @@ const (
 	retryAfter = 500 * time.Millisecond
 	// incoming bounds the batches decoded but not yet written.
 	incoming = 64
+	// resyncMoving: a peer's resync to this gateway that began or
+	// delivered a batch within it is still moving (ResyncMoving), and Ready
+	// waits for it past ReadyWait, up to ReadyWaitMoving times ReadyWait.
+	resyncMoving = 5 * time.Second
 )
+
+// ReadyWaitMoving bounds how long Ready waits, in ReadyWaits, for a resync
+// that is still moving (a large table: about 2 s per 100,000 entries on a
+// 2-core machine): the gateway set's bound for its wait
+// (gateways.Options.ReadyHold).
+const ReadyWaitMoving = gateways.ReadyHoldMax
 
 // Options are what New needs.
 type Options struct {
@@ -174,6 +184,9 @@ type peer struct {
 	// done deletes them.
 	resyncIn uint64
 	sweeping bool
+	// resyncAt is when its resync to this gateway began or last
+	// delivered a batch.
+	resyncAt time.Time
 
 	sent, received, lost         uint64
 	resyncsSent, resyncsReceived uint64
@@ -228,6 +241,7 @@ type Syncer struct {
 	sinceFull  int
 	fullDue    bool
 	readyDone  bool
+	readyLate  bool // Ready waited past ReadyWait for a resync that moved
 	eventsLost uint64
 	adopted    uint64
 	// notReplicated counts the own flows not sent, by reason
@@ -1098,7 +1112,10 @@ func overState(p Proto, st protoState) bool {
 	return false
 }
 
-// checkReady closes Ready when it is time.
+// checkReady closes Ready when it is time: every live peer's resync done
+// (a peer not heard within PeerWait is not waited for), or ReadyWait
+// passed and no resync still moving (ResyncMoving), or ReadyWaitMoving
+// times ReadyWait passed.
 func (s *Syncer) checkReady() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -1112,14 +1129,39 @@ func (s *Syncer) checkReady() {
 			all = false
 		}
 	}
+	if !all && since >= s.o.ReadyWait && since < ReadyWaitMoving*s.o.ReadyWait && s.resyncMovingLocked() {
+		if !s.readyLate {
+			s.readyLate = true
+			s.log.Info("statesync: a peer's resync is still under way past ready_timeout; waiting for it while it moves", "waited", since.Round(time.Millisecond))
+		}
+		return
+	}
 	if all || since >= s.o.ReadyWait {
 		s.readyDone = true
 		close(s.ready)
 		s.m.ready.Set(1)
 		if !all {
-			s.log.Warn("statesync: not every peer finished its resync in time; going ahead", "waited", s.o.ReadyWait)
+			s.log.Warn("statesync: not every peer finished its resync in time; going ahead", "waited", since.Round(time.Millisecond))
 		}
 	}
+}
+
+// ResyncMoving tells whether a live peer's resync to this gateway is under
+// way and still moving: it began or delivered a batch within the last 5 s.
+// The gateway set asks it when ready_timeout passes (gateways.Options.ReadyHold).
+func (s *Syncer) ResyncMoving() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.resyncMovingLocked()
+}
+
+func (s *Syncer) resyncMovingLocked() bool {
+	for _, p := range s.peers {
+		if p.up && p.sweeping && !p.doneFromIt && time.Since(p.resyncAt) < resyncMoving {
+			return true
+		}
+	}
+	return false
 }
 
 // onBatch decodes a batch from a peer and hands it to the writer.
@@ -1240,6 +1282,9 @@ func (s *Syncer) writer(ctx context.Context) {
 		known = slices.Grow(known[:0], len(it.bt.ops))[:len(it.bt.ops)]
 		s.mu.Lock()
 		resync := p.resyncIn
+		if p.sweeping {
+			p.resyncAt = time.Now()
+		}
 		for i := range it.bt.ops {
 			k := keyOf(&it.bt.ops[i].entry)
 			_, own[i] = s.flows[k]
@@ -1326,7 +1371,7 @@ func (s *Syncer) resyncBegins(p *peer) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.resyncs++
-	p.resyncIn, p.sweeping = s.resyncs, true
+	p.resyncIn, p.sweeping, p.resyncAt = s.resyncs, true, time.Now()
 }
 
 // sweep deletes, when p's resync is done, the replicas of p's flows that

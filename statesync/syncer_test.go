@@ -1351,3 +1351,49 @@ func TestFlowKeyEntry(t *testing.T) {
 		t.Errorf("%v and %v have one key", v4.Orig, mapped.Orig)
 	}
 }
+
+// Past ReadyWait, Ready still waits for a peer's resync to this gateway
+// while it moves (it began or delivered a batch within resyncMoving), up
+// to ReadyWaitMoving times ReadyWait; a resync that stalled, or one past
+// that bound, is not waited for. ResyncMoving says the same. The clock is
+// the Syncer's start and the resync's last batch, set here.
+func TestSyncReadyWaitsForAResyncThatMoves(t *testing.T) {
+	const wait = time.Second
+	for _, tc := range []struct {
+		name               string
+		started, lastBatch time.Duration // ago
+		moving, ready      bool
+	}{
+		{name: "moving within ReadyWait", started: wait / 2, moving: true},
+		{name: "moving past ReadyWait", started: 2 * wait, moving: true},
+		{name: "stalled", started: 2 * wait, lastBatch: resyncMoving + time.Second, ready: true},
+		{name: "moving past the bound", started: ReadyWaitMoving*wait + time.Second, moving: true, ready: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, err := New(Options{Kernel: newFakeKernel(), Policy: testPolicy(), Self: "gw-a", Peers: []string{"gw-b"}, ReadyWait: wait, PeerWait: wait})
+			if err != nil {
+				t.Fatal(err)
+			}
+			p := s.peers["gw-b"]
+			p.up = true
+			s.resyncBegins(p)
+			s.mu.Lock()
+			s.started = time.Now().Add(-tc.started)
+			p.resyncAt = time.Now().Add(-tc.lastBatch)
+			s.mu.Unlock()
+			if got := s.ResyncMoving(); got != tc.moving {
+				t.Errorf("ResyncMoving %v, want %v", got, tc.moving)
+			}
+			s.checkReady()
+			ready := false
+			select {
+			case <-s.Ready():
+				ready = true
+			default:
+			}
+			if ready != tc.ready {
+				t.Errorf("%v after the start, the resync's last batch %v ago: ready %v, want %v", tc.started, tc.lastBatch, ready, tc.ready)
+			}
+		})
+	}
+}

@@ -71,6 +71,7 @@ func (ss *stateSync) hook(opts *gateways.Options) {
 	}
 	opts.OnPeer = ss.s.PeerChanged
 	opts.Ready = ss.s.Ready()
+	opts.ReadyHold = ss.s.ResyncMoving
 }
 
 // run follows the sync loop (the Policy) and replicates until ctx ends,
