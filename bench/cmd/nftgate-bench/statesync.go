@@ -52,11 +52,9 @@ type StateSyncConfig struct {
 	// Profile, when set, is where CPU profiles of A's and B's nftgate
 	// during each sync run are written (nftgate runs with --pprof).
 	Profile string
-	// TableEntries and TableIdle shape the table run (statesync_table.go);
-	// TableReadyTimeout is its [gateways] ready_timeout (0: the default).
-	TableEntries      int
-	TableIdle         time.Duration
-	TableReadyTimeout time.Duration
+	// TableEntries and TableIdle shape the table run (statesync_table.go).
+	TableEntries int
+	TableIdle    time.Duration
 }
 
 // The runs of the state-sync phase.
@@ -98,7 +96,6 @@ func statesyncFlags(fs *flag.FlagSet, c *StateSyncConfig) func() error {
 	fs.StringVar(&c.Profile, "statesync-profile", "", "state-sync phase: directory for CPU profiles of both nftgates during each sync run")
 	fs.IntVar(&c.TableEntries, "statesync-table-entries", 100000, "state-sync phase: the table run's entries in TIME_WAIT on A")
 	fs.DurationVar(&c.TableIdle, "statesync-table-idle", time.Minute, "state-sync phase: the table run's window without load")
-	fs.DurationVar(&c.TableReadyTimeout, "statesync-table-ready-timeout", 0, "state-sync phase: the table run's [gateways] ready_timeout (0: nftgate's default), shorter than B's resync after its restart to see it waited for")
 	return func() error {
 		c.On = c.On || c.Only
 		for _, r := range strings.Split(*rates, ",") {
@@ -138,8 +135,6 @@ func statesyncFlags(fs *flag.FlagSet, c *StateSyncConfig) func() error {
 			return fmt.Errorf("--statesync-table-entries: %d: want 1,000 to 120,000", c.TableEntries)
 		case c.TableIdle < 10*time.Second || c.TableIdle > 10*time.Minute:
 			return fmt.Errorf("--statesync-table-idle: %v: want 10s to 10m", c.TableIdle)
-		case c.TableReadyTimeout != 0 && (c.TableReadyTimeout < time.Second || c.TableReadyTimeout > 10*time.Minute):
-			return fmt.Errorf("--statesync-table-ready-timeout: %v: want 1s to 10m", c.TableReadyTimeout)
 		}
 		return nil
 	}
@@ -221,9 +216,6 @@ func RunStateSync(cfg *Config, machine string) error {
 	dir := filepath.Join(cfg.Out, "statesync")
 	for _, name := range c.Runs {
 		o := failover.NftgateOptions{NoStateSync: name == ssNoSync, DeadAfter: c.DeadAfter}
-		if name == ssTable {
-			o.ReadyTimeout = c.TableReadyTimeout
-		}
 		rates := c.Rates
 		if name == ssOverflow {
 			// B stops for a second: it must not be declared dead (its
