@@ -20,6 +20,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nftgate/nftgate/gateways"
 	"github.com/nftgate/nftgate/internal/testing/failover"
 	"github.com/nftgate/nftgate/internal/testing/lab"
 	"github.com/nftgate/nftgate/statesync"
@@ -52,9 +53,11 @@ type StateSyncConfig struct {
 	// Profile, when set, is where CPU profiles of A's and B's nftgate
 	// during each sync run are written (nftgate runs with --pprof).
 	Profile string
-	// TableEntries and TableIdle shape the table run (statesync_table.go).
-	TableEntries int
-	TableIdle    time.Duration
+	// TableEntries and TableIdle shape the table run (statesync_table.go);
+	// TableReadyTimeout is its [gateways] ready_timeout (0: the default).
+	TableEntries      int
+	TableIdle         time.Duration
+	TableReadyTimeout time.Duration
 }
 
 // The runs of the state-sync phase.
@@ -96,6 +99,7 @@ func statesyncFlags(fs *flag.FlagSet, c *StateSyncConfig) func() error {
 	fs.StringVar(&c.Profile, "statesync-profile", "", "state-sync phase: directory for CPU profiles of both nftgates during each sync run")
 	fs.IntVar(&c.TableEntries, "statesync-table-entries", 100000, "state-sync phase: the table run's entries in TIME_WAIT on A")
 	fs.DurationVar(&c.TableIdle, "statesync-table-idle", time.Minute, "state-sync phase: the table run's window without load")
+	fs.DurationVar(&c.TableReadyTimeout, "statesync-table-ready-timeout", 0, "state-sync phase: the table run's [gateways] ready_timeout (0: nftgate's default), shorter than B's resync after its restart to see it waited for")
 	return func() error {
 		c.On = c.On || c.Only
 		for _, r := range strings.Split(*rates, ",") {
@@ -135,6 +139,8 @@ func statesyncFlags(fs *flag.FlagSet, c *StateSyncConfig) func() error {
 			return fmt.Errorf("--statesync-table-entries: %d: want 1,000 to 120,000", c.TableEntries)
 		case c.TableIdle < 10*time.Second || c.TableIdle > 10*time.Minute:
 			return fmt.Errorf("--statesync-table-idle: %v: want 10s to 10m", c.TableIdle)
+		case c.TableReadyTimeout != 0 && (c.TableReadyTimeout < time.Second || c.TableReadyTimeout > 10*time.Minute):
+			return fmt.Errorf("--statesync-table-ready-timeout: %v: want 1s to 10m", c.TableReadyTimeout)
 		}
 		return nil
 	}
@@ -216,6 +222,9 @@ func RunStateSync(cfg *Config, machine string) error {
 	dir := filepath.Join(cfg.Out, "statesync")
 	for _, name := range c.Runs {
 		o := failover.NftgateOptions{NoStateSync: name == ssNoSync, DeadAfter: c.DeadAfter}
+		if name == ssTable {
+			o.ReadyTimeout = c.TableReadyTimeout
+		}
 		rates := c.Rates
 		if name == ssOverflow {
 			// B stops for a second: it must not be declared dead (its
@@ -527,20 +536,33 @@ func statesyncRun(cfg *Config, topo *failover.Topology, gs []*failover.Nftgate, 
 	return run, nil
 }
 
-// syncStatus is a gateway's GET /api/v1/statesync.
+// syncStatus reads g's state sync (/api/v1/statesync).
 func syncStatus(g *failover.Nftgate) (statesync.Status, error) {
 	var st statesync.Status
-	code, body, err := g.Get("/api/v1/statesync")
+	err := getJSON(g, "/api/v1/statesync", &st)
+	return st, err
+}
+
+// setStatus reads g's gateway set (/api/v1/gateways).
+func setStatus(g *failover.Nftgate) (gateways.Status, error) {
+	var st gateways.Status
+	err := getJSON(g, "/api/v1/gateways", &st)
+	return st, err
+}
+
+// getJSON decodes g's answer to a GET of path into v.
+func getJSON(g *failover.Nftgate, path string, v any) error {
+	code, body, err := g.Get(path)
 	if err != nil {
-		return st, err
+		return err
 	}
 	if code != 200 {
-		return st, fmt.Errorf("%s: /api/v1/statesync: %d %s", g.Host, code, body)
+		return fmt.Errorf("%s: %s: %d %s", g.Host, path, code, body)
 	}
-	if err := json.Unmarshal([]byte(body), &st); err != nil {
-		return st, fmt.Errorf("%s: /api/v1/statesync: %w", g.Host, err)
+	if err := json.Unmarshal([]byte(body), v); err != nil {
+		return fmt.Errorf("%s: %s: %w", g.Host, path, err)
 	}
-	return st, nil
+	return nil
 }
 
 // syncReading is what A and B say of the sync at one moment.

@@ -73,14 +73,18 @@ type StateSyncTableRun struct {
 // TableRestart is B's restart in the table run: its nftgate killed and its
 // conntrack flushed, then nftgate started again.
 type TableRestart struct {
-	// ReadyAfter: from B's start until its state sync says it is ready
-	// (/api/v1/statesync: it holds its peer's entries, the resync done);
-	// HeldAfter: until B's kernel holds a replica of every entry of A's
-	// (HeldMissing at the last look if never).
-	ReadyAfter  float64 `json:"ready_after_seconds"`
-	Held        bool    `json:"held"`
-	HeldAfter   float64 `json:"held_after_seconds"`
-	HeldMissing int     `json:"held_missing,omitempty"`
+	// From B's start until its state sync first says it is ready
+	// (/api/v1/statesync), until its gateway set does (/api/v1/gateways:
+	// a candidate for the addresses), and until its peer's resync is done
+	// (polled together, about every 10 ms); HeldAfter: until B's kernel
+	// holds a replica of every entry of A's (HeldMissing at the last look
+	// if never).
+	ReadyAfter      float64 `json:"ready_after_seconds"`
+	SetReadyAfter   float64 `json:"set_ready_after_seconds"`
+	ResyncDoneAfter float64 `json:"resync_done_after_seconds"`
+	Held            bool    `json:"held"`
+	HeldAfter       float64 `json:"held_after_seconds"`
+	HeldMissing     int     `json:"held_missing,omitempty"`
 	// ResyncsSent: A's full resyncs to B meanwhile.
 	ResyncsSent uint64 `json:"resyncs_sent"`
 	// CPU of A from the kill until B held it all, and of B's new nftgate
@@ -209,19 +213,35 @@ func restartB(cfg *Config, topo *failover.Topology, nc *failover.NftgateConfig, 
 	if err := gb.WaitReady(2 * time.Minute); err != nil {
 		return r, err
 	}
+	// When B's state sync and its gateway set first said ready, and when
+	// its peer's resync was first done: a gate open before the resync was
+	// done let B take addresses without the flows.
+	var syncReady, setReady, done time.Duration
+	first := func(d *time.Duration, yes bool) {
+		if yes && *d == 0 {
+			*d = time.Since(start)
+		}
+	}
 	if err := lab.EventuallyWithin(2*time.Minute, func() error {
 		st, err := syncStatus(gb)
 		if err != nil {
 			return err
 		}
-		if !st.Ready || len(st.Peers) != 1 || !st.Peers[0].ResyncDone {
-			return fmt.Errorf("%s: state sync not ready: %+v", gb.Host, st)
+		set, err := setStatus(gb)
+		if err != nil {
+			return err
+		}
+		first(&syncReady, st.Ready)
+		first(&setReady, set.Ready)
+		first(&done, len(st.Peers) == 1 && st.Peers[0].ResyncDone)
+		if syncReady == 0 || setReady == 0 || done == 0 {
+			return fmt.Errorf("%s: not ready: %+v; gateways ready %v", gb.Host, st, set.Ready)
 		}
 		return nil
 	}); err != nil {
 		return r, err
 	}
-	r.ReadyAfter = time.Since(start).Seconds()
+	r.ReadyAfter, r.SetReadyAfter, r.ResyncDoneAfter = syncReady.Seconds(), setReady.Seconds(), done.Seconds()
 	if r.Held, r.HeldMissing, r.HeldAfter, err = heldSince(topo, a, svc, start); err != nil {
 		return r, err
 	}
@@ -289,8 +309,8 @@ func (r StateSyncTableRun) Summary() string {
 	s := fmt.Sprintf("table of %d entries (%d created in %.1f s, B held all %v after %.1f s): idle %.0f s, CPU A %.2f s B %.2f s, A's passes %v read %v, sent %d, lost %d, kernel losses %d, refreshes %d, alive %v",
 		r.Entries, r.Created, r.CreateSeconds, r.Held, r.HeldAfter, r.IdleSeconds, r.CPUSecondsA, r.CPUSecondsB, r.Passes, r.Read, r.Sync.Sent, r.Sync.Lost, r.Sync.KernelLossesA, r.Sync.Refreshes, r.Alive)
 	if t := r.Restart; t != nil {
-		s += fmt.Sprintf("; B restarted: ready after %.1f s, held all %v after %.1f s (%d missing), resyncs %d, CPU A %.2f s B %.2f s, A's RSS %.0f MiB peak %.0f, B's peak %.0f",
-			t.ReadyAfter, t.Held, t.HeldAfter, t.HeldMissing, t.ResyncsSent, t.CPUSecondsA, t.CPUSecondsB, t.RSSMiBA, t.PeakRSSMiBA, t.PeakRSSMiBB)
+		s += fmt.Sprintf("; B restarted: sync ready after %.2f s, gateways ready %.2f s, resync done %.2f s, held all %v after %.1f s (%d missing), resyncs %d, CPU A %.2f s B %.2f s, A's RSS %.0f MiB peak %.0f, B's peak %.0f",
+			t.ReadyAfter, t.SetReadyAfter, t.ResyncDoneAfter, t.Held, t.HeldAfter, t.HeldMissing, t.ResyncsSent, t.CPUSecondsA, t.CPUSecondsB, t.RSSMiBA, t.PeakRSSMiBA, t.PeakRSSMiBB)
 	}
 	return s
 }
@@ -317,8 +337,8 @@ func (r *StateSyncReport) tableMarkdown(b *strings.Builder) {
 			t.Created, held, t.IdleSeconds, t.CPUSecondsA, t.CPUSecondsB, 100*t.CPUSecondsA/t.IdleSeconds, 100*t.CPUSecondsB/t.IdleSeconds,
 			passes, read, t.Sync.Sent, t.Sync.Lost, t.Sync.KernelLossesA, t.Sync.Refreshes, t.Alive, t.LoadAvg[0], t.LoadAvg[1])
 	}
-	b.WriteString("\nThen B restarts as a rebooted gateway would: its nftgate killed, its conntrack flushed, nftgate started again; A sends it the table in a full resync. Ready: from B's start until its state sync is ready (`/api/v1/statesync`: the resync done); held: until B's kernel holds a replica of every entry of A's. CPU: A's from the kill, B's new nftgate's, until held. Memory: A's VmRSS before the kill and its peak (VmHWM, reset before) until held; B's peak.\n\n")
-	b.WriteString("| entries | B ready after (s) | B held all after (s) | resyncs | CPU A / B (s) | A's RSS / peak (MiB) | B's peak (MiB) |\n")
+	b.WriteString("\nThen B restarts as a rebooted gateway would: its nftgate killed, its conntrack flushed, nftgate started again; A sends it the table in a full resync. Ready: from B's start until its state sync and its gateway set (a candidate for the addresses) first say it is ready, and until its peer's resync is done; held: until B's kernel holds a replica of every entry of A's. CPU: A's from the kill, B's new nftgate's, until held. Memory: A's VmRSS before the kill and its peak (VmHWM, reset before) until held; B's peak.\n\n")
+	b.WriteString("| entries | B's sync / gateways ready, resync done after (s) | B held all after (s) | resyncs | CPU A / B (s) | A's RSS / peak (MiB) | B's peak (MiB) |\n")
 	b.WriteString("|---|---|---|---|---|---|---|\n")
 	for _, t := range r.Tables {
 		rs := t.Restart
@@ -329,7 +349,7 @@ func (r *StateSyncReport) tableMarkdown(b *strings.Builder) {
 		if rs.Held {
 			held = fmt.Sprintf("%.1f", rs.HeldAfter)
 		}
-		fmt.Fprintf(b, "| %d | %.1f | %s | %d | %.2f / %.2f | %.0f / %.0f | %.0f |\n",
-			t.Created, rs.ReadyAfter, held, rs.ResyncsSent, rs.CPUSecondsA, rs.CPUSecondsB, rs.RSSMiBA, rs.PeakRSSMiBA, rs.PeakRSSMiBB)
+		fmt.Fprintf(b, "| %d | %.2f / %.2f, %.2f | %s | %d | %.2f / %.2f | %.0f / %.0f | %.0f |\n",
+			t.Created, rs.ReadyAfter, rs.SetReadyAfter, rs.ResyncDoneAfter, held, rs.ResyncsSent, rs.CPUSecondsA, rs.CPUSecondsB, rs.RSSMiBA, rs.PeakRSSMiBA, rs.PeakRSSMiBB)
 	}
 }

@@ -38,6 +38,7 @@ func TestParseFlagsStateSync(t *testing.T) {
 		{[]string{"--statesync-load", "--statesync-overflow-queue", "100"}, "--statesync-overflow-queue: 100"},
 		{[]string{"--statesync-load", "--statesync-overflow-stop", "10s"}, "--statesync-overflow-stop: 10s"},
 		{[]string{"--statesync-load", "--statesync-dead-after", "1"}, "--statesync-dead-after: 1"},
+		{[]string{"--statesync-load", "--statesync-table-ready-timeout", "500ms"}, "--statesync-table-ready-timeout: 500ms"},
 	} {
 		_, err := parseFlags(append(bins, c.args...))
 		if err == nil || !strings.Contains(err.Error(), c.want) {

@@ -52,6 +52,9 @@ type NftgateOptions struct {
 	NoStateSync bool
 	// SyncQueue is [gateways] sync_queue; 0 leaves nftgate's default.
 	SyncQueue int
+	// ReadyTimeout is [gateways] ready_timeout; 0 leaves nftgate's
+	// default.
+	ReadyTimeout time.Duration
 	// SyncBatchInterval is [gateways] sync_batch_interval; 0 leaves
 	// nftgate's default.
 	SyncBatchInterval time.Duration
@@ -153,6 +156,9 @@ func WriteNftgate(topo *Topology, dir string, o NftgateOptions) (*NftgateConfig,
 		}
 		if o.SyncQueue > 0 {
 			text += fmt.Sprintf("sync_queue = %d\n", o.SyncQueue)
+		}
+		if o.ReadyTimeout > 0 {
+			text += fmt.Sprintf("ready_timeout = %q\n", o.ReadyTimeout.String())
 		}
 		if o.SyncBatchInterval > 0 {
 			text += fmt.Sprintf("sync_batch_interval = %q\n", o.SyncBatchInterval.String())
