@@ -105,14 +105,21 @@ func BenchmarkDecodeEvent(b *testing.B) {
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
 }
 
-// BenchmarkDumpOwn10000 reads a table of 10,000 translated entries of
-// this gateway's own, as a refresh pass or a resync on the active gateway
-// does.
-func BenchmarkDumpOwn10000(b *testing.B) {
+// ownTable is a namespace's conntrack holding 10,000 translated entries
+// of this gateway's own (benchEntries), and those entries.
+func ownTable(b *testing.B) (*Conntrack, []Entry) {
 	requireRoot(b)
 	k := newKernel(b, netnstest.Temp(b), ConntrackOptions{})
 	es := benchEntries(10000)
 	noErrors(b, "create", k.CreateOrigins(es))
+	return k, es
+}
+
+// BenchmarkDumpOwn10000 reads a table of 10,000 translated entries of
+// this gateway's own, as a refresh pass or a resync on the active gateway
+// does.
+func BenchmarkDumpOwn10000(b *testing.B) {
+	k, es := ownTable(b)
 	benchDump(b, k, len(es))
 }
 
@@ -200,10 +207,7 @@ func BenchmarkRefreshPass(b *testing.B) {
 // refresh pass between full ones asks for those due: against
 // BenchmarkDumpOwn10000, what a read costs an entry either way.
 func BenchmarkGet10000(b *testing.B) {
-	requireRoot(b)
-	k := newKernel(b, netnstest.Temp(b), ConntrackOptions{})
-	es := benchEntries(10000)
-	noErrors(b, "create", k.CreateOrigins(es))
+	k, es := ownTable(b)
 	b.ReportAllocs()
 	b.ResetTimer()
 	for range b.N {
@@ -222,10 +226,7 @@ func BenchmarkGet10000(b *testing.B) {
 // resync, as the resync holds it until the peer has it all; held-B/entry
 // is what it holds an entry.
 func BenchmarkResyncDump(b *testing.B) {
-	requireRoot(b)
-	k := newKernel(b, netnstest.Temp(b), ConntrackOptions{})
-	es := benchEntries(10000)
-	noErrors(b, "create", k.CreateOrigins(es))
+	k, es := ownTable(b)
 	s, err := New(Options{Kernel: k, Policy: NewPolicy(ruleset.Config{}, nil), Self: "gw-a", Peers: []string{"gw-b"}})
 	if err != nil {
 		b.Fatal(err)
