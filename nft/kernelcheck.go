@@ -89,6 +89,9 @@ func kernelProbesFor(cfg *ruleset.Config) []kernelProbe {
 	if cfg.UntranslatedEventsOff {
 		probes = append(probes, eventProbes()...)
 	}
+	if cfg.LeanServiceEvents {
+		probes = append(probes, leanEventProbes()...)
+	}
 	return probes
 }
 
@@ -102,6 +105,21 @@ func eventProbes() []kernelProbe {
 		ps = append(ps, kernelProbe{Feature: "ct event set (gateways.conntrack_events = \"services\", the default with state_sync)" + w,
 			Option: "CONFIG_NF_CONNTRACK_EVENTS", Needs: []string{"nat chains" + w, "ct expression" + w}, add: func(b *probeBatch) {
 				b.rule(b.natPostrouting(f), ruleset.UntranslatedEventsRule()...)
+			}})
+	}
+	return ps
+}
+
+// leanEventProbes try, per family, the event mask of a masqueraded TCP
+// connection and the close's label (ruleset.Config.LeanServiceEvents).
+func leanEventProbes() []kernelProbe {
+	var ps []kernelProbe
+	for _, f := range ruleset.Families {
+		w := " (" + f.String() + ")"
+		ps = append(ps, kernelProbe{Feature: "ct event set and ct label set (gateways.conntrack_events = \"lean\"; \"services\" needs no labels)" + w,
+			Option: "CONFIG_NF_CONNTRACK_EVENTS and CONFIG_NF_CONNTRACK_LABELS", Needs: []string{"nat chains" + w, "ct expression" + w}, add: func(b *probeBatch) {
+				b.rule(b.natPostrouting(f), ruleset.LeanEventsRule()...)
+				b.rule(b.natPostrouting(f), ruleset.CloseLabelRule()...)
 			}})
 	}
 	return ps

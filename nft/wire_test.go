@@ -232,6 +232,8 @@ func TestWireMatchesGoogleNftables(t *testing.T) {
 			}
 			cfg.Counters = seed > 2
 			cfg.UntranslatedEventsOff = seed%2 == 0
+			cfg.LeanServiceEvents = seed == 2 || seed == 3
+			cfg.ReleaseTimeWait = seed == 2
 			if seed == 4 {
 				cfg.TrafficElements = 4096
 			}
@@ -363,6 +365,10 @@ func TestWireExpressions(t *testing.T) {
 		func(s bc.Sink) { s.Ct(bc.Ct{Key: bc.CtDstIP, Dreg: 9}) },
 		func(s bc.Sink) { s.Ct(bc.Ct{Key: bc.CtProtoDst, Dreg: 19}) },
 		func(s bc.Sink) { s.Ct(bc.Ct{Key: bc.CtEventMask, Dreg: 1, Set: true}) },
+		func(s bc.Sink) { s.Ct(bc.Ct{Key: bc.CtLabels, Dreg: 1, Set: true}) },
+		func(s bc.Sink) {
+			s.Immediate(bc.Immediate{Dreg: 1, Data: bc.Bytes(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x80)})
+		},
 		func(s bc.Sink) { s.Fib(bc.Fib{Dreg: 1, Flags: bc.FibDaddr, Result: bc.FibAddrType}) },
 		func(s bc.Sink) {
 			s.Fib(bc.Fib{Dreg: 1, Flags: bc.FibSaddr | unix.NFTA_FIB_F_IIF, Result: unix.NFT_FIB_RESULT_OIF})

@@ -60,22 +60,33 @@ const (
 
 // releaseBaseRules are the close chain's: every packet of every
 // masqueraded connection passes them, so each tests first what rules most
-// packets out at once (a FIN flag; the close mark, which only the last
-// packets of a closing connection carry).
-func releaseBaseRules() []Rule {
+// packets out at once (a FIN flag, or with lean events a FIN or RST flag,
+// in as many expressions; the close mark, which only the last packets of
+// a closing connection carry).
+func releaseBaseRules(lean bool) []Rule {
+	fin := MatchTCPFlags{Mask: TCPFlagFIN, Flags: TCPFlagFIN}
+	if lean {
+		fin = MatchTCPFlags{Mask: TCPFlagFIN | TCPFlagRST, Any: true}
+	}
 	return []Rule{
-		{MatchTCPFlags{Mask: TCPFlagFIN, Flags: TCPFlagFIN}, Verdict{Kind: Jump, Chain: ChainCloseFIN}},
+		{fin, Verdict{Kind: Jump, Chain: ChainCloseFIN}},
 		{MatchCtMark{Bit: CloseMarkClientFIN}, Verdict{Kind: Jump, Chain: ChainReleaseTimeWait}},
 	}
 }
 
 // closeFINRules mark a masqueraded Service connection's FINs: the
-// endpoint's, then the client's after it.
-func closeFINRules() []Rule {
-	return []Rule{
+// endpoint's, then the client's after it. With lean events they first set
+// the close's label (events.go), for a RST too, which then leaves.
+func closeFINRules(lean bool) []Rule {
+	var label []Rule
+	if lean {
+		set := SetCtLabel{Bit: CloseLabel}
+		label = []Rule{{MatchTCPFlags{Mask: TCPFlagRST, Flags: TCPFlagRST}, set, Verdict{Kind: Return}}, {set}}
+	}
+	return append(label, []Rule{
 		{MatchCtMasqueraded{}, MatchCtDirection{Reply: true}, SetCtMark{Bit: CloseMarkReplyFIN}},
 		{MatchCtMasqueraded{}, MatchCtDirection{}, MatchCtMark{Bit: CloseMarkReplyFIN}, SetCtMark{Bit: CloseMarkClientFIN}},
-	}
+	}...)
 }
 
 // releaseRules drop the client's segments of a connection already released,
@@ -212,8 +223,11 @@ func (m MatchMarkSet) Encode(_ Family, s bc.Sink) {
 }
 
 // MatchTCPFlags matches TCP packets whose flags, masked with Mask, are
-// Flags.
-type MatchTCPFlags struct{ Mask, Flags uint8 }
+// Flags, or with Any, that have any flag of Mask (Flags unused).
+type MatchTCPFlags struct {
+	Mask, Flags uint8
+	Any         bool
+}
 
 var tcpFlagNames = []struct {
 	bit  uint8
@@ -251,10 +265,14 @@ func appendTCPFlags(b []byte, flags uint8, parens bool) []byte {
 	return b
 }
 
-// AppendText writes "tcp flags & (fin | syn | rst | ack) == ack".
+// AppendText writes "tcp flags & (fin | syn | rst | ack) == ack", or with
+// Any "tcp flags & (fin | rst) != 0x0".
 func (m MatchTCPFlags) AppendText(b []byte, _ Family) []byte {
 	b = append(b, "tcp flags & "...)
 	b = appendTCPFlags(b, m.Mask, true)
+	if m.Any {
+		return append(b, " != 0x0"...)
+	}
 	b = append(b, " == "...)
 	return appendTCPFlags(b, m.Flags, false)
 }
@@ -265,6 +283,10 @@ func (m MatchTCPFlags) Encode(_ Family, s bc.Sink) {
 	matchL4Proto(s, model.TCP)
 	s.Payload(bc.Payload{Base: bc.TransportHeader, Offset: 13, Len: 1, Dreg: bc.Reg1})
 	s.Bitwise(bc.Bitwise{Sreg: bc.Reg1, Dreg: bc.Reg1, Len: 1, Mask: bc.Bytes(m.Mask), Xor: bc.Zero(1)})
+	if m.Any {
+		s.Cmp(bc.Cmp{Op: bc.CmpNeq, Sreg: bc.Reg1, Data: bc.Zero(1)})
+		return
+	}
 	s.Cmp(bc.Cmp{Op: bc.CmpEq, Sreg: bc.Reg1, Data: bc.Bytes(m.Flags)})
 }
 

@@ -82,6 +82,11 @@ type Config struct {
 	// only the Services' flows and would drop the rest after the kernel
 	// built them (events.go).
 	UntranslatedEventsOff bool
+	// LeanServiceEvents: conntrack reports of a masqueraded Service TCP
+	// connection only the events a replica needs (its start, the
+	// handshake's end, the first FIN or RST, its end: events.go), four
+	// messages instead of seven or more, for the state sync.
+	LeanServiceEvents bool
 	// ReleaseTimeWait: the gateway resets an endpoint's TIME_WAIT of a
 	// masqueraded TCP connection once both ends have closed it (see
 	// release.go), so that the masquerade address's ports can be given
@@ -252,10 +257,13 @@ func Static(cfg *Config, f Family) Fragment {
 		{MatchCtNew{}, jump(ChainServiceEPCheck)},
 		{MatchCtNew{}, jump(ChainClusterIPsCheck)},
 	}
-	if release, answer := cfg.ReleaseTimeWait, cfg.AnswerRefusedSYNs; release || answer {
+	if release, answer, lean := cfg.ReleaseTimeWait, cfg.AnswerRefusedSYNs, cfg.LeanServiceEvents; release || answer || lean {
 		var closeRules []Rule
-		if release {
-			closeRules = releaseBaseRules()
+		switch {
+		case release:
+			closeRules = releaseBaseRules(lean)
+		case lean:
+			closeRules = []Rule{CloseLabelRule()}
 		}
 		if answer {
 			closeRules = append(closeRules, refusedBaseRule())
@@ -274,13 +282,15 @@ func Static(cfg *Config, f Family) Fragment {
 		preDNAT = append([]Rule{{MatchCtMasqueraded{}, jump(ChainClose)}}, preDNAT...)
 		regular(ChainClose, closeRules...)
 		if release {
-			regular(ChainCloseFIN, closeFINRules()...)
+			regular(ChainCloseFIN, closeFINRules(lean)...)
 			regular(ChainReleaseTimeWait, releaseRules(bit, cfg.Counters)...)
 		}
 		if answer {
 			regular(ChainReleaseRefused, refusedRules(bit, cfg.Counters)...)
 		}
-		output = append([]Rule{releaseResetRule(bit)}, output...)
+		if release || answer {
+			output = append([]Rule{releaseResetRule(bit)}, output...)
+		}
 	}
 	base("filter-output", "filter", "output", PrioFilter-1, output...)
 	base("filter-prerouting-pre-dnat", "filter", "prerouting", PrioDstNAT-10, preDNAT...)
@@ -295,7 +305,7 @@ func Static(cfg *Config, f Family) Fragment {
 		// must be masqueraded, or it would answer itself directly.
 		{MatchAddrPairInSet{Set: SetHairpin}, SetMark{Bit: bit}},
 		{MatchMarkUnset{Bit: bit}, Verdict{Kind: Return}},
-	}, append(midstreamRules(cfg), masq...)...)...)
+	}, append(midstreamRules(cfg), append(leanEventsRules(cfg), masq...)...)...)...)
 	fr.Chains = append(fr.Chains, masqCPU...)
 	var outside []Rule
 	for _, p := range cfg.ClusterCIDRs {

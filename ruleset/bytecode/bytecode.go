@@ -181,6 +181,10 @@ const CtPackets = unix.NFT_CT_PKTS
 // makes no event for any listener.
 const CtEventMask = unix.NFT_CT_EVENTMASK
 
+// CtLabels is the key of a connection's 128 label bits (16 bytes, a whole
+// register); a set changes only the bits the value has.
+const CtLabels = unix.NFT_CT_LABELS
+
 // Ct loads a conntrack key into Dreg, or with Set, sets the key (the mark,
 // the event mask) from Dreg. The keys of a tuple (CtDstIP, CtProtoDst, ...)
 // are read from the original direction's: the kernel reads the direction as

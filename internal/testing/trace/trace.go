@@ -508,8 +508,13 @@ func (t *tracer) runRule(st state, tt *traceTable, c *ruleset.Chain, i, depth in
 			}
 		case ruleset.MatchCtNew:
 			// Trace replays the first packet of a connection.
-		case ruleset.Counter, ruleset.CountTraffic, ruleset.AddRefused, ruleset.CtEventsOff:
-			// Counts, remembers or silences events; changes nothing.
+		case ruleset.Counter, ruleset.CountTraffic, ruleset.AddRefused, ruleset.SetCtEvents, ruleset.SetCtLabel:
+			// Counts, remembers, chooses events or labels the close;
+			// changes nothing.
+		case ruleset.MatchL4Proto:
+			if t.pkt.Proto != s.Proto {
+				return []end{{st, endNext}}
+			}
 		case ruleset.MatchCtNotDNAT:
 			if st.dnat.IsValid() || st.redirect != 0 {
 				return []end{{st, endNext}}
