@@ -80,9 +80,12 @@ type Config struct {
 	// EventsServices (the default with state sync) only those nftgate
 	// translates to a Service, the ones the sync replicates, sparing the
 	// kernel the events of every routed connection, which the sync would
-	// drop; EventsAll (the default and only value without state sync)
-	// every connection, for other listeners on the gateway (conntrack -E,
-	// ulogd).
+	// drop; EventsLean those too, but of a masqueraded TCP connection only
+	// the five a replica needs (its start, the endpoint's answer, the
+	// handshake's end, the first FIN or RST, its end; it needs the
+	// kernel's ct labels); EventsAll (the default and only value without
+	// state sync) every connection's, for other listeners on the gateway
+	// (conntrack -E, ulogd).
 	ConntrackEvents string `toml:"conntrack_events" json:"conntrack_events"`
 	// Homes are, in active-active mode, the masquerade addresses of each
 	// gateway of the set (this one's included), by name: each is held by
@@ -112,6 +115,7 @@ const (
 
 // Which connections conntrack reports events of (Config.ConntrackEvents).
 const (
+	EventsLean     = "lean"
 	EventsServices = "services"
 	EventsAll      = "all"
 )
@@ -250,9 +254,9 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%s.midstream_tcp = %q: needs state_sync = true (without it no entry ever comes, and a connection would hang rather than be reset)", Key, c.MidstreamTCP)
 	}
 	switch {
-	case c.ConntrackEvents != EventsServices && c.ConntrackEvents != EventsAll:
-		return fmt.Errorf("%s.conntrack_events = %q: want %q or %q", Key, c.ConntrackEvents, EventsServices, EventsAll)
-	case c.ConntrackEvents == EventsServices && !*c.StateSync:
+	case c.ConntrackEvents != EventsLean && c.ConntrackEvents != EventsServices && c.ConntrackEvents != EventsAll:
+		return fmt.Errorf("%s.conntrack_events = %q: want %q, %q or %q", Key, c.ConntrackEvents, EventsLean, EventsServices, EventsAll)
+	case c.ConntrackEvents != EventsAll && !*c.StateSync:
 		return fmt.Errorf("%s.conntrack_events = %q: needs state_sync = true (only the state sync wants the Services' events alone)", Key, c.ConntrackEvents)
 	}
 	if c.ReadyTimeout < time.Second || c.ReadyTimeout > 10*time.Minute {

@@ -116,8 +116,9 @@ func TestBadConfigNamesTheField(t *testing.T) {
 		{file: "[gateways]\nname = \"gw-a\"\nkey_file = \"k\"\nsync_refresh_interval = \"10ms\"\n[[gateways.peers]]\nname = \"gw-b\"\naddresses = [\"10.0.0.2:7480\"]\n", want: []string{"gateways.sync_refresh_interval", "10ms"}},
 		{file: "[gateways]\nname = \"gw-a\"\nkey_file = \"k\"\nmidstream_tcp = \"drop\"\n[[gateways.peers]]\nname = \"gw-b\"\naddresses = [\"10.0.0.2:7480\"]\n", want: []string{"gateways.midstream_tcp", "drop", "wait", "pickup"}},
 		{file: "[gateways]\nname = \"gw-a\"\nkey_file = \"k\"\nstate_sync = false\nmidstream_tcp = \"wait\"\n[[gateways.peers]]\nname = \"gw-b\"\naddresses = [\"10.0.0.2:7480\"]\n", want: []string{"gateways.midstream_tcp", "wait", "state_sync = true"}},
-		{file: "[gateways]\nname = \"gw-a\"\nkey_file = \"k\"\nconntrack_events = \"routed\"\n[[gateways.peers]]\nname = \"gw-b\"\naddresses = [\"10.0.0.2:7480\"]\n", want: []string{"gateways.conntrack_events", "routed", "services", "all"}},
+		{file: "[gateways]\nname = \"gw-a\"\nkey_file = \"k\"\nconntrack_events = \"routed\"\n[[gateways.peers]]\nname = \"gw-b\"\naddresses = [\"10.0.0.2:7480\"]\n", want: []string{"gateways.conntrack_events", "routed", "lean", "services", "all"}},
 		{file: "[gateways]\nname = \"gw-a\"\nkey_file = \"k\"\nstate_sync = false\nconntrack_events = \"services\"\n[[gateways.peers]]\nname = \"gw-b\"\naddresses = [\"10.0.0.2:7480\"]\n", want: []string{"gateways.conntrack_events", "services", "state_sync = true"}},
+		{file: "[gateways]\nname = \"gw-a\"\nkey_file = \"k\"\nstate_sync = false\nconntrack_events = \"lean\"\n[[gateways.peers]]\nname = \"gw-b\"\naddresses = [\"10.0.0.2:7480\"]\n", want: []string{"gateways.conntrack_events", "lean", "state_sync = true"}},
 		{file: "[gateways]\nname = \"gw-a\"\nkey_file = \"k\"\nready_timeout = \"1h\"\n[[gateways.peers]]\nname = \"gw-b\"\naddresses = [\"10.0.0.2:7480\"]\n", want: []string{"gateways.ready_timeout", "1h0m0s"}},
 		{file: "[gateways]\nname = \"gw-a\"\nkey_file = \"k\"\n[[gateways.peers]]\nname = \"gw-b\"\n", want: []string{"gateways.peers[0].addresses", "[]"}},
 		{file: "min_sync_interval = \"soon\"\n", want: []string{"min_sync_interval", "soon"}},
@@ -377,19 +378,21 @@ func TestShardsSetting(t *testing.T) {
 }
 
 // TestConntrackEventsSetting: with state sync the ruleset silences the
-// events of untranslated connections unless conntrack_events = "all";
-// without [gateways] or without the sync it never does.
+// events of untranslated connections unless conntrack_events = "all", and
+// keeps only five of a masqueraded Service TCP connection's with "lean";
+// without [gateways] or without the sync it does neither.
 func TestConntrackEventsSetting(t *testing.T) {
 	const set = "[gateways]\nname = \"gw-a\"\nkey_file = \"k\"\n%s[[gateways.peers]]\nname = \"gw-b\"\naddresses = [\"10.0.0.2:7480\"]\n"
 	for _, tc := range []struct {
-		file string
-		want bool
+		file       string
+		want, lean bool
 	}{
-		{"", false},
-		{fmt.Sprintf(set, ""), true},
-		{fmt.Sprintf(set, "conntrack_events = \"services\"\n"), true},
-		{fmt.Sprintf(set, "conntrack_events = \"all\"\n"), false},
-		{fmt.Sprintf(set, "state_sync = false\n"), false},
+		{"", false, false},
+		{fmt.Sprintf(set, ""), true, false},
+		{fmt.Sprintf(set, "conntrack_events = \"lean\"\n"), true, true},
+		{fmt.Sprintf(set, "conntrack_events = \"services\"\n"), true, false},
+		{fmt.Sprintf(set, "conntrack_events = \"all\"\n"), false, false},
+		{fmt.Sprintf(set, "state_sync = false\n"), false, false},
 	} {
 		args := []string{"--node-name", "n"}
 		if tc.file != "" {
@@ -401,6 +404,9 @@ func TestConntrackEventsSetting(t *testing.T) {
 		}
 		if got := cfg.ruleset().UntranslatedEventsOff; got != tc.want {
 			t.Errorf("%q: UntranslatedEventsOff %t, want %t", tc.file, got, tc.want)
+		}
+		if got := cfg.ruleset().LeanServiceEvents; got != tc.lean {
+			t.Errorf("%q: LeanServiceEvents %t, want %t", tc.file, got, tc.lean)
 		}
 	}
 }

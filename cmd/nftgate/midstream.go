@@ -14,9 +14,16 @@ func (c *Config) dropMidstreamTCP() bool {
 
 // untranslatedEventsOff tells whether conntrack reports no events of the
 // connections nftgate does not translate ([gateways] conntrack_events =
-// "services", the default with state sync): the sync's listener wants
-// only the Services' flows, and the kernel would build every routed
-// connection's events for it to drop.
+// "services", the default with state sync, or "lean"): the sync's
+// listener wants only the Services' flows, and the kernel would build
+// every routed connection's events for it to drop.
 func (c *Config) untranslatedEventsOff() bool {
-	return c.Gateways != nil && c.Gateways.ConntrackEvents == gateways.EventsServices
+	return c.Gateways != nil && c.Gateways.ConntrackEvents != gateways.EventsAll
+}
+
+// leanServiceEvents tells whether conntrack reports of a masqueraded
+// Service TCP connection only the five events a replica needs ([gateways]
+// conntrack_events = "lean").
+func (c *Config) leanServiceEvents() bool {
+	return c.Gateways != nil && c.Gateways.ConntrackEvents == gateways.EventsLean
 }

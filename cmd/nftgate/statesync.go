@@ -42,7 +42,10 @@ func newStateSync(cfg *Config, reg prometheus.Registerer, log *slog.Logger) (*st
 		}
 		log.Info("statesync: TCP window tracking is liberal in this namespace (nf_conntrack_tcp_be_liberal = 1): in active-active mode a flow's two directions may pass different gateways")
 	}
-	if cfg.untranslatedEventsOff() {
+	switch {
+	case cfg.leanServiceEvents():
+		log.Info("statesync: conntrack reports events only of the connections translated to a Service, and of a masqueraded TCP connection only its start, the endpoint's answer, the handshake's end, its first FIN or RST and its end (conntrack_events = \"lean\"); a routed connection makes none")
+	case cfg.untranslatedEventsOff():
 		log.Info("statesync: conntrack reports events only of the connections translated to a Service (conntrack_events = \"services\"); a routed connection makes none")
 	}
 	peers := make([]string, 0, len(g.Peers))
