@@ -61,6 +61,9 @@ type NftgateOptions struct {
 	// MidstreamTCP is [gateways] midstream_tcp; empty leaves nftgate's
 	// default.
 	MidstreamTCP string
+	// ConntrackEvents is [gateways] conntrack_events; empty leaves
+	// nftgate's default.
+	ConntrackEvents string
 	// BFDMultiplier is the BFD sessions' detection multiplier on the
 	// gateways (bfd_multiplier) and, given to StartRouter, the router;
 	// 0 leaves the default, 3.
@@ -165,6 +168,9 @@ func WriteNftgate(topo *Topology, dir string, o NftgateOptions) (*NftgateConfig,
 		}
 		if o.MidstreamTCP != "" {
 			text += fmt.Sprintf("midstream_tcp = %q\n", o.MidstreamTCP)
+		}
+		if o.ConntrackEvents != "" {
+			text += fmt.Sprintf("conntrack_events = %q\n", o.ConntrackEvents)
 		}
 		for j := range topo.Gateways {
 			if j == i {
