@@ -84,8 +84,9 @@ type Config struct {
 	UntranslatedEventsOff bool
 	// LeanServiceEvents: conntrack reports of a masqueraded Service TCP
 	// connection only the events a replica needs (its start, the
-	// handshake's end, the first FIN or RST, its end: events.go), four
-	// messages instead of seven or more, for the state sync.
+	// endpoint's answer, the handshake's end, the first FIN or RST, its
+	// end: events.go), five messages instead of seven or more, for the
+	// state sync.
 	LeanServiceEvents bool
 	// ReleaseTimeWait: the gateway resets an endpoint's TIME_WAIT of a
 	// masqueraded TCP connection once both ends have closed it (see

@@ -533,7 +533,7 @@ func (t *tracer) runRule(st state, tt *traceTable, c *ruleset.Chain, i, depth in
 			// its connection's mark holds no close.
 			return []end{{st, endNext}}
 		case ruleset.MatchTCPFlags:
-			if s.Flags == ruleset.TCPFlagSYN&s.Mask {
+			if s.Any && s.Mask&ruleset.TCPFlagSYN != 0 || !s.Any && s.Flags == ruleset.TCPFlagSYN&s.Mask {
 				t.fail("chain %s: %s matches a SYN, which the trace cannot tell from another protocol's packet", c.Name, r.Text(t.f))
 				return nil
 			}
