@@ -99,27 +99,28 @@ func kernelProbesFor(cfg *ruleset.Config) []kernelProbe {
 // events of untranslated connections (ruleset.Config.
 // UntranslatedEventsOff), in the NAT postrouting chain where it runs.
 func eventProbes() []kernelProbe {
-	var ps []kernelProbe
-	for _, f := range ruleset.Families {
-		w := " (" + f.String() + ")"
-		ps = append(ps, kernelProbe{Feature: "ct event set (gateways.conntrack_events = \"services\", the default with state_sync)" + w,
-			Option: "CONFIG_NF_CONNTRACK_EVENTS", Needs: []string{"nat chains" + w, "ct expression" + w}, add: func(b *probeBatch) {
-				b.rule(b.natPostrouting(f), ruleset.UntranslatedEventsRule()...)
-			}})
-	}
-	return ps
+	return natRuleProbes("ct event set (gateways.conntrack_events = \"services\", the default with state_sync)",
+		"CONFIG_NF_CONNTRACK_EVENTS", ruleset.UntranslatedEventsRule())
 }
 
 // leanEventProbes try, per family, the event mask of a masqueraded TCP
 // connection and the close's label (ruleset.Config.LeanServiceEvents).
 func leanEventProbes() []kernelProbe {
+	return natRuleProbes("ct event set and ct label set (gateways.conntrack_events = \"lean\"; \"services\" needs no labels)",
+		"CONFIG_NF_CONNTRACK_EVENTS and CONFIG_NF_CONNTRACK_LABELS", ruleset.LeanEventsRule(), ruleset.CloseLabelRule())
+}
+
+// natRuleProbes try, per family, rules in a NAT postrouting chain: the
+// feature and the kernel option named when the kernel refuses them.
+func natRuleProbes(feature, option string, rules ...ruleset.Rule) []kernelProbe {
 	var ps []kernelProbe
 	for _, f := range ruleset.Families {
 		w := " (" + f.String() + ")"
-		ps = append(ps, kernelProbe{Feature: "ct event set and ct label set (gateways.conntrack_events = \"lean\"; \"services\" needs no labels)" + w,
-			Option: "CONFIG_NF_CONNTRACK_EVENTS and CONFIG_NF_CONNTRACK_LABELS", Needs: []string{"nat chains" + w, "ct expression" + w}, add: func(b *probeBatch) {
-				b.rule(b.natPostrouting(f), ruleset.LeanEventsRule()...)
-				b.rule(b.natPostrouting(f), ruleset.CloseLabelRule()...)
+		ps = append(ps, kernelProbe{Feature: feature + w, Option: option, Needs: []string{"nat chains" + w, "ct expression" + w},
+			add: func(b *probeBatch) {
+				for _, r := range rules {
+					b.rule(b.natPostrouting(f), r...)
+				}
 			}})
 	}
 	return ps
