@@ -395,16 +395,66 @@ func waitEOF(t *testing.T, c *net.TCPConn) {
 // TestNftgateKeepsHalfClosedConnections: the active gateway of an
 // active/backup pair fails while Service connections are half closed,
 // with conntrack_events = "lean", whose replicas know only the close's
-// first FIN: connections the client closed while the
-// endpoint still sends, and connections the endpoint closed while the
-// client still sends. Each one carries on through the backup (lines after
-// the failure reach the side still reading) and closes cleanly (a FIN, no
-// reset).
+// first FIN: connections the client closed while the endpoint still
+// sends, and connections the endpoint closed while the client still
+// sends (keepHalfClosed).
 func TestNftgateKeepsHalfClosedConnections(t *testing.T) {
 	topo := newTopology(t, failover.Options{Gateways: 2})
 	cfg := nftgateConfig(t, topo, failover.NftgateOptions{DeadAfter: testDeadAfter, ConntrackEvents: "lean"})
 	holder := waitHolder(t, startNftgate(t, topo, cfg))
 	backup := topo.Gateways[1-holder]
+	keepHalfClosed(t, topo, cfg.Dst, func() (map[uint16]string, error) { return tcpStates(backup, failover.ServiceAddr) },
+		func() (time.Time, error) { return topo.Fail(holder) })
+}
+
+// TestAnchorKeepsHalfClosedConnections: the same with keepalived and
+// conntrackd, whose backup holds the flows in its external cache until
+// the failover commits them to its kernel.
+func TestAnchorKeepsHalfClosedConnections(t *testing.T) {
+	topo := newTopology(t, failover.Options{Gateways: 2})
+	a, err := failover.StartAnchor(topo, t.TempDir(), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("anchor logs:\n%s", a.Logs())
+		}
+		if err := a.Close(); err != nil {
+			t.Errorf("stopping the anchor: %v", err)
+		}
+	})
+	keepHalfClosed(t, topo, netip.AddrPortFrom(failover.ServiceAddr, failover.ServicePort), func() (map[uint16]string, error) {
+		out, err := a.Conntrackd(1, "-e")
+		if err != nil {
+			return nil, err
+		}
+		states := map[uint16]string{}
+		for l := range strings.Lines(out) {
+			if port, state := tupleOf(strings.Fields(l)); port != 0 {
+				states[port] = state
+			}
+		}
+		return states, nil
+	}, func() (time.Time, error) { return topo.Fail(0) })
+}
+
+// closingStates are conntrack's TCP states of a connection whose close
+// began: a half-closed one is FIN_WAIT or CLOSE_WAIT, or LAST_ACK and then
+// TIME_WAIT when its first FIN was sent again (conntrack takes a FIN in
+// the same direction for the second one), and the packets still sent
+// pass in each.
+var closingStates = []string{"FIN_WAIT", "CLOSE_WAIT", "LAST_ACK", "TIME_WAIT"}
+
+// keepHalfClosed holds Service connections half closed through dst:
+// four the client closed while the endpoint goes on sending, four the
+// endpoint closed while the client goes on sending; waits until the
+// backup's copies (replicas, read by states) know the close began; fails
+// the gateway; and wants each connection to carry on (lines after the
+// failure reach the side still reading) and to close cleanly (a FIN each
+// way, no reset).
+func keepHalfClosed(t *testing.T, topo *failover.Topology, dst netip.AddrPort, states func() (map[uint16]string, error), fail func() (time.Time, error)) {
+	t.Helper()
 	srv := serveSteps(t, topo)
 	const each = 4
 
@@ -418,7 +468,7 @@ func TestNftgateKeepsHalfClosedConnections(t *testing.T) {
 	var ports []uint16
 	var byClient []*ticked
 	for range each {
-		c, err := dialLine(topo.Client, cfg.Dst, "hello\n")
+		c, err := dialLine(topo.Client, dst, "hello\n")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -456,7 +506,7 @@ func TestNftgateKeepsHalfClosedConnections(t *testing.T) {
 	// Closed by the endpoint: the client's lines are counted on.
 	var byEndpoint []*net.TCPConn
 	for i := range each {
-		c, err := dialLine(topo.Client, cfg.Dst, "hello\n")
+		c, err := dialLine(topo.Client, dst, "hello\n")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -490,15 +540,15 @@ func TestNftgateKeepsHalfClosedConnections(t *testing.T) {
 		})
 	}
 
-	// The backup's replicas know the close began.
+	// The backup's copies know the close began.
 	if err := lab.EventuallyWithin(20*time.Second, func() error {
-		states, err := tcpStates(backup, failover.ServiceAddr)
+		states, err := states()
 		if err != nil {
 			return err
 		}
 		for _, p := range ports {
-			if s := states[p]; s != "FIN_WAIT" && s != "CLOSE_WAIT" {
-				return fmt.Errorf("%s: the replica of client port %d is %q, want FIN_WAIT or CLOSE_WAIT", backup, p, s)
+			if s := states[p]; !slices.Contains(closingStates, s) {
+				return fmt.Errorf("the backup's copy of client port %d is %q, want one of %v (copies by client port: %v)", p, s, closingStates, states)
 			}
 		}
 		return nil
@@ -509,7 +559,7 @@ func TestNftgateKeepsHalfClosedConnections(t *testing.T) {
 	for i := range each {
 		before[i], _, _ = srv.count(strconv.Itoa(i))
 	}
-	failed, err := topo.Fail(holder)
+	failed, err := fail()
 	if err != nil {
 		t.Fatal(err)
 	}
