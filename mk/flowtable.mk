@@ -12,7 +12,10 @@
 #                           connection's SYN leaves it alone: the kernel
 #                           patch 0002) and TestApplianceReleaseResetUntracked
 #                           (the release's resets leave conntrack's invalid
-#                           counter alone: the kernel patch 0003)
+#                           counter alone: the kernel patch 0003) and
+#                           TestApplianceHalfClosedFINAgain (a half-closed
+#                           connection whose FIN is sent again lives on
+#                           through a pause: the kernel patch 0004)
 #   make vmtest-flowtable NFTGATE_VMTEST_ICOUNT=shift=0,sleep=on
 #                           the same with the VM's clock counting its
 #                           instructions: its CPU per gigabyte is then its
@@ -50,7 +53,7 @@ vmtest-flowtable: vmtest-deps vmtest-flowtable-deps vmtest-flowtable-images
 		NFTGATE_VMTEST_PASSWORD_FILE=$(VMTEST_PASSWORD_FILE) \
 		NFTGATE_VMTEST_NFTGATE_PASSWORD_FILE=$(VMTEST_NFTGATE_PASSWORD_FILE) \
 		NFTGATE_VMTEST_GOKRAZY_CERT=$(VMTEST_GOKRAZY_TLS_DIR)/cert.pem \
-		$(GO) test -tags customkernel -race -count=1 -v -timeout 30m -run 'TestApplianceFlowtable|TestApplianceStaleResetBeforeSynAck|TestApplianceReleaseResetUntracked' ./internal/testing/vmtest/
+		$(GO) test -tags customkernel -race -count=1 -v -timeout 30m -run 'TestApplianceFlowtable|TestApplianceStaleResetBeforeSynAck|TestApplianceReleaseResetUntracked|TestApplianceHalfClosedFINAgain' ./internal/testing/vmtest/
 
 # Longer runs (NFTGATE_VMTEST_CONNCOST_SECONDS, _ROUNDS) need a longer
 # timeout: the idle run and two paths a round, plus the boot.
