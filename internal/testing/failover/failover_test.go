@@ -43,10 +43,10 @@ func newTopology(t *testing.T, o failover.Options) *failover.Topology {
 	return topo
 }
 
-// anchor runs the active/backup topology with keepalived, and conntrackd
-// when withSync, kills gw-a and returns the result.
-func anchor(t *testing.T, withSync bool) failover.Result {
-	topo := newTopology(t, failover.Options{Gateways: 2})
+// startAnchor starts keepalived, and conntrackd when withSync, in topo,
+// stopped by t's cleanup (their logs shown if t failed).
+func startAnchor(t *testing.T, topo *failover.Topology, withSync bool) *failover.Anchor {
+	t.Helper()
 	a, err := failover.StartAnchor(topo, t.TempDir(), withSync)
 	if err != nil {
 		t.Fatal(err)
@@ -59,6 +59,14 @@ func anchor(t *testing.T, withSync bool) failover.Result {
 			t.Errorf("stopping the anchor: %v", err)
 		}
 	})
+	return a
+}
+
+// anchor runs the active/backup topology with keepalived, and conntrackd
+// when withSync, kills gw-a and returns the result.
+func anchor(t *testing.T, withSync bool) failover.Result {
+	topo := newTopology(t, failover.Options{Gateways: 2})
+	a := startAnchor(t, topo, withSync)
 	res, err := failover.Failover(topo, netip.AddrPortFrom(failover.ServiceAddr, failover.ServicePort), testTraffic, 0,
 		func() error { return a.Synced(testTraffic.TCP+testTraffic.UDP, 30e9) })
 	if err != nil {

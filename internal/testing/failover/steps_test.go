@@ -412,18 +412,7 @@ func TestNftgateKeepsHalfClosedConnections(t *testing.T) {
 // the failover commits them to its kernel.
 func TestAnchorKeepsHalfClosedConnections(t *testing.T) {
 	topo := newTopology(t, failover.Options{Gateways: 2})
-	a, err := failover.StartAnchor(topo, t.TempDir(), true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("anchor logs:\n%s", a.Logs())
-		}
-		if err := a.Close(); err != nil {
-			t.Errorf("stopping the anchor: %v", err)
-		}
-	})
+	a := startAnchor(t, topo, true)
 	keepHalfClosed(t, topo, netip.AddrPortFrom(failover.ServiceAddr, failover.ServicePort), func() (map[uint16]string, error) {
 		out, err := a.Conntrackd(1, "-e")
 		if err != nil {
