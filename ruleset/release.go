@@ -75,13 +75,13 @@ func releaseBaseRules(lean bool) []Rule {
 }
 
 // closeFINRules mark a masqueraded Service connection's FINs: the
-// endpoint's, then the client's after it. With lean events they first set
-// the close's label (events.go), for a RST too, which then leaves.
+// endpoint's, then the client's after it. With lean events a FIN or a RST
+// enters, and they first set the close's label (events.go); a RST then
+// leaves.
 func closeFINRules(lean bool) []Rule {
 	var label []Rule
 	if lean {
-		set := SetCtLabel{Bit: CloseLabel}
-		label = []Rule{{MatchTCPFlags{Mask: TCPFlagRST, Flags: TCPFlagRST}, set, Verdict{Kind: Return}}, {set}}
+		label = []Rule{{SetCtLabel{Bit: CloseLabel}}, {MatchTCPFlags{Mask: TCPFlagRST, Flags: TCPFlagRST}, Verdict{Kind: Return}}}
 	}
 	return append(label, []Rule{
 		{MatchCtMasqueraded{}, MatchCtDirection{Reply: true}, SetCtMark{Bit: CloseMarkReplyFIN}},
