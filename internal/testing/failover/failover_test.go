@@ -182,8 +182,15 @@ const testBFDMultiplier = 5
 // one, gs[holder], holds the addresses.
 func startActiveBackup(t *testing.T) (topo *failover.Topology, cfg *failover.NftgateConfig, gs []*failover.Nftgate, holder int) {
 	t.Helper()
+	return startActiveBackupWith(t, "")
+}
+
+// startActiveBackupWith is startActiveBackup with [gateways]
+// conntrack_events = events ("": nftgate's default).
+func startActiveBackupWith(t *testing.T, events string) (topo *failover.Topology, cfg *failover.NftgateConfig, gs []*failover.Nftgate, holder int) {
+	t.Helper()
 	topo = newTopology(t, failover.Options{Gateways: 2})
-	cfg = nftgateConfig(t, topo, failover.NftgateOptions{DeadAfter: testDeadAfter})
+	cfg = nftgateConfig(t, topo, failover.NftgateOptions{DeadAfter: testDeadAfter, ConntrackEvents: events})
 	gs = startNftgate(t, topo, cfg)
 	return topo, cfg, gs, waitHolder(t, gs)
 }

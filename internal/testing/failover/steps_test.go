@@ -132,13 +132,19 @@ func tcpStates(h *lab.Host, dst netip.Addr) (map[uint16]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: conntrack -L: %w", h, err)
 	}
+	return statesOf(string(out)), nil
+}
+
+// statesOf reads a listing of TCP entries (conntrack -L, conntrackd -e):
+// each one's state by client port.
+func statesOf(listing string) map[uint16]string {
 	states := map[uint16]string{}
-	for l := range strings.Lines(string(out)) {
+	for l := range strings.Lines(listing) {
 		if port, state := tupleOf(strings.Fields(l)); port != 0 {
 			states[port] = state
 		}
 	}
-	return states, nil
+	return states
 }
 
 // dialLine connects client to dst, sends line and reads it back.
@@ -275,10 +281,7 @@ func (s *stepServer) count(id string) (n int, ended bool, end error) {
 func TestNftgateServiceConnectionEvents(t *testing.T) {
 	for _, mode := range []string{"lean", "services"} {
 		t.Run(mode, func(t *testing.T) {
-			topo := newTopology(t, failover.Options{Gateways: 2})
-			cfg := nftgateConfig(t, topo, failover.NftgateOptions{DeadAfter: testDeadAfter, ConntrackEvents: mode})
-			gs := startNftgate(t, topo, cfg)
-			holder := waitHolder(t, gs)
+			topo, cfg, _, holder := startActiveBackupWith(t, mode)
 			active, backup := topo.Gateways[holder], topo.Gateways[1-holder]
 			serveSteps(t, topo)
 			w := watchEvents(t, topo.Client, active, cfg.Dst)
@@ -399,9 +402,7 @@ func waitEOF(t *testing.T, c *net.TCPConn) {
 // sends, and connections the endpoint closed while the client still
 // sends (keepHalfClosed).
 func TestNftgateKeepsHalfClosedConnections(t *testing.T) {
-	topo := newTopology(t, failover.Options{Gateways: 2})
-	cfg := nftgateConfig(t, topo, failover.NftgateOptions{DeadAfter: testDeadAfter, ConntrackEvents: "lean"})
-	holder := waitHolder(t, startNftgate(t, topo, cfg))
+	topo, cfg, _, holder := startActiveBackupWith(t, "lean")
 	backup := topo.Gateways[1-holder]
 	keepHalfClosed(t, topo, cfg.Dst, func() (map[uint16]string, error) { return tcpStates(backup, failover.ServiceAddr) },
 		func() (time.Time, error) { return topo.Fail(holder) })
@@ -418,13 +419,7 @@ func TestAnchorKeepsHalfClosedConnections(t *testing.T) {
 		if err != nil {
 			return nil, err
 		}
-		states := map[uint16]string{}
-		for l := range strings.Lines(out) {
-			if port, state := tupleOf(strings.Fields(l)); port != 0 {
-				states[port] = state
-			}
-		}
-		return states, nil
+		return statesOf(out), nil
 	}, func() (time.Time, error) { return topo.Fail(0) })
 }
 
