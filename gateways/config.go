@@ -77,15 +77,17 @@ type Config struct {
 	// endpoint does not know, which resets it.
 	MidstreamTCP string `toml:"midstream_tcp" json:"midstream_tcp"`
 	// ConntrackEvents is which connections conntrack reports events of:
-	// EventsServices (the default with state sync) only those nftgate
-	// translates to a Service, the ones the sync replicates, sparing the
-	// kernel the events of every routed connection, which the sync would
-	// drop; EventsLean those too, but of a masqueraded TCP connection only
-	// the five a replica needs (its start, the endpoint's answer, the
-	// handshake's end, the first FIN or RST, its end; it needs the
-	// kernel's ct labels); EventsAll (the default and only value without
-	// state sync) every connection's, for other listeners on the gateway
-	// (conntrack -E, ulogd).
+	// EventsServices only those nftgate translates to a Service, the ones
+	// the sync replicates, sparing the kernel the events of every routed
+	// connection, which the sync would drop; EventsLean those too, but of
+	// a masqueraded TCP connection only the five a replica needs (its
+	// start, the endpoint's answer, the handshake's end, the first FIN or
+	// RST, its end; it needs the kernel's ct labels); EventsAuto (the
+	// default with state sync) EventsLean where the kernel has ct labels
+	// and the release keeps conntrack's TIME_WAIT short, EventsServices
+	// elsewhere, chosen at start; EventsAll (the default and only value
+	// without state sync) every connection's, for other listeners on the
+	// gateway (conntrack -E, ulogd).
 	ConntrackEvents string `toml:"conntrack_events" json:"conntrack_events"`
 	// Homes are, in active-active mode, the masquerade addresses of each
 	// gateway of the set (this one's included), by name: each is held by
@@ -115,6 +117,7 @@ const (
 
 // Which connections conntrack reports events of (Config.ConntrackEvents).
 const (
+	EventsAuto     = "auto"
 	EventsLean     = "lean"
 	EventsServices = "services"
 	EventsAll      = "all"
@@ -187,7 +190,7 @@ func (c Config) WithDefaults() Config {
 	if c.ConntrackEvents == "" {
 		c.ConntrackEvents = EventsAll
 		if *c.StateSync {
-			c.ConntrackEvents = EventsServices
+			c.ConntrackEvents = EventsAuto
 		}
 	}
 	if c.ReadyTimeout == 0 {
@@ -254,8 +257,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%s.midstream_tcp = %q: needs state_sync = true (without it no entry ever comes, and a connection would hang rather than be reset)", Key, c.MidstreamTCP)
 	}
 	switch {
-	case c.ConntrackEvents != EventsLean && c.ConntrackEvents != EventsServices && c.ConntrackEvents != EventsAll:
-		return fmt.Errorf("%s.conntrack_events = %q: want %q, %q or %q", Key, c.ConntrackEvents, EventsLean, EventsServices, EventsAll)
+	case !slices.Contains([]string{EventsAuto, EventsLean, EventsServices, EventsAll}, c.ConntrackEvents):
+		return fmt.Errorf("%s.conntrack_events = %q: want %q, %q, %q or %q", Key, c.ConntrackEvents, EventsAuto, EventsLean, EventsServices, EventsAll)
 	case c.ConntrackEvents != EventsAll && !*c.StateSync:
 		return fmt.Errorf("%s.conntrack_events = %q: needs state_sync = true (only the state sync wants the Services' events alone)", Key, c.ConntrackEvents)
 	}

@@ -40,14 +40,15 @@ func TestSetHashAgreesAcrossTheSet(t *testing.T) {
 	}
 }
 
-// TestConntrackEventsDefaultsToServicesWithStateSync: the kernel spares
-// the routed connections' events only where the sync is their listener.
-func TestConntrackEventsDefaultsToServicesWithStateSync(t *testing.T) {
+// TestConntrackEventsDefaultsToAutoWithStateSync: the kernel spares the
+// routed connections' events only where the sync is their listener (and
+// nftgate chooses at start how few of a Service connection's it reports).
+func TestConntrackEventsDefaultsToAutoWithStateSync(t *testing.T) {
 	off := false
 	for _, tc := range []struct {
 		sync *bool
 		want string
-	}{{nil, EventsServices}, {&off, EventsAll}} {
+	}{{nil, EventsAuto}, {&off, EventsAll}} {
 		if got := (Config{StateSync: tc.sync}).WithDefaults().ConntrackEvents; got != tc.want {
 			t.Errorf("state_sync %v: conntrack_events defaults to %q, want %q", tc.sync, got, tc.want)
 		}

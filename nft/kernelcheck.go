@@ -99,7 +99,7 @@ func kernelProbesFor(cfg *ruleset.Config) []kernelProbe {
 // events of untranslated connections (ruleset.Config.
 // UntranslatedEventsOff), in the NAT postrouting chain where it runs.
 func eventProbes() []kernelProbe {
-	return natRuleProbes("ct event set (gateways.conntrack_events = \"services\", the default with state_sync)",
+	return natRuleProbes("ct event set (gateways.conntrack_events other than \"all\", as with state_sync by default)",
 		"CONFIG_NF_CONNTRACK_EVENTS", ruleset.UntranslatedEventsRule())
 }
 
@@ -108,6 +108,14 @@ func eventProbes() []kernelProbe {
 func leanEventProbes() []kernelProbe {
 	return natRuleProbes("ct event set and ct label set (gateways.conntrack_events = \"lean\"; \"services\" needs no labels)",
 		"CONFIG_NF_CONNTRACK_EVENTS and CONFIG_NF_CONNTRACK_LABELS", ruleset.LeanEventsRule(), ruleset.CloseLabelRule())
+}
+
+// CheckLeanEvents verifies, in the process's own network namespace, that
+// the kernel takes the rules of gateways.conntrack_events = "lean" (ct
+// labels): "auto", the default with state sync, runs as "services" where
+// it does not.
+func CheckLeanEvents() error {
+	return checkKernelFeatures(leanEventProbes(), netlinkProbeRunner(0, probeTableName()))
 }
 
 // natRuleProbes try, per family, rules in a NAT postrouting chain: the

@@ -255,6 +255,19 @@ func TestKernelCheckReleaseTimeWait(t *testing.T) {
 	}
 }
 
+// The lean events' rules are checked on their own too (CheckLeanEvents:
+// conntrack_events = "auto" runs as "services" on a kernel without ct
+// labels), in a batch with nothing else: this kernel takes them.
+func TestKernelCheckLeanEventsAlone(t *testing.T) {
+	fd := newAnonNetns(t)
+	if err := checkKernelFeatures(leanEventProbes(), netlinkProbeRunner(fd, probeTableName())); err != nil {
+		t.Fatalf("lean events check on this kernel: %v", err)
+	}
+	if names := tablesIn(t, fd); len(names) != 0 {
+		t.Errorf("the check left tables behind: %v", names)
+	}
+}
+
 // dupFromUnloadedRegister is a dup whose address register nothing loaded,
 // which the kernel refuses.
 type dupFromUnloadedRegister struct{}

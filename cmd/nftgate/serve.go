@@ -172,6 +172,9 @@ func serve(ctx context.Context, cfg *Config) error {
 	if err := setupReleaseTimeWait(cfg, log, timeWaitChecks{release: nft.CheckReleaseTimeWait, answer: nft.CheckAnswerRefusedSYNs}, conntrackTimeWaitSysctl); err != nil {
 		return err
 	}
+	chooseConntrackEvents(cfg, log, leanChecks{lean: nft.CheckLeanEvents,
+		timeWait: func() (int, error) { return readIntFile(conntrackTimeWaitSysctl) },
+		finWait:  func() (int, error) { return readIntFile(conntrackFinWaitSysctl) }})
 	setupConntrackMax(cfg, log, cpuCount(onlineCPUsFile), conntrackMaxSysctl, conntrackBucketsSysctl)
 	if err := setupConntrackAcct(cfg, log, conntrackAcctSysctl); err != nil {
 		return err
