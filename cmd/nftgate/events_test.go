@@ -70,7 +70,7 @@ func TestChooseConntrackEvents(t *testing.T) {
 			}
 		})
 	}
-	var none Config = defaults()
+	none := defaults()
 	chooseConntrackEvents(&none, slog.New(slog.DiscardHandler), leanChecks{ok, secs(2), secs(120)})
 	if none.Gateways != nil {
 		t.Errorf("without [gateways]: %+v", none.Gateways)
