@@ -25,7 +25,10 @@ type Status struct {
 	// by reason (NotReplicatedNodePort, NotReplicatedNotService): they
 	// do not survive its failure. Not errors: the peers never see them.
 	NotReplicated map[string]uint64 `json:"notReplicated"`
-	Peers         []PeerStatus      `json:"peers"`
+	// ConntrackEvents is what conntrack reports of the Services'
+	// connections, as nftgate runs it (Options.ConntrackEvents).
+	ConntrackEvents string       `json:"conntrackEvents,omitempty"`
+	Peers           []PeerStatus `json:"peers"`
 }
 
 // PeerStatus is the sync with one peer.
@@ -58,7 +61,7 @@ func (s *Syncer) Status() Status {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := Status{Ready: s.readyDone, Flows: len(s.flows), Replicas: len(s.replicas), EventsLost: s.eventsLost, Adopted: s.adopted, Swept: s.swept,
-		NotReplicated: maps.Clone(s.notReplicated), Peers: []PeerStatus{}}
+		NotReplicated: maps.Clone(s.notReplicated), ConntrackEvents: s.o.ConntrackEvents, Peers: []PeerStatus{}}
 	for _, n := range slices.Sorted(maps.Keys(s.peers)) {
 		p := s.peers[n]
 		st.Peers = append(st.Peers, PeerStatus{Name: n, Up: p.up, Queue: len(p.queue), Unacked: len(p.unacked), Resyncing: p.resyncing || p.resync,

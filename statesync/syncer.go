@@ -87,7 +87,11 @@ type Options struct {
 	// PeerWait is how long Ready waits for a peer not yet heard; ReadyWait
 	// bounds the wait for the resyncs of the peers that are.
 	PeerWait, ReadyWait time.Duration
-	Log                 *slog.Logger
+	// ConntrackEvents is, for the status, which of a Service connection's
+	// events conntrack reports ([gateways] conntrack_events as chosen at
+	// start: "lean", "services" or "all").
+	ConntrackEvents string
+	Log             *slog.Logger
 }
 
 // flowKey identifies an entry: protocol and original tuple, the

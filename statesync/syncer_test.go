@@ -2,12 +2,14 @@ package statesync
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"net"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -1395,5 +1397,26 @@ func TestSyncReadyWaitsForAResyncThatMoves(t *testing.T) {
 				t.Errorf("%v after the start, the resync's last batch %v ago: ready %v, want %v", tc.started, tc.lastBatch, ready, tc.ready)
 			}
 		})
+	}
+}
+
+// The status tells which events conntrack reports, as nftgate chose them,
+// and leaves the field out when it was not given.
+func TestStatusConntrackEvents(t *testing.T) {
+	for _, want := range []string{"lean", ""} {
+		s, err := New(Options{Kernel: newFakeKernel(), Policy: testPolicy(), Self: "gw-a", Peers: []string{"gw-b"}, ConntrackEvents: want})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := s.Status().ConntrackEvents; got != want {
+			t.Errorf("status conntrack events %q, want %q", got, want)
+		}
+		b, err := json.Marshal(s.Status())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Contains(string(b), `"conntrackEvents"`); got != (want != "") {
+			t.Errorf("given %q: the JSON %s", want, b)
+		}
 	}
 }

@@ -55,7 +55,8 @@ func newStateSync(cfg *Config, reg prometheus.Registerer, log *slog.Logger) (*st
 	policy := statesync.NewPolicy(cfg.ruleset(), cfg.floatingMasquerade())
 	s, err := statesync.New(statesync.Options{Kernel: k, Policy: policy, Self: g.Name, Peers: peers,
 		Queue: g.SyncQueue, BatchInterval: g.SyncBatchInterval, BatchBytes: g.SyncBatchBytes,
-		RefreshInterval: g.SyncRefreshInterval, PeerWait: g.StartupWait, ReadyWait: g.ReadyTimeout, Log: log})
+		RefreshInterval: g.SyncRefreshInterval, PeerWait: g.StartupWait, ReadyWait: g.ReadyTimeout,
+		ConntrackEvents: g.ConntrackEvents, Log: log})
 	if err != nil {
 		_ = k.Close()
 		return nil, err

@@ -790,7 +790,8 @@
       fmtNum(v.replicas) + ' replicas of the peers\', ' + fmtNum(v.adopted) + ' adopted from dead peers, kernel event losses ' +
       fmtNum(v.eventsLost) + '; not replicated (no failover for them): ' + (Object.keys(v.notReplicated || {}).filter(function (r) {
         return v.notReplicated[r];
-      }).map(function (r) { return r.replace(/_/g, ' ') + ' ' + fmtNum(v.notReplicated[r]); }).join(', ') || 'none') + '.',
+      }).map(function (r) { return r.replace(/_/g, ' ') + ' ' + fmtNum(v.notReplicated[r]); }).join(', ') || 'none') + '.' +
+      (v.conntrackEvents ? ' Conntrack events: ' + v.conntrackEvents + '.' : ''),
       v.ready ? 'muted' : 'warn');
   }
 
