@@ -200,6 +200,11 @@ func TestApplianceStateSync(t *testing.T) {
 	p = syncPeer(sent.Peers, "gw-b")
 	t.Logf("gw-a's /api/v1/statesync: peer gw-b up, %d entries sent, %d lost, last lag %.3f s, %d own flows",
 		p.Sent, p.Lost, p.LagSeconds, sent.Flows)
+	// The images leave conntrack_events to its default, "auto": on this
+	// kernel (ct labels) with the release's TIME_WAIT it runs as "lean".
+	if sent.ConntrackEvents != "lean" {
+		t.Errorf("gw-a's /api/v1/statesync: conntrack events %q, want the default to run as \"lean\"", sent.ConntrackEvents)
+	}
 
 	// The box pulled out: QEMU killed with -9, its taps gone with it.
 	killed := time.Now()
