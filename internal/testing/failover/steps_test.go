@@ -3,10 +3,12 @@ package failover_test
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -17,6 +19,7 @@ import (
 
 	"github.com/nftgate/nftgate/internal/testing/failover"
 	"github.com/nftgate/nftgate/internal/testing/lab"
+	"github.com/nftgate/nftgate/statesync"
 )
 
 // A Service TCP connection step by step: the conntrack events the gateway
@@ -273,7 +276,7 @@ func (s *stepServer) count(id string) (n int, ended bool, end error) {
 // by the client, one by the endpoint and one reset by the client, through
 // the active gateway of an active/backup pair. With the default
 // conntrack_events ("auto", which runs as "lean" on this kernel with the
-// release's TIME_WAIT, and says so) the gateway reports exactly the start
+// release's TIME_WAIT, as /api/v1/statesync says) the gateway reports exactly the start
 // (SYN_SENT), the endpoint's answer (SYN_RECV), the handshake's end
 // (ESTABLISHED), the first FIN (FIN_WAIT) or the RST (CLOSE), and the end;
 // with "services" every state of the close as well. Either way the
@@ -288,11 +291,15 @@ func TestNftgateServiceConnectionEvents(t *testing.T) {
 			}
 			topo, cfg, gs, holder := startActiveBackupWith(t, events)
 			active, backup := topo.Gateways[holder], topo.Gateways[1-holder]
-			if mode == "default" {
-				for _, g := range gs {
-					if !strings.Contains(g.Logs(), `(conntrack_events = \"lean\")`) {
-						t.Fatalf("%s: the default conntrack_events does not run as \"lean\":\n%s", g.Host, g.Logs())
-					}
+			runs := map[string]string{"default": "lean", "services": "services"}[mode]
+			for _, g := range gs {
+				var st statesync.Status
+				code, body, err := g.Get("/api/v1/statesync")
+				if err == nil && code == http.StatusOK {
+					err = json.Unmarshal([]byte(body), &st)
+				}
+				if err != nil || st.ConntrackEvents != runs {
+					t.Fatalf("%s: /api/v1/statesync %d %s (%v): want conntrack_events to run as %q", g.Host, code, body, err, runs)
 				}
 			}
 			serveSteps(t, topo)
