@@ -121,6 +121,25 @@ func TestWriteReplicasDeleteFreesReplyTuple(t *testing.T) {
 	}
 }
 
+// A replica of an entry its origin holds in SYN_SENT is written in
+// SYN_RECV (replicaTCPState), in the kernel; the other states as they are.
+func TestWriteReplicaOfSynSentInSynRecv(t *testing.T) {
+	requireRoot(t)
+	ns := netnstest.Temp(t)
+	k := newKernel(t, ns, ConntrackOptions{})
+	syn := natEntry(unix.IPPROTO_TCP, "10.1.0.2:40000", "10.96.0.10:80", "10.2.0.10:8080", "10.2.0.1:40000")
+	syn.Status, syn.TCP.State = StatusConfirmed|StatusDstNAT|StatusSrcNAT, tcpStateSynSent
+	est := natEntry(unix.IPPROTO_TCP, "10.1.0.2:40001", "10.96.0.10:80", "10.2.0.10:8080", "10.2.0.1:40001")
+	noErrors(t, "write", k.Write([]Entry{syn, est}, nil))
+	got := dumpAll(t, k)
+	if s := got[syn.Orig].TCP.State; s != tcpStateSynRecv {
+		t.Errorf("the replica of a SYN_SENT entry is in state %d, want SYN_RECV (%d)", s, tcpStateSynRecv)
+	}
+	if s := got[est.Orig].TCP.State; s != tcpEstablished {
+		t.Errorf("the replica of an ESTABLISHED entry is in state %d, want %d", s, tcpEstablished)
+	}
+}
+
 func TestWriteReplicas(t *testing.T) {
 	requireRoot(t)
 	ns := netnstest.Temp(t)

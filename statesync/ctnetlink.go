@@ -208,7 +208,7 @@ func (e *encoder) nat(typ uint16, to netip.AddrPort) {
 func (e *encoder) tcp(t TCPInfo) {
 	pi := e.nest(ctnetlink.Protoinfo)
 	n := e.nest(ctnetlink.ProtoinfoTCP)
-	e.u8(ctnetlink.ProtoinfoTCPState, t.State)
+	e.u8(ctnetlink.ProtoinfoTCPState, replicaTCPState(t.State))
 	// Flags first: the kernel applies the window scales only when both
 	// directions have IP_CT_TCP_FLAG_WINDOW_SCALE.
 	e.attr(ctnetlink.ProtoinfoTCPFlagsO, []byte{t.FlagsOrig&tcpFlagsCarried | tcpFlagBeLiberal, tcpFlagsCarried})
@@ -217,6 +217,29 @@ func (e *encoder) tcp(t TCPInfo) {
 	e.u8(ctnetlink.ProtoinfoTCPWScaleR, t.WScaleReply)
 	e.endNest(n)
 	e.endNest(pi)
+}
+
+// The kernel's enum tcp_conntrack values the replicas' states are chosen
+// by.
+const (
+	tcpStateSynSent = 1 // TCP_CONNTRACK_SYN_SENT
+	tcpStateSynRecv = 2 // TCP_CONNTRACK_SYN_RECV
+)
+
+// replicaTCPState is the state a replica is written in for an origin in
+// state st: SYN_RECV for SYN_SENT, st otherwise. A replica left in SYN_SENT
+// (the origin failed after the endpoint's SYN-ACK passed it and before the
+// sync sent more than the start) takes the client's next segment, an ACK
+// in the original direction, for invalid: it would pass untranslated and
+// the connection would hang, the endpoint being established already. In
+// SYN_RECV that segment makes it ESTABLISHED, and the endpoint's SYN-ACK
+// sent again, if it never reached the client, passes translated (the table
+// ignores it and keeps the entry).
+func replicaTCPState(st uint8) uint8 {
+	if st == tcpStateSynSent {
+		return tcpStateSynRecv
+	}
+	return st
 }
 
 // sctp appends the association's state and both verification tags; the
