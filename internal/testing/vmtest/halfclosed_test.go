@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nftgate/nftgate/internal/testing/lab"
 )
 
 // TestApplianceHalfClosedFINAgain: a client half-closes a connection
@@ -35,27 +37,18 @@ func TestApplianceHalfClosedFINAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				r := bufio.NewReader(c)
-				if _, err := r.ReadString('\n'); err != nil {
-					return // waitDial's connections
-				}
-				if _, err := io.Copy(io.Discard, r); err != nil {
-					return
-				}
-				io.WriteString(c, "a\n")
-				time.Sleep(5 * time.Second)
-				io.WriteString(c, "b\n")
-			}()
+	lab.ServeConns(l, func(c net.Conn) {
+		r := bufio.NewReader(c)
+		if _, err := r.ReadString('\n'); err != nil {
+			return // waitDial's connections
 		}
-	}()
+		if _, err := io.Copy(io.Discard, r); err != nil {
+			return
+		}
+		io.WriteString(c, "a\n")
+		time.Sleep(5 * time.Second)
+		io.WriteString(c, "b\n")
+	})
 	service := net.JoinHostPort(flowServiceIP, flowPort)
 	if err := waitDial(ctx, vm, client, service); err != nil {
 		t.Fatalf("%s from the client namespace: %v", service, err)
