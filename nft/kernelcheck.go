@@ -419,7 +419,7 @@ func refusedProbes() []kernelProbe {
 		return kernelProbe{Feature: "dynset add and lookup on a set of connection tuples (" + f.String() + ")", Option: "CONFIG_NFT_CT", Needs: []string{base},
 			add: func(b *probeBatch) {
 				b.set(f, &ruleset.Set{Name: "refused", Shape: ruleset.KeyConn, Timeout: ruleset.RefusedTimeout, Size: 16})
-				b.rule(b.filterChain(f), ruleset.MatchCtNotAssured{}, ruleset.AddRefused{Set: "refused"})
+				b.rule(b.filterChain(f), ruleset.MatchCtNotAssured{}, ruleset.AddConn{Set: "refused"})
 				b.rule(b.filterChain(f), ruleset.MatchTCPFlags{Mask: ruleset.TCPFlagRST, Flags: ruleset.TCPFlagRST},
 					ruleset.MatchConnInSet{Set: "refused"}, ruleset.Verdict{Kind: ruleset.Drop})
 			}}

@@ -70,7 +70,7 @@ func refusedBaseRule() Rule {
 // is answered by releaseResetRule, as the release's are. With counter, the
 // rules count the refusals answered.
 func refusedRules(bit uint32, counter bool) []Rule {
-	return copyBareReplyACK(bit, counter, []Stmt{MatchCtMasqueraded{}}, AddRefused{Set: SetRefusedSYNs})
+	return copyBareReplyACK(bit, counter, []Stmt{MatchCtMasqueraded{}}, AddConn{Set: SetRefusedSYNs})
 }
 
 // refusedRawRule drops a client's reset without ACK (what answers an ACK
@@ -96,19 +96,19 @@ func (MatchCtNotAssured) Encode(_ Family, s bc.Sink) {
 	maskedEq(s, bc.CtStatusAssured, 0)
 }
 
-// AddRefused adds the connection's original tuple to Set (KeyConn).
-type AddRefused struct{ Set string }
+// AddConn adds the connection's original tuple to Set (KeyConn).
+type AddConn struct{ Set string }
 
 // AppendText writes "add @set { ct original ip saddr . meta l4proto . ct
 // original proto-src . ct original ip daddr . ct original proto-dst }".
-func (a AddRefused) AppendText(b []byte, f Family) []byte {
+func (a AddConn) AppendText(b []byte, f Family) []byte {
 	return fmt.Appendf(b, "add @%s { ct original %s saddr . meta l4proto . ct original proto-src . ct original %s daddr . ct original proto-dst }",
 		a.Set, f, f)
 }
 
 // Encode loads the tuple's fields into consecutive registers, each field
 // taking whole 32-bit words, and adds them to the set.
-func (a AddRefused) Encode(f Family, s bc.Sink) {
+func (a AddConn) Encode(f Family, s bc.Sink) {
 	src, dst := uint32(bc.CtSrcIP), uint32(bc.CtDstIP)
 	if f == IPv6 {
 		src, dst = bc.CtSrcIP6, bc.CtDstIP6

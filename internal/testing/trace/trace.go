@@ -508,7 +508,7 @@ func (t *tracer) runRule(st state, tt *traceTable, c *ruleset.Chain, i, depth in
 			}
 		case ruleset.MatchCtNew:
 			// Trace replays the first packet of a connection.
-		case ruleset.Counter, ruleset.CountTraffic, ruleset.AddRefused, ruleset.SetCtEvents, ruleset.SetCtLabel:
+		case ruleset.Counter, ruleset.CountTraffic, ruleset.AddConn, ruleset.SetCtEvents, ruleset.SetCtLabel:
 			// Counts, remembers, chooses events or labels the close;
 			// changes nothing.
 		case ruleset.MatchL4Proto:
