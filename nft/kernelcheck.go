@@ -92,7 +92,29 @@ func kernelProbesFor(cfg *ruleset.Config) []kernelProbe {
 	if cfg.LeanServiceEvents {
 		probes = append(probes, leanEventProbes()...)
 	}
+	if cfg.DropMidstreamTCP && cfg.MidstreamWait > 0 {
+		probes = append(probes, midstreamWaitProbes()...)
+	}
 	return probes
+}
+
+// midstreamWaitProbes try, per family, the bounded wait for a replica
+// (ruleset.Config.MidstreamWait): lookups and adds of connection tuples
+// in a NAT postrouting chain.
+func midstreamWaitProbes() []kernelProbe {
+	var ps []kernelProbe
+	for _, f := range ruleset.Families {
+		w := " (" + f.String() + ")"
+		ps = append(ps, kernelProbe{Feature: "dynset add and lookup of connection tuples in a NAT chain (gateways.midstream_tcp_wait)" + w,
+			Option: "CONFIG_NFT_CT", Needs: []string{"nat chains" + w, "ct expression" + w},
+			add: func(b *probeBatch) {
+				b.set(f, &ruleset.Set{Name: "midstream", Shape: ruleset.KeyConn, Timeout: time.Second, Size: 16})
+				c := b.natPostrouting(f)
+				b.rule(c, ruleset.MatchL4Proto{Proto: model.TCP}, ruleset.MatchCtConnInSet{Set: "midstream"}, ruleset.Verdict{Kind: ruleset.Drop})
+				b.rule(c, ruleset.MatchL4Proto{Proto: model.TCP}, ruleset.AddConn{Set: "midstream"}, ruleset.Verdict{Kind: ruleset.Drop})
+			}})
+	}
+	return ps
 }
 
 // eventProbes try, per family, the rule that silences the conntrack

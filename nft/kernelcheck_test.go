@@ -51,7 +51,7 @@ func TestKernelCheckPassesInNetns(t *testing.T) {
 	batches := 0
 	start := time.Now()
 	probes := kernelProbesFor(&ruleset.Config{Table: "nftgate", Counters: true, TrafficElements: 16, MasqueradePortGroups: 2,
-		UntranslatedEventsOff: true, LeanServiceEvents: true})
+		UntranslatedEventsOff: true, LeanServiceEvents: true, DropMidstreamTCP: true, MidstreamWait: time.Second})
 	err := checkKernelFeatures(probes, countingRunner(netlinkProbeRunner(fd, probeTableName()), &batches))
 	if err != nil {
 		t.Fatalf("kernel check on this kernel: %v", err)

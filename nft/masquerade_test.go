@@ -3,6 +3,7 @@ package nft
 import (
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/nftgate/nftgate/model"
 	"github.com/nftgate/nftgate/ruleset"
@@ -21,6 +22,7 @@ func TestWireMatchesGoogleNftablesMasquerade(t *testing.T) {
 		{MasqueradeAddresses: []netip.Addr{netip.MustParseAddr("198.18.3.1")}, KeepClientAddress: true},
 		{ReleaseTimeWait: true, AnswerRefusedSYNs: true},
 		{AnswerRefusedSYNs: true, Counters: true},
+		{DropMidstreamTCP: true, MidstreamWait: 10 * time.Second, Counters: true},
 		{MasqueradePortGroups: 4, MasqueradeAddresses: []netip.Addr{netip.MustParseAddr("198.18.3.1"), netip.MustParseAddr("198.18.3.2"),
 			netip.MustParseAddr("fd00:3::1")}},
 	} {

@@ -234,6 +234,10 @@ func TestWireMatchesGoogleNftables(t *testing.T) {
 			cfg.UntranslatedEventsOff = seed%2 == 0
 			cfg.LeanServiceEvents = seed == 2 || seed == 3
 			cfg.ReleaseTimeWait = seed == 2
+			cfg.DropMidstreamTCP = seed >= 3
+			if seed == 3 {
+				cfg.MidstreamWait = 10 * time.Second
+			}
 			if seed == 4 {
 				cfg.TrafficElements = 4096
 			}

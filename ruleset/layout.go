@@ -354,7 +354,7 @@ func SetShape(name string) KeyShape {
 		return KeyAddrPair
 	case SetTrafficIn, SetTrafficOut:
 		return KeyTraffic
-	case SetRefusedSYNs:
+	case SetRefusedSYNs, SetMidstreamWaiting, SetMidstreamWaited:
 		return KeyConn
 	}
 	if strings.HasPrefix(name, MaglevClusterKind+"-") || strings.HasPrefix(name, MaglevLocalKind+"-") {

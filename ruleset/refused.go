@@ -106,9 +106,15 @@ func (a AddConn) AppendText(b []byte, f Family) []byte {
 		a.Set, f, f)
 }
 
-// Encode loads the tuple's fields into consecutive registers, each field
-// taking whole 32-bit words, and adds them to the set.
+// Encode loads the tuple's fields and adds them to the set.
 func (a AddConn) Encode(f Family, s bc.Sink) {
+	loadCtConn(f, s)
+	s.Dynset(bc.Dynset{Sreg: bc.Reg1, Op: bc.DynsetAdd, Set: a.Set})
+}
+
+// loadCtConn loads the connection's original tuple (KeyConn) into
+// consecutive registers from Reg1, each field taking whole 32-bit words.
+func loadCtConn(f Family, s bc.Sink) {
 	src, dst := uint32(bc.CtSrcIP), uint32(bc.CtDstIP)
 	if f == IPv6 {
 		src, dst = bc.CtSrcIP6, bc.CtDstIP6
@@ -119,7 +125,6 @@ func (a AddConn) Encode(f Family, s bc.Sink) {
 	s.Ct(bc.Ct{Key: bc.CtProtoSrc, Dreg: r[2]})
 	s.Ct(bc.Ct{Key: dst, Dreg: r[3]})
 	s.Ct(bc.Ct{Key: bc.CtProtoDst, Dreg: r[4]})
-	s.Dynset(bc.Dynset{Sreg: bc.Reg1, Op: bc.DynsetAdd, Set: a.Set})
 }
 
 // MatchConnInSet matches a packet whose tuple (source address . protocol .

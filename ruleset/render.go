@@ -76,6 +76,10 @@ type Config struct {
 	// meets it; picked up, the connection would be masqueraded afresh to
 	// this gateway's address, which the endpoint does not know.
 	DropMidstreamTCP bool
+	// MidstreamWait bounds, with DropMidstreamTCP, how long the packets of
+	// one connection are dropped; the first after is picked up (see
+	// midstream.go). Zero drops them without bound.
+	MidstreamWait time.Duration
 	// UntranslatedEventsOff: conntrack reports no event of a connection
 	// whose destination nftgate did not translate (routed traffic, the
 	// gateway's own connections): with state sync, whose listener wants
@@ -308,6 +312,9 @@ func Static(cfg *Config, f Family) Fragment {
 		{MatchMarkUnset{Bit: bit}, Verdict{Kind: Return}},
 	}, append(midstreamRules(cfg), append(leanEventsRules(cfg), masq...)...)...)...)
 	fr.Chains = append(fr.Chains, masqCPU...)
+	waitSets, waitChains := midstreamWait(cfg)
+	fr.Sets = append(fr.Sets, waitSets...)
+	fr.Chains = append(fr.Chains, waitChains...)
 	var outside []Rule
 	for _, p := range cfg.ClusterCIDRs {
 		if Of(p.Addr()) == f {
@@ -357,18 +364,6 @@ func OffloadRule(packets uint64) Rule {
 		r = append(r, MatchCtPacketsOver{N: packets})
 	}
 	return append(r, FlowOffload{Flowtable: FlowtableName})
-}
-
-// midstreamRules drop, with Config.DropMidstreamTCP, the masqueraded TCP
-// packets that are not a SYN. Only the first packet of a connection
-// passes a NAT chain, so these are the packets conntrack picked up in
-// mid-stream: dropped, the entry is not kept, and the state sync's
-// replica takes the connection's next packet.
-func midstreamRules(cfg *Config) []Rule {
-	if !cfg.DropMidstreamTCP {
-		return nil
-	}
-	return []Rule{{MatchTCPNotSYN{}, Verdict{Kind: Drop}}}
 }
 
 // markRule asks for masquerade of a connection to a Service under policy

@@ -521,9 +521,10 @@ func (t *tracer) runRule(st state, tt *traceTable, c *ruleset.Chain, i, depth in
 			}
 		case ruleset.MatchCtNotAssured:
 			// The first packet of a connection is not assured yet.
-		case ruleset.MatchConnInSet:
-			// Only refused connections' resets are in it, never a first
-			// packet.
+		case ruleset.MatchConnInSet, ruleset.MatchCtConnInSet:
+			// Only refused connections' resets are in the one, only
+			// connections waiting for their replica in the others, never
+			// a first packet.
 			return []end{{st, endNext}}
 		case ruleset.MatchCtEstablished, ruleset.MatchCtDNAT, ruleset.FlowOffload, ruleset.MatchTCPNotSYN,
 			ruleset.MatchCtMasqueraded, ruleset.MatchCtUntracked, ruleset.MatchCtMark:
