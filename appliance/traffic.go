@@ -464,31 +464,50 @@ func (c *TrafficCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descTrafficPackets, prometheus.CounterValue, float64(pout), "out")
 }
 
-// ResetsFunc reads the gateway's resets of endpoints' TIME_WAIT since the
-// rules that count them were made, by reason ("released", "refused"): only
-// the reasons the gateway runs with.
-type ResetsFunc func() (map[string]uint64, error)
+// CountsFunc reads counts since the rules that count them were made, by
+// the value of one label: only the values the gateway runs with.
+type CountsFunc func() (map[string]uint64, error)
 
-// ResetsCollector exports the resets (ResetsFunc) to Prometheus.
-type ResetsCollector struct{ read ResetsFunc }
+// ResetsFunc reads the gateway's resets of endpoints' TIME_WAIT by reason
+// ("released", "refused").
+type ResetsFunc = CountsFunc
+
+// CountsCollector exports a CountsFunc's counts to Prometheus as one
+// counter with one label.
+type CountsCollector struct {
+	desc *prometheus.Desc
+	read CountsFunc
+}
 
 // NewResetsCollector returns the collector of read's resets.
-func NewResetsCollector(read ResetsFunc) *ResetsCollector { return &ResetsCollector{read: read} }
+func NewResetsCollector(read ResetsFunc) *CountsCollector {
+	return &CountsCollector{desc: descTimeWaitResets, read: read}
+}
+
+// NewMidstreamCollector returns the collector of read's connections that
+// waited for their replica, by outcome ("waited", "given_up").
+func NewMidstreamCollector(read CountsFunc) *CountsCollector {
+	return &CountsCollector{desc: descMidstream, read: read}
+}
 
 var descTimeWaitResets = prometheus.NewDesc("nftgate_time_wait_resets_total",
 	"TCP resets the gateway sent to endpoints to end a TIME_WAIT on a masquerade address and port, by reason: released (both ends had closed the connection, release_time_wait), refused (the endpoint refused a client's SYN on it, answer_refused_syns).",
 	[]string{"reason"}, nil)
 
+var descMidstream = prometheus.NewDesc("nftgate_midstream_tcp_connections_total",
+	"Masqueraded TCP connections whose packets came to the gateway without a conntrack entry (moved here from another gateway ahead of their replica), by outcome: waited (their packets were dropped, waiting for the replica, midstream_tcp = \"wait\"), given_up (no replica came within midstream_tcp_wait: picked up here).",
+	[]string{"outcome"}, nil)
+
 // Describe implements prometheus.Collector.
-func (c *ResetsCollector) Describe(ch chan<- *prometheus.Desc) { ch <- descTimeWaitResets }
+func (c *CountsCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
 
 // Collect implements prometheus.Collector.
-func (c *ResetsCollector) Collect(ch chan<- prometheus.Metric) {
+func (c *CountsCollector) Collect(ch chan<- prometheus.Metric) {
 	n, err := c.read()
 	if err != nil {
 		return // the rest of the scrape stands
 	}
-	for reason, v := range n {
-		ch <- prometheus.MustNewConstMetric(descTimeWaitResets, prometheus.CounterValue, float64(v), reason)
+	for label, v := range n {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(v), label)
 	}
 }

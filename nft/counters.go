@@ -147,6 +147,19 @@ type Reading struct {
 	// Resets are the TCP resets the gateway sent endpoints to end a
 	// TIME_WAIT of a masqueraded connection.
 	Resets Resets
+	// Midstream counts the connections that waited for their replica
+	// (ruleset.Config.MidstreamWait).
+	Midstream Midstream
+}
+
+// Midstream counts the masqueraded TCP connections whose packets came
+// here without a conntrack entry (moved from another gateway before their
+// replica).
+type Midstream struct {
+	// Waited: their packets were dropped, waiting for the replica.
+	Waited uint64
+	// GivenUp: no replica came within the wait; picked up here.
+	GivenUp uint64
 }
 
 // Resets counts the gateway's resets of endpoints' TIME_WAIT, by why they
@@ -419,8 +432,9 @@ func (r *reader) readCounters(cfg *ruleset.Config, fw map[string]PortRef, flows,
 }
 
 // chainsCounted are the chains of the main table whose rules' counters a
-// reading sums: the source-range chains fw (their drops) and the chains
-// that copy what the gateway answers with a reset (Reading.Resets).
+// reading sums: the source-range chains fw (their drops), the chains
+// that copy what the gateway answers with a reset (Reading.Resets) and
+// those of the wait for a replica (Reading.Midstream).
 func chainsCounted(cfg *ruleset.Config, fw map[string]PortRef) iter.Seq[string] {
 	return func(yield func(string) bool) {
 		for ch := range fw {
@@ -431,8 +445,11 @@ func chainsCounted(cfg *ruleset.Config, fw map[string]PortRef) iter.Seq[string] 
 		if cfg.ReleaseTimeWait && !yield(ruleset.ChainReleaseTimeWait) {
 			return
 		}
-		if cfg.AnswerRefusedSYNs {
-			yield(ruleset.ChainReleaseRefused)
+		if cfg.AnswerRefusedSYNs && !yield(ruleset.ChainReleaseRefused) {
+			return
+		}
+		if cfg.DropMidstreamTCP && cfg.MidstreamWait > 0 && yield(ruleset.ChainMidstreamWait) {
+			yield(ruleset.ChainMidstream)
 		}
 	}
 }
@@ -511,6 +528,7 @@ func (p *Programmer) attribute(elems []counted, byChain map[string]Count, traffi
 		return rd
 	}
 	rd.Resets = Resets{Released: byChain[ruleset.ChainReleaseTimeWait].Packets, Refused: byChain[ruleset.ChainReleaseRefused].Packets}
+	rd.Midstream = Midstream{Waited: byChain[ruleset.ChainMidstreamWait].Packets, GivenUp: byChain[ruleset.ChainMidstream].Packets}
 	rd.counts = make([]PortCounters, len(rd.ports.refs))
 	rd.Endpoints = p.attributeTraffic(rd, p.forgotten.take())
 	for _, e := range elems {

@@ -194,6 +194,16 @@ func (t *traffic) resets(released, refused bool) appliance.ResetsFunc {
 	}
 }
 
+// midstream reads the connections that waited for their replica, and
+// those given up, from the counters ([gateways] midstream_tcp_wait).
+func (t *traffic) midstream() (map[string]uint64, error) {
+	rd, err := t.prog.Counters()
+	if err != nil {
+		return nil, err
+	}
+	return map[string]uint64{"waited": rd.Midstream.Waited, "given_up": rd.Midstream.GivenUp}, nil
+}
+
 // Flows implements appliance.Traffic.
 func (t *traffic) Flows(namespace, name string) ([]appliance.FlowJSON, error) {
 	rd, err := t.prog.Counters()
