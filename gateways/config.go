@@ -76,6 +76,15 @@ type Config struct {
 	// conntrack pick it up and masquerade it afresh, to an address the
 	// endpoint does not know, which resets it.
 	MidstreamTCP string `toml:"midstream_tcp" json:"midstream_tcp"`
+	// MidstreamTCPWait bounds, with MidstreamWait, how long one
+	// connection's packets are dropped: the first after is picked up, as
+	// with MidstreamPickup, so that a connection whose replica never comes
+	// (its gateway failed within the sync's lag) carries on where the
+	// address and port it was masqueraded to are this gateway's too, or is
+	// reset at once, rather than hanging until its client gives up. Default
+	// twice SyncRefreshInterval (a replica whose events were lost is sent
+	// by the origin's next refresh), from 1s to 10m.
+	MidstreamTCPWait time.Duration `toml:"midstream_tcp_wait" json:"midstream_tcp_wait"`
 	// ConntrackEvents is which connections conntrack reports events of:
 	// EventsServices only those nftgate translates to a Service, the ones
 	// the sync replicates, sparing the kernel the events of every routed
@@ -187,6 +196,9 @@ func (c Config) WithDefaults() Config {
 			c.MidstreamTCP = MidstreamWait
 		}
 	}
+	if c.MidstreamTCP == MidstreamWait && c.MidstreamTCPWait == 0 {
+		c.MidstreamTCPWait = 2 * c.SyncRefreshInterval
+	}
 	if c.ConntrackEvents == "" {
 		c.ConntrackEvents = EventsAll
 		if *c.StateSync {
@@ -255,6 +267,10 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%s.midstream_tcp = %q: want %q or %q", Key, c.MidstreamTCP, MidstreamWait, MidstreamPickup)
 	case c.MidstreamTCP == MidstreamWait && !*c.StateSync:
 		return fmt.Errorf("%s.midstream_tcp = %q: needs state_sync = true (without it no entry ever comes, and a connection would hang rather than be reset)", Key, c.MidstreamTCP)
+	case c.MidstreamTCP != MidstreamWait && c.MidstreamTCPWait != 0:
+		return fmt.Errorf("%s.midstream_tcp_wait = %q: needs midstream_tcp = %q (%q waits for nothing)", Key, c.MidstreamTCPWait.String(), MidstreamWait, c.MidstreamTCP)
+	case c.MidstreamTCP == MidstreamWait && (c.MidstreamTCPWait < time.Second || c.MidstreamTCPWait > 10*time.Minute):
+		return fmt.Errorf("%s.midstream_tcp_wait = %q: want 1s to 10m", Key, c.MidstreamTCPWait.String())
 	}
 	switch {
 	case !slices.Contains([]string{EventsAuto, EventsLean, EventsServices, EventsAll}, c.ConntrackEvents):

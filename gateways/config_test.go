@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestReadKeyNamesFileAndLength(t *testing.T) {
@@ -65,6 +66,25 @@ func TestMidstreamTCPDefaultsToWaitWithStateSync(t *testing.T) {
 	}{{nil, MidstreamWait}, {&off, MidstreamPickup}} {
 		if got := (Config{StateSync: tc.sync}).WithDefaults().MidstreamTCP; got != tc.want {
 			t.Errorf("state_sync %v: midstream_tcp defaults to %q, want %q", tc.sync, got, tc.want)
+		}
+	}
+}
+
+// TestMidstreamTCPWaitDefaultsToTwoRefreshes: the wait outlasts the
+// origin's next refresh, which sends a replica whose events were lost;
+// "pickup" waits for nothing.
+func TestMidstreamTCPWaitDefaultsToTwoRefreshes(t *testing.T) {
+	for _, tc := range []struct {
+		c    Config
+		want time.Duration
+	}{
+		{Config{}, 10 * time.Second},
+		{Config{SyncRefreshInterval: 30 * time.Second}, time.Minute},
+		{Config{MidstreamTCPWait: 3 * time.Second}, 3 * time.Second},
+		{Config{MidstreamTCP: MidstreamPickup}, 0},
+	} {
+		if got := tc.c.WithDefaults().MidstreamTCPWait; got != tc.want {
+			t.Errorf("%+v: midstream_tcp_wait defaults to %v, want %v", tc.c, got, tc.want)
 		}
 	}
 }

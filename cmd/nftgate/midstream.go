@@ -18,6 +18,16 @@ func (c *Config) dropMidstreamTCP() bool {
 	return c.Gateways != nil && c.Gateways.MidstreamTCP == gateways.MidstreamWait
 }
 
+// midstreamWait is how long, with dropMidstreamTCP, one connection's
+// packets are dropped before the next is picked up ([gateways]
+// midstream_tcp_wait).
+func (c *Config) midstreamWait() time.Duration {
+	if !c.dropMidstreamTCP() {
+		return 0
+	}
+	return c.Gateways.MidstreamTCPWait
+}
+
 // untranslatedEventsOff tells whether conntrack reports no events of the
 // connections nftgate does not translate ([gateways] conntrack_events =
 // "services", the default with state sync, or "lean"): the sync's

@@ -56,6 +56,7 @@ func (c *Config) ruleset() ruleset.Config {
 		MasqueradePortGroups:  c.masqueradePortGroups(),
 		Counters:              c.Counters,
 		DropMidstreamTCP:      c.dropMidstreamTCP(),
+		MidstreamWait:         c.midstreamWait(),
 		UntranslatedEventsOff: c.untranslatedEventsOff(),
 		LeanServiceEvents:     c.leanServiceEvents(),
 		TrafficElements:       uint32(c.CountersTrafficElements),
@@ -364,6 +365,9 @@ func serve(ctx context.Context, cfg *Config) error {
 	metrics.Registry().MustRegister(appliance.NewTrafficCollector(tr, cfg.MetricsPerService))
 	if cfg.Counters && (cfg.ReleaseTimeWait || cfg.AnswerRefusedSYNs) {
 		metrics.Registry().MustRegister(appliance.NewResetsCollector(tr.resets(cfg.ReleaseTimeWait, cfg.AnswerRefusedSYNs)))
+	}
+	if cfg.Counters && cfg.midstreamWait() > 0 {
+		metrics.Registry().MustRegister(appliance.NewMidstreamCollector(tr.midstream))
 	}
 	hist := cfg.history()
 	if hist != nil {
