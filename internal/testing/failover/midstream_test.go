@@ -3,11 +3,14 @@ package failover_test
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/netip"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -119,4 +122,109 @@ func entries(h *lab.Host, local netip.AddrPort) (int, error) {
 		return 0, fmt.Errorf("%s: conntrack -L: %w", h, err)
 	}
 	return strings.Count(string(out), "\n"), nil
+}
+
+// TestNftgateGivesUpWaitingForAReplicaThatNeverComes: a connection's
+// gateway fails within the sync's lag (sync_batch_interval = 1s holds the
+// replica back; the gateway is failed right after the connection's first
+// exchange), so no replica ever comes. The survivor drops the client's
+// packets for midstream_tcp_wait (2 s here), then picks the next one up.
+// Active/backup, one masquerade address that moves with the Service
+// address and the client's port kept (masquerade_ports_by_cpu = false):
+// picked up, it is the endpoint's connection again, and the line comes
+// back. Active/active: the survivor masquerades it to its own address,
+// the endpoint resets it, and the client learns at once. Without the
+// bound the connection hangs either way.
+func TestNftgateGivesUpWaitingForAReplicaThatNeverComes(t *testing.T) {
+	const wait = 2 * time.Second
+	for _, tc := range []struct {
+		name  string
+		ecmp  bool
+		reset bool
+	}{{"active-backup", false, false}, {"active-active", true, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := failover.Options{Gateways: 2}
+			if tc.ecmp {
+				o = failover.Options{Gateways: 3, Router: true}
+			}
+			topo := newTopology(t, o)
+			cfg := nftgateConfig(t, topo, failover.NftgateOptions{ECMP: tc.ecmp, DeadAfter: testDeadAfter, BFDMultiplier: testBFDMultiplier,
+				SyncBatchInterval: time.Second, MidstreamTCPWait: wait, PortsByCPUOff: true})
+			gs := startNftgate(t, topo, cfg)
+			origin, survivor := 0, 1
+			if tc.ecmp {
+				router := startRouter(t, topo)
+				if err := failover.ECMPRoutes(router, len(topo.Gateways), 30*time.Second); err != nil {
+					t.Fatal(err)
+				}
+				pinTo(t, topo, origin)
+			} else {
+				origin = waitHolder(t, gs)
+				survivor = 1 - origin
+			}
+			serveSteps(t, topo)
+			c, err := dialLine(topo.Client, cfg.Dst, "hello\n")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if tc.ecmp {
+				pinTo(t, topo, survivor)
+			}
+			failed, err := topo.Fail(origin)
+			if err != nil {
+				t.Fatal(err)
+			}
+			local := netip.MustParseAddrPort(c.LocalAddr().String())
+			if n, err := entries(topo.Gateways[survivor], local); err != nil || n != 0 {
+				t.Fatalf("the survivor holds %d entries of the connection when its gateway failed (%v): the sync was not held back", n, err)
+			}
+			_ = c.SetDeadline(time.Now().Add(wait + 20*time.Second))
+			if _, err := io.WriteString(c, "after\n"); err != nil {
+				t.Fatal(err)
+			}
+			buf := make([]byte, len("after\n"))
+			_, err = io.ReadFull(c, buf)
+			took := time.Since(failed)
+			t.Logf("the line after the failure: %v after %v (%q)", err, took.Round(time.Millisecond), buf)
+			switch {
+			case tc.reset && !errors.Is(err, syscall.ECONNRESET):
+				t.Errorf("the connection ended by %v, want a reset by its endpoint once the survivor gave up waiting", err)
+			case !tc.reset && err != nil:
+				t.Errorf("the connection ended by %v, want it carried on, picked up with its masquerade address and port", err)
+			case !tc.reset && string(buf) != "after\n":
+				t.Errorf("read back %q, want %q", buf, "after\n")
+			}
+			if took < wait {
+				t.Errorf("the connection ended its wait after %v, before midstream_tcp_wait (%v)", took, wait)
+			}
+			for outcome, want := range map[string]float64{"waited": 1, "given_up": 1} {
+				if got := midstreamMetric(t, gs[survivor], outcome); got != want {
+					t.Errorf("the survivor's nftgate_midstream_tcp_connections_total{outcome=%q} = %v, want %v", outcome, got, want)
+				}
+			}
+		})
+	}
+}
+
+// midstreamMetric reads g's count of the connections that waited for
+// their replica, of outcome.
+func midstreamMetric(t *testing.T, g *failover.Nftgate, outcome string) float64 {
+	t.Helper()
+	code, body, err := g.Get("/metrics")
+	if err != nil || code != 200 {
+		t.Fatalf("GET /metrics: %d %v", code, err)
+	}
+	prefix := fmt.Sprintf("nftgate_midstream_tcp_connections_total{outcome=%q} ", outcome)
+	for line := range strings.Lines(body) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), prefix); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatalf("%q: %v", line, err)
+			}
+			return f
+		}
+	}
+	t.Fatalf("no %s in %s's /metrics", strings.TrimSpace(prefix), g.Host)
+	return 0
 }

@@ -61,6 +61,12 @@ type NftgateOptions struct {
 	// MidstreamTCP is [gateways] midstream_tcp; empty leaves nftgate's
 	// default.
 	MidstreamTCP string
+	// MidstreamTCPWait is [gateways] midstream_tcp_wait; 0 leaves
+	// nftgate's default.
+	MidstreamTCPWait time.Duration
+	// PortsByCPUOff sets masquerade_ports_by_cpu = false: the masquerade
+	// keeps a client's port wherever it is free.
+	PortsByCPUOff bool
 	// ConntrackEvents is [gateways] conntrack_events; empty leaves
 	// nftgate's default.
 	ConntrackEvents string
@@ -135,8 +141,12 @@ func WriteNftgate(topo *Topology, dir string, o NftgateOptions) (*NftgateConfig,
 		if !o.ECMP {
 			l2 = append([]string{topo.Upstream[i]}, l2...)
 		}
-		text := fmt.Sprintf("external_ip_cidrs = [%q]\nhash_seed = 4242\nmasquerade_addresses = [%q]\n\n[l2]\ninterfaces = %s\ngratuitous_interval = \"100ms\"\n",
-			netip.PrefixFrom(svcAddr, 32).String(), masq(i), q(l2))
+		text := fmt.Sprintf("external_ip_cidrs = [%q]\nhash_seed = 4242\nmasquerade_addresses = [%q]\n",
+			netip.PrefixFrom(svcAddr, 32).String(), masq(i))
+		if o.PortsByCPUOff {
+			text += "masquerade_ports_by_cpu = false\n"
+		}
+		text += fmt.Sprintf("\n[l2]\ninterfaces = %s\ngratuitous_interval = \"100ms\"\n", q(l2))
 		if o.ECMP {
 			text += fmt.Sprintf("\n[bgp]\nasn = %d\nrouter_id = %q\nlisten_port = -1\nrestart_deferral = \"1s\"\n"+
 				"\n[[bgp.peer]]\naddress = %q\nasn = %d\nhold_time = \"9s\"\nconnect_retry = \"1s\"\nbfd = true\nbfd_interval = %q\n",
@@ -168,6 +178,9 @@ func WriteNftgate(topo *Topology, dir string, o NftgateOptions) (*NftgateConfig,
 		}
 		if o.MidstreamTCP != "" {
 			text += fmt.Sprintf("midstream_tcp = %q\n", o.MidstreamTCP)
+		}
+		if o.MidstreamTCPWait > 0 {
+			text += fmt.Sprintf("midstream_tcp_wait = %q\n", o.MidstreamTCPWait.String())
 		}
 		if o.ConntrackEvents != "" {
 			text += fmt.Sprintf("conntrack_events = %q\n", o.ConntrackEvents)
