@@ -129,7 +129,7 @@ func (c Config) TableOf(k model.ServiceKey) string { return c.ShardTable(c.Shard
 // to; a Service's affinity sets are in its shard.
 func MainSet(name string) bool {
 	switch name {
-	case MapNoEndpointServices, MapNoEndpointNodePorts, MapFirewallIPs, SetClusterIPs, SetHairpin:
+	case MapNoEndpointServices, MapNoEndpointNodePorts, MapFirewallIPs, SetClusterIPs, SetHairpin, SetServiceAddrs:
 		return true
 	}
 	return false
@@ -348,7 +348,7 @@ func SetShape(name string) KeyShape {
 		return KeyProtoPort
 	case MapServiceIPs, MapNoEndpointServices, MapFirewallIPs:
 		return KeyAddrProtoPort
-	case SetClusterIPs:
+	case SetClusterIPs, SetServiceAddrs:
 		return KeyAddr
 	case SetHairpin:
 		return KeyAddrPair

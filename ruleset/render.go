@@ -80,6 +80,11 @@ type Config struct {
 	// one connection are dropped; the first after is picked up (see
 	// midstream.go). Zero drops them without bound.
 	MidstreamWait time.Duration
+	// Unserved is what becomes of a packet to a LoadBalancer or external
+	// IP that no Service port translated (unserved.go): by default a new
+	// connection is rejected and an invalid packet dropped, rather than
+	// routed back where it came from.
+	Unserved Unserved
 	// UntranslatedEventsOff: conntrack reports no event of a connection
 	// whose destination nftgate did not translate (routed traffic, the
 	// gateway's own connections): with state sync, whose listener wants
@@ -188,6 +193,7 @@ func Static(cfg *Config, f Family) Fragment {
 			{Name: MapFirewallIPs, Map: true, Shape: KeyAddrProtoPort},
 			{Name: SetClusterIPs, Shape: KeyAddr},
 			{Name: SetHairpin, Shape: KeyAddrPair},
+			{Name: SetServiceAddrs, Shape: KeyAddr},
 		},
 	}
 	base := func(name, typ, hook string, prio int32, rules ...Rule) {
@@ -222,6 +228,11 @@ func Static(cfg *Config, f Family) Fragment {
 		{MatchCtNew{}, jump(ChainServiceEPCheck)},
 		{MatchCtNew{}, jump(ChainClusterIPsCheck)},
 	}
+	// So are the other addresses of the Services, rather than routed
+	// back to the router that routes them here.
+	unserved, unservedChains := unservedRules(cfg)
+	forward = append(forward, unserved...)
+	fr.Chains = append(fr.Chains, unservedChains...)
 	if cfg.Counters && cfg.TrafficElements > 0 {
 		// Every packet of a translated connection, both ways, before a
 		// flowtable takes the connection past this hook.
@@ -547,6 +558,14 @@ func RenderService(cfg *Config, svc *model.Service) ByFamily {
 	for _, a := range svc.ClusterIPs {
 		fr := out.Of(Of(a))
 		fr.Elements = append(fr.Elements, Element{Map: SetClusterIPs, Key: Key{Addr: a}})
+	}
+	// Its LoadBalancer and external IPs, for what is sent to them
+	// untranslated (unserved.go), each once.
+	addrs := append(slices.Clone(svc.ExternalIPs()), svc.LoadBalancerIPs()...)
+	slices.SortFunc(addrs, netip.Addr.Compare)
+	for _, a := range slices.Compact(addrs) {
+		fr := out.Of(Of(a))
+		fr.Elements = append(fr.Elements, Element{Map: SetServiceAddrs, Key: Key{Addr: a}})
 	}
 	return out
 }

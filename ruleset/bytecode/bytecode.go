@@ -146,6 +146,7 @@ const (
 	CtStateNew         = 1 << 3 // NF_CT_STATE_BIT(IP_CT_NEW)
 	CtStateEstablished = 1 << 1 // NF_CT_STATE_BIT(IP_CT_ESTABLISHED)
 	CtStateUntracked   = 1 << 6 // NF_CT_STATE_UNTRACKED_BIT
+	CtStateInvalid     = 1 << 0 // NF_CT_STATE_INVALID_BIT
 	CtStatus           = unix.NFT_CT_STATUS
 	CtStatusSrcNAT     = 1 << 4 // IPS_SRC_NAT
 	CtStatusDstNAT     = 1 << 5 // IPS_DST_NAT

@@ -519,6 +519,12 @@ func (t *tracer) runRule(st state, tt *traceTable, c *ruleset.Chain, i, depth in
 			if st.dnat.IsValid() || st.redirect != 0 {
 				return []end{{st, endNext}}
 			}
+		case ruleset.MatchCtInvalid:
+			// Trace replays a connection's first packet, which conntrack
+			// tracks.
+			return []end{{st, endNext}}
+		case ruleset.MatchCtNewOrInvalid:
+			// It is new.
 		case ruleset.MatchCtNotAssured:
 			// The first packet of a connection is not assured yet.
 		case ruleset.MatchConnInSet, ruleset.MatchCtConnInSet:

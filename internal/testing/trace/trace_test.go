@@ -145,11 +145,23 @@ func TestTraceExternalAndLoadBalancerIPs(t *testing.T) {
 		{name: "externalIP routed to the gateway", src: "203.0.113.5", dst: "192.168.99.11:80", want: both},
 		{name: "externalIP that is a local address", src: "203.0.113.5", dst: "192.168.0.3:80", want: both},
 		{name: "externalIP from a pod is masqueraded too", src: "10.1.2.3", dst: "192.168.99.11:80", want: both},
-		{name: "externalIP other port", src: "203.0.113.5", dst: "192.168.99.11:81", want: "accept"},
+		// Not routed back to the router that routes the address here
+		// (ruleset/unserved.go).
+		{name: "externalIP other port", src: "203.0.113.5", dst: "192.168.99.11:81", want: "reject"},
+		{name: "externalIP that is a local address, other port", src: "203.0.113.5", dst: "192.168.0.3:81", want: "accept"},
 		{name: "LoadBalancer IP", src: "203.0.113.5", dst: "198.51.100.1:80", want: both},
 		{name: "LoadBalancer IP from the gateway", src: "192.168.0.2", dst: "198.51.100.1:80", output: true, want: both},
-		{name: "LoadBalancer IP other port", src: "203.0.113.5", dst: "198.51.100.1:443", want: "accept"},
+		{name: "LoadBalancer IP other port", src: "203.0.113.5", dst: "198.51.100.1:443", want: "reject"},
+		{name: "LoadBalancer IP other protocol", src: "203.0.113.5", dst: "198.51.100.1:80", proto: model.UDP, want: "reject"},
 	})
+	for unserved, want := range map[ruleset.Unserved]string{ruleset.UnservedDrop: "drop", ruleset.UnservedRoute: "accept"} {
+		cfg := world.Config()
+		cfg.Unserved = unserved
+		runFlows(t, cfg, svcs, []flow{
+			{name: "externalIP other port, " + want, src: "203.0.113.5", dst: "192.168.99.11:81", want: want},
+			{name: "LoadBalancer IP other port, " + want, src: "203.0.113.5", dst: "198.51.100.1:443", want: want},
+		})
+	}
 }
 
 func TestTraceLoadBalancerSourceRanges(t *testing.T) {
@@ -165,7 +177,7 @@ func TestTraceLoadBalancerSourceRanges(t *testing.T) {
 		{name: "NodePort is not subject to ranges", src: "198.18.0.1", dst: "192.168.0.2:30080", want: one},
 		{name: "externalIP is not subject to ranges", src: "198.18.0.1", dst: "192.168.99.11:80", want: one},
 		{name: "ClusterIP is not subject to ranges", src: "198.18.0.1", dst: "172.30.0.41:80", want: one},
-		{name: "other LB port is not subject to ranges", src: "198.18.0.1", dst: "198.51.100.1:81", want: "accept"},
+		{name: "other LB port is not subject to ranges", src: "198.18.0.1", dst: "198.51.100.1:81", want: "reject"},
 	})
 }
 
