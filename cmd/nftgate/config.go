@@ -49,7 +49,11 @@ type Config struct {
 	MasqueradeBit     uint32   `toml:"masquerade_bit"`
 	HashSeed          uint32   `toml:"hash_seed"`
 	EndpointSelection string   `toml:"endpoint_selection"`
-	Shards            Shards   `toml:"shards"`
+	// UnservedServiceTraffic is what becomes of a packet to a LoadBalancer
+	// or external IP that no Service port translates: "reject" (the
+	// default), "drop" or "route" (cmd/nftgate/unserved.go).
+	UnservedServiceTraffic string `toml:"unserved_service_traffic"`
+	Shards                 Shards `toml:"shards"`
 	// ProxyProtocolPort is where the PROXY protocol proxy listens (0:
 	// off); the other two keys bound it (see cmd/nftgate/proxy.go).
 	ProxyProtocolPort           uint16   `toml:"proxy_protocol_port"`
@@ -155,6 +159,7 @@ func defaults() Config {
 		ConntrackMin:                defaultConntrackMin,
 		Shards:                      ShardsAuto,
 		EndpointSelection:           defaultSelection,
+		UnservedServiceTraffic:      unservedReject,
 		ProxyProtocolPort:           proxy.DefaultPort,
 		ProxyProtocolMaxConnections: proxy.DefaultMaxConnections,
 		ProxyProtocolDialTimeout:    Duration(proxy.DefaultDialTimeout),
@@ -394,6 +399,7 @@ func loadConfig(name string, args []string) (*Config, *flag.FlagSet, error) {
 	trafficFlags(fs, &cfg)
 	pageFlags(fs, &cfg)
 	selectionFlags(fs, &cfg)
+	unservedFlags(fs, &cfg)
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&cfg.LogFormat, "log-format", cfg.LogFormat, "text or json")
 	fs.Var(&cfg.MinSyncInterval, "min-sync-interval", "least `time` between two syncs; changes meanwhile are coalesced")
@@ -539,6 +545,7 @@ func (c *Config) validate() error {
 	c.validateTraffic(bad)
 	c.validateFlowtable(bad)
 	c.validateSelection(bad)
+	c.validateUnserved(bad)
 	if c.MasqueradeBit == 0 || c.MasqueradeBit&(c.MasqueradeBit-1) != 0 {
 		bad("masquerade_bit", "%#x is not a single bit", c.MasqueradeBit)
 	}

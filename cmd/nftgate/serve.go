@@ -57,6 +57,7 @@ func (c *Config) ruleset() ruleset.Config {
 		Counters:              c.Counters,
 		DropMidstreamTCP:      c.dropMidstreamTCP(),
 		MidstreamWait:         c.midstreamWait(),
+		Unserved:              c.unserved(),
 		UntranslatedEventsOff: c.untranslatedEventsOff(),
 		LeanServiceEvents:     c.leanServiceEvents(),
 		TrafficElements:       uint32(c.CountersTrafficElements),
