@@ -55,10 +55,11 @@ const (
 )
 
 type edgeLab struct {
-	topo    *lab.Topology
-	outside *lab.Host
-	router  *bird.Router
-	config  string
+	topo       *lab.Topology
+	outside    *lab.Host
+	routerHost *lab.Host
+	router     *bird.Router
+	config     string
 }
 
 // newEdgeLab adds the router (BIRD) and the outside client to the gateway
@@ -126,7 +127,7 @@ skip_network_and_broadcast = true
 	if err := os.WriteFile(cfg, []byte(text), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	return &edgeLab{topo: topo, outside: outside, router: b, config: cfg}
+	return &edgeLab{topo: topo, outside: outside, routerHost: router, router: b, config: cfg}
 }
 
 func (e *edgeLab) web(eps ...gatewaytest.Endpoint) []any {
