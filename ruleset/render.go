@@ -224,15 +224,10 @@ func Static(cfg *Config, f Family) Fragment {
 		Rule{MatchCtNew{}, jump(ChainNodePortEPCheck)},
 		Rule{MatchCtNew{}, jump(ChainServiceEPCheck)})
 	// So are ClusterIPs on ports no Service has, as kube-proxy does.
-	forward := []Rule{
-		{MatchCtNew{}, jump(ChainServiceEPCheck)},
-		{MatchCtNew{}, jump(ChainClusterIPsCheck)},
-	}
 	// So are the other addresses of the Services, rather than routed
-	// back to the router that routes them here.
-	unserved, unservedChains := unservedRules(cfg)
-	forward = append(forward, unserved...)
-	fr.Chains = append(fr.Chains, unservedChains...)
+	// back to the router that routes them here (unserved.go).
+	forward := []Rule{forwardEntry(cfg)}
+	regular(ChainForwardNew, forwardNewRules(cfg, Rule{jump(ChainServiceEPCheck)}, Rule{jump(ChainClusterIPsCheck)})...)
 	if cfg.Counters && cfg.TrafficElements > 0 {
 		// Every packet of a translated connection, both ways, before a
 		// flowtable takes the connection past this hook.

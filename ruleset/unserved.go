@@ -42,25 +42,40 @@ const (
 	UnservedRoute
 )
 
-// ChainUnserved answers, with UnservedReject, what the forward hook found
-// sent to a Service address untranslated.
-const ChainUnserved = "unserved"
+// ChainForwardNew holds the forward hook's rules for a connection's first
+// packet (the Services without endpoints, the ClusterIPs' other ports, the
+// Service addresses' unserved traffic) and, unless UnservedRoute, for a
+// packet conntrack could not track: the base chain tests the state once,
+// and an established packet, the most of them, pays that one test (it paid
+// one for each of the rules when they sat in the base chain).
+const ChainForwardNew = "forward-new"
 
-// unservedRules are the forward hook's rule for untranslated traffic to a
-// Service address (the state is tested first: an established packet, the
-// most of them, pays one test), and the chain it jumps to.
-func unservedRules(cfg *Config) ([]Rule, []*Chain) {
-	match := Rule{MatchCtNewOrInvalid{}, MatchAddrInSet{Dir: Dst, Set: SetServiceAddrs}}
-	switch cfg.Unserved {
-	case UnservedRoute:
-		return nil, nil
-	case UnservedDrop:
-		return []Rule{append(match, Verdict{Kind: Drop})}, nil
+// forwardEntry is the base chain's rule that sends packets to
+// ChainForwardNew.
+func forwardEntry(cfg *Config) Rule {
+	if cfg.Unserved == UnservedRoute {
+		return Rule{MatchCtNew{}, Verdict{Kind: Jump, Chain: ChainForwardNew}}
 	}
-	return []Rule{append(match, Verdict{Kind: Jump, Chain: ChainUnserved})}, []*Chain{{Name: ChainUnserved, Rules: []Rule{
-		{MatchCtInvalid{}, Verdict{Kind: Drop}},
-		{Verdict{Kind: Jump, Chain: ChainReject}},
-	}}}
+	return Rule{MatchCtNewOrInvalid{}, Verdict{Kind: Jump, Chain: ChainForwardNew}}
+}
+
+// forwardNewRules are ChainForwardNew's rules: an invalid packet to a
+// Service address dropped and any other returned, then the checks of a new
+// connection, then (unless UnservedRoute) its unserved traffic.
+func forwardNewRules(cfg *Config, checks ...Rule) []Rule {
+	dst := MatchAddrInSet{Dir: Dst, Set: SetServiceAddrs}
+	var rules []Rule
+	if cfg.Unserved != UnservedRoute {
+		rules = append(rules, Rule{MatchCtInvalid{}, dst, Verdict{Kind: Drop}}, Rule{MatchCtInvalid{}, Verdict{Kind: Return}})
+	}
+	rules = append(rules, checks...)
+	switch cfg.Unserved {
+	case UnservedDrop:
+		rules = append(rules, Rule{dst, Verdict{Kind: Drop}})
+	case UnservedReject:
+		rules = append(rules, Rule{dst, Verdict{Kind: Jump, Chain: ChainReject}})
+	}
+	return rules
 }
 
 // MatchCtNewOrInvalid matches the packet that opens a connection and one
