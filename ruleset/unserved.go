@@ -14,8 +14,8 @@ import bc "github.com/nftgate/nftgate/ruleset/bytecode"
 // then routed back to the router, which routes it to the gateway again,
 // until its TTL runs out: each such packet crosses the link some thirty
 // times, which a sender can use to multiply its traffic. kube-proxy rejects
-// ClusterIPs on ports no Service has for the same reason, and Calico added
-// its service loop prevention for external and LoadBalancer IPs.
+// ClusterIPs on ports no Service has; Calico added its service loop
+// prevention for external and LoadBalancer IPs.
 //
 // SetServiceAddrs holds the LoadBalancer and external IPs nftgate serves;
 // in the forward hook, after the translations, a packet to one of them
