@@ -448,7 +448,7 @@ func chainsCounted(cfg *ruleset.Config, fw map[string]PortRef) iter.Seq[string] 
 		if cfg.AnswerRefusedSYNs && !yield(ruleset.ChainReleaseRefused) {
 			return
 		}
-		if cfg.DropMidstreamTCP && cfg.MidstreamWait > 0 && yield(ruleset.ChainMidstreamWait) {
+		if cfg.MidstreamBounded() && yield(ruleset.ChainMidstreamWait) {
 			yield(ruleset.ChainMidstream)
 		}
 	}

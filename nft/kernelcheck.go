@@ -92,7 +92,7 @@ func kernelProbesFor(cfg *ruleset.Config) []kernelProbe {
 	if cfg.LeanServiceEvents {
 		probes = append(probes, leanEventProbes()...)
 	}
-	if cfg.DropMidstreamTCP && cfg.MidstreamWait > 0 {
+	if cfg.MidstreamBounded() {
 		probes = append(probes, midstreamWaitProbes()...)
 	}
 	return probes

@@ -57,6 +57,10 @@ const MidstreamGiveUp = 150 * time.Second
 // up within MidstreamGiveUp.
 const MidstreamSize = 65536
 
+// MidstreamBounded tells whether the ruleset waits for a replica with a
+// bound: ChainMidstream and the sets of the wait exist.
+func (c *Config) MidstreamBounded() bool { return c.DropMidstreamTCP && c.MidstreamWait > 0 }
+
 // midstreamRules drop, with Config.DropMidstreamTCP, the masqueraded TCP
 // packets that are not a SYN. Only the first packet of a connection
 // passes a NAT chain, so these are the packets conntrack picked up in
@@ -68,7 +72,7 @@ func midstreamRules(cfg *Config) []Rule {
 	switch {
 	case !cfg.DropMidstreamTCP:
 		return nil
-	case cfg.MidstreamWait <= 0:
+	case !cfg.MidstreamBounded():
 		return []Rule{{MatchTCPNotSYN{}, Verdict{Kind: Drop}}}
 	}
 	return []Rule{{MatchTCPNotSYN{}, Verdict{Kind: Jump, Chain: ChainMidstream}}}
@@ -77,7 +81,7 @@ func midstreamRules(cfg *Config) []Rule {
 // midstreamWait is the sets and chains of the bounded wait, or nothing
 // without it.
 func midstreamWait(cfg *Config) ([]*Set, []*Chain) {
-	if !cfg.DropMidstreamTCP || cfg.MidstreamWait <= 0 {
+	if !cfg.MidstreamBounded() {
 		return nil, nil
 	}
 	var count []Stmt
