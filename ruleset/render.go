@@ -85,6 +85,10 @@ type Config struct {
 	// connection is rejected and an invalid packet dropped, rather than
 	// routed back where it came from.
 	Unserved Unserved
+	// ServiceEchoOff: an ICMP echo request to a LoadBalancer or external
+	// IP is not answered by the gateway (unserved.go) but treated as the
+	// other unserved traffic.
+	ServiceEchoOff bool
 	// UntranslatedEventsOff: conntrack reports no event of a connection
 	// whose destination nftgate did not translate (routed traffic, the
 	// gateway's own connections): with state sync, whose listener wants
@@ -206,7 +210,7 @@ func Static(cfg *Config, f Family) Fragment {
 	// masqueraded, whatever its Service's traffic policy. The mark is set
 	// here, just before the shards' NAT chains dispatch the connection.
 	markOutside := Rule{MatchAddrInSet{Dir: Dst, Set: SetClusterIPs}, jump(ChainMasqueradeOutside)}
-	base("nat-prerouting-mark", "nat", "prerouting", PrioDstNAT-1, markOutside)
+	base("nat-prerouting-mark", "nat", "prerouting", PrioDstNAT-1, append([]Rule{markOutside}, echoRules(cfg)...)...)
 	base("nat-output-mark", "nat", "output", PrioDstNAT-1, markOutside)
 	postrouting := []Rule{{jump(ChainMasquerading)}}
 	if cfg.UntranslatedEventsOff {

@@ -1,6 +1,9 @@
 package ruleset
 
-import bc "github.com/nftgate/nftgate/ruleset/bytecode"
+import (
+	"github.com/nftgate/nftgate/model"
+	bc "github.com/nftgate/nftgate/ruleset/bytecode"
+)
 
 // Traffic to a Service address that nftgate does not translate
 // (Config.Unserved).
@@ -101,3 +104,61 @@ func (MatchCtInvalid) AppendText(b []byte, _ Family) []byte { return append(b, "
 
 // Encode tests the connection state's invalid bit.
 func (MatchCtInvalid) Encode(_ Family, s bc.Sink) { ctStateBit(s, bc.CtStateInvalid) }
+
+// An ICMP echo request to a Service address is answered by the gateway, as
+// a host answers one to its own address (and kube-proxy's IPVS mode, whose
+// addresses sit on a local device, answers it): operators ping a
+// LoadBalancer IP to see that it reaches a gateway, and a monitoring probe
+// does. Redirected to the gateway in the NAT prerouting hook, the request
+// is delivered to the gateway's own stack, which answers; conntrack
+// translates the answer's source back to the Service address. NAT chains
+// see a flow's first packet only, so the rule costs every other new
+// connection one protocol test. Config.ServiceEchoOff leaves echo requests
+// to the unserved traffic's rules.
+
+// The protocols of an echo request.
+const (
+	ProtoICMP   model.Protocol = 1
+	ProtoICMPv6 model.Protocol = 58
+)
+
+// echoRules are the NAT prerouting rules that answer echo requests to the
+// Service addresses.
+func echoRules(cfg *Config) []Rule {
+	if cfg.ServiceEchoOff {
+		return nil
+	}
+	return []Rule{{MatchEchoRequest{}, MatchAddrInSet{Dir: Dst, Set: SetServiceAddrs}, RedirectHere{}}}
+}
+
+// MatchEchoRequest matches an ICMP (ICMPv6) echo request.
+type MatchEchoRequest struct{}
+
+// AppendText writes "icmp type echo-request" ("icmpv6 type echo-request").
+func (MatchEchoRequest) AppendText(b []byte, f Family) []byte {
+	if f == IPv6 {
+		return append(b, "icmpv6 type echo-request"...)
+	}
+	return append(b, "icmp type echo-request"...)
+}
+
+// Encode matches the protocol and the ICMP type, as nft writes it.
+func (MatchEchoRequest) Encode(f Family, s bc.Sink) {
+	proto, typ := ProtoICMP, byte(8)
+	if f == IPv6 {
+		proto, typ = ProtoICMPv6, 128
+	}
+	matchL4Proto(s, proto)
+	s.Payload(bc.Payload{Base: bc.TransportHeader, Offset: 0, Len: 1, Dreg: bc.Reg1})
+	s.Cmp(bc.Cmp{Op: bc.CmpEq, Sreg: bc.Reg1, Data: bc.Bytes(typ)})
+}
+
+// RedirectHere delivers the packet to the gateway itself (the primary
+// address of the interface it arrived on), its ports or ICMP id kept.
+type RedirectHere struct{}
+
+// AppendText writes "redirect".
+func (RedirectHere) AppendText(b []byte, _ Family) []byte { return append(b, "redirect"...) }
+
+// Encode writes a redirect without a port.
+func (RedirectHere) Encode(_ Family, s bc.Sink) { s.Redir(bc.Redir{}) }

@@ -65,6 +65,9 @@ type Outcome struct {
 	// Redirect is the gateway's own port a redirect sent the packet to
 	// (the PROXY protocol proxy); zero when not redirected.
 	Redirect uint16
+	// Here is set when a redirect without a port sent the packet to the
+	// gateway itself (an echo request the gateway answers).
+	Here bool
 	// Marked tells that the masquerade mark bit was set when the packet
 	// reached postrouting; Masqueraded that postrouting masqueraded it
 	// (to the interface's address or a masquerade address).
@@ -81,6 +84,8 @@ func (o Outcome) String() string {
 		s = "dnat " + o.DNAT.String()
 	} else if o.Fate == Accepted && o.Redirect != 0 {
 		s = fmt.Sprintf("redirect :%d", o.Redirect)
+	} else if o.Fate == Accepted && o.Here {
+		s = "redirect"
 	} else {
 		s = o.Fate.String()
 	}
@@ -255,6 +260,7 @@ type state struct {
 	mark        uint32
 	dnat        netip.AddrPort
 	redirect    uint16
+	here        bool
 	marked      bool // mark bit seen at postrouting
 	masqueraded bool
 	affinity    []string
@@ -379,7 +385,7 @@ func (t *tracer) hook(st state, hook string, nat bool) []state {
 // destination NAT on prerouting and output, source NAT on the others.
 func natDone(hook string, st state) bool {
 	if hook == "prerouting" || hook == "output" {
-		return st.dnat.IsValid()
+		return st.dnat.IsValid() || st.redirect != 0 || st.here
 	}
 	return st.masqueraded
 }
@@ -405,7 +411,7 @@ func (t *tracer) finish(st state, forwarded bool) {
 }
 
 func (t *tracer) end(st state, fate Fate, local bool) {
-	t.out = append(t.out, Outcome{Fate: fate, DNAT: st.dnat, Redirect: st.redirect, Local: local && fate == Accepted,
+	t.out = append(t.out, Outcome{Fate: fate, DNAT: st.dnat, Redirect: st.redirect, Here: st.here, Local: local && fate == Accepted,
 		Marked: st.marked, Masqueraded: st.masqueraded, Affinity: st.affinity, Path: st.path})
 }
 
@@ -611,6 +617,17 @@ func (t *tracer) runRule(st state, tt *traceTable, c *ruleset.Chain, i, depth in
 			}
 			// To the gateway itself: delivered, not forwarded.
 			st.redirect, st.dport, st.dstLocal = s.Port, s.Port, true
+			return []end{{st.log(c.Name, r, t.f, ""), endAccept}}
+		case ruleset.MatchEchoRequest:
+			want := ruleset.ProtoICMP
+			if t.f == ruleset.IPv6 {
+				want = ruleset.ProtoICMPv6
+			}
+			if t.pkt.Proto != want { // every ICMP packet traced is an echo request
+				return []end{{st, endNext}}
+			}
+		case ruleset.RedirectHere:
+			st.here, st.dstLocal = true, true
 			return []end{{st.log(c.Name, r, t.f, ""), endAccept}}
 		case ruleset.Masquerade:
 			if s.Ports.Min != 0 && t.pkt.Proto != s.Ports.Proto {

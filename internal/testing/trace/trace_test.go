@@ -160,6 +160,28 @@ func TestTraceExternalAndLoadBalancerIPs(t *testing.T) {
 		runFlows(t, cfg, svcs, []flow{
 			{name: "externalIP other port, " + want, src: "203.0.113.5", dst: "192.168.99.11:81", want: want},
 			{name: "LoadBalancer IP other port, " + want, src: "203.0.113.5", dst: "198.51.100.1:443", want: want},
+			{name: "echo request to the LoadBalancer IP, answered all the same", src: "203.0.113.5", dst: "198.51.100.1:0", proto: ruleset.ProtoICMP, want: "redirect"},
+		})
+	}
+}
+
+// The gateway answers an echo request to a Service address itself
+// (ruleset/unserved.go); ServiceEchoOff leaves it to the unserved traffic's
+// rules.
+func TestTraceEchoRequestToServiceAddresses(t *testing.T) {
+	svcs := []*model.Service{world.Web(world.Ready("10.180.0.1", 8080))}
+	runFlows(t, world.Config(), svcs, []flow{
+		{name: "LoadBalancer IP", src: "203.0.113.5", dst: "198.51.100.1:0", proto: ruleset.ProtoICMP, want: "redirect"},
+		{name: "externalIP", src: "203.0.113.5", dst: "192.168.99.11:0", proto: ruleset.ProtoICMP, want: "redirect"},
+		{name: "ClusterIP: rejected as before", src: "10.1.2.3", dst: "172.30.0.41:0", proto: ruleset.ProtoICMP, want: "reject"},
+		{name: "another address: routed", src: "203.0.113.5", dst: "198.51.100.99:0", proto: ruleset.ProtoICMP, want: "accept"},
+		{name: "the gateway's own echo request to the LoadBalancer IP", src: "192.168.0.2", dst: "198.51.100.1:0", proto: ruleset.ProtoICMP, output: true, want: "accept"},
+	})
+	for unserved, want := range map[ruleset.Unserved]string{ruleset.UnservedReject: "reject", ruleset.UnservedDrop: "drop", ruleset.UnservedRoute: "accept"} {
+		cfg := world.Config()
+		cfg.Unserved, cfg.ServiceEchoOff = unserved, true
+		runFlows(t, cfg, svcs, []flow{
+			{name: "echo off: LoadBalancer IP, " + want, src: "203.0.113.5", dst: "198.51.100.1:0", proto: ruleset.ProtoICMP, want: want},
 		})
 	}
 }
