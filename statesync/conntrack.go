@@ -193,11 +193,20 @@ func appendEvents(out []Event, b []byte) []Event {
 	return out
 }
 
+// syncable tells whether the sync looks at an entry at all: a translated
+// flow of a protocol a Service has. An echo request the gateway answers
+// for a Service address (ruleset.RedirectHere) is translated too, but its
+// replica would be refused (RefusedProtocol) and it is no Service's flow
+// (it would count as NotReplicatedNotService): it is left out.
+func syncable(en *Entry) bool {
+	return en.Status&(StatusDstNAT|StatusSrcNAT) != 0 && checkProto(en.Proto) == nil
+}
+
 // decodeEvent decodes one ctnetlink event and keeps it if it is a
 // translated non-replica entry.
 func decodeEvent(b []byte) (Event, bool) {
 	t, en, ok := parseMessage(b)
-	if !ok || t == 0 || en.Status&(StatusDstNAT|StatusSrcNAT) == 0 || en.Mark&ReplicaMark != 0 {
+	if !ok || t == 0 || !syncable(&en) || en.Mark&ReplicaMark != 0 {
 		return Event{}, false
 	}
 	return Event{Type: t, Entry: en}, true
@@ -222,7 +231,7 @@ func (c *Conntrack) dump(own bool, fn func(Entry)) error {
 		f = ctnetlink.DumpFilter{Mark: 0, MarkMask: ReplicaMark, Status: StatusDstNAT, StatusMask: StatusDstNAT}
 	}
 	err := ctnetlink.Dump(c.opts.NetNS, f, func(msg []byte) {
-		if _, en, ok := parseMessage(msg); ok && en.Status&(StatusDstNAT|StatusSrcNAT) != 0 {
+		if _, en, ok := parseMessage(msg); ok && syncable(&en) {
 			fn(en)
 		}
 	})
@@ -337,7 +346,7 @@ func (c *Conntrack) Get(entries []Entry, fn func(Entry)) error {
 	c.exchangeChunks(kindGet, todo, getChunk, func(i int) *Entry { return &entries[i] }, func(i int, msg []byte, err error) {
 		switch {
 		case err == nil:
-			if _, en, ok := parseMessage(msg); ok && en.Status&(StatusDstNAT|StatusSrcNAT) != 0 {
+			if _, en, ok := parseMessage(msg); ok && syncable(&en) {
 				fn(en)
 			}
 		case errors.Is(err, unix.ENOENT): // gone

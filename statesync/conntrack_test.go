@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -325,6 +326,56 @@ func TestListenSkipsReplicas(t *testing.T) {
 	l.waitFor(t, "the adopted entry's DESTROY", func(evs []Event, _ int) bool { return len(evs) == 2 })
 	if evs, _ := l.snapshot(); evs[1].Type != EventDestroy || evs[1].Entry.Orig != puts[1].Orig {
 		t.Errorf("second event %+v, want the DESTROY of %v only", evs[1], puts[1].Orig)
+	}
+}
+
+// TestSyncLeavesEchoOut: an echo request the gateway answers for a
+// Service address is translated (redirected) in conntrack like a Service
+// flow, but no Service has ICMP: neither Listen nor Dump hands it to the
+// sync (its replica would be refused, and it would count as a flow not
+// replicated). Both read one socket in order, so once the TCP entry's event
+// is there, the echo's, created first, would have been too.
+func TestSyncLeavesEchoOut(t *testing.T) {
+	requireRoot(t)
+	ns := netnstest.Temp(t)
+	k := newKernel(t, ns, ConntrackOptions{})
+	l := listen(t, k, nil)
+	conntrack(t, ns, "-I", "-s", "203.0.113.5", "-d", "198.51.100.1", "-p", "icmp", "--icmp-type", "8", "--icmp-code", "0",
+		"--icmp-id", "77", "--dst-nat", "10.2.0.1", "-t", "30")
+	if out := conntrackL(t, ns, "-p", "icmp"); !strings.Contains(out, "id=77") {
+		t.Fatalf("the echo's entry is not in the table: %s", out)
+	}
+	flow := natEntry(unix.IPPROTO_TCP, "10.1.0.2:40000", "10.96.0.10:80", "10.2.0.10:8080", "10.2.0.1:1024")
+	noErrors(t, "create", k.CreateOrigins([]Entry{flow}))
+	t.Cleanup(func() { k.Write(nil, []Entry{flow}) })
+	l.waitFor(t, "the TCP entry's event", func(evs []Event, _ int) bool {
+		return slices.ContainsFunc(evs, func(e Event) bool { return e.Entry.Orig == flow.Orig })
+	})
+	evs, _ := l.snapshot()
+	for _, e := range evs {
+		if e.Entry.Proto != unix.IPPROTO_TCP {
+			t.Errorf("Listen handed over %+v", e)
+		}
+	}
+	var got []Entry
+	if err := k.Dump(func(e Entry) { got = append(got, e) }); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[0].Orig != flow.Orig {
+		t.Errorf("Dump: %+v, want only the TCP entry", got)
+	}
+}
+
+// conntrack runs the conntrack tool in the namespace.
+func conntrack(t testing.TB, ns netns.NsHandle, args ...string) {
+	t.Helper()
+	if err := netnstest.Do(ns, func() error {
+		if out, err := exec.Command("conntrack", args...).CombinedOutput(); err != nil {
+			return fmt.Errorf("conntrack %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 }
 

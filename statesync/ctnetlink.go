@@ -362,11 +362,18 @@ func checkEntry(en *Entry) error { return check(en, true) }
 // the original tuple.
 func checkOrig(en *Entry) error { return check(en, false) }
 
-func check(en *Entry, reply bool) error {
-	switch en.Proto {
+// checkProto refuses a protocol no Service has.
+func checkProto(p Proto) error {
+	switch p {
 	case unix.IPPROTO_TCP, unix.IPPROTO_UDP, unix.IPPROTO_SCTP:
-	default:
-		return fmt.Errorf("protocol %d: want TCP (6), UDP (17) or SCTP (132)", en.Proto)
+		return nil
+	}
+	return fmt.Errorf("protocol %d: want TCP (6), UDP (17) or SCTP (132)", p)
+}
+
+func check(en *Entry, reply bool) error {
+	if err := checkProto(en.Proto); err != nil {
+		return err
 	}
 	is4 := en.Orig.Src.Addr().Is4()
 	addrs := []netip.AddrPort{en.Orig.Src, en.Orig.Dst, en.Reply.Src, en.Reply.Dst}
