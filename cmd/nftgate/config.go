@@ -53,7 +53,10 @@ type Config struct {
 	// or external IP that no Service port translates: "reject" (the
 	// default), "drop" or "route" (cmd/nftgate/unserved.go).
 	UnservedServiceTraffic string `toml:"unserved_service_traffic"`
-	Shards                 Shards `toml:"shards"`
+	// AnswerServiceAddressPing: the gateway answers an ICMP echo request
+	// to a LoadBalancer or external IP itself (ruleset/unserved.go).
+	AnswerServiceAddressPing bool   `toml:"answer_service_address_ping"`
+	Shards                   Shards `toml:"shards"`
 	// ProxyProtocolPort is where the PROXY protocol proxy listens (0:
 	// off); the other two keys bound it (see cmd/nftgate/proxy.go).
 	ProxyProtocolPort           uint16   `toml:"proxy_protocol_port"`
@@ -160,6 +163,7 @@ func defaults() Config {
 		Shards:                      ShardsAuto,
 		EndpointSelection:           defaultSelection,
 		UnservedServiceTraffic:      unservedReject,
+		AnswerServiceAddressPing:    true,
 		ProxyProtocolPort:           proxy.DefaultPort,
 		ProxyProtocolMaxConnections: proxy.DefaultMaxConnections,
 		ProxyProtocolDialTimeout:    Duration(proxy.DefaultDialTimeout),

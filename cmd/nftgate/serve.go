@@ -58,6 +58,7 @@ func (c *Config) ruleset() ruleset.Config {
 		DropMidstreamTCP:      c.dropMidstreamTCP(),
 		MidstreamWait:         c.midstreamWait(),
 		Unserved:              c.unserved(),
+		ServiceEchoOff:        !c.AnswerServiceAddressPing,
 		UntranslatedEventsOff: c.untranslatedEventsOff(),
 		LeanServiceEvents:     c.leanServiceEvents(),
 		TrafficElements:       uint32(c.CountersTrafficElements),

@@ -18,6 +18,8 @@ const (
 func unservedFlags(fs *flag.FlagSet, cfg *Config) {
 	fs.StringVar(&cfg.UnservedServiceTraffic, "unserved-service-traffic", cfg.UnservedServiceTraffic,
 		"what becomes of traffic to a LoadBalancer or external IP that no Service port takes: `reject`, drop or route (see config.toml)")
+	fs.BoolVar(&cfg.AnswerServiceAddressPing, "answer-service-address-ping", cfg.AnswerServiceAddressPing,
+		"answer an ICMP echo request (ping) to a LoadBalancer or external IP on the gateway itself")
 }
 
 // validateUnserved checks unserved_service_traffic.
