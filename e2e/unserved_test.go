@@ -14,6 +14,11 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/net/ipv4"
+	"golang.org/x/net/ipv6"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+
 	"github.com/nftgate/nftgate/internal/testing/lab"
 	"github.com/nftgate/nftgate/internal/testing/lab/gatewaytest"
 )
@@ -32,30 +37,8 @@ func TestEdgeUnservedTrafficIsNotRouted(t *testing.T) {
 		loops    bool
 	}{{"reject", false}, {"route", true}} {
 		t.Run(tc.unserved, func(t *testing.T) {
-			e := newEdgeLab(t)
-			// The lab routes the Service ranges into a sink; an edge
-			// gateway routes them by its default route, to the router.
-			if out, err := e.topo.Gateway.Command(context.Background(), "ip", "route", "del", lab.VIPNet4.String()).CombinedOutput(); err != nil {
-				t.Fatalf("ip route del %s: %v: %s", lab.VIPNet4, err, out)
-			}
-			if err := e.topo.Gateway.AddRoute(netip.MustParsePrefix("0.0.0.0/0"), edgeRouterGW.Addr()); err != nil {
-				t.Fatal(err)
-			}
-			text, err := os.ReadFile(e.config)
-			if err != nil {
-				t.Fatal(err)
-			}
-			cfg := filepath.Join(t.TempDir(), "config.toml")
-			if err := os.WriteFile(cfg, append([]byte(fmt.Sprintf("unserved_service_traffic = %q\n", tc.unserved)), text...), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			g := gatewaytest.New(t, e.topo, "--config", cfg)
-			gatewaytest.Serve(t, e.topo.Backend, "tcp", ap("198.18.2.10:8080"))
-			g.Write("web.yaml", e.web(gatewaytest.Endpoint{Addr: "198.18.2.10"})...)
-			g.Start()
-			e.router.WaitRoute(t, edgeFirstRoute, true, 30*time.Second)
+			e := newUnservedLab(t, fmt.Sprintf("unserved_service_traffic = %q\n", tc.unserved), false)
 			vip := edgeFirst.String()
-			wantBackends(t, gatewaytest.Backends(t, e.outside, "tcp", ap(vip+":80"), 3), "198.18.2.10:8080")
 
 			// The router counts what it forwards to the address.
 			for _, args := range [][]string{
@@ -106,6 +89,86 @@ func TestEdgeUnservedTrafficIsNotRouted(t *testing.T) {
 			}
 			if !errors.Is(dialErr, syscall.ECONNREFUSED) {
 				t.Errorf("a connection to a port no Service has: %v, want it refused", dialErr)
+			}
+		})
+	}
+}
+
+// newUnservedLab is the edge lab as at a real edge: the gateway's default
+// route points at the router, and the router routes the Service's
+// LoadBalancer IP to the gateway (BGP). The gateway runs with the lines
+// config before the lab's; with v6, an IPv6 Service gets the pool's first
+// IPv6 address too.
+func newUnservedLab(t *testing.T, config string, v6 bool) *edgeLab {
+	t.Helper()
+	e := newEdgeLab(t)
+	// The lab routes the Service ranges into a sink; an edge gateway routes
+	// them by its default route, to the router.
+	for _, r := range []struct{ sink, dflt, via netip.Prefix }{
+		{lab.VIPNet4, netip.MustParsePrefix("0.0.0.0/0"), edgeRouterGW},
+		{lab.VIPNet6, netip.MustParsePrefix("::/0"), edgeRouterGW6},
+	} {
+		if out, err := e.topo.Gateway.Command(context.Background(), "ip", "route", "del", r.sink.String()).CombinedOutput(); err != nil {
+			t.Fatalf("ip route del %s: %v: %s", r.sink, err, out)
+		}
+		if err := e.topo.Gateway.AddRoute(r.dflt, r.via.Addr()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	text, err := os.ReadFile(e.config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(t.TempDir(), "config.toml")
+	if err := os.WriteFile(cfg, append([]byte(config), text...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	g := gatewaytest.New(t, e.topo, "--config", cfg)
+	gatewaytest.Serve(t, e.topo.Backend, "tcp", ap("198.18.2.10:8080"), ap("[fd42:2::10]:8080"))
+	g.Write("web.yaml", e.web(gatewaytest.Endpoint{Addr: "198.18.2.10"})...)
+	if v6 {
+		svc := gatewaytest.Service("default", "web6", "LoadBalancer", []string{"fd42:ff::10"}, gatewaytest.Port{Name: "http", Port: 80})
+		svc.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv6Protocol}
+		sl := gatewaytest.Slice("default", "web6-1", "web6", "http", "", 8080, gatewaytest.Endpoint{Addr: "fd42:2::10"})
+		sl.AddressType = discoveryv1.AddressTypeIPv6
+		g.Write("web6.yaml", svc, sl)
+	}
+	g.Start()
+	e.router.WaitRoute(t, edgeFirstRoute, true, 30*time.Second)
+	wantBackends(t, gatewaytest.Backends(t, e.outside, "tcp", netip.AddrPortFrom(edgeFirst, 80), 3), "198.18.2.10:8080")
+	if v6 {
+		e.router.WaitRoute(t, netip.PrefixFrom(edgeFirst6, 128), true, 30*time.Second)
+		wantBackends(t, gatewaytest.Backends(t, e.outside, "tcp", netip.AddrPortFrom(edgeFirst6, 80), 3), "[fd42:2::10]:8080")
+	}
+	return e
+}
+
+// TestEdgePingServiceAddress: an echo request from outside to the
+// Service's LoadBalancer IPs, of each family, is answered by the gateway
+// from the address (ruleset/unserved.go); with answer_service_address_ping
+// off it is unserved traffic, refused with "port unreachable" (which also
+// holds the unserved rules to real IPv6 traffic).
+func TestEdgePingServiceAddress(t *testing.T) {
+	for _, tc := range []struct {
+		name, config string
+		answer       bool
+	}{{"answered", "", true}, {"off", "answer_service_address_ping = false\n", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newUnservedLab(t, tc.config, true)
+			for i, vip := range []netip.Addr{edgeFirst, edgeFirst6} {
+				r, err := e.outside.Ping(vip, 0x4e47, i+1, 3*time.Second)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Logf("ping %s: %v", vip, r)
+				unreachable := r.Code == 3 && r.Type == ipv4.ICMPTypeDestinationUnreachable ||
+					r.Code == 4 && r.Type == ipv6.ICMPTypeDestinationUnreachable
+				switch {
+				case tc.answer && (!r.Echoed() || r.From != vip):
+					t.Errorf("ping %s: %v, want an echo reply from it", vip, r)
+				case !tc.answer && !unreachable:
+					t.Errorf("ping %s: %v, want port unreachable", vip, r)
+				}
 			}
 		})
 	}
