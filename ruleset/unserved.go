@@ -11,7 +11,7 @@ import (
 // A LoadBalancer IP or external IP is routed to the gateway (BGP, ARP),
 // and the gateway's own route for it is usually its default route, back
 // to the router. A packet to such an address that no Service port takes
-// (a port no Service has, an ICMP echo) or that conntrack takes for
+// (a port no Service has, an ICMP echo when not answered) or that conntrack takes for
 // invalid (a flag combination no connection makes, a bad checksum, a
 // segment outside its connection's window, which is never translated) is
 // then routed back to the router, which routes it to the gateway again,
