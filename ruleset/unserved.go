@@ -11,14 +11,14 @@ import (
 // A LoadBalancer IP or external IP is routed to the gateway (BGP, ARP),
 // and the gateway's own route for it is usually its default route, back
 // to the router. A packet to such an address that no Service port takes
-// (a port no Service has, an ICMP echo when not answered) or that conntrack takes for
-// invalid (a flag combination no connection makes, a bad checksum, a
-// segment outside its connection's window, which is never translated) is
-// then routed back to the router, which routes it to the gateway again,
-// until its TTL runs out: each such packet crosses the link some thirty
-// times, which a sender can use to multiply its traffic. kube-proxy rejects
-// ClusterIPs on ports no Service has; Calico added its service loop
-// prevention for external and LoadBalancer IPs.
+// (a port no Service has, an ICMP echo when not answered) or that
+// conntrack takes for invalid (a flag combination no connection makes, a
+// bad checksum, a segment outside its connection's window, which is never
+// translated) is then routed back to the router, which routes it to the
+// gateway again, until its TTL runs out: each such packet crosses the link
+// some thirty times, which a sender can use to multiply its traffic.
+// kube-proxy rejects ClusterIPs on ports no Service has; Calico added its
+// service loop prevention for external and LoadBalancer IPs.
 //
 // SetServiceAddrs holds the LoadBalancer and external IPs nftgate serves;
 // in the forward hook, after the translations, a packet to one of them
