@@ -259,8 +259,10 @@ func TestNetlinkMatchesNft(t *testing.T) {
 	// conntrack marks), its rules counting.
 	answer := base
 	answer.ReleaseTimeWait, answer.Counters = false, true
-	// The bounded wait for a replica (counted here), and the plain drop.
+	// The bounded wait for a replica (counted here; with ports by CPU its
+	// pick-up without a range), and the plain drop.
 	answer.DropMidstreamTCP, answer.MidstreamWait = true, 10*time.Second
+	cpus.DropMidstreamTCP, cpus.MidstreamWait = true, 10*time.Second
 	pool.DropMidstreamTCP = true
 	for name, cfg := range map[string]ruleset.Config{"default": base, "cpu-ports": cpus, "cpu-ports-pool": pool, "answer-without-release": answer} {
 		t.Run(name, func(t *testing.T) {

@@ -145,17 +145,11 @@ func (m MatchCPU) Encode(_ Family, s bc.Sink) {
 // group's chain, which translates to the group's ports, and the other
 // protocols to any port; chains are the groups' chains.
 func masqueradeRules(cfg *Config, f Family) (rules []Rule, chains []*Chain) {
-	toggle := SetMark{Bit: MasqueradeBitOf(cfg), Xor: true}
-	any := translateRules(cfg, f, Ports{})
 	groups := masqueradePortGroups(cfg)
 	if groups == 1 {
-		if len(any) == 1 {
-			// One translation: the bit is cleared in its rule.
-			return []Rule{append(Rule{toggle}, any[0]...)}, nil
-		}
-		return append([]Rule{{toggle}}, any...), nil
+		return anyPortRules(cfg, f), nil
 	}
-	rules = []Rule{{toggle}}
+	rules = []Rule{{SetMark{Bit: MasqueradeBitOf(cfg), Xor: true}}}
 	for g := range groups {
 		name := ChainMasqueradeCPU + strconv.Itoa(g)
 		rules = append(rules, Rule{
@@ -163,7 +157,19 @@ func masqueradeRules(cfg *Config, f Family) (rules []Rule, chains []*Chain) {
 			Verdict{Kind: Goto, Chain: name}})
 		chains = append(chains, &Chain{Name: name, Rules: translateRules(cfg, f, GroupPorts(g, groups))})
 	}
-	return append(rules, any...), chains
+	return append(rules, translateRules(cfg, f, Ports{})...), chains
+}
+
+// anyPortRules clear the masquerade mark bit and translate the source
+// without a range of ports, keeping the client's port where it is free.
+func anyPortRules(cfg *Config, f Family) []Rule {
+	toggle := SetMark{Bit: MasqueradeBitOf(cfg), Xor: true}
+	any := translateRules(cfg, f, Ports{})
+	if len(any) == 1 {
+		// One translation: the bit is cleared in its rule.
+		return []Rule{append(Rule{toggle}, any[0]...)}
+	}
+	return append([]Rule{{toggle}}, any...)
 }
 
 // translateRules translate the source to one of the family's

@@ -30,6 +30,16 @@ import (
 // minutes. A set that is full takes no tuple: that connection waits
 // unbounded, as without the bound.
 //
+// With masquerade ports by CPU (cpuports.go), the connection's own gateway
+// kept the client's port only where it fell in the range of the CPU that
+// took the SYN there; picked up here in the range of this CPU, it would keep
+// it only where both ranges hold it (measured: 1 connection of 6 carried
+// on, 2 CPUs). A picked-up connection is masqueraded without a range
+// (ChainMidstreamPickUp), keeping the client's port wherever it is free
+// here, and carries on wherever its gateway kept the port. It is one
+// connection among the new ones: the clash the ranges prevent costs it a
+// dropped packet, sent again and picked up the same way.
+//
 // The rules count the connections that began to wait (ChainMidstreamWait)
 // and those given up (ChainMidstream) with Config.Counters.
 
@@ -45,6 +55,9 @@ const (
 const (
 	ChainMidstream     = "midstream"
 	ChainMidstreamWait = "midstream-wait"
+	// ChainMidstreamPickUp masquerades a connection picked up without
+	// the CPU's range of ports, with masquerade ports by CPU.
+	ChainMidstreamPickUp = "midstream-pick-up"
 )
 
 // MidstreamGiveUp is how long after its wait a connection's tuple stays in
@@ -80,7 +93,7 @@ func midstreamRules(cfg *Config) []Rule {
 
 // midstreamWait is the sets and chains of the bounded wait, or nothing
 // without it.
-func midstreamWait(cfg *Config) ([]*Set, []*Chain) {
+func midstreamWait(cfg *Config, f Family) ([]*Set, []*Chain) {
 	if !cfg.MidstreamBounded() {
 		return nil, nil
 	}
@@ -95,9 +108,15 @@ func midstreamWait(cfg *Config) ([]*Set, []*Chain) {
 	// Every packet here is TCP; nft's text needs the protocol said to
 	// know the ports' type.
 	tcp := MatchL4Proto{Proto: model.TCP}
-	giveUp := append(append(Rule{tcp, MatchCtConnInSet{Set: SetMidstreamWaited}}, count...), Verdict{Kind: Return})
+	pickUp := Verdict{Kind: Return}
+	var chains []*Chain
+	if masqueradePortGroups(cfg) > 1 {
+		pickUp = Verdict{Kind: Goto, Chain: ChainMidstreamPickUp}
+		chains = append(chains, &Chain{Name: ChainMidstreamPickUp, Rules: append(leanEventsRules(cfg), anyPortRules(cfg, f)...)})
+	}
+	giveUp := append(append(Rule{tcp, MatchCtConnInSet{Set: SetMidstreamWaited}}, count...), pickUp)
 	start := append(append(Rule{tcp, AddConn{Set: SetMidstreamWaiting}, AddConn{Set: SetMidstreamWaited}}, count...), Verdict{Kind: Drop})
-	chains := []*Chain{
+	chains = append(chains, []*Chain{
 		{Name: ChainMidstream, Rules: []Rule{
 			{tcp, MatchCtConnInSet{Set: SetMidstreamWaiting}, Verdict{Kind: Drop}},
 			giveUp,
@@ -106,7 +125,7 @@ func midstreamWait(cfg *Config) ([]*Set, []*Chain) {
 		// The second rule drops what the first could not add to a
 		// full set.
 		{Name: ChainMidstreamWait, Rules: []Rule{start, {Verdict{Kind: Drop}}}},
-	}
+	}...)
 	return sets, chains
 }
 

@@ -322,7 +322,7 @@ func Static(cfg *Config, f Family) Fragment {
 		{MatchMarkUnset{Bit: bit}, Verdict{Kind: Return}},
 	}, append(midstreamRules(cfg), append(leanEventsRules(cfg), masq...)...)...)...)
 	fr.Chains = append(fr.Chains, masqCPU...)
-	waitSets, waitChains := midstreamWait(cfg)
+	waitSets, waitChains := midstreamWait(cfg, f)
 	fr.Sets = append(fr.Sets, waitSets...)
 	fr.Chains = append(fr.Chains, waitChains...)
 	var outside []Rule
