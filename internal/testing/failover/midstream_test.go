@@ -8,14 +8,19 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/nftgate/nftgate/internal/testing/failover"
 	"github.com/nftgate/nftgate/internal/testing/lab"
+	"github.com/nftgate/nftgate/ruleset"
 )
 
 // TestNftgateECMPMovedBeforeItsReplica: a connection opened through gw-a
@@ -135,21 +140,40 @@ func entries(h *lab.Host, local netip.AddrPort) (int, error) {
 // back. Active/active: the survivor masquerades it to its own address,
 // the endpoint resets it, and the client learns at once. Without the
 // bound the connection hangs either way.
+//
+// Active/backup with masquerade ports by CPU (the default): the client
+// opens the connection on one CPU from a port in that CPU's share, so its
+// gateway keeps the port (checked), and sends the line after the failure on
+// a CPU of another group, whose share does not hold it (on the path between
+// namespaces a packet stays on the CPU that sent it). Picked up in that
+// share, the connection would be masqueraded to another port and reset
+// (mutation: 5 of 5 runs); picked up without a share, as it is, it keeps
+// its port and carries on.
 func TestNftgateGivesUpWaitingForAReplicaThatNeverComes(t *testing.T) {
 	const wait = 2 * time.Second
 	for _, tc := range []struct {
-		name  string
-		ecmp  bool
-		reset bool
-	}{{"active-backup", false, false}, {"active-active", true, true}} {
+		name       string
+		ecmp       bool
+		reset      bool
+		portsByCPU bool
+	}{{"active-backup", false, false, false}, {"active-backup-ports-by-cpu", false, false, true}, {"active-active", true, true, false}} {
 		t.Run(tc.name, func(t *testing.T) {
+			// With ports by CPU: the connection opened on CPU open, the
+			// line after the failure sent on CPU after, of another group.
+			var open, after, groups int
+			if tc.portsByCPU {
+				var ok bool
+				if open, after, groups, ok = cpusOfTwoGroups(t); !ok {
+					t.Skip("one CPU: no ports by CPU")
+				}
+			}
 			o := failover.Options{Gateways: 2}
 			if tc.ecmp {
 				o = failover.Options{Gateways: 3, Router: true}
 			}
 			topo := newTopology(t, o)
 			cfg := nftgateConfig(t, topo, failover.NftgateOptions{ECMP: tc.ecmp, DeadAfter: testDeadAfter, BFDMultiplier: testBFDMultiplier,
-				SyncBatchInterval: time.Second, MidstreamTCPWait: wait, PortsByCPUOff: true})
+				SyncBatchInterval: time.Second, MidstreamTCPWait: wait, PortsByCPUOff: !tc.portsByCPU})
 			gs := startNftgate(t, topo, cfg)
 			origin, survivor := 0, 1
 			if tc.ecmp {
@@ -163,11 +187,31 @@ func TestNftgateGivesUpWaitingForAReplicaThatNeverComes(t *testing.T) {
 				survivor = 1 - origin
 			}
 			serveSteps(t, topo)
-			c, err := dialLine(topo.Client, cfg.Dst, "hello\n")
+			var c *net.TCPConn
+			var err error
+			if tc.portsByCPU {
+				// A first connection has the client resolve the
+				// Service address (ARP, answered by nftgate's process,
+				// which would send the queued SYN on its own CPU).
+				first, err := dialLine(topo.Client, cfg.Dst, "first\n")
+				if err != nil {
+					t.Fatal(err)
+				}
+				first.Close()
+				c, err = dialLineOnCPU(topo.Client, cfg.Dst, open, ruleset.GroupPorts(open&(groups-1), groups).Min+20000, "hello\n")
+			} else {
+				c, err = dialLine(topo.Client, cfg.Dst, "hello\n")
+			}
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer c.Close()
+			if tc.portsByCPU {
+				local := netip.MustParseAddrPort(c.LocalAddr().String())
+				if port, err := masqueradePort(topo.Gateways[origin], local); err != nil || port != local.Port() {
+					t.Fatalf("the connection's gateway masqueraded it to port %d (%v), want the client's %d: the test's premise (the SYN on CPU %d) failed", port, err, local.Port(), open)
+				}
+			}
 			if tc.ecmp {
 				pinTo(t, topo, survivor)
 			}
@@ -180,7 +224,23 @@ func TestNftgateGivesUpWaitingForAReplicaThatNeverComes(t *testing.T) {
 				t.Fatalf("the survivor holds %d entries of the connection when its gateway failed (%v): the sync was not held back", n, err)
 			}
 			_ = c.SetDeadline(time.Now().Add(wait + 20*time.Second))
-			if _, err := io.WriteString(c, "after\n"); err != nil {
+			if tc.portsByCPU {
+				// CPU 1 kept busy until the line is back: an idle CPU's
+				// timers (the client's retransmissions) may expire on
+				// another CPU.
+				busy := make(chan struct{})
+				defer close(busy)
+				go onCPU(after, func() error {
+					for {
+						select {
+						case <-busy:
+							return nil
+						default:
+						}
+					}
+				})
+			}
+			if err := onCPU(after, func() error { _, err := io.WriteString(c, "after\n"); return err }); err != nil {
 				t.Fatal(err)
 			}
 			buf := make([]byte, len("after\n"))
@@ -205,6 +265,84 @@ func TestNftgateGivesUpWaitingForAReplicaThatNeverComes(t *testing.T) {
 			}
 		})
 	}
+}
+
+// dialLineOnCPU is dialLine from local port port, the connection opened
+// on CPU cpu (its SYN sent there).
+func dialLineOnCPU(client *lab.Host, dst netip.AddrPort, cpu int, port uint16, line string) (*net.TCPConn, error) {
+	var c net.Conn
+	err := client.Do(func() error {
+		return onCPU(cpu, func() (err error) {
+			d := net.Dialer{LocalAddr: &net.TCPAddr{Port: int(port)}, Timeout: 5 * time.Second}
+			c, err = d.Dial("tcp4", dst.String())
+			return err
+		})
+	})
+	if err != nil {
+		return nil, err
+	}
+	tc := c.(*net.TCPConn)
+	if err := sendLine(tc, line); err != nil {
+		tc.Close()
+		return nil, err
+	}
+	return tc, nil
+}
+
+// cpusOfTwoGroups picks two of the CPUs the test may run on whose
+// masquerade port groups differ (nftgate, in the same CPU set, has groups
+// of them); ok is false when there is one group.
+func cpusOfTwoGroups(t *testing.T) (a, b, groups int, ok bool) {
+	t.Helper()
+	var set unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &set); err != nil {
+		t.Fatal(err)
+	}
+	groups = ruleset.MasqueradePortGroupsFor(runtime.NumCPU())
+	a = -1
+	for cpu := range 1024 {
+		switch {
+		case !set.IsSet(cpu):
+		case a < 0:
+			a = cpu
+		case cpu&(groups-1) != a&(groups-1):
+			return a, cpu, groups, true
+		}
+	}
+	return 0, 0, groups, false
+}
+
+// onCPU runs fn on an OS thread bound to CPU cpu, and gives the thread its
+// CPUs back after.
+func onCPU(cpu int, fn func() error) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var was, set unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &was); err != nil {
+		return err
+	}
+	set.Set(cpu)
+	if err := unix.SchedSetaffinity(0, &set); err != nil {
+		return fmt.Errorf("bind to CPU %d: %w", cpu, err)
+	}
+	defer unix.SchedSetaffinity(0, &was)
+	return fn()
+}
+
+// masqueradePort is the port h masqueraded the client's connection from
+// local to (its entry's reply destination port).
+func masqueradePort(h *lab.Host, local netip.AddrPort) (uint16, error) {
+	out, err := h.Command(context.Background(), "conntrack", "-L", "-p", "tcp",
+		"-s", local.Addr().String(), "--sport", fmt.Sprint(local.Port())).Output()
+	if err != nil {
+		return 0, fmt.Errorf("%s: conntrack -L: %w", h, err)
+	}
+	ports := regexp.MustCompile(`dport=(\d+)`).FindAllStringSubmatch(string(out), -1)
+	if len(ports) != 2 {
+		return 0, fmt.Errorf("%s: want one entry of the connection: %s", h, out)
+	}
+	port, err := strconv.ParseUint(ports[1][1], 10, 16)
+	return uint16(port), err
 }
 
 // midstreamMetric reads g's count of the connections that waited for
