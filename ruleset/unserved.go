@@ -63,13 +63,19 @@ func forwardEntry(cfg *Config) Rule {
 }
 
 // forwardNewRules are ChainForwardNew's rules: an invalid packet to a
-// Service address dropped and any other returned, then the checks of a new
-// connection, then (unless UnservedRoute) its unserved traffic.
+// Service address or a ClusterIP dropped (a ClusterIP's new connections
+// on ports no Service has are rejected by the checks; routed to the
+// gateway from outside, its invalid packets would loop the same way) and
+// any other returned, then the checks of a new connection, then (unless
+// UnservedRoute) its unserved traffic.
 func forwardNewRules(cfg *Config, checks ...Rule) []Rule {
 	dst := MatchAddrInSet{Dir: Dst, Set: SetServiceAddrs}
 	var rules []Rule
 	if cfg.Unserved != UnservedRoute {
-		rules = append(rules, Rule{MatchCtInvalid{}, dst, Verdict{Kind: Drop}}, Rule{MatchCtInvalid{}, Verdict{Kind: Return}})
+		rules = append(rules,
+			Rule{MatchCtInvalid{}, dst, Verdict{Kind: Drop}},
+			Rule{MatchCtInvalid{}, MatchAddrInSet{Dir: Dst, Set: SetClusterIPs}, Verdict{Kind: Drop}},
+			Rule{MatchCtInvalid{}, Verdict{Kind: Return}})
 	}
 	rules = append(rules, checks...)
 	switch cfg.Unserved {
