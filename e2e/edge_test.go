@@ -130,8 +130,11 @@ skip_network_and_broadcast = true
 	return &edgeLab{topo: topo, outside: outside, routerHost: router, router: b, config: cfg}
 }
 
+// edgeClusterIP is the ClusterIP of the edge lab's Service.
+const edgeClusterIP = "198.19.0.10"
+
 func (e *edgeLab) web(eps ...gatewaytest.Endpoint) []any {
-	svc := gatewaytest.Service("default", "web", "LoadBalancer", []string{"198.19.0.10"}, gatewaytest.Port{Name: "http", Port: 80})
+	svc := gatewaytest.Service("default", "web", "LoadBalancer", []string{edgeClusterIP}, gatewaytest.Port{Name: "http", Port: 80})
 	return []any{svc, gatewaytest.Slice("default", "web-1", "web", "http", "", 8080, eps...)}
 }
 

@@ -28,9 +28,10 @@ import (
 // gateway (BGP), as at a real edge. A connection to a port no Service has
 // and a packet conntrack takes for invalid (SYN and FIN together, to the
 // Service's port) each cross the router once: the connection is refused,
-// the packet dropped. With unserved_service_traffic = "route" (nftgate
-// before it) both went back and forth between the router and the gateway
-// until their TTL ran out.
+// the packet dropped; so does such a packet to the Service's ClusterIP,
+// which the router routes to the gateway too. With unserved_service_traffic
+// = "route" (nftgate before it) each went back and forth between the router
+// and the gateway until its TTL ran out.
 func TestEdgeUnservedTrafficIsNotRouted(t *testing.T) {
 	for _, tc := range []struct {
 		unserved string
@@ -39,13 +40,17 @@ func TestEdgeUnservedTrafficIsNotRouted(t *testing.T) {
 		t.Run(tc.unserved, func(t *testing.T) {
 			e := newUnservedLab(t, fmt.Sprintf("unserved_service_traffic = %q\n", tc.unserved), false)
 			vip := edgeFirst.String()
+			if err := e.routerHost.AddRoute(netip.MustParsePrefix(edgeClusterIP+"/32"), edgeGatewayGW.Addr()); err != nil {
+				t.Fatal(err)
+			}
 
-			// The router counts what it forwards to the address.
+			// The router counts what it forwards to the addresses.
 			for _, args := range [][]string{
 				{"add", "table", "inet", "count"},
 				{"add", "chain", "inet", "count", "seen", "{ type filter hook forward priority 0; }"},
 				{"add", "rule", "inet", "count", "seen", "ip", "daddr", vip, "tcp", "dport", "81", "counter"},
 				{"add", "rule", "inet", "count", "seen", "ip", "daddr", vip, "tcp", "flags", "&", "(syn|fin)", "==", "syn|fin", "counter"},
+				{"add", "rule", "inet", "count", "seen", "ip", "daddr", edgeClusterIP, "tcp", "flags", "&", "(syn|fin)", "==", "syn|fin", "counter"},
 			} {
 				if out, err := e.routerHost.Command(context.Background(), "nft", args...).CombinedOutput(); err != nil {
 					t.Fatalf("nft %v: %v: %s", args, err, out)
@@ -55,14 +60,16 @@ func TestEdgeUnservedTrafficIsNotRouted(t *testing.T) {
 			_, dialErr := e.outside.Dial("tcp", ap(vip+":81"), lab.DialOpts{Timeout: 2 * time.Second})
 			t.Logf("a connection to port 81: %v", dialErr)
 			invalid := gatewayInvalid(t, e)
-			if err := e.outside.SendTCP(ap(edgeOutside.Addr().String()+":40001"), ap(vip+":80"), 1000, 0, lab.TCPSyn|lab.TCPFin); err != nil {
-				t.Fatal(err)
+			for _, dst := range []string{vip, edgeClusterIP} {
+				if err := e.outside.SendTCP(ap(edgeOutside.Addr().String()+":40001"), ap(dst+":80"), 1000, 0, lab.TCPSyn|lab.TCPFin); err != nil {
+					t.Fatal(err)
+				}
 			}
-			// The gateway took it for invalid; then a connection through
-			// the gateway, after it.
+			// The gateway took them for invalid; then a connection
+			// through the gateway, after them.
 			if err := lab.EventuallyWithin(5*time.Second, func() error {
-				if n := gatewayInvalid(t, e); n <= invalid {
-					return fmt.Errorf("the gateway's conntrack counted %d invalid packets, %d before the SYN|FIN", n, invalid)
+				if n := gatewayInvalid(t, e); n < invalid+2 {
+					return fmt.Errorf("the gateway's conntrack counted %d invalid packets, %d before the two SYN|FINs", n, invalid)
 				}
 				return nil
 			}); err != nil {
@@ -70,22 +77,24 @@ func TestEdgeUnservedTrafficIsNotRouted(t *testing.T) {
 			}
 			wantBackends(t, gatewaytest.Backends(t, e.outside, "tcp", ap(vip+":80"), 1), "198.18.2.10:8080")
 
-			var toPort, synFin int
+			var toPort, synFin, clusterIP int
 			if err := lab.EventuallyWithin(5*time.Second, func() error {
-				toPort, synFin = routerCounts(t, e)
-				if tc.loops && (toPort < 5 || synFin < 5) {
-					return fmt.Errorf("the router forwarded the SYN to port 81 %d times and the SYN|FIN %d times", toPort, synFin)
+				toPort, synFin, clusterIP = routerCounts(t, e)
+				if tc.loops && (toPort < 5 || synFin < 5 || clusterIP < 5) {
+					return fmt.Errorf("the router forwarded the SYN to port 81 %d times, the SYN|FIN %d times, the one to the ClusterIP %d times",
+						toPort, synFin, clusterIP)
 				}
 				return nil
 			}); err != nil {
 				t.Fatal(err)
 			}
-			t.Logf("the router forwarded the SYN to port 81 %d times, the SYN|FIN %d times", toPort, synFin)
+			t.Logf("the router forwarded the SYN to port 81 %d times, the SYN|FIN %d times, the one to the ClusterIP %d times", toPort, synFin, clusterIP)
 			if tc.loops {
 				return
 			}
-			if toPort != 1 || synFin != 1 {
-				t.Errorf("the router forwarded the SYN to port 81 %d times and the SYN|FIN %d times, want each once", toPort, synFin)
+			if toPort != 1 || synFin != 1 || clusterIP != 1 {
+				t.Errorf("the router forwarded the SYN to port 81 %d times, the SYN|FIN %d times, the one to the ClusterIP %d times, want each once",
+					toPort, synFin, clusterIP)
 			}
 			if !errors.Is(dialErr, syscall.ECONNREFUSED) {
 				t.Errorf("a connection to a port no Service has: %v, want it refused", dialErr)
@@ -189,9 +198,10 @@ func gatewayInvalid(t *testing.T, e *edgeLab) int {
 	return n
 }
 
-// routerCounts reads the router's two counters: packets to port 81, and
-// SYN|FIN packets, to the Service address.
-func routerCounts(t *testing.T, e *edgeLab) (toPort, synFin int) {
+// routerCounts reads the router's three counters: packets to port 81 and
+// SYN|FIN packets to the Service address, SYN|FIN packets to its
+// ClusterIP.
+func routerCounts(t *testing.T, e *edgeLab) (toPort, synFin, clusterIP int) {
 	t.Helper()
 	out, err := e.routerHost.Command(context.Background(), "nft", "list", "chain", "inet", "count", "seen").CombinedOutput()
 	if err != nil {
@@ -202,8 +212,8 @@ func routerCounts(t *testing.T, e *edgeLab) (toPort, synFin int) {
 		v, _ := strconv.Atoi(m[1])
 		n = append(n, v)
 	}
-	if len(n) != 2 {
+	if len(n) != 3 {
 		t.Fatalf("the router's counters: %s", strings.TrimSpace(string(out)))
 	}
-	return n[0], n[1]
+	return n[0], n[1], n[2]
 }
