@@ -33,12 +33,17 @@ func (r PingReply) String() string { return fmt.Sprintf("%v code %d from %s", r.
 // dst on a raw socket and returns the first answer about it, or an error
 // when none came within timeout.
 func (h *Host) Ping(dst netip.Addr, id, seq int, timeout time.Duration) (PingReply, error) {
+	return Ping(h.Do, dst, id, seq, timeout)
+}
+
+// Ping is Host.Ping from the namespace in which do runs its function.
+func Ping(do func(func() error) error, dst netip.Addr, id, seq int, timeout time.Duration) (PingReply, error) {
 	network, wildcard, typ, proto := "ip4:icmp", "0.0.0.0", icmp.Type(ipv4.ICMPTypeEcho), 1
 	if dst.Is6() {
 		network, wildcard, typ, proto = "ip6:ipv6-icmp", "::", ipv6.ICMPTypeEchoRequest, 58
 	}
 	var c *icmp.PacketConn
-	if err := h.Do(func() (err error) {
+	if err := do(func() (err error) {
 		c, err = icmp.ListenPacket(network, wildcard)
 		return err
 	}); err != nil {

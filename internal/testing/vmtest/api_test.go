@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -222,6 +223,19 @@ cluster_cidrs = ["10.123.2.0/24"]
 	t.Logf("outside client served at %s through BIRD %.1f s after QEMU started", lbAddr, time.Since(vm.Started).Seconds())
 	servedBy(ctx, t, outside, lbAddr, 16, firstBackends...)
 	servedBy(ctx, t, client, lbAddr, 8, firstBackends...)
+	// The VM answers a ping to the LoadBalancer IP itself, from it.
+	if err := lab.EventuallyWithin(30*time.Second, func() error {
+		r, err := lab.Ping(outside.Do, netip.MustParseAddr(lbIP), 0x4e47, 1, 5*time.Second)
+		if err == nil && (!r.Echoed() || r.From.String() != lbIP) {
+			err = fmt.Errorf("ping %s: %v, want an echo reply from it", lbIP, r)
+		}
+		if err == nil {
+			t.Logf("ping %s from outside: %v", lbIP, r)
+		}
+		return err
+	}); err != nil {
+		t.Error(err)
+	}
 
 	checkKernelConfig(ctx, t, vm)
 
