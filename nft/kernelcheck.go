@@ -95,7 +95,27 @@ func kernelProbesFor(cfg *ruleset.Config) []kernelProbe {
 	if cfg.MidstreamBounded() {
 		probes = append(probes, midstreamWaitProbes()...)
 	}
+	if !cfg.ServiceEchoOff {
+		probes = append(probes, echoProbes()...)
+	}
 	return probes
+}
+
+// echoProbes try, per family, the rule that answers echo requests to the
+// Service addresses (ruleset.Config.ServiceEchoOff), limit and redirect
+// without a port, in a NAT prerouting chain.
+func echoProbes() []kernelProbe {
+	var ps []kernelProbe
+	for _, f := range ruleset.Families {
+		w := " (" + f.String() + ")"
+		ps = append(ps, kernelProbe{Feature: "limit expression, redir without a port (answer_service_address_ping)" + w,
+			Option: "CONFIG_NFT_LIMIT and CONFIG_NFT_REDIR", Needs: []string{"nat chains" + w, "redir expression" + w},
+			add: func(b *probeBatch) {
+				b.rule(b.natPrerouting(f), ruleset.MatchEchoRequest{}, ruleset.LimitRate{Rate: ruleset.EchoRate, Burst: ruleset.EchoRate},
+					ruleset.RedirectHere{})
+			}})
+	}
+	return ps
 }
 
 // midstreamWaitProbes try, per family, the bounded wait for a replica

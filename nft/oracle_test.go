@@ -128,6 +128,10 @@ func (g *googleSink) Reject(x bc.Reject) { g.add(&expr.Reject{Type: x.Type, Code
 
 func (g *googleSink) Dup(x bc.Dup) { g.add(&expr.Dup{RegAddr: x.RegAddr}) }
 
+func (g *googleSink) Limit(x bc.Limit) {
+	g.add(&expr.Limit{Type: expr.LimitTypePkts, Rate: x.Rate, Unit: expr.LimitTimeSecond, Burst: x.Burst})
+}
+
 func (g *googleSink) Byteorder(x bc.Byteorder) {
 	g.add(&expr.Byteorder{SourceRegister: x.Sreg, DestRegister: x.Dreg, Op: expr.ByteorderOp(x.Op), Len: x.Len, Size: x.Size})
 }

@@ -440,6 +440,18 @@ func (e *encoder) Dup(x bc.Dup) {
 	w.exprEnd(elem, at)
 }
 
+// Limit writes a limit on packets a second, as nft writes it.
+func (e *encoder) Limit(x bc.Limit) {
+	w := e.w
+	elem, at := w.exprBegin("limit")
+	w.u64(unix.NFTA_LIMIT_RATE, x.Rate)
+	w.u64(unix.NFTA_LIMIT_UNIT, 1) // seconds
+	w.u32(unix.NFTA_LIMIT_BURST, x.Burst)
+	w.u32(unix.NFTA_LIMIT_TYPE, 0) // NFT_LIMIT_PKTS
+	w.u32(unix.NFTA_LIMIT_FLAGS, 0)
+	w.exprEnd(elem, at)
+}
+
 // Reject writes a reject (ICMP, or a TCP reset, whose code the kernel
 // ignores).
 func (e *encoder) Reject(x bc.Reject) {

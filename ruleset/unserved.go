@@ -1,6 +1,8 @@
 package ruleset
 
 import (
+	"fmt"
+
 	"github.com/nftgate/nftgate/model"
 	bc "github.com/nftgate/nftgate/ruleset/bytecode"
 )
@@ -134,8 +136,36 @@ func echoRules(cfg *Config) []Rule {
 	if cfg.ServiceEchoOff {
 		return nil
 	}
-	return []Rule{{MatchEchoRequest{}, MatchAddrInSet{Dir: Dst, Set: SetServiceAddrs}, RedirectHere{}}}
+	return []Rule{{MatchEchoRequest{}, MatchAddrInSet{Dir: Dst, Set: SetServiceAddrs},
+		LimitRate{Rate: EchoRate, Burst: EchoRate}, RedirectHere{}}}
 }
+
+// EchoRate bounds the echo flows to Service addresses that the gateway
+// begins to answer, a second, all together (and as many more at once). An
+// echo flow is a source and an identifier (one ping process), one
+// conntrack entry that lives 30 s past its last request: NAT chains see
+// its first request only, and the rest are answered as the gateway answers
+// a ping to its own address. So a flood of requests with ever new
+// identifiers or sources holds at most about 30 × EchoRate entries. A
+// flow beyond the rate is unserved traffic (rejected by default, which the
+// kernel's ICMP rate limit bounds in turn). Operators' pings and a
+// monitoring system's are far below it.
+const EchoRate = 1000
+
+// LimitRate matches while the rule's packets come at no more than Rate a
+// second, with Burst packets of credit; a packet beyond does not match.
+type LimitRate struct {
+	Rate  uint64
+	Burst uint32
+}
+
+// AppendText writes "limit rate 1000/second burst 1000 packets".
+func (l LimitRate) AppendText(b []byte, _ Family) []byte {
+	return fmt.Appendf(b, "limit rate %d/second burst %d packets", l.Rate, l.Burst)
+}
+
+// Encode writes the limit.
+func (l LimitRate) Encode(_ Family, s bc.Sink) { s.Limit(bc.Limit{Rate: l.Rate, Burst: l.Burst}) }
 
 // MatchEchoRequest matches an ICMP (ICMPv6) echo request.
 type MatchEchoRequest struct{}

@@ -299,6 +299,13 @@ type Reject struct {
 	Code uint8
 }
 
+// Limit matches while the rule's packets come at no more than Rate a
+// second, with Burst packets of credit (a token bucket, one for the rule).
+type Limit struct {
+	Rate  uint64
+	Burst uint32
+}
+
 // FlowOffload adds the packet's connection to the named flowtable.
 type FlowOffload struct {
 	Flowtable string
@@ -323,6 +330,7 @@ type Sink interface {
 	Redir(Redir)
 	Reject(Reject)
 	Dup(Dup)
+	Limit(Limit)
 	FlowOffload(FlowOffload)
 	// Counter counts packets and bytes, from zero.
 	Counter()

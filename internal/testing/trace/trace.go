@@ -626,6 +626,8 @@ func (t *tracer) runRule(st state, tt *traceTable, c *ruleset.Chain, i, depth in
 			if t.pkt.Proto != want { // every ICMP packet traced is an echo request
 				return []end{{st, endNext}}
 			}
+		case ruleset.LimitRate:
+			// Trace replays one packet: within any rate.
 		case ruleset.RedirectHere:
 			st.here, st.dstLocal = true, true
 			return []end{{st.log(c.Name, r, t.f, ""), endAccept}}
