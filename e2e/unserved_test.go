@@ -21,6 +21,7 @@ import (
 
 	"github.com/nftgate/nftgate/internal/testing/lab"
 	"github.com/nftgate/nftgate/internal/testing/lab/gatewaytest"
+	"github.com/nftgate/nftgate/ruleset"
 )
 
 // TestEdgeUnservedTrafficIsNotRouted: the gateway's default route points
@@ -156,7 +157,9 @@ func newUnservedLab(t *testing.T, config string, v6 bool) *edgeLab {
 // Service's LoadBalancer IPs, of each family, is answered by the gateway
 // from the address (ruleset/unserved.go); with answer_service_address_ping
 // off it is unserved traffic, refused with "port unreachable" (which also
-// holds the unserved rules to real IPv6 traffic).
+// holds the unserved rules to real IPv6 traffic). A flood of requests with
+// ever new identifiers is answered up to ruleset.EchoRate a second (and as
+// many at once).
 func TestEdgePingServiceAddress(t *testing.T) {
 	for _, tc := range []struct {
 		name, config string
@@ -178,6 +181,21 @@ func TestEdgePingServiceAddress(t *testing.T) {
 				case !tc.answer && !unreachable:
 					t.Errorf("ping %s: %v, want port unreachable", vip, r)
 				}
+			}
+			if !tc.answer {
+				return
+			}
+			// A flood of requests, each a new flow (identifier), is
+			// answered up to the rule's rate.
+			const n = 5000
+			echoed, sending, err := lab.PingFlood(e.outside.Do, edgeFirst, 0x4e48, n, time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			most := ruleset.EchoRate + int(float64(ruleset.EchoRate)*(sending+100*time.Millisecond).Seconds())
+			t.Logf("%d echo requests sent in %v: %d answered (at most %d by the rate)", n, sending.Round(time.Millisecond), echoed, most)
+			if echoed > most || echoed < ruleset.EchoRate/2 {
+				t.Errorf("%d of %d echo requests sent in %v answered, want %d to %d", echoed, n, sending, ruleset.EchoRate/2, most)
 			}
 		})
 	}

@@ -36,22 +36,36 @@ func (h *Host) Ping(dst netip.Addr, id, seq int, timeout time.Duration) (PingRep
 	return Ping(h.Do, dst, id, seq, timeout)
 }
 
-// Ping is Host.Ping from the namespace in which do runs its function.
-func Ping(do func(func() error) error, dst netip.Addr, id, seq int, timeout time.Duration) (PingReply, error) {
+// pingSocket opens a raw ICMP socket of dst's family in the namespace in
+// which do runs its function (reads return the ICMP message, without the
+// IP header); typ and proto are the echo request's type and the family's
+// ICMP protocol number.
+func pingSocket(do func(func() error) error, dst netip.Addr) (c *net.IPConn, typ icmp.Type, proto int, err error) {
 	network, wildcard, typ, proto := "ip4:icmp", "0.0.0.0", icmp.Type(ipv4.ICMPTypeEcho), 1
 	if dst.Is6() {
 		network, wildcard, typ, proto = "ip6:ipv6-icmp", "::", ipv6.ICMPTypeEchoRequest, 58
 	}
-	var c *icmp.PacketConn
-	if err := do(func() (err error) {
-		c, err = icmp.ListenPacket(network, wildcard)
+	err = do(func() error {
+		pc, err := net.ListenPacket(network, wildcard)
+		if err == nil {
+			c = pc.(*net.IPConn)
+		}
 		return err
-	}); err != nil {
+	})
+	return c, typ, proto, err
+}
+
+// pingPayload is the data of every echo request sent.
+var pingPayload = []byte("nftgate ping")
+
+// Ping is Host.Ping from the namespace in which do runs its function.
+func Ping(do func(func() error) error, dst netip.Addr, id, seq int, timeout time.Duration) (PingReply, error) {
+	c, typ, proto, err := pingSocket(do, dst)
+	if err != nil {
 		return PingReply{}, err
 	}
 	defer c.Close()
-	payload := []byte("nftgate ping")
-	msg, err := (&icmp.Message{Type: typ, Body: &icmp.Echo{ID: id, Seq: seq, Data: payload}}).Marshal(nil)
+	msg, err := (&icmp.Message{Type: typ, Body: &icmp.Echo{ID: id, Seq: seq, Data: pingPayload}}).Marshal(nil)
 	if err != nil {
 		return PingReply{}, err
 	}
@@ -79,7 +93,7 @@ func Ping(do func(func() error) error, dst netip.Addr, id, seq int, timeout time
 		var inner []byte // the request's header and start, quoted in an error
 		switch b := m.Body.(type) {
 		case *icmp.Echo:
-			if b.ID == id && b.Seq == seq && bytes.Equal(b.Data, payload) {
+			if b.ID == id && b.Seq == seq && bytes.Equal(b.Data, pingPayload) {
 				return reply, nil
 			}
 			continue
@@ -116,4 +130,53 @@ func quotesRequest(b []byte, dst netip.Addr, id, seq int) bool {
 	}
 	echo := b[hdr:]
 	return int(echo[4])<<8|int(echo[5]) == id && int(echo[6])<<8|int(echo[7]) == seq
+}
+
+// PingFlood sends n echo requests from the namespace in which do runs its
+// function to dst, as fast as the socket takes them, each its own flow for
+// conntrack (request i has the identifier id + i and the sequence number
+// i), and counts the echo replies that come back until none came for
+// quiet; sending is how long the requests took to send.
+func PingFlood(do func(func() error) error, dst netip.Addr, id, n int, quiet time.Duration) (echoed int, sending time.Duration, err error) {
+	c, typ, proto, err := pingSocket(do, dst)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer c.Close()
+	if err := c.SetReadBuffer(8 << 20); err != nil {
+		return 0, 0, err
+	}
+	replies := make(chan int, 1)
+	go func() {
+		got := 0
+		buf := make([]byte, 1500)
+		for {
+			_ = c.SetReadDeadline(time.Now().Add(quiet))
+			m, _, err := c.ReadFrom(buf)
+			if err != nil { // quiet for that long, or closed
+				replies <- got
+				return
+			}
+			if msg, err := icmp.ParseMessage(proto, buf[:m]); err == nil {
+				if e, ok := msg.Body.(*icmp.Echo); ok && msg.Type != typ && e.Seq < n && e.ID == (id+e.Seq)&0xffff && bytes.Equal(e.Data, pingPayload) {
+					got++
+				}
+			}
+		}
+	}()
+	start := time.Now()
+	to := &net.IPAddr{IP: dst.AsSlice()}
+	for seq := range n {
+		msg, err := (&icmp.Message{Type: typ, Body: &icmp.Echo{ID: (id + seq) & 0xffff, Seq: seq, Data: pingPayload}}).Marshal(nil)
+		if err == nil {
+			_, err = c.WriteTo(msg, to)
+		}
+		if err != nil {
+			c.Close()
+			<-replies
+			return 0, 0, fmt.Errorf("ping %s: %w", dst, err)
+		}
+	}
+	sending = time.Since(start)
+	return <-replies, sending, nil
 }
