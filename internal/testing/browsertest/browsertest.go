@@ -124,6 +124,9 @@ func Start(t testing.TB, opts Options) *Browser {
 		// Resolve no name at all: the page must need nothing but 127.0.0.1.
 		chromedp.Flag("host-resolver-rules", "MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"),
 		chromedp.UserDataDir(t.TempDir()),
+		// Chromium makes its singleton lock's directory in TMPDIR and
+		// leaves it there when killed: the test's own.
+		chromedp.Env("TMPDIR=" + t.TempDir()),
 		chromedp.WindowSize(opts.Width, opts.Height),
 	}
 	if opts.Netns != "" {
