@@ -95,23 +95,25 @@ func (c SetCtEvents) Encode(_ Family, s bc.Sink) {
 // Service connection"). Each step of a TCP connection is an event of its
 // own (its start, every state of the handshake and of the close, its end:
 // seven or more messages), each one built by the kernel, read by the state
-// sync and decoded, for a replica that needs five of them: the start
-// (SYN_SENT), the endpoint's answer (SYN_RECV: the client's ACK that
-// completes the handshake is invalid to a replica still in SYN_SENT), the
+// sync and decoded, for a replica that needs four of them: the start
+// (SYN_SENT, which the replica is written as SYN_RECV: the client's ACK
+// that completes the handshake is invalid to a replica in SYN_SENT), the
 // handshake's end (ESTABLISHED, assured), the close's beginning (a replica
 // that knows the connection is closing expires in minutes, not days, if
 // the end is lost with its gateway; conntrack follows the rest of the close
-// from there) and the end. The kernel sends a message when the packet
-// caused one of the events in the connection's mask, and the message
-// carries everything the packet changed (the TCP state among it). So the
-// masquerade sets the mask to new, reply, assured, destroy and label, and
-// the close sets a label bit on the first FIN or RST either way: the bit's
-// first setting is the label event (setting it again changes nothing and
-// sends nothing).
+// from there) and the end. The endpoint's answer (SYN_RECV, the reply
+// event) told the replica no more than the start does since replicas of
+// SYN_SENT are written SYN_RECV (statesync's encoder). The kernel sends a
+// message when the packet caused one of the events in the connection's
+// mask, and the message carries everything the packet changed (the TCP
+// state among it). So the masquerade sets the mask to new, assured,
+// destroy and label, and the close sets a label bit on the first FIN or
+// RST either way: the bit's first setting is the label event (setting it
+// again changes nothing and sends nothing).
 
 // LeanEvents is the event mask of a masqueraded Service TCP connection
 // with Config.LeanServiceEvents.
-const LeanEvents = CtEventNew | CtEventReply | CtEventAssured | CtEventDestroy | CtEventLabel
+const LeanEvents = CtEventNew | CtEventAssured | CtEventDestroy | CtEventLabel
 
 // CloseLabel is the conntrack label bit the close sets on a masqueraded
 // Service TCP connection's first FIN or RST (of 128; nftgate uses no other).
