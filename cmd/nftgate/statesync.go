@@ -44,7 +44,7 @@ func newStateSync(cfg *Config, reg prometheus.Registerer, log *slog.Logger) (*st
 	}
 	switch {
 	case cfg.leanServiceEvents():
-		log.Info("statesync: conntrack reports events only of the connections translated to a Service, and of a masqueraded TCP connection only its start, the endpoint's answer, the handshake's end, its first FIN or RST and its end (conntrack_events = \"lean\"); a routed connection makes none")
+		log.Info("statesync: conntrack reports events only of the connections translated to a Service, and of a masqueraded TCP connection only its start, the handshake's end, its first FIN or RST and its end (conntrack_events = \"lean\"); a routed connection makes none")
 	case cfg.untranslatedEventsOff():
 		log.Info("statesync: conntrack reports events only of the connections translated to a Service (conntrack_events = \"services\"); a routed connection makes none")
 	}

@@ -25,9 +25,9 @@ import (
 // A Service TCP connection step by step: the conntrack events the gateway
 // that carries it reports (which the state sync reads), and what its peer's
 // replica knows when the gateway fails in the middle of the close. With
-// [gateways] conntrack_events = "lean" the kernel reports five events a
-// connection: its start, the endpoint's answer,
-// the handshake's end, the first FIN or RST (the close's label), its end.
+// [gateways] conntrack_events = "lean" the kernel reports four events a
+// connection: its start, the handshake's end, the first FIN or RST (the
+// close's label), its end.
 
 // ctWatch is `conntrack -E` in a host for TCP to the Service address: every
 // event line, in the order the kernel sent them.
