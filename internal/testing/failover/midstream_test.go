@@ -281,12 +281,7 @@ func dialLineOnCPU(client *lab.Host, dst netip.AddrPort, cpu int, port uint16, l
 	if err != nil {
 		return nil, err
 	}
-	tc := c.(*net.TCPConn)
-	if err := sendLine(tc, line); err != nil {
-		tc.Close()
-		return nil, err
-	}
-	return tc, nil
+	return firstLine(c.(*net.TCPConn), line)
 }
 
 // cpusOfTwoGroups picks two of the CPUs the test may run on whose

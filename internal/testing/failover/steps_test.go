@@ -158,12 +158,17 @@ func dialLine(client *lab.Host, dst netip.AddrPort, line string) (*net.TCPConn, 
 	if err != nil {
 		return nil, err
 	}
-	tc := c.(*net.TCPConn)
-	if err := sendLine(tc, line); err != nil {
-		tc.Close()
+	return firstLine(c.(*net.TCPConn), line)
+}
+
+// firstLine sends line on the new connection c and reads it back, and
+// closes c if that fails.
+func firstLine(c *net.TCPConn, line string) (*net.TCPConn, error) {
+	if err := sendLine(c, line); err != nil {
+		c.Close()
 		return nil, err
 	}
-	return tc, nil
+	return c, nil
 }
 
 // sendLine sends line on c and reads it back.
