@@ -209,6 +209,8 @@ func Static(cfg *Config, f Family) Fragment {
 	// NAT: every new ClusterIP connection from outside the cluster is
 	// masqueraded, whatever its Service's traffic policy. The mark is set
 	// here, just before the shards' NAT chains dispatch the connection.
+	// The same base chain redirects the echo requests to Service addresses
+	// that the gateway answers (unserved.go).
 	markOutside := Rule{MatchAddrInSet{Dir: Dst, Set: SetClusterIPs}, jump(ChainMasqueradeOutside)}
 	base("nat-prerouting-mark", "nat", "prerouting", PrioDstNAT-1, append([]Rule{markOutside}, echoRules(cfg)...)...)
 	base("nat-output-mark", "nat", "output", PrioDstNAT-1, markOutside)
