@@ -111,8 +111,8 @@ func echoProbes() []kernelProbe {
 		ps = append(ps, kernelProbe{Feature: "limit expression, redir without a port (answer_service_address_ping)" + w,
 			Option: "CONFIG_NFT_LIMIT and CONFIG_NFT_REDIR", Needs: []string{"nat chains" + w, "redir expression" + w},
 			add: func(b *probeBatch) {
-				b.rule(b.natPrerouting(f), ruleset.MatchEchoRequest{}, ruleset.LimitRate{Rate: ruleset.EchoRate, Burst: ruleset.EchoRate},
-					ruleset.RedirectHere{})
+				b.set(f, &ruleset.Set{Name: ruleset.SetServiceAddrs, Shape: ruleset.KeyAddr})
+				b.rule(b.natPrerouting(f), ruleset.EchoRule()...)
 			}})
 	}
 	return ps

@@ -136,8 +136,14 @@ func echoRules(cfg *Config) []Rule {
 	if cfg.ServiceEchoOff {
 		return nil
 	}
-	return []Rule{{MatchEchoRequest{}, MatchAddrInSet{Dir: Dst, Set: SetServiceAddrs},
-		LimitRate{Rate: EchoRate, Burst: EchoRate}, RedirectHere{}}}
+	return []Rule{EchoRule()}
+}
+
+// EchoRule redirects an echo request to a Service address to the gateway,
+// up to EchoRate new echo flows a second.
+func EchoRule() Rule {
+	return Rule{MatchEchoRequest{}, MatchAddrInSet{Dir: Dst, Set: SetServiceAddrs},
+		LimitRate{Rate: EchoRate, Burst: EchoRate}, RedirectHere{}}
 }
 
 // EchoRate bounds the echo flows to Service addresses that the gateway

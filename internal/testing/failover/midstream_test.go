@@ -121,12 +121,19 @@ func exchange(c net.Conn, br *bufio.Reader, line string, timeout time.Duration) 
 // entries counts h's conntrack entries of the client's connection from
 // local.
 func entries(h *lab.Host, local netip.AddrPort) (int, error) {
+	out, err := listConn(h, local)
+	return strings.Count(out, "\n"), err
+}
+
+// listConn is h's conntrack listing of the TCP entries from the client's
+// local address and port.
+func listConn(h *lab.Host, local netip.AddrPort) (string, error) {
 	out, err := h.Command(context.Background(), "conntrack", "-L", "-p", "tcp",
 		"-s", local.Addr().String(), "--sport", fmt.Sprint(local.Port())).Output()
 	if err != nil {
-		return 0, fmt.Errorf("%s: conntrack -L: %w", h, err)
+		return "", fmt.Errorf("%s: conntrack -L: %w", h, err)
 	}
-	return strings.Count(string(out), "\n"), nil
+	return string(out), nil
 }
 
 // TestNftgateGivesUpWaitingForAReplicaThatNeverComes: a connection's
@@ -327,12 +334,11 @@ func onCPU(cpu int, fn func() error) error {
 // masqueradePort is the port h masqueraded the client's connection from
 // local to (its entry's reply destination port).
 func masqueradePort(h *lab.Host, local netip.AddrPort) (uint16, error) {
-	out, err := h.Command(context.Background(), "conntrack", "-L", "-p", "tcp",
-		"-s", local.Addr().String(), "--sport", fmt.Sprint(local.Port())).Output()
+	out, err := listConn(h, local)
 	if err != nil {
-		return 0, fmt.Errorf("%s: conntrack -L: %w", h, err)
+		return 0, err
 	}
-	ports := regexp.MustCompile(`dport=(\d+)`).FindAllStringSubmatch(string(out), -1)
+	ports := regexp.MustCompile(`dport=(\d+)`).FindAllStringSubmatch(out, -1)
 	if len(ports) != 2 {
 		return 0, fmt.Errorf("%s: want one entry of the connection: %s", h, out)
 	}
