@@ -102,8 +102,8 @@ func kernelProbesFor(cfg *ruleset.Config) []kernelProbe {
 }
 
 // echoProbes try, per family, the rule that answers echo requests to the
-// Service addresses (ruleset.Config.ServiceEchoOff), limit and redirect
-// without a port, in a NAT prerouting chain.
+// Service addresses (ruleset.Config.ServiceEchoOff), limits (one of them a
+// set element's) and redirect without a port, in a NAT prerouting chain.
 func echoProbes() []kernelProbe {
 	var ps []kernelProbe
 	for _, f := range ruleset.Families {
@@ -112,6 +112,7 @@ func echoProbes() []kernelProbe {
 			Option: "CONFIG_NFT_LIMIT and CONFIG_NFT_REDIR", Needs: []string{"nat chains" + w, "redir expression" + w},
 			add: func(b *probeBatch) {
 				b.set(f, &ruleset.Set{Name: ruleset.SetServiceAddrs, Shape: ruleset.KeyAddr})
+				b.set(f, ruleset.EchoSourcesSet())
 				b.rule(b.natPrerouting(f), ruleset.EchoRule()...)
 			}})
 	}

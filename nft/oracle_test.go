@@ -102,8 +102,11 @@ func (g *googleSink) NAT(x bc.NAT) {
 func (g *googleSink) Dynset(x bc.Dynset) {
 	s := g.set(x.Set)
 	d := &expr.Dynset{SrcRegKey: x.Sreg, SetName: s.Name, SetID: s.ID, Operation: x.Op}
-	if x.Counter {
+	switch {
+	case x.Counter:
 		d.Exprs = []expr.Any{&expr.Counter{}}
+	case x.Limit.Rate > 0:
+		d.Exprs = []expr.Any{googleLimit(x.Limit)}
 	}
 	g.add(d)
 }
@@ -128,8 +131,10 @@ func (g *googleSink) Reject(x bc.Reject) { g.add(&expr.Reject{Type: x.Type, Code
 
 func (g *googleSink) Dup(x bc.Dup) { g.add(&expr.Dup{RegAddr: x.RegAddr}) }
 
-func (g *googleSink) Limit(x bc.Limit) {
-	g.add(&expr.Limit{Type: expr.LimitTypePkts, Rate: x.Rate, Unit: expr.LimitTimeSecond, Burst: x.Burst})
+func (g *googleSink) Limit(x bc.Limit) { g.add(googleLimit(x)) }
+
+func googleLimit(x bc.Limit) *expr.Limit {
+	return &expr.Limit{Type: expr.LimitTypePkts, Rate: x.Rate, Unit: expr.LimitTimeSecond, Burst: x.Burst}
 }
 
 func (g *googleSink) Byteorder(x bc.Byteorder) {

@@ -361,7 +361,7 @@ func (e *encoder) NAT(x bc.NAT) {
 
 // Dynset writes a set update from the packet path, with the ID of a set
 // created in the same batch, and the expression its elements carry (a
-// counter) as google/nftables writes a list of one.
+// counter, or a limit; never both) as google/nftables writes a list of one.
 func (e *encoder) Dynset(x bc.Dynset) {
 	w := e.w
 	elem, at := w.exprBegin("dynset")
@@ -369,12 +369,20 @@ func (e *encoder) Dynset(x bc.Dynset) {
 	w.u32(unix.NFTA_DYNSET_OP, x.Op)
 	w.str(unix.NFTA_DYNSET_SET_NAME, x.Set)
 	w.u32(unix.NFTA_DYNSET_SET_ID, e.ids[x.Set])
-	if x.Counter {
+	switch {
+	case x.Counter:
 		ex := w.open(unix.NFTA_DYNSET_EXPR)
 		w.str(unix.NFTA_EXPR_NAME, "counter")
 		data := w.nest(unix.NFTA_EXPR_DATA)
 		w.u64(unix.NFTA_COUNTER_BYTES, 0)
 		w.u64(unix.NFTA_COUNTER_PACKETS, 0)
+		w.close(data)
+		w.close(ex)
+	case x.Limit.Rate > 0:
+		ex := w.open(unix.NFTA_DYNSET_EXPR)
+		w.str(unix.NFTA_EXPR_NAME, "limit")
+		data := w.nest(unix.NFTA_EXPR_DATA)
+		e.limitData(x.Limit)
 		w.close(data)
 		w.close(ex)
 	}
@@ -444,12 +452,18 @@ func (e *encoder) Dup(x bc.Dup) {
 func (e *encoder) Limit(x bc.Limit) {
 	w := e.w
 	elem, at := w.exprBegin("limit")
+	e.limitData(x)
+	w.exprEnd(elem, at)
+}
+
+// limitData writes a limit's attributes: the rule's, or a set element's.
+func (e *encoder) limitData(x bc.Limit) {
+	w := e.w
 	w.u64(unix.NFTA_LIMIT_RATE, x.Rate)
 	w.u64(unix.NFTA_LIMIT_UNIT, 1) // seconds
 	w.u32(unix.NFTA_LIMIT_BURST, x.Burst)
 	w.u32(unix.NFTA_LIMIT_TYPE, 0) // NFT_LIMIT_PKTS
 	w.u32(unix.NFTA_LIMIT_FLAGS, 0)
-	w.exprEnd(elem, at)
 }
 
 // Reject writes a reject (ICMP, or a TCP reset, whose code the kernel

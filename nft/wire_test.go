@@ -394,6 +394,9 @@ func TestWireExpressions(t *testing.T) {
 		func(s bc.Sink) { s.Dynset(bc.Dynset{Sreg: 1, Op: bc.DynsetUpdate, Set: "aff"}) },
 		func(s bc.Sink) { s.Dynset(bc.Dynset{Sreg: 1, Op: bc.DynsetUpdate, Set: "s", Counter: true}) },
 		func(s bc.Sink) { s.Dynset(bc.Dynset{Sreg: 1, Op: unix.NFT_DYNSET_OP_ADD, Set: "other"}) },
+		func(s bc.Sink) {
+			s.Dynset(bc.Dynset{Sreg: 1, Op: bc.DynsetUpdate, Set: "src", Limit: bc.Limit{Rate: 100, Burst: 100}})
+		},
 		func(s bc.Sink) { s.Masq(bc.Masq{Flags: bc.NATFullyRandom}) },
 		func(s bc.Sink) { s.Masq(bc.Masq{}) },
 		func(s bc.Sink) { s.Redir(bc.Redir{RegProto: 1, Flags: bc.NATSpecified}) },

@@ -200,6 +200,7 @@ func Static(cfg *Config, f Family) Fragment {
 			{Name: SetServiceAddrs, Shape: KeyAddr},
 		},
 	}
+	fr.Sets = append(fr.Sets, echoSets(cfg)...)
 	base := func(name, typ, hook string, prio int32, rules ...Rule) {
 		fr.Chains = append(fr.Chains, &Chain{Name: name, Hook: &Hook{Type: typ, Hook: hook, Priority: prio}, Rules: rules})
 	}

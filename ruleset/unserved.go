@@ -2,6 +2,8 @@ package ruleset
 
 import (
 	"fmt"
+	"net/netip"
+	"time"
 
 	"github.com/nftgate/nftgate/model"
 	bc "github.com/nftgate/nftgate/ruleset/bytecode"
@@ -131,7 +133,7 @@ const (
 )
 
 // echoRules are the NAT prerouting rules that answer echo requests to the
-// Service addresses.
+// Service addresses, and echoSets the set they need.
 func echoRules(cfg *Config) []Rule {
 	if cfg.ServiceEchoOff {
 		return nil
@@ -139,11 +141,27 @@ func echoRules(cfg *Config) []Rule {
 	return []Rule{EchoRule()}
 }
 
+func echoSets(cfg *Config) []*Set {
+	if cfg.ServiceEchoOff {
+		return nil
+	}
+	return []*Set{EchoSourcesSet()}
+}
+
 // EchoRule redirects an echo request to a Service address to the gateway,
-// up to EchoRate new echo flows a second.
+// up to EchoSourceRate new echo flows a second from one source and
+// EchoRate from all together. The source's limit comes first, so that a
+// source beyond its own rate takes nothing from the others'.
 func EchoRule() Rule {
 	return Rule{MatchEchoRequest{}, MatchAddrInSet{Dir: Dst, Set: SetServiceAddrs},
+		LimitBySource{Set: SetEchoSources, Rate: EchoSourceRate, Burst: EchoSourceRate},
 		LimitRate{Rate: EchoRate, Burst: EchoRate}, RedirectHere{}}
+}
+
+// EchoSourcesSet is the set of the sources' limits, filled by the packet
+// path.
+func EchoSourcesSet() *Set {
+	return &Set{Name: SetEchoSources, Timeout: EchoSourceTimeout, Size: EchoSources}
 }
 
 // EchoRate bounds the echo flows to Service addresses that the gateway
@@ -155,8 +173,74 @@ func EchoRule() Rule {
 // identifiers or sources holds at most about 30 × EchoRate entries. A
 // flow beyond the rate is unserved traffic (rejected by default, which the
 // kernel's ICMP rate limit bounds in turn). Operators' pings and a
-// monitoring system's are far below it.
+// monitoring system's are far below it; one source's are bounded lower
+// (EchoSourceRate).
 const EchoRate = 1000
+
+// A source (an IPv4 address, an IPv6 /64: what one host or subscriber
+// holds) begins at most EchoSourceRate echo flows a second (and as many
+// more at once), so that one source flooding with new identifiers cannot
+// take the whole EchoRate from the others' pings: with the global limit
+// alone, a ping sent during such a flood went unanswered. A monitoring
+// system pinging a hundred Service addresses a second from one host stays
+// within it. SetEchoSources holds each recent source with its limit's
+// credit; an element expires EchoSourceTimeout after its source's last new
+// flow (by then its credit is whole again, so nothing is forgotten that
+// the limit needs). The set holds at most EchoSources sources: a flood from
+// more sources than that in EchoSourceTimeout (spoofed, 8,000 a second)
+// fills it, and a source not in it is then not answered, as the global
+// limit would have done anyway.
+const (
+	SetEchoSources    = "echo-sources"
+	EchoSourceRate    = 100
+	EchoSourceTimeout = 2 * time.Second
+	EchoSources       = 16384
+	EchoSourcePrefix6 = 64
+)
+
+// echoSourceMask6 is the mask of an IPv6 source's EchoSourcePrefix6.
+func echoSourceMask6() [16]byte {
+	var mask [16]byte
+	for i := range EchoSourcePrefix6 {
+		mask[i/8] |= 0x80 >> (i % 8)
+	}
+	return mask
+}
+
+// LimitBySource matches while the packet's source (its IPv6 /64) has sent
+// the rule at most Rate packets a second, with Burst packets of credit:
+// each source's credit is an element of the dynamic Set, made on its first
+// packet (with the set full, the packet does not match).
+type LimitBySource struct {
+	Set   string
+	Rate  uint64
+	Burst uint32
+}
+
+// AppendText writes "update @set { ip saddr limit rate 100/second burst 100
+// packets }" ("ip6 saddr & ffff:ffff:ffff:ffff::").
+func (l LimitBySource) AppendText(b []byte, f Family) []byte {
+	b = fmt.Appendf(b, "update @%s { %s saddr ", l.Set, f)
+	if f == IPv6 {
+		b = append(b, "& "...)
+		b = netip.AddrFrom16(echoSourceMask6()).AppendTo(b)
+		b = append(b, ' ')
+	}
+	b = LimitRate{Rate: l.Rate, Burst: l.Burst}.AppendText(b, f)
+	return append(b, " }"...)
+}
+
+// Encode loads the source (masked to its /64), and updates the set with it
+// and the limit as the element's expression.
+func (l LimitBySource) Encode(f Family, s bc.Sink) {
+	n := f.AddrLen()
+	s.Payload(loadAddr(f, Src, bc.Reg1, n))
+	if f == IPv6 {
+		mask := echoSourceMask6()
+		s.Bitwise(bc.Bitwise{Sreg: bc.Reg1, Dreg: bc.Reg1, Len: n, Mask: bc.Bytes(mask[:]...), Xor: bc.Zero(int(n))})
+	}
+	s.Dynset(bc.Dynset{Sreg: bc.Reg1, Op: bc.DynsetUpdate, Set: l.Set, Limit: bc.Limit{Rate: l.Rate, Burst: l.Burst}})
+}
 
 // LimitRate matches while the rule's packets come at no more than Rate a
 // second, with Burst packets of credit; a packet beyond does not match.

@@ -264,11 +264,14 @@ type NAT struct {
 // Dynset adds (DynsetAdd: an element that exists is left as it is) or
 // updates (DynsetUpdate: its timeout starts again) the key in Sreg in the
 // named set. With Counter, the element carries a counter that every update
-// counts the packet in (the element's expression list).
+// counts the packet in (the element's expression list); with a Limit (a
+// Rate above zero), a limit of its own that the packet must be within for
+// the update to match (never both).
 type Dynset struct {
 	Sreg, Op uint32
 	Set      string
 	Counter  bool
+	Limit    Limit
 }
 
 // Masq masquerades with Flags, to a port from the range RegProtoMin to

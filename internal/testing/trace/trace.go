@@ -628,6 +628,11 @@ func (t *tracer) runRule(st state, tt *traceTable, c *ruleset.Chain, i, depth in
 			}
 		case ruleset.LimitRate:
 			// Trace replays one packet: within any rate.
+		case ruleset.LimitBySource:
+			if _, ok := tt.sets[s.Set]; !ok {
+				t.fail("chain %s: update of missing set %q", c.Name, s.Set)
+				return nil
+			}
 		case ruleset.RedirectHere:
 			st.here, st.dstLocal = true, true
 			return []end{{st.log(c.Name, r, t.f, ""), endAccept}}
