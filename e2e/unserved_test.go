@@ -157,9 +157,8 @@ func newUnservedLab(t *testing.T, config string, v6 bool) *edgeLab {
 // Service's LoadBalancer IPs, of each family, is answered by the gateway
 // from the address (ruleset/unserved.go); with answer_service_address_ping
 // off it is unserved traffic, refused with "port unreachable" (which also
-// holds the unserved rules to real IPv6 traffic). A flood of requests with
-// ever new identifiers is answered up to ruleset.EchoRate a second (and as
-// many at once).
+// holds the unserved rules to real IPv6 traffic). Floods of requests with
+// ever new identifiers are answered up to the limits (testEchoLimits).
 func TestEdgePingServiceAddress(t *testing.T) {
 	for _, tc := range []struct {
 		name, config string
@@ -185,19 +184,101 @@ func TestEdgePingServiceAddress(t *testing.T) {
 			if !tc.answer {
 				return
 			}
-			// A flood of requests, each a new flow (identifier), is
-			// answered up to the rule's rate.
-			const n = 5000
-			echoed, sending, err := lab.PingFlood(e.outside.Do, edgeFirst, 0x4e48, n, time.Second)
+			testEchoLimits(t, e)
+		})
+	}
+}
+
+// testEchoLimits floods the gateway with echo requests to the Service's
+// addresses, each a new flow (identifier), from addresses of the outside
+// client: one source is answered up to ruleset.EchoSourceRate a second (and
+// as many at once), and another source's requests right after its flood
+// are answered (with the global limit alone they were not); two addresses of
+// one IPv6 /64 share that rate; sixteen sources flooding at once are
+// answered up to ruleset.EchoRate all together.
+func testEchoLimits(t *testing.T, e *edgeLab) {
+	flooder, flooder6, neighbour6 := netip.MustParseAddr("198.18.7.10"), netip.MustParseAddr("fd42:7::10"), netip.MustParseAddr("fd42:7::11")
+	added := []netip.Prefix{netip.PrefixFrom(flooder, 24), netip.PrefixFrom(flooder6, 64), netip.PrefixFrom(neighbour6, 64)}
+	var many []netip.Addr
+	for i := range 16 {
+		many = append(many, netip.AddrFrom4([4]byte{198, 18, 7, byte(20 + i)}))
+		added = append(added, netip.PrefixFrom(many[i], 24))
+	}
+	if err := e.outside.AddAddress("router", added...); err != nil {
+		t.Fatal(err)
+	}
+	// The most a limit of rate lets through in a window, with 100 ms for
+	// the last requests to arrive.
+	most := func(rate int, window time.Duration) int {
+		return rate + int(float64(rate)*(window+100*time.Millisecond).Seconds())
+	}
+
+	// One source floods; another source's requests right after it are
+	// all answered: the flood took its own credit, not the others'. (With
+	// one limit for all, the flood left none, and a request was answered
+	// only as the credit came back, one a millisecond.)
+	f, err := lab.StartPingFlood(e.outside.Do, flooder, edgeFirst, 0x1000, 5000, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-f.Sending()
+	const others = 50
+	o, err := lab.StartPingFlood(e.outside.Do, edgeOutside.Addr(), edgeFirst, 0x1800, others, time.Second)
+	if err != nil {
+		f.Wait()
+		t.Fatal(err)
+	}
+	echoed, sent, sending, err := f.Wait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("one source: %d echo requests sent in %v: %d answered (at most %d by its rate)",
+		sent, sending.Round(time.Millisecond), echoed, most(ruleset.EchoSourceRate, sending))
+	if echoed > most(ruleset.EchoSourceRate, sending) || echoed < ruleset.EchoSourceRate/2 {
+		t.Errorf("%d of %d echo requests from one source answered in %v, want %d to %d", echoed, sent, sending,
+			ruleset.EchoSourceRate/2, most(ruleset.EchoSourceRate, sending))
+	}
+	oEchoed, _, oSending, err := o.Wait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("another source right after: %d echo requests sent in %v, %v after the flood's last: %d answered",
+		others, oSending.Round(time.Microsecond), o.Ended().Add(-oSending).Sub(f.Ended()).Round(time.Microsecond), oEchoed)
+	if oEchoed != others {
+		t.Errorf("another source's %d echo requests right after one source's flood: %d answered, want all", others, oEchoed)
+	}
+
+	// Two addresses of one /64, and then sixteen sources, at once.
+	for _, tc := range []struct {
+		name string
+		from []netip.Addr
+		dst  netip.Addr
+		rate int
+	}{
+		{"two addresses of one IPv6 /64", []netip.Addr{flooder6, neighbour6}, edgeFirst6, ruleset.EchoSourceRate},
+		{"sixteen sources", many, edgeFirst, ruleset.EchoRate},
+	} {
+		start := time.Now()
+		floods := make([]*lab.PingFlood, len(tc.from))
+		for i, src := range tc.from {
+			if floods[i], err = lab.StartPingFlood(e.outside.Do, src, tc.dst, 0x2000+0x100*i, 2000, time.Second); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var echoed, sent int
+		var window time.Duration // from before the first began to the last's end
+		for _, f := range floods {
+			n, s, _, err := f.Wait()
 			if err != nil {
 				t.Fatal(err)
 			}
-			most := ruleset.EchoRate + int(float64(ruleset.EchoRate)*(sending+100*time.Millisecond).Seconds())
-			t.Logf("%d echo requests sent in %v: %d answered (at most %d by the rate)", n, sending.Round(time.Millisecond), echoed, most)
-			if echoed > most || echoed < ruleset.EchoRate/2 {
-				t.Errorf("%d of %d echo requests sent in %v answered, want %d to %d", echoed, n, sending, ruleset.EchoRate/2, most)
-			}
-		})
+			echoed, sent = echoed+n, sent+s
+			window = max(window, f.Ended().Sub(start))
+		}
+		t.Logf("%s: %d echo requests sent in %v: %d answered (at most %d by the rate)", tc.name, sent, window.Round(time.Millisecond), echoed, most(tc.rate, window))
+		if echoed > most(tc.rate, window) || echoed < tc.rate/2 {
+			t.Errorf("%s: %d of %d echo requests answered in %v, want %d to %d", tc.name, echoed, sent, window, tc.rate/2, most(tc.rate, window))
+		}
 	}
 }
 

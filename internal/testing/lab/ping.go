@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/net/icmp"
@@ -36,17 +37,20 @@ func (h *Host) Ping(dst netip.Addr, id, seq int, timeout time.Duration) (PingRep
 	return Ping(h.Do, dst, id, seq, timeout)
 }
 
-// pingSocket opens a raw ICMP socket of dst's family in the namespace in
-// which do runs its function (reads return the ICMP message, without the
+// pingSocket opens a raw ICMP socket of dst's family, bound to src when it
+// is valid, in the namespace in which do runs its function (reads return the ICMP message, without the
 // IP header); typ and proto are the echo request's type and the family's
 // ICMP protocol number.
-func pingSocket(do func(func() error) error, dst netip.Addr) (c *net.IPConn, typ icmp.Type, proto int, err error) {
-	network, wildcard, typ, proto := "ip4:icmp", "0.0.0.0", icmp.Type(ipv4.ICMPTypeEcho), 1
+func pingSocket(do func(func() error) error, src, dst netip.Addr) (c *net.IPConn, typ icmp.Type, proto int, err error) {
+	network, local, typ, proto := "ip4:icmp", "0.0.0.0", icmp.Type(ipv4.ICMPTypeEcho), 1
 	if dst.Is6() {
-		network, wildcard, typ, proto = "ip6:ipv6-icmp", "::", ipv6.ICMPTypeEchoRequest, 58
+		network, local, typ, proto = "ip6:ipv6-icmp", "::", ipv6.ICMPTypeEchoRequest, 58
+	}
+	if src.IsValid() {
+		local = src.String()
 	}
 	err = do(func() error {
-		pc, err := net.ListenPacket(network, wildcard)
+		pc, err := net.ListenPacket(network, local)
 		if err == nil {
 			c = pc.(*net.IPConn)
 		}
@@ -60,7 +64,7 @@ var pingPayload = []byte("nftgate ping")
 
 // Ping is Host.Ping from the namespace in which do runs its function.
 func Ping(do func(func() error) error, dst netip.Addr, id, seq int, timeout time.Duration) (PingReply, error) {
-	c, typ, proto, err := pingSocket(do, dst)
+	c, typ, proto, err := pingSocket(do, netip.Addr{}, dst)
 	if err != nil {
 		return PingReply{}, err
 	}
@@ -132,51 +136,126 @@ func quotesRequest(b []byte, dst netip.Addr, id, seq int) bool {
 	return int(echo[4])<<8|int(echo[5]) == id && int(echo[6])<<8|int(echo[7]) == seq
 }
 
-// PingFlood sends n echo requests from the namespace in which do runs its
-// function to dst, as fast as the socket takes them, each its own flow for
-// conntrack (request i has the identifier id + i and the sequence number
-// i), and counts the echo replies that come back until none came for
-// quiet; sending is how long the requests took to send.
-func PingFlood(do func(func() error) error, dst netip.Addr, id, n int, quiet time.Duration) (echoed int, sending time.Duration, err error) {
-	c, typ, proto, err := pingSocket(do, dst)
+// PingFlood is a flood of echo requests under way (StartPingFlood).
+type PingFlood struct {
+	c       *net.IPConn
+	n       int
+	sent    atomic.Int64
+	stop    chan struct{}
+	done    chan error    // the sender's end
+	over    chan struct{} // closed when the sender ended
+	replies chan int      // the reader's count
+	sending time.Duration // written by the sender before done
+	ended   time.Time     // likewise
+}
+
+// StartPingFlood sends echo requests from src (when valid: an address of
+// the namespace; else the kernel's choice) to dst, in the namespace in
+// which do runs its function, as fast as the socket takes them, each its
+// own flow for conntrack (request i has the identifier id + i and the
+// sequence number i, both modulo 2^16), until n were sent or, with n 0,
+// until Wait; and counts the echo replies that come back until none came
+// for quiet after the sending.
+func StartPingFlood(do func(func() error) error, src, dst netip.Addr, id, n int, quiet time.Duration) (*PingFlood, error) {
+	c, typ, proto, err := pingSocket(do, src, dst)
 	if err != nil {
-		return 0, 0, err
+		return nil, err
 	}
-	defer c.Close()
 	if err := c.SetReadBuffer(8 << 20); err != nil {
-		return 0, 0, err
+		c.Close()
+		return nil, err
 	}
-	replies := make(chan int, 1)
-	go func() {
-		got := 0
-		buf := make([]byte, 1500)
-		for {
-			_ = c.SetReadDeadline(time.Now().Add(quiet))
-			m, _, err := c.ReadFrom(buf)
-			if err != nil { // quiet for that long, or closed
-				replies <- got
-				return
-			}
-			if msg, err := icmp.ParseMessage(proto, buf[:m]); err == nil {
-				if e, ok := msg.Body.(*icmp.Echo); ok && msg.Type != typ && e.Seq < n && e.ID == (id+e.Seq)&0xffff && bytes.Equal(e.Data, pingPayload) {
-					got++
-				}
-			}
+	f := &PingFlood{c: c, n: n, stop: make(chan struct{}), over: make(chan struct{}), done: make(chan error, 1), replies: make(chan int, 1)}
+	go f.count(typ, proto, id, quiet)
+	go f.send(typ, dst, id, n)
+	return f, nil
+}
+
+// count counts the flood's echo replies until none came for quiet after
+// the sender ended (or the socket is closed).
+func (f *PingFlood) count(typ icmp.Type, proto, id int, quiet time.Duration) {
+	got := 0
+	buf := make([]byte, 1500)
+	for {
+		over, wait := f.sendingOver(), quiet
+		if !over {
+			wait = 100 * time.Millisecond // look at the sender again then
 		}
-	}()
-	start := time.Now()
-	to := &net.IPAddr{IP: dst.AsSlice()}
-	for seq := range n {
-		msg, err := (&icmp.Message{Type: typ, Body: &icmp.Echo{ID: (id + seq) & 0xffff, Seq: seq, Data: pingPayload}}).Marshal(nil)
-		if err == nil {
-			_, err = c.WriteTo(msg, to)
+		_ = f.c.SetReadDeadline(time.Now().Add(wait))
+		m, _, err := f.c.ReadFrom(buf)
+		if errors.Is(err, os.ErrDeadlineExceeded) && !over {
+			continue
 		}
 		if err != nil {
-			c.Close()
-			<-replies
-			return 0, 0, fmt.Errorf("ping %s: %w", dst, err)
+			f.replies <- got
+			return
+		}
+		if msg, err := icmp.ParseMessage(proto, buf[:m]); err == nil {
+			if e, ok := msg.Body.(*icmp.Echo); ok && msg.Type != typ && e.ID == (id+e.Seq)&0xffff && bytes.Equal(e.Data, pingPayload) {
+				got++
+			}
 		}
 	}
-	sending = time.Since(start)
-	return <-replies, sending, nil
+}
+
+// send sends the requests.
+func (f *PingFlood) send(typ icmp.Type, dst netip.Addr, id, n int) {
+	start := time.Now()
+	to := &net.IPAddr{IP: dst.AsSlice()}
+	var err error
+sending:
+	for seq := 0; n == 0 || seq < n; seq++ {
+		select {
+		case <-f.stop:
+			break sending
+		default:
+		}
+		msg, merr := (&icmp.Message{Type: typ, Body: &icmp.Echo{ID: (id + seq) & 0xffff, Seq: seq & 0xffff, Data: pingPayload}}).Marshal(nil)
+		if merr == nil {
+			_, merr = f.c.WriteTo(msg, to)
+		}
+		if merr != nil {
+			err = fmt.Errorf("ping %s: %w", dst, merr)
+			break sending
+		}
+		f.sent.Add(1)
+	}
+	f.ended = time.Now()
+	f.sending = f.ended.Sub(start)
+	close(f.over)
+	f.done <- err
+}
+
+// Sending is closed when the flood sent its last request.
+func (f *PingFlood) Sending() <-chan struct{} { return f.over }
+
+func (f *PingFlood) sendingOver() bool {
+	select {
+	case <-f.over:
+		return true
+	default:
+		return false
+	}
+}
+
+// Ended is when the last request was sent (after Wait).
+func (f *PingFlood) Ended() time.Time { return f.ended }
+
+// Sent is how many requests were sent so far.
+func (f *PingFlood) Sent() int { return int(f.sent.Load()) }
+
+// Wait stops the sending (with n 0), waits for its end and for the count
+// of the replies; sending is how long the requests took to send. It is
+// called once.
+func (f *PingFlood) Wait() (echoed, sent int, sending time.Duration, err error) {
+	if f.n == 0 {
+		close(f.stop)
+	}
+	err = <-f.done
+	if err != nil {
+		f.c.Close()
+	}
+	echoed = <-f.replies
+	f.c.Close()
+	return echoed, f.Sent(), f.sending, err
 }
