@@ -181,15 +181,17 @@ const EchoRate = 1000
 // holds) begins at most EchoSourceRate echo flows a second (and as many
 // more at once), so that one source flooding with new identifiers cannot
 // take the whole EchoRate from the others' pings: with the global limit
-// alone, a ping sent during such a flood went unanswered. A monitoring
-// system pinging a hundred Service addresses a second from one host stays
-// within it. SetEchoSources holds each recent source with its limit's
+// alone, another source's requests right after such a flood went
+// unanswered (1 of 50 answered, e2e TestEdgePingServiceAddress). A
+// monitoring system pinging a hundred Service addresses a second from one
+// host stays within it. SetEchoSources holds each recent source with its limit's
 // credit; an element expires EchoSourceTimeout after its source's last new
 // flow (by then its credit is whole again, so nothing is forgotten that
 // the limit needs). The set holds at most EchoSources sources: a flood from
 // more sources than that in EchoSourceTimeout (spoofed, 8,000 a second)
-// fills it, and a source not in it is then not answered, as the global
-// limit would have done anyway.
+// fills it, and a source not in it is then not answered until elements
+// expire; under the global limit alone, such a flood takes nearly all of
+// the rate anyway.
 const (
 	SetEchoSources    = "echo-sources"
 	EchoSourceRate    = 100

@@ -38,9 +38,9 @@ func (h *Host) Ping(dst netip.Addr, id, seq int, timeout time.Duration) (PingRep
 }
 
 // pingSocket opens a raw ICMP socket of dst's family, bound to src when it
-// is valid, in the namespace in which do runs its function (reads return the ICMP message, without the
-// IP header); typ and proto are the echo request's type and the family's
-// ICMP protocol number.
+// is valid, in the namespace in which do runs its function (reads return
+// the ICMP message, without the IP header); typ and proto are the echo
+// request's type and the family's ICMP protocol number.
 func pingSocket(do func(func() error) error, src, dst netip.Addr) (c *net.IPConn, typ icmp.Type, proto int, err error) {
 	network, local, typ, proto := "ip4:icmp", "0.0.0.0", icmp.Type(ipv4.ICMPTypeEcho), 1
 	if dst.Is6() {
