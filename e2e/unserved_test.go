@@ -25,52 +25,64 @@ import (
 )
 
 // TestEdgeUnservedTrafficIsNotRouted: the gateway's default route points
-// at the router, and the router routes the Service's LoadBalancer IP to the
-// gateway (BGP), as at a real edge. A connection to a port no Service has
-// and a packet conntrack takes for invalid (SYN and FIN together, to the
-// Service's port) each cross the router once: the connection is refused,
-// the packet dropped; so does such a packet to the Service's ClusterIP,
-// which the router routes to the gateway too. With unserved_service_traffic
-// = "route" (nftgate before it) each went back and forth between the router
-// and the gateway until its TTL ran out.
+// at the router, and the router routes the Service's LoadBalancer IPs (one
+// of each family) to the gateway (BGP), as at a real edge. A connection to
+// a port no Service has and a packet conntrack takes for invalid (SYN and
+// FIN together, to the Service's port) each cross the router once, over
+// IPv4 and IPv6: the connection is refused, the packet dropped; so does
+// such a packet to the Service's ClusterIP, which the router routes to the
+// gateway too. With unserved_service_traffic = "route" (nftgate before it)
+// each went back and forth between the router and the gateway until its
+// TTL (hop limit) ran out.
 func TestEdgeUnservedTrafficIsNotRouted(t *testing.T) {
 	for _, tc := range []struct {
 		unserved string
 		loops    bool
 	}{{"reject", false}, {"route", true}} {
 		t.Run(tc.unserved, func(t *testing.T) {
-			e := newUnservedLab(t, fmt.Sprintf("unserved_service_traffic = %q\n", tc.unserved), false)
-			vip := edgeFirst.String()
+			e := newUnservedLab(t, fmt.Sprintf("unserved_service_traffic = %q\n", tc.unserved), true)
+			vip, vip6 := edgeFirst.String(), edgeFirst6.String()
 			if err := e.routerHost.AddRoute(netip.MustParsePrefix(edgeClusterIP+"/32"), edgeGatewayGW.Addr()); err != nil {
 				t.Fatal(err)
 			}
 
-			// The router counts what it forwards to the addresses.
+			// The router counts what it forwards to the addresses, in
+			// the order of routerCounted.
 			for _, args := range [][]string{
 				{"add", "table", "inet", "count"},
 				{"add", "chain", "inet", "count", "seen", "{ type filter hook forward priority 0; }"},
 				{"add", "rule", "inet", "count", "seen", "ip", "daddr", vip, "tcp", "dport", "81", "counter"},
 				{"add", "rule", "inet", "count", "seen", "ip", "daddr", vip, "tcp", "flags", "&", "(syn|fin)", "==", "syn|fin", "counter"},
 				{"add", "rule", "inet", "count", "seen", "ip", "daddr", edgeClusterIP, "tcp", "flags", "&", "(syn|fin)", "==", "syn|fin", "counter"},
+				{"add", "rule", "inet", "count", "seen", "ip6", "daddr", vip6, "tcp", "dport", "81", "counter"},
+				{"add", "rule", "inet", "count", "seen", "ip6", "daddr", vip6, "tcp", "flags", "&", "(syn|fin)", "==", "syn|fin", "counter"},
 			} {
 				if out, err := e.routerHost.Command(context.Background(), "nft", args...).CombinedOutput(); err != nil {
 					t.Fatalf("nft %v: %v: %s", args, err, out)
 				}
 			}
 
-			_, dialErr := e.outside.Dial("tcp", ap(vip+":81"), lab.DialOpts{Timeout: 2 * time.Second})
-			t.Logf("a connection to port 81: %v", dialErr)
+			var dialErrs []error
+			for _, dst := range []netip.Addr{edgeFirst, edgeFirst6} {
+				_, err := e.outside.Dial("tcp", netip.AddrPortFrom(dst, 81), lab.DialOpts{Timeout: 2 * time.Second})
+				t.Logf("a connection to %s port 81: %v", dst, err)
+				dialErrs = append(dialErrs, err)
+			}
 			invalid := gatewayInvalid(t, e)
-			for _, dst := range []string{vip, edgeClusterIP} {
-				if err := e.outside.SendTCP(ap(edgeOutside.Addr().String()+":40001"), ap(dst+":80"), 1000, 0, lab.TCPSyn|lab.TCPFin); err != nil {
+			for _, seg := range []struct{ src, dst netip.AddrPort }{
+				{netip.AddrPortFrom(edgeOutside.Addr(), 40001), ap(vip + ":80")},
+				{netip.AddrPortFrom(edgeOutside.Addr(), 40001), ap(edgeClusterIP + ":80")},
+				{netip.AddrPortFrom(edgeOutside6.Addr(), 40001), netip.AddrPortFrom(edgeFirst6, 80)},
+			} {
+				if err := e.outside.SendTCP(seg.src, seg.dst, 1000, 0, lab.TCPSyn|lab.TCPFin); err != nil {
 					t.Fatal(err)
 				}
 			}
 			// The gateway took them for invalid; then a connection
 			// through the gateway, after them.
 			if err := lab.EventuallyWithin(5*time.Second, func() error {
-				if n := gatewayInvalid(t, e); n < invalid+2 {
-					return fmt.Errorf("the gateway's conntrack counted %d invalid packets, %d before the two SYN|FINs", n, invalid)
+				if n := gatewayInvalid(t, e); n < invalid+3 {
+					return fmt.Errorf("the gateway's conntrack counted %d invalid packets, %d before the three SYN|FINs", n, invalid)
 				}
 				return nil
 			}); err != nil {
@@ -78,27 +90,32 @@ func TestEdgeUnservedTrafficIsNotRouted(t *testing.T) {
 			}
 			wantBackends(t, gatewaytest.Backends(t, e.outside, "tcp", ap(vip+":80"), 1), "198.18.2.10:8080")
 
-			var toPort, synFin, clusterIP int
+			var counts []int
 			if err := lab.EventuallyWithin(5*time.Second, func() error {
-				toPort, synFin, clusterIP = routerCounts(t, e)
-				if tc.loops && (toPort < 5 || synFin < 5 || clusterIP < 5) {
-					return fmt.Errorf("the router forwarded the SYN to port 81 %d times, the SYN|FIN %d times, the one to the ClusterIP %d times",
-						toPort, synFin, clusterIP)
+				counts = routerCounts(t, e)
+				for _, n := range counts {
+					if tc.loops && n < 5 {
+						return fmt.Errorf("the router forwarded %s", routerCounted(counts))
+					}
 				}
 				return nil
 			}); err != nil {
 				t.Fatal(err)
 			}
-			t.Logf("the router forwarded the SYN to port 81 %d times, the SYN|FIN %d times, the one to the ClusterIP %d times", toPort, synFin, clusterIP)
+			t.Logf("the router forwarded %s", routerCounted(counts))
 			if tc.loops {
 				return
 			}
-			if toPort != 1 || synFin != 1 || clusterIP != 1 {
-				t.Errorf("the router forwarded the SYN to port 81 %d times, the SYN|FIN %d times, the one to the ClusterIP %d times, want each once",
-					toPort, synFin, clusterIP)
+			for _, n := range counts {
+				if n != 1 {
+					t.Errorf("the router forwarded %s, want each once", routerCounted(counts))
+					break
+				}
 			}
-			if !errors.Is(dialErr, syscall.ECONNREFUSED) {
-				t.Errorf("a connection to a port no Service has: %v, want it refused", dialErr)
+			for _, err := range dialErrs {
+				if !errors.Is(err, syscall.ECONNREFUSED) {
+					t.Errorf("a connection to a port no Service has: %v, want it refused", err)
+				}
 			}
 		})
 	}
@@ -297,10 +314,10 @@ func gatewayInvalid(t *testing.T, e *edgeLab) int {
 	return n
 }
 
-// routerCounts reads the router's three counters: packets to port 81 and
-// SYN|FIN packets to the Service address, SYN|FIN packets to its
-// ClusterIP.
-func routerCounts(t *testing.T, e *edgeLab) (toPort, synFin, clusterIP int) {
+// routerCounts reads the router's counters: packets to port 81 and
+// SYN|FIN packets to the Service's IPv4 address, SYN|FIN packets to its
+// ClusterIP, and the first two for its IPv6 address.
+func routerCounts(t *testing.T, e *edgeLab) []int {
 	t.Helper()
 	out, err := e.routerHost.Command(context.Background(), "nft", "list", "chain", "inet", "count", "seen").CombinedOutput()
 	if err != nil {
@@ -311,8 +328,14 @@ func routerCounts(t *testing.T, e *edgeLab) (toPort, synFin, clusterIP int) {
 		v, _ := strconv.Atoi(m[1])
 		n = append(n, v)
 	}
-	if len(n) != 3 {
+	if len(n) != 5 {
 		t.Fatalf("the router's counters: %s", strings.TrimSpace(string(out)))
 	}
-	return n[0], n[1], n[2]
+	return n
+}
+
+// routerCounted says what routerCounts counted.
+func routerCounted(n []int) string {
+	return fmt.Sprintf("the SYN to port 81 %d times, the SYN|FIN %d times, the one to the ClusterIP %d times; over IPv6 the SYN to port 81 %d times, the SYN|FIN %d times",
+		n[0], n[1], n[2], n[3], n[4])
 }
