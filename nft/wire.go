@@ -369,20 +369,20 @@ func (e *encoder) Dynset(x bc.Dynset) {
 	w.u32(unix.NFTA_DYNSET_OP, x.Op)
 	w.str(unix.NFTA_DYNSET_SET_NAME, x.Set)
 	w.u32(unix.NFTA_DYNSET_SET_ID, e.ids[x.Set])
-	switch {
-	case x.Counter:
+	if x.Counter || x.Limit.Rate > 0 {
 		ex := w.open(unix.NFTA_DYNSET_EXPR)
-		w.str(unix.NFTA_EXPR_NAME, "counter")
+		name := "limit"
+		if x.Counter {
+			name = "counter"
+		}
+		w.str(unix.NFTA_EXPR_NAME, name)
 		data := w.nest(unix.NFTA_EXPR_DATA)
-		w.u64(unix.NFTA_COUNTER_BYTES, 0)
-		w.u64(unix.NFTA_COUNTER_PACKETS, 0)
-		w.close(data)
-		w.close(ex)
-	case x.Limit.Rate > 0:
-		ex := w.open(unix.NFTA_DYNSET_EXPR)
-		w.str(unix.NFTA_EXPR_NAME, "limit")
-		data := w.nest(unix.NFTA_EXPR_DATA)
-		e.limitData(x.Limit)
+		if x.Counter {
+			w.u64(unix.NFTA_COUNTER_BYTES, 0)
+			w.u64(unix.NFTA_COUNTER_PACKETS, 0)
+		} else {
+			e.limitData(x.Limit)
+		}
 		w.close(data)
 		w.close(ex)
 	}

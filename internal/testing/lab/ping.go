@@ -142,10 +142,10 @@ type PingFlood struct {
 	n       int
 	sent    atomic.Int64
 	stop    chan struct{}
-	done    chan error    // the sender's end
 	over    chan struct{} // closed when the sender ended
 	replies chan int      // the reader's count
-	sending time.Duration // written by the sender before done
+	err     error         // the sender's, written before over is closed
+	sending time.Duration // likewise
 	ended   time.Time     // likewise
 }
 
@@ -165,7 +165,7 @@ func StartPingFlood(do func(func() error) error, src, dst netip.Addr, id, n int,
 		c.Close()
 		return nil, err
 	}
-	f := &PingFlood{c: c, n: n, stop: make(chan struct{}), over: make(chan struct{}), done: make(chan error, 1), replies: make(chan int, 1)}
+	f := &PingFlood{c: c, n: n, stop: make(chan struct{}), over: make(chan struct{}), replies: make(chan int, 1)}
 	go f.count(typ, proto, id, quiet)
 	go f.send(typ, dst, id, n)
 	return f, nil
@@ -202,7 +202,6 @@ func (f *PingFlood) count(typ icmp.Type, proto, id int, quiet time.Duration) {
 func (f *PingFlood) send(typ icmp.Type, dst netip.Addr, id, n int) {
 	start := time.Now()
 	to := &net.IPAddr{IP: dst.AsSlice()}
-	var err error
 sending:
 	for seq := 0; n == 0 || seq < n; seq++ {
 		select {
@@ -215,7 +214,7 @@ sending:
 			_, merr = f.c.WriteTo(msg, to)
 		}
 		if merr != nil {
-			err = fmt.Errorf("ping %s: %w", dst, merr)
+			f.err = fmt.Errorf("ping %s: %w", dst, merr)
 			break sending
 		}
 		f.sent.Add(1)
@@ -223,7 +222,6 @@ sending:
 	f.ended = time.Now()
 	f.sending = f.ended.Sub(start)
 	close(f.over)
-	f.done <- err
 }
 
 // Sending is closed when the flood sent its last request.
@@ -251,11 +249,11 @@ func (f *PingFlood) Wait() (echoed, sent int, sending time.Duration, err error) 
 	if f.n == 0 {
 		close(f.stop)
 	}
-	err = <-f.done
-	if err != nil {
+	<-f.over
+	if f.err != nil {
 		f.c.Close()
 	}
 	echoed = <-f.replies
 	f.c.Close()
-	return echoed, f.Sent(), f.sending, err
+	return echoed, f.Sent(), f.sending, f.err
 }
