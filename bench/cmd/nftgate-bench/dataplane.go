@@ -68,7 +68,13 @@ type DataplaneConfig struct {
 	NftgateConfigExtra string
 	// OwnCPU gives the gateway a CPU of its own (dataplane_pin.go).
 	OwnCPU bool
+	// Rounds: how many times each run is made, via and direct taking
+	// turns (roundPaths).
+	Rounds int
 }
+
+// dpMaxRounds bounds --dataplane-rounds.
+const dpMaxRounds = 20
 
 // dataplaneFlags registers the phase's flags; check validates them after
 // parsing.
@@ -82,6 +88,8 @@ func dataplaneFlags(fs *flag.FlagSet, c *DataplaneConfig) (check func() error) {
 	fs.BoolVar(&c.Only, "dataplane-only", false, "measure cold start and the data plane only: no endpoint changes, no latency samples")
 	fs.BoolVar(&c.OwnCPU, "dataplane-own-cpu", false,
 		"the gateway on a CPU of its own, as on a box of its own: the proxier and the packets the gateway receives (RPS) on the last CPU, the clients, the backend and everything else on the others; each run also records that CPU's busy time")
+	fs.IntVar(&c.Rounds, "dataplane-rounds", 1,
+		"how many times each data-plane run is made, via and direct taking turns (via first in odd rounds, direct first in even ones); the report gives the means, their ratio and every round's ratio")
 	fs.StringVar(&c.NftgateConfigExtra, "nftgate-config-extra", "",
 		"TOML `file` appended to the configuration nftgate gets (--config), e.g. to measure masquerade or flowtable settings")
 	return func() error {
@@ -110,6 +118,8 @@ func dataplaneFlags(fs *flag.FlagSet, c *DataplaneConfig) (check func() error) {
 			return fmt.Errorf("--dataplane-duration: %v: want 0 (skip) or at least 1s", c.Duration)
 		case c.Duration%time.Second != 0:
 			return fmt.Errorf("--dataplane-duration: %v: want whole seconds (iperf3 counts in seconds)", c.Duration)
+		case c.Rounds < 1 || c.Rounds > dpMaxRounds:
+			return fmt.Errorf("--dataplane-rounds: %d: want 1 to %d", c.Rounds, dpMaxRounds)
 		case c.Sources < 2 || c.Sources > dpMaxSources:
 			return fmt.Errorf("--dataplane-sources: %d: want 2 to %d", c.Sources, dpMaxSources)
 		case c.Only && c.Duration == 0:
@@ -134,6 +144,8 @@ type DataplaneSettings struct {
 	NftgateConfigExtra string `json:"nftgate_config_extra,omitempty"`
 	// OwnCPU: --dataplane-own-cpu.
 	OwnCPU bool `json:"own_cpu,omitempty"`
+	// Rounds: --dataplane-rounds, when more than one.
+	Rounds int `json:"rounds,omitempty"`
 }
 
 func (c *DataplaneConfig) settings() *DataplaneSettings {
@@ -141,6 +153,9 @@ func (c *DataplaneConfig) settings() *DataplaneSettings {
 		return nil
 	}
 	s := &DataplaneSettings{Seconds: c.Duration.Seconds(), Parallel: c.Parallel, Sources: c.Sources, Only: c.Only, OwnCPU: c.OwnCPU}
+	if c.Rounds > 1 {
+		s.Rounds = c.Rounds
+	}
 	if c.NftgateConfigExtra != "" {
 		b, _ := os.ReadFile(c.NftgateConfigExtra)
 		s.NftgateConfigExtra = string(b)
@@ -311,7 +326,10 @@ func shardsPassed(n int, key model.ServiceKey) int {
 
 // ConnRun is one run of the connection test.
 type ConnRun struct {
-	Path     string `json:"path"` // via (the Service) or direct
+	Path string `json:"path"` // via (the Service) or direct
+	// Round: which of --dataplane-rounds (from 1; 0 in results from
+	// before rounds, which had one).
+	Round    int    `json:"round,omitempty"`
 	Dst      string `json:"dst"`
 	Parallel int    `json:"parallel"`
 	Sources  int    `json:"sources"`
@@ -497,6 +515,7 @@ func counterDelta(names []string, before, after map[string]int64) map[string]int
 // BulkRun is one iperf3 run, with the host's CPU time meanwhile.
 type BulkRun struct {
 	Path        string  `json:"path"`
+	Round       int     `json:"round,omitempty"` // as ConnRun's
 	Dst         string  `json:"dst"`
 	Gbps        float64 `json:"gbit_per_s"`
 	Retransmits int     `json:"retransmits"`
@@ -578,33 +597,48 @@ func (e *Env) measureDataplane(ctx context.Context, proc *Proc, p *Proxier, n in
 		res.Shards = loggedShards(log)
 		res.ShardsPassedVia = shardsPassed(res.Shards, model.NewServiceKey(namespace, dpConnName))
 	}
-	for _, par := range c.Parallel {
-		for _, many := range []bool{false, true} {
-			for _, path := range []string{pathVia, pathDirect} {
-				one, all := dpSources(path, c.Sources)
-				srcs := []netip.Addr{one}
-				if many {
-					srcs = all
+	for round := 1; round <= max(c.Rounds, 1); round++ {
+		for _, par := range c.Parallel {
+			for _, many := range []bool{false, true} {
+				for _, path := range roundPaths(round) {
+					one, all := dpSources(path, c.Sources)
+					srcs := []netip.Addr{one}
+					if many {
+						srcs = all
+					}
+					run, err := e.connRun(ctx, path, dst[path][0], srcs, par, c.Duration, watch)
+					if err != nil {
+						return res, err
+					}
+					run.Round = round
+					logf("%s N=%d round %d: %s", p.Name, n, round, run.Summary())
+					res.Connections = append(res.Connections, run)
 				}
-				run, err := e.connRun(ctx, path, dst[path][0], srcs, par, c.Duration, watch)
-				if err != nil {
-					return res, err
-				}
-				logf("%s N=%d: %s", p.Name, n, run.Summary())
-				res.Connections = append(res.Connections, run)
 			}
 		}
-	}
-	for _, path := range []string{pathVia, pathDirect} {
-		one, _ := dpSources(path, c.Sources)
-		run, err := e.bulkRun(ctx, path, dst[path][1], one, c.Duration)
-		if err != nil {
-			return res, err
+		for _, path := range roundPaths(round) {
+			one, _ := dpSources(path, c.Sources)
+			run, err := e.bulkRun(ctx, path, dst[path][1], one, c.Duration)
+			if err != nil {
+				return res, err
+			}
+			run.Round = round
+			logf("%s N=%d round %d: %s", p.Name, n, round, run.Summary())
+			res.Bulk = append(res.Bulk, run)
 		}
-		logf("%s N=%d: %s", p.Name, n, run.Summary())
-		res.Bulk = append(res.Bulk, run)
 	}
 	return res, nil
+}
+
+// roundPaths is the order of the paths in round (from 1): via first in odd
+// rounds, direct first in even ones, so that over two rounds each path has
+// run as often first as second and a steady drift of the host's speed
+// weighs on both alike.
+func roundPaths(round int) []string {
+	if round%2 == 0 {
+		return []string{pathDirect, pathVia}
+	}
+	return []string{pathVia, pathDirect}
 }
 
 // resetFlows starts a run from a clean slate: no conntrack entries on the

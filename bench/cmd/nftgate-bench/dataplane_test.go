@@ -265,16 +265,18 @@ func TestParseFlagsDataplane(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := cfg.Dataplane
-	if d.Duration != 10*time.Second || !slices.Equal(d.Parallel, []int{8, 64}) || d.Sources != 16 || d.Only || d.OwnCPU ||
+	if d.Duration != 10*time.Second || !slices.Equal(d.Parallel, []int{8, 64}) || d.Sources != 16 || d.Only || d.OwnCPU || d.Rounds != 1 ||
+		d.settings().Rounds != 0 ||
 		!slices.Equal(d.Proxiers, []string{proxNftgate, proxKPNFTables}) {
 		t.Errorf("defaults: %+v", d)
 	}
-	cfg, err = parseFlags(append(bins, "--dataplane-only", "--dataplane-duration", "60s", "--nftgate-config-extra", extra, "--dataplane-own-cpu"))
+	cfg, err = parseFlags(append(bins, "--dataplane-only", "--dataplane-duration", "60s", "--nftgate-config-extra", extra, "--dataplane-own-cpu",
+		"--dataplane-rounds", "3"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !cfg.Dataplane.Only || cfg.Changes != 0 || cfg.LatencyN != 0 || cfg.Dataplane.settings().NftgateConfigExtra != "# x\n" ||
-		!cfg.Dataplane.settings().OwnCPU {
+		!cfg.Dataplane.settings().OwnCPU || cfg.Dataplane.settings().Rounds != 3 {
 		t.Errorf("--dataplane-only: %+v, changes %d, latency samples %d", cfg.Dataplane, cfg.Changes, cfg.LatencyN)
 	}
 	if !slices.Equal(cfg.Proxiers, []string{proxNftgate, proxKPNFTables}) {
@@ -296,6 +298,8 @@ func TestParseFlagsDataplane(t *testing.T) {
 		{[]string{"--dataplane-proxiers", "ipvs"}, `--dataplane-proxiers: "ipvs"`},
 		{[]string{"--dataplane-parallel", "8,0"}, `--dataplane-parallel: "0"`},
 		{[]string{"--dataplane-sources", "65"}, "--dataplane-sources: 65"},
+		{[]string{"--dataplane-rounds", "0"}, "--dataplane-rounds: 0: want 1 to 20"},
+		{[]string{"--dataplane-rounds", "21"}, "--dataplane-rounds: 21"},
 		{[]string{"--dataplane-only", "--dataplane-duration", "0"}, "nothing to measure"},
 		{[]string{"--nftgate-config-extra", filepath.Join(dir, "missing.toml")}, "missing.toml"},
 	} {
@@ -412,5 +416,71 @@ func TestBelow(t *testing.T) {
 	live, err := processChildren()
 	if err != nil || !slices.Contains(below(live, 1), os.Getpid()) {
 		t.Errorf("this test's process is not below pid 1 in /proc: %v", err)
+	}
+}
+
+func TestRoundsTakeTurnsAndMerge(t *testing.T) {
+	if got := [][]string{roundPaths(1), roundPaths(2), roundPaths(3)}; !slices.Equal(got[0], []string{pathVia, pathDirect}) ||
+		!slices.Equal(got[1], []string{pathDirect, pathVia}) || !slices.Equal(got[2], got[0]) {
+		t.Errorf("paths of rounds 1, 2, 3: %v; want via first in odd rounds, direct first in even ones", got)
+	}
+	conn := func(path string, round int, perSecond float64, stalled int, p99 float64, tw int, retrans int64, gwCPU float64) ConnRun {
+		return ConnRun{Path: path, Round: round, Parallel: 8, Sources: 1,
+			ConnStats:       ConnStats{PerSecond: perSecond, Exchanges: int(perSecond * 10), Stalled: stalled, P50us: perSecond / 100, P99us: p99},
+			BackendTimeWait: tw, Client: map[string]int64{"TCPSynRetrans": retrans}, GatewayCPUSeconds: gwCPU}
+	}
+	// Taking turns, as measureDataplane runs them: direct first in round 2.
+	runs := []ConnRun{
+		conn(pathVia, 1, 900, 0, 9000, 0, 0, 2.0), conn(pathDirect, 1, 1000, 0, 8000, 0, 0, 2.0),
+		conn(pathDirect, 2, 2000, 1, 7000, 5, 2, 4.0), conn(pathVia, 2, 2000, 2, 12000, 7, 3, 4.0),
+		conn(pathVia, 3, 1300, 0, 8000, 1, 0, 3.0), conn(pathDirect, 3, 1000, 0, 6000, 0, 0, 2.0),
+	}
+	pairs := pairConns(runs)
+	if len(pairs) != 1 {
+		t.Fatalf("pairs = %+v; want one for the one setting", pairs)
+	}
+	p := pairs[0]
+	if !slices.Equal(p.Rounds, []float64{0.9, 1, 1.3}) {
+		t.Errorf("each round's ratio: %v; want 0.9, 1, 1.3 (via over the same round's direct)", p.Rounds)
+	}
+	if p.Via.PerSecond != 1400 || p.Direct.PerSecond != 4000.0/3 || p.Via.Exchanges != 42000 || p.Via.Stalled != 2 || p.Direct.Stalled != 1 ||
+		p.Via.P99us != 12000 || p.Via.P50us != 13 || p.Via.BackendTimeWait != 7 || p.Via.Client["TCPSynRetrans"] != 3 ||
+		p.Via.GatewayCPUSeconds != 9 || p.Via.Round != 0 {
+		t.Errorf("merged via %+v, direct %+v; want mean rates, sums of counts and CPU, worst p99 and TIME_WAIT, median p50", p.Via, p.Direct)
+	}
+	if runs[0].Client["TCPSynRetrans"] != 0 {
+		t.Errorf("merging wrote into the first run's counters: %v", runs[0].Client)
+	}
+	bulk := []BulkRun{
+		{Path: pathVia, Round: 1, Gbps: 3, Seconds: 10, Retransmits: 1, CPU: CPU{SoftirqSeconds: 6}},
+		{Path: pathDirect, Round: 1, Gbps: 4, Seconds: 10, CPU: CPU{SoftirqSeconds: 7}},
+		{Path: pathDirect, Round: 2, Gbps: 4, Seconds: 10, CPU: CPU{SoftirqSeconds: 7}},
+		{Path: pathVia, Round: 2, Gbps: 5, Seconds: 10, Retransmits: 2, CPU: CPU{SoftirqSeconds: 8}},
+	}
+	via, direct, rs, ok := bulkPair(bulk)
+	if !ok || via.Gbps != 4 || direct.Gbps != 4 || via.Retransmits != 3 || via.Seconds != 20 || via.SoftirqCores() != 0.7 ||
+		!slices.Equal(rs, []float64{0.75, 1.25}) {
+		t.Errorf("bulk: via %+v, direct %+v, rounds %v, ok %v", via, direct, rs, ok)
+	}
+	r := &Report{Started: time.Now(), Dataplane: &DataplaneSettings{Seconds: 10, Rounds: 3},
+		Results: []Result{{Proxier: proxNftgate, Services: 100, Dataplane: &DataplaneResult{Connections: runs, Bulk: bulk}}}}
+	md := r.Markdown()
+	for _, want := range []string{
+		"**3 rounds** (`--dataplane-rounds`)",
+		"| via/direct | each round | stalled via |",
+		"| nftgate | 100 | 8 | 1 | 1,400 | 1,333 | **1.05** | 0.90, 1.00, 1.30 | 2 | 1 | 12 ms | 8000 µs | 7 | 3 / 2 |",
+		"| via/direct | each round | softirq via (cores) |",
+		"| nftgate | 100 | 4.00 | 4.00 | **1.00** | 0.75, 1.25 | 0.70 | 0.70 |",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("results.md with rounds lacks %q:\n%s", want, md)
+		}
+	}
+	// One round: no column, the runs as they are.
+	r.Dataplane.Rounds = 0
+	r.Results[0].Dataplane = &DataplaneResult{Connections: runs[:2], Bulk: bulk[:2]}
+	md = r.Markdown()
+	if strings.Contains(md, "each round") || !strings.Contains(md, "| nftgate | 100 | 8 | 1 | 900 | 1,000 | **0.90** | 0 | 0 |") {
+		t.Errorf("results.md of one round:\n%s", md)
 	}
 }
