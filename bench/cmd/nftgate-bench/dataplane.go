@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/nftgate/nftgate/internal/testing/lab"
@@ -71,6 +72,9 @@ type DataplaneConfig struct {
 	// Rounds: how many times each run is made, via and direct taking
 	// turns (roundPaths).
 	Rounds int
+	// ServersRunning leaves kube-apiserver and etcd running during the
+	// runs, which otherwise pauses them (pauseServers).
+	ServersRunning bool
 }
 
 // dpMaxRounds bounds --dataplane-rounds.
@@ -90,6 +94,8 @@ func dataplaneFlags(fs *flag.FlagSet, c *DataplaneConfig) (check func() error) {
 		"the gateway on a CPU of its own, as on a box of its own: the proxier and the packets the gateway receives (RPS) on the last CPU, the clients, the backend and everything else on the others; each run also records that CPU's busy time")
 	fs.IntVar(&c.Rounds, "dataplane-rounds", 1,
 		"how many times each data-plane run is made, via and direct taking turns (via first in odd rounds, direct first in even ones); the report gives the means, their ratio and every round's ratio")
+	fs.BoolVar(&c.ServersRunning, "dataplane-servers-running", false,
+		"leave kube-apiserver and etcd running during each data-plane run (by default they are paused with SIGSTOP for the run and continued after it: they share the endpoints' CPUs, which set the rate)")
 	fs.StringVar(&c.NftgateConfigExtra, "nftgate-config-extra", "",
 		"TOML `file` appended to the configuration nftgate gets (--config), e.g. to measure masquerade or flowtable settings")
 	return func() error {
@@ -146,6 +152,10 @@ type DataplaneSettings struct {
 	OwnCPU bool `json:"own_cpu,omitempty"`
 	// Rounds: --dataplane-rounds, when more than one.
 	Rounds int `json:"rounds,omitempty"`
+	// ServersPaused: kube-apiserver and etcd were paused during each run
+	// (not --dataplane-servers-running; results of --source manifests have
+	// none to pause).
+	ServersPaused bool `json:"servers_paused,omitempty"`
 }
 
 func (c *DataplaneConfig) settings() *DataplaneSettings {
@@ -156,6 +166,7 @@ func (c *DataplaneConfig) settings() *DataplaneSettings {
 	if c.Rounds > 1 {
 		s.Rounds = c.Rounds
 	}
+	s.ServersPaused = !c.ServersRunning
 	if c.NftgateConfigExtra != "" {
 		b, _ := os.ReadFile(c.NftgateConfigExtra)
 		s.NftgateConfigExtra = string(b)
@@ -641,6 +652,43 @@ func roundPaths(round int) []string {
 	return []string{pathVia, pathDirect}
 }
 
+// pauseServers stops kube-apiserver and etcd (SIGSTOP) for a run, unless
+// --dataplane-servers-running or without a control plane (--source
+// manifests); resume continues them. On one machine they share the CPUs
+// the clients and the backend use, and a gateway has none of their work:
+// idle, with 10,000 Services, the two spent about 16% of that CPU in user
+// time during a run (and their system time more), in bursts that moved
+// each run's rate. The proxier keeps its watch connections, silent
+// meanwhile; nothing changes in a run.
+func (e *Env) pauseServers() (resume func() error, err error) {
+	if e.API == nil || e.Cfg.Dataplane.ServersRunning {
+		return func() error { return nil }, nil
+	}
+	return pauseProcesses(e.API.APIServerPID(), e.API.EtcdPID())
+}
+
+// pauseProcesses stops the processes (SIGSTOP; a pid of 0 is none), and
+// resume continues them. If one cannot be stopped, those stopped are
+// continued.
+func pauseProcesses(pids ...int) (resume func() error, err error) {
+	signal := func(sig syscall.Signal) error {
+		var errs []error
+		for _, pid := range pids {
+			if pid == 0 {
+				continue
+			}
+			if err := syscall.Kill(pid, sig); err != nil {
+				errs = append(errs, fmt.Errorf("%v to process %d: %w", sig, pid, err))
+			}
+		}
+		return errors.Join(errs...)
+	}
+	if err := signal(syscall.SIGSTOP); err != nil {
+		return nil, errors.Join(err, signal(syscall.SIGCONT))
+	}
+	return func() error { return signal(syscall.SIGCONT) }, nil
+}
+
 // resetFlows starts a run from a clean slate: no conntrack entries on the
 // gateway and no TIME_WAIT sockets on the backend, so a run does not
 // inherit the one before it. Within the run they build up as on a busy
@@ -686,11 +734,18 @@ func (e *Env) connRun(ctx context.Context, path string, dst netip.AddrPort, srcs
 	if err != nil {
 		return run, err
 	}
-	cpuBefore, err := watch.read()
+	resume, err := e.pauseServers()
 	if err != nil {
 		return run, err
 	}
+	cpuBefore, err := watch.read()
+	if err != nil {
+		return run, errors.Join(err, resume())
+	}
 	out, err := cmd.Output()
+	if err := resume(); err != nil {
+		return run, err
+	}
 	if err != nil {
 		return run, fmt.Errorf("connection test %s: %v: %.1000s", path, err, stderr.String())
 	}
@@ -739,14 +794,21 @@ func (e *Env) bulkRun(ctx context.Context, path string, dst netip.AddrPort, src 
 	}
 	cmd := e.Topo.Client.Command(ctx, "iperf3", "--client", dst.Addr().String(), "--port", strconv.Itoa(int(dst.Port())),
 		"--bind", src.String(), "--time", strconv.Itoa(int(d/time.Second)), "--json")
-	before, err := readCPU()
+	resume, err := e.pauseServers()
 	if err != nil {
 		return run, err
+	}
+	before, err := readCPU()
+	if err != nil {
+		return run, errors.Join(err, resume())
 	}
 	start := time.Now()
 	out, err := cmd.Output()
 	run.Seconds = time.Since(start).Seconds()
 	after, cerr := readCPU()
+	if rerr := resume(); rerr != nil {
+		return run, rerr
+	}
 	if cerr != nil {
 		return run, cerr
 	}

@@ -232,6 +232,11 @@ func (r *Report) DataplaneMarkdown() string {
 		"(one endpoint; the client is outside the cluster CIDRs, policy Cluster: masqueraded, the default), *direct*: the same "+
 		"backend by its address, routed by the same gateway without NAT — the limit. Each path from client addresses of its own. "+
 		"Each run lasts %.0f s and starts with the gateway's conntrack table flushed and no TIME_WAIT socket on the backend.\n\n", secs)
+	if r.Dataplane != nil && r.Dataplane.ServersPaused && r.Source != sourceManifests {
+		b.WriteString("kube-apiserver and etcd were paused (SIGSTOP) during each run and continued after it " +
+			"(`--dataplane-servers-running` leaves them running): they share the CPUs of the clients and the backend, " +
+			"which set the rate, and a gateway has none of their work. The proxier keeps its watch connections; nothing changes in a run.\n\n")
+	}
 	eachHead, eachAlign := "", ""
 	if rounds {
 		fmt.Fprintf(&b, "**%d rounds** (`--dataplane-rounds`): every run was made %d times, via and direct taking turns (via first in odd "+

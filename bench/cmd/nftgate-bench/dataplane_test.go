@@ -1,11 +1,14 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"fmt"
 	"math"
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -266,7 +269,7 @@ func TestParseFlagsDataplane(t *testing.T) {
 	}
 	d := cfg.Dataplane
 	if d.Duration != 10*time.Second || !slices.Equal(d.Parallel, []int{8, 64}) || d.Sources != 16 || d.Only || d.OwnCPU || d.Rounds != 1 ||
-		d.settings().Rounds != 0 ||
+		d.settings().Rounds != 0 || d.ServersRunning ||
 		!slices.Equal(d.Proxiers, []string{proxNftgate, proxKPNFTables}) {
 		t.Errorf("defaults: %+v", d)
 	}
@@ -276,7 +279,7 @@ func TestParseFlagsDataplane(t *testing.T) {
 		t.Fatal(err)
 	}
 	if !cfg.Dataplane.Only || cfg.Changes != 0 || cfg.LatencyN != 0 || cfg.Dataplane.settings().NftgateConfigExtra != "# x\n" ||
-		!cfg.Dataplane.settings().OwnCPU || cfg.Dataplane.settings().Rounds != 3 {
+		!cfg.Dataplane.settings().OwnCPU || cfg.Dataplane.settings().Rounds != 3 || !cfg.Dataplane.settings().ServersPaused {
 		t.Errorf("--dataplane-only: %+v, changes %d, latency samples %d", cfg.Dataplane, cfg.Changes, cfg.LatencyN)
 	}
 	if !slices.Equal(cfg.Proxiers, []string{proxNftgate, proxKPNFTables}) {
@@ -476,6 +479,18 @@ func TestRoundsTakeTurnsAndMerge(t *testing.T) {
 			t.Errorf("results.md with rounds lacks %q:\n%s", want, md)
 		}
 	}
+	if strings.Contains(md, "were paused") {
+		t.Errorf("results.md says the servers were paused, which the settings do not:\n%s", md)
+	}
+	r.Dataplane.ServersPaused = true
+	if md := r.Markdown(); !strings.Contains(md, "kube-apiserver and etcd were paused (SIGSTOP) during each run") {
+		t.Errorf("results.md does not say the servers were paused:\n%s", md)
+	}
+	r.Source = sourceManifests
+	if md := r.Markdown(); strings.Contains(md, "were paused") {
+		t.Errorf("results.md of --source manifests says servers were paused:\n%s", md)
+	}
+	r.Source = ""
 	// One round: no column, the runs as they are.
 	r.Dataplane.Rounds = 0
 	r.Results[0].Dataplane = &DataplaneResult{Connections: runs[:2], Bulk: bulk[:2]}
@@ -483,4 +498,44 @@ func TestRoundsTakeTurnsAndMerge(t *testing.T) {
 	if strings.Contains(md, "each round") || !strings.Contains(md, "| nftgate | 100 | 8 | 1 | 900 | 1,000 | **0.90** | 0 | 0 |") {
 		t.Errorf("results.md of one round:\n%s", md)
 	}
+}
+
+func TestPauseProcesses(t *testing.T) {
+	cmd := exec.Command("sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	state := func() string {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", cmd.Process.Pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		return f[0]
+	}
+	waitState := func(want func(string) bool, what string) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for s := state(); !want(s); s = state() {
+			if time.Now().After(deadline) {
+				t.Fatalf("sleep's state %q, want %s", s, what)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	resume, err := pauseProcesses(cmd.Process.Pid, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitState(func(s string) bool { return s == "T" }, "stopped")
+	if err := resume(); err != nil {
+		t.Fatal(err)
+	}
+	waitState(func(s string) bool { return s != "T" }, "running again")
+	// One that cannot be signalled: an error, and the other is continued.
+	if _, err := pauseProcesses(cmd.Process.Pid, 1<<22+1); err == nil {
+		t.Error("pausing a process that does not exist: no error")
+	}
+	waitState(func(s string) bool { return s != "T" }, "continued after the other failed")
 }
