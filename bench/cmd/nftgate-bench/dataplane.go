@@ -532,6 +532,20 @@ type BulkRun struct {
 	Retransmits int     `json:"retransmits"`
 	Seconds     float64 `json:"seconds"`
 	CPU
+	// With --dataplane-own-cpu, the gateway's CPU and its busy time over
+	// the run, and the proxier's own CPU time (as ConnRun's).
+	GatewayCPU        *int    `json:"gateway_cpu,omitempty"`
+	GatewayCPUSeconds float64 `json:"gateway_cpu_seconds,omitempty"`
+	ProxierCPUSeconds float64 `json:"proxier_cpu_seconds,omitempty"`
+}
+
+// GatewayBusy is how busy the gateway's own CPU was over the run, 0 to 1,
+// less the proxier's own work; -1 without a CPU of its own.
+func (b BulkRun) GatewayBusy() float64 {
+	if b.GatewayCPU == nil || b.Seconds <= 0 {
+		return -1
+	}
+	return max(b.GatewayCPUSeconds-b.ProxierCPUSeconds, 0) / b.Seconds
 }
 
 // CPU is the host's CPU time over a run, from /proc/stat, in seconds
@@ -629,7 +643,7 @@ func (e *Env) measureDataplane(ctx context.Context, proc *Proc, p *Proxier, n in
 		}
 		for _, path := range roundPaths(round) {
 			one, _ := dpSources(path, c.Sources)
-			run, err := e.bulkRun(ctx, path, dst[path][1], one, c.Duration)
+			run, err := e.bulkRun(ctx, path, dst[path][1], one, c.Duration, watch)
 			if err != nil {
 				return res, err
 			}
@@ -787,8 +801,8 @@ func (b BulkRun) Summary() string {
 		b.Path, b.Dst, b.Gbps, b.Retransmits, b.SoftirqCores(), b.SoftirqPerGiB(), b.SystemSeconds, b.UserSeconds)
 }
 
-func (e *Env) bulkRun(ctx context.Context, path string, dst netip.AddrPort, src netip.Addr, d time.Duration) (BulkRun, error) {
-	run := BulkRun{Path: path, Dst: dst.String()}
+func (e *Env) bulkRun(ctx context.Context, path string, dst netip.AddrPort, src netip.Addr, d time.Duration, watch cpuWatch) (BulkRun, error) {
+	run := BulkRun{Path: path, Dst: dst.String(), GatewayCPU: watch.GatewayCPU}
 	if err := e.resetFlows(ctx); err != nil {
 		return run, err
 	}
@@ -802,17 +816,27 @@ func (e *Env) bulkRun(ctx context.Context, path string, dst netip.AddrPort, src 
 	if err != nil {
 		return run, errors.Join(err, resume())
 	}
+	wBefore, err := watch.read()
+	if err != nil {
+		return run, errors.Join(err, resume())
+	}
 	start := time.Now()
 	out, err := cmd.Output()
 	run.Seconds = time.Since(start).Seconds()
+	wAfter, werr := watch.read()
 	after, cerr := readCPU()
 	if rerr := resume(); rerr != nil {
 		return run, rerr
 	}
-	if cerr != nil {
+	if cerr = errors.Join(cerr, werr); cerr != nil {
 		return run, cerr
 	}
 	run.CPU = after.sub(before)
+	run.ProxierCPUSeconds = (wAfter.proxier - wBefore.proxier).Seconds()
+	if g := watch.GatewayCPU; g != nil {
+		k := "cpu" + strconv.Itoa(*g)
+		run.GatewayCPUSeconds = wAfter.busy[k] - wBefore.busy[k]
+	}
 	gbps, retr, perr := parseIperf(out)
 	if err != nil || perr != nil {
 		return run, fmt.Errorf("iperf3 %s to %s: %w", path, dst, errors.Join(err, perr))

@@ -149,12 +149,29 @@ func mergeBulk(runs []BulkRun) BulkRun {
 		m.UserSeconds += r.UserSeconds
 		m.SystemSeconds += r.SystemSeconds
 		m.SoftirqSeconds += r.SoftirqSeconds
+		m.GatewayCPUSeconds += r.GatewayCPUSeconds
+		m.ProxierCPUSeconds += r.ProxierCPUSeconds
 	}
 	m.Gbps /= float64(len(runs))
 	if len(runs) > 1 {
 		m.Round = 0
 	}
 	return m
+}
+
+// gatewayBusyCell is " 0.62 / 0.55 |" with a CPU of its own (– for a run
+// without the figure), else nothing.
+func gatewayBusyCell(ownCPU bool, via, direct BulkRun) string {
+	if !ownCPU {
+		return ""
+	}
+	one := func(b BulkRun) string {
+		if f := b.GatewayBusy(); f >= 0 {
+			return fmt.Sprintf("%.2f", f)
+		}
+		return "–"
+	}
+	return " " + one(via) + " / " + one(direct) + " |"
 }
 
 // roundsCell is every round's ratio, "0.97, 1.02, 0.99".
@@ -181,6 +198,7 @@ func viaRatio(via, direct float64) string {
 func (r *Report) DataplaneMarkdown() string {
 	var conns, bulk, shards bytes.Buffer
 	rounds := r.Dataplane != nil && r.Dataplane.Rounds > 1
+	ownCPU := r.Dataplane != nil && r.Dataplane.OwnCPU
 	// With rounds, a column of every round's ratio after the ratio.
 	each := func(rs []float64) string {
 		if !rounds {
@@ -209,9 +227,10 @@ func (r *Report) DataplaneMarkdown() string {
 				counterPair(p.Via.Gateway, p.Direct.Gateway, "insert_failed"), cpuPair(p.Via, p.Direct))
 		}
 		if via, direct, rs, ok := bulkPair(res.Dataplane.Bulk); ok {
-			fmt.Fprintf(&bulk, "| %s | %s | %.2f | %.2f | **%s** |%s %.2f | %.2f | %.2f | %.2f | %d / %d |\n",
+			fmt.Fprintf(&bulk, "| %s | %s | %.2f | %.2f | **%s** |%s %.2f | %.2f | %.2f | %.2f | %d / %d |%s\n",
 				res.Proxier, thousands(res.Services), via.Gbps, direct.Gbps, viaRatio(via.Gbps, direct.Gbps), each(rs),
-				via.SoftirqCores(), direct.SoftirqCores(), via.SoftirqPerGiB(), direct.SoftirqPerGiB(), via.Retransmits, direct.Retransmits)
+				via.SoftirqCores(), direct.SoftirqCores(), via.SoftirqPerGiB(), direct.SoftirqPerGiB(), via.Retransmits, direct.Retransmits,
+				gatewayBusyCell(ownCPU, via, direct))
 		}
 	}
 	extra := ""
@@ -255,7 +274,6 @@ func (r *Report) DataplaneMarkdown() string {
 		"dropped and retransmitted after 1 s) and *listen drops* (TcpExtListenDrops: the server's queue was full); the gateway's " +
 		"*conntrack insertion clashes* (insert_failed: a new connection's SYN dropped because another entry took its tuple first, " +
 		"retransmitted after 1 s). The JSON has every counter recorded.\n\n")
-	ownCPU := r.Dataplane != nil && r.Dataplane.OwnCPU
 	if ownCPU {
 		b.WriteString("**The gateway on a CPU of its own** (`--dataplane-own-cpu`), as on a box of its own: the packets the gateway's " +
 			"interfaces receive are steered to the last CPU (RPS: forwarding, NAT, conntrack and the proxier's rules run there), " +
@@ -288,9 +306,15 @@ func (r *Report) DataplaneMarkdown() string {
 	b.WriteString("\nBulk: one iperf3 TCP stream, client to backend. Softirq: the machine's softirq time from /proc/stat during " +
 		"the run (all namespaces share the kernel; forwarding, NAT and conntrack at the gateway and the TCP receive at both ends " +
 		"run there, so via minus direct is the gateway's extra work), per second of the run (cores) and per GiB moved. " +
-		"The machine is shared: other work counts too.\n\n")
-	b.WriteString("| Proxier | N | via Gbit/s | direct Gbit/s | via/direct |" + eachHead + " softirq via (cores) | direct | softirq via (s/GiB) | direct | retransmits via / direct |\n")
-	b.WriteString("|---|---:|---:|---:|---:|" + eachAlign + "---:|---:|---:|---:|---:|\n")
+		"The machine is shared: other work counts too.")
+	busyHead, busyAlign := "", ""
+	if ownCPU {
+		b.WriteString(" *Gateway CPU busy*: the share of the gateway's own CPU the run kept busy (its busy time less the " +
+			"proxier's own, over the run): near 1.00 the gateway, not the endpoints, set the rate.")
+		busyHead, busyAlign = " gateway CPU busy via / direct |", "---:|"
+	}
+	b.WriteString("\n\n| Proxier | N | via Gbit/s | direct Gbit/s | via/direct |" + eachHead + " softirq via (cores) | direct | softirq via (s/GiB) | direct | retransmits via / direct |" + busyHead + "\n")
+	b.WriteString("|---|---:|---:|---:|---:|" + eachAlign + "---:|---:|---:|---:|---:|" + busyAlign + "\n")
 	b.Write(bulk.Bytes())
 	b.WriteString(extra)
 	return b.String()

@@ -106,7 +106,7 @@ func TestPairConnsAndMarkdown(t *testing.T) {
 		"| nftgate | 10,000 | 8 | 1 | 966 | 10,496 | **0.09** | 104 | 0 | 1020 ms | 900 µs | 24,000 | 110 / 2 | 1,500 / 0 | 0 / 2 | 3 / 0 | 86.5 / 82.4 µs |\n",
 		"| nftgate | 10,000 | 64 | 16 | 9,000 | 10,000 | **0.90** | 0 | 0 | 0 µs | 0 µs | 0 | – / – | – / – | – / – | – / – | – / – µs |\n",
 		"| conntrack insertion clashes | CPU a connection via / direct |\n", "share the machine's CPUs",
-		"| nftgate | 10,000 | 9.00 | 10.00 | **0.90** | 0.50 | 0.40 | 0.48 | 0.34 | 3 / 0 |",
+		"| nftgate | 10,000 | 9.00 | 10.00 | **0.90** | 0.50 | 0.40 | 0.48 | 0.34 | 3 / 0 |\n",
 		"```toml\n[masquerade]\npool = []\n```",
 		"- nftgate at 10,000 Services: 16 shards; a new connection via the Service passes 13 of their NAT chains, one direct all 16.\n",
 	} {
@@ -137,8 +137,18 @@ func TestPairConnsAndMarkdown(t *testing.T) {
 	runs[0].ProxierCPUSeconds = 0.2 // the proxier's own work is not counted
 	r.Dataplane.OwnCPU = true
 	md = r.Markdown()
+	// The bulk runs from before the gateway's CPU was recorded: dashes.
+	for _, want := range []string{"| retransmits via / direct | gateway CPU busy via / direct |\n", "| 3 / 0 | – / – |\n"} {
+		if !strings.Contains(md, want) {
+			t.Errorf("results.md with --dataplane-own-cpu, bulk without its gateway CPU, lacks %q:\n%s", want, md)
+		}
+	}
+	bulk := r.Results[0].Dataplane.Bulk
+	bulk[0].GatewayCPU, bulk[0].GatewayCPUSeconds, bulk[0].ProxierCPUSeconds = &gw, 9.1, 0.1 // over 10 s
+	bulk[1].GatewayCPU, bulk[1].GatewayCPUSeconds = &gw, 5.5
+	md = r.Markdown()
 	for _, want := range []string{"**The gateway on a CPU of its own**", "| gateway CPU a connection via / direct |\n",
-		"| 0 / 2 | 3 / 0 | 55.0 / 47.5 µs |\n"} {
+		"| 0 / 2 | 3 / 0 | 55.0 / 47.5 µs |\n", "*Gateway CPU busy*", "| 3 / 0 | 0.90 / 0.55 |\n"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("results.md with --dataplane-own-cpu lacks %q:\n%s", want, md)
 		}
