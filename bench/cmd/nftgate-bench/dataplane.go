@@ -409,11 +409,17 @@ func (w cpuWatch) read() (cpuReading, error) {
 // record sets run's CPU figures from the readings before and after it.
 func (w cpuWatch) record(run *ConnRun, before, after cpuReading) {
 	run.CPUSeconds = after.busy["cpu"] - before.busy["cpu"]
-	run.ProxierCPUSeconds = (after.proxier - before.proxier).Seconds()
+	run.GatewayCPUSeconds, run.ProxierCPUSeconds = w.between(before, after)
+}
+
+// between is the gateway CPU's busy time (0 without one) and the
+// proxier's CPU time from one reading to the next, in seconds.
+func (w cpuWatch) between(before, after cpuReading) (gateway, proxier float64) {
 	if w.GatewayCPU != nil {
 		k := "cpu" + strconv.Itoa(*w.GatewayCPU)
-		run.GatewayCPUSeconds = after.busy[k] - before.busy[k]
+		gateway = after.busy[k] - before.busy[k]
 	}
+	return gateway, (after.proxier - before.proxier).Seconds()
 }
 
 // conntrackCounters are the gateway's conntrack counters a run records
@@ -832,11 +838,7 @@ func (e *Env) bulkRun(ctx context.Context, path string, dst netip.AddrPort, src 
 		return run, cerr
 	}
 	run.CPU = after.sub(before)
-	run.ProxierCPUSeconds = (wAfter.proxier - wBefore.proxier).Seconds()
-	if g := watch.GatewayCPU; g != nil {
-		k := "cpu" + strconv.Itoa(*g)
-		run.GatewayCPUSeconds = wAfter.busy[k] - wBefore.busy[k]
-	}
+	run.GatewayCPUSeconds, run.ProxierCPUSeconds = watch.between(wBefore, wAfter)
 	gbps, retr, perr := parseIperf(out)
 	if err != nil || perr != nil {
 		return run, fmt.Errorf("iperf3 %s to %s: %w", path, dst, errors.Join(err, perr))
