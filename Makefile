@@ -33,11 +33,15 @@ else
 	$(BUILD)/nftgate-demo --nftgate $(BUILD)/nftgate --manifests $(CURDIR)/examples/manifests -- $(NFTGATE_ARGS)
 endif
 
-# Static checks that every change must pass.
+# Static checks that every change must pass. vet compiles every dependency
+# first; with -race it compiles them as `go test -race` does (the project has
+# no file behind a race build tag, so the same files are vetted), and the test
+# run finds them in the build cache: on a cold cache each is compiled once,
+# not twice.
 check:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
 	if [ -n "$$unformatted" ]; then echo "gofmt would change: $$unformatted"; exit 1; fi
-	$(GO) vet ./...
+	$(GO) vet -race ./...
 
 # Every test, as root: real nftables, conntrack, network namespaces, a real
 # kube-apiserver and etcd, headless Chromium and a QEMU boot of the image.
