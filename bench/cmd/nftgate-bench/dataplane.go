@@ -763,15 +763,17 @@ func (e *Env) connRun(ctx context.Context, path string, dst netip.AddrPort, srcs
 		return run, errors.Join(err, resume())
 	}
 	out, err := cmd.Output()
-	if err := resume(); err != nil {
-		return run, err
+	// The after-reading comes before the servers continue, as in bulkRun:
+	// the reading covers the run alone.
+	cpuAfter, werr := watch.read()
+	if rerr := resume(); rerr != nil {
+		return run, rerr
 	}
 	if err != nil {
 		return run, fmt.Errorf("connection test %s: %v: %.1000s", path, err, stderr.String())
 	}
-	cpuAfter, err := watch.read()
-	if err != nil {
-		return run, err
+	if werr != nil {
+		return run, werr
 	}
 	watch.record(&run, cpuBefore, cpuAfter)
 	backendAfter, err := readNetstat(e.Topo.Backend)
