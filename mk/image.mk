@@ -166,7 +166,7 @@ vmtest-api-update: vmtest-api-check
 
 # The API-backed test needs kube-apiserver and etcd (mk/kube.mk), and BIRD
 # (mk/bgp.mk) as the upstream router the VM announces its addresses to.
-vmtest: vmtest-deps vmtest-image kube-bin kube-deps bgp-deps
+vmtest: vmtest-deps vmtest-image kube-apiserver kube-deps bgp-deps
 	NFTGATE_VMTEST_IMAGE=$(VMTEST_IMAGE) NFTGATE_VMTEST_PASSWORD_FILE=$(VMTEST_PASSWORD_FILE) \
 		NFTGATE_VMTEST_NFTGATE_PASSWORD_FILE=$(VMTEST_NFTGATE_PASSWORD_FILE) \
 		NFTGATE_VMTEST_GOKRAZY_CERT=$(VMTEST_GOKRAZY_TLS_DIR)/cert.pem \
