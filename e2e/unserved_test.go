@@ -175,12 +175,18 @@ func newUnservedLab(t *testing.T, config string, v6 bool) *edgeLab {
 // from the address (ruleset/unserved.go); with answer_service_address_ping
 // off it is unserved traffic, refused with "port unreachable" (which also
 // holds the unserved rules to real IPv6 traffic). Floods of requests with
-// ever new identifiers are answered up to the limits (testEchoLimits).
+// ever new identifiers are answered up to the limits (testEchoLimits): the
+// defaults, and rates the configuration sets.
 func TestEdgePingServiceAddress(t *testing.T) {
 	for _, tc := range []struct {
 		name, config string
 		answer       bool
-	}{{"answered", "", true}, {"off", "answer_service_address_ping = false\n", false}} {
+		rate, source int
+	}{
+		{"answered", "", true, ruleset.DefaultEchoRate, ruleset.DefaultEchoSourceRate},
+		{"rates set", "answer_service_address_ping_rate = 300\nanswer_service_address_ping_source_rate = 50\n", true, 300, 50},
+		{"off", "answer_service_address_ping = false\n", false, 0, 0},
+	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newUnservedLab(t, tc.config, true)
 			for i, vip := range []netip.Addr{edgeFirst, edgeFirst6} {
@@ -201,19 +207,19 @@ func TestEdgePingServiceAddress(t *testing.T) {
 			if !tc.answer {
 				return
 			}
-			testEchoLimits(t, e)
+			testEchoLimits(t, e, tc.rate, tc.source)
 		})
 	}
 }
 
 // testEchoLimits floods the gateway with echo requests to the Service's
 // addresses, each a new flow (identifier), from addresses of the outside
-// client: one source is answered up to ruleset.EchoSourceRate a second (and
-// as many at once), and another source's requests right after its flood
-// are answered (with the global limit alone they were not); two addresses of
-// one IPv6 /64 share that rate; sixteen sources flooding at once are
-// answered up to ruleset.EchoRate all together.
-func testEchoLimits(t *testing.T, e *edgeLab) {
+// client: one source is answered up to sourceRate a second (and as many at
+// once), and another source's requests right after its flood are answered
+// (with the global limit alone they were not); two addresses of one IPv6
+// /64 share that rate; sixteen sources flooding at once are answered up to
+// rate all together (sixteen sources' own rates add up to more).
+func testEchoLimits(t *testing.T, e *edgeLab, rate, sourceRate int) {
 	flooder, flooder6, neighbour6 := netip.MustParseAddr("198.18.7.10"), netip.MustParseAddr("fd42:7::10"), netip.MustParseAddr("fd42:7::11")
 	added := []netip.Prefix{netip.PrefixFrom(flooder, 24), netip.PrefixFrom(flooder6, 64), netip.PrefixFrom(neighbour6, 64)}
 	var many []netip.Addr
@@ -239,7 +245,7 @@ func testEchoLimits(t *testing.T, e *edgeLab) {
 		t.Fatal(err)
 	}
 	<-f.Sending()
-	const others = 50
+	others := min(50, sourceRate) // within that source's credit
 	o, err := lab.StartPingFlood(e.outside.Do, edgeOutside.Addr(), edgeFirst, 0x1800, others, time.Second)
 	if err != nil {
 		f.Wait()
@@ -250,10 +256,10 @@ func testEchoLimits(t *testing.T, e *edgeLab) {
 		t.Fatal(err)
 	}
 	t.Logf("one source: %d echo requests sent in %v: %d answered (at most %d by its rate)",
-		sent, sending.Round(time.Millisecond), echoed, most(ruleset.EchoSourceRate, sending))
-	if echoed > most(ruleset.EchoSourceRate, sending) || echoed < ruleset.EchoSourceRate/2 {
+		sent, sending.Round(time.Millisecond), echoed, most(sourceRate, sending))
+	if echoed > most(sourceRate, sending) || echoed < sourceRate/2 {
 		t.Errorf("%d of %d echo requests from one source answered in %v, want %d to %d", echoed, sent, sending,
-			ruleset.EchoSourceRate/2, most(ruleset.EchoSourceRate, sending))
+			sourceRate/2, most(sourceRate, sending))
 	}
 	oEchoed, _, oSending, err := o.Wait()
 	if err != nil {
@@ -275,8 +281,8 @@ func testEchoLimits(t *testing.T, e *edgeLab) {
 		dst  netip.Addr
 		rate int
 	}{
-		{"two addresses of one IPv6 /64", []netip.Addr{flooder6, neighbour6}, edgeFirst6, ruleset.EchoSourceRate},
-		{"sixteen sources", many, edgeFirst, ruleset.EchoRate},
+		{"two addresses of one IPv6 /64", []netip.Addr{flooder6, neighbour6}, edgeFirst6, sourceRate},
+		{"sixteen sources", many, edgeFirst, rate},
 	} {
 		start := time.Now()
 		floods := make([]*lab.PingFlood, len(tc.from))

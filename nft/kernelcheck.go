@@ -96,7 +96,7 @@ func kernelProbesFor(cfg *ruleset.Config) []kernelProbe {
 		probes = append(probes, midstreamWaitProbes()...)
 	}
 	if !cfg.ServiceEchoOff {
-		probes = append(probes, echoProbes()...)
+		probes = append(probes, echoProbes(cfg)...)
 	}
 	return probes
 }
@@ -104,7 +104,7 @@ func kernelProbesFor(cfg *ruleset.Config) []kernelProbe {
 // echoProbes try, per family, the rule that answers echo requests to the
 // Service addresses (ruleset.Config.ServiceEchoOff), limits (one of them a
 // set element's) and redirect without a port, in a NAT prerouting chain.
-func echoProbes() []kernelProbe {
+func echoProbes(cfg *ruleset.Config) []kernelProbe {
 	var ps []kernelProbe
 	for _, f := range ruleset.Families {
 		w := " (" + f.String() + ")"
@@ -113,7 +113,7 @@ func echoProbes() []kernelProbe {
 			add: func(b *probeBatch) {
 				b.set(f, &ruleset.Set{Name: ruleset.SetServiceAddrs, Shape: ruleset.KeyAddr})
 				b.set(f, ruleset.EchoSourcesSet())
-				b.rule(b.natPrerouting(f), ruleset.EchoRule()...)
+				b.rule(b.natPrerouting(f), ruleset.EchoRule(cfg)...)
 			}})
 	}
 	return ps

@@ -89,6 +89,11 @@ type Config struct {
 	// IP is not answered by the gateway (unserved.go) but treated as the
 	// other unserved traffic.
 	ServiceEchoOff bool
+	// EchoRate and EchoSourceRate bound the echo flows to Service
+	// addresses the gateway answers a second, from all sources together
+	// and from one (unserved.go); zero takes DefaultEchoRate and
+	// DefaultEchoSourceRate.
+	EchoRate, EchoSourceRate uint32
 	// UntranslatedEventsOff: conntrack reports no event of a connection
 	// whose destination nftgate did not translate (routed traffic, the
 	// gateway's own connections): with state sync, whose listener wants

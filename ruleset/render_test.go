@@ -88,6 +88,7 @@ var goldenTunes = map[string]func(*ruleset.Config){
 		cfg.MasqueradePortGroups = 2     // the pick-up without the CPU's range
 		cfg.UntranslatedEventsOff = true // with state sync, as DropMidstreamTCP
 		cfg.LeanServiceEvents = true     // its fewer events (conntrack_events = "lean")
+		cfg.EchoRate, cfg.EchoSourceRate = 300, 50
 	},
 	"keep-client-address": func(cfg *ruleset.Config) { cfg.KeepClientAddress = true },
 }

@@ -138,7 +138,7 @@ func echoRules(cfg *Config) []Rule {
 	if cfg.ServiceEchoOff {
 		return nil
 	}
-	return []Rule{EchoRule()}
+	return []Rule{EchoRule(cfg)}
 }
 
 func echoSets(cfg *Config) []*Set {
@@ -149,13 +149,29 @@ func echoSets(cfg *Config) []*Set {
 }
 
 // EchoRule redirects an echo request to a Service address to the gateway,
-// up to EchoSourceRate new echo flows a second from one source and
-// EchoRate from all together. The source's limit comes first, so that a
-// source beyond its own rate takes nothing from the others'.
-func EchoRule() Rule {
+// up to the configured new echo flows a second from one source and from
+// all together (Config.EchoSourceRate and EchoRate: by default
+// DefaultEchoSourceRate and DefaultEchoRate). The source's limit comes
+// first, so that a source beyond its own rate takes nothing from the
+// others'.
+func EchoRule(cfg *Config) Rule {
+	all, one := cfg.echoRates()
 	return Rule{MatchEchoRequest{}, MatchAddrInSet{Dir: Dst, Set: SetServiceAddrs},
-		LimitBySource{Set: SetEchoSources, Rate: EchoSourceRate, Burst: EchoSourceRate},
-		LimitRate{Rate: EchoRate, Burst: EchoRate}, RedirectHere{}}
+		LimitBySource{Set: SetEchoSources, Rate: uint64(one), Burst: one},
+		LimitRate{Rate: uint64(all), Burst: all}, RedirectHere{}}
+}
+
+// echoRates are the echo flows a second answered from all sources and
+// from one, the defaults where the configuration gives none.
+func (c *Config) echoRates() (all, one uint32) {
+	all, one = c.EchoRate, c.EchoSourceRate
+	if all == 0 {
+		all = DefaultEchoRate
+	}
+	if one == 0 {
+		one = DefaultEchoSourceRate
+	}
+	return all, one
 }
 
 // EchoSourcesSet is the set of the sources' limits, filled by the packet
@@ -164,40 +180,43 @@ func EchoSourcesSet() *Set {
 	return &Set{Name: SetEchoSources, Timeout: EchoSourceTimeout, Size: EchoSources}
 }
 
-// EchoRate bounds the echo flows to Service addresses that the gateway
-// begins to answer, a second, all together (and as many more at once). An
-// echo flow is a source and an identifier (one ping process), one
+// DefaultEchoRate bounds the echo flows to Service addresses that the
+// gateway begins to answer, a second, all together (and as many more at
+// once), unless Config.EchoRate says otherwise. An echo flow is a source
+// and an identifier (one ping process), one
 // conntrack entry that lives 30 s past its last request: NAT chains see
 // its first request only, and the rest are answered as the gateway answers
 // a ping to its own address. So a flood of requests with ever new
-// identifiers or sources holds at most about 30 × EchoRate entries. A
+// identifiers or sources holds at most about 30 × the rate entries. A
 // flow beyond the rate is unserved traffic (rejected by default, which the
 // kernel's ICMP rate limit bounds in turn). Operators' pings and a
 // monitoring system's are far below it; one source's are bounded lower
-// (EchoSourceRate).
-const EchoRate = 1000
+// (DefaultEchoSourceRate).
+const DefaultEchoRate = 1000
 
 // A source (an IPv4 address, an IPv6 /64: what one host or subscriber
-// holds) begins at most EchoSourceRate echo flows a second (and as many
-// more at once), so that one source flooding with new identifiers cannot
-// take the whole EchoRate from the others' pings: with the global limit
-// alone, another source's requests right after such a flood went
-// unanswered (1 of 50 answered, e2e TestEdgePingServiceAddress). A
-// monitoring system pinging a hundred Service addresses a second from one
-// host stays within it. SetEchoSources holds each recent source with its limit's
-// credit; an element expires EchoSourceTimeout after its source's last new
-// flow (by then its credit is whole again, so nothing is forgotten that
-// the limit needs). The set holds at most EchoSources sources: a flood from
-// more sources than that in EchoSourceTimeout (spoofed, 8,000 a second)
+// holds) begins at most DefaultEchoSourceRate echo flows a second (and as
+// many more at once) unless Config.EchoSourceRate says otherwise, so that
+// one source flooding with new identifiers cannot take the whole rate
+// from the others' pings: with the global limit alone, another source's
+// requests right after such a flood went unanswered (1 of 50 answered, e2e
+// TestEdgePingServiceAddress). A monitoring system pinging a hundred
+// Service addresses a second from one host stays within the default.
+// SetEchoSources holds each recent source with its limit's credit; an
+// element expires EchoSourceTimeout after its source's last new flow (by
+// then its credit is whole again, whatever the rate: the credit is a
+// second's worth, so nothing is forgotten that the limit needs). The set
+// holds at most EchoSources sources: a flood from more sources than that
+// in EchoSourceTimeout (spoofed, 8,000 a second)
 // fills it, and a source not in it is then not answered until elements
 // expire; under the global limit alone, such a flood takes nearly all of
 // the rate anyway.
 const (
-	SetEchoSources    = "echo-sources"
-	EchoSourceRate    = 100
-	EchoSourceTimeout = 2 * time.Second
-	EchoSources       = 16384
-	EchoSourcePrefix6 = 64
+	SetEchoSources        = "echo-sources"
+	DefaultEchoSourceRate = 100
+	EchoSourceTimeout     = 2 * time.Second
+	EchoSources           = 16384
+	EchoSourcePrefix6     = 64
 )
 
 // echoSourceMask6 is the mask of an IPv6 source's EchoSourcePrefix6.

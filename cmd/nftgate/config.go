@@ -55,8 +55,12 @@ type Config struct {
 	UnservedServiceTraffic string `toml:"unserved_service_traffic"`
 	// AnswerServiceAddressPing: the gateway answers an ICMP echo request
 	// to a LoadBalancer or external IP itself (ruleset/unserved.go).
-	AnswerServiceAddressPing bool   `toml:"answer_service_address_ping"`
-	Shards                   Shards `toml:"shards"`
+	AnswerServiceAddressPing bool `toml:"answer_service_address_ping"`
+	// ServicePingRate and ServicePingSourceRate bound the echo flows it
+	// answers a second, from all sources and from one.
+	ServicePingRate       int    `toml:"answer_service_address_ping_rate"`
+	ServicePingSourceRate int    `toml:"answer_service_address_ping_source_rate"`
+	Shards                Shards `toml:"shards"`
 	// ProxyProtocolPort is where the PROXY protocol proxy listens (0:
 	// off); the other two keys bound it (see cmd/nftgate/proxy.go).
 	ProxyProtocolPort           uint16   `toml:"proxy_protocol_port"`
@@ -164,6 +168,8 @@ func defaults() Config {
 		EndpointSelection:           defaultSelection,
 		UnservedServiceTraffic:      unservedReject,
 		AnswerServiceAddressPing:    true,
+		ServicePingRate:             ruleset.DefaultEchoRate,
+		ServicePingSourceRate:       ruleset.DefaultEchoSourceRate,
 		ProxyProtocolPort:           proxy.DefaultPort,
 		ProxyProtocolMaxConnections: proxy.DefaultMaxConnections,
 		ProxyProtocolDialTimeout:    Duration(proxy.DefaultDialTimeout),

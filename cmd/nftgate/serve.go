@@ -59,6 +59,8 @@ func (c *Config) ruleset() ruleset.Config {
 		MidstreamWait:         c.midstreamWait(),
 		Unserved:              c.unserved(),
 		ServiceEchoOff:        !c.AnswerServiceAddressPing,
+		EchoRate:              uint32(c.ServicePingRate),
+		EchoSourceRate:        uint32(c.ServicePingSourceRate),
 		UntranslatedEventsOff: c.untranslatedEventsOff(),
 		LeanServiceEvents:     c.leanServiceEvents(),
 		TrafficElements:       uint32(c.CountersTrafficElements),
