@@ -425,9 +425,28 @@ func loadConfig(name string, args []string) (*Config, *flag.FlagSet, error) {
 		return nil, fs, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
 	if err := cfg.validate(); err != nil {
-		return nil, fs, err
+		return nil, fs, configSource(path, fs, err)
 	}
 	return &cfg, fs, nil
+}
+
+// configSource names where a configuration that failed validation came
+// from: the file, and the flags given beside it (which override its keys).
+// Without a file, the error names the key and the value alone.
+func configSource(path string, fs *flag.FlagSet, err error) error {
+	if path == "" {
+		return err
+	}
+	var flags []string
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name != "config" {
+			flags = append(flags, "--"+f.Name)
+		}
+	})
+	if len(flags) > 0 {
+		return fmt.Errorf("config %s with flags %s: %w", path, strings.Join(flags, " "), err)
+	}
+	return fmt.Errorf("config %s: %w", path, err)
 }
 
 // Bounds of the configuration's values; config.toml documents them.

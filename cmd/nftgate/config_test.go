@@ -97,6 +97,26 @@ func checkConfigErrors(t *testing.T, cases []badConfig) {
 	}
 }
 
+// An error of a value the file gave names the file, and the flags given
+// beside it (which may have set the value instead); without a file, the
+// key and the value alone.
+func TestBadConfigNamesTheFile(t *testing.T) {
+	path := writeConfig(t, "node_name = \"n\"\nanswer_service_address_ping_rate = 0\n")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--config", path}, "config " + path + ": answer_service_address_ping_rate: 0 is not"},
+		{[]string{"--config", path, "--answer-service-address-ping-rate", "200000"}, "config " + path + " with flags --answer-service-address-ping-rate: answer_service_address_ping_rate: 200000 is not"},
+		{[]string{"--node-name", "n", "--answer-service-address-ping-rate", "0"}, "answer_service_address_ping_rate: 0 is not"},
+	} {
+		_, _, err := loadConfig("nftgate", tc.args)
+		if err == nil || !strings.HasPrefix(err.Error(), tc.want) {
+			t.Errorf("%v: error %v, want it to begin %q", tc.args, err, tc.want)
+		}
+	}
+}
+
 func TestBadConfigNamesTheField(t *testing.T) {
 	checkConfigErrors(t, []badConfig{
 		{file: "bogus = 1\n", want: []string{"unknown key bogus"}},
