@@ -30,7 +30,7 @@ var ErrBinariesMissing = errors.New("kubernetes binaries missing")
 func BinDir() (string, error) {
 	if dir := os.Getenv(EnvBinDir); dir != "" {
 		if err := checkBin(dir, "kube-apiserver"); err != nil {
-			return "", fmt.Errorf("kubetest: %s=%s: %w (run `make kube-bin` and point %s at its output)",
+			return "", fmt.Errorf("kubetest: %s=%s: %w (run `make kube-apiserver` and point %s at its output)",
 				EnvBinDir, dir, err, EnvBinDir)
 		}
 		return dir, nil
@@ -42,7 +42,7 @@ func BinDir() (string, error) {
 	}
 	dir := filepath.Join(root, "build")
 	if err := checkBin(dir, "kube-apiserver"); err != nil {
-		return "", fmt.Errorf("kubetest: %w; run `make kube-bin` in %s (or set %s)", err, root, EnvBinDir)
+		return "", fmt.Errorf("kubetest: %w; run `make kube-apiserver` in %s (or set %s)", err, root, EnvBinDir)
 	}
 	return dir, nil
 }

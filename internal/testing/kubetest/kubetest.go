@@ -6,8 +6,8 @@
 // namespace, where only processes in that namespace (and this process,
 // through RESTConfig) can reach it.
 //
-// kube-apiserver is built by `make kube-bin` (tools/k8s/build.sh); etcd is
-// Debian's (`make kube-deps`).
+// kube-apiserver is built by `make kube-apiserver` (`make kube-bin` builds
+// kube-proxy too; tools/k8s/build.sh); etcd is Debian's (`make kube-deps`).
 package kubetest
 
 import (
@@ -143,7 +143,7 @@ func newControlPlane(opts Options) (*ControlPlane, error) {
 			return nil, err
 		}
 	} else if err := checkBin(binDir, "kube-apiserver"); err != nil {
-		return nil, fmt.Errorf("kubetest: Options.BinDir %q: %w; run `make kube-bin`", opts.BinDir, err)
+		return nil, fmt.Errorf("kubetest: Options.BinDir %q: %w; run `make kube-apiserver`", opts.BinDir, err)
 	}
 	etcdBin := opts.Etcd
 	if etcdBin == "" {

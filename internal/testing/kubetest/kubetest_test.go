@@ -437,7 +437,7 @@ func TestOptionsErrors(t *testing.T) {
 	}{
 		{"bad address", Options{Address: "localhost", BinDir: empty}, `Options.Address "localhost": not an IP address`},
 		{"missing netns", Options{NetNS: "kubetest-no-such-ns"}, `Options.NetNS "kubetest-no-such-ns"`},
-		{"empty bin dir", Options{BinDir: empty}, "make kube-bin"},
+		{"empty bin dir", Options{BinDir: empty}, "make kube-apiserver"},
 		{"missing etcd", Options{BinDir: fakeBinDir(t), Etcd: filepath.Join(empty, "etcd")}, "make kube-deps"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -466,8 +466,8 @@ func TestBinDirEnv(t *testing.T) {
 	empty := t.TempDir()
 	t.Setenv(EnvBinDir, empty)
 	_, err := BinDir()
-	if !errors.Is(err, ErrBinariesMissing) || !strings.Contains(err.Error(), "make kube-bin") {
-		t.Errorf("BinDir with empty %s: %v, want ErrBinariesMissing naming make kube-bin", EnvBinDir, err)
+	if !errors.Is(err, ErrBinariesMissing) || !strings.Contains(err.Error(), "make kube-apiserver") {
+		t.Errorf("BinDir with empty %s: %v, want ErrBinariesMissing naming make kube-apiserver", EnvBinDir, err)
 	}
 	dir := fakeBinDir(t)
 	t.Setenv(EnvBinDir, dir)
