@@ -221,6 +221,13 @@ func (e *encoder) addSet(s *ruleset.Set) {
 		}
 		w.u32(unix.NFTA_SET_DATA_TYPE, addr<<concatTypeBits|typeInetService)
 		w.u32(unix.NFTA_SET_DATA_LEN, e.f.AddrLen()+4)
+	case s.Addresses:
+		addr := uint32(typeIPAddr)
+		if e.f == ruleset.IPv6 {
+			addr = typeIP6Addr
+		}
+		w.u32(unix.NFTA_SET_DATA_TYPE, addr)
+		w.u32(unix.NFTA_SET_DATA_LEN, e.f.AddrLen())
 	case s.Map:
 		w.u32(unix.NFTA_SET_DATA_TYPE, nftDataVerdict)
 		w.u32(unix.NFTA_SET_DATA_LEN, 0)
@@ -441,6 +448,9 @@ func (e *encoder) elements(els []ruleset.Element, del bool) {
 			key = appendKey(key[:0], shape, el.Key)
 			w.value(unix.NFTA_SET_ELEM_KEY, key)
 			switch {
+			case el.To.IsValid() && !del && m == ruleset.MapMidstreamHomes:
+				data = append(data[:0], el.To.Addr().AsSlice()...)
+				w.value(unix.NFTA_SET_ELEM_DATA, data)
 			case el.To.IsValid() && !del:
 				data = appendEndpoint(data[:0], el.To)
 				w.value(unix.NFTA_SET_ELEM_DATA, data)
@@ -520,10 +530,11 @@ func (e *encoder) body(o *ruleset.Ops) {
 	e.fail(e.w.err)
 }
 
-// encodeBatch encodes the operations of every table of ts, and the
-// deletion of the tables in drop, into one batch; with a note on every
-// message when describe is set.
-func encodeBatch(ts *ruleset.Tables, ds []*ruleset.Ops, drop []ruleset.TableRef, forget []trafficKey, describe bool) (*batch, error) {
+// encodeBatch encodes the operations of every table of ts, the deletion
+// of the tables in drop, the destruction of the traffic elements of forget
+// and the parts extra encode, into one batch; with a note on every message
+// when describe is set.
+func encodeBatch(ts *ruleset.Tables, ds []*ruleset.Ops, drop []ruleset.TableRef, forget []trafficKey, describe bool, extra ...func(*atomic.Uint32, bool) *wire) (*batch, error) {
 	var lastID atomic.Uint32
 	head := newWire(4096, 64, describe)
 	head.marker(unix.NFNL_MSG_BATCH_BEGIN)
@@ -606,6 +617,11 @@ func encodeBatch(ts *ruleset.Tables, ds []*ruleset.Ops, drop []ruleset.TableRef,
 	}
 	if len(forget) > 0 {
 		bt.parts = append(bt.parts, encodeForget(ts, &lastID, forget, describe))
+	}
+	for _, x := range extra {
+		if w := x(&lastID, describe); w != nil {
+			bt.parts = append(bt.parts, w)
+		}
 	}
 	for _, w := range bt.parts {
 		if w.err != nil {

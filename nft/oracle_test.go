@@ -162,6 +162,9 @@ func setDefinition(table *nftables.Table, f ruleset.Family, s *ruleset.Set) *nft
 		addr = nftables.TypeIP6Addr
 	}
 	switch {
+	case s.Shape == ruleset.KeySlot && s.Addresses:
+		ns.IsMap, ns.DataType, ns.KeyType = true, addr, nftables.TypeInteger
+		ns.KeyByteOrder = binaryutil.NativeEndian
 	case s.Shape == ruleset.KeySlot:
 		ns.IsMap, ns.DataType, ns.KeyType = true, nftables.TypeVerdict, nftables.TypeInteger
 		ns.KeyByteOrder = binaryutil.NativeEndian

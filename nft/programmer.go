@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nftgate/nftgate/model"
@@ -97,6 +98,10 @@ type Programmer struct {
 	// beforeReceive, when set, runs before each read of the
 	// notification socket: tests hold the watcher there.
 	beforeReceive func()
+	// homes are the elements of the maps of homes (SetMidstreamHomes);
+	// homesDue tells that the next batch writes them.
+	homes    []ruleset.Element
+	homesDue bool
 }
 
 // reconcileRounds is how many full syncs it takes to read every rule back.
@@ -325,6 +330,22 @@ func (p *Programmer) Config() ruleset.Config {
 func (p *Programmer) Full(services map[model.ServiceKey]*model.Service) (Result, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	res, err := p.full(services)
+	if err == nil && len(p.homes) > 0 && (res.ReadBack || res.Counts.SetsAdded > 0) {
+		// The maps of homes may be new (read back: another program
+		// changed the tables; or made anew): their elements again.
+		p.homesDue = true
+	}
+	if err == nil && p.homesDue {
+		if err = p.writeHomes(); err != nil {
+			// Due still: the next full sync tries again.
+			err = fmt.Errorf("the map %s: %w", ruleset.MapMidstreamHomes, err)
+		}
+	}
+	return res, err
+}
+
+func (p *Programmer) full(services map[model.ServiceKey]*model.Service) (Result, error) {
 	start := time.Now()
 	wanted := p.chooseLayout(len(services))
 	res := Result{Full: true, Shards: p.cfg.ShardCount(), ShardsWanted: wanted}
@@ -691,11 +712,12 @@ func (p *Programmer) attempt(res *Result, changes map[model.ServiceKey]*model.Se
 	return nil, false
 }
 
-// commit encodes the operations of every table, and the deletion of the
-// tables in drop, into one batch and sends it. It returns the number of
-// messages and how long the kernel took to answer.
-func (p *Programmer) commit(ds []*ruleset.Ops, drop []ruleset.TableRef, forget []trafficKey) (int, time.Duration, error) {
-	w, err := encodeBatch(p.tables, ds, drop, forget, false)
+// commit encodes the operations of every table, the deletion of the
+// tables in drop and the rest (encodeBatch) into one batch and sends it.
+// It returns the number of messages and how long the kernel took to
+// answer.
+func (p *Programmer) commit(ds []*ruleset.Ops, drop []ruleset.TableRef, forget []trafficKey, extra ...func(*atomic.Uint32, bool) *wire) (int, time.Duration, error) {
+	w, err := encodeBatch(p.tables, ds, drop, forget, false, extra...)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -703,7 +725,7 @@ func (p *Programmer) commit(ds []*ruleset.Ops, drop []ruleset.TableRef, forget [
 	// A refused batch is encoded again, with notes, to name the messages
 	// the kernel refused: the encoding is deterministic.
 	describe := func() []note {
-		d, err := encodeBatch(p.tables, ds, drop, forget, true)
+		d, err := encodeBatch(p.tables, ds, drop, forget, true, extra...)
 		if err != nil {
 			return nil
 		}

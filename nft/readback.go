@@ -198,8 +198,8 @@ func (r *reader) readSets(name string, f ruleset.Family, st *ruleset.TableState,
 			def.Timeout = int64(s.Timeout.Seconds())
 		}
 		st.Sets[s.Name] = def
-		if def.Shape == 0 || def.Shape == ruleset.KeyTraffic {
-			continue // filled by the packet path, or not nftgate's
+		if def.Shape == 0 || def.Shape == ruleset.KeyTraffic || s.Name == ruleset.MapMidstreamHomes {
+			continue // filled by the packet path or at run time (SetMidstreamHomes), or not nftgate's
 		}
 		first, other := true, false
 		if err := r.eachElem(f, name, s.Name, func(e *setElem) error {

@@ -269,6 +269,8 @@ type Set struct {
 	// Endpoints makes a map an endpoint map: its data is an endpoint's
 	// address and port, not a verdict (endpoints.go).
 	Endpoints bool
+	// Addresses makes a map's data an address (MapMidstreamHomes).
+	Addresses bool
 }
 
 // Hook attaches a base chain to a netfilter hook.

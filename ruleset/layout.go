@@ -356,6 +356,8 @@ func SetShape(name string) KeyShape {
 		return KeyTraffic
 	case SetRefusedSYNs, SetMidstreamWaiting, SetMidstreamWaited:
 		return KeyConn
+	case MapMidstreamHomes:
+		return KeySlot
 	}
 	if strings.HasPrefix(name, MaglevClusterKind+"-") || strings.HasPrefix(name, MaglevLocalKind+"-") {
 		return KeySlot

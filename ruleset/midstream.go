@@ -2,6 +2,7 @@ package ruleset
 
 import (
 	"fmt"
+	"net/netip"
 	"time"
 
 	"github.com/nftgate/nftgate/model"
@@ -110,9 +111,13 @@ func midstreamWait(cfg *Config, f Family) ([]*Set, []*Chain) {
 	tcp := MatchL4Proto{Proto: model.TCP}
 	pickUp := Verdict{Kind: Return}
 	var chains []*Chain
-	if masqueradePortGroups(cfg) > 1 {
+	homes := MidstreamHomesModulus(cfg, f)
+	if homes > 0 {
+		sets = append(sets, &Set{Name: MapMidstreamHomes, Map: true, Shape: KeySlot, Addresses: true})
+	}
+	if masqueradePortGroups(cfg) > 1 || homes > 0 {
 		pickUp = Verdict{Kind: Goto, Chain: ChainMidstreamPickUp}
-		chains = append(chains, &Chain{Name: ChainMidstreamPickUp, Rules: append(leanEventsRules(cfg), anyPortRules(cfg, f)...)})
+		chains = append(chains, &Chain{Name: ChainMidstreamPickUp, Rules: append(leanEventsRules(cfg), pickUpRules(cfg, f, homes)...)})
 	}
 	giveUp := append(append(Rule{tcp, MatchCtConnInSet{Set: SetMidstreamWaited}}, count...), pickUp)
 	start := append(append(Rule{tcp, AddConn{Set: SetMidstreamWaiting}, AddConn{Set: SetMidstreamWaited}}, count...), Verdict{Kind: Drop})
@@ -145,4 +150,114 @@ func (m MatchCtConnInSet) AppendText(b []byte, f Family) []byte {
 func (m MatchCtConnInSet) Encode(f Family, s bc.Sink) {
 	loadCtConn(f, s)
 	s.Lookup(bc.Lookup{Sreg: bc.Reg1, Set: m.Set})
+}
+
+// pickUpRules translate a connection given up: with homes (the modulus of
+// MapMidstreamHomes) first to the address its element gives, if any (the
+// dead peer's address its client hashes to, where this gateway holds it),
+// else to this gateway's addresses without the CPU's range of ports.
+func pickUpRules(cfg *Config, f Family, homes uint32) []Rule {
+	if homes == 0 {
+		return anyPortRules(cfg, f)
+	}
+	toggle := SetMark{Bit: MasqueradeBitOf(cfg), Xor: true}
+	home := Rule{SNATHome{Seed: cfg.hashSeed(), Modulus: homes, Map: MapMidstreamHomes}}
+	return append([]Rule{{toggle}, home}, translateRules(cfg, f, Ports{})...)
+}
+
+// MapMidstreamHomes maps a bucket of the client's address hash (modulo
+// MidstreamHomesModulus) to the address of a dead peer's pool that the
+// peer masqueraded that client to, for the buckets whose address this
+// gateway holds. nftgate writes its elements at run time
+// (MidstreamHomeElements); a bucket without one is masqueraded to this
+// gateway's own addresses.
+const MapMidstreamHomes = "midstream-homes"
+
+// maxHomesModulus bounds MidstreamHomesModulus: pools whose sizes have a
+// larger least common multiple get no map (their pick-ups are
+// masqueraded to this gateway's own addresses).
+const maxHomesModulus = 4096
+
+// MidstreamHomesModulus is the modulus of MapMidstreamHomes in family f:
+// the least common multiple of the sizes of the peers' pools of f, so
+// that every pool's choice is a run of buckets (jhash scales the hash to
+// the modulus rather than taking a remainder); 0 without the map (no
+// bounded wait, no peer pool of f, or a multiple past maxHomesModulus).
+func MidstreamHomesModulus(cfg *Config, f Family) uint32 {
+	if !cfg.MidstreamBounded() {
+		return 0
+	}
+	m := uint32(0)
+	for _, pool := range cfg.PeerMasquerade {
+		n := uint32(0)
+		for _, a := range pool {
+			if Of(a) == f {
+				n++
+			}
+		}
+		if n == 0 {
+			continue
+		}
+		if m == 0 {
+			m = n
+			continue
+		}
+		a, b := m, n
+		for b != 0 {
+			a, b = b, a%b
+		}
+		if m = m / a * n; m > maxHomesModulus {
+			return 0
+		}
+	}
+	return m
+}
+
+// MidstreamHomeElements are the elements of MapMidstreamHomes in family f
+// for a dead peer's pool (its addresses of f, sorted, as its masquerading
+// chain hashes over them: MasqueradePool), those of the buckets whose
+// address held tells this gateway holds.
+func MidstreamHomeElements(cfg *Config, f Family, pool []netip.Addr, held func(netip.Addr) bool) []Element {
+	k := MidstreamHomesModulus(cfg, f)
+	own := poolOf(pool, f)
+	if k == 0 || len(own) == 0 || k%uint32(len(own)) != 0 {
+		return nil
+	}
+	per := k / uint32(len(own))
+	var out []Element
+	for i := range k {
+		a := own[i/per]
+		if held(a) {
+			out = append(out, Element{Map: MapMidstreamHomes, Key: Key{Slot: i}, To: netip.AddrPortFrom(a, 0)})
+		}
+	}
+	return out
+}
+
+// SNATHome translates the source to the address the client's address
+// hashes to in a map of buckets (MapMidstreamHomes), keeping the port
+// where it is free; without an element the rule does not match.
+type SNATHome struct {
+	Seed    uint32
+	Modulus uint32
+	Map     string
+}
+
+// AppendText writes "snat ip to jhash ip saddr mod 2 seed 0x7 map @map".
+func (n SNATHome) AppendText(b []byte, f Family) []byte {
+	b = fmt.Appendf(b, "snat %s to jhash %s saddr mod %d seed 0x%x map @", f, f, n.Modulus, n.Seed)
+	return append(b, n.Map...)
+}
+
+// Encode hashes the source address as HashBucket does, looks the bucket
+// up into the address register and translates the source to it.
+func (n SNATHome) Encode(f Family, s bc.Sink) {
+	fam := uint32(IPv4)
+	if f == IPv6 {
+		fam = uint32(IPv6)
+	}
+	s.Payload(loadAddr(f, Src, bc.Reg2, f.AddrLen()))
+	s.Hash(bc.Hash{Sreg: bc.Reg2, Dreg: bc.Reg1, Len: f.AddrLen(), Modulus: n.Modulus, Seed: n.Seed})
+	s.Lookup(bc.Lookup{Sreg: bc.Reg1, Set: n.Map, Dreg: bc.Reg1, HasDreg: true})
+	s.NAT(bc.NAT{Type: bc.NATSource, Family: fam, RegAddr: bc.Reg1})
 }

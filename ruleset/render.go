@@ -80,6 +80,13 @@ type Config struct {
 	// one connection are dropped; the first after is picked up (see
 	// midstream.go). Zero drops them without bound.
 	MidstreamWait time.Duration
+	// PeerMasquerade are the home masquerade addresses of each other
+	// gateway of an active-active set, one pool per peer. With the
+	// bounded wait, a connection given up may then be masqueraded to the
+	// address of a dead peer's pool its client hashes to (map
+	// MapMidstreamHomes, whose elements are written at run time:
+	// MidstreamHomeElements).
+	PeerMasquerade [][]netip.Addr
 	// Unserved is what becomes of a packet to a LoadBalancer or external
 	// IP that no Service port translated (unserved.go): by default a new
 	// connection is rejected and an invalid packet dropped, rather than
@@ -395,15 +402,23 @@ func markRule(cfg *Config) Rule {
 	return Rule{mark}
 }
 
-// MasqueradePool is family f's masquerade addresses, in the configured
-// order (the order decides which clients each is given).
+// MasqueradePool is family f's masquerade addresses, sorted (the order
+// decides which clients each is given).
 func MasqueradePool(cfg *Config, f Family) []netip.Addr {
+	return poolOf(cfg.MasqueradeAddresses, f)
+}
+
+// poolOf are the addresses of family f in addrs, sorted: the pool's order
+// is the hash's choice, so another gateway of the set knows it
+// (MidstreamHomeElements) whatever order each configuration lists them in.
+func poolOf(addrs []netip.Addr, f Family) []netip.Addr {
 	var out []netip.Addr
-	for _, a := range cfg.MasqueradeAddresses {
+	for _, a := range addrs {
 		if Of(a) == f {
 			out = append(out, a)
 		}
 	}
+	slices.SortFunc(out, netip.Addr.Compare)
 	return out
 }
 

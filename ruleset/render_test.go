@@ -89,6 +89,9 @@ var goldenTunes = map[string]func(*ruleset.Config){
 		cfg.UntranslatedEventsOff = true // with state sync, as DropMidstreamTCP
 		cfg.LeanServiceEvents = true     // its fewer events (conntrack_events = "lean")
 		cfg.EchoRate, cfg.EchoSourceRate = 300, 50
+		// Active-active peers: pools of one and two IPv4 addresses (the
+		// homes map's modulus 2), and one IPv6 address.
+		cfg.PeerMasquerade = [][]netip.Addr{world.Addrs("198.51.100.210"), world.Addrs("198.51.100.220", "198.51.100.221", "2001:db8:ff::220")}
 	},
 	"keep-client-address": func(cfg *ruleset.Config) { cfg.KeepClientAddress = true },
 }

@@ -202,6 +202,9 @@ type keyedElement struct {
 }
 
 func setType(f Family, s *Set) string {
+	if s.Shape == KeySlot && s.Addresses {
+		return "typeof numgen inc mod 2 : " + f.String() + " saddr"
+	}
 	if s.Shape == KeySlot {
 		// A 32-bit integer in host byte order, as jhash writes it. nft
 		// takes no "type integer" in a map, and of the expressions with

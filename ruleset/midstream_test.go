@@ -1,0 +1,92 @@
+package ruleset_test
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nftgate/nftgate/ruleset"
+)
+
+// The map of homes has, per family, the least common multiple of the peers'
+// pool sizes as its modulus, and a dead peer's pool of n addresses takes
+// runs of modulus/n buckets, in the pool's order (jhash scales the hash to
+// the modulus, so bucket i of k is bucket i·n/k of n); only the held ones.
+func TestMidstreamHomes(t *testing.T) {
+	a := func(s ...string) []netip.Addr {
+		var out []netip.Addr
+		for _, x := range s {
+			out = append(out, netip.MustParseAddr(x))
+		}
+		return out
+	}
+	cfg := &ruleset.Config{DropMidstreamTCP: true, MidstreamWait: time.Second,
+		PeerMasquerade: [][]netip.Addr{a("10.0.0.1", "10.0.0.2"), a("10.0.1.1", "10.0.1.2", "10.0.1.3", "fd00::1")}}
+	if m := ruleset.MidstreamHomesModulus(cfg, ruleset.IPv4); m != 6 {
+		t.Errorf("IPv4 modulus %d, want 6 (pools of 2 and 3)", m)
+	}
+	if m := ruleset.MidstreamHomesModulus(cfg, ruleset.IPv6); m != 1 {
+		t.Errorf("IPv6 modulus %d, want 1", m)
+	}
+	var got []string
+	for _, e := range ruleset.MidstreamHomeElements(cfg, ruleset.IPv4, cfg.PeerMasquerade[1], func(x netip.Addr) bool { return x != netip.MustParseAddr("10.0.1.2") }) {
+		got = append(got, fmt.Sprintf("%d:%s", e.Key.Slot, e.To.Addr()))
+	}
+	if want := "0:10.0.1.1 1:10.0.1.1 4:10.0.1.3 5:10.0.1.3"; strings.Join(got, " ") != want {
+		t.Errorf("elements %v, want %s", got, want)
+	}
+	pool := func(n int, net byte) []netip.Addr {
+		out := make([]netip.Addr, n)
+		for i := range out {
+			out[i] = netip.AddrFrom4([4]byte{10, net, byte(i >> 8), byte(i)})
+		}
+		return out
+	}
+	for _, c := range []struct {
+		name string
+		cfg  ruleset.Config
+	}{
+		{"no bounded wait", ruleset.Config{DropMidstreamTCP: true, PeerMasquerade: cfg.PeerMasquerade}},
+		{"no peer pool", ruleset.Config{DropMidstreamTCP: true, MidstreamWait: time.Second}},
+		{"a multiple past the bound", ruleset.Config{DropMidstreamTCP: true, MidstreamWait: time.Second,
+			PeerMasquerade: [][]netip.Addr{pool(61, 1), pool(67, 2), pool(2, 3)}}},
+	} {
+		if m := ruleset.MidstreamHomesModulus(&c.cfg, ruleset.IPv4); m != 0 {
+			t.Errorf("%s: modulus %d, want none", c.name, m)
+		}
+	}
+}
+
+// A pool's bucket in the map of homes is the bucket its gateway's
+// masquerading chose: the kernel's jhash scales the hash to the modulus
+// (reciprocal_scale: h·m/2³²), so for every hash the home's element of
+// bucket h·k/2³² is the address of index h·n/2³² of the sorted pool.
+func TestMidstreamHomesFollowTheHashScale(t *testing.T) {
+	scale := func(h uint32, m uint32) uint32 { return uint32(uint64(h) * uint64(m) >> 32) }
+	for _, sizes := range [][]int{{1, 2}, {2, 3}, {3, 4, 6}, {5}, {7, 2}} {
+		cfg := &ruleset.Config{DropMidstreamTCP: true, MidstreamWait: time.Second}
+		for i, n := range sizes {
+			var pool []netip.Addr
+			for j := n - 1; j >= 0; j-- { // listed backwards: the pool is sorted
+				pool = append(pool, netip.AddrFrom4([4]byte{10, byte(i), 0, byte(j)}))
+			}
+			cfg.PeerMasquerade = append(cfg.PeerMasquerade, pool)
+		}
+		k := ruleset.MidstreamHomesModulus(cfg, ruleset.IPv4)
+		for i, pool := range cfg.PeerMasquerade {
+			els := ruleset.MidstreamHomeElements(cfg, ruleset.IPv4, pool, func(netip.Addr) bool { return true })
+			if len(els) != int(k) {
+				t.Fatalf("sizes %v: %d elements, want %d", sizes, len(els), k)
+			}
+			for h := uint32(0); h < 1<<32-1<<20; h += 1<<20 + 12345 {
+				got := els[scale(h, k)].To.Addr()
+				want := netip.AddrFrom4([4]byte{10, byte(i), 0, byte(scale(h, uint32(sizes[i])))})
+				if got != want {
+					t.Fatalf("sizes %v, pool %d, hash %#x: bucket %d of %d gives %v, the pool's own choice is %v", sizes, i, h, scale(h, k), k, got, want)
+				}
+			}
+		}
+	}
+}
