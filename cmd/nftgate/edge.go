@@ -20,6 +20,7 @@ import (
 	"github.com/nftgate/nftgate/ipam"
 	"github.com/nftgate/nftgate/loop"
 	"github.com/nftgate/nftgate/model"
+	"github.com/nftgate/nftgate/ruleset"
 	"github.com/nftgate/nftgate/source"
 )
 
@@ -43,13 +44,15 @@ type edge struct {
 	// (statesync.go).
 	statesync *stateSync
 	gate      *announce.Gate
+	// stopHomes ends the writer of the map of homes (homes.go), if any.
+	stopHomes context.CancelFunc
 }
 
 // startEdge starts the announcers the configuration asks for, before the
 // sources run. The BGP speaker opens its sessions with the first sync's
 // routes (bgp.Speaker.Set), so that after a restart the peers keep the
 // routes they hold (graceful restart) until that sync is announced.
-func startEdge(cfg *Config, reg prometheus.Registerer, log *slog.Logger) (*edge, error) {
+func startEdge(cfg *Config, homes func([]ruleset.Element) error, reg prometheus.Registerer, log *slog.Logger) (*edge, error) {
 	e := &edge{policy: cfg.ipamPolicy}
 	if cfg.BGP != nil {
 		s, err := bgp.New(*cfg.BGP, log)
@@ -74,7 +77,7 @@ func startEdge(cfg *Config, reg prometheus.Registerer, log *slog.Logger) (*edge,
 			return nil, err
 		}
 	}
-	if err := e.startGateways(cfg, reg, log); err != nil {
+	if err := e.startGateways(cfg, homes, reg, log); err != nil {
 		e.close(false)
 		return nil, err
 	}
@@ -171,6 +174,9 @@ func (e *edge) run(ctx context.Context) error {
 // withdrawal, so that the peers keep the routes for the graceful restart
 // time while the next nftgate starts.
 func (e *edge) close(drain bool) {
+	if e.stopHomes != nil {
+		e.stopHomes()
+	}
 	if e.speaker != nil && drain {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		_ = e.speaker.Stop(ctx)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/nftgate/nftgate/announce"
 	"github.com/nftgate/nftgate/gateways"
+	"github.com/nftgate/nftgate/ruleset"
 )
 
 // startGateways joins the gateway set of [gateways]: the announcers then
@@ -18,8 +20,8 @@ import (
 // mode every address, while the Service addresses of active-active mode go
 // over BGP from every gateway, once this gateway is ready. With the state
 // sync on, its Ready is the Set's ready gate (Options.Ready) and its OnPeer
-// the Set's.
-func (e *edge) startGateways(cfg *Config, reg prometheus.Registerer, log *slog.Logger) error {
+// the Set's; with the map of homes (homes.go) the Set tells it too.
+func (e *edge) startGateways(cfg *Config, homes func([]ruleset.Element) error, reg prometheus.Registerer, log *slog.Logger) error {
 	if cfg.Gateways == nil {
 		return nil
 	}
@@ -46,6 +48,8 @@ func (e *edge) startGateways(cfg *Config, reg prometheus.Registerer, log *slog.L
 	}
 	opts := gateways.Options{Key: key, Log: log, OnChange: e.gate.Held, OnReady: e.gate.Ready}
 	e.statesync.hook(&opts)
+	h := newMidstreamHomes(cfg, homes, log)
+	h.hook(&opts)
 	// The Service routes every gateway announces in active-active mode
 	// wait for the same ready gate as the addresses.
 	e.gate.SharedWaits = opts.Ready != nil
@@ -54,6 +58,11 @@ func (e *edge) startGateways(cfg *Config, reg prometheus.Registerer, log *slog.L
 		return err
 	}
 	e.gateways = s
+	if h != nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		e.stopHomes = cancel
+		go h.run(ctx)
+	}
 	if e.statesync != nil {
 		if err := e.statesync.s.Attach(s); err != nil {
 			return err

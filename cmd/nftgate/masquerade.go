@@ -40,6 +40,23 @@ func (c *Config) validateMasquerade(bad func(key, format string, args ...any)) {
 	}
 }
 
+// peerPools are each peer's home masquerade addresses, one pool per peer,
+// in active-active mode with the bounded wait for a replica
+// (ruleset.Config.PeerMasquerade: a connection given up may keep a dead
+// peer's address).
+func (c *Config) peerPools() [][]netip.Addr {
+	if c.Gateways == nil || c.Gateways.Mode != gateways.ModeActiveActive || c.midstreamWait() == 0 {
+		return nil
+	}
+	var out [][]netip.Addr
+	for _, p := range c.Gateways.Peers {
+		if as := c.Gateways.Homes[p.Name]; len(as) > 0 {
+			out = append(out, as)
+		}
+	}
+	return out
+}
+
 // floatingMasquerade are the masquerade addresses this gateway announces
 // while it holds them: its own, and in active-active mode its peers',
 // which it takes over when they die.

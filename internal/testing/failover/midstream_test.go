@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"regexp"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -144,9 +145,13 @@ func listConn(h *lab.Host, local netip.AddrPort) (string, error) {
 // Active/backup, one masquerade address that moves with the Service
 // address and the client's port kept (masquerade_ports_by_cpu = false):
 // picked up, it is the endpoint's connection again, and the line comes
-// back. Active/active: the survivor masquerades it to its own address,
-// the endpoint resets it, and the client learns at once. Without the
-// bound the connection hangs either way.
+// back. Active/active, three gateways: the survivor that took over the
+// failed gateway's masquerade address (its successor) masquerades it to
+// that address, the client's port kept, and the line comes back; the
+// other survivor masquerades it to its own address, the endpoint resets
+// it, and the client learns at once. Without the bound the connection
+// hangs either way; without the successor's map of the dead gateway's
+// addresses (mutation) the endpoint resets it at the successor too.
 //
 // Active/backup with masquerade ports by CPU (the default): the client
 // opens the connection on one CPU from a port in that CPU's share, so its
@@ -163,7 +168,12 @@ func TestNftgateGivesUpWaitingForAReplicaThatNeverComes(t *testing.T) {
 		ecmp       bool
 		reset      bool
 		portsByCPU bool
-	}{{"active-backup", false, false, false}, {"active-backup-ports-by-cpu", false, false, true}, {"active-active", true, true, false}} {
+		// successor: in active/active, the survivor the client's
+		// packets reach after the failure is the one that took over
+		// the failed gateway's masquerade address.
+		successor bool
+	}{{"active-backup", false, false, false, false}, {"active-backup-ports-by-cpu", false, false, true, false},
+		{"active-active-successor", true, false, false, true}, {"active-active-other", true, true, false, false}} {
 		t.Run(tc.name, func(t *testing.T) {
 			// With ports by CPU: the connection opened on CPU open, the
 			// line after the failure sent on CPU after, of another group.
@@ -219,12 +229,16 @@ func TestNftgateGivesUpWaitingForAReplicaThatNeverComes(t *testing.T) {
 					t.Fatalf("the connection's gateway masqueraded it to port %d (%v), want the client's %d: the test's premise (the SYN on CPU %d) failed", port, err, local.Port(), open)
 				}
 			}
-			if tc.ecmp {
-				pinTo(t, topo, survivor)
-			}
 			failed, err := topo.Fail(origin)
 			if err != nil {
 				t.Fatal(err)
+			}
+			if tc.ecmp {
+				successor := waitSuccessor(t, gs, origin)
+				if survivor = successor; !tc.successor {
+					survivor = 3 - origin - successor
+				}
+				pinTo(t, topo, survivor)
 			}
 			local := netip.MustParseAddrPort(c.LocalAddr().String())
 			if n, err := entries(topo.Gateways[survivor], local); err != nil || n != 0 {
@@ -272,6 +286,32 @@ func TestNftgateGivesUpWaitingForAReplicaThatNeverComes(t *testing.T) {
 			}
 		})
 	}
+}
+
+// waitSuccessor waits until a gateway of gs other than failed holds
+// failed's masquerade address, and returns it.
+func waitSuccessor(t *testing.T, gs []*failover.Nftgate, failed int) int {
+	t.Helper()
+	successor := -1
+	if err := lab.EventuallyWithin(20*time.Second, func() error {
+		for i, g := range gs {
+			if i == failed {
+				continue
+			}
+			h, err := g.Holds()
+			if err != nil {
+				return err
+			}
+			if slices.Contains(h, failover.MasqueradeAddr(failed)) {
+				successor = i
+				return nil
+			}
+		}
+		return fmt.Errorf("no survivor holds %v", failover.MasqueradeAddr(failed))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return successor
 }
 
 // dialLineOnCPU is dialLine from local port port, the connection opened

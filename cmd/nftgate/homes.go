@@ -1,0 +1,156 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/nftgate/nftgate/gateways"
+	"github.com/nftgate/nftgate/ruleset"
+)
+
+// midstreamHomes keeps the map of homes (ruleset.MapMidstreamHomes) of an
+// active-active set with the bounded wait: while exactly one peer is dead,
+// a connection given up here (its gateway failed before its replica came,
+// so it is most likely that peer's) is masqueraded to the address of the
+// dead peer's pool its client hashes to, where this gateway holds that
+// address (the replies to it come here), and carries on wherever its
+// gateway kept the client's port. See docs/design/gateways.md, "A
+// connection given up in active/active".
+type midstreamHomes struct {
+	cfg   ruleset.Config
+	pools map[string][]netip.Addr // each peer's home pool, by name
+	write func([]ruleset.Element) error
+	log   *slog.Logger
+
+	mu   sync.Mutex
+	dead map[string]bool
+	held map[netip.Addr]bool
+	wake chan struct{}
+}
+
+// newMidstreamHomes is nil unless the ruleset has the map.
+func newMidstreamHomes(cfg *Config, write func([]ruleset.Element) error, log *slog.Logger) *midstreamHomes {
+	rcfg := cfg.ruleset()
+	if ruleset.MidstreamHomesModulus(&rcfg, ruleset.IPv4) == 0 && ruleset.MidstreamHomesModulus(&rcfg, ruleset.IPv6) == 0 {
+		return nil
+	}
+	pools := map[string][]netip.Addr{}
+	for _, p := range cfg.Gateways.Peers {
+		pools[p.Name] = cfg.Gateways.Homes[p.Name]
+	}
+	return &midstreamHomes{cfg: rcfg, pools: pools, write: write, log: log,
+		dead: map[string]bool{}, held: map[netip.Addr]bool{}, wake: make(chan struct{}, 1)}
+}
+
+// hook has the gateway set tell the homes of its peers' deaths and
+// returns and of the addresses this gateway holds, besides what opts
+// already does with them.
+func (h *midstreamHomes) hook(opts *gateways.Options) {
+	if h == nil {
+		return
+	}
+	onPeer, onChange := opts.OnPeer, opts.OnChange
+	opts.OnPeer = func(peer string, alive bool, incarnation uint64) {
+		if onPeer != nil {
+			onPeer(peer, alive, incarnation)
+		}
+		h.mu.Lock()
+		if alive {
+			delete(h.dead, peer)
+		} else {
+			h.dead[peer] = true
+		}
+		h.mu.Unlock()
+		h.poke()
+	}
+	opts.OnChange = func(held []netip.Addr) {
+		if onChange != nil {
+			onChange(held)
+		}
+		h.mu.Lock()
+		clear(h.held)
+		for _, a := range held {
+			h.held[a] = true
+		}
+		h.mu.Unlock()
+		h.poke()
+	}
+}
+
+func (h *midstreamHomes) poke() {
+	select {
+	case h.wake <- struct{}{}:
+	default:
+	}
+}
+
+// elements are the map's elements now: those of the one dead peer's pool
+// that this gateway holds; none unless exactly one peer is dead.
+func (h *midstreamHomes) elements() (dead string, els []ruleset.Element) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.dead) != 1 {
+		return "", nil
+	}
+	for n := range h.dead {
+		dead = n
+	}
+	held := func(a netip.Addr) bool { return h.held[a] }
+	for _, f := range ruleset.Families {
+		els = append(els, ruleset.MidstreamHomeElements(&h.cfg, f, h.pools[dead], held)...)
+	}
+	return dead, els
+}
+
+// homesRetry is how long after a failed write the map is written again.
+const homesRetry = time.Second
+
+// run writes the map whenever what it should hold changes, until ctx
+// ends. The gateway set's callbacks hold its lock, so the write (which
+// may wait for a sync in progress) is made here.
+func (h *midstreamHomes) run(ctx context.Context) {
+	if h == nil {
+		return
+	}
+	var last []ruleset.Element
+	written := false
+	retry := time.NewTimer(0)
+	retry.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-h.wake:
+		case <-retry.C:
+		}
+		dead, els := h.elements()
+		if written && slices.Equal(els, last) {
+			continue
+		}
+		if err := h.write(els); err != nil {
+			h.log.Warn("midstream: the map of the dead gateway's masquerade addresses was not written; trying again", "error", err)
+			retry.Reset(homesRetry)
+			continue
+		}
+		quiet := len(els) == 0 && len(last) == 0
+		last, written = els, true
+		if quiet {
+			continue
+		}
+		var addrs []netip.Addr
+		for _, e := range els {
+			if !slices.Contains(addrs, e.To.Addr()) {
+				addrs = append(addrs, e.To.Addr())
+			}
+		}
+		if len(els) > 0 {
+			h.log.Info("midstream: connections given up here are masqueraded to the dead gateway's addresses this gateway holds", "dead", dead, "addresses", addrs)
+		} else {
+			h.log.Info("midstream: connections given up here are masqueraded to this gateway's own addresses")
+		}
+	}
+}
