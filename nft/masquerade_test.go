@@ -27,6 +27,8 @@ func TestWireMatchesGoogleNftablesMasquerade(t *testing.T) {
 			MasqueradeAddresses: []netip.Addr{netip.MustParseAddr("198.18.3.1"), netip.MustParseAddr("fd00:3::1")}},
 		{DropMidstreamTCP: true, MidstreamWait: 10 * time.Second, MasqueradeAddresses: []netip.Addr{netip.MustParseAddr("198.18.3.1")},
 			PeerMasquerade: [][]netip.Addr{{netip.MustParseAddr("198.18.3.2"), netip.MustParseAddr("198.18.3.3"), netip.MustParseAddr("fd00:3::2")}}},
+		{MasqueradePortGroups: 2, MasqueradeAddresses: []netip.Addr{netip.MustParseAddr("198.18.3.1"), netip.MustParseAddr("fd00:3::1")},
+			PeerMasquerade: [][]netip.Addr{{netip.MustParseAddr("198.18.3.2")}}},
 		{MasqueradePortGroups: 4, MasqueradeAddresses: []netip.Addr{netip.MustParseAddr("198.18.3.1"), netip.MustParseAddr("198.18.3.2"),
 			netip.MustParseAddr("fd00:3::1")}},
 	} {

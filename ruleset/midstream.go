@@ -81,9 +81,13 @@ func (c *Config) MidstreamBounded() bool { return c.DropMidstreamTCP && c.Midstr
 // mid-stream: dropped, the entry is not kept, and the state sync's
 // replica takes the connection's next packet. With Config.MidstreamWait
 // they go to ChainMidstream, which drops them for that long per
-// connection.
-func midstreamRules(cfg *Config) []Rule {
+// connection. Without DropMidstreamTCP they are picked up at once; with
+// the map of homes, through ChainMidstreamPickUp.
+func midstreamRules(cfg *Config, f Family) []Rule {
 	switch {
+	case !cfg.DropMidstreamTCP && MidstreamHomesModulus(cfg, f) > 0:
+		// Picked up at once, through the map of homes.
+		return []Rule{{MatchTCPNotSYN{}, Verdict{Kind: Goto, Chain: ChainMidstreamPickUp}}}
 	case !cfg.DropMidstreamTCP:
 		return nil
 	case !cfg.MidstreamBounded():
@@ -92,33 +96,34 @@ func midstreamRules(cfg *Config) []Rule {
 	return []Rule{{MatchTCPNotSYN{}, Verdict{Kind: Jump, Chain: ChainMidstream}}}
 }
 
-// midstreamWait is the sets and chains of the bounded wait, or nothing
-// without it.
+// midstreamWait is the sets and chains of the bounded wait and of the
+// pick-up (with the map of homes, also without the wait), or nothing
+// without them.
 func midstreamWait(cfg *Config, f Family) ([]*Set, []*Chain) {
-	if !cfg.MidstreamBounded() {
-		return nil, nil
-	}
-	var count []Stmt
-	if cfg.Counters {
-		count = []Stmt{Counter{}}
-	}
-	sets := []*Set{
-		{Name: SetMidstreamWaiting, Shape: KeyConn, Timeout: cfg.MidstreamWait, Size: MidstreamSize},
-		{Name: SetMidstreamWaited, Shape: KeyConn, Timeout: cfg.MidstreamWait + MidstreamGiveUp, Size: MidstreamSize},
-	}
-	// Every packet here is TCP; nft's text needs the protocol said to
-	// know the ports' type.
-	tcp := MatchL4Proto{Proto: model.TCP}
-	pickUp := Verdict{Kind: Return}
+	var sets []*Set
 	var chains []*Chain
 	homes := MidstreamHomesModulus(cfg, f)
 	if homes > 0 {
 		sets = append(sets, &Set{Name: MapMidstreamHomes, Map: true, Shape: KeySlot, Addresses: true})
 	}
-	if masqueradePortGroups(cfg) > 1 || homes > 0 {
+	pickUp := Verdict{Kind: Return}
+	if homes > 0 || cfg.MidstreamBounded() && masqueradePortGroups(cfg) > 1 {
 		pickUp = Verdict{Kind: Goto, Chain: ChainMidstreamPickUp}
 		chains = append(chains, &Chain{Name: ChainMidstreamPickUp, Rules: append(leanEventsRules(cfg), pickUpRules(cfg, f, homes)...)})
 	}
+	if !cfg.MidstreamBounded() {
+		return sets, chains
+	}
+	var count []Stmt
+	if cfg.Counters {
+		count = []Stmt{Counter{}}
+	}
+	sets = append(sets,
+		&Set{Name: SetMidstreamWaiting, Shape: KeyConn, Timeout: cfg.MidstreamWait, Size: MidstreamSize},
+		&Set{Name: SetMidstreamWaited, Shape: KeyConn, Timeout: cfg.MidstreamWait + MidstreamGiveUp, Size: MidstreamSize})
+	// Every packet here is TCP; nft's text needs the protocol said to
+	// know the ports' type.
+	tcp := MatchL4Proto{Proto: model.TCP}
 	giveUp := append(append(Rule{tcp, MatchCtConnInSet{Set: SetMidstreamWaited}}, count...), pickUp)
 	start := append(append(Rule{tcp, AddConn{Set: SetMidstreamWaiting}, AddConn{Set: SetMidstreamWaited}}, count...), Verdict{Kind: Drop})
 	chains = append(chains, []*Chain{
@@ -182,9 +187,10 @@ const maxHomesModulus = 4096
 // the least common multiple of the sizes of the peers' pools of f, so
 // that every pool's choice is a run of buckets (jhash scales the hash to
 // the modulus rather than taking a remainder); 0 without the map (no
-// bounded wait, no peer pool of f, or a multiple past maxHomesModulus).
+// pick-up: the wait without bound; no peer pool of f; or a multiple past
+// maxHomesModulus).
 func MidstreamHomesModulus(cfg *Config, f Family) uint32 {
-	if !cfg.MidstreamBounded() {
+	if cfg.DropMidstreamTCP && !cfg.MidstreamBounded() {
 		return 0
 	}
 	m := uint32(0)

@@ -30,6 +30,10 @@ func TestMidstreamHomes(t *testing.T) {
 	if m := ruleset.MidstreamHomesModulus(cfg, ruleset.IPv6); m != 1 {
 		t.Errorf("IPv6 modulus %d, want 1", m)
 	}
+	pickup := &ruleset.Config{PeerMasquerade: cfg.PeerMasquerade}
+	if m := ruleset.MidstreamHomesModulus(pickup, ruleset.IPv4); m != 6 {
+		t.Errorf("IPv4 modulus %d picking up at once (no wait), want 6", m)
+	}
 	var got []string
 	for _, e := range ruleset.MidstreamHomeElements(cfg, ruleset.IPv4, cfg.PeerMasquerade[1], func(x netip.Addr) bool { return x != netip.MustParseAddr("10.0.1.2") }) {
 		got = append(got, fmt.Sprintf("%d:%s", e.Key.Slot, e.To.Addr()))
@@ -48,7 +52,7 @@ func TestMidstreamHomes(t *testing.T) {
 		name string
 		cfg  ruleset.Config
 	}{
-		{"no bounded wait", ruleset.Config{DropMidstreamTCP: true, PeerMasquerade: cfg.PeerMasquerade}},
+		{"the wait without bound", ruleset.Config{DropMidstreamTCP: true, PeerMasquerade: cfg.PeerMasquerade}},
 		{"no peer pool", ruleset.Config{DropMidstreamTCP: true, MidstreamWait: time.Second}},
 		{"a multiple past the bound", ruleset.Config{DropMidstreamTCP: true, MidstreamWait: time.Second,
 			PeerMasquerade: [][]netip.Addr{pool(61, 1), pool(67, 2), pool(2, 3)}}},

@@ -335,7 +335,7 @@ func Static(cfg *Config, f Family) Fragment {
 		// must be masqueraded, or it would answer itself directly.
 		{MatchAddrPairInSet{Set: SetHairpin}, SetMark{Bit: bit}},
 		{MatchMarkUnset{Bit: bit}, Verdict{Kind: Return}},
-	}, append(midstreamRules(cfg), append(leanEventsRules(cfg), masq...)...)...)...)
+	}, append(midstreamRules(cfg, f), append(leanEventsRules(cfg), masq...)...)...)...)
 	fr.Chains = append(fr.Chains, masqCPU...)
 	waitSets, waitChains := midstreamWait(cfg, f)
 	fr.Sets = append(fr.Sets, waitSets...)

@@ -41,11 +41,11 @@ func (c *Config) validateMasquerade(bad func(key, format string, args ...any)) {
 }
 
 // peerPools are each peer's home masquerade addresses, one pool per peer,
-// in active-active mode with the bounded wait for a replica
-// (ruleset.Config.PeerMasquerade: a connection given up may keep a dead
-// peer's address).
+// in active-active mode (ruleset.Config.PeerMasquerade: a connection
+// picked up in mid-stream, at once or given up after the wait for its
+// replica, may keep a dead peer's address).
 func (c *Config) peerPools() [][]netip.Addr {
-	if c.Gateways == nil || c.Gateways.Mode != gateways.ModeActiveActive || c.midstreamWait() == 0 {
+	if c.Gateways == nil || c.Gateways.Mode != gateways.ModeActiveActive {
 		return nil
 	}
 	var out [][]netip.Addr

@@ -172,8 +172,17 @@ func TestNftgateGivesUpWaitingForAReplicaThatNeverComes(t *testing.T) {
 		// packets reach after the failure is the one that took over
 		// the failed gateway's masquerade address.
 		successor bool
-	}{{"active-backup", false, false, false, false}, {"active-backup-ports-by-cpu", false, false, true, false},
-		{"active-active-successor", true, false, false, true}, {"active-active-other", true, true, false, false}} {
+		// noSync: state_sync = false, hence midstream_tcp = "pickup":
+		// the survivor picks the connection up at once.
+		noSync bool
+	}{
+		{name: "active-backup"},
+		{name: "active-backup-ports-by-cpu", portsByCPU: true},
+		{name: "active-active-successor", ecmp: true, successor: true},
+		{name: "active-active-other", ecmp: true, reset: true},
+		{name: "active-active-no-sync-successor", ecmp: true, successor: true, noSync: true},
+		{name: "active-active-no-sync-other", ecmp: true, reset: true, noSync: true},
+	} {
 		t.Run(tc.name, func(t *testing.T) {
 			// With ports by CPU: the connection opened on CPU open, the
 			// line after the failure sent on CPU after, of another group.
@@ -189,8 +198,12 @@ func TestNftgateGivesUpWaitingForAReplicaThatNeverComes(t *testing.T) {
 				o = failover.Options{Gateways: 3, Router: true}
 			}
 			topo := newTopology(t, o)
-			cfg := nftgateConfig(t, topo, failover.NftgateOptions{ECMP: tc.ecmp, DeadAfter: testDeadAfter, BFDMultiplier: testBFDMultiplier,
-				SyncBatchInterval: time.Second, MidstreamTCPWait: wait, PortsByCPUOff: !tc.portsByCPU})
+			no := failover.NftgateOptions{ECMP: tc.ecmp, DeadAfter: testDeadAfter, BFDMultiplier: testBFDMultiplier,
+				SyncBatchInterval: time.Second, MidstreamTCPWait: wait, PortsByCPUOff: !tc.portsByCPU}
+			if tc.noSync {
+				no.NoStateSync, no.SyncBatchInterval, no.MidstreamTCPWait = true, 0, 0
+			}
+			cfg := nftgateConfig(t, topo, no)
 			gs := startNftgate(t, topo, cfg)
 			origin, survivor := 0, 1
 			if tc.ecmp {
@@ -270,11 +283,14 @@ func TestNftgateGivesUpWaitingForAReplicaThatNeverComes(t *testing.T) {
 			t.Logf("the line after the failure: %v after %v (%q)", err, took.Round(time.Millisecond), buf)
 			switch {
 			case tc.reset && !errors.Is(err, syscall.ECONNRESET):
-				t.Errorf("the connection ended by %v, want a reset by its endpoint once the survivor gave up waiting", err)
+				t.Errorf("the connection ended by %v, want a reset by its endpoint once the survivor picked it up", err)
 			case !tc.reset && err != nil:
 				t.Errorf("the connection ended by %v, want it carried on, picked up with its masquerade address and port", err)
 			case !tc.reset && string(buf) != "after\n":
 				t.Errorf("read back %q, want %q", buf, "after\n")
+			}
+			if tc.noSync {
+				return
 			}
 			if took < wait {
 				t.Errorf("the connection ended its wait after %v, before midstream_tcp_wait (%v)", took, wait)
