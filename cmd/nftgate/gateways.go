@@ -49,6 +49,9 @@ func (e *edge) startGateways(cfg *Config, homes func([]ruleset.Element) error, r
 	opts := gateways.Options{Key: key, Log: log, OnChange: e.gate.Held, OnReady: e.gate.Ready}
 	e.statesync.hook(&opts)
 	h := newMidstreamHomes(cfg, homes, log)
+	if err := h.register(reg); err != nil {
+		return fmt.Errorf("midstream: %w", err)
+	}
 	h.hook(&opts)
 	// The Service routes every gateway announces in active-active mode
 	// wait for the same ready gate as the addresses.

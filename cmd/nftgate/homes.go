@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/nftgate/nftgate/gateways"
 	"github.com/nftgate/nftgate/ruleset"
 )
@@ -25,6 +27,8 @@ type midstreamHomes struct {
 	pools map[string][]netip.Addr // each peer's home pool, by name
 	write func([]ruleset.Element) error
 	log   *slog.Logger
+	// addrs is how many of the dead peer's addresses the map holds.
+	addrs prometheus.Gauge
 
 	mu   sync.Mutex
 	dead map[string]bool
@@ -43,7 +47,17 @@ func newMidstreamHomes(cfg *Config, write func([]ruleset.Element) error, log *sl
 		pools[p.Name] = cfg.Gateways.Homes[p.Name]
 	}
 	return &midstreamHomes{cfg: rcfg, pools: pools, write: write, log: log,
-		dead: map[string]bool{}, held: map[netip.Addr]bool{}, wake: make(chan struct{}, 1)}
+		dead: map[string]bool{}, held: map[netip.Addr]bool{}, wake: make(chan struct{}, 1),
+		addrs: prometheus.NewGauge(prometheus.GaugeOpts{Name: "nftgate_midstream_homes_addresses",
+			Help: "Masquerade addresses of the one dead peer gateway that this gateway holds and masquerades connections picked up in mid-stream to (0 unless exactly one peer is dead)."})}
+}
+
+// register registers the homes' gauge.
+func (h *midstreamHomes) register(reg prometheus.Registerer) error {
+	if h == nil {
+		return nil
+	}
+	return reg.Register(h.addrs)
 }
 
 // hook has the gateway set tell the homes of its peers' deaths and
@@ -147,10 +161,11 @@ func (h *midstreamHomes) run(ctx context.Context) {
 				addrs = append(addrs, e.To.Addr())
 			}
 		}
+		h.addrs.Set(float64(len(addrs)))
 		if len(els) > 0 {
-			h.log.Info("midstream: connections given up here are masqueraded to the dead gateway's addresses this gateway holds", "dead", dead, "addresses", addrs)
+			h.log.Info("midstream: connections picked up here in mid-stream are masqueraded to the dead gateway's addresses this gateway holds", "dead", dead, "addresses", addrs)
 		} else {
-			h.log.Info("midstream: connections given up here are masqueraded to this gateway's own addresses")
+			h.log.Info("midstream: connections picked up here in mid-stream are masqueraded to this gateway's own addresses")
 		}
 	}
 }

@@ -289,6 +289,17 @@ func TestNftgateGivesUpWaitingForAReplicaThatNeverComes(t *testing.T) {
 			case !tc.reset && string(buf) != "after\n":
 				t.Errorf("read back %q, want %q", buf, "after\n")
 			}
+			if tc.ecmp {
+				// The successor masquerades pickups to the one
+				// failed gateway's address it holds; the other holds none.
+				want := 0.0
+				if tc.successor {
+					want = 1
+				}
+				if got := metric(t, gs[survivor], "nftgate_midstream_homes_addresses"); got != want {
+					t.Errorf("the survivor's nftgate_midstream_homes_addresses = %v, want %v", got, want)
+				}
+			}
 			if tc.noSync {
 				return
 			}
@@ -406,11 +417,17 @@ func masqueradePort(h *lab.Host, local netip.AddrPort) (uint16, error) {
 // their replica, of outcome.
 func midstreamMetric(t *testing.T, g *failover.Nftgate, outcome string) float64 {
 	t.Helper()
+	return metric(t, g, fmt.Sprintf("nftgate_midstream_tcp_connections_total{outcome=%q}", outcome))
+}
+
+// metric is the value of series (name and labels) in g's /metrics.
+func metric(t *testing.T, g *failover.Nftgate, series string) float64 {
+	t.Helper()
 	code, body, err := g.Get("/metrics")
 	if err != nil || code != 200 {
 		t.Fatalf("GET /metrics: %d %v", code, err)
 	}
-	prefix := fmt.Sprintf("nftgate_midstream_tcp_connections_total{outcome=%q} ", outcome)
+	prefix := series + " "
 	for line := range strings.Lines(body) {
 		if v, ok := strings.CutPrefix(strings.TrimSpace(line), prefix); ok {
 			f, err := strconv.ParseFloat(v, 64)
