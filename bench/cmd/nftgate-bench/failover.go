@@ -39,9 +39,14 @@ const (
 	foECMP    = "nftgate-ecmp"
 	// foECMPDrain: nftgate-ecmp with `nftgate drain` instead of the kill.
 	foECMPDrain = "nftgate-ecmp-drain"
+	// foECMPNoSync: nftgate-ecmp with state_sync = false.
+	foECMPNoSync = "nftgate-ecmp-no-sync"
+	// foECMPNoSyncPorts: foECMPNoSync with masquerade_ports_by_cpu =
+	// false, so that every gateway keeps the client's port where free.
+	foECMPNoSyncPorts = "nftgate-ecmp-no-sync-ports"
 )
 
-var allFailoverPhases = []string{foFloor, foAnchor, foNftgate, foECMP, foECMPDrain}
+var allFailoverPhases = []string{foFloor, foAnchor, foNftgate, foECMP, foECMPDrain, foECMPNoSync, foECMPNoSyncPorts}
 
 func failoverFlags(fs *flag.FlagSet, c *FailoverConfig) func() error {
 	fs.BoolVar(&c.On, "failover", false, "failover phase after the others: kill a gateway under live flows (bench/results/failover)")
@@ -132,7 +137,8 @@ func failoverRun(cfg *Config, name string, traffic failover.Traffic) (res failov
 		return res, "", err
 	}
 	defer os.RemoveAll(tmp)
-	ecmp := name == foECMP || name == foECMPDrain
+	noSync := name == foECMPNoSync || name == foECMPNoSyncPorts
+	ecmp := name == foECMP || name == foECMPDrain || noSync
 	o := failover.Options{Name: "bench-failover", Gateways: 2}
 	if ecmp {
 		o.Gateways, o.Router = 3, true
@@ -159,7 +165,7 @@ func failoverRun(cfg *Config, name string, traffic failover.Traffic) (res failov
 			func() error { return a.Synced(n, time.Minute) })
 		return res, "", err
 	}
-	nc, err := failover.WriteNftgate(topo, tmp, failover.NftgateOptions{ECMP: ecmp})
+	nc, err := failover.WriteNftgate(topo, tmp, failover.NftgateOptions{ECMP: ecmp, NoStateSync: noSync, PortsByCPUOff: name == foECMPNoSyncPorts})
 	if err != nil {
 		return res, "", err
 	}
@@ -210,6 +216,9 @@ func failoverRun(cfg *Config, name string, traffic failover.Traffic) (res failov
 	}
 	res, err = failover.FailoverBy(topo, nc.Dst, traffic, inject,
 		func() error {
+			if noSync {
+				return nil // no replica ever comes
+			}
 			err := failover.Replicated(others, nc.Dst.Addr(), n, time.Minute)
 			if err != nil && (name == foNftgate || ecmp) {
 				// Say what the state sync saw, so a miss can be told apart.
@@ -297,7 +306,7 @@ func (r *FailoverReport) markdown() string {
 			run.Name, t.Lost, t.Flows, reasons(t.Reasons), stalls(t), u.Lost, u.Flows, reasons(u.Reasons), stalls(u),
 			newFailed, newGap, run.LoadAvg[0], run.LoadAvg[1])
 	}
-	b.WriteString("\nfloor: keepalived alone (VRRP, advert 100 ms) moves the Service address and F; anchor: the same with conntrackd (FTFW) and Debian's primary-backup.sh; nftgate: two gateways, active/backup; nftgate-ecmp: three behind BIRD (ECMP, BFD 100 ms), active/active; nftgate-ecmp-drain: the same with `nftgate drain` on the first gateway instead of the kill (the flows are followed from the drain's start, once BIRD has withdrawn its route).\n")
+	b.WriteString("\nfloor: keepalived alone (VRRP, advert 100 ms) moves the Service address and F; anchor: the same with conntrackd (FTFW) and Debian's primary-backup.sh; nftgate: two gateways, active/backup; nftgate-ecmp: three behind BIRD (ECMP, BFD 100 ms), active/active; nftgate-ecmp-drain: the same with `nftgate drain` on the first gateway instead of the kill (the flows are followed from the drain's start, once BIRD has withdrawn its route); nftgate-ecmp-no-sync: nftgate-ecmp without state sync (`state_sync = false`): a flow of the dead gateway is picked up at a survivor, and carries on only at the one that took over its masquerade address, and only where the dead gateway kept the client's port; nftgate-ecmp-no-sync-ports: the same with `masquerade_ports_by_cpu = false`, so that every gateway keeps the client's port wherever it is free.\n")
 	for _, run := range r.Runs {
 		if n := run.Result.New; n != nil {
 			fmt.Fprintf(&b, "\nNew connections: one every %.0f ms from before the failure to the end (each a line echoed, failed without the echo within %.0f ms); counted when they ended after the failure. Failure window: from the start of the first that failed to the start of the first that echoed after the last that failed (behind ECMP, only those hashed to the dead gateway fail, so failures and successes alternate within it).\n", n.IntervalMs, n.TimeoutMs)
