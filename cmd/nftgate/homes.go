@@ -30,10 +30,13 @@ type midstreamHomes struct {
 	// addrs is how many of the dead peer's addresses the map holds.
 	addrs prometheus.Gauge
 
-	mu   sync.Mutex
-	dead map[string]bool
-	held map[netip.Addr]bool
-	wake chan struct{}
+	mu sync.Mutex
+	// alive are the peers the set last told alive; the others are dead
+	// (or not heard since the start: their addresses are held here only
+	// if the set decided so).
+	alive map[string]bool
+	held  map[netip.Addr]bool
+	wake  chan struct{}
 }
 
 // newMidstreamHomes is nil unless the ruleset has the map.
@@ -47,7 +50,7 @@ func newMidstreamHomes(cfg *Config, write func([]ruleset.Element) error, log *sl
 		pools[p.Name] = cfg.Gateways.Homes[p.Name]
 	}
 	return &midstreamHomes{cfg: rcfg, pools: pools, write: write, log: log,
-		dead: map[string]bool{}, held: map[netip.Addr]bool{}, wake: make(chan struct{}, 1),
+		alive: map[string]bool{}, held: map[netip.Addr]bool{}, wake: make(chan struct{}, 1),
 		addrs: prometheus.NewGauge(prometheus.GaugeOpts{Name: "nftgate_midstream_homes_addresses",
 			Help: "Masquerade addresses of the one dead peer gateway that this gateway holds and masquerades connections picked up in mid-stream to (0 unless exactly one peer is dead)."})}
 }
@@ -74,9 +77,9 @@ func (h *midstreamHomes) hook(opts *gateways.Options) {
 		}
 		h.mu.Lock()
 		if alive {
-			delete(h.dead, peer)
+			h.alive[peer] = true
 		} else {
-			h.dead[peer] = true
+			delete(h.alive, peer)
 		}
 		h.mu.Unlock()
 		h.poke()
@@ -107,11 +110,16 @@ func (h *midstreamHomes) poke() {
 func (h *midstreamHomes) elements() (dead string, els []ruleset.Element) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if len(h.dead) != 1 {
-		return "", nil
+	for n := range h.pools {
+		if !h.alive[n] {
+			if dead != "" {
+				return "", nil // two dead: whose a connection was is not known
+			}
+			dead = n
+		}
 	}
-	for n := range h.dead {
-		dead = n
+	if dead == "" {
+		return "", nil
 	}
 	held := func(a netip.Addr) bool { return h.held[a] }
 	for _, f := range ruleset.Families {

@@ -1,0 +1,119 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/nftgate/nftgate/gateways"
+	"github.com/nftgate/nftgate/ruleset"
+)
+
+// The map of homes holds the one dead peer's addresses this gateway holds:
+// none while every peer lives, two are dead, or the dead one's addresses
+// are held elsewhere; a peer not heard since the start counts as dead (the
+// set decides whether its addresses are held here). The writer writes
+// what changed, and writes again after a failed write.
+func TestMidstreamHomesFollowTheSet(t *testing.T) {
+	a, c := netip.MustParseAddr("198.18.3.1"), netip.MustParseAddr("198.18.3.3")
+	pools := map[string][]netip.Addr{"gw-a": {a}, "gw-c": {c}}
+	h := &midstreamHomes{cfg: ruleset.Config{PeerMasquerade: [][]netip.Addr{{a}, {c}}}, pools: pools,
+		log: slog.New(slog.DiscardHandler), alive: map[string]bool{}, held: map[netip.Addr]bool{}, wake: make(chan struct{}, 1),
+		addrs: prometheus.NewGauge(prometheus.GaugeOpts{Name: "g"})}
+	var told []string // the set's own callbacks still run
+	opts := gateways.Options{
+		OnPeer:   func(peer string, alive bool, _ uint64) { told = append(told, peer) },
+		OnChange: func(held []netip.Addr) { told = append(told, "held") },
+	}
+	h.hook(&opts)
+	want := func(step string, addrs ...netip.Addr) {
+		t.Helper()
+		_, els := h.elements()
+		var got []netip.Addr
+		for _, e := range els {
+			got = append(got, e.To.Addr())
+		}
+		if !slices.Equal(got, addrs) {
+			t.Errorf("%s: the map holds %v, want %v", step, got, addrs)
+		}
+	}
+	want("at the start, nobody heard")
+	opts.OnPeer("gw-c", true, 1)
+	want("gw-a not heard, its address not held here")
+	opts.OnChange([]netip.Addr{a, netip.MustParseAddr("198.18.3.2")})
+	want("gw-a not heard, its address held here", a)
+	opts.OnPeer("gw-a", true, 1)
+	want("both alive")
+	opts.OnPeer("gw-a", false, 1)
+	want("gw-a dead", a)
+	opts.OnPeer("gw-c", false, 1)
+	opts.OnChange([]netip.Addr{a, c})
+	want("two dead, both their addresses held here")
+	opts.OnPeer("gw-c", true, 2)
+	opts.OnChange([]netip.Addr{a})
+	want("gw-c back", a)
+	opts.OnChange(nil)
+	want("gw-a's address released")
+	if len(told) != 9 {
+		t.Errorf("the set's own callbacks ran %d times (%v), want 9", len(told), told)
+	}
+	opts.OnPeer("gw-a", false, 1)
+
+	// The writer: what changed, once; again after a failure.
+	writes := make(chan []ruleset.Element, 8)
+	fail := true
+	h.write = func(els []ruleset.Element) error {
+		writes <- els
+		if fail {
+			fail = false
+			return errors.New("refused")
+		}
+		return nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { h.run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	next := func(step string, n int) {
+		t.Helper()
+		select {
+		case els := <-writes:
+			if len(els) != n {
+				t.Errorf("%s: wrote %d elements, want %d", step, len(els), n)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: nothing written", step)
+		}
+	}
+	opts.OnChange([]netip.Addr{a})
+	next("held again (refused)", 1)
+	next("written again after the refusal", 1)
+	waitGauge(t, h, 1)
+	opts.OnChange([]netip.Addr{a}) // nothing changed: no write
+	opts.OnPeer("gw-a", true, 2)
+	next("gw-a back", 0)
+	waitGauge(t, h, 0)
+	select {
+	case els := <-writes:
+		t.Errorf("wrote %v more, want nothing written for what did not change", els)
+	default:
+	}
+}
+
+// waitGauge waits until the homes' gauge reads want (it is set after the
+// write returned).
+func waitGauge(t *testing.T, h *midstreamHomes, want float64) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); testutil.ToFloat64(h.addrs) != want; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("nftgate_midstream_homes_addresses = %v, want %v", testutil.ToFloat64(h.addrs), want)
+		}
+	}
+}
