@@ -41,6 +41,18 @@ import (
 // connection among the new ones: the clash the ranges prevent costs it a
 // dropped packet, sent again and picked up the same way.
 //
+// In an active-active set each gateway masquerades to addresses of its
+// own, which the endpoint of a dead gateway's connection does not know.
+// With the peers' pools (Config.PeerMasquerade) ChainMidstreamPickUp first
+// masquerades to the address MapMidstreamHomes gives for the client's
+// address hash: while exactly one peer is dead, that peer's address its
+// client hashes to, where this gateway holds it (the replies come here);
+// so the connection carries on where its gateway kept the port. Without
+// the wait (Config.DropMidstreamTCP off: no state sync, or "pickup") the
+// masqueraded TCP packets that are not a SYN go to ChainMidstreamPickUp at
+// once. See docs/design/gateways.md, "A connection given up in
+// active/active".
+//
 // The rules count the connections that began to wait (ChainMidstreamWait)
 // and those given up (ChainMidstream) with Config.Counters.
 
@@ -56,8 +68,9 @@ const (
 const (
 	ChainMidstream     = "midstream"
 	ChainMidstreamWait = "midstream-wait"
-	// ChainMidstreamPickUp masquerades a connection picked up without
-	// the CPU's range of ports, with masquerade ports by CPU.
+	// ChainMidstreamPickUp masquerades a connection picked up: to a
+	// dead peer's address (MapMidstreamHomes), else to this gateway's,
+	// without the CPU's range of ports.
 	ChainMidstreamPickUp = "midstream-pick-up"
 )
 
@@ -157,10 +170,11 @@ func (m MatchCtConnInSet) Encode(f Family, s bc.Sink) {
 	s.Lookup(bc.Lookup{Sreg: bc.Reg1, Set: m.Set})
 }
 
-// pickUpRules translate a connection given up: with homes (the modulus of
-// MapMidstreamHomes) first to the address its element gives, if any (the
-// dead peer's address its client hashes to, where this gateway holds it),
-// else to this gateway's addresses without the CPU's range of ports.
+// pickUpRules translate a connection picked up in mid-stream (at once, or
+// given up after the wait): with homes (the modulus of MapMidstreamHomes)
+// first to the address its element gives, if any (the dead peer's address
+// its client hashes to, where this gateway holds it), else to this
+// gateway's addresses without the CPU's range of ports.
 func pickUpRules(cfg *Config, f Family, homes uint32) []Rule {
 	if homes == 0 {
 		return anyPortRules(cfg, f)
