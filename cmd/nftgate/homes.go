@@ -15,11 +15,11 @@ import (
 )
 
 // midstreamHomes keeps the map of homes (ruleset.MapMidstreamHomes) of an
-// active-active set with the bounded wait: while exactly one peer is dead,
-// a connection given up here (its gateway failed before its replica came,
-// so it is most likely that peer's) is masqueraded to the address of the
-// dead peer's pool its client hashes to, where this gateway holds that
-// address (the replies to it come here), and carries on wherever its
+// active-active set: while exactly one peer is dead, a connection picked
+// up here in mid-stream (at once, or given up after the wait for a replica
+// that never came: most likely that peer's) is masqueraded to the address
+// of the dead peer's pool its client hashes to, where this gateway holds
+// that address (the replies to it come here), and carries on wherever its
 // gateway kept the client's port. See docs/design/gateways.md, "A
 // connection given up in active/active".
 type midstreamHomes struct {
