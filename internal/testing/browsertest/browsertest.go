@@ -109,6 +109,20 @@ func Start(t testing.TB, opts Options) *Browser {
 		opts.Timeout = 2 * time.Minute
 	}
 
+	// The profile and TMPDIR in a short directory of their own: Chromium's
+	// singleton socket goes there, and a Unix socket's path (108 bytes)
+	// would not fit under a long test name's t.TempDir().
+	dir, err := os.MkdirTemp("", "chromium-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	profile, tmp := filepath.Join(dir, "profile"), filepath.Join(dir, "tmp")
+	for _, d := range []string{profile, tmp} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), opts.Timeout)
 	t.Cleanup(cancel)
 	allocOpts := []chromedp.ExecAllocatorOption{
@@ -123,10 +137,10 @@ func Start(t testing.TB, opts Options) *Browser {
 		chromedp.Flag("no-default-browser-check", true),
 		// Resolve no name at all: the page must need nothing but 127.0.0.1.
 		chromedp.Flag("host-resolver-rules", "MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"),
-		chromedp.UserDataDir(t.TempDir()),
+		chromedp.UserDataDir(profile),
 		// Chromium makes its singleton lock's directory in TMPDIR and
 		// leaves it there when killed: the test's own.
-		chromedp.Env("TMPDIR=" + t.TempDir()),
+		chromedp.Env("TMPDIR=" + tmp),
 		chromedp.WindowSize(opts.Width, opts.Height),
 	}
 	if opts.Netns != "" {
