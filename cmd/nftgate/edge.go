@@ -44,7 +44,9 @@ type edge struct {
 	// (statesync.go).
 	statesync *stateSync
 	gate      *announce.Gate
-	// stopHomes ends the writer of the map of homes (homes.go), if any.
+	// homes: the map of homes (homes.go), nil without it; stopHomes ends
+	// its writer.
+	homes     *midstreamHomes
 	stopHomes context.CancelFunc
 }
 

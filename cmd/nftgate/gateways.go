@@ -61,6 +61,7 @@ func (e *edge) startGateways(cfg *Config, homes func([]ruleset.Element) error, r
 		return err
 	}
 	e.gateways = s
+	e.homes = h
 	if h != nil {
 		ctx, cancel := context.WithCancel(context.Background())
 		e.stopHomes = cancel
@@ -89,8 +90,14 @@ func (e *edge) announceThroughGateways() {
 	}
 }
 
-// gatewaysView is GET /api/v1/gateways.
-func (e *edge) gatewaysView() any { return e.gateways.Status() }
+// gatewaysView is GET /api/v1/gateways: the set's status, and in
+// active-active mode what the map of homes holds.
+func (e *edge) gatewaysView() any {
+	return struct {
+		gateways.Status
+		MidstreamHomes *homesView `json:"midstreamHomes,omitempty"`
+	}{e.gateways.Status(), e.homes.view()}
+}
 
 // gatewaysAPI is the appliance's Gateways option: nil without [gateways].
 func (e *edge) gatewaysAPI() func() any {

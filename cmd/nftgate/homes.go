@@ -37,6 +37,28 @@ type midstreamHomes struct {
 	alive map[string]bool
 	held  map[netip.Addr]bool
 	wake  chan struct{}
+	// shown is what the map holds, as last written.
+	shown homesView
+}
+
+// homesView is what the map of homes holds, for GET /api/v1/gateways:
+// the dead peer and its addresses that connections picked up here are
+// masqueraded to (none: to this gateway's own).
+type homesView struct {
+	Dead      string       `json:"dead,omitempty"`
+	Addresses []netip.Addr `json:"addresses"`
+}
+
+// view is what the map holds; nil without the map.
+func (h *midstreamHomes) view() *homesView {
+	if h == nil {
+		return nil
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	v := h.shown
+	v.Addresses = append([]netip.Addr{}, v.Addresses...) // a copy; [] rather than null
+	return &v
 }
 
 // newMidstreamHomes is nil unless the ruleset has the map.
@@ -170,6 +192,12 @@ func (h *midstreamHomes) run(ctx context.Context) {
 			}
 		}
 		h.addrs.Set(float64(len(addrs)))
+		h.mu.Lock()
+		h.shown = homesView{Addresses: addrs}
+		if len(addrs) > 0 {
+			h.shown.Dead = dead
+		}
+		h.mu.Unlock()
 		if len(els) > 0 {
 			h.log.Info("midstream: connections picked up here in mid-stream are masqueraded to the dead gateway's addresses this gateway holds", "dead", dead, "addresses", addrs)
 		} else {

@@ -771,8 +771,13 @@
     });
     $('gw-refused').hidden = v.refused.length === 0;
     rows('gw-refused-body', v.refused, function (r) { return [[r.remote, 'mono'], [r.peer || '–'], [r.reason + ': ' + r.error, 'bad'], [r.time]]; });
+    // Active-active: a connection picked up here in mid-stream keeps the
+    // dead peer's masquerade address where this gateway holds it.
+    var homes = v.midstreamHomes && v.midstreamHomes.addresses.length ?
+      ' Connections picked up in mid-stream are masqueraded to ' + v.midstreamHomes.dead + '\'s ' +
+      v.midstreamHomes.addresses.join(', ') + ' (dead, held here).' : '';
     setText('gw-summary', 'Set ' + v.setHash + ': ' + fmtNum(v.holds.length) + ' of ' + fmtNum(v.serves) +
-      ' served addresses held here; taken ' + fmtNum(v.taken) + ', taken over ' + fmtNum(v.takenOver) + ', released ' + fmtNum(v.released) + '.', 'muted');
+      ' served addresses held here; taken ' + fmtNum(v.taken) + ', taken over ' + fmtNum(v.takenOver) + ', released ' + fmtNum(v.released) + '.' + homes, 'muted');
   }
 
   // The connection-state sync: per peer, what waits, what went each way,

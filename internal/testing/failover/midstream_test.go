@@ -2,7 +2,9 @@ package failover_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -19,6 +21,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/nftgate/nftgate/internal/testing/browsertest"
 	"github.com/nftgate/nftgate/internal/testing/failover"
 	"github.com/nftgate/nftgate/internal/testing/lab"
 	"github.com/nftgate/nftgate/ruleset"
@@ -298,6 +301,37 @@ func TestNftgateGivesUpWaitingForAReplicaThatNeverComes(t *testing.T) {
 				}
 				if got := metric(t, gs[survivor], "nftgate_midstream_homes_addresses"); got != want {
 					t.Errorf("the survivor's nftgate_midstream_homes_addresses = %v, want %v", got, want)
+				}
+				// And GET /api/v1/gateways says which.
+				wantHomes := `{"addresses":[]}`
+				if tc.successor {
+					wantHomes = fmt.Sprintf(`{"dead":%q,"addresses":[%q]}`, failover.GatewayNames[origin], failover.MasqueradeAddr(origin))
+				}
+				var v struct {
+					Homes json.RawMessage `json:"midstreamHomes"`
+				}
+				code, body, err := gs[survivor].Get("/api/v1/gateways")
+				if err == nil {
+					err = json.Unmarshal([]byte(body), &v)
+				}
+				var got bytes.Buffer
+				if err == nil {
+					err = json.Compact(&got, v.Homes)
+				}
+				if err != nil || code != 200 || got.String() != wantHomes {
+					t.Errorf("the survivor's GET /api/v1/gateways: %d %v: midstreamHomes %s, want %s", code, err, got.String(), wantHomes)
+				}
+				if tc.successor && tc.noSync {
+					// The page says it under the gateway set.
+					const host = "127.0.0.1:9180"
+					b := browsertest.Start(t, browsertest.Options{Host: host, Netns: topo.Gateways[survivor].Name()})
+					b.Navigate("http://" + host + "/")
+					say := fmt.Sprintf("Connections picked up in mid-stream are masqueraded to %s's %s (dead, held here).",
+						failover.GatewayNames[origin], failover.MasqueradeAddr(origin))
+					b.Poll("the gateway set's summary names the dead gateway's address", fmt.Sprintf(
+						"document.getElementById('gw-summary').textContent.endsWith(%q)", say))
+					b.Screenshot(browsertest.ArtifactDir(t, "failover"), "midstream-homes.png")
+					b.Check()
 				}
 			}
 			if tc.noSync {
