@@ -77,6 +77,10 @@ func TestMidstreamHomesFollowTheSet(t *testing.T) {
 		}
 		return nil
 	}
+	select {
+	case <-h.wake: // the steps above poked it; the writer starts from what holds now
+	default:
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { h.run(ctx); close(done) }()
