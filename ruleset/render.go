@@ -81,11 +81,11 @@ type Config struct {
 	// midstream.go). Zero drops them without bound.
 	MidstreamWait time.Duration
 	// PeerMasquerade are the home masquerade addresses of each other
-	// gateway of an active-active set, one pool per peer. With the
-	// bounded wait, a connection given up may then be masqueraded to the
-	// address of a dead peer's pool its client hashes to (map
-	// MapMidstreamHomes, whose elements are written at run time:
-	// MidstreamHomeElements).
+	// gateway of an active-active set, one pool per peer. A connection
+	// picked up in mid-stream (at once, or given up after the bounded
+	// wait) may then be masqueraded to the address of a dead peer's pool
+	// its client hashes to (map MapMidstreamHomes, whose elements are
+	// written at run time: MidstreamHomeElements).
 	PeerMasquerade [][]netip.Addr
 	// Unserved is what becomes of a packet to a LoadBalancer or external
 	// IP that no Service port translated (unserved.go): by default a new

@@ -45,9 +45,9 @@ type edge struct {
 	statesync *stateSync
 	gate      *announce.Gate
 	// homes: the map of homes (homes.go), nil without it; stopHomes ends
-	// its writer.
+	// its writer and waits for it.
 	homes     *midstreamHomes
-	stopHomes context.CancelFunc
+	stopHomes func()
 }
 
 // startEdge starts the announcers the configuration asks for, before the

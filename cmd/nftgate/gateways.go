@@ -64,8 +64,9 @@ func (e *edge) startGateways(cfg *Config, homes func([]ruleset.Element) error, r
 	e.homes = h
 	if h != nil {
 		ctx, cancel := context.WithCancel(context.Background())
-		e.stopHomes = cancel
-		go h.run(ctx)
+		done := make(chan struct{})
+		e.stopHomes = func() { cancel(); <-done }
+		go func() { defer close(done); h.run(ctx) }()
 	}
 	if e.statesync != nil {
 		if err := e.statesync.s.Attach(s); err != nil {
