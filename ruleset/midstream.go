@@ -3,6 +3,7 @@ package ruleset
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/nftgate/nftgate/model"
@@ -46,8 +47,11 @@ import (
 // With the peers' pools (Config.PeerMasquerade) ChainMidstreamPickUp first
 // masquerades to the address MapMidstreamHomes gives for the client's
 // address hash: while exactly one peer is dead, that peer's address its
-// client hashes to, where this gateway holds it (the replies come here);
-// so the connection carries on where its gateway kept the port. Without
+// client hashes to, where this gateway holds it (the replies come here)
+// or, with state sync, wherever it is held (the sync carries the entry to
+// the holder, whose ChainStrayReplies drops the endpoint's answers until
+// it is there); so the connection carries on where its gateway kept the
+// port. Without
 // the wait (Config.DropMidstreamTCP off: no state sync, or "pickup") the
 // masqueraded TCP packets that are not a SYN go to ChainMidstreamPickUp at
 // once. See docs/design/gateways.md, "A connection given up in
@@ -187,7 +191,8 @@ func pickUpRules(cfg *Config, f Family, homes uint32) []Rule {
 // MapMidstreamHomes maps a bucket of the client's address hash (modulo
 // MidstreamHomesModulus) to the address of a dead peer's pool that the
 // peer masqueraded that client to, for the buckets whose address this
-// gateway holds. nftgate writes its elements at run time
+// gateway holds (with state sync, every bucket). nftgate writes its
+// elements at run time
 // (MidstreamHomeElements); a bucket without one is masqueraded to this
 // gateway's own addresses.
 const MapMidstreamHomes = "midstream-homes"
@@ -280,4 +285,39 @@ func (n SNATHome) Encode(f Family, s bc.Sink) {
 	s.Hash(bc.Hash{Sreg: bc.Reg2, Dreg: bc.Reg1, Len: f.AddrLen(), Modulus: n.Modulus, Seed: n.Seed})
 	s.Lookup(bc.Lookup{Sreg: bc.Reg1, Set: n.Map, Dreg: bc.Reg1, HasDreg: true})
 	s.NAT(bc.NAT{Type: bc.NATSource, Family: fam, RegAddr: bc.Reg1})
+}
+
+// ChainStrayReplies drops, in the forward hook, a TCP packet that is not
+// a SYN, has no entry here and goes to one of the set's masquerade
+// addresses (this gateway's and its peers'): an endpoint's packet for a
+// connection this gateway does not hold (yet). The case it is for: a
+// connection of a dead peer picked up at a survivor and masqueraded to
+// the dead peer's address another survivor holds (MapMidstreamHomes
+// with state sync); the endpoint's first answer reaches the holder
+// before the pick-up's replica (a batch, milliseconds). Routed, it would
+// make an entry of its own there, whose tuple then refuses the replica,
+// and the connection would hang; dropped, the endpoint sends it again
+// and meets the replica. Any other such packet is a stray too: routed,
+// it would go back to the router, which routes it here again.
+const ChainStrayReplies = "stray-replies"
+
+// strayReplies is ChainForwardNew's rule that sends TCP packets that are
+// not a SYN to ChainStrayReplies, and that chain, whose rules drop those
+// to each masquerade address of the set in family f; none without the
+// map of homes. A connection's first packet is a SYN but for a pick-up,
+// so the addresses cost a new connection one test.
+func strayReplies(cfg *Config, f Family) (Rule, *Chain) {
+	if MidstreamHomesModulus(cfg, f) == 0 {
+		return nil, nil
+	}
+	addrs := poolOf(cfg.MasqueradeAddresses, f)
+	for _, pool := range cfg.PeerMasquerade {
+		addrs = append(addrs, poolOf(pool, f)...)
+	}
+	slices.SortFunc(addrs, netip.Addr.Compare)
+	c := &Chain{Name: ChainStrayReplies}
+	for _, a := range addrs {
+		c.Rules = append(c.Rules, Rule{MatchAddr{Dir: Dst, Prefix: netip.PrefixFrom(a, a.BitLen())}, Verdict{Kind: Drop}})
+	}
+	return Rule{MatchTCPNotSYN{}, Verdict{Kind: Jump, Chain: ChainStrayReplies}}, c
 }

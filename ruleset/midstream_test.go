@@ -3,6 +3,7 @@ package ruleset_test
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -91,6 +92,52 @@ func TestMidstreamHomesFollowTheHashScale(t *testing.T) {
 					t.Fatalf("sizes %v, pool %d, hash %#x: bucket %d of %d gives %v, the pool's own choice is %v", sizes, i, h, scale(h, k), k, got, want)
 				}
 			}
+		}
+	}
+}
+
+// With the map of homes, the forward hook drops a TCP packet that is not a
+// SYN, has no entry and goes to any masquerade address of the set (this
+// gateway's and its peers', which the configuration keeps apart): the endpoint's answer to a pick-up
+// masqueraded to an address that this gateway holds, before the pick-up's
+// replica came. Only the packets that are not a SYN reach the addresses.
+func TestStrayReplies(t *testing.T) {
+	a := netip.MustParseAddr
+	cfg := &ruleset.Config{DropMidstreamTCP: true, MidstreamWait: time.Second,
+		MasqueradeAddresses: []netip.Addr{a("10.0.2.1"), a("fd00::2")},
+		PeerMasquerade:      [][]netip.Addr{{a("10.0.1.2"), a("10.0.1.1")}, {a("10.0.3.1"), a("fd00::3")}}}
+	chains := func(cfg *ruleset.Config, f ruleset.Family) map[string][]string {
+		out := map[string][]string{}
+		fr := ruleset.Static(cfg, f)
+		for _, c := range fr.Chains {
+			for _, r := range c.Rules {
+				out[c.Name] = append(out[c.Name], r.Text(f))
+			}
+		}
+		return out
+	}
+	for f, want := range map[ruleset.Family]string{
+		ruleset.IPv4: "ip daddr 10.0.1.1 drop; ip daddr 10.0.1.2 drop; ip daddr 10.0.2.1 drop; ip daddr 10.0.3.1 drop",
+		ruleset.IPv6: "ip6 daddr fd00::2 drop; ip6 daddr fd00::3 drop",
+	} {
+		cs := chains(cfg, f)
+		if got := strings.Join(cs[ruleset.ChainStrayReplies], "; "); got != want {
+			t.Errorf("%v: %s holds %q, want %q", f, ruleset.ChainStrayReplies, got, want)
+		}
+		jump := "tcp flags & (fin | syn | rst | ack) != syn jump " + ruleset.ChainStrayReplies
+		if i := slices.Index(cs[ruleset.ChainForwardNew], jump); i < 0 || i > slices.Index(cs[ruleset.ChainForwardNew], "jump service-endpoints-check") {
+			t.Errorf("%v: %s is %q, want %q before the checks of a new connection", f, ruleset.ChainForwardNew, cs[ruleset.ChainForwardNew], jump)
+		}
+	}
+	for _, c := range []struct {
+		name string
+		cfg  ruleset.Config
+	}{
+		{"no peer pool", ruleset.Config{DropMidstreamTCP: true, MidstreamWait: time.Second, MasqueradeAddresses: cfg.MasqueradeAddresses}},
+		{"the wait without bound", ruleset.Config{DropMidstreamTCP: true, MasqueradeAddresses: cfg.MasqueradeAddresses, PeerMasquerade: cfg.PeerMasquerade}},
+	} {
+		if cs := chains(&c.cfg, ruleset.IPv4); cs[ruleset.ChainStrayReplies] != nil || len(cs[ruleset.ChainForwardNew]) != len(chains(&ruleset.Config{}, ruleset.IPv4)[ruleset.ChainForwardNew]) {
+			t.Errorf("%s: %s %q and %s %q, want none and no jump", c.name, ruleset.ChainStrayReplies, cs[ruleset.ChainStrayReplies], ruleset.ChainForwardNew, cs[ruleset.ChainForwardNew])
 		}
 	}
 }

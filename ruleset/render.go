@@ -246,7 +246,12 @@ func Static(cfg *Config, f Family) Fragment {
 	// So are the other addresses of the Services, rather than routed
 	// back to the router that routes them here (unserved.go).
 	forward := []Rule{forwardEntry(cfg)}
-	regular(ChainForwardNew, forwardNewRules(cfg, Rule{jump(ChainServiceEPCheck)}, Rule{jump(ChainClusterIPsCheck)})...)
+	checks := []Rule{{jump(ChainServiceEPCheck)}, {jump(ChainClusterIPsCheck)}}
+	if stray, c := strayReplies(cfg, f); c != nil {
+		checks = append([]Rule{stray}, checks...)
+		fr.Chains = append(fr.Chains, c)
+	}
+	regular(ChainForwardNew, forwardNewRules(cfg, checks...)...)
 	if cfg.Counters && cfg.TrafficElements > 0 {
 		// Every packet of a translated connection, both ways, before a
 		// flowtable takes the connection past this hook.
