@@ -18,15 +18,21 @@ import (
 // active-active set: while exactly one peer is dead, a connection picked
 // up here in mid-stream (at once, or given up after the wait for a replica
 // that never came: most likely that peer's) is masqueraded to the address
-// of the dead peer's pool its client hashes to, where this gateway holds
-// that address (the replies to it come here), and carries on wherever its
-// gateway kept the client's port. See docs/design/gateways.md, "A
-// connection given up in active/active".
+// of the dead peer's pool its client hashes to, and carries on wherever
+// its gateway kept the client's port. Without state sync only where this
+// gateway holds that address (the replies to it come here); with it,
+// wherever the address is held, since the sync carries the picked-up
+// connection's entry to the holder (whose rules drop the endpoint's
+// answers until it is there: ruleset.ChainStrayReplies). See
+// docs/design/gateways.md, "A connection given up in active/active".
 type midstreamHomes struct {
 	cfg   ruleset.Config
 	pools map[string][]netip.Addr // each peer's home pool, by name
-	write func([]ruleset.Element) error
-	log   *slog.Logger
+	// synced: with state sync, every address of the dead pool, held
+	// here or not.
+	synced bool
+	write  func([]ruleset.Element) error
+	log    *slog.Logger
 	// addrs is how many of the dead peer's addresses the map holds.
 	addrs prometheus.Gauge
 
@@ -47,6 +53,10 @@ type midstreamHomes struct {
 type homesView struct {
 	Dead      string       `json:"dead,omitempty"`
 	Addresses []netip.Addr `json:"addresses"`
+	// Held are those of Addresses this gateway holds now (the others
+	// are held by a peer, which the state sync tells of each connection
+	// picked up here).
+	Held []netip.Addr `json:"held"`
 }
 
 // view is what the map holds; nil without the map.
@@ -58,6 +68,12 @@ func (h *midstreamHomes) view() *homesView {
 	defer h.mu.Unlock()
 	v := h.shown
 	v.Addresses = append([]netip.Addr{}, v.Addresses...) // a copy; [] rather than null
+	v.Held = []netip.Addr{}
+	for _, a := range v.Addresses {
+		if h.held[a] {
+			v.Held = append(v.Held, a)
+		}
+	}
 	return &v
 }
 
@@ -71,10 +87,11 @@ func newMidstreamHomes(cfg *Config, write func([]ruleset.Element) error, log *sl
 	for _, p := range cfg.Gateways.Peers {
 		pools[p.Name] = cfg.Gateways.Homes[p.Name]
 	}
-	return &midstreamHomes{cfg: rcfg, pools: pools, write: write, log: log,
+	synced := cfg.Gateways.StateSync != nil && *cfg.Gateways.StateSync
+	return &midstreamHomes{cfg: rcfg, pools: pools, synced: synced, write: write, log: log,
 		alive: map[string]bool{}, held: map[netip.Addr]bool{}, wake: make(chan struct{}, 1),
 		addrs: prometheus.NewGauge(prometheus.GaugeOpts{Name: "nftgate_midstream_homes_addresses",
-			Help: "Masquerade addresses of the one dead peer gateway that this gateway holds and masquerades connections picked up in mid-stream to (0 unless exactly one peer is dead)."})}
+			Help: "Masquerade addresses of the one dead peer gateway that this gateway masquerades connections picked up in mid-stream to: those it holds, or with state sync all (0 unless exactly one peer is dead)."})}
 }
 
 // register registers the homes' gauge.
@@ -128,7 +145,8 @@ func (h *midstreamHomes) poke() {
 }
 
 // elements are the map's elements now: those of the one dead peer's pool
-// that this gateway holds; none unless exactly one peer is dead.
+// (that this gateway holds, without state sync); none unless exactly one
+// peer is dead.
 func (h *midstreamHomes) elements() (dead string, els []ruleset.Element) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -143,7 +161,7 @@ func (h *midstreamHomes) elements() (dead string, els []ruleset.Element) {
 	if dead == "" {
 		return "", nil
 	}
-	held := func(a netip.Addr) bool { return h.held[a] }
+	held := func(a netip.Addr) bool { return h.synced || h.held[a] }
 	for _, f := range ruleset.Families {
 		els = append(els, ruleset.MidstreamHomeElements(&h.cfg, f, h.pools[dead], held)...)
 	}
@@ -199,7 +217,7 @@ func (h *midstreamHomes) run(ctx context.Context) {
 		}
 		h.mu.Unlock()
 		if len(els) > 0 {
-			h.log.Info("midstream: connections picked up here in mid-stream are masqueraded to the dead gateway's addresses this gateway holds", "dead", dead, "addresses", addrs)
+			h.log.Info("midstream: connections picked up here in mid-stream are masqueraded to the dead gateway's addresses", "dead", dead, "addresses", addrs, "all", h.synced)
 		} else {
 			h.log.Info("midstream: connections picked up here in mid-stream are masqueraded to this gateway's own addresses")
 		}

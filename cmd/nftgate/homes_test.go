@@ -111,6 +111,53 @@ func TestMidstreamHomesFollowTheSet(t *testing.T) {
 	}
 }
 
+// With state sync the map holds every address of the dead peer's pool,
+// held here or not (the sync carries a pick-up's entry to the holder);
+// the view tells which are held here, as the holdings change.
+func TestMidstreamHomesWithStateSyncHoldTheWholePool(t *testing.T) {
+	a1, a2, c := netip.MustParseAddr("198.18.3.1"), netip.MustParseAddr("198.18.3.11"), netip.MustParseAddr("198.18.3.3")
+	h := &midstreamHomes{cfg: ruleset.Config{PeerMasquerade: [][]netip.Addr{{a1, a2}, {c}}},
+		pools: map[string][]netip.Addr{"gw-a": {a1, a2}, "gw-c": {c}}, synced: true,
+		log: slog.New(slog.DiscardHandler), alive: map[string]bool{}, held: map[netip.Addr]bool{}, wake: make(chan struct{}, 1),
+		addrs: prometheus.NewGauge(prometheus.GaugeOpts{Name: "g"})}
+	var opts gateways.Options
+	h.hook(&opts)
+	opts.OnPeer("gw-a", true, 1)
+	opts.OnPeer("gw-c", true, 1)
+	if _, els := h.elements(); len(els) != 0 {
+		t.Fatalf("every peer alive: the map holds %v, want nothing", els)
+	}
+	opts.OnPeer("gw-a", false, 1)
+	opts.OnChange([]netip.Addr{a2})
+	dead, els := h.elements()
+	got := map[netip.Addr]int{}
+	for _, e := range els {
+		got[e.To.Addr()]++
+	}
+	if dead != "gw-a" || len(els) != 2 || got[a1] != 1 || got[a2] != 1 {
+		t.Fatalf("gw-a dead, one of its two addresses held here: the map holds %v (dead %q), want a bucket for each of %v", els, dead, []netip.Addr{a1, a2})
+	}
+	writes := make(chan []ruleset.Element, 8)
+	h.write = func(els []ruleset.Element) error { writes <- els; return nil }
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { h.run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	select {
+	case <-writes:
+	case <-time.After(10 * time.Second):
+		t.Fatal("nothing written")
+	}
+	waitGauge(t, h, 2)
+	if v := h.view(); v.Dead != "gw-a" || !slices.Equal(v.Addresses, []netip.Addr{a1, a2}) || !slices.Equal(v.Held, []netip.Addr{a2}) {
+		t.Errorf("the view: %+v, want gw-a's %v, %v held here", *v, []netip.Addr{a1, a2}, a2)
+	}
+	opts.OnChange([]netip.Addr{a1, a2})
+	if v := h.view(); !slices.Equal(v.Held, []netip.Addr{a1, a2}) {
+		t.Errorf("the view after taking %v: held %v, want both", a1, v.Held)
+	}
+}
+
 // waitGauge waits until the homes' gauge reads want (it is set after the
 // write returned).
 func waitGauge(t *testing.T, h *midstreamHomes, want float64) {
