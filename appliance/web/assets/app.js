@@ -772,10 +772,18 @@
     $('gw-refused').hidden = v.refused.length === 0;
     rows('gw-refused-body', v.refused, function (r) { return [[r.remote, 'mono'], [r.peer || '–'], [r.reason + ': ' + r.error, 'bad'], [r.time]]; });
     // Active-active: a connection picked up here in mid-stream keeps the
-    // dead peer's masquerade address where this gateway holds it.
-    var homes = v.midstreamHomes && v.midstreamHomes.addresses.length ?
-      ' Connections picked up in mid-stream are masqueraded to ' + v.midstreamHomes.dead + '\'s ' +
-      v.midstreamHomes.addresses.join(', ') + ' (dead, held here).' : '';
+    // dead peer's masquerade address where this gateway holds it, or with
+    // state sync where a peer does (the sync tells it the connection).
+    var homes = '';
+    var mh = v.midstreamHomes;
+    if (mh && mh.addresses.length) {
+      var held = mh.held || [];
+      var where = held.length === mh.addresses.length ? 'held here' :
+        (held.length ? held.join(', ') + ' held here, the others by peers, which the state sync tells' :
+          'held by peers, which the state sync tells');
+      homes = ' Connections picked up in mid-stream are masqueraded to ' + mh.dead + '\'s ' +
+        mh.addresses.join(', ') + ' (dead, ' + where + ').';
+    }
     setText('gw-summary', 'Set ' + v.setHash + ': ' + fmtNum(v.holds.length) + ' of ' + fmtNum(v.serves) +
       ' served addresses held here; taken ' + fmtNum(v.taken) + ', taken over ' + fmtNum(v.takenOver) + ', released ' + fmtNum(v.released) + '.' + homes, 'muted');
   }
