@@ -51,11 +51,10 @@ import (
 // or, with state sync, wherever it is held (the sync carries the entry to
 // the holder, whose ChainStrayReplies drops the endpoint's answers until
 // it is there); so the connection carries on where its gateway kept the
-// port. Without
-// the wait (Config.DropMidstreamTCP off: no state sync, or "pickup") the
-// masqueraded TCP packets that are not a SYN go to ChainMidstreamPickUp at
-// once. See docs/design/gateways.md, "A connection given up in
-// active/active".
+// port. Without the wait (Config.DropMidstreamTCP off: no state sync, or
+// "pickup") the masqueraded TCP packets that are not a SYN go to
+// ChainMidstreamPickUp at once. See docs/design/gateways.md, "A
+// connection given up in active/active".
 //
 // The rules count the connections that began to wait (ChainMidstreamWait)
 // and those given up (ChainMidstream) with Config.Counters.
@@ -192,9 +191,8 @@ func pickUpRules(cfg *Config, f Family, homes uint32) []Rule {
 // MidstreamHomesModulus) to the address of a dead peer's pool that the
 // peer masqueraded that client to, for the buckets whose address this
 // gateway holds (with state sync, every bucket). nftgate writes its
-// elements at run time
-// (MidstreamHomeElements); a bucket without one is masqueraded to this
-// gateway's own addresses.
+// elements at run time (MidstreamHomeElements); a bucket without one is
+// masqueraded to this gateway's own addresses.
 const MapMidstreamHomes = "midstream-homes"
 
 // maxHomesModulus bounds MidstreamHomesModulus: pools whose sizes have a
