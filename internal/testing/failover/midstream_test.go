@@ -10,11 +10,13 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"regexp"
 	"runtime"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -360,6 +362,132 @@ func TestNftgateGivesUpWaitingForAReplicaThatNeverComes(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestNftgateGivenUpConnectionsCarryOnAtEverySurvivor: many connections
+// whose gateway failed within the sync's lag (sync_batch_interval = 1s
+// holds their replicas back), spread by the router's hash over both
+// survivors once the gateway is gone. With state sync each survivor gives
+// up the ones it got after midstream_tcp_wait and masquerades them to the
+// failed gateway's address, which the successor holds; the sync carries
+// the other survivor's pick-ups to the successor, whose stray-replies
+// chain drops the endpoint's answers until they are there. Every
+// connection carries on. Mutations: the map holding only the addresses
+// held here (as before pick-ups at the other survivors), the other
+// survivor's connections were reset; without stray-replies they hung.
+func TestNftgateGivenUpConnectionsCarryOnAtEverySurvivor(t *testing.T) {
+	const n, wait, origin = 32, 2 * time.Second, 0
+	topo := newTopology(t, failover.Options{Gateways: 3, Router: true})
+	cfg := nftgateConfig(t, topo, failover.NftgateOptions{ECMP: true, DeadAfter: testDeadAfter, BFDMultiplier: testBFDMultiplier,
+		SyncBatchInterval: time.Second, MidstreamTCPWait: wait, PortsByCPUOff: true})
+	gs := startNftgate(t, topo, cfg)
+	router := startRouter(t, topo)
+	if err := failover.ECMPRoutes(router, len(topo.Gateways), 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	pinTo(t, topo, origin)
+	serveSteps(t, topo)
+	conns := make([]*net.TCPConn, n)
+	for i := range conns {
+		c, err := dialLine(topo.Client, cfg.Dst, "hello\n")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		conns[i] = c
+	}
+	failed, err := topo.Fail(origin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	successor := waitSuccessor(t, gs, origin)
+	other := 3 - origin - successor
+	for _, s := range []int{successor, other} {
+		for _, c := range conns {
+			if k, err := entries(topo.Gateways[s], netip.MustParseAddrPort(c.LocalAddr().String())); err != nil || k != 0 {
+				t.Fatalf("%s holds %d entries of a connection when its gateway failed (%v): the sync was not held back",
+					failover.GatewayNames[s], k, err)
+			}
+		}
+	}
+	unpin(t, topo)
+	type outcome struct {
+		err  error
+		took time.Duration
+	}
+	out := make([]outcome, n)
+	var wg sync.WaitGroup
+	for i, c := range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// Room for a pick-up that loses a packet more (each costs
+			// the client a retransmission, doubling).
+			_ = c.SetDeadline(time.Now().Add(wait + 40*time.Second))
+			buf := make([]byte, len("after\n"))
+			_, err := io.WriteString(c, "after\n")
+			if err == nil {
+				_, err = io.ReadFull(c, buf)
+			}
+			if err == nil && string(buf) != "after\n" {
+				err = fmt.Errorf("read back %q", buf)
+			}
+			out[i] = outcome{err, time.Since(failed)}
+		}()
+	}
+	wg.Wait()
+	var kept []time.Duration
+	ends := map[string]int{}
+	for _, o := range out {
+		switch {
+		case o.err == nil:
+			kept = append(kept, o.took)
+		case errors.Is(o.err, syscall.ECONNRESET):
+			ends["reset"]++
+		case errors.Is(o.err, os.ErrDeadlineExceeded):
+			ends["hung"]++
+		default:
+			ends[o.err.Error()]++
+		}
+	}
+	slices.Sort(kept)
+	given := map[string]float64{}
+	for _, s := range []int{successor, other} {
+		given[failover.GatewayNames[s]] = midstreamMetric(t, gs[s], "given_up")
+	}
+	t.Logf("%d connections, given up at %s (the successor) %v, at %s %v; carried on: %d (%v to %v after the failure); ended otherwise: %v",
+		n, failover.GatewayNames[successor], given[failover.GatewayNames[successor]], failover.GatewayNames[other], given[failover.GatewayNames[other]],
+		len(kept), first(kept).Round(time.Millisecond), last(kept).Round(time.Millisecond), ends)
+	if given[failover.GatewayNames[successor]] == 0 || given[failover.GatewayNames[other]] == 0 {
+		t.Errorf("connections given up per survivor %v: the router's hash did not spread them over both, the test does not reach the other survivor", given)
+	}
+	if len(kept) != n {
+		t.Errorf("%d of %d connections carried on (the others: %v), want every one", len(kept), n, ends)
+	}
+}
+
+// unpin removes pinTo's pin: the router's multipath route again.
+func unpin(t *testing.T, topo *failover.Topology) {
+	t.Helper()
+	vip := netip.PrefixFrom(failover.ECMPServiceAddr, 32).String()
+	if out, err := topo.Router.Command(context.Background(), "ip", "rule", "del", "to", vip, "lookup", "101", "pref", "101").CombinedOutput(); err != nil {
+		t.Fatalf("ip rule del: %v: %s", err, out)
+	}
+}
+
+// first and last are a sorted slice's ends (zero when empty).
+func first(d []time.Duration) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	return d[0]
+}
+
+func last(d []time.Duration) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	return d[len(d)-1]
 }
 
 // waitSuccessor waits until a gateway of gs other than failed holds
