@@ -160,6 +160,10 @@ type Midstream struct {
 	Waited uint64
 	// GivenUp: no replica came within the wait; picked up here.
 	GivenUp uint64
+	// StrayReplies: the packets to a masquerade address of the set that
+	// had no entry here, dropped (ruleset.ChainStrayReplies): an
+	// endpoint's answers to a peer's pick-up before its replica came.
+	StrayReplies uint64
 }
 
 // Resets counts the gateway's resets of endpoints' TIME_WAIT, by why they
@@ -433,8 +437,9 @@ func (r *reader) readCounters(cfg *ruleset.Config, fw map[string]PortRef, flows,
 
 // chainsCounted are the chains of the main table whose rules' counters a
 // reading sums: the source-range chains fw (their drops), the chains
-// that copy what the gateway answers with a reset (Reading.Resets) and
-// those of the wait for a replica (Reading.Midstream).
+// that copy what the gateway answers with a reset (Reading.Resets), and
+// those of the wait for a replica and of the stray replies
+// (Reading.Midstream).
 func chainsCounted(cfg *ruleset.Config, fw map[string]PortRef) iter.Seq[string] {
 	return func(yield func(string) bool) {
 		for ch := range fw {
@@ -448,8 +453,11 @@ func chainsCounted(cfg *ruleset.Config, fw map[string]PortRef) iter.Seq[string] 
 		if cfg.AnswerRefusedSYNs && !yield(ruleset.ChainReleaseRefused) {
 			return
 		}
-		if cfg.MidstreamBounded() && yield(ruleset.ChainMidstreamWait) {
-			yield(ruleset.ChainMidstream)
+		if cfg.MidstreamBounded() && (!yield(ruleset.ChainMidstreamWait) || !yield(ruleset.ChainMidstream)) {
+			return
+		}
+		if ruleset.MidstreamHomesModulus(cfg, ruleset.IPv4) > 0 || ruleset.MidstreamHomesModulus(cfg, ruleset.IPv6) > 0 {
+			yield(ruleset.ChainStrayReplies)
 		}
 	}
 }
@@ -528,7 +536,8 @@ func (p *Programmer) attribute(elems []counted, byChain map[string]Count, traffi
 		return rd
 	}
 	rd.Resets = Resets{Released: byChain[ruleset.ChainReleaseTimeWait].Packets, Refused: byChain[ruleset.ChainReleaseRefused].Packets}
-	rd.Midstream = Midstream{Waited: byChain[ruleset.ChainMidstreamWait].Packets, GivenUp: byChain[ruleset.ChainMidstream].Packets}
+	rd.Midstream = Midstream{Waited: byChain[ruleset.ChainMidstreamWait].Packets, GivenUp: byChain[ruleset.ChainMidstream].Packets,
+		StrayReplies: byChain[ruleset.ChainStrayReplies].Packets}
 	rd.counts = make([]PortCounters, len(rd.ports.refs))
 	rd.Endpoints = p.attributeTraffic(rd, p.forgotten.take())
 	for _, e := range elems {

@@ -301,9 +301,10 @@ const ChainStrayReplies = "stray-replies"
 
 // strayReplies is ChainForwardNew's rule that sends TCP packets that are
 // not a SYN to ChainStrayReplies, and that chain, whose rules drop those
-// to each masquerade address of the set in family f; none without the
-// map of homes. A connection's first packet is a SYN but for a pick-up,
-// so the addresses cost a new connection one test.
+// to each masquerade address of the set in family f (counted with
+// Config.Counters); none without the map of homes. A connection's first
+// packet is a SYN but for a pick-up, so the addresses cost a new
+// connection one test.
 func strayReplies(cfg *Config, f Family) (Rule, *Chain) {
 	if MidstreamHomesModulus(cfg, f) == 0 {
 		return nil, nil
@@ -315,7 +316,11 @@ func strayReplies(cfg *Config, f Family) (Rule, *Chain) {
 	slices.SortFunc(addrs, netip.Addr.Compare)
 	c := &Chain{Name: ChainStrayReplies}
 	for _, a := range addrs {
-		c.Rules = append(c.Rules, Rule{MatchAddr{Dir: Dst, Prefix: netip.PrefixFrom(a, a.BitLen())}, Verdict{Kind: Drop}})
+		r := Rule{MatchAddr{Dir: Dst, Prefix: netip.PrefixFrom(a, a.BitLen())}}
+		if cfg.Counters {
+			r = append(r, Counter{})
+		}
+		c.Rules = append(c.Rules, append(r, Verdict{Kind: Drop}))
 	}
 	return Rule{MatchTCPNotSYN{}, Verdict{Kind: Jump, Chain: ChainStrayReplies}}, c
 }

@@ -129,6 +129,11 @@ func TestStrayReplies(t *testing.T) {
 			t.Errorf("%v: %s is %q, want %q before the checks of a new connection", f, ruleset.ChainForwardNew, cs[ruleset.ChainForwardNew], jump)
 		}
 	}
+	counted := *cfg
+	counted.Counters = true
+	if got, want := chains(&counted, ruleset.IPv6)[ruleset.ChainStrayReplies], []string{"ip6 daddr fd00::2 counter drop", "ip6 daddr fd00::3 counter drop"}; !slices.Equal(got, want) {
+		t.Errorf("with counters: %s holds %q, want %q", ruleset.ChainStrayReplies, got, want)
+	}
 	for _, c := range []struct {
 		name string
 		cfg  ruleset.Config
