@@ -204,6 +204,16 @@ func (t *traffic) midstream() (map[string]uint64, error) {
 	return map[string]uint64{"waited": rd.Midstream.Waited, "given_up": rd.Midstream.GivenUp}, nil
 }
 
+// strayReplies reads the packets dropped as stray replies
+// (ruleset.ChainStrayReplies); 0 when the counters cannot be read.
+func (t *traffic) strayReplies() float64 {
+	rd, err := t.prog.Counters()
+	if err != nil {
+		return 0
+	}
+	return float64(rd.Midstream.StrayReplies)
+}
+
 // Flows implements appliance.Traffic.
 func (t *traffic) Flows(namespace, name string) ([]appliance.FlowJSON, error) {
 	rd, err := t.prog.Counters()
