@@ -155,8 +155,8 @@ func listConn(h *lab.Host, local netip.AddrPort) (string, error) {
 // that address, the client's port kept, and the line comes back; so does
 // the other survivor with state sync, whose pick-up's entry the sync
 // carries to the successor, where the endpoint's answers are dropped until
-// it comes (without that drop, mutation, the answer made an entry of its
-// own there and the connection hung). Without state sync the other
+// it comes (counted there; without that drop, mutation, the answer made an
+// entry of its own there and the connection hung). Without state sync the other
 // survivor masquerades it to its own address, the endpoint resets it, and
 // the client learns at once. Without the bound the connection hangs
 // either way; without the map of the dead gateway's addresses (mutation)
@@ -255,8 +255,9 @@ func TestNftgateGivesUpWaitingForAReplicaThatNeverComes(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			successor := -1
 			if tc.ecmp {
-				successor := waitSuccessor(t, gs, origin)
+				successor = waitSuccessor(t, gs, origin)
 				if survivor = successor; !tc.successor {
 					survivor = 3 - origin - successor
 				}
@@ -331,6 +332,11 @@ func TestNftgateGivesUpWaitingForAReplicaThatNeverComes(t *testing.T) {
 				}
 				if err != nil || code != 200 || got.String() != wantHomes {
 					t.Errorf("the survivor's GET /api/v1/gateways: %d %v: midstreamHomes %s, want %s", code, err, got.String(), wantHomes)
+				}
+				if !tc.successor && !tc.noSync {
+					// The successor held the endpoint's answers back
+					// until the pick-up's replica came.
+					waitStrayReplies(t, gs[successor])
 				}
 				if tc.successor == tc.noSync {
 					// The page says it under the gateway set.
@@ -464,6 +470,7 @@ func TestNftgateGivenUpConnectionsCarryOnAtEverySurvivor(t *testing.T) {
 	if len(kept) != n {
 		t.Errorf("%d of %d connections carried on (the others: %v), want every one", len(kept), n, ends)
 	}
+	waitStrayReplies(t, gs[successor])
 }
 
 // unpin removes pinTo's pin: the router's multipath route again.
@@ -598,20 +605,41 @@ func midstreamMetric(t *testing.T, g *failover.Nftgate, outcome string) float64 
 // metric is the value of series (name and labels) in g's /metrics.
 func metric(t *testing.T, g *failover.Nftgate, series string) float64 {
 	t.Helper()
+	v, err := metricValue(g, series)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// metricValue is series' value in g's /metrics.
+func metricValue(g *failover.Nftgate, series string) (float64, error) {
 	code, body, err := g.Get("/metrics")
 	if err != nil || code != 200 {
-		t.Fatalf("GET /metrics: %d %v", code, err)
+		return 0, fmt.Errorf("GET /metrics: %d %v", code, err)
 	}
 	prefix := series + " "
 	for line := range strings.Lines(body) {
 		if v, ok := strings.CutPrefix(strings.TrimSpace(line), prefix); ok {
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				t.Fatalf("%q: %v", line, err)
-			}
-			return f
+			return strconv.ParseFloat(v, 64)
 		}
 	}
-	t.Fatalf("no %s in %s's /metrics", strings.TrimSpace(prefix), g.Host)
-	return 0
+	return 0, fmt.Errorf("no %s in %s's /metrics", series, g.Host)
+}
+
+// waitStrayReplies waits until g counts a stray reply dropped (the
+// counters are read in the background, so a scrape may serve an older
+// reading).
+func waitStrayReplies(t *testing.T, g *failover.Nftgate) {
+	t.Helper()
+	const series = "nftgate_midstream_stray_replies_dropped_total"
+	if err := lab.EventuallyWithin(20*time.Second, func() error {
+		v, err := metricValue(g, series)
+		if err == nil && v < 1 {
+			err = fmt.Errorf("%s = %v", series, v)
+		}
+		return err
+	}); err != nil {
+		t.Errorf("the successor dropped no answer to the other survivor's pick-up: %v", err)
+	}
 }
