@@ -456,7 +456,7 @@ func chainsCounted(cfg *ruleset.Config, fw map[string]PortRef) iter.Seq[string] 
 		if cfg.MidstreamBounded() && (!yield(ruleset.ChainMidstreamWait) || !yield(ruleset.ChainMidstream)) {
 			return
 		}
-		if ruleset.MidstreamHomesModulus(cfg, ruleset.IPv4) > 0 || ruleset.MidstreamHomesModulus(cfg, ruleset.IPv6) > 0 {
+		if ruleset.HasMidstreamHomes(cfg) {
 			yield(ruleset.ChainStrayReplies)
 		}
 	}

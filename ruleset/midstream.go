@@ -200,6 +200,12 @@ const MapMidstreamHomes = "midstream-homes"
 // masqueraded to this gateway's own addresses).
 const maxHomesModulus = 4096
 
+// HasMidstreamHomes tells whether either family has MapMidstreamHomes
+// (and ChainStrayReplies).
+func HasMidstreamHomes(cfg *Config) bool {
+	return MidstreamHomesModulus(cfg, IPv4) > 0 || MidstreamHomesModulus(cfg, IPv6) > 0
+}
+
 // MidstreamHomesModulus is the modulus of MapMidstreamHomes in family f:
 // the least common multiple of the sizes of the peers' pools of f, so
 // that every pool's choice is a run of buckets (jhash scales the hash to

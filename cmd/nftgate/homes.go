@@ -80,7 +80,7 @@ func (h *midstreamHomes) view() *homesView {
 // newMidstreamHomes is nil unless the ruleset has the map.
 func newMidstreamHomes(cfg *Config, write func([]ruleset.Element) error, log *slog.Logger) *midstreamHomes {
 	rcfg := cfg.ruleset()
-	if ruleset.MidstreamHomesModulus(&rcfg, ruleset.IPv4) == 0 && ruleset.MidstreamHomesModulus(&rcfg, ruleset.IPv6) == 0 {
+	if !ruleset.HasMidstreamHomes(&rcfg) {
 		return nil
 	}
 	pools := map[string][]netip.Addr{}

@@ -375,7 +375,7 @@ func serve(ctx context.Context, cfg *Config) error {
 	if cfg.Counters && cfg.midstreamWait() > 0 {
 		metrics.Registry().MustRegister(appliance.NewMidstreamCollector(tr.midstream))
 	}
-	if rcfg := cfg.ruleset(); cfg.Counters && (ruleset.MidstreamHomesModulus(&rcfg, ruleset.IPv4) > 0 || ruleset.MidstreamHomesModulus(&rcfg, ruleset.IPv6) > 0) {
+	if rcfg := cfg.ruleset(); cfg.Counters && ruleset.HasMidstreamHomes(&rcfg) {
 		metrics.Registry().MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "nftgate_midstream_stray_replies_dropped_total",
 			Help: "Packets dropped that went to a masquerade address of the gateway set without a conntrack entry here: an endpoint's answers to a connection a peer picked up in mid-stream, before its replica came (or strays that would have been routed back to the router)."},
 			tr.strayReplies))
