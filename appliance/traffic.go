@@ -473,7 +473,9 @@ type CountsFunc func() (map[string]uint64, error)
 type ResetsFunc = CountsFunc
 
 // CountsCollector exports a CountsFunc's counts to Prometheus as one
-// counter with one label.
+// counter with one label (without, for the count read under the empty
+// label of a counter that has none). A read that fails leaves the counter
+// out of the scrape: reported as 0, it would look like a reset.
 type CountsCollector struct {
 	desc *prometheus.Desc
 	read CountsFunc
@@ -498,6 +500,16 @@ var descMidstream = prometheus.NewDesc("nftgate_midstream_tcp_connections_total"
 	"Masqueraded TCP connections whose packets came to the gateway without a conntrack entry (moved here from another gateway ahead of their replica), by outcome: waited (their packets were dropped, waiting for the replica, midstream_tcp = \"wait\"), given_up (no replica came within midstream_tcp_wait: picked up here).",
 	[]string{"outcome"}, nil)
 
+// NewStrayRepliesCollector returns the collector of the packets dropped
+// as stray replies, which read returns under the empty label.
+func NewStrayRepliesCollector(read CountsFunc) *CountsCollector {
+	return &CountsCollector{desc: descStrayReplies, read: read}
+}
+
+var descStrayReplies = prometheus.NewDesc("nftgate_midstream_stray_replies_dropped_total",
+	"Packets dropped that went to a masquerade address of the gateway set without a conntrack entry here: an endpoint's answers to a connection a peer picked up in mid-stream, before its replica came (or strays that would have been routed back to the router).",
+	nil, nil)
+
 // Describe implements prometheus.Collector.
 func (c *CountsCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
 
@@ -508,6 +520,10 @@ func (c *CountsCollector) Collect(ch chan<- prometheus.Metric) {
 		return // the rest of the scrape stands
 	}
 	for label, v := range n {
-		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(v), label)
+		var labels []string
+		if label != "" {
+			labels = []string{label}
+		}
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(v), labels...)
 	}
 }

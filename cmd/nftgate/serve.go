@@ -17,7 +17,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 
 	"github.com/nftgate/nftgate/appliance"
@@ -376,9 +375,7 @@ func serve(ctx context.Context, cfg *Config) error {
 		metrics.Registry().MustRegister(appliance.NewMidstreamCollector(tr.midstream))
 	}
 	if rcfg := cfg.ruleset(); cfg.Counters && ruleset.HasMidstreamHomes(&rcfg) {
-		metrics.Registry().MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "nftgate_midstream_stray_replies_dropped_total",
-			Help: "Packets dropped that went to a masquerade address of the gateway set without a conntrack entry here: an endpoint's answers to a connection a peer picked up in mid-stream, before its replica came (or strays that would have been routed back to the router)."},
-			tr.strayReplies))
+		metrics.Registry().MustRegister(appliance.NewStrayRepliesCollector(tr.strayReplies))
 	}
 	hist := cfg.history()
 	if hist != nil {

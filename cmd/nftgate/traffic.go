@@ -205,13 +205,13 @@ func (t *traffic) midstream() (map[string]uint64, error) {
 }
 
 // strayReplies reads the packets dropped as stray replies
-// (ruleset.ChainStrayReplies); 0 when the counters cannot be read.
-func (t *traffic) strayReplies() float64 {
+// (ruleset.ChainStrayReplies), under the empty label.
+func (t *traffic) strayReplies() (map[string]uint64, error) {
 	rd, err := t.prog.Counters()
 	if err != nil {
-		return 0
+		return nil, err
 	}
-	return float64(rd.Midstream.StrayReplies)
+	return map[string]uint64{"": rd.Midstream.StrayReplies}, nil
 }
 
 // Flows implements appliance.Traffic.
