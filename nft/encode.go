@@ -162,6 +162,8 @@ func setKey(f ruleset.Family, s *ruleset.Set) (types []uint32, lens []uint32) {
 	switch {
 	case s.Shape == ruleset.KeySlot:
 		return []uint32{typeInteger}, []uint32{4}
+	case s.Shape == ruleset.KeyProto:
+		return []uint32{typeInetProto}, []uint32{1}
 	case s.Shape == ruleset.KeyTraffic:
 		return []uint32{addr, typeInetProto, typeInetService, addr, typeInetService}, []uint32{addrLen, 1, 2, addrLen, 2}
 	case s.Map && s.Shape == ruleset.KeyProtoPort:
@@ -395,6 +397,9 @@ func (e *encoder) addRules(p ruleset.ChainPlan) {
 func appendKey(b []byte, shape ruleset.KeyShape, k ruleset.Key) []byte {
 	if shape == ruleset.KeySlot {
 		return binary.NativeEndian.AppendUint32(b, k.Slot) // as the hash expression writes it
+	}
+	if shape == ruleset.KeyProto {
+		return append(b, byte(k.Proto))
 	}
 	if k.Addr.IsValid() {
 		b = append(b, k.Addr.AsSlice()...)

@@ -59,7 +59,7 @@ func (g *googleSink) Bitwise(x bc.Bitwise) {
 
 func (g *googleSink) Lookup(x bc.Lookup) {
 	s := g.set(x.Set)
-	g.add(&expr.Lookup{SourceRegister: x.Sreg, SetName: s.Name, SetID: s.ID, DestRegister: x.Dreg, IsDestRegSet: x.HasDreg})
+	g.add(&expr.Lookup{SourceRegister: x.Sreg, SetName: s.Name, SetID: s.ID, DestRegister: x.Dreg, IsDestRegSet: x.HasDreg, Invert: x.Invert})
 }
 
 func (g *googleSink) Meta(x bc.Meta) {
@@ -186,6 +186,8 @@ func setDefinition(table *nftables.Table, f ruleset.Family, s *ruleset.Set) *nft
 	case s.Shape == ruleset.KeyAddrPair:
 		ns.Concatenation = true
 		ns.KeyType = nftables.MustConcatSetType(addr, addr)
+	case s.Shape == ruleset.KeyProto:
+		ns.KeyType = nftables.TypeInetProto
 	case s.Shape == ruleset.KeyTraffic:
 		ns.Concatenation = true
 		ns.KeyType = nftables.MustConcatSetType(addr, nftables.TypeInetProto, nftables.TypeInetService, addr, nftables.TypeInetService)

@@ -243,6 +243,9 @@ func (e *encoder) Lookup(x bc.Lookup) {
 	if x.HasDreg {
 		w.u32(unix.NFTA_LOOKUP_DREG, x.Dreg)
 	}
+	if x.Invert {
+		w.u32(unix.NFTA_LOOKUP_FLAGS, unix.NFT_LOOKUP_F_INV)
+	}
 	w.str(unix.NFTA_LOOKUP_SET, x.Set)
 	w.u32(unix.NFTA_LOOKUP_SET_ID, e.ids[x.Set])
 	w.exprEnd(elem, at)

@@ -136,6 +136,9 @@ const (
 	// saddr . reply sport: a Service destination and the endpoint it was
 	// translated to (the traffic sets, which the packet path fills).
 	KeyTraffic
+	// KeyProto is a protocol alone, the Key's Proto (a flag set the
+	// packet's protocol is looked up in: SetMidstreamPeerDead).
+	KeyProto
 )
 
 // KeyConn is a connection's original tuple: client address . l4proto .

@@ -72,13 +72,13 @@ type ChainInfo struct {
 type SetDef struct {
 	Map       bool
 	Shape     KeyShape
-	Timeout   int64 // seconds
+	Timeout   int64 // milliseconds
 	Counter   bool
 	Endpoints bool
 }
 
 func DefOf(s *Set) SetDef {
-	return SetDef{Map: s.Map, Shape: s.Shape, Timeout: int64(s.Timeout.Seconds()), Counter: s.Counter, Endpoints: s.Endpoints}
+	return SetDef{Map: s.Map, Shape: s.Shape, Timeout: s.Timeout.Milliseconds(), Counter: s.Counter, Endpoints: s.Endpoints}
 }
 
 // ruleFingerprint identifies a rule by its nft text. It is stored in the

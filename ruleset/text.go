@@ -96,7 +96,7 @@ func WriteText(w io.Writer, table string, f Family, frags ...*Fragment) error {
 	for _, s := range sets {
 		ew.printf("\t%s %s {\n\t\t%s\n", map[bool]string{true: "map", false: "set"}[s.Map], s.Name, setType(f, s))
 		if s.Timeout > 0 {
-			ew.printf("\t\tflags dynamic,timeout\n\t\ttimeout %s\n", DurationText(s.Timeout))
+			ew.printf("\t\tflags dynamic,timeout\n\t\ttimeout %s\n", timeoutText(s.Timeout))
 		}
 		if s.Size > 0 {
 			ew.printf("\t\tsize %d\n", s.Size)
@@ -217,6 +217,8 @@ func setType(f Family, s *Set) string {
 		addr = "ipv6_addr"
 	}
 	switch {
+	case s.Shape == KeyProto:
+		return "type inet_proto"
 	case s.Shape == KeyTraffic:
 		return "type " + addr + " . inet_proto . inet_service . " + addr + " . inet_service"
 	case s.Shape == KeyAddrPair:
@@ -236,6 +238,15 @@ func setType(f Family, s *Set) string {
 // DurationText writes a duration as nft does, in whole seconds.
 func DurationText(d time.Duration) string {
 	return fmt.Sprintf("%ds", int64(d/time.Second))
+}
+
+// timeoutText writes a set's timeout: in whole seconds (DurationText), or
+// in milliseconds where it is not.
+func timeoutText(d time.Duration) string {
+	if d%time.Second == 0 {
+		return DurationText(d)
+	}
+	return fmt.Sprintf("%dms", d.Milliseconds())
 }
 
 type errWriter struct {

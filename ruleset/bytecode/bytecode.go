@@ -121,6 +121,8 @@ type Lookup struct {
 	Set     string
 	Dreg    uint32
 	HasDreg bool
+	// Invert matches a key that is not in the set (no Dreg then).
+	Invert bool
 }
 
 // Meta keys nftgate uses.
