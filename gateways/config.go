@@ -85,6 +85,16 @@ type Config struct {
 	// twice SyncRefreshInterval (a replica whose events were lost is sent
 	// by the origin's next refresh), from 1s to 10m.
 	MidstreamTCPWait time.Duration `toml:"midstream_tcp_wait" json:"midstream_tcp_wait"`
+	// MidstreamTCPWaitPeerDead bounds the wait instead of MidstreamTCPWait
+	// while a peer of the set is dead (told dead after it was heard
+	// alive): the connections that wait then are mostly the dead peer's
+	// that it opened within the sync's lag, whose replicas never come, and
+	// the longer wait (for a live peer's replica whose events were lost,
+	// until its next refresh) only holds them up. Default
+	// max(500ms, 4 × SyncBatchInterval), at most MidstreamTCPWait; from
+	// max(100ms, 2 × SyncBatchInterval), which a live peer's replica in
+	// flight takes, to MidstreamTCPWait (that value: no shorter wait).
+	MidstreamTCPWaitPeerDead time.Duration `toml:"midstream_tcp_wait_peer_dead" json:"midstream_tcp_wait_peer_dead"`
 	// ConntrackEvents is which connections conntrack reports events of:
 	// EventsServices only those nftgate translates to a Service, the ones
 	// the sync replicates, sparing the kernel the events of every routed
@@ -161,6 +171,9 @@ const (
 	DefaultSyncBatchInterval   = 10 * time.Millisecond
 	DefaultSyncBatchBytes      = 64 << 10
 	DefaultSyncRefreshInterval = 5 * time.Second
+	// DefaultMidstreamTCPWaitPeerDead is MidstreamTCPWaitPeerDead's
+	// default with a SyncBatchInterval of at most an eighth of it.
+	DefaultMidstreamTCPWaitPeerDead = 500 * time.Millisecond
 	// maxPeers bounds the set (every pair holds a connection per link).
 	maxPeers = 32
 )
@@ -198,6 +211,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.MidstreamTCP == MidstreamWait && c.MidstreamTCPWait == 0 {
 		c.MidstreamTCPWait = 2 * c.SyncRefreshInterval
+	}
+	if c.MidstreamTCP == MidstreamWait && c.MidstreamTCPWaitPeerDead == 0 {
+		c.MidstreamTCPWaitPeerDead = min(c.MidstreamTCPWait, max(DefaultMidstreamTCPWaitPeerDead, 4*c.SyncBatchInterval))
 	}
 	if c.ConntrackEvents == "" {
 		c.ConntrackEvents = EventsAll
@@ -271,6 +287,11 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%s.midstream_tcp_wait = %q: needs midstream_tcp = %q (%q waits for nothing)", Key, c.MidstreamTCPWait.String(), MidstreamWait, c.MidstreamTCP)
 	case c.MidstreamTCP == MidstreamWait && (c.MidstreamTCPWait < time.Second || c.MidstreamTCPWait > 10*time.Minute):
 		return fmt.Errorf("%s.midstream_tcp_wait = %q: want 1s to 10m", Key, c.MidstreamTCPWait.String())
+	case c.MidstreamTCP != MidstreamWait && c.MidstreamTCPWaitPeerDead != 0:
+		return fmt.Errorf("%s.midstream_tcp_wait_peer_dead = %q: needs midstream_tcp = %q (%q waits for nothing)", Key, c.MidstreamTCPWaitPeerDead.String(), MidstreamWait, c.MidstreamTCP)
+	case c.MidstreamTCP == MidstreamWait && (c.MidstreamTCPWaitPeerDead < max(100*time.Millisecond, 2*c.SyncBatchInterval) || c.MidstreamTCPWaitPeerDead > c.MidstreamTCPWait):
+		return fmt.Errorf("%s.midstream_tcp_wait_peer_dead = %q: want %s (100ms, and twice sync_batch_interval, which a live peer's replica in flight may take) to midstream_tcp_wait (%s)",
+			Key, c.MidstreamTCPWaitPeerDead.String(), max(100*time.Millisecond, 2*c.SyncBatchInterval), c.MidstreamTCPWait)
 	}
 	switch {
 	case !slices.Contains([]string{EventsAuto, EventsLean, EventsServices, EventsAll}, c.ConntrackEvents):

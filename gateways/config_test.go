@@ -88,3 +88,23 @@ func TestMidstreamTCPWaitDefaultsToTwoRefreshes(t *testing.T) {
 		}
 	}
 }
+
+// TestMidstreamTCPWaitPeerDeadDefaults: while a peer is dead the wait is
+// half a second, or four sync batches where they take longer, and never
+// longer than midstream_tcp_wait; "pickup" waits for nothing.
+func TestMidstreamTCPWaitPeerDeadDefaults(t *testing.T) {
+	for _, tc := range []struct {
+		c    Config
+		want time.Duration
+	}{
+		{Config{}, 500 * time.Millisecond},
+		{Config{SyncBatchInterval: 200 * time.Millisecond}, 800 * time.Millisecond},
+		{Config{SyncBatchInterval: time.Second, MidstreamTCPWait: 2 * time.Second}, 2 * time.Second},
+		{Config{MidstreamTCPWaitPeerDead: 3 * time.Second}, 3 * time.Second},
+		{Config{MidstreamTCP: MidstreamPickup}, 0},
+	} {
+		if got := tc.c.WithDefaults().MidstreamTCPWaitPeerDead; got != tc.want {
+			t.Errorf("%+v: midstream_tcp_wait_peer_dead defaults to %v, want %v", tc.c, got, tc.want)
+		}
+	}
+}

@@ -263,6 +263,7 @@ func TestNetlinkMatchesNft(t *testing.T) {
 	// pick-up without a range), and the plain drop.
 	answer.DropMidstreamTCP, answer.MidstreamWait = true, 10*time.Second
 	cpus.DropMidstreamTCP, cpus.MidstreamWait = true, 10*time.Second
+	cpus.MidstreamWaitPeerDead = 500 * time.Millisecond // a timeout of milliseconds, read back
 	pool.DropMidstreamTCP = true
 	for name, cfg := range map[string]ruleset.Config{"default": base, "cpu-ports": cpus, "cpu-ports-pool": pool, "answer-without-release": answer} {
 		t.Run(name, func(t *testing.T) {

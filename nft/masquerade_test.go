@@ -23,6 +23,7 @@ func TestWireMatchesGoogleNftablesMasquerade(t *testing.T) {
 		{ReleaseTimeWait: true, AnswerRefusedSYNs: true},
 		{AnswerRefusedSYNs: true, Counters: true},
 		{DropMidstreamTCP: true, MidstreamWait: 10 * time.Second, Counters: true},
+		{DropMidstreamTCP: true, MidstreamWait: 10 * time.Second, MidstreamWaitPeerDead: 1500 * time.Millisecond, Counters: true},
 		{DropMidstreamTCP: true, MidstreamWait: 10 * time.Second, LeanServiceEvents: true, MasqueradePortGroups: 2,
 			MasqueradeAddresses: []netip.Addr{netip.MustParseAddr("198.18.3.1"), netip.MustParseAddr("fd00:3::1")}},
 		{DropMidstreamTCP: true, MidstreamWait: 10 * time.Second, MasqueradeAddresses: []netip.Addr{netip.MustParseAddr("198.18.3.1")},

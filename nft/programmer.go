@@ -98,8 +98,9 @@ type Programmer struct {
 	// beforeReceive, when set, runs before each read of the
 	// notification socket: tests hold the watcher there.
 	beforeReceive func()
-	// homes are the elements of the maps of homes (SetMidstreamHomes);
-	// homesDue tells that the next batch writes them.
+	// homes are the elements of the maps of homes and the flags of a
+	// dead peer (SetMidstreamElements); homesDue tells that the next
+	// batch writes them.
 	homes    []ruleset.Element
 	homesDue bool
 }
@@ -332,14 +333,15 @@ func (p *Programmer) Full(services map[model.ServiceKey]*model.Service) (Result,
 	defer p.mu.Unlock()
 	res, err := p.full(services)
 	if err == nil && len(p.homes) > 0 && (res.ReadBack || res.Counts.SetsAdded > 0) {
-		// The maps of homes may be new (read back: another program
-		// changed the tables; or made anew): their elements again.
+		// The maps of homes and flags may be new (read back: another
+		// program changed the tables; or made anew): their elements
+		// again.
 		p.homesDue = true
 	}
 	if err == nil && p.homesDue {
 		if err = p.writeHomes(); err != nil {
 			// Due still: the next full sync tries again.
-			err = fmt.Errorf("the map %s: %w", ruleset.MapMidstreamHomes, err)
+			err = fmt.Errorf("the midstream elements written at run time (%s, %s): %w", ruleset.MapMidstreamHomes, ruleset.SetMidstreamPeerDead, err)
 		}
 	}
 	return res, err

@@ -195,11 +195,11 @@ func (r *reader) readSets(name string, f ruleset.Family, st *ruleset.TableState,
 		// shape comes from the name, and is checked against the keys below.
 		def := ruleset.SetDef{Map: s.IsMap, Shape: ruleset.SetShape(s.Name)}
 		if s.HasTimeout {
-			def.Timeout = int64(s.Timeout.Seconds())
+			def.Timeout = s.Timeout.Milliseconds()
 		}
 		st.Sets[s.Name] = def
-		if def.Shape == 0 || def.Shape == ruleset.KeyTraffic || s.Name == ruleset.MapMidstreamHomes {
-			continue // filled by the packet path or at run time (SetMidstreamHomes), or not nftgate's
+		if def.Shape == 0 || def.Shape == ruleset.KeyTraffic || s.Name == ruleset.MapMidstreamHomes || s.Name == ruleset.SetMidstreamPeerDead {
+			continue // filled by the packet path or at run time (SetMidstreamElements), or not nftgate's
 		}
 		first, other := true, false
 		if err := r.eachElem(f, name, s.Name, func(e *setElem) error {

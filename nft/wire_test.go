@@ -237,6 +237,7 @@ func TestWireMatchesGoogleNftables(t *testing.T) {
 			cfg.DropMidstreamTCP = seed >= 3
 			if seed == 3 {
 				cfg.MidstreamWait = 10 * time.Second
+				cfg.MidstreamWaitPeerDead = 500 * time.Millisecond
 			}
 			if seed == 4 {
 				cfg.TrafficElements = 4096

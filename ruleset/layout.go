@@ -356,8 +356,12 @@ func SetShape(name string) KeyShape {
 		return KeyTraffic
 	case SetRefusedSYNs, SetMidstreamWaiting, SetMidstreamWaited:
 		return KeyConn
+	case SetMidstreamWaitingShort:
+		return KeyConn
 	case MapMidstreamHomes:
 		return KeySlot
+	case SetMidstreamPeerDead:
+		return KeyProto
 	}
 	if strings.HasPrefix(name, MaglevClusterKind+"-") || strings.HasPrefix(name, MaglevLocalKind+"-") {
 		return KeySlot

@@ -56,6 +56,17 @@ import (
 // ChainMidstreamPickUp at once. See docs/design/gateways.md, "A
 // connection given up in active/active".
 //
+// While a peer of the set is dead (Config.MidstreamWaitPeerDead, shorter
+// than MidstreamWait), a connection waits that long instead: the dead
+// peer's connections whose replicas never came are then the ones that
+// wait, and the longer wait, which covers a live peer's replica whose
+// events were lost until the peer's next refresh, only holds them up. The
+// first packet of a connection puts its tuple in SetMidstreamWaitingShort
+// too, and ChainMidstream tests which of the two waits is in force when
+// each packet comes (the flag SetMidstreamPeerDead, which nftgate writes
+// when the gateway set tells a peer dead), so a connection that began to
+// wait before the death was known is given up by the shorter wait too.
+//
 // The rules count the connections that began to wait (ChainMidstreamWait)
 // and those given up (ChainMidstream) with Config.Counters.
 
@@ -63,7 +74,19 @@ import (
 const (
 	SetMidstreamWaiting = "midstream-waiting"
 	SetMidstreamWaited  = "midstream-waited"
+	// SetMidstreamWaitingShort holds a connection's tuple for
+	// Config.MidstreamWaitPeerDead (with MidstreamShortens).
+	SetMidstreamWaitingShort = "midstream-waiting-short"
 )
+
+// SetMidstreamPeerDead is the flag of the shorter wait (KeyProto): it
+// holds MidstreamPeerDeadElement while a peer of the set is dead, and
+// nothing otherwise. nftgate writes it at run time.
+const SetMidstreamPeerDead = "midstream-peer-dead"
+
+// MidstreamPeerDeadElement is SetMidstreamPeerDead's one element: the
+// protocol of every packet the wait sees.
+var MidstreamPeerDeadElement = Element{Map: SetMidstreamPeerDead, Key: Key{Proto: model.TCP}}
 
 // The chains of the wait: ChainMidstream, for every masqueraded TCP packet
 // that is not a SYN, drops it while its connection waits and lets it be
@@ -90,6 +113,12 @@ const MidstreamSize = 65536
 // MidstreamBounded tells whether the ruleset waits for a replica with a
 // bound: ChainMidstream and the sets of the wait exist.
 func (c *Config) MidstreamBounded() bool { return c.DropMidstreamTCP && c.MidstreamWait > 0 }
+
+// MidstreamShortens tells whether the bounded wait is shorter while a
+// peer is dead: SetMidstreamPeerDead and SetMidstreamWaitingShort exist.
+func (c *Config) MidstreamShortens() bool {
+	return c.MidstreamBounded() && c.MidstreamWaitPeerDead > 0 && c.MidstreamWaitPeerDead < c.MidstreamWait
+}
 
 // midstreamRules drop, with Config.DropMidstreamTCP, the masqueraded TCP
 // packets that are not a SYN. Only the first packet of a connection
@@ -141,13 +170,25 @@ func midstreamWait(cfg *Config, f Family) ([]*Set, []*Chain) {
 	// know the ports' type.
 	tcp := MatchL4Proto{Proto: model.TCP}
 	giveUp := append(append(Rule{tcp, MatchCtConnInSet{Set: SetMidstreamWaited}}, count...), pickUp)
-	start := append(append(Rule{tcp, AddConn{Set: SetMidstreamWaiting}, AddConn{Set: SetMidstreamWaited}}, count...), Verdict{Kind: Drop})
+	add := Rule{tcp, AddConn{Set: SetMidstreamWaiting}}
+	waiting := []Rule{{tcp, MatchCtConnInSet{Set: SetMidstreamWaiting}, Verdict{Kind: Drop}}}
+	if cfg.MidstreamShortens() {
+		sets = append(sets,
+			&Set{Name: SetMidstreamPeerDead, Shape: KeyProto},
+			&Set{Name: SetMidstreamWaitingShort, Shape: KeyConn, Timeout: cfg.MidstreamWaitPeerDead, Size: MidstreamSize})
+		add = append(add, AddConn{Set: SetMidstreamWaitingShort})
+		// Which wait is in force is tested at each packet.
+		waiting = []Rule{
+			{tcp, MatchProtoInSet{Set: SetMidstreamPeerDead}, MatchCtConnInSet{Set: SetMidstreamWaitingShort}, Verdict{Kind: Drop}},
+			{tcp, MatchProtoInSet{Set: SetMidstreamPeerDead, Not: true}, MatchCtConnInSet{Set: SetMidstreamWaiting}, Verdict{Kind: Drop}},
+		}
+	}
+	start := append(append(append(add, AddConn{Set: SetMidstreamWaited}), count...), Verdict{Kind: Drop})
 	chains = append(chains, []*Chain{
-		{Name: ChainMidstream, Rules: []Rule{
-			{tcp, MatchCtConnInSet{Set: SetMidstreamWaiting}, Verdict{Kind: Drop}},
+		{Name: ChainMidstream, Rules: append(waiting,
 			giveUp,
-			{Verdict{Kind: Goto, Chain: ChainMidstreamWait}},
-		}},
+			Rule{Verdict{Kind: Goto, Chain: ChainMidstreamWait}},
+		)},
 		// The second rule drops what the first could not add to a
 		// full set.
 		{Name: ChainMidstreamWait, Rules: []Rule{start, {Verdict{Kind: Drop}}}},
@@ -171,6 +212,28 @@ func (m MatchCtConnInSet) AppendText(b []byte, f Family) []byte {
 func (m MatchCtConnInSet) Encode(f Family, s bc.Sink) {
 	loadCtConn(f, s)
 	s.Lookup(bc.Lookup{Sreg: bc.Reg1, Set: m.Set})
+}
+
+// MatchProtoInSet matches a packet whose protocol is (with Not, is not)
+// in Set (KeyProto).
+type MatchProtoInSet struct {
+	Set string
+	Not bool
+}
+
+// AppendText writes "meta l4proto @set" or "meta l4proto != @set".
+func (m MatchProtoInSet) AppendText(b []byte, _ Family) []byte {
+	b = append(b, "meta l4proto "...)
+	if m.Not {
+		b = append(b, "!= "...)
+	}
+	return append(append(b, '@'), m.Set...)
+}
+
+// Encode loads the protocol and looks it up.
+func (m MatchProtoInSet) Encode(_ Family, s bc.Sink) {
+	s.Meta(bc.Meta{Key: bc.MetaL4Proto, Reg: bc.Reg1})
+	s.Lookup(bc.Lookup{Sreg: bc.Reg1, Set: m.Set, Invert: m.Not})
 }
 
 // pickUpRules translate a connection picked up in mid-stream (at once, or

@@ -146,3 +146,57 @@ func TestStrayReplies(t *testing.T) {
 		}
 	}
 }
+
+// The shorter wait while a peer is dead exists only bounded and shorter
+// than the wait: the flag and the second waiting set, the start adding to
+// it, and the two rules that test the flag, in place of the one.
+func TestMidstreamShortens(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		cfg  ruleset.Config
+		want bool
+	}{
+		{"shorter", ruleset.Config{DropMidstreamTCP: true, MidstreamWait: 10 * time.Second, MidstreamWaitPeerDead: 500 * time.Millisecond}, true},
+		{"as long", ruleset.Config{DropMidstreamTCP: true, MidstreamWait: 2 * time.Second, MidstreamWaitPeerDead: 2 * time.Second}, false},
+		{"unset", ruleset.Config{DropMidstreamTCP: true, MidstreamWait: 2 * time.Second}, false},
+		{"the wait without bound", ruleset.Config{DropMidstreamTCP: true, MidstreamWaitPeerDead: time.Second}, false},
+	} {
+		if got := c.cfg.MidstreamShortens(); got != c.want {
+			t.Errorf("%s: MidstreamShortens %v, want %v", c.name, got, c.want)
+		}
+		fr := ruleset.Static(&c.cfg, ruleset.IPv4)
+		var sets []string
+		for _, s := range fr.Sets {
+			if strings.HasPrefix(s.Name, "midstream-") {
+				sets = append(sets, s.Name)
+			}
+		}
+		slices.Sort(sets)
+		var rules []string
+		for _, ch := range fr.Chains {
+			if ch.Name == ruleset.ChainMidstream {
+				for _, r := range ch.Rules {
+					rules = append(rules, r.Text(ruleset.IPv4))
+				}
+			}
+		}
+		flagged := 0
+		for _, r := range rules {
+			if strings.Contains(r, "@"+ruleset.SetMidstreamPeerDead) {
+				flagged++
+			}
+		}
+		wantSets := []string{ruleset.SetMidstreamWaited, ruleset.SetMidstreamWaiting}
+		wantFlagged := 0
+		if c.want {
+			wantSets = []string{ruleset.SetMidstreamPeerDead, ruleset.SetMidstreamWaited, ruleset.SetMidstreamWaiting, ruleset.SetMidstreamWaitingShort}
+			wantFlagged = 2
+		}
+		if c.cfg.MidstreamWait == 0 {
+			wantSets = nil
+		}
+		if !slices.Equal(sets, wantSets) || flagged != wantFlagged {
+			t.Errorf("%s: sets %v, %d rules of %s testing the flag (%q); want %v, %d", c.name, sets, flagged, ruleset.ChainMidstream, rules, wantSets, wantFlagged)
+		}
+	}
+}

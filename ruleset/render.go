@@ -80,6 +80,12 @@ type Config struct {
 	// one connection are dropped; the first after is picked up (see
 	// midstream.go). Zero drops them without bound.
 	MidstreamWait time.Duration
+	// MidstreamWaitPeerDead, when shorter than MidstreamWait, bounds the
+	// wait instead while a peer of the set is dead (element
+	// MidstreamPeerDeadElement in SetMidstreamPeerDead, written at run
+	// time): the connections that wait then are mostly the dead peer's,
+	// whose replicas never come.
+	MidstreamWaitPeerDead time.Duration
 	// PeerMasquerade are the home masquerade addresses of each other
 	// gateway of an active-active set, one pool per peer. A connection
 	// picked up in mid-stream (at once, or given up after the bounded

@@ -85,9 +85,10 @@ var goldenTunes = map[string]func(*ruleset.Config){
 		cfg.MasqueradeAddresses = world.Addrs("198.51.100.200", "198.51.100.201", "198.51.100.202", "2001:db8:ff::200")
 		cfg.DropMidstreamTCP = true
 		cfg.MidstreamWait = 10 * time.Second
-		cfg.MasqueradePortGroups = 2     // the pick-up without the CPU's range
-		cfg.UntranslatedEventsOff = true // with state sync, as DropMidstreamTCP
-		cfg.LeanServiceEvents = true     // its fewer events (conntrack_events = "lean")
+		cfg.MidstreamWaitPeerDead = 500 * time.Millisecond // the flag and the second waiting set
+		cfg.MasqueradePortGroups = 2                       // the pick-up without the CPU's range
+		cfg.UntranslatedEventsOff = true                   // with state sync, as DropMidstreamTCP
+		cfg.LeanServiceEvents = true                       // its fewer events (conntrack_events = "lean")
 		cfg.EchoRate, cfg.EchoSourceRate = 300, 50
 		// Active-active peers: pools of one and two IPv4 addresses (the
 		// homes map's modulus 2), and one IPv6 address.

@@ -28,6 +28,16 @@ func (c *Config) midstreamWait() time.Duration {
 	return c.Gateways.MidstreamTCPWait
 }
 
+// midstreamWaitPeerDead is how long the wait is instead while a peer of
+// the set is dead ([gateways] midstream_tcp_wait_peer_dead); not shorter
+// than midstreamWait: no shorter wait.
+func (c *Config) midstreamWaitPeerDead() time.Duration {
+	if !c.dropMidstreamTCP() {
+		return 0
+	}
+	return c.Gateways.MidstreamTCPWaitPeerDead
+}
+
 // untranslatedEventsOff tells whether conntrack reports no events of the
 // connections nftgate does not translate ([gateways] conntrack_events =
 // "services", the default with state sync, or "lean"): the sync's

@@ -57,6 +57,7 @@ func (c *Config) ruleset() ruleset.Config {
 		Counters:              c.Counters,
 		DropMidstreamTCP:      c.dropMidstreamTCP(),
 		MidstreamWait:         c.midstreamWait(),
+		MidstreamWaitPeerDead: c.midstreamWaitPeerDead(),
 		PeerMasquerade:        c.peerPools(),
 		Unserved:              c.unserved(),
 		ServiceEchoOff:        !c.AnswerServiceAddressPing,
@@ -221,7 +222,7 @@ func serve(ctx context.Context, cfg *Config) error {
 
 	// The edge: announcers first (nothing is announced before the first
 	// sync), then address allocation wired into the source.
-	edge, err := startEdge(cfg, prog.SetMidstreamHomes, metrics.Registry(), log)
+	edge, err := startEdge(cfg, prog.SetMidstreamElements, metrics.Registry(), log)
 	if err != nil {
 		return err
 	}
