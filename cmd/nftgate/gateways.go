@@ -91,13 +91,15 @@ func (e *edge) announceThroughGateways() {
 	}
 }
 
-// gatewaysView is GET /api/v1/gateways: the set's status, and in
-// active-active mode what the map of homes holds.
+// gatewaysView is GET /api/v1/gateways: the set's status, in
+// active-active mode what the map of homes holds, and with the shorter
+// wait while a peer is dead the wait in force.
 func (e *edge) gatewaysView() any {
 	return struct {
 		gateways.Status
-		MidstreamHomes *homesView `json:"midstreamHomes,omitempty"`
-	}{e.gateways.Status(), e.homes.view()}
+		MidstreamHomes   *homesView `json:"midstreamHomes,omitempty"`
+		MidstreamTCPWait *waitView  `json:"midstreamTCPWait,omitempty"`
+	}{e.gateways.Status(), e.homes.view(), e.homes.waitView()}
 }
 
 // gatewaysAPI is the appliance's Gateways option: nil without [gateways].

@@ -25,7 +25,7 @@ func TestMidstreamHomesFollowTheSet(t *testing.T) {
 	a, c := netip.MustParseAddr("198.18.3.1"), netip.MustParseAddr("198.18.3.3")
 	pools := map[string][]netip.Addr{"gw-a": {a}, "gw-c": {c}}
 	h := &midstreamHomes{cfg: ruleset.Config{PeerMasquerade: [][]netip.Addr{{a}, {c}}}, pools: pools,
-		log: slog.New(slog.DiscardHandler), alive: map[string]bool{}, held: map[netip.Addr]bool{}, wake: make(chan struct{}, 1),
+		log: slog.New(slog.DiscardHandler), alive: map[string]bool{}, held: map[netip.Addr]bool{}, toldDead: map[string]bool{}, wake: make(chan struct{}, 1),
 		addrs: prometheus.NewGauge(prometheus.GaugeOpts{Name: "g"})}
 	var told []string // the set's own callbacks still run
 	opts := gateways.Options{
@@ -118,7 +118,7 @@ func TestMidstreamHomesWithStateSyncHoldTheWholePool(t *testing.T) {
 	a1, a2, c := netip.MustParseAddr("198.18.3.1"), netip.MustParseAddr("198.18.3.11"), netip.MustParseAddr("198.18.3.3")
 	h := &midstreamHomes{cfg: ruleset.Config{PeerMasquerade: [][]netip.Addr{{a1, a2}, {c}}},
 		pools: map[string][]netip.Addr{"gw-a": {a1, a2}, "gw-c": {c}}, synced: true,
-		log: slog.New(slog.DiscardHandler), alive: map[string]bool{}, held: map[netip.Addr]bool{}, wake: make(chan struct{}, 1),
+		log: slog.New(slog.DiscardHandler), alive: map[string]bool{}, held: map[netip.Addr]bool{}, toldDead: map[string]bool{}, wake: make(chan struct{}, 1),
 		addrs: prometheus.NewGauge(prometheus.GaugeOpts{Name: "g"})}
 	var opts gateways.Options
 	h.hook(&opts)
@@ -166,5 +166,83 @@ func waitGauge(t *testing.T, h *midstreamHomes, want float64) {
 		if time.Now().After(deadline) {
 			t.Fatalf("nftgate_midstream_homes_addresses = %v, want %v", testutil.ToFloat64(h.addrs), want)
 		}
+	}
+}
+
+// The flag of a dead peer is written while a peer the set told dead has
+// not come back (a peer not heard since the start is not dead for it), in
+// either mode, with the map of homes or without it; the gauge and the view
+// tell the wait in force.
+func TestMidstreamPeerDeadFlagFollowsTheSet(t *testing.T) {
+	for _, homes := range []bool{false, true} {
+		cfg := ruleset.Config{DropMidstreamTCP: true, MidstreamWait: 10 * time.Second, MidstreamWaitPeerDead: 500 * time.Millisecond}
+		a, c := netip.MustParseAddr("198.18.3.1"), netip.MustParseAddr("198.18.3.3")
+		if homes {
+			cfg.PeerMasquerade = [][]netip.Addr{{a}, {c}}
+		}
+		h := &midstreamHomes{cfg: cfg, pools: map[string][]netip.Addr{"gw-a": {a}, "gw-c": {c}}, synced: true,
+			log: slog.New(slog.DiscardHandler), alive: map[string]bool{}, held: map[netip.Addr]bool{}, toldDead: map[string]bool{}, wake: make(chan struct{}, 1),
+			addrs: newHomesGauge(), wait: newWaitGauge(cfg.MidstreamWait)}
+		if (h.view() != nil) != homes {
+			t.Errorf("homes %v: view of the map %+v", homes, h.view())
+		}
+		var opts gateways.Options
+		h.hook(&opts)
+		flag := func(step string, want bool) {
+			t.Helper()
+			dead, els := h.elements()
+			_, got := splitMidstream(els)
+			if got != want {
+				t.Errorf("homes %v, %s: flag written %v, want %v (%v)", homes, step, got, want, els)
+			}
+			if homes && step == "gw-a dead" && dead != "gw-a" {
+				t.Errorf("homes %v, %s: the map's dead peer %q, want gw-a", homes, step, dead)
+			}
+			if v := h.waitView(); (v.Wait == "500ms") != want || (len(v.PeersDead) > 0) != want {
+				t.Errorf("homes %v, %s: the view %+v", homes, step, *v)
+			}
+		}
+		flag("at the start, nobody heard", false)
+		opts.OnPeer("gw-a", true, 1)
+		opts.OnPeer("gw-c", true, 1)
+		flag("both alive", false)
+		opts.OnPeer("gw-a", false, 1)
+		flag("gw-a dead", true)
+		opts.OnPeer("gw-c", false, 1)
+		flag("both dead", true)
+		opts.OnPeer("gw-a", true, 2)
+		flag("gw-c still dead", true)
+		opts.OnPeer("gw-c", true, 2)
+		flag("both back", false)
+
+		writes := make(chan []ruleset.Element, 8)
+		h.write = func(els []ruleset.Element) error { writes <- els; return nil }
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { h.run(ctx); close(done) }()
+		next := func(step string, want bool, wait float64) {
+			t.Helper()
+			select {
+			case els := <-writes:
+				if _, got := splitMidstream(els); got != want {
+					t.Errorf("homes %v, %s: wrote %v, want the flag %v", homes, step, els, want)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("homes %v, %s: nothing written", homes, step)
+			}
+			for deadline := time.Now().Add(10 * time.Second); testutil.ToFloat64(h.wait) != wait; time.Sleep(time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatalf("homes %v, %s: nftgate_midstream_tcp_wait_seconds = %v, want %v", homes, step, testutil.ToFloat64(h.wait), wait)
+				}
+			}
+		}
+		h.poke()
+		next("started", false, 10)
+		opts.OnPeer("gw-c", false, 2)
+		next("gw-c dead", true, 0.5)
+		opts.OnPeer("gw-c", true, 3)
+		next("gw-c back", false, 10)
+		cancel()
+		<-done
 	}
 }

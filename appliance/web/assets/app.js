@@ -784,6 +784,12 @@
       homes = ' Connections picked up in mid-stream are masqueraded to ' + mh.dead + '\'s ' +
         mh.addresses.join(', ') + ' (dead, ' + where + ').';
     }
+    // The wait for a replica, shorter while a peer is dead.
+    var mw = v.midstreamTCPWait;
+    if (mw && mw.peersDead.length) {
+      homes += ' Connections picked up in mid-stream wait ' + mw.wait + ' for their replicas while ' +
+        mw.peersDead.join(', ') + (mw.peersDead.length > 1 ? ' are' : ' is') + ' dead.';
+    }
     setText('gw-summary', 'Set ' + v.setHash + ': ' + fmtNum(v.holds.length) + ' of ' + fmtNum(v.serves) +
       ' served addresses held here; taken ' + fmtNum(v.taken) + ', taken over ' + fmtNum(v.takenOver) + ', released ' + fmtNum(v.released) + '.' + homes, 'muted');
   }
