@@ -473,6 +473,142 @@ func TestNftgateGivenUpConnectionsCarryOnAtEverySurvivor(t *testing.T) {
 	waitStrayReplies(t, gs[successor])
 }
 
+// TestNftgateWaitsLessWhileAPeerIsDead: midstream_tcp_wait = 10s (for a
+// live peer's replica whose events were lost), midstream_tcp_wait_peer_dead
+// = 2s. A connection whose gateway failed within the sync's lag
+// (sync_batch_interval = 1s holds its replica back) reaches a survivor,
+// which gives it up after the shorter wait, picks it up, and it carries
+// on: active/backup and active/active, the line written once the survivor
+// knows the gateway is dead; and active/active with the line written at
+// once (dead_after = 30 heartbeats, 3 s, the window), so that the wait
+// began before the death was known and is shortened when it is. The
+// survivor's nftgate_midstream_tcp_wait_seconds, GET /api/v1/gateways and
+// its page tell the wait in force. Mutation: the flag of a dead peer never
+// written, each connection waited the 10 s (and the client's
+// retransmission after, at 12.6 s).
+func TestNftgateWaitsLessWhileAPeerIsDead(t *testing.T) {
+	const wait, short = 10 * time.Second, 2 * time.Second
+	for _, tc := range []struct {
+		name   string
+		ecmp   bool
+		before bool // the line written before the survivor knows
+	}{
+		{name: "active-backup"},
+		{name: "active-active", ecmp: true},
+		{name: "active-active-before-the-death-is-known", ecmp: true, before: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := failover.Options{Gateways: 2}
+			if tc.ecmp {
+				o = failover.Options{Gateways: 3, Router: true}
+			}
+			topo := newTopology(t, o)
+			no := failover.NftgateOptions{ECMP: tc.ecmp, DeadAfter: testDeadAfter, BFDMultiplier: testBFDMultiplier,
+				SyncBatchInterval: time.Second, MidstreamTCPWait: wait, MidstreamTCPWaitPeerDead: short, PortsByCPUOff: true}
+			if tc.before {
+				no.DeadAfter = 30
+			}
+			cfg := nftgateConfig(t, topo, no)
+			gs := startNftgate(t, topo, cfg)
+			origin, survivor := 0, 1
+			if tc.ecmp {
+				router := startRouter(t, topo)
+				if err := failover.ECMPRoutes(router, len(topo.Gateways), 30*time.Second); err != nil {
+					t.Fatal(err)
+				}
+				pinTo(t, topo, origin)
+			} else {
+				origin = waitHolder(t, gs)
+				survivor = 1 - origin
+			}
+			serveSteps(t, topo)
+			c, err := dialLine(topo.Client, cfg.Dst, "hello\n")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if got := metric(t, gs[survivor], "nftgate_midstream_tcp_wait_seconds"); got != wait.Seconds() {
+				t.Errorf("every gateway alive: the survivor's nftgate_midstream_tcp_wait_seconds = %v, want %v", got, wait.Seconds())
+			}
+			if _, err := topo.Fail(origin); err != nil {
+				t.Fatal(err)
+			}
+			switch {
+			case tc.before:
+				pinTo(t, topo, survivor)
+				// The premise: the survivor does not know yet.
+				if got := metric(t, gs[survivor], "nftgate_midstream_tcp_wait_seconds"); got != wait.Seconds() {
+					t.Fatalf("the survivor knew the death before the line was written (wait %vs): the test's premise failed", got)
+				}
+			case tc.ecmp:
+				survivor = waitSuccessor(t, gs, origin)
+				pinTo(t, topo, survivor)
+			default:
+				if err := lab.EventuallyWithin(20*time.Second, func() error {
+					h, err := gs[survivor].Holds()
+					if err == nil && !slices.Contains(h, cfg.Dst.Addr()) {
+						err = fmt.Errorf("%s does not hold %v", failover.GatewayNames[survivor], cfg.Dst.Addr())
+					}
+					return err
+				}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			local := netip.MustParseAddrPort(c.LocalAddr().String())
+			if n, err := entries(topo.Gateways[survivor], local); err != nil || n != 0 {
+				t.Fatalf("the survivor holds %d entries of the connection (%v): the sync was not held back", n, err)
+			}
+			_ = c.SetDeadline(time.Now().Add(wait + 20*time.Second))
+			wrote := time.Now()
+			buf := make([]byte, len("after\n"))
+			_, err = io.WriteString(c, "after\n")
+			if err == nil {
+				_, err = io.ReadFull(c, buf)
+			}
+			took := time.Since(wrote)
+			t.Logf("the line after the failure: %v, %v after it was written (%q)", err, took.Round(time.Millisecond), buf)
+			if err != nil || string(buf) != "after\n" {
+				t.Fatalf("the connection ended by %v (read back %q), want it carried on", err, buf)
+			}
+			if took < short || took >= wait {
+				t.Errorf("the line came back %v after it was written, want after midstream_tcp_wait_peer_dead (%v) and before midstream_tcp_wait (%v)", took, short, wait)
+			}
+			for _, outcome := range []string{"waited", "given_up"} {
+				waitMetric(t, gs[survivor], fmt.Sprintf("nftgate_midstream_tcp_connections_total{outcome=%q}", outcome), 1)
+			}
+			if got := metric(t, gs[survivor], "nftgate_midstream_tcp_wait_seconds"); got != short.Seconds() {
+				t.Errorf("a peer dead: the survivor's nftgate_midstream_tcp_wait_seconds = %v, want %v", got, short.Seconds())
+			}
+			var v struct {
+				Wait json.RawMessage `json:"midstreamTCPWait"`
+			}
+			code, body, err := gs[survivor].Get("/api/v1/gateways")
+			if err == nil {
+				err = json.Unmarshal([]byte(body), &v)
+			}
+			var got bytes.Buffer
+			if err == nil {
+				err = json.Compact(&got, v.Wait)
+			}
+			want := fmt.Sprintf(`{"wait":"2s","peersDead":[%q]}`, failover.GatewayNames[origin])
+			if err != nil || code != 200 || got.String() != want {
+				t.Errorf("the survivor's GET /api/v1/gateways: %d %v: midstreamTCPWait %s, want %s", code, err, got.String(), want)
+			}
+			if tc.name == "active-active" {
+				// The page says it under the gateway set.
+				const host = "127.0.0.1:9180"
+				b := browsertest.Start(t, browsertest.Options{Host: host, Netns: topo.Gateways[survivor].Name()})
+				b.Navigate("http://" + host + "/")
+				b.Poll("the gateway set's summary tells the shorter wait", fmt.Sprintf(
+					"document.getElementById('gw-summary').textContent.endsWith(%q)",
+					fmt.Sprintf("Connections picked up in mid-stream wait 2s for their replicas while %s is dead.", failover.GatewayNames[origin])))
+				b.Screenshot(browsertest.ArtifactDir(t, "failover"), "midstream-wait-peer-dead.png")
+				b.Check()
+			}
+		})
+	}
+}
+
 // unpin removes pinTo's pin: the router's multipath route again.
 func unpin(t *testing.T, topo *failover.Topology) {
 	t.Helper()
@@ -625,6 +761,21 @@ func metricValue(g *failover.Nftgate, series string) (float64, error) {
 		}
 	}
 	return 0, fmt.Errorf("no %s in %s's /metrics", series, g.Host)
+}
+
+// waitMetric waits until series reads want in g's /metrics (the counters
+// are read in the background, so a scrape may serve an older reading).
+func waitMetric(t *testing.T, g *failover.Nftgate, series string, want float64) {
+	t.Helper()
+	if err := lab.EventuallyWithin(20*time.Second, func() error {
+		v, err := metricValue(g, series)
+		if err == nil && v != want {
+			err = fmt.Errorf("%s's %s = %v, want %v", g.Host, series, v, want)
+		}
+		return err
+	}); err != nil {
+		t.Error(err)
+	}
 }
 
 // waitStrayReplies waits until g counts a stray reply dropped (the

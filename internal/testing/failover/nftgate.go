@@ -64,6 +64,9 @@ type NftgateOptions struct {
 	// MidstreamTCPWait is [gateways] midstream_tcp_wait; 0 leaves
 	// nftgate's default.
 	MidstreamTCPWait time.Duration
+	// MidstreamTCPWaitPeerDead is [gateways]
+	// midstream_tcp_wait_peer_dead; 0 leaves nftgate's default.
+	MidstreamTCPWaitPeerDead time.Duration
 	// PortsByCPUOff sets masquerade_ports_by_cpu = false: the masquerade
 	// keeps a client's port wherever it is free.
 	PortsByCPUOff bool
@@ -181,6 +184,9 @@ func WriteNftgate(topo *Topology, dir string, o NftgateOptions) (*NftgateConfig,
 		}
 		if o.MidstreamTCPWait > 0 {
 			text += fmt.Sprintf("midstream_tcp_wait = %q\n", o.MidstreamTCPWait.String())
+		}
+		if o.MidstreamTCPWaitPeerDead > 0 {
+			text += fmt.Sprintf("midstream_tcp_wait_peer_dead = %q\n", o.MidstreamTCPWaitPeerDead.String())
 		}
 		if o.ConntrackEvents != "" {
 			text += fmt.Sprintf("conntrack_events = %q\n", o.ConntrackEvents)
