@@ -172,7 +172,7 @@ const (
 	DefaultSyncBatchBytes      = 64 << 10
 	DefaultSyncRefreshInterval = 5 * time.Second
 	// DefaultMidstreamTCPWaitPeerDead is MidstreamTCPWaitPeerDead's
-	// default with a SyncBatchInterval of at most an eighth of it.
+	// default with a SyncBatchInterval of at most a quarter of it.
 	DefaultMidstreamTCPWaitPeerDead = 500 * time.Millisecond
 	// maxPeers bounds the set (every pair holds a connection per link).
 	maxPeers = 32

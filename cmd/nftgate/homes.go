@@ -142,7 +142,7 @@ func newWaitGauge(wait time.Duration) prometheus.Gauge {
 	return g
 }
 
-// register registers the homes' gauge.
+// register registers the gauges of what is written (the map, the flag).
 func (h *midstreamHomes) register(reg prometheus.Registerer) error {
 	if h == nil {
 		return nil
@@ -233,7 +233,7 @@ func (h *midstreamHomes) elements() (dead string, els []ruleset.Element) {
 	return dead, els
 }
 
-// split parts what elements gives: the map's elements, and whether the
+// splitMidstream parts what elements gives: the map's elements, and whether the
 // flag is written.
 func splitMidstream(els []ruleset.Element) (homes []ruleset.Element, flag bool) {
 	for _, e := range els {
