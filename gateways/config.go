@@ -289,8 +289,9 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%s.midstream_tcp_wait = %q: want 1s to 10m", Key, c.MidstreamTCPWait.String())
 	case c.MidstreamTCP != MidstreamWait && c.MidstreamTCPWaitPeerDead != 0:
 		return fmt.Errorf("%s.midstream_tcp_wait_peer_dead = %q: needs midstream_tcp = %q (%q waits for nothing)", Key, c.MidstreamTCPWaitPeerDead.String(), MidstreamWait, c.MidstreamTCP)
-	case c.MidstreamTCP == MidstreamWait && (c.MidstreamTCPWaitPeerDead < max(100*time.Millisecond, 2*c.SyncBatchInterval) || c.MidstreamTCPWaitPeerDead > c.MidstreamTCPWait):
-		return fmt.Errorf("%s.midstream_tcp_wait_peer_dead = %q: want %s (100ms, and twice sync_batch_interval, which a live peer's replica in flight may take) to midstream_tcp_wait (%s)",
+	case c.MidstreamTCP == MidstreamWait && c.MidstreamTCPWaitPeerDead != c.MidstreamTCPWait && // that value: no shorter wait
+		(c.MidstreamTCPWaitPeerDead < max(100*time.Millisecond, 2*c.SyncBatchInterval) || c.MidstreamTCPWaitPeerDead > c.MidstreamTCPWait):
+		return fmt.Errorf("%s.midstream_tcp_wait_peer_dead = %q: want %s (100ms, and twice sync_batch_interval, which a live peer's replica in flight may take) to midstream_tcp_wait (%s; that value: no shorter wait)",
 			Key, c.MidstreamTCPWaitPeerDead.String(), max(100*time.Millisecond, 2*c.SyncBatchInterval), c.MidstreamTCPWait)
 	}
 	switch {

@@ -102,9 +102,16 @@ func TestMidstreamTCPWaitPeerDeadDefaults(t *testing.T) {
 		{Config{SyncBatchInterval: time.Second, MidstreamTCPWait: 2 * time.Second}, 2 * time.Second},
 		{Config{MidstreamTCPWaitPeerDead: 3 * time.Second}, 3 * time.Second},
 		{Config{MidstreamTCP: MidstreamPickup}, 0},
+		// Batches too long for a shorter wait than 1s: none, and valid.
+		{Config{SyncBatchInterval: 600 * time.Millisecond, MidstreamTCPWait: time.Second}, time.Second},
 	} {
-		if got := tc.c.WithDefaults().MidstreamTCPWaitPeerDead; got != tc.want {
+		tc.c.Name, tc.c.KeyFile, tc.c.Peers = "gw-a", "k", []PeerConfig{{Name: "gw-b", Addresses: []string{"10.0.0.2:7480"}}}
+		c := tc.c.WithDefaults()
+		if got := c.MidstreamTCPWaitPeerDead; got != tc.want {
 			t.Errorf("%+v: midstream_tcp_wait_peer_dead defaults to %v, want %v", tc.c, got, tc.want)
+		}
+		if err := c.Validate(); err != nil {
+			t.Errorf("%+v: the defaults are refused: %v", tc.c, err)
 		}
 	}
 }
