@@ -414,11 +414,15 @@ func TestFlushOverflowRepairedOnce(t *testing.T) {
 	t.Cleanup(func() { p.Close() })
 	// The watcher is held while the flush is announced, as a busy
 	// machine would hold it: the announcements overflow its socket
-	// however fast the machine.
+	// however fast the machine, once.
 	var holding atomic.Bool
-	hold := make(chan struct{})
+	hold, held := make(chan struct{}), make(chan struct{}, 1)
 	p.beforeReceive = func() {
 		if holding.Load() {
+			select {
+			case held <- struct{}{}:
+			default:
+			}
 			<-hold
 		}
 	}
@@ -437,6 +441,17 @@ func TestFlushOverflowRepairedOnce(t *testing.T) {
 	}
 	noDrift(t, p, ch, "the cold sync")
 	holding.Store(true)
+	// The watcher waits in a receive begun before: another program's
+	// transaction (a table not nftgate's: no drift) has it return, and
+	// it is held before its next. Else it would read the flush as it
+	// is announced, and on a loaded machine overflow twice, the second
+	// loss coming after the repair.
+	nftList(t, ns, "add", "table", "ip", "wake")
+	select {
+	case <-held:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the watcher did not come back from its receive")
+	}
 	nftList(t, ns, "flush", "ruleset")
 	holding.Store(false)
 	close(hold)
