@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"regexp"
@@ -27,6 +28,7 @@ import (
 	"github.com/nftgate/nftgate/internal/testing/failover"
 	"github.com/nftgate/nftgate/internal/testing/lab"
 	"github.com/nftgate/nftgate/ruleset"
+	"github.com/nftgate/nftgate/statesync"
 )
 
 // TestNftgateECMPMovedBeforeItsReplica: a connection opened through gw-a
@@ -48,10 +50,11 @@ func TestNftgateECMPMovedBeforeItsReplica(t *testing.T) {
 			cfg := nftgateConfig(t, topo, failover.NftgateOptions{ECMP: true, DeadAfter: testDeadAfter, BFDMultiplier: testBFDMultiplier,
 				SyncBatchInterval: time.Second, MidstreamTCP: tc.midstream})
 			router := startRouter(t, topo)
-			startNftgate(t, topo, cfg)
+			gs := startNftgate(t, topo, cfg)
 			if err := failover.ECMPRoutes(router, len(topo.Gateways), 30*time.Second); err != nil {
 				t.Fatal(err)
 			}
+			waitSyncSettled(t, gs)
 			stop, err := failover.ServeEcho(topo.Endpoints, failover.Endpoints, failover.EndpointPort)
 			if err != nil {
 				t.Fatal(err)
@@ -214,18 +217,7 @@ func TestNftgateGivesUpWaitingForAReplicaThatNeverComes(t *testing.T) {
 			}
 			cfg := nftgateConfig(t, topo, no)
 			gs := startNftgate(t, topo, cfg)
-			origin, survivor := 0, 1
-			if tc.ecmp {
-				router := startRouter(t, topo)
-				if err := failover.ECMPRoutes(router, len(topo.Gateways), 30*time.Second); err != nil {
-					t.Fatal(err)
-				}
-				pinTo(t, topo, origin)
-			} else {
-				origin = waitHolder(t, gs)
-				survivor = 1 - origin
-			}
-			serveSteps(t, topo)
+			origin, survivor := routeThroughOne(t, topo, gs, tc.ecmp)
 			var c *net.TCPConn
 			var err error
 			if tc.portsByCPU {
@@ -319,20 +311,7 @@ func TestNftgateGivesUpWaitingForAReplicaThatNeverComes(t *testing.T) {
 				case !tc.noSync:
 					wantHomes = fmt.Sprintf(`{"dead":%q,"addresses":[%q],"held":[]}`, failover.GatewayNames[origin], failover.MasqueradeAddr(origin))
 				}
-				var v struct {
-					Homes json.RawMessage `json:"midstreamHomes"`
-				}
-				code, body, err := gs[survivor].Get("/api/v1/gateways")
-				if err == nil {
-					err = json.Unmarshal([]byte(body), &v)
-				}
-				var got bytes.Buffer
-				if err == nil {
-					err = json.Compact(&got, v.Homes)
-				}
-				if err != nil || code != 200 || got.String() != wantHomes {
-					t.Errorf("the survivor's GET /api/v1/gateways: %d %v: midstreamHomes %s, want %s", code, err, got.String(), wantHomes)
-				}
+				wantGatewaysField(t, gs[survivor], "midstreamHomes", wantHomes)
 				if !tc.successor && !tc.noSync {
 					// The successor held the endpoint's answers back
 					// until the pick-up's replica came.
@@ -392,6 +371,7 @@ func TestNftgateGivenUpConnectionsCarryOnAtEverySurvivor(t *testing.T) {
 		t.Fatal(err)
 	}
 	pinTo(t, topo, origin)
+	waitSyncSettled(t, gs)
 	serveSteps(t, topo)
 	conns := make([]*net.TCPConn, n)
 	for i := range conns {
@@ -510,18 +490,7 @@ func TestNftgateWaitsLessWhileAPeerIsDead(t *testing.T) {
 			}
 			cfg := nftgateConfig(t, topo, no)
 			gs := startNftgate(t, topo, cfg)
-			origin, survivor := 0, 1
-			if tc.ecmp {
-				router := startRouter(t, topo)
-				if err := failover.ECMPRoutes(router, len(topo.Gateways), 30*time.Second); err != nil {
-					t.Fatal(err)
-				}
-				pinTo(t, topo, origin)
-			} else {
-				origin = waitHolder(t, gs)
-				survivor = 1 - origin
-			}
-			serveSteps(t, topo)
+			origin, survivor := routeThroughOne(t, topo, gs, tc.ecmp)
 			c, err := dialLine(topo.Client, cfg.Dst, "hello\n")
 			if err != nil {
 				t.Fatal(err)
@@ -579,21 +548,7 @@ func TestNftgateWaitsLessWhileAPeerIsDead(t *testing.T) {
 			if got := metric(t, gs[survivor], "nftgate_midstream_tcp_wait_seconds"); got != short.Seconds() {
 				t.Errorf("a peer dead: the survivor's nftgate_midstream_tcp_wait_seconds = %v, want %v", got, short.Seconds())
 			}
-			var v struct {
-				Wait json.RawMessage `json:"midstreamTCPWait"`
-			}
-			code, body, err := gs[survivor].Get("/api/v1/gateways")
-			if err == nil {
-				err = json.Unmarshal([]byte(body), &v)
-			}
-			var got bytes.Buffer
-			if err == nil {
-				err = json.Compact(&got, v.Wait)
-			}
-			want := fmt.Sprintf(`{"wait":"2s","peersDead":[%q]}`, failover.GatewayNames[origin])
-			if err != nil || code != 200 || got.String() != want {
-				t.Errorf("the survivor's GET /api/v1/gateways: %d %v: midstreamTCPWait %s, want %s", code, err, got.String(), want)
-			}
+			wantGatewaysField(t, gs[survivor], "midstreamTCPWait", fmt.Sprintf(`{"wait":"2s","peersDead":[%q]}`, failover.GatewayNames[origin]))
 			if tc.name == "active-active" {
 				// The page says it under the gateway set.
 				const host = "127.0.0.1:9180"
@@ -606,6 +561,83 @@ func TestNftgateWaitsLessWhileAPeerIsDead(t *testing.T) {
 				b.Check()
 			}
 		})
+	}
+}
+
+// routeThroughOne has the client's connections go through one gateway,
+// the origin, and serves the steps: behind the router (ecmp) pinned to
+// gateway 0, the survivor then 1 (the tests choose); in active/backup the
+// holder, the survivor the other.
+func routeThroughOne(t *testing.T, topo *failover.Topology, gs []*failover.Nftgate, ecmp bool) (origin, survivor int) {
+	t.Helper()
+	origin, survivor = 0, 1
+	if ecmp {
+		router := startRouter(t, topo)
+		if err := failover.ECMPRoutes(router, len(topo.Gateways), 30*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		pinTo(t, topo, origin)
+	} else {
+		origin = waitHolder(t, gs)
+		survivor = 1 - origin
+	}
+	waitSyncSettled(t, gs)
+	serveSteps(t, topo)
+	return origin, survivor
+}
+
+// waitSyncSettled waits until every gateway's sync with each peer is
+// settled: up, the full resyncs of the start done both ways, nothing
+// queued or unacknowledged. Until then a connection opened now may reach a
+// peer at once (the updates queued during a resync follow it), where the
+// tests need it held back by the batch interval. Without state sync there
+// is nothing to wait for.
+func waitSyncSettled(t *testing.T, gs []*failover.Nftgate) {
+	t.Helper()
+	if err := lab.EventuallyWithin(20*time.Second, func() error {
+		for _, g := range gs {
+			code, body, err := g.Get("/api/v1/statesync")
+			if err == nil && code == http.StatusNotFound {
+				continue
+			}
+			var st statesync.Status
+			if err == nil && code == http.StatusOK {
+				err = json.Unmarshal([]byte(body), &st)
+			} else if err == nil {
+				err = fmt.Errorf("%s: GET /api/v1/statesync: %d", g.Host, code)
+			}
+			if err != nil {
+				return err
+			}
+			if len(st.Peers) != len(gs)-1 {
+				return fmt.Errorf("%s syncs with %d peers, want %d", g.Host, len(st.Peers), len(gs)-1)
+			}
+			for _, p := range st.Peers {
+				if !p.Up || p.Resyncing || !p.ResyncDone || p.Queue != 0 || p.Unacked != 0 {
+					return fmt.Errorf("%s's sync with %s not settled: %+v", g.Host, p.Name, p)
+				}
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// wantGatewaysField checks field of g's GET /api/v1/gateways, compacted.
+func wantGatewaysField(t *testing.T, g *failover.Nftgate, field, want string) {
+	t.Helper()
+	var v map[string]json.RawMessage
+	code, body, err := g.Get("/api/v1/gateways")
+	if err == nil {
+		err = json.Unmarshal([]byte(body), &v)
+	}
+	var got bytes.Buffer
+	if err == nil {
+		err = json.Compact(&got, v[field])
+	}
+	if err != nil || code != 200 || got.String() != want {
+		t.Errorf("%s's GET /api/v1/gateways: %d %v: %s %s, want %s", g.Host, code, err, field, got.String(), want)
 	}
 }
 
