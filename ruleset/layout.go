@@ -354,9 +354,7 @@ func SetShape(name string) KeyShape {
 		return KeyAddrPair
 	case SetTrafficIn, SetTrafficOut:
 		return KeyTraffic
-	case SetRefusedSYNs, SetMidstreamWaiting, SetMidstreamWaited:
-		return KeyConn
-	case SetMidstreamWaitingShort:
+	case SetRefusedSYNs, SetMidstreamWaiting, SetMidstreamWaited, SetMidstreamWaitingShort:
 		return KeyConn
 	case MapMidstreamHomes:
 		return KeySlot
