@@ -12,6 +12,7 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -108,6 +109,17 @@ type Config struct {
 	// without state sync) every connection's, for other listeners on the
 	// gateway (conntrack -E, ulogd).
 	ConntrackEvents string `toml:"conntrack_events" json:"conntrack_events"`
+	// TrackInterfaces are the network interfaces whose link this gateway
+	// needs to carry what it holds: while one is not operationally up
+	// (carrier lost, set down, gone) the gateway is faulty (Set.SetFault)
+	// and hands what a fit peer can hold over to it. nil: the
+	// configuration's reader fills in the [l2] interfaces; empty: none.
+	TrackInterfaces []string `toml:"track_interfaces" json:"track_interfaces"`
+	// TrackUpAfter is how long every tracked interface must have been up
+	// before a faulty gateway counts as fit again, so that a flapping
+	// link does not move the addresses at every flap. Default 2s, from 0s
+	// to 10m.
+	TrackUpAfter *time.Duration `toml:"track_up_after" json:"track_up_after"`
 	// Homes are, in active-active mode, the masquerade addresses of each
 	// gateway of the set (this one's included), by name: each is held by
 	// its own gateway while it is alive and ready. The configuration's
@@ -171,6 +183,7 @@ const (
 	DefaultSyncBatchInterval   = 10 * time.Millisecond
 	DefaultSyncBatchBytes      = 64 << 10
 	DefaultSyncRefreshInterval = 5 * time.Second
+	DefaultTrackUpAfter        = 2 * time.Second
 	// DefaultMidstreamTCPWaitPeerDead is MidstreamTCPWaitPeerDead's
 	// default with a SyncBatchInterval of at most a quarter of it.
 	DefaultMidstreamTCPWaitPeerDead = 500 * time.Millisecond
@@ -224,6 +237,14 @@ func (c Config) WithDefaults() Config {
 	if c.ReadyTimeout == 0 {
 		c.ReadyTimeout = DefaultReadyTimeout
 	}
+	if c.TrackUpAfter == nil {
+		d := DefaultTrackUpAfter
+		c.TrackUpAfter = &d
+	} else {
+		d := *c.TrackUpAfter
+		c.TrackUpAfter = &d
+	}
+	c.TrackInterfaces = slices.Clone(c.TrackInterfaces)
 	peers := make([]PeerConfig, len(c.Peers))
 	for i, p := range c.Peers {
 		peers[i] = PeerConfig{Name: p.Name, Addresses: slices.Clone(p.Addresses), MasqueradeAddresses: slices.Clone(p.MasqueradeAddresses)}
@@ -302,6 +323,17 @@ func (c Config) Validate() error {
 	}
 	if c.ReadyTimeout < time.Second || c.ReadyTimeout > 10*time.Minute {
 		return fmt.Errorf("%s.ready_timeout = %q: want 1s to 10m", Key, c.ReadyTimeout.String())
+	}
+	for i, n := range c.TrackInterfaces {
+		if n == "" || len(n) >= 16 || n == "." || n == ".." || strings.ContainsAny(n, "/: \t\n") {
+			return fmt.Errorf("%s.track_interfaces[%d] = %q: want a network interface name (1 to 15 bytes, no '/', ':' or white space)", Key, i, n)
+		}
+		if j := slices.Index(c.TrackInterfaces[:i], n); j >= 0 {
+			return fmt.Errorf("%s.track_interfaces[%d] = %q: listed twice (also track_interfaces[%d])", Key, i, n, j)
+		}
+	}
+	if d := *c.TrackUpAfter; d < 0 || d > 10*time.Minute {
+		return fmt.Errorf("%s.track_up_after = %q: want 0s to 10m", Key, d.String())
 	}
 	if len(c.Peers) == 0 {
 		return fmt.Errorf("%s.peers = []: want at least one other gateway", Key)

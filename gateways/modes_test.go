@@ -430,3 +430,73 @@ func TestActiveBackupLeavingHandsEverythingOver(t *testing.T) {
 		t.Fatalf("a leaving and alone holds %v, want F", got)
 	}
 }
+
+// A faulty active (a tracked link down) hands everything to the fit
+// backup by handover, never two holders, and takes it back once fit; a
+// faulty gateway whose peer is faulty too, or leaving, keeps what it holds.
+func TestActiveBackupFaultyHandsOverAndTakesBack(t *testing.T) {
+	s, _, as := activeBackupSim(t, 5)
+	a, b := s.views["gw-a"], s.views["gw-b"]
+	if !a.setFaulty(true) || a.setFaulty(true) {
+		t.Fatal("setFaulty(true) twice: want a change, then none")
+	}
+	if !a.standby() {
+		t.Error("a faulty while b is fit: want standby")
+	}
+	s.settle()
+	if got := s.heldBy("gw-b"); !slices.Equal(got, as) || len(s.heldBy("gw-a")) != 0 {
+		t.Fatalf("a faulty: b holds %v, a %v; want b all", got, s.heldBy("gw-a"))
+	}
+	// a fit again: first by name, it takes everything back by handover.
+	a.setFaulty(false)
+	s.settle()
+	if got := s.heldBy("gw-a"); !slices.Equal(got, as) || len(s.heldBy("gw-b")) != 0 {
+		t.Fatalf("a fit again: a holds %v, b %v; want a all", got, s.heldBy("gw-b"))
+	}
+	// Both faulty (a switch that serves both): as if neither were, and
+	// neither on standby.
+	a.setFaulty(true)
+	b.setFaulty(true)
+	s.settle()
+	if got := s.heldBy("gw-a"); !slices.Equal(got, as) || a.standby() || b.standby() {
+		t.Fatalf("both faulty: a holds %v (want all), standby a %v b %v (want neither)", got, a.standby(), b.standby())
+	}
+	// A faulty gateway ranks before a leaving one.
+	b.setFaulty(false)
+	b.setLeaving()
+	s.settle()
+	if got := s.heldBy("gw-a"); !slices.Equal(got, as) {
+		t.Fatalf("a faulty, b leaving: a holds %v, want all", got)
+	}
+	// Faulty and alone: it keeps (or takes) what no other can hold.
+	a.setFaulty(true)
+	s.kill("gw-b")
+	if got := s.heldBy("gw-a"); !slices.Equal(got, as) {
+		t.Fatalf("a faulty and alone holds %v, want all", got)
+	}
+}
+
+// The faulty gateway's fit state must be acked before it takes back: a
+// peer that took an address on the faulty state, which crossed the fit
+// one, never holds it at the same time.
+func TestFitAgainTakesOnlyAfterThePeerSawIt(t *testing.T) {
+	s, _, as := activeBackupSim(t, 3)
+	a, b := s.views["gw-a"], s.views["gw-b"]
+	// a goes faulty and releases; its state reaches b only after a is
+	// fit again and has decided (messages by hand).
+	a.setFaulty(true)
+	a.decide(s.now)
+	faultyMsg := a.message("gw-b", true)
+	a.setFaulty(false)
+	a.decide(s.now)
+	if len(a.held()) != 0 {
+		t.Fatalf("a fit again took %v before b acked its fit state", a.held())
+	}
+	b.receive("gw-a", a.incarnation, faultyMsg, s.now)
+	b.decide(s.now)
+	s.check()
+	s.settle()
+	if got := s.heldBy("gw-a"); !slices.Equal(got, as) || len(s.heldBy("gw-b")) != 0 {
+		t.Fatalf("settled: a holds %v, b %v; want a all", got, s.heldBy("gw-b"))
+	}
+}

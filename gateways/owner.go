@@ -22,7 +22,9 @@ import (
 // address keeps it while it gets ready. A gateway that drains (leaving, in
 // its state) is no candidate while another live gateway serves the
 // address, so it hands everything over and keeps only what no one else
-// can hold. Among the candidates the owner is,
+// can hold; one with a tracked link down (faulty) is none while a fit
+// one serves it, so it hands over what a fit peer can hold and takes it
+// back once fit again. Among the candidates the owner is,
 // in active-active mode, the address's home gateway (the masquerade
 // addresses of each), else the one with the highest rendezvous score of
 // (address, name), spread across them; in active-backup mode the first in
@@ -32,8 +34,8 @@ import (
 //     longer serves it), and only then tells its peers;
 //   - takes an address it owns only when no live peer holds it, and every
 //     live peer has acked a state of this gateway in which it served the
-//     address and was as ready as now (so no peer decided on a stale view
-//     of what it serves or whether it is ready).
+//     address and was as ready and as fit as now (so no peer decided on
+//     a stale view of what it serves or whether it is ready or fit).
 // So while two gateways hear each other, an address passes from one to the
 // other through the old owner's release (the handover message) and the new
 // owner's ack: never two holders. A peer not heard from for the dead time
@@ -64,6 +66,9 @@ type stateMsg struct {
 	// Leaving: the sender drains (Set.Leave): it is a candidate for an
 	// address only while no other live gateway serves it.
 	Leaving bool `json:"l,omitempty"`
+	// Faulty: a link the sender tracks is down (Set.SetFault): it is a
+	// candidate for an address only while no fit live gateway serves it.
+	Faulty bool `json:"x,omitempty"`
 	// Full: Serves and Holds are present (a heartbeat carries only the
 	// version and the ack).
 	Full bool `json:"f,omitempty"`
@@ -78,6 +83,7 @@ type peerView struct {
 	holds       map[netip.Addr]bool
 	ready       bool
 	leaving     bool
+	faulty      bool
 	// ack is the version of this gateway's state (this incarnation) the
 	// peer has seen.
 	ack       uint64
@@ -104,8 +110,12 @@ type view struct {
 	// the version in which it became so.
 	ready        bool
 	readyVersion uint64
-	// leaving: this gateway drains (setLeaving).
-	leaving bool
+	// leaving: this gateway drains (setLeaving); faulty: a link it
+	// tracks is down (setFaulty), and fitVersion is the version in which
+	// it was last fit again.
+	leaving    bool
+	faulty     bool
+	fitVersion uint64
 
 	version uint64
 	serves  map[netip.Addr]uint64 // address → version in which it was added
@@ -187,6 +197,58 @@ func (v *view) setLeaving() bool {
 	return true
 }
 
+// setFaulty makes this gateway a candidate for an address only while no
+// fit live gateway serves it (faulty), or a candidate as any again; it
+// tells whether that changed (then the version has grown and the peers
+// need the state). Once fit again it takes an address only after every
+// live peer acked the state that says so.
+func (v *view) setFaulty(faulty bool) bool {
+	if v.faulty == faulty {
+		return false
+	}
+	v.version++
+	v.faulty, v.dirty = faulty, true
+	if !faulty {
+		v.fitVersion = v.version
+	}
+	return true
+}
+
+// The ranks of a gateway as a candidate: an address's candidates are the
+// live gateways that serve it with the least rank among them. A faulty
+// gateway (a link it tracks is down) is one only while no fit gateway
+// serves the address, a leaving one (a drain) only while no other does.
+const (
+	rankFit = iota
+	rankFaulty
+	rankLeaving
+)
+
+func rankOf(leaving, faulty bool) int {
+	switch {
+	case leaving:
+		return rankLeaving
+	case faulty:
+		return rankFaulty
+	}
+	return rankFit
+}
+
+// standby tells whether this gateway is faulty while a live peer is fit
+// and stays: what it would announce for every gateway (active-active
+// Service routes) is better drawn by that peer.
+func (v *view) standby() bool {
+	if !v.faulty || v.leaving {
+		return false
+	}
+	for _, p := range v.peers {
+		if p.alive && rankOf(p.leaving, p.faulty) == rankFit {
+			return true
+		}
+	}
+	return false
+}
+
 // receive takes a message from peer name at now; it tells whether the
 // peer's view of this gateway needs a full state in answer.
 func (v *view) receive(name string, incarnation uint64, m stateMsg, now time.Time) (answer bool) {
@@ -210,6 +272,7 @@ func (v *view) receive(name string, incarnation uint64, m stateMsg, now time.Tim
 		p.holds = toSet(m.Holds)
 		p.ready = m.Ready
 		p.leaving = m.Leaving
+		p.faulty = m.Faulty
 	}
 	return p.known && p.answered < p.version
 }
@@ -217,7 +280,8 @@ func (v *view) receive(name string, incarnation uint64, m stateMsg, now time.Tim
 // message is this gateway's state for peer name (full, or a heartbeat).
 func (v *view) message(name string, full bool) stateMsg {
 	p := v.peers[name]
-	m := stateMsg{Version: v.version, AckIncarnation: p.incarnation, Full: full, Ready: full && v.ready, Leaving: full && v.leaving}
+	m := stateMsg{Version: v.version, AckIncarnation: p.incarnation, Full: full, Ready: full && v.ready, Leaving: full && v.leaving,
+		Faulty: full && v.faulty}
 	if p.known {
 		m.Ack = p.version
 		if full {
@@ -235,18 +299,24 @@ func (v *view) message(name string, full bool) stateMsg {
 // serves it), liveness as of the last decide.
 func (v *view) owner(a netip.Addr) string {
 	_, self := v.serves[a]
-	// A leaving gateway is a candidate only while no other live gateway
-	// serves a.
-	staying := self && !v.leaving
-	for _, p := range v.peers {
-		staying = staying || p.alive && p.serves[a] && !p.leaving
+	// The candidates are the live gateways that serve a with the least
+	// rank among them (a faulty one only while no fit one serves a, a
+	// leaving one only while no other does).
+	least := rankLeaving + 1
+	if self {
+		least = rankOf(v.leaving, v.faulty)
 	}
-	self = self && !(staying && v.leaving)
-	// The candidates: the eligible (ready, or holding a) if any, else
-	// every live gateway that serves a.
+	for _, p := range v.peers {
+		if p.alive && p.serves[a] {
+			least = min(least, rankOf(p.leaving, p.faulty))
+		}
+	}
+	self = self && rankOf(v.leaving, v.faulty) == least
+	in := func(p *peerView) bool { return p.alive && p.serves[a] && rankOf(p.leaving, p.faulty) == least }
+	// Among them, the eligible (ready, or holding a) if any, else all.
 	eligibleOnly := self && (v.ready || v.holds[a])
 	for _, p := range v.peers {
-		eligibleOnly = eligibleOnly || p.alive && p.serves[a] && !(staying && p.leaving) && (p.ready || p.holds[a])
+		eligibleOnly = eligibleOnly || in(p) && (p.ready || p.holds[a])
 	}
 	best, bestScore := "", uint64(0)
 	consider := func(name string, eligible bool) {
@@ -265,7 +335,7 @@ func (v *view) owner(a netip.Addr) string {
 		consider(v.self, v.ready || v.holds[a])
 	}
 	for name, p := range v.peers {
-		if p.alive && p.serves[a] && !(staying && p.leaving) {
+		if in(p) {
 			consider(name, p.ready || p.holds[a])
 		}
 	}
@@ -352,10 +422,10 @@ func (v *view) mayTake(now time.Time) bool {
 
 // free tells whether this gateway, the owner of a (served since version
 // since), may take it: no live peer holds it and every live peer has
-// acked a state in which this gateway served it and was as ready as now.
-// overDead: a dead peer held it.
+// acked a state in which this gateway served it and was as ready and as
+// fit as now. overDead: a dead peer held it.
 func (v *view) free(a netip.Addr, since uint64) (take, overDead bool) {
-	since = max(since, v.readyVersion)
+	since = max(since, v.readyVersion, v.fitVersion)
 	for _, p := range v.peers {
 		if !p.alive {
 			overDead = overDead || p.known && p.holds[a]

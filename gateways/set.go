@@ -67,6 +67,13 @@ type Options struct {
 	// waits on, asking again every ReadyHoldEvery, up to ReadyHoldMax
 	// times ReadyTimeout.
 	ReadyHold func() bool
+	// OnStandby, when set, is told when this gateway goes on standby
+	// (faulty, SetFault, while a live peer is fit and not leaving) and
+	// when it comes off it: what every gateway of the set announces (the
+	// Service routes of active-active mode) is then better drawn by the
+	// fit peers. It is called with the Set's lock held: it must not call
+	// back into the Set.
+	OnStandby func(standby bool)
 	// OnReady, when set, is called once this gateway is ready (Ready
 	// closed, or ReadyTimeout passed; at once without Ready), with the
 	// Set's lock held: it must not call back into the Set.
@@ -97,11 +104,15 @@ type Set struct {
 	applied []netip.Addr
 	// loggedTakenOver is v.takenOver when ownership was last logged.
 	loggedTakenOver uint64
-	links           map[*link]bool
-	peers           map[string]*peerStats
-	refused         []Refusal
-	closed          bool
-	stop            chan struct{}
+	// fault says why this gateway is faulty (SetFault), "" while fit;
+	// standby is what OnStandby was last told.
+	fault   string
+	standby bool
+	links   map[*link]bool
+	peers   map[string]*peerStats
+	refused []Refusal
+	closed  bool
+	stop    chan struct{}
 	// ctx ends when the Set closes, cancelling dials in progress.
 	ctx      context.Context
 	cancel   context.CancelFunc
@@ -304,6 +315,30 @@ func (s *Set) Leave() {
 	}
 }
 
+// SetFault makes this gateway faulty (why: which tracked link is down)
+// or, with why empty, fit again. A faulty gateway is a candidate for an
+// address only while no fit live gateway serves it: it releases what a
+// fit peer can hold, tells its peers, and they take it by handover; fit
+// again, it takes its addresses back the same way. It stays in the set.
+func (s *Set) SetFault(why string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return
+	}
+	if why != s.fault {
+		if why != "" {
+			s.log.Warn("gateways: faulty; handing over what a fit peer can hold", "why", why)
+		} else {
+			s.log.Info("gateways: fit again", "was", s.fault)
+		}
+	}
+	s.fault = why
+	if s.v.setFaulty(why != "") && !s.decideLocked() {
+		s.applyLocked() // the peers learn it
+	}
+}
+
 // applyLocked hands the held set to OnChange if it changed, then sends
 // the state to every link. s.mu is held.
 func (s *Set) applyLocked() {
@@ -424,6 +459,17 @@ func (s *Set) decideLocked() bool {
 	}
 	if changed {
 		s.applyLocked()
+	}
+	if sb := s.v.standby(); sb != s.standby {
+		s.standby = sb
+		if sb {
+			s.log.Warn("gateways: on standby: faulty while a fit peer lives", "why", s.fault)
+		} else {
+			s.log.Info("gateways: off standby")
+		}
+		if s.opts.OnStandby != nil {
+			s.opts.OnStandby(sb)
+		}
 	}
 	return changed
 }
@@ -728,6 +774,10 @@ type Status struct {
 	Ready bool `json:"ready"`
 	// Leaving: this gateway drains (Leave) and hands its addresses over.
 	Leaving bool `json:"leaving,omitempty"`
+	// Fault says which tracked link is down (SetFault); "" while fit.
+	// Standby: faulty while a fit peer lives.
+	Fault   string `json:"fault,omitempty"`
+	Standby bool   `json:"standby,omitempty"`
 	// SetHash identifies the configured set (names and timing); a peer
 	// with another is refused.
 	SetHash string `json:"setHash"`
@@ -751,7 +801,9 @@ type PeerStatus struct {
 	// Ready: the peer said it holds its peers' flow state.
 	Ready bool `json:"ready"`
 	// Leaving: the peer drains and hands its addresses over.
-	Leaving       bool         `json:"leaving,omitempty"`
+	Leaving bool `json:"leaving,omitempty"`
+	// Faulty: a link the peer tracks is down.
+	Faulty        bool         `json:"faulty,omitempty"`
 	LastHeartbeat time.Time    `json:"lastHeartbeat,omitzero"`
 	Holds         []netip.Addr `json:"holds"`
 	Links         []LinkStatus `json:"links"`
@@ -772,7 +824,7 @@ func (s *Set) Status() Status {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.clock.Now()
-	st := Status{Name: s.cfg.Name, Mode: s.cfg.Mode, Ready: s.v.ready, Leaving: s.v.leaving, SetHash: hex.EncodeToString(s.hash[:8]), Holds: s.v.held(), Serves: len(s.v.serves),
+	st := Status{Name: s.cfg.Name, Mode: s.cfg.Mode, Ready: s.v.ready, Leaving: s.v.leaving, Fault: s.fault, Standby: s.standby, SetHash: hex.EncodeToString(s.hash[:8]), Holds: s.v.held(), Serves: len(s.v.serves),
 		Peers: []PeerStatus{}, Refused: slices.Clone(s.refused), Taken: s.v.taken, TakenOver: s.v.takenOver, Released: s.v.released}
 	if st.Refused == nil {
 		st.Refused = []Refusal{}
@@ -787,7 +839,7 @@ func (s *Set) Status() Status {
 				out.State = "alive"
 			}
 			out.Holds = sortedKeys(p.holds)
-			out.Ready, out.Leaving = p.ready, p.leaving
+			out.Ready, out.Leaving, out.Faulty = p.ready, p.leaving, p.faulty
 		}
 		for l := range s.links {
 			if l.peer == pc.Name {
@@ -811,7 +863,8 @@ func compareStrings(a, b string) int {
 }
 
 // Register adds the Set's metrics to reg: nftgate_gateway_peer_up{peer},
-// nftgate_gateway_owned_addresses, nftgate_gateway_handovers_total{change},
+// nftgate_gateway_owned_addresses, nftgate_gateway_faulty,
+// nftgate_gateway_handovers_total{change},
 // nftgate_gateway_hellos_refused_total{reason} and
 // nftgate_gateway_channel_errors_total{peer}.
 func (s *Set) Register(reg prometheus.Registerer) error {
@@ -822,6 +875,16 @@ func (s *Set) Register(reg prometheus.Registerer) error {
 			s.mu.Lock()
 			defer s.mu.Unlock()
 			return float64(len(s.v.holds))
+		}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "nftgate_gateway_faulty", Help: "1 while a link this gateway tracks (track_interfaces) is down, or not up for track_up_after yet, else 0.",
+		}, func() float64 {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			if s.fault != "" {
+				return 1
+			}
+			return 0
 		}),
 	}
 	for _, ch := range []string{"taken", "taken_over", "released"} {
