@@ -37,6 +37,9 @@ type Gate struct {
 	// opens its sessions with the first Set, so it is not called before).
 	routed bool
 	ready  bool
+	// standby: this gateway is faulty while a fit peer lives (the
+	// gateway set's OnStandby); the Shared routes are withdrawn.
+	standby bool
 }
 
 // Ready lets the Shared routes out (SharedWaits): this gateway holds its
@@ -46,6 +49,21 @@ func (g *Gate) Ready() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.ready = true
+	if g.routed {
+		if err := g.setRoutes(); err != nil && g.Log != nil {
+			g.Log.Error("BGP announcement failed", "err", err)
+		}
+	}
+}
+
+// Standby withdraws the Shared routes while this gateway is faulty (a
+// link it tracks is down) and a fit peer lives, which the router then
+// sends the flows to, and announces them again after. It is the gateway
+// set's OnStandby, and does not call back into the set.
+func (g *Gate) Standby(standby bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.standby = standby
 	if g.routed {
 		if err := g.setRoutes(); err != nil && g.Log != nil {
 			g.Log.Error("BGP announcement failed", "err", err)
@@ -92,10 +110,23 @@ func (g *Gate) setRoutes() error {
 	}
 	out := make([]bgp.Route, 0, len(g.routes))
 	for _, r := range g.routes {
-		a := r.Prefix.Addr().Unmap()
-		if g.held[a] || g.Shared != nil && (g.ready || !g.SharedWaits) && g.Shared(a) {
+		if g.passes(r.Prefix.Addr()) {
 			out = append(out, r)
 		}
 	}
 	return g.BGP.Set(out)
+}
+
+// passes tells whether a route to a goes out over BGP; g.mu is held.
+func (g *Gate) passes(a netip.Addr) bool {
+	a = a.Unmap()
+	return g.held[a] || g.Shared != nil && (g.ready || !g.SharedWaits) && !g.standby && g.Shared(a)
+}
+
+// Passes tells whether the Coordinator's route to a goes out over BGP
+// now (for the status page).
+func (g *Gate) Passes(a netip.Addr) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.passes(a)
 }

@@ -69,3 +69,24 @@ func TestGateSharedWaitsForReady(t *testing.T) {
 		t.Errorf("ready: BGP %v", got)
 	}
 }
+
+// On standby (faulty while a fit peer lives) the shared routes are
+// withdrawn, a held address stays; off standby they go out again.
+// Passes says the same for the status page.
+func TestGateStandbyWithdrawsShared(t *testing.T) {
+	svcAddr, m := netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("198.51.100.1")
+	r := &fakeBGP{}
+	g := &Gate{BGP: r, Shared: func(a netip.Addr) bool { return a == svcAddr }}
+	g.Held([]netip.Addr{m})
+	if err := g.Routes().Set([]bgp.Route{bgp.HostRoute(svcAddr, ""), bgp.HostRoute(m, "")}); err != nil {
+		t.Fatal(err)
+	}
+	g.Standby(true)
+	if got := lastAddrs(r); !slices.Equal(got, []netip.Addr{m}) || g.Passes(svcAddr) || !g.Passes(m) {
+		t.Errorf("on standby: BGP %v, passes %v %v; want only m", got, g.Passes(svcAddr), g.Passes(m))
+	}
+	g.Standby(false)
+	if got := lastAddrs(r); !slices.Equal(got, []netip.Addr{svcAddr, m}) || !g.Passes(svcAddr) {
+		t.Errorf("off standby: BGP %v; want both", got)
+	}
+}
