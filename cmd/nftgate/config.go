@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -629,6 +630,11 @@ func (c *Config) validate() error {
 	}
 	if c.Gateways != nil {
 		g := c.Gateways.WithDefaults()
+		if c.Gateways.TrackInterfaces == nil && c.L2 != nil {
+			// The links the addresses are answered on: cut, this
+			// gateway cannot carry what it holds there.
+			g.TrackInterfaces = slices.Clone(c.L2.Interfaces)
+		}
 		if err := g.Validate(); err != nil {
 			errs = append(errs, err)
 		} else {

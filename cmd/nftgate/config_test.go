@@ -8,10 +8,12 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nftgate/nftgate/gateways"
 	"github.com/nftgate/nftgate/source"
 )
 
@@ -146,6 +148,9 @@ func TestBadConfigNamesTheField(t *testing.T) {
 		{file: "[gateways]\nname = \"gw-a\"\nkey_file = \"k\"\nconntrack_events = \"routed\"\n[[gateways.peers]]\nname = \"gw-b\"\naddresses = [\"10.0.0.2:7480\"]\n", want: []string{"gateways.conntrack_events", "routed", "lean", "services", "all"}},
 		{file: "[gateways]\nname = \"gw-a\"\nkey_file = \"k\"\nstate_sync = false\nconntrack_events = \"services\"\n[[gateways.peers]]\nname = \"gw-b\"\naddresses = [\"10.0.0.2:7480\"]\n", want: []string{"gateways.conntrack_events", "services", "state_sync = true"}},
 		{file: "[gateways]\nname = \"gw-a\"\nkey_file = \"k\"\nstate_sync = false\nconntrack_events = \"lean\"\n[[gateways.peers]]\nname = \"gw-b\"\naddresses = [\"10.0.0.2:7480\"]\n", want: []string{"gateways.conntrack_events", "lean", "state_sync = true"}},
+		{file: "[gateways]\nname = \"gw-a\"\nkey_file = \"k\"\ntrack_interfaces = [\"eth0\", \"eth/1\"]\n[[gateways.peers]]\nname = \"gw-b\"\naddresses = [\"10.0.0.2:7480\"]\n", want: []string{"gateways.track_interfaces[1]", "eth/1", "interface name"}},
+		{file: "[gateways]\nname = \"gw-a\"\nkey_file = \"k\"\ntrack_interfaces = [\"eth0\", \"eth0\"]\n[[gateways.peers]]\nname = \"gw-b\"\naddresses = [\"10.0.0.2:7480\"]\n", want: []string{"gateways.track_interfaces[1]", "eth0", "listed twice"}},
+		{file: "[gateways]\nname = \"gw-a\"\nkey_file = \"k\"\ntrack_up_after = \"-1s\"\n[[gateways.peers]]\nname = \"gw-b\"\naddresses = [\"10.0.0.2:7480\"]\n", want: []string{"gateways.track_up_after", "-1s", "0s to 10m"}},
 		{file: "[gateways]\nname = \"gw-a\"\nkey_file = \"k\"\nready_timeout = \"1h\"\n[[gateways.peers]]\nname = \"gw-b\"\naddresses = [\"10.0.0.2:7480\"]\n", want: []string{"gateways.ready_timeout", "1h0m0s"}},
 		{file: "[gateways]\nname = \"gw-a\"\nkey_file = \"k\"\n[[gateways.peers]]\nname = \"gw-b\"\n", want: []string{"gateways.peers[0].addresses", "[]"}},
 		{file: "min_sync_interval = \"soon\"\n", want: []string{"min_sync_interval", "soon"}},
@@ -437,6 +442,31 @@ func TestConntrackEventsSetting(t *testing.T) {
 		}
 		if got := cfg.ruleset().LeanServiceEvents; got != tc.lean {
 			t.Errorf("%q: LeanServiceEvents %t, want %t", tc.file, got, tc.lean)
+		}
+	}
+}
+
+// [gateways] track_interfaces: by default the [l2] interfaces, the links
+// the addresses are answered on; given, exactly those; empty, none.
+func TestTrackInterfacesDefaultToTheL2Ones(t *testing.T) {
+	const set = "[gateways]\nname = \"gw-a\"\nkey_file = \"k\"\n%s[[gateways.peers]]\nname = \"gw-b\"\naddresses = [\"10.0.0.2:7480\"]\n[l2]\ninterfaces = [\"up0\", \"cl0\"]\n"
+	for _, tc := range []struct {
+		key  string
+		want []string
+	}{
+		{"", []string{"up0", "cl0"}},
+		{"track_interfaces = [\"bond0\"]\n", []string{"bond0"}},
+		{"track_interfaces = []\n", []string{}},
+	} {
+		cfg, _, err := loadConfig("nftgate", []string{"--config", writeConfig(t, fmt.Sprintf(set, tc.key)), "--node-name", "n"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := cfg.Gateways.TrackInterfaces; !slices.Equal(got, tc.want) {
+			t.Errorf("%q: track_interfaces %q, want %q", tc.key, got, tc.want)
+		}
+		if got := *cfg.Gateways.TrackUpAfter; got != gateways.DefaultTrackUpAfter {
+			t.Errorf("%q: track_up_after %v, want %v", tc.key, got, gateways.DefaultTrackUpAfter)
 		}
 	}
 }

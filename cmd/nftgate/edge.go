@@ -48,6 +48,8 @@ type edge struct {
 	// its writer and waits for it.
 	homes     *midstreamHomes
 	stopHomes func()
+	// stopTracker ends the Tracker of the tracked links (nil: none).
+	stopTracker func()
 }
 
 // startEdge starts the announcers the configuration asks for, before the
@@ -179,6 +181,9 @@ func (e *edge) close(drain bool) {
 	if e.stopHomes != nil {
 		e.stopHomes()
 	}
+	if e.stopTracker != nil {
+		e.stopTracker()
+	}
 	if e.speaker != nil && drain {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		_ = e.speaker.Stop(ctx)
@@ -246,7 +251,8 @@ type EdgeService struct {
 type EdgeAddress struct {
 	announce.ServiceAddress
 	// Via lists the announcements: "bgp <peer>" for each established
-	// session, "l2 <interface>" for each interface answering for it, "l2
+	// session (with a gateway set, while its gate lets the route out),
+	// "l2 <interface>" for each interface answering for it, "l2
 	// held by <gateway>" when another gateway of the set answers for it.
 	Via []string `json:"via"`
 }
@@ -311,7 +317,11 @@ func (e *edge) view() any {
 		for _, a := range s.Addresses {
 			ea := EdgeAddress{ServiceAddress: a, Via: []string{}}
 			if a.Announced {
-				ea.Via = append(append(ea.Via, peers[a.Address.Unmap().Is4()]...), ifaces[a.Address]...)
+				// With a gateway set, over BGP only what its gate lets out.
+				if e.gate == nil || e.gate.Passes(a.Address) {
+					ea.Via = append(ea.Via, peers[a.Address.Unmap().Is4()]...)
+				}
+				ea.Via = append(ea.Via, ifaces[a.Address]...)
 			}
 			es.Addresses = append(es.Addresses, ea)
 		}

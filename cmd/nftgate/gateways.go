@@ -20,7 +20,8 @@ import (
 // mode every address, while the Service addresses of active-active mode go
 // over BGP from every gateway, once this gateway is ready. With the state
 // sync on, its Ready is the Set's ready gate (Options.Ready) and its OnPeer
-// the Set's; with the map of homes (homes.go) the Set tells it too.
+// the Set's; with the map of homes (homes.go) the Set tells it too. A
+// Tracker of the tracked links makes the Set faulty while one is down.
 func (e *edge) startGateways(cfg *Config, homes func([]ruleset.Element) error, reg prometheus.Registerer, log *slog.Logger) error {
 	if cfg.Gateways == nil {
 		return nil
@@ -46,7 +47,7 @@ func (e *edge) startGateways(cfg *Config, homes func([]ruleset.Element) error, r
 	if e.statesync, err = newStateSync(cfg, reg, log); err != nil {
 		return err
 	}
-	opts := gateways.Options{Key: key, Log: log, OnChange: e.gate.Held, OnReady: e.gate.Ready}
+	opts := gateways.Options{Key: key, Log: log, OnChange: e.gate.Held, OnReady: e.gate.Ready, OnStandby: e.gate.Standby}
 	e.statesync.hook(&opts)
 	h := newMidstreamHomes(cfg, homes, log)
 	if err := h.register(reg); err != nil {
@@ -56,11 +57,23 @@ func (e *edge) startGateways(cfg *Config, homes func([]ruleset.Element) error, r
 	// The Service routes every gateway announces in active-active mode
 	// wait for the same ready gate as the addresses.
 	e.gate.SharedWaits = opts.Ready != nil
+	tracker, err := gateways.NewTracker(*cfg.Gateways, gateways.TrackOptions{Fault: func(why string) { e.gateways.SetFault(why) }, Log: log})
+	if err != nil {
+		return err
+	}
 	s, err := gateways.New(*cfg.Gateways, opts)
 	if err != nil {
 		return err
 	}
 	e.gateways = s
+	if tracker != nil {
+		// A link down at the start counts before anything is taken.
+		s.SetFault(tracker.Fault())
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		e.stopTracker = func() { cancel(); <-done }
+		go func() { defer close(done); tracker.Run(ctx) }()
+	}
 	e.homes = h
 	if h != nil {
 		ctx, cancel := context.WithCancel(context.Background())

@@ -35,12 +35,19 @@ func newStateSync(cfg *Config, reg prometheus.Registerer, log *slog.Logger) (*st
 	if err != nil {
 		return nil, fmt.Errorf("%s.state_sync = true: %w (state_sync = false runs without it)", gateways.Key, err)
 	}
-	if g.Mode == gateways.ModeActiveActive {
+	switch {
+	case g.Mode == gateways.ModeActiveActive:
 		if err := statesync.LiberalTCP(); err != nil {
 			_ = k.Close()
 			return nil, fmt.Errorf("%s.mode = %q with state_sync: %w", gateways.Key, g.Mode, err)
 		}
 		log.Info("statesync: TCP window tracking is liberal in this namespace (nf_conntrack_tcp_be_liberal = 1): in active-active mode a flow's two directions may pass different gateways")
+	case len(g.TrackInterfaces) > 0:
+		if err := statesync.LiberalTCP(); err != nil {
+			_ = k.Close()
+			return nil, fmt.Errorf("%s.track_interfaces = %q with state_sync: %w", gateways.Key, g.TrackInterfaces, err)
+		}
+		log.Info("statesync: TCP window tracking is liberal in this namespace (nf_conntrack_tcp_be_liberal = 1): with tracked links, the flows a peer carried while a link was down come back to entries of this gateway that did not see their packets")
 	}
 	switch {
 	case cfg.leanServiceEvents():

@@ -757,11 +757,12 @@
   function renderGateways(v) {
     $('gateways').hidden = false;
     setText('gw-mode', v.mode, 'muted');
-    var list = [{name: v.name + ' (this gateway)', state: 'alive', ready: v.ready, leaving: v.leaving, links: [], holds: v.holds, self: true}].concat(v.peers);
+    var list = [{name: v.name + ' (this gateway)', state: 'alive', ready: v.ready, leaving: v.leaving, faulty: !!v.fault, links: [], holds: v.holds, self: true}].concat(v.peers);
     // Readiness: holds its peers' flow state (or gave up waiting); a
-    // leaving gateway drains and hands its addresses over.
+    // leaving gateway drains and hands its addresses over; a faulty one
+    // (a link it tracks is down) hands over what a fit one can hold.
     rows('gw-peers-body', list, function (p) {
-      var ready = p.state !== 'alive' ? '–' : (p.leaving ? 'leaving' : (p.ready ? 'ready' : 'not ready'));
+      var ready = p.state !== 'alive' ? '–' : (p.leaving ? 'leaving' : (p.faulty ? 'faulty' : (p.ready ? 'ready' : 'not ready')));
       return [[p.name], [p.state, p.state === 'alive' ? 'good' : 'bad'],
         [ready, ready === 'ready' ? 'good' : (ready === '–' ? '' : 'warn')],
         [p.self ? '–' : (p.lastHeartbeat || 'never')],
@@ -790,8 +791,11 @@
       homes += ' Connections picked up in mid-stream wait ' + mw.wait + ' for their replicas while ' +
         mw.peersDead.join(', ') + (mw.peersDead.length > 1 ? ' are' : ' is') + ' dead.';
     }
+    // A tracked link down: what a fit peer can hold is handed over.
+    var fault = v.fault ? ' Faulty (' + v.fault + ')' + (v.standby ? ': on standby while a fit peer carries the traffic.' : '.') : '';
     setText('gw-summary', 'Set ' + v.setHash + ': ' + fmtNum(v.holds.length) + ' of ' + fmtNum(v.serves) +
-      ' served addresses held here; taken ' + fmtNum(v.taken) + ', taken over ' + fmtNum(v.takenOver) + ', released ' + fmtNum(v.released) + '.' + homes, 'muted');
+      ' served addresses held here; taken ' + fmtNum(v.taken) + ', taken over ' + fmtNum(v.takenOver) + ', released ' + fmtNum(v.released) + '.' + fault + homes,
+      v.fault ? 'warn' : 'muted');
   }
 
   // The connection-state sync: per peer, what waits, what went each way,
