@@ -73,6 +73,12 @@ type NftgateOptions struct {
 	// ConntrackEvents is [gateways] conntrack_events; empty leaves
 	// nftgate's default.
 	ConntrackEvents string
+	// NoTrack sets track_interfaces = []: no link is tracked (by
+	// default the [l2] interfaces are).
+	NoTrack bool
+	// TrackUpAfter is [gateways] track_up_after; 0 leaves nftgate's
+	// default.
+	TrackUpAfter time.Duration
 	// BFDMultiplier is the BFD sessions' detection multiplier on the
 	// gateways (bfd_multiplier) and, given to StartRouter, the router;
 	// 0 leaves the default, 3.
@@ -190,6 +196,12 @@ func WriteNftgate(topo *Topology, dir string, o NftgateOptions) (*NftgateConfig,
 		}
 		if o.ConntrackEvents != "" {
 			text += fmt.Sprintf("conntrack_events = %q\n", o.ConntrackEvents)
+		}
+		if o.NoTrack {
+			text += "track_interfaces = []\n"
+		}
+		if o.TrackUpAfter > 0 {
+			text += fmt.Sprintf("track_up_after = %q\n", o.TrackUpAfter.String())
 		}
 		for j := range topo.Gateways {
 			if j == i {

@@ -119,6 +119,9 @@ type Topology struct {
 	ClientIface string
 	// RouterUpstream is the router's interface on the upstream segment.
 	RouterUpstream string
+	// upstreamBridge and clusterBridge are the segments' bridges
+	// (CutUpstream, CutCluster).
+	upstreamBridge, clusterBridge *lab.Host
 }
 
 // New builds the topology. On error everything made so far is removed.
@@ -186,10 +189,11 @@ func (t *Topology) build(o Options) error {
 		up = append(up, g)
 		upAddrs = append(upAddrs, []netip.Prefix{pfx(GatewayAddr(UpstreamNet, i), UpstreamNet)})
 	}
-	_, ifs, err := t.Segment("upstream", up, upAddrs)
+	br, ifs, err := t.Segment("upstream", up, upAddrs)
 	if err != nil {
 		return err
 	}
+	t.upstreamBridge = br
 	if o.Router {
 		t.RouterUpstream = ifs[0]
 		for i := range t.Gateways {
@@ -208,7 +212,7 @@ func (t *Topology) build(o Options) error {
 		cl = append(cl, g)
 		clAddrs = append(clAddrs, []netip.Prefix{pfx(GatewayAddr(ClusterNet, i), ClusterNet)})
 	}
-	if _, ifs, err = t.Segment("cluster", cl, clAddrs); err != nil {
+	if t.clusterBridge, ifs, err = t.Segment("cluster", cl, clAddrs); err != nil {
 		return err
 	}
 	t.Cluster = ifs[1:]
@@ -250,6 +254,43 @@ func (t *Topology) Fail(i int) (time.Time, error) {
 		}
 	}
 	return start, err
+}
+
+// CutUpstream cuts gateway i's link to the upstream segment as a pulled
+// cable or a dead switch port does (up false), or mends it (up true): the
+// segment's end of the link goes down (up), so the gateway's interface
+// loses (regains) its carrier while the gateway and its other links live
+// on.
+func (t *Topology) CutUpstream(i int, up bool) error {
+	return t.setPort(t.upstreamBridge, i, t.Upstream[i], up)
+}
+
+// CutCluster is CutUpstream for gateway i's link to the cluster segment.
+func (t *Topology) CutCluster(i int, up bool) error {
+	return t.setPort(t.clusterBridge, i, t.Cluster[i], up)
+}
+
+// setPort sets bridge br's end of gateway i's link iface up or down.
+func (t *Topology) setPort(br *lab.Host, i int, iface string, up bool) error {
+	g := t.Gateways[i]
+	l, err := g.Netlink().LinkByName(iface)
+	if err != nil {
+		return fmt.Errorf("failover: %s: %s: %w", g, iface, err)
+	}
+	// A veth's link index is its peer's, in the bridge's namespace.
+	port, err := br.Netlink().LinkByIndex(l.Attrs().ParentIndex)
+	if err != nil {
+		return fmt.Errorf("failover: %s's port of %s %s: %w", br, g, iface, err)
+	}
+	if up {
+		err = br.Netlink().LinkSetUp(port)
+	} else {
+		err = br.Netlink().LinkSetDown(port)
+	}
+	if err != nil {
+		return fmt.Errorf("failover: %s's port %s of %s: %w", br, port.Attrs().Name, g, err)
+	}
+	return nil
 }
 
 // KillNamespace sends SIGKILL to every process whose network namespace
