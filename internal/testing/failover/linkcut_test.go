@@ -276,4 +276,3 @@ func TestAnchorLinkCutHandsOver(t *testing.T) {
 	t.Logf("%s", res)
 	checkKept(t, "the anchor after the link cut", res)
 }
-
