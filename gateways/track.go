@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -41,6 +42,7 @@ type TrackOptions struct {
 // Tracker watches the tracked links. Run does the work.
 type Tracker struct {
 	o     TrackOptions
+	mu    sync.Mutex // guards w
 	w     linkWatch
 	h     *netlink.Handle
 	clock clock.WithTicker
@@ -86,6 +88,8 @@ func NewTracker(cfg Config, o TrackOptions) (*Tracker, error) {
 
 // Fault is why the gateway is faulty now ("" when fit).
 func (t *Tracker) Fault() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	why, _ := t.w.fault(t.clock.Now())
 	return why
 }
@@ -120,8 +124,9 @@ func (t *Tracker) Run(ctx context.Context) {
 	subscribe()
 	defer func() { close(done) }()
 	for {
-		now := t.clock.Now()
-		why, recheck := t.w.fault(now)
+		t.mu.Lock()
+		why, recheck := t.w.fault(t.clock.Now())
+		t.mu.Unlock()
 		if why != t.told || !t.once {
 			t.told, t.once = why, true
 			t.o.Fault(why)
@@ -160,6 +165,8 @@ func (t *Tracker) Run(ctx context.Context) {
 // only the cue: the state comes from a read, so that one delivered late
 // never undoes a newer one.
 func (t *Tracker) readAll(now time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	for _, n := range t.w.names {
 		l, err := t.h.LinkByName(n)
 		var nf netlink.LinkNotFoundError
