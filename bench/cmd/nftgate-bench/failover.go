@@ -44,9 +44,14 @@ const (
 	// foECMPNoSyncPorts: foECMPNoSync with masquerade_ports_by_cpu =
 	// false, so that every gateway keeps the client's port where free.
 	foECMPNoSyncPorts = "nftgate-ecmp-no-sync-ports"
+	// foAnchorLinkCut and foNftgateLinkCut: the anchor and nftgate
+	// (active/backup) with the active's upstream link cut instead of the
+	// kill: it lives, and still hears its peer over its other links.
+	foAnchorLinkCut  = "anchor-link-cut"
+	foNftgateLinkCut = "nftgate-link-cut"
 )
 
-var allFailoverPhases = []string{foFloor, foAnchor, foNftgate, foECMP, foECMPDrain, foECMPNoSync, foECMPNoSyncPorts}
+var allFailoverPhases = []string{foFloor, foAnchor, foNftgate, foECMP, foECMPDrain, foECMPNoSync, foECMPNoSyncPorts, foAnchorLinkCut, foNftgateLinkCut}
 
 func failoverFlags(fs *flag.FlagSet, c *FailoverConfig) func() error {
 	fs.BoolVar(&c.On, "failover", false, "failover phase after the others: kill a gateway under live flows (bench/results/failover)")
@@ -150,8 +155,8 @@ func failoverRun(cfg *Config, name string, traffic failover.Traffic) (res failov
 	defer func() { err = errors.Join(err, topo.Close()) }()
 	n := traffic.TCP + traffic.UDP
 	switch name {
-	case foFloor, foAnchor:
-		a, err := failover.StartAnchor(topo, filepath.Join(tmp, "anchor"), name == foAnchor)
+	case foFloor, foAnchor, foAnchorLinkCut:
+		a, err := failover.StartAnchor(topo, filepath.Join(tmp, "anchor"), name != foFloor)
 		if err != nil {
 			return res, "", err
 		}
@@ -161,7 +166,11 @@ func failoverRun(cfg *Config, name string, traffic failover.Traffic) (res failov
 			}
 			err = errors.Join(err, a.Close())
 		}()
-		res, err = failover.Failover(topo, netip.AddrPortFrom(failover.ServiceAddr, failover.ServicePort), traffic, 0,
+		inject := func() (time.Time, error) { return topo.Fail(0) }
+		if name == foAnchorLinkCut {
+			inject = func() (time.Time, error) { return time.Now(), topo.CutUpstream(0, false) }
+		}
+		res, err = failover.FailoverBy(topo, netip.AddrPortFrom(failover.ServiceAddr, failover.ServicePort), traffic, inject,
 			func() error { return a.Synced(n, time.Minute) })
 		return res, "", err
 	}
@@ -199,7 +208,7 @@ func failoverRun(cfg *Config, name string, traffic failover.Traffic) (res failov
 	// The gateway to kill: the holder of the Service address (active/
 	// backup), or the first (ECMP, where each carries a share).
 	fail := 0
-	if name == foNftgate {
+	if name == foNftgate || name == foNftgateLinkCut {
 		if fail, err = holderOf(gs, failover.ServiceAddr); err != nil {
 			return res, "", err
 		}
@@ -211,8 +220,11 @@ func failoverRun(cfg *Config, name string, traffic failover.Traffic) (res failov
 		}
 	}
 	inject := func() (time.Time, error) { return topo.Fail(fail) }
-	if name == foECMPDrain {
+	switch name {
+	case foECMPDrain:
 		inject = func() (time.Time, error) { return drainECMP(cfg, gs[fail], nc.Configs[fail], router, len(gs)-1) }
+	case foNftgateLinkCut:
+		inject = func() (time.Time, error) { return time.Now(), topo.CutUpstream(fail, false) }
 	}
 	res, err = failover.FailoverBy(topo, nc.Dst, traffic, inject,
 		func() error {
@@ -220,7 +232,7 @@ func failoverRun(cfg *Config, name string, traffic failover.Traffic) (res failov
 				return nil // no replica ever comes
 			}
 			err := failover.Replicated(others, nc.Dst.Addr(), n, time.Minute)
-			if err != nil && (name == foNftgate || ecmp) {
+			if err != nil && (name == foNftgate || name == foNftgateLinkCut || ecmp) {
 				// Say what the state sync saw, so a miss can be told apart.
 				for _, g := range gs {
 					_, body, _ := g.Get("/api/v1/statesync")
@@ -306,7 +318,7 @@ func (r *FailoverReport) markdown() string {
 			run.Name, t.Lost, t.Flows, reasons(t.Reasons), stalls(t), u.Lost, u.Flows, reasons(u.Reasons), stalls(u),
 			newFailed, newGap, run.LoadAvg[0], run.LoadAvg[1])
 	}
-	b.WriteString("\nfloor: keepalived alone (VRRP, advert 100 ms) moves the Service address and F; anchor: the same with conntrackd (FTFW) and Debian's primary-backup.sh; nftgate: two gateways, active/backup; nftgate-ecmp: three behind BIRD (ECMP, BFD 100 ms), active/active; nftgate-ecmp-drain: the same with `nftgate drain` on the first gateway instead of the kill (the flows are followed from the drain's start, once BIRD has withdrawn its route); nftgate-ecmp-no-sync: nftgate-ecmp without state sync (`state_sync = false`): a flow of the dead gateway is picked up at a survivor, and carries on only at the one that took over its masquerade address, and only where the dead gateway kept the client's port; nftgate-ecmp-no-sync-ports: the same with `masquerade_ports_by_cpu = false`, so that every gateway keeps the client's port wherever it is free.\n")
+	b.WriteString("\nfloor: keepalived alone (VRRP, advert 100 ms) moves the Service address and F; anchor: the same with conntrackd (FTFW) and Debian's primary-backup.sh; nftgate: two gateways, active/backup; nftgate-ecmp: three behind BIRD (ECMP, BFD 100 ms), active/active; nftgate-ecmp-drain: the same with `nftgate drain` on the first gateway instead of the kill (the flows are followed from the drain's start, once BIRD has withdrawn its route); nftgate-ecmp-no-sync: nftgate-ecmp without state sync (`state_sync = false`): a flow of the dead gateway is picked up at a survivor, and carries on only at the one that took over its masquerade address, and only where the dead gateway kept the client's port; nftgate-ecmp-no-sync-ports: the same with `masquerade_ports_by_cpu = false`, so that every gateway keeps the client's port wherever it is free; anchor-link-cut and nftgate-link-cut: the anchor and nftgate (active/backup) with the active's link to the upstream segment cut (its carrier lost) instead of the kill: it lives and still hears its peer over its other links (nftgate tracks its [l2] interfaces; VRRP runs on the link).\n")
 	for _, run := range r.Runs {
 		if n := run.Result.New; n != nil {
 			fmt.Fprintf(&b, "\nNew connections: one every %.0f ms from before the failure to the end (each a line echoed, failed without the echo within %.0f ms); counted when they ended after the failure. Failure window: from the start of the first that failed to the start of the first that echoed after the last that failed (behind ECMP, only those hashed to the dead gateway fail, so failures and successes alternate within it).\n", n.IntervalMs, n.TimeoutMs)
