@@ -145,7 +145,9 @@ func (t *Tracker) Run(ctx context.Context) {
 			return
 		case u, ok := <-updates:
 			if !ok {
-				subscribe() // the socket failed; the poll covers the gap
+				// The socket failed: the poll covers the gap and
+				// subscribes again at its next tick.
+				updates = nil
 				continue
 			}
 			if t.w.tracked(u.Attrs().Name) {

@@ -57,29 +57,24 @@ func (e *edge) startGateways(cfg *Config, homes func([]ruleset.Element) error, r
 	// The Service routes every gateway announces in active-active mode
 	// wait for the same ready gate as the addresses.
 	e.gate.SharedWaits = opts.Ready != nil
-	tracker, err := gateways.NewTracker(*cfg.Gateways, gateways.TrackOptions{Fault: func(why string) { e.gateways.SetFault(why) }, Log: log})
+	s, err := gateways.New(*cfg.Gateways, opts)
 	if err != nil {
 		return err
 	}
-	s, err := gateways.New(*cfg.Gateways, opts)
+	tracker, err := gateways.NewTracker(*cfg.Gateways, gateways.TrackOptions{Fault: s.SetFault, Log: log})
 	if err != nil {
+		_ = s.Close()
 		return err
 	}
 	e.gateways = s
 	if tracker != nil {
 		// A link down at the start counts before anything is taken.
 		s.SetFault(tracker.Fault())
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		e.stopTracker = func() { cancel(); <-done }
-		go func() { defer close(done); tracker.Run(ctx) }()
+		e.stopTracker = goUntilStopped(tracker.Run)
 	}
 	e.homes = h
 	if h != nil {
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		e.stopHomes = func() { cancel(); <-done }
-		go func() { defer close(done); h.run(ctx) }()
+		e.stopHomes = goUntilStopped(h.run)
 	}
 	if e.statesync != nil {
 		if err := e.statesync.s.Attach(s); err != nil {
@@ -90,6 +85,15 @@ func (e *edge) startGateways(cfg *Config, homes func([]ruleset.Element) error, r
 		return fmt.Errorf("gateways: %w", err)
 	}
 	return nil
+}
+
+// goUntilStopped runs fn in a goroutine of its own until stop cancels its
+// context; stop returns once fn has.
+func goUntilStopped(fn func(context.Context)) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); fn(ctx) }()
+	return func() { cancel(); <-done }
 }
 
 // announceThroughGateways puts the gateway set between the coordinator and
