@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -37,6 +39,10 @@ type TrackOptions struct {
 	// Namespace, when set, is the network namespace whose links are
 	// watched (tests); else this process's.
 	Namespace *netns.NsHandle
+	// Towards are addresses (the BGP peers) whose links are tracked too:
+	// the link of each one's route, looked up at the start. One without a
+	// route then is left out, and logged.
+	Towards []netip.Addr
 }
 
 // Tracker watches the tracked links. Run does the work.
@@ -52,12 +58,12 @@ type Tracker struct {
 }
 
 // NewTracker prepares a Tracker of cfg.TrackInterfaces (cfg after
-// WithDefaults); nil when there are none.
+// WithDefaults) and the links towards o.Towards; nil when there are none.
 func NewTracker(cfg Config, o TrackOptions) (*Tracker, error) {
-	if len(cfg.TrackInterfaces) == 0 {
+	if len(cfg.TrackInterfaces) == 0 && len(o.Towards) == 0 {
 		return nil, nil
 	}
-	t := &Tracker{o: o, clock: o.Clock, log: o.Log, w: linkWatch{names: cfg.TrackInterfaces, upAfter: *cfg.TrackUpAfter,
+	t := &Tracker{o: o, clock: o.Clock, log: o.Log, w: linkWatch{upAfter: *cfg.TrackUpAfter,
 		up: map[string]bool{}, since: map[string]time.Time{}, state: map[string]string{}}}
 	if t.clock == nil {
 		t.clock = clock.RealClock{}
@@ -80,10 +86,46 @@ func NewTracker(cfg Config, o TrackOptions) (*Tracker, error) {
 			return nil, fmt.Errorf("%s.track_interfaces[%d] = %q: %w", Key, i, n, err)
 		}
 	}
+	t.w.names = slices.Clone(cfg.TrackInterfaces)
+	for _, a := range o.Towards {
+		n, err := t.linkTowards(a)
+		if err != nil {
+			t.log.Warn("gateways: no route to a BGP peer at the start; its link is not tracked", "peer", a, "err", err)
+			continue
+		}
+		if !slices.Contains(t.w.names, n) {
+			t.w.names = append(t.w.names, n)
+		}
+	}
+	if len(t.w.names) == 0 {
+		h.Close()
+		return nil, nil
+	}
+	t.log.Info("gateways: tracking links: while one is down this gateway is faulty", "links", t.w.names, "track_up_after", cfg.TrackUpAfter.String())
 	// The links as they are at the start count as up for long: a gateway
 	// that starts with its links up is fit at once.
 	t.readAll(time.Time{})
 	return t, nil
+}
+
+// linkTowards is the name of the link of the route to a (a zone names it
+// itself).
+func (t *Tracker) linkTowards(a netip.Addr) (string, error) {
+	if z := a.Zone(); z != "" {
+		return z, nil
+	}
+	routes, err := t.h.RouteGet(a.AsSlice())
+	if err != nil {
+		return "", err
+	}
+	if len(routes) == 0 || routes[0].LinkIndex == 0 {
+		return "", fmt.Errorf("no route with a link")
+	}
+	l, err := t.h.LinkByIndex(routes[0].LinkIndex)
+	if err != nil {
+		return "", err
+	}
+	return l.Attrs().Name, nil
 }
 
 // Fault is why the gateway is faulty now ("" when fit).

@@ -136,6 +136,9 @@ type Config struct {
 	// Parsed forms, filled by validate.
 	ipamPolicy        *ipam.Policy
 	podRoutes         *podroutes.Policy
+	// trackDefault: [gateways] track_interfaces was not given; the links
+	// towards the BGP peers are tracked too (startGateways).
+	trackDefault bool
 	clusterCIDRs      []netip.Prefix
 	nodePortAddresses []netip.Prefix
 	externalIPCIDRs   []netip.Prefix
@@ -630,10 +633,14 @@ func (c *Config) validate() error {
 	}
 	if c.Gateways != nil {
 		g := c.Gateways.WithDefaults()
-		if c.Gateways.TrackInterfaces == nil && c.L2 != nil {
-			// The links the addresses are answered on: cut, this
-			// gateway cannot carry what it holds there.
-			g.TrackInterfaces = slices.Clone(c.L2.Interfaces)
+		if c.Gateways.TrackInterfaces == nil {
+			// The links the addresses are answered on, and (at the
+			// start) those towards the BGP peers: cut, this gateway
+			// cannot carry what it holds.
+			c.trackDefault = true
+			if c.L2 != nil {
+				g.TrackInterfaces = slices.Clone(c.L2.Interfaces)
+			}
 		}
 		if err := g.Validate(); err != nil {
 			errs = append(errs, err)

@@ -447,7 +447,8 @@ func TestConntrackEventsSetting(t *testing.T) {
 }
 
 // [gateways] track_interfaces: by default the [l2] interfaces, the links
-// the addresses are answered on; given, exactly those; empty, none.
+// the addresses are answered on, and those towards the BGP peers; given,
+// exactly those; empty, none.
 func TestTrackInterfacesDefaultToTheL2Ones(t *testing.T) {
 	const set = "[gateways]\nname = \"gw-a\"\nkey_file = \"k\"\n%s[[gateways.peers]]\nname = \"gw-b\"\naddresses = [\"10.0.0.2:7480\"]\n[l2]\ninterfaces = [\"up0\", \"cl0\"]\n"
 	for _, tc := range []struct {
@@ -464,6 +465,10 @@ func TestTrackInterfacesDefaultToTheL2Ones(t *testing.T) {
 		}
 		if got := cfg.Gateways.TrackInterfaces; !slices.Equal(got, tc.want) {
 			t.Errorf("%q: track_interfaces %q, want %q", tc.key, got, tc.want)
+		}
+		// Only by default are the links towards the BGP peers tracked too.
+		if cfg.trackDefault != (tc.key == "") {
+			t.Errorf("%q: the links towards the BGP peers tracked: %v", tc.key, cfg.trackDefault)
 		}
 		if got := *cfg.Gateways.TrackUpAfter; got != gateways.DefaultTrackUpAfter {
 			t.Errorf("%q: track_up_after %v, want %v", tc.key, got, gateways.DefaultTrackUpAfter)

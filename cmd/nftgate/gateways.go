@@ -61,7 +61,15 @@ func (e *edge) startGateways(cfg *Config, homes func([]ruleset.Element) error, r
 	if err != nil {
 		return err
 	}
-	tracker, err := gateways.NewTracker(*cfg.Gateways, gateways.TrackOptions{Fault: s.SetFault, Log: log})
+	var towards []netip.Addr
+	if cfg.trackDefault && cfg.BGP != nil {
+		for _, p := range cfg.BGP.Peers {
+			if a, err := netip.ParseAddr(p.Address); err == nil {
+				towards = append(towards, a)
+			}
+		}
+	}
+	tracker, err := gateways.NewTracker(*cfg.Gateways, gateways.TrackOptions{Fault: s.SetFault, Log: log, Towards: towards})
 	if err != nil {
 		_ = s.Close()
 		return err

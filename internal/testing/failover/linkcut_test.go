@@ -243,6 +243,39 @@ func TestNftgateECMPClusterLinkCutStandsBy(t *testing.T) {
 	b.Check()
 }
 
+// TestNftgateECMPUplinkCutMovesItsMasqueradeAddress: the same three; gw-a's
+// upstream link, towards its BGP peer, is cut: BFD takes its route out at
+// BIRD, and gw-a (tracking the link towards its BGP peer by default)
+// hands its masquerade address to a survivor, so the replies of its flows,
+// which the router now sends to the other two, reach a gateway that can
+// take them to the client: every flow carries on. Without tracking that
+// link, gw-a would keep M1 and the replies would die at it.
+func TestNftgateECMPUplinkCutMovesItsMasqueradeAddress(t *testing.T) {
+	topo := newTopology(t, failover.Options{Gateways: 3, Router: true})
+	cfg := nftgateConfig(t, topo, failover.NftgateOptions{ECMP: true, DeadAfter: testDeadAfter, BFDMultiplier: testBFDMultiplier})
+	router := startRouter(t, topo)
+	gs := startNftgate(t, topo, cfg)
+	if err := failover.ECMPRoutes(router, len(topo.Gateways), 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	n := testTraffic.TCP + testTraffic.UDP
+	res, err := failover.FailoverBy(topo, cfg.Dst, testTraffic,
+		func() (time.Time, error) { return time.Now(), topo.CutUpstream(0, false) },
+		func() error {
+			return failover.Replicated(topo.Gateways[1:], failover.ECMPServiceAddr, n, 30*time.Second)
+		})
+	t.Cleanup(func() { _ = topo.CutUpstream(0, true) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("uplink cut: %s", res)
+	checkKept(t, "nftgate after the uplink cut", res)
+	st := setStatus(t, gs[0])
+	if gs[0].Ended() || !strings.Contains(st.Fault, topo.Upstream[0]) || len(st.Holds) != 0 {
+		t.Errorf("gw-a after the cut: ended %v, fault %q, holds %v; want alive, faulty for %s, holding nothing", gs[0].Ended(), st.Fault, st.Holds, topo.Upstream[0])
+	}
+}
+
 // setStatus is the gateway set's status as g's GET /api/v1/gateways says.
 func setStatus(t *testing.T, g *failover.Nftgate) gateways.Status {
 	t.Helper()
