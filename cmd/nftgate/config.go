@@ -134,11 +134,11 @@ type Config struct {
 	podroutes.Config
 
 	// Parsed forms, filled by validate.
-	ipamPolicy        *ipam.Policy
-	podRoutes         *podroutes.Policy
+	ipamPolicy *ipam.Policy
+	podRoutes  *podroutes.Policy
 	// trackDefault: [gateways] track_interfaces was not given; the links
 	// towards the BGP peers are tracked too (startGateways).
-	trackDefault bool
+	trackDefault      bool
 	clusterCIDRs      []netip.Prefix
 	nodePortAddresses []netip.Prefix
 	externalIPCIDRs   []netip.Prefix
