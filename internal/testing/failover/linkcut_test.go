@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/nftgate/nftgate/gateways"
+	"github.com/nftgate/nftgate/internal/testing/bird"
 	"github.com/nftgate/nftgate/internal/testing/browsertest"
 	"github.com/nftgate/nftgate/internal/testing/failover"
 	"github.com/nftgate/nftgate/internal/testing/lab"
@@ -193,13 +194,7 @@ func bulkEcho(c net.Conn, r *bufio.Reader, n int) error {
 // the standby the router would go on sending a third of the flows to a
 // gateway that cannot reach any endpoint.
 func TestNftgateECMPClusterLinkCutStandsBy(t *testing.T) {
-	topo := newTopology(t, failover.Options{Gateways: 3, Router: true})
-	cfg := nftgateConfig(t, topo, failover.NftgateOptions{ECMP: true, DeadAfter: testDeadAfter, BFDMultiplier: testBFDMultiplier})
-	router := startRouter(t, topo)
-	gs := startNftgate(t, topo, cfg)
-	if err := failover.ECMPRoutes(router, len(topo.Gateways), 30*time.Second); err != nil {
-		t.Fatal(err)
-	}
+	topo, cfg, router, gs := startECMP(t)
 	n := testTraffic.TCP + testTraffic.UDP
 	var withdrawn time.Duration
 	res, err := failover.FailoverBy(topo, cfg.Dst, testTraffic,
@@ -251,13 +246,7 @@ func TestNftgateECMPClusterLinkCutStandsBy(t *testing.T) {
 // take them to the client: every flow carries on. Without tracking that
 // link, gw-a would keep M1 and the replies would die at it.
 func TestNftgateECMPUplinkCutMovesItsMasqueradeAddress(t *testing.T) {
-	topo := newTopology(t, failover.Options{Gateways: 3, Router: true})
-	cfg := nftgateConfig(t, topo, failover.NftgateOptions{ECMP: true, DeadAfter: testDeadAfter, BFDMultiplier: testBFDMultiplier})
-	router := startRouter(t, topo)
-	gs := startNftgate(t, topo, cfg)
-	if err := failover.ECMPRoutes(router, len(topo.Gateways), 30*time.Second); err != nil {
-		t.Fatal(err)
-	}
+	topo, cfg, _, gs := startECMP(t)
 	n := testTraffic.TCP + testTraffic.UDP
 	res, err := failover.FailoverBy(topo, cfg.Dst, testTraffic,
 		func() (time.Time, error) { return time.Now(), topo.CutUpstream(0, false) },
@@ -274,6 +263,20 @@ func TestNftgateECMPUplinkCutMovesItsMasqueradeAddress(t *testing.T) {
 	if gs[0].Ended() || !strings.Contains(st.Fault, topo.Upstream[0]) || len(st.Holds) != 0 {
 		t.Errorf("gw-a after the cut: ended %v, fault %q, holds %v; want alive, faulty for %s, holding nothing", gs[0].Ended(), st.Fault, st.Holds, topo.Upstream[0])
 	}
+}
+
+// startECMP starts three nftgates behind BIRD, active/active, and waits
+// until the router spreads the Service over them.
+func startECMP(t *testing.T) (*failover.Topology, *failover.NftgateConfig, *bird.Router, []*failover.Nftgate) {
+	t.Helper()
+	topo := newTopology(t, failover.Options{Gateways: 3, Router: true})
+	cfg := nftgateConfig(t, topo, failover.NftgateOptions{ECMP: true, DeadAfter: testDeadAfter, BFDMultiplier: testBFDMultiplier})
+	router := startRouter(t, topo)
+	gs := startNftgate(t, topo, cfg)
+	if err := failover.ECMPRoutes(router, len(topo.Gateways), 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	return topo, cfg, router, gs
 }
 
 // setStatus is the gateway set's status as g's GET /api/v1/gateways says.
