@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -472,6 +473,31 @@ func TestTrackInterfacesDefaultToTheL2Ones(t *testing.T) {
 		}
 		if got := *cfg.Gateways.TrackUpAfter; got != gateways.DefaultTrackUpAfter {
 			t.Errorf("%q: track_up_after %v, want %v", tc.key, got, gateways.DefaultTrackUpAfter)
+		}
+	}
+}
+
+// With [bgp] and track_interfaces not given, the links towards the BGP
+// peers are tracked (and so window tracking is made liberal with state
+// sync) even without [l2]; given, only those listed.
+func TestTrackTowardsTheBGPPeersByDefault(t *testing.T) {
+	const set = "[gateways]\nname = \"gw-a\"\nkey_file = \"k\"\n%s[[gateways.peers]]\nname = \"gw-b\"\naddresses = [\"10.0.0.2:7480\"]\n" +
+		"[bgp]\nasn = 64513\nrouter_id = \"198.18.0.2\"\n[[bgp.peer]]\naddress = \"198.18.0.1\"\nasn = 64512\n"
+	for _, tc := range []struct {
+		key     string
+		towards []netip.Addr
+		tracks  bool
+	}{
+		{"", []netip.Addr{netip.MustParseAddr("198.18.0.1")}, true},
+		{"track_interfaces = [\"eth1\"]\n", nil, true},
+		{"track_interfaces = []\n", nil, false},
+	} {
+		cfg, _, err := loadConfig("nftgate", []string{"--config", writeConfig(t, fmt.Sprintf(set, tc.key)), "--node-name", "n"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := cfg.trackTowards(); !slices.Equal(got, tc.towards) || cfg.tracksLinks() != tc.tracks {
+			t.Errorf("%q: towards %v, tracks links %v; want %v, %v", tc.key, got, cfg.tracksLinks(), tc.towards, tc.tracks)
 		}
 	}
 }

@@ -61,15 +61,7 @@ func (e *edge) startGateways(cfg *Config, homes func([]ruleset.Element) error, r
 	if err != nil {
 		return err
 	}
-	var towards []netip.Addr
-	if cfg.trackDefault && cfg.BGP != nil {
-		for _, p := range cfg.BGP.Peers {
-			if a, err := netip.ParseAddr(p.Address); err == nil {
-				towards = append(towards, a)
-			}
-		}
-	}
-	tracker, err := gateways.NewTracker(*cfg.Gateways, gateways.TrackOptions{Fault: s.SetFault, Log: log, Towards: towards})
+	tracker, err := gateways.NewTracker(*cfg.Gateways, gateways.TrackOptions{Fault: s.SetFault, Log: log, Towards: cfg.trackTowards()})
 	if err != nil {
 		_ = s.Close()
 		return err
@@ -93,6 +85,26 @@ func (e *edge) startGateways(cfg *Config, homes func([]ruleset.Element) error, r
 		return fmt.Errorf("gateways: %w", err)
 	}
 	return nil
+}
+
+// trackTowards are the addresses whose links are tracked besides
+// track_interfaces: by default (track_interfaces not given), the BGP
+// peers'.
+func (c *Config) trackTowards() []netip.Addr {
+	var out []netip.Addr
+	if c.trackDefault && c.BGP != nil {
+		for _, p := range c.BGP.Peers {
+			if a, err := netip.ParseAddr(p.Address); err == nil {
+				out = append(out, a)
+			}
+		}
+	}
+	return out
+}
+
+// tracksLinks tells whether the gateway set tracks links (the Tracker).
+func (c *Config) tracksLinks() bool {
+	return c.Gateways != nil && (len(c.Gateways.TrackInterfaces) > 0 || len(c.trackTowards()) > 0)
 }
 
 // goUntilStopped runs fn in a goroutine of its own until stop cancels its

@@ -35,19 +35,21 @@ func newStateSync(cfg *Config, reg prometheus.Registerer, log *slog.Logger) (*st
 	if err != nil {
 		return nil, fmt.Errorf("%s.state_sync = true: %w (state_sync = false runs without it)", gateways.Key, err)
 	}
+	// Window tracking liberal where a flow's packets may pass a gateway
+	// whose entry did not see the ones before: the key that asks for it.
+	liberal, why := "", ""
 	switch {
 	case g.Mode == gateways.ModeActiveActive:
+		liberal, why = fmt.Sprintf("%s.mode = %q", gateways.Key, g.Mode), "in active-active mode a flow's two directions may pass different gateways"
+	case cfg.tracksLinks():
+		liberal, why = gateways.Key+".track_interfaces", "with tracked links, the flows a peer carried while a link was down come back to entries of this gateway that did not see their packets"
+	}
+	if liberal != "" {
 		if err := statesync.LiberalTCP(); err != nil {
 			_ = k.Close()
-			return nil, fmt.Errorf("%s.mode = %q with state_sync: %w", gateways.Key, g.Mode, err)
+			return nil, fmt.Errorf("%s with state_sync: %w", liberal, err)
 		}
-		log.Info("statesync: TCP window tracking is liberal in this namespace (nf_conntrack_tcp_be_liberal = 1): in active-active mode a flow's two directions may pass different gateways")
-	case len(g.TrackInterfaces) > 0:
-		if err := statesync.LiberalTCP(); err != nil {
-			_ = k.Close()
-			return nil, fmt.Errorf("%s.track_interfaces = %q with state_sync: %w", gateways.Key, g.TrackInterfaces, err)
-		}
-		log.Info("statesync: TCP window tracking is liberal in this namespace (nf_conntrack_tcp_be_liberal = 1): with tracked links, the flows a peer carried while a link was down come back to entries of this gateway that did not see their packets")
+		log.Info("statesync: TCP window tracking is liberal in this namespace (nf_conntrack_tcp_be_liberal = 1): " + why)
 	}
 	switch {
 	case cfg.leanServiceEvents():
