@@ -49,11 +49,7 @@ func (g *Gate) Ready() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.ready = true
-	if g.routed {
-		if err := g.setRoutes(); err != nil && g.Log != nil {
-			g.Log.Error("BGP announcement failed", "err", err)
-		}
-	}
+	g.reannounce()
 }
 
 // Standby withdraws the Shared routes while this gateway is faulty (a
@@ -64,11 +60,7 @@ func (g *Gate) Standby(standby bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.standby = standby
-	if g.routed {
-		if err := g.setRoutes(); err != nil && g.Log != nil {
-			g.Log.Error("BGP announcement failed", "err", err)
-		}
-	}
+	g.reannounce()
 }
 
 // Held is the gateway set's OnChange: the addresses this gateway holds.
@@ -83,11 +75,7 @@ func (g *Gate) Held(addrs []netip.Addr) {
 	if g.L2 != nil {
 		g.L2.Set(slices.Clone(addrs))
 	}
-	if g.routed {
-		if err := g.setRoutes(); err != nil && g.Log != nil {
-			g.Log.Error("BGP announcement failed", "err", err)
-		}
-	}
+	g.reannounce()
 }
 
 // Routes is the RouteSetter the Coordinator hands its routes to (its BGP).
@@ -101,6 +89,18 @@ func (r gateRoutes) Set(routes []bgp.Route) error {
 	defer g.mu.Unlock()
 	g.routes, g.routed = slices.Clone(routes), true
 	return g.setRoutes()
+}
+
+// reannounce sets the routes again once the Coordinator has set them (the
+// speaker opens its sessions with the first Set); a failure is logged.
+// g.mu is held.
+func (g *Gate) reannounce() {
+	if !g.routed {
+		return
+	}
+	if err := g.setRoutes(); err != nil && g.Log != nil {
+		g.Log.Error("BGP announcement failed", "err", err)
+	}
 }
 
 // setRoutes announces the routes of held or shared addresses; g.mu is held.
